@@ -1,0 +1,18 @@
+//! Types shared by the BPF programs (`tracer-ebpf`) and the loader
+//! (`tracer-user`). Everything here is `#[repr(C)]`, `Copy` and free of
+//! implicit padding, because both sides read the same bytes out of BPF maps.
+#![no_std]
+
+pub mod counter;
+pub mod stats;
+
+/// Names of the maps and globals, so the loader and the BPF object cannot
+/// drift apart silently.
+pub mod names {
+    /// Per-CPU array of [`crate::counter::Counter`], indexed by probe slot.
+    pub const COUNTERS_MAP: &str = "COUNTERS";
+    /// Per-CPU array of `u64`, indexed by [`crate::stats::Stat`].
+    pub const STATS_MAP: &str = "STATS";
+    /// BPF global: thread-group id the probes count for (0 = any process).
+    pub const TARGET_TGID_GLOBAL: &str = "TARGET_TGID";
+}

@@ -1,0 +1,50 @@
+//! Per-CPU counters of everything a BPF program could not do.
+//!
+//! Nothing in the BPF programs fails silently: each early return bumps one
+//! of these, and `tracer` reports any that are non-zero.
+
+/// Index into the `STATS` map.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stat {
+    /// The attach cookie named a slot outside the counters map.
+    SlotOutOfRange = 0,
+    /// A function argument could not be read from the registers.
+    ArgMissing = 1,
+    /// A hit from a process other than the target (the kernel's per-process
+    /// filter should make this impossible; counted to prove it).
+    OtherProcess = 2,
+    /// calloc's nelem × elsize overflowed 64 bits and was saturated.
+    SizeOverflow = 3,
+}
+
+/// Number of entries in the `STATS` map.
+pub const STAT_COUNT: u32 = 4;
+
+impl Stat {
+    /// Every stat, in map order.
+    pub const ALL: [Self; STAT_COUNT as usize] = [
+        Self::SlotOutOfRange,
+        Self::ArgMissing,
+        Self::OtherProcess,
+        Self::SizeOverflow,
+    ];
+
+    /// Stable name used in the table and the JSON output.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::SlotOutOfRange => "slot_out_of_range",
+            Self::ArgMissing => "arg_missing",
+            Self::OtherProcess => "other_process",
+            Self::SizeOverflow => "size_overflow",
+        }
+    }
+
+    /// Whether a non-zero value means lost or wrong counts (as opposed to a
+    /// merely noteworthy event).
+    #[must_use]
+    pub const fn is_loss(self) -> bool {
+        !matches!(self, Self::OtherProcess | Self::SizeOverflow)
+    }
+}

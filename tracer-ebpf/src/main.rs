@@ -1,0 +1,161 @@
+//! tracer's BPF side.
+//!
+//! Four programs, one per argument shape, serve every probed function: the
+//! loader attaches the same program to many functions and passes each one's
+//! counter slot as the BPF cookie. A hit costs one map lookup and two atomic
+//! adds; nothing is sent to userspace per event.
+#![no_std]
+#![no_main]
+// Inline asm is how a BPF program gets an atomic add: core has no atomic
+// read-modify-write for this target.
+#![feature(asm_experimental_arch)]
+
+use aya_ebpf::{
+    EbpfContext as _,
+    helpers::generated::bpf_get_attach_cookie,
+    macros::{map, uprobe},
+    maps::PerCpuArray,
+    programs::ProbeContext,
+};
+use tracer_common::{
+    counter::{Counter, MAX_PROBE_SLOTS},
+    stats::{STAT_COUNT, Stat},
+};
+
+/// Thread-group id to count for; 0 counts every process. Set by the loader.
+/// The kernel's per-process uprobe filter already limits hits to the target,
+/// so this is a second line of defence whose rejections are counted.
+#[unsafe(no_mangle)]
+static TARGET_TGID: u32 = 0;
+
+/// Calls and bytes per probe slot. The loader sets the real size.
+#[map]
+static COUNTERS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(MAX_PROBE_SLOTS, 0);
+
+/// Misses, indexed by [`Stat`].
+#[map]
+static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STAT_COUNT, 0);
+
+/// Which argument registers hold the requested size.
+#[derive(Clone, Copy)]
+enum Size {
+    /// Not an allocating function.
+    None,
+    /// The size is argument N (malloc: 0, realloc: 1).
+    Arg(usize),
+    /// The size is argument A times argument B (calloc).
+    Product(usize, usize),
+}
+
+/// Counts a call of a function that allocates nothing (`_Py_NewReference`,
+/// `_Py_Dealloc`, the `*_Free` functions).
+#[uprobe]
+pub fn count_call(ctx: ProbeContext) -> u32 {
+    record(&ctx, Size::None)
+}
+
+/// Counts a call whose first argument is the size (`*_Malloc`).
+#[uprobe]
+pub fn count_size_arg0(ctx: ProbeContext) -> u32 {
+    record(&ctx, Size::Arg(0))
+}
+
+/// Counts a call whose second argument is the new size (`*_Realloc`).
+#[uprobe]
+pub fn count_size_arg1(ctx: ProbeContext) -> u32 {
+    record(&ctx, Size::Arg(1))
+}
+
+/// Counts a call that requests nelem × elsize bytes (`*_Calloc`).
+#[uprobe]
+pub fn count_calloc(ctx: ProbeContext) -> u32 {
+    record(&ctx, Size::Product(0, 1))
+}
+
+#[inline(always)]
+fn record(ctx: &ProbeContext, size: Size) -> u32 {
+    if let Err(stat) = try_record(ctx, size) {
+        bump(stat);
+    }
+    0
+}
+
+#[inline(always)]
+fn try_record(ctx: &ProbeContext, size: Size) -> Result<(), Stat> {
+    // SAFETY: TARGET_TGID is a plain u32 the loader patches before load; the
+    // volatile read stops the compiler from folding in the initial 0.
+    let target = unsafe { core::ptr::read_volatile(&raw const TARGET_TGID) };
+    if target != 0 && ctx.tgid() != target {
+        return Err(Stat::OtherProcess);
+    }
+    let bytes = match size {
+        Size::None => 0,
+        Size::Arg(n) => ctx.arg::<u64>(n).ok_or(Stat::ArgMissing)?,
+        Size::Product(a, b) => {
+            let nelem = ctx.arg::<u64>(a).ok_or(Stat::ArgMissing)?;
+            let elsize = ctx.arg::<u64>(b).ok_or(Stat::ArgMissing)?;
+            // checked_mul (and the division test LLVM rewrites into it)
+            // needs a 128-bit multiply, which BPF lacks: hide the bound from
+            // the optimiser. Sizes that fit in 32 bits cannot overflow.
+            if (nelem | elsize) >> 32 != 0
+                && elsize != 0
+                && nelem > core::hint::black_box(u64::MAX) / elsize
+            {
+                bump(Stat::SizeOverflow);
+                u64::MAX
+            } else {
+                nelem.wrapping_mul(elsize)
+            }
+        }
+    };
+    // SAFETY: the helper only reads the cookie stored in the program's run
+    // context; ctx is the context the kernel passed to this program.
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let slot = u32::try_from(cookie).map_err(|_| Stat::SlotOutOfRange)?;
+    let counter = COUNTERS.get_ptr_mut(slot).ok_or(Stat::SlotOutOfRange)?;
+    // SAFETY: the map returned a valid, aligned pointer to this CPU's slot,
+    // which lives as long as the map. The adds are atomic because a
+    // preempted program on the same CPU may be updating the same slot.
+    unsafe {
+        atomic_add(&raw mut (*counter).calls, 1);
+        atomic_add(&raw mut (*counter).bytes, bytes);
+    }
+    Ok(())
+}
+
+#[inline(always)]
+fn bump(stat: Stat) {
+    if let Some(value) = STATS.get_ptr_mut(stat as u32) {
+        // SAFETY: as above, a valid pointer to this CPU's u64 slot.
+        unsafe { atomic_add(value, 1) };
+    }
+}
+
+/// `lock *(u64 *)(dst) += value`: the BPF atomic add instruction.
+///
+/// # Safety
+/// `dst` must be a valid, 8-byte aligned pointer into a map value.
+#[inline(always)]
+unsafe fn atomic_add(dst: *mut u64, value: u64) {
+    // SAFETY: the caller guarantees dst is a valid map value pointer; the
+    // instruction writes only those 8 bytes.
+    unsafe {
+        core::arch::asm!(
+            "lock *(u64 *)({dst} + 0) += {value}",
+            dst = in(reg) dst,
+            value = in(reg) value,
+        );
+    }
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // No code path here can panic (no unwrap, no indexing); the verifier
+    // would reject a program that could reach this loop.
+    loop {}
+}

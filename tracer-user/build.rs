@@ -1,0 +1,82 @@
+//! Builds the BPF object from `tracer-ebpf` with Debian's rustc-web and
+//! bpf-linker (installed by `cargo xtask setup`) and hands its path to the
+//! crate, which embeds it. A missing toolchain fails the build with the fix.
+
+use std::{
+    env,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+/// Debian's rustc-web: the compiler that matches the prebuilt bpf `core`.
+const BPF_CARGO: &str = "/usr/bin/cargo";
+const BPF_RUSTC: &str = "/usr/bin/rustc";
+const BPF_TARGET: &str = "bpfel-unknown-none";
+
+fn main() {
+    let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let root = manifest_dir.parent().expect("tracer-user lives in the workspace root").to_path_buf();
+    let ebpf = root.join("tracer-ebpf");
+    for path in [
+        ebpf.join("src"),
+        ebpf.join("Cargo.toml"),
+        ebpf.join("Cargo.lock"),
+        root.join("tracer-common/src"),
+        root.join("tracer-common/Cargo.toml"),
+    ] {
+        println!("cargo::rerun-if-changed={}", path.display());
+    }
+
+    for tool in [BPF_CARGO, BPF_RUSTC] {
+        if !Path::new(tool).exists() {
+            fail(&format!("{tool} is missing: run `cargo xtask setup` to install the BPF toolchain"));
+        }
+    }
+
+    let target_dir = root.join("target").join("bpf");
+    let mut cmd = Command::new(BPF_CARGO);
+    // The outer cargo's variables (RUSTC from rustup, RUSTFLAGS, the target
+    // dir, profile settings) would point the inner build at the wrong
+    // compiler or directory.
+    for (key, _) in env::vars_os() {
+        let Some(key) = key.to_str() else { continue };
+        let outer = (key.starts_with("CARGO") && key != "CARGO_HOME")
+            || key.starts_with("RUSTC")
+            || key.starts_with("RUSTDOC")
+            || matches!(
+                key,
+                "RUSTFLAGS" | "RUSTUP_TOOLCHAIN" | "TARGET" | "HOST" | "PROFILE" | "OUT_DIR" | "OPT_LEVEL" | "DEBUG" | "NUM_JOBS"
+            );
+        if outer {
+            cmd.env_remove(key);
+        }
+    }
+    let path = env::var("PATH").unwrap_or_default();
+    cmd.env("PATH", format!("/usr/bin:{path}"))
+        .env("RUSTC", BPF_RUSTC)
+        // aya-ebpf needs #![feature(asm_experimental_arch)] on a stable rustc.
+        .env("RUSTC_BOOTSTRAP", "1")
+        .env("CARGO_RESOLVER_INCOMPATIBLE_RUST_VERSIONS", "fallback")
+        .arg("build")
+        .arg("--release")
+        .arg("--locked")
+        .args(["--target", BPF_TARGET])
+        .arg("--manifest-path")
+        .arg(ebpf.join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target_dir);
+    let status = cmd.status().unwrap_or_else(|e| fail(&format!("cannot run {BPF_CARGO}: {e}; run `cargo xtask setup`")));
+    if !status.success() {
+        fail(&format!(
+            "building tracer-ebpf failed ({status}); if bpf-linker or the bpf core library is missing, run `cargo xtask setup`"
+        ));
+    }
+    let object = target_dir.join(BPF_TARGET).join("release").join("tracer");
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("tracer.bpf.o");
+    std::fs::copy(&object, &out).unwrap_or_else(|e| fail(&format!("copying {} failed: {e}", object.display())));
+}
+
+fn fail(message: &str) -> ! {
+    println!("cargo::error={message}");
+    std::process::exit(1);
+}

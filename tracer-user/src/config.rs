@@ -1,0 +1,111 @@
+//! The run configuration, separate from the command line so it can be built
+//! and validated in tests without clap.
+
+use std::time::Duration;
+
+use thiserror::Error;
+
+/// How results are written to stdout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// A human-readable table per interval.
+    Table,
+    /// JSON Lines, one object per event (see README "JSON output").
+    Json,
+}
+
+/// Everything `tracer attach` needs to run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttachConfig {
+    /// Target process id.
+    pub pid: u32,
+    /// Stop after this long; `None` runs until a signal or the target exits.
+    pub duration: Option<Duration>,
+    /// Time between reports.
+    pub interval: Duration,
+    /// Output format.
+    pub format: Format,
+}
+
+/// A configuration value that cannot work.
+#[derive(Debug, Error, PartialEq)]
+pub enum ConfigError {
+    #[error("--interval must be a number of seconds greater than 0 (got {value}); try --interval 1")]
+    BadInterval { value: f64 },
+    #[error("--duration must be a number of seconds greater than 0 (got {value}); omit it to run until Ctrl-C")]
+    BadDuration { value: f64 },
+    #[error("--pid 0 is not a process; pass the PID of a running CPython process (e.g. from `pgrep python`)")]
+    PidZero,
+}
+
+/// The default `--interval`, in seconds.
+pub const DEFAULT_INTERVAL_S: f64 = 1.0;
+
+impl AttachConfig {
+    /// Validates raw command-line values.
+    pub fn new(pid: u32, duration_s: Option<f64>, interval_s: f64, json: bool) -> Result<Self, ConfigError> {
+        if pid == 0 {
+            return Err(ConfigError::PidZero);
+        }
+        let interval = seconds(interval_s).ok_or(ConfigError::BadInterval { value: interval_s })?;
+        let duration = match duration_s {
+            None => None,
+            Some(value) => Some(seconds(value).ok_or(ConfigError::BadDuration { value })?),
+        };
+        Ok(Self {
+            pid,
+            duration,
+            interval,
+            format: if json { Format::Json } else { Format::Table },
+        })
+    }
+}
+
+/// A positive, finite number of seconds that `Duration` can hold.
+fn seconds(value: f64) -> Option<Duration> {
+    if value.is_finite() && value > 0.0 {
+        Duration::try_from_secs_f64(value).ok().filter(|d| !d.is_zero())
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_to_table_and_no_duration() {
+        let c = AttachConfig::new(42, None, DEFAULT_INTERVAL_S, false).unwrap();
+        assert_eq!(c.pid, 42);
+        assert_eq!(c.duration, None);
+        assert_eq!(c.interval, Duration::from_secs(1));
+        assert_eq!(c.format, Format::Table);
+    }
+
+    #[test]
+    fn accepts_fractional_seconds_and_json() {
+        let c = AttachConfig::new(7, Some(2.5), 0.25, true).unwrap();
+        assert_eq!(c.duration, Some(Duration::from_millis(2500)));
+        assert_eq!(c.interval, Duration::from_millis(250));
+        assert_eq!(c.format, Format::Json);
+    }
+
+    #[test]
+    fn rejects_zero_negative_and_nan_interval() {
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e-12] {
+            let err = AttachConfig::new(1, None, bad, false).unwrap_err();
+            assert!(matches!(err, ConfigError::BadInterval { .. }), "{bad}: {err}");
+        }
+        assert_eq!(
+            AttachConfig::new(1, None, 0.0, false).unwrap_err().to_string(),
+            "--interval must be a number of seconds greater than 0 (got 0); try --interval 1"
+        );
+    }
+
+    #[test]
+    fn rejects_bad_duration_and_pid_zero() {
+        assert_eq!(AttachConfig::new(1, Some(0.0), 1.0, false).unwrap_err(), ConfigError::BadDuration { value: 0.0 });
+        assert_eq!(AttachConfig::new(0, None, 1.0, false).unwrap_err(), ConfigError::PidZero);
+    }
+}

@@ -1,0 +1,151 @@
+//! Symbol resolution from the interpreter's ELF file, done here rather than
+//! by ld.so or aya so that static, stripped-dynsym and container images all
+//! resolve the same way, from both `.dynsym` and `.symtab`.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+};
+
+use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
+use thiserror::Error;
+
+/// A failure to read or understand an ELF file.
+#[derive(Debug, Error)]
+pub enum ElfError {
+    #[error("cannot read {path}: {cause}; check that the file still exists and is readable")]
+    Read {
+        path: PathBuf,
+        cause: std::io::Error,
+    },
+    #[error("{path} is not a readable ELF file: {cause}")]
+    Parse {
+        path: PathBuf,
+        cause: object::Error,
+    },
+}
+
+/// One defined symbol.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Symbol {
+    /// Link-time virtual address.
+    pub address: u64,
+    /// Size in bytes (0 when the ELF does not say).
+    pub size: u64,
+    /// Offset of `address` in the file: what a uprobe is attached at.
+    pub file_offset: u64,
+    /// Whether it is code (as opposed to data such as `Py_Version`).
+    pub is_function: bool,
+}
+
+/// The symbols of one ELF image.
+#[derive(Debug)]
+pub struct ElfImage {
+    path: PathBuf,
+    symbols: HashMap<String, Symbol>,
+}
+
+impl ElfImage {
+    /// Reads and indexes the file at `path`.
+    pub fn open(path: &Path) -> Result<Self, ElfError> {
+        let data = std::fs::read(path).map_err(|cause| ElfError::Read { path: path.to_owned(), cause })?;
+        Self::parse(path, &data)
+    }
+
+    /// Indexes an ELF image already in memory; `path` is for messages.
+    pub fn parse(path: &Path, data: &[u8]) -> Result<Self, ElfError> {
+        let file = object::File::parse(data).map_err(|cause| ElfError::Parse { path: path.to_owned(), cause })?;
+        // (vaddr, memsz, file offset, filesz) of every PT_LOAD.
+        let segments: Vec<(u64, u64, u64, u64)> = file
+            .segments()
+            .map(|s| {
+                let (offset, filesz) = s.file_range();
+                (s.address(), s.size(), offset, filesz)
+            })
+            .collect();
+        let mut symbols = HashMap::new();
+        // .symtab first, then .dynsym: a name in both is the same symbol, and
+        // .dynsym is the one that survives `strip`.
+        for sym in file.symbols().chain(file.dynamic_symbols()) {
+            if sym.is_undefined() || sym.address() == 0 {
+                continue;
+            }
+            let is_function = match sym.kind() {
+                SymbolKind::Text => true,
+                SymbolKind::Data => false,
+                _ => continue,
+            };
+            let Ok(name) = sym.name() else { continue };
+            // Versioned .symtab names look like "name@@VERS".
+            let name = name.split('@').next().unwrap_or(name);
+            if name.is_empty() || symbols.contains_key(name) {
+                continue;
+            }
+            let address = sym.address();
+            // Zero-initialised data (.bss) has no bytes in the file and
+            // nothing tracer could probe or read there.
+            let Some(file_offset) = file_offset_of(&segments, address) else { continue };
+            symbols.insert(name.to_owned(), Symbol { address, size: sym.size(), file_offset, is_function });
+        }
+        Ok(Self { path: path.to_owned(), symbols })
+    }
+
+    /// The file this image was read from.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// A defined symbol by exact name.
+    #[must_use]
+    pub fn symbol(&self, name: &str) -> Option<&Symbol> {
+        self.symbols.get(name)
+    }
+
+    /// A defined function by exact name.
+    #[must_use]
+    pub fn function(&self, name: &str) -> Option<&Symbol> {
+        self.symbol(name).filter(|s| s.is_function)
+    }
+}
+
+/// Maps a virtual address to its file offset through the PT_LOAD segment
+/// that holds it; addresses in .bss (past the file-backed part) have none.
+fn file_offset_of(segments: &[(u64, u64, u64, u64)], address: u64) -> Option<u64> {
+    segments.iter().find_map(|&(vaddr, memsz, offset, filesz)| {
+        let delta = address.checked_sub(vaddr)?;
+        (delta < memsz && delta < filesz).then_some(offset + delta)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_offset_goes_through_the_holding_segment() {
+        let segments = [(0x0, 0x1000, 0x0, 0x1000), (0x2000, 0x3000, 0x1000, 0x2000)];
+        assert_eq!(file_offset_of(&segments, 0x10), Some(0x10));
+        assert_eq!(file_offset_of(&segments, 0x2010), Some(0x1010));
+        // In the segment but past its file-backed part (.bss).
+        assert_eq!(file_offset_of(&segments, 0x4800), None);
+        assert_eq!(file_offset_of(&segments, 0x1800), None);
+    }
+
+    #[test]
+    fn resolves_symbols_of_this_test_binary() {
+        // The test binary is a real ELF with a .symtab; main must resolve to
+        // a function whose file bytes are the bytes at that offset.
+        let exe = std::env::current_exe().unwrap();
+        let image = ElfImage::open(&exe).unwrap();
+        let main = image.function("main").expect("test binary has main");
+        assert!(main.file_offset > 0);
+        assert!(image.function("no_such_symbol_here").is_none());
+    }
+
+    #[test]
+    fn rejects_non_elf_with_path_in_message() {
+        let err = ElfImage::parse(Path::new("/x/notelf"), b"#!/bin/sh\n").unwrap_err();
+        assert!(err.to_string().starts_with("/x/notelf is not a readable ELF file"), "{err}");
+    }
+}

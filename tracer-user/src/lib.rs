@@ -1,0 +1,16 @@
+//! tracer's userspace: find the CPython image in a live process, attach the
+//! BPF uprobes, read the per-CPU counters and report them.
+
+pub mod config;
+pub mod elf;
+pub mod error;
+pub mod output;
+pub mod privileges;
+pub mod probes;
+pub mod process;
+pub mod python;
+pub mod run;
+pub mod session;
+
+/// The BPF object built from `tracer-ebpf` by build.rs.
+pub static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer.bpf.o"));

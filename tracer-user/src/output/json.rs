@@ -1,0 +1,120 @@
+//! JSON Lines on stdout; the schema is documented in the README and only
+//! ever gains fields.
+
+use std::io::Write;
+
+use serde_json::{Map, Value, json};
+
+use super::{AttachInfo, End, Reporter, Sample};
+
+/// Writes one JSON object per line and flushes it, so a consumer reading a
+/// pipe sees each event as it happens.
+pub struct JsonReporter<W: Write> {
+    out: W,
+}
+
+impl<W: Write> JsonReporter<W> {
+    pub const fn new(out: W) -> Self {
+        Self { out }
+    }
+
+    fn emit(&mut self, value: &Value) -> std::io::Result<()> {
+        serde_json::to_writer(&mut self.out, value)?;
+        self.out.write_all(b"\n")?;
+        self.out.flush()
+    }
+}
+
+fn counts(sample: &Sample) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("elapsed_s".into(), json!(sample.elapsed.as_secs_f64()));
+    let probes: Map<String, Value> =
+        sample.probes.iter().map(|p| (p.name.to_owned(), json!({"calls": p.calls, "bytes": p.bytes}))).collect();
+    m.insert("probes".into(), Value::Object(probes));
+    let stats: Map<String, Value> = sample.stats.iter().map(|(s, v)| (s.name().to_owned(), json!(v))).collect();
+    m.insert("stats".into(), Value::Object(stats));
+    m
+}
+
+impl<W: Write> Reporter for JsonReporter<W> {
+    fn attached(&mut self, info: &AttachInfo) -> std::io::Result<()> {
+        self.emit(&json!({
+            "type": "attached",
+            "pid": info.pid,
+            "python": {"version": info.python_version, "image": info.image},
+            "probes": info.probes,
+            "missing": info.missing,
+        }))
+    }
+
+    fn interval(&mut self, sample: &Sample) -> std::io::Result<()> {
+        let mut m = Map::new();
+        m.insert("type".into(), json!("interval"));
+        m.extend(counts(sample));
+        self.emit(&Value::Object(m))
+    }
+
+    fn summary(&mut self, sample: &Sample, end: End) -> std::io::Result<()> {
+        let mut m = Map::new();
+        m.insert("type".into(), json!("summary"));
+        m.extend(counts(sample));
+        m.insert("end".into(), json!(end.as_str()));
+        if let End::Signal(name) = end {
+            m.insert("signal".into(), json!(name));
+        }
+        self.emit(&Value::Object(m))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::output::example_sample;
+
+    fn lines(f: impl FnOnce(&mut JsonReporter<&mut Vec<u8>>)) -> Vec<Value> {
+        let mut buf = Vec::new();
+        f(&mut JsonReporter::new(&mut buf));
+        String::from_utf8(buf).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    }
+
+    #[test]
+    fn schema_of_each_line() {
+        let info = AttachInfo {
+            pid: 12,
+            python_version: "3.11.7".into(),
+            image: "/lib/libpython3.11.so.1.0".into(),
+            probes: vec!["_Py_NewReference", "PyObject_Malloc"],
+            missing: vec!["PyMem_RawCalloc"],
+        };
+        let out = lines(|r| {
+            r.attached(&info).unwrap();
+            r.interval(&example_sample(1000, 1)).unwrap();
+            r.summary(&example_sample(2500, 2), End::Signal("SIGINT")).unwrap();
+        });
+        assert_eq!(
+            out[0],
+            json!({"type":"attached","pid":12,"python":{"version":"3.11.7","image":"/lib/libpython3.11.so.1.0"},
+                   "probes":["_Py_NewReference","PyObject_Malloc"],"missing":["PyMem_RawCalloc"]})
+        );
+        assert_eq!(out[1]["type"], "interval");
+        assert_eq!(out[1]["elapsed_s"], 1.0);
+        assert_eq!(out[1]["probes"]["PyObject_Malloc"], json!({"calls":4,"bytes":4000}));
+        assert_eq!(out[1]["stats"]["arg_missing"], 0);
+        assert_eq!(out[2]["type"], "summary");
+        assert_eq!(out[2]["end"], "signal");
+        assert_eq!(out[2]["signal"], "SIGINT");
+        assert_eq!(out[2]["probes"]["_Py_NewReference"], json!({"calls":20,"bytes":0}));
+        // Report order is table order, not alphabetical.
+        let keys: Vec<_> = out[2]["probes"].as_object().unwrap().keys().cloned().collect();
+        assert_eq!(keys, ["_Py_NewReference", "PyObject_Malloc"]);
+    }
+
+    #[test]
+    fn end_names() {
+        assert_eq!(End::Duration.as_str(), "duration");
+        assert_eq!(End::TargetExit.as_str(), "target-exit");
+        let out = lines(|r| r.summary(&example_sample(1, 1), End::TargetExit).unwrap());
+        assert_eq!(out[0]["end"], "target-exit");
+        assert!(out[0].get("signal").is_none());
+    }
+}

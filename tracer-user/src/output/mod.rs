@@ -1,0 +1,96 @@
+//! Output formats. Each is a module implementing [`Reporter`]; the run loop
+//! only ever talks to the trait.
+
+mod json;
+mod table;
+
+use std::{io::Write, time::Duration};
+
+use tracer_common::stats::Stat;
+
+pub use json::JsonReporter;
+pub use table::TableReporter;
+
+use crate::config::Format;
+
+/// What was attached, reported once every probe is live.
+#[derive(Clone, Debug)]
+pub struct AttachInfo {
+    pub pid: u32,
+    pub python_version: String,
+    pub image: String,
+    pub probes: Vec<&'static str>,
+    pub missing: Vec<&'static str>,
+}
+
+/// One probe's cumulative counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProbeSample {
+    pub name: &'static str,
+    /// Whether `bytes` means anything for this function.
+    pub counts_bytes: bool,
+    pub calls: u64,
+    pub bytes: u64,
+}
+
+/// Cumulative counts since attach.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    pub elapsed: Duration,
+    pub probes: Vec<ProbeSample>,
+    /// Every [`Stat`] with its value.
+    pub stats: Vec<(Stat, u64)>,
+}
+
+/// Why the run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    /// `--duration` elapsed.
+    Duration,
+    /// SIGINT (Ctrl-C) or SIGTERM.
+    Signal(&'static str),
+    /// The target process exited.
+    TargetExit,
+}
+
+impl End {
+    /// The JSON `end` value.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Duration => "duration",
+            Self::Signal(_) => "signal",
+            Self::TargetExit => "target-exit",
+        }
+    }
+}
+
+/// An output format.
+pub trait Reporter {
+    /// Every probe is live.
+    fn attached(&mut self, info: &AttachInfo) -> std::io::Result<()>;
+    /// An `--interval` elapsed.
+    fn interval(&mut self, sample: &Sample) -> std::io::Result<()>;
+    /// The run ended; probes are already detached.
+    fn summary(&mut self, sample: &Sample, end: End) -> std::io::Result<()>;
+}
+
+/// The reporter for `format`, writing to `out`.
+pub fn reporter<'a>(format: Format, out: Box<dyn Write + 'a>) -> Box<dyn Reporter + 'a> {
+    match format {
+        Format::Table => Box::new(TableReporter::new(out)),
+        Format::Json => Box::new(JsonReporter::new(out)),
+    }
+}
+
+#[cfg(test)]
+pub(crate) fn example_sample(elapsed_ms: u64, scale: u64) -> Sample {
+    Sample {
+        elapsed: Duration::from_millis(elapsed_ms),
+        probes: vec![
+            ProbeSample { name: "_Py_NewReference", counts_bytes: false, calls: 10 * scale, bytes: 0 },
+            ProbeSample { name: "PyObject_Malloc", counts_bytes: true, calls: 4 * scale, bytes: 4000 * scale },
+        ],
+        stats: Stat::ALL.iter().map(|&s| (s, 0)).collect(),
+    }
+}

@@ -1,0 +1,230 @@
+//! Finding the CPython image inside a live process, from /proc/PID alone.
+
+use std::path::{Path, PathBuf};
+
+use procfs::process::{MMapPath, Process};
+use thiserror::Error;
+
+use crate::elf::{ElfError, ElfImage};
+
+/// A process that cannot be traced.
+#[derive(Debug, Error)]
+pub enum TargetError {
+    #[error("no process with PID {pid}; check the PID with `pgrep -a python`")]
+    NoSuchProcess { pid: u32 },
+    #[error("process {pid} exited before tracer could attach; start it again and pass its new PID")]
+    Exited { pid: u32 },
+    #[error("PID {pid} ({comm}) is a kernel thread, not a Python process; pass the PID of a CPython process")]
+    KernelThread { pid: u32, comm: String },
+    #[error("PID {pid} is tracer itself; pass the PID of the CPython process to trace")]
+    OwnProcess { pid: u32 },
+    #[error(
+        "PID {pid} ({comm}, {exe}) is not a Python process: no libpython is mapped and the executable has no CPython symbols; pass the PID of a CPython process (for a launcher script, its python child)"
+    )]
+    NotPython { pid: u32, comm: String, exe: String },
+    #[error("cannot read {what} of PID {pid}: {cause}; tracer must run as root")]
+    Proc {
+        pid: u32,
+        what: &'static str,
+        cause: procfs::ProcError,
+    },
+    #[error("{tid} is a thread of process {tgid}, not a process; pass --pid {tgid}")]
+    Thread { tid: u32, tgid: u32 },
+    #[error("cannot watch PID {pid} for exit: {cause}")]
+    Watch {
+        pid: u32,
+        cause: std::io::Error,
+    },
+    #[error("cannot read memory of PID {pid} at {address:#x}: {cause}")]
+    Memory {
+        pid: u32,
+        address: u64,
+        cause: std::io::Error,
+    },
+    #[error("the Python image of PID {pid} cannot be read: {cause}")]
+    Image {
+        pid: u32,
+        cause: ElfError,
+    },
+}
+
+/// Where the interpreter's code lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImageKind {
+    /// A mapped `libpython3.X.so` (a `--enable-shared` build).
+    SharedLibrary,
+    /// The executable itself (a static build, like Debian's python3.11).
+    Executable,
+}
+
+/// One file-backed mapping of the target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    pub offset: u64,
+    pub path: PathBuf,
+}
+
+/// A live process with a CPython image.
+#[derive(Debug)]
+pub struct Target {
+    pub pid: u32,
+    pub comm: String,
+    /// The image path as the target sees it (inside its mount namespace).
+    pub image_path: PathBuf,
+    /// The same file reached through /proc/PID/root, valid from tracer's
+    /// namespace too; this is what uprobes are attached to.
+    pub host_path: PathBuf,
+    pub kind: ImageKind,
+    /// The image's symbols.
+    pub elf: ElfImage,
+    /// The file-backed mappings of the image, to turn file offsets into
+    /// addresses in the target.
+    pub image_maps: Vec<Mapping>,
+}
+
+/// `PF_KTHREAD` from include/linux/sched.h.
+const PF_KTHREAD: u32 = 0x0020_0000;
+
+/// Symbols only a CPython interpreter defines (an extension module imports
+/// them, leaving them undefined, which `ElfImage` skips).
+const CPYTHON_MARKERS: [&str; 3] = ["Py_Initialize", "_PyRuntime", "Py_Version"];
+
+impl Target {
+    /// Inspects `pid` and locates its CPython image.
+    pub fn inspect(pid: u32) -> Result<Self, TargetError> {
+        if pid == std::process::id() {
+            return Err(TargetError::OwnProcess { pid });
+        }
+        let proc_err = |what| move |cause| map_proc_error(pid, what, cause);
+        let process = Process::new(i32::try_from(pid).map_err(|_| TargetError::NoSuchProcess { pid })?)
+            .map_err(proc_err("the /proc entry"))?;
+        let stat = process.stat().map_err(proc_err("stat"))?;
+        if stat.flags & PF_KTHREAD != 0 {
+            return Err(TargetError::KernelThread { pid, comm: stat.comm });
+        }
+        if matches!(stat.state, 'Z' | 'X') {
+            return Err(TargetError::Exited { pid });
+        }
+        let maps = process.maps().map_err(proc_err("memory map"))?;
+        let files: Vec<Mapping> = maps
+            .into_iter()
+            .filter_map(|m| match m.pathname {
+                MMapPath::Path(path) => Some(Mapping { start: m.address.0, end: m.address.1, offset: m.offset, path }),
+                _ => None,
+            })
+            .collect();
+        let exe = process.exe().map_err(proc_err("executable"))?;
+        let (image_path, kind) = match files.iter().find(|m| is_libpython(&m.path)) {
+            Some(lib) => (lib.path.clone(), ImageKind::SharedLibrary),
+            None => (exe.clone(), ImageKind::Executable),
+        };
+        let host_path = Path::new("/proc").join(pid.to_string()).join("root").join(image_path.strip_prefix("/").unwrap_or(&image_path));
+        let elf = ElfImage::open(&host_path).map_err(|cause| match cause {
+            // An executable that is not ELF (or unreadable) is not Python.
+            ElfError::Parse { .. } if kind == ImageKind::Executable => TargetError::NotPython {
+                pid,
+                comm: stat.comm.clone(),
+                exe: exe.display().to_string(),
+            },
+            cause => TargetError::Image { pid, cause },
+        })?;
+        if kind == ImageKind::Executable && !CPYTHON_MARKERS.iter().any(|m| elf.symbol(m).is_some()) {
+            return Err(TargetError::NotPython { pid, comm: stat.comm, exe: exe.display().to_string() });
+        }
+        let image_maps = files.into_iter().filter(|m| m.path == image_path).collect();
+        Ok(Self { pid, comm: stat.comm, image_path, host_path, kind, elf, image_maps })
+    }
+
+    /// The address in the target at which file offset `offset` of the image
+    /// is mapped, if it is.
+    #[must_use]
+    pub fn address_of_file_offset(&self, offset: u64) -> Option<u64> {
+        self.image_maps.iter().find_map(|m| {
+            let delta = offset.checked_sub(m.offset)?;
+            (delta < m.end - m.start).then_some(m.start + delta)
+        })
+    }
+
+    /// Reads `len` bytes of the target's memory.
+    pub fn read_memory(&self, address: u64, len: usize) -> Result<Vec<u8>, TargetError> {
+        read_memory(self.pid, address, len)
+    }
+}
+
+/// Reads `len` bytes at `address` from /proc/PID/mem.
+pub fn read_memory(pid: u32, address: u64, len: usize) -> Result<Vec<u8>, TargetError> {
+    use std::os::unix::fs::FileExt as _;
+    let err = |cause| TargetError::Memory { pid, address, cause };
+    let file = std::fs::File::open(format!("/proc/{pid}/mem")).map_err(err)?;
+    let mut buf = vec![0; len];
+    file.read_exact_at(&mut buf, address).map_err(err)?;
+    Ok(buf)
+}
+
+/// `libpython3.11.so.1.0`, `libpython3.13t.so`, `libpython3.12d.so.1.0`...
+fn is_libpython(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|name| name.starts_with("libpython") && name.contains(".so"))
+}
+
+fn map_proc_error(pid: u32, what: &'static str, cause: procfs::ProcError) -> TargetError {
+    match cause {
+        procfs::ProcError::NotFound(_) => {
+            if Path::new(&format!("/proc/{pid}")).exists() {
+                TargetError::Exited { pid }
+            } else if what == "the /proc entry" {
+                TargetError::NoSuchProcess { pid }
+            } else {
+                TargetError::Exited { pid }
+            }
+        }
+        cause => TargetError::Proc { pid, what, cause },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recognises_libpython_names() {
+        for yes in [
+            "/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0",
+            "/opt/py/lib/libpython3.13t.so.1.0",
+            "libpython3.12d.so",
+        ] {
+            assert!(is_libpython(Path::new(yes)), "{yes}");
+        }
+        for no in ["/usr/bin/python3.11", "/usr/lib/libpythonish.a", "/lib/libc.so.6"] {
+            assert!(!is_libpython(Path::new(no)), "{no}");
+        }
+    }
+
+    #[test]
+    fn own_pid_is_refused() {
+        let err = Target::inspect(std::process::id()).unwrap_err();
+        assert!(matches!(err, TargetError::OwnProcess { .. }), "{err}");
+    }
+
+    #[test]
+    fn file_offsets_map_through_the_image_mappings() {
+        let target = Target {
+            pid: 1,
+            comm: String::new(),
+            image_path: PathBuf::from("/lib/libpython3.11.so"),
+            host_path: PathBuf::from("/proc/1/root/lib/libpython3.11.so"),
+            kind: ImageKind::SharedLibrary,
+            elf: ElfImage::open(&std::env::current_exe().unwrap()).unwrap(),
+            image_maps: vec![
+                Mapping { start: 0x7f00_0000, end: 0x7f00_1000, offset: 0, path: "/lib/libpython3.11.so".into() },
+                Mapping { start: 0x7f00_1000, end: 0x7f00_5000, offset: 0x1000, path: "/lib/libpython3.11.so".into() },
+            ],
+        };
+        assert_eq!(target.address_of_file_offset(0x10), Some(0x7f00_0010));
+        assert_eq!(target.address_of_file_offset(0x1234), Some(0x7f00_1234));
+        assert_eq!(target.address_of_file_offset(0x9000), None);
+    }
+}

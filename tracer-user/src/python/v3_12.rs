@@ -1,0 +1,20 @@
+//! CPython 3.12.
+//!
+//! Not yet run against a 3.12 build here. The probe names are the public
+//! allocator API (Include/pymem.h, Include/objimpl.h) plus `_Py_NewReference` and
+//! `_Py_Dealloc`; any this build lacks is reported as missing, not guessed.
+
+use crate::probes::{DEFAULT_PROBES, ProbeSpec};
+
+/// The 3.12 ABI.
+pub struct Abi312;
+
+impl super::Abi for Abi312 {
+    fn minor(&self) -> u8 {
+        12
+    }
+
+    fn probes(&self) -> &'static [ProbeSpec] {
+        DEFAULT_PROBES
+    }
+}
