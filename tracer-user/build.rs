@@ -51,8 +51,14 @@ fn main() {
             cmd.env_remove(key);
         }
     }
+    // bpf-linker is found on PATH; `cargo install` put it in CARGO_HOME/bin.
+    let cargo_bin = env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+        .map(|h| h.join("bin"))
+        .unwrap_or_default();
     let path = env::var("PATH").unwrap_or_default();
-    cmd.env("PATH", format!("/usr/bin:{path}"))
+    cmd.env("PATH", format!("/usr/bin:{}:{path}", cargo_bin.display()))
         .env("RUSTC", BPF_RUSTC)
         // aya-ebpf needs #![feature(asm_experimental_arch)] on a stable rustc.
         .env("RUSTC_BOOTSTRAP", "1")

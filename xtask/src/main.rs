@@ -1,1 +1,171 @@
-fn main(){}
+//! `cargo xtask`: everything a new machine needs, in one place.
+//!
+//! - `setup`: install the BPF toolchain and the test interpreters
+//!   (idempotent; seconds when all is present)
+//! - `build`: setup, then build `tracer` (the BPF object is built and
+//!   embedded by tracer-user/build.rs)
+//! - `demo`: setup, build, then trace the bundled demo workload
+//! - `test`: setup, build, lint, then every unit and integration test
+
+mod setup;
+
+use std::{
+    io::{BufRead as _, BufReader},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "Set up, build, demo and test tracer")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install and check everything the build and tests need (idempotent).
+    Setup,
+    /// Set up, then build tracer (release with --release).
+    Build {
+        #[arg(long)]
+        release: bool,
+    },
+    /// Set up, build, and trace the bundled demo workload for a few seconds.
+    Demo {
+        /// How long to trace, in seconds.
+        #[arg(long, default_value_t = 5)]
+        seconds: u32,
+    },
+    /// Set up, build, run clippy, then run every test (needs root).
+    Test {
+        /// Extra arguments for `cargo test` (e.g. a test name filter).
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let root = workspace_root();
+    match cli.command {
+        Task::Setup => setup::run(),
+        Task::Build { release } => {
+            setup::run()?;
+            build(&root, release).map(drop)
+        }
+        Task::Demo { seconds } => {
+            setup::run()?;
+            let tracer = build(&root, true)?;
+            demo(&root, &tracer, seconds)
+        }
+        Task::Test { args } => {
+            setup::run()?;
+            let tracer = build(&root, false)?;
+            test(&root, &tracer, &args)
+        }
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask is inside the workspace").to_path_buf()
+}
+
+/// The cargo that runs xtask (rustup's), for the userspace build.
+fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+pub(crate) fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    eprintln!("xtask: $ {}", shown(cmd));
+    let status = cmd.status().with_context(|| format!("cannot start {}", shown(cmd)))?;
+    if !status.success() {
+        bail!("`{}` failed ({status})", shown(cmd));
+    }
+    Ok(())
+}
+
+fn shown(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program()).chain(cmd.get_args()).map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ")
+}
+
+fn build(root: &Path, release: bool) -> anyhow::Result<PathBuf> {
+    let mut cmd = cargo();
+    cmd.current_dir(root).args(["build", "--locked", "-p", "tracer-user"]);
+    if release {
+        cmd.arg("--release");
+    }
+    run(&mut cmd)?;
+    let tracer = root.join("target").join(if release { "release" } else { "debug" }).join("tracer");
+    if !tracer.is_file() {
+        bail!("the build succeeded but {} is missing", tracer.display());
+    }
+    Ok(tracer)
+}
+
+/// The real interpreter behind `python3` on PATH (pyenv's is a shim script,
+/// whose PID would be a shell until it execs).
+pub(crate) fn real_python3() -> anyhow::Result<PathBuf> {
+    let out = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .context("python3 is not on PATH; install CPython 3.11+ (this machine kind ships pyenv's 3.11.7)")?;
+    if !out.status.success() {
+        bail!("python3 failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
+}
+
+fn demo(root: &Path, tracer: &Path, seconds: u32) -> anyhow::Result<()> {
+    require_root("the demo")?;
+    let python = real_python3()?;
+    let script = root.join("demo").join("workload.py");
+    eprintln!("xtask: starting the demo workload: {} {}", python.display(), script.display());
+    let mut child = Command::new(&python)
+        .arg(&script)
+        .stdout(Stdio::piped())
+        .stdin(Stdio::null())
+        .spawn()
+        .with_context(|| format!("cannot start {}", python.display()))?;
+    let pid = child.id();
+    let result = (|| {
+        let stdout = child.stdout.take().context("workload stdout")?;
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        if line.trim() != "ready" {
+            bail!("the demo workload did not start (it printed {line:?})");
+        }
+        run(Command::new(tracer).args(["attach", "--pid", &pid.to_string(), "--duration", &seconds.to_string()]))
+    })();
+    // The workload runs forever; stop it whatever happened.
+    let _ = child.kill();
+    let _ = child.wait();
+    result
+}
+
+fn test(root: &Path, tracer: &Path, args: &[String]) -> anyhow::Result<()> {
+    require_root("the integration tests (they load BPF programs and attach uprobes)")?;
+    run(cargo().current_dir(root).args(["clippy", "--locked", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+    run(cargo()
+        .current_dir(root)
+        .args(["test", "--locked", "--workspace"])
+        .args(args)
+        .env("TRACER_BIN", tracer)
+        .env("TRACER_TEST_PYTHON", real_python3()?))
+}
+
+fn require_root(what: &str) -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc_geteuid() } != 0 {
+        bail!("{what} need root: run `sudo -E cargo xtask ...` (or as root)");
+    }
+    Ok(())
+}
+
+unsafe extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}

@@ -1,0 +1,126 @@
+//! `cargo xtask setup`: the verified recipe from shared/TOOLCHAIN.md, made
+//! idempotent. Each step checks first and does nothing when its result is
+//! already there, so a second run takes seconds.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, bail};
+
+/// Debian packages: the rustc-web compiler (matches the prebuilt bpf
+/// `core`), LLVM 22 for bpf-linker, and Debian's static, LTO-built
+/// python3.11 (a second test target).
+const APT_PACKAGES: &[&str] = &[
+    "rustc-web",
+    "cargo-web",
+    "libstd-rust-web-dev-bpf",
+    "llvm-22-dev",
+    "libpolly-22-dev",
+    "libzstd-dev",
+    "clang-22",
+    "lld-22",
+    "python3.11",
+];
+
+const BPF_LINKER_VERSION: &str = "0.13.0";
+const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
+
+pub fn run() -> anyhow::Result<()> {
+    check_os()?;
+    apt_packages()?;
+    bpf_linker()?;
+    for (path, what) in [
+        ("/usr/bin/rustc", "Debian's rustc-web"),
+        ("/usr/lib/rustlib/bpfel-unknown-none", "the prebuilt bpf core (libstd-rust-web-dev-bpf)"),
+        ("/sys/kernel/btf/vmlinux", "kernel BTF"),
+        ("/usr/bin/python3.11", "Debian's python3.11"),
+    ] {
+        if !Path::new(path).exists() {
+            bail!("{what} is missing after setup: {path} does not exist");
+        }
+    }
+    crate::real_python3()?;
+    eprintln!("xtask: setup complete (BPF toolchain, bpf-linker {BPF_LINKER_VERSION}, python3.11)");
+    Ok(())
+}
+
+fn check_os() -> anyhow::Result<()> {
+    let release = std::fs::read_to_string("/etc/os-release").unwrap_or_default();
+    let field = |k: &str| {
+        release.lines().find_map(|l| l.strip_prefix(k)?.strip_prefix('=')).map(|v| v.trim_matches('"').to_owned())
+    };
+    if field("ID").as_deref() == Some("debian") && field("VERSION_ID").as_deref() == Some("12") {
+        return Ok(());
+    }
+    bail!(
+        "xtask setup automates Debian 12 only (this is {}). Install by hand:\n\
+         - a rustc with LLVM 22 and a prebuilt `core` for bpfel-unknown-none at /usr/bin/rustc and /usr/bin/cargo\n\
+           (Debian: rustc-web cargo-web libstd-rust-web-dev-bpf), or a nightly with rust-src\n\
+         - LLVM 22 development files (llvm-22-dev libpolly-22-dev libzstd-dev clang-22 lld-22)\n\
+         - bpf-linker {BPF_LINKER_VERSION}: LLVM_SYS_221_PREFIX={LLVM_PREFIX} cargo install bpf-linker --version {BPF_LINKER_VERSION} --locked --no-default-features --features llvm-22\n\
+         - CPython 3.11+ as python3, and a kernel with BTF, BPF and uprobes",
+        field("PRETTY_NAME").unwrap_or_else(|| "an unknown OS".into())
+    );
+}
+
+fn is_installed(package: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", package])
+        .output()
+        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+}
+
+fn apt_packages() -> anyhow::Result<()> {
+    let missing: Vec<&str> = APT_PACKAGES.iter().copied().filter(|p| !is_installed(p)).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { super::libc_geteuid() } != 0 {
+        bail!("missing Debian packages: {}; run as root: apt-get install -y {}", missing.join(" "), missing.join(" "));
+    }
+    crate::run(Command::new("apt-get").arg("update").arg("-q"))?;
+    crate::run(
+        Command::new("apt-get")
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .args(["install", "-y", "-q"])
+            .args(&missing),
+    )
+}
+
+fn cargo_bin_dir() -> PathBuf {
+    std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+        .unwrap_or_else(|| PathBuf::from("/root/.cargo"))
+        .join("bin")
+}
+
+fn bpf_linker() -> anyhow::Result<()> {
+    let linker = cargo_bin_dir().join("bpf-linker");
+    let current = Command::new(&linker)
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    if current.as_deref().is_some_and(|v| v.contains(BPF_LINKER_VERSION)) {
+        return Ok(());
+    }
+    // bpf-linker links bitcode from rustc-web, so it must be built against
+    // the same LLVM (22).
+    let path = format!("{LLVM_PREFIX}/bin:{}", std::env::var("PATH").unwrap_or_default());
+    crate::run(
+        Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+            .env("PATH", path)
+            .env("LLVM_SYS_221_PREFIX", LLVM_PREFIX)
+            .args(["install", "bpf-linker", "--version", BPF_LINKER_VERSION, "--locked", "--no-default-features", "--features", "llvm-22"]),
+    )
+    .context("installing bpf-linker")?;
+    if !linker.is_file() {
+        bail!("bpf-linker was installed but {} does not exist", linker.display());
+    }
+    Ok(())
+}
