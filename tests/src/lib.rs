@@ -1,0 +1,462 @@
+//! Helpers for tracer's integration tests: real `tracer` binaries attached
+//! to real CPython children, every child killed when its guard drops.
+//!
+//! Nothing here skips: a missing binary, interpreter or privilege panics
+//! with what to do, so a test that cannot run fails.
+
+use std::{
+    collections::HashMap,
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    ops::{Deref, DerefMut},
+    os::unix::fs::FileExt as _,
+    path::{Path, PathBuf},
+    process::{Child, ChildStdin, Command, ExitStatus, Stdio},
+    sync::mpsc::{Receiver, RecvTimeoutError, channel},
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
+use serde_json::Value;
+
+/// How long any single expected line may take before the test fails.
+pub const LINE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Debian's static, LTO-built interpreter (installed by `cargo xtask setup`).
+pub const STATIC_PYTHON: &str = "/usr/bin/python3.11";
+
+/// Panics unless running as root: every integration test loads BPF.
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(euid, 0, "integration tests load BPF programs and need root: run `cargo xtask test` as root");
+}
+
+/// The `tracer` binary under test: `$TRACER_BIN` (set by `cargo xtask
+/// test`) or the workspace's debug build.
+#[must_use]
+pub fn tracer_bin() -> PathBuf {
+    let path = std::env::var_os("TRACER_BIN")
+        .map_or_else(|| workspace_root().join("target/debug/tracer"), PathBuf::from);
+    assert!(path.is_file(), "{} does not exist: run the tests with `cargo xtask test`, which builds it", path.display());
+    path
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ is in the workspace").to_path_buf()
+}
+
+/// pyenv's shared-libpython CPython: `$TRACER_TEST_PYTHON`, or the real
+/// executable behind `python3` on PATH.
+#[must_use]
+pub fn shared_python() -> PathBuf {
+    if let Some(p) = std::env::var_os("TRACER_TEST_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let out = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .expect("python3 must be on PATH (or set TRACER_TEST_PYTHON)");
+    assert!(out.status.success(), "python3 failed: {}", String::from_utf8_lossy(&out.stderr));
+    PathBuf::from(String::from_utf8(out.stdout).expect("utf-8 path").trim())
+}
+
+/// Debian's static python3.11, which must be installed.
+#[must_use]
+pub fn static_python() -> PathBuf {
+    let p = PathBuf::from(STATIC_PYTHON);
+    assert!(p.is_file(), "{STATIC_PYTHON} is missing: run `cargo xtask setup`");
+    p
+}
+
+/// A child process that is killed and reaped when dropped.
+pub struct KillOnDrop(pub Child);
+
+impl Deref for KillOnDrop {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Reads lines on a thread so a test can wait with a timeout.
+pub struct Lines {
+    rx: Receiver<String>,
+    _reader: JoinHandle<()>,
+}
+
+impl Lines {
+    fn new(stream: impl std::io::Read + Send + 'static) -> Self {
+        let (tx, rx) = channel();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self { rx, _reader: reader }
+    }
+
+    /// The next line, or `None` at end of stream; panics after
+    /// [`LINE_TIMEOUT`].
+    pub fn next_line(&self, what: &str) -> Option<String> {
+        match self.rx.recv_timeout(LINE_TIMEOUT) {
+            Ok(line) => Some(line),
+            Err(RecvTimeoutError::Disconnected) => None,
+            Err(RecvTimeoutError::Timeout) => panic!("timed out waiting for {what}"),
+        }
+    }
+
+    /// Every remaining line until end of stream.
+    pub fn rest(&self, what: &str) -> Vec<String> {
+        std::iter::from_fn(|| self.next_line(what)).collect()
+    }
+}
+
+/// What one iteration of a `once` workload does.
+#[derive(Clone, Copy, Debug)]
+pub enum Body {
+    /// `[]` and `bytearray(1000)`.
+    Objects,
+    /// One call of each allocator function through ctypes, with the sizes in
+    /// [`API_SIZES`].
+    Api,
+}
+
+impl Body {
+    const fn arg(self) -> &'static str {
+        match self {
+            Self::Objects => "objects",
+            Self::Api => "api",
+        }
+    }
+}
+
+/// Per family (prefix): malloc size, calloc (nelem, elsize), realloc size,
+/// as in tests/python/workload.py's `API_SIZES`.
+pub const API_SIZES: [(&str, u64, (u64, u64), u64); 3] = [
+    ("PyObject_", 1111, (3, 111), 2222),
+    ("PyMem_", 1333, (4, 111), 2444),
+    ("PyMem_Raw", 1555, (5, 111), 2666),
+];
+
+/// How a `once` workload exits.
+#[derive(Clone, Copy, Debug)]
+pub enum Exit {
+    /// Normal interpreter finalization.
+    Finalize,
+    /// `os._exit(0)` right after the loop: no finalization.
+    Immediate,
+}
+
+impl Exit {
+    const fn arg(self) -> &'static str {
+        match self {
+            Self::Finalize => "finalize",
+            Self::Immediate => "_exit",
+        }
+    }
+}
+
+/// Whether the workload runs with address-space randomisation.
+#[derive(Clone, Copy, Debug)]
+pub enum Aslr {
+    On,
+    /// `setarch -R`: CPython's finalization frees objects in an order that
+    /// depends on their addresses, so only without ASLR is the number of
+    /// deallocations at shutdown the same in every run.
+    Off,
+}
+
+/// A CPython child running tests/python/workload.py.
+pub struct Workload {
+    pub child: KillOnDrop,
+    stdin: Option<ChildStdin>,
+    stdout: Lines,
+}
+
+impl Workload {
+    /// `workload.py once N EXIT BODY`: waits for [`Workload::go`], runs the
+    /// body N times, exits the way `exit` says.
+    #[must_use]
+    pub fn once(python: &Path, n: u64, body: Body, exit: Exit, aslr: Aslr) -> Self {
+        Self::start(python, &["once", &n.to_string(), exit.arg(), body.arg()], aslr)
+    }
+
+    /// Waits until the workload sleeps in `read(0, ...)`: "ready" is printed
+    /// just before the read, and whatever Python allocates on the way into
+    /// it must not land on one side of the attach in one run and on the
+    /// other side in the next.
+    pub fn wait_blocked_on_stdin(&self) {
+        let pid = self.pid();
+        let deadline = std::time::Instant::now() + LINE_TIMEOUT;
+        loop {
+            // "0 0x0 ..." is syscall 0 (read) on fd 0 (stdin).
+            let syscall = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+            if syscall.starts_with("0 0x0 ") {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "workload {pid} never blocked reading stdin: {syscall}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// `workload.py serve`: runs the body until stdin closes.
+    #[must_use]
+    pub fn serve(python: &Path) -> Self {
+        Self::start(python, &["serve"], Aslr::On)
+    }
+
+    fn start(python: &Path, args: &[&str], aslr: Aslr) -> Self {
+        let script = workspace_root().join("tests/python/workload.py");
+        let mut cmd = match aslr {
+            Aslr::On => Command::new(python),
+            // setarch sets the personality and execs python in place, so
+            // the PID is python's by the time it prints "ready".
+            Aslr::Off => {
+                let mut c = Command::new("setarch");
+                c.arg("-R").arg(python);
+                c
+            }
+        };
+        let mut child = cmd
+            .arg(&script)
+            .args(args)
+            // Same hash seed in every run, so dict layouts (and so the
+            // allocations around the measured loop) are identical.
+            .env("PYTHONHASHSEED", "0")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", python.display()));
+        let stdin = child.stdin.take();
+        let stdout = Lines::new(child.stdout.take().expect("piped stdout"));
+        let w = Self { child: KillOnDrop(child), stdin, stdout };
+        w.expect("ready");
+        w
+    }
+
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for `line` on the workload's stdout.
+    pub fn expect(&self, line: &str) {
+        let got = self.stdout.next_line(line);
+        assert_eq!(got.as_deref(), Some(line), "workload {} printed something else", self.pid());
+    }
+
+    fn send(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin still open");
+        // One write: a line split over two writes makes Python's readline
+        // loop once more (and allocate more) depending on timing.
+        stdin.write_all(format!("{line}\n").as_bytes()).expect("workload stdin");
+    }
+
+    /// Starts the measured loop of a `once` workload.
+    pub fn go(&mut self) {
+        self.send("go");
+    }
+
+    /// Proves a `serve` workload is still alive and scheduling.
+    pub fn ping(&mut self) {
+        self.send("ping");
+        self.expect("pong");
+    }
+
+    /// Waits for a `once` workload to finish and exit successfully.
+    pub fn finish(mut self) {
+        self.expect("done");
+        drop(self.stdin.take());
+        let status = self.child.wait().expect("wait for workload");
+        assert!(status.success(), "workload exited with {status}");
+    }
+}
+
+/// A running `tracer` with piped stdout (JSON Lines) and stderr.
+pub struct TracerRun {
+    pub child: KillOnDrop,
+    pub stdout: Lines,
+    stderr: JoinHandle<String>,
+}
+
+impl TracerRun {
+    /// Starts `tracer ARGS`.
+    #[must_use]
+    pub fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(tracer_bin())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start tracer");
+        let stdout = Lines::new(child.stdout.take().expect("piped stdout"));
+        let mut err = child.stderr.take().expect("piped stderr");
+        let stderr = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            s
+        });
+        Self { child: KillOnDrop(child), stdout, stderr }
+    }
+
+    /// Starts `tracer attach --pid PID --json EXTRA...` and waits for the
+    /// "attached" line, which it returns.
+    #[must_use]
+    pub fn attach_json(pid: u32, extra: &[&str]) -> (Self, Value) {
+        let pid = pid.to_string();
+        let mut args = vec!["attach", "--pid", &pid, "--json"];
+        args.extend_from_slice(extra);
+        let run = Self::start(&args);
+        let Some(line) = run.stdout.next_line("the attached line") else {
+            let (status, _, stderr) = run.finish();
+            panic!("tracer exited ({status}) before attaching: {stderr}");
+        };
+        let attached: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON: {line}: {e}"));
+        assert_eq!(attached["type"], "attached", "{line}");
+        (run, attached)
+    }
+
+    /// Sends a signal to tracer.
+    pub fn signal(&self, sig: libc::c_int) {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("pid fits");
+        // SAFETY: kill has no memory-safety preconditions; the pid is our
+        // own child, not yet reaped.
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill({pid}, {sig})");
+    }
+
+    /// Waits for tracer to exit; returns its status, the remaining stdout
+    /// lines parsed as JSON, and its stderr.
+    #[must_use]
+    pub fn finish(mut self) -> (ExitStatus, Vec<Value>, String) {
+        let lines = self.stdout.rest("tracer's output");
+        let status = self.child.wait().expect("wait for tracer");
+        let stderr = self.stderr.join().expect("stderr reader");
+        let json = lines
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}\nstderr: {stderr}")))
+            .collect();
+        (status, json, stderr)
+    }
+}
+
+/// Runs tracer to completion with ARGS and returns (exit code, stdout, stderr).
+#[must_use]
+pub fn run_tracer(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(tracer_bin()).args(args).stdin(Stdio::null()).output().expect("run tracer");
+    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Calls and bytes per probe from a summary or interval line.
+#[must_use]
+pub fn counts(line: &Value) -> HashMap<String, (u64, u64)> {
+    line["probes"]
+        .as_object()
+        .expect("probes object")
+        .iter()
+        .map(|(k, v)| (k.clone(), (v["calls"].as_u64().expect("calls"), v["bytes"].as_u64().expect("bytes"))))
+        .collect()
+}
+
+/// Where a probed function lives, found independently of tracer: from
+/// /proc/PID/maps and the ELF file read here with `object`.
+#[derive(Debug)]
+pub struct ProbeSite {
+    pub symbol: String,
+    /// Address in the target.
+    pub address: u64,
+    /// The function's first bytes as stored in the ELF file.
+    pub file_bytes: Vec<u8>,
+}
+
+/// Bytes compared at each probe site.
+pub const SITE_BYTES: usize = 16;
+
+/// The probe sites of `symbols` in process `pid`, whose interpreter image
+/// is `image` (the path tracer reported).
+#[must_use]
+pub fn probe_sites(pid: u32, image: &str, symbols: &[String]) -> Vec<ProbeSite> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("read maps");
+    // (start, end, file offset) of every mapping of the image.
+    let ranges: Vec<(u64, u64, u64)> = maps
+        .lines()
+        .filter(|l| l.split_whitespace().nth(5) == Some(image))
+        .map(|l| {
+            let mut f = l.split_whitespace();
+            let (start, end) = f.next().expect("range").split_once('-').expect("a-b");
+            let offset = f.nth(1).expect("offset");
+            let hex = |s: &str| u64::from_str_radix(s, 16).expect("hex");
+            (hex(start), hex(end), hex(offset))
+        })
+        .collect();
+    assert!(!ranges.is_empty(), "{image} is not mapped in PID {pid}");
+    let data = std::fs::read(format!("/proc/{pid}/root{image}")).expect("read image");
+    let elf = object::File::parse(&*data).expect("parse image");
+    symbols
+        .iter()
+        .map(|name| {
+            let sym = elf
+                .symbols()
+                .chain(elf.dynamic_symbols())
+                .find(|s| s.name() == Ok(name.as_str()) && !s.is_undefined())
+                .unwrap_or_else(|| panic!("{name} not in {image}"));
+            let vaddr = sym.address();
+            let file_offset = elf
+                .segments()
+                .find_map(|seg| {
+                    let delta = vaddr.checked_sub(seg.address())?;
+                    (delta < seg.file_range().1).then(|| seg.file_range().0 + delta)
+                })
+                .expect("symbol in a loaded segment");
+            let start = usize::try_from(file_offset).expect("offset fits");
+            let address = ranges
+                .iter()
+                .find_map(|&(s, e, off)| {
+                    let delta = file_offset.checked_sub(off)?;
+                    (delta < e - s).then_some(s + delta)
+                })
+                .expect("symbol's page is mapped");
+            ProbeSite { symbol: name.clone(), address, file_bytes: data[start..start + SITE_BYTES].to_vec() }
+        })
+        .collect()
+}
+
+/// Reads the target's code at each site.
+#[must_use]
+pub fn read_sites(pid: u32, sites: &[ProbeSite]) -> Vec<Vec<u8>> {
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).expect("open mem");
+    sites
+        .iter()
+        .map(|s| {
+            let mut buf = vec![0; SITE_BYTES];
+            mem.read_exact_at(&mut buf, s.address).unwrap_or_else(|e| panic!("read {} at {:#x}: {e}", s.symbol, s.address));
+            buf
+        })
+        .collect()
+}
+
+/// The x86 breakpoint a uprobe writes at its address.
+pub const INT3: u8 = 0xCC;
+
+/// The probed symbols listed in an attached line.
+#[must_use]
+pub fn attached_probes(attached: &Value) -> Vec<String> {
+    attached["probes"].as_array().expect("probes list").iter().map(|v| v.as_str().expect("name").to_owned()).collect()
+}

@@ -104,8 +104,9 @@ impl ProcessExit {
             let err = std::io::Error::last_os_error();
             return Err(match err.raw_os_error() {
                 Some(libc::ESRCH) => TargetError::NoSuchProcess { pid },
-                // EINVAL: a thread id rather than a thread-group leader.
-                Some(libc::EINVAL) => match thread_group_of(pid) {
+                // A thread id rather than a thread-group leader: EINVAL on
+                // older kernels, ENOENT on newer ones.
+                Some(libc::EINVAL | libc::ENOENT) => match thread_group_of(pid) {
                     Some(tgid) if tgid != pid => TargetError::Thread { tid: pid, tgid },
                     _ => TargetError::Watch { pid, cause: err },
                 },

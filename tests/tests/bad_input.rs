@@ -1,0 +1,145 @@
+//! Every bad input: one line on stderr naming the problem and the fix,
+//! exit status 2, nothing on stdout, nothing attached.
+
+use std::{os::unix::fs::PermissionsExt as _, process::Command};
+
+use tracer_tests::{
+    KillOnDrop, Workload, attached_probes, probe_sites, read_sites, require_root, run_tracer, shared_python, tracer_bin,
+};
+
+fn assert_bad_input(args: &[&str], expected: &str) {
+    let (code, stdout, stderr) = run_tracer(args);
+    assert_eq!(stderr, format!("tracer: error: {expected}\n"), "args {args:?}");
+    assert_eq!(code, Some(2), "args {args:?}: {stderr}");
+    assert_eq!(stdout, "", "args {args:?}");
+}
+
+#[test]
+fn pid_that_does_not_exist() {
+    require_root();
+    let pid_max: u32 = std::fs::read_to_string("/proc/sys/kernel/pid_max").unwrap().trim().parse().unwrap();
+    // PIDs are always below pid_max.
+    let pid = pid_max.to_string();
+    assert_bad_input(
+        &["attach", "--pid", &pid],
+        &format!("no process with PID {pid}; check the PID with `pgrep -a python`"),
+    );
+}
+
+#[test]
+fn process_that_is_not_python() {
+    require_root();
+    let sleeper = KillOnDrop(Command::new("sleep").arg("60").spawn().unwrap());
+    let pid = sleeper.id();
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+    assert_bad_input(
+        &["attach", "--pid", &pid.to_string()],
+        &format!(
+            "PID {pid} (sleep, {}) is not a Python process: no libpython is mapped and the executable has no CPython symbols; pass the PID of a CPython process (for a launcher script, its python child)",
+            exe.display()
+        ),
+    );
+}
+
+#[test]
+fn kernel_thread() {
+    require_root();
+    // PID 2 is kthreadd on every Linux system.
+    assert_bad_input(
+        &["attach", "--pid", "2"],
+        "PID 2 (kthreadd) is a kernel thread, not a Python process; pass the PID of a CPython process",
+    );
+}
+
+#[test]
+fn tracers_own_pid() {
+    require_root();
+    // `exec` keeps the shell's PID, so $$ is tracer's own.
+    let out = Command::new("sh")
+        .args(["-c", &format!("exec '{}' attach --pid $$", tracer_bin().display())])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with("tracer: error: PID ")
+            && stderr.ends_with(" is tracer itself; pass the PID of the CPython process to trace\n")
+            && stderr.lines().count() == 1,
+        "{stderr}"
+    );
+}
+
+#[test]
+fn thread_id_instead_of_pid() {
+    require_root();
+    let workload = Workload::serve(&shared_python());
+    let pid = workload.pid();
+    let tid = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|&t| t != pid)
+        .expect("the serve workload has a second thread");
+    assert_bad_input(
+        &["attach", "--pid", &tid.to_string()],
+        &format!("{tid} is a thread of process {pid}, not a process; pass --pid {pid}"),
+    );
+}
+
+#[test]
+fn zero_interval() {
+    require_root();
+    let workload = Workload::serve(&shared_python());
+    assert_bad_input(
+        &["attach", "--pid", &workload.pid().to_string(), "--interval", "0"],
+        "--interval must be a number of seconds greater than 0 (got 0); try --interval 1",
+    );
+}
+
+#[test]
+fn zero_duration() {
+    require_root();
+    let workload = Workload::serve(&shared_python());
+    assert_bad_input(
+        &["attach", "--pid", &workload.pid().to_string(), "--duration", "0"],
+        "--duration must be a number of seconds greater than 0 (got 0); omit it to run until Ctrl-C",
+    );
+}
+
+#[test]
+fn not_root() {
+    require_root();
+    let mut workload = Workload::serve(&shared_python());
+    let pid = workload.pid();
+    // The unprivileged user must be able to reach the binary.
+    let dir = std::env::temp_dir().join(format!("tracer-test-nonroot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = dir.join("tracer");
+    std::fs::copy(tracer_bin(), &bin).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"])
+        .arg(&bin)
+        .args(["attach", "--pid", &pid.to_string()])
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "tracer: error: tracer needs root (or CAP_BPF and CAP_PERFMON) to load BPF programs and attach uprobes, and uid 65534 has neither; run it with sudo\n"
+    );
+    assert_eq!(out.status.code(), Some(2));
+    // Nothing was attached: the code equals the file.
+    let libpython = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5).map(str::to_owned))
+        .find(|p| p.contains("libpython"))
+        .expect("the shared test python maps libpython");
+    let symbols = attached_probes(&serde_json::json!({"probes": ["_Py_NewReference", "PyObject_Malloc"]}));
+    let sites = probe_sites(pid, &libpython, &symbols);
+    for (site, bytes) in sites.iter().zip(read_sites(pid, &sites)) {
+        assert_eq!(bytes, site.file_bytes, "{}", site.symbol);
+    }
+    workload.ping();
+}

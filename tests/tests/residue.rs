@@ -1,0 +1,106 @@
+//! Residue: while attached the target's code holds the breakpoint at every
+//! probe; after tracer ends, however it ends, the code equals the ELF
+//! file's bytes and the target keeps running.
+
+use std::{path::Path, thread::sleep, time::Duration};
+
+use tracer_tests::{
+    INT3, TracerRun, Workload, attached_probes, probe_sites, read_sites, require_root, shared_python, static_python,
+};
+
+#[derive(Clone, Copy, Debug)]
+enum Ending {
+    Sigint,
+    Sigterm,
+    Duration,
+    Sigkill,
+}
+
+fn check(python: &Path, ending: Ending) {
+    require_root();
+    let mut workload = Workload::serve(python);
+    let pid = workload.pid();
+    let extra: &[&str] = match ending {
+        Ending::Duration => &["--duration", "1"],
+        _ => &[],
+    };
+    let (tracer, attached) = TracerRun::attach_json(pid, extra);
+    let image = attached["python"]["image"].as_str().expect("image");
+    let symbols = attached_probes(&attached);
+    assert!(!symbols.is_empty());
+    let sites = probe_sites(pid, image, &symbols);
+
+    let live = read_sites(pid, &sites);
+    for (site, bytes) in sites.iter().zip(&live) {
+        assert_eq!(bytes[0], INT3, "{} at {:#x} holds no breakpoint while attached", site.symbol, site.address);
+        assert_eq!(bytes[1..], site.file_bytes[1..], "{}: more than the first byte changed", site.symbol);
+    }
+
+    match ending {
+        Ending::Sigint => tracer.signal(libc::SIGINT),
+        Ending::Sigterm => tracer.signal(libc::SIGTERM),
+        Ending::Sigkill => tracer.signal(libc::SIGKILL),
+        Ending::Duration => {}
+    }
+    let (status, lines, stderr) = tracer.finish();
+    match ending {
+        Ending::Sigkill => assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL)),
+        _ => {
+            assert!(status.success(), "{ending:?}: {status}: {stderr}");
+            let summary = lines.last().expect("summary");
+            assert_eq!(summary["type"], "summary");
+            let (end, signal) = match ending {
+                Ending::Sigint => ("signal", Some("SIGINT")),
+                Ending::Sigterm => ("signal", Some("SIGTERM")),
+                _ => ("duration", None),
+            };
+            assert_eq!(summary["end"], end);
+            assert_eq!(summary["signal"].as_str(), signal);
+        }
+    }
+
+    // The kernel removes a uprobe when its last perf event closes, which for
+    // SIGKILL happens during tracer's exit; allow it a moment.
+    let mut after = read_sites(pid, &sites);
+    for _ in 0..20 {
+        if after.iter().zip(&sites).all(|(b, s)| *b == s.file_bytes) {
+            break;
+        }
+        sleep(Duration::from_millis(100));
+        after = read_sites(pid, &sites);
+    }
+    for (site, bytes) in sites.iter().zip(&after) {
+        assert_eq!(*bytes, site.file_bytes, "{ending:?}: {} at {:#x} differs from the ELF file after tracer left", site.symbol, site.address);
+    }
+    workload.ping();
+}
+
+#[test]
+fn sigint_leaves_nothing() {
+    check(&shared_python(), Ending::Sigint);
+}
+
+#[test]
+fn sigterm_leaves_nothing() {
+    check(&shared_python(), Ending::Sigterm);
+}
+
+#[test]
+fn duration_leaves_nothing() {
+    check(&shared_python(), Ending::Duration);
+}
+
+#[test]
+fn sigkill_leaves_nothing() {
+    check(&shared_python(), Ending::Sigkill);
+}
+
+#[test]
+fn static_python_sigint_leaves_nothing() {
+    check(&static_python(), Ending::Sigint);
+}
+
+#[test]
+fn static_python_sigkill_leaves_nothing() {
+    check(&static_python(), Ending::Sigkill);
+}
