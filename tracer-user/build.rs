@@ -45,7 +45,15 @@ fn main() {
             || key.starts_with("RUSTDOC")
             || matches!(
                 key,
-                "RUSTFLAGS" | "RUSTUP_TOOLCHAIN" | "TARGET" | "HOST" | "PROFILE" | "OUT_DIR" | "OPT_LEVEL" | "DEBUG" | "NUM_JOBS"
+                "RUSTFLAGS"
+                    | "RUSTUP_TOOLCHAIN"
+                    | "TARGET"
+                    | "HOST"
+                    | "PROFILE"
+                    | "OUT_DIR"
+                    | "OPT_LEVEL"
+                    | "DEBUG"
+                    | "NUM_JOBS"
             );
         if outer {
             cmd.env_remove(key);
@@ -71,7 +79,8 @@ fn main() {
         .arg(ebpf.join("Cargo.toml"))
         .arg("--target-dir")
         .arg(&target_dir);
-    let status = cmd.status().unwrap_or_else(|e| fail(&format!("cannot run {BPF_CARGO}: {e}; run `cargo xtask setup`")));
+    let status =
+        cmd.status().unwrap_or_else(|e| fail(&format!("cannot run {BPF_CARGO}: {e}; run `cargo xtask setup`")));
     if !status.success() {
         fail(&format!(
             "building tracer-ebpf failed ({status}); if bpf-linker or the bpf core library is missing, run `cargo xtask setup`"

@@ -1,8 +1,10 @@
 //! Helpers for tracer's integration tests: real `tracer` binaries attached
-//! to real CPython children, every child killed when its guard drops.
+//! to real `CPython` children, every child killed when its guard drops.
 //!
 //! Nothing here skips: a missing binary, interpreter or privilege panics
 //! with what to do, so a test that cannot run fails.
+
+#![allow(clippy::missing_panics_doc, reason = "test helpers panic to fail the test, with the reason")]
 
 use std::{
     collections::HashMap,
@@ -20,7 +22,7 @@ use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
 use serde_json::Value;
 
 /// How long any single expected line may take before the test fails.
-pub const LINE_TIMEOUT: Duration = Duration::from_secs(60);
+pub const LINE_TIMEOUT: Duration = Duration::from_mins(1);
 
 /// Debian's static, LTO-built interpreter (installed by `cargo xtask setup`).
 pub const STATIC_PYTHON: &str = "/usr/bin/python3.11";
@@ -36,9 +38,13 @@ pub fn require_root() {
 /// test`) or the workspace's debug build.
 #[must_use]
 pub fn tracer_bin() -> PathBuf {
-    let path = std::env::var_os("TRACER_BIN")
-        .map_or_else(|| workspace_root().join("target/debug/tracer"), PathBuf::from);
-    assert!(path.is_file(), "{} does not exist: run the tests with `cargo xtask test`, which builds it", path.display());
+    let path =
+        std::env::var_os("TRACER_BIN").map_or_else(|| workspace_root().join("target/debug/tracer"), PathBuf::from);
+    assert!(
+        path.is_file(),
+        "{} does not exist: run the tests with `cargo xtask test`, which builds it",
+        path.display()
+    );
     path
 }
 
@@ -46,7 +52,7 @@ fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ is in the workspace").to_path_buf()
 }
 
-/// pyenv's shared-libpython CPython: `$TRACER_TEST_PYTHON`, or the real
+/// pyenv's shared-libpython `CPython`: `$TRACER_TEST_PYTHON`, or the real
 /// executable behind `python3` on PATH.
 #[must_use]
 pub fn shared_python() -> PathBuf {
@@ -114,6 +120,7 @@ impl Lines {
 
     /// The next line, or `None` at end of stream; panics after
     /// [`LINE_TIMEOUT`].
+    #[must_use]
     pub fn next_line(&self, what: &str) -> Option<String> {
         match self.rx.recv_timeout(LINE_TIMEOUT) {
             Ok(line) => Some(line),
@@ -123,6 +130,7 @@ impl Lines {
     }
 
     /// Every remaining line until end of stream.
+    #[must_use]
     pub fn rest(&self, what: &str) -> Vec<String> {
         std::iter::from_fn(|| self.next_line(what)).collect()
     }
@@ -149,11 +157,8 @@ impl Body {
 
 /// Per family (prefix): malloc size, calloc (nelem, elsize), realloc size,
 /// as in tests/python/workload.py's `API_SIZES`.
-pub const API_SIZES: [(&str, u64, (u64, u64), u64); 3] = [
-    ("PyObject_", 1111, (3, 111), 2222),
-    ("PyMem_", 1333, (4, 111), 2444),
-    ("PyMem_Raw", 1555, (5, 111), 2666),
-];
+pub const API_SIZES: [(&str, u64, (u64, u64), u64); 3] =
+    [("PyObject_", 1111, (3, 111), 2222), ("PyMem_", 1333, (4, 111), 2444), ("PyMem_Raw", 1555, (5, 111), 2666)];
 
 /// How a `once` workload exits.
 #[derive(Clone, Copy, Debug)]
@@ -177,13 +182,13 @@ impl Exit {
 #[derive(Clone, Copy, Debug)]
 pub enum Aslr {
     On,
-    /// `setarch -R`: CPython's finalization frees objects in an order that
+    /// `setarch -R`: `CPython`'s finalization frees objects in an order that
     /// depends on their addresses, so only without ASLR is the number of
     /// deallocations at shutdown the same in every run.
     Off,
 }
 
-/// A CPython child running tests/python/workload.py.
+/// A `CPython` child running tests/python/workload.py.
 pub struct Workload {
     pub child: KillOnDrop,
     stdin: Option<ChildStdin>,
@@ -361,7 +366,11 @@ impl TracerRun {
 #[must_use]
 pub fn run_tracer(args: &[&str]) -> (Option<i32>, String, String) {
     let out = Command::new(tracer_bin()).args(args).stdin(Stdio::null()).output().expect("run tracer");
-    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// Calls and bytes per probe from a summary or interval line.
@@ -446,7 +455,8 @@ pub fn read_sites(pid: u32, sites: &[ProbeSite]) -> Vec<Vec<u8>> {
         .iter()
         .map(|s| {
             let mut buf = vec![0; SITE_BYTES];
-            mem.read_exact_at(&mut buf, s.address).unwrap_or_else(|e| panic!("read {} at {:#x}: {e}", s.symbol, s.address));
+            mem.read_exact_at(&mut buf, s.address)
+                .unwrap_or_else(|e| panic!("read {} at {:#x}: {e}", s.symbol, s.address));
             buf
         })
         .collect()

@@ -102,7 +102,10 @@ fn check_api_body(per: &Counts, exclusive: &[&str]) {
         if exclusive.contains(&name.as_str()) {
             assert_eq!(got, (calls, bytes), "{name} per iteration");
         } else {
-            assert!(got.0 >= calls && got.1 >= bytes, "{name}: {got:?} per iteration, below the body's ({calls}, {bytes})");
+            assert!(
+                got.0 >= calls && got.1 >= bytes,
+                "{name}: {got:?} per iteration, below the body's ({calls}, {bytes})"
+            );
         }
     }
 }
@@ -116,7 +119,7 @@ fn shared_objects_body_is_exact() {
 }
 
 /// Whole runs including interpreter shutdown are exact too, once the
-/// address-dependent order of CPython's finalization is fixed.
+/// address-dependent order of `CPython`'s finalization is fixed.
 #[test]
 fn shared_objects_body_with_finalization_is_exact() {
     require_root();

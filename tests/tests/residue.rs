@@ -43,20 +43,19 @@ fn check(python: &Path, ending: Ending) {
         Ending::Duration => {}
     }
     let (status, lines, stderr) = tracer.finish();
-    match ending {
-        Ending::Sigkill => assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL)),
-        _ => {
-            assert!(status.success(), "{ending:?}: {status}: {stderr}");
-            let summary = lines.last().expect("summary");
-            assert_eq!(summary["type"], "summary");
-            let (end, signal) = match ending {
-                Ending::Sigint => ("signal", Some("SIGINT")),
-                Ending::Sigterm => ("signal", Some("SIGTERM")),
-                _ => ("duration", None),
-            };
-            assert_eq!(summary["end"], end);
-            assert_eq!(summary["signal"].as_str(), signal);
-        }
+    if let Ending::Sigkill = ending {
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL))
+    } else {
+        assert!(status.success(), "{ending:?}: {status}: {stderr}");
+        let summary = lines.last().expect("summary");
+        assert_eq!(summary["type"], "summary");
+        let (end, signal) = match ending {
+            Ending::Sigint => ("signal", Some("SIGINT")),
+            Ending::Sigterm => ("signal", Some("SIGTERM")),
+            _ => ("duration", None),
+        };
+        assert_eq!(summary["end"], end);
+        assert_eq!(summary["signal"].as_str(), signal);
     }
 
     // The kernel removes a uprobe when its last perf event closes, which for
@@ -70,7 +69,11 @@ fn check(python: &Path, ending: Ending) {
         after = read_sites(pid, &sites);
     }
     for (site, bytes) in sites.iter().zip(&after) {
-        assert_eq!(*bytes, site.file_bytes, "{ending:?}: {} at {:#x} differs from the ELF file after tracer left", site.symbol, site.address);
+        assert_eq!(
+            *bytes, site.file_bytes,
+            "{ending:?}: {} at {:#x} differs from the ELF file after tracer left",
+            site.symbol, site.address
+        );
     }
     workload.ping();
 }

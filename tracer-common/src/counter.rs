@@ -20,10 +20,7 @@ impl Counter {
     /// total would look like a plausible small number.
     #[must_use]
     pub const fn merged(self, other: Self) -> Self {
-        Self {
-            calls: self.calls.saturating_add(other.calls),
-            bytes: self.bytes.saturating_add(other.bytes),
-        }
+        Self { calls: self.calls.saturating_add(other.calls), bytes: self.bytes.saturating_add(other.bytes) }
     }
 }
 

@@ -23,12 +23,8 @@ pub const STAT_COUNT: u32 = 4;
 
 impl Stat {
     /// Every stat, in map order.
-    pub const ALL: [Self; STAT_COUNT as usize] = [
-        Self::SlotOutOfRange,
-        Self::ArgMissing,
-        Self::OtherProcess,
-        Self::SizeOverflow,
-    ];
+    pub const ALL: [Self; STAT_COUNT as usize] =
+        [Self::SlotOutOfRange, Self::ArgMissing, Self::OtherProcess, Self::SizeOverflow];
 
     /// Stable name used in the table and the JSON output.
     #[must_use]

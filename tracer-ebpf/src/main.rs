@@ -97,10 +97,7 @@ fn try_record(ctx: &ProbeContext, size: Size) -> Result<(), Stat> {
             // checked_mul (and the division test LLVM rewrites into it)
             // needs a 128-bit multiply, which BPF lacks: hide the bound from
             // the optimiser. Sizes that fit in 32 bits cannot overflow.
-            if (nelem | elsize) >> 32 != 0
-                && elsize != 0
-                && nelem > core::hint::black_box(u64::MAX) / elsize
-            {
+            if (nelem | elsize) >> 32 != 0 && elsize != 0 && nelem > core::hint::black_box(u64::MAX) / elsize {
                 bump(Stat::SizeOverflow);
                 u64::MAX
             } else {

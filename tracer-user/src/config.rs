@@ -52,12 +52,7 @@ impl AttachConfig {
             None => None,
             Some(value) => Some(seconds(value).ok_or(ConfigError::BadDuration { value })?),
         };
-        Ok(Self {
-            pid,
-            duration,
-            interval,
-            format: if json { Format::Json } else { Format::Table },
-        })
+        Ok(Self { pid, duration, interval, format: if json { Format::Json } else { Format::Table } })
     }
 }
 

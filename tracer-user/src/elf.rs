@@ -14,15 +14,9 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum ElfError {
     #[error("cannot read {path}: {cause}; check that the file still exists and is readable")]
-    Read {
-        path: PathBuf,
-        cause: std::io::Error,
-    },
+    Read { path: PathBuf, cause: std::io::Error },
     #[error("{path} is not a readable ELF file: {cause}")]
-    Parse {
-        path: PathBuf,
-        cause: object::Error,
-    },
+    Parse { path: PathBuf, cause: object::Error },
 }
 
 /// One defined symbol.
@@ -109,7 +103,7 @@ impl ElfImage {
     }
 }
 
-/// Maps a virtual address to its file offset through the PT_LOAD segment
+/// Maps a virtual address to its file offset through the `PT_LOAD` segment
 /// that holds it; addresses in .bss (past the file-backed part) have none.
 fn file_offset_of(segments: &[(u64, u64, u64, u64)], address: u64) -> Option<u64> {
     segments.iter().find_map(|&(vaddr, memsz, offset, filesz)| {

@@ -1,7 +1,9 @@
 //! Which failures are the user's input (exit status 2) and which are
 //! tracer's own (exit status 1).
 
-use crate::{config::ConfigError, privileges::PrivilegeError, process::TargetError, python::VersionError, session::AttachError};
+use crate::{
+    config::ConfigError, privileges::PrivilegeError, process::TargetError, python::VersionError, session::AttachError,
+};
 
 /// Exit status for bad input: a wrong PID, a non-Python target, missing
 /// privileges, a bad option value.

@@ -1,4 +1,4 @@
-//! tracer's userspace: find the CPython image in a live process, attach the
+//! tracer's userspace: find the `CPython` image in a live process, attach the
 //! BPF uprobes, read the per-CPU counters and report them.
 
 pub mod config;

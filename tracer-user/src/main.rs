@@ -8,7 +8,7 @@ use tracer_user::{
     error::exit_status,
 };
 
-/// Count CPython reference and allocation events in a live process, from
+/// Count `CPython` reference and allocation events in a live process, from
 /// outside, with eBPF uprobes.
 #[derive(Debug, Parser)]
 #[command(
@@ -27,7 +27,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Attach to a running CPython process and count calls and bytes.
+    /// Attach to a running `CPython` process and count calls and bytes.
     #[command(
         long_about = "Attach to a running CPython process and count calls and requested bytes of _Py_NewReference, \
 _Py_Dealloc and the PyObject_/PyMem_/PyMem_Raw allocator functions.\n\n\
@@ -42,7 +42,7 @@ run ends by Ctrl-C, SIGTERM, --duration or the target's exit.",
 
 #[derive(Debug, Args)]
 struct AttachArgs {
-    /// PID of the CPython process to trace.
+    /// PID of the `CPython` process to trace.
     #[arg(long, short = 'p', value_name = "PID")]
     pid: u32,
     /// Stop after this many seconds (default: until Ctrl-C, SIGTERM or the target exits).

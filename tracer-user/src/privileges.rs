@@ -36,8 +36,8 @@ fn effective_caps(status: &str) -> Option<u64> {
     u64::from_str_radix(hex, 16).ok()
 }
 
-/// CAP_SYS_ADMIN covers both on kernels before 5.8; from 5.8 CAP_BPF plus
-/// CAP_PERFMON suffice.
+/// `CAP_SYS_ADMIN` covers both on kernels before 5.8; from 5.8 `CAP_BPF` plus
+/// `CAP_PERFMON` suffice.
 fn has_needed_caps(caps: u64) -> bool {
     let has = |cap: u32| caps & (1u64 << cap) != 0;
     has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))

@@ -59,7 +59,7 @@ const fn spec(symbol: &'static str, program: Program, required: bool) -> ProbeSp
 }
 
 /// The reference and allocator functions, in report order. Only
-/// `PyObject_Malloc` is required: every CPython has it, so its absence means
+/// `PyObject_Malloc` is required: every `CPython` has it, so its absence means
 /// the image is not what it seems. The rest may be inlined away (LTO builds)
 /// and are reported as missing.
 pub const DEFAULT_PROBES: &[ProbeSpec] = &[

@@ -1,4 +1,4 @@
-//! Finding the CPython image inside a live process, from /proc/PID alone.
+//! Finding the `CPython` image inside a live process, from /proc/PID alone.
 
 use std::path::{Path, PathBuf};
 
@@ -23,29 +23,15 @@ pub enum TargetError {
     )]
     NotPython { pid: u32, comm: String, exe: String },
     #[error("cannot read {what} of PID {pid}: {cause}; tracer must run as root")]
-    Proc {
-        pid: u32,
-        what: &'static str,
-        cause: procfs::ProcError,
-    },
+    Proc { pid: u32, what: &'static str, cause: procfs::ProcError },
     #[error("{tid} is a thread of process {tgid}, not a process; pass --pid {tgid}")]
     Thread { tid: u32, tgid: u32 },
     #[error("cannot watch PID {pid} for exit: {cause}")]
-    Watch {
-        pid: u32,
-        cause: std::io::Error,
-    },
+    Watch { pid: u32, cause: std::io::Error },
     #[error("cannot read memory of PID {pid} at {address:#x}: {cause}")]
-    Memory {
-        pid: u32,
-        address: u64,
-        cause: std::io::Error,
-    },
+    Memory { pid: u32, address: u64, cause: std::io::Error },
     #[error("the Python image of PID {pid} cannot be read: {cause}")]
-    Image {
-        pid: u32,
-        cause: ElfError,
-    },
+    Image { pid: u32, cause: ElfError },
 }
 
 /// Where the interpreter's code lives.
@@ -66,7 +52,7 @@ pub struct Mapping {
     pub path: PathBuf,
 }
 
-/// A live process with a CPython image.
+/// A live process with a `CPython` image.
 #[derive(Debug)]
 pub struct Target {
     pub pid: u32,
@@ -87,12 +73,12 @@ pub struct Target {
 /// `PF_KTHREAD` from include/linux/sched.h.
 const PF_KTHREAD: u32 = 0x0020_0000;
 
-/// Symbols only a CPython interpreter defines (an extension module imports
+/// Symbols only a `CPython` interpreter defines (an extension module imports
 /// them, leaving them undefined, which `ElfImage` skips).
 const CPYTHON_MARKERS: [&str; 3] = ["Py_Initialize", "_PyRuntime", "Py_Version"];
 
 impl Target {
-    /// Inspects `pid` and locates its CPython image.
+    /// Inspects `pid` and locates its `CPython` image.
     pub fn inspect(pid: u32) -> Result<Self, TargetError> {
         if pid == std::process::id() {
             return Err(TargetError::OwnProcess { pid });
@@ -120,14 +106,15 @@ impl Target {
             Some(lib) => (lib.path.clone(), ImageKind::SharedLibrary),
             None => (exe.clone(), ImageKind::Executable),
         };
-        let host_path = Path::new("/proc").join(pid.to_string()).join("root").join(image_path.strip_prefix("/").unwrap_or(&image_path));
+        let host_path = Path::new("/proc")
+            .join(pid.to_string())
+            .join("root")
+            .join(image_path.strip_prefix("/").unwrap_or(&image_path));
         let elf = ElfImage::open(&host_path).map_err(|cause| match cause {
             // An executable that is not ELF (or unreadable) is not Python.
-            ElfError::Parse { .. } if kind == ImageKind::Executable => TargetError::NotPython {
-                pid,
-                comm: stat.comm.clone(),
-                exe: exe.display().to_string(),
-            },
+            ElfError::Parse { .. } if kind == ImageKind::Executable => {
+                TargetError::NotPython { pid, comm: stat.comm.clone(), exe: exe.display().to_string() }
+            }
             cause => TargetError::Image { pid, cause },
         })?;
         if kind == ImageKind::Executable && !CPYTHON_MARKERS.iter().any(|m| elf.symbol(m).is_some()) {
@@ -165,9 +152,7 @@ pub fn read_memory(pid: u32, address: u64, len: usize) -> Result<Vec<u8>, Target
 
 /// `libpython3.11.so.1.0`, `libpython3.13t.so`, `libpython3.12d.so.1.0`...
 fn is_libpython(path: &Path) -> bool {
-    path.file_name()
-        .and_then(|n| n.to_str())
-        .is_some_and(|name| name.starts_with("libpython") && name.contains(".so"))
+    path.file_name().and_then(|n| n.to_str()).is_some_and(|name| name.starts_with("libpython") && name.contains(".so"))
 }
 
 fn map_proc_error(pid: u32, what: &'static str, cause: procfs::ProcError) -> TargetError {
@@ -191,11 +176,9 @@ mod tests {
 
     #[test]
     fn recognises_libpython_names() {
-        for yes in [
-            "/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0",
-            "/opt/py/lib/libpython3.13t.so.1.0",
-            "libpython3.12d.so",
-        ] {
+        for yes in
+            ["/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0", "/opt/py/lib/libpython3.13t.so.1.0", "libpython3.12d.so"]
+        {
             assert!(is_libpython(Path::new(yes)), "{yes}");
         }
         for no in ["/usr/bin/python3.11", "/usr/lib/libpythonish.a", "/lib/libc.so.6"] {

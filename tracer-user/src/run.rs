@@ -12,7 +12,6 @@ use tokio::{
     signal::unix::{SignalKind, signal},
     time::{MissedTickBehavior, interval_at, sleep_until},
 };
-use tracer_common::stats::Stat;
 
 use crate::{
     config::AttachConfig,
@@ -84,9 +83,14 @@ fn sample(session: &Session, started: Instant) -> anyhow::Result<Sample> {
         .attached
         .iter()
         .zip(&readings.counters)
-        .map(|(p, c)| ProbeSample { name: p.symbol, counts_bytes: p.program.counts_bytes(), calls: c.calls, bytes: c.bytes })
+        .map(|(p, c)| ProbeSample {
+            name: p.symbol,
+            counts_bytes: p.program.counts_bytes(),
+            calls: c.calls,
+            bytes: c.bytes,
+        })
         .collect();
-    let stats = Stat::ALL.iter().copied().zip(readings.stats.iter().copied()).collect();
+    let stats = Sample::stats_from(&readings.stats, readings.kernel_misses);
     Ok(Sample { elapsed: started.elapsed(), probes, stats })
 }
 
@@ -113,7 +117,8 @@ impl ProcessExit {
                 _ => TargetError::Watch { pid, cause: err },
             });
         }
-        let fd = i32::try_from(fd).map_err(|_| TargetError::Watch { pid, cause: std::io::Error::other("fd out of range") })?;
+        let fd = i32::try_from(fd)
+            .map_err(|_| TargetError::Watch { pid, cause: std::io::Error::other("fd out of range") })?;
         // SAFETY: fd is a fresh descriptor that nothing else owns.
         let owned = unsafe { OwnedFd::from_raw_fd(fd) };
         // SAFETY: `owned` is a valid open fd, moved into the AsyncFd, which

@@ -1,13 +1,17 @@
 //! Loading the BPF object and attaching it to one target: the only place
 //! that touches the kernel. Dropping a [`Session`] detaches every probe.
 
-use std::{num::NonZeroU32, path::PathBuf};
+use std::{
+    num::NonZeroU32,
+    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd},
+    path::PathBuf,
+};
 
 use aya::{
     Ebpf, EbpfLoader,
     maps::{MapData, PerCpuArray},
     programs::{
-        UProbe,
+        ProgramFd, UProbe,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
     },
 };
@@ -19,7 +23,7 @@ use tracer_common::{
 };
 
 use crate::{
-    probes::{Program, ProbeSpec},
+    probes::{ProbeSpec, Program},
     process::Target,
 };
 
@@ -31,22 +35,13 @@ pub enum AttachError {
     #[error("BPF program {name} is missing from tracer's BPF object (a build problem)")]
     ProgramMissing { name: &'static str },
     #[error("BPF program {name} failed to load: {cause}")]
-    ProgramLoad {
-        name: &'static str,
-        cause: Box<aya::programs::ProgramError>,
-    },
+    ProgramLoad { name: &'static str, cause: Box<aya::programs::ProgramError> },
     #[error("BPF map {name} is missing or has the wrong type: {cause}")]
-    Map {
-        name: &'static str,
-        cause: Box<aya::maps::MapError>,
-    },
+    Map { name: &'static str, cause: Box<aya::maps::MapError> },
+    #[error("cannot read the kernel's statistics of BPF program {name}: {cause}")]
+    ProgramInfo { name: &'static str, cause: std::io::Error },
     #[error("cannot attach a uprobe to {symbol} in {path} for PID {pid}: {cause}")]
-    Attach {
-        symbol: &'static str,
-        path: PathBuf,
-        pid: u32,
-        cause: Box<aya::programs::ProgramError>,
-    },
+    Attach { symbol: &'static str, path: PathBuf, pid: u32, cause: Box<aya::programs::ProgramError> },
     #[error("required symbol {symbol} is not in {path}; this build of CPython cannot be traced (was it stripped?)")]
     RequiredMissing { symbol: &'static str, path: PathBuf },
     #[error("none of tracer's probe symbols is in {path}; this build of CPython cannot be traced (was it stripped?)")]
@@ -83,6 +78,11 @@ pub struct Readings {
     pub counters: Vec<Counter>,
     /// One per [`Stat`], in [`Stat::ALL`] order.
     pub stats: Vec<u64>,
+    /// Hits the kernel did not run a program for because another BPF
+    /// program was already running on that CPU (`recursion_misses` in
+    /// `bpf_prog_info`), summed over tracer's programs. Such hits are
+    /// missing from `counters`.
+    pub kernel_misses: u64,
 }
 
 /// A loaded BPF object with its probes attached to one process.
@@ -91,6 +91,8 @@ pub struct Session {
     _ebpf: Ebpf,
     counters: PerCpuArray<MapData, Counter>,
     stats: PerCpuArray<MapData, u64>,
+    /// Our programs, to read the kernel's per-program miss counts.
+    programs: Vec<(&'static str, ProgramFd)>,
     /// Attached probes, in table order.
     pub attached: Vec<AttachedProbe>,
     /// Optional probes whose symbol the image lacks.
@@ -122,10 +124,14 @@ impl Session {
             .load(crate::BPF_OBJECT)
             .map_err(|e| AttachError::Load(Box::new(e)))?;
 
+        let mut programs = Vec::with_capacity(Program::ALL.len());
         for program in Program::ALL {
             let name = program.name();
             let uprobe = uprobe_mut(&mut ebpf, program)?;
-            uprobe.load().map_err(|cause| AttachError::ProgramLoad { name, cause: Box::new(cause) })?;
+            let load_err = |cause| AttachError::ProgramLoad { name, cause: Box::new(cause) };
+            uprobe.load().map_err(load_err)?;
+            let fd = uprobe.fd().map_err(load_err)?.try_clone().map_err(|e| load_err(e.into()))?;
+            programs.push((name, fd));
         }
 
         let pid = NonZeroU32::new(target.pid).ok_or(AttachError::TargetExited { pid: target.pid })?;
@@ -160,7 +166,7 @@ impl Session {
 
         let counters = take_map(&mut ebpf, names::COUNTERS_MAP)?;
         let stats = take_map(&mut ebpf, names::STATS_MAP)?;
-        Ok(Self { _ebpf: ebpf, counters, stats, attached, missing })
+        Ok(Self { _ebpf: ebpf, counters, stats, programs, attached, missing })
     }
 
     /// Reads every counter, summing the per-CPU slots.
@@ -176,8 +182,42 @@ impl Session {
             let per_cpu = self.stats.get(&index, 0).map_err(map_err(names::STATS_MAP))?;
             stats.push(per_cpu.iter().fold(0u64, |sum, v| sum.saturating_add(*v)));
         }
-        Ok(Readings { counters, stats })
+        let mut kernel_misses = 0u64;
+        for (name, fd) in &self.programs {
+            let misses = recursion_misses(fd.as_fd()).map_err(|cause| AttachError::ProgramInfo { name, cause })?;
+            kernel_misses = kernel_misses.saturating_add(misses);
+        }
+        Ok(Readings { counters, stats, kernel_misses })
     }
+}
+
+/// `recursion_misses` of a loaded program, from `BPF_OBJ_GET_INFO_BY_FD`
+/// (aya does not expose this field).
+fn recursion_misses(fd: BorrowedFd<'_>) -> std::io::Result<u64> {
+    /// The `info` member of `union bpf_attr` (include/uapi/linux/bpf.h).
+    #[repr(C)]
+    struct InfoByFd {
+        bpf_fd: u32,
+        info_len: u32,
+        info: u64,
+    }
+    const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+    // SAFETY: bpf_prog_info is plain integers, for which all-zero is valid.
+    let mut info: aya_obj::generated::bpf_prog_info = unsafe { std::mem::zeroed() };
+    let mut attr = InfoByFd {
+        bpf_fd: u32::try_from(fd.as_raw_fd()).map_err(|_| std::io::Error::from_raw_os_error(libc::EBADF))?,
+        info_len: u32::try_from(size_of_val(&info)).unwrap_or(u32::MAX),
+        info: std::ptr::from_mut(&mut info) as u64,
+    };
+    // SAFETY: attr points to a valid InfoByFd whose `info` points to a
+    // writable bpf_prog_info of `info_len` bytes; both outlive the call.
+    let rc = unsafe {
+        libc::syscall(libc::SYS_bpf, BPF_OBJ_GET_INFO_BY_FD, std::ptr::from_mut(&mut attr), size_of::<InfoByFd>())
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(info.recursion_misses)
 }
 
 fn uprobe_mut(ebpf: &mut Ebpf, program: Program) -> Result<&mut UProbe, AttachError> {

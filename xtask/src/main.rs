@@ -89,7 +89,11 @@ pub(crate) fn run(cmd: &mut Command) -> anyhow::Result<()> {
 }
 
 fn shown(cmd: &Command) -> String {
-    std::iter::once(cmd.get_program()).chain(cmd.get_args()).map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ")
+    std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn build(root: &Path, release: bool) -> anyhow::Result<PathBuf> {
@@ -148,7 +152,15 @@ fn demo(root: &Path, tracer: &Path, seconds: u32) -> anyhow::Result<()> {
 
 fn test(root: &Path, tracer: &Path, args: &[String]) -> anyhow::Result<()> {
     require_root("the integration tests (they load BPF programs and attach uprobes)")?;
-    run(cargo().current_dir(root).args(["clippy", "--locked", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+    run(cargo().current_dir(root).args([
+        "clippy",
+        "--locked",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
     run(cargo()
         .current_dir(root)
         .args(["test", "--locked", "--workspace"])

@@ -83,10 +83,7 @@ fn apt_packages() -> anyhow::Result<()> {
     }
     crate::run(Command::new("apt-get").arg("update").arg("-q"))?;
     crate::run(
-        Command::new("apt-get")
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .args(["install", "-y", "-q"])
-            .args(&missing),
+        Command::new("apt-get").env("DEBIAN_FRONTEND", "noninteractive").args(["install", "-y", "-q"]).args(&missing),
     )
 }
 
@@ -116,7 +113,16 @@ fn bpf_linker() -> anyhow::Result<()> {
         Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
             .env("PATH", path)
             .env("LLVM_SYS_221_PREFIX", LLVM_PREFIX)
-            .args(["install", "bpf-linker", "--version", BPF_LINKER_VERSION, "--locked", "--no-default-features", "--features", "llvm-22"]),
+            .args([
+                "install",
+                "bpf-linker",
+                "--version",
+                BPF_LINKER_VERSION,
+                "--locked",
+                "--no-default-features",
+                "--features",
+                "llvm-22",
+            ]),
     )
     .context("installing bpf-linker")?;
     if !linker.is_file() {

@@ -31,7 +31,7 @@ fn counts(sample: &Sample) -> Map<String, Value> {
     let probes: Map<String, Value> =
         sample.probes.iter().map(|p| (p.name.to_owned(), json!({"calls": p.calls, "bytes": p.bytes}))).collect();
     m.insert("probes".into(), Value::Object(probes));
-    let stats: Map<String, Value> = sample.stats.iter().map(|(s, v)| (s.name().to_owned(), json!(v))).collect();
+    let stats: Map<String, Value> = sample.stats.iter().map(|s| (s.name.to_owned(), json!(s.value))).collect();
     m.insert("stats".into(), Value::Object(stats));
     m
 }
@@ -100,6 +100,7 @@ mod tests {
         assert_eq!(out[1]["elapsed_s"], 1.0);
         assert_eq!(out[1]["probes"]["PyObject_Malloc"], json!({"calls":4,"bytes":4000}));
         assert_eq!(out[1]["stats"]["arg_missing"], 0);
+        assert_eq!(out[1]["stats"]["kernel_recursion_misses"], 0);
         assert_eq!(out[2]["type"], "summary");
         assert_eq!(out[2]["end"], "signal");
         assert_eq!(out[2]["signal"], "SIGINT");

@@ -33,13 +33,39 @@ pub struct ProbeSample {
     pub bytes: u64,
 }
 
+/// A counter of things that went wrong (or worth knowing) while counting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StatSample {
+    pub name: &'static str,
+    pub value: u64,
+    /// Whether a non-zero value means events are missing from the counts.
+    pub loss: bool,
+}
+
+/// Name of the kernel's recursion-miss count in the output.
+pub const KERNEL_MISSES: &str = "kernel_recursion_misses";
+
 /// Cumulative counts since attach.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sample {
     pub elapsed: Duration,
     pub probes: Vec<ProbeSample>,
-    /// Every [`Stat`] with its value.
-    pub stats: Vec<(Stat, u64)>,
+    /// Every BPF-side [`Stat`], then [`KERNEL_MISSES`].
+    pub stats: Vec<StatSample>,
+}
+
+impl Sample {
+    /// Builds the stats list from the BPF-side stats (in [`Stat::ALL`]
+    /// order) and the kernel's miss count.
+    #[must_use]
+    pub fn stats_from(bpf: &[u64], kernel_misses: u64) -> Vec<StatSample> {
+        Stat::ALL
+            .iter()
+            .zip(bpf)
+            .map(|(s, &value)| StatSample { name: s.name(), value, loss: s.is_loss() })
+            .chain(std::iter::once(StatSample { name: KERNEL_MISSES, value: kernel_misses, loss: true }))
+            .collect()
+    }
 }
 
 /// Why the run ended.
@@ -76,6 +102,7 @@ pub trait Reporter {
 }
 
 /// The reporter for `format`, writing to `out`.
+#[must_use]
 pub fn reporter<'a>(format: Format, out: Box<dyn Write + 'a>) -> Box<dyn Reporter + 'a> {
     match format {
         Format::Table => Box::new(TableReporter::new(out)),
@@ -91,6 +118,6 @@ pub(crate) fn example_sample(elapsed_ms: u64, scale: u64) -> Sample {
             ProbeSample { name: "_Py_NewReference", counts_bytes: false, calls: 10 * scale, bytes: 0 },
             ProbeSample { name: "PyObject_Malloc", counts_bytes: true, calls: 4 * scale, bytes: 4000 * scale },
         ],
-        stats: Stat::ALL.iter().map(|&s| (s, 0)).collect(),
+        stats: Sample::stats_from(&[0; Stat::ALL.len()], 0),
     }
 }

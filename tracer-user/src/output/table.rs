@@ -41,9 +41,9 @@ impl<W: Write> TableReporter<W> {
             )?;
         }
         let nonzero: Vec<String> =
-            sample.stats.iter().filter(|(_, v)| *v > 0).map(|(s, v)| format!("{}={v}", s.name())).collect();
+            sample.stats.iter().filter(|s| s.value > 0).map(|s| format!("{}={}", s.name, s.value)).collect();
         if !nonzero.is_empty() {
-            let lossy = sample.stats.iter().any(|(s, v)| *v > 0 && s.is_loss());
+            let lossy = sample.stats.iter().any(|s| s.value > 0 && s.loss);
             let note = if lossy { " (some events were NOT counted)" } else { "" };
             writeln!(self.out, "  BPF misses: {}{note}", nonzero.join(" "))?;
         }
@@ -62,7 +62,7 @@ fn group(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -79,7 +79,11 @@ impl<W: Write> Reporter for TableReporter<W> {
             info.python_version,
             info.image,
             info.probes.len(),
-            if info.missing.is_empty() { String::new() } else { format!("; not in this build: {}", info.missing.join(", ")) }
+            if info.missing.is_empty() {
+                String::new()
+            } else {
+                format!("; not in this build: {}", info.missing.join(", "))
+            }
         )?;
         writeln!(self.out)?;
         self.out.flush()
@@ -99,7 +103,8 @@ impl<W: Write> Reporter for TableReporter<W> {
             End::Signal(name) => format!("{name} received"),
             End::TargetExit => "the target exited".to_owned(),
         };
-        let title = format!("summary after {:.1}s ({why}; probes detached), rates are averages:", sample.elapsed.as_secs_f64());
+        let title =
+            format!("summary after {:.1}s ({why}; probes detached), rates are averages:", sample.elapsed.as_secs_f64());
         self.block(&title, sample, None)
     }
 }

@@ -1,8 +1,8 @@
-//! What tracer knows about each CPython minor version.
+//! What tracer knows about each `CPython` minor version.
 //!
 //! One module per minor version implements [`Abi`]; [`abi_for`] is an
 //! exhaustive match that refuses versions nobody has checked, rather than
-//! guessing that a new CPython looks like the last one.
+//! guessing that a new `CPython` looks like the last one.
 
 mod v3_11;
 mod v3_12;
@@ -30,16 +30,13 @@ pub enum VersionError {
     #[error("Py_Version of PID {pid} is not mapped in its memory; is {image} really its interpreter?")]
     NotMapped { pid: u32, image: String },
     #[error("cannot read Py_Version of PID {pid}: {cause}")]
-    Read {
-        pid: u32,
-        cause: TargetError,
-    },
+    Read { pid: u32, cause: TargetError },
 }
 
 /// Minor versions with an [`Abi`] module.
 pub const SUPPORTED: &str = "3.11, 3.12, 3.13, 3.14";
 
-/// A CPython version, decoded from `PY_VERSION_HEX`.
+/// A `CPython` version, decoded from `PY_VERSION_HEX`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PythonVersion {
     pub major: u8,
@@ -98,7 +95,9 @@ pub fn read_version(target: &Target) -> Result<PythonVersion, VersionError> {
     let pid = target.pid;
     let image = || target.image_path.display().to_string();
     let sym = target.elf.symbol("Py_Version").ok_or_else(|| VersionError::NoVersionSymbol { pid, image: image() })?;
-    let address = target.address_of_file_offset(sym.file_offset).ok_or_else(|| VersionError::NotMapped { pid, image: image() })?;
+    let address = target
+        .address_of_file_offset(sym.file_offset)
+        .ok_or_else(|| VersionError::NotMapped { pid, image: image() })?;
     // unsigned long on LP64 Linux is 8 bytes; the value fits in the low 4.
     let bytes = target.read_memory(address, 8).map_err(|cause| VersionError::Read { pid, cause })?;
     let mut word = [0u8; 8];
