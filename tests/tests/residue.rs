@@ -44,7 +44,7 @@ fn check(python: &Path, ending: Ending) {
     }
     let (status, lines, stderr) = tracer.finish();
     if let Ending::Sigkill = ending {
-        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL))
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
     } else {
         assert!(status.success(), "{ending:?}: {status}: {stderr}");
         let summary = lines.last().expect("summary");
