@@ -161,12 +161,62 @@ fn test(root: &Path, tracer: &Path, args: &[String]) -> anyhow::Result<()> {
         "-D",
         "warnings",
     ]))?;
-    run(cargo()
-        .current_dir(root)
+    let mut cmd = cargo();
+    cmd.current_dir(root)
         .args(["test", "--locked", "--workspace"])
         .args(args)
         .env("TRACER_BIN", tracer)
-        .env("TRACER_TEST_PYTHON", real_python3()?))
+        .env("TRACER_TEST_PYTHON", real_python3()?)
+        .stdout(Stdio::piped());
+    eprintln!("xtask: $ {}", shown(&cmd));
+    let mut child = cmd.spawn().context("cannot start cargo test")?;
+    // Echo cargo's output while adding up its per-binary results, so the
+    // run ends with one total instead of the last binary's (often empty)
+    // result line.
+    let mut totals = Totals::default();
+    for line in BufReader::new(child.stdout.take().context("cargo test stdout")?).lines() {
+        let line = line?;
+        println!("{line}");
+        totals.add(&line);
+    }
+    let status = child.wait()?;
+    println!("tests: {} passed, {} failed, {} ignored", totals.passed, totals.failed, totals.ignored);
+    if !status.success() || totals.failed > 0 {
+        bail!("tests failed ({status})");
+    }
+    if totals.passed == 0 {
+        bail!("no test ran");
+    }
+    if totals.ignored > 0 {
+        bail!("{} tests were ignored; every test must run", totals.ignored);
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct Totals {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+}
+
+impl Totals {
+    /// Adds a libtest line such as
+    /// `test result: ok. 5 passed; 0 failed; 0 ignored; 0 measured; ...`.
+    fn add(&mut self, line: &str) {
+        let Some(rest) = line.strip_prefix("test result: ") else { return };
+        for part in rest.split(';') {
+            let mut words = part.split_whitespace().rev();
+            let (Some(kind), Some(n)) = (words.next(), words.next()) else { continue };
+            let Ok(n) = n.parse::<u64>() else { continue };
+            match kind {
+                "passed" => self.passed += n,
+                "failed" => self.failed += n,
+                "ignored" => self.ignored += n,
+                _ => {}
+            }
+        }
+    }
 }
 
 fn require_root(what: &str) -> anyhow::Result<()> {
