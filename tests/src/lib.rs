@@ -1,5 +1,5 @@
 //! Helpers for tracer's integration tests: real `tracer` binaries attached
-//! to real `CPython` children, every child killed when its guard drops.
+//! to real CPython children, every child killed when its guard drops.
 //!
 //! Nothing here skips: a missing binary, interpreter or privilege panics
 //! with what to do, so a test that cannot run fails.
@@ -52,7 +52,7 @@ fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ is in the workspace").to_path_buf()
 }
 
-/// pyenv's shared-libpython `CPython`: `$TRACER_TEST_PYTHON`, or the real
+/// pyenv's shared-libpython CPython: `$TRACER_TEST_PYTHON`, or the real
 /// executable behind `python3` on PATH.
 #[must_use]
 pub fn shared_python() -> PathBuf {
@@ -182,13 +182,13 @@ impl Exit {
 #[derive(Clone, Copy, Debug)]
 pub enum Aslr {
     On,
-    /// `setarch -R`: `CPython`'s finalization frees objects in an order that
+    /// `setarch -R`: CPython's finalization frees objects in an order that
     /// depends on their addresses, so only without ASLR is the number of
     /// deallocations at shutdown the same in every run.
     Off,
 }
 
-/// A `CPython` child running tests/python/workload.py.
+/// A CPython child running tests/python/workload.py.
 pub struct Workload {
     pub child: KillOnDrop,
     stdin: Option<ChildStdin>,
@@ -327,9 +327,18 @@ impl TracerRun {
     #[must_use]
     pub fn attach_json(pid: u32, extra: &[&str]) -> (Self, Value) {
         let pid = pid.to_string();
-        let mut args = vec!["attach", "--pid", &pid, "--json"];
+        let mut args = vec!["--pid", pid.as_str()];
         args.extend_from_slice(extra);
-        let run = Self::start(&args);
+        Self::attach_json_with(&args)
+    }
+
+    /// Starts `tracer attach --json ARGS...` and waits for the "attached"
+    /// line, which it returns.
+    #[must_use]
+    pub fn attach_json_with(args: &[&str]) -> (Self, Value) {
+        let mut all = vec!["attach", "--json"];
+        all.extend_from_slice(args);
+        let run = Self::start(&all);
         let Some(line) = run.stdout.next_line("the attached line") else {
             let (status, _, stderr) = run.finish();
             panic!("tracer exited ({status}) before attaching: {stderr}");

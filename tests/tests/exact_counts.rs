@@ -119,7 +119,7 @@ fn shared_objects_body_is_exact() {
 }
 
 /// Whole runs including interpreter shutdown are exact too, once the
-/// address-dependent order of `CPython`'s finalization is fixed.
+/// address-dependent order of CPython's finalization is fixed.
 #[test]
 fn shared_objects_body_with_finalization_is_exact() {
     require_root();

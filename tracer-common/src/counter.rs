@@ -1,9 +1,23 @@
 //! What a probe counts.
 
-/// Calls and requested bytes of one probed function, one slot per CPU.
+/// Key of the counters map: which process hit which probe.
 ///
-/// The slot index is the probe's BPF cookie, which the loader sets at attach
-/// time, so one BPF program serves every function of the same shape.
+/// The slot is the probe's BPF cookie, which the loader sets at attach
+/// time, so one BPF program serves every function of the same shape; the
+/// tgid lets one attachment count many processes separately.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CounterKey {
+    /// Thread-group id (the process id) that hit the probe.
+    pub tgid: u32,
+    /// Probe slot (the attach cookie).
+    pub slot: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<CounterKey>() == 8);
+
+/// Calls and requested bytes of one probed function in one process, one
+/// value per CPU.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counter {
@@ -24,9 +38,14 @@ impl Counter {
     }
 }
 
-/// Upper bound on probe slots; the loader sizes the map to the probes it
-/// actually attaches.
-pub const MAX_PROBE_SLOTS: u32 = 1024;
+/// Default size of the counters map in the object file; the loader sets the
+/// real size (processes × probes).
+pub const DEFAULT_COUNTER_ENTRIES: u32 = 1024;
+
+#[cfg(feature = "user")]
+// SAFETY: CounterKey is #[repr(C)], Copy, has no padding (asserted above) and
+// every bit pattern is a valid pair of u32.
+unsafe impl aya::Pod for CounterKey {}
 
 #[cfg(feature = "user")]
 // SAFETY: Counter is #[repr(C)], Copy, has no padding (asserted above) and

@@ -16,15 +16,18 @@ pub enum Stat {
     OtherProcess = 2,
     /// calloc's nelem × elsize overflowed 64 bits and was saturated.
     SizeOverflow = 3,
+    /// The counters map was full: a new (process, probe) pair could not be
+    /// added, so its hits were not counted.
+    MapFull = 4,
 }
 
 /// Number of entries in the `STATS` map.
-pub const STAT_COUNT: u32 = 4;
+pub const STAT_COUNT: u32 = 5;
 
 impl Stat {
-    /// Every stat, in map order.
+    /// Every stat, in map order (the JSON `stats` keys, in this order).
     pub const ALL: [Self; STAT_COUNT as usize] =
-        [Self::SlotOutOfRange, Self::ArgMissing, Self::OtherProcess, Self::SizeOverflow];
+        [Self::SlotOutOfRange, Self::ArgMissing, Self::OtherProcess, Self::SizeOverflow, Self::MapFull];
 
     /// Stable name used in the table and the JSON output.
     #[must_use]
@@ -34,6 +37,7 @@ impl Stat {
             Self::ArgMissing => "arg_missing",
             Self::OtherProcess => "other_process",
             Self::SizeOverflow => "size_overflow",
+            Self::MapFull => "map_full",
         }
     }
 

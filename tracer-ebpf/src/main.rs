@@ -14,11 +14,12 @@ use aya_ebpf::{
     EbpfContext as _,
     helpers::generated::bpf_get_attach_cookie,
     macros::{map, uprobe},
-    maps::PerCpuArray,
+    bindings::BPF_NOEXIST,
+    maps::{PerCpuArray, PerCpuHashMap},
     programs::ProbeContext,
 };
 use tracer_common::{
-    counter::{Counter, MAX_PROBE_SLOTS},
+    counter::{Counter, CounterKey, DEFAULT_COUNTER_ENTRIES},
     stats::{STAT_COUNT, Stat},
 };
 
@@ -28,9 +29,9 @@ use tracer_common::{
 #[unsafe(no_mangle)]
 static TARGET_TGID: u32 = 0;
 
-/// Calls and bytes per probe slot. The loader sets the real size.
+/// Calls and bytes per (process, probe slot). The loader sets the size.
 #[map]
-static COUNTERS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(MAX_PROBE_SLOTS, 0);
+static COUNTERS: PerCpuHashMap<CounterKey, Counter> = PerCpuHashMap::with_max_entries(DEFAULT_COUNTER_ENTRIES, 0);
 
 /// Misses, indexed by [`Stat`].
 #[map]
@@ -45,6 +46,12 @@ enum Size {
     Arg(usize),
     /// The size is argument A times argument B (calloc).
     Product(usize, usize),
+}
+
+/// Does nothing: the cost of a uprobe hit itself, for benchmarks.
+#[uprobe]
+pub fn empty(_ctx: ProbeContext) -> u32 {
+    0
 }
 
 /// Counts a call of a function that allocates nothing (`_Py_NewReference`,
@@ -85,7 +92,8 @@ fn try_record(ctx: &ProbeContext, size: Size) -> Result<(), Stat> {
     // SAFETY: TARGET_TGID is a plain u32 the loader patches before load; the
     // volatile read stops the compiler from folding in the initial 0.
     let target = unsafe { core::ptr::read_volatile(&raw const TARGET_TGID) };
-    if target != 0 && ctx.tgid() != target {
+    let tgid = ctx.tgid();
+    if target != 0 && tgid != target {
         return Err(Stat::OtherProcess);
     }
     let bytes = match size {
@@ -109,10 +117,22 @@ fn try_record(ctx: &ProbeContext, size: Size) -> Result<(), Stat> {
     // context; ctx is the context the kernel passed to this program.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
     let slot = u32::try_from(cookie).map_err(|_| Stat::SlotOutOfRange)?;
-    let counter = COUNTERS.get_ptr_mut(slot).ok_or(Stat::SlotOutOfRange)?;
-    // SAFETY: the map returned a valid, aligned pointer to this CPU's slot,
-    // which lives as long as the map. The adds are atomic because a
-    // preempted program on the same CPU may be updating the same slot.
+    let key = CounterKey { tgid, slot };
+    let counter = match COUNTERS.get_ptr_mut(&key) {
+        Some(counter) => counter,
+        None => {
+            // First hit of this probe by this process on any CPU. Insert a
+            // zero and look it up again rather than inserting the count: if
+            // a preempted hit inserted first, NOEXIST keeps its count.
+            // An insert that fails for a full map leaves the lookup empty.
+            let _ = COUNTERS.insert(&key, &Counter::default(), u64::from(BPF_NOEXIST));
+            COUNTERS.get_ptr_mut(&key).ok_or(Stat::MapFull)?
+        }
+    };
+    // SAFETY: the map returned a valid, aligned pointer to this CPU's value,
+    // which stays valid while the program runs (hash map values are freed
+    // only after an RCU grace period). The adds are atomic because a
+    // preempted program on the same CPU may be updating the same value.
     unsafe {
         atomic_add(&raw mut (*counter).calls, 1);
         atomic_add(&raw mut (*counter).bytes, bytes);

@@ -5,6 +5,17 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use crate::probes::{ProbeSelection, SelectionError};
+
+/// What to trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TargetSpec {
+    /// One process (all its threads).
+    Pid(u32),
+    /// Every process running this interpreter, now or later.
+    Exe(std::path::PathBuf),
+}
+
 /// How results are written to stdout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
@@ -17,8 +28,10 @@ pub enum Format {
 /// Everything `tracer attach` needs to run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AttachConfig {
-    /// Target process id.
-    pub pid: u32,
+    /// What to trace.
+    pub target: TargetSpec,
+    /// Which probes.
+    pub probes: ProbeSelection,
     /// Stop after this long; `None` runs until a signal or the target exits.
     pub duration: Option<Duration>,
     /// Time between reports.
@@ -36,6 +49,21 @@ pub enum ConfigError {
     BadDuration { value: f64 },
     #[error("--pid 0 is not a process; pass the PID of a running CPython process (e.g. from `pgrep python`)")]
     PidZero,
+    #[error("pass exactly one of --pid PID or --exe PATH")]
+    NoTarget,
+    #[error("{0}")]
+    Probes(#[from] SelectionError),
+}
+
+/// Raw `attach` options as given on the command line.
+#[derive(Clone, Debug, Default)]
+pub struct AttachArgs<'a> {
+    pub pid: Option<u32>,
+    pub exe: Option<&'a std::path::Path>,
+    pub duration_s: Option<f64>,
+    pub interval_s: f64,
+    pub json: bool,
+    pub probes: &'a str,
 }
 
 /// The default `--interval`, in seconds.
@@ -43,16 +71,26 @@ pub const DEFAULT_INTERVAL_S: f64 = 1.0;
 
 impl AttachConfig {
     /// Validates raw command-line values.
-    pub fn new(pid: u32, duration_s: Option<f64>, interval_s: f64, json: bool) -> Result<Self, ConfigError> {
-        if pid == 0 {
-            return Err(ConfigError::PidZero);
-        }
+    pub fn new(args: &AttachArgs<'_>) -> Result<Self, ConfigError> {
+        let target = match (args.pid, args.exe) {
+            (Some(0), None) => return Err(ConfigError::PidZero),
+            (Some(pid), None) => TargetSpec::Pid(pid),
+            (None, Some(exe)) => TargetSpec::Exe(exe.to_owned()),
+            _ => return Err(ConfigError::NoTarget),
+        };
+        let interval_s = args.interval_s;
         let interval = seconds(interval_s).ok_or(ConfigError::BadInterval { value: interval_s })?;
-        let duration = match duration_s {
+        let duration = match args.duration_s {
             None => None,
             Some(value) => Some(seconds(value).ok_or(ConfigError::BadDuration { value })?),
         };
-        Ok(Self { pid, duration, interval, format: if json { Format::Json } else { Format::Table } })
+        Ok(Self {
+            target,
+            probes: ProbeSelection::parse(args.probes)?,
+            duration,
+            interval,
+            format: if args.json { Format::Json } else { Format::Table },
+        })
     }
 }
 
@@ -69,10 +107,15 @@ fn seconds(value: f64) -> Option<Duration> {
 mod tests {
     use super::*;
 
+    fn args(pid: u32, duration_s: Option<f64>, interval_s: f64, json: bool) -> AttachArgs<'static> {
+        AttachArgs { pid: Some(pid), exe: None, duration_s, interval_s, json, probes: "default" }
+    }
+
     #[test]
     fn defaults_to_table_and_no_duration() {
-        let c = AttachConfig::new(42, None, DEFAULT_INTERVAL_S, false).unwrap();
-        assert_eq!(c.pid, 42);
+        let c = AttachConfig::new(&args(42, None, DEFAULT_INTERVAL_S, false)).unwrap();
+        assert_eq!(c.target, TargetSpec::Pid(42));
+        assert_eq!(c.probes, ProbeSelection::Default);
         assert_eq!(c.duration, None);
         assert_eq!(c.interval, Duration::from_secs(1));
         assert_eq!(c.format, Format::Table);
@@ -80,7 +123,7 @@ mod tests {
 
     #[test]
     fn accepts_fractional_seconds_and_json() {
-        let c = AttachConfig::new(7, Some(2.5), 0.25, true).unwrap();
+        let c = AttachConfig::new(&args(7, Some(2.5), 0.25, true)).unwrap();
         assert_eq!(c.duration, Some(Duration::from_millis(2500)));
         assert_eq!(c.interval, Duration::from_millis(250));
         assert_eq!(c.format, Format::Json);
@@ -89,18 +132,32 @@ mod tests {
     #[test]
     fn rejects_zero_negative_and_nan_interval() {
         for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e-12] {
-            let err = AttachConfig::new(1, None, bad, false).unwrap_err();
+            let err = AttachConfig::new(&args(1, None, bad, false)).unwrap_err();
             assert!(matches!(err, ConfigError::BadInterval { .. }), "{bad}: {err}");
         }
         assert_eq!(
-            AttachConfig::new(1, None, 0.0, false).unwrap_err().to_string(),
+            AttachConfig::new(&args(1, None, 0.0, false)).unwrap_err().to_string(),
             "--interval must be a number of seconds greater than 0 (got 0); try --interval 1"
         );
     }
 
     #[test]
     fn rejects_bad_duration_and_pid_zero() {
-        assert_eq!(AttachConfig::new(1, Some(0.0), 1.0, false).unwrap_err(), ConfigError::BadDuration { value: 0.0 });
-        assert_eq!(AttachConfig::new(0, None, 1.0, false).unwrap_err(), ConfigError::PidZero);
+        assert_eq!(
+            AttachConfig::new(&args(1, Some(0.0), 1.0, false)).unwrap_err(),
+            ConfigError::BadDuration { value: 0.0 }
+        );
+        assert_eq!(AttachConfig::new(&args(0, None, 1.0, false)).unwrap_err(), ConfigError::PidZero);
+    }
+
+    #[test]
+    fn exactly_one_target_and_valid_probes() {
+        let exe = std::path::Path::new("/usr/bin/python3.11");
+        let both = AttachArgs { exe: Some(exe), ..args(1, None, 1.0, false) };
+        assert_eq!(AttachConfig::new(&both).unwrap_err(), ConfigError::NoTarget);
+        let exe_only = AttachArgs { pid: None, exe: Some(exe), ..args(1, None, 1.0, false) };
+        assert_eq!(AttachConfig::new(&exe_only).unwrap().target, TargetSpec::Exe(exe.to_owned()));
+        let bad = AttachArgs { probes: "nope", ..args(1, None, 1.0, false) };
+        assert!(matches!(AttachConfig::new(&bad).unwrap_err(), ConfigError::Probes(_)));
     }
 }

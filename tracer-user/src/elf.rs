@@ -90,6 +90,16 @@ impl ElfImage {
         &self.path
     }
 
+    /// Reads `len` bytes of the file at `offset`.
+    pub fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>, ElfError> {
+        use std::os::unix::fs::FileExt as _;
+        let err = |cause| ElfError::Read { path: self.path.clone(), cause };
+        let file = std::fs::File::open(&self.path).map_err(err)?;
+        let mut buf = vec![0; len];
+        file.read_exact_at(&mut buf, offset).map_err(err)?;
+        Ok(buf)
+    }
+
     /// A defined symbol by exact name.
     #[must_use]
     pub fn symbol(&self, name: &str) -> Option<&Symbol> {

@@ -20,6 +20,7 @@ pub fn exit_status(err: &anyhow::Error) -> i32 {
             || cause.is::<PrivilegeError>()
             || cause.is::<TargetError>()
             || cause.is::<VersionError>()
+            || cause.is::<crate::interpreter::ExeError>()
             || cause.downcast_ref::<AttachError>().is_some_and(AttachError::is_bad_input)
     });
     if bad_input { EXIT_BAD_INPUT } else { EXIT_FAILURE }

@@ -1,9 +1,10 @@
-//! tracer's userspace: find the `CPython` image in a live process, attach the
+//! tracer's userspace: find the CPython image in a live process, attach the
 //! BPF uprobes, read the per-CPU counters and report them.
 
 pub mod config;
 pub mod elf;
 pub mod error;
+pub mod interpreter;
 pub mod output;
 pub mod privileges;
 pub mod probes;

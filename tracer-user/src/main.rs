@@ -4,11 +4,11 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use tracer_user::{
-    config::{AttachConfig, DEFAULT_INTERVAL_S},
+    config::{AttachArgs as ConfigArgs, AttachConfig, DEFAULT_INTERVAL_S, TargetSpec},
     error::exit_status,
 };
 
-/// Count `CPython` reference and allocation events in a live process, from
+/// Count CPython reference and allocation events in a live process, from
 /// outside, with eBPF uprobes.
 #[derive(Debug, Parser)]
 #[command(
@@ -27,7 +27,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Attach to a running `CPython` process and count calls and bytes.
+    /// Attach to a running CPython process and count calls and bytes.
     #[command(
         long_about = "Attach to a running CPython process and count calls and requested bytes of _Py_NewReference, \
 _Py_Dealloc and the PyObject_/PyMem_/PyMem_Raw allocator functions.\n\n\
@@ -41,10 +41,19 @@ run ends by Ctrl-C, SIGTERM, --duration or the target's exit.",
 }
 
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["pid", "exe"])))]
 struct AttachArgs {
-    /// PID of the `CPython` process to trace.
+    /// PID of the CPython process to trace (all its threads).
     #[arg(long, short = 'p', value_name = "PID")]
-    pid: u32,
+    pid: Option<u32>,
+    /// Trace every process that runs this interpreter, those running now and those started later;
+    /// reports per PID and in total. Runs until Ctrl-C, SIGTERM or --duration.
+    #[arg(long, short = 'e', value_name = "PATH")]
+    exe: Option<std::path::PathBuf>,
+    /// Which functions to probe: default (all), refs (_`Py_NewReference`, _`Py_Dealloc`), alloc (the
+    /// allocator API), or a comma-separated list of function names.
+    #[arg(long, value_name = "SET", default_value = "default")]
+    probes: String,
     /// Stop after this many seconds (default: until Ctrl-C, SIGTERM or the target exits).
     #[arg(long, short = 'd', value_name = "SECONDS")]
     duration: Option<f64>,
@@ -72,9 +81,20 @@ fn main() -> ExitCode {
 }
 
 fn attach(args: &AttachArgs) -> anyhow::Result<()> {
-    let config = AttachConfig::new(args.pid, args.duration, args.interval, args.json)?;
+    let config = AttachConfig::new(&ConfigArgs {
+        pid: args.pid,
+        exe: args.exe.as_deref(),
+        duration_s: args.duration,
+        interval_s: args.interval,
+        json: args.json,
+        probes: &args.probes,
+    })?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let end = runtime.block_on(tracer_user::run::attach(&config, std::io::stdout().lock()))?;
-    eprintln!("tracer: detached from PID {} ({})", config.pid, end.as_str());
+    let what = match &config.target {
+        TargetSpec::Pid(pid) => format!("PID {pid}"),
+        TargetSpec::Exe(exe) => exe.display().to_string(),
+    };
+    eprintln!("tracer: detached from {what} ({})", end.as_str());
     Ok(())
 }

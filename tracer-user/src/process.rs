@@ -1,4 +1,4 @@
-//! Finding the `CPython` image inside a live process, from /proc/PID alone.
+//! Finding the CPython image inside a live process, from /proc/PID alone.
 
 use std::path::{Path, PathBuf};
 
@@ -52,7 +52,7 @@ pub struct Mapping {
     pub path: PathBuf,
 }
 
-/// A live process with a `CPython` image.
+/// A live process with a CPython image.
 #[derive(Debug)]
 pub struct Target {
     pub pid: u32,
@@ -73,12 +73,12 @@ pub struct Target {
 /// `PF_KTHREAD` from include/linux/sched.h.
 const PF_KTHREAD: u32 = 0x0020_0000;
 
-/// Symbols only a `CPython` interpreter defines (an extension module imports
+/// Symbols only a CPython interpreter defines (an extension module imports
 /// them, leaving them undefined, which `ElfImage` skips).
 const CPYTHON_MARKERS: [&str; 3] = ["Py_Initialize", "_PyRuntime", "Py_Version"];
 
 impl Target {
-    /// Inspects `pid` and locates its `CPython` image.
+    /// Inspects `pid` and locates its CPython image.
     pub fn inspect(pid: u32) -> Result<Self, TargetError> {
         if pid == std::process::id() {
             return Err(TargetError::OwnProcess { pid });

@@ -14,15 +14,16 @@ use tokio::{
 };
 
 use crate::{
-    config::AttachConfig,
-    output::{self, AttachInfo, End, ProbeSample, Sample},
+    config::{AttachConfig, TargetSpec},
+    interpreter::Interpreter,
+    output::{self, AttachInfo, End, ProbeSample, ProcessSample, Sample},
     privileges,
     process::{Target, TargetError},
     python,
-    session::Session,
+    session::{ImageRef, Session, SessionOptions},
 };
 
-/// Attaches to `config.pid`, reports until the run ends, detaches and
+/// Attaches as `config` says, reports until the run ends, detaches and
 /// prints the summary. Returns why the run ended.
 pub async fn attach(config: &AttachConfig, out: impl Write) -> anyhow::Result<End> {
     privileges::check()?;
@@ -30,27 +31,38 @@ pub async fn attach(config: &AttachConfig, out: impl Write) -> anyhow::Result<En
     // after this still detaches cleanly.
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let pid = config.pid;
-    if pid == std::process::id() {
-        return Err(TargetError::OwnProcess { pid }.into());
-    }
-    // The pidfd pins the process identity: if the PID is reused after this,
-    // we still see the original process's exit.
-    let exit = ProcessExit::watch(pid)?;
-    let target = Target::inspect(pid)?;
-    let version = python::read_version(&target)?;
-    let abi = python::abi_for(pid, version)?;
-    let session = Session::attach(&target, abi.probes())?;
-    let started = Instant::now();
 
+    let mut exit = None;
+    let (session, info) = match &config.target {
+        TargetSpec::Pid(pid) => {
+            let pid = *pid;
+            if pid == std::process::id() {
+                return Err(TargetError::OwnProcess { pid }.into());
+            }
+            // The pidfd pins the process identity: if the PID is reused
+            // after this, we still see the original process's exit.
+            exit = Some(ProcessExit::watch(pid)?);
+            let target = Target::inspect(pid)?;
+            let version = python::read_version(&target)?;
+            let specs = config.probes.select(python::abi_for(pid, version)?.probes());
+            let image = ImageRef { elf: &target.elf, display_path: &target.image_path, attach_path: &target.host_path };
+            let session = Session::attach_to_process(image, &specs, pid)?;
+            let info = attach_info(&session, Some(pid), None, version, &target.image_path);
+            (session, info)
+        }
+        TargetSpec::Exe(exe) => {
+            let interp = Interpreter::from_executable(exe)?;
+            let specs = config.probes.select(python::abi_for_image(&interp.image, interp.version)?.probes());
+            let image = ImageRef { elf: &interp.elf, display_path: &interp.image, attach_path: &interp.image };
+            let mut session = Session::load(image, &specs, 0, SessionOptions::default())?;
+            session.attach_all_processes()?;
+            let info = attach_info(&session, None, Some(&interp.exe), interp.version, &interp.image);
+            (session, info)
+        }
+    };
+    let started = Instant::now();
     let mut reporter = output::reporter(config.format, Box::new(out));
-    reporter.attached(&AttachInfo {
-        pid,
-        python_version: version.to_string(),
-        image: target.image_path.display().to_string(),
-        probes: session.attached.iter().map(|p| p.symbol).collect(),
-        missing: session.missing.clone(),
-    })?;
+    reporter.attached(&info)?;
 
     let start = tokio::time::Instant::from_std(started);
     let mut ticker = interval_at(start + config.interval, config.interval);
@@ -58,13 +70,20 @@ pub async fn attach(config: &AttachConfig, out: impl Write) -> anyhow::Result<En
     // Without --duration the deadline is never polled.
     let deadline = sleep_until(start + config.duration.unwrap_or(Duration::MAX / 4));
     tokio::pin!(deadline);
+    let target_exit = async {
+        match &exit {
+            Some(exit) => exit.exited().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(target_exit);
 
     let end = loop {
         tokio::select! {
             biased;
             _ = sigint.recv() => break End::Signal("SIGINT"),
             _ = sigterm.recv() => break End::Signal("SIGTERM"),
-            () = exit.exited() => break End::TargetExit,
+            () = &mut target_exit => break End::TargetExit,
             () = &mut deadline, if config.duration.is_some() => break End::Duration,
             _ = ticker.tick() => reporter.interval(&sample(&session, started)?)?,
         }
@@ -77,12 +96,30 @@ pub async fn attach(config: &AttachConfig, out: impl Write) -> anyhow::Result<En
     Ok(end)
 }
 
-fn sample(session: &Session, started: Instant) -> anyhow::Result<Sample> {
+fn attach_info(
+    session: &Session,
+    pid: Option<u32>,
+    exe: Option<&std::path::Path>,
+    version: python::PythonVersion,
+    image: &std::path::Path,
+) -> AttachInfo {
+    AttachInfo {
+        pid,
+        exe: exe.map(|e| e.display().to_string()),
+        python_version: version.to_string(),
+        image: image.display().to_string(),
+        probes: session.attached.iter().map(|p| p.symbol).collect(),
+        missing: session.missing.clone(),
+    }
+}
+
+/// Reads the session's counters into a [`Sample`].
+pub fn sample(session: &Session, started: Instant) -> anyhow::Result<Sample> {
     let readings = session.read()?;
     let probes = session
         .attached
         .iter()
-        .zip(&readings.counters)
+        .zip(&readings.totals)
         .map(|(p, c)| ProbeSample {
             name: p.symbol,
             counts_bytes: p.program.counts_bytes(),
@@ -90,8 +127,16 @@ fn sample(session: &Session, started: Instant) -> anyhow::Result<Sample> {
             bytes: c.bytes,
         })
         .collect();
+    let processes = readings
+        .per_process
+        .iter()
+        .map(|(pid, counters)| ProcessSample {
+            pid: *pid,
+            counts: counters.iter().map(|c| (c.calls, c.bytes)).collect(),
+        })
+        .collect();
     let stats = Sample::stats_from(&readings.stats, readings.kernel_misses);
-    Ok(Sample { elapsed: started.elapsed(), probes, stats })
+    Ok(Sample { elapsed: started.elapsed(), probes, processes, stats })
 }
 
 /// Becomes ready when the process exits, through a pidfd.

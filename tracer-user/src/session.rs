@@ -1,7 +1,8 @@
-//! Loading the BPF object and attaching it to one target: the only place
-//! that touches the kernel. Dropping a [`Session`] detaches every probe.
+//! Loading the BPF object and attaching it: the only place that touches
+//! the kernel. Dropping a [`Session`] detaches every probe.
 
 use std::{
+    collections::{BTreeMap, HashMap},
     num::NonZeroU32,
     os::fd::{AsFd as _, AsRawFd as _, BorrowedFd},
     path::PathBuf,
@@ -9,22 +10,22 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{MapData, PerCpuArray},
+    maps::{MapData, PerCpuArray, PerCpuHashMap},
     programs::{
         ProgramFd, UProbe,
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
     },
 };
 use thiserror::Error;
 use tracer_common::{
-    counter::Counter,
+    counter::{Counter, CounterKey},
     names,
     stats::{STAT_COUNT, Stat},
 };
 
 use crate::{
+    elf::ElfImage,
     probes::{ProbeSpec, Program},
-    process::Target,
 };
 
 /// Failure to load or attach.
@@ -36,15 +37,17 @@ pub enum AttachError {
     ProgramMissing { name: &'static str },
     #[error("BPF program {name} failed to load: {cause}")]
     ProgramLoad { name: &'static str, cause: Box<aya::programs::ProgramError> },
-    #[error("BPF map {name} is missing or has the wrong type: {cause}")]
-    Map { name: &'static str, cause: Box<aya::maps::MapError> },
     #[error("cannot read the kernel's statistics of BPF program {name}: {cause}")]
     ProgramInfo { name: &'static str, cause: std::io::Error },
+    #[error("BPF map {name} is missing or has the wrong type: {cause}")]
+    Map { name: &'static str, cause: Box<aya::maps::MapError> },
     #[error("cannot attach a uprobe to {symbol} in {path} for PID {pid}: {cause}")]
     Attach { symbol: &'static str, path: PathBuf, pid: u32, cause: Box<aya::programs::ProgramError> },
     #[error("required symbol {symbol} is not in {path}; this build of CPython cannot be traced (was it stripped?)")]
     RequiredMissing { symbol: &'static str, path: PathBuf },
-    #[error("none of tracer's probe symbols is in {path}; this build of CPython cannot be traced (was it stripped?)")]
+    #[error(
+        "none of the requested probe symbols is in {path}; this build of CPython cannot be traced (was it stripped?)"
+    )]
     NoProbes { path: PathBuf },
     #[error("process {pid} exited while tracer was attaching; start it again and pass its new PID")]
     TargetExited { pid: u32 },
@@ -58,38 +61,70 @@ impl AttachError {
     }
 }
 
+/// The interpreter image to attach to.
+#[derive(Clone, Copy, Debug)]
+pub struct ImageRef<'a> {
+    /// Its symbols.
+    pub elf: &'a ElfImage,
+    /// The path to show (as the target sees it).
+    pub display_path: &'a std::path::Path,
+    /// The path the kernel resolves (valid in tracer's mount namespace).
+    pub attach_path: &'a std::path::Path,
+}
+
 /// One attached probe.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AttachedProbe {
     pub symbol: &'static str,
+    /// The counting program (for whether it reports bytes).
     pub program: Program,
     /// Counter slot, passed to the program as the attach cookie.
     pub slot: u32,
-    /// Offset in the image file.
+    /// Offset in the image file of the probed instruction.
     pub file_offset: u64,
-    /// Where that offset is mapped in the target, when it is.
-    pub address: Option<u64>,
 }
 
 /// Counts read from the kernel, summed over CPUs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Readings {
-    /// One per attached probe, in attach order.
-    pub counters: Vec<Counter>,
+    /// Per attached probe (in attach order), summed over processes.
+    pub totals: Vec<Counter>,
+    /// Per process: one counter per attached probe, in attach order.
+    pub per_process: BTreeMap<u32, Vec<Counter>>,
     /// One per [`Stat`], in [`Stat::ALL`] order.
     pub stats: Vec<u64>,
     /// Hits the kernel did not run a program for because another BPF
     /// program was already running on that CPU (`recursion_misses` in
     /// `bpf_prog_info`), summed over tracer's programs. Such hits are
-    /// missing from `counters`.
+    /// missing from the counts.
     pub kernel_misses: u64,
 }
 
-/// A loaded BPF object with its probes attached to one process.
+/// The `links` key of a system-wide attachment (no process has PID 0).
+pub const ALL_PROCESSES: u32 = 0;
+
+/// Options of an attachment beyond what and where.
+#[derive(Clone, Copy, Debug)]
+pub struct SessionOptions {
+    /// Attach this program to every probe instead of its counting program
+    /// (benchmarks use [`Program::Empty`] to measure the bare uprobe).
+    pub program_override: Option<Program>,
+    /// How many processes the counters map has room for.
+    pub max_processes: u32,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        Self { program_override: None, max_processes: 1024 }
+    }
+}
+
+/// A loaded BPF object, attached to one process or to every process that
+/// maps the image.
 pub struct Session {
     // Owns the programs and their links: dropping it detaches everything.
-    _ebpf: Ebpf,
-    counters: PerCpuArray<MapData, Counter>,
+    ebpf: Ebpf,
+    counters: PerCpuHashMap<MapData, CounterKey, Counter>,
     stats: PerCpuArray<MapData, u64>,
     /// Our programs, to read the kernel's per-program miss counts.
     programs: Vec<(&'static str, ProgramFd)>,
@@ -97,30 +132,44 @@ pub struct Session {
     pub attached: Vec<AttachedProbe>,
     /// Optional probes whose symbol the image lacks.
     pub missing: Vec<&'static str>,
+    /// The program attached to each probe (its own or the override).
+    probe_programs: Vec<Program>,
+    display_path: PathBuf,
+    attach_path: PathBuf,
+    /// Links per attached process ([`ALL_PROCESSES`] for system-wide).
+    links: HashMap<u32, Vec<(Program, UProbeLinkId)>>,
 }
 
 impl Session {
-    /// Loads the BPF object and attaches every probe in `specs` that the
-    /// image has to `target` (all its threads, no other process).
-    pub fn attach(target: &Target, specs: &[ProbeSpec]) -> Result<Self, AttachError> {
+    /// Loads the BPF object for the probes in `specs` that the image has.
+    /// `target_tgid` restricts counting to one process (0: any process this
+    /// session attaches to). Nothing is attached yet.
+    pub fn load(
+        image: ImageRef<'_>,
+        specs: &[ProbeSpec],
+        target_tgid: u32,
+        options: SessionOptions,
+    ) -> Result<Self, AttachError> {
         let mut found = Vec::new();
         let mut missing = Vec::new();
         for spec in specs {
-            match target.elf.function(spec.symbol) {
+            match image.elf.function(spec.symbol) {
                 Some(sym) => found.push((spec, sym.file_offset)),
                 None if spec.required => {
-                    return Err(AttachError::RequiredMissing { symbol: spec.symbol, path: target.image_path.clone() });
+                    let path = image.display_path.to_owned();
+                    return Err(AttachError::RequiredMissing { symbol: spec.symbol, path });
                 }
                 None => missing.push(spec.symbol),
             }
         }
         if found.is_empty() {
-            return Err(AttachError::NoProbes { path: target.image_path.clone() });
+            return Err(AttachError::NoProbes { path: image.display_path.to_owned() });
         }
         let slots = u32::try_from(found.len()).unwrap_or(u32::MAX);
+        let processes = if target_tgid == 0 { options.max_processes.max(1) } else { 1 };
         let mut ebpf = EbpfLoader::new()
-            .override_global(names::TARGET_TGID_GLOBAL, &target.pid, true)
-            .map_max_entries(names::COUNTERS_MAP, slots)
+            .override_global(names::TARGET_TGID_GLOBAL, &target_tgid, true)
+            .map_max_entries(names::COUNTERS_MAP, slots.saturating_mul(processes))
             .load(crate::BPF_OBJECT)
             .map_err(|e| AttachError::Load(Box::new(e)))?;
 
@@ -133,49 +182,123 @@ impl Session {
             let fd = uprobe.fd().map_err(load_err)?.try_clone().map_err(|e| load_err(e.into()))?;
             programs.push((name, fd));
         }
-
-        let pid = NonZeroU32::new(target.pid).ok_or(AttachError::TargetExited { pid: target.pid })?;
-        let mut attached = Vec::with_capacity(found.len());
-        for (slot, (spec, file_offset)) in (0u32..).zip(found) {
-            let point = UProbeAttachPoint {
-                location: UProbeAttachLocation::AbsoluteOffset(file_offset),
-                cookie: Some(u64::from(slot)),
-            };
-            uprobe_mut(&mut ebpf, spec.program)?
-                .attach(point, &target.host_path, UProbeScope::OneProcess(pid))
-                .map_err(|cause| {
-                    if std::path::Path::new(&format!("/proc/{}", target.pid)).exists() {
-                        AttachError::Attach {
-                            symbol: spec.symbol,
-                            path: target.image_path.clone(),
-                            pid: target.pid,
-                            cause: Box::new(cause),
-                        }
-                    } else {
-                        AttachError::TargetExited { pid: target.pid }
-                    }
-                })?;
-            attached.push(AttachedProbe {
+        let attached: Vec<AttachedProbe> = (0u32..)
+            .zip(&found)
+            .map(|(slot, (spec, file_offset))| AttachedProbe {
                 symbol: spec.symbol,
                 program: spec.program,
                 slot,
-                file_offset,
-                address: target.address_of_file_offset(file_offset),
-            });
-        }
-
-        let counters = take_map(&mut ebpf, names::COUNTERS_MAP)?;
-        let stats = take_map(&mut ebpf, names::STATS_MAP)?;
-        Ok(Self { _ebpf: ebpf, counters, stats, programs, attached, missing })
+                file_offset: *file_offset,
+            })
+            .collect();
+        let probe_programs = found.iter().map(|(spec, _)| options.program_override.unwrap_or(spec.program)).collect();
+        let counters = take_map(&mut ebpf, names::COUNTERS_MAP, PerCpuHashMap::try_from)?;
+        let stats = take_map(&mut ebpf, names::STATS_MAP, PerCpuArray::try_from)?;
+        Ok(Self {
+            ebpf,
+            counters,
+            stats,
+            programs,
+            attached,
+            missing,
+            probe_programs,
+            display_path: image.display_path.to_owned(),
+            attach_path: image.attach_path.to_owned(),
+            links: HashMap::new(),
+        })
     }
 
-    /// Reads every counter, summing the per-CPU slots.
+    /// Loads the BPF object and attaches every probe to `pid` (all its
+    /// threads, no other process).
+    pub fn attach_to_process(image: ImageRef<'_>, specs: &[ProbeSpec], pid: u32) -> Result<Self, AttachError> {
+        let mut session = Self::load(image, specs, pid, SessionOptions::default())?;
+        session.attach_process(pid)?;
+        Ok(session)
+    }
+
+    /// Attaches every probe to every process that maps the image, running
+    /// now or started later (the kernel installs the breakpoints when a new
+    /// process maps the file).
+    pub fn attach_all_processes(&mut self) -> Result<(), AttachError> {
+        self.attach_scope(ALL_PROCESSES, UProbeScope::AllProcesses)
+    }
+
+    /// Attaches every probe to `pid` (all its threads, no other process).
+    pub fn attach_process(&mut self, pid: u32) -> Result<(), AttachError> {
+        let nz = NonZeroU32::new(pid).ok_or(AttachError::TargetExited { pid })?;
+        self.attach_scope(pid, UProbeScope::OneProcess(nz))
+    }
+
+    /// On failure nothing stays attached in that scope.
+    fn attach_scope(&mut self, pid: u32, scope: UProbeScope) -> Result<(), AttachError> {
+        let mut links = Vec::with_capacity(self.attached.len());
+        for (probe, &program) in self.attached.iter().zip(&self.probe_programs) {
+            let point = UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(probe.file_offset),
+                cookie: Some(u64::from(probe.slot)),
+            };
+            let result = uprobe_mut(&mut self.ebpf, program).and_then(|p| {
+                p.attach(point, &self.attach_path, scope).map_err(|cause| {
+                    if pid == ALL_PROCESSES || std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                        AttachError::Attach {
+                            symbol: probe.symbol,
+                            path: self.display_path.clone(),
+                            pid,
+                            cause: Box::new(cause),
+                        }
+                    } else {
+                        AttachError::TargetExited { pid }
+                    }
+                })
+            });
+            match result {
+                Ok(link) => links.push((program, link)),
+                Err(err) => {
+                    self.links.insert(pid, links);
+                    self.detach_process(pid);
+                    return Err(err);
+                }
+            }
+        }
+        self.links.insert(pid, links);
+        Ok(())
+    }
+
+    /// Detaches every probe from `pid` (its counts stay); [`ALL_PROCESSES`]
+    /// for the system-wide attachment.
+    pub fn detach_process(&mut self, pid: u32) {
+        for (program, link) in self.links.remove(&pid).unwrap_or_default() {
+            if let Ok(p) = uprobe_mut(&mut self.ebpf, program) {
+                // A link of a process that has exited detaches all the same;
+                // an error here leaves nothing to undo.
+                let _ = p.detach(link);
+            }
+        }
+    }
+
+    /// The processes probes are attached to.
+    #[must_use]
+    pub fn attached_pids(&self) -> Vec<u32> {
+        let mut pids: Vec<u32> = self.links.keys().copied().collect();
+        pids.sort_unstable();
+        pids
+    }
+
+    /// Reads every counter, summing the per-CPU values.
     pub fn read(&self) -> Result<Readings, AttachError> {
         let map_err = |name| move |cause| AttachError::Map { name, cause: Box::new(cause) };
-        let mut counters = Vec::with_capacity(self.attached.len());
-        for probe in &self.attached {
-            let per_cpu = self.counters.get(&probe.slot, 0).map_err(map_err(names::COUNTERS_MAP))?;
-            counters.push(per_cpu.iter().fold(Counter::default(), |sum, c| sum.merged(*c)));
+        let slots = self.attached.len();
+        let mut totals = vec![Counter::default(); slots];
+        let mut per_process: BTreeMap<u32, Vec<Counter>> = BTreeMap::new();
+        for entry in &self.counters {
+            let (key, per_cpu) = entry.map_err(map_err(names::COUNTERS_MAP))?;
+            let Ok(slot) = usize::try_from(key.slot) else { continue };
+            if slot >= slots {
+                continue;
+            }
+            let sum = per_cpu.iter().fold(Counter::default(), |sum, c| sum.merged(*c));
+            per_process.entry(key.tgid).or_insert_with(|| vec![Counter::default(); slots])[slot] = sum;
+            totals[slot] = totals[slot].merged(sum);
         }
         let mut stats = Vec::with_capacity(Stat::ALL.len());
         for index in 0..STAT_COUNT {
@@ -187,8 +310,28 @@ impl Session {
             let misses = recursion_misses(fd.as_fd()).map_err(|cause| AttachError::ProgramInfo { name, cause })?;
             kernel_misses = kernel_misses.saturating_add(misses);
         }
-        Ok(Readings { counters, stats, kernel_misses })
+        Ok(Readings { totals, per_process, stats, kernel_misses })
     }
+}
+
+fn uprobe_mut(ebpf: &mut Ebpf, program: Program) -> Result<&mut UProbe, AttachError> {
+    let name = program.name();
+    ebpf.program_mut(name)
+        .ok_or(AttachError::ProgramMissing { name })?
+        .try_into()
+        .map_err(|cause| AttachError::ProgramLoad { name, cause: Box::new(cause) })
+}
+
+fn take_map<M>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    convert: impl FnOnce(aya::maps::Map) -> Result<M, aya::maps::MapError>,
+) -> Result<M, AttachError> {
+    let map = ebpf.take_map(name).ok_or(AttachError::Map {
+        name,
+        cause: Box::new(aya::maps::MapError::InvalidName { name: name.to_owned() }),
+    })?;
+    convert(map).map_err(|cause| AttachError::Map { name, cause: Box::new(cause) })
 }
 
 /// `recursion_misses` of a loaded program, from `BPF_OBJ_GET_INFO_BY_FD`
@@ -218,20 +361,4 @@ fn recursion_misses(fd: BorrowedFd<'_>) -> std::io::Result<u64> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(info.recursion_misses)
-}
-
-fn uprobe_mut(ebpf: &mut Ebpf, program: Program) -> Result<&mut UProbe, AttachError> {
-    let name = program.name();
-    ebpf.program_mut(name)
-        .ok_or(AttachError::ProgramMissing { name })?
-        .try_into()
-        .map_err(|cause| AttachError::ProgramLoad { name, cause: Box::new(cause) })
-}
-
-fn take_map<V: aya::Pod>(ebpf: &mut Ebpf, name: &'static str) -> Result<PerCpuArray<MapData, V>, AttachError> {
-    let map = ebpf.take_map(name).ok_or(AttachError::Map {
-        name,
-        cause: Box::new(aya::maps::MapError::InvalidName { name: name.to_owned() }),
-    })?;
-    PerCpuArray::try_from(map).map_err(|cause| AttachError::Map { name, cause: Box::new(cause) })
 }

@@ -31,6 +31,20 @@ fn counts(sample: &Sample) -> Map<String, Value> {
     let probes: Map<String, Value> =
         sample.probes.iter().map(|p| (p.name.to_owned(), json!({"calls": p.calls, "bytes": p.bytes}))).collect();
     m.insert("probes".into(), Value::Object(probes));
+    let pids: Map<String, Value> = sample
+        .processes
+        .iter()
+        .map(|proc| {
+            let per: Map<String, Value> = sample
+                .probes
+                .iter()
+                .zip(&proc.counts)
+                .map(|(p, (calls, bytes))| (p.name.to_owned(), json!({"calls": calls, "bytes": bytes})))
+                .collect();
+            (proc.pid.to_string(), Value::Object(per))
+        })
+        .collect();
+    m.insert("pids".into(), Value::Object(pids));
     let stats: Map<String, Value> = sample.stats.iter().map(|s| (s.name.to_owned(), json!(s.value))).collect();
     m.insert("stats".into(), Value::Object(stats));
     m
@@ -41,6 +55,7 @@ impl<W: Write> Reporter for JsonReporter<W> {
         self.emit(&json!({
             "type": "attached",
             "pid": info.pid,
+            "exe": info.exe,
             "python": {"version": info.python_version, "image": info.image},
             "probes": info.probes,
             "missing": info.missing,
@@ -80,7 +95,8 @@ mod tests {
     #[test]
     fn schema_of_each_line() {
         let info = AttachInfo {
-            pid: 12,
+            pid: Some(12),
+            exe: None,
             python_version: "3.11.7".into(),
             image: "/lib/libpython3.11.so.1.0".into(),
             probes: vec!["_Py_NewReference", "PyObject_Malloc"],
@@ -93,13 +109,14 @@ mod tests {
         });
         assert_eq!(
             out[0],
-            json!({"type":"attached","pid":12,"python":{"version":"3.11.7","image":"/lib/libpython3.11.so.1.0"},
+            json!({"type":"attached","pid":12,"exe":null,"python":{"version":"3.11.7","image":"/lib/libpython3.11.so.1.0"},
                    "probes":["_Py_NewReference","PyObject_Malloc"],"missing":["PyMem_RawCalloc"]})
         );
         assert_eq!(out[1]["type"], "interval");
         assert_eq!(out[1]["elapsed_s"], 1.0);
         assert_eq!(out[1]["probes"]["PyObject_Malloc"], json!({"calls":4,"bytes":4000}));
         assert_eq!(out[1]["stats"]["arg_missing"], 0);
+        assert_eq!(out[1]["pids"]["77"]["PyObject_Malloc"], json!({"calls":4,"bytes":4000}));
         assert_eq!(out[1]["stats"]["kernel_recursion_misses"], 0);
         assert_eq!(out[2]["type"], "summary");
         assert_eq!(out[2]["end"], "signal");

@@ -16,7 +16,10 @@ use crate::config::Format;
 /// What was attached, reported once every probe is live.
 #[derive(Clone, Debug)]
 pub struct AttachInfo {
-    pub pid: u32,
+    /// The traced process, or `None` when tracing every process of `exe`.
+    pub pid: Option<u32>,
+    /// With `--exe`, the executable asked for.
+    pub exe: Option<String>,
     pub python_version: String,
     pub image: String,
     pub probes: Vec<&'static str>,
@@ -45,11 +48,22 @@ pub struct StatSample {
 /// Name of the kernel's recursion-miss count in the output.
 pub const KERNEL_MISSES: &str = "kernel_recursion_misses";
 
+/// One process's cumulative counts, per probe in [`Sample::probes`] order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessSample {
+    pub pid: u32,
+    /// (calls, bytes) per probe.
+    pub counts: Vec<(u64, u64)>,
+}
+
 /// Cumulative counts since attach.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sample {
     pub elapsed: Duration,
+    /// Totals over every traced process.
     pub probes: Vec<ProbeSample>,
+    /// The same per process that hit any probe, by PID.
+    pub processes: Vec<ProcessSample>,
     /// Every BPF-side [`Stat`], then [`KERNEL_MISSES`].
     pub stats: Vec<StatSample>,
 }
@@ -119,5 +133,6 @@ pub(crate) fn example_sample(elapsed_ms: u64, scale: u64) -> Sample {
             ProbeSample { name: "PyObject_Malloc", counts_bytes: true, calls: 4 * scale, bytes: 4000 * scale },
         ],
         stats: Sample::stats_from(&[0; Stat::ALL.len()], 0),
+        processes: vec![ProcessSample { pid: 77, counts: vec![(10 * scale, 0), (4 * scale, 4000 * scale)] }],
     }
 }

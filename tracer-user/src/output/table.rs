@@ -9,11 +9,13 @@ use super::{AttachInfo, End, Reporter, Sample};
 pub struct TableReporter<W: Write> {
     out: W,
     previous: Option<Sample>,
+    /// Whether to list processes even when there is only one (`--exe`).
+    per_process: bool,
 }
 
 impl<W: Write> TableReporter<W> {
     pub const fn new(out: W) -> Self {
-        Self { out, previous: None }
+        Self { out, previous: None, per_process: false }
     }
 
     fn block(&mut self, title: &str, sample: &Sample, since: Option<&Sample>) -> std::io::Result<()> {
@@ -39,6 +41,13 @@ impl<W: Write> TableReporter<W> {
                 bytes,
                 bytes_rate
             )?;
+        }
+        if self.per_process || sample.processes.len() > 1 {
+            for proc in &sample.processes {
+                let calls: u64 = proc.counts.iter().map(|c| c.0).sum();
+                let bytes: u64 = proc.counts.iter().map(|c| c.1).sum();
+                writeln!(self.out, "  PID {:<16} {:>14} calls {:>23} bytes", proc.pid, group(calls), group(bytes))?;
+            }
         }
         let nonzero: Vec<String> =
             sample.stats.iter().filter(|s| s.value > 0).map(|s| format!("{}={}", s.name, s.value)).collect();
@@ -72,10 +81,15 @@ fn group(n: u64) -> String {
 
 impl<W: Write> Reporter for TableReporter<W> {
     fn attached(&mut self, info: &AttachInfo) -> std::io::Result<()> {
+        self.per_process = info.pid.is_none();
+        let what = match (&info.pid, &info.exe) {
+            (Some(pid), _) => format!("PID {pid}"),
+            (None, Some(exe)) => format!("every process running {exe}"),
+            (None, None) => "every process".to_owned(),
+        };
         writeln!(
             self.out,
-            "tracer: attached to PID {} (Python {}, {}): {} probes live{}",
-            info.pid,
+            "tracer: attached to {what} (Python {}, {}): {} probes live{}",
             info.python_version,
             info.image,
             info.probes.len(),

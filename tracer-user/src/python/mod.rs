@@ -1,8 +1,8 @@
-//! What tracer knows about each `CPython` minor version.
+//! What tracer knows about each CPython minor version.
 //!
 //! One module per minor version implements [`Abi`]; [`abi_for`] is an
 //! exhaustive match that refuses versions nobody has checked, rather than
-//! guessing that a new `CPython` looks like the last one.
+//! guessing that a new CPython looks like the last one.
 
 mod v3_11;
 mod v3_12;
@@ -23,6 +23,8 @@ use crate::{
 pub enum VersionError {
     #[error("PID {pid} runs Python {version}, which tracer does not support; supported: {SUPPORTED}")]
     Unsupported { pid: u32, version: PythonVersion },
+    #[error("{image} is Python {version}, which tracer does not support; supported: {SUPPORTED}")]
+    UnsupportedImage { image: String, version: PythonVersion },
     #[error(
         "cannot tell the Python version of PID {pid}: {image} has no Py_Version symbol (CPython before 3.11?); supported: {SUPPORTED}"
     )]
@@ -36,7 +38,7 @@ pub enum VersionError {
 /// Minor versions with an [`Abi`] module.
 pub const SUPPORTED: &str = "3.11, 3.12, 3.13, 3.14";
 
-/// A `CPython` version, decoded from `PY_VERSION_HEX`.
+/// A CPython version, decoded from `PY_VERSION_HEX`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PythonVersion {
     pub major: u8,
@@ -86,6 +88,11 @@ pub fn abi_for(pid: u32, version: PythonVersion) -> Result<&'static dyn Abi, Ver
         (3, 14) => Ok(&v3_14::Abi314),
         _ => Err(VersionError::Unsupported { pid, version }),
     }
+}
+
+/// [`abi_for`] for an image file rather than a process.
+pub fn abi_for_image(image: &std::path::Path, version: PythonVersion) -> Result<&'static dyn Abi, VersionError> {
+    abi_for(0, version).map_err(|_| VersionError::UnsupportedImage { image: image.display().to_string(), version })
 }
 
 /// Reads `Py_Version` (exported since 3.11, `const unsigned long` in

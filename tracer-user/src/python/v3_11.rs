@@ -1,4 +1,4 @@
-//! `CPython` 3.11.
+//! CPython 3.11.
 //!
 //! Checked on this project's machines against pyenv's 3.11.7 (shared libpython) and Debian's
 //! static 3.11.2: both define every default probe symbol.

@@ -1,4 +1,4 @@
-//! `CPython` 3.12.
+//! CPython 3.12.
 //!
 //! Not yet run against a 3.12 build here. The probe names are the public
 //! allocator API (Include/pymem.h, Include/objimpl.h) plus `_Py_NewReference` and

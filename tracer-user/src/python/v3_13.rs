@@ -1,4 +1,4 @@
-//! `CPython` 3.13.
+//! CPython 3.13.
 //!
 //! The 3.13.5 build described in shared/TOOLCHAIN.md exports `_Py_NewReference`,
 //! `_Py_Dealloc` and the allocator API.
