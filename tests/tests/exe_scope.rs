@@ -23,8 +23,8 @@ fn per_pid(line: &serde_json::Value) -> HashMap<u32, Counts> {
 /// `os._exit`, so their counts differ by exactly N × the body's calls and
 /// bytes, and the totals are exactly the per-PID sums.
 fn check(python: &Path) {
-    require_root();
     const N: u64 = 100;
+    require_root();
     let exe = python.to_str().expect("utf-8 path");
     let (tracer, attached) = TracerRun::attach_json_with(&["--exe", exe, "--interval", "3600"]);
     assert!(attached["pid"].is_null(), "{attached}");
