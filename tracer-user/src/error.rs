@@ -22,6 +22,7 @@ pub fn exit_status(err: &anyhow::Error) -> i32 {
             || cause.is::<VersionError>()
             || cause.is::<crate::interpreter::ExeError>()
             || cause.downcast_ref::<AttachError>().is_some_and(AttachError::is_bad_input)
+            || cause.downcast_ref::<crate::bench::BenchError>().is_some_and(crate::bench::BenchError::is_bad_input)
     });
     if bad_input { EXIT_BAD_INPUT } else { EXIT_FAILURE }
 }

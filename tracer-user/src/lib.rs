@@ -1,6 +1,7 @@
 //! tracer's userspace: find the CPython image in a live process, attach the
 //! BPF uprobes, read the per-CPU counters and report them.
 
+pub mod bench;
 pub mod config;
 pub mod elf;
 pub mod error;

@@ -4,8 +4,10 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use tracer_user::{
-    config::{AttachArgs as ConfigArgs, AttachConfig, DEFAULT_INTERVAL_S, TargetSpec},
+    config::{AttachArgs as ConfigArgs, AttachConfig, ConfigError, DEFAULT_INTERVAL_S, TargetSpec},
     error::exit_status,
+    privileges,
+    probes::ProbeSelection,
 };
 
 /// Count CPython reference and allocation events in a live process, from
@@ -38,6 +40,47 @@ run ends by Ctrl-C, SIGTERM, --duration or the target's exit.",
         after_help = "Examples:\n  sudo tracer attach --pid 1234\n  sudo tracer attach --pid $(pgrep -n python3) --duration 10 --json"
     )]
     Attach(AttachArgs),
+    /// Measure what tracer costs: pyperf timeit with nothing attached, attached, and detached again.
+    #[command(
+        long_about = "Measure what tracer costs a statement, with pyperf.\n\nRuns `pyperf timeit STMT` in the target interpreter in three states, interleaved in rounds so that \
+drift of the machine cancels out: baseline (nothing attached), attached (tracer counting with \
+--probes in every process of that interpreter) and detached (after attaching and detaching again). \
+Each state's runs go to DIR/STATE.json, which `python -m pyperf compare_to` reads. Then prints \
+pyperf's comparison of each state with the baseline, the exact number of probe hits per loop \
+(counted over N and 2N loops in a separate process), and the cost of one probe hit.\n\n\
+pyperf must be importable by the interpreter: `cargo xtask setup` installs it in a venv, which is \
+the default --python.",
+        after_help = "Examples:\n  sudo tracer bench --stmt '[]' --fast\n  sudo tracer bench --python /usr/bin/python3.11 --setup 'import json; d={\"a\": [1, 2]}' --stmt 'json.loads(json.dumps(d))' --json"
+    )]
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+struct BenchArgs {
+    /// The interpreter to measure (default: the venv `cargo xtask setup` made, else python3 on PATH).
+    #[arg(long, value_name = "PATH")]
+    python: Option<std::path::PathBuf>,
+    /// The statement to time.
+    #[arg(long, default_value = "[]")]
+    stmt: String,
+    /// Code run once before timing.
+    #[arg(long, default_value = "pass")]
+    setup: String,
+    /// Which functions to probe while attached (as for `attach`).
+    #[arg(long, value_name = "SET", default_value = "default")]
+    probes: String,
+    /// Fewer rounds and values: a rough answer in about a minute.
+    #[arg(long, conflicts_with = "rigorous")]
+    fast: bool,
+    /// More rounds and values: slower, tighter.
+    #[arg(long)]
+    rigorous: bool,
+    /// Print the result as one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Directory for the pyperf JSON files (baseline.json, attached.json, detached.json).
+    #[arg(short = 'o', long = "output", value_name = "DIR", default_value = "tracer-bench")]
+    out: std::path::PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -69,6 +112,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Attach(args) => attach(&args),
+        Command::Bench(args) => bench(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -96,5 +140,71 @@ fn attach(args: &AttachArgs) -> anyhow::Result<()> {
         TargetSpec::Exe(exe) => exe.display().to_string(),
     };
     eprintln!("tracer: detached from {what} ({})", end.as_str());
+    Ok(())
+}
+
+fn bench(args: &BenchArgs) -> anyhow::Result<()> {
+    use tracer_user::bench::{self, Bench, Effort, State};
+    privileges::check()?;
+    let probes = ProbeSelection::parse(&args.probes).map_err(ConfigError::from)?;
+    let effort = if args.fast {
+        Effort::Fast
+    } else if args.rigorous {
+        Effort::Rigorous
+    } else {
+        Effort::Normal
+    };
+    let python = args.python.clone().unwrap_or_else(bench::default_python);
+    let b = Bench::new(&python, &args.stmt, &args.setup, effort.plan(), &args.out)?;
+    eprintln!(
+        "tracer bench: {} (Python {}, {}), stmt {:?}, setup {:?}",
+        python.display(),
+        b.interpreter.version,
+        b.interpreter.image.display(),
+        args.stmt,
+        args.setup
+    );
+    eprintln!("tracer bench: counting probe hits per loop");
+    let hits = b.hits_per_loop(&probes, 1000)?;
+    let states = [
+        State::Baseline,
+        State::Attached { name: "attached".into(), probes: probes.clone(), program: None },
+        State::Detached { probes },
+    ];
+    let stats = b.run(&states, |msg| eprintln!("tracer bench: {msg}"))?;
+    let (base, attached, detached) = (&stats[0], &stats[1], &stats[2]);
+    let att = b.compare(base, attached)?;
+    let det = b.compare(base, detached)?;
+    let ns_per_hit = (hits.total > 0.0).then(|| (attached.mean - base.mean) * 1e9 / hits.total);
+    if args.json {
+        let stat = |s: &bench::StateStats| serde_json::json!({"mean_ns": s.mean * 1e9, "stdev_ns": s.stdev * 1e9, "values": s.values, "file": s.file});
+        let per_probe: serde_json::Map<String, serde_json::Value> =
+            hits.per_probe.iter().map(|(n, v)| ((*n).to_owned(), serde_json::json!(v))).collect();
+        let out = serde_json::json!({
+            "python": {"executable": python, "version": b.interpreter.version.to_string(), "image": b.interpreter.image},
+            "stmt": args.stmt,
+            "setup": args.setup,
+            "baseline": stat(base),
+            "attached": stat(attached),
+            "detached": stat(detached),
+            "attached_vs_baseline": {"ratio": att.ratio, "significant": att.significant},
+            "detached_vs_baseline": {"ratio": det.ratio, "significant": det.significant},
+            "hits_per_loop": hits.total,
+            "hits_per_loop_by_probe": per_probe,
+            "ns_per_hit": ns_per_hit,
+        });
+        println!("{out}");
+    } else {
+        println!("{}", bench::compare_line("baseline", base, "attached", attached, &att));
+        println!("{}", bench::compare_line("baseline", base, "detached", detached, &det));
+        let by_probe: Vec<String> =
+            hits.per_probe.iter().filter(|(_, v)| *v > 0.0).map(|(n, v)| format!("{n} {v}")).collect();
+        println!("probe hits per loop: {} ({})", hits.total, by_probe.join(", "));
+        match ns_per_hit {
+            Some(ns) => println!("cost per probe hit: {ns:.0} ns"),
+            None => println!("cost per probe hit: n/a (the statement hits no probe)"),
+        }
+        println!("pyperf files: {0}/baseline.json {0}/attached.json {0}/detached.json", args.out.display());
+    }
     Ok(())
 }

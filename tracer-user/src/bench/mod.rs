@@ -1,0 +1,562 @@
+//! `tracer bench`: pyperf timeit of one statement with nothing attached,
+//! with tracer attached, and after tracer detached, interleaved so that
+//! machine drift cancels, plus the exact number of probe hits per loop.
+//!
+//! The states are run in rounds, each round in a rotated order (A B C,
+//! B C A, C A B, ...), every chunk appending to that state's pyperf JSON
+//! file with the same number of processes and values, so pyperf's own
+//! `compare_to` (and its significance test) reads them directly.
+
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde::Deserialize;
+use thiserror::Error;
+
+use crate::{
+    interpreter::{ExeError, Interpreter},
+    probes::{ProbeSelection, ProbeSpec, Program},
+    python,
+    session::{AttachError, ImageRef, Session, SessionOptions},
+};
+
+const HELPER: &str = include_str!("helper.py");
+
+/// A benchmark that cannot run.
+#[derive(Debug, Error)]
+pub enum BenchError {
+    #[error("cannot run {python}: {cause}; pass --python PATH of a CPython 3.11+ interpreter")]
+    Python { python: PathBuf, cause: std::io::Error },
+    #[error(
+        "pyperf is not installed for {python}; run `cargo xtask setup` (it installs pyperf in {venv}) or `{python} -m pip install pyperf`, or pass --python of an interpreter that has it"
+    )]
+    NoPyperf { python: PathBuf, venv: String },
+    #[error("{what} failed: {detail}")]
+    Step { what: String, detail: String },
+    #[error("{0}")]
+    Exe(#[from] ExeError),
+    #[error("{0}")]
+    Attach(#[from] AttachError),
+    #[error("{0}")]
+    Version(#[from] python::VersionError),
+    #[error("cannot write {path}: {cause}")]
+    Output { path: PathBuf, cause: std::io::Error },
+}
+
+impl BenchError {
+    /// Whether the cause is the user's input (exit status 2).
+    #[must_use]
+    pub fn is_bad_input(&self) -> bool {
+        match self {
+            Self::Python { .. } | Self::NoPyperf { .. } | Self::Exe(_) | Self::Version(_) => true,
+            Self::Attach(e) => e.is_bad_input(),
+            Self::Step { .. } | Self::Output { .. } => false,
+        }
+    }
+}
+
+fn step(what: impl Into<String>, detail: impl std::fmt::Display) -> BenchError {
+    BenchError::Step { what: what.into(), detail: detail.to_string() }
+}
+
+/// Where `cargo xtask setup` puts the venv with pyperf.
+#[must_use]
+pub fn default_venv() -> PathBuf {
+    let base = std::env::var_os("XDG_DATA_HOME").map_or_else(
+        || PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".local/share"),
+        PathBuf::from,
+    );
+    base.join("tracer").join("pyperf-venv")
+}
+
+/// The interpreter `tracer bench` uses without `--python`: the setup venv
+/// if it exists, else `python3` on PATH.
+#[must_use]
+pub fn default_python() -> PathBuf {
+    let venv = default_venv().join("bin").join("python");
+    if venv.exists() { venv } else { PathBuf::from("python3") }
+}
+
+/// How much pyperf work a run does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Effort {
+    Fast,
+    Normal,
+    Rigorous,
+}
+
+/// Rounds of interleaving and pyperf's options per chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plan {
+    pub rounds: u32,
+    pub processes: u32,
+    pub values: u32,
+    pub warmups: u32,
+}
+
+impl Effort {
+    #[must_use]
+    pub const fn plan(self) -> Plan {
+        match self {
+            // Worker startup dominates an attached chunk (every object the
+            // interpreter makes while importing pyperf is a probe hit), so
+            // plans favour values per process over processes.
+            Self::Fast => Plan { rounds: 3, processes: 1, values: 6, warmups: 1 },
+            Self::Normal => Plan { rounds: 5, processes: 1, values: 8, warmups: 1 },
+            Self::Rigorous => Plan { rounds: 10, processes: 2, values: 8, warmups: 2 },
+        }
+    }
+}
+
+/// One setup the statement is timed under.
+#[derive(Clone, Debug)]
+pub enum State {
+    /// Nothing attached.
+    Baseline,
+    /// tracer attached to every process of the interpreter.
+    Attached { name: String, probes: ProbeSelection, program: Option<Program> },
+    /// Attached and detached again just before the chunk.
+    Detached { probes: ProbeSelection },
+    /// Environment variables for pyperf's workers (e.g. PYTHONTRACEMALLOC).
+    Env { name: String, vars: Vec<(String, String)> },
+    /// Another tool running during the chunk: started, waited for until it
+    /// prints `ready` (then `settle`), stopped with SIGINT afterwards.
+    Command { name: String, argv: Vec<String>, ready: String, settle: Duration },
+}
+
+impl State {
+    /// The state's name: its pyperf file is NAME.json.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Baseline => "baseline",
+            Self::Detached { .. } => "detached",
+            Self::Attached { name, .. } | Self::Env { name, .. } | Self::Command { name, .. } => name,
+        }
+    }
+}
+
+/// Statistics of one state's pyperf file.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+pub struct StateStats {
+    pub file: PathBuf,
+    /// Seconds per loop.
+    pub mean: f64,
+    pub stdev: f64,
+    pub values: usize,
+    /// pyperf's own "17.7 ns +- 0.4 ns".
+    pub formatted: String,
+}
+
+/// One state against the baseline, as pyperf's `compare_to` judges it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Comparison {
+    /// mean(other) / mean(baseline).
+    pub ratio: f64,
+    /// pyperf's significance test.
+    pub significant: bool,
+}
+
+/// Exact probe hits per loop of the statement.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HitsPerLoop {
+    pub total: f64,
+    pub per_probe: Vec<(&'static str, f64)>,
+    /// Loops of the shorter of the two measured runs.
+    pub loops: u64,
+}
+
+/// What a benchmark needs: the interpreter, its image and a work directory.
+pub struct Bench {
+    pub python: PathBuf,
+    pub interpreter: Interpreter,
+    pub stmt: String,
+    pub setup: String,
+    pub plan: Plan,
+    pub out_dir: PathBuf,
+    helper: PathBuf,
+}
+
+#[derive(Deserialize)]
+struct Info {
+    executable: PathBuf,
+    pyperf: Option<String>,
+}
+
+impl Bench {
+    /// Checks the interpreter and pyperf, resolves the image, prepares
+    /// `out_dir` (removing results of an earlier run there).
+    pub fn new(python: &Path, stmt: &str, setup: &str, plan: Plan, out_dir: &Path) -> Result<Self, BenchError> {
+        std::fs::create_dir_all(out_dir).map_err(|cause| BenchError::Output { path: out_dir.to_owned(), cause })?;
+        let helper = out_dir.join("helper.py");
+        std::fs::write(&helper, HELPER).map_err(|cause| BenchError::Output { path: helper.clone(), cause })?;
+        let out = Command::new(python)
+            .arg(&helper)
+            .arg("info")
+            .output()
+            .map_err(|cause| BenchError::Python { python: python.to_owned(), cause })?;
+        if !out.status.success() {
+            return Err(step(format!("{} {} info", python.display(), helper.display()), stderr_line(&out.stderr)));
+        }
+        let info: Info = serde_json::from_slice(&out.stdout).map_err(|e| step("reading the helper's answer", e))?;
+        if info.pyperf.is_none() {
+            return Err(BenchError::NoPyperf { python: python.to_owned(), venv: default_venv().display().to_string() });
+        }
+        let interpreter = Interpreter::from_executable(&info.executable)?;
+        python::abi_for_image(&interpreter.image, interpreter.version)?;
+        Ok(Self {
+            python: python.to_owned(),
+            interpreter,
+            stmt: stmt.to_owned(),
+            setup: setup.to_owned(),
+            plan,
+            out_dir: out_dir.to_owned(),
+            helper,
+        })
+    }
+
+    fn image(&self) -> ImageRef<'_> {
+        ImageRef {
+            elf: &self.interpreter.elf,
+            display_path: &self.interpreter.image,
+            attach_path: &self.interpreter.image,
+        }
+    }
+
+    /// The probe table rows a selection picks for this interpreter.
+    pub fn specs(&self, probes: &ProbeSelection) -> Result<Vec<ProbeSpec>, BenchError> {
+        let abi = python::abi_for_image(&self.interpreter.image, self.interpreter.version)?;
+        Ok(probes.select(abi.probes()))
+    }
+
+    /// Counts hits of `probes` over N and 2N loops of the statement (the
+    /// way timeit runs it) in a fresh process each, and returns the
+    /// difference per loop: exact, with process startup cancelled out.
+    pub fn hits_per_loop(&self, probes: &ProbeSelection, loops: u64) -> Result<HitsPerLoop, BenchError> {
+        let specs = self.specs(probes)?;
+        let one = self.count_loops(&specs, loops)?;
+        let two = self.count_loops(&specs, 2 * loops)?;
+        #[allow(clippy::cast_precision_loss)] // counts far below 2^52
+        let per_probe: Vec<(&'static str, f64)> = one
+            .iter()
+            .zip(&two)
+            .map(|((name, a), (_, b))| (*name, b.saturating_sub(*a) as f64 / loops as f64))
+            .collect();
+        let total = per_probe.iter().map(|(_, v)| v).sum();
+        Ok(HitsPerLoop { total, per_probe, loops })
+    }
+
+    fn count_loops(&self, specs: &[ProbeSpec], loops: u64) -> Result<Vec<(&'static str, u64)>, BenchError> {
+        let mut child = KillOnDrop(
+            Command::new(&self.python)
+                .arg(&self.helper)
+                .args(["loop", &loops.to_string(), &self.stmt, &self.setup])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .map_err(|cause| BenchError::Python { python: self.python.clone(), cause })?,
+        );
+        let pid = child.0.id();
+        let mut stdout = BufReader::new(child.0.stdout.take().ok_or_else(|| step("the loop helper", "no stdout"))?);
+        let mut line = String::new();
+        stdout.read_line(&mut line).map_err(|e| step("the loop helper", e))?;
+        if line.trim() != "ready" {
+            let mut err = String::new();
+            if let Some(mut e) = child.0.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            return Err(step(
+                format!("timing {:?} with setup {:?}", self.stmt, self.setup),
+                stderr_line(err.as_bytes()),
+            ));
+        }
+        wait_blocked_on_stdin(pid)?;
+        let mut session = Session::load(self.image(), specs, pid, SessionOptions::default())?;
+        session.attach_process(pid)?;
+        let mut stdin = child.0.stdin.take().ok_or_else(|| step("the loop helper", "no stdin"))?;
+        stdin.write_all(b"go\n").map_err(|e| step("starting the loop", e))?;
+        line.clear();
+        stdout.read_line(&mut line).map_err(|e| step("the loop helper", e))?;
+        let status = child.0.wait().map_err(|e| step("the loop helper", e))?;
+        if line.trim() != "done" || !status.success() {
+            return Err(step("the loop helper", format!("ended with {status}")));
+        }
+        let readings = session.read()?;
+        let lost: Vec<String> = tracer_common::stats::Stat::ALL
+            .iter()
+            .zip(&readings.stats)
+            .filter(|(s, v)| s.is_loss() && **v > 0)
+            .map(|(s, v)| format!("{}={v}", s.name()))
+            .chain((readings.kernel_misses > 0).then(|| format!("kernel_recursion_misses={}", readings.kernel_misses)))
+            .collect();
+        if !lost.is_empty() {
+            return Err(step(
+                "counting hits",
+                format!("events were lost ({}), so the count is not exact", lost.join(" ")),
+            ));
+        }
+        Ok(session.attached.iter().zip(&readings.totals).map(|(p, c)| (p.symbol, c.calls)).collect())
+    }
+
+    /// Runs every state for `plan.rounds` rounds, rotating the order each
+    /// round, and returns each state's statistics in `states` order.
+    pub fn run(&self, states: &[State], mut progress: impl FnMut(&str)) -> Result<Vec<StateStats>, BenchError> {
+        for state in states {
+            let file = self.file(state);
+            if file.exists() {
+                std::fs::remove_file(&file).map_err(|cause| BenchError::Output { path: file.clone(), cause })?;
+            }
+        }
+        let n = states.len();
+        // pyperf calibrates loops per value in each state's first chunk (in
+        // an extra process); later chunks reuse that number.
+        let mut loops: Vec<Option<u64>> = vec![None; n];
+        for round in 0..self.plan.rounds as usize {
+            for k in 0..n {
+                let i = (round + k) % n;
+                let state = &states[i];
+                progress(&format!("round {}/{}: {}", round + 1, self.plan.rounds, state.name()));
+                self.chunk(state, loops[i])?;
+                if loops[i].is_none() {
+                    loops[i] = Some(self.calibrated_loops(state)?);
+                }
+            }
+        }
+        let files: Vec<PathBuf> = states.iter().map(|s| self.file(s)).collect();
+        let out = Command::new(&self.python)
+            .arg(&self.helper)
+            .arg("stats")
+            .args(&files)
+            .output()
+            .map_err(|cause| BenchError::Python { python: self.python.clone(), cause })?;
+        if !out.status.success() {
+            return Err(step("reading pyperf results", stderr_line(&out.stderr)));
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| step("reading pyperf results", e))
+    }
+
+    fn calibrated_loops(&self, state: &State) -> Result<u64, BenchError> {
+        let out = Command::new(&self.python)
+            .arg(&self.helper)
+            .arg("loops")
+            .arg(self.file(state))
+            .output()
+            .map_err(|cause| BenchError::Python { python: self.python.clone(), cause })?;
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .map_err(|_| step("reading pyperf's calibrated loops", stderr_line(&out.stderr)))
+    }
+
+    /// The pyperf JSON file of a state.
+    #[must_use]
+    pub fn file(&self, state: &State) -> PathBuf {
+        self.out_dir.join(format!("{}.json", state.name()))
+    }
+
+    fn chunk(&self, state: &State, loops: Option<u64>) -> Result<(), BenchError> {
+        let mut cmd = Command::new(&self.python);
+        cmd.args(["-m", "pyperf", "timeit", "--quiet", "--append"])
+            .arg(self.file(state))
+            .args(["--processes", &self.plan.processes.to_string()])
+            .args(["--values", &self.plan.values.to_string()])
+            .args(["--warmups", &self.plan.warmups.to_string()])
+            .args(loops.map(|l| format!("--loops={l}")))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut guard = Guard::default();
+        match state {
+            State::Baseline => {}
+            State::Attached { probes, program, .. } => {
+                let specs = self.specs(probes)?;
+                let options = SessionOptions { program_override: *program, ..SessionOptions::default() };
+                let mut session = Session::load(self.image(), &specs, 0, options)?;
+                session.attach_all_processes()?;
+                guard.session = Some(session);
+            }
+            State::Detached { probes } => {
+                let specs = self.specs(probes)?;
+                let mut session = Session::load(self.image(), &specs, 0, SessionOptions::default())?;
+                session.attach_all_processes()?;
+                drop(session);
+            }
+            State::Env { vars, .. } => {
+                let names: Vec<&str> = vars.iter().map(|(k, _)| k.as_str()).collect();
+                // pyperf gives workers a clean environment unless told.
+                cmd.args(["--inherit-environ", &names.join(",")]);
+                cmd.envs(vars.iter().map(|(k, v)| (k, v)));
+            }
+            State::Command { argv, ready, settle, name } => {
+                guard.tool = Some(start_tool(name, argv, ready, *settle)?);
+            }
+        }
+        cmd.args(["--setup", &self.setup]).arg("--").arg(&self.stmt);
+        let out = cmd.output().map_err(|cause| BenchError::Python { python: self.python.clone(), cause })?;
+        // Detach and stop the tool before the next state starts.
+        drop(guard.session.take());
+        drop(guard.tool.take());
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(step(format!("pyperf timeit ({})", state.name()), stderr_line(&out.stderr)))
+        }
+    }
+
+    /// pyperf's `compare_to` on two states: the ratio of means and whether
+    /// pyperf finds the difference significant.
+    pub fn compare(&self, base: &StateStats, other: &StateStats) -> Result<Comparison, BenchError> {
+        let out = Command::new(&self.python)
+            .args(["-m", "pyperf", "compare_to"])
+            .arg(&base.file)
+            .arg(&other.file)
+            .output()
+            .map_err(|cause| BenchError::Python { python: self.python.clone(), cause })?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() || text.contains("ERROR") {
+            return Err(step("pyperf compare_to", format!("{}{}", text.trim(), stderr_line(&out.stderr))));
+        }
+        Ok(Comparison { ratio: other.mean / base.mean, significant: !text.contains("not significant") })
+    }
+}
+
+/// pyperf's comparison wording: "1.09x slower (+9%)", "1.02x faster (-2%)".
+#[must_use]
+pub fn describe_ratio(ratio: f64) -> String {
+    let percent = (ratio - 1.0) * 100.0;
+    if ratio >= 1.0 {
+        format!("{ratio:.2}x slower (+{percent:.0}%)")
+    } else {
+        format!("{:.2}x faster ({percent:.0}%)", 1.0 / ratio)
+    }
+}
+
+/// "Mean +- std dev: [baseline] 20.6 ns +- 0.1 ns -> [attached] 22.4 ns +-
+/// 0.1 ns: 1.09x slower (+9%)", or "...: not significant".
+#[must_use]
+pub fn compare_line(base_name: &str, base: &StateStats, name: &str, other: &StateStats, cmp: &Comparison) -> String {
+    let verdict = if cmp.significant { describe_ratio(cmp.ratio) } else { "not significant".to_owned() };
+    format!("Mean +- std dev: [{base_name}] {} -> [{name}] {}: {verdict}", base.formatted, other.formatted)
+}
+
+/// What must stay alive during a chunk and be undone after it (dropping
+/// detaches the session and stops the tool).
+#[derive(Default)]
+struct Guard {
+    session: Option<Session>,
+    tool: Option<KillOnDrop>,
+}
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Ok(pid) = libc::pid_t::try_from(self.0.id()) {
+            // SAFETY: kill has no memory-safety preconditions; the child is
+            // ours and not yet reaped.
+            unsafe { libc::kill(pid, libc::SIGINT) };
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if matches!(self.0.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_tool(name: &str, argv: &[String], ready: &str, settle: Duration) -> Result<KillOnDrop, BenchError> {
+    let (program, rest) = argv.split_first().ok_or_else(|| step(name, "empty command"))?;
+    let mut child = KillOnDrop(
+        Command::new(program)
+            .args(rest)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| step(format!("starting {program}"), e))?,
+    );
+    let stdout = child.0.stdout.take().ok_or_else(|| step(name, "no stdout"))?;
+    let mut lines = BufReader::new(stdout).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(line)) if line.contains(ready) => break,
+            Some(Ok(_)) => {}
+            _ => return Err(step(format!("starting {program}"), format!("it exited before printing {ready:?}"))),
+        }
+    }
+    // Keep draining its output so it never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    std::thread::sleep(settle);
+    Ok(child)
+}
+
+/// Waits until `pid` sleeps in read(0, ...), so nothing it does on the way
+/// into the read lands on one side of the attach in one run and on the
+/// other side in the next.
+fn wait_blocked_on_stdin(pid: u32) -> Result<(), BenchError> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let syscall = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+        if syscall.starts_with("0 0x0 ") {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(step("the loop helper", "it never waited on stdin"));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn stderr_line(stderr: &[u8]) -> String {
+    let text = String::from_utf8_lossy(stderr);
+    text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("(no output)").trim().to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ratio_wording_matches_pyperf() {
+        assert_eq!(describe_ratio(1.087), "1.09x slower (+9%)");
+        assert_eq!(describe_ratio(0.98), "1.02x faster (-2%)");
+        assert_eq!(describe_ratio(68.0), "68.00x slower (+6700%)");
+    }
+
+    #[test]
+    fn rotation_and_plans() {
+        assert_eq!(Effort::Fast.plan().rounds, 3);
+        assert!(Effort::Rigorous.plan().rounds > Effort::Normal.plan().rounds);
+        let line = compare_line(
+            "baseline",
+            &StateStats {
+                file: "a".into(),
+                mean: 2e-8,
+                stdev: 1e-10,
+                values: 6,
+                formatted: "20.0 ns +- 0.1 ns".into(),
+            },
+            "detached",
+            &StateStats {
+                file: "b".into(),
+                mean: 2e-8,
+                stdev: 1e-10,
+                values: 6,
+                formatted: "20.1 ns +- 0.1 ns".into(),
+            },
+            &Comparison { ratio: 1.005, significant: false },
+        );
+        assert_eq!(
+            line,
+            "Mean +- std dev: [baseline] 20.0 ns +- 0.1 ns -> [detached] 20.1 ns +- 0.1 ns: not significant"
+        );
+    }
+}
