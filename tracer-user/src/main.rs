@@ -171,8 +171,8 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         State::Attached { name: "attached".into(), probes: probes.clone(), program: None },
         State::Detached { probes },
     ];
-    let stats = b.run(&states, |msg| eprintln!("tracer bench: {msg}"))?;
-    let (base, attached, detached) = (&stats[0], &stats[1], &stats[2]);
+    let results = b.run(&states, |msg| eprintln!("tracer bench: {msg}"))?;
+    let (base, attached, detached) = (&results[0], &results[1], &results[2]);
     let att = b.compare(base, attached)?;
     let det = b.compare(base, detached)?;
     let ns_per_hit = (hits.total > 0.0).then(|| (attached.mean - base.mean) * 1e9 / hits.total);
