@@ -78,6 +78,11 @@ struct BenchArgs {
     /// Print the result as one JSON object.
     #[arg(long)]
     json: bool,
+    /// More setups to measure beside the three: empty (an empty BPF program on the same probes, the
+    /// cost of the uprobe itself), bpftrace (bpftrace counting the same functions), tracemalloc=FRAMES
+    /// (PYTHONTRACEMALLOC in the workers). Comma-separated.
+    #[arg(long, value_name = "SETUPS", default_value = "")]
+    also: String,
     /// Directory for the pyperf JSON files (baseline.json, attached.json, detached.json).
     #[arg(short = 'o', long = "output", value_name = "DIR", default_value = "tracer-bench")]
     out: std::path::PathBuf,
@@ -144,7 +149,7 @@ fn attach(args: &AttachArgs) -> anyhow::Result<()> {
 }
 
 fn bench(args: &BenchArgs) -> anyhow::Result<()> {
-    use tracer_user::bench::{self, Bench, Effort, State};
+    use tracer_user::bench::{self, Bench, Effort, State, report};
     privileges::check()?;
     let probes = ProbeSelection::parse(&args.probes).map_err(ConfigError::from)?;
     let effort = if args.fast {
@@ -156,6 +161,13 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     };
     let python = args.python.clone().unwrap_or_else(bench::default_python);
     let b = Bench::new(&python, &args.stmt, &args.setup, effort.plan(), &args.out)?;
+    let specs = b.specs(&probes)?;
+    let mut states = vec![
+        State::Baseline,
+        State::Attached { name: "attached".into(), probes: probes.clone(), program: None },
+        State::Detached { probes: probes.clone() },
+    ];
+    states.extend(report::extra_states(&args.also, &probes, &specs, &b.interpreter.image)?);
     eprintln!(
         "tracer bench: {} (Python {}, {}), stmt {:?}, setup {:?}",
         python.display(),
@@ -166,45 +178,18 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     );
     eprintln!("tracer bench: counting probe hits per loop");
     let hits = b.hits_per_loop(&probes, 1000)?;
-    let states = [
-        State::Baseline,
-        State::Attached { name: "attached".into(), probes: probes.clone(), program: None },
-        State::Detached { probes },
-    ];
     let results = b.run(&states, |msg| eprintln!("tracer bench: {msg}"))?;
-    let (base, attached, detached) = (&results[0], &results[1], &results[2]);
-    let att = b.compare(base, attached)?;
-    let det = b.compare(base, detached)?;
-    let ns_per_hit = (hits.total > 0.0).then(|| (attached.mean - base.mean) * 1e9 / hits.total);
+    let baseline = &results[0];
+    let mut rows = Vec::new();
+    for (state, stats) in states.iter().zip(&results).skip(1) {
+        rows.push(report::Row { name: state.name(), stats, vs_baseline: b.compare(baseline, stats)? });
+    }
     if args.json {
-        let stat = |s: &bench::StateStats| serde_json::json!({"mean_ns": s.mean * 1e9, "stdev_ns": s.stdev * 1e9, "values": s.values, "file": s.file});
-        let per_probe: serde_json::Map<String, serde_json::Value> =
-            hits.per_probe.iter().map(|(n, v)| ((*n).to_owned(), serde_json::json!(v))).collect();
-        let out = serde_json::json!({
-            "python": {"executable": python, "version": b.interpreter.version.to_string(), "image": b.interpreter.image},
-            "stmt": args.stmt,
-            "setup": args.setup,
-            "baseline": stat(base),
-            "attached": stat(attached),
-            "detached": stat(detached),
-            "attached_vs_baseline": {"ratio": att.ratio, "significant": att.significant},
-            "detached_vs_baseline": {"ratio": det.ratio, "significant": det.significant},
-            "hits_per_loop": hits.total,
-            "hits_per_loop_by_probe": per_probe,
-            "ns_per_hit": ns_per_hit,
-        });
-        println!("{out}");
+        println!("{}", report::json(&b, baseline, &rows, &hits));
     } else {
-        println!("{}", bench::compare_line("baseline", base, "attached", attached, &att));
-        println!("{}", bench::compare_line("baseline", base, "detached", detached, &det));
-        let by_probe: Vec<String> =
-            hits.per_probe.iter().filter(|(_, v)| *v > 0.0).map(|(n, v)| format!("{n} {v}")).collect();
-        println!("probe hits per loop: {} ({})", hits.total, by_probe.join(", "));
-        match ns_per_hit {
-            Some(ns) => println!("cost per probe hit: {ns:.0} ns"),
-            None => println!("cost per probe hit: n/a (the statement hits no probe)"),
+        for line in report::text(baseline, &rows, &hits, &args.out) {
+            println!("{line}");
         }
-        println!("pyperf files: {0}/baseline.json {0}/attached.json {0}/detached.json", args.out.display());
     }
     Ok(())
 }

@@ -22,7 +22,20 @@ const APT_PACKAGES: &[&str] = &[
     "clang-22",
     "lld-22",
     "python3.11",
+    // For `cargo xtask bench`: the comparison against bpftrace.
+    "bpftrace",
 ];
+
+/// Where tracer looks for pyperf by default; must match
+/// `tracer_user::bench::default_venv` (xtask cannot depend on tracer-user:
+/// building it needs the toolchain this installs).
+pub fn pyperf_venv() -> PathBuf {
+    let base = std::env::var_os("XDG_DATA_HOME").map_or_else(
+        || PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".local/share"),
+        PathBuf::from,
+    );
+    base.join("tracer").join("pyperf-venv")
+}
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
@@ -41,8 +54,8 @@ pub fn run() -> anyhow::Result<()> {
             bail!("{what} is missing after setup: {path} does not exist");
         }
     }
-    crate::real_python3()?;
-    eprintln!("xtask: setup complete (BPF toolchain, bpf-linker {BPF_LINKER_VERSION}, python3.11)");
+    pyperf()?;
+    eprintln!("xtask: setup complete (BPF toolchain, bpf-linker {BPF_LINKER_VERSION}, python3.11, pyperf)");
     Ok(())
 }
 
@@ -127,6 +140,23 @@ fn bpf_linker() -> anyhow::Result<()> {
     .context("installing bpf-linker")?;
     if !linker.is_file() {
         bail!("bpf-linker was installed but {} does not exist", linker.display());
+    }
+    Ok(())
+}
+
+/// A venv of the machine's python3 with pyperf from PyPI, for `tracer bench`.
+fn pyperf() -> anyhow::Result<()> {
+    let venv = pyperf_venv();
+    let python = venv.join("bin").join("python");
+    let has_pyperf = || Command::new(&python).args(["-c", "import pyperf"]).output().is_ok_and(|o| o.status.success());
+    if has_pyperf() {
+        return Ok(());
+    }
+    let base = crate::real_python3()?;
+    crate::run(Command::new(&base).args(["-m", "venv"]).arg(&venv))?;
+    crate::run(Command::new(&python).args(["-m", "pip", "install", "--quiet", "pyperf"]))?;
+    if !has_pyperf() {
+        bail!("pyperf was installed in {} but does not import", venv.display());
     }
     Ok(())
 }

@@ -7,6 +7,8 @@
 //! file with the same number of processes and values, so pyperf's own
 //! `compare_to` (and its significance test) reads them directly.
 
+pub mod report;
+
 use std::{
     io::{BufRead as _, BufReader, Write as _},
     path::{Path, PathBuf},
@@ -35,6 +37,10 @@ pub enum BenchError {
         "pyperf is not installed for {python}; run `cargo xtask setup` (it installs pyperf in {venv}) or `{python} -m pip install pyperf`, or pass --python of an interpreter that has it"
     )]
     NoPyperf { python: PathBuf, venv: String },
+    #[error(
+        "--also names {item:?}, which is not a setup tracer bench knows; use empty, bpftrace or tracemalloc=FRAMES (e.g. tracemalloc=1)"
+    )]
+    UnknownSetup { item: String },
     #[error("{what} failed: {detail}")]
     Step { what: String, detail: String },
     #[error("{0}")]
@@ -52,7 +58,11 @@ impl BenchError {
     #[must_use]
     pub fn is_bad_input(&self) -> bool {
         match self {
-            Self::Python { .. } | Self::NoPyperf { .. } | Self::Exe(_) | Self::Version(_) => true,
+            Self::Python { .. }
+            | Self::NoPyperf { .. }
+            | Self::UnknownSetup { .. }
+            | Self::Exe(_)
+            | Self::Version(_) => true,
             Self::Attach(e) => e.is_bad_input(),
             Self::Step { .. } | Self::Output { .. } => false,
         }

@@ -1,0 +1,90 @@
+//! `tracer bench` end to end with a cheap probe: it runs pyperf in the
+//! three states, writes files pyperf reads, and counts hits per loop
+//! exactly. No timing is asserted here: speed lives in BENCHMARKS.md.
+
+use std::path::PathBuf;
+
+use tracer_tests::{require_root, run_tracer, tracer_bin};
+
+/// The venv `cargo xtask setup` creates with pyperf.
+fn pyperf_python() -> PathBuf {
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
+    let python = std::env::var_os("XDG_DATA_HOME")
+        .map_or_else(|| home.join(".local/share"), PathBuf::from)
+        .join("tracer/pyperf-venv/bin/python");
+    assert!(python.exists(), "{} is missing: run `cargo xtask setup`", python.display());
+    python
+}
+
+#[test]
+fn bench_runs_three_states_and_counts_hits_exactly() {
+    require_root();
+    let dir = std::env::temp_dir().join(format!("tracer-bench-test-{}", std::process::id()));
+    let python = pyperf_python();
+    let out = std::process::Command::new(tracer_bin())
+        .args(["bench", "--python"])
+        .arg(&python)
+        .args(["--stmt", "bytearray(1000)", "--probes", "PyMem_RawMalloc", "--fast", "--json", "-o"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    // bytearray(1000) asks the raw allocator for its 1001-byte buffer once.
+    assert_eq!(v["hits_per_loop"], 1.0, "{v}");
+    assert_eq!(v["hits_per_loop_by_probe"]["PyMem_RawMalloc"], 1.0);
+    let values = v["baseline"]["values"].as_u64().unwrap();
+    assert!(values > 1);
+    for state in ["baseline", "attached", "detached"] {
+        assert!(v[state]["mean_ns"].as_f64().unwrap() > 0.0, "{state}: {v}");
+        assert!(v[state]["stdev_ns"].as_f64().unwrap() >= 0.0, "{state}");
+        // Equal sample sizes: pyperf's significance test needs them.
+        assert_eq!(v[state]["values"].as_u64(), Some(values), "{state}");
+        let file = dir.join(format!("{state}.json"));
+        assert_eq!(v[state]["file"], file.to_str().unwrap());
+    }
+    for cmp in ["attached_vs_baseline", "detached_vs_baseline"] {
+        assert!(v[cmp]["ratio"].as_f64().unwrap() > 0.0, "{cmp}");
+        assert!(v[cmp]["significant"].is_boolean(), "{cmp}");
+    }
+    assert!(v["ns_per_hit"].is_number(), "{v}");
+    // The files are pyperf's own format.
+    let cmp = std::process::Command::new(&python)
+        .args(["-m", "pyperf", "compare_to"])
+        .arg(dir.join("baseline.json"))
+        .arg(dir.join("attached.json"))
+        .output()
+        .unwrap();
+    assert!(cmp.status.success(), "{}", String::from_utf8_lossy(&cmp.stderr));
+    assert!(String::from_utf8_lossy(&cmp.stdout).starts_with("Mean +- std dev: [baseline]"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bench_bad_input() {
+    require_root();
+    let dir = std::env::temp_dir().join(format!("tracer-bench-bad-{}", std::process::id()));
+    let out = dir.to_str().unwrap();
+    let (code, stdout, stderr) = run_tracer(&["bench", "--python", "/no/such/python", "-o", out]);
+    assert_eq!(
+        stderr,
+        "tracer: error: cannot run /no/such/python: No such file or directory (os error 2); pass --python PATH of a CPython 3.11+ interpreter\n"
+    );
+    assert_eq!((code, stdout.as_str()), (Some(2), ""));
+    // Debian's python3.11 has no pyperf (setup installs it only in the venv).
+    let (code, _, stderr) = run_tracer(&["bench", "--python", "/usr/bin/python3.11", "-o", out]);
+    assert!(
+        stderr.starts_with("tracer: error: pyperf is not installed for /usr/bin/python3.11; run `cargo xtask setup`"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1);
+    assert_eq!(code, Some(2));
+    let (code, _, stderr) = run_tracer(&["bench", "--also", "perf", "-o", out]);
+    assert_eq!(
+        stderr,
+        "tracer: error: --also names \"perf\", which is not a setup tracer bench knows; use empty, bpftrace or tracemalloc=FRAMES (e.g. tracemalloc=1)\n"
+    );
+    assert_eq!(code, Some(2));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,138 @@
+//! `tracer bench` from options to the printed result: the setups to
+//! compare, and the report in pyperf's words or as JSON.
+
+use std::{path::Path, time::Duration};
+
+use serde_json::{Map, Value, json};
+
+use super::{Bench, BenchError, Comparison, HitsPerLoop, State, StateStats, compare_line};
+use crate::probes::{ProbeSelection, ProbeSpec, Program};
+
+/// Parses `--also`: extra setups measured beside baseline, attached and
+/// detached. `empty` (an empty BPF program on the same probes: the cost of
+/// the uprobe itself), `tracemalloc=N` (PYTHONTRACEMALLOC=N in pyperf's
+/// workers), `bpftrace` (bpftrace counting the same functions at their
+/// entries).
+pub fn extra_states(
+    list: &str,
+    probes: &ProbeSelection,
+    specs: &[ProbeSpec],
+    image: &Path,
+) -> Result<Vec<State>, BenchError> {
+    let mut states = Vec::new();
+    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let state = match item.split_once('=') {
+            None if item == "empty" => {
+                State::Attached { name: "empty".into(), probes: probes.clone(), program: Some(Program::Empty) }
+            }
+            None if item == "bpftrace" => State::Command {
+                name: "bpftrace".into(),
+                argv: vec!["bpftrace".into(), "-e".into(), bpftrace_script(specs, image)],
+                ready: "Attaching".into(),
+                // bpftrace prints "Attaching N probes..." before attaching.
+                settle: Duration::from_secs(2),
+            },
+            Some(("tracemalloc", frames)) if frames.parse::<u32>().is_ok_and(|f| f > 0) => State::Env {
+                name: format!("tracemalloc{frames}"),
+                vars: vec![("PYTHONTRACEMALLOC".into(), frames.into())],
+            },
+            _ => return Err(BenchError::UnknownSetup { item: item.to_owned() }),
+        };
+        states.push(state);
+    }
+    Ok(states)
+}
+
+/// `uprobe:LIB:F1,uprobe:LIB:F2 { @[probe] = count(); }`
+fn bpftrace_script(specs: &[ProbeSpec], image: &Path) -> String {
+    let probes: Vec<String> = specs.iter().map(|s| format!("uprobe:{}:{}", image.display(), s.symbol)).collect();
+    format!("{} {{ @[probe] = count(); }}", probes.join(","))
+}
+
+/// One measured setup with its comparison against the baseline.
+pub struct Row<'a> {
+    pub name: &'a str,
+    pub stats: &'a StateStats,
+    pub vs_baseline: Comparison,
+}
+
+/// The result as text lines in pyperf's terms.
+#[must_use]
+pub fn text(baseline: &StateStats, rows: &[Row<'_>], hits: &HitsPerLoop, out_dir: &Path) -> Vec<String> {
+    let mut lines: Vec<String> =
+        rows.iter().map(|r| compare_line("baseline", baseline, r.name, r.stats, &r.vs_baseline)).collect();
+    let by_probe: Vec<String> =
+        hits.per_probe.iter().filter(|(_, v)| *v > 0.0).map(|(n, v)| format!("{n} {v}")).collect();
+    lines.push(format!("probe hits per loop: {} ({})", hits.total, by_probe.join(", ")));
+    for r in rows.iter().filter(|r| r.name != "detached") {
+        match ns_per_hit(baseline, r.stats, hits) {
+            Some(ns) => lines.push(format!("cost per probe hit ({}): {ns:.0} ns", r.name)),
+            None => lines.push(format!("cost per probe hit ({}): n/a, the statement hits no probe", r.name)),
+        }
+    }
+    let files: Vec<String> = std::iter::once("baseline")
+        .chain(rows.iter().map(|r| r.name))
+        .map(|n| out_dir.join(format!("{n}.json")).display().to_string())
+        .collect();
+    lines.push(format!("pyperf files: {}", files.join(" ")));
+    lines
+}
+
+/// (mean − baseline mean) / hits per loop, in ns.
+#[must_use]
+pub fn ns_per_hit(baseline: &StateStats, other: &StateStats, hits: &HitsPerLoop) -> Option<f64> {
+    (hits.total > 0.0).then(|| (other.mean - baseline.mean) * 1e9 / hits.total)
+}
+
+/// The result as one JSON object: `baseline`, one object per setup, and
+/// `NAME_vs_baseline`, `hits_per_loop`, `ns_per_hit` (attached).
+#[must_use]
+pub fn json(bench: &Bench, baseline: &StateStats, rows: &[Row<'_>], hits: &HitsPerLoop) -> Value {
+    let stat = |s: &StateStats| json!({"mean_ns": s.mean * 1e9, "stdev_ns": s.stdev * 1e9, "values": s.values, "file": s.file});
+    let mut m = Map::new();
+    m.insert(
+        "python".into(),
+        json!({"executable": bench.python, "version": bench.interpreter.version.to_string(), "image": bench.interpreter.image}),
+    );
+    m.insert("stmt".into(), json!(bench.stmt));
+    m.insert("setup".into(), json!(bench.setup));
+    m.insert("baseline".into(), stat(baseline));
+    let mut per_hit = Map::new();
+    for r in rows {
+        m.insert(r.name.to_owned(), stat(r.stats));
+        m.insert(
+            format!("{}_vs_baseline", r.name),
+            json!({"ratio": r.vs_baseline.ratio, "significant": r.vs_baseline.significant}),
+        );
+        if r.name != "detached" {
+            per_hit.insert(r.name.to_owned(), json!(ns_per_hit(baseline, r.stats, hits)));
+        }
+    }
+    m.insert("hits_per_loop".into(), json!(hits.total));
+    let by_probe: Map<String, Value> = hits.per_probe.iter().map(|(n, v)| ((*n).to_owned(), json!(v))).collect();
+    m.insert("hits_per_loop_by_probe".into(), Value::Object(by_probe));
+    m.insert("ns_per_hit".into(), per_hit.get("attached").cloned().unwrap_or(Value::Null));
+    m.insert("ns_per_hit_by_setup".into(), Value::Object(per_hit));
+    Value::Object(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probes::DEFAULT_PROBES;
+
+    #[test]
+    fn parses_extra_setups() {
+        let specs = ProbeSelection::Refs.select(DEFAULT_PROBES);
+        let states =
+            extra_states("empty, tracemalloc=25,bpftrace", &ProbeSelection::Refs, &specs, Path::new("/l.so")).unwrap();
+        let names: Vec<&str> = states.iter().map(State::name).collect();
+        assert_eq!(names, ["empty", "tracemalloc25", "bpftrace"]);
+        let State::Command { argv, .. } = &states[2] else { panic!("bpftrace is a command") };
+        assert_eq!(argv[2], "uprobe:/l.so:_Py_NewReference,uprobe:/l.so:_Py_Dealloc { @[probe] = count(); }");
+        for bad in ["perf", "tracemalloc=0", "tracemalloc=x"] {
+            let err = extra_states(bad, &ProbeSelection::Refs, &specs, Path::new("/l.so")).err().unwrap();
+            assert!(matches!(err, BenchError::UnknownSetup { .. }), "{err}");
+        }
+    }
+}
