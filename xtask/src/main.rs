@@ -7,6 +7,7 @@
 //! - `demo`: setup, build, then trace the bundled demo workload
 //! - `test`: setup, build, lint, then every unit and integration test
 
+mod bench;
 mod setup;
 
 use std::{
@@ -40,6 +41,12 @@ enum Task {
         #[arg(long, default_value_t = 5)]
         seconds: u32,
     },
+    /// Set up, build (release), and run the benchmark suite; writes BENCHMARKS.md (needs root).
+    Bench {
+        /// fast, normal or rigorous (how many pyperf rounds and values).
+        #[arg(long, default_value = "fast", value_parser = ["fast", "normal", "rigorous"])]
+        effort: String,
+    },
     /// Set up, build, run clippy, then run every test (needs root).
     Test {
         /// Extra arguments for `cargo test` (e.g. a test name filter).
@@ -61,6 +68,12 @@ fn main() -> anyhow::Result<()> {
             setup::run()?;
             let tracer = build(&root, true)?;
             demo(&root, &tracer, seconds)
+        }
+        Task::Bench { effort } => {
+            setup::run()?;
+            require_root("the benchmarks")?;
+            let tracer = build(&root, true)?;
+            bench::run(&root, &tracer, &effort)
         }
         Task::Test { args } => {
             setup::run()?;

@@ -1,0 +1,272 @@
+//! `cargo xtask bench`: the benchmark suite behind BENCHMARKS.md.
+//!
+//! Every figure comes from one command, printed beside it; within a
+//! command the setups are measured side by side, interleaved by `tracer
+//! bench` (rounds in rotated order), so a ratio never compares runs from
+//! different moments.
+
+use std::{
+    fmt::Write as _,
+    io::{BufRead as _, BufReader},
+    path::Path,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use serde_json::Value;
+
+/// The statements measured, as (name, setup, stmt).
+const STATEMENTS: &[(&str, &str, &str)] = &[
+    ("empty list", "pass", "[]"),
+    ("JSON round trip", "import json; d = {'a': 1, 'b': [1, 2, 3], 'c': 'text'}", "json.loads(json.dumps(d))"),
+    ("list of str", "pass", "[str(i) for i in range(100)]"),
+];
+
+struct Measured {
+    command: String,
+    result: Value,
+}
+
+pub fn run(root: &Path, tracer: &Path, effort: &str) -> anyhow::Result<()> {
+    let python = crate::setup::pyperf_venv().join("bin").join("python");
+    let out_root = root.join("target").join("bench");
+    let started = Instant::now();
+    let mut md = String::new();
+    let date = Command::new("date").arg("-u").arg("+%Y-%m-%d").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())?;
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_owned()))
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    writeln!(md, "# Benchmarks\n")?;
+    writeln!(
+        md,
+        "Written by `cargo xtask bench --effort {effort}` on {date}: Linux {}, {cpu}, {cores} cores. \
+         Each table comes from the command above it; rerun that command to reproduce its ratios \
+         (absolute times vary from machine to machine; on this VM a uprobe hit is far slower than \
+         on bare metal). Within a command every setup is measured side by side: `tracer bench` runs \
+         pyperf in rounds, each round visiting every setup in a rotated order, so drift of the \
+         machine spreads evenly over all of them.\n",
+        kernel.trim()
+    )?;
+
+    // 1. The cost of one probe hit.
+    let m = bench(
+        tracer,
+        &python,
+        &out_root.join("per-hit"),
+        "pass",
+        "[]",
+        "_Py_NewReference",
+        "empty,bpftrace",
+        effort,
+    )?;
+    writeln!(md, "## Cost of one probe hit on `_Py_NewReference`\n")?;
+    writeln!(md, "```\n{}\n```\n", m.command)?;
+    writeln!(
+        md,
+        "`[]` calls `_Py_NewReference` exactly {} time(s) per loop (counted, not assumed). \
+         Cost per hit = (mean − baseline mean) / hits per loop.\n",
+        m.result["hits_per_loop"]
+    )?;
+    writeln!(md, "| setup | mean per loop | vs baseline | cost per hit |\n|---|---|---|---|")?;
+    row(&mut md, &m.result, "baseline", "nothing attached")?;
+    row(&mut md, &m.result, "empty", "an empty BPF program on the same uprobe (the kernel's floor)")?;
+    row(&mut md, &m.result, "attached", "tracer's counting program")?;
+    row(&mut md, &m.result, "bpftrace", "`bpftrace -e 'uprobe:LIB:_Py_NewReference { @[probe] = count(); }'`")?;
+    row(&mut md, &m.result, "detached", "after tracer attached and detached")?;
+    writeln!(md)?;
+
+    // 2. Statements under tracer, tracemalloc and after detaching.
+    writeln!(md, "## Statements under tracer (default probes), tracemalloc, and after detaching\n")?;
+    for (i, (name, setup, stmt)) in STATEMENTS.iter().enumerate() {
+        let m = bench(
+            tracer,
+            &python,
+            &out_root.join(format!("stmt-{i}")),
+            setup,
+            stmt,
+            "default",
+            "tracemalloc=1,tracemalloc=25",
+            effort,
+        )?;
+        writeln!(md, "### {name}: `{stmt}`\n")?;
+        writeln!(md, "```\n{}\n```\n", m.command)?;
+        writeln!(md, "Probe hits per loop (exact): {}.\n", m.result["hits_per_loop"])?;
+        writeln!(md, "| setup | mean per loop | vs baseline | added per hit |\n|---|---|---|---|")?;
+        row(&mut md, &m.result, "baseline", "nothing attached")?;
+        row(&mut md, &m.result, "attached", "tracer attached, all 14 default probes")?;
+        row(&mut md, &m.result, "tracemalloc1", "PYTHONTRACEMALLOC=1")?;
+        row(&mut md, &m.result, "tracemalloc25", "PYTHONTRACEMALLOC=25")?;
+        row(&mut md, &m.result, "detached", "after tracer attached and detached")?;
+        writeln!(md)?;
+    }
+
+    // 3. tracer's own footprint.
+    let (command, own) = footprint(root, tracer)?;
+    writeln!(md, "## tracer's own cost while attached\n")?;
+    writeln!(md, "```\n{command}\n```\n")?;
+    writeln!(
+        md,
+        "Attached to the demo workload (demo/workload.py, busy) for {:.0} s at a 1 s interval, all default probes.\n",
+        own.wall.as_secs_f64()
+    )?;
+    writeln!(md, "| measure | value |\n|---|---|")?;
+    writeln!(md, "| start to all probes live (the `attached` line) | {:.0} ms |", own.to_attached.as_secs_f64() * 1e3)?;
+    writeln!(
+        md,
+        "| tracer CPU time (user + system) | {:.3} s ({:.2}% of one core) |",
+        own.cpu.as_secs_f64(),
+        own.cpu.as_secs_f64() / own.wall.as_secs_f64() * 100.0
+    )?;
+    writeln!(md, "| tracer peak resident memory | {:.1} MiB |", own.max_rss_kib as f64 / 1024.0)?;
+    writeln!(md, "| probe hits counted | {} |", own.hits)?;
+    writeln!(md, "\nThe uprobe hits themselves are paid by the target (section 1), not by tracer.\n")?;
+    writeln!(md, "The whole suite took {:.0} s.", started.elapsed().as_secs_f64())?;
+    std::fs::write(root.join("BENCHMARKS.md"), md).context("writing BENCHMARKS.md")?;
+    eprintln!("xtask: wrote BENCHMARKS.md");
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bench(
+    tracer: &Path,
+    python: &Path,
+    out: &Path,
+    setup: &str,
+    stmt: &str,
+    probes: &str,
+    also: &str,
+    effort: &str,
+) -> anyhow::Result<Measured> {
+    let mut args: Vec<String> = vec![
+        "bench".into(),
+        "--python".into(),
+        python.display().to_string(),
+        "--setup".into(),
+        setup.into(),
+        "--stmt".into(),
+        stmt.into(),
+        "--probes".into(),
+        probes.into(),
+        "--also".into(),
+        also.into(),
+        "--json".into(),
+        "-o".into(),
+        out.display().to_string(),
+    ];
+    match effort {
+        "fast" => args.push("--fast".into()),
+        "rigorous" => args.push("--rigorous".into()),
+        _ => {}
+    }
+    let command = format!(
+        "sudo tracer {}",
+        args.iter().map(|a| shell_quote(a)).collect::<Vec<_>>().join(" ")
+    );
+    eprintln!("xtask: $ {command}");
+    let output = Command::new(tracer).args(&args).stderr(Stdio::inherit()).output().context("running tracer bench")?;
+    if !output.status.success() {
+        bail!("`{command}` failed ({})", output.status);
+    }
+    let result: Value = serde_json::from_slice(&output.stdout).context("tracer bench --json output")?;
+    Ok(Measured { command, result })
+}
+
+fn row(md: &mut String, r: &Value, key: &str, what: &str) -> anyhow::Result<()> {
+    let s = &r[key];
+    let mean = s["mean_ns"].as_f64().unwrap_or(f64::NAN);
+    let stdev = s["stdev_ns"].as_f64().unwrap_or(f64::NAN);
+    let (vs, per_hit) = if key == "baseline" {
+        ("1.00x".to_owned(), "—".to_owned())
+    } else {
+        let c = &r[format!("{key}_vs_baseline")];
+        let ratio = c["ratio"].as_f64().unwrap_or(f64::NAN);
+        let sig = if c["significant"].as_bool() == Some(false) { " (not significant)" } else { "" };
+        let per_hit = r["ns_per_hit_by_setup"][key].as_f64().map_or_else(|| "—".to_owned(), |ns| format!("{ns:.0} ns"));
+        (format!("{ratio:.2}x{sig}"), per_hit)
+    };
+    writeln!(md, "| {what} | {} ± {} | {vs} | {per_hit} |", fmt_ns(mean), fmt_ns(stdev))?;
+    Ok(())
+}
+
+fn fmt_ns(ns: f64) -> String {
+    if ns >= 1e6 {
+        format!("{:.2} ms", ns / 1e6)
+    } else if ns >= 1e3 {
+        format!("{:.2} µs", ns / 1e3)
+    } else {
+        format!("{ns:.1} ns")
+    }
+}
+
+fn shell_quote(s: &str) -> String {
+    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=,:".contains(c)) {
+        s.to_owned()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+struct Footprint {
+    wall: Duration,
+    to_attached: Duration,
+    cpu: Duration,
+    max_rss_kib: i64,
+    hits: u64,
+}
+
+/// Runs `tracer attach` on the demo workload and reads its rusage.
+fn footprint(root: &Path, tracer: &Path) -> anyhow::Result<(String, Footprint)> {
+    let python = crate::real_python3()?;
+    let mut workload = Command::new(&python)
+        .arg(root.join("demo").join("workload.py"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting the demo workload")?;
+    let result = (|| {
+        let mut line = String::new();
+        BufReader::new(workload.stdout.take().context("stdout")?).read_line(&mut line)?;
+        let pid = workload.id().to_string();
+        let args = ["attach", "--pid", &pid, "--interval", "1", "--duration", "10", "--json"];
+        let command = format!("sudo tracer {}", args.join(" ").replace(&pid, "$(pgrep -f demo/workload.py)"));
+        eprintln!("xtask: $ {command}");
+        let start = Instant::now();
+        let mut child = Command::new(tracer).args(args).stdout(Stdio::piped()).stderr(Stdio::null()).spawn()?;
+        let mut lines = BufReader::new(child.stdout.take().context("stdout")?).lines();
+        let first = lines.next().context("tracer printed nothing")??;
+        let to_attached = start.elapsed();
+        if !first.contains("\"attached\"") {
+            bail!("unexpected first line: {first}");
+        }
+        let last = lines.map_while(Result::ok).last().context("no summary")?;
+        let summary: Value = serde_json::from_str(&last)?;
+        let hits = summary["probes"].as_object().map_or(0, |p| p.values().filter_map(|v| v["calls"].as_u64()).sum());
+        let (cpu, max_rss_kib) = wait_rusage(&mut child)?;
+        Ok((command, Footprint { wall: start.elapsed(), to_attached, cpu, max_rss_kib, hits }))
+    })();
+    let _ = workload.kill();
+    let _ = workload.wait();
+    result
+}
+
+/// Waits for the child and returns its CPU time and peak RSS.
+fn wait_rusage(child: &mut std::process::Child) -> anyhow::Result<(Duration, i64)> {
+    let pid = libc::pid_t::try_from(child.id())?;
+    let mut status = 0;
+    // SAFETY: rusage is plain integers; all-zero is valid.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: pid is our unreaped child; status and usage are valid for writes.
+    let rc = unsafe { libc::wait4(pid, &raw mut status, 0, &raw mut usage) };
+    if rc != pid {
+        bail!("wait4 failed: {}", std::io::Error::last_os_error());
+    }
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0)) + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
+    };
+    Ok((tv(usage.ru_utime) + tv(usage.ru_stime), usage.ru_maxrss))
+}
+
