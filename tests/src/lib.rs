@@ -404,8 +404,10 @@ pub struct ProbeSite {
     pub file_bytes: Vec<u8>,
 }
 
-/// Bytes compared at each probe site.
-pub const SITE_BYTES: usize = 16;
+/// Bytes compared from each probed function's entry (fewer if the function
+/// is shorter): covers every offset tracer may place a probe at (it looks 32
+/// bytes in) and that instruction.
+pub const SITE_BYTES: usize = 48;
 
 /// The probe sites of `symbols` in process `pid`, whose interpreter image
 /// is `image` (the path tracer reported).
@@ -451,7 +453,9 @@ pub fn probe_sites(pid: u32, image: &str, symbols: &[String]) -> Vec<ProbeSite> 
                     (delta < e - s).then_some(s + delta)
                 })
                 .expect("symbol's page is mapped");
-            ProbeSite { symbol: name.clone(), address, file_bytes: data[start..start + SITE_BYTES].to_vec() }
+            // Only this function's bytes: the next one may hold a probe too.
+            let len = usize::try_from(sym.size()).ok().filter(|&l| l > 0).map_or(SITE_BYTES, |l| l.min(SITE_BYTES));
+            ProbeSite { symbol: name.clone(), address, file_bytes: data[start..start + len].to_vec() }
         })
         .collect()
 }
@@ -463,7 +467,7 @@ pub fn read_sites(pid: u32, sites: &[ProbeSite]) -> Vec<Vec<u8>> {
     sites
         .iter()
         .map(|s| {
-            let mut buf = vec![0; SITE_BYTES];
+            let mut buf = vec![0; s.file_bytes.len()];
             mem.read_exact_at(&mut buf, s.address)
                 .unwrap_or_else(|e| panic!("read {} at {:#x}: {e}", s.symbol, s.address));
             buf

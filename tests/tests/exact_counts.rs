@@ -13,10 +13,16 @@ type Counts = HashMap<String, (u64, u64)>;
 /// Runs `workload.py once n` under tracer and returns the probes attached
 /// and the summary's counts.
 fn traced_run(python: &Path, n: u64, body: Body, exit: Exit, aslr: Aslr) -> (Vec<String>, Counts) {
+    traced_run_with(python, n, body, exit, aslr, &[])
+}
+
+fn traced_run_with(python: &Path, n: u64, body: Body, exit: Exit, aslr: Aslr, extra: &[&str]) -> (Vec<String>, Counts) {
     let mut workload = Workload::once(python, n, body, exit, aslr);
     workload.wait_blocked_on_stdin();
     // A long interval: this test wants only the summary.
-    let (tracer, attached) = TracerRun::attach_json(workload.pid(), &["--interval", "3600"]);
+    let mut args = vec!["--interval", "3600"];
+    args.extend_from_slice(extra);
+    let (tracer, attached) = TracerRun::attach_json(workload.pid(), &args);
     assert_eq!(attached["pid"], workload.pid());
     assert!(attached["missing"].is_array());
     let probes = tracer_tests::attached_probes(&attached);
@@ -164,6 +170,29 @@ fn static_lto_api_body_is_exact_in_bytes() {
     // LTO inlined _Py_NewReference into its callers: the exported copy sees
     // none of this loop's objects (README, Limitations).
     assert_eq!(per["_Py_NewReference"], (0, 0));
+}
+
+/// Probes placed past the entry count exactly what entry probes count.
+fn placed_equals_entry(python: &Path) {
+    require_root();
+    for body in [Body::Objects, Body::Api] {
+        let (probes, placed) = traced_run_with(python, 300, body, Exit::Immediate, Aslr::Off, &[]);
+        let (_, entry) = traced_run_with(python, 300, body, Exit::Immediate, Aslr::Off, &["--placement", "entry"]);
+        assert_eq!(probes.len(), 14);
+        for name in &probes {
+            assert_eq!(placed[name], entry[name], "{name} ({body:?}): placed vs entry");
+        }
+    }
+}
+
+#[test]
+fn shared_placed_probes_count_like_entry_probes() {
+    placed_equals_entry(&shared_python());
+}
+
+#[test]
+fn static_placed_probes_count_like_entry_probes() {
+    placed_equals_entry(&static_python());
 }
 
 #[test]

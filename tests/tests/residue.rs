@@ -32,8 +32,12 @@ fn check(python: &Path, ending: Ending) {
 
     let live = read_sites(pid, &sites);
     for (site, bytes) in sites.iter().zip(&live) {
-        assert_eq!(bytes[0], INT3, "{} at {:#x} holds no breakpoint while attached", site.symbol, site.address);
-        assert_eq!(bytes[1..], site.file_bytes[1..], "{}: more than the first byte changed", site.symbol);
+        // The breakpoint sits where tracer placed the probe.
+        let offset = attached["placements"][&site.symbol]["offset"].as_u64().expect("placement offset");
+        let offset = usize::try_from(offset).unwrap();
+        let changed: Vec<usize> = (0..bytes.len()).filter(|&i| bytes[i] != site.file_bytes[i]).collect();
+        assert_eq!(changed, [offset], "{} (+{offset}): bytes changed while attached", site.symbol);
+        assert_eq!(bytes[offset], INT3, "{} at {:#x}+{offset} holds no breakpoint", site.symbol, site.address);
     }
 
     match ending {

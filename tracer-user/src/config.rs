@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::probes::{ProbeSelection, SelectionError};
+use crate::{
+    probes::{ProbeSelection, SelectionError},
+    session::PlacementMode,
+};
 
 /// What to trace.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,6 +35,8 @@ pub struct AttachConfig {
     pub target: TargetSpec,
     /// Which probes.
     pub probes: ProbeSelection,
+    /// Where in each function.
+    pub placement: PlacementMode,
     /// Stop after this long; `None` runs until a signal or the target exits.
     pub duration: Option<Duration>,
     /// Time between reports.
@@ -53,6 +58,8 @@ pub enum ConfigError {
     NoTarget,
     #[error("{0}")]
     Probes(#[from] SelectionError),
+    #[error("--placement must be auto or entry (got {value:?})")]
+    BadPlacement { value: String },
 }
 
 /// Raw `attach` options as given on the command line.
@@ -64,6 +71,17 @@ pub struct AttachArgs<'a> {
     pub interval_s: f64,
     pub json: bool,
     pub probes: &'a str,
+    /// `--placement`: "auto" or "entry".
+    pub placement: &'a str,
+}
+
+/// Parses `--placement`.
+pub fn parse_placement(value: &str) -> Result<PlacementMode, ConfigError> {
+    match value {
+        "auto" => Ok(PlacementMode::Auto),
+        "entry" => Ok(PlacementMode::Entry),
+        other => Err(ConfigError::BadPlacement { value: other.to_owned() }),
+    }
 }
 
 /// The default `--interval`, in seconds.
@@ -87,6 +105,7 @@ impl AttachConfig {
         Ok(Self {
             target,
             probes: ProbeSelection::parse(args.probes)?,
+            placement: parse_placement(args.placement)?,
             duration,
             interval,
             format: if args.json { Format::Json } else { Format::Table },
@@ -108,7 +127,7 @@ mod tests {
     use super::*;
 
     fn args(pid: u32, duration_s: Option<f64>, interval_s: f64, json: bool) -> AttachArgs<'static> {
-        AttachArgs { pid: Some(pid), exe: None, duration_s, interval_s, json, probes: "default" }
+        AttachArgs { pid: Some(pid), exe: None, duration_s, interval_s, json, probes: "default", placement: "auto" }
     }
 
     #[test]
@@ -159,5 +178,12 @@ mod tests {
         assert_eq!(AttachConfig::new(&exe_only).unwrap().target, TargetSpec::Exe(exe.to_owned()));
         let bad = AttachArgs { probes: "nope", ..args(1, None, 1.0, false) };
         assert!(matches!(AttachConfig::new(&bad).unwrap_err(), ConfigError::Probes(_)));
+        let entry = AttachArgs { placement: "entry", ..args(1, None, 1.0, false) };
+        assert_eq!(AttachConfig::new(&entry).unwrap().placement, PlacementMode::Entry);
+        let bad = AttachArgs { placement: "middle", ..args(1, None, 1.0, false) };
+        assert_eq!(
+            AttachConfig::new(&bad).unwrap_err().to_string(),
+            "--placement must be auto or entry (got \"middle\")"
+        );
     }
 }

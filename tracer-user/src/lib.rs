@@ -7,6 +7,7 @@ pub mod elf;
 pub mod error;
 pub mod interpreter;
 pub mod output;
+pub mod placement;
 pub mod privileges;
 pub mod probes;
 pub mod process;

@@ -53,6 +53,34 @@ the default --python.",
         after_help = "Examples:\n  sudo tracer bench --stmt '[]' --fast\n  sudo tracer bench --python /usr/bin/python3.11 --setup 'import json; d={\"a\": [1, 2]}' --stmt 'json.loads(json.dumps(d))' --json"
     )]
     Bench(BenchArgs),
+    /// Show where each probe would go in a process or interpreter, and why (nothing is attached).
+    #[command(
+        long_about = "Show the attach plan: for each probed function, the offset from its entry where the uprobe \
+goes, the instruction there, whether the kernel emulates it (cheap) or single-steps it (several \
+times dearer), and why that instruction was chosen. Nothing is loaded or attached.",
+        after_help = "Examples:\n  sudo tracer probes --pid 1234\n  tracer probes --exe /usr/bin/python3.11 --json"
+    )]
+    Probes(ProbesArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["pid", "exe"])))]
+struct ProbesArgs {
+    /// PID of a CPython process.
+    #[arg(long, short = 'p', value_name = "PID")]
+    pid: Option<u32>,
+    /// A CPython executable.
+    #[arg(long, short = 'e', value_name = "PATH")]
+    exe: Option<std::path::PathBuf>,
+    /// Which functions (as for `attach`).
+    #[arg(long, value_name = "SET", default_value = "default")]
+    probes: String,
+    /// Where (as for `attach`).
+    #[arg(long, value_name = "WHERE", default_value = "auto")]
+    placement: String,
+    /// One JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -78,9 +106,13 @@ struct BenchArgs {
     /// Print the result as one JSON object.
     #[arg(long)]
     json: bool,
-    /// More setups to measure beside the three: empty (an empty BPF program on the same probes, the
-    /// cost of the uprobe itself), bpftrace (bpftrace counting the same functions), tracemalloc=FRAMES
-    /// (PYTHONTRACEMALLOC in the workers). Comma-separated.
+    /// Where tracer's probes go while attached: auto or entry (as for `attach`).
+    #[arg(long, value_name = "WHERE", default_value = "auto")]
+    placement: String,
+    /// More setups to measure beside the three, comma-separated: entry (tracer's probes at the function
+    /// entries), empty and empty-entry (an empty BPF program at the placed offsets or the entries: the
+    /// cost of the uprobe itself), bpftrace (bpftrace counting the same functions at their entries),
+    /// tracemalloc=FRAMES (PYTHONTRACEMALLOC in the workers).
     #[arg(long, value_name = "SETUPS", default_value = "")]
     also: String,
     /// Directory for the pyperf JSON files (baseline.json, attached.json, detached.json).
@@ -102,6 +134,10 @@ struct AttachArgs {
     /// allocator API), or a comma-separated list of function names.
     #[arg(long, value_name = "SET", default_value = "default")]
     probes: String,
+    /// Where in each function to probe: auto (the first instruction the kernel emulates rather than
+    /// single-steps, when that counts the same calls; see `tracer probes`) or entry.
+    #[arg(long, value_name = "WHERE", default_value = "auto")]
+    placement: String,
     /// Stop after this many seconds (default: until Ctrl-C, SIGTERM or the target exits).
     #[arg(long, short = 'd', value_name = "SECONDS")]
     duration: Option<f64>,
@@ -118,6 +154,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Attach(args) => attach(&args),
         Command::Bench(args) => bench(&args),
+        Command::Probes(args) => probes(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -137,6 +174,7 @@ fn attach(args: &AttachArgs) -> anyhow::Result<()> {
         interval_s: args.interval,
         json: args.json,
         probes: &args.probes,
+        placement: &args.placement,
     })?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let end = runtime.block_on(tracer_user::run::attach(&config, std::io::stdout().lock()))?;
@@ -152,6 +190,7 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     use tracer_user::bench::{self, Bench, Effort, State, report};
     privileges::check()?;
     let probes = ProbeSelection::parse(&args.probes).map_err(ConfigError::from)?;
+    let placement = tracer_user::config::parse_placement(&args.placement)?;
     let effort = if args.fast {
         Effort::Fast
     } else if args.rigorous {
@@ -164,7 +203,7 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     let specs = b.specs(&probes)?;
     let mut states = vec![
         State::Baseline,
-        State::Attached { name: "attached".into(), probes: probes.clone(), program: None },
+        State::Attached { name: "attached".into(), probes: probes.clone(), program: None, placement },
         State::Detached { probes: probes.clone() },
     ];
     states.extend(report::extra_states(&args.also, &probes, &specs, &b.interpreter.image)?);
@@ -190,6 +229,61 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         for line in report::text(baseline, &rows, &hits, &args.out) {
             println!("{line}");
         }
+    }
+    Ok(())
+}
+
+fn probes(args: &ProbesArgs) -> anyhow::Result<()> {
+    let target = match (args.pid, &args.exe) {
+        (Some(0), _) => return Err(ConfigError::PidZero.into()),
+        (Some(pid), None) => TargetSpec::Pid(pid),
+        (None, Some(exe)) => TargetSpec::Exe(exe.clone()),
+        _ => return Err(ConfigError::NoTarget.into()),
+    };
+    if matches!(target, TargetSpec::Pid(pid) if pid == std::process::id()) {
+        return Err(tracer_user::process::TargetError::OwnProcess { pid: std::process::id() }.into());
+    }
+    let selection = ProbeSelection::parse(&args.probes).map_err(ConfigError::from)?;
+    let placement = tracer_user::config::parse_placement(&args.placement)?;
+    let plan = tracer_user::run::probe_plan(&target, &selection, placement)?;
+    if args.json {
+        let probes: Vec<serde_json::Value> = plan
+            .probes
+            .iter()
+            .map(|p| {
+                serde_json::json!({
+                    "symbol": p.symbol,
+                    "file_offset": p.file_offset,
+                    "offset": p.placement.offset,
+                    "instruction": p.placement.instruction,
+                    "emulated": p.placement.emulated,
+                    "reason": p.placement.reason,
+                })
+            })
+            .collect();
+        let out = serde_json::json!({
+            "image": plan.image,
+            "python": plan.version.to_string(),
+            "probes": probes,
+            "missing": plan.missing,
+        });
+        println!("{out}");
+        return Ok(());
+    }
+    println!("{} (Python {})", plan.image.display(), plan.version);
+    println!("  {:<20} {:>7}  {:<28} {:<9} why", "function", "offset", "instruction", "emulated");
+    for p in &plan.probes {
+        println!(
+            "  {:<20} {:>7}  {:<28} {:<9} {}",
+            p.symbol,
+            format!("+{}", p.placement.offset),
+            p.placement.instruction,
+            if p.placement.emulated { "yes" } else { "no" },
+            p.placement.reason
+        );
+    }
+    if !plan.missing.is_empty() {
+        println!("  not in this build: {}", plan.missing.join(", "));
     }
     Ok(())
 }

@@ -46,7 +46,9 @@ pub async fn attach(config: &AttachConfig, out: impl Write) -> anyhow::Result<En
             let version = python::read_version(&target)?;
             let specs = config.probes.select(python::abi_for(pid, version)?.probes());
             let image = ImageRef { elf: &target.elf, display_path: &target.image_path, attach_path: &target.host_path };
-            let session = Session::attach_to_process(image, &specs, pid)?;
+            let options = SessionOptions { placement: config.placement, ..SessionOptions::default() };
+            let mut session = Session::load(image, &specs, pid, options)?;
+            session.attach_process(pid)?;
             let info = attach_info(&session, Some(pid), None, version, &target.image_path);
             (session, info)
         }
@@ -54,7 +56,8 @@ pub async fn attach(config: &AttachConfig, out: impl Write) -> anyhow::Result<En
             let interp = Interpreter::from_executable(exe)?;
             let specs = config.probes.select(python::abi_for_image(&interp.image, interp.version)?.probes());
             let image = ImageRef { elf: &interp.elf, display_path: &interp.image, attach_path: &interp.image };
-            let mut session = Session::load(image, &specs, 0, SessionOptions::default())?;
+            let options = SessionOptions { placement: config.placement, ..SessionOptions::default() };
+            let mut session = Session::load(image, &specs, 0, options)?;
             session.attach_all_processes()?;
             let info = attach_info(&session, None, Some(&interp.exe), interp.version, &interp.image);
             (session, info)
@@ -109,6 +112,7 @@ fn attach_info(
         python_version: version.to_string(),
         image: image.display().to_string(),
         probes: session.attached.iter().map(|p| p.symbol).collect(),
+        placements: session.attached.iter().map(|p| (p.symbol, p.placement.clone())).collect(),
         missing: session.missing.clone(),
     }
 }
@@ -184,4 +188,39 @@ impl ProcessExit {
 fn thread_group_of(tid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
     status.lines().find_map(|l| l.strip_prefix("Tgid:"))?.trim().parse().ok()
+}
+
+/// The attach plan for `tracer probes`: which functions, where in each,
+/// and why, without loading anything into the kernel.
+pub struct ProbePlan {
+    pub image: std::path::PathBuf,
+    pub version: python::PythonVersion,
+    pub probes: Vec<crate::session::AttachedProbe>,
+    pub missing: Vec<&'static str>,
+}
+
+/// Resolves the target and plans its probes.
+pub fn probe_plan(
+    target: &TargetSpec,
+    selection: &crate::probes::ProbeSelection,
+    placement: crate::session::PlacementMode,
+) -> anyhow::Result<ProbePlan> {
+    let options = SessionOptions { placement, ..SessionOptions::default() };
+    match target {
+        TargetSpec::Pid(pid) => {
+            let target = Target::inspect(*pid)?;
+            let version = python::read_version(&target)?;
+            let specs = selection.select(python::abi_for(*pid, version)?.probes());
+            let image = ImageRef { elf: &target.elf, display_path: &target.image_path, attach_path: &target.host_path };
+            let (probes, missing) = crate::session::plan(image, &specs, options)?;
+            Ok(ProbePlan { image: target.image_path.clone(), version, probes, missing })
+        }
+        TargetSpec::Exe(exe) => {
+            let interp = Interpreter::from_executable(exe)?;
+            let specs = selection.select(python::abi_for_image(&interp.image, interp.version)?.probes());
+            let image = ImageRef { elf: &interp.elf, display_path: &interp.image, attach_path: &interp.image };
+            let (probes, missing) = crate::session::plan(image, &specs, options)?;
+            Ok(ProbePlan { image: interp.image.clone(), version: interp.version, probes, missing })
+        }
+    }
 }

@@ -25,6 +25,7 @@ use tracer_common::{
 
 use crate::{
     elf::ElfImage,
+    placement::{self, Placement},
     probes::{ProbeSpec, Program},
 };
 
@@ -80,8 +81,29 @@ pub struct AttachedProbe {
     pub program: Program,
     /// Counter slot, passed to the program as the attach cookie.
     pub slot: u32,
-    /// Offset in the image file of the probed instruction.
+    /// Offset in the image file of the function's entry.
     pub file_offset: u64,
+    /// Where in the function the uprobe sits, and why.
+    pub placement: Placement,
+}
+
+impl AttachedProbe {
+    /// Offset in the image file of the probed instruction.
+    #[must_use]
+    pub const fn probe_offset(&self) -> u64 {
+        self.file_offset + self.placement.offset
+    }
+}
+
+/// Where uprobes go in each function.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PlacementMode {
+    /// At the first instruction the kernel emulates, when that counts the
+    /// same calls (see [`crate::placement`]).
+    #[default]
+    Auto,
+    /// At the function's first instruction.
+    Entry,
 }
 
 /// Counts read from the kernel, summed over CPUs.
@@ -111,11 +133,13 @@ pub struct SessionOptions {
     pub program_override: Option<Program>,
     /// How many processes the counters map has room for.
     pub max_processes: u32,
+    /// Where in each function to probe.
+    pub placement: PlacementMode,
 }
 
 impl Default for SessionOptions {
     fn default() -> Self {
-        Self { program_override: None, max_processes: 1024 }
+        Self { program_override: None, max_processes: 1024, placement: PlacementMode::Auto }
     }
 }
 
@@ -150,22 +174,8 @@ impl Session {
         target_tgid: u32,
         options: SessionOptions,
     ) -> Result<Self, AttachError> {
-        let mut found = Vec::new();
-        let mut missing = Vec::new();
-        for spec in specs {
-            match image.elf.function(spec.symbol) {
-                Some(sym) => found.push((spec, sym.file_offset)),
-                None if spec.required => {
-                    let path = image.display_path.to_owned();
-                    return Err(AttachError::RequiredMissing { symbol: spec.symbol, path });
-                }
-                None => missing.push(spec.symbol),
-            }
-        }
-        if found.is_empty() {
-            return Err(AttachError::NoProbes { path: image.display_path.to_owned() });
-        }
-        let slots = u32::try_from(found.len()).unwrap_or(u32::MAX);
+        let (attached, missing) = plan(image, specs, options)?;
+        let slots = u32::try_from(attached.len()).unwrap_or(u32::MAX);
         let processes = if target_tgid == 0 { options.max_processes.max(1) } else { 1 };
         let mut ebpf = EbpfLoader::new()
             .override_global(names::TARGET_TGID_GLOBAL, &target_tgid, true)
@@ -182,16 +192,7 @@ impl Session {
             let fd = uprobe.fd().map_err(load_err)?.try_clone().map_err(|e| load_err(e.into()))?;
             programs.push((name, fd));
         }
-        let attached: Vec<AttachedProbe> = (0u32..)
-            .zip(&found)
-            .map(|(slot, (spec, file_offset))| AttachedProbe {
-                symbol: spec.symbol,
-                program: spec.program,
-                slot,
-                file_offset: *file_offset,
-            })
-            .collect();
-        let probe_programs = found.iter().map(|(spec, _)| options.program_override.unwrap_or(spec.program)).collect();
+        let probe_programs = attached.iter().map(|p| options.program_override.unwrap_or(p.program)).collect();
         let counters = take_map(&mut ebpf, names::COUNTERS_MAP, PerCpuHashMap::try_from)?;
         let stats = take_map(&mut ebpf, names::STATS_MAP, PerCpuArray::try_from)?;
         Ok(Self {
@@ -206,14 +207,6 @@ impl Session {
             attach_path: image.attach_path.to_owned(),
             links: HashMap::new(),
         })
-    }
-
-    /// Loads the BPF object and attaches every probe to `pid` (all its
-    /// threads, no other process).
-    pub fn attach_to_process(image: ImageRef<'_>, specs: &[ProbeSpec], pid: u32) -> Result<Self, AttachError> {
-        let mut session = Self::load(image, specs, pid, SessionOptions::default())?;
-        session.attach_process(pid)?;
-        Ok(session)
     }
 
     /// Attaches every probe to every process that maps the image, running
@@ -234,7 +227,7 @@ impl Session {
         let mut links = Vec::with_capacity(self.attached.len());
         for (probe, &program) in self.attached.iter().zip(&self.probe_programs) {
             let point = UProbeAttachPoint {
-                location: UProbeAttachLocation::AbsoluteOffset(probe.file_offset),
+                location: UProbeAttachLocation::AbsoluteOffset(probe.probe_offset()),
                 cookie: Some(u64::from(probe.slot)),
             };
             let result = uprobe_mut(&mut self.ebpf, program).and_then(|p| {
@@ -314,6 +307,64 @@ impl Session {
     }
 }
 
+/// Resolves `specs` in the image and places each probe, without touching
+/// the kernel: the attach plan `tracer probes` prints. Returns the probes in
+/// slot order and the optional symbols the image lacks.
+pub fn plan(
+    image: ImageRef<'_>,
+    specs: &[ProbeSpec],
+    options: SessionOptions,
+) -> Result<(Vec<AttachedProbe>, Vec<&'static str>), AttachError> {
+    let mut found = Vec::new();
+    let mut missing = Vec::new();
+    for spec in specs {
+        match image.elf.function(spec.symbol) {
+            Some(sym) => found.push((spec, sym.clone())),
+            None if spec.required => {
+                let path = image.display_path.to_owned();
+                return Err(AttachError::RequiredMissing { symbol: spec.symbol, path });
+            }
+            None => missing.push(spec.symbol),
+        }
+    }
+    if found.is_empty() {
+        return Err(AttachError::NoProbes { path: image.display_path.to_owned() });
+    }
+    let kernel = placement::running_kernel();
+    let mut attached = Vec::with_capacity(found.len());
+    for (slot, (spec, sym)) in (0u32..).zip(&found) {
+        let program = options.program_override.unwrap_or(spec.program);
+        let place = match options.placement {
+            PlacementMode::Entry => Placement {
+                offset: 0,
+                instruction: String::new(),
+                emulated: false,
+                reason: "entry (--placement entry)".to_owned(),
+            },
+            PlacementMode::Auto => {
+                let len = if sym.size > 0 { sym.size.min(4096) } else { 64 };
+                match image.elf.read_at(sym.file_offset, usize::try_from(len).unwrap_or(64)) {
+                    Ok(code) => placement::place(&code, sym.address, program, kernel),
+                    Err(e) => Placement {
+                        offset: 0,
+                        instruction: String::new(),
+                        emulated: false,
+                        reason: format!("entry: the code could not be read ({e})"),
+                    },
+                }
+            }
+        };
+        attached.push(AttachedProbe {
+            symbol: spec.symbol,
+            program: spec.program,
+            slot,
+            file_offset: sym.file_offset,
+            placement: place,
+        });
+    }
+    Ok((attached, missing))
+}
+
 fn uprobe_mut(ebpf: &mut Ebpf, program: Program) -> Result<&mut UProbe, AttachError> {
     let name = program.name();
     ebpf.program_mut(name)
@@ -361,4 +412,30 @@ fn recursion_misses(fd: BorrowedFd<'_>) -> std::io::Result<u64> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(info.recursion_misses)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probes::{DEFAULT_PROBES, ProbeSelection};
+
+    fn test_binary() -> ElfImage {
+        ElfImage::open(&std::env::current_exe().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_missing_required_symbol_fails_before_any_bpf_is_loaded() {
+        let elf = test_binary();
+        let path = std::path::Path::new("/usr/lib/libnotpython.so");
+        let image = ImageRef { elf: &elf, display_path: path, attach_path: path };
+        let err = plan(image, DEFAULT_PROBES, SessionOptions::default()).expect_err("no PyObject_Malloc here");
+        assert_eq!(
+            err.to_string(),
+            "required symbol PyObject_Malloc is not in /usr/lib/libnotpython.so; this build of CPython cannot be traced (was it stripped?)"
+        );
+        assert!(err.is_bad_input());
+        let refs = ProbeSelection::Refs.select(DEFAULT_PROBES);
+        let err = plan(image, &refs, SessionOptions::default()).expect_err("no probe symbol here");
+        assert!(matches!(err, AttachError::NoProbes { .. }), "{err}");
+    }
 }

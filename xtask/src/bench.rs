@@ -33,7 +33,11 @@ pub fn run(root: &Path, tracer: &Path, effort: &str) -> anyhow::Result<()> {
     let out_root = root.join("target").join("bench");
     let started = Instant::now();
     let mut md = String::new();
-    let date = Command::new("date").arg("-u").arg("+%Y-%m-%d").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())?;
+    let date = Command::new("date")
+        .arg("-u")
+        .arg("+%Y-%m-%d")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())?;
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .unwrap_or_default()
@@ -54,16 +58,8 @@ pub fn run(root: &Path, tracer: &Path, effort: &str) -> anyhow::Result<()> {
     )?;
 
     // 1. The cost of one probe hit.
-    let m = bench(
-        tracer,
-        &python,
-        &out_root.join("per-hit"),
-        "pass",
-        "[]",
-        "_Py_NewReference",
-        "empty,bpftrace",
-        effort,
-    )?;
+    let m =
+        bench(tracer, &python, &out_root.join("per-hit"), "pass", "[]", "_Py_NewReference", "empty,bpftrace", effort)?;
     writeln!(md, "## Cost of one probe hit on `_Py_NewReference`\n")?;
     writeln!(md, "```\n{}\n```\n", m.command)?;
     writeln!(
@@ -122,7 +118,7 @@ pub fn run(root: &Path, tracer: &Path, effort: &str) -> anyhow::Result<()> {
         own.cpu.as_secs_f64(),
         own.cpu.as_secs_f64() / own.wall.as_secs_f64() * 100.0
     )?;
-    writeln!(md, "| tracer peak resident memory | {:.1} MiB |", own.max_rss_kib as f64 / 1024.0)?;
+    writeln!(md, "| tracer peak resident memory | {} KiB |", own.max_rss_kib)?;
     writeln!(md, "| probe hits counted | {} |", own.hits)?;
     writeln!(md, "\nThe uprobe hits themselves are paid by the target (section 1), not by tracer.\n")?;
     writeln!(md, "The whole suite took {:.0} s.", started.elapsed().as_secs_f64())?;
@@ -163,10 +159,7 @@ fn bench(
         "rigorous" => args.push("--rigorous".into()),
         _ => {}
     }
-    let command = format!(
-        "sudo tracer {}",
-        args.iter().map(|a| shell_quote(a)).collect::<Vec<_>>().join(" ")
-    );
+    let command = format!("sudo tracer {}", args.iter().map(|a| shell_quote(a)).collect::<Vec<_>>().join(" "));
     eprintln!("xtask: $ {command}");
     let output = Command::new(tracer).args(&args).stderr(Stdio::inherit()).output().context("running tracer bench")?;
     if !output.status.success() {
@@ -265,8 +258,8 @@ fn wait_rusage(child: &mut std::process::Child) -> anyhow::Result<(Duration, i64
         bail!("wait4 failed: {}", std::io::Error::last_os_error());
     }
     let tv = |t: libc::timeval| {
-        Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0)) + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
+        Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
+            + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
     };
     Ok((tv(usage.ru_utime) + tv(usage.ru_stime), usage.ru_maxrss))
 }
-

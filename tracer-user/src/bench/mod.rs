@@ -23,7 +23,7 @@ use crate::{
     interpreter::{ExeError, Interpreter},
     probes::{ProbeSelection, ProbeSpec, Program},
     python,
-    session::{AttachError, ImageRef, Session, SessionOptions},
+    session::{AttachError, ImageRef, PlacementMode, Session, SessionOptions},
 };
 
 const HELPER: &str = include_str!("helper.py");
@@ -38,7 +38,7 @@ pub enum BenchError {
     )]
     NoPyperf { python: PathBuf, venv: String },
     #[error(
-        "--also names {item:?}, which is not a setup tracer bench knows; use empty, bpftrace or tracemalloc=FRAMES (e.g. tracemalloc=1)"
+        "--also names {item:?}, which is not a setup tracer bench knows; use entry, empty, empty-entry, bpftrace or tracemalloc=FRAMES (e.g. tracemalloc=1)"
     )]
     UnknownSetup { item: String },
     #[error("{what} failed: {detail}")]
@@ -128,7 +128,7 @@ pub enum State {
     /// Nothing attached.
     Baseline,
     /// tracer attached to every process of the interpreter.
-    Attached { name: String, probes: ProbeSelection, program: Option<Program> },
+    Attached { name: String, probes: ProbeSelection, program: Option<Program>, placement: PlacementMode },
     /// Attached and detached again just before the chunk.
     Detached { probes: ProbeSelection },
     /// Environment variables for pyperf's workers (e.g. PYTHONTRACEMALLOC).
@@ -382,9 +382,10 @@ impl Bench {
         let mut guard = Guard::default();
         match state {
             State::Baseline => {}
-            State::Attached { probes, program, .. } => {
+            State::Attached { probes, program, placement, .. } => {
                 let specs = self.specs(probes)?;
-                let options = SessionOptions { program_override: *program, ..SessionOptions::default() };
+                let options =
+                    SessionOptions { program_override: *program, placement: *placement, ..SessionOptions::default() };
                 let mut session = Session::load(self.image(), &specs, 0, options)?;
                 session.attach_all_processes()?;
                 guard.session = Some(session);

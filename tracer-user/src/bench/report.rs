@@ -6,25 +6,35 @@ use std::{path::Path, time::Duration};
 use serde_json::{Map, Value, json};
 
 use super::{Bench, BenchError, Comparison, HitsPerLoop, State, StateStats, compare_line};
-use crate::probes::{ProbeSelection, ProbeSpec, Program};
+use crate::{
+    probes::{ProbeSelection, ProbeSpec, Program},
+    session::PlacementMode,
+};
 
 /// Parses `--also`: extra setups measured beside baseline, attached and
-/// detached. `empty` (an empty BPF program on the same probes: the cost of
-/// the uprobe itself), `tracemalloc=N` (PYTHONTRACEMALLOC=N in pyperf's
-/// workers), `bpftrace` (bpftrace counting the same functions at their
-/// entries).
+/// detached. `entry` (tracer's counting probes at the function entries),
+/// `empty` and `empty-entry` (an empty BPF program at the placed offsets or
+/// at the entries: the cost of the uprobe itself), `tracemalloc=N`
+/// (PYTHONTRACEMALLOC=N in pyperf's workers), `bpftrace` (bpftrace counting
+/// the same functions at their entries).
 pub fn extra_states(
     list: &str,
     probes: &ProbeSelection,
     specs: &[ProbeSpec],
     image: &Path,
 ) -> Result<Vec<State>, BenchError> {
+    let attached = |name: &str, program, placement| State::Attached {
+        name: name.to_owned(),
+        probes: probes.clone(),
+        program,
+        placement,
+    };
     let mut states = Vec::new();
     for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let state = match item.split_once('=') {
-            None if item == "empty" => {
-                State::Attached { name: "empty".into(), probes: probes.clone(), program: Some(Program::Empty) }
-            }
+            None if item == "entry" => attached("entry", None, PlacementMode::Entry),
+            None if item == "empty" => attached("empty", Some(Program::Empty), PlacementMode::Auto),
+            None if item == "empty-entry" => attached("empty-entry", Some(Program::Empty), PlacementMode::Entry),
             None if item == "bpftrace" => State::Command {
                 name: "bpftrace".into(),
                 argv: vec!["bpftrace".into(), "-e".into(), bpftrace_script(specs, image)],

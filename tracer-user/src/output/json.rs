@@ -59,6 +59,9 @@ impl<W: Write> Reporter for JsonReporter<W> {
             "python": {"version": info.python_version, "image": info.image},
             "probes": info.probes,
             "missing": info.missing,
+            "placements": info.placements.iter().map(|(name, p)| ((*name).to_owned(), json!({
+                "offset": p.offset, "instruction": p.instruction, "emulated": p.emulated, "reason": p.reason,
+            }))).collect::<Map<String, Value>>(),
         }))
     }
 
@@ -100,6 +103,7 @@ mod tests {
             python_version: "3.11.7".into(),
             image: "/lib/libpython3.11.so.1.0".into(),
             probes: vec!["_Py_NewReference", "PyObject_Malloc"],
+            placements: vec![],
             missing: vec!["PyMem_RawCalloc"],
         };
         let out = lines(|r| {
@@ -110,7 +114,7 @@ mod tests {
         assert_eq!(
             out[0],
             json!({"type":"attached","pid":12,"exe":null,"python":{"version":"3.11.7","image":"/lib/libpython3.11.so.1.0"},
-                   "probes":["_Py_NewReference","PyObject_Malloc"],"missing":["PyMem_RawCalloc"]})
+                   "probes":["_Py_NewReference","PyObject_Malloc"],"missing":["PyMem_RawCalloc"],"placements":{}})
         );
         assert_eq!(out[1]["type"], "interval");
         assert_eq!(out[1]["elapsed_s"], 1.0);

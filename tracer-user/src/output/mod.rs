@@ -23,6 +23,8 @@ pub struct AttachInfo {
     pub python_version: String,
     pub image: String,
     pub probes: Vec<&'static str>,
+    /// Where each probe sits in its function.
+    pub placements: Vec<(&'static str, crate::placement::Placement)>,
     pub missing: Vec<&'static str>,
 }
 
