@@ -80,6 +80,8 @@ fn reads(program: Program) -> &'static [Register] {
 pub fn place(code: &[u8], address: u64, program: Program, kernel: KernelVersion) -> Placement {
     let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
     let mut formatter = GasFormatter::new();
+    // Show rip-relative operands as objdump does: what the bytes say.
+    formatter.options_mut().set_rip_relative_addresses(true);
     let mut info = InstructionInfoFactory::new();
     let mut instr = Instruction::default();
     let mut text = |i: &Instruction| {
