@@ -16,6 +16,46 @@ use std::{
 use anyhow::{Context as _, bail};
 use serde_json::Value;
 
+/// Setup for the per-probe costs: `body()` calls each allocator function of
+/// the C API once through ctypes and makes and drops a list, so one
+/// statement hits every default probe (how often, `tracer bench` counts).
+const API_SETUP: &str = "import ctypes
+api = ctypes.pythonapi
+calls = []
+for fam in ('PyObject_', 'PyMem_', 'PyMem_Raw'):
+    m, c, r, f = (getattr(api, fam + n) for n in ('Malloc', 'Calloc', 'Realloc', 'Free'))
+    for g in (m, c, r):
+        g.restype = ctypes.c_void_p
+    m.argtypes = [ctypes.c_size_t]
+    c.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
+    r.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    f.argtypes = [ctypes.c_void_p]
+    f.restype = None
+    calls.append((m, c, r, f))
+def body():
+    for m, c, r, f in calls:
+        f(m(64))
+        f(r(c(2, 32), 128))
+    return []";
+
+/// The default probes, one per-hit measurement each.
+const DEFAULT_PROBES: [&str; 14] = [
+    "_Py_NewReference",
+    "_Py_Dealloc",
+    "PyObject_Malloc",
+    "PyObject_Calloc",
+    "PyObject_Realloc",
+    "PyObject_Free",
+    "PyMem_Malloc",
+    "PyMem_Calloc",
+    "PyMem_Realloc",
+    "PyMem_Free",
+    "PyMem_RawMalloc",
+    "PyMem_RawCalloc",
+    "PyMem_RawRealloc",
+    "PyMem_RawFree",
+];
+
 /// The statements measured, as (name, setup, stmt).
 const STATEMENTS: &[(&str, &str, &str)] = &[
     ("empty list", "pass", "[]"),
@@ -70,11 +110,15 @@ pub fn run(root: &Path, tracer: &Path, effort: &str) -> anyhow::Result<()> {
     )?;
     writeln!(md, "| setup | mean per loop | vs baseline | cost per hit |\n|---|---|---|---|")?;
     row(&mut md, &m.result, "baseline", "nothing attached")?;
-    row(&mut md, &m.result, "empty", "an empty BPF program on the same uprobe (the kernel's floor)")?;
-    row(&mut md, &m.result, "attached", "tracer's counting program")?;
+    row(&mut md, &m.result, "attached", "tracer, placed (`push %rbx` at +7)")?;
+    row(&mut md, &m.result, "entry", "tracer at the entry")?;
+    row(&mut md, &m.result, "empty", "an empty BPF program, placed (the floor there)")?;
+    row(&mut md, &m.result, "empty-entry", "an empty BPF program at the entry (the floor there)")?;
     row(&mut md, &m.result, "bpftrace", "`bpftrace -e 'uprobe:LIB:_Py_NewReference { @[probe] = count(); }'`")?;
     row(&mut md, &m.result, "detached", "after tracer attached and detached")?;
     writeln!(md)?;
+
+    per_probe(&mut md, tracer, &python, &out_root, effort)?;
 
     // 2. Statements under tracer, tracemalloc and after detaching.
     writeln!(md, "## Statements under tracer (default probes), tracemalloc, and after detaching\n")?;
@@ -92,7 +136,7 @@ pub fn run(root: &Path, tracer: &Path, effort: &str) -> anyhow::Result<()> {
         writeln!(md, "### {name}: `{stmt}`\n")?;
         writeln!(md, "```\n{}\n```\n", m.command)?;
         writeln!(md, "Probe hits per loop (exact): {}.\n", m.result["hits_per_loop"])?;
-        writeln!(md, "| setup | mean per loop | vs baseline | added per hit |\n|---|---|---|---|")?;
+        writeln!(md, "| setup | mean per loop | vs baseline | cost per probe hit |\n|---|---|---|---|")?;
         row(&mut md, &m.result, "baseline", "nothing attached")?;
         row(&mut md, &m.result, "attached", "tracer attached, all 14 default probes")?;
         row(&mut md, &m.result, "tracemalloc1", "PYTHONTRACEMALLOC=1")?;
@@ -124,6 +168,66 @@ pub fn run(root: &Path, tracer: &Path, effort: &str) -> anyhow::Result<()> {
     writeln!(md, "The whole suite took {:.0} s.", started.elapsed().as_secs_f64())?;
     std::fs::write(root.join("BENCHMARKS.md"), md).context("writing BENCHMARKS.md")?;
     eprintln!("xtask: wrote BENCHMARKS.md");
+    Ok(())
+}
+
+/// Every default probe: placed, at the entry, an empty program at both
+/// places, bpftrace at the entry.
+fn per_probe(md: &mut String, tracer: &Path, python: &Path, out_root: &Path, effort: &str) -> anyhow::Result<()> {
+    writeln!(md, "## Cost per hit of each default probe, five ways\n")?;
+    writeln!(
+        md,
+        "One command per probe, with only that probe attached, timing `body()`: one call of each \
+         allocator function through ctypes, and a list (setup below). Columns: tracer with its \
+         placement (`tracer probes` shows where), tracer at the function entry, an empty BPF program \
+         at the entry and at tracer's placement (the kernel's floor for each place), and bpftrace \
+         counting at the entry. Each cell is (mean − baseline mean) / exact hits per loop.\n"
+    )?;
+    writeln!(md, "```python\n{API_SETUP}\n```\n")?;
+    let mut table = String::from(
+        "| probe | placed at | hits/loop | tracer placed | tracer entry | empty entry | empty placed | bpftrace entry |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    let mut commands = Vec::new();
+    for probe in DEFAULT_PROBES {
+        let m = bench(
+            tracer,
+            python,
+            &out_root.join(format!("probe-{probe}")),
+            API_SETUP,
+            "body()",
+            probe,
+            "entry,empty-entry,empty,bpftrace",
+            effort,
+        )?;
+        let plan =
+            Command::new(tracer).args(["probes", "--exe"]).arg(python).args(["--probes", probe, "--json"]).output()?;
+        let plan: Value = serde_json::from_slice(&plan.stdout).unwrap_or(Value::Null);
+        let p = &plan["probes"][0];
+        let placed = format!("+{} `{}`", p["offset"], p["instruction"].as_str().unwrap_or("?"));
+        let cell = |k: &str| {
+            m.result["ns_per_hit_by_setup"][k]
+                .as_f64()
+                .map_or_else(|| "—".to_owned(), |ns| format!("{:.2} µs", ns / 1e3))
+        };
+        writeln!(
+            table,
+            "| `{probe}` | {placed} | {} | {} | {} | {} | {} | {} |",
+            m.result["hits_per_loop"],
+            cell("attached"),
+            cell("entry"),
+            cell("empty-entry"),
+            cell("empty"),
+            cell("bpftrace")
+        )?;
+        commands.push(m.command);
+    }
+    writeln!(md, "{table}")?;
+    writeln!(md, "Commands (one per row; `API_SETUP` is the setup above):\n\n```")?;
+    for c in commands {
+        writeln!(md, "{}", c.replace(&shell_quote(API_SETUP), "\"$API_SETUP\""))?;
+    }
+    writeln!(md, "```\n")?;
+
     Ok(())
 }
 
@@ -179,7 +283,12 @@ fn row(md: &mut String, r: &Value, key: &str, what: &str) -> anyhow::Result<()> 
         let c = &r[format!("{key}_vs_baseline")];
         let ratio = c["ratio"].as_f64().unwrap_or(f64::NAN);
         let sig = if c["significant"].as_bool() == Some(false) { " (not significant)" } else { "" };
-        let per_hit = r["ns_per_hit_by_setup"][key].as_f64().map_or_else(|| "—".to_owned(), |ns| format!("{ns:.0} ns"));
+        // Only tracer's and the uprobe setups pay per probe hit.
+        let per_hit = if key.starts_with("tracemalloc") {
+            "—".to_owned()
+        } else {
+            r["ns_per_hit_by_setup"][key].as_f64().map_or_else(|| "—".to_owned(), |ns| format!("{ns:.0} ns"))
+        };
         (format!("{ratio:.2}x{sig}"), per_hit)
     };
     writeln!(md, "| {what} | {} ± {} | {vs} | {per_hit} |", fmt_ns(mean), fmt_ns(stdev))?;
