@@ -1,4 +1,6 @@
 //! The `tracer` command line.
+// The doc comments here are --help text, where backticks would show.
+#![allow(clippy::doc_markdown)]
 
 use std::process::ExitCode;
 
@@ -33,10 +35,11 @@ enum Command {
     #[command(
         long_about = "Attach to a running CPython process and count calls and requested bytes of _Py_NewReference, \
 _Py_Dealloc and the PyObject_/PyMem_/PyMem_Raw allocator functions.\n\n\
-The interpreter is found from /proc/PID/maps (a mapped libpython3.X.so, else the executable) and its \
-version is read from the process. Probes count only that process (all its threads). Every --interval \
-a table (or with --json, a JSON line) of cumulative counts is printed; a summary follows when the \
-run ends by Ctrl-C, SIGTERM, --duration or the target's exit.",
+With --pid, the interpreter is found from /proc/PID/maps (a mapped libpython3.X.so, else the \
+executable), its version is read from the process, and probes count only that process (all its \
+threads). With --exe, every process running that interpreter is counted, per PID and in total. \
+Every --interval a table (or with --json, a JSON line) of cumulative counts is printed; a summary \
+follows when the run ends by Ctrl-C, SIGTERM, --duration or the target's exit.",
         after_help = "Examples:\n  sudo tracer attach --pid 1234\n  sudo tracer attach --pid $(pgrep -n python3) --duration 10 --json"
     )]
     Attach(AttachArgs),
@@ -64,20 +67,9 @@ times dearer), and why that instruction was chosen. Nothing is loaded or attache
 }
 
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("target").required(true).args(["pid", "exe"])))]
 struct ProbesArgs {
-    /// PID of a CPython process.
-    #[arg(long, short = 'p', value_name = "PID")]
-    pid: Option<u32>,
-    /// A CPython executable.
-    #[arg(long, short = 'e', value_name = "PATH")]
-    exe: Option<std::path::PathBuf>,
-    /// Which functions (as for `attach`).
-    #[arg(long, value_name = "SET", default_value = "default")]
-    probes: String,
-    /// Where (as for `attach`).
-    #[arg(long, value_name = "WHERE", default_value = "auto")]
-    placement: String,
+    #[command(flatten)]
+    target: TargetArgs,
     /// One JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -120,9 +112,10 @@ struct BenchArgs {
     out: std::path::PathBuf,
 }
 
+/// What to trace and where: shared by `attach` and `probes`.
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("target").required(true).args(["pid", "exe"])))]
-struct AttachArgs {
+struct TargetArgs {
     /// PID of the CPython process to trace (all its threads).
     #[arg(long, short = 'p', value_name = "PID")]
     pid: Option<u32>,
@@ -130,7 +123,7 @@ struct AttachArgs {
     /// reports per PID and in total. Runs until Ctrl-C, SIGTERM or --duration.
     #[arg(long, short = 'e', value_name = "PATH")]
     exe: Option<std::path::PathBuf>,
-    /// Which functions to probe: default (all), refs (_`Py_NewReference`, _`Py_Dealloc`), alloc (the
+    /// Which functions to probe: default (all), refs (_Py_NewReference, _Py_Dealloc), alloc (the
     /// allocator API), or a comma-separated list of function names.
     #[arg(long, value_name = "SET", default_value = "default")]
     probes: String,
@@ -138,6 +131,12 @@ struct AttachArgs {
     /// single-steps, when that counts the same calls; see `tracer probes`) or entry.
     #[arg(long, value_name = "WHERE", default_value = "auto")]
     placement: String,
+}
+
+#[derive(Debug, Args)]
+struct AttachArgs {
+    #[command(flatten)]
+    target: TargetArgs,
     /// Stop after this many seconds (default: until Ctrl-C, SIGTERM or the target exits).
     #[arg(long, short = 'd', value_name = "SECONDS")]
     duration: Option<f64>,
@@ -168,13 +167,13 @@ fn main() -> ExitCode {
 
 fn attach(args: &AttachArgs) -> anyhow::Result<()> {
     let config = AttachConfig::new(&ConfigArgs {
-        pid: args.pid,
-        exe: args.exe.as_deref(),
+        pid: args.target.pid,
+        exe: args.target.exe.as_deref(),
         duration_s: args.duration,
         interval_s: args.interval,
         json: args.json,
-        probes: &args.probes,
-        placement: &args.placement,
+        probes: &args.target.probes,
+        placement: &args.target.placement,
     })?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let end = runtime.block_on(tracer_user::run::attach(&config, std::io::stdout().lock()))?;
@@ -234,7 +233,8 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
 }
 
 fn probes(args: &ProbesArgs) -> anyhow::Result<()> {
-    let target = match (args.pid, &args.exe) {
+    let t = &args.target;
+    let target = match (t.pid, &t.exe) {
         (Some(0), _) => return Err(ConfigError::PidZero.into()),
         (Some(pid), None) => TargetSpec::Pid(pid),
         (None, Some(exe)) => TargetSpec::Exe(exe.clone()),
@@ -243,8 +243,8 @@ fn probes(args: &ProbesArgs) -> anyhow::Result<()> {
     if matches!(target, TargetSpec::Pid(pid) if pid == std::process::id()) {
         return Err(tracer_user::process::TargetError::OwnProcess { pid: std::process::id() }.into());
     }
-    let selection = ProbeSelection::parse(&args.probes).map_err(ConfigError::from)?;
-    let placement = tracer_user::config::parse_placement(&args.placement)?;
+    let selection = ProbeSelection::parse(&t.probes).map_err(ConfigError::from)?;
+    let placement = tracer_user::config::parse_placement(&t.placement)?;
     let plan = tracer_user::run::probe_plan(&target, &selection, placement)?;
     if args.json {
         let probes: Vec<serde_json::Value> = plan

@@ -269,14 +269,6 @@ impl Session {
         }
     }
 
-    /// The processes probes are attached to.
-    #[must_use]
-    pub fn attached_pids(&self) -> Vec<u32> {
-        let mut pids: Vec<u32> = self.links.keys().copied().collect();
-        pids.sort_unstable();
-        pids
-    }
-
     /// Reads every counter, summing the per-CPU values.
     pub fn read(&self) -> Result<Readings, AttachError> {
         let map_err = |name| move |cause| AttachError::Map { name, cause: Box::new(cause) };

@@ -273,8 +273,12 @@ fn bench(
     Ok(Measured { command, result })
 }
 
+/// A table row for setup `key`, if the command measured it.
 fn row(md: &mut String, r: &Value, key: &str, what: &str) -> anyhow::Result<()> {
     let s = &r[key];
+    if s.is_null() {
+        return Ok(());
+    }
     let mean = s["mean_ns"].as_f64().unwrap_or(f64::NAN);
     let stdev = s["stdev_ns"].as_f64().unwrap_or(f64::NAN);
     let (vs, per_hit) = if key == "baseline" {
