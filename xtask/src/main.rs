@@ -193,7 +193,8 @@ fn test(root: &Path, tracer: &Path, args: &[String]) -> anyhow::Result<()> {
         totals.add(&line);
     }
     let status = child.wait()?;
-    println!("tests: {} passed, {} failed, {} ignored", totals.passed, totals.failed, totals.ignored);
+    // The plain closing line CI reads: "tests: N passed, N failed".
+    println!("tests: {} passed, {} failed", totals.passed, totals.failed);
     if !status.success() || totals.failed > 0 {
         bail!("tests failed ({status})");
     }
