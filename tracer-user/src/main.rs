@@ -157,12 +157,19 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader went away (`tracer ... | head`): the probes are already
+        // detached by then, and there is nobody left to tell.
+        Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
             // One line: the cause chain joined with ": ".
             eprintln!("tracer: error: {err:#}");
             ExitCode::from(u8::try_from(exit_status(&err)).unwrap_or(1))
         }
     }
+}
+
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe))
 }
 
 fn attach(args: &AttachArgs) -> anyhow::Result<()> {
