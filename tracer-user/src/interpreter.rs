@@ -60,7 +60,7 @@ impl Interpreter {
         let real = std::fs::canonicalize(exe).map_err(|_| ExeError::NotFound { path: exe.to_owned() })?;
         let data = std::fs::read(&real).map_err(|cause| ExeError::Elf(ElfError::Read { path: real.clone(), cause }))?;
         let elf = ElfImage::parse(&real, &data).map_err(|_| ExeError::NotPython { path: exe.to_owned() })?;
-        let image = if ["Py_Initialize", "_PyRuntime", "Py_Version"].iter().any(|m| elf.symbol(m).is_some()) {
+        let image = if crate::python::defines_cpython(&elf) {
             real.clone()
         } else {
             let lib = needed_libpython(&data).ok_or_else(|| ExeError::NotPython { path: exe.to_owned() })?;

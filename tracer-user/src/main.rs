@@ -247,9 +247,6 @@ fn probes(args: &ProbesArgs) -> anyhow::Result<()> {
         (None, Some(exe)) => TargetSpec::Exe(exe.clone()),
         _ => return Err(ConfigError::NoTarget.into()),
     };
-    if matches!(target, TargetSpec::Pid(pid) if pid == std::process::id()) {
-        return Err(tracer_user::process::TargetError::OwnProcess { pid: std::process::id() }.into());
-    }
     let selection = ProbeSelection::parse(&t.probes).map_err(ConfigError::from)?;
     let placement = tracer_user::config::parse_placement(&t.placement)?;
     let plan = tracer_user::run::probe_plan(&target, &selection, placement)?;

@@ -169,10 +169,16 @@ pub fn place(code: &[u8], address: u64, program: Program, kernel: KernelVersion)
 
 fn entry(instruction: Option<String>, why: &str) -> Placement {
     Placement {
-        offset: 0,
         instruction: instruction.unwrap_or_default(),
-        emulated: false,
-        reason: format!("entry (single-stepped): {why}"),
+        ..Placement::at_entry(format!("entry (single-stepped): {why}"))
+    }
+}
+
+impl Placement {
+    /// The function's first instruction, not decoded.
+    #[must_use]
+    pub const fn at_entry(reason: String) -> Self {
+        Self { offset: 0, instruction: String::new(), emulated: false, reason }
     }
 }
 

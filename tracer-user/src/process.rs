@@ -62,7 +62,6 @@ pub struct Target {
     /// The same file reached through /proc/PID/root, valid from tracer's
     /// namespace too; this is what uprobes are attached to.
     pub host_path: PathBuf,
-    pub kind: ImageKind,
     /// The image's symbols.
     pub elf: ElfImage,
     /// The file-backed mappings of the image, to turn file offsets into
@@ -72,10 +71,6 @@ pub struct Target {
 
 /// `PF_KTHREAD` from include/linux/sched.h.
 const PF_KTHREAD: u32 = 0x0020_0000;
-
-/// Symbols only a CPython interpreter defines (an extension module imports
-/// them, leaving them undefined, which `ElfImage` skips).
-const CPYTHON_MARKERS: [&str; 3] = ["Py_Initialize", "_PyRuntime", "Py_Version"];
 
 impl Target {
     /// Inspects `pid` and locates its CPython image.
@@ -117,11 +112,11 @@ impl Target {
             }
             cause => TargetError::Image { pid, cause },
         })?;
-        if kind == ImageKind::Executable && !CPYTHON_MARKERS.iter().any(|m| elf.symbol(m).is_some()) {
+        if kind == ImageKind::Executable && !crate::python::defines_cpython(&elf) {
             return Err(TargetError::NotPython { pid, comm: stat.comm, exe: exe.display().to_string() });
         }
         let image_maps = files.into_iter().filter(|m| m.path == image_path).collect();
-        Ok(Self { pid, comm: stat.comm, image_path, host_path, kind, elf, image_maps })
+        Ok(Self { pid, comm: stat.comm, image_path, host_path, elf, image_maps })
     }
 
     /// The address in the target at which file offset `offset` of the image
@@ -157,15 +152,10 @@ fn is_libpython(path: &Path) -> bool {
 
 fn map_proc_error(pid: u32, what: &'static str, cause: procfs::ProcError) -> TargetError {
     match cause {
-        procfs::ProcError::NotFound(_) => {
-            if Path::new(&format!("/proc/{pid}")).exists() {
-                TargetError::Exited { pid }
-            } else if what == "the /proc entry" {
-                TargetError::NoSuchProcess { pid }
-            } else {
-                TargetError::Exited { pid }
-            }
-        }
+        // Missing from the start: no such process; missing later: it exited
+        // while being inspected.
+        procfs::ProcError::NotFound(_) if what == "the /proc entry" => TargetError::NoSuchProcess { pid },
+        procfs::ProcError::NotFound(_) => TargetError::Exited { pid },
         cause => TargetError::Proc { pid, what, cause },
     }
 }
@@ -199,7 +189,6 @@ mod tests {
             comm: String::new(),
             image_path: PathBuf::from("/lib/libpython3.11.so"),
             host_path: PathBuf::from("/proc/1/root/lib/libpython3.11.so"),
-            kind: ImageKind::SharedLibrary,
             elf: ElfImage::open(&std::env::current_exe().unwrap()).unwrap(),
             image_maps: vec![
                 Mapping { start: 0x7f00_0000, end: 0x7f00_1000, offset: 0, path: "/lib/libpython3.11.so".into() },

@@ -36,9 +36,6 @@ pub async fn attach(config: &AttachConfig, out: impl Write) -> anyhow::Result<En
     let (session, info) = match &config.target {
         TargetSpec::Pid(pid) => {
             let pid = *pid;
-            if pid == std::process::id() {
-                return Err(TargetError::OwnProcess { pid }.into());
-            }
             // The pidfd pins the process identity: if the PID is reused
             // after this, we still see the original process's exit.
             exit = Some(ProcessExit::watch(pid)?);

@@ -327,22 +327,12 @@ pub fn plan(
     for (slot, (spec, sym)) in (0u32..).zip(&found) {
         let program = options.program_override.unwrap_or(spec.program);
         let place = match options.placement {
-            PlacementMode::Entry => Placement {
-                offset: 0,
-                instruction: String::new(),
-                emulated: false,
-                reason: "entry (--placement entry)".to_owned(),
-            },
+            PlacementMode::Entry => Placement::at_entry("entry (--placement entry)".to_owned()),
             PlacementMode::Auto => {
                 let len = if sym.size > 0 { sym.size.min(4096) } else { 64 };
                 match image.elf.read_at(sym.file_offset, usize::try_from(len).unwrap_or(64)) {
                     Ok(code) => placement::place(&code, sym.address, program, kernel),
-                    Err(e) => Placement {
-                        offset: 0,
-                        instruction: String::new(),
-                        emulated: false,
-                        reason: format!("entry: the code could not be read ({e})"),
-                    },
+                    Err(e) => Placement::at_entry(format!("entry: the code could not be read ({e})")),
                 }
             }
         };

@@ -35,6 +35,17 @@ pub enum VersionError {
     Read { pid: u32, cause: TargetError },
 }
 
+/// Symbols only a CPython interpreter defines (an extension module imports
+/// them, leaving them undefined, which `ElfImage` skips).
+const CPYTHON_MARKERS: [&str; 3] = ["Py_Initialize", "_PyRuntime", "Py_Version"];
+
+/// Whether `elf` is a CPython interpreter image (an executable or libpython
+/// that defines the interpreter, not one that merely links it).
+#[must_use]
+pub fn defines_cpython(elf: &crate::elf::ElfImage) -> bool {
+    CPYTHON_MARKERS.iter().any(|m| elf.symbol(m).is_some())
+}
+
 /// Minor versions with an [`Abi`] module.
 pub const SUPPORTED: &str = "3.11, 3.12, 3.13, 3.14";
 
