@@ -43,6 +43,9 @@ pub struct AttachConfig {
     pub interval: Duration,
     /// Output format.
     pub format: Format,
+    /// `--budget`: the share of the target's time (a fraction, 0.01 for 1%)
+    /// tracer may cost it; `None` traces all the time.
+    pub budget: Option<f64>,
 }
 
 /// A configuration value that cannot work.
@@ -60,6 +63,10 @@ pub enum ConfigError {
     Probes(#[from] SelectionError),
     #[error("--placement must be auto or entry (got {value:?})")]
     BadPlacement { value: String },
+    #[error(
+        "--budget must be a percentage of the target's time above 0 and at most 100 (got {value}); e.g. --budget 1"
+    )]
+    BadBudget { value: f64 },
 }
 
 /// Raw `attach` options as given on the command line.
@@ -73,6 +80,8 @@ pub struct AttachArgs<'a> {
     pub probes: &'a str,
     /// `--placement`: "auto" or "entry".
     pub placement: &'a str,
+    /// `--budget`, in percent.
+    pub budget_percent: Option<f64>,
 }
 
 /// Parses `--placement`.
@@ -102,7 +111,13 @@ impl AttachConfig {
             None => None,
             Some(value) => Some(seconds(value).ok_or(ConfigError::BadDuration { value })?),
         };
+        let budget = match args.budget_percent {
+            None => None,
+            Some(value) if value.is_finite() && value > 0.0 && value <= 100.0 => Some(value / 100.0),
+            Some(value) => return Err(ConfigError::BadBudget { value }),
+        };
         Ok(Self {
+            budget,
             target,
             probes: ProbeSelection::parse(args.probes)?,
             placement: parse_placement(args.placement)?,
@@ -127,7 +142,16 @@ mod tests {
     use super::*;
 
     fn args(pid: u32, duration_s: Option<f64>, interval_s: f64, json: bool) -> AttachArgs<'static> {
-        AttachArgs { pid: Some(pid), exe: None, duration_s, interval_s, json, probes: "default", placement: "auto" }
+        AttachArgs {
+            pid: Some(pid),
+            exe: None,
+            duration_s,
+            interval_s,
+            json,
+            probes: "default",
+            placement: "auto",
+            budget_percent: None,
+        }
     }
 
     #[test]
@@ -184,6 +208,24 @@ mod tests {
         assert_eq!(
             AttachConfig::new(&bad).unwrap_err().to_string(),
             "--placement must be auto or entry (got \"middle\")"
+        );
+    }
+
+    #[test]
+    fn budget_is_a_percentage() {
+        assert_eq!(AttachConfig::new(&args(1, None, 1.0, false)).unwrap().budget, None);
+        let one = AttachArgs { budget_percent: Some(1.0), ..args(1, None, 1.0, false) };
+        assert_eq!(AttachConfig::new(&one).unwrap().budget, Some(0.01));
+        let all = AttachArgs { budget_percent: Some(100.0), ..args(1, None, 1.0, false) };
+        assert_eq!(AttachConfig::new(&all).unwrap().budget, Some(1.0));
+        for bad in [0.0, -1.0, 100.5, f64::NAN, f64::INFINITY] {
+            let a = AttachArgs { budget_percent: Some(bad), ..args(1, None, 1.0, false) };
+            assert!(matches!(AttachConfig::new(&a).unwrap_err(), ConfigError::BadBudget { .. }), "{bad}");
+        }
+        let zero = AttachArgs { budget_percent: Some(0.0), ..args(1, None, 1.0, false) };
+        assert_eq!(
+            AttachConfig::new(&zero).unwrap_err().to_string(),
+            "--budget must be a percentage of the target's time above 0 and at most 100 (got 0); e.g. --budget 1"
         );
     }
 }

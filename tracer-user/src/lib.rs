@@ -2,6 +2,8 @@
 //! BPF uprobes, read the per-CPU counters and report them.
 
 pub mod bench;
+pub mod budget;
+pub mod calibrate;
 pub mod config;
 pub mod elf;
 pub mod error;

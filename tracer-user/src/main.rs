@@ -64,6 +64,9 @@ times dearer), and why that instruction was chosen. Nothing is loaded or attache
         after_help = "Examples:\n  sudo tracer probes --pid 1234\n  tracer probes --exe /usr/bin/python3.11 --json"
     )]
     Probes(ProbesArgs),
+    /// The child `--budget` calibrates probe costs on (internal).
+    #[command(name = "__calibration-child", hide = true)]
+    CalibrationChild,
 }
 
 #[derive(Debug, Args)]
@@ -104,7 +107,8 @@ struct BenchArgs {
     /// More setups to measure beside the three, comma-separated: entry (tracer's probes at the function
     /// entries), empty and empty-entry (an empty BPF program at the placed offsets or the entries: the
     /// cost of the uprobe itself), bpftrace (bpftrace counting the same functions at their entries),
-    /// tracemalloc=FRAMES (PYTHONTRACEMALLOC in the workers).
+    /// tracemalloc=FRAMES (PYTHONTRACEMALLOC in the workers), budget=PERCENT (`tracer attach --budget
+    /// PERCENT` on the interpreter).
     #[arg(long, value_name = "SETUPS", default_value = "")]
     also: String,
     /// Directory for the pyperf JSON files (baseline.json, attached.json, detached.json).
@@ -146,6 +150,12 @@ struct AttachArgs {
     /// Write JSON Lines (attached, interval, summary) instead of a table; see the README for the schema.
     #[arg(long)]
     json: bool,
+    /// Keep tracer's cost under PERCENT of the target's time: trace in short windows and detach
+    /// between them for as long as the budget needs (the cost of a hit is calibrated at start).
+    /// Counts are then of the traced windows only, and rates are estimates with a 95% confidence
+    /// interval, marked as such in the table and the JSON.
+    #[arg(long, value_name = "PERCENT")]
+    budget: Option<f64>,
 }
 
 fn main() -> ExitCode {
@@ -154,6 +164,7 @@ fn main() -> ExitCode {
         Command::Attach(args) => attach(&args),
         Command::Bench(args) => bench(&args),
         Command::Probes(args) => probes(&args),
+        Command::CalibrationChild => tracer_user::calibrate::child_main().map_err(Into::into),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -181,6 +192,7 @@ fn attach(args: &AttachArgs) -> anyhow::Result<()> {
         json: args.json,
         probes: &args.target.probes,
         placement: &args.target.placement,
+        budget_percent: args.budget,
     })?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let end = runtime.block_on(tracer_user::run::attach(&config, std::io::stdout().lock()))?;
@@ -212,7 +224,7 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         State::Attached { name: "attached".into(), probes: probes.clone(), program: None, placement },
         State::Detached { probes: probes.clone() },
     ];
-    states.extend(report::extra_states(&args.also, &probes, &specs, &b.interpreter.image)?);
+    states.extend(report::extra_states(&args.also, &probes, &specs, (&b.interpreter.exe, &b.interpreter.image))?);
     eprintln!(
         "tracer bench: {} (Python {}, {}), stmt {:?}, setup {:?}",
         python.display(),

@@ -14,14 +14,157 @@ use tokio::{
 };
 
 use crate::{
+    budget::{Controller, Estimator, HitCosts, ProbeWindow},
+    calibrate,
     config::{AttachConfig, TargetSpec},
     interpreter::Interpreter,
     output::{self, AttachInfo, End, ProbeSample, ProcessSample, Sample},
     privileges,
     process::{Target, TargetError},
     python,
-    session::{ImageRef, Session, SessionOptions},
+    session::{ALL_PROCESSES, AttachError, ImageRef, Session, SessionOptions},
 };
+
+/// How long each `--budget` window stays attached before detaching starts.
+/// Detaching takes the kernel about 0.13 s per probe here, one after
+/// another, so that dominates a window anyway.
+const BUDGET_WINDOW: Duration = Duration::from_millis(20);
+
+fn attach_scope(session: &mut Session, scope: u32) -> Result<(), AttachError> {
+    if scope == ALL_PROCESSES { session.attach_all_processes() } else { session.attach_process(scope) }
+}
+
+fn estimated(mut sample: Sample, duty: Option<&DutyCycle>) -> Sample {
+    sample.estimate = duty.map(DutyCycle::estimate);
+    sample
+}
+
+/// `--budget`: attaches and detaches the session in windows (see
+/// [`crate::budget`]).
+struct DutyCycle {
+    controller: Controller,
+    costs: HitCosts,
+    /// Per probe, the calibrated cost of one hit.
+    cost_ns: Vec<f64>,
+    scope: u32,
+    estimator: Estimator,
+    /// While attached: when the attach began and when it completed.
+    attached: Option<(Instant, Instant)>,
+    /// Cumulative (calls, bytes) per probe when the current window began.
+    at_window_start: Vec<(u64, u64)>,
+    /// When to toggle next.
+    next: Instant,
+}
+
+impl DutyCycle {
+    fn new(
+        session: &Session,
+        budget: f64,
+        costs: HitCosts,
+        scope: u32,
+        attach: (Instant, Instant),
+    ) -> Result<Self, AttachError> {
+        Ok(Self {
+            controller: Controller { budget, window: BUDGET_WINDOW },
+            costs,
+            cost_ns: session.attached.iter().map(|p| costs.of(p.placement.emulated)).collect(),
+            scope,
+            estimator: Estimator::new(session.attached.len()),
+            attached: Some(attach),
+            at_window_start: counts(session)?,
+            next: attach.1 + BUDGET_WINDOW,
+        })
+    }
+
+    /// Ends the window if attached, else starts one.
+    fn toggle(&mut self, session: &mut Session) -> Result<(), AttachError> {
+        let Some((began, live)) = self.attached else {
+            // Counts do not move while detached: this is the window's base.
+            self.at_window_start = counts(session)?;
+            let began = Instant::now();
+            attach_scope(session, self.scope)?;
+            let live = Instant::now();
+            self.attached = Some((began, live));
+            self.next = live + self.controller.window;
+            return Ok(());
+        };
+        let now = Instant::now();
+        let window = self.window_counts(&counts(session)?);
+        // Half the attach counts as live: the probes went live one by one.
+        let traced = now - live + (live - began) / 2;
+        if self.controller.gap(traced, self.overhead(&window)).is_none() {
+            // Within budget on its own: the next window follows at once.
+            self.record(&window, &vec![traced; window.len()], traced);
+            self.at_window_start = counts(session)?;
+            self.attached = Some((now, now));
+            self.next = now + self.controller.window;
+            return Ok(());
+        }
+        let gap = self.close(session)?;
+        self.next = Instant::now() + gap;
+        Ok(())
+    }
+
+    /// Detaches and records the window; returns the gap the budget needs.
+    fn close(&mut self, session: &mut Session) -> Result<Duration, AttachError> {
+        let Some((began, live)) = self.attached.take() else { return Ok(Duration::ZERO) };
+        // Each detach holds the next one back (see Session::detach_in_order),
+        // so the probes that cost most go first.
+        let so_far = self.window_counts(&counts(session)?);
+        let mut order: Vec<usize> = (0..so_far.len()).collect();
+        order.sort_by(|&a, &b| self.probe_cost(&so_far, b).total_cmp(&self.probe_cost(&so_far, a)));
+        let detached = session.detach_in_order(self.scope, &order);
+        let lives: Vec<Duration> = detached
+            .iter()
+            .map(|at| at.map_or(Duration::ZERO, |at| at.saturating_duration_since(live) + (live - began) / 2))
+            .collect();
+        let traced = lives.iter().copied().max().unwrap_or_default();
+        let window = self.window_counts(&counts(session)?);
+        let overhead = self.record(&window, &lives, traced);
+        Ok(self.controller.gap(traced, overhead).unwrap_or(Duration::ZERO))
+    }
+
+    fn window_counts(&self, counts_now: &[(u64, u64)]) -> Vec<(u64, u64)> {
+        counts_now
+            .iter()
+            .zip(&self.at_window_start)
+            .map(|(now, then)| (now.0.saturating_sub(then.0), now.1.saturating_sub(then.1)))
+            .collect()
+    }
+
+    #[allow(clippy::cast_precision_loss, reason = "hit counts of one window")]
+    fn probe_cost(&self, window: &[(u64, u64)], slot: usize) -> f64 {
+        window.get(slot).map_or(0.0, |(calls, _)| *calls as f64) * self.cost_ns.get(slot).copied().unwrap_or(0.0)
+    }
+
+    fn overhead(&self, window: &[(u64, u64)]) -> Duration {
+        let ns: f64 = (0..window.len()).map(|slot| self.probe_cost(window, slot)).sum();
+        Duration::from_secs_f64(ns / 1e9)
+    }
+
+    fn record(&mut self, window: &[(u64, u64)], lives: &[Duration], traced: Duration) -> Duration {
+        let overhead = self.overhead(window);
+        let probes: Vec<ProbeWindow> =
+            window.iter().zip(lives).map(|(&(calls, bytes), &live)| ProbeWindow { live, calls, bytes }).collect();
+        self.estimator.add(&probes, traced, overhead);
+        overhead
+    }
+
+    fn estimate(&self) -> output::EstimateSample {
+        output::EstimateSample {
+            budget: self.controller.budget,
+            windows: self.estimator.windows(),
+            traced: self.estimator.traced(),
+            overhead: self.estimator.overhead(),
+            costs: self.costs,
+            rates: self.estimator.rates(),
+        }
+    }
+}
+
+fn counts(session: &Session) -> Result<Vec<(u64, u64)>, AttachError> {
+    Ok(session.read()?.totals.iter().map(|c| (c.calls, c.bytes)).collect())
+}
 
 /// Attaches as `config` says, reports until the run ends, detaches and
 /// prints the summary. Returns why the run ended.
@@ -32,8 +175,11 @@ pub async fn attach(config: &AttachConfig, out: impl Write) -> anyhow::Result<En
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
 
+    // Calibrated before anything is attached to the target: the child it
+    // times is tracer's own.
+    let costs = config.budget.map(|_| calibrate::calibrate()).transpose()?;
     let mut exit = None;
-    let (session, info) = match &config.target {
+    let (mut session, info, scope) = match &config.target {
         TargetSpec::Pid(pid) => {
             let pid = *pid;
             // The pidfd pins the process identity: if the PID is reused
@@ -44,23 +190,27 @@ pub async fn attach(config: &AttachConfig, out: impl Write) -> anyhow::Result<En
             let specs = config.probes.select(python::abi_for(pid, version)?.probes());
             let image = ImageRef { elf: &target.elf, display_path: &target.image_path, attach_path: &target.host_path };
             let options = SessionOptions { placement: config.placement, ..SessionOptions::default() };
-            let mut session = Session::load(image, &specs, pid, options)?;
-            session.attach_process(pid)?;
+            let session = Session::load(image, &specs, pid, options)?;
             let info = attach_info(&session, Some(pid), None, version, &target.image_path);
-            (session, info)
+            (session, info, pid)
         }
         TargetSpec::Exe(exe) => {
             let interp = Interpreter::from_executable(exe)?;
             let specs = config.probes.select(python::abi_for_image(&interp.image, interp.version)?.probes());
             let image = ImageRef { elf: &interp.elf, display_path: &interp.image, attach_path: &interp.image };
             let options = SessionOptions { placement: config.placement, ..SessionOptions::default() };
-            let mut session = Session::load(image, &specs, 0, options)?;
-            session.attach_all_processes()?;
+            let session = Session::load(image, &specs, 0, options)?;
             let info = attach_info(&session, None, Some(&interp.exe), interp.version, &interp.image);
-            (session, info)
+            (session, info, ALL_PROCESSES)
         }
     };
+    let attach_began = Instant::now();
+    attach_scope(&mut session, scope)?;
     let started = Instant::now();
+    let mut duty = match (config.budget, costs) {
+        (Some(budget), Some(costs)) => Some(DutyCycle::new(&session, budget, costs, scope, (attach_began, started))?),
+        _ => None,
+    };
     let mut reporter = output::reporter(config.format, Box::new(out));
     reporter.attached(&info)?;
 
@@ -77,6 +227,9 @@ pub async fn attach(config: &AttachConfig, out: impl Write) -> anyhow::Result<En
         }
     };
     tokio::pin!(target_exit);
+    let toggle_at = duty.as_ref().map_or(start, |d| tokio::time::Instant::from_std(d.next));
+    let toggle = sleep_until(toggle_at);
+    tokio::pin!(toggle);
 
     let end = loop {
         tokio::select! {
@@ -85,12 +238,23 @@ pub async fn attach(config: &AttachConfig, out: impl Write) -> anyhow::Result<En
             _ = sigterm.recv() => break End::Signal("SIGTERM"),
             () = &mut target_exit => break End::TargetExit,
             () = &mut deadline, if config.duration.is_some() => break End::Duration,
-            _ = ticker.tick() => reporter.interval(&sample(&session, started)?)?,
+            () = &mut toggle, if duty.is_some() => {
+                let Some(d) = duty.as_mut() else { continue };
+                match d.toggle(&mut session) {
+                    Ok(()) => toggle.as_mut().reset(tokio::time::Instant::from_std(d.next)),
+                    Err(AttachError::TargetExited { .. }) => break End::TargetExit,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            _ = ticker.tick() => reporter.interval(&estimated(sample(&session, started)?, duty.as_ref()))?,
         }
     };
     // Read after the end so the summary holds every hit up to the target's
     // exit, then detach before printing.
-    let last = sample(&session, started)?;
+    if let Some(d) = duty.as_mut() {
+        d.close(&mut session)?;
+    }
+    let last = estimated(sample(&session, started)?, duty.as_ref());
     drop(session);
     reporter.summary(&last, end)?;
     Ok(end)
@@ -137,7 +301,7 @@ pub fn sample(session: &Session, started: Instant) -> anyhow::Result<Sample> {
         })
         .collect();
     let stats = Sample::stats_from(&readings.stats, readings.kernel_misses);
-    Ok(Sample { elapsed: started.elapsed(), probes, processes, stats })
+    Ok(Sample { elapsed: started.elapsed(), probes, processes, stats, estimate: None })
 }
 
 /// Becomes ready when the process exits, through a pidfd.

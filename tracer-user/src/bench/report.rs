@@ -16,12 +16,13 @@ use crate::{
 /// `empty` and `empty-entry` (an empty BPF program at the placed offsets or
 /// at the entries: the cost of the uprobe itself), `tracemalloc=N`
 /// (PYTHONTRACEMALLOC=N in pyperf's workers), `bpftrace` (bpftrace counting
-/// the same functions at their entries).
+/// the same functions at their entries), `budget=PERCENT` (`tracer attach
+/// --exe EXE --budget PERCENT` running through the chunk).
 pub fn extra_states(
     list: &str,
     probes: &ProbeSelection,
     specs: &[ProbeSpec],
-    image: &Path,
+    (exe, image): (&Path, &Path),
 ) -> Result<Vec<State>, BenchError> {
     let attached = |name: &str, program, placement| State::Attached {
         name: name.to_owned(),
@@ -42,6 +43,28 @@ pub fn extra_states(
                 // bpftrace prints "Attaching N probes..." before attaching.
                 settle: Duration::from_secs(2),
             },
+            Some(("budget", percent)) if percent.parse::<f64>().is_ok_and(|p| p > 0.0 && p <= 100.0) => {
+                let symbols: Vec<&str> = specs.iter().map(|s| s.symbol).collect();
+                let tracer = std::env::current_exe().map_err(|e| super::step("finding tracer's own executable", e))?;
+                State::Command {
+                    name: format!("budget{percent}"),
+                    argv: vec![
+                        tracer.display().to_string(),
+                        "attach".into(),
+                        "--exe".into(),
+                        exe.display().to_string(),
+                        "--probes".into(),
+                        symbols.join(","),
+                        "--budget".into(),
+                        percent.into(),
+                        "--json".into(),
+                        "--interval".into(),
+                        "3600".into(),
+                    ],
+                    ready: "\"type\":\"attached\"".into(),
+                    settle: Duration::ZERO,
+                }
+            }
             Some(("tracemalloc", frames)) if frames.parse::<u32>().is_ok_and(|f| f > 0) => State::Env {
                 name: format!("tracemalloc{frames}"),
                 vars: vec![("PYTHONTRACEMALLOC".into(), frames.into())],
@@ -131,17 +154,26 @@ mod tests {
     use super::*;
     use crate::probes::DEFAULT_PROBES;
 
+    fn paths() -> (&'static Path, &'static Path) {
+        (Path::new("/py"), Path::new("/l.so"))
+    }
+
     #[test]
     fn parses_extra_setups() {
         let specs = ProbeSelection::Refs.select(DEFAULT_PROBES);
         let states =
-            extra_states("empty, tracemalloc=25,bpftrace", &ProbeSelection::Refs, &specs, Path::new("/l.so")).unwrap();
+            extra_states("empty, tracemalloc=25,bpftrace,budget=1", &ProbeSelection::Refs, &specs, paths()).unwrap();
         let names: Vec<&str> = states.iter().map(State::name).collect();
-        assert_eq!(names, ["empty", "tracemalloc25", "bpftrace"]);
+        assert_eq!(names, ["empty", "tracemalloc25", "bpftrace", "budget1"]);
+        let State::Command { argv, .. } = &states[3] else { panic!("budget is a command") };
+        assert_eq!(
+            argv[1..9],
+            ["attach", "--exe", "/py", "--probes", "_Py_NewReference,_Py_Dealloc", "--budget", "1", "--json"]
+        );
         let State::Command { argv, .. } = &states[2] else { panic!("bpftrace is a command") };
         assert_eq!(argv[2], "uprobe:/l.so:_Py_NewReference,uprobe:/l.so:_Py_Dealloc { @[probe] = count(); }");
-        for bad in ["perf", "tracemalloc=0", "tracemalloc=x"] {
-            let err = extra_states(bad, &ProbeSelection::Refs, &specs, Path::new("/l.so")).err().unwrap();
+        for bad in ["perf", "tracemalloc=0", "tracemalloc=x", "budget=0", "budget=x"] {
+            let err = extra_states(bad, &ProbeSelection::Refs, &specs, paths()).err().unwrap();
             assert!(matches!(err, BenchError::UnknownSetup { .. }), "{err}");
         }
     }

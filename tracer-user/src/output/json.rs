@@ -28,8 +28,35 @@ impl<W: Write> JsonReporter<W> {
 fn counts(sample: &Sample) -> Map<String, Value> {
     let mut m = Map::new();
     m.insert("elapsed_s".into(), json!(sample.elapsed.as_secs_f64()));
-    let probes: Map<String, Value> =
+    let mut probes: Map<String, Value> =
         sample.probes.iter().map(|p| (p.name.to_owned(), json!({"calls": p.calls, "bytes": p.bytes}))).collect();
+    if let Some(e) = &sample.estimate {
+        for (p, (calls, bytes)) in sample.probes.iter().zip(&e.rates) {
+            if let Some(Value::Object(o)) = probes.get_mut(p.name) {
+                o.insert(
+                    "estimate".into(),
+                    json!({
+                        "calls_per_s": calls.per_s,
+                        "calls_per_s_ci95": calls.ci95.map(|(lo, hi)| [lo, hi]),
+                        "bytes_per_s": bytes.per_s,
+                        "bytes_per_s_ci95": bytes.ci95.map(|(lo, hi)| [lo, hi]),
+                    }),
+                );
+            }
+        }
+        m.insert(
+            "budget".into(),
+            json!({
+                "estimates": true,
+                "percent": e.budget * 100.0,
+                "windows": e.windows,
+                "traced_s": e.traced.as_secs_f64(),
+                "traced_fraction": e.traced_fraction(sample.elapsed),
+                "estimated_overhead_fraction": e.overhead_fraction(sample.elapsed),
+                "hit_cost_ns": {"single_stepped": e.costs.single_stepped_ns, "emulated": e.costs.emulated_ns},
+            }),
+        );
+    }
     m.insert("probes".into(), Value::Object(probes));
     let pids: Map<String, Value> = sample
         .processes
@@ -129,6 +156,37 @@ mod tests {
         // Report order is table order, not alphabetical.
         let keys: Vec<_> = out[2]["probes"].as_object().unwrap().keys().cloned().collect();
         assert_eq!(keys, ["_Py_NewReference", "PyObject_Malloc"]);
+    }
+
+    #[test]
+    fn budget_fields() {
+        use crate::budget::{HitCosts, RateEstimate};
+        let mut sample = example_sample(10_000, 1);
+        sample.estimate = Some(crate::output::EstimateSample {
+            budget: 0.01,
+            windows: 3,
+            traced: std::time::Duration::from_millis(100),
+            overhead: std::time::Duration::from_millis(50),
+            costs: HitCosts { single_stepped_ns: 16000.0, emulated_ns: 500.0 },
+            rates: vec![
+                (RateEstimate { per_s: 100.0, ci95: Some((90.0, 110.0)) }, RateEstimate { per_s: 0.0, ci95: None }),
+                (RateEstimate { per_s: 40.0, ci95: None }, RateEstimate { per_s: 40000.0, ci95: None }),
+            ],
+        });
+        let out = lines(|r| r.interval(&sample).unwrap());
+        assert_eq!(out[0]["probes"]["_Py_NewReference"]["calls"], 10);
+        assert_eq!(
+            out[0]["probes"]["_Py_NewReference"]["estimate"],
+            json!({"calls_per_s": 100.0, "calls_per_s_ci95": [90.0, 110.0], "bytes_per_s": 0.0, "bytes_per_s_ci95": null})
+        );
+        assert_eq!(out[0]["probes"]["PyObject_Malloc"]["estimate"]["bytes_per_s"], 40000.0);
+        let b = &out[0]["budget"];
+        assert_eq!(b["estimates"], true);
+        assert_eq!(b["percent"], 1.0);
+        assert_eq!(b["windows"], 3);
+        assert_eq!(b["traced_fraction"], 0.01);
+        assert_eq!(b["estimated_overhead_fraction"], 0.005);
+        assert_eq!(b["hit_cost_ns"]["emulated"], 500.0);
     }
 
     #[test]

@@ -11,7 +11,10 @@ use tracer_common::stats::Stat;
 pub use json::JsonReporter;
 pub use table::TableReporter;
 
-use crate::config::Format;
+use crate::{
+    budget::{HitCosts, RateEstimate},
+    config::Format,
+};
 
 /// What was attached, reported once every probe is live.
 #[derive(Clone, Debug)]
@@ -68,6 +71,43 @@ pub struct Sample {
     pub processes: Vec<ProcessSample>,
     /// Every BPF-side [`Stat`], then [`KERNEL_MISSES`].
     pub stats: Vec<StatSample>,
+    /// With `--budget`: the counts above are of the traced windows only,
+    /// and these are the rates estimated from them.
+    pub estimate: Option<EstimateSample>,
+}
+
+/// What `--budget` traced and the rates it estimates.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EstimateSample {
+    /// The budget as a fraction of time.
+    pub budget: f64,
+    pub windows: u64,
+    /// Time the probes were attached, summed over windows.
+    pub traced: Duration,
+    /// The probes' estimated cost to the target: hits × calibrated cost.
+    pub overhead: Duration,
+    pub costs: HitCosts,
+    /// Per probe, in [`Sample::probes`] order: (calls/s, bytes/s) while
+    /// traced.
+    pub rates: Vec<(RateEstimate, RateEstimate)>,
+}
+
+impl EstimateSample {
+    /// The share of `elapsed` that was traced.
+    #[must_use]
+    pub fn traced_fraction(&self, elapsed: Duration) -> f64 {
+        ratio(self.traced, elapsed)
+    }
+
+    /// The estimated share of `elapsed` the probes cost the target.
+    #[must_use]
+    pub fn overhead_fraction(&self, elapsed: Duration) -> f64 {
+        ratio(self.overhead, elapsed)
+    }
+}
+
+fn ratio(part: Duration, whole: Duration) -> f64 {
+    if whole.is_zero() { 0.0 } else { (part.as_secs_f64() / whole.as_secs_f64()).min(1.0) }
 }
 
 impl Sample {
@@ -136,5 +176,6 @@ pub(crate) fn example_sample(elapsed_ms: u64, scale: u64) -> Sample {
         ],
         stats: Sample::stats_from(&[0; Stat::ALL.len()], 0),
         processes: vec![ProcessSample { pid: 77, counts: vec![(10 * scale, 0), (4 * scale, 4000 * scale)] }],
+        estimate: None,
     }
 }

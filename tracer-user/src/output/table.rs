@@ -2,7 +2,8 @@
 
 use std::{io::Write, time::Duration};
 
-use super::{AttachInfo, End, Reporter, Sample};
+use super::{AttachInfo, End, EstimateSample, Reporter, Sample};
+use crate::budget::RateEstimate;
 
 /// Prints a block per interval with rates over that interval, and a final
 /// block with rates averaged over the whole run.
@@ -22,6 +23,9 @@ impl<W: Write> TableReporter<W> {
         let base_elapsed = since.map_or(Duration::ZERO, |s| s.elapsed);
         let secs = sample.elapsed.saturating_sub(base_elapsed).as_secs_f64();
         writeln!(self.out, "{title}")?;
+        if let Some(e) = &sample.estimate {
+            return self.estimate_block(sample, e);
+        }
         writeln!(self.out, "  {:<20} {:>14} {:>12} {:>16} {:>14}", "function", "calls", "calls/s", "bytes", "bytes/s")?;
         for (i, p) in sample.probes.iter().enumerate() {
             let before = since.and_then(|s| s.probes.get(i)).filter(|b| b.name == p.name);
@@ -42,6 +46,46 @@ impl<W: Write> TableReporter<W> {
                 bytes_rate
             )?;
         }
+        self.footer(sample)
+    }
+
+    /// `--budget`: counts of the traced windows, and rates estimated from
+    /// them since attach, marked as estimates.
+    fn estimate_block(&mut self, sample: &Sample, e: &EstimateSample) -> std::io::Result<()> {
+        writeln!(
+            self.out,
+            "  {:<20} {:>14} {:>24} {:>16} {:>28}",
+            "function", "calls (traced)", "est. calls/s ±95%", "bytes (traced)", "est. bytes/s ±95%"
+        )?;
+        for (p, (calls, bytes)) in sample.probes.iter().zip(&e.rates) {
+            let (b, b_rate) =
+                if p.counts_bytes { (group(p.bytes), estimate(bytes)) } else { ("-".to_owned(), "-".to_owned()) };
+            writeln!(
+                self.out,
+                "  {:<20} {:>14} {:>24} {:>16} {:>28}",
+                p.name,
+                group(p.calls),
+                estimate(calls),
+                b,
+                b_rate
+            )?;
+        }
+        writeln!(
+            self.out,
+            "  ESTIMATES (--budget {}%): rates from {} windows that traced {:.2}s of {:.1}s ({:.2}%), as seen while traced; estimated cost to the target {:.2}% (a hit costs {:.0} ns single-stepped, {:.0} ns emulated here)",
+            e.budget * 100.0,
+            e.windows,
+            e.traced.as_secs_f64(),
+            sample.elapsed.as_secs_f64(),
+            e.traced_fraction(sample.elapsed) * 100.0,
+            e.overhead_fraction(sample.elapsed) * 100.0,
+            e.costs.single_stepped_ns,
+            e.costs.emulated_ns,
+        )?;
+        self.footer(sample)
+    }
+
+    fn footer(&mut self, sample: &Sample) -> std::io::Result<()> {
         if self.per_process || sample.processes.len() > 1 {
             for proc in &sample.processes {
                 let calls: u64 = proc.counts.iter().map(|c| c.0).sum();
@@ -64,6 +108,16 @@ impl<W: Write> TableReporter<W> {
 #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)] // a displayed rate
 fn rate(delta: u64, secs: f64) -> u64 {
     if secs > 0.0 { (delta as f64 / secs).round() as u64 } else { 0 }
+}
+
+/// "1,234 ±56", or "1,234 ±?" before there are two windows to compare.
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // a displayed rate
+fn estimate(r: &RateEstimate) -> String {
+    let value = group(r.per_s.round() as u64);
+    match r.ci95 {
+        Some((lo, hi)) => format!("{value} ±{}", group(((hi - lo) / 2.0).round() as u64)),
+        None => format!("{value} ±?"),
+    }
 }
 
 /// 1234567 -> "1,234,567": exact, and readable at a glance.
@@ -154,5 +208,37 @@ mod tests {
         // Summary: 16 calls and 16,000 bytes over 4 s.
         assert_eq!(cols, ["PyObject_Malloc", "16", "4", "16,000", "4,000"]);
         assert!(blocks[2].starts_with("summary after 4.0s (--duration elapsed"));
+    }
+
+    #[test]
+    fn budget_rates_are_marked_estimates() {
+        use crate::budget::HitCosts;
+        let mut sample = example_sample(10_000, 1);
+        sample.estimate = Some(EstimateSample {
+            budget: 0.01,
+            windows: 4,
+            traced: Duration::from_millis(100),
+            overhead: Duration::from_millis(90),
+            costs: HitCosts { single_stepped_ns: 16000.0, emulated_ns: 500.0 },
+            rates: vec![
+                (RateEstimate { per_s: 1234.4, ci95: Some((1200.0, 1268.0)) }, RateEstimate { per_s: 0.0, ci95: None }),
+                (RateEstimate { per_s: 40.0, ci95: None }, RateEstimate { per_s: 40000.0, ci95: None }),
+            ],
+        });
+        let mut buf = Vec::new();
+        TableReporter::new(&mut buf).interval(&sample).unwrap();
+        let text = String::from_utf8(buf).unwrap();
+        assert!(text.contains("est. calls/s ±95%"), "{text}");
+        let row = text.lines().find(|l| l.contains("_Py_NewReference")).unwrap();
+        assert_eq!(row.split_whitespace().collect::<Vec<_>>(), ["_Py_NewReference", "10", "1,234", "±34", "-", "-"]);
+        let row = text.lines().find(|l| l.contains("PyObject_Malloc")).unwrap();
+        assert_eq!(
+            row.split_whitespace().collect::<Vec<_>>(),
+            ["PyObject_Malloc", "4", "40", "±?", "4,000", "40,000", "±?"]
+        );
+        assert!(
+            text.contains("ESTIMATES (--budget 1%): rates from 4 windows that traced 0.10s of 10.0s (1.00%), as seen while traced; estimated cost to the target 0.90%"),
+            "{text}"
+        );
     }
 }
