@@ -96,6 +96,20 @@ fn zero_interval() {
 }
 
 #[test]
+fn budget_out_of_range() {
+    require_root();
+    let workload = Workload::serve(&shared_python());
+    for (value, shown) in [("0", "0"), ("-1", "-1"), ("150", "150")] {
+        assert_bad_input(
+            &["attach", "--pid", &workload.pid().to_string(), &format!("--budget={value}")],
+            &format!(
+                "--budget must be a percentage of the target's time above 0 and at most 100 (got {shown}); e.g. --budget 1"
+            ),
+        );
+    }
+}
+
+#[test]
 fn zero_duration() {
     require_root();
     let workload = Workload::serve(&shared_python());

@@ -130,7 +130,7 @@ pub fn run(root: &Path, tracer: &Path, effort: &str) -> anyhow::Result<()> {
             setup,
             stmt,
             "default",
-            "tracemalloc=1,tracemalloc=25",
+            "tracemalloc=1,tracemalloc=25,budget=1",
             effort,
         )?;
         writeln!(md, "### {name}: `{stmt}`\n")?;
@@ -141,6 +141,7 @@ pub fn run(root: &Path, tracer: &Path, effort: &str) -> anyhow::Result<()> {
         row(&mut md, &m.result, "attached", "tracer attached, all 14 default probes")?;
         row(&mut md, &m.result, "tracemalloc1", "PYTHONTRACEMALLOC=1")?;
         row(&mut md, &m.result, "tracemalloc25", "PYTHONTRACEMALLOC=25")?;
+        row(&mut md, &m.result, "budget1", "`tracer attach --exe … --budget 1` (duty-cycled windows)")?;
         row(&mut md, &m.result, "detached", "after tracer attached and detached")?;
         writeln!(md)?;
     }
@@ -287,8 +288,8 @@ fn row(md: &mut String, r: &Value, key: &str, what: &str) -> anyhow::Result<()> 
         let c = &r[format!("{key}_vs_baseline")];
         let ratio = c["ratio"].as_f64().unwrap_or(f64::NAN);
         let sig = if c["significant"].as_bool() == Some(false) { " (not significant)" } else { "" };
-        // Only tracer's and the uprobe setups pay per probe hit.
-        let per_hit = if key.starts_with("tracemalloc") {
+        // Only tracer's full attach and the uprobe setups pay for every hit.
+        let per_hit = if key.starts_with("tracemalloc") || key.starts_with("budget") {
             "—".to_owned()
         } else {
             r["ns_per_hit_by_setup"][key].as_f64().map_or_else(|| "—".to_owned(), |ns| format!("{ns:.0} ns"))

@@ -97,7 +97,8 @@ pub fn text(baseline: &StateStats, rows: &[Row<'_>], hits: &HitsPerLoop, out_dir
     let by_probe: Vec<String> =
         hits.per_probe.iter().filter(|(_, v)| *v > 0.0).map(|(n, v)| format!("{n} {v}")).collect();
     lines.push(format!("probe hits per loop: {} ({})", hits.total, by_probe.join(", ")));
-    for r in rows.iter().filter(|r| r.name != "detached") {
+    // A budget run sees only some of the hits, so it has no cost per hit.
+    for r in rows.iter().filter(|r| r.name != "detached" && !r.name.starts_with("budget")) {
         match ns_per_hit(baseline, r.stats, hits) {
             Some(ns) => lines.push(format!("cost per probe hit ({}): {ns:.0} ns", r.name)),
             None => lines.push(format!("cost per probe hit ({}): n/a, the statement hits no probe", r.name)),

@@ -1,0 +1,82 @@
+//! `--budget`: tracer traces in windows and detaches between them, so the
+//! target's code holds no breakpoint during a gap; rates come out marked as
+//! estimates; and nothing is left behind at the end.
+
+use std::{
+    thread::sleep,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use tracer_tests::{TracerRun, Workload, attached_probes, probe_sites, read_sites, require_root, shared_python};
+
+fn as_f64(v: &Value, what: &str) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("{what} is not a number: {v}"))
+}
+
+#[test]
+fn budget_detaches_between_windows_and_reports_estimates() {
+    require_root();
+    let mut workload = Workload::serve(&shared_python());
+    let pid = workload.pid();
+    let (tracer, attached) = TracerRun::attach_json(pid, &["--budget", "1", "--interval", "0.5"]);
+    let image = attached["python"]["image"].as_str().expect("image");
+    let symbols = attached_probes(&attached);
+    assert_eq!(symbols.len(), 14);
+    let sites = probe_sites(pid, image, &symbols);
+
+    // The serve loop hits the single-stepped probes thousands of times a
+    // second, so its first window costs far more than 1% of itself: tracer
+    // must detach every probe and then stay detached for a long gap (many
+    // seconds, while this test runs).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let code = read_sites(pid, &sites);
+        if sites.iter().zip(&code).all(|(site, bytes)| *bytes == site.file_bytes) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "tracer --budget 1 never detached from the busy target");
+        sleep(Duration::from_millis(20));
+    }
+    // Detached, yet still reporting: an interval line arrives in the gap.
+    let during_gap = tracer.stdout.next_line("an interval line during the gap").expect("an interval line");
+    let during_gap: Value = serde_json::from_str(&during_gap).expect("JSON");
+    assert_eq!(during_gap["type"], "interval");
+    assert_eq!(during_gap["budget"]["estimates"], true);
+    workload.ping();
+
+    tracer.signal(libc::SIGINT);
+    let (status, lines, stderr) = tracer.finish();
+    assert!(status.success(), "{status}: {stderr}");
+    assert_eq!(stderr, format!("tracer: detached from PID {pid} (signal)\n"));
+    let summary = lines.last().expect("summary");
+    assert_eq!(summary["type"], "summary");
+    for (name, value) in summary["stats"].as_object().expect("stats") {
+        assert_eq!(value, 0, "BPF stat {name} is non-zero: {summary}");
+    }
+    let budget = &summary["budget"];
+    assert_eq!(budget["estimates"], true);
+    assert_eq!(budget["percent"], 1.0);
+    assert!(budget["windows"].as_u64().expect("windows") >= 1, "{budget}");
+    let fraction = as_f64(&budget["traced_fraction"], "traced_fraction");
+    assert!(fraction > 0.0 && fraction < 1.0, "traced fraction {fraction}");
+    let costs = &budget["hit_cost_ns"];
+    let (stepped, emulated) = (as_f64(&costs["single_stepped"], "cost"), as_f64(&costs["emulated"], "cost"));
+    assert!(emulated > 0.0 && stepped > emulated, "calibrated costs: {costs}");
+    // Every probe has an estimate, and a probe that counted calls has a
+    // positive rate: counts over its own live time.
+    for name in &symbols {
+        let p = &summary["probes"][name];
+        let rate = as_f64(&p["estimate"]["calls_per_s"], "calls_per_s");
+        let calls = p["calls"].as_u64().expect("calls");
+        assert_eq!(calls > 0, rate > 0.0, "{name}: {p}");
+    }
+    assert!(summary["probes"]["_Py_NewReference"]["calls"].as_u64().unwrap() > 0);
+
+    // Nothing left behind, and the target runs on.
+    let code = read_sites(pid, &sites);
+    for (site, bytes) in sites.iter().zip(&code) {
+        assert_eq!(*bytes, site.file_bytes, "{} differs from the ELF after tracer exited", site.symbol);
+    }
+    workload.ping();
+}
