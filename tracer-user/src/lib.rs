@@ -8,6 +8,7 @@ pub mod config;
 pub mod elf;
 pub mod error;
 pub mod interpreter;
+pub mod multi;
 pub mod output;
 pub mod placement;
 pub mod privileges;

@@ -47,6 +47,8 @@ struct DutyCycle {
     /// Per probe, the calibrated cost of one hit.
     cost_ns: Vec<f64>,
     scope: u32,
+    /// Whether the probes attach through uprobe-multi links.
+    multi: bool,
     estimator: Estimator,
     /// While attached: when the attach began and when it completed.
     attached: Option<(Instant, Instant)>,
@@ -61,7 +63,7 @@ impl DutyCycle {
         session: &Session,
         budget: f64,
         costs: HitCosts,
-        scope: u32,
+        (scope, multi): (u32, bool),
         attach: (Instant, Instant),
     ) -> Result<Self, AttachError> {
         Ok(Self {
@@ -69,6 +71,7 @@ impl DutyCycle {
             costs,
             cost_ns: session.attached.iter().map(|p| costs.of(p.placement.emulated)).collect(),
             scope,
+            multi,
             estimator: Estimator::new(session.attached.len()),
             attached: Some(attach),
             at_window_start: counts(session)?,
@@ -79,23 +82,34 @@ impl DutyCycle {
     /// Ends the window if attached, else starts one.
     fn toggle(&mut self, session: &mut Session) -> Result<(), AttachError> {
         let Some((began, live)) = self.attached else {
-            // Counts do not move while detached: this is the window's base.
-            self.at_window_start = counts(session)?;
-            let began = Instant::now();
-            attach_scope(session, self.scope)?;
-            let live = Instant::now();
-            self.attached = Some((began, live));
-            self.next = live + self.controller.window;
+            if self.multi {
+                // The links go live within the attach; the window starts
+                // once they are and its base is read.
+                session.attach_multi(self.scope)?;
+                self.at_window_start = counts(session)?;
+                let live = Instant::now();
+                self.attached = Some((live, live));
+                self.next = live + self.controller.window;
+            } else {
+                // Counts do not move while detached: this is the base.
+                self.at_window_start = counts(session)?;
+                let began = Instant::now();
+                attach_scope(session, self.scope)?;
+                let live = Instant::now();
+                self.attached = Some((began, live));
+                self.next = live + self.controller.window;
+            }
             return Ok(());
         };
+        let counts_now = counts(session)?;
         let now = Instant::now();
-        let window = self.window_counts(&counts(session)?);
+        let window = self.window_counts(&counts_now);
         // Half the attach counts as live: the probes went live one by one.
         let traced = now - live + (live - began) / 2;
         if self.controller.gap(traced, self.overhead(&window)).is_none() {
             // Within budget on its own: the next window follows at once.
             self.record(&window, &vec![traced; window.len()], traced);
-            self.at_window_start = counts(session)?;
+            self.at_window_start = counts_now;
             self.attached = Some((now, now));
             self.next = now + self.controller.window;
             return Ok(());
@@ -108,6 +122,17 @@ impl DutyCycle {
     /// Detaches and records the window; returns the gap the budget needs.
     fn close(&mut self, session: &mut Session) -> Result<Duration, AttachError> {
         let Some((began, live)) = self.attached.take() else { return Ok(Duration::ZERO) };
+        if self.multi {
+            // The window ends here: hits while the links remove their
+            // breakpoints (a moment) count in the totals but not here.
+            let window = self.window_counts(&counts(session)?);
+            let ended = Instant::now();
+            session.detach_multi(self.scope);
+            // (began == live: see toggle.)
+            let traced = ended - live + (live - began) / 2;
+            let overhead = self.record(&window, &vec![traced; window.len()], traced);
+            return Ok(self.controller.gap(traced, overhead).unwrap_or(Duration::ZERO));
+        }
         // Each detach holds the next one back (see Session::detach_in_order),
         // so the probes that cost most go first.
         let so_far = self.window_counts(&counts(session)?);
@@ -205,10 +230,28 @@ pub async fn attach(config: &AttachConfig, out: impl Write) -> anyhow::Result<En
         }
     };
     let attach_began = Instant::now();
-    attach_scope(&mut session, scope)?;
+    let multi = if config.budget.is_some() {
+        // Windows need probes that detach at once (see crate::multi).
+        match session.attach_multi(scope) {
+            Ok(()) => true,
+            Err(AttachError::Multi(e)) => {
+                eprintln!(
+                    "tracer: note: {e}; --budget windows use one uprobe per probe instead, which the kernel detaches about 0.13 s apart"
+                );
+                attach_scope(&mut session, scope)?;
+                false
+            }
+            Err(e) => return Err(e.into()),
+        }
+    } else {
+        attach_scope(&mut session, scope)?;
+        false
+    };
     let started = Instant::now();
     let mut duty = match (config.budget, costs) {
-        (Some(budget), Some(costs)) => Some(DutyCycle::new(&session, budget, costs, scope, (attach_began, started))?),
+        (Some(budget), Some(costs)) => {
+            Some(DutyCycle::new(&session, budget, costs, (scope, multi), (attach_began, started))?)
+        }
         _ => None,
     };
     let mut reporter = output::reporter(config.format, Box::new(out));

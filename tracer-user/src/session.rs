@@ -4,14 +4,14 @@
 use std::{
     collections::{BTreeMap, HashMap},
     num::NonZeroU32,
-    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd},
+    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd, OwnedFd},
     path::PathBuf,
     time::Instant,
 };
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{MapData, PerCpuArray, PerCpuHashMap},
+    maps::{Map, MapData, PerCpuArray, PerCpuHashMap},
     programs::{
         ProgramFd, UProbe,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
@@ -26,6 +26,7 @@ use tracer_common::{
 
 use crate::{
     elf::ElfImage,
+    multi,
     placement::{self, Placement},
     probes::{ProbeSpec, Program},
 };
@@ -53,6 +54,10 @@ pub enum AttachError {
     NoProbes { path: PathBuf },
     #[error("process {pid} exited while tracer was attaching; start it again and pass its new PID")]
     TargetExited { pid: u32 },
+    #[error("cannot duplicate the fd of BPF map {name}: {cause}")]
+    MapFd { name: String, cause: std::io::Error },
+    #[error("{0}")]
+    Multi(#[from] crate::multi::MultiError),
 }
 
 impl AttachError {
@@ -163,6 +168,12 @@ pub struct Session {
     attach_path: PathBuf,
     /// Links per attached process ([`ALL_PROCESSES`] for system-wide).
     links: HashMap<u32, Vec<(Program, UProbeLinkId)>>,
+    /// The maps by name, for programs loaded for uprobe-multi links.
+    map_fds: Vec<(String, OwnedFd)>,
+    /// Programs loaded for uprobe-multi links, on first use.
+    multi_programs: HashMap<Program, OwnedFd>,
+    /// uprobe-multi links per attached process.
+    multi_links: HashMap<u32, Vec<OwnedFd>>,
 }
 
 impl Session {
@@ -194,6 +205,17 @@ impl Session {
             programs.push((name, fd));
         }
         let probe_programs = attached.iter().map(|p| options.program_override.unwrap_or(p.program)).collect();
+        let mut map_fds = Vec::new();
+        for (name, map) in ebpf.maps() {
+            if let Map::Array(data) | Map::PerCpuArray(data) | Map::PerCpuHashMap(data) | Map::HashMap(data) = map {
+                let fd = data
+                    .fd()
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .map_err(|cause| AttachError::MapFd { name: name.to_owned(), cause })?;
+                map_fds.push((name.to_owned(), fd));
+            }
+        }
         let counters = take_map(&mut ebpf, names::COUNTERS_MAP, PerCpuHashMap::try_from)?;
         let stats = take_map(&mut ebpf, names::STATS_MAP, PerCpuArray::try_from)?;
         Ok(Self {
@@ -207,6 +229,9 @@ impl Session {
             display_path: image.display_path.to_owned(),
             attach_path: image.attach_path.to_owned(),
             links: HashMap::new(),
+            map_fds,
+            multi_programs: HashMap::new(),
+            multi_links: HashMap::new(),
         })
     }
 
@@ -288,6 +313,54 @@ impl Session {
         began
     }
 
+    /// Attaches every probe to `pid` ([`ALL_PROCESSES`]: every process)
+    /// through uprobe-multi links, one per program (see [`crate::multi`]).
+    /// On failure nothing stays attached in that scope.
+    pub fn attach_multi(&mut self, pid: u32) -> Result<(), AttachError> {
+        let mut links = Vec::new();
+        for program in Program::ALL {
+            let points: Vec<(u64, u64)> = self
+                .attached
+                .iter()
+                .zip(&self.probe_programs)
+                .filter(|(_, p)| **p == program)
+                .map(|(probe, _)| (probe.probe_offset(), u64::from(probe.slot)))
+                .collect();
+            if points.is_empty() {
+                continue;
+            }
+            if !self.multi_programs.contains_key(&program) {
+                let fd = multi::load(crate::BPF_OBJECT, program.name(), &self.map_fds)?;
+                self.multi_programs.insert(program, fd);
+            }
+            let fd = &self.multi_programs[&program];
+            match multi::attach(fd, program.name(), &self.attach_path, &points, pid) {
+                Ok(link) => links.push(link),
+                Err(e) => {
+                    drop(links);
+                    if pid != ALL_PROCESSES && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                        return Err(AttachError::TargetExited { pid });
+                    }
+                    return Err(e.into());
+                }
+            }
+        }
+        self.multi_links.insert(pid, links);
+        Ok(())
+    }
+
+    /// Detaches the uprobe-multi links of `pid`. Each link removes its
+    /// breakpoints and then waits for a grace period; closing them from
+    /// threads of their own lets every link remove its breakpoints at once.
+    pub fn detach_multi(&mut self, pid: u32) {
+        let links = self.multi_links.remove(&pid).unwrap_or_default();
+        std::thread::scope(|scope| {
+            for link in links {
+                scope.spawn(move || drop(link));
+            }
+        });
+    }
+
     /// Reads every counter, summing the per-CPU values.
     pub fn read(&self) -> Result<Readings, AttachError> {
         let map_err = |name| move |cause| AttachError::Map { name, cause: Box::new(cause) };
@@ -310,8 +383,9 @@ impl Session {
             stats.push(per_cpu.iter().fold(0u64, |sum, v| sum.saturating_add(*v)));
         }
         let mut kernel_misses = 0u64;
-        for (name, fd) in &self.programs {
-            let misses = recursion_misses(fd.as_fd()).map_err(|cause| AttachError::ProgramInfo { name, cause })?;
+        let multi = self.multi_programs.iter().map(|(p, fd)| (p.name(), fd.as_fd()));
+        for (name, fd) in self.programs.iter().map(|(n, fd)| (*n, fd.as_fd())).chain(multi) {
+            let misses = recursion_misses(fd).map_err(|cause| AttachError::ProgramInfo { name, cause })?;
             kernel_misses = kernel_misses.saturating_add(misses);
         }
         Ok(Readings { totals, per_process, stats, kernel_misses })

@@ -1,0 +1,175 @@
+//! uprobe-multi links: every probe of one program in one kernel link, for
+//! `--budget` windows.
+//!
+//! A perf-event uprobe (what aya attaches) waits for a kernel grace period
+//! when it is detached, under a kernel-wide mutex: about 0.13 s per probe on
+//! the VM BENCHMARKS.md was measured on, one probe after another, so a window
+//! of 14 probes could not end in less than about 1.8 s. A uprobe-multi link
+//! (`BPF_TRACE_UPROBE_MULTI`, Linux 6.6) removes all of its breakpoints first
+//! and then waits once. aya 0.14 cannot load a program for that attach type,
+//! so this module loads tracer's own programs again from the embedded object
+//! with aya-obj (relocated against the session's maps, so they count into
+//! the same counters) and makes the two `bpf()` calls itself.
+
+use std::{
+    collections::HashSet,
+    ffi::CString,
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd},
+    path::Path,
+};
+
+use aya_obj::generated::{bpf_attach_type, bpf_cmd, bpf_insn, bpf_prog_type};
+use thiserror::Error;
+
+/// Why a uprobe-multi program or link could not be made.
+#[derive(Debug, Error)]
+pub enum MultiError {
+    #[error("parsing the embedded BPF object: {0}")]
+    Parse(String),
+    #[error("the embedded BPF object has no program {name}")]
+    NoProgram { name: &'static str },
+    #[error("relocating {name}: {cause}")]
+    Relocate { name: &'static str, cause: String },
+    #[error("loading {name} for uprobe-multi links (needs Linux 6.6 or later): {cause}{log}")]
+    Load { name: &'static str, cause: std::io::Error, log: String },
+    #[error("attaching a uprobe-multi link of {name} to {path}: {cause}")]
+    Link { name: &'static str, path: String, cause: std::io::Error },
+}
+
+/// The `prog_load` part of `union bpf_attr`, up to the last field used;
+/// the rest is zero, as the kernel requires.
+#[repr(C)]
+struct ProgLoadAttr {
+    prog_type: u32,
+    insn_cnt: u32,
+    insns: u64,
+    license: u64,
+    log_level: u32,
+    log_size: u32,
+    log_buf: u64,
+    kern_version: u32,
+    prog_flags: u32,
+    prog_name: [u8; 16],
+    prog_ifindex: u32,
+    expected_attach_type: u32,
+    tail: [u64; 10],
+}
+
+/// The `link_create` part of `union bpf_attr` for `uprobe_multi`.
+#[repr(C)]
+struct LinkCreateAttr {
+    prog_fd: u32,
+    target_fd: u32,
+    attach_type: u32,
+    flags: u32,
+    path: u64,
+    offsets: u64,
+    ref_ctr_offsets: u64,
+    cookies: u64,
+    cnt: u32,
+    multi_flags: u32,
+    pid: u32,
+    pad: u32,
+    tail: [u64; 8],
+}
+
+fn bpf<T>(cmd: bpf_cmd, attr: &mut T) -> std::io::Result<OwnedFd> {
+    let size = libc::c_long::try_from(size_of::<T>()).map_err(std::io::Error::other)?;
+    // SAFETY: attr is a live, fully initialised #[repr(C)] value laid out as
+    // the kernel's union bpf_attr for `cmd`, and its size is passed with it;
+    // every pointer in it points into memory that outlives the call.
+    let ret = unsafe { libc::syscall(libc::SYS_bpf, cmd as libc::c_long, std::ptr::from_mut(attr), size) };
+    if ret < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let fd = RawFd::try_from(ret).map_err(|_| std::io::Error::other("fd out of range"))?;
+    // SAFETY: on success these commands return a new fd that nothing else
+    // owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Loads the program `name` from `object` for uprobe-multi links, with its
+/// maps relocated to the fds in `maps` (by map name).
+///
+/// # Errors
+/// When the object does not parse or relocate, or the kernel refuses it.
+pub fn load(object: &[u8], name: &'static str, maps: &[(String, OwnedFd)]) -> Result<OwnedFd, MultiError> {
+    let mut obj = aya_obj::Object::parse(object).map_err(|e| MultiError::Parse(e.to_string()))?;
+    let text_sections: HashSet<usize> = obj.functions.keys().map(|(section, _)| *section).collect();
+    let defs: Vec<(&str, RawFd, aya_obj::Map)> = maps
+        .iter()
+        .filter_map(|(map, fd)| obj.maps.get(map).map(|def| (map.as_str(), fd.as_raw_fd(), def.clone())))
+        .collect();
+    let relocate_err = |cause: String| MultiError::Relocate { name, cause };
+    obj.relocate_maps(defs.iter().map(|(n, fd, def)| (*n, *fd, def)), &text_sections)
+        .map_err(|e| relocate_err(e.to_string()))?;
+    obj.relocate_calls(&text_sections).map_err(|e| relocate_err(e.to_string()))?;
+    let program = obj.programs.get(name).ok_or(MultiError::NoProgram { name })?;
+    let insns: &[bpf_insn] =
+        &obj.functions.get(&program.function_key()).ok_or(MultiError::NoProgram { name })?.instructions;
+    let license = CString::new("GPL").map_err(|e| MultiError::Parse(e.to_string()))?;
+    let mut prog_name = [0u8; 16];
+    for (dst, src) in prog_name.iter_mut().zip(name.bytes().take(15)) {
+        *dst = src;
+    }
+    let attr = |log: &mut Vec<u8>, level| ProgLoadAttr {
+        prog_type: bpf_prog_type::BPF_PROG_TYPE_KPROBE as u32,
+        insn_cnt: u32::try_from(insns.len()).unwrap_or(u32::MAX),
+        insns: insns.as_ptr() as u64,
+        license: license.as_ptr() as u64,
+        log_level: level,
+        log_size: u32::try_from(log.len()).unwrap_or(0),
+        log_buf: if log.is_empty() { 0 } else { log.as_mut_ptr() as u64 },
+        kern_version: 0,
+        prog_flags: 0,
+        prog_name,
+        prog_ifindex: 0,
+        expected_attach_type: bpf_attach_type::BPF_TRACE_UPROBE_MULTI as u32,
+        tail: [0; 10],
+    };
+    match bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr(&mut Vec::new(), 0)) {
+        Ok(fd) => Ok(fd),
+        Err(cause) => {
+            // Again with the verifier's log, for the error message.
+            let mut log = vec![0u8; 1 << 16];
+            let _ = bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr(&mut log, 1));
+            let text = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)]).into_owned();
+            let last = text.lines().rev().find(|l| !l.trim().is_empty()).map(|l| format!(" ({l})")).unwrap_or_default();
+            Err(MultiError::Load { name, cause, log: last })
+        }
+    }
+}
+
+/// Attaches `program` at each `(file offset, cookie)` in `path`, for `pid`
+/// only (0: every process). Closing the returned fd detaches them all.
+///
+/// # Errors
+/// When the kernel refuses the link.
+pub fn attach(
+    program: &OwnedFd,
+    name: &'static str,
+    path: &Path,
+    points: &[(u64, u64)],
+    pid: u32,
+) -> Result<OwnedFd, MultiError> {
+    let link_err = |cause| MultiError::Link { name, path: path.display().to_string(), cause };
+    let c_path = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| link_err(std::io::Error::other(e)))?;
+    let offsets: Vec<u64> = points.iter().map(|p| p.0).collect();
+    let cookies: Vec<u64> = points.iter().map(|p| p.1).collect();
+    let mut attr = LinkCreateAttr {
+        prog_fd: u32::try_from(program.as_raw_fd()).map_err(|e| link_err(std::io::Error::other(e)))?,
+        target_fd: 0,
+        attach_type: bpf_attach_type::BPF_TRACE_UPROBE_MULTI as u32,
+        flags: 0,
+        path: c_path.as_ptr() as u64,
+        offsets: offsets.as_ptr() as u64,
+        ref_ctr_offsets: 0,
+        cookies: cookies.as_ptr() as u64,
+        cnt: u32::try_from(points.len()).unwrap_or(u32::MAX),
+        multi_flags: 0,
+        pid,
+        pad: 0,
+        tail: [0; 8],
+    };
+    bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr).map_err(link_err)
+}
