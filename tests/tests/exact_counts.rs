@@ -25,6 +25,8 @@ fn traced_run_with(python: &Path, n: u64, body: Body, exit: Exit, aslr: Aslr, ex
     let (tracer, attached) = TracerRun::attach_json(workload.pid(), &args);
     assert_eq!(attached["pid"], workload.pid());
     assert!(attached["missing"].is_array());
+    let link_mode = if extra.contains(&"perf") { "perf" } else { "multi" };
+    assert_eq!(attached["links"], link_mode, "{attached}");
     let probes = tracer_tests::attached_probes(&attached);
     workload.go();
     let pid = workload.pid();
@@ -190,6 +192,30 @@ fn placed_equals_entry(python: &Path) {
             assert_eq!(placed[name], entry[name], "{name} ({body:?}): placed vs entry");
         }
     }
+}
+
+/// uprobe-multi links (the default) count exactly what perf-event uprobes
+/// count.
+fn multi_equals_perf(python: &Path) {
+    require_root();
+    for body in [Body::Objects, Body::Api] {
+        let (probes, multi) = traced_run_with(python, 300, body, Exit::Immediate, Aslr::Off, &["--links", "multi"]);
+        let (_, perf) = traced_run_with(python, 300, body, Exit::Immediate, Aslr::Off, &["--links", "perf"]);
+        assert!(!probes.is_empty());
+        for name in &probes {
+            assert_eq!(multi[name], perf[name], "{name} ({body:?}): multi links vs perf-event uprobes");
+        }
+    }
+}
+
+#[test]
+fn shared_multi_links_count_like_perf_uprobes() {
+    multi_equals_perf(&shared_python());
+}
+
+#[test]
+fn static_multi_links_count_like_perf_uprobes() {
+    multi_equals_perf(&static_python());
 }
 
 #[test]

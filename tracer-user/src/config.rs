@@ -46,6 +46,34 @@ pub struct AttachConfig {
     /// `--budget`: the share of the target's time (a fraction, 0.01 for 1%)
     /// tracer may cost it; `None` traces all the time.
     pub budget: Option<f64>,
+    /// How probes are attached.
+    pub links: LinkMode,
+}
+
+/// How probes are attached in the kernel.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LinkMode {
+    /// uprobe-multi links where the kernel has them, else perf-event
+    /// uprobes.
+    #[default]
+    Auto,
+    /// uprobe-multi links (Linux 6.6+): one per BPF program, detached at
+    /// once (see [`crate::multi`]).
+    Multi,
+    /// One perf-event uprobe per probe, as aya attaches them.
+    Perf,
+}
+
+impl LinkMode {
+    /// The JSON `links` value of the mode actually used.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Multi => "multi",
+            Self::Perf => "perf",
+        }
+    }
 }
 
 /// A configuration value that cannot work.
@@ -63,6 +91,8 @@ pub enum ConfigError {
     Probes(#[from] SelectionError),
     #[error("--placement must be auto or entry (got {value:?})")]
     BadPlacement { value: String },
+    #[error("--links must be auto, multi or perf (got {value:?})")]
+    BadLinks { value: String },
     #[error(
         "--budget must be a percentage of the target's time above 0 and at most 100 (got {value}); e.g. --budget 1"
     )]
@@ -82,6 +112,8 @@ pub struct AttachArgs<'a> {
     pub placement: &'a str,
     /// `--budget`, in percent.
     pub budget_percent: Option<f64>,
+    /// `--links`: "auto", "multi" or "perf" (empty: auto).
+    pub links: &'a str,
 }
 
 /// Parses `--placement`.
@@ -116,8 +148,15 @@ impl AttachConfig {
             Some(value) if value.is_finite() && value > 0.0 && value <= 100.0 => Some(value / 100.0),
             Some(value) => return Err(ConfigError::BadBudget { value }),
         };
+        let links = match args.links {
+            "" | "auto" => LinkMode::Auto,
+            "multi" => LinkMode::Multi,
+            "perf" => LinkMode::Perf,
+            other => return Err(ConfigError::BadLinks { value: other.to_owned() }),
+        };
         Ok(Self {
             budget,
+            links,
             target,
             probes: ProbeSelection::parse(args.probes)?,
             placement: parse_placement(args.placement)?,
@@ -151,6 +190,7 @@ mod tests {
             probes: "default",
             placement: "auto",
             budget_percent: None,
+            links: "auto",
         }
     }
 
@@ -208,6 +248,20 @@ mod tests {
         assert_eq!(
             AttachConfig::new(&bad).unwrap_err().to_string(),
             "--placement must be auto or entry (got \"middle\")"
+        );
+    }
+
+    #[test]
+    fn link_modes() {
+        assert_eq!(AttachConfig::new(&args(1, None, 1.0, false)).unwrap().links, LinkMode::Auto);
+        for (value, mode) in [("multi", LinkMode::Multi), ("perf", LinkMode::Perf), ("", LinkMode::Auto)] {
+            let a = AttachArgs { links: value, ..args(1, None, 1.0, false) };
+            assert_eq!(AttachConfig::new(&a).unwrap().links, mode);
+        }
+        let bad = AttachArgs { links: "bpf", ..args(1, None, 1.0, false) };
+        assert_eq!(
+            AttachConfig::new(&bad).unwrap_err().to_string(),
+            "--links must be auto, multi or perf (got \"bpf\")"
         );
     }
 

@@ -16,7 +16,7 @@ use tokio::{
 use crate::{
     budget::{Controller, Estimator, HitCosts, ProbeWindow},
     calibrate,
-    config::{AttachConfig, TargetSpec},
+    config::{AttachConfig, LinkMode, TargetSpec},
     interpreter::Interpreter,
     output::{self, AttachInfo, End, ProbeSample, ProcessSample, Sample},
     privileges,
@@ -32,6 +32,25 @@ const BUDGET_WINDOW: Duration = Duration::from_millis(20);
 
 fn attach_scope(session: &mut Session, scope: u32) -> Result<(), AttachError> {
     if scope == ALL_PROCESSES { session.attach_all_processes() } else { session.attach_process(scope) }
+}
+
+/// Attaches every probe as `mode` says; returns whether through
+/// uprobe-multi links.
+fn attach_links(session: &mut Session, scope: u32, mode: LinkMode) -> Result<bool, AttachError> {
+    match mode {
+        LinkMode::Perf => attach_scope(session, scope).map(|()| false),
+        LinkMode::Multi => session.attach_multi(scope).map(|()| true),
+        LinkMode::Auto => match session.attach_multi(scope) {
+            Ok(()) => Ok(true),
+            Err(AttachError::Multi(e)) => {
+                eprintln!(
+                    "tracer: note: {e}; attaching one perf-event uprobe per probe instead, which the kernel detaches about 0.13 s apart"
+                );
+                attach_scope(session, scope).map(|()| false)
+            }
+            Err(e) => Err(e),
+        },
+    }
 }
 
 fn estimated(mut sample: Sample, duty: Option<&DutyCycle>) -> Sample {
@@ -204,7 +223,7 @@ pub async fn attach(config: &AttachConfig, out: impl Write) -> anyhow::Result<En
     // times is tracer's own.
     let costs = config.budget.map(|_| calibrate::calibrate()).transpose()?;
     let mut exit = None;
-    let (mut session, info, scope) = match &config.target {
+    let (mut session, mut info, scope) = match &config.target {
         TargetSpec::Pid(pid) => {
             let pid = *pid;
             // The pidfd pins the process identity: if the PID is reused
@@ -230,23 +249,8 @@ pub async fn attach(config: &AttachConfig, out: impl Write) -> anyhow::Result<En
         }
     };
     let attach_began = Instant::now();
-    let multi = if config.budget.is_some() {
-        // Windows need probes that detach at once (see crate::multi).
-        match session.attach_multi(scope) {
-            Ok(()) => true,
-            Err(AttachError::Multi(e)) => {
-                eprintln!(
-                    "tracer: note: {e}; --budget windows use one uprobe per probe instead, which the kernel detaches about 0.13 s apart"
-                );
-                attach_scope(&mut session, scope)?;
-                false
-            }
-            Err(e) => return Err(e.into()),
-        }
-    } else {
-        attach_scope(&mut session, scope)?;
-        false
-    };
+    let multi = attach_links(&mut session, scope, config.links)?;
+    info.links = if multi { LinkMode::Multi } else { LinkMode::Perf };
     let started = Instant::now();
     let mut duty = match (config.budget, costs) {
         (Some(budget), Some(costs)) => {
@@ -318,6 +322,7 @@ fn attach_info(
         probes: session.attached.iter().map(|p| p.symbol).collect(),
         placements: session.attached.iter().map(|p| (p.symbol, p.placement.clone())).collect(),
         missing: session.missing.clone(),
+        links: LinkMode::Auto,
     }
 }
 

@@ -146,7 +146,10 @@ pub fn run(root: &Path, tracer: &Path, effort: &str) -> anyhow::Result<()> {
         writeln!(md)?;
     }
 
-    // 3. tracer's own footprint.
+    // 3. --budget estimates against full counts of the same process.
+    budget_accuracy(&mut md, tracer)?;
+
+    // 4. tracer's own footprint.
     let (command, own) = footprint(root, tracer)?;
     writeln!(md, "## tracer's own cost while attached\n")?;
     writeln!(md, "```\n{command}\n```\n")?;
@@ -358,6 +361,119 @@ fn footprint(root: &Path, tracer: &Path) -> anyhow::Result<(String, Footprint)> 
     let _ = workload.kill();
     let _ = workload.wait();
     result
+}
+
+/// A process running the JSON round trip forever, for `budget_accuracy`.
+const BUSY_JSON: &str = "import json, sys\nd = {'a': 1, 'b': [1, 2, 3], 'c': 'text'}\nprint('ready', flush=True)\nwhile True:\n    json.loads(json.dumps(d))\n";
+
+/// Per probe: name, calls/s, and the 95% interval of an estimate.
+type Rates = Vec<(String, f64, Option<(f64, f64)>)>;
+
+/// Per-probe calls/s of one `tracer attach --json` run: (rate, 95% interval)
+/// from a `--budget` run's estimates, or calls / elapsed from a full count.
+fn attach_rates(tracer: &Path, args: &[&str]) -> anyhow::Result<Rates> {
+    let out = Command::new(tracer).args(args).stderr(Stdio::null()).output().context("running tracer attach")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let summary: Value = serde_json::from_str(text.lines().last().context("tracer printed nothing")?)?;
+    let elapsed = summary["elapsed_s"].as_f64().context("elapsed_s")?;
+    let probes = summary["probes"].as_object().context("probes")?;
+    Ok(probes
+        .iter()
+        .map(|(name, p)| {
+            let e = &p["estimate"];
+            if e.is_null() {
+                #[allow(clippy::cast_precision_loss, reason = "a rate")]
+                let rate = p["calls"].as_u64().unwrap_or(0) as f64 / elapsed;
+                (name.clone(), rate, None)
+            } else {
+                let ci =
+                    e["calls_per_s_ci95"].as_array().and_then(|a| Some((a.first()?.as_f64()?, a.get(1)?.as_f64()?)));
+                (name.clone(), e["calls_per_s"].as_f64().unwrap_or(f64::NAN), ci)
+            }
+        })
+        .collect())
+}
+
+/// `--budget 1` estimates next to full counts of one busy process,
+/// alternating full, budget, full, budget.
+pub fn budget_accuracy(md: &mut String, tracer: &Path) -> anyhow::Result<()> {
+    let python = crate::real_python3()?;
+    let mut busy = Command::new(&python)
+        .args(["-c", BUSY_JSON])
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting the busy JSON loop")?;
+    let result = (|| -> anyhow::Result<Vec<(&str, Rates)>> {
+        let mut line = String::new();
+        BufReader::new(busy.stdout.take().context("stdout")?).read_line(&mut line)?;
+        let pid = busy.id().to_string();
+        let full = ["attach", "--pid", &pid, "--json", "--interval", "3600", "--duration", "10"];
+        let budget = ["attach", "--pid", &pid, "--json", "--interval", "3600", "--duration", "60", "--budget", "1"];
+        let mut runs = Vec::new();
+        for round in 0..2 {
+            for (kind, args) in [("full", &full[..]), ("budget", &budget[..])] {
+                eprintln!("xtask: budget accuracy, round {}: {kind}", round + 1);
+                runs.push((kind, attach_rates(tracer, args)?));
+            }
+        }
+        Ok(runs)
+    })();
+    let _ = busy.kill();
+    let _ = busy.wait();
+    let runs = result?;
+    writeln!(
+        md,
+        "## `--budget 1` estimates against full counts
+"
+    )?;
+    writeln!(
+        md,
+        "One process runs `json.loads(json.dumps(d))` in a loop. Alternately: a full count, then `--budget 1`, twice. PID is that process.
+"
+    )?;
+    writeln!(
+        md,
+        "```
+sudo tracer attach --pid PID --json --interval 3600 --duration 10
+sudo tracer attach --pid PID --json --interval 3600 --duration 60 --budget 1
+```
+"
+    )?;
+    writeln!(
+        md,
+        "Rates are calls/s while traced (README, `--budget`). Difference = budget estimate vs the mean of the two full counts.
+"
+    )?;
+    writeln!(
+        md,
+        "| probe | full 1 | full 2 | budget 1 (±95%) | budget 2 (±95%) | differences |
+|---|---|---|---|---|---|"
+    )?;
+    let fulls: Vec<&Vec<_>> = runs.iter().filter(|(k, _)| *k == "full").map(|(_, r)| r).collect();
+    let budgets: Vec<&Vec<_>> = runs.iter().filter(|(k, _)| *k == "budget").map(|(_, r)| r).collect();
+    for (i, (name, _, _)) in fulls[0].iter().enumerate() {
+        let mean_full = f64::midpoint(fulls[0][i].1, fulls[1][i].1);
+        if mean_full <= 0.0 {
+            continue;
+        }
+        let est = |r: &(String, f64, Option<(f64, f64)>)| match r.2 {
+            Some((lo, hi)) => format!("{:.0} ±{:.0}", r.1, (hi - lo) / 2.0),
+            None => format!("{:.0} ±?", r.1),
+        };
+        let diff = |r: &(String, f64, Option<(f64, f64)>)| format!("{:+.1}%", (r.1 / mean_full - 1.0) * 100.0);
+        writeln!(
+            md,
+            "| `{name}` | {:.0} | {:.0} | {} | {} | {}, {} |",
+            fulls[0][i].1,
+            fulls[1][i].1,
+            est(&budgets[0][i]),
+            est(&budgets[1][i]),
+            diff(&budgets[0][i]),
+            diff(&budgets[1][i])
+        )?;
+    }
+    writeln!(md)?;
+    Ok(())
 }
 
 /// Waits for the child and returns its CPU time and peak RSS.

@@ -46,6 +46,9 @@ enum Task {
         /// fast, normal or rigorous (how many pyperf rounds and values).
         #[arg(long, default_value = "fast", value_parser = ["fast", "normal", "rigorous"])]
         effort: String,
+        /// Run only the --budget accuracy section and print it, leaving BENCHMARKS.md alone.
+        #[arg(long)]
+        budget_only: bool,
     },
     /// Set up, build, run clippy, then run every test (needs root).
     Test {
@@ -69,10 +72,16 @@ fn main() -> anyhow::Result<()> {
             let tracer = build(&root, true)?;
             demo(&root, &tracer, seconds)
         }
-        Task::Bench { effort } => {
+        Task::Bench { effort, budget_only } => {
             setup::run()?;
             require_root("the benchmarks")?;
             let tracer = build(&root, true)?;
+            if budget_only {
+                let mut md = String::new();
+                bench::budget_accuracy(&mut md, &tracer)?;
+                print!("{md}");
+                return Ok(());
+            }
             bench::run(&root, &tracer, &effort)
         }
         Task::Test { args } => {

@@ -86,6 +86,7 @@ impl<W: Write> Reporter for JsonReporter<W> {
             "python": {"version": info.python_version, "image": info.image},
             "probes": info.probes,
             "missing": info.missing,
+            "links": info.links.as_str(),
             "placements": info.placements.iter().map(|(name, p)| ((*name).to_owned(), json!({
                 "offset": p.offset, "instruction": p.instruction, "emulated": p.emulated, "reason": p.reason,
             }))).collect::<Map<String, Value>>(),
@@ -132,6 +133,7 @@ mod tests {
             probes: vec!["_Py_NewReference", "PyObject_Malloc"],
             placements: vec![],
             missing: vec!["PyMem_RawCalloc"],
+            links: crate::config::LinkMode::Multi,
         };
         let out = lines(|r| {
             r.attached(&info).unwrap();
@@ -141,7 +143,7 @@ mod tests {
         assert_eq!(
             out[0],
             json!({"type":"attached","pid":12,"exe":null,"python":{"version":"3.11.7","image":"/lib/libpython3.11.so.1.0"},
-                   "probes":["_Py_NewReference","PyObject_Malloc"],"missing":["PyMem_RawCalloc"],"placements":{}})
+                   "probes":["_Py_NewReference","PyObject_Malloc"],"missing":["PyMem_RawCalloc"],"links":"multi","placements":{}})
         );
         assert_eq!(out[1]["type"], "interval");
         assert_eq!(out[1]["elapsed_s"], 1.0);

@@ -29,6 +29,8 @@ pub struct AttachInfo {
     /// Where each probe sits in its function.
     pub placements: Vec<(&'static str, crate::placement::Placement)>,
     pub missing: Vec<&'static str>,
+    /// How the probes were attached (multi or perf).
+    pub links: crate::config::LinkMode,
 }
 
 /// One probe's cumulative counts.

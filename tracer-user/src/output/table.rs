@@ -143,10 +143,11 @@ impl<W: Write> Reporter for TableReporter<W> {
         };
         writeln!(
             self.out,
-            "tracer: attached to {what} (Python {}, {}): {} probes live{}",
+            "tracer: attached to {what} (Python {}, {}): {} probes live ({}){}",
             info.python_version,
             info.image,
             info.probes.len(),
+            if info.links == crate::config::LinkMode::Multi { "uprobe-multi links" } else { "perf-event uprobes" },
             if info.missing.is_empty() {
                 String::new()
             } else {
