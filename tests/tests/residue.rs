@@ -1,6 +1,7 @@
 //! Residue: while attached the target's code holds the breakpoint at every
 //! probe; after tracer ends, however it ends, the code equals the ELF
-//! file's bytes and the target keeps running.
+//! file's bytes and the target keeps running. Another process running the
+//! same interpreter never holds a breakpoint.
 
 use std::{path::Path, thread::sleep, time::Duration};
 
@@ -20,6 +21,8 @@ fn check(python: &Path, ending: Ending) {
     require_root();
     let mut workload = Workload::serve(python);
     let pid = workload.pid();
+    // Another process on the same interpreter, which --pid must not touch.
+    let mut bystander = Workload::serve(python);
     let extra: &[&str] = match ending {
         Ending::Duration => &["--duration", "1"],
         _ => &[],
@@ -39,6 +42,11 @@ fn check(python: &Path, ending: Ending) {
         assert_eq!(changed, [offset], "{} (+{offset}): bytes changed while attached", site.symbol);
         assert_eq!(bytes[offset], INT3, "{} at {:#x}+{offset} holds no breakpoint", site.symbol, site.address);
     }
+    let bystander_sites = probe_sites(bystander.pid(), image, &symbols);
+    for (site, bytes) in bystander_sites.iter().zip(read_sites(bystander.pid(), &bystander_sites)) {
+        assert_eq!(bytes, site.file_bytes, "{}: a breakpoint in a process tracer was not asked to trace", site.symbol);
+    }
+    bystander.ping();
 
     match ending {
         Ending::Sigint => tracer.signal(libc::SIGINT),
