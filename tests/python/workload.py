@@ -1,6 +1,6 @@
 """Workload driven by tracer's integration tests.
 
-    workload.py once N [finalize|_exit] [objects|api]
+    workload.py once N [finalize|_exit] [objects|api|api-pointers]
                            print "ready", wait for a line on stdin, run the
                            body N times, print "done", then exit normally
                            (finalize, the default) or with os._exit, which
@@ -13,6 +13,11 @@ Bodies:
     objects (default)  one empty list and one bytearray(1000)
     api                one call of each allocator API function through ctypes,
                        with sizes chosen so each function's bytes are distinct
+    api-pointers       the api body, keeping the pointers each allocating
+                       function returned in the loop; after the loop it
+                       prints "looped" and waits for a line, then prints
+                       "sums F=S ...", their wrapping sum per function, and
+                       "done"
 
 The loop uses itertools.repeat so the loop itself allocates nothing per
 iteration.
@@ -40,7 +45,11 @@ API_SIZES = {
 }
 
 
-def api_body_factory():
+def api_body_factory(record=0):
+    """The api body. With record=N, it also keeps the pointers that the
+    first N calls after `api_body.recording["on"] = True` get back from the
+    allocating functions, in a list made up front (so that recording calls
+    no allocator function but PyObject_Malloc, for the index ints)."""
     import ctypes
 
     api = ctypes.pythonapi
@@ -59,21 +68,55 @@ def api_body_factory():
         free.restype = None
         calls.append((malloc, calloc, realloc, free, malloc_size, nelem, elsize, realloc_size))
 
+    store = [None] * (9 * record)
+    slots = iter(range(len(store)))
+    recording = {"on": False}
+
     def api_body():
         for malloc, calloc, realloc, free, malloc_size, nelem, elsize, realloc_size in calls:
-            free(malloc(malloc_size))
-            free(realloc(calloc(nelem, elsize), realloc_size))
+            p = malloc(malloc_size)
+            q = calloc(nelem, elsize)
+            r = realloc(q, realloc_size)
+            if recording["on"]:
+                store[next(slots)] = p
+                store[next(slots)] = q
+                store[next(slots)] = r
+            free(p)
+            free(r)
 
+    def sums():
+        """Wrapping sum of the recorded pointers per function."""
+        names = [f + k for f in API_SIZES for k in ("Malloc", "Calloc", "Realloc")]
+        out = dict.fromkeys(names, 0)
+        for i, ptr in enumerate(store):
+            out[names[i % 9]] = (out[names[i % 9]] + ptr) % 2**64
+        return out
+
+    api_body.recording = recording
+    api_body.sums = sums
     return api_body
 
 
 def once(n, exit_mode, body_name):
-    work = api_body_factory() if body_name == "api" else body
+    if body_name == "api":
+        work = api_body_factory()
+    elif body_name == "api-pointers":
+        work = api_body_factory(record=n)
+    else:
+        work = body
     work()  # warm up: first-call caches are not part of the measurement
+    if body_name == "api-pointers":
+        work.recording["on"] = True
     print("ready", flush=True)
     sys.stdin.readline()
     for _ in itertools.repeat(None, n):
         work()
+    if body_name == "api-pointers":
+        work.recording["on"] = False
+        # Summing allocates: wait until the caller has stopped tracing.
+        print("looped", flush=True)
+        sys.stdin.readline()
+        print("sums " + " ".join(f"{k}={v}" for k, v in work.sums().items()), flush=True)
     print("done", flush=True)
     if exit_mode == "_exit":
         os._exit(0)
@@ -101,4 +144,4 @@ if __name__ == "__main__":
     elif sys.argv[1] == "serve":
         serve()
     else:
-        sys.exit(f"usage: {sys.argv[0]} once N [finalize|_exit] [objects|api] | serve")
+        sys.exit(f"usage: {sys.argv[0]} once N [finalize|_exit] [objects|api|api-pointers] | serve")

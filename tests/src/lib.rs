@@ -144,6 +144,9 @@ pub enum Body {
     /// One call of each allocator function through ctypes, with the sizes in
     /// [`API_SIZES`].
     Api,
+    /// The api body, reporting the wrapping sum of the pointers each
+    /// allocating function returned (see [`Workload::finish_with_sums`]).
+    ApiPointers,
 }
 
 impl Body {
@@ -151,6 +154,7 @@ impl Body {
         match self {
             Self::Objects => "objects",
             Self::Api => "api",
+            Self::ApiPointers => "api-pointers",
         }
     }
 }
@@ -286,11 +290,29 @@ impl Workload {
     }
 
     /// Waits for a `once` workload to finish and exit successfully.
-    pub fn finish(mut self) {
-        self.expect("done");
+    pub fn finish(self) {
+        let _sums = self.finish_with_sums();
+    }
+
+    /// Like [`Self::finish`]; returns what an `api-pointers` workload
+    /// printed: per allocating function, the wrapping sum of the pointers it
+    /// returned in the loop (empty for other bodies).
+    #[must_use]
+    pub fn finish_with_sums(mut self) -> HashMap<String, u64> {
+        let mut sums = HashMap::new();
+        let mut line = self.stdout.next_line("done");
+        if let Some(rest) = line.as_deref().and_then(|l| l.strip_prefix("sums ")) {
+            for pair in rest.split_whitespace() {
+                let (name, sum) = pair.split_once('=').expect("NAME=SUM");
+                sums.insert(name.to_owned(), sum.parse().expect("a u64 sum"));
+            }
+            line = self.stdout.next_line("done");
+        }
+        assert_eq!(line.as_deref(), Some("done"), "workload {} printed something else", self.pid());
         drop(self.stdin.take());
         let status = self.child.wait().expect("wait for workload");
         assert!(status.success(), "workload exited with {status}");
+        sums
     }
 }
 

@@ -4,6 +4,7 @@
 #![no_std]
 
 pub mod counter;
+pub mod returns;
 pub mod stats;
 
 /// Names of the maps and globals, so the loader and the BPF object cannot
@@ -11,6 +12,9 @@ pub mod stats;
 pub mod names {
     /// Per-CPU array of [`crate::counter::Counter`], indexed by probe slot.
     pub const COUNTERS_MAP: &str = "COUNTERS";
+    /// Per-CPU hash of [`crate::returns::Returned`] by
+    /// [`crate::counter::CounterKey`].
+    pub const RETURNS_MAP: &str = "RETURNS";
     /// Per-CPU array of `u64`, indexed by [`crate::stats::Stat`].
     pub const STATS_MAP: &str = "STATS";
     /// BPF global: thread-group id the probes count for (0 = any process).

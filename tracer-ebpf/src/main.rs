@@ -12,14 +12,15 @@
 
 use aya_ebpf::{
     EbpfContext as _,
+    bindings::{BPF_NOEXIST, pt_regs},
     helpers::generated::bpf_get_attach_cookie,
-    macros::{map, uprobe},
-    bindings::BPF_NOEXIST,
+    macros::{map, uprobe, uretprobe},
     maps::{PerCpuArray, PerCpuHashMap},
-    programs::ProbeContext,
+    programs::{ProbeContext, RetProbeContext},
 };
 use tracer_common::{
     counter::{Counter, CounterKey, DEFAULT_COUNTER_ENTRIES},
+    returns::Returned,
     stats::{STAT_COUNT, Stat},
 };
 
@@ -32,6 +33,10 @@ static TARGET_TGID: u32 = 0;
 /// Calls and bytes per (process, probe slot). The loader sets the size.
 #[map]
 static COUNTERS: PerCpuHashMap<CounterKey, Counter> = PerCpuHashMap::with_max_entries(DEFAULT_COUNTER_ENTRIES, 0);
+
+/// Returns per (process, probe slot). The loader sets the size.
+#[map]
+static RETURNS: PerCpuHashMap<CounterKey, Returned> = PerCpuHashMap::with_max_entries(DEFAULT_COUNTER_ENTRIES, 0);
 
 /// Misses, indexed by [`Stat`].
 #[map]
@@ -79,6 +84,78 @@ pub fn count_calloc(ctx: ProbeContext) -> u32 {
     record(&ctx, Size::Product(0, 1))
 }
 
+/// Records the value in rax at a point where it holds the function's
+/// result: on a `ret` instruction, or placed where the result is final.
+#[uprobe]
+pub fn ret_value(ctx: ProbeContext) -> u32 {
+    record_return(ctx.regs)
+}
+
+/// Records a function's return value through a uretprobe.
+#[uretprobe]
+pub fn ret_value_uret(ctx: RetProbeContext) -> u32 {
+    record_return(ctx.regs)
+}
+
+#[inline(always)]
+fn record_return(regs: *mut pt_regs) -> u32 {
+    if let Err(stat) = try_record_return(regs) {
+        bump(stat);
+    }
+    0
+}
+
+#[inline(always)]
+fn try_record_return(regs: *mut pt_regs) -> Result<(), Stat> {
+    let tgid = check_target()?;
+    // SAFETY: regs is the context the kernel passed to this program (the
+    // user registers at the probe), which the program may read directly.
+    let value = unsafe { (*regs).rax };
+    // SAFETY: as in try_record: the helper reads this run's cookie.
+    let cookie = unsafe { bpf_get_attach_cookie(regs.cast()) };
+    let slot = u32::try_from(cookie).map_err(|_| Stat::SlotOutOfRange)?;
+    let returned = slot_of(&RETURNS, CounterKey { tgid, slot })?;
+    // SAFETY: as in try_record, a valid pointer to this CPU's value; the
+    // adds are atomic for the same reason.
+    unsafe {
+        atomic_add(&raw mut (*returned).returns, 1);
+        atomic_add(&raw mut (*returned).null, u64::from(value == 0));
+        atomic_add(&raw mut (*returned).pointer_sum, value);
+    }
+    Ok(())
+}
+
+/// The thread-group id of this hit, if it is one tracer counts.
+#[inline(always)]
+fn check_target() -> Result<u32, Stat> {
+    // SAFETY: TARGET_TGID is a plain u32 the loader patches before load; the
+    // volatile read stops the compiler from folding in the initial 0.
+    let target = unsafe { core::ptr::read_volatile(&raw const TARGET_TGID) };
+    // The upper half of pid_tgid is the thread-group id.
+    #[allow(clippy::cast_possible_truncation)]
+    let tgid = (aya_ebpf::helpers::bpf_get_current_pid_tgid() >> 32) as u32;
+    if target != 0 && tgid != target {
+        return Err(Stat::OtherProcess);
+    }
+    Ok(tgid)
+}
+
+/// This CPU's value for `key` in `map`, inserting a zero on first use.
+#[inline(always)]
+fn slot_of<V: Default>(map: &PerCpuHashMap<CounterKey, V>, key: CounterKey) -> Result<*mut V, Stat> {
+    match map.get_ptr_mut(&key) {
+        Some(value) => Ok(value),
+        None => {
+            // First hit of this probe by this process on any CPU. Insert a
+            // zero and look it up again rather than inserting the count: if
+            // a preempted hit inserted first, NOEXIST keeps its count.
+            // An insert that fails for a full map leaves the lookup empty.
+            let _ = map.insert(&key, &V::default(), u64::from(BPF_NOEXIST));
+            map.get_ptr_mut(&key).ok_or(Stat::MapFull)
+        }
+    }
+}
+
 #[inline(always)]
 fn record(ctx: &ProbeContext, size: Size) -> u32 {
     if let Err(stat) = try_record(ctx, size) {
@@ -89,13 +166,7 @@ fn record(ctx: &ProbeContext, size: Size) -> u32 {
 
 #[inline(always)]
 fn try_record(ctx: &ProbeContext, size: Size) -> Result<(), Stat> {
-    // SAFETY: TARGET_TGID is a plain u32 the loader patches before load; the
-    // volatile read stops the compiler from folding in the initial 0.
-    let target = unsafe { core::ptr::read_volatile(&raw const TARGET_TGID) };
-    let tgid = ctx.tgid();
-    if target != 0 && tgid != target {
-        return Err(Stat::OtherProcess);
-    }
+    let tgid = check_target()?;
     let bytes = match size {
         Size::None => 0,
         Size::Arg(n) => ctx.arg::<u64>(n).ok_or(Stat::ArgMissing)?,
@@ -117,18 +188,7 @@ fn try_record(ctx: &ProbeContext, size: Size) -> Result<(), Stat> {
     // context; ctx is the context the kernel passed to this program.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
     let slot = u32::try_from(cookie).map_err(|_| Stat::SlotOutOfRange)?;
-    let key = CounterKey { tgid, slot };
-    let counter = match COUNTERS.get_ptr_mut(&key) {
-        Some(counter) => counter,
-        None => {
-            // First hit of this probe by this process on any CPU. Insert a
-            // zero and look it up again rather than inserting the count: if
-            // a preempted hit inserted first, NOEXIST keeps its count.
-            // An insert that fails for a full map leaves the lookup empty.
-            let _ = COUNTERS.insert(&key, &Counter::default(), u64::from(BPF_NOEXIST));
-            COUNTERS.get_ptr_mut(&key).ok_or(Stat::MapFull)?
-        }
-    };
+    let counter = slot_of(&COUNTERS, CounterKey { tgid, slot })?;
     // SAFETY: the map returned a valid, aligned pointer to this CPU's value,
     // which stays valid while the program runs (hash map values are freed
     // only after an RCU grace period). The adds are atomic because a

@@ -48,6 +48,8 @@ pub struct AttachConfig {
     pub budget: Option<f64>,
     /// How probes are attached.
     pub links: LinkMode,
+    /// `--returns`: also read what the allocating functions return.
+    pub returns: bool,
 }
 
 /// How probes are attached in the kernel.
@@ -114,6 +116,8 @@ pub struct AttachArgs<'a> {
     pub budget_percent: Option<f64>,
     /// `--links`: "auto", "multi" or "perf" (empty: auto).
     pub links: &'a str,
+    /// `--returns`.
+    pub returns: bool,
 }
 
 /// Parses `--placement`.
@@ -155,6 +159,7 @@ impl AttachConfig {
             other => return Err(ConfigError::BadLinks { value: other.to_owned() }),
         };
         Ok(Self {
+            returns: args.returns,
             budget,
             links,
             target,
@@ -191,6 +196,7 @@ mod tests {
             placement: "auto",
             budget_percent: None,
             links: "auto",
+            returns: false,
         }
     }
 

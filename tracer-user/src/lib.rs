@@ -15,6 +15,7 @@ pub mod privileges;
 pub mod probes;
 pub mod process;
 pub mod python;
+pub mod returns;
 pub mod run;
 pub mod session;
 

@@ -10,6 +10,7 @@ use tracer_user::{
     error::exit_status,
     privileges,
     probes::ProbeSelection,
+    returns::ReturnPlan,
 };
 
 /// Count CPython reference and allocation events in a live process, from
@@ -73,6 +74,9 @@ times dearer), and why that instruction was chosen. Nothing is loaded or attache
 struct ProbesArgs {
     #[command(flatten)]
     target: TargetArgs,
+    /// Also show how each allocating function's return value would be read (as `attach --returns`).
+    #[arg(long)]
+    returns: bool,
     /// One JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -161,6 +165,11 @@ struct AttachArgs {
     /// uprobes detach about 0.13 s apart each.
     #[arg(long, value_name = "HOW", default_value = "auto")]
     links: String,
+    /// Also read what each allocating function returns (the new pointer): counts of returns and of
+    /// NULL returns. A probe on every `ret` of a function that always returns through one, else a
+    /// uretprobe; `tracer probes --returns` shows which.
+    #[arg(long)]
+    returns: bool,
 }
 
 fn main() -> ExitCode {
@@ -199,6 +208,7 @@ fn attach(args: &AttachArgs) -> anyhow::Result<()> {
         placement: &args.target.placement,
         budget_percent: args.budget,
         links: &args.links,
+        returns: args.returns,
     })?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let end = runtime.block_on(tracer_user::run::attach(&config, std::io::stdout().lock()))?;
@@ -267,7 +277,7 @@ fn probes(args: &ProbesArgs) -> anyhow::Result<()> {
     };
     let selection = ProbeSelection::parse(&t.probes).map_err(ConfigError::from)?;
     let placement = tracer_user::config::parse_placement(&t.placement)?;
-    let plan = tracer_user::run::probe_plan(&target, &selection, placement)?;
+    let plan = tracer_user::run::probe_plan(&target, &selection, placement, args.returns)?;
     if args.json {
         let probes: Vec<serde_json::Value> = plan
             .probes
@@ -280,6 +290,10 @@ fn probes(args: &ProbesArgs) -> anyhow::Result<()> {
                     "instruction": p.placement.instruction,
                     "emulated": p.placement.emulated,
                     "reason": p.placement.reason,
+                    "returns": p.returns.as_ref().map(|r| match r {
+                        ReturnPlan::RetSites { offsets } => serde_json::json!({"how": r.how(), "offsets": offsets}),
+                        ReturnPlan::Uretprobe { reason } => serde_json::json!({"how": r.how(), "reason": reason}),
+                    }),
                 })
             })
             .collect();
@@ -303,6 +317,19 @@ fn probes(args: &ProbesArgs) -> anyhow::Result<()> {
             if p.placement.emulated { "yes" } else { "no" },
             p.placement.reason
         );
+    }
+    let with_returns: Vec<_> = plan.probes.iter().filter_map(|p| Some((p.symbol, p.returns.as_ref()?))).collect();
+    if !with_returns.is_empty() {
+        println!("  return values (--returns):");
+        for (symbol, r) in with_returns {
+            match r {
+                ReturnPlan::RetSites { offsets } => {
+                    let at: Vec<String> = offsets.iter().map(|o| format!("+{o}")).collect();
+                    println!("  {symbol:<20} uprobes on each ret: {}", at.join(" "));
+                }
+                ReturnPlan::Uretprobe { reason } => println!("  {symbol:<20} uretprobe: {reason}"),
+            }
+        }
     }
     if !plan.missing.is_empty() {
         println!("  not in this build: {}", plan.missing.join(", "));

@@ -21,6 +21,9 @@ use std::{
 use aya_obj::generated::{bpf_attach_type, bpf_cmd, bpf_insn, bpf_prog_type};
 use thiserror::Error;
 
+/// `uprobe_multi.flags`: the offsets are uretprobes (include/uapi/linux/bpf.h).
+const BPF_F_UPROBE_MULTI_RETURN: u32 = 1;
+
 /// Why a uprobe-multi program or link could not be made.
 #[derive(Debug, Error)]
 pub enum MultiError {
@@ -141,7 +144,8 @@ pub fn load(object: &[u8], name: &'static str, maps: &[(String, OwnedFd)]) -> Re
 }
 
 /// Attaches `program` at each `(file offset, cookie)` in `path`, for `pid`
-/// only (0: every process). Closing the returned fd detaches them all.
+/// only (0: every process); with `ret`, as uretprobes at those offsets.
+/// Closing the returned fd detaches them all.
 ///
 /// # Errors
 /// When the kernel refuses the link.
@@ -149,7 +153,7 @@ pub fn attach(
     program: &OwnedFd,
     name: &'static str,
     path: &Path,
-    points: &[(u64, u64)],
+    (points, ret): (&[(u64, u64)], bool),
     pid: u32,
 ) -> Result<OwnedFd, MultiError> {
     let link_err = |cause| MultiError::Link { name, path: path.display().to_string(), cause };
@@ -166,7 +170,7 @@ pub fn attach(
         ref_ctr_offsets: 0,
         cookies: cookies.as_ptr() as u64,
         cnt: u32::try_from(points.len()).unwrap_or(u32::MAX),
-        multi_flags: 0,
+        multi_flags: u32::from(ret) * BPF_F_UPROBE_MULTI_RETURN,
         pid,
         pad: 0,
         tail: [0; 8],

@@ -14,11 +14,23 @@ pub enum Program {
     Calloc,
     /// Does nothing: the bare cost of a uprobe hit, for benchmarks.
     Empty,
+    /// Records rax where it holds the result (a `ret` instruction).
+    RetValue,
+    /// Records the return value through a uretprobe.
+    RetValueUret,
 }
 
 impl Program {
     /// Every program, for loading.
-    pub const ALL: [Self; 5] = [Self::CountCall, Self::SizeArg0, Self::SizeArg1, Self::Calloc, Self::Empty];
+    pub const ALL: [Self; 7] = [
+        Self::CountCall,
+        Self::SizeArg0,
+        Self::SizeArg1,
+        Self::Calloc,
+        Self::Empty,
+        Self::RetValue,
+        Self::RetValueUret,
+    ];
 
     /// The function name in tracer-ebpf/src/main.rs.
     #[must_use]
@@ -29,13 +41,22 @@ impl Program {
             Self::SizeArg1 => "count_size_arg1",
             Self::Calloc => "count_calloc",
             Self::Empty => "empty",
+            Self::RetValue => "ret_value",
+            Self::RetValueUret => "ret_value_uret",
         }
     }
 
     /// Whether the program reports bytes (the table shows "-" otherwise).
     #[must_use]
     pub const fn counts_bytes(self) -> bool {
-        !matches!(self, Self::CountCall | Self::Empty)
+        self.allocates()
+    }
+
+    /// Whether the function returns a new pointer (so `--returns` probes
+    /// its return).
+    #[must_use]
+    pub const fn allocates(self) -> bool {
+        matches!(self, Self::SizeArg0 | Self::SizeArg1 | Self::Calloc)
     }
 }
 

@@ -233,7 +233,8 @@ pub async fn attach(config: &AttachConfig, out: impl Write) -> anyhow::Result<En
             let version = python::read_version(&target)?;
             let specs = config.probes.select(python::abi_for(pid, version)?.probes());
             let image = ImageRef { elf: &target.elf, display_path: &target.image_path, attach_path: &target.host_path };
-            let options = SessionOptions { placement: config.placement, ..SessionOptions::default() };
+            let options =
+                SessionOptions { placement: config.placement, returns: config.returns, ..SessionOptions::default() };
             let session = Session::load(image, &specs, pid, options)?;
             let info = attach_info(&session, Some(pid), None, version, &target.image_path);
             (session, info, pid)
@@ -242,7 +243,8 @@ pub async fn attach(config: &AttachConfig, out: impl Write) -> anyhow::Result<En
             let interp = Interpreter::from_executable(exe)?;
             let specs = config.probes.select(python::abi_for_image(&interp.image, interp.version)?.probes());
             let image = ImageRef { elf: &interp.elf, display_path: &interp.image, attach_path: &interp.image };
-            let options = SessionOptions { placement: config.placement, ..SessionOptions::default() };
+            let options =
+                SessionOptions { placement: config.placement, returns: config.returns, ..SessionOptions::default() };
             let session = Session::load(image, &specs, 0, options)?;
             let info = attach_info(&session, None, Some(&interp.exe), interp.version, &interp.image);
             (session, info, ALL_PROCESSES)
@@ -321,6 +323,7 @@ fn attach_info(
         image: image.display().to_string(),
         probes: session.attached.iter().map(|p| p.symbol).collect(),
         placements: session.attached.iter().map(|p| (p.symbol, p.placement.clone())).collect(),
+        returns: session.attached.iter().filter_map(|p| Some((p.symbol, p.returns.clone()?))).collect(),
         missing: session.missing.clone(),
         links: LinkMode::Auto,
     }
@@ -333,11 +336,13 @@ pub fn sample(session: &Session, started: Instant) -> anyhow::Result<Sample> {
         .attached
         .iter()
         .zip(&readings.totals)
-        .map(|(p, c)| ProbeSample {
+        .zip(&readings.returns)
+        .map(|((p, c), r)| ProbeSample {
             name: p.symbol,
             counts_bytes: p.program.counts_bytes(),
             calls: c.calls,
             bytes: c.bytes,
+            returned: p.returns.as_ref().map(|_| *r),
         })
         .collect();
     let processes = readings
@@ -413,8 +418,9 @@ pub fn probe_plan(
     target: &TargetSpec,
     selection: &crate::probes::ProbeSelection,
     placement: crate::session::PlacementMode,
+    returns: bool,
 ) -> anyhow::Result<ProbePlan> {
-    let options = SessionOptions { placement, ..SessionOptions::default() };
+    let options = SessionOptions { placement, returns, ..SessionOptions::default() };
     match target {
         TargetSpec::Pid(pid) => {
             let target = Target::inspect(*pid)?;

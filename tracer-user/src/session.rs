@@ -21,6 +21,7 @@ use thiserror::Error;
 use tracer_common::{
     counter::{Counter, CounterKey},
     names,
+    returns::Returned,
     stats::{STAT_COUNT, Stat},
 };
 
@@ -29,6 +30,7 @@ use crate::{
     multi,
     placement::{self, Placement},
     probes::{ProbeSpec, Program},
+    returns::{self, ReturnPlan},
 };
 
 /// Failure to load or attach.
@@ -79,6 +81,14 @@ pub struct ImageRef<'a> {
     pub attach_path: &'a std::path::Path,
 }
 
+/// One uprobe to attach: what, where (a file offset) and its cookie.
+struct AttachPoint {
+    symbol: &'static str,
+    program: Program,
+    offset: u64,
+    cookie: u64,
+}
+
 /// One attached probe.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AttachedProbe {
@@ -91,6 +101,9 @@ pub struct AttachedProbe {
     pub file_offset: u64,
     /// Where in the function the uprobe sits, and why.
     pub placement: Placement,
+    /// With `--returns`, for an allocating function: how its return value
+    /// is read.
+    pub returns: Option<ReturnPlan>,
 }
 
 impl AttachedProbe {
@@ -121,6 +134,9 @@ pub struct Readings {
     pub per_process: BTreeMap<u32, Vec<Counter>>,
     /// One per [`Stat`], in [`Stat::ALL`] order.
     pub stats: Vec<u64>,
+    /// Per attached probe: its returns, summed over processes (zero for a
+    /// probe without return probes).
+    pub returns: Vec<Returned>,
     /// Hits the kernel did not run a program for because another BPF
     /// program was already running on that CPU (`recursion_misses` in
     /// `bpf_prog_info`), summed over tracer's programs. Such hits are
@@ -141,11 +157,13 @@ pub struct SessionOptions {
     pub max_processes: u32,
     /// Where in each function to probe.
     pub placement: PlacementMode,
+    /// Whether allocating functions also get return probes (`--returns`).
+    pub returns: bool,
 }
 
 impl Default for SessionOptions {
     fn default() -> Self {
-        Self { program_override: None, max_processes: 1024, placement: PlacementMode::Auto }
+        Self { program_override: None, max_processes: 1024, placement: PlacementMode::Auto, returns: false }
     }
 }
 
@@ -156,6 +174,7 @@ pub struct Session {
     ebpf: Ebpf,
     counters: PerCpuHashMap<MapData, CounterKey, Counter>,
     stats: PerCpuArray<MapData, u64>,
+    returns: PerCpuHashMap<MapData, CounterKey, Returned>,
     /// Our programs, to read the kernel's per-program miss counts.
     programs: Vec<(&'static str, ProgramFd)>,
     /// Attached probes, in table order.
@@ -192,6 +211,7 @@ impl Session {
         let mut ebpf = EbpfLoader::new()
             .override_global(names::TARGET_TGID_GLOBAL, &target_tgid, true)
             .map_max_entries(names::COUNTERS_MAP, slots.saturating_mul(processes))
+            .map_max_entries(names::RETURNS_MAP, slots.saturating_mul(processes))
             .load(crate::BPF_OBJECT)
             .map_err(|e| AttachError::Load(Box::new(e)))?;
 
@@ -218,10 +238,12 @@ impl Session {
         }
         let counters = take_map(&mut ebpf, names::COUNTERS_MAP, PerCpuHashMap::try_from)?;
         let stats = take_map(&mut ebpf, names::STATS_MAP, PerCpuArray::try_from)?;
+        let returns = take_map(&mut ebpf, names::RETURNS_MAP, PerCpuHashMap::try_from)?;
         Ok(Self {
             ebpf,
             counters,
             stats,
+            returns,
             programs,
             attached,
             missing,
@@ -250,21 +272,15 @@ impl Session {
 
     /// On failure nothing stays attached in that scope.
     fn attach_scope(&mut self, pid: u32, scope: UProbeScope) -> Result<(), AttachError> {
-        let mut links = Vec::with_capacity(self.attached.len());
-        for (probe, &program) in self.attached.iter().zip(&self.probe_programs) {
-            let point = UProbeAttachPoint {
-                location: UProbeAttachLocation::AbsoluteOffset(probe.probe_offset()),
-                cookie: Some(u64::from(probe.slot)),
-            };
+        let points = self.attach_points();
+        let mut links = Vec::with_capacity(points.len());
+        for AttachPoint { symbol, program, offset, cookie } in points {
+            let point =
+                UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie: Some(cookie) };
             let result = uprobe_mut(&mut self.ebpf, program).and_then(|p| {
                 p.attach(point, &self.attach_path, scope).map_err(|cause| {
                     if pid == ALL_PROCESSES || std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                        AttachError::Attach {
-                            symbol: probe.symbol,
-                            path: self.display_path.clone(),
-                            pid,
-                            cause: Box::new(cause),
-                        }
+                        AttachError::Attach { symbol, path: self.display_path.clone(), pid, cause: Box::new(cause) }
                     } else {
                         AttachError::TargetExited { pid }
                     }
@@ -318,14 +334,10 @@ impl Session {
     /// On failure nothing stays attached in that scope.
     pub fn attach_multi(&mut self, pid: u32) -> Result<(), AttachError> {
         let mut links = Vec::new();
+        let all = self.attach_points();
         for program in Program::ALL {
-            let points: Vec<(u64, u64)> = self
-                .attached
-                .iter()
-                .zip(&self.probe_programs)
-                .filter(|(_, p)| **p == program)
-                .map(|(probe, _)| (probe.probe_offset(), u64::from(probe.slot)))
-                .collect();
+            let points: Vec<(u64, u64)> =
+                all.iter().filter(|p| p.program == program).map(|p| (p.offset, p.cookie)).collect();
             if points.is_empty() {
                 continue;
             }
@@ -334,7 +346,8 @@ impl Session {
                 self.multi_programs.insert(program, fd);
             }
             let fd = &self.multi_programs[&program];
-            match multi::attach(fd, program.name(), &self.attach_path, &points, pid) {
+            let ret = program == Program::RetValueUret;
+            match multi::attach(fd, program.name(), &self.attach_path, (&points, ret), pid) {
                 Ok(link) => links.push(link),
                 Err(e) => {
                     drop(links);
@@ -347,6 +360,41 @@ impl Session {
         }
         self.multi_links.insert(pid, links);
         Ok(())
+    }
+
+    /// Every place a uprobe goes: each probe's (placed) entry, then its
+    /// return probes.
+    fn attach_points(&self) -> Vec<AttachPoint> {
+        let mut points: Vec<AttachPoint> = self
+            .attached
+            .iter()
+            .zip(&self.probe_programs)
+            .map(|(p, &program)| AttachPoint {
+                symbol: p.symbol,
+                program,
+                offset: p.probe_offset(),
+                cookie: u64::from(p.slot),
+            })
+            .collect();
+        for p in &self.attached {
+            let cookie = u64::from(p.slot);
+            match &p.returns {
+                None => {}
+                Some(ReturnPlan::Uretprobe { .. }) => points.push(AttachPoint {
+                    symbol: p.symbol,
+                    program: Program::RetValueUret,
+                    offset: p.file_offset,
+                    cookie,
+                }),
+                Some(ReturnPlan::RetSites { offsets }) => points.extend(offsets.iter().map(|o| AttachPoint {
+                    symbol: p.symbol,
+                    program: Program::RetValue,
+                    offset: p.file_offset + o,
+                    cookie,
+                })),
+            }
+        }
+        points
     }
 
     /// Detaches the uprobe-multi links of `pid`. Each link removes its
@@ -377,6 +425,13 @@ impl Session {
             per_process.entry(key.tgid).or_insert_with(|| vec![Counter::default(); slots])[slot] = sum;
             totals[slot] = totals[slot].merged(sum);
         }
+        let mut returns = vec![Returned::default(); slots];
+        for entry in &self.returns {
+            let (key, per_cpu) = entry.map_err(map_err(names::RETURNS_MAP))?;
+            if let Some(total) = usize::try_from(key.slot).ok().and_then(|s| returns.get_mut(s)) {
+                *total = per_cpu.iter().fold(*total, |sum, r| sum.merged(*r));
+            }
+        }
         let mut stats = Vec::with_capacity(Stat::ALL.len());
         for index in 0..STAT_COUNT {
             let per_cpu = self.stats.get(&index, 0).map_err(map_err(names::STATS_MAP))?;
@@ -388,9 +443,12 @@ impl Session {
             let misses = recursion_misses(fd).map_err(|cause| AttachError::ProgramInfo { name, cause })?;
             kernel_misses = kernel_misses.saturating_add(misses);
         }
-        Ok(Readings { totals, per_process, stats, kernel_misses })
+        Ok(Readings { totals, per_process, stats, returns, kernel_misses })
     }
 }
+
+/// The largest function whose `ret` instructions tracer looks for.
+const MAX_FUNCTION: u64 = 1 << 16;
 
 /// Resolves `specs` in the image and places each probe, without touching
 /// the kernel: the attach plan `tracer probes` prints. Returns the probes in
@@ -429,12 +487,21 @@ pub fn plan(
                 }
             }
         };
+        let returns = (options.returns && spec.program.allocates()).then(|| {
+            let len = usize::try_from(sym.size.min(MAX_FUNCTION)).unwrap_or(0);
+            match image.elf.read_at(sym.file_offset, len) {
+                Ok(code) if sym.size <= MAX_FUNCTION => returns::plan(&code, sym.address),
+                Ok(_) => ReturnPlan::Uretprobe { reason: format!("the function is over {MAX_FUNCTION} bytes") },
+                Err(e) => ReturnPlan::Uretprobe { reason: format!("the code could not be read ({e})") },
+            }
+        });
         attached.push(AttachedProbe {
             symbol: spec.symbol,
             program: spec.program,
             slot,
             file_offset: sym.file_offset,
             placement: place,
+            returns,
         });
     }
     Ok((attached, missing))

@@ -6,6 +6,7 @@ use std::io::Write;
 use serde_json::{Map, Value, json};
 
 use super::{AttachInfo, End, Reporter, Sample};
+use crate::returns::ReturnPlan;
 
 /// Writes one JSON object per line and flushes it, so a consumer reading a
 /// pipe sees each event as it happens.
@@ -28,8 +29,20 @@ impl<W: Write> JsonReporter<W> {
 fn counts(sample: &Sample) -> Map<String, Value> {
     let mut m = Map::new();
     m.insert("elapsed_s".into(), json!(sample.elapsed.as_secs_f64()));
-    let mut probes: Map<String, Value> =
-        sample.probes.iter().map(|p| (p.name.to_owned(), json!({"calls": p.calls, "bytes": p.bytes}))).collect();
+    let mut probes: Map<String, Value> = sample
+        .probes
+        .iter()
+        .map(|p| {
+            let mut v = json!({"calls": p.calls, "bytes": p.bytes});
+            if let (Some(r), Value::Object(o)) = (p.returned, &mut v) {
+                o.insert(
+                    "returned".into(),
+                    json!({"returns": r.returns, "null": r.null, "pointer_sum": r.pointer_sum}),
+                );
+            }
+            (p.name.to_owned(), v)
+        })
+        .collect();
     if let Some(e) = &sample.estimate {
         for (p, (calls, bytes)) in sample.probes.iter().zip(&e.rates) {
             if let Some(Value::Object(o)) = probes.get_mut(p.name) {
@@ -87,6 +100,10 @@ impl<W: Write> Reporter for JsonReporter<W> {
             "probes": info.probes,
             "missing": info.missing,
             "links": info.links.as_str(),
+            "returns": info.returns.iter().map(|(name, plan)| ((*name).to_owned(), match plan {
+                ReturnPlan::RetSites { offsets } => json!({"how": plan.how(), "offsets": offsets}),
+                ReturnPlan::Uretprobe { reason } => json!({"how": plan.how(), "reason": reason}),
+            })).collect::<Map<String, Value>>(),
             "placements": info.placements.iter().map(|(name, p)| ((*name).to_owned(), json!({
                 "offset": p.offset, "instruction": p.instruction, "emulated": p.emulated, "reason": p.reason,
             }))).collect::<Map<String, Value>>(),
@@ -134,6 +151,7 @@ mod tests {
             placements: vec![],
             missing: vec!["PyMem_RawCalloc"],
             links: crate::config::LinkMode::Multi,
+            returns: vec![],
         };
         let out = lines(|r| {
             r.attached(&info).unwrap();
@@ -143,7 +161,7 @@ mod tests {
         assert_eq!(
             out[0],
             json!({"type":"attached","pid":12,"exe":null,"python":{"version":"3.11.7","image":"/lib/libpython3.11.so.1.0"},
-                   "probes":["_Py_NewReference","PyObject_Malloc"],"missing":["PyMem_RawCalloc"],"links":"multi","placements":{}})
+                   "probes":["_Py_NewReference","PyObject_Malloc"],"missing":["PyMem_RawCalloc"],"links":"multi","returns":{},"placements":{}})
         );
         assert_eq!(out[1]["type"], "interval");
         assert_eq!(out[1]["elapsed_s"], 1.0);

@@ -29,6 +29,8 @@ pub struct AttachInfo {
     /// Where each probe sits in its function.
     pub placements: Vec<(&'static str, crate::placement::Placement)>,
     pub missing: Vec<&'static str>,
+    /// With `--returns`: how each allocating function's return is read.
+    pub returns: Vec<(&'static str, crate::returns::ReturnPlan)>,
     /// How the probes were attached (multi or perf).
     pub links: crate::config::LinkMode,
 }
@@ -41,6 +43,8 @@ pub struct ProbeSample {
     pub counts_bytes: bool,
     pub calls: u64,
     pub bytes: u64,
+    /// With `--returns`, for an allocating function: what it returned.
+    pub returned: Option<tracer_common::returns::Returned>,
 }
 
 /// A counter of things that went wrong (or worth knowing) while counting.
@@ -173,8 +177,14 @@ pub(crate) fn example_sample(elapsed_ms: u64, scale: u64) -> Sample {
     Sample {
         elapsed: Duration::from_millis(elapsed_ms),
         probes: vec![
-            ProbeSample { name: "_Py_NewReference", counts_bytes: false, calls: 10 * scale, bytes: 0 },
-            ProbeSample { name: "PyObject_Malloc", counts_bytes: true, calls: 4 * scale, bytes: 4000 * scale },
+            ProbeSample { name: "_Py_NewReference", counts_bytes: false, calls: 10 * scale, bytes: 0, returned: None },
+            ProbeSample {
+                name: "PyObject_Malloc",
+                counts_bytes: true,
+                calls: 4 * scale,
+                bytes: 4000 * scale,
+                returned: None,
+            },
         ],
         stats: Sample::stats_from(&[0; Stat::ALL.len()], 0),
         processes: vec![ProcessSample { pid: 77, counts: vec![(10 * scale, 0), (4 * scale, 4000 * scale)] }],

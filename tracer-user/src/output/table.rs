@@ -26,7 +26,13 @@ impl<W: Write> TableReporter<W> {
         if let Some(e) = &sample.estimate {
             return self.estimate_block(sample, e);
         }
-        writeln!(self.out, "  {:<20} {:>14} {:>12} {:>16} {:>14}", "function", "calls", "calls/s", "bytes", "bytes/s")?;
+        let with_returns = sample.probes.iter().any(|p| p.returned.is_some());
+        let extra = if with_returns { format!(" {:>14} {:>8}", "returns", "NULL") } else { String::new() };
+        writeln!(
+            self.out,
+            "  {:<20} {:>14} {:>12} {:>16} {:>14}{extra}",
+            "function", "calls", "calls/s", "bytes", "bytes/s"
+        )?;
         for (i, p) in sample.probes.iter().enumerate() {
             let before = since.and_then(|s| s.probes.get(i)).filter(|b| b.name == p.name);
             let dcalls = p.calls - before.map_or(0, |b| b.calls.min(p.calls));
@@ -36,9 +42,14 @@ impl<W: Write> TableReporter<W> {
             } else {
                 ("-".to_owned(), "-".to_owned())
             };
+            let extra = match (with_returns, p.returned) {
+                (false, _) => String::new(),
+                (true, Some(r)) => format!(" {:>14} {:>8}", group(r.returns), group(r.null)),
+                (true, None) => format!(" {:>14} {:>8}", "-", "-"),
+            };
             writeln!(
                 self.out,
-                "  {:<20} {:>14} {:>12} {:>16} {:>14}",
+                "  {:<20} {:>14} {:>12} {:>16} {:>14}{extra}",
                 p.name,
                 group(p.calls),
                 group(rate(dcalls, secs)),
