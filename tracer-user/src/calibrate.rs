@@ -20,6 +20,7 @@ use crate::{
     budget::HitCosts,
     elf::{ElfError, ElfImage},
     probes::{ProbeKind, ProbeSpec, Program},
+    returns::ReturnCosts,
     session::{AttachError, ImageRef, PlacementMode, Session, SessionOptions},
 };
 
@@ -40,6 +41,32 @@ const ROUNDS: usize = 3;
 #[unsafe(no_mangle)]
 pub extern "C" fn tracer_calibration_point(x: u64) -> u64 {
     core::arch::naked_asm!("mov rax, rdi", "push rbx", "pop rbx", "ret")
+}
+
+/// The function return-value probes are calibrated on: `push %rbx`
+/// (emulated, so a uretprobe's entry costs an emulated hit), `mov
+/// %rdi,%rax`, a `jmp` that is the only way into the epilogue (emulated,
+/// rax final), `int3` (never reached), `pop %rbx` and `ret`
+/// (single-stepped). It returns its argument.
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+#[unsafe(no_mangle)]
+pub extern "C" fn tracer_return_point(x: u64) -> u64 {
+    core::arch::naked_asm!("push rbx", "mov rax, rdi", "jmp 2f", "int3", "2:", "pop rbx", "ret")
+}
+
+const RETURN_SYMBOL: &str = "tracer_return_point";
+
+/// What a return probe costs here, per call, measured on
+/// [`tracer_return_point`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ReturnMeasurement {
+    /// A uretprobe, all told (its entry is an emulated `push`).
+    pub uretprobe_ns: f64,
+    /// A uprobe on the `ret`.
+    pub ret_ns: f64,
+    /// A uprobe on the `jmp` into the epilogue.
+    pub placed_ns: f64,
 }
 
 /// Why calibration failed.
@@ -63,6 +90,12 @@ pub enum CalibrationError {
     Miscounted { where_: &'static str, counted: u64, calls: u64 },
     #[error("calibrating the cost of a probe hit: {SYMBOL} was placed {got}, expected {expected}")]
     Placement { got: String, expected: &'static str },
+    #[error(
+        "calibrating return probes: {how} saw {returns} returns summing to {sum:#x}; the calls made {calls} summing to {expected:#x}"
+    )]
+    ReturnsWrong { how: &'static str, returns: u64, sum: u64, calls: u64, expected: u64 },
+    #[error("calibrating return probes: {RETURN_SYMBOL} does not have the expected instructions")]
+    ReturnShape,
 }
 
 /// Runs the child side: reads a number of calls per line on stdin, makes
@@ -74,12 +107,23 @@ pub fn child_main() -> std::io::Result<()> {
     let stdin = std::io::stdin().lock();
     let mut stdout = std::io::stdout().lock();
     for line in stdin.lines() {
-        let calls: u64 = line?.trim().parse().map_err(std::io::Error::other)?;
+        let line = line?;
+        let (returns, count) = match line.trim().strip_prefix("r ") {
+            Some(rest) => (true, rest),
+            None => (false, line.trim()),
+        };
+        let calls: u64 = count.parse().map_err(std::io::Error::other)?;
         let start = std::time::Instant::now();
         let mut x = 0u64;
-        for _ in 0..calls {
-            // black_box keeps the call: the point is to hit the probe.
-            x = std::hint::black_box(tracer_calibration_point)(x);
+        if returns {
+            for i in 0..calls {
+                x = x.wrapping_add(std::hint::black_box(tracer_return_point)(i));
+            }
+        } else {
+            for _ in 0..calls {
+                // black_box keeps the call: the point is to hit the probe.
+                x = std::hint::black_box(tracer_calibration_point)(x);
+            }
         }
         let elapsed = start.elapsed().as_nanos();
         writeln!(stdout, "{elapsed} {x}")?;
@@ -110,17 +154,25 @@ impl ChildProcess {
     }
 
     /// Nanoseconds `calls` calls took.
-    #[allow(clippy::cast_precision_loss, reason = "nanoseconds of a short batch")]
     fn time(&mut self, calls: u64) -> Result<f64, CalibrationError> {
-        writeln!(self.stdin, "{calls}").map_err(CalibrationError::Child)?;
+        self.ask(&calls.to_string()).map(|(ns, _)| ns)
+    }
+
+    /// Nanoseconds `calls` calls of [`tracer_return_point`] took.
+    fn time_returns(&mut self, calls: u64) -> Result<f64, CalibrationError> {
+        self.ask(&format!("r {calls}")).map(|(ns, _)| ns)
+    }
+
+    #[allow(clippy::cast_precision_loss, reason = "nanoseconds of a short batch")]
+    fn ask(&mut self, request: &str) -> Result<(f64, u64), CalibrationError> {
+        writeln!(self.stdin, "{request}").map_err(CalibrationError::Child)?;
         let mut line = String::new();
         self.stdout.read_line(&mut line).map_err(CalibrationError::Child)?;
-        let ns: u64 = line
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| CalibrationError::Child(std::io::Error::other(format!("unexpected answer {line:?}"))))?;
-        Ok(ns as f64)
+        let mut words = line.split_whitespace().map(str::parse::<u64>);
+        match (words.next(), words.next()) {
+            (Some(Ok(ns)), Some(Ok(x))) => Ok((ns as f64, x)),
+            _ => Err(CalibrationError::Child(std::io::Error::other(format!("unexpected answer {line:?}")))),
+        }
     }
 }
 
@@ -131,19 +183,35 @@ impl Drop for ChildProcess {
     }
 }
 
-/// Measures [`HitCosts`] on this machine (about half a second).
+/// What one probe hit costs on this machine, and with `--returns`, what
+/// reading a return value costs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Calibration {
+    pub hit: HitCosts,
+    pub returns: Option<(ReturnCosts, ReturnMeasurement)>,
+}
+
+/// Measures [`HitCosts`] on this machine (about half a second), and with
+/// `returns` what each way of reading a return value costs (about as long
+/// again).
 ///
 /// # Errors
 /// When tracer's own image cannot be probed or the probes miscount.
-pub fn calibrate() -> Result<HitCosts, CalibrationError> {
+pub fn calibrate(returns: bool) -> Result<Calibration, CalibrationError> {
     let exe = std::env::current_exe().map_err(CalibrationError::OwnExe)?;
     let elf = ElfImage::open(&exe)?;
-    if elf.function(SYMBOL).is_none() {
+    if elf.function(SYMBOL).is_none() || elf.function(RETURN_SYMBOL).is_none() {
         return Err(CalibrationError::NoSymbol { path: exe });
     }
     let image = ImageRef { elf: &elf, display_path: &exe, attach_path: &exe };
-    let spec = [ProbeSpec { symbol: SYMBOL, program: Program::CountCall, kind: ProbeKind::Entry, required: true }];
     let mut child = ChildProcess::start(&exe)?;
+    let hit = hit_costs(image, &mut child)?;
+    let returns = if returns { Some(return_costs(image, &mut child, hit)?) } else { None };
+    Ok(Calibration { hit, returns })
+}
+
+fn hit_costs(image: ImageRef<'_>, child: &mut ChildProcess) -> Result<HitCosts, CalibrationError> {
+    let spec = [ProbeSpec { symbol: SYMBOL, program: Program::CountCall, kind: ProbeKind::Entry, required: true }];
     let pid = child.child.id();
     let session =
         |placement| Session::load(image, &spec, pid, SessionOptions { placement, ..SessionOptions::default() });
@@ -180,6 +248,73 @@ pub fn calibrate() -> Result<HitCosts, CalibrationError> {
         }
     }
     Ok(HitCosts { single_stepped_ns: median(&mut costs.0), emulated_ns: median(&mut costs.1) })
+}
+
+/// Times a uretprobe, a probe on the `ret` and one on the `jmp` into the
+/// epilogue of [`tracer_return_point`], each checked to have read every
+/// returned value right.
+fn return_costs(
+    image: ImageRef<'_>,
+    child: &mut ChildProcess,
+    hit: HitCosts,
+) -> Result<(ReturnCosts, ReturnMeasurement), CalibrationError> {
+    let sym = image.elf.function(RETURN_SYMBOL).ok_or(CalibrationError::ReturnShape)?;
+    let code = image.elf.read_at(sym.file_offset, 9)?;
+    // push %rbx; mov %rdi,%rax; jmp +1; int3; pop %rbx; ret
+    let (jmp, ret) = match code.as_slice() {
+        [0x53, 0x48, 0x89 | 0x8b, _, 0xeb, 0x01, 0xcc, 0x5b, 0xc3] => (4, 8),
+        _ => return Err(CalibrationError::ReturnShape),
+    };
+    let spec =
+        [ProbeSpec { symbol: RETURN_SYMBOL, program: Program::CountCall, kind: ProbeKind::Entry, required: true }];
+    let pid = child.child.id();
+    let session = |program, offset| {
+        let options = SessionOptions {
+            placement: PlacementMode::Entry,
+            program_override: Some(program),
+            ..SessionOptions::default()
+        };
+        let mut s = Session::load(image, &spec, pid, options)?;
+        s.attached[0].placement.offset = offset;
+        Ok::<_, CalibrationError>(s)
+    };
+    let mut ways = [
+        ("a uretprobe", session(Program::RetValueUret, 0)?, Vec::new()),
+        ("a probe on ret", session(Program::RetValue, ret)?, Vec::new()),
+        ("a probe on the jmp into the epilogue", session(Program::RetValue, jmp)?, Vec::new()),
+    ];
+    // Calls per batch: the single-stepped ret sets the pace (about 50 ms).
+    let calls = SINGLE_STEPPED_CALLS;
+    child.time_returns(calls)?;
+    for _ in 0..ROUNDS {
+        for (_, session, out) in &mut ways {
+            let base = child.time_returns(calls)?;
+            session.attach_process(pid)?;
+            let probed = child.time_returns(calls);
+            session.detach_process(pid);
+            #[allow(clippy::cast_precision_loss, reason = "a batch size")]
+            out.push(((probed? - base) / calls as f64).max(0.0));
+        }
+    }
+    let rounds = ROUNDS as u64;
+    let expected = (calls * (calls - 1) / 2).wrapping_mul(rounds);
+    for (how, session, _) in &ways {
+        let r = session.read()?.returns[0];
+        if r.returns != calls * rounds || r.pointer_sum != expected {
+            return Err(CalibrationError::ReturnsWrong {
+                how,
+                returns: r.returns,
+                sum: r.pointer_sum,
+                calls: calls * rounds,
+                expected,
+            });
+        }
+    }
+    let [(_, _, uret), (_, _, at_ret), (_, _, placed)] = &mut ways;
+    let measured = ReturnMeasurement { uretprobe_ns: median(uret), ret_ns: median(at_ret), placed_ns: median(placed) };
+    // The uretprobe's entry was an emulated push.
+    let costs = ReturnCosts { hit, uretprobe_return_ns: (measured.uretprobe_ns - hit.emulated_ns).max(0.0) };
+    Ok((costs, measured))
 }
 
 fn median(values: &mut [f64]) -> f64 {

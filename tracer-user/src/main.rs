@@ -112,7 +112,8 @@ struct BenchArgs {
     /// entries), empty and empty-entry (an empty BPF program at the placed offsets or the entries: the
     /// cost of the uprobe itself), bpftrace (bpftrace counting the same functions at their entries),
     /// tracemalloc=FRAMES (PYTHONTRACEMALLOC in the workers), budget=PERCENT (`tracer attach --budget
-    /// PERCENT` on the interpreter).
+    /// PERCENT` on the interpreter), returns (tracer's probes plus return-value probes, as `attach
+    /// --returns`).
     #[arg(long, value_name = "SETUPS", default_value = "")]
     also: String,
     /// Directory for the pyperf JSON files (baseline.json, attached.json, detached.json).
@@ -237,7 +238,7 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     let specs = b.specs(&probes)?;
     let mut states = vec![
         State::Baseline,
-        State::Attached { name: "attached".into(), probes: probes.clone(), program: None, placement },
+        State::Attached { name: "attached".into(), probes: probes.clone(), program: None, placement, returns: None },
         State::Detached { probes: probes.clone() },
     ];
     states.extend(report::extra_states(&args.also, &probes, &specs, (&b.interpreter.exe, &b.interpreter.image))?);
@@ -290,10 +291,7 @@ fn probes(args: &ProbesArgs) -> anyhow::Result<()> {
                     "instruction": p.placement.instruction,
                     "emulated": p.placement.emulated,
                     "reason": p.placement.reason,
-                    "returns": p.returns.as_ref().map(|r| match r {
-                        ReturnPlan::RetSites { offsets } => serde_json::json!({"how": r.how(), "offsets": offsets}),
-                        ReturnPlan::Uretprobe { reason } => serde_json::json!({"how": r.how(), "reason": reason}),
-                    }),
+                    "returns": p.returns.as_ref().map(tracer_user::output::return_plan),
                 })
             })
             .collect();
@@ -302,6 +300,9 @@ fn probes(args: &ProbesArgs) -> anyhow::Result<()> {
             "python": plan.version.to_string(),
             "probes": probes,
             "missing": plan.missing,
+            "return_costs_ns": plan.return_costs.map(|m| serde_json::json!({
+                "uretprobe": m.uretprobe_ns, "ret": m.ret_ns, "placed": m.placed_ns,
+            })),
         });
         println!("{out}");
         return Ok(());
@@ -319,13 +320,29 @@ fn probes(args: &ProbesArgs) -> anyhow::Result<()> {
         );
     }
     let with_returns: Vec<_> = plan.probes.iter().filter_map(|p| Some((p.symbol, p.returns.as_ref()?))).collect();
+    if let Some(m) = plan.return_costs {
+        println!(
+            "  reading a return value costs here: {:.0} ns by uretprobe (its entry emulated), {:.0} ns at a ret, {:.0} ns at a jmp into the epilogue",
+            m.uretprobe_ns, m.ret_ns, m.placed_ns
+        );
+    }
     if !with_returns.is_empty() {
         println!("  return values (--returns):");
         for (symbol, r) in with_returns {
             match r {
-                ReturnPlan::RetSites { offsets } => {
-                    let at: Vec<String> = offsets.iter().map(|o| format!("+{o}")).collect();
-                    println!("  {symbol:<20} uprobes on each ret: {}", at.join(" "));
+                ReturnPlan::Sites { sites, reason } => {
+                    let at: Vec<String> = sites
+                        .iter()
+                        .map(|s| {
+                            format!(
+                                "+{} {} ({})",
+                                s.offset,
+                                s.instruction,
+                                if s.emulated { "emulated" } else { "single-stepped" }
+                            )
+                        })
+                        .collect();
+                    println!("  {symbol:<20} uprobes at {}: {reason}", at.join(", "));
                 }
                 ReturnPlan::Uretprobe { reason } => println!("  {symbol:<20} uretprobe: {reason}"),
             }

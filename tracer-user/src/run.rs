@@ -221,7 +221,10 @@ pub async fn attach(config: &AttachConfig, out: impl Write) -> anyhow::Result<En
 
     // Calibrated before anything is attached to the target: the child it
     // times is tracer's own.
-    let costs = config.budget.map(|_| calibrate::calibrate()).transpose()?;
+    let calibration =
+        (config.budget.is_some() || config.returns).then(|| calibrate::calibrate(config.returns)).transpose()?;
+    let costs = calibration.map(|c| c.hit);
+    let return_costs = calibration.and_then(|c| c.returns);
     let mut exit = None;
     let (mut session, mut info, scope) = match &config.target {
         TargetSpec::Pid(pid) => {
@@ -233,8 +236,11 @@ pub async fn attach(config: &AttachConfig, out: impl Write) -> anyhow::Result<En
             let version = python::read_version(&target)?;
             let specs = config.probes.select(python::abi_for(pid, version)?.probes());
             let image = ImageRef { elf: &target.elf, display_path: &target.image_path, attach_path: &target.host_path };
-            let options =
-                SessionOptions { placement: config.placement, returns: config.returns, ..SessionOptions::default() };
+            let options = SessionOptions {
+                placement: config.placement,
+                returns: return_costs.map(|r| r.0),
+                ..SessionOptions::default()
+            };
             let session = Session::load(image, &specs, pid, options)?;
             let info = attach_info(&session, Some(pid), None, version, &target.image_path);
             (session, info, pid)
@@ -243,8 +249,11 @@ pub async fn attach(config: &AttachConfig, out: impl Write) -> anyhow::Result<En
             let interp = Interpreter::from_executable(exe)?;
             let specs = config.probes.select(python::abi_for_image(&interp.image, interp.version)?.probes());
             let image = ImageRef { elf: &interp.elf, display_path: &interp.image, attach_path: &interp.image };
-            let options =
-                SessionOptions { placement: config.placement, returns: config.returns, ..SessionOptions::default() };
+            let options = SessionOptions {
+                placement: config.placement,
+                returns: return_costs.map(|r| r.0),
+                ..SessionOptions::default()
+            };
             let session = Session::load(image, &specs, 0, options)?;
             let info = attach_info(&session, None, Some(&interp.exe), interp.version, &interp.image);
             (session, info, ALL_PROCESSES)
@@ -253,6 +262,7 @@ pub async fn attach(config: &AttachConfig, out: impl Write) -> anyhow::Result<En
     let attach_began = Instant::now();
     let multi = attach_links(&mut session, scope, config.links)?;
     info.links = if multi { LinkMode::Multi } else { LinkMode::Perf };
+    info.return_costs = return_costs.map(|r| r.1);
     let started = Instant::now();
     let mut duty = match (config.budget, costs) {
         (Some(budget), Some(costs)) => {
@@ -326,6 +336,7 @@ fn attach_info(
         returns: session.attached.iter().filter_map(|p| Some((p.symbol, p.returns.clone()?))).collect(),
         missing: session.missing.clone(),
         links: LinkMode::Auto,
+        return_costs: None,
     }
 }
 
@@ -411,6 +422,8 @@ pub struct ProbePlan {
     pub version: python::PythonVersion,
     pub probes: Vec<crate::session::AttachedProbe>,
     pub missing: Vec<&'static str>,
+    /// With `--returns`: what each way of reading a return value cost here.
+    pub return_costs: Option<calibrate::ReturnMeasurement>,
 }
 
 /// Resolves the target and plans its probes.
@@ -420,7 +433,15 @@ pub fn probe_plan(
     placement: crate::session::PlacementMode,
     returns: bool,
 ) -> anyhow::Result<ProbePlan> {
-    let options = SessionOptions { placement, returns, ..SessionOptions::default() };
+    // Which way reads a return value cheapest is measured, which loads BPF.
+    let calibrated = if returns {
+        privileges::check()?;
+        calibrate::calibrate(true)?.returns
+    } else {
+        None
+    };
+    let return_costs = calibrated.map(|r| r.1);
+    let options = SessionOptions { placement, returns: calibrated.map(|r| r.0), ..SessionOptions::default() };
     match target {
         TargetSpec::Pid(pid) => {
             let target = Target::inspect(*pid)?;
@@ -428,14 +449,14 @@ pub fn probe_plan(
             let specs = selection.select(python::abi_for(*pid, version)?.probes());
             let image = ImageRef { elf: &target.elf, display_path: &target.image_path, attach_path: &target.host_path };
             let (probes, missing) = crate::session::plan(image, &specs, options)?;
-            Ok(ProbePlan { image: target.image_path.clone(), version, probes, missing })
+            Ok(ProbePlan { image: target.image_path.clone(), version, probes, missing, return_costs })
         }
         TargetSpec::Exe(exe) => {
             let interp = Interpreter::from_executable(exe)?;
             let specs = selection.select(python::abi_for_image(&interp.image, interp.version)?.probes());
             let image = ImageRef { elf: &interp.elf, display_path: &interp.image, attach_path: &interp.image };
             let (probes, missing) = crate::session::plan(image, &specs, options)?;
-            Ok(ProbePlan { image: interp.image.clone(), version: interp.version, probes, missing })
+            Ok(ProbePlan { image: interp.image.clone(), version: interp.version, probes, missing, return_costs })
         }
     }
 }

@@ -157,13 +157,14 @@ pub struct SessionOptions {
     pub max_processes: u32,
     /// Where in each function to probe.
     pub placement: PlacementMode,
-    /// Whether allocating functions also get return probes (`--returns`).
-    pub returns: bool,
+    /// With `--returns`: what each way of reading a return value costs, so
+    /// that allocating functions get the cheapest return probes.
+    pub returns: Option<returns::ReturnCosts>,
 }
 
 impl Default for SessionOptions {
     fn default() -> Self {
-        Self { program_override: None, max_processes: 1024, placement: PlacementMode::Auto, returns: false }
+        Self { program_override: None, max_processes: 1024, placement: PlacementMode::Auto, returns: None }
     }
 }
 
@@ -386,10 +387,10 @@ impl Session {
                     offset: p.file_offset,
                     cookie,
                 }),
-                Some(ReturnPlan::RetSites { offsets }) => points.extend(offsets.iter().map(|o| AttachPoint {
+                Some(ReturnPlan::Sites { sites, .. }) => points.extend(sites.iter().map(|site| AttachPoint {
                     symbol: p.symbol,
                     program: Program::RetValue,
-                    offset: p.file_offset + o,
+                    offset: p.file_offset + site.offset,
                     cookie,
                 })),
             }
@@ -487,10 +488,10 @@ pub fn plan(
                 }
             }
         };
-        let returns = (options.returns && spec.program.allocates()).then(|| {
+        let returns = options.returns.filter(|_| spec.program.allocates()).map(|costs| {
             let len = usize::try_from(sym.size.min(MAX_FUNCTION)).unwrap_or(0);
             match image.elf.read_at(sym.file_offset, len) {
-                Ok(code) if sym.size <= MAX_FUNCTION => returns::plan(&code, sym.address),
+                Ok(code) if sym.size <= MAX_FUNCTION => returns::plan(&code, sym.address, place.offset, &costs, kernel),
                 Ok(_) => ReturnPlan::Uretprobe { reason: format!("the function is over {MAX_FUNCTION} bytes") },
                 Err(e) => ReturnPlan::Uretprobe { reason: format!("the code could not be read ({e})") },
             }

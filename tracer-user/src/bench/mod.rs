@@ -38,7 +38,7 @@ pub enum BenchError {
     )]
     NoPyperf { python: PathBuf, venv: String },
     #[error(
-        "--also names {item:?}, which is not a setup tracer bench knows; use entry, empty, empty-entry, bpftrace, tracemalloc=FRAMES (e.g. tracemalloc=1) or budget=PERCENT (e.g. budget=1)"
+        "--also names {item:?}, which is not a setup tracer bench knows; use entry, empty, empty-entry, returns, bpftrace, tracemalloc=FRAMES (e.g. tracemalloc=1) or budget=PERCENT (e.g. budget=1)"
     )]
     UnknownSetup { item: String },
     #[error("{what} failed: {detail}")]
@@ -128,7 +128,14 @@ pub enum State {
     /// Nothing attached.
     Baseline,
     /// tracer attached to every process of the interpreter.
-    Attached { name: String, probes: ProbeSelection, program: Option<Program>, placement: PlacementMode },
+    Attached {
+        name: String,
+        probes: ProbeSelection,
+        program: Option<Program>,
+        placement: PlacementMode,
+        /// With return probes planned by these costs (`--returns`).
+        returns: Option<crate::returns::ReturnCosts>,
+    },
     /// Attached and detached again just before the chunk.
     Detached { probes: ProbeSelection },
     /// Environment variables for pyperf's workers (e.g. PYTHONTRACEMALLOC).
@@ -382,10 +389,14 @@ impl Bench {
         let mut guard = Guard::default();
         match state {
             State::Baseline => {}
-            State::Attached { probes, program, placement, .. } => {
+            State::Attached { probes, program, placement, returns, .. } => {
                 let specs = self.specs(probes)?;
-                let options =
-                    SessionOptions { program_override: *program, placement: *placement, ..SessionOptions::default() };
+                let options = SessionOptions {
+                    program_override: *program,
+                    placement: *placement,
+                    returns: *returns,
+                    ..SessionOptions::default()
+                };
                 let mut session = Session::load(self.image(), &specs, 0, options)?;
                 session.attach_all_processes()?;
                 guard.session = Some(session);

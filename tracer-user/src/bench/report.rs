@@ -29,6 +29,7 @@ pub fn extra_states(
         probes: probes.clone(),
         program,
         placement,
+        returns: None,
     };
     let mut states = Vec::new();
     for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -36,6 +37,18 @@ pub fn extra_states(
             None if item == "entry" => attached("entry", None, PlacementMode::Entry),
             None if item == "empty" => attached("empty", Some(Program::Empty), PlacementMode::Auto),
             None if item == "empty-entry" => attached("empty-entry", Some(Program::Empty), PlacementMode::Entry),
+            None if item == "returns" => {
+                // Calibrated here: the plan picks return probes by cost.
+                let calibration =
+                    crate::calibrate::calibrate(true).map_err(|e| super::step("calibrating return probes", e))?;
+                State::Attached {
+                    name: "returns".to_owned(),
+                    probes: probes.clone(),
+                    program: None,
+                    placement: PlacementMode::Auto,
+                    returns: calibration.returns.map(|r| r.0),
+                }
+            }
             None if item == "bpftrace" => State::Command {
                 name: "bpftrace".into(),
                 argv: vec!["bpftrace".into(), "-e".into(), bpftrace_script(specs, image)],

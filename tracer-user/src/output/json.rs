@@ -26,6 +26,21 @@ impl<W: Write> JsonReporter<W> {
     }
 }
 
+/// `{"how":"sites","sites":[{"offset","instruction","emulated"}],"reason"}`
+/// or `{"how":"uretprobe","reason"}`.
+#[must_use]
+pub fn return_plan(plan: &ReturnPlan) -> Value {
+    match plan {
+        ReturnPlan::Sites { sites, reason } => json!({
+            "how": plan.how(),
+            "sites": sites.iter().map(|s| json!({"offset": s.offset, "instruction": s.instruction, "emulated": s.emulated}))
+                .collect::<Vec<_>>(),
+            "reason": reason,
+        }),
+        ReturnPlan::Uretprobe { reason } => json!({"how": plan.how(), "reason": reason}),
+    }
+}
+
 fn counts(sample: &Sample) -> Map<String, Value> {
     let mut m = Map::new();
     m.insert("elapsed_s".into(), json!(sample.elapsed.as_secs_f64()));
@@ -100,10 +115,11 @@ impl<W: Write> Reporter for JsonReporter<W> {
             "probes": info.probes,
             "missing": info.missing,
             "links": info.links.as_str(),
-            "returns": info.returns.iter().map(|(name, plan)| ((*name).to_owned(), match plan {
-                ReturnPlan::RetSites { offsets } => json!({"how": plan.how(), "offsets": offsets}),
-                ReturnPlan::Uretprobe { reason } => json!({"how": plan.how(), "reason": reason}),
-            })).collect::<Map<String, Value>>(),
+            "returns": info.returns.iter().map(|(name, plan)| ((*name).to_owned(), return_plan(plan)))
+                .collect::<Map<String, Value>>(),
+            "return_costs_ns": info.return_costs.map(|m| json!({
+                "uretprobe": m.uretprobe_ns, "ret": m.ret_ns, "placed": m.placed_ns,
+            })),
             "placements": info.placements.iter().map(|(name, p)| ((*name).to_owned(), json!({
                 "offset": p.offset, "instruction": p.instruction, "emulated": p.emulated, "reason": p.reason,
             }))).collect::<Map<String, Value>>(),
@@ -152,6 +168,7 @@ mod tests {
             missing: vec!["PyMem_RawCalloc"],
             links: crate::config::LinkMode::Multi,
             returns: vec![],
+            return_costs: None,
         };
         let out = lines(|r| {
             r.attached(&info).unwrap();
@@ -161,7 +178,7 @@ mod tests {
         assert_eq!(
             out[0],
             json!({"type":"attached","pid":12,"exe":null,"python":{"version":"3.11.7","image":"/lib/libpython3.11.so.1.0"},
-                   "probes":["_Py_NewReference","PyObject_Malloc"],"missing":["PyMem_RawCalloc"],"links":"multi","returns":{},"placements":{}})
+                   "probes":["_Py_NewReference","PyObject_Malloc"],"missing":["PyMem_RawCalloc"],"links":"multi","returns":{},"return_costs_ns":null,"placements":{}})
         );
         assert_eq!(out[1]["type"], "interval");
         assert_eq!(out[1]["elapsed_s"], 1.0);

@@ -8,7 +8,7 @@ use std::{io::Write, time::Duration};
 
 use tracer_common::stats::Stat;
 
-pub use json::JsonReporter;
+pub use json::{JsonReporter, return_plan};
 pub use table::TableReporter;
 
 use crate::{
@@ -31,6 +31,9 @@ pub struct AttachInfo {
     pub missing: Vec<&'static str>,
     /// With `--returns`: how each allocating function's return is read.
     pub returns: Vec<(&'static str, crate::returns::ReturnPlan)>,
+    /// With `--returns`: what each way of reading a return value cost when
+    /// calibrated at start.
+    pub return_costs: Option<crate::calibrate::ReturnMeasurement>,
     /// How the probes were attached (multi or perf).
     pub links: crate::config::LinkMode,
 }
