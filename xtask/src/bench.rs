@@ -149,7 +149,10 @@ pub fn run(root: &Path, tracer: &Path, effort: &str) -> anyhow::Result<()> {
     // 3. --budget estimates against full counts of the same process.
     budget_accuracy(&mut md, tracer)?;
 
-    // 4. tracer's own footprint.
+    // 4. Reading allocators' return values.
+    returns_section(&mut md, tracer, &python, &out_root, effort)?;
+
+    // 5. tracer's own footprint.
     let (command, own) = footprint(root, tracer)?;
     writeln!(md, "## tracer's own cost while attached\n")?;
     writeln!(md, "```\n{command}\n```\n")?;
@@ -363,6 +366,87 @@ fn footprint(root: &Path, tracer: &Path) -> anyhow::Result<(String, Footprint)> 
     result
 }
 
+/// `--returns`: the three ways to read a return value timed on tracer's own
+/// function, each build's plan, and what reading returns adds per call.
+pub fn returns_section(
+    md: &mut String,
+    tracer: &Path,
+    python: &Path,
+    out_root: &Path,
+    effort: &str,
+) -> anyhow::Result<()> {
+    writeln!(md, "## Reading allocators' return values (`--returns`)\n")?;
+    writeln!(
+        md,
+        "At start, `--returns` times three ways of reading a return value on `tracer_return_point`, a small assembly function in tracer itself (`push %rbx; mov %rdi,%rax; jmp 1f; int3; 1: pop %rbx; ret`), and checks that each one read every returned value right: a uretprobe (its entry is an emulated `push`), a uprobe on the `ret` (single-stepped), and a uprobe on the `jmp` into the epilogue, where rax already holds the result (emulated). Each function then gets the cheapest way that sees all its returns. Any function that can leave through a tail call or a jump to a split-off `.cold` part gets a uretprobe.\n"
+    )?;
+    return_plans(md, tracer)?;
+    let m = bench(tracer, python, &out_root.join("returns"), API_SETUP, "body()", "alloc", "returns", effort)?;
+    let r = &m.result;
+    let allocating: f64 = r["hits_per_loop_by_probe"].as_object().map_or(f64::NAN, |o| {
+        o.iter().filter(|(k, _)| k.ends_with("alloc") || k.ends_with("Malloc")).filter_map(|(_, v)| v.as_f64()).sum()
+    });
+    let mean = |k: &str| r[k]["mean_ns"].as_f64().unwrap_or(f64::NAN);
+    writeln!(
+        md,
+        "\nWhat reading returns adds per allocating call, with the pyenv build under pyperf (`body()` as in the five-ways table):\n"
+    )?;
+    writeln!(md, "```\n{}\n```\n", m.command.replace(&shell_quote(API_SETUP), "\"$API_SETUP\""))?;
+    writeln!(md, "| setup | mean per loop | vs baseline | cost per probe hit |\n|---|---|---|---|")?;
+    row(md, r, "baseline", "nothing attached")?;
+    row(md, r, "attached", "tracer, the 12 allocator probes")?;
+    row(md, r, "returns", "the same with `--returns`")?;
+    writeln!(
+        md,
+        "\n{allocating:.0} allocating calls per loop; reading their returns added {:.2} µs per call ((returns − attached) / calls).\n",
+        (mean("returns") - mean("attached")) / allocating / 1e3
+    )?;
+    Ok(())
+}
+
+/// The calibrated costs of the three ways, three runs per build, and what
+/// each allocating function got.
+fn return_plans(md: &mut String, tracer: &Path) -> anyhow::Result<()> {
+    let mut table =
+        String::from("| build | calibration run | uretprobe | ret | jmp into epilogue |\n|---|---|---|---|---|\n");
+    let mut plans = String::new();
+    let real = crate::real_python3()?;
+    for (build, exe) in [
+        ("pyenv 3.11 (shared libpython)", real.as_path()),
+        ("Debian 3.11 (static, LTO)", Path::new("/usr/bin/python3.11")),
+    ] {
+        let args = ["probes", "--exe", &exe.display().to_string(), "--probes", "alloc", "--returns", "--json"]
+            .map(String::from);
+        writeln!(md, "```\nsudo tracer {}\n```\n", args.join(" "))?;
+        for run in 1..=3 {
+            let out = Command::new(tracer).args(&args).output().context("running tracer probes --returns")?;
+            if !out.status.success() {
+                bail!("tracer probes --returns failed: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            let v: Value = serde_json::from_slice(&out.stdout)?;
+            let c = &v["return_costs_ns"];
+            let ns = |k: &str| c[k].as_f64().map_or_else(|| "—".to_owned(), |n| format!("{n:.0} ns"));
+            writeln!(table, "| {build} | {run} | {} | {} | {} |", ns("uretprobe"), ns("ret"), ns("placed"))?;
+            if run == 1 {
+                writeln!(plans, "\n{build}:\n")?;
+                for p in v["probes"].as_array().into_iter().flatten().filter(|p| !p["returns"].is_null()) {
+                    let r = &p["returns"];
+                    writeln!(
+                        plans,
+                        "- `{}`: {} ({})",
+                        p["symbol"].as_str().unwrap_or("?"),
+                        r["how"].as_str().unwrap_or("?"),
+                        r["reason"].as_str().unwrap_or("")
+                    )?;
+                }
+            }
+        }
+    }
+    writeln!(md, "{table}")?;
+    writeln!(md, "What each allocating function got:{plans}")?;
+    Ok(())
+}
+
 /// A process running the JSON round trip forever, for `budget_accuracy`.
 const BUSY_JSON: &str = "import json, sys\nd = {'a': 1, 'b': [1, 2, 3], 'c': 'text'}\nprint('ready', flush=True)\nwhile True:\n    json.loads(json.dumps(d))\n";
 
@@ -421,33 +505,22 @@ pub fn budget_accuracy(md: &mut String, tracer: &Path) -> anyhow::Result<()> {
     let _ = busy.kill();
     let _ = busy.wait();
     let runs = result?;
+    writeln!(md, "## `--budget 1` estimates against full counts\n")?;
     writeln!(
         md,
-        "## `--budget 1` estimates against full counts
-"
+        "One process runs `json.loads(json.dumps(d))` in a loop. Alternately: a full count, then `--budget 1`, twice. PID is that process.\n"
     )?;
     writeln!(
         md,
-        "One process runs `json.loads(json.dumps(d))` in a loop. Alternately: a full count, then `--budget 1`, twice. PID is that process.
-"
+        "```\nsudo tracer attach --pid PID --json --interval 3600 --duration 10\nsudo tracer attach --pid PID --json --interval 3600 --duration 60 --budget 1\n```\n"
     )?;
     writeln!(
         md,
-        "```
-sudo tracer attach --pid PID --json --interval 3600 --duration 10
-sudo tracer attach --pid PID --json --interval 3600 --duration 60 --budget 1
-```
-"
+        "Rates are calls/s while traced (README, `--budget`). Difference = budget estimate vs the mean of the two full counts.\n"
     )?;
     writeln!(
         md,
-        "Rates are calls/s while traced (README, `--budget`). Difference = budget estimate vs the mean of the two full counts.
-"
-    )?;
-    writeln!(
-        md,
-        "| probe | full 1 | full 2 | budget 1 (±95%) | budget 2 (±95%) | differences |
-|---|---|---|---|---|---|"
+        "| probe | full 1 | full 2 | budget 1 (±95%) | budget 2 (±95%) | differences |\n|---|---|---|---|---|---|"
     )?;
     let fulls: Vec<&Vec<_>> = runs.iter().filter(|(k, _)| *k == "full").map(|(_, r)| r).collect();
     let budgets: Vec<&Vec<_>> = runs.iter().filter(|(k, _)| *k == "budget").map(|(_, r)| r).collect();

@@ -46,9 +46,10 @@ enum Task {
         /// fast, normal or rigorous (how many pyperf rounds and values).
         #[arg(long, default_value = "fast", value_parser = ["fast", "normal", "rigorous"])]
         effort: String,
-        /// Run only the --budget accuracy section and print it, leaving BENCHMARKS.md alone.
-        #[arg(long)]
-        budget_only: bool,
+        /// Run only one section and print it, leaving BENCHMARKS.md alone: budget (--budget
+        /// estimates against full counts) or returns (reading return values).
+        #[arg(long, value_parser = ["budget", "returns"])]
+        only: Option<String>,
     },
     /// Set up, build, run clippy, then run every test (needs root).
     Test {
@@ -72,17 +73,21 @@ fn main() -> anyhow::Result<()> {
             let tracer = build(&root, true)?;
             demo(&root, &tracer, seconds)
         }
-        Task::Bench { effort, budget_only } => {
+        Task::Bench { effort, only } => {
             setup::run()?;
             require_root("the benchmarks")?;
             let tracer = build(&root, true)?;
-            if budget_only {
-                let mut md = String::new();
-                bench::budget_accuracy(&mut md, &tracer)?;
-                print!("{md}");
-                return Ok(());
+            let mut md = String::new();
+            match only.as_deref() {
+                Some("budget") => bench::budget_accuracy(&mut md, &tracer)?,
+                Some(_) => {
+                    let python = setup::pyperf_venv().join("bin").join("python");
+                    bench::returns_section(&mut md, &tracer, &python, &root.join("target").join("bench"), &effort)?;
+                }
+                None => return bench::run(&root, &tracer, &effort),
             }
-            bench::run(&root, &tracer, &effort)
+            print!("{md}");
+            Ok(())
         }
         Task::Test { args } => {
             setup::run()?;
