@@ -212,12 +212,21 @@ impl Workload {
     /// it must not land on one side of the attach in one run and on the
     /// other side in the next.
     pub fn wait_blocked_on_stdin(&self) {
+        self.wait_blocked_reading(None);
+    }
+
+    /// Waits until the workload sleeps in `read(0, buf, count)` (any count
+    /// if `None`).
+    pub fn wait_blocked_reading(&self, count: Option<u64>) {
         let pid = self.pid();
         let deadline = std::time::Instant::now() + LINE_TIMEOUT;
         loop {
-            // "0 0x0 ..." is syscall 0 (read) on fd 0 (stdin).
+            // "0 0x0 BUF COUNT ..." is syscall 0 (read) on fd 0 (stdin).
             let syscall = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
-            if syscall.starts_with("0 0x0 ") {
+            let fields: Vec<&str> = syscall.split_whitespace().collect();
+            if fields.get(..2) == Some(&["0", "0x0"][..])
+                && count.is_none_or(|c| fields.get(3) == Some(&format!("{c:#x}").as_str()))
+            {
                 return;
             }
             assert!(std::time::Instant::now() < deadline, "workload {pid} never blocked reading stdin: {syscall}");

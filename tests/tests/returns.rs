@@ -39,8 +39,10 @@ fn check(python: &Path, extra: &[&str], exclusive: &[&str]) {
     // Functions that return no pointer get no return probe.
     assert!(attached["returns"].get("_Py_NewReference").is_none());
     workload.go();
-    // Stop tracing before the workload sums its pointers (which allocates).
-    workload.expect("looped");
+    // Stop tracing once the loop is done and the workload waits again (a
+    // read of 4 bytes, where the first wait read 3), before it sums its
+    // pointers (which allocates).
+    workload.wait_blocked_reading(Some(4));
     tracer.signal(libc::SIGINT);
     let (status, lines, stderr) = tracer.finish();
     assert!(status.success(), "{status}: {stderr}");
