@@ -110,6 +110,16 @@ fn budget_out_of_range() {
 }
 
 #[test]
+fn unknown_link_kind() {
+    require_root();
+    let workload = Workload::serve(&shared_python());
+    assert_bad_input(
+        &["attach", "--pid", &workload.pid().to_string(), "--links", "bpf"],
+        "--links must be auto, multi or perf (got \"bpf\")",
+    );
+}
+
+#[test]
 fn zero_duration() {
     require_root();
     let workload = Workload::serve(&shared_python());

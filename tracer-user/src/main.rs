@@ -61,7 +61,10 @@ the default --python.",
     #[command(
         long_about = "Show the attach plan: for each probed function, the offset from its entry where the uprobe \
 goes, the instruction there, whether the kernel emulates it (cheap) or single-steps it (several \
-times dearer), and why that instruction was chosen. Nothing is loaded or attached.",
+times dearer), and why that instruction was chosen. Nothing is attached to the target.\n\n\
+With --returns it also shows how each allocating function's return value would be read: it \
+first times the three ways on a function of tracer's own (in a child process, which needs root), \
+as `attach --returns` does.",
         after_help = "Examples:\n  sudo tracer probes --pid 1234\n  tracer probes --exe /usr/bin/python3.11 --json"
     )]
     Probes(ProbesArgs),

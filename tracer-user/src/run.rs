@@ -416,7 +416,8 @@ fn thread_group_of(tid: u32) -> Option<u32> {
 }
 
 /// The attach plan for `tracer probes`: which functions, where in each,
-/// and why, without loading anything into the kernel.
+/// and why, without touching the target (with `returns`, after timing the
+/// ways to read a return value on tracer's own child).
 pub struct ProbePlan {
     pub image: std::path::PathBuf,
     pub version: python::PythonVersion,
