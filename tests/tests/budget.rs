@@ -14,12 +14,12 @@ fn as_f64(v: &Value, what: &str) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("{what} is not a number: {v}"))
 }
 
-#[test]
-fn budget_detaches_between_windows_and_reports_estimates() {
+fn check(link_kind: &str) {
     require_root();
     let mut workload = Workload::serve(&shared_python());
     let pid = workload.pid();
-    let (tracer, attached) = TracerRun::attach_json(pid, &["--budget", "1", "--interval", "0.5"]);
+    let (tracer, attached) = TracerRun::attach_json(pid, &["--budget", "1", "--interval", "0.5", "--links", link_kind]);
+    assert_eq!(attached["links"], link_kind);
     let image = attached["python"]["image"].as_str().expect("image");
     let symbols = attached_probes(&attached);
     assert_eq!(symbols.len(), 14);
@@ -79,4 +79,18 @@ fn budget_detaches_between_windows_and_reports_estimates() {
         assert_eq!(*bytes, site.file_bytes, "{} differs from the ELF after tracer exited", site.symbol);
     }
     workload.ping();
+}
+
+/// Windows through uprobe-multi links (the default): every breakpoint
+/// leaves at once.
+#[test]
+fn budget_detaches_between_windows_and_reports_estimates() {
+    check("multi");
+}
+
+/// The fallback for kernels without uprobe-multi links: perf-event uprobes,
+/// detached one by one, each with its own live time.
+#[test]
+fn budget_with_perf_uprobes_detaches_between_windows() {
+    check("perf");
 }

@@ -132,6 +132,14 @@ pub fn child_main() -> std::io::Result<()> {
     Ok(())
 }
 
+/// A batch of calls the child makes: of [`tracer_calibration_point`] or
+/// of [`tracer_return_point`].
+#[derive(Clone, Copy)]
+enum Batch {
+    Plain(u64),
+    Returns(u64),
+}
+
 struct ChildProcess {
     child: Child,
     stdin: ChildStdin,
@@ -153,14 +161,26 @@ impl ChildProcess {
         Ok(Self { child, stdin, stdout })
     }
 
-    /// Nanoseconds `calls` calls took.
-    fn time(&mut self, calls: u64) -> Result<f64, CalibrationError> {
-        self.ask(&calls.to_string()).map(|(ns, _)| ns)
+    /// Nanoseconds a batch of calls took.
+    fn time(&mut self, batch: Batch) -> Result<f64, CalibrationError> {
+        match batch {
+            Batch::Plain(calls) => self.ask(&calls.to_string()),
+            Batch::Returns(calls) => self.ask(&format!("r {calls}")),
+        }
+        .map(|(ns, _)| ns)
     }
 
-    /// Nanoseconds `calls` calls of [`tracer_return_point`] took.
-    fn time_returns(&mut self, calls: u64) -> Result<f64, CalibrationError> {
-        self.ask(&format!("r {calls}")).map(|(ns, _)| ns)
+    /// What `session`'s probe adds to each call of `batch`: an unprobed
+    /// batch, then the same batch with the probe attached to this child.
+    fn added_per_call(&mut self, session: &mut Session, batch: Batch) -> Result<f64, CalibrationError> {
+        let pid = self.child.id();
+        let base = self.time(batch)?;
+        session.attach_process(pid)?;
+        let probed = self.time(batch);
+        session.detach_process(pid);
+        let (Batch::Plain(calls) | Batch::Returns(calls)) = batch;
+        #[allow(clippy::cast_precision_loss, reason = "a batch size")]
+        Ok(((probed? - base) / calls as f64).max(0.0))
     }
 
     #[allow(clippy::cast_precision_loss, reason = "nanoseconds of a short batch")]
@@ -224,18 +244,13 @@ fn hit_costs(image: ImageRef<'_>, child: &mut ChildProcess) -> Result<HitCosts, 
         }
     }
     // Fault in the code and settle the CPU's frequency before timing.
-    child.time(EMULATED_CALLS)?;
+    child.time(Batch::Plain(EMULATED_CALLS))?;
     let mut costs = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         for (session, calls, out) in
             [(&mut stepped, SINGLE_STEPPED_CALLS, &mut costs.0), (&mut emulated, EMULATED_CALLS, &mut costs.1)]
         {
-            let base = child.time(calls)?;
-            session.attach_process(pid)?;
-            let probed = child.time(calls);
-            session.detach_process(pid);
-            #[allow(clippy::cast_precision_loss, reason = "a batch size")]
-            out.push(((probed? - base) / calls as f64).max(0.0));
+            out.push(child.added_per_call(session, Batch::Plain(calls))?);
         }
     }
     for (session, calls, where_) in
@@ -285,15 +300,10 @@ fn return_costs(
     ];
     // Calls per batch: the single-stepped ret sets the pace (about 50 ms).
     let calls = SINGLE_STEPPED_CALLS;
-    child.time_returns(calls)?;
+    child.time(Batch::Returns(calls))?;
     for _ in 0..ROUNDS {
         for (_, session, out) in &mut ways {
-            let base = child.time_returns(calls)?;
-            session.attach_process(pid)?;
-            let probed = child.time_returns(calls);
-            session.detach_process(pid);
-            #[allow(clippy::cast_precision_loss, reason = "a batch size")]
-            out.push(((probed? - base) / calls as f64).max(0.0));
+            out.push(child.added_per_call(session, Batch::Returns(calls))?);
         }
     }
     let rounds = ROUNDS as u64;

@@ -241,7 +241,7 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     let specs = b.specs(&probes)?;
     let mut states = vec![
         State::Baseline,
-        State::Attached { name: "attached".into(), probes: probes.clone(), program: None, placement, returns: None },
+        State::Attached { name: "attached".into(), probes: probes.clone(), program: None, placement, returns: false },
         State::Detached { probes: probes.clone() },
     ];
     states.extend(report::extra_states(&args.also, &probes, &specs, (&b.interpreter.exe, &b.interpreter.image))?);

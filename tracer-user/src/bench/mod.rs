@@ -133,8 +133,9 @@ pub enum State {
         probes: ProbeSelection,
         program: Option<Program>,
         placement: PlacementMode,
-        /// With return probes planned by these costs (`--returns`).
-        returns: Option<crate::returns::ReturnCosts>,
+        /// With return probes too (`--returns`), planned by costs the bench
+        /// calibrates when it first needs them.
+        returns: bool,
     },
     /// Attached and detached again just before the chunk.
     Detached { probes: ProbeSelection },
@@ -196,6 +197,7 @@ pub struct Bench {
     pub plan: Plan,
     pub out_dir: PathBuf,
     helper: PathBuf,
+    return_costs: std::cell::RefCell<Option<crate::returns::ReturnCosts>>,
 }
 
 #[derive(Deserialize)]
@@ -233,7 +235,19 @@ impl Bench {
             plan,
             out_dir: out_dir.to_owned(),
             helper,
+            return_costs: std::cell::RefCell::new(None),
         })
+    }
+
+    /// What reading a return value costs here, calibrated once.
+    fn return_costs(&self) -> Result<crate::returns::ReturnCosts, BenchError> {
+        if let Some(costs) = *self.return_costs.borrow() {
+            return Ok(costs);
+        }
+        let calibration = crate::calibrate::calibrate(true).map_err(|e| step("calibrating return probes", e))?;
+        let costs = calibration.returns.map(|r| r.0).ok_or_else(|| step("calibrating return probes", "no result"))?;
+        *self.return_costs.borrow_mut() = Some(costs);
+        Ok(costs)
     }
 
     fn image(&self) -> ImageRef<'_> {
@@ -394,7 +408,7 @@ impl Bench {
                 let options = SessionOptions {
                     program_override: *program,
                     placement: *placement,
-                    returns: *returns,
+                    returns: if *returns { Some(self.return_costs()?) } else { None },
                     ..SessionOptions::default()
                 };
                 let mut session = Session::load(self.image(), &specs, 0, options)?;

@@ -29,7 +29,7 @@ pub fn extra_states(
         probes: probes.clone(),
         program,
         placement,
-        returns: None,
+        returns: false,
     };
     let mut states = Vec::new();
     for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -37,18 +37,13 @@ pub fn extra_states(
             None if item == "entry" => attached("entry", None, PlacementMode::Entry),
             None if item == "empty" => attached("empty", Some(Program::Empty), PlacementMode::Auto),
             None if item == "empty-entry" => attached("empty-entry", Some(Program::Empty), PlacementMode::Entry),
-            None if item == "returns" => {
-                // Calibrated here: the plan picks return probes by cost.
-                let calibration =
-                    crate::calibrate::calibrate(true).map_err(|e| super::step("calibrating return probes", e))?;
-                State::Attached {
-                    name: "returns".to_owned(),
-                    probes: probes.clone(),
-                    program: None,
-                    placement: PlacementMode::Auto,
-                    returns: calibration.returns.map(|r| r.0),
-                }
-            }
+            None if item == "returns" => State::Attached {
+                name: "returns".to_owned(),
+                probes: probes.clone(),
+                program: None,
+                placement: PlacementMode::Auto,
+                returns: true,
+            },
             None if item == "bpftrace" => State::Command {
                 name: "bpftrace".into(),
                 argv: vec!["bpftrace".into(), "-e".into(), bpftrace_script(specs, image)],
@@ -176,9 +171,11 @@ mod tests {
     fn parses_extra_setups() {
         let specs = ProbeSelection::Refs.select(DEFAULT_PROBES);
         let states =
-            extra_states("empty, tracemalloc=25,bpftrace,budget=1", &ProbeSelection::Refs, &specs, paths()).unwrap();
+            extra_states("empty, tracemalloc=25,bpftrace,budget=1,returns", &ProbeSelection::Refs, &specs, paths())
+                .unwrap();
         let names: Vec<&str> = states.iter().map(State::name).collect();
-        assert_eq!(names, ["empty", "tracemalloc25", "bpftrace", "budget1"]);
+        assert_eq!(names, ["empty", "tracemalloc25", "bpftrace", "budget1", "returns"]);
+        assert!(matches!(states[4], State::Attached { returns: true, .. }));
         let State::Command { argv, .. } = &states[3] else { panic!("budget is a command") };
         assert_eq!(
             argv[1..9],
