@@ -194,6 +194,35 @@ fn placed_equals_entry(python: &Path) {
     }
 }
 
+/// `--placement call-sites` counts exactly what entry probes count: the
+/// functions it moves to their callers (`_Py_Dealloc` on both builds) see
+/// every call, from libpython, the executable and the extension modules.
+fn call_sites_equal_entry(python: &Path) {
+    require_root();
+    for body in [Body::Objects, Body::Api] {
+        let sites = ["--placement", "call-sites"];
+        let (probes, at_sites) = traced_run_with(python, 300, body, Exit::Immediate, Aslr::Off, &sites);
+        let (_, entry) = traced_run_with(python, 300, body, Exit::Immediate, Aslr::Off, &["--placement", "entry"]);
+        assert!(probes.contains(&"_Py_Dealloc".to_owned()), "{probes:?}");
+        // LTO inlined most of the static build's deallocations; the
+        // exported function still sees some calls.
+        assert!(at_sites["_Py_Dealloc"].0 > 0, "{at_sites:?}");
+        for name in &probes {
+            assert_eq!(at_sites[name], entry[name], "{name} ({body:?}): call sites vs entry");
+        }
+    }
+}
+
+#[test]
+fn shared_call_sites_count_like_entry_probes() {
+    call_sites_equal_entry(&shared_python());
+}
+
+#[test]
+fn static_call_sites_count_like_entry_probes() {
+    call_sites_equal_entry(&static_python());
+}
+
 /// uprobe-multi links (the default) count exactly what perf-event uprobes
 /// count.
 fn multi_equals_perf(python: &Path) {

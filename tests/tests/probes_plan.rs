@@ -60,6 +60,58 @@ fn static_python_plan() {
     check(&static_python());
 }
 
+/// `--placement call-sites` moves `_Py_Dealloc` (`mov 8(%rdi),%rax; jmp
+/// *0x30(%rax)`: nothing emulated inside) to its callers, and every one of
+/// them is a direct call or jump in the file named, which the kernel
+/// emulates. The frees, whose addresses are stored in type objects and
+/// allocator tables, stay at their entries with the reason.
+fn check_call_sites(python: &std::path::Path) {
+    require_root();
+    let args = ["probes", "--exe", python.to_str().unwrap(), "--placement", "call-sites", "--json"];
+    let (code, stdout, stderr) = run_tracer(&args);
+    assert_eq!(code, Some(0), "{stderr}");
+    let plan: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    let probes = plan["probes"].as_array().expect("probes");
+    let dealloc = probes.iter().find(|p| p["symbol"] == "_Py_Dealloc").expect("_Py_Dealloc");
+    let sites = &dealloc["call_sites"];
+    assert_eq!(sites["single_stepped"], 0, "{sites}");
+    let files = sites["files"].as_array().expect("files");
+    assert_eq!(files[0]["path"], plan["image"], "the image's own calls come first");
+    let mut total = 0;
+    for file in files {
+        let data = std::fs::read(file["path"].as_str().unwrap()).unwrap();
+        for offset in file["offsets"].as_array().unwrap() {
+            let at = usize::try_from(offset.as_u64().unwrap()).unwrap();
+            // call/jmp rel32, jmp rel8, jcc, optionally with a bnd prefix.
+            let at = if data[at] == 0xf2 { at + 1 } else { at };
+            let ok = matches!(data[at], 0xe8 | 0xe9 | 0xeb | 0x70..=0x7f)
+                || (data[at] == 0x0f && (0x80..=0x8f).contains(&data[at + 1]));
+            assert!(ok, "{}+{at:#x} holds {:#x}, not a direct call or jump", file["path"], data[at]);
+            total += 1;
+        }
+    }
+    assert_eq!(sites["emulated"], total);
+    assert!(total > 1000, "{total} calls of _Py_Dealloc");
+    assert!(files.len() > 10, "extension modules call it too: {} files", files.len());
+    for name in ["PyObject_Free", "PyMem_Free"] {
+        let p = probes.iter().find(|p| p["symbol"] == name).expect(name);
+        if p["emulated"] == false {
+            assert!(p["call_sites"].is_null(), "{p}");
+            assert!(p["reason"].as_str().unwrap().contains("its address escapes"), "{p}");
+        }
+    }
+}
+
+#[test]
+fn shared_python_call_sites() {
+    check_call_sites(&shared_python());
+}
+
+#[test]
+fn static_python_call_sites() {
+    check_call_sites(&static_python());
+}
+
 #[test]
 fn probes_bad_input() {
     require_root();
@@ -67,6 +119,6 @@ fn probes_bad_input() {
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.starts_with("tracer: error: /usr/bin/sleep is not a CPython executable"), "{stderr}");
     let (code, _, stderr) = run_tracer(&["probes", "--exe", "/usr/bin/python3.11", "--placement", "middle"]);
-    assert_eq!(stderr, "tracer: error: --placement must be auto or entry (got \"middle\")\n");
+    assert_eq!(stderr, "tracer: error: --placement must be auto, entry or call-sites (got \"middle\")\n");
     assert_eq!(code, Some(2));
 }

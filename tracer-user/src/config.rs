@@ -91,8 +91,12 @@ pub enum ConfigError {
     NoTarget,
     #[error("{0}")]
     Probes(#[from] SelectionError),
-    #[error("--placement must be auto or entry (got {value:?})")]
+    #[error("--placement must be auto, entry or call-sites (got {value:?})")]
     BadPlacement { value: String },
+    #[error(
+        "--placement call-sites attaches thousands of uprobes, which only uprobe-multi links can detach quickly; drop --links perf"
+    )]
+    CallSitesNeedMulti,
     #[error("--links must be auto, multi or perf (got {value:?})")]
     BadLinks { value: String },
     #[error(
@@ -110,7 +114,7 @@ pub struct AttachArgs<'a> {
     pub interval_s: f64,
     pub json: bool,
     pub probes: &'a str,
-    /// `--placement`: "auto" or "entry".
+    /// `--placement`: "auto", "entry" or "call-sites".
     pub placement: &'a str,
     /// `--budget`, in percent.
     pub budget_percent: Option<f64>,
@@ -125,6 +129,7 @@ pub fn parse_placement(value: &str) -> Result<PlacementMode, ConfigError> {
     match value {
         "auto" => Ok(PlacementMode::Auto),
         "entry" => Ok(PlacementMode::Entry),
+        "call-sites" => Ok(PlacementMode::CallSites),
         other => Err(ConfigError::BadPlacement { value: other.to_owned() }),
     }
 }
@@ -158,13 +163,17 @@ impl AttachConfig {
             "perf" => LinkMode::Perf,
             other => return Err(ConfigError::BadLinks { value: other.to_owned() }),
         };
+        let placement = parse_placement(args.placement)?;
+        if placement == PlacementMode::CallSites && links == LinkMode::Perf {
+            return Err(ConfigError::CallSitesNeedMulti);
+        }
         Ok(Self {
             returns: args.returns,
             budget,
             links,
             target,
             probes: ProbeSelection::parse(args.probes)?,
-            placement: parse_placement(args.placement)?,
+            placement,
             duration,
             interval,
             format: if args.json { Format::Json } else { Format::Table },
@@ -253,7 +262,14 @@ mod tests {
         let bad = AttachArgs { placement: "middle", ..args(1, None, 1.0, false) };
         assert_eq!(
             AttachConfig::new(&bad).unwrap_err().to_string(),
-            "--placement must be auto or entry (got \"middle\")"
+            "--placement must be auto, entry or call-sites (got \"middle\")"
+        );
+        let sites = AttachArgs { placement: "call-sites", ..args(1, None, 1.0, false) };
+        assert_eq!(AttachConfig::new(&sites).unwrap().placement, PlacementMode::CallSites);
+        let perf = AttachArgs { links: "perf", ..sites };
+        assert_eq!(
+            AttachConfig::new(&perf).unwrap_err().to_string(),
+            "--placement call-sites attaches thousands of uprobes, which only uprobe-multi links can detach quickly; drop --links perf"
         );
     }
 

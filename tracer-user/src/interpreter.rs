@@ -81,6 +81,19 @@ impl Interpreter {
         let hex = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
         Ok(Self { exe: real, image, elf, version: PythonVersion::from_hex(hex) })
     }
+
+    /// The modules that may call into the image, for
+    /// `--placement call-sites` (none are needed otherwise): the executable
+    /// when the image is its libpython, and the `lib-dynload` extension
+    /// modules any of its processes may import.
+    #[must_use]
+    pub fn modules(&self, placement: crate::session::PlacementMode) -> Vec<crate::callsites::Module> {
+        if placement != crate::session::PlacementMode::CallSites {
+            return Vec::new();
+        }
+        let exe = if self.exe == self.image { Vec::new() } else { vec![self.exe.clone()] };
+        crate::callsites::modules(&self.image, Path::new("/"), &exe, (self.version.major, self.version.minor))
+    }
 }
 
 /// The `libpython*.so*` among the executable's `DT_NEEDED` entries.

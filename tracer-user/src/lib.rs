@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod budget;
 pub mod calibrate;
+pub mod callsites;
 pub mod config;
 pub mod elf;
 pub mod error;

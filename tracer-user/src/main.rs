@@ -108,7 +108,7 @@ struct BenchArgs {
     /// Print the result as one JSON object.
     #[arg(long)]
     json: bool,
-    /// Where tracer's probes go while attached: auto or entry (as for `attach`).
+    /// Where tracer's probes go while attached: auto, entry or call-sites (as for `attach`).
     #[arg(long, value_name = "WHERE", default_value = "auto")]
     placement: String,
     /// More setups to measure beside the three, comma-separated: entry (tracer's probes at the function
@@ -140,7 +140,12 @@ struct TargetArgs {
     #[arg(long, value_name = "SET", default_value = "default")]
     probes: String,
     /// Where in each function to probe: auto (the first instruction the kernel emulates rather than
-    /// single-steps, when that counts the same calls; see `tracer probes`) or entry.
+    /// single-steps, when that counts the same calls; see `tracer probes`), entry, or call-sites (as
+    /// auto, but a function with no such instruction is probed at every call to it, in the image and
+    /// in every module that can call it, when its address never escapes; calls from third-party
+    /// extension modules imported after attaching, and through addresses found at run time (ctypes,
+    /// dlsym), are not seen).
+    /// Needs uprobe-multi links.
     #[arg(long, value_name = "WHERE", default_value = "auto")]
     placement: String,
 }
@@ -295,6 +300,13 @@ fn probes(args: &ProbesArgs) -> anyhow::Result<()> {
                     "emulated": p.placement.emulated,
                     "reason": p.placement.reason,
                     "returns": p.returns.as_ref().map(tracer_user::output::return_plan),
+                    "call_sites": p.call_sites.as_ref().map(|c| serde_json::json!({
+                        "emulated": c.emulated,
+                        "single_stepped": c.stepped,
+                        "files": c.files.iter().map(|f| serde_json::json!({
+                            "path": f.display_path, "offsets": f.offsets,
+                        })).collect::<Vec<_>>(),
+                    })),
                 })
             })
             .collect();
@@ -316,7 +328,7 @@ fn probes(args: &ProbesArgs) -> anyhow::Result<()> {
         println!(
             "  {:<20} {:>7}  {:<28} {:<9} {}",
             p.symbol,
-            format!("+{}", p.placement.offset),
+            if p.call_sites.is_some() { "callers".to_owned() } else { format!("+{}", p.placement.offset) },
             p.placement.instruction,
             if p.placement.emulated { "yes" } else { "no" },
             p.placement.reason

@@ -67,6 +67,8 @@ pub struct Target {
     /// The file-backed mappings of the image, to turn file offsets into
     /// addresses in the target.
     pub image_maps: Vec<Mapping>,
+    /// Every file the target has mapped executable, as it sees them.
+    pub code_files: Vec<PathBuf>,
 }
 
 /// `PF_KTHREAD` from include/linux/sched.h.
@@ -89,6 +91,15 @@ impl Target {
             return Err(TargetError::Exited { pid });
         }
         let maps = process.maps().map_err(proc_err("memory map"))?;
+        let mut code_files: Vec<PathBuf> = Vec::new();
+        for m in &maps {
+            if let MMapPath::Path(path) = &m.pathname
+                && m.perms.contains(procfs::process::MMPermissions::EXECUTE)
+                && !code_files.contains(path)
+            {
+                code_files.push(path.clone());
+            }
+        }
         let files: Vec<Mapping> = maps
             .into_iter()
             .filter_map(|m| match m.pathname {
@@ -116,7 +127,7 @@ impl Target {
             return Err(TargetError::NotPython { pid, comm: stat.comm, exe: exe.display().to_string() });
         }
         let image_maps = files.into_iter().filter(|m| m.path == image_path).collect();
-        Ok(Self { pid, comm: stat.comm, image_path, host_path, elf, image_maps })
+        Ok(Self { pid, comm: stat.comm, image_path, host_path, elf, image_maps, code_files })
     }
 
     /// The address in the target at which file offset `offset` of the image
@@ -194,6 +205,7 @@ mod tests {
                 Mapping { start: 0x7f00_0000, end: 0x7f00_1000, offset: 0, path: "/lib/libpython3.11.so".into() },
                 Mapping { start: 0x7f00_1000, end: 0x7f00_5000, offset: 0x1000, path: "/lib/libpython3.11.so".into() },
             ],
+            code_files: Vec::new(),
         };
         assert_eq!(target.address_of_file_offset(0x10), Some(0x7f00_0010));
         assert_eq!(target.address_of_file_offset(0x1234), Some(0x7f00_1234));

@@ -14,6 +14,7 @@ use tokio::{
 };
 
 use crate::{
+    callsites::{self, Module},
     budget::{Controller, Estimator, HitCosts, ProbeWindow},
     calibrate,
     config::{AttachConfig, LinkMode, TargetSpec},
@@ -22,7 +23,7 @@ use crate::{
     privileges,
     process::{Target, TargetError},
     python,
-    session::{ALL_PROCESSES, AttachError, ImageRef, Session, SessionOptions},
+    session::{ALL_PROCESSES, AttachError, ImageRef, PlacementMode, Session, SessionOptions},
 };
 
 /// How long each `--budget` window stays attached before detaching starts.
@@ -42,6 +43,8 @@ fn attach_links(session: &mut Session, scope: u32, mode: LinkMode) -> Result<boo
         LinkMode::Multi => session.attach_multi(scope).map(|()| true),
         LinkMode::Auto => match session.attach_multi(scope) {
             Ok(()) => Ok(true),
+            // Thousands of perf-event uprobes would take minutes to detach.
+            Err(e @ AttachError::Multi(_)) if session.has_call_sites() => Err(e),
             Err(AttachError::Multi(e)) => {
                 eprintln!(
                     "tracer: note: {e}; attaching one perf-event uprobe per probe instead, which the kernel detaches about 0.13 s apart"
@@ -225,40 +228,13 @@ pub async fn attach(config: &AttachConfig, out: impl Write) -> anyhow::Result<En
         (config.budget.is_some() || config.returns).then(|| calibrate::calibrate(config.returns)).transpose()?;
     let costs = calibration.map(|c| c.hit);
     let return_costs = calibration.and_then(|c| c.returns);
-    let mut exit = None;
-    let (mut session, mut info, scope) = match &config.target {
-        TargetSpec::Pid(pid) => {
-            let pid = *pid;
-            // The pidfd pins the process identity: if the PID is reused
-            // after this, we still see the original process's exit.
-            exit = Some(ProcessExit::watch(pid)?);
-            let target = Target::inspect(pid)?;
-            let version = python::read_version(&target)?;
-            let specs = config.probes.select(python::abi_for(pid, version)?.probes());
-            let image = ImageRef { elf: &target.elf, display_path: &target.image_path, attach_path: &target.host_path };
-            let options = SessionOptions {
-                placement: config.placement,
-                returns: return_costs.map(|r| r.0),
-                ..SessionOptions::default()
-            };
-            let session = Session::load(image, &specs, pid, options)?;
-            let info = attach_info(&session, Some(pid), None, version, &target.image_path);
-            (session, info, pid)
-        }
-        TargetSpec::Exe(exe) => {
-            let interp = Interpreter::from_executable(exe)?;
-            let specs = config.probes.select(python::abi_for_image(&interp.image, interp.version)?.probes());
-            let image = ImageRef { elf: &interp.elf, display_path: &interp.image, attach_path: &interp.image };
-            let options = SessionOptions {
-                placement: config.placement,
-                returns: return_costs.map(|r| r.0),
-                ..SessionOptions::default()
-            };
-            let session = Session::load(image, &specs, 0, options)?;
-            let info = attach_info(&session, None, Some(&interp.exe), interp.version, &interp.image);
-            (session, info, ALL_PROCESSES)
-        }
+    let exit = match &config.target {
+        // The pidfd pins the process identity: if the PID is reused after
+        // this, we still see the original process's exit.
+        TargetSpec::Pid(pid) => Some(ProcessExit::watch(*pid)?),
+        TargetSpec::Exe(_) => None,
     };
+    let (mut session, mut info, scope) = load_session(config, return_costs.map(|r| r.0))?;
     let attach_began = Instant::now();
     let multi = attach_links(&mut session, scope, config.links)?;
     info.links = if multi { LinkMode::Multi } else { LinkMode::Perf };
@@ -338,6 +314,53 @@ fn attach_info(
         links: LinkMode::Auto,
         return_costs: None,
     }
+}
+
+/// Resolves the target and loads a session for it (nothing attached yet);
+/// returns the session, the attach header and the attach scope.
+fn load_session(
+    config: &AttachConfig,
+    returns: Option<crate::returns::ReturnCosts>,
+) -> anyhow::Result<(Session, AttachInfo, u32)> {
+    let options = SessionOptions { placement: config.placement, returns, ..SessionOptions::default() };
+    Ok(match &config.target {
+        TargetSpec::Pid(pid) => {
+            let pid = *pid;
+            let target = Target::inspect(pid)?;
+            let version = python::read_version(&target)?;
+            let specs = config.probes.select(python::abi_for(pid, version)?.probes());
+            let modules = target_modules(&target, version, config.placement);
+            let image = ImageRef {
+                elf: &target.elf,
+                display_path: &target.image_path,
+                attach_path: &target.host_path,
+                modules: &modules,
+            };
+            let session = Session::load(image, &specs, pid, options)?;
+            let info = attach_info(&session, Some(pid), None, version, &target.image_path);
+            (session, info, pid)
+        }
+        TargetSpec::Exe(exe) => {
+            let interp = Interpreter::from_executable(exe)?;
+            let specs = config.probes.select(python::abi_for_image(&interp.image, interp.version)?.probes());
+            let modules = interp.modules(config.placement);
+            let image =
+                ImageRef { elf: &interp.elf, display_path: &interp.image, attach_path: &interp.image, modules: &modules };
+            let session = Session::load(image, &specs, 0, options)?;
+            let info = attach_info(&session, None, Some(&interp.exe), interp.version, &interp.image);
+            (session, info, ALL_PROCESSES)
+        }
+    })
+}
+
+/// The modules that may call into `target`'s image, for
+/// `--placement call-sites` (none are needed otherwise).
+fn target_modules(target: &Target, version: python::PythonVersion, placement: PlacementMode) -> Vec<Module> {
+    if placement != PlacementMode::CallSites {
+        return Vec::new();
+    }
+    let root = std::path::Path::new("/proc").join(target.pid.to_string()).join("root");
+    callsites::modules(&target.image_path, &root, &target.code_files, (version.major, version.minor))
 }
 
 /// Reads the session's counters into a [`Sample`].
@@ -431,7 +454,7 @@ pub struct ProbePlan {
 pub fn probe_plan(
     target: &TargetSpec,
     selection: &crate::probes::ProbeSelection,
-    placement: crate::session::PlacementMode,
+    placement: PlacementMode,
     returns: bool,
 ) -> anyhow::Result<ProbePlan> {
     // Which way reads a return value cheapest is measured, which loads BPF.
@@ -448,14 +471,22 @@ pub fn probe_plan(
             let target = Target::inspect(*pid)?;
             let version = python::read_version(&target)?;
             let specs = selection.select(python::abi_for(*pid, version)?.probes());
-            let image = ImageRef { elf: &target.elf, display_path: &target.image_path, attach_path: &target.host_path };
+            let modules = target_modules(&target, version, placement);
+            let image = ImageRef {
+                elf: &target.elf,
+                display_path: &target.image_path,
+                attach_path: &target.host_path,
+                modules: &modules,
+            };
             let (probes, missing) = crate::session::plan(image, &specs, options)?;
             Ok(ProbePlan { image: target.image_path.clone(), version, probes, missing, return_costs })
         }
         TargetSpec::Exe(exe) => {
             let interp = Interpreter::from_executable(exe)?;
             let specs = selection.select(python::abi_for_image(&interp.image, interp.version)?.probes());
-            let image = ImageRef { elf: &interp.elf, display_path: &interp.image, attach_path: &interp.image };
+            let modules = interp.modules(placement);
+            let image =
+                ImageRef { elf: &interp.elf, display_path: &interp.image, attach_path: &interp.image, modules: &modules };
             let (probes, missing) = crate::session::plan(image, &specs, options)?;
             Ok(ProbePlan { image: interp.image.clone(), version: interp.version, probes, missing, return_costs })
         }

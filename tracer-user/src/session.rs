@@ -26,6 +26,7 @@ use tracer_common::{
 };
 
 use crate::{
+    callsites::{self, CallSites, Module},
     elf::ElfImage,
     multi,
     placement::{self, Placement},
@@ -79,12 +80,17 @@ pub struct ImageRef<'a> {
     pub display_path: &'a std::path::Path,
     /// The path the kernel resolves (valid in tracer's mount namespace).
     pub attach_path: &'a std::path::Path,
+    /// Other modules that may call into the image, for
+    /// `--placement call-sites` (empty otherwise).
+    pub modules: &'a [Module],
 }
 
-/// One uprobe to attach: what, where (a file offset) and its cookie.
+/// One uprobe to attach: what, where (a file and an offset in it) and its
+/// cookie.
 struct AttachPoint {
     symbol: &'static str,
     program: Program,
+    path: PathBuf,
     offset: u64,
     cookie: u64,
 }
@@ -104,6 +110,9 @@ pub struct AttachedProbe {
     /// With `--returns`, for an allocating function: how its return value
     /// is read.
     pub returns: Option<ReturnPlan>,
+    /// With `--placement call-sites`, for a function probed at its callers
+    /// instead of inside it: where they are.
+    pub call_sites: Option<CallSites>,
 }
 
 impl AttachedProbe {
@@ -123,6 +132,10 @@ pub enum PlacementMode {
     Auto,
     /// At the function's first instruction.
     Entry,
+    /// As `Auto`, except that a function whose probe would be
+    /// single-stepped is probed at every call to it, when that sees every
+    /// call (see [`crate::callsites`]).
+    CallSites,
 }
 
 /// Counts read from the kernel, summed over CPUs.
@@ -275,11 +288,11 @@ impl Session {
     fn attach_scope(&mut self, pid: u32, scope: UProbeScope) -> Result<(), AttachError> {
         let points = self.attach_points();
         let mut links = Vec::with_capacity(points.len());
-        for AttachPoint { symbol, program, offset, cookie } in points {
+        for AttachPoint { symbol, program, path, offset, cookie } in points {
             let point =
                 UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie: Some(cookie) };
             let result = uprobe_mut(&mut self.ebpf, program).and_then(|p| {
-                p.attach(point, &self.attach_path, scope).map_err(|cause| {
+                p.attach(point, &path, scope).map_err(|cause| {
                     if pid == ALL_PROCESSES || std::path::Path::new(&format!("/proc/{pid}")).exists() {
                         AttachError::Attach { symbol, path: self.display_path.clone(), pid, cause: Box::new(cause) }
                     } else {
@@ -298,6 +311,12 @@ impl Session {
         }
         self.links.insert(pid, links);
         Ok(())
+    }
+
+    /// Whether any probe sits at its function's call sites.
+    #[must_use]
+    pub fn has_call_sites(&self) -> bool {
+        self.attached.iter().any(|p| p.call_sites.is_some())
     }
 
     /// Detaches every probe from `pid` (its counts stay); [`ALL_PROCESSES`]
@@ -335,20 +354,21 @@ impl Session {
     /// On failure nothing stays attached in that scope.
     pub fn attach_multi(&mut self, pid: u32) -> Result<(), AttachError> {
         let mut links = Vec::new();
-        let all = self.attach_points();
-        for program in Program::ALL {
-            let points: Vec<(u64, u64)> =
-                all.iter().filter(|p| p.program == program).map(|p| (p.offset, p.cookie)).collect();
-            if points.is_empty() {
-                continue;
-            }
+        // One link per program and file.
+        let mut groups: BTreeMap<(usize, PathBuf), Vec<(u64, u64)>> = BTreeMap::new();
+        for p in self.attach_points() {
+            let program = Program::ALL.iter().position(|&q| q == p.program).unwrap_or(usize::MAX);
+            groups.entry((program, p.path)).or_default().push((p.offset, p.cookie));
+        }
+        for ((index, path), points) in groups {
+            let Some(&program) = Program::ALL.get(index) else { continue };
             if !self.multi_programs.contains_key(&program) {
                 let fd = multi::load(crate::BPF_OBJECT, program.name(), &self.map_fds)?;
                 self.multi_programs.insert(program, fd);
             }
             let fd = &self.multi_programs[&program];
             let ret = program == Program::RetValueUret;
-            match multi::attach(fd, program.name(), &self.attach_path, (&points, ret), pid) {
+            match multi::attach(fd, program.name(), &path, (&points, ret), pid) {
                 Ok(link) => links.push(link),
                 Err(e) => {
                     drop(links);
@@ -366,17 +386,30 @@ impl Session {
     /// Every place a uprobe goes: each probe's (placed) entry, then its
     /// return probes.
     fn attach_points(&self) -> Vec<AttachPoint> {
-        let mut points: Vec<AttachPoint> = self
-            .attached
-            .iter()
-            .zip(&self.probe_programs)
-            .map(|(p, &program)| AttachPoint {
-                symbol: p.symbol,
-                program,
-                offset: p.probe_offset(),
-                cookie: u64::from(p.slot),
-            })
-            .collect();
+        let mut points = Vec::new();
+        for (p, &program) in self.attached.iter().zip(&self.probe_programs) {
+            let cookie = u64::from(p.slot);
+            match &p.call_sites {
+                None => points.push(AttachPoint {
+                    symbol: p.symbol,
+                    program,
+                    path: self.attach_path.clone(),
+                    offset: p.probe_offset(),
+                    cookie,
+                }),
+                Some(sites) => {
+                    for file in &sites.files {
+                        points.extend(file.offsets.iter().map(|&offset| AttachPoint {
+                            symbol: p.symbol,
+                            program,
+                            path: file.attach_path.clone(),
+                            offset,
+                            cookie,
+                        }));
+                    }
+                }
+            }
+        }
         for p in &self.attached {
             let cookie = u64::from(p.slot);
             match &p.returns {
@@ -384,12 +417,14 @@ impl Session {
                 Some(ReturnPlan::Uretprobe { .. }) => points.push(AttachPoint {
                     symbol: p.symbol,
                     program: Program::RetValueUret,
+                    path: self.attach_path.clone(),
                     offset: p.file_offset,
                     cookie,
                 }),
                 Some(ReturnPlan::Sites { sites, .. }) => points.extend(sites.iter().map(|site| AttachPoint {
                     symbol: p.symbol,
                     program: Program::RetValue,
+                    path: self.attach_path.clone(),
                     offset: p.file_offset + site.offset,
                     cookie,
                 })),
@@ -480,7 +515,7 @@ pub fn plan(
         let program = options.program_override.unwrap_or(spec.program);
         let place = match options.placement {
             PlacementMode::Entry => Placement::at_entry("entry (--placement entry)".to_owned()),
-            PlacementMode::Auto => {
+            PlacementMode::Auto | PlacementMode::CallSites => {
                 let len = if sym.size > 0 { sym.size.min(4096) } else { 64 };
                 match image.elf.read_at(sym.file_offset, usize::try_from(len).unwrap_or(64)) {
                     Ok(code) => placement::place(&code, sym.address, program, kernel),
@@ -503,9 +538,42 @@ pub fn plan(
             file_offset: sym.file_offset,
             placement: place,
             returns,
+            call_sites: None,
         });
     }
+    if options.placement == PlacementMode::CallSites {
+        place_at_call_sites(image, &mut attached, kernel);
+    }
     Ok((attached, missing))
+}
+
+/// Moves each probe that would be single-stepped to its function's call
+/// sites, where those see every call; the rest keep their placement, with
+/// the reason added.
+fn place_at_call_sites(image: ImageRef<'_>, attached: &mut [AttachedProbe], kernel: placement::KernelVersion) {
+    let stepped: Vec<usize> = (0..attached.len()).filter(|&i| !attached[i].placement.emulated).collect();
+    if stepped.is_empty() {
+        return;
+    }
+    let names: Vec<&str> = stepped.iter().map(|&i| attached[i].symbol).collect();
+    let defined: Vec<Option<u64>> = names.iter().map(|n| image.elf.function(n).map(|s| s.address)).collect();
+    let own = Module { display_path: image.display_path.to_owned(), attach_path: image.attach_path.to_owned() };
+    let plans = callsites::plan(&own, &names, &defined, image.modules, kernel);
+    for (&i, plan) in stepped.iter().zip(plans) {
+        let probe = &mut attached[i];
+        match plan {
+            Ok(sites) => {
+                probe.placement = Placement {
+                    offset: 0,
+                    instruction: format!("{} calls", sites.emulated + sites.stepped),
+                    emulated: sites.stepped == 0,
+                    reason: sites.describe(),
+                };
+                probe.call_sites = Some(sites);
+            }
+            Err(why) => probe.placement.reason = format!("{}; not at its call sites: {why}", probe.placement.reason),
+        }
+    }
 }
 
 fn uprobe_mut(ebpf: &mut Ebpf, program: Program) -> Result<&mut UProbe, AttachError> {
@@ -570,7 +638,7 @@ mod tests {
     fn a_missing_required_symbol_fails_before_any_bpf_is_loaded() {
         let elf = test_binary();
         let path = std::path::Path::new("/usr/lib/libnotpython.so");
-        let image = ImageRef { elf: &elf, display_path: path, attach_path: path };
+        let image = ImageRef { elf: &elf, display_path: path, attach_path: path, modules: &[] };
         let err = plan(image, DEFAULT_PROBES, SessionOptions::default()).expect_err("no PyObject_Malloc here");
         assert_eq!(
             err.to_string(),

@@ -198,6 +198,8 @@ pub struct Bench {
     pub out_dir: PathBuf,
     helper: PathBuf,
     return_costs: std::cell::RefCell<Option<crate::returns::ReturnCosts>>,
+    /// What may call into the image, for `--placement call-sites`.
+    modules: Vec<crate::callsites::Module>,
 }
 
 #[derive(Deserialize)]
@@ -227,7 +229,9 @@ impl Bench {
         }
         let interpreter = Interpreter::from_executable(&info.executable)?;
         python::abi_for_image(&interpreter.image, interpreter.version)?;
+        let modules = interpreter.modules(crate::session::PlacementMode::CallSites);
         Ok(Self {
+            modules,
             python: python.to_owned(),
             interpreter,
             stmt: stmt.to_owned(),
@@ -255,6 +259,7 @@ impl Bench {
             elf: &self.interpreter.elf,
             display_path: &self.interpreter.image,
             attach_path: &self.interpreter.image,
+            modules: &self.modules,
         }
     }
 
@@ -412,7 +417,12 @@ impl Bench {
                     ..SessionOptions::default()
                 };
                 let mut session = Session::load(self.image(), &specs, 0, options)?;
-                session.attach_all_processes()?;
+                if session.has_call_sites() {
+                    // Thousands of uprobes: only a multi link detaches them quickly.
+                    session.attach_multi(crate::session::ALL_PROCESSES)?;
+                } else {
+                    session.attach_all_processes()?;
+                }
                 guard.session = Some(session);
             }
             State::Detached { probes } => {
