@@ -491,6 +491,42 @@ pub fn probe_sites(pid: u32, image: &str, symbols: &[String]) -> Vec<ProbeSite> 
         .collect()
 }
 
+/// The first byte of each of `offsets` in `path`, at its address in `pid`,
+/// for call-site probes; none if `pid` has not mapped `path`.
+#[must_use]
+pub fn sites_in_file(pid: u32, path: &str, offsets: &[u64]) -> Vec<ProbeSite> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("read maps");
+    let ranges: Vec<(u64, u64, u64)> = maps
+        .lines()
+        .filter(|l| l.split_whitespace().nth(5) == Some(path))
+        .map(|l| {
+            let mut f = l.split_whitespace();
+            let (start, end) = f.next().expect("range").split_once('-').expect("a-b");
+            let offset = f.nth(1).expect("offset");
+            let hex = |s: &str| u64::from_str_radix(s, 16).expect("hex");
+            (hex(start), hex(end), hex(offset))
+        })
+        .collect();
+    if ranges.is_empty() {
+        return Vec::new();
+    }
+    let data = std::fs::read(format!("/proc/{pid}/root{path}")).expect("read module");
+    offsets
+        .iter()
+        .map(|&offset| {
+            let address = ranges
+                .iter()
+                .find_map(|&(s, e, off)| {
+                    let delta = offset.checked_sub(off)?;
+                    (delta < e - s).then_some(s + delta)
+                })
+                .unwrap_or_else(|| panic!("{path}+{offset:#x} is not mapped in PID {pid}"));
+            let at = usize::try_from(offset).expect("offset fits");
+            ProbeSite { symbol: format!("{path}+{offset:#x}"), address, file_bytes: vec![data[at]] }
+        })
+        .collect()
+}
+
 /// Reads the target's code at each site.
 #[must_use]
 pub fn read_sites(pid: u32, sites: &[ProbeSite]) -> Vec<Vec<u8>> {

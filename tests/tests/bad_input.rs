@@ -120,6 +120,21 @@ fn unknown_link_kind() {
 }
 
 #[test]
+fn call_sites_with_perf_links_or_a_budget() {
+    require_root();
+    let workload = Workload::serve(&shared_python());
+    let pid = workload.pid().to_string();
+    assert_bad_input(
+        &["attach", "--pid", &pid, "--placement", "call-sites", "--links", "perf"],
+        "--placement call-sites attaches thousands of uprobes, which only uprobe-multi links can detach quickly; drop --links perf",
+    );
+    assert_bad_input(
+        &["attach", "--pid", &pid, "--placement", "call-sites", "--budget", "1"],
+        "--budget cannot be combined with --placement call-sites: removing thousands of call-site probes takes seconds, far longer than a budget window; use one or the other",
+    );
+}
+
+#[test]
 fn zero_duration() {
     require_root();
     let workload = Workload::serve(&shared_python());

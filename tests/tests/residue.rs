@@ -6,7 +6,8 @@
 use std::{path::Path, thread::sleep, time::Duration};
 
 use tracer_tests::{
-    INT3, TracerRun, Workload, attached_probes, probe_sites, read_sites, require_root, shared_python, static_python,
+    INT3, ProbeSite, TracerRun, Workload, attached_probes, probe_sites, read_sites, require_root, run_tracer,
+    shared_python, sites_in_file, static_python,
 };
 
 #[derive(Clone, Copy, Debug)]
@@ -118,4 +119,66 @@ fn static_python_sigint_leaves_nothing() {
 #[test]
 fn static_python_sigkill_leaves_nothing() {
     check(&static_python(), Ending::Sigkill);
+}
+
+/// `--placement call-sites`: a breakpoint on every one of `_Py_Dealloc`'s
+/// thousands of call sites the target has mapped, in libpython (or the
+/// executable) and the extension modules, and none left after tracer ends.
+fn check_call_sites(python: &Path, ending: Ending) {
+    require_root();
+    let mut workload = Workload::serve(python);
+    let pid = workload.pid();
+    let args = ["--placement", "call-sites", "--probes", "_Py_Dealloc"];
+    let (tracer, attached) = TracerRun::attach_json(pid, &args);
+    assert!(attached["placements"]["_Py_Dealloc"]["reason"].as_str().unwrap().starts_with("call sites:"), "{attached}");
+    // The plan tracer attached, with every site listed.
+    let pid_arg = pid.to_string();
+    let (code, stdout, stderr) = run_tracer(&[&["probes", "--pid", &pid_arg, "--json"][..], &args].concat());
+    assert_eq!(code, Some(0), "{stderr}");
+    let plan: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    let mut sites: Vec<ProbeSite> = Vec::new();
+    for file in plan["probes"][0]["call_sites"]["files"].as_array().expect("files") {
+        let offsets: Vec<u64> = file["offsets"].as_array().unwrap().iter().map(|o| o.as_u64().unwrap()).collect();
+        sites.extend(sites_in_file(pid, file["path"].as_str().unwrap(), &offsets));
+    }
+    assert!(sites.len() > 1000, "{} mapped call sites", sites.len());
+    for (site, bytes) in sites.iter().zip(read_sites(pid, &sites)) {
+        assert_eq!(bytes, [INT3], "{} holds no breakpoint while attached", site.symbol);
+    }
+    match ending {
+        Ending::Sigint => tracer.signal(libc::SIGINT),
+        Ending::Sigkill => tracer.signal(libc::SIGKILL),
+        Ending::Sigterm | Ending::Duration => unreachable!("not used here"),
+    }
+    let (status, _, stderr) = tracer.finish();
+    if let Ending::Sigint = ending {
+        assert!(status.success(), "{status}: {stderr}");
+    }
+    let mut after = read_sites(pid, &sites);
+    for _ in 0..100 {
+        if after.iter().zip(&sites).all(|(b, s)| *b == s.file_bytes) {
+            break;
+        }
+        sleep(Duration::from_millis(100));
+        after = read_sites(pid, &sites);
+    }
+    for (site, bytes) in sites.iter().zip(&after) {
+        assert_eq!(*bytes, site.file_bytes, "{ending:?}: {} differs from the file after tracer left", site.symbol);
+    }
+    workload.ping();
+}
+
+#[test]
+fn call_sites_sigint_leaves_nothing() {
+    check_call_sites(&shared_python(), Ending::Sigint);
+}
+
+#[test]
+fn call_sites_sigkill_leaves_nothing() {
+    check_call_sites(&shared_python(), Ending::Sigkill);
+}
+
+#[test]
+fn static_python_call_sites_leave_nothing() {
+    check_call_sites(&static_python(), Ending::Sigint);
 }

@@ -97,6 +97,10 @@ pub enum ConfigError {
         "--placement call-sites attaches thousands of uprobes, which only uprobe-multi links can detach quickly; drop --links perf"
     )]
     CallSitesNeedMulti,
+    #[error(
+        "--budget cannot be combined with --placement call-sites: removing thousands of call-site probes takes seconds, far longer than a budget window; use one or the other"
+    )]
+    BudgetWithCallSites,
     #[error("--links must be auto, multi or perf (got {value:?})")]
     BadLinks { value: String },
     #[error(
@@ -166,6 +170,9 @@ impl AttachConfig {
         let placement = parse_placement(args.placement)?;
         if placement == PlacementMode::CallSites && links == LinkMode::Perf {
             return Err(ConfigError::CallSitesNeedMulti);
+        }
+        if placement == PlacementMode::CallSites && budget.is_some() {
+            return Err(ConfigError::BudgetWithCallSites);
         }
         Ok(Self {
             returns: args.returns,
@@ -266,6 +273,8 @@ mod tests {
         );
         let sites = AttachArgs { placement: "call-sites", ..args(1, None, 1.0, false) };
         assert_eq!(AttachConfig::new(&sites).unwrap().placement, PlacementMode::CallSites);
+        let budget = AttachArgs { budget_percent: Some(1.0), ..sites.clone() };
+        assert_eq!(AttachConfig::new(&budget).unwrap_err(), ConfigError::BudgetWithCallSites);
         let perf = AttachArgs { links: "perf", ..sites };
         assert_eq!(
             AttachConfig::new(&perf).unwrap_err().to_string(),

@@ -113,7 +113,8 @@ struct BenchArgs {
     placement: String,
     /// More setups to measure beside the three, comma-separated: entry (tracer's probes at the function
     /// entries), empty and empty-entry (an empty BPF program at the placed offsets or the entries: the
-    /// cost of the uprobe itself), bpftrace (bpftrace counting the same functions at their entries),
+    /// cost of the uprobe itself), call-sites (tracer's probes with `--placement
+    /// call-sites`) and empty-call-sites (an empty BPF program there), bpftrace (bpftrace counting the same functions at their entries),
     /// tracemalloc=FRAMES (PYTHONTRACEMALLOC in the workers), budget=PERCENT (`tracer attach --budget
     /// PERCENT` on the interpreter), returns (tracer's probes plus return-value probes, as `attach
     /// --returns`).

@@ -121,7 +121,7 @@ pub fn run(root: &Path, tracer: &Path, effort: &str) -> anyhow::Result<()> {
     per_probe(&mut md, tracer, &python, &out_root, effort)?;
 
     // 2. Statements under tracer, tracemalloc and after detaching.
-    writeln!(md, "## Statements under tracer (default probes), tracemalloc, and after detaching\n")?;
+    writeln!(md, "## Statements under tracer (default probes), bpftrace, tracemalloc, and after detaching\n")?;
     for (i, (name, setup, stmt)) in STATEMENTS.iter().enumerate() {
         let m = bench(
             tracer,
@@ -130,7 +130,7 @@ pub fn run(root: &Path, tracer: &Path, effort: &str) -> anyhow::Result<()> {
             setup,
             stmt,
             "default",
-            "tracemalloc=1,tracemalloc=25,budget=1",
+            "call-sites,bpftrace,tracemalloc=1,tracemalloc=25,budget=1",
             effort,
         )?;
         writeln!(md, "### {name}: `{stmt}`\n")?;
@@ -139,11 +139,14 @@ pub fn run(root: &Path, tracer: &Path, effort: &str) -> anyhow::Result<()> {
         writeln!(md, "| setup | mean per loop | vs baseline | cost per probe hit |\n|---|---|---|---|")?;
         row(&mut md, &m.result, "baseline", "nothing attached")?;
         row(&mut md, &m.result, "attached", "tracer attached, all 14 default probes")?;
+        row(&mut md, &m.result, "call-sites", "the same with `--placement call-sites` (`_Py_Dealloc` at its callers)")?;
+        row(&mut md, &m.result, "bpftrace", "bpftrace counting the same 14 functions at their entries")?;
         row(&mut md, &m.result, "tracemalloc1", "PYTHONTRACEMALLOC=1")?;
         row(&mut md, &m.result, "tracemalloc25", "PYTHONTRACEMALLOC=25")?;
         row(&mut md, &m.result, "budget1", "`tracer attach --exe … --budget 1` (duty-cycled windows)")?;
         row(&mut md, &m.result, "detached", "after tracer attached and detached")?;
         writeln!(md)?;
+        added_time(&mut md, &m.result)?;
     }
 
     // 3. --budget estimates against full counts of the same process.
@@ -179,23 +182,39 @@ pub fn run(root: &Path, tracer: &Path, effort: &str) -> anyhow::Result<()> {
 }
 
 /// Every default probe: placed, at the entry, an empty program at both
-/// places, bpftrace at the entry.
+/// places, bpftrace at the entry; and at its call sites, for a probe that
+/// `--placement call-sites` moves there.
 fn per_probe(md: &mut String, tracer: &Path, python: &Path, out_root: &Path, effort: &str) -> anyhow::Result<()> {
-    writeln!(md, "## Cost per hit of each default probe, five ways\n")?;
+    writeln!(md, "## Cost per hit of each default probe, five ways (six with call sites)\n")?;
     writeln!(
         md,
         "One command per probe, with only that probe attached, timing `body()`: one call of each \
          allocator function through ctypes, and a list (setup below). Columns: tracer with its \
          placement (`tracer probes` shows where), tracer at the function entry, an empty BPF program \
          at the entry and at tracer's placement (the kernel's floor for each place), and bpftrace \
-         counting at the entry. Each cell is (mean − baseline mean) / exact hits per loop.\n"
+         counting at the entry; for a function `--placement call-sites` moves to its callers, tracer \
+         and an empty program at its call sites. Each cell is (mean − baseline mean) / exact hits \
+         per loop.\n"
     )?;
     writeln!(md, "```python\n{API_SETUP}\n```\n")?;
     let mut table = String::from(
-        "| probe | placed at | hits/loop | tracer placed | tracer entry | empty entry | empty placed | bpftrace entry |\n|---|---|---|---|---|---|---|---|\n",
+        "| probe | placed at | hits/loop | tracer placed | tracer entry | empty entry | empty placed | bpftrace entry | tracer call sites | empty call sites |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
     let mut commands = Vec::new();
     for probe in DEFAULT_PROBES {
+        let plan = Command::new(tracer)
+            .args(["probes", "--exe"])
+            .arg(python)
+            .args(["--probes", probe, "--placement", "call-sites", "--json"])
+            .output()?;
+        let plan: Value = serde_json::from_slice(&plan.stdout).unwrap_or(Value::Null);
+        let p = &plan["probes"][0];
+        let at_callers = !p["call_sites"].is_null();
+        let also = if at_callers {
+            "entry,empty-entry,empty,bpftrace,call-sites,empty-call-sites"
+        } else {
+            "entry,empty-entry,empty,bpftrace"
+        };
         let m = bench(
             tracer,
             python,
@@ -203,7 +222,7 @@ fn per_probe(md: &mut String, tracer: &Path, python: &Path, out_root: &Path, eff
             API_SETUP,
             "body()",
             probe,
-            "entry,empty-entry,empty,bpftrace",
+            also,
             effort,
         )?;
         let plan =
@@ -218,13 +237,15 @@ fn per_probe(md: &mut String, tracer: &Path, python: &Path, out_root: &Path, eff
         };
         writeln!(
             table,
-            "| `{probe}` | {placed} | {} | {} | {} | {} | {} | {} |",
+            "| `{probe}` | {placed} | {} | {} | {} | {} | {} | {} | {} | {} |",
             m.result["hits_per_loop"],
             cell("attached"),
             cell("entry"),
             cell("empty-entry"),
             cell("empty"),
-            cell("bpftrace")
+            cell("bpftrace"),
+            cell("call-sites"),
+            cell("empty-call-sites")
         )?;
         commands.push(m.command);
     }
@@ -278,6 +299,32 @@ fn bench(
     }
     let result: Value = serde_json::from_slice(&output.stdout).context("tracer bench --json output")?;
     Ok(Measured { command, result })
+}
+
+/// What each tracing setup adds to a loop over the baseline, and how
+/// tracer's compares with bpftrace's.
+fn added_time(md: &mut String, r: &Value) -> anyhow::Result<()> {
+    let mean = |k: &str| r[k]["mean_ns"].as_f64();
+    let Some(base) = mean("baseline") else { return Ok(()) };
+    let added = |k: &str| mean(k).map(|m| m - base);
+    let hits = r["hits_per_loop"].as_f64().unwrap_or(0.0);
+    let Some(bpftrace) = added("bpftrace") else { return Ok(()) };
+    let mut parts = Vec::new();
+    for (key, what) in [("attached", "tracer"), ("call-sites", "tracer with call sites")] {
+        if let Some(a) = added(key) {
+            parts.push(format!("{what} adds {} per loop ({:.1}x less than bpftrace)", fmt_ns(a), bpftrace / a));
+        }
+    }
+    writeln!(
+        md,
+        "Added per loop over the baseline: {}; bpftrace adds {}; tracemalloc with 25 frames adds {}. \
+         At 1.2 µs per hit, tracer would add {hits} hits × 1.2 µs = {}.\n",
+        parts.join("; "),
+        fmt_ns(bpftrace),
+        added("tracemalloc25").map_or_else(|| "—".to_owned(), fmt_ns),
+        fmt_ns(hits * 1200.0)
+    )?;
+    Ok(())
 }
 
 /// A table row for setup `key`, if the command measured it.

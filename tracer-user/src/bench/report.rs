@@ -14,7 +14,8 @@ use crate::{
 /// Parses `--also`: extra setups measured beside baseline, attached and
 /// detached. `entry` (tracer's counting probes at the function entries),
 /// `empty` and `empty-entry` (an empty BPF program at the placed offsets or
-/// at the entries: the cost of the uprobe itself), `tracemalloc=N`
+/// at the entries: the cost of the uprobe itself), `call-sites` and
+/// `empty-call-sites` (the same with `--placement call-sites`), `tracemalloc=N`
 /// (PYTHONTRACEMALLOC=N in pyperf's workers), `bpftrace` (bpftrace counting
 /// the same functions at their entries), `budget=PERCENT` (`tracer attach
 /// --exe EXE --budget PERCENT` running through the chunk).
@@ -37,6 +38,10 @@ pub fn extra_states(
             None if item == "entry" => attached("entry", None, PlacementMode::Entry),
             None if item == "empty" => attached("empty", Some(Program::Empty), PlacementMode::Auto),
             None if item == "empty-entry" => attached("empty-entry", Some(Program::Empty), PlacementMode::Entry),
+            None if item == "call-sites" => attached("call-sites", None, PlacementMode::CallSites),
+            None if item == "empty-call-sites" => {
+                attached("empty-call-sites", Some(Program::Empty), PlacementMode::CallSites)
+            }
             None if item == "returns" => State::Attached {
                 name: "returns".to_owned(),
                 probes: probes.clone(),
