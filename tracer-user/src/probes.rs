@@ -2,7 +2,7 @@
 
 /// A BPF program in the embedded object; each serves every function whose
 /// arguments have its shape, told apart by the attach cookie.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Program {
     /// Counts calls only.
     CountCall,

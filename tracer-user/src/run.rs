@@ -313,6 +313,11 @@ fn attach_info(
         missing: session.missing.clone(),
         links: LinkMode::Auto,
         return_costs: None,
+        call_sites: session
+            .attached
+            .iter()
+            .filter_map(|p| Some((p.symbol, p.call_sites.as_ref().map(|c| c.emulated + c.stepped)?)))
+            .collect(),
     }
 }
 

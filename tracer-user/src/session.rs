@@ -355,13 +355,11 @@ impl Session {
     pub fn attach_multi(&mut self, pid: u32) -> Result<(), AttachError> {
         let mut links = Vec::new();
         // One link per program and file.
-        let mut groups: BTreeMap<(usize, PathBuf), Vec<(u64, u64)>> = BTreeMap::new();
+        let mut groups: BTreeMap<(Program, PathBuf), Vec<(u64, u64)>> = BTreeMap::new();
         for p in self.attach_points() {
-            let program = Program::ALL.iter().position(|&q| q == p.program).unwrap_or(usize::MAX);
-            groups.entry((program, p.path)).or_default().push((p.offset, p.cookie));
+            groups.entry((p.program, p.path)).or_default().push((p.offset, p.cookie));
         }
-        for ((index, path), points) in groups {
-            let Some(&program) = Program::ALL.get(index) else { continue };
+        for ((program, path), points) in groups {
             if !self.multi_programs.contains_key(&program) {
                 let fd = multi::load(crate::BPF_OBJECT, program.name(), &self.map_fds)?;
                 self.multi_programs.insert(program, fd);

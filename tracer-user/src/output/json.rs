@@ -120,6 +120,8 @@ impl<W: Write> Reporter for JsonReporter<W> {
             "return_costs_ns": info.return_costs.map(|m| json!({
                 "uretprobe": m.uretprobe_ns, "ret": m.ret_ns, "placed": m.placed_ns,
             })),
+            "call_sites": info.call_sites.iter().map(|(name, n)| ((*name).to_owned(), json!(n)))
+                .collect::<Map<String, Value>>(),
             "placements": info.placements.iter().map(|(name, p)| ((*name).to_owned(), json!({
                 "offset": p.offset, "instruction": p.instruction, "emulated": p.emulated, "reason": p.reason,
             }))).collect::<Map<String, Value>>(),
@@ -169,6 +171,7 @@ mod tests {
             links: crate::config::LinkMode::Multi,
             returns: vec![],
             return_costs: None,
+            call_sites: vec![("_Py_Dealloc", 10989)],
         };
         let out = lines(|r| {
             r.attached(&info).unwrap();
@@ -178,7 +181,7 @@ mod tests {
         assert_eq!(
             out[0],
             json!({"type":"attached","pid":12,"exe":null,"python":{"version":"3.11.7","image":"/lib/libpython3.11.so.1.0"},
-                   "probes":["_Py_NewReference","PyObject_Malloc"],"missing":["PyMem_RawCalloc"],"links":"multi","returns":{},"return_costs_ns":null,"placements":{}})
+                   "probes":["_Py_NewReference","PyObject_Malloc"],"missing":["PyMem_RawCalloc"],"links":"multi","returns":{},"return_costs_ns":null,"call_sites":{"_Py_Dealloc":10989},"placements":{}})
         );
         assert_eq!(out[1]["type"], "interval");
         assert_eq!(out[1]["elapsed_s"], 1.0);

@@ -36,6 +36,9 @@ pub struct AttachInfo {
     pub return_costs: Option<crate::calibrate::ReturnMeasurement>,
     /// How the probes were attached (multi or perf).
     pub links: crate::config::LinkMode,
+    /// With `--placement call-sites`: each function probed at its callers,
+    /// and at how many.
+    pub call_sites: Vec<(&'static str, usize)>,
 }
 
 /// One probe's cumulative counts.

@@ -154,11 +154,17 @@ impl<W: Write> Reporter for TableReporter<W> {
         };
         writeln!(
             self.out,
-            "tracer: attached to {what} (Python {}, {}): {} probes live ({}){}",
+            "tracer: attached to {what} (Python {}, {}): {} probes live ({}){}{}",
             info.python_version,
             info.image,
             info.probes.len(),
             if info.links == crate::config::LinkMode::Multi { "uprobe-multi links" } else { "perf-event uprobes" },
+            if info.call_sites.is_empty() {
+                String::new()
+            } else {
+                let each: Vec<String> = info.call_sites.iter().map(|(f, n)| format!("{f} at {n} call sites")).collect();
+                format!("; {}", each.join(", "))
+            },
             if info.missing.is_empty() {
                 String::new()
             } else {
