@@ -1,13 +1,15 @@
 """Workload driven by tracer's integration tests.
 
-    workload.py once N [finalize|_exit] [objects|api|api-pointers]
+    workload.py once N [finalize|_exit] [objects|api|api-pointers|late-import]
                            print "ready", wait for a line on stdin, run the
                            body N times, print "done", then exit normally
                            (finalize, the default) or with os._exit, which
                            skips interpreter finalization.
     workload.py serve      print "ready", run the body forever; answer each
                            stdin line "ping" with "pong" (proves the process
-                           still runs); exit when stdin closes.
+                           still runs), and "import DIR MODULE" by importing
+                           MODULE from DIR and printing "imported"; exit
+                           when stdin closes.
 
 Bodies:
     objects (default)  one empty list and one bytearray(1000)
@@ -18,6 +20,10 @@ Bodies:
                        read(2)s before the loop (of 3 bytes) and after it
                        (of 4 bytes), then prints "sums F=S ...", their wrapping sum
                        per function, and "done"
+    late-import        json.dumps([1.5, 2.5]), importing json in the first
+                       call, so that lib-dynload's _json (where it is a
+                       separate file) is loaded only after tracer attached;
+                       its encoder frees each float's text itself
 
 The loop uses itertools.repeat so the loop itself allocates nothing per
 iteration.
@@ -97,14 +103,23 @@ def api_body_factory(record=0):
     return api_body
 
 
+def late_import_body():
+    import json
+
+    return json.dumps([1.5, 2.5])
+
+
 def once(n, exit_mode, body_name):
     if body_name == "api":
         work = api_body_factory()
     elif body_name == "api-pointers":
         work = api_body_factory(record=n)
+    elif body_name == "late-import":
+        work = late_import_body
     else:
         work = body
-    work()  # warm up: first-call caches are not part of the measurement
+    if body_name != "late-import":
+        work()  # warm up: first-call caches are not part of the measurement
     if body_name == "api-pointers":
         # Nothing but the loop may call the allocators tracer checks
         # exactly, so the waits are bare read(2)s: no readline, no print.
@@ -137,6 +152,11 @@ def serve():
         for line in sys.stdin:
             if line.strip() == "ping":
                 print("pong", flush=True)
+            elif line.startswith("import "):
+                _, directory, module = line.split()
+                sys.path.insert(0, directory)
+                __import__(module)
+                print("imported", flush=True)
         stop.set()
 
     stop = threading.Event()
@@ -154,4 +174,4 @@ if __name__ == "__main__":
     elif sys.argv[1] == "serve":
         serve()
     else:
-        sys.exit(f"usage: {sys.argv[0]} once N [finalize|_exit] [objects|api|api-pointers] | serve")
+        sys.exit(f"usage: {sys.argv[0]} once N [finalize|_exit] [objects|api|api-pointers|late-import] | serve")

@@ -147,6 +147,9 @@ pub enum Body {
     /// The api body, reporting the wrapping sum of the pointers each
     /// allocating function returned (see [`Workload::finish_with_sums`]).
     ApiPointers,
+    /// `json.dumps([1.5, 2.5])`, importing json in the first iteration: no
+    /// warm-up, so an extension module is loaded after tracer attached.
+    LateImport,
 }
 
 impl Body {
@@ -155,6 +158,7 @@ impl Body {
             Self::Objects => "objects",
             Self::Api => "api",
             Self::ApiPointers => "api-pointers",
+            Self::LateImport => "late-import",
         }
     }
 }
@@ -296,6 +300,12 @@ impl Workload {
     pub fn ping(&mut self) {
         self.send("ping");
         self.expect("pong");
+    }
+
+    /// Makes a `serve` workload import `module` from `directory` now.
+    pub fn import(&mut self, directory: &Path, module: &str) {
+        self.send(&format!("import {} {module}", directory.display()));
+        self.expect("imported");
     }
 
     /// Waits for a `once` workload to finish and exit successfully.
@@ -540,6 +550,13 @@ pub fn read_sites(pid: u32, sites: &[ProbeSite]) -> Vec<Vec<u8>> {
             buf
         })
         .collect()
+}
+
+/// The venv `cargo xtask setup` creates with pyperf (and psutil).
+#[must_use]
+pub fn pyperf_venv() -> PathBuf {
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
+    std::env::var_os("XDG_DATA_HOME").map_or_else(|| home.join(".local/share"), PathBuf::from).join("tracer/pyperf-venv")
 }
 
 /// The x86 breakpoint a uprobe writes at its address.

@@ -4,14 +4,11 @@
 
 use std::path::PathBuf;
 
-use tracer_tests::{require_root, run_tracer, tracer_bin};
+use tracer_tests::{pyperf_venv, require_root, run_tracer, tracer_bin};
 
-/// The venv `cargo xtask setup` creates with pyperf.
+/// The venv's python.
 fn pyperf_python() -> PathBuf {
-    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
-    let python = std::env::var_os("XDG_DATA_HOME")
-        .map_or_else(|| home.join(".local/share"), PathBuf::from)
-        .join("tracer/pyperf-venv/bin/python");
+    let python = pyperf_venv().join("bin/python");
     assert!(python.exists(), "{} is missing: run `cargo xtask setup`", python.display());
     python
 }

@@ -19,6 +19,10 @@ fn traced_run(python: &Path, n: u64, body: Body, exit: Exit, aslr: Aslr) -> (Vec
 fn traced_run_with(python: &Path, n: u64, body: Body, exit: Exit, aslr: Aslr, extra: &[&str]) -> (Vec<String>, Counts) {
     let mut workload = Workload::once(python, n, body, exit, aslr);
     workload.wait_blocked_on_stdin();
+    if let Body::LateImport = body {
+        let maps = std::fs::read_to_string(format!("/proc/{}/maps", workload.pid())).expect("maps");
+        assert!(!maps.contains("/_json."), "json was imported before tracer attached");
+    }
     // A long interval: this test wants only the summary.
     let mut args = vec!["--interval", "3600"];
     args.extend_from_slice(extra);
@@ -196,10 +200,12 @@ fn placed_equals_entry(python: &Path) {
 
 /// `--placement call-sites` counts exactly what entry probes count: the
 /// functions it moves to their callers (`_Py_Dealloc` on both builds) see
-/// every call, from libpython, the executable and the extension modules.
+/// every call, from libpython, the executable and the extension modules,
+/// including one imported after attaching (pyenv's `_json`, a lib-dynload
+/// file; Debian's is built in).
 fn call_sites_equal_entry(python: &Path) {
     require_root();
-    for body in [Body::Objects, Body::Api] {
+    for body in [Body::Objects, Body::Api, Body::LateImport] {
         let sites = ["--placement", "call-sites"];
         let (probes, at_sites) = traced_run_with(python, 300, body, Exit::Immediate, Aslr::Off, &sites);
         let (_, entry) = traced_run_with(python, 300, body, Exit::Immediate, Aslr::Off, &["--placement", "entry"]);

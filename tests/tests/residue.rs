@@ -7,7 +7,7 @@ use std::{path::Path, thread::sleep, time::Duration};
 
 use tracer_tests::{
     INT3, ProbeSite, TracerRun, Workload, attached_probes, probe_sites, read_sites, require_root, run_tracer,
-    shared_python, sites_in_file, static_python,
+    pyperf_venv, shared_python, sites_in_file, static_python,
 };
 
 #[derive(Clone, Copy, Debug)]
@@ -181,4 +181,55 @@ fn call_sites_sigkill_leaves_nothing() {
 #[test]
 fn static_python_call_sites_leave_nothing() {
     check_call_sites(&static_python(), Ending::Sigint);
+}
+
+/// A module the target maps after tracer attached with call sites (psutil's
+/// C extension from the pyperf venv: neither mapped at attach time nor in
+/// lib-dynload) gets its calls to `_Py_Dealloc` probed at the next
+/// interval, says so on stderr, and holds nothing after tracer ends.
+#[test]
+fn call_sites_in_a_module_imported_later() {
+    require_root();
+    let site_packages = pyperf_venv().join("lib/python3.11/site-packages");
+    let module = site_packages.join("psutil/_psutil_linux.abi3.so");
+    assert!(module.is_file(), "{} is missing: run `cargo xtask setup`", module.display());
+    let mut workload = Workload::serve(&shared_python());
+    let pid = workload.pid();
+    let args = ["--placement", "call-sites", "--probes", "_Py_Dealloc", "--interval", "0.1"];
+    let (tracer, _) = TracerRun::attach_json(pid, &args);
+    workload.import(&site_packages, "psutil._psutil_linux");
+    let pid_arg = pid.to_string();
+    let (code, stdout, stderr) = run_tracer(&[&["probes", "--pid", &pid_arg, "--json"][..], &args[..4]].concat());
+    assert_eq!(code, Some(0), "{stderr}");
+    let plan: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    let files = plan["probes"][0]["call_sites"]["files"].as_array().expect("files");
+    let file = files.iter().find(|f| f["path"] == module.to_str().unwrap()).expect("psutil's module in the plan");
+    let offsets: Vec<u64> = file["offsets"].as_array().unwrap().iter().map(|o| o.as_u64().unwrap()).collect();
+    let sites = sites_in_file(pid, module.to_str().unwrap(), &offsets);
+    assert!(!sites.is_empty());
+    // Probed at the next interval.
+    let mut live = read_sites(pid, &sites);
+    for _ in 0..50 {
+        if live.iter().all(|b| *b == [INT3]) {
+            break;
+        }
+        sleep(Duration::from_millis(100));
+        live = read_sites(pid, &sites);
+    }
+    for (site, bytes) in sites.iter().zip(&live) {
+        assert_eq!(*bytes, [INT3], "{} holds no breakpoint after the import", site.symbol);
+    }
+    tracer.signal(libc::SIGINT);
+    let (status, _, stderr) = tracer.finish();
+    assert!(status.success(), "{status}: {stderr}");
+    let note = format!(
+        "tracer: note: {} was mapped after attaching; its {} calls to _Py_Dealloc are probed from ",
+        module.display(),
+        sites.len()
+    );
+    assert!(stderr.starts_with(&note), "{stderr}");
+    for (site, bytes) in sites.iter().zip(read_sites(pid, &sites)) {
+        assert_eq!(bytes, site.file_bytes, "{} differs from the file after tracer left", site.symbol);
+    }
+    workload.ping();
 }

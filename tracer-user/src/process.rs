@@ -71,6 +71,28 @@ pub struct Target {
     pub code_files: Vec<PathBuf>,
 }
 
+/// The files mapped executable, each once, in address order.
+fn executable_files(maps: &procfs::process::MemoryMaps) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = Vec::new();
+    for m in maps {
+        if let MMapPath::Path(path) = &m.pathname
+            && m.perms.contains(procfs::process::MMPermissions::EXECUTE)
+            && !files.contains(path)
+        {
+            files.push(path.clone());
+        }
+    }
+    files
+}
+
+/// The files `pid` has mapped executable now, as it sees them.
+pub fn code_files(pid: u32) -> Result<Vec<PathBuf>, TargetError> {
+    let proc_err = |what| move |cause| map_proc_error(pid, what, cause);
+    let process = Process::new(i32::try_from(pid).map_err(|_| TargetError::NoSuchProcess { pid })?)
+        .map_err(proc_err("the /proc entry"))?;
+    Ok(executable_files(&process.maps().map_err(proc_err("memory map"))?))
+}
+
 /// `PF_KTHREAD` from include/linux/sched.h.
 const PF_KTHREAD: u32 = 0x0020_0000;
 
@@ -91,15 +113,7 @@ impl Target {
             return Err(TargetError::Exited { pid });
         }
         let maps = process.maps().map_err(proc_err("memory map"))?;
-        let mut code_files: Vec<PathBuf> = Vec::new();
-        for m in &maps {
-            if let MMapPath::Path(path) = &m.pathname
-                && m.perms.contains(procfs::process::MMPermissions::EXECUTE)
-                && !code_files.contains(path)
-            {
-                code_files.push(path.clone());
-            }
-        }
+        let code_files = executable_files(&maps);
         let files: Vec<Mapping> = maps
             .into_iter()
             .filter_map(|m| match m.pathname {

@@ -234,7 +234,7 @@ pub async fn attach(config: &AttachConfig, out: impl Write) -> anyhow::Result<En
         TargetSpec::Pid(pid) => Some(ProcessExit::watch(*pid)?),
         TargetSpec::Exe(_) => None,
     };
-    let (mut session, mut info, scope) = load_session(config, return_costs.map(|r| r.0))?;
+    let (mut session, mut info, scope, mut late) = load_session(config, return_costs.map(|r| r.0))?;
     let attach_began = Instant::now();
     let multi = attach_links(&mut session, scope, config.links)?;
     info.links = if multi { LinkMode::Multi } else { LinkMode::Perf };
@@ -281,7 +281,12 @@ pub async fn attach(config: &AttachConfig, out: impl Write) -> anyhow::Result<En
                     Err(e) => return Err(e.into()),
                 }
             }
-            _ = ticker.tick() => reporter.interval(&estimated(sample(&session, started)?, duty.as_ref()))?,
+            _ = ticker.tick() => {
+                if let Some(late) = late.as_mut() {
+                    late.check(&mut session, started);
+                }
+                reporter.interval(&estimated(sample(&session, started)?, duty.as_ref()))?;
+            }
         }
     };
     // Read after the end so the summary holds every hit up to the target's
@@ -321,12 +326,57 @@ fn attach_info(
     }
 }
 
+/// `--placement call-sites --pid`: each interval, the files the target has
+/// mapped since the attach are scanned, and their calls to the functions
+/// at their call sites are probed from then on.
+struct LateModules {
+    pid: u32,
+    /// Every file already scanned, as the target sees it.
+    known: std::collections::HashSet<std::path::PathBuf>,
+}
+
+impl LateModules {
+    fn check(&mut self, session: &mut Session, started: Instant) {
+        // An exited target is the exit branch's business.
+        let Ok(files) = crate::process::code_files(self.pid) else { return };
+        let root = std::path::Path::new("/proc").join(self.pid.to_string()).join("root");
+        for path in files {
+            if !self.known.insert(path.clone()) {
+                continue;
+            }
+            let attach_path = root.join(path.strip_prefix("/").unwrap_or(&path));
+            let module = Module { display_path: path.clone(), attach_path };
+            let at = started.elapsed().as_secs_f64();
+            match session.attach_late_module(self.pid, &module) {
+                Ok(late) => {
+                    for l in late {
+                        let escape = l.escape.map_or_else(String::new, |e| {
+                            format!("; its address also escapes there ({e}), and calls through it are not seen")
+                        });
+                        eprintln!(
+                            "tracer: note: {} was mapped after attaching; its {} calls to {} are probed from {at:.1} s on (earlier calls from it are not counted){escape}",
+                            path.display(),
+                            l.sites,
+                            l.symbol
+                        );
+                    }
+                }
+                Err(e) => eprintln!(
+                    "tracer: note: {} was mapped after attaching, and its calls cannot be probed ({e}); calls from it are not counted",
+                    path.display()
+                ),
+            }
+        }
+    }
+}
+
 /// Resolves the target and loads a session for it (nothing attached yet);
-/// returns the session, the attach header and the attach scope.
+/// returns the session, the attach header, the attach scope, and with
+/// call-site probes on one process, the watch for modules it maps later.
 fn load_session(
     config: &AttachConfig,
     returns: Option<crate::returns::ReturnCosts>,
-) -> anyhow::Result<(Session, AttachInfo, u32)> {
+) -> anyhow::Result<(Session, AttachInfo, u32, Option<LateModules>)> {
     let options = SessionOptions { placement: config.placement, returns, ..SessionOptions::default() };
     Ok(match &config.target {
         TargetSpec::Pid(pid) => {
@@ -343,7 +393,11 @@ fn load_session(
             };
             let session = Session::load(image, &specs, pid, options)?;
             let info = attach_info(&session, Some(pid), None, version, &target.image_path);
-            (session, info, pid)
+            let late = session.has_call_sites().then(|| LateModules {
+                pid,
+                known: modules.into_iter().map(|m| m.display_path).chain([target.image_path.clone()]).collect(),
+            });
+            (session, info, pid, late)
         }
         TargetSpec::Exe(exe) => {
             let interp = Interpreter::from_executable(exe)?;
@@ -353,7 +407,7 @@ fn load_session(
                 ImageRef { elf: &interp.elf, display_path: &interp.image, attach_path: &interp.image, modules: &modules };
             let session = Session::load(image, &specs, 0, options)?;
             let info = attach_info(&session, None, Some(&interp.exe), interp.version, &interp.image);
-            (session, info, ALL_PROCESSES)
+            (session, info, ALL_PROCESSES, None)
         }
     })
 }

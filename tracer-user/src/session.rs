@@ -138,6 +138,17 @@ pub enum PlacementMode {
     CallSites,
 }
 
+/// Call sites found in a module mapped after the attach.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LateSites {
+    pub symbol: &'static str,
+    /// How many were attached.
+    pub sites: usize,
+    /// Where the function's address escapes in that module, if it does:
+    /// calls through that pointer are not seen.
+    pub escape: Option<String>,
+}
+
 /// Counts read from the kernel, summed over CPUs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Readings {
@@ -311,6 +322,51 @@ impl Session {
         }
         self.links.insert(pid, links);
         Ok(())
+    }
+
+    /// Probes the call sites in `module`, which `pid` mapped after the
+    /// attach (a module in `lib-dynload` or mapped then is covered already).
+    /// Returns, per function with call sites there, how many were attached
+    /// and the first place its address escapes in that module, if any.
+    pub fn attach_late_module(&mut self, pid: u32, module: &Module) -> Result<Vec<LateSites>, AttachError> {
+        let moved: Vec<usize> = (0..self.attached.len()).filter(|&i| self.attached[i].call_sites.is_some()).collect();
+        let names: Vec<&str> = moved.iter().map(|&i| self.attached[i].symbol).collect();
+        let Ok(data) = std::fs::read(&module.attach_path) else { return Ok(Vec::new()) };
+        let kernel = placement::running_kernel();
+        // A file that is not ELF holds no calls.
+        let Ok(found) = callsites::scan(&data, &names, &vec![None; names.len()], kernel) else { return Ok(Vec::new()) };
+        let mut late = Vec::new();
+        let mut groups: BTreeMap<Program, Vec<(u64, u64)>> = BTreeMap::new();
+        for (&i, f) in moved.iter().zip(found) {
+            let mut offsets = f.emulated;
+            offsets.extend(&f.stepped);
+            if offsets.is_empty() && f.escapes == 0 {
+                continue;
+            }
+            let probe = &mut self.attached[i];
+            let program = self.probe_programs[i];
+            groups.entry(program).or_default().extend(offsets.iter().map(|&o| (o, u64::from(probe.slot))));
+            late.push(LateSites { symbol: probe.symbol, sites: offsets.len(), escape: f.first_escape });
+            if let Some(sites) = probe.call_sites.as_mut() {
+                sites.emulated += offsets.len() - f.stepped.len();
+                sites.stepped += f.stepped.len();
+                sites.files.push(callsites::SiteFile {
+                    display_path: module.display_path.clone(),
+                    attach_path: module.attach_path.clone(),
+                    offsets,
+                });
+            }
+        }
+        for (program, points) in groups.into_iter().filter(|(_, p)| !p.is_empty()) {
+            if !self.multi_programs.contains_key(&program) {
+                let fd = multi::load(crate::BPF_OBJECT, program.name(), &self.map_fds)?;
+                self.multi_programs.insert(program, fd);
+            }
+            let fd = &self.multi_programs[&program];
+            let link = multi::attach(fd, program.name(), &module.attach_path, (&points, false), pid)?;
+            self.multi_links.entry(pid).or_default().push(link);
+        }
+        Ok(late)
     }
 
     /// Whether any probe sits at its function's call sites.

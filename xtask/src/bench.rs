@@ -149,13 +149,16 @@ pub fn run(root: &Path, tracer: &Path, effort: &str) -> anyhow::Result<()> {
         added_time(&mut md, &m.result)?;
     }
 
-    // 3. --budget estimates against full counts of the same process.
+    // 3. The same on Debian's static, LTO-built interpreter.
+    static_section(&mut md, tracer, &out_root, effort)?;
+
+    // 4. --budget estimates against full counts of the same process.
     budget_accuracy(&mut md, tracer)?;
 
-    // 4. Reading allocators' return values.
+    // 5. Reading allocators' return values.
     returns_section(&mut md, tracer, &python, &out_root, effort)?;
 
-    // 5. tracer's own footprint.
+    // 6. tracer's own footprint.
     let (command, own) = footprint(root, tracer)?;
     writeln!(md, "## tracer's own cost while attached\n")?;
     writeln!(md, "```\n{command}\n```\n")?;
@@ -258,6 +261,101 @@ fn per_probe(md: &mut String, tracer: &Path, python: &Path, out_root: &Path, eff
 
     Ok(())
 }
+
+/// Debian's static, LTO-built python3.11: each default probe's cost per
+/// hit (placed, at call sites where tracer moves it there, and bpftrace at
+/// the entry), then the JSON round trip.
+pub fn static_section(md: &mut String, tracer: &Path, out_root: &Path, effort: &str) -> anyhow::Result<()> {
+    let base = Path::new(STATIC_PYTHON);
+    if !base.is_file() {
+        bail!("{STATIC_PYTHON} is missing; install Debian's python3.11 (apt-get install python3.11)");
+    }
+    let venv = crate::setup::static_pyperf_venv();
+    crate::setup::ensure_pyperf_venv(base, &venv)?;
+    let python = venv.join("bin").join("python");
+    writeln!(md, "## Debian's static, LTO-built python3.11\n")?;
+    writeln!(
+        md,
+        "The same measurements on `{STATIC_PYTHON}` (pyperf in a venv of it). Its interpreter calls \
+         its allocators internally and LTO inlined most of `_Py_NewReference` and `_Py_Dealloc`, so \
+         the exported functions see fewer hits (README, Limitations); a cell is \"—\" where the \
+         statement hits the probe too rarely to measure. Columns: tracer with its placement, tracer \
+         with `--placement call-sites` (only `_Py_Dealloc` moves), bpftrace at the entry.\n"
+    )?;
+    let mut table = String::from(
+        "| probe | placed at | hits/loop | tracer placed | tracer call sites | bpftrace entry |\n|---|---|---|---|---|---|\n",
+    );
+    let mut commands = Vec::new();
+    for probe in DEFAULT_PROBES {
+        let plan = Command::new(tracer)
+            .args(["probes", "--exe"])
+            .arg(&python)
+            .args(["--probes", probe, "--placement", "call-sites", "--json"])
+            .output()?;
+        let plan: Value = serde_json::from_slice(&plan.stdout).unwrap_or(Value::Null);
+        let p = &plan["probes"][0];
+        if p.is_null() {
+            writeln!(table, "| `{probe}` | not in this build | | | | |")?;
+            continue;
+        }
+        let at_callers = !p["call_sites"].is_null();
+        let also = if at_callers { "bpftrace,call-sites" } else { "bpftrace" };
+        let out = out_root.join(format!("static-probe-{probe}"));
+        let m = bench(tracer, &python, &out, API_SETUP, "body()", probe, also, effort)?;
+        let placed = if at_callers {
+            format!("{} call sites", p["call_sites"]["emulated"])
+        } else {
+            format!("+{} `{}`", p["offset"], p["instruction"].as_str().unwrap_or("?"))
+        };
+        let hits = m.result["hits_per_loop"].as_f64().unwrap_or(0.0);
+        let cell = |k: &str| {
+            m.result["ns_per_hit_by_setup"][k]
+                .as_f64()
+                .filter(|_| hits >= 1.0)
+                .map_or_else(|| "—".to_owned(), |ns| format!("{:.2} µs", ns / 1e3))
+        };
+        writeln!(
+            table,
+            "| `{probe}` | {placed} | {hits} | {} | {} | {} |",
+            cell("attached"),
+            cell("call-sites"),
+            cell("bpftrace")
+        )?;
+        commands.push(m.command);
+    }
+    writeln!(md, "{table}")?;
+    writeln!(md, "Commands (one per row; `API_SETUP` is the setup of the five-ways table):\n\n```")?;
+    for c in commands {
+        writeln!(md, "{}", c.replace(&shell_quote(API_SETUP), "\"$API_SETUP\""))?;
+    }
+    writeln!(md, "```\n")?;
+    let (name, setup, stmt) = STATEMENTS[1];
+    let m = bench(
+        tracer,
+        &python,
+        &out_root.join("static-stmt-1"),
+        setup,
+        stmt,
+        "default",
+        "call-sites,bpftrace,tracemalloc=25",
+        effort,
+    )?;
+    writeln!(md, "### {name} on Debian's python3.11: `{stmt}`\n")?;
+    writeln!(md, "```\n{}\n```\n", m.command)?;
+    writeln!(md, "Probe hits per loop (exact): {}.\n", m.result["hits_per_loop"])?;
+    writeln!(md, "| setup | mean per loop | vs baseline | cost per probe hit |\n|---|---|---|---|")?;
+    row(md, &m.result, "baseline", "nothing attached")?;
+    row(md, &m.result, "attached", "tracer attached, all default probes")?;
+    row(md, &m.result, "call-sites", "the same with `--placement call-sites`")?;
+    row(md, &m.result, "bpftrace", "bpftrace counting the same functions at their entries")?;
+    row(md, &m.result, "tracemalloc25", "PYTHONTRACEMALLOC=25")?;
+    row(md, &m.result, "detached", "after tracer attached and detached")?;
+    writeln!(md)?;
+    added_time(md, &m.result)?;
+    Ok(())
+}
+
+const STATIC_PYTHON: &str = "/usr/bin/python3.11";
 
 #[allow(clippy::too_many_arguments)]
 fn bench(

@@ -47,8 +47,9 @@ enum Task {
         #[arg(long, default_value = "fast", value_parser = ["fast", "normal", "rigorous"])]
         effort: String,
         /// Run only one section and print it, leaving BENCHMARKS.md alone: budget (--budget
-        /// estimates against full counts) or returns (reading return values).
-        #[arg(long, value_parser = ["budget", "returns"])]
+        /// estimates against full counts), returns (reading return values) or static (Debian's
+        /// static python3.11).
+        #[arg(long, value_parser = ["budget", "returns", "static"])]
         only: Option<String>,
     },
     /// Set up, build, run clippy, then run every test (needs root).
@@ -80,6 +81,7 @@ fn main() -> anyhow::Result<()> {
             let mut md = String::new();
             match only.as_deref() {
                 Some("budget") => bench::budget_accuracy(&mut md, &tracer)?,
+                Some("static") => bench::static_section(&mut md, &tracer, &root.join("target").join("bench"), &effort)?,
                 Some(_) => {
                     let python = setup::pyperf_venv().join("bin").join("python");
                     bench::returns_section(&mut md, &tracer, &python, &root.join("target").join("bench"), &effort)?;

@@ -146,14 +146,23 @@ fn bpf_linker() -> anyhow::Result<()> {
 
 /// A venv of the machine's python3 with pyperf from PyPI, for `tracer bench`.
 fn pyperf() -> anyhow::Result<()> {
-    let venv = pyperf_venv();
+    ensure_pyperf_venv(&crate::real_python3()?, &pyperf_venv())
+}
+
+/// The venv `cargo xtask bench` makes from Debian's static
+/// `/usr/bin/python3.11`, to measure tracer on that build too.
+pub fn static_pyperf_venv() -> PathBuf {
+    pyperf_venv().with_file_name("pyperf-venv-static")
+}
+
+/// Makes `venv` from `base` with pyperf in it, unless it has pyperf already.
+pub fn ensure_pyperf_venv(base: &std::path::Path, venv: &std::path::Path) -> anyhow::Result<()> {
     let python = venv.join("bin").join("python");
     let has_pyperf = || Command::new(&python).args(["-c", "import pyperf"]).output().is_ok_and(|o| o.status.success());
     if has_pyperf() {
         return Ok(());
     }
-    let base = crate::real_python3()?;
-    crate::run(Command::new(&base).args(["-m", "venv"]).arg(&venv))?;
+    crate::run(Command::new(base).args(["-m", "venv"]).arg(venv))?;
     crate::run(Command::new(&python).args(["-m", "pip", "install", "--quiet", "pyperf"]))?;
     if !has_pyperf() {
         bail!("pyperf was installed in {} but does not import", venv.display());
