@@ -130,7 +130,7 @@ fn call_sites_with_perf_links_or_a_budget() {
     );
     assert_bad_input(
         &["attach", "--pid", &pid, "--placement", "call-sites", "--budget", "1"],
-        "--budget cannot be combined with --placement call-sites: removing thousands of call-site probes takes seconds, far longer than a budget window; use one or the other",
+        "--budget cannot be combined with --placement call-sites: adding and removing thousands of call-site probes takes far longer than a budget window; use one or the other",
     );
 }
 

@@ -98,7 +98,7 @@ pub enum ConfigError {
     )]
     CallSitesNeedMulti,
     #[error(
-        "--budget cannot be combined with --placement call-sites: removing thousands of call-site probes takes seconds, far longer than a budget window; use one or the other"
+        "--budget cannot be combined with --placement call-sites: adding and removing thousands of call-site probes takes far longer than a budget window; use one or the other"
     )]
     BudgetWithCallSites,
     #[error("--links must be auto, multi or perf (got {value:?})")]

@@ -537,6 +537,17 @@ impl Session {
     }
 }
 
+impl Drop for Session {
+    /// Closes the uprobe-multi links in parallel (see [`Session::detach_multi`]);
+    /// the rest goes with the fields.
+    fn drop(&mut self) {
+        let pids: Vec<u32> = self.multi_links.keys().copied().collect();
+        for pid in pids {
+            self.detach_multi(pid);
+        }
+    }
+}
+
 /// The largest function whose `ret` instructions tracer looks for.
 const MAX_FUNCTION: u64 = 1 << 16;
 
