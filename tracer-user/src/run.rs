@@ -350,15 +350,19 @@ impl LateModules {
             match session.attach_late_module(self.pid, &module) {
                 Ok(late) => {
                     for l in late {
-                        let escape = l.escape.map_or_else(String::new, |e| {
-                            format!("; its address also escapes there ({e}), and calls through it are not seen")
-                        });
-                        eprintln!(
-                            "tracer: note: {} was mapped after attaching; its {} calls to {} are probed from {at:.1} s on (earlier calls from it are not counted){escape}",
-                            path.display(),
-                            l.sites,
-                            l.symbol
-                        );
+                        let shown = path.display();
+                        if l.sites > 0 {
+                            eprintln!(
+                                "tracer: note: {shown} was mapped after attaching; its {} calls to {} are probed from {at:.1} s on (earlier calls from it are not counted)",
+                                l.sites, l.symbol
+                            );
+                        }
+                        if let Some(e) = l.escape {
+                            eprintln!(
+                                "tracer: note: {shown}, mapped after attaching, lets the address of {} escape ({e}); calls through it are not counted",
+                                l.symbol
+                            );
+                        }
                     }
                 }
                 Err(e) => eprintln!(

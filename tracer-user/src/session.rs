@@ -61,6 +61,8 @@ pub enum AttachError {
     MapFd { name: String, cause: std::io::Error },
     #[error("{0}")]
     Multi(#[from] crate::multi::MultiError),
+    #[error("cannot read {path}: {cause}")]
+    ModuleRead { path: PathBuf, cause: std::io::Error },
 }
 
 impl AttachError {
@@ -331,7 +333,8 @@ impl Session {
     pub fn attach_late_module(&mut self, pid: u32, module: &Module) -> Result<Vec<LateSites>, AttachError> {
         let moved: Vec<usize> = (0..self.attached.len()).filter(|&i| self.attached[i].call_sites.is_some()).collect();
         let names: Vec<&str> = moved.iter().map(|&i| self.attached[i].symbol).collect();
-        let Ok(data) = std::fs::read(&module.attach_path) else { return Ok(Vec::new()) };
+        let data = std::fs::read(&module.attach_path)
+            .map_err(|cause| AttachError::ModuleRead { path: module.display_path.clone(), cause })?;
         let kernel = placement::running_kernel();
         // A file that is not ELF holds no calls.
         let Ok(found) = callsites::scan(&data, &names, &vec![None; names.len()], kernel) else { return Ok(Vec::new()) };
