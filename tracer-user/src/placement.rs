@@ -174,6 +174,23 @@ fn entry(instruction: Option<String>, why: &str) -> Placement {
     }
 }
 
+/// The function's first instruction (`--placement entry`), decoded so that
+/// the plan says whether the kernel emulates it.
+#[must_use]
+pub fn at_entry_of(code: &[u8], address: u64, kernel: KernelVersion, reason: &str) -> Placement {
+    let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
+    let instr = decoder.decode();
+    if instr.is_invalid() {
+        return Placement::at_entry(reason.to_owned());
+    }
+    let mut formatter = GasFormatter::new();
+    formatter.options_mut().set_rip_relative_addresses(true);
+    let mut instruction = String::new();
+    formatter.format(&instr, &mut instruction);
+    let emulated = code.get(..instr.len()).is_some_and(|b| emulated(b, kernel).is_some());
+    Placement { offset: 0, instruction, emulated, reason: reason.to_owned() }
+}
+
 impl Placement {
     /// The function's first instruction, not decoded.
     #[must_use]
@@ -266,6 +283,14 @@ mod tests {
         0x48, 0x89, 0xfb, // mov %rdi,%rbx
         0xc3, // ret
     ];
+
+    #[test]
+    fn an_entry_placement_says_whether_the_entry_is_emulated() {
+        let p = at_entry_of(NEW_REFERENCE, 0x1000, K618, "entry");
+        assert_eq!((p.offset, p.instruction.as_str(), p.emulated), (0, "mov 0x302010(%rip),%rax", false));
+        let p = at_entry_of(&NEW_REFERENCE[7..], 0x1007, K618, "entry");
+        assert_eq!((p.instruction.as_str(), p.emulated), ("push %rbx", true));
+    }
 
     #[test]
     fn skips_to_the_first_push() {

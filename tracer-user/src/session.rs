@@ -581,15 +581,15 @@ pub fn plan(
     let mut attached = Vec::with_capacity(found.len());
     for (slot, (spec, sym)) in (0u32..).zip(&found) {
         let program = options.program_override.unwrap_or(spec.program);
-        let place = match options.placement {
-            PlacementMode::Entry => Placement::at_entry("entry (--placement entry)".to_owned()),
-            PlacementMode::Auto | PlacementMode::CallSites => {
-                let len = if sym.size > 0 { sym.size.min(4096) } else { 64 };
-                match image.elf.read_at(sym.file_offset, usize::try_from(len).unwrap_or(64)) {
-                    Ok(code) => placement::place(&code, sym.address, program, kernel),
-                    Err(e) => Placement::at_entry(format!("entry: the code could not be read ({e})")),
-                }
+        let len = if sym.size > 0 { sym.size.min(4096) } else { 64 };
+        let place = match (image.elf.read_at(sym.file_offset, usize::try_from(len).unwrap_or(64)), options.placement) {
+            (Ok(code), PlacementMode::Entry) => {
+                placement::at_entry_of(&code, sym.address, kernel, "entry (--placement entry)")
             }
+            (Ok(code), PlacementMode::Auto | PlacementMode::CallSites) => {
+                placement::place(&code, sym.address, program, kernel)
+            }
+            (Err(e), _) => Placement::at_entry(format!("entry: the code could not be read ({e})")),
         };
         let returns = options.returns.filter(|_| spec.program.allocates()).map(|costs| {
             let len = usize::try_from(sym.size.min(MAX_FUNCTION)).unwrap_or(0);

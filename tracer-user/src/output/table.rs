@@ -171,6 +171,15 @@ impl<W: Write> Reporter for TableReporter<W> {
                 format!("; not in this build: {}", info.missing.join(", "))
             }
         )?;
+        let stepped: Vec<&str> =
+            info.placements.iter().filter(|(_, p)| !p.emulated).map(|(name, _)| *name).collect();
+        if !stepped.is_empty() {
+            writeln!(
+                self.out,
+                "tracer: single-stepped, so each hit costs a debug trap (see `tracer probes`): {}",
+                stepped.join(", ")
+            )?;
+        }
         writeln!(self.out)?;
         self.out.flush()
     }
@@ -206,6 +215,37 @@ mod tests {
         assert_eq!(group(999), "999");
         assert_eq!(group(1000), "1,000");
         assert_eq!(group(1_234_567), "1,234,567");
+    }
+
+    #[test]
+    fn header_names_call_sites_and_single_stepped_probes() {
+        use crate::placement::Placement;
+        let placed = Placement { offset: 7, instruction: "push %rbx".into(), emulated: true, reason: String::new() };
+        let info = AttachInfo {
+            pid: Some(12),
+            exe: None,
+            python_version: "3.11.7".into(),
+            image: "/lib/libpython3.11.so.1.0".into(),
+            probes: vec!["_Py_NewReference", "_Py_Dealloc", "PyObject_Free"],
+            placements: vec![
+                ("_Py_NewReference", placed.clone()),
+                ("_Py_Dealloc", Placement { instruction: "10989 calls".into(), ..placed }),
+                ("PyObject_Free", Placement::at_entry("entry".into())),
+            ],
+            missing: vec![],
+            links: crate::config::LinkMode::Multi,
+            returns: vec![],
+            return_costs: None,
+            call_sites: vec![("_Py_Dealloc", 10989)],
+        };
+        let mut buf = Vec::new();
+        TableReporter::new(&mut buf).attached(&info).unwrap();
+        assert_eq!(
+            String::from_utf8(buf).unwrap(),
+            "tracer: attached to PID 12 (Python 3.11.7, /lib/libpython3.11.so.1.0): 3 probes live (uprobe-multi links); \
+             _Py_Dealloc at 10989 call sites\n\
+             tracer: single-stepped, so each hit costs a debug trap (see `tracer probes`): PyObject_Free\n\n"
+        );
     }
 
     #[test]
