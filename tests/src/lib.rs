@@ -450,15 +450,11 @@ pub struct ProbeSite {
 /// bytes in) and that instruction.
 pub const SITE_BYTES: usize = 48;
 
-/// The probe sites of `symbols` in process `pid`, whose interpreter image
-/// is `image` (the path tracer reported).
-#[must_use]
-pub fn probe_sites(pid: u32, image: &str, symbols: &[String]) -> Vec<ProbeSite> {
+/// (start, end, file offset) of every mapping of `path` in `pid`.
+fn mappings_of(pid: u32, path: &str) -> Vec<(u64, u64, u64)> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("read maps");
-    // (start, end, file offset) of every mapping of the image.
-    let ranges: Vec<(u64, u64, u64)> = maps
-        .lines()
-        .filter(|l| l.split_whitespace().nth(5) == Some(image))
+    maps.lines()
+        .filter(|l| l.split_whitespace().nth(5) == Some(path))
         .map(|l| {
             let mut f = l.split_whitespace();
             let (start, end) = f.next().expect("range").split_once('-').expect("a-b");
@@ -466,7 +462,22 @@ pub fn probe_sites(pid: u32, image: &str, symbols: &[String]) -> Vec<ProbeSite> 
             let hex = |s: &str| u64::from_str_radix(s, 16).expect("hex");
             (hex(start), hex(end), hex(offset))
         })
-        .collect();
+        .collect()
+}
+
+/// Where file offset `offset` is mapped, given [`mappings_of`] the file.
+fn address_of(ranges: &[(u64, u64, u64)], offset: u64) -> Option<u64> {
+    ranges.iter().find_map(|&(s, e, off)| {
+        let delta = offset.checked_sub(off)?;
+        (delta < e - s).then_some(s + delta)
+    })
+}
+
+/// The probe sites of `symbols` in process `pid`, whose interpreter image
+/// is `image` (the path tracer reported).
+#[must_use]
+pub fn probe_sites(pid: u32, image: &str, symbols: &[String]) -> Vec<ProbeSite> {
+    let ranges = mappings_of(pid, image);
     assert!(!ranges.is_empty(), "{image} is not mapped in PID {pid}");
     let data = std::fs::read(format!("/proc/{pid}/root{image}")).expect("read image");
     let elf = object::File::parse(&*data).expect("parse image");
@@ -487,13 +498,7 @@ pub fn probe_sites(pid: u32, image: &str, symbols: &[String]) -> Vec<ProbeSite> 
                 })
                 .expect("symbol in a loaded segment");
             let start = usize::try_from(file_offset).expect("offset fits");
-            let address = ranges
-                .iter()
-                .find_map(|&(s, e, off)| {
-                    let delta = file_offset.checked_sub(off)?;
-                    (delta < e - s).then_some(s + delta)
-                })
-                .expect("symbol's page is mapped");
+            let address = address_of(&ranges, file_offset).expect("symbol's page is mapped");
             // Only this function's bytes: the next one may hold a probe too.
             let len = usize::try_from(sym.size()).ok().filter(|&l| l > 0).map_or(SITE_BYTES, |l| l.min(SITE_BYTES));
             ProbeSite { symbol: name.clone(), address, file_bytes: data[start..start + len].to_vec() }
@@ -505,18 +510,7 @@ pub fn probe_sites(pid: u32, image: &str, symbols: &[String]) -> Vec<ProbeSite> 
 /// for call-site probes; none if `pid` has not mapped `path`.
 #[must_use]
 pub fn sites_in_file(pid: u32, path: &str, offsets: &[u64]) -> Vec<ProbeSite> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("read maps");
-    let ranges: Vec<(u64, u64, u64)> = maps
-        .lines()
-        .filter(|l| l.split_whitespace().nth(5) == Some(path))
-        .map(|l| {
-            let mut f = l.split_whitespace();
-            let (start, end) = f.next().expect("range").split_once('-').expect("a-b");
-            let offset = f.nth(1).expect("offset");
-            let hex = |s: &str| u64::from_str_radix(s, 16).expect("hex");
-            (hex(start), hex(end), hex(offset))
-        })
-        .collect();
+    let ranges = mappings_of(pid, path);
     if ranges.is_empty() {
         return Vec::new();
     }
@@ -524,13 +518,8 @@ pub fn sites_in_file(pid: u32, path: &str, offsets: &[u64]) -> Vec<ProbeSite> {
     offsets
         .iter()
         .map(|&offset| {
-            let address = ranges
-                .iter()
-                .find_map(|&(s, e, off)| {
-                    let delta = offset.checked_sub(off)?;
-                    (delta < e - s).then_some(s + delta)
-                })
-                .unwrap_or_else(|| panic!("{path}+{offset:#x} is not mapped in PID {pid}"));
+            let address =
+                address_of(&ranges, offset).unwrap_or_else(|| panic!("{path}+{offset:#x} is not mapped in PID {pid}"));
             let at = usize::try_from(offset).expect("offset fits");
             ProbeSite { symbol: format!("{path}+{offset:#x}"), address, file_bytes: vec![data[at]] }
         })
@@ -556,7 +545,9 @@ pub fn read_sites(pid: u32, sites: &[ProbeSite]) -> Vec<Vec<u8>> {
 #[must_use]
 pub fn pyperf_venv() -> PathBuf {
     let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
-    std::env::var_os("XDG_DATA_HOME").map_or_else(|| home.join(".local/share"), PathBuf::from).join("tracer/pyperf-venv")
+    std::env::var_os("XDG_DATA_HOME")
+        .map_or_else(|| home.join(".local/share"), PathBuf::from)
+        .join("tracer/pyperf-venv")
 }
 
 /// The x86 breakpoint a uprobe writes at its address.

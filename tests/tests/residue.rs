@@ -6,8 +6,8 @@
 use std::{path::Path, thread::sleep, time::Duration};
 
 use tracer_tests::{
-    INT3, ProbeSite, TracerRun, Workload, attached_probes, probe_sites, read_sites, require_root, run_tracer,
-    pyperf_venv, shared_python, sites_in_file, static_python,
+    INT3, ProbeSite, TracerRun, Workload, attached_probes, probe_sites, pyperf_venv, read_sites, require_root,
+    run_tracer, shared_python, sites_in_file, static_python,
 };
 
 #[derive(Clone, Copy, Debug)]

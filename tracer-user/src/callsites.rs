@@ -86,7 +86,8 @@ pub fn scan(
 ) -> Result<Vec<Found>, object::Error> {
     let file = object::File::parse(data)?;
     let defined_at: HashMap<u64, usize> = defined.iter().enumerate().filter_map(|(i, a)| a.map(|a| (a, i))).collect();
-    let mut scan = Scan { found: vec![Found::default(); names.len()], targets: defined_at.clone(), got: HashMap::new() };
+    let mut scan =
+        Scan { found: vec![Found::default(); names.len()], targets: defined_at.clone(), got: HashMap::new() };
     scan.relocations(&file, names);
     if scan.targets.is_empty() && scan.got.is_empty() {
         return Ok(scan.found);
@@ -209,10 +210,9 @@ impl Scan {
             let ip = instr.ip();
             let file_offset = section.offset + (ip - section.address);
             let flow = instr.flow_control();
-            let direct = matches!(
-                flow,
-                FlowControl::Call | FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch
-            ) && matches!(instr.op0_kind(), OpKind::NearBranch64);
+            let direct =
+                matches!(flow, FlowControl::Call | FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch)
+                    && matches!(instr.op0_kind(), OpKind::NearBranch64);
             if direct {
                 if let Some(&i) = self.targets.get(&instr.near_branch_target()) {
                     let bytes = section.at(ip, instr.len()).unwrap_or(&[]);
@@ -309,9 +309,7 @@ fn strip_root(path: &Path) -> &Path {
 fn lib_dynload(image: &Path, root: &Path, (major, minor): (u8, u8)) -> Option<PathBuf> {
     let leaf = format!("python{major}.{minor}/lib-dynload");
     let dir = image.parent()?;
-    [dir.join(&leaf), dir.parent()?.join("lib").join(&leaf)]
-        .into_iter()
-        .find(|d| root.join(strip_root(d)).is_dir())
+    [dir.join(&leaf), dir.parent()?.join("lib").join(&leaf)].into_iter().find(|d| root.join(strip_root(d)).is_dir())
 }
 
 /// Where one function's call sites are, file by file.
@@ -455,8 +453,9 @@ mod tests {
         let elf = crate::elf::ElfImage::parse(&exe, &data).unwrap();
         let called = elf.function("tracer_callsite_called").unwrap().address;
         let taken = elf.function("tracer_callsite_taken").unwrap().address;
-        let found = scan(&data, &["tracer_callsite_called", "tracer_callsite_taken"], &[Some(called), Some(taken)], K618)
-            .unwrap();
+        let found =
+            scan(&data, &["tracer_callsite_called", "tracer_callsite_taken"], &[Some(called), Some(taken)], K618)
+                .unwrap();
         assert_eq!(found[0].emulated.len(), 2, "{:?}", found[0]);
         assert_eq!(found[0].escapes, 0, "{:?}", found[0]);
         assert_eq!(found[1].emulated.len(), 1, "{:?}", found[1]);

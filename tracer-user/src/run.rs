@@ -14,9 +14,9 @@ use tokio::{
 };
 
 use crate::{
-    callsites::{self, Module},
     budget::{Controller, Estimator, HitCosts, ProbeWindow},
     calibrate,
+    callsites::{self, Module},
     config::{AttachConfig, LinkMode, TargetSpec},
     interpreter::Interpreter,
     output::{self, AttachInfo, End, ProbeSample, ProcessSample, Sample},
@@ -407,8 +407,12 @@ fn load_session(
             let interp = Interpreter::from_executable(exe)?;
             let specs = config.probes.select(python::abi_for_image(&interp.image, interp.version)?.probes());
             let modules = interp.modules(config.placement);
-            let image =
-                ImageRef { elf: &interp.elf, display_path: &interp.image, attach_path: &interp.image, modules: &modules };
+            let image = ImageRef {
+                elf: &interp.elf,
+                display_path: &interp.image,
+                attach_path: &interp.image,
+                modules: &modules,
+            };
             let session = Session::load(image, &specs, 0, options)?;
             let info = attach_info(&session, None, Some(&interp.exe), interp.version, &interp.image);
             (session, info, ALL_PROCESSES, None)
@@ -548,8 +552,12 @@ pub fn probe_plan(
             let interp = Interpreter::from_executable(exe)?;
             let specs = selection.select(python::abi_for_image(&interp.image, interp.version)?.probes());
             let modules = interp.modules(placement);
-            let image =
-                ImageRef { elf: &interp.elf, display_path: &interp.image, attach_path: &interp.image, modules: &modules };
+            let image = ImageRef {
+                elf: &interp.elf,
+                display_path: &interp.image,
+                attach_path: &interp.image,
+                modules: &modules,
+            };
             let (probes, missing) = crate::session::plan(image, &specs, options)?;
             Ok(ProbePlan { image: interp.image.clone(), version: interp.version, probes, missing, return_costs })
         }

@@ -361,15 +361,27 @@ impl Session {
             }
         }
         for (program, points) in groups.into_iter().filter(|(_, p)| !p.is_empty()) {
-            if !self.multi_programs.contains_key(&program) {
-                let fd = multi::load(crate::BPF_OBJECT, program.name(), &self.map_fds)?;
-                self.multi_programs.insert(program, fd);
-            }
-            let fd = &self.multi_programs[&program];
-            let link = multi::attach(fd, program.name(), &module.attach_path, (&points, false), pid)?;
+            let link = self.multi_link(program, &module.attach_path, &points, pid)?;
             self.multi_links.entry(pid).or_default().push(link);
         }
         Ok(late)
+    }
+
+    /// One uprobe-multi link of `program` on `points` (offset, cookie) in
+    /// `path`, loading the program for such links on first use.
+    fn multi_link(
+        &mut self,
+        program: Program,
+        path: &std::path::Path,
+        points: &[(u64, u64)],
+        pid: u32,
+    ) -> Result<OwnedFd, AttachError> {
+        if !self.multi_programs.contains_key(&program) {
+            let fd = multi::load(crate::BPF_OBJECT, program.name(), &self.map_fds)?;
+            self.multi_programs.insert(program, fd);
+        }
+        let ret = program == Program::RetValueUret;
+        Ok(multi::attach(&self.multi_programs[&program], program.name(), path, (points, ret), pid)?)
     }
 
     /// Whether any probe sits at its function's call sites.
@@ -419,20 +431,14 @@ impl Session {
             groups.entry((p.program, p.path)).or_default().push((p.offset, p.cookie));
         }
         for ((program, path), points) in groups {
-            if !self.multi_programs.contains_key(&program) {
-                let fd = multi::load(crate::BPF_OBJECT, program.name(), &self.map_fds)?;
-                self.multi_programs.insert(program, fd);
-            }
-            let fd = &self.multi_programs[&program];
-            let ret = program == Program::RetValueUret;
-            match multi::attach(fd, program.name(), &path, (&points, ret), pid) {
+            match self.multi_link(program, &path, &points, pid) {
                 Ok(link) => links.push(link),
                 Err(e) => {
                     drop(links);
                     if pid != ALL_PROCESSES && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
                         return Err(AttachError::TargetExited { pid });
                     }
-                    return Err(e.into());
+                    return Err(e);
                 }
             }
         }

@@ -205,39 +205,17 @@ fn per_probe(md: &mut String, tracer: &Path, python: &Path, out_root: &Path, eff
     );
     let mut commands = Vec::new();
     for probe in DEFAULT_PROBES {
-        let plan = Command::new(tracer)
-            .args(["probes", "--exe"])
-            .arg(python)
-            .args(["--probes", probe, "--placement", "call-sites", "--json"])
-            .output()?;
-        let plan: Value = serde_json::from_slice(&plan.stdout).unwrap_or(Value::Null);
-        let p = &plan["probes"][0];
-        let at_callers = !p["call_sites"].is_null();
+        let at_callers = !probe_plan(tracer, python, probe, "call-sites")?["call_sites"].is_null();
         let also = if at_callers {
             "entry,empty-entry,empty,bpftrace,call-sites,empty-call-sites"
         } else {
             "entry,empty-entry,empty,bpftrace"
         };
-        let m = bench(
-            tracer,
-            python,
-            &out_root.join(format!("probe-{probe}")),
-            API_SETUP,
-            "body()",
-            probe,
-            also,
-            effort,
-        )?;
-        let plan =
-            Command::new(tracer).args(["probes", "--exe"]).arg(python).args(["--probes", probe, "--json"]).output()?;
-        let plan: Value = serde_json::from_slice(&plan.stdout).unwrap_or(Value::Null);
-        let p = &plan["probes"][0];
+        let m =
+            bench(tracer, python, &out_root.join(format!("probe-{probe}")), API_SETUP, "body()", probe, also, effort)?;
+        let p = probe_plan(tracer, python, probe, "auto")?;
         let placed = format!("+{} `{}`", p["offset"], p["instruction"].as_str().unwrap_or("?"));
-        let cell = |k: &str| {
-            m.result["ns_per_hit_by_setup"][k]
-                .as_f64()
-                .map_or_else(|| "—".to_owned(), |ns| format!("{:.2} µs", ns / 1e3))
-        };
+        let cell = |k: &str| per_hit_cell(&m.result, k);
         writeln!(
             table,
             "| `{probe}` | {placed} | {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -253,12 +231,37 @@ fn per_probe(md: &mut String, tracer: &Path, python: &Path, out_root: &Path, eff
         commands.push(m.command);
     }
     writeln!(md, "{table}")?;
-    writeln!(md, "Commands (one per row; `API_SETUP` is the setup above):\n\n```")?;
+    api_commands(md, "the setup above", &commands)
+}
+
+/// The plan `tracer probes` prints for one probe of `python`.
+fn probe_plan(tracer: &Path, python: &Path, probe: &str, placement: &str) -> anyhow::Result<Value> {
+    let out = Command::new(tracer)
+        .args(["probes", "--exe"])
+        .arg(python)
+        .args(["--probes", probe, "--placement", placement, "--json"])
+        .output()?;
+    let plan: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    Ok(plan["probes"][0].clone())
+}
+
+/// A setup's cost per hit in µs, or "—" where it was not measured or the
+/// statement hits the probe less than once per loop.
+fn per_hit_cell(result: &Value, setup: &str) -> String {
+    let hits = result["hits_per_loop"].as_f64().unwrap_or(0.0);
+    result["ns_per_hit_by_setup"][setup]
+        .as_f64()
+        .filter(|_| hits >= 1.0)
+        .map_or_else(|| "—".to_owned(), |ns| format!("{:.2} µs", ns / 1e3))
+}
+
+/// The commands of a per-probe table, with the ctypes setup as `$API_SETUP`.
+fn api_commands(md: &mut String, setup_is: &str, commands: &[String]) -> anyhow::Result<()> {
+    writeln!(md, "Commands (one per row; `API_SETUP` is {setup_is}):\n\n```")?;
     for c in commands {
         writeln!(md, "{}", c.replace(&shell_quote(API_SETUP), "\"$API_SETUP\""))?;
     }
     writeln!(md, "```\n")?;
-
     Ok(())
 }
 
@@ -287,13 +290,7 @@ pub fn static_section(md: &mut String, tracer: &Path, out_root: &Path, effort: &
     );
     let mut commands = Vec::new();
     for probe in DEFAULT_PROBES {
-        let plan = Command::new(tracer)
-            .args(["probes", "--exe"])
-            .arg(&python)
-            .args(["--probes", probe, "--placement", "call-sites", "--json"])
-            .output()?;
-        let plan: Value = serde_json::from_slice(&plan.stdout).unwrap_or(Value::Null);
-        let p = &plan["probes"][0];
+        let p = probe_plan(tracer, &python, probe, "call-sites")?;
         if p.is_null() {
             writeln!(table, "| `{probe}` | not in this build | | | | |")?;
             continue;
@@ -307,16 +304,11 @@ pub fn static_section(md: &mut String, tracer: &Path, out_root: &Path, effort: &
         } else {
             format!("+{} `{}`", p["offset"], p["instruction"].as_str().unwrap_or("?"))
         };
-        let hits = m.result["hits_per_loop"].as_f64().unwrap_or(0.0);
-        let cell = |k: &str| {
-            m.result["ns_per_hit_by_setup"][k]
-                .as_f64()
-                .filter(|_| hits >= 1.0)
-                .map_or_else(|| "—".to_owned(), |ns| format!("{:.2} µs", ns / 1e3))
-        };
+        let cell = |k: &str| per_hit_cell(&m.result, k);
         writeln!(
             table,
-            "| `{probe}` | {placed} | {hits} | {} | {} | {} |",
+            "| `{probe}` | {placed} | {} | {} | {} | {} |",
+            m.result["hits_per_loop"],
             cell("attached"),
             cell("call-sites"),
             cell("bpftrace")
@@ -324,11 +316,7 @@ pub fn static_section(md: &mut String, tracer: &Path, out_root: &Path, effort: &
         commands.push(m.command);
     }
     writeln!(md, "{table}")?;
-    writeln!(md, "Commands (one per row; `API_SETUP` is the setup of the five-ways table):\n\n```")?;
-    for c in commands {
-        writeln!(md, "{}", c.replace(&shell_quote(API_SETUP), "\"$API_SETUP\""))?;
-    }
-    writeln!(md, "```\n")?;
+    api_commands(md, "the setup of the five-ways table", &commands)?;
     let (name, setup, stmt) = STATEMENTS[1];
     let m = bench(
         tracer,

@@ -171,8 +171,7 @@ impl<W: Write> Reporter for TableReporter<W> {
                 format!("; not in this build: {}", info.missing.join(", "))
             }
         )?;
-        let stepped: Vec<&str> =
-            info.placements.iter().filter(|(_, p)| !p.emulated).map(|(name, _)| *name).collect();
+        let stepped: Vec<&str> = info.placements.iter().filter(|(_, p)| !p.emulated).map(|(name, _)| *name).collect();
         if !stepped.is_empty() {
             writeln!(
                 self.out,
