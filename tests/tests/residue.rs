@@ -220,8 +220,19 @@ fn call_sites_in_a_module_imported_later() {
         assert_eq!(*bytes, [INT3], "{} holds no breakpoint after the import", site.symbol);
     }
     tracer.signal(libc::SIGINT);
-    let (status, _, stderr) = tracer.finish();
+    let (status, stdout, stderr) = tracer.finish();
     assert!(status.success(), "{status}: {stderr}");
+    // The JSON says from when the module's calls count, so a consumer can
+    // tell its counts before then are short.
+    let summary = stdout.last().expect("a summary line");
+    assert_eq!(summary["type"], "summary");
+    let late = summary["late_modules"].as_array().expect("late_modules");
+    assert_eq!(late.len(), 1, "{late:?}");
+    assert_eq!(late[0]["path"], module.to_str().unwrap());
+    assert_eq!(late[0]["symbol"], "_Py_Dealloc");
+    assert_eq!(late[0]["sites"], sites.len());
+    assert_eq!(late[0]["escape"], serde_json::Value::Null);
+    assert!(late[0]["since_s"].as_f64().is_some_and(|s| s > 0.0), "{late:?}");
     let note = format!(
         "tracer: note: {} was mapped after attaching; its {} calls to _Py_Dealloc are probed from ",
         module.display(),

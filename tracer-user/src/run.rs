@@ -19,7 +19,7 @@ use crate::{
     callsites::{self, Module},
     config::{AttachConfig, LinkMode, TargetSpec},
     interpreter::Interpreter,
-    output::{self, AttachInfo, End, ProbeSample, ProcessSample, Sample},
+    output::{self, AttachInfo, End, LateCoverage, LateModuleSample, ProbeSample, ProcessSample, Sample},
     privileges,
     process::{Target, TargetError},
     python,
@@ -285,7 +285,7 @@ pub async fn attach(config: &AttachConfig, out: impl Write) -> anyhow::Result<En
                 if let Some(late) = late.as_mut() {
                     late.check(&mut session, started);
                 }
-                reporter.interval(&estimated(sample(&session, started)?, duty.as_ref()))?;
+                reporter.interval(&with_late(estimated(sample(&session, started)?, duty.as_ref()), late.as_ref()))?;
             }
         }
     };
@@ -294,7 +294,7 @@ pub async fn attach(config: &AttachConfig, out: impl Write) -> anyhow::Result<En
     if let Some(d) = duty.as_mut() {
         d.close(&mut session)?;
     }
-    let last = estimated(sample(&session, started)?, duty.as_ref());
+    let last = with_late(estimated(sample(&session, started)?, duty.as_ref()), late.as_ref());
     drop(session);
     reporter.summary(&last, end)?;
     Ok(end)
@@ -333,6 +333,15 @@ struct LateModules {
     pid: u32,
     /// Every file already scanned, as the target sees it.
     known: std::collections::HashSet<std::path::PathBuf>,
+    /// What each late file contributes, for the report.
+    records: Vec<LateModuleSample>,
+}
+
+fn with_late(mut sample: Sample, late: Option<&LateModules>) -> Sample {
+    if let Some(late) = late {
+        sample.late_modules.clone_from(&late.records);
+    }
+    sample
 }
 
 impl LateModules {
@@ -346,29 +355,35 @@ impl LateModules {
             }
             let attach_path = root.join(path.strip_prefix("/").unwrap_or(&path));
             let module = Module { display_path: path.clone(), attach_path };
-            let at = started.elapsed().as_secs_f64();
+            let since = started.elapsed();
+            let at = since.as_secs_f64();
+            let shown = path.display().to_string();
             match session.attach_late_module(self.pid, &module) {
                 Ok(late) => {
                     for l in late {
-                        let shown = path.display();
                         if l.sites > 0 {
                             eprintln!(
                                 "tracer: note: {shown} was mapped after attaching; its {} calls to {} are probed from {at:.1} s on (earlier calls from it are not counted)",
                                 l.sites, l.symbol
                             );
                         }
-                        if let Some(e) = l.escape {
+                        if let Some(e) = &l.escape {
                             eprintln!(
                                 "tracer: note: {shown}, mapped after attaching, lets the address of {} escape ({e}); calls through it are not counted",
                                 l.symbol
                             );
                         }
+                        let coverage = LateCoverage::Sites { symbol: l.symbol, sites: l.sites, escape: l.escape };
+                        self.records.push(LateModuleSample { path: shown.clone(), since, coverage });
                     }
                 }
-                Err(e) => eprintln!(
-                    "tracer: note: {} was mapped after attaching, and its calls cannot be probed ({e}); calls from it are not counted",
-                    path.display()
-                ),
+                Err(e) => {
+                    eprintln!(
+                        "tracer: note: {shown} was mapped after attaching, and its calls cannot be probed ({e}); calls from it are not counted"
+                    );
+                    let coverage = LateCoverage::Failed { error: e.to_string() };
+                    self.records.push(LateModuleSample { path: shown, since, coverage });
+                }
             }
         }
     }
@@ -400,6 +415,7 @@ fn load_session(
             let late = session.has_call_sites().then(|| LateModules {
                 pid,
                 known: modules.into_iter().map(|m| m.display_path).chain([target.image_path.clone()]).collect(),
+                records: Vec::new(),
             });
             (session, info, pid, late)
         }
@@ -455,7 +471,7 @@ pub fn sample(session: &Session, started: Instant) -> anyhow::Result<Sample> {
         })
         .collect();
     let stats = Sample::stats_from(&readings.stats, readings.kernel_misses);
-    Ok(Sample { elapsed: started.elapsed(), probes, processes, stats, estimate: None })
+    Ok(Sample { elapsed: started.elapsed(), probes, processes, stats, estimate: None, late_modules: Vec::new() })
 }
 
 /// Becomes ready when the process exits, through a pidfd.

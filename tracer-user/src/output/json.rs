@@ -5,7 +5,7 @@ use std::io::Write;
 
 use serde_json::{Map, Value, json};
 
-use super::{AttachInfo, End, Reporter, Sample};
+use super::{AttachInfo, End, LateCoverage, LateModuleSample, Reporter, Sample};
 use crate::returns::ReturnPlan;
 
 /// Writes one JSON object per line and flushes it, so a consumer reading a
@@ -102,7 +102,19 @@ fn counts(sample: &Sample) -> Map<String, Value> {
     m.insert("pids".into(), Value::Object(pids));
     let stats: Map<String, Value> = sample.stats.iter().map(|s| (s.name.to_owned(), json!(s.value))).collect();
     m.insert("stats".into(), Value::Object(stats));
+    m.insert("late_modules".into(), sample.late_modules.iter().map(late_module).collect());
     m
+}
+
+/// `{"path","since_s","symbol","sites","escape"}`, or `{"path","since_s","error"}`
+/// for a file that could not be probed.
+fn late_module(l: &LateModuleSample) -> Value {
+    match &l.coverage {
+        LateCoverage::Sites { symbol, sites, escape } => json!({
+            "path": l.path, "since_s": l.since.as_secs_f64(), "symbol": symbol, "sites": sites, "escape": escape,
+        }),
+        LateCoverage::Failed { error } => json!({"path": l.path, "since_s": l.since.as_secs_f64(), "error": error}),
+    }
 }
 
 impl<W: Write> Reporter for JsonReporter<W> {
@@ -227,6 +239,33 @@ mod tests {
         assert_eq!(b["traced_fraction"], 0.01);
         assert_eq!(b["estimated_overhead_fraction"], 0.005);
         assert_eq!(b["hit_cost_ns"]["emulated"], 500.0);
+    }
+
+    #[test]
+    fn late_modules_say_from_when() {
+        use crate::output::{LateCoverage, LateModuleSample};
+        let mut sample = example_sample(3000, 1);
+        assert_eq!(lines(|r| r.interval(&sample).unwrap())[0]["late_modules"], json!([]));
+        sample.late_modules = vec![
+            LateModuleSample {
+                path: "/venv/_psutil_linux.abi3.so".into(),
+                since: std::time::Duration::from_secs(2),
+                coverage: LateCoverage::Sites { symbol: "_Py_Dealloc", sites: 58, escape: None },
+            },
+            LateModuleSample {
+                path: "/venv/gone.so".into(),
+                since: std::time::Duration::from_millis(2500),
+                coverage: LateCoverage::Failed { error: "cannot read it".into() },
+            },
+        ];
+        let out = lines(|r| r.summary(&sample, End::Duration).unwrap());
+        assert_eq!(
+            out[0]["late_modules"],
+            json!([
+                {"path": "/venv/_psutil_linux.abi3.so", "since_s": 2.0, "symbol": "_Py_Dealloc", "sites": 58, "escape": null},
+                {"path": "/venv/gone.so", "since_s": 2.5, "error": "cannot read it"},
+            ])
+        );
     }
 
     #[test]

@@ -86,6 +86,31 @@ pub struct Sample {
     /// With `--budget`: the counts above are of the traced windows only,
     /// and these are the rates estimated from them.
     pub estimate: Option<EstimateSample>,
+    /// With `--placement call-sites --pid`: each file the target mapped
+    /// after the attach, and what of it is counted.
+    pub late_modules: Vec<LateModuleSample>,
+}
+
+/// A file the target mapped after the attach. Its calls are counted only
+/// from `since` on, so a consumer can tell that counts before that are
+/// short by whatever it called then.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LateModuleSample {
+    pub path: String,
+    /// When its sites were attached, since the attach.
+    pub since: Duration,
+    /// How it is covered.
+    pub coverage: LateCoverage,
+}
+
+/// What became of a file mapped after the attach.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LateCoverage {
+    /// Its direct calls to `symbol` are probed at `sites` call sites;
+    /// with `escape`, its calls through that function's address are not.
+    Sites { symbol: &'static str, sites: usize, escape: Option<String> },
+    /// It could not be probed at all.
+    Failed { error: String },
 }
 
 /// What `--budget` traced and the rates it estimates.
@@ -195,5 +220,6 @@ pub(crate) fn example_sample(elapsed_ms: u64, scale: u64) -> Sample {
         stats: Sample::stats_from(&[0; Stat::ALL.len()], 0),
         processes: vec![ProcessSample { pid: 77, counts: vec![(10 * scale, 0), (4 * scale, 4000 * scale)] }],
         estimate: None,
+        late_modules: vec![],
     }
 }

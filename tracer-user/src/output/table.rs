@@ -2,7 +2,7 @@
 
 use std::{io::Write, time::Duration};
 
-use super::{AttachInfo, End, EstimateSample, Reporter, Sample};
+use super::{AttachInfo, End, EstimateSample, LateCoverage, Reporter, Sample};
 use crate::budget::RateEstimate;
 
 /// Prints a block per interval with rates over that interval, and a final
@@ -102,6 +102,26 @@ impl<W: Write> TableReporter<W> {
                 let calls: u64 = proc.counts.iter().map(|c| c.0).sum();
                 let bytes: u64 = proc.counts.iter().map(|c| c.1).sum();
                 writeln!(self.out, "  PID {:<16} {:>14} calls {:>23} bytes", proc.pid, group(calls), group(bytes))?;
+            }
+        }
+        for l in &sample.late_modules {
+            let since = l.since.as_secs_f64();
+            match &l.coverage {
+                LateCoverage::Sites { symbol, sites, escape } => {
+                    let through =
+                        escape.as_ref().map_or(String::new(), |e| format!("; not its calls through the address ({e})"));
+                    writeln!(
+                        self.out,
+                        "  late: {} (mapped after attaching): {} calls to {symbol} counted from {since:.1} s on{through}",
+                        l.path,
+                        group(*sites as u64),
+                    )?;
+                }
+                LateCoverage::Failed { error } => writeln!(
+                    self.out,
+                    "  late: {} (mapped after attaching): its calls are NOT counted ({error})",
+                    l.path
+                )?,
             }
         }
         let nonzero: Vec<String> =
@@ -296,6 +316,39 @@ mod tests {
         assert!(
             text.contains("ESTIMATES (--budget 1%): rates from 4 windows that traced 0.10s of 10.0s (1.00%), as seen while traced; estimated cost to the target 0.90%"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn late_modules_say_from_when() {
+        use crate::output::{LateCoverage, LateModuleSample};
+        let mut sample = example_sample(3000, 1);
+        sample.late_modules = vec![
+            LateModuleSample {
+                path: "/venv/_psutil_linux.abi3.so".into(),
+                since: Duration::from_secs(2),
+                coverage: LateCoverage::Sites {
+                    symbol: "_Py_Dealloc",
+                    sites: 1058,
+                    escape: Some("relocation at 0x4010".into()),
+                },
+            },
+            LateModuleSample {
+                path: "/venv/gone.so".into(),
+                since: Duration::from_millis(2500),
+                coverage: LateCoverage::Failed { error: "cannot read it".into() },
+            },
+        ];
+        let mut buf = Vec::new();
+        TableReporter::new(&mut buf).summary(&sample, End::Duration).unwrap();
+        let text = String::from_utf8(buf).unwrap();
+        let late: Vec<&str> = text.lines().filter(|l| l.starts_with("  late: ")).collect();
+        assert_eq!(
+            late,
+            [
+                "  late: /venv/_psutil_linux.abi3.so (mapped after attaching): 1,058 calls to _Py_Dealloc counted from 2.0 s on; not its calls through the address (relocation at 0x4010)",
+                "  late: /venv/gone.so (mapped after attaching): its calls are NOT counted (cannot read it)",
+            ]
         );
     }
 }
