@@ -208,17 +208,7 @@ fn call_sites_in_a_module_imported_later() {
     let sites = sites_in_file(pid, module.to_str().unwrap(), &offsets);
     assert!(!sites.is_empty());
     // Probed at the next interval.
-    let mut live = read_sites(pid, &sites);
-    for _ in 0..50 {
-        if live.iter().all(|b| *b == [INT3]) {
-            break;
-        }
-        sleep(Duration::from_millis(100));
-        live = read_sites(pid, &sites);
-    }
-    for (site, bytes) in sites.iter().zip(&live) {
-        assert_eq!(*bytes, [INT3], "{} holds no breakpoint after the import", site.symbol);
-    }
+    wait_for_breakpoints(pid, &sites, "after the import");
     tracer.signal(libc::SIGINT);
     let (status, stdout, stderr) = tracer.finish();
     assert!(status.success(), "{status}: {stderr}");
@@ -243,4 +233,96 @@ fn call_sites_in_a_module_imported_later() {
         assert_eq!(bytes, site.file_bytes, "{} differs from the file after tracer left", site.symbol);
     }
     workload.ping();
+}
+
+/// Waits up to 5 s for every site to hold a breakpoint, then asserts they do.
+fn wait_for_breakpoints(pid: u32, sites: &[ProbeSite], when: &str) {
+    let mut live = read_sites(pid, sites);
+    for _ in 0..50 {
+        if live.iter().all(|b| *b == [INT3]) {
+            break;
+        }
+        sleep(Duration::from_millis(100));
+        live = read_sites(pid, sites);
+    }
+    for (site, bytes) in sites.iter().zip(&live) {
+        assert_eq!(*bytes, [INT3], "{} holds no breakpoint {when}", site.symbol);
+    }
+}
+
+/// The call-site offsets of `_Py_Dealloc` in `module`, from `tracer probes
+/// --pid PID --json`.
+fn dealloc_sites_in(pid: u32, module: &Path) -> Vec<u64> {
+    let pid_arg = pid.to_string();
+    let (code, stdout, stderr) =
+        run_tracer(&["probes", "--pid", &pid_arg, "--json", "--placement", "call-sites", "--probes", "_Py_Dealloc"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let plan: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    let files = plan["probes"][0]["call_sites"]["files"].as_array().expect("files");
+    let file = files.iter().find(|f| f["path"] == module.to_str().unwrap()).expect("the module in the plan");
+    file["offsets"].as_array().unwrap().iter().map(|o| o.as_u64().unwrap()).collect()
+}
+
+/// `--exe` with call sites covers every process of the interpreter: a
+/// third-party extension module that a process running before the attach
+/// had imported is probed from the start (and is not "late"), and one that
+/// a process started after the attach imports is probed at the next
+/// interval and reported as late. Nothing remains in either afterwards.
+#[test]
+fn exe_call_sites_cover_running_and_later_processes() {
+    require_root();
+    let python = shared_python();
+    let site_packages = pyperf_venv().join("lib/python3.11/site-packages");
+    let module = site_packages.join("psutil/_psutil_linux.abi3.so");
+    assert!(module.is_file(), "{} is missing: run `cargo xtask setup`", module.display());
+    // A copy is a different file, so the second process maps something no
+    // process had mapped at attach time.
+    let copy_dir = std::env::temp_dir().join(format!("tracer-late-{}", std::process::id()));
+    std::fs::create_dir_all(&copy_dir).expect("temp dir");
+    let copy = copy_dir.join("_psutil_linux.abi3.so");
+    std::fs::copy(&module, &copy).expect("copy the module");
+
+    let mut before = Workload::serve(&python);
+    before.import(&site_packages, "psutil._psutil_linux");
+    let offsets = dealloc_sites_in(before.pid(), &module);
+    let exe = python.to_str().unwrap();
+    let args = ["--exe", exe, "--placement", "call-sites", "--probes", "_Py_Dealloc", "--interval", "0.1"];
+    let (tracer, _) = TracerRun::attach_json_with(&args);
+    let early = sites_in_file(before.pid(), module.to_str().unwrap(), &offsets);
+    assert!(!early.is_empty());
+    for (site, bytes) in early.iter().zip(read_sites(before.pid(), &early)) {
+        assert_eq!(bytes, [INT3], "{} holds no breakpoint right after the attach", site.symbol);
+    }
+
+    let mut after = Workload::serve(&python);
+    after.import(&copy_dir, "_psutil_linux");
+    let late_sites = sites_in_file(after.pid(), copy.to_str().unwrap(), &offsets);
+    assert_eq!(late_sites.len(), offsets.len());
+    wait_for_breakpoints(after.pid(), &late_sites, "after a later process imported it");
+
+    tracer.signal(libc::SIGINT);
+    let (status, stdout, stderr) = tracer.finish();
+    assert!(status.success(), "{status}: {stderr}");
+    let summary = stdout.last().expect("a summary line");
+    let late = summary["late_modules"].as_array().expect("late_modules");
+    assert_eq!(late.len(), 1, "only the copy is late: {late:?}");
+    assert_eq!(late[0]["path"], copy.to_str().unwrap());
+    assert_eq!(late[0]["sites"], offsets.len());
+    assert!(
+        stderr.contains(&format!(
+            "tracer: note: {} was mapped after attaching; its {} calls",
+            copy.display(),
+            offsets.len()
+        )),
+        "{stderr}"
+    );
+    for (pid, sites) in [(before.pid(), &early), (after.pid(), &late_sites)] {
+        for (site, bytes) in sites.iter().zip(read_sites(pid, sites)) {
+            assert_eq!(bytes, site.file_bytes, "{} differs from the file after tracer left", site.symbol);
+        }
+    }
+    before.ping();
+    after.ping();
+    drop((before, after));
+    std::fs::remove_dir_all(&copy_dir).expect("remove the copy");
 }

@@ -10,19 +10,20 @@
 //! goes through one of them, which holds when the function's address never
 //! escapes: no pointer to it in data, no instruction that loads it into a
 //! register. Only then does tracer probe call sites; it scans every module
-//! that can call the function (the image, the files the target has mapped,
-//! and the interpreter's `lib-dynload` extension modules, which uprobes
-//! reach even when they are imported later) and refuses the function if
-//! its address escapes in any of them.
+//! that can call the function (the image, the files the target, or with
+//! `--exe` any process of the interpreter, has mapped, and the
+//! interpreter's `lib-dynload` extension modules, which uprobes reach even
+//! when they are imported later) and refuses the function if its address
+//! escapes in any of them.
 //!
 //! What this cannot see, and the README says so: calls through an address
 //! found at run time (`dlsym`, ctypes), and calls from a module that is
 //! neither mapped at attach time nor in `lib-dynload` (a third-party
-//! extension imported later) until tracer has scanned it (with `--pid`, at
-//! the next interval; with `--exe`, never).
+//! extension imported later) until tracer has scanned it at the next
+//! interval.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     path::{Path, PathBuf},
 };
 
@@ -32,7 +33,10 @@ use object::{
     SectionKind,
 };
 
-use crate::placement::{KernelVersion, emulated};
+use crate::{
+    placement::{KernelVersion, emulated},
+    process::{FileId, file_id},
+};
 
 /// An ELF file the target runs code from, or may load.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -298,6 +302,31 @@ pub fn modules(image: &Path, root: &Path, mapped: &[PathBuf], version: (u8, u8))
         .filter(|p| seen.insert(p.clone()))
         .map(|p| Module { attach_path: root.join(strip_root(&p)), display_path: p })
         .collect()
+}
+
+/// Of `files` (what `pid` maps executable, as it sees them), those not in
+/// `known` yet, as modules reached through /proc/PID/root; records them in
+/// `known`. A file that vanished meanwhile is skipped: nothing runs it.
+pub fn new_modules<S: std::hash::BuildHasher>(
+    pid: u32,
+    files: &[PathBuf],
+    known: &mut HashSet<FileId, S>,
+) -> Vec<Module> {
+    let root = Path::new("/proc").join(pid.to_string()).join("root");
+    files
+        .iter()
+        .filter_map(|path| {
+            let attach_path = root.join(strip_root(path));
+            known.insert(file_id(&attach_path)?).then(|| Module { display_path: path.clone(), attach_path })
+        })
+        .collect()
+}
+
+/// The identities of `modules` and of the `image`, to tell later which
+/// files are new.
+#[must_use]
+pub fn known_files(image: &Path, modules: &[Module]) -> HashSet<FileId> {
+    modules.iter().map(|m| m.attach_path.as_path()).chain([image]).filter_map(file_id).collect()
 }
 
 fn strip_root(path: &Path) -> &Path {

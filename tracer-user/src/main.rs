@@ -144,10 +144,9 @@ struct TargetArgs {
     /// single-steps, when that counts the same calls; see `tracer probes`), entry, or call-sites (as
     /// auto, but a function with no such instruction is probed at every call to it, in the image and
     /// in every module that can call it, when its address never escapes). With call-sites, calls
-    /// through addresses found at run time (ctypes, dlsym) are not seen; with --pid, a module the
-    /// target maps later is probed from the next interval on (stderr says so); with --exe, a
-    /// third-party extension module imported later is not probed. Needs uprobe-multi links; not
-    /// with --budget.
+    /// through addresses found at run time (ctypes, dlsym) are not seen, and a module mapped after
+    /// the attach (by the target, or with --exe by any of its processes) is probed from the next
+    /// interval on (stderr and the JSON say so). Needs uprobe-multi links; not with --budget.
     #[arg(long, value_name = "WHERE", default_value = "auto")]
     placement: String,
 }

@@ -93,6 +93,42 @@ pub fn code_files(pid: u32) -> Result<Vec<PathBuf>, TargetError> {
     Ok(executable_files(&process.maps().map_err(proc_err("memory map"))?))
 }
 
+/// A file's identity whatever path reaches it: (device, inode). Paths
+/// differ between mount namespaces; this does not.
+pub type FileId = (u64, u64);
+
+/// The identity of the file at `path`, if it exists.
+#[must_use]
+pub fn file_id(path: &Path) -> Option<FileId> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// Every process that has `image` (as tracer sees it) mapped, with the
+/// files each has mapped executable, as it sees them. A process that exits
+/// or cannot be read while this looks is left out: it has nothing left to
+/// probe.
+#[must_use]
+pub fn processes_mapping(image: &Path) -> Vec<(u32, Vec<PathBuf>)> {
+    let Some((dev, ino)) = file_id(image) else { return Vec::new() };
+    // /proc/PID/maps prints the device as major:minor.
+    let want = (i64::from(libc::major(dev)), i64::from(libc::minor(dev)));
+    let Ok(all) = procfs::process::all_processes() else { return Vec::new() };
+    let me = std::process::id();
+    all.filter_map(Result::ok)
+        .filter_map(|process| {
+            let pid = u32::try_from(process.pid).ok().filter(|&p| p != me)?;
+            let maps = process.maps().ok()?;
+            maps.iter()
+                .any(|m| {
+                    m.inode == ino && (i64::from(m.dev.0), i64::from(m.dev.1)) == want
+                        || matches!(&m.pathname, MMapPath::Path(p) if p == image)
+                })
+                .then(|| (pid, executable_files(&maps)))
+        })
+        .collect()
+}
+
 /// `PF_KTHREAD` from include/linux/sched.h.
 const PF_KTHREAD: u32 = 0x0020_0000;
 

@@ -326,15 +326,24 @@ fn attach_info(
     }
 }
 
-/// `--placement call-sites --pid`: each interval, the files the target has
-/// mapped since the attach are scanned, and their calls to the functions
-/// at their call sites are probed from then on.
+/// `--placement call-sites`: each interval, the files mapped since the
+/// attach (by the target, or with `--exe` by any process of the
+/// interpreter) are scanned, and their calls to the functions at their call
+/// sites are probed from then on.
 struct LateModules {
-    pid: u32,
-    /// Every file already scanned, as the target sees it.
-    known: std::collections::HashSet<std::path::PathBuf>,
+    watch: Watch,
+    /// Every file already scanned.
+    known: std::collections::HashSet<crate::process::FileId>,
     /// What each late file contributes, for the report.
     records: Vec<LateModuleSample>,
+}
+
+/// Whose mappings [`LateModules`] watches.
+enum Watch {
+    /// `--pid`: one process; its links filter on it.
+    Process(u32),
+    /// `--exe`: every process that maps this image; links cover them all.
+    Interpreter(std::path::PathBuf),
 }
 
 fn with_late(mut sample: Sample, late: Option<&LateModules>) -> Sample {
@@ -346,19 +355,20 @@ fn with_late(mut sample: Sample, late: Option<&LateModules>) -> Sample {
 
 impl LateModules {
     fn check(&mut self, session: &mut Session, started: Instant) {
-        // An exited target is the exit branch's business.
-        let Ok(files) = crate::process::code_files(self.pid) else { return };
-        let root = std::path::Path::new("/proc").join(self.pid.to_string()).join("root");
-        for path in files {
-            if !self.known.insert(path.clone()) {
-                continue;
+        let (scope, processes) = match &self.watch {
+            // An exited target is the exit branch's business.
+            Watch::Process(pid) => {
+                (*pid, crate::process::code_files(*pid).map(|f| vec![(*pid, f)]).unwrap_or_default())
             }
-            let attach_path = root.join(path.strip_prefix("/").unwrap_or(&path));
-            let module = Module { display_path: path.clone(), attach_path };
+            Watch::Interpreter(image) => (ALL_PROCESSES, crate::process::processes_mapping(image)),
+        };
+        let modules: Vec<Module> =
+            processes.iter().flat_map(|(pid, files)| callsites::new_modules(*pid, files, &mut self.known)).collect();
+        for module in modules {
             let since = started.elapsed();
             let at = since.as_secs_f64();
-            let shown = path.display().to_string();
-            match session.attach_late_module(self.pid, &module) {
+            let shown = module.display_path.display().to_string();
+            match session.attach_late_module(scope, &module) {
                 Ok(late) => {
                     for l in late {
                         if l.sites > 0 {
@@ -391,7 +401,7 @@ impl LateModules {
 
 /// Resolves the target and loads a session for it (nothing attached yet);
 /// returns the session, the attach header, the attach scope, and with
-/// call-site probes on one process, the watch for modules it maps later.
+/// call-site probes, the watch for modules mapped later.
 fn load_session(
     config: &AttachConfig,
     returns: Option<crate::returns::ReturnCosts>,
@@ -413,8 +423,8 @@ fn load_session(
             let session = Session::load(image, &specs, pid, options)?;
             let info = attach_info(&session, Some(pid), None, version, &target.image_path);
             let late = session.has_call_sites().then(|| LateModules {
-                pid,
-                known: modules.into_iter().map(|m| m.display_path).chain([target.image_path.clone()]).collect(),
+                watch: Watch::Process(pid),
+                known: callsites::known_files(&target.host_path, &modules),
                 records: Vec::new(),
             });
             (session, info, pid, late)
@@ -422,7 +432,7 @@ fn load_session(
         TargetSpec::Exe(exe) => {
             let interp = Interpreter::from_executable(exe)?;
             let specs = config.probes.select(python::abi_for_image(&interp.image, interp.version)?.probes());
-            let modules = interp.modules(config.placement);
+            let (modules, known) = interpreter_modules(&interp, config.placement);
             let image = ImageRef {
                 elf: &interp.elf,
                 display_path: &interp.image,
@@ -431,7 +441,12 @@ fn load_session(
             };
             let session = Session::load(image, &specs, 0, options)?;
             let info = attach_info(&session, None, Some(&interp.exe), interp.version, &interp.image);
-            (session, info, ALL_PROCESSES, None)
+            let late = session.has_call_sites().then(|| LateModules {
+                watch: Watch::Interpreter(interp.image.clone()),
+                known,
+                records: Vec::new(),
+            });
+            (session, info, ALL_PROCESSES, late)
         }
     })
 }
@@ -444,6 +459,25 @@ fn target_modules(target: &Target, version: python::PythonVersion, placement: Pl
     }
     let root = std::path::Path::new("/proc").join(target.pid.to_string()).join("root");
     callsites::modules(&target.image_path, &root, &target.code_files, (version.major, version.minor))
+}
+
+/// The modules that may call into `interp`'s image, for
+/// `--placement call-sites` (none are needed otherwise): its own (the
+/// executable, `lib-dynload`) and every file its running processes map
+/// executable, such as third-party extension modules they imported; and the
+/// identities of those files and the image.
+fn interpreter_modules(
+    interp: &Interpreter,
+    placement: PlacementMode,
+) -> (Vec<Module>, std::collections::HashSet<crate::process::FileId>) {
+    let mut modules = interp.modules(placement);
+    let mut known = callsites::known_files(&interp.image, &modules);
+    if placement == PlacementMode::CallSites {
+        for (pid, files) in crate::process::processes_mapping(&interp.image) {
+            modules.extend(callsites::new_modules(pid, &files, &mut known));
+        }
+    }
+    (modules, known)
 }
 
 /// Reads the session's counters into a [`Sample`].
@@ -567,7 +601,7 @@ pub fn probe_plan(
         TargetSpec::Exe(exe) => {
             let interp = Interpreter::from_executable(exe)?;
             let specs = selection.select(python::abi_for_image(&interp.image, interp.version)?.probes());
-            let modules = interp.modules(placement);
+            let (modules, _) = interpreter_modules(&interp, placement);
             let image = ImageRef {
                 elf: &interp.elf,
                 display_path: &interp.image,

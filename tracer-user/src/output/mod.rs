@@ -86,8 +86,9 @@ pub struct Sample {
     /// With `--budget`: the counts above are of the traced windows only,
     /// and these are the rates estimated from them.
     pub estimate: Option<EstimateSample>,
-    /// With `--placement call-sites --pid`: each file the target mapped
-    /// after the attach, and what of it is counted.
+    /// With `--placement call-sites`: each file mapped after the attach (by
+    /// the target, or with `--exe` by any of its processes), and what of it
+    /// is counted.
     pub late_modules: Vec<LateModuleSample>,
 }
 
