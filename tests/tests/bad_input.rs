@@ -91,7 +91,7 @@ fn zero_interval() {
     let workload = Workload::serve(&shared_python());
     assert_bad_input(
         &["attach", "--pid", &workload.pid().to_string(), "--interval", "0"],
-        "--interval must be a number of seconds greater than 0 (got 0); try --interval 1",
+        "--interval must be a number of seconds greater than 0 and at most 315360000 (got 0); try --interval 1",
     );
 }
 
@@ -134,13 +134,36 @@ fn call_sites_with_perf_links_or_a_budget() {
     );
 }
 
+/// Malformed command lines: clap's own errors, folded to one line that
+/// points at the right `--help`.
+#[test]
+fn usage_errors() {
+    assert_bad_input(
+        &["attach", "--pid", "abc"],
+        "invalid value 'abc' for '--pid <PID>': invalid digit found in string; see `tracer attach --help`",
+    );
+    assert_bad_input(
+        &["attach"],
+        "the following required arguments were not provided: <--pid <PID>|--exe <PATH>>; see `tracer attach --help`",
+    );
+    assert_bad_input(
+        &["probes", "--pid", "1", "--exe", "/usr/bin/python3"],
+        "the argument '--pid <PID>' cannot be used with '--exe <PATH>'; see `tracer probes --help`",
+    );
+    assert_bad_input(&["xyzzy"], "unrecognized subcommand 'xyzzy'; see `tracer --help`");
+    assert_bad_input(
+        &["attach", "--pid", "1", "--duration", "1e19"],
+        "--duration must be a number of seconds greater than 0 and at most 315360000 (got 10000000000000000000); omit it to run until Ctrl-C",
+    );
+}
+
 #[test]
 fn zero_duration() {
     require_root();
     let workload = Workload::serve(&shared_python());
     assert_bad_input(
         &["attach", "--pid", &workload.pid().to_string(), "--duration", "0"],
-        "--duration must be a number of seconds greater than 0 (got 0); omit it to run until Ctrl-C",
+        "--duration must be a number of seconds greater than 0 and at most 315360000 (got 0); omit it to run until Ctrl-C",
     );
 }
 

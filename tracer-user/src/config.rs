@@ -81,9 +81,13 @@ impl LinkMode {
 /// A configuration value that cannot work.
 #[derive(Debug, Error, PartialEq)]
 pub enum ConfigError {
-    #[error("--interval must be a number of seconds greater than 0 (got {value}); try --interval 1")]
+    #[error(
+        "--interval must be a number of seconds greater than 0 and at most {MAX_SECONDS} (got {value}); try --interval 1"
+    )]
     BadInterval { value: f64 },
-    #[error("--duration must be a number of seconds greater than 0 (got {value}); omit it to run until Ctrl-C")]
+    #[error(
+        "--duration must be a number of seconds greater than 0 and at most {MAX_SECONDS} (got {value}); omit it to run until Ctrl-C"
+    )]
     BadDuration { value: f64 },
     #[error("--pid 0 is not a process; pass the PID of a running CPython process (e.g. from `pgrep python`)")]
     PidZero,
@@ -188,9 +192,14 @@ impl AttachConfig {
     }
 }
 
-/// A positive, finite number of seconds that `Duration` can hold.
+/// The longest `--duration` or `--interval`: ten years. Far enough for any
+/// run, and near enough that a deadline this far from now is a valid
+/// instant (one 1e19 s away is not, and would panic).
+pub const MAX_SECONDS: u32 = 315_360_000;
+
+/// A positive number of seconds up to [`MAX_SECONDS`].
 fn seconds(value: f64) -> Option<Duration> {
-    if value.is_finite() && value > 0.0 {
+    if value.is_finite() && value > 0.0 && value <= f64::from(MAX_SECONDS) {
         Duration::try_from_secs_f64(value).ok().filter(|d| !d.is_zero())
     } else {
         None
@@ -236,14 +245,15 @@ mod tests {
 
     #[test]
     fn rejects_zero_negative_and_nan_interval() {
-        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e-12] {
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e-12, 1e19, 315_360_001.0] {
             let err = AttachConfig::new(&args(1, None, bad, false)).unwrap_err();
             assert!(matches!(err, ConfigError::BadInterval { .. }), "{bad}: {err}");
         }
         assert_eq!(
             AttachConfig::new(&args(1, None, 0.0, false)).unwrap_err().to_string(),
-            "--interval must be a number of seconds greater than 0 (got 0); try --interval 1"
+            "--interval must be a number of seconds greater than 0 and at most 315360000 (got 0); try --interval 1"
         );
+        assert!(AttachConfig::new(&args(1, None, 315_360_000.0, false)).is_ok());
     }
 
     #[test]
@@ -251,6 +261,10 @@ mod tests {
         assert_eq!(
             AttachConfig::new(&args(1, Some(0.0), 1.0, false)).unwrap_err(),
             ConfigError::BadDuration { value: 0.0 }
+        );
+        assert_eq!(
+            AttachConfig::new(&args(1, Some(1e19), 1.0, false)).unwrap_err(),
+            ConfigError::BadDuration { value: 1e19 }
         );
         assert_eq!(AttachConfig::new(&args(0, None, 1.0, false)).unwrap_err(), ConfigError::PidZero);
     }

@@ -183,7 +183,17 @@ struct AttachArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // --help, --version, and bare `tracer` (which prints the help).
+        Err(e) if !e.use_stderr() || e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            e.exit()
+        }
+        Err(e) => {
+            eprintln!("tracer: error: {}", usage_error(&e.render().to_string(), std::env::args().nth(1).as_deref()));
+            return ExitCode::from(2);
+        }
+    };
     let result = match cli.command {
         Command::Attach(args) => attach(&args),
         Command::Bench(args) => bench(&args),
@@ -201,6 +211,33 @@ fn main() -> ExitCode {
             ExitCode::from(u8::try_from(exit_status(&err)).unwrap_or(1))
         }
     }
+}
+
+/// clap's multi-line usage error as one line, pointing at the help of the
+/// subcommand it is about: the lines before "Usage:" (a tip joined with
+/// "; "), without clap's own "error: " and help hint.
+fn usage_error(rendered: &str, subcommand: Option<&str>) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for line in rendered.lines().map(str::trim) {
+        if line.starts_with("Usage:") || line.starts_with("For more information") {
+            break;
+        }
+        match (line.strip_prefix("error: "), line.strip_prefix("tip: "), parts.last_mut()) {
+            (_, _, _) if line.is_empty() => {}
+            (Some(first), _, _) => parts.push(first.trim_end_matches(':').to_owned()),
+            (_, Some(tip), _) => parts.push(tip.to_owned()),
+            (None, None, Some(last)) => {
+                last.push_str(": ");
+                last.push_str(line);
+            }
+            (None, None, None) => parts.push(line.to_owned()),
+        }
+    }
+    let help = match subcommand {
+        Some(sub @ ("attach" | "bench" | "probes")) => format!("tracer {sub} --help"),
+        _ => "tracer --help".to_owned(),
+    };
+    format!("{}; see `{help}`", parts.join("; "))
 }
 
 fn is_broken_pipe(err: &anyhow::Error) -> bool {
