@@ -120,7 +120,7 @@ fn unknown_link_kind() {
 }
 
 #[test]
-fn call_sites_with_perf_links_or_a_budget() {
+fn conflicting_options() {
     require_root();
     let workload = Workload::serve(&shared_python());
     let pid = workload.pid().to_string();
@@ -131,6 +131,10 @@ fn call_sites_with_perf_links_or_a_budget() {
     assert_bad_input(
         &["attach", "--pid", &pid, "--placement", "call-sites", "--budget", "1"],
         "--budget cannot be combined with --placement call-sites: adding and removing thousands of call-site probes takes far longer than a budget window; use one or the other",
+    );
+    assert_bad_input(
+        &["attach", "--pid", &pid, "--returns", "--budget", "1"],
+        "--budget cannot be combined with --returns: the budget prices only the counting probes, and return counts are not estimated from windows; use one or the other",
     );
 }
 

@@ -105,6 +105,10 @@ pub enum ConfigError {
         "--budget cannot be combined with --placement call-sites: adding and removing thousands of call-site probes takes far longer than a budget window; use one or the other"
     )]
     BudgetWithCallSites,
+    #[error(
+        "--budget cannot be combined with --returns: the budget prices only the counting probes, and return counts are not estimated from windows; use one or the other"
+    )]
+    BudgetWithReturns,
     #[error("--links must be auto, multi or perf (got {value:?})")]
     BadLinks { value: String },
     #[error(
@@ -177,6 +181,9 @@ impl AttachConfig {
         }
         if placement == PlacementMode::CallSites && budget.is_some() {
             return Err(ConfigError::BudgetWithCallSites);
+        }
+        if args.returns && budget.is_some() {
+            return Err(ConfigError::BudgetWithReturns);
         }
         Ok(Self {
             returns: args.returns,
@@ -289,6 +296,8 @@ mod tests {
         assert_eq!(AttachConfig::new(&sites).unwrap().placement, PlacementMode::CallSites);
         let budget = AttachArgs { budget_percent: Some(1.0), ..sites.clone() };
         assert_eq!(AttachConfig::new(&budget).unwrap_err(), ConfigError::BudgetWithCallSites);
+        let returns = AttachArgs { budget_percent: Some(1.0), returns: true, placement: "auto", ..sites.clone() };
+        assert_eq!(AttachConfig::new(&returns).unwrap_err(), ConfigError::BudgetWithReturns);
         let perf = AttachArgs { links: "perf", ..sites };
         assert_eq!(
             AttachConfig::new(&perf).unwrap_err().to_string(),

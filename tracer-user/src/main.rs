@@ -167,7 +167,8 @@ struct AttachArgs {
     /// Keep tracer's cost under PERCENT of the target's time: trace in short windows and detach
     /// between them for as long as the budget needs (the cost of a hit is calibrated at start).
     /// Counts are then of the traced windows only, and rates are estimates with a 95% confidence
-    /// interval, marked as such in the table and the JSON.
+    /// interval, marked as such in the table and the JSON. Not with --returns or
+    /// --placement call-sites.
     #[arg(long, value_name = "PERCENT")]
     budget: Option<f64>,
     /// How probes attach: auto (uprobe-multi links where the kernel has them, Linux 6.6+, else one
