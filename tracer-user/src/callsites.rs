@@ -305,8 +305,11 @@ pub fn modules(image: &Path, root: &Path, mapped: &[PathBuf], version: (u8, u8))
 }
 
 /// Of `files` (what `pid` maps executable, as it sees them), those not in
-/// `known` yet, as modules reached through /proc/PID/root; records them in
-/// `known`. A file that vanished meanwhile is skipped: nothing runs it.
+/// `known` yet, as modules; records them in `known`. A file is reached
+/// through /proc/PID/root unless tracer sees the same file at the same path
+/// (the process shares tracer's mount namespace), so that the path stays
+/// valid after `pid` exits. A file that vanished meanwhile is skipped:
+/// nothing runs it.
 pub fn new_modules<S: std::hash::BuildHasher>(
     pid: u32,
     files: &[PathBuf],
@@ -316,8 +319,10 @@ pub fn new_modules<S: std::hash::BuildHasher>(
     files
         .iter()
         .filter_map(|path| {
-            let attach_path = root.join(strip_root(path));
-            known.insert(file_id(&attach_path)?).then(|| Module { display_path: path.clone(), attach_path })
+            let through_proc = root.join(strip_root(path));
+            let id = file_id(&through_proc)?;
+            let attach_path = if file_id(path) == Some(id) { path.clone() } else { through_proc };
+            known.insert(id).then(|| Module { display_path: path.clone(), attach_path })
         })
         .collect()
 }
@@ -358,6 +363,17 @@ pub struct SiteFile {
     pub attach_path: PathBuf,
     /// File offsets of the calls.
     pub offsets: Vec<u64>,
+}
+
+impl SiteFile {
+    /// The sites `found` in `module`, in file order.
+    #[must_use]
+    pub fn new(module: &Module, found: Found) -> Self {
+        let mut offsets = found.emulated;
+        offsets.extend(found.stepped);
+        offsets.sort_unstable();
+        Self { display_path: module.display_path.clone(), attach_path: module.attach_path.clone(), offsets }
+    }
 }
 
 impl CallSites {
@@ -405,7 +421,7 @@ pub fn plan(
         let Ok(found) = scan(&data, names, if k == 0 { defined } else { &none }, kernel) else { continue };
         for (i, f) in found.into_iter().enumerate() {
             if f.escapes > 0 && refused[i].is_none() {
-                let first = f.first_escape.unwrap_or_default();
+                let first = f.first_escape.as_deref().unwrap_or_default();
                 refused[i] = Some(format!(
                     "its address escapes in {} ({first}; {} places in all), so calls through pointers would be missed",
                     module.display_path.display(),
@@ -416,14 +432,7 @@ pub fn plan(
             site.emulated += f.emulated.len();
             site.stepped += f.stepped.len();
             if k == 0 || !f.emulated.is_empty() || !f.stepped.is_empty() {
-                let mut offsets = f.emulated;
-                offsets.extend(f.stepped);
-                offsets.sort_unstable();
-                site.files.push(SiteFile {
-                    display_path: module.display_path.clone(),
-                    attach_path: module.attach_path.clone(),
-                    offsets,
-                });
+                site.files.push(SiteFile::new(module, f));
             }
         }
     }

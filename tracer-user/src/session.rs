@@ -339,30 +339,35 @@ impl Session {
         // A file that is not ELF holds no calls.
         let Ok(found) = callsites::scan(&data, &names, &vec![None; names.len()], kernel) else { return Ok(Vec::new()) };
         let mut late = Vec::new();
+        let mut found_in: Vec<(usize, callsites::Found)> = Vec::new();
         let mut groups: BTreeMap<Program, Vec<(u64, u64)>> = BTreeMap::new();
         for (&i, f) in moved.iter().zip(found) {
-            let mut offsets = f.emulated;
-            offsets.extend(&f.stepped);
-            if offsets.is_empty() && f.escapes == 0 {
+            if f.emulated.is_empty() && f.stepped.is_empty() && f.escapes == 0 {
                 continue;
             }
-            let probe = &mut self.attached[i];
-            let program = self.probe_programs[i];
-            groups.entry(program).or_default().extend(offsets.iter().map(|&o| (o, u64::from(probe.slot))));
-            late.push(LateSites { symbol: probe.symbol, sites: offsets.len(), escape: f.first_escape });
-            if let Some(sites) = probe.call_sites.as_mut() {
-                sites.emulated += offsets.len() - f.stepped.len();
-                sites.stepped += f.stepped.len();
-                sites.files.push(callsites::SiteFile {
-                    display_path: module.display_path.clone(),
-                    attach_path: module.attach_path.clone(),
-                    offsets,
-                });
-            }
+            let probe = &self.attached[i];
+            let points = f.emulated.iter().chain(&f.stepped).map(|&o| (o, u64::from(probe.slot)));
+            groups.entry(self.probe_programs[i]).or_default().extend(points);
+            late.push(LateSites {
+                symbol: probe.symbol,
+                sites: f.emulated.len() + f.stepped.len(),
+                escape: f.first_escape.clone(),
+            });
+            found_in.push((i, f));
         }
+        // Every link first: if one fails, those made so far close when
+        // dropped here, so nothing counts for a module reported as failed.
+        let mut links = Vec::new();
         for (program, points) in groups.into_iter().filter(|(_, p)| !p.is_empty()) {
-            let link = self.multi_link(program, &module.attach_path, &points, pid)?;
-            self.multi_links.entry(pid).or_default().push(link);
+            links.push(self.multi_link(program, &module.attach_path, &points, pid)?);
+        }
+        self.multi_links.entry(pid).or_default().extend(links);
+        for (i, f) in found_in {
+            if let Some(sites) = self.attached[i].call_sites.as_mut() {
+                sites.emulated += f.emulated.len();
+                sites.stepped += f.stepped.len();
+                sites.files.push(callsites::SiteFile::new(module, f));
+            }
         }
         Ok(late)
     }

@@ -87,8 +87,9 @@ pub struct Sample {
     /// and these are the rates estimated from them.
     pub estimate: Option<EstimateSample>,
     /// With `--placement call-sites`: each file mapped after the attach (by
-    /// the target, or with `--exe` by any of its processes), and what of it
-    /// is counted.
+    /// the target, or with `--exe` by any of its processes) that calls, or
+    /// lets out the address of, a function at its call sites, and what of
+    /// it is counted.
     pub late_modules: Vec<LateModuleSample>,
 }
 
