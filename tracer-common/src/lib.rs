@@ -10,7 +10,8 @@ pub mod stats;
 /// Names of the maps and globals, so the loader and the BPF object cannot
 /// drift apart silently.
 pub mod names {
-    /// Per-CPU array of [`crate::counter::Counter`], indexed by probe slot.
+    /// Per-CPU hash of [`crate::counter::Counter`] by
+    /// [`crate::counter::CounterKey`] (process and probe slot).
     pub const COUNTERS_MAP: &str = "COUNTERS";
     /// Per-CPU hash of [`crate::returns::Returned`] by
     /// [`crate::counter::CounterKey`].

@@ -7,7 +7,9 @@
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stat {
-    /// The attach cookie named a slot outside the counters map.
+    /// A hit whose probe slot names no probe: in BPF, an attach cookie too
+    /// large for a slot; in userspace, a counter or return entry whose slot
+    /// is past the last probe (tracer adds those hits when it reads).
     SlotOutOfRange = 0,
     /// A function argument could not be read from the registers.
     ArgMissing = 1,

@@ -1,8 +1,10 @@
 //! tracer's BPF side.
 //!
-//! Four programs, one per argument shape, serve every probed function: the
-//! loader attaches the same program to many functions and passes each one's
-//! counter slot as the BPF cookie. A hit costs one map lookup and two atomic
+//! Four counting programs, one per argument shape, serve every probed
+//! function: the loader attaches the same program to many functions and
+//! passes each one's counter slot as the BPF cookie. Two more read return
+//! values (a uprobe on a return site and a uretprobe), and an empty one is
+//! the floor `tracer bench` measures against. A hit costs one map lookup and two atomic
 //! adds; nothing is sent to userspace per event.
 #![no_std]
 #![no_main]

@@ -1,5 +1,6 @@
-//! uprobe-multi links: every probe of one program in one kernel link, for
-//! `--budget` windows.
+//! uprobe-multi links: every probe of one program in one kernel link. They
+//! are how tracer attaches by default, what `--budget` windows and call
+//! sites need, and what makes detaching quick.
 //!
 //! A perf-event uprobe (what aya attaches) waits for a kernel grace period
 //! when it is detached, under a kernel-wide mutex: about 0.13 s per probe on

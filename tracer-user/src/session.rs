@@ -326,8 +326,9 @@ impl Session {
         Ok(())
     }
 
-    /// Probes the call sites in `module`, which `pid` mapped after the
-    /// attach (a module in `lib-dynload` or mapped then is covered already).
+    /// Probes the call sites in `module`, mapped after the attach by `pid`
+    /// ([`ALL_PROCESSES`] with `--exe`: the links then cover every process);
+    /// a module in `lib-dynload`, or mapped at the attach, is covered already.
     /// Returns, per function with call sites there, how many were attached
     /// and the first place its address escapes in that module, if any.
     pub fn attach_late_module(&mut self, pid: u32, module: &Module) -> Result<Vec<LateSites>, AttachError> {
@@ -519,21 +520,26 @@ impl Session {
         let slots = self.attached.len();
         let mut totals = vec![Counter::default(); slots];
         let mut per_process: BTreeMap<u32, Vec<Counter>> = BTreeMap::new();
+        // Hits whose slot names no probe: tracer only ever sets cookies to
+        // probe slots, so this stays 0 unless tracer itself is wrong.
+        let mut stray = 0u64;
         for entry in &self.counters {
             let (key, per_cpu) = entry.map_err(map_err(names::COUNTERS_MAP))?;
-            let Ok(slot) = usize::try_from(key.slot) else { continue };
-            if slot >= slots {
-                continue;
-            }
             let sum = per_cpu.iter().fold(Counter::default(), |sum, c| sum.merged(*c));
+            let Some(slot) = usize::try_from(key.slot).ok().filter(|&s| s < slots) else {
+                stray = stray.saturating_add(sum.calls);
+                continue;
+            };
             per_process.entry(key.tgid).or_insert_with(|| vec![Counter::default(); slots])[slot] = sum;
             totals[slot] = totals[slot].merged(sum);
         }
         let mut returns = vec![Returned::default(); slots];
         for entry in &self.returns {
             let (key, per_cpu) = entry.map_err(map_err(names::RETURNS_MAP))?;
-            if let Some(total) = usize::try_from(key.slot).ok().and_then(|s| returns.get_mut(s)) {
-                *total = per_cpu.iter().fold(*total, |sum, r| sum.merged(*r));
+            let sum = per_cpu.iter().fold(Returned::default(), |sum, r| sum.merged(*r));
+            match usize::try_from(key.slot).ok().and_then(|s| returns.get_mut(s)) {
+                Some(total) => *total = total.merged(sum),
+                None => stray = stray.saturating_add(sum.returns),
             }
         }
         let mut stats = Vec::with_capacity(Stat::ALL.len());
@@ -541,6 +547,7 @@ impl Session {
             let per_cpu = self.stats.get(&index, 0).map_err(map_err(names::STATS_MAP))?;
             stats.push(per_cpu.iter().fold(0u64, |sum, v| sum.saturating_add(*v)));
         }
+        stats[Stat::SlotOutOfRange as usize] = stats[Stat::SlotOutOfRange as usize].saturating_add(stray);
         let mut kernel_misses = 0u64;
         let multi = self.multi_programs.iter().map(|(p, fd)| (p.name(), fd.as_fd()));
         for (name, fd) in self.programs.iter().map(|(n, fd)| (*n, fd.as_fd())).chain(multi) {
