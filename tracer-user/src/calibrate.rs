@@ -36,6 +36,10 @@ const ROUNDS: usize = 3;
 /// The probed function: `mov %rdi,%rax` (single-stepped), then `push %rbx`
 /// (emulated), so one function offers both kinds of probe point. Written in
 /// assembly because only then are its instructions known.
+// SAFETY (naked): the body is the whole function, follows the C ABI
+// (argument in rdi, result in rax, rbx saved and restored) and returns.
+// SAFETY (no_mangle): the name is tracer's own, so it clashes with no
+// other symbol; calibration finds it by this name in tracer's ELF.
 #[cfg(target_arch = "x86_64")]
 #[unsafe(naked)]
 #[unsafe(no_mangle)]
@@ -48,6 +52,8 @@ pub extern "C" fn tracer_calibration_point(x: u64) -> u64 {
 /// %rdi,%rax`, a `jmp` that is the only way into the epilogue (emulated,
 /// rax final), `int3` (never reached), `pop %rbx` and `ret`
 /// (single-stepped). It returns its argument.
+// SAFETY: as for `tracer_calibration_point`: a whole C-ABI function that
+// returns its argument, under a name only tracer uses.
 #[cfg(target_arch = "x86_64")]
 #[unsafe(naked)]
 #[unsafe(no_mangle)]
@@ -231,7 +237,7 @@ pub fn calibrate(returns: bool) -> Result<Calibration, CalibrationError> {
 }
 
 fn hit_costs(image: ImageRef<'_>, child: &mut ChildProcess) -> Result<HitCosts, CalibrationError> {
-    let spec = [ProbeSpec { symbol: SYMBOL, program: Program::CountCall, kind: ProbeKind::Entry, required: true }];
+    let spec = [ProbeSpec { symbol: SYMBOL, program: Program::CountCall, kind: ProbeKind::Function, required: true }];
     let pid = child.child.id();
     let session =
         |placement| Session::load(image, &spec, pid, SessionOptions { placement, ..SessionOptions::default() });
@@ -281,7 +287,7 @@ fn return_costs(
         _ => return Err(CalibrationError::ReturnShape),
     };
     let spec =
-        [ProbeSpec { symbol: RETURN_SYMBOL, program: Program::CountCall, kind: ProbeKind::Entry, required: true }];
+        [ProbeSpec { symbol: RETURN_SYMBOL, program: Program::CountCall, kind: ProbeKind::Function, required: true }];
     let pid = child.child.id();
     let session = |program, offset| {
         let options = SessionOptions {

@@ -315,11 +315,10 @@ pub fn new_modules<S: std::hash::BuildHasher>(
     files: &[PathBuf],
     known: &mut HashSet<FileId, S>,
 ) -> Vec<Module> {
-    let root = Path::new("/proc").join(pid.to_string()).join("root");
     files
         .iter()
         .filter_map(|path| {
-            let through_proc = root.join(strip_root(path));
+            let through_proc = crate::process::through_root(pid, path);
             let id = file_id(&through_proc)?;
             let attach_path = if file_id(path) == Some(id) { path.clone() } else { through_proc };
             known.insert(id).then(|| Module { display_path: path.clone(), attach_path })
@@ -452,6 +451,10 @@ mod tests {
     use super::*;
 
     const K618: KernelVersion = (6, 18);
+
+    // SAFETY (the three naked functions below): none is ever called; the
+    // tests only read their bytes from the test binary. Their names are
+    // this test's own, so no_mangle clashes with nothing.
 
     /// Reached only by the direct `call` and `jmp` in [`tracer_callsite_callers`].
     #[unsafe(naked)]

@@ -19,6 +19,18 @@ pub enum TargetSpec {
     Exe(std::path::PathBuf),
 }
 
+impl TargetSpec {
+    /// Exactly one of `--pid` (not 0) and `--exe`.
+    pub fn new(pid: Option<u32>, exe: Option<&std::path::Path>) -> Result<Self, ConfigError> {
+        match (pid, exe) {
+            (Some(0), None) => Err(ConfigError::PidZero),
+            (Some(pid), None) => Ok(Self::Pid(pid)),
+            (None, Some(exe)) => Ok(Self::Exe(exe.to_owned())),
+            _ => Err(ConfigError::NoTarget),
+        }
+    }
+}
+
 /// How results are written to stdout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
@@ -152,12 +164,7 @@ pub const DEFAULT_INTERVAL_S: f64 = 1.0;
 impl AttachConfig {
     /// Validates raw command-line values.
     pub fn new(args: &AttachArgs<'_>) -> Result<Self, ConfigError> {
-        let target = match (args.pid, args.exe) {
-            (Some(0), None) => return Err(ConfigError::PidZero),
-            (Some(pid), None) => TargetSpec::Pid(pid),
-            (None, Some(exe)) => TargetSpec::Exe(exe.to_owned()),
-            _ => return Err(ConfigError::NoTarget),
-        };
+        let target = TargetSpec::new(args.pid, args.exe)?;
         let interval_s = args.interval_s;
         let interval = seconds(interval_s).ok_or(ConfigError::BadInterval { value: interval_s })?;
         let duration = match args.duration_s {

@@ -317,12 +317,7 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
 
 fn probes(args: &ProbesArgs) -> anyhow::Result<()> {
     let t = &args.target;
-    let target = match (t.pid, &t.exe) {
-        (Some(0), _) => return Err(ConfigError::PidZero.into()),
-        (Some(pid), None) => TargetSpec::Pid(pid),
-        (None, Some(exe)) => TargetSpec::Exe(exe.clone()),
-        _ => return Err(ConfigError::NoTarget.into()),
-    };
+    let target = TargetSpec::new(t.pid, t.exe.as_deref())?;
     let selection = ProbeSelection::parse(&t.probes).map_err(ConfigError::from)?;
     let placement = tracer_user::config::parse_placement(&t.placement)?;
     let plan = tracer_user::run::probe_plan(&target, &selection, placement, args.returns)?;

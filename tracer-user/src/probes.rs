@@ -60,11 +60,14 @@ impl Program {
     }
 }
 
-/// Where in the function the probe sits.
+/// What kind of probe a table row is. Only functions so far; USDT markers
+/// (GC) and libc's allocator are planned as further kinds, and the
+/// exhaustive matches on this enum mark where each needs handling.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProbeKind {
-    /// A uprobe on the function's first instruction.
-    Entry,
+    /// A uprobe in the function's code, where `--placement` puts it (the
+    /// entry, a later emulated instruction, or its call sites).
+    Function,
 }
 
 /// One row of the probe table.
@@ -79,7 +82,7 @@ pub struct ProbeSpec {
 }
 
 const fn spec(symbol: &'static str, program: Program, required: bool) -> ProbeSpec {
-    ProbeSpec { symbol, program, kind: ProbeKind::Entry, required }
+    ProbeSpec { symbol, program, kind: ProbeKind::Function, required }
 }
 
 /// The reference and allocator functions, in report order. Only

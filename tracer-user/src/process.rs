@@ -93,6 +93,19 @@ pub fn code_files(pid: u32) -> Result<Vec<PathBuf>, TargetError> {
     Ok(executable_files(&process.maps().map_err(proc_err("memory map"))?))
 }
 
+/// `path` as `pid` sees it, reached from tracer's mount namespace through
+/// /proc/PID/root.
+#[must_use]
+pub fn through_root(pid: u32, path: &Path) -> PathBuf {
+    Path::new("/proc").join(pid.to_string()).join("root").join(path.strip_prefix("/").unwrap_or(path))
+}
+
+/// `/proc/PID/root` itself.
+#[must_use]
+pub fn proc_root(pid: u32) -> PathBuf {
+    through_root(pid, Path::new("/"))
+}
+
 /// A file's identity whatever path reaches it: (device, inode). Paths
 /// differ between mount namespaces; this does not.
 pub type FileId = (u64, u64);
@@ -162,10 +175,7 @@ impl Target {
             Some(lib) => (lib.path.clone(), ImageKind::SharedLibrary),
             None => (exe.clone(), ImageKind::Executable),
         };
-        let host_path = Path::new("/proc")
-            .join(pid.to_string())
-            .join("root")
-            .join(image_path.strip_prefix("/").unwrap_or(&image_path));
+        let host_path = through_root(pid, &image_path);
         let elf = ElfImage::open(&host_path).map_err(|cause| match cause {
             // An executable that is not ELF (or unreadable) is not Python.
             ElfError::Parse { .. } if kind == ImageKind::Executable => {

@@ -399,6 +399,96 @@ impl LateModules {
     }
 }
 
+/// A target resolved to its interpreter image, the probes it has and the
+/// modules that may call into it: what both attaching and planning need.
+struct Resolved {
+    /// `--pid`'s process, or [`ALL_PROCESSES`] with `--exe`.
+    scope: u32,
+    /// With `--exe`, the executable asked for.
+    exe: Option<std::path::PathBuf>,
+    elf: crate::elf::ElfImage,
+    /// The image as the target sees it.
+    display_path: std::path::PathBuf,
+    /// The same file from tracer's mount namespace.
+    attach_path: std::path::PathBuf,
+    version: python::PythonVersion,
+    specs: Vec<crate::probes::ProbeSpec>,
+    /// With `--placement call-sites`, the modules that may call the image.
+    modules: Vec<Module>,
+    /// The identities of those modules and the image.
+    known: std::collections::HashSet<crate::process::FileId>,
+}
+
+impl Resolved {
+    fn new(
+        target: &TargetSpec,
+        selection: &crate::probes::ProbeSelection,
+        placement: PlacementMode,
+    ) -> anyhow::Result<Self> {
+        let call_sites = placement == PlacementMode::CallSites;
+        Ok(match target {
+            TargetSpec::Pid(pid) => {
+                let target = Target::inspect(*pid)?;
+                let version = python::read_version(&target)?;
+                let specs = selection.select(python::abi_for(*pid, version)?.probes());
+                let root = crate::process::proc_root(*pid);
+                let v = (version.major, version.minor);
+                let modules = if call_sites {
+                    callsites::modules(&target.image_path, &root, &target.code_files, v)
+                } else {
+                    Vec::new()
+                };
+                let known = callsites::known_files(&target.host_path, &modules);
+                Self {
+                    scope: *pid,
+                    exe: None,
+                    elf: target.elf,
+                    display_path: target.image_path,
+                    attach_path: target.host_path,
+                    version,
+                    specs,
+                    modules,
+                    known,
+                }
+            }
+            TargetSpec::Exe(exe) => {
+                let interp = Interpreter::from_executable(exe)?;
+                let specs = selection.select(python::abi_for_image(&interp.image, interp.version)?.probes());
+                // Its own modules (the executable, lib-dynload), and every
+                // file its running processes map executable, such as the
+                // third-party extension modules they imported.
+                let mut modules = interp.modules(placement);
+                let mut known = callsites::known_files(&interp.image, &modules);
+                if call_sites {
+                    for (pid, files) in crate::process::processes_mapping(&interp.image) {
+                        modules.extend(callsites::new_modules(pid, &files, &mut known));
+                    }
+                }
+                Self {
+                    scope: ALL_PROCESSES,
+                    exe: Some(interp.exe),
+                    elf: interp.elf,
+                    display_path: interp.image.clone(),
+                    attach_path: interp.image,
+                    version: interp.version,
+                    specs,
+                    modules,
+                    known,
+                }
+            }
+        })
+    }
+
+    fn image(&self) -> ImageRef<'_> {
+        ImageRef {
+            elf: &self.elf,
+            display_path: &self.display_path,
+            attach_path: &self.attach_path,
+            modules: &self.modules,
+        }
+    }
+}
+
 /// Resolves the target and loads a session for it (nothing attached yet);
 /// returns the session, the attach header, the attach scope, and with
 /// call-site probes, the watch for modules mapped later.
@@ -407,77 +497,16 @@ fn load_session(
     returns: Option<crate::returns::ReturnCosts>,
 ) -> anyhow::Result<(Session, AttachInfo, u32, Option<LateModules>)> {
     let options = SessionOptions { placement: config.placement, returns, ..SessionOptions::default() };
-    Ok(match &config.target {
-        TargetSpec::Pid(pid) => {
-            let pid = *pid;
-            let target = Target::inspect(pid)?;
-            let version = python::read_version(&target)?;
-            let specs = config.probes.select(python::abi_for(pid, version)?.probes());
-            let modules = target_modules(&target, version, config.placement);
-            let image = ImageRef {
-                elf: &target.elf,
-                display_path: &target.image_path,
-                attach_path: &target.host_path,
-                modules: &modules,
-            };
-            let session = Session::load(image, &specs, pid, options)?;
-            let info = attach_info(&session, Some(pid), None, version, &target.image_path);
-            let late = session.has_call_sites().then(|| LateModules {
-                watch: Watch::Process(pid),
-                known: callsites::known_files(&target.host_path, &modules),
-                records: Vec::new(),
-            });
-            (session, info, pid, late)
-        }
-        TargetSpec::Exe(exe) => {
-            let interp = Interpreter::from_executable(exe)?;
-            let specs = config.probes.select(python::abi_for_image(&interp.image, interp.version)?.probes());
-            let (modules, known) = interpreter_modules(&interp, config.placement);
-            let image = ImageRef {
-                elf: &interp.elf,
-                display_path: &interp.image,
-                attach_path: &interp.image,
-                modules: &modules,
-            };
-            let session = Session::load(image, &specs, 0, options)?;
-            let info = attach_info(&session, None, Some(&interp.exe), interp.version, &interp.image);
-            let late = session.has_call_sites().then(|| LateModules {
-                watch: Watch::Interpreter(interp.image.clone()),
-                known,
-                records: Vec::new(),
-            });
-            (session, info, ALL_PROCESSES, late)
-        }
-    })
-}
-
-/// The modules that may call into `target`'s image, for
-/// `--placement call-sites` (none are needed otherwise).
-fn target_modules(target: &Target, version: python::PythonVersion, placement: PlacementMode) -> Vec<Module> {
-    if placement != PlacementMode::CallSites {
-        return Vec::new();
-    }
-    let root = std::path::Path::new("/proc").join(target.pid.to_string()).join("root");
-    callsites::modules(&target.image_path, &root, &target.code_files, (version.major, version.minor))
-}
-
-/// The modules that may call into `interp`'s image, for
-/// `--placement call-sites` (none are needed otherwise): its own (the
-/// executable, `lib-dynload`) and every file its running processes map
-/// executable, such as third-party extension modules they imported; and the
-/// identities of those files and the image.
-fn interpreter_modules(
-    interp: &Interpreter,
-    placement: PlacementMode,
-) -> (Vec<Module>, std::collections::HashSet<crate::process::FileId>) {
-    let mut modules = interp.modules(placement);
-    let mut known = callsites::known_files(&interp.image, &modules);
-    if placement == PlacementMode::CallSites {
-        for (pid, files) in crate::process::processes_mapping(&interp.image) {
-            modules.extend(callsites::new_modules(pid, &files, &mut known));
-        }
-    }
-    (modules, known)
+    let r = Resolved::new(&config.target, &config.probes, config.placement)?;
+    let session = Session::load(r.image(), &r.specs, r.scope, options)?;
+    let pid = (r.scope != ALL_PROCESSES).then_some(r.scope);
+    let info = attach_info(&session, pid, r.exe.as_deref(), r.version, &r.display_path);
+    let watch = match pid {
+        Some(pid) => Watch::Process(pid),
+        None => Watch::Interpreter(r.attach_path.clone()),
+    };
+    let late = session.has_call_sites().then(|| LateModules { watch, known: r.known, records: Vec::new() });
+    Ok((session, info, r.scope, late))
 }
 
 /// Reads the session's counters into a [`Sample`].
@@ -583,33 +612,7 @@ pub fn probe_plan(
     };
     let return_costs = calibrated.map(|r| r.1);
     let options = SessionOptions { placement, returns: calibrated.map(|r| r.0), ..SessionOptions::default() };
-    match target {
-        TargetSpec::Pid(pid) => {
-            let target = Target::inspect(*pid)?;
-            let version = python::read_version(&target)?;
-            let specs = selection.select(python::abi_for(*pid, version)?.probes());
-            let modules = target_modules(&target, version, placement);
-            let image = ImageRef {
-                elf: &target.elf,
-                display_path: &target.image_path,
-                attach_path: &target.host_path,
-                modules: &modules,
-            };
-            let (probes, missing) = crate::session::plan(image, &specs, options)?;
-            Ok(ProbePlan { image: target.image_path.clone(), version, probes, missing, return_costs })
-        }
-        TargetSpec::Exe(exe) => {
-            let interp = Interpreter::from_executable(exe)?;
-            let specs = selection.select(python::abi_for_image(&interp.image, interp.version)?.probes());
-            let (modules, _) = interpreter_modules(&interp, placement);
-            let image = ImageRef {
-                elf: &interp.elf,
-                display_path: &interp.image,
-                attach_path: &interp.image,
-                modules: &modules,
-            };
-            let (probes, missing) = crate::session::plan(image, &specs, options)?;
-            Ok(ProbePlan { image: interp.image.clone(), version: interp.version, probes, missing, return_costs })
-        }
-    }
+    let r = Resolved::new(target, selection, placement)?;
+    let (probes, missing) = crate::session::plan(r.image(), &r.specs, options)?;
+    Ok(ProbePlan { image: r.display_path, version: r.version, probes, missing, return_costs })
 }

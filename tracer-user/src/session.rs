@@ -30,7 +30,7 @@ use crate::{
     elf::ElfImage,
     multi,
     placement::{self, Placement},
-    probes::{ProbeSpec, Program},
+    probes::{ProbeKind, ProbeSpec, Program},
     returns::{self, ReturnPlan},
 };
 
@@ -306,10 +306,10 @@ impl Session {
                 UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie: Some(cookie) };
             let result = uprobe_mut(&mut self.ebpf, program).and_then(|p| {
                 p.attach(point, &path, scope).map_err(|cause| {
-                    if pid == ALL_PROCESSES || std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                        AttachError::Attach { symbol, path: self.display_path.clone(), pid, cause: Box::new(cause) }
-                    } else {
+                    if gone(pid) {
                         AttachError::TargetExited { pid }
+                    } else {
+                        AttachError::Attach { symbol, path: self.display_path.clone(), pid, cause: Box::new(cause) }
                     }
                 })
             });
@@ -441,7 +441,7 @@ impl Session {
                 Ok(link) => links.push(link),
                 Err(e) => {
                     drop(links);
-                    if pid != ALL_PROCESSES && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                    if gone(pid) {
                         return Err(AttachError::TargetExited { pid });
                     }
                     return Err(e);
@@ -569,6 +569,12 @@ impl Drop for Session {
     }
 }
 
+/// Whether an attach failed because its process `pid` is gone (never for
+/// [`ALL_PROCESSES`]).
+fn gone(pid: u32) -> bool {
+    pid != ALL_PROCESSES && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
 /// The largest function whose `ret` instructions tracer looks for.
 const MAX_FUNCTION: u64 = 1 << 16;
 
@@ -600,14 +606,15 @@ pub fn plan(
     for (slot, (spec, sym)) in (0u32..).zip(&found) {
         let program = options.program_override.unwrap_or(spec.program);
         let len = if sym.size > 0 { sym.size.min(4096) } else { 64 };
-        let place = match (image.elf.read_at(sym.file_offset, usize::try_from(len).unwrap_or(64)), options.placement) {
-            (Ok(code), PlacementMode::Entry) => {
+        let code = image.elf.read_at(sym.file_offset, usize::try_from(len).unwrap_or(64));
+        let place = match (spec.kind, code, options.placement) {
+            (ProbeKind::Function, Ok(code), PlacementMode::Entry) => {
                 placement::at_entry_of(&code, sym.address, kernel, "entry (--placement entry)")
             }
-            (Ok(code), PlacementMode::Auto | PlacementMode::CallSites) => {
+            (ProbeKind::Function, Ok(code), PlacementMode::Auto | PlacementMode::CallSites) => {
                 placement::place(&code, sym.address, program, kernel)
             }
-            (Err(e), _) => Placement::at_entry(format!("entry: the code could not be read ({e})")),
+            (ProbeKind::Function, Err(e), _) => Placement::at_entry(format!("entry: the code could not be read ({e})")),
         };
         let returns = options.returns.filter(|_| spec.program.allocates()).map(|costs| {
             let len = usize::try_from(sym.size.min(MAX_FUNCTION)).unwrap_or(0);

@@ -464,12 +464,9 @@ fn row(md: &mut String, r: &Value, key: &str, what: &str) -> anyhow::Result<()> 
         let c = &r[format!("{key}_vs_baseline")];
         let ratio = c["ratio"].as_f64().unwrap_or(f64::NAN);
         let sig = if c["significant"].as_bool() == Some(false) { " (not significant)" } else { "" };
-        // Only tracer's full attach and the uprobe setups pay for every hit.
-        let per_hit = if key.starts_with("tracemalloc") || key.starts_with("budget") {
-            "—".to_owned()
-        } else {
-            r["ns_per_hit_by_setup"][key].as_f64().map_or_else(|| "—".to_owned(), |ns| format!("{ns:.0} ns"))
-        };
+        // tracer bench gives a cost per hit only to setups that pay for
+        // every hit.
+        let per_hit = r["ns_per_hit_by_setup"][key].as_f64().map_or_else(|| "—".to_owned(), |ns| format!("{ns:.0} ns"));
         (format!("{ratio:.2}x{sig}"), per_hit)
     };
     writeln!(md, "| {what} | {} ± {} | {vs} | {per_hit} |", fmt_ns(mean), fmt_ns(stdev))?;

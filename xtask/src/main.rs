@@ -250,14 +250,9 @@ impl Totals {
 }
 
 fn require_root(what: &str) -> anyhow::Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc_geteuid() } != 0 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
         bail!("{what} need root: run `sudo -E cargo xtask ...` (or as root)");
     }
     Ok(())
-}
-
-unsafe extern "C" {
-    #[link_name = "geteuid"]
-    fn libc_geteuid() -> u32;
 }

@@ -91,7 +91,7 @@ fn apt_packages() -> anyhow::Result<()> {
         return Ok(());
     }
     // SAFETY: geteuid has no preconditions.
-    if unsafe { super::libc_geteuid() } != 0 {
+    if unsafe { libc::geteuid() } != 0 {
         bail!("missing Debian packages: {}; run as root: apt-get install -y {}", missing.join(" "), missing.join(" "));
     }
     crate::run(Command::new("apt-get").arg("update").arg("-q"))?;

@@ -110,8 +110,7 @@ pub fn text(baseline: &StateStats, rows: &[Row<'_>], hits: &HitsPerLoop, out_dir
     let by_probe: Vec<String> =
         hits.per_probe.iter().filter(|(_, v)| *v > 0.0).map(|(n, v)| format!("{n} {v}")).collect();
     lines.push(format!("probe hits per loop: {} ({})", hits.total, by_probe.join(", ")));
-    // A budget run sees only some of the hits, so it has no cost per hit.
-    for r in rows.iter().filter(|r| r.name != "detached" && !r.name.starts_with("budget")) {
+    for r in rows.iter().filter(|r| has_cost_per_hit(r.name)) {
         match ns_per_hit(baseline, r.stats, hits) {
             Some(ns) => lines.push(format!("cost per probe hit ({}): {ns:.0} ns", r.name)),
             None => lines.push(format!("cost per probe hit ({}): n/a, the statement hits no probe", r.name)),
@@ -123,6 +122,15 @@ pub fn text(baseline: &StateStats, rows: &[Row<'_>], hits: &HitsPerLoop, out_dir
         .collect();
     lines.push(format!("pyperf files: {}", files.join(" ")));
     lines
+}
+
+/// Whether the setup named `name` pays for every probe hit, so that its
+/// added time per hit means something. Not after detaching (no probes), not
+/// under a budget (only some hits are traced), not under tracemalloc (no
+/// probes: its cost is not per hit).
+#[must_use]
+pub fn has_cost_per_hit(name: &str) -> bool {
+    name != "detached" && !name.starts_with("budget") && !name.starts_with("tracemalloc")
 }
 
 /// (mean − baseline mean) / hits per loop, in ns.
@@ -151,7 +159,7 @@ pub fn json(bench: &Bench, baseline: &StateStats, rows: &[Row<'_>], hits: &HitsP
             format!("{}_vs_baseline", r.name),
             json!({"ratio": r.vs_baseline.ratio, "significant": r.vs_baseline.significant}),
         );
-        if r.name != "detached" {
+        if has_cost_per_hit(r.name) {
             per_hit.insert(r.name.to_owned(), json!(ns_per_hit(baseline, r.stats, hits)));
         }
     }
