@@ -20,8 +20,10 @@ fn per_pid(line: &serde_json::Value) -> HashMap<u32, Counts> {
 
 /// Three processes started after attach run N, 2N and 3N iterations of the
 /// ctypes body. Each is counted from its first instruction to its
-/// `os._exit`, so their counts differ by exactly N × the body's calls and
-/// bytes, and the totals are exactly the per-PID sums.
+/// `os._exit`, so the second differs from the first exactly as the third
+/// differs from the second, by a whole number of calls and bytes per
+/// iteration, at least the body's own; and the totals are exactly the
+/// per-PID sums. (exact_counts pins the per-iteration figures themselves.)
 fn check(python: &Path) {
     const N: u64 = 100;
     require_root();
