@@ -23,7 +23,7 @@ fn per_pid(line: &serde_json::Value) -> HashMap<u32, Counts> {
 /// `os._exit`, so the second differs from the first exactly as the third
 /// differs from the second, by a whole number of calls and bytes per
 /// iteration, at least the body's own; and the totals are exactly the
-/// per-PID sums. (exact_counts pins the per-iteration figures themselves.)
+/// per-PID sums. (`exact_counts` pins the per-iteration figures themselves.)
 fn check(python: &Path) {
     const N: u64 = 100;
     require_root();
