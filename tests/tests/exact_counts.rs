@@ -205,15 +205,28 @@ fn static_lto_api_body_is_exact_in_bytes() {
 
 /// Probes placed past the entry count exactly what entry probes count.
 fn placed_equals_entry(python: &Path) {
-    require_root();
-    for body in [Body::Objects, Body::Api] {
-        let (probes, placed) = traced_run_with(python, 300, body, Exit::Immediate, Aslr::Off, &[]);
-        let (_, entry) = traced_run_with(python, 300, body, Exit::Immediate, Aslr::Off, &["--placement", "entry"]);
+    for (probes, _) in same_counts(python, &[Body::Objects, Body::Api], &[], &["--placement", "entry"]) {
         assert_eq!(probes.len(), 14);
-        for name in &probes {
-            assert_eq!(placed[name], entry[name], "{name} ({body:?}): placed vs entry");
-        }
     }
+}
+
+/// Runs each body of 300 iterations twice, with tracer given `a` and then
+/// `b`, and asserts that every probe counted exactly the same calls and
+/// bytes both times. Returns, per body, the probes and the counts with `a`.
+fn same_counts(python: &Path, bodies: &[Body], a: &[&str], b: &[&str]) -> Vec<(Vec<String>, Counts)> {
+    require_root();
+    bodies
+        .iter()
+        .map(|&body| {
+            let (probes, with_a) = traced_run_with(python, 300, body, Exit::Immediate, Aslr::Off, a);
+            let (_, with_b) = traced_run_with(python, 300, body, Exit::Immediate, Aslr::Off, b);
+            assert!(!probes.is_empty());
+            for name in &probes {
+                assert_eq!(with_a[name], with_b[name], "{name} ({body:?}): {a:?} vs {b:?}");
+            }
+            (probes, with_a)
+        })
+        .collect()
 }
 
 /// `--placement call-sites` counts exactly what entry probes count: the
@@ -222,18 +235,12 @@ fn placed_equals_entry(python: &Path) {
 /// including one imported after attaching (pyenv's `_json`, a lib-dynload
 /// file; Debian's is built in).
 fn call_sites_equal_entry(python: &Path) {
-    require_root();
-    for body in [Body::Objects, Body::Api, Body::LateImport] {
-        let sites = ["--placement", "call-sites"];
-        let (probes, at_sites) = traced_run_with(python, 300, body, Exit::Immediate, Aslr::Off, &sites);
-        let (_, entry) = traced_run_with(python, 300, body, Exit::Immediate, Aslr::Off, &["--placement", "entry"]);
+    let bodies = [Body::Objects, Body::Api, Body::LateImport];
+    for (probes, at_sites) in same_counts(python, &bodies, &["--placement", "call-sites"], &["--placement", "entry"]) {
         assert!(probes.contains(&"_Py_Dealloc".to_owned()), "{probes:?}");
         // LTO inlined most of the static build's deallocations; the
         // exported function still sees some calls.
         assert!(at_sites["_Py_Dealloc"].0 > 0, "{at_sites:?}");
-        for name in &probes {
-            assert_eq!(at_sites[name], entry[name], "{name} ({body:?}): call sites vs entry");
-        }
     }
 }
 
@@ -250,15 +257,7 @@ fn static_call_sites_count_like_entry_probes() {
 /// uprobe-multi links (the default) count exactly what perf-event uprobes
 /// count.
 fn multi_equals_perf(python: &Path) {
-    require_root();
-    for body in [Body::Objects, Body::Api] {
-        let (probes, multi) = traced_run_with(python, 300, body, Exit::Immediate, Aslr::Off, &["--links", "multi"]);
-        let (_, perf) = traced_run_with(python, 300, body, Exit::Immediate, Aslr::Off, &["--links", "perf"]);
-        assert!(!probes.is_empty());
-        for name in &probes {
-            assert_eq!(multi[name], perf[name], "{name} ({body:?}): multi links vs perf-event uprobes");
-        }
-    }
+    same_counts(python, &[Body::Objects, Body::Api], &["--links", "multi"], &["--links", "perf"]);
 }
 
 #[test]

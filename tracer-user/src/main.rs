@@ -223,15 +223,19 @@ fn usage_error(rendered: &str, subcommand: Option<&str>) -> String {
         if line.starts_with("Usage:") || line.starts_with("For more information") {
             break;
         }
-        match (line.strip_prefix("error: "), line.strip_prefix("tip: "), parts.last_mut()) {
-            (_, _, _) if line.is_empty() => {}
-            (Some(first), _, _) => parts.push(first.trim_end_matches(':').to_owned()),
-            (_, Some(tip), _) => parts.push(tip.to_owned()),
-            (None, None, Some(last)) => {
-                last.push_str(": ");
-                last.push_str(line);
-            }
-            (None, None, None) => parts.push(line.to_owned()),
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(first) = line.strip_prefix("error: ") {
+            parts.push(first.trim_end_matches(':').to_owned());
+        } else if let Some(tip) = line.strip_prefix("tip: ") {
+            parts.push(tip.to_owned());
+        } else if let Some(last) = parts.last_mut() {
+            // A continuation line, such as the missing arguments' list.
+            last.push_str(": ");
+            last.push_str(line);
+        } else {
+            parts.push(line.to_owned());
         }
     }
     let help = match subcommand {

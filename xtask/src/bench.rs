@@ -115,10 +115,7 @@ pub fn run(root: &Path, tracer: &Path, effort: &str) -> anyhow::Result<()> {
             "call-sites,bpftrace,tracemalloc=1,tracemalloc=25,budget=1",
             effort,
         )?;
-        writeln!(md, "### {name}: `{stmt}`\n")?;
-        writeln!(md, "```\n{}\n```\n", m.command)?;
-        writeln!(md, "Probe hits per loop (exact): {}.\n", m.result["hits_per_loop"])?;
-        writeln!(md, "| setup | mean per loop | vs baseline | cost per probe hit |\n|---|---|---|---|")?;
+        statement_head(&mut md, &format!("### {name}: `{stmt}`"), &m)?;
         row(&mut md, &m.result, "baseline", "nothing attached")?;
         row(&mut md, &m.result, "attached", &format!("tracer attached, all {defaults} default probes"))?;
         row(&mut md, &m.result, "call-sites", "the same with `--placement call-sites` (`_Py_Dealloc` at its callers)")?;
@@ -360,10 +357,7 @@ pub fn static_section(md: &mut String, tracer: &Path, out_root: &Path, effort: &
         "call-sites,bpftrace,tracemalloc=25",
         effort,
     )?;
-    writeln!(md, "### {name} on Debian's python3.11: `{stmt}`\n")?;
-    writeln!(md, "```\n{}\n```\n", m.command)?;
-    writeln!(md, "Probe hits per loop (exact): {}.\n", m.result["hits_per_loop"])?;
-    writeln!(md, "| setup | mean per loop | vs baseline | cost per probe hit |\n|---|---|---|---|")?;
+    statement_head(md, &format!("### {name} on Debian's python3.11: `{stmt}`"), &m)?;
     row(md, &m.result, "baseline", "nothing attached")?;
     row(md, &m.result, "attached", "tracer attached, all default probes")?;
     row(md, &m.result, "call-sites", "the same with `--placement call-sites`")?;
@@ -443,6 +437,16 @@ fn added_time(md: &mut String, r: &Value) -> anyhow::Result<()> {
         BOUND_NS_PER_HIT / 1e3,
         fmt_ns(hits * BOUND_NS_PER_HIT)
     )?;
+    Ok(())
+}
+
+/// A statement's heading, the command that measured it, its exact hits per
+/// loop, and the head of its table.
+fn statement_head(md: &mut String, heading: &str, m: &Measured) -> anyhow::Result<()> {
+    writeln!(md, "{heading}\n")?;
+    writeln!(md, "```\n{}\n```\n", m.command)?;
+    writeln!(md, "Probe hits per loop (exact): {}.\n", m.result["hits_per_loop"])?;
+    writeln!(md, "| setup | mean per loop | vs baseline | cost per probe hit |\n|---|---|---|---|")?;
     Ok(())
 }
 
