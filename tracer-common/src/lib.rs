@@ -20,4 +20,26 @@ pub mod names {
     pub const STATS_MAP: &str = "STATS";
     /// BPF global: thread-group id the probes count for (0 = any process).
     pub const TARGET_TGID_GLOBAL: &str = "TARGET_TGID";
+
+    /// The BPF programs, by their function names in tracer-ebpf.
+    pub mod programs {
+        /// Counts calls only.
+        pub const COUNT_CALL: &str = "count_call";
+        /// Counts calls and the size in the first argument.
+        pub const COUNT_SIZE_ARG0: &str = "count_size_arg0";
+        /// Counts calls and the size in the second argument.
+        pub const COUNT_SIZE_ARG1: &str = "count_size_arg1";
+        /// Counts calls and nelem × elsize.
+        pub const COUNT_CALLOC: &str = "count_calloc";
+        /// Does nothing (the bare cost of a hit).
+        pub const EMPTY: &str = "empty";
+        /// Records rax at a return site.
+        pub const RET_VALUE: &str = "ret_value";
+        /// Records the return value through a uretprobe.
+        pub const RET_VALUE_URET: &str = "ret_value_uret";
+    }
 }
+
+/// The license the BPF object declares, NUL-terminated as the kernel wants
+/// it; GPL-compatible, which the helpers tracer uses require.
+pub const LICENSE: &[u8] = b"Dual MIT/GPL\0";

@@ -6,6 +6,11 @@
 //! values (a uprobe on a return site and a uretprobe), and an empty one is
 //! the floor `tracer bench` measures against. A hit costs one map lookup and two atomic
 //! adds; nothing is sent to userspace per event.
+//!
+//! With `--bpf-log`, the programs also log each probe's first hit in each
+//! process and every miss, through aya-log. Its level global is 0 unless
+//! that flag is given, which makes every log statement code the verifier
+//! proves dead, so logging costs nothing while off.
 #![no_std]
 #![no_main]
 // Inline asm is how a BPF program gets an atomic add: core has no atomic
@@ -13,13 +18,14 @@
 #![feature(asm_experimental_arch)]
 
 use aya_ebpf::{
-    EbpfContext as _,
+    EbpfContext,
     bindings::{BPF_NOEXIST, pt_regs},
     helpers::generated::bpf_get_attach_cookie,
     macros::{map, uprobe, uretprobe},
     maps::{PerCpuArray, PerCpuHashMap},
     programs::{ProbeContext, RetProbeContext},
 };
+use aya_log_ebpf::{info, warn};
 use tracer_common::{
     counter::{Counter, CounterKey, DEFAULT_COUNTER_ENTRIES},
     returns::Returned,
@@ -90,25 +96,25 @@ pub fn count_calloc(ctx: ProbeContext) -> u32 {
 /// result: on a `ret` instruction, or placed where the result is final.
 #[uprobe]
 pub fn ret_value(ctx: ProbeContext) -> u32 {
-    record_return(ctx.regs)
+    record_return(&ctx, ctx.regs)
 }
 
 /// Records a function's return value through a uretprobe.
 #[uretprobe]
 pub fn ret_value_uret(ctx: RetProbeContext) -> u32 {
-    record_return(ctx.regs)
+    record_return(&ctx, ctx.regs)
 }
 
 #[inline(always)]
-fn record_return(regs: *mut pt_regs) -> u32 {
-    if let Err(stat) = try_record_return(regs) {
-        bump(stat);
+fn record_return<C: EbpfContext>(ctx: &C, regs: *mut pt_regs) -> u32 {
+    if let Err(stat) = try_record_return(ctx, regs) {
+        bump(ctx, stat);
     }
     0
 }
 
 #[inline(always)]
-fn try_record_return(regs: *mut pt_regs) -> Result<(), Stat> {
+fn try_record_return<C: EbpfContext>(ctx: &C, regs: *mut pt_regs) -> Result<(), Stat> {
     let tgid = check_target()?;
     // SAFETY: regs is the context the kernel passed to this program (the
     // user registers at the probe), which the program may read directly.
@@ -116,7 +122,7 @@ fn try_record_return(regs: *mut pt_regs) -> Result<(), Stat> {
     // SAFETY: as in try_record: the helper reads this run's cookie.
     let cookie = unsafe { bpf_get_attach_cookie(regs.cast()) };
     let slot = u32::try_from(cookie).map_err(|_| Stat::SlotOutOfRange)?;
-    let returned = slot_of(&RETURNS, CounterKey { tgid, slot })?;
+    let returned = slot_of(ctx, &RETURNS, CounterKey { tgid, slot })?;
     // SAFETY: as in try_record, a valid pointer to this CPU's value; the
     // adds are atomic for the same reason.
     unsafe {
@@ -144,10 +150,15 @@ fn check_target() -> Result<u32, Stat> {
 
 /// This CPU's value for `key` in `map`, inserting a zero on first use.
 #[inline(always)]
-fn slot_of<V: Default>(map: &PerCpuHashMap<CounterKey, V>, key: CounterKey) -> Result<*mut V, Stat> {
+fn slot_of<C: EbpfContext, V: Default>(
+    ctx: &C,
+    map: &PerCpuHashMap<CounterKey, V>,
+    key: CounterKey,
+) -> Result<*mut V, Stat> {
     match map.get_ptr_mut(&key) {
         Some(value) => Ok(value),
         None => {
+            info!(ctx, "first hit of probe slot {} by PID {} on this CPU", key.slot, key.tgid);
             // First hit of this probe by this process on any CPU. Insert a
             // zero and look it up again rather than inserting the count: if
             // a preempted hit inserted first, NOEXIST keeps its count.
@@ -161,7 +172,7 @@ fn slot_of<V: Default>(map: &PerCpuHashMap<CounterKey, V>, key: CounterKey) -> R
 #[inline(always)]
 fn record(ctx: &ProbeContext, size: Size) -> u32 {
     if let Err(stat) = try_record(ctx, size) {
-        bump(stat);
+        bump(ctx, stat);
     }
     0
 }
@@ -179,7 +190,7 @@ fn try_record(ctx: &ProbeContext, size: Size) -> Result<(), Stat> {
             // needs a 128-bit multiply, which BPF lacks: hide the bound from
             // the optimiser. Sizes that fit in 32 bits cannot overflow.
             if (nelem | elsize) >> 32 != 0 && elsize != 0 && nelem > core::hint::black_box(u64::MAX) / elsize {
-                bump(Stat::SizeOverflow);
+                bump(ctx, Stat::SizeOverflow);
                 u64::MAX
             } else {
                 nelem.wrapping_mul(elsize)
@@ -190,7 +201,7 @@ fn try_record(ctx: &ProbeContext, size: Size) -> Result<(), Stat> {
     // context; ctx is the context the kernel passed to this program.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
     let slot = u32::try_from(cookie).map_err(|_| Stat::SlotOutOfRange)?;
-    let counter = slot_of(&COUNTERS, CounterKey { tgid, slot })?;
+    let counter = slot_of(ctx, &COUNTERS, CounterKey { tgid, slot })?;
     // SAFETY: the map returned a valid, aligned pointer to this CPU's value,
     // which stays valid while the program runs (hash map values are freed
     // only after an RCU grace period). The adds are atomic because a
@@ -203,7 +214,8 @@ fn try_record(ctx: &ProbeContext, size: Size) -> Result<(), Stat> {
 }
 
 #[inline(always)]
-fn bump(stat: Stat) {
+fn bump<C: EbpfContext>(ctx: &C, stat: Stat) {
+    warn!(ctx, "miss: {}", stat.name());
     if let Some(value) = STATS.get_ptr_mut(stat as u32) {
         // SAFETY: as above, a valid pointer to this CPU's u64 slot.
         unsafe { atomic_add(value, 1) };
@@ -227,9 +239,20 @@ unsafe fn atomic_add(dst: *mut u64, value: u64) {
     }
 }
 
+/// [`tracer_common::LICENSE`], as the array the `license` section holds.
+const fn license() -> [u8; tracer_common::LICENSE.len()] {
+    let mut out = [0u8; tracer_common::LICENSE.len()];
+    let mut i = 0;
+    while i < out.len() {
+        out[i] = tracer_common::LICENSE[i];
+        i += 1;
+    }
+    out
+}
+
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]
-static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
+static LICENSE: [u8; tracer_common::LICENSE.len()] = license();
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -5,30 +5,25 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+pub use crate::target::TargetSpec;
 use crate::{
-    probes::{ProbeSelection, SelectionError},
-    session::PlacementMode,
+    plan::PlacementMode,
+    probe::{ProbeSelection, SelectionError},
 };
 
-/// What to trace.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TargetSpec {
-    /// One process (all its threads).
-    Pid(u32),
-    /// Every process running this interpreter, now or later.
-    Exe(std::path::PathBuf),
+/// `--pid` and `--exe`: exactly one of them, and no PID 0.
+pub fn target_spec(pid: Option<u32>, exe: Option<&std::path::Path>) -> Result<TargetSpec, ConfigError> {
+    match (pid, exe) {
+        (Some(0), None) => Err(ConfigError::PidZero),
+        (Some(pid), None) => Ok(TargetSpec::Pid(pid)),
+        (None, Some(exe)) => Ok(TargetSpec::Exe(exe.to_owned())),
+        _ => Err(ConfigError::NoTarget),
+    }
 }
 
-impl TargetSpec {
-    /// Exactly one of `--pid` (not 0) and `--exe`.
-    pub fn new(pid: Option<u32>, exe: Option<&std::path::Path>) -> Result<Self, ConfigError> {
-        match (pid, exe) {
-            (Some(0), None) => Err(ConfigError::PidZero),
-            (Some(pid), None) => Ok(Self::Pid(pid)),
-            (None, Some(exe)) => Ok(Self::Exe(exe.to_owned())),
-            _ => Err(ConfigError::NoTarget),
-        }
-    }
+/// Parses `--probes` against every function a supported version has.
+pub fn probe_selection(value: &str) -> Result<ProbeSelection, ConfigError> {
+    Ok(ProbeSelection::parse(value, &crate::python::known_probes())?)
 }
 
 /// How results are written to stdout.
@@ -62,6 +57,8 @@ pub struct AttachConfig {
     pub links: LinkMode,
     /// `--returns`: also read what the allocating functions return.
     pub returns: bool,
+    /// `--bpf-log`: pass what the BPF programs log on as notes.
+    pub bpf_log: bool,
 }
 
 /// How probes are attached in the kernel.
@@ -105,7 +102,7 @@ pub enum ConfigError {
     PidZero,
     #[error("pass exactly one of --pid PID or --exe PATH")]
     NoTarget,
-    #[error("{0}")]
+    #[error(transparent)]
     Probes(#[from] SelectionError),
     #[error("--placement must be auto, entry or call-sites (got {value:?})")]
     BadPlacement { value: String },
@@ -146,6 +143,8 @@ pub struct AttachArgs<'a> {
     pub links: &'a str,
     /// `--returns`.
     pub returns: bool,
+    /// `--bpf-log`.
+    pub bpf_log: bool,
 }
 
 /// Parses `--placement`.
@@ -164,7 +163,7 @@ pub const DEFAULT_INTERVAL_S: f64 = 1.0;
 impl AttachConfig {
     /// Validates raw command-line values.
     pub fn new(args: &AttachArgs<'_>) -> Result<Self, ConfigError> {
-        let target = TargetSpec::new(args.pid, args.exe)?;
+        let target = target_spec(args.pid, args.exe)?;
         let interval_s = args.interval_s;
         let interval = seconds(interval_s).ok_or(ConfigError::BadInterval { value: interval_s })?;
         let duration = match args.duration_s {
@@ -194,10 +193,11 @@ impl AttachConfig {
         }
         Ok(Self {
             returns: args.returns,
+            bpf_log: args.bpf_log,
             budget,
             links,
             target,
-            probes: ProbeSelection::parse(args.probes)?,
+            probes: probe_selection(args.probes)?,
             placement,
             duration,
             interval,
@@ -236,6 +236,7 @@ mod tests {
             budget_percent: None,
             links: "auto",
             returns: false,
+            bpf_log: false,
         }
     }
 

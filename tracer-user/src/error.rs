@@ -2,7 +2,8 @@
 //! tracer's own (exit status 1).
 
 use crate::{
-    config::ConfigError, privileges::PrivilegeError, process::TargetError, python::VersionError, session::AttachError,
+    bench::BenchError, config::ConfigError, kernel::AttachError, plan::PlanError, privileges::PrivilegeError,
+    target::ResolveError,
 };
 
 /// Exit status for bad input: a wrong PID, a non-Python target, missing
@@ -18,11 +19,10 @@ pub fn exit_status(err: &anyhow::Error) -> i32 {
     let bad_input = err.chain().any(|cause| {
         cause.is::<ConfigError>()
             || cause.is::<PrivilegeError>()
-            || cause.is::<TargetError>()
-            || cause.is::<VersionError>()
-            || cause.is::<crate::interpreter::ExeError>()
+            || cause.is::<ResolveError>()
+            || cause.is::<PlanError>()
             || cause.downcast_ref::<AttachError>().is_some_and(AttachError::is_bad_input)
-            || cause.downcast_ref::<crate::bench::BenchError>().is_some_and(crate::bench::BenchError::is_bad_input)
+            || cause.downcast_ref::<BenchError>().is_some_and(BenchError::is_bad_input)
     });
     if bad_input { EXIT_BAD_INPUT } else { EXIT_FAILURE }
 }

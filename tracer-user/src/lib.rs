@@ -1,24 +1,22 @@
-//! tracer's userspace: find the CPython image in a live process, attach the
-//! BPF uprobes, read the per-CPU counters and report them.
+//! tracer's userspace: find the CPython image in a live process
+//! ([`target`]), plan where each probe goes ([`plan`]), load and attach the
+//! BPF programs ([`kernel`]), run until the end ([`run`]), and report what
+//! was counted ([`model`], [`report`]).
 
 pub mod bench;
-pub mod budget;
-pub mod calibrate;
-pub mod callsites;
 pub mod config;
-pub mod elf;
 pub mod error;
-pub mod interpreter;
-pub mod multi;
-pub mod output;
-pub mod placement;
+pub mod kernel;
+pub mod model;
+pub mod plan;
 pub mod privileges;
-pub mod probes;
-pub mod process;
+pub mod probe;
 pub mod python;
-pub mod returns;
+pub mod report;
 pub mod run;
-pub mod session;
+pub mod target;
 
-/// The BPF object built from `tracer-ebpf` by build.rs.
+/// The BPF object built from `tracer-ebpf` by build.rs (empty when built
+/// with `TRACER_EMPTY_BPF=1`, for checking and linting without the BPF
+/// toolchain; such a tracer refuses to attach).
 pub static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer.bpf.o"));

@@ -6,11 +6,9 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use tracer_user::{
-    config::{AttachArgs as ConfigArgs, AttachConfig, ConfigError, DEFAULT_INTERVAL_S, TargetSpec},
+    config::{AttachArgs as ConfigArgs, AttachConfig, DEFAULT_INTERVAL_S, TargetSpec},
     error::exit_status,
     privileges,
-    probes::ProbeSelection,
-    returns::ReturnPlan,
 };
 
 /// Count CPython reference and allocation events in a live process, from
@@ -181,6 +179,11 @@ struct AttachArgs {
     /// uretprobe; `tracer probes --returns` shows which.
     #[arg(long)]
     returns: bool,
+    /// Pass on what the BPF programs log (each probe's first hit per process, and every miss, with its
+    /// cause), as notes on stderr and in the JSON: for when a probe seems to misbehave. Off by default,
+    /// and then free: the logging code is dead to the kernel's verifier.
+    #[arg(long)]
+    bpf_log: bool,
 }
 
 fn main() -> ExitCode {
@@ -199,7 +202,7 @@ fn main() -> ExitCode {
         Command::Attach(args) => attach(&args),
         Command::Bench(args) => bench(&args),
         Command::Probes(args) => probes(&args),
-        Command::CalibrationChild => tracer_user::calibrate::child_main().map_err(Into::into),
+        Command::CalibrationChild => tracer_user::run::calibrate::child_main().map_err(Into::into),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -261,9 +264,10 @@ fn attach(args: &AttachArgs) -> anyhow::Result<()> {
         budget_percent: args.budget,
         links: &args.links,
         returns: args.returns,
+        bpf_log: args.bpf_log,
     })?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let end = runtime.block_on(tracer_user::run::attach(&config, std::io::stdout().lock()))?;
+    let end = runtime.block_on(tracer_user::run::attach(&config, std::io::stdout().lock(), std::io::stderr()))?;
     let what = match &config.target {
         TargetSpec::Pid(pid) => format!("PID {pid}"),
         TargetSpec::Exe(exe) => exe.display().to_string(),
@@ -275,7 +279,7 @@ fn attach(args: &AttachArgs) -> anyhow::Result<()> {
 fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     use tracer_user::bench::{self, Bench, Effort, State, report};
     privileges::check()?;
-    let probes = ProbeSelection::parse(&args.probes).map_err(ConfigError::from)?;
+    let probes = tracer_user::config::probe_selection(&args.probes)?;
     let placement = tracer_user::config::parse_placement(&args.placement)?;
     let effort = if args.fast {
         Effort::Fast
@@ -292,12 +296,13 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         State::Attached { name: "attached".into(), probes: probes.clone(), program: None, placement, returns: false },
         State::Detached { probes: probes.clone() },
     ];
-    states.extend(report::extra_states(&args.also, &probes, &specs, (&b.interpreter.exe, &b.interpreter.image))?);
+    let exe = b.target.exe.clone().unwrap_or_else(|| b.target.display_path.clone());
+    states.extend(report::extra_states(&args.also, &probes, &specs, (&exe, &b.target.display_path))?);
     eprintln!(
         "tracer bench: {} (Python {}, {}), stmt {:?}, setup {:?}",
         python.display(),
-        b.interpreter.version,
-        b.interpreter.image.display(),
+        b.target.version,
+        b.target.display_path.display(),
         args.stmt,
         args.setup
     );
@@ -321,88 +326,15 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
 
 fn probes(args: &ProbesArgs) -> anyhow::Result<()> {
     let t = &args.target;
-    let target = TargetSpec::new(t.pid, t.exe.as_deref())?;
-    let selection = ProbeSelection::parse(&t.probes).map_err(ConfigError::from)?;
+    let target = tracer_user::config::target_spec(t.pid, t.exe.as_deref())?;
+    let selection = tracer_user::config::probe_selection(&t.probes)?;
     let placement = tracer_user::config::parse_placement(&t.placement)?;
     let plan = tracer_user::run::probe_plan(&target, &selection, placement, args.returns)?;
+    let mut out = std::io::stdout().lock();
     if args.json {
-        let probes: Vec<serde_json::Value> = plan
-            .probes
-            .iter()
-            .map(|p| {
-                serde_json::json!({
-                    "symbol": p.symbol,
-                    "file_offset": p.file_offset,
-                    "offset": p.placement.offset,
-                    "instruction": p.placement.instruction,
-                    "emulated": p.placement.emulated,
-                    "reason": p.placement.reason,
-                    "returns": p.returns.as_ref().map(tracer_user::output::return_plan),
-                    "call_sites": p.call_sites.as_ref().map(|c| serde_json::json!({
-                        "emulated": c.emulated,
-                        "single_stepped": c.stepped,
-                        "files": c.files.iter().map(|f| serde_json::json!({
-                            "path": f.display_path, "offsets": f.offsets,
-                        })).collect::<Vec<_>>(),
-                    })),
-                })
-            })
-            .collect();
-        let out = serde_json::json!({
-            "image": plan.image,
-            "python": plan.version.to_string(),
-            "probes": probes,
-            "missing": plan.missing,
-            "return_costs_ns": plan.return_costs.map(|m| serde_json::json!({
-                "uretprobe": m.uretprobe_ns, "ret": m.ret_ns, "placed": m.placed_ns,
-            })),
-        });
-        println!("{out}");
-        return Ok(());
-    }
-    println!("{} (Python {})", plan.image.display(), plan.version);
-    println!("  {:<20} {:>7}  {:<28} {:<9} why", "function", "offset", "instruction", "emulated");
-    for p in &plan.probes {
-        println!(
-            "  {:<20} {:>7}  {:<28} {:<9} {}",
-            p.symbol,
-            if p.call_sites.is_some() { "callers".to_owned() } else { format!("+{}", p.placement.offset) },
-            p.placement.instruction,
-            if p.placement.emulated { "yes" } else { "no" },
-            p.placement.reason
-        );
-    }
-    let with_returns: Vec<_> = plan.probes.iter().filter_map(|p| Some((p.symbol, p.returns.as_ref()?))).collect();
-    if let Some(m) = plan.return_costs {
-        println!(
-            "  reading a return value costs here: {:.0} ns by uretprobe (its entry emulated), {:.0} ns at a ret, {:.0} ns at a jmp into the epilogue",
-            m.uretprobe_ns, m.ret_ns, m.placed_ns
-        );
-    }
-    if !with_returns.is_empty() {
-        println!("  return values (--returns):");
-        for (symbol, r) in with_returns {
-            match r {
-                ReturnPlan::Sites { sites, reason } => {
-                    let at: Vec<String> = sites
-                        .iter()
-                        .map(|s| {
-                            format!(
-                                "+{} {} ({})",
-                                s.offset,
-                                s.instruction,
-                                if s.emulated { "emulated" } else { "single-stepped" }
-                            )
-                        })
-                        .collect();
-                    println!("  {symbol:<20} uprobes at {}: {reason}", at.join(", "));
-                }
-                ReturnPlan::Uretprobe { reason } => println!("  {symbol:<20} uretprobe: {reason}"),
-            }
-        }
-    }
-    if !plan.missing.is_empty() {
-        println!("  not in this build: {}", plan.missing.join(", "));
+        tracer_user::report::plan::json(&mut out, &plan)?;
+    } else {
+        tracer_user::report::plan::table(&mut out, &plan)?;
     }
     Ok(())
 }

@@ -32,8 +32,86 @@ pub fn check() -> Result<(), PrivilegeError> {
 }
 
 fn effective_caps(status: &str) -> Option<u64> {
-    let hex = status.lines().find_map(|line| line.strip_prefix("CapEff:"))?.trim();
+    caps_field(status, "CapEff:")
+}
+
+fn caps_field(status: &str, field: &str) -> Option<u64> {
+    let hex = status.lines().find_map(|line| line.strip_prefix(field))?.trim();
     u64::from_str_radix(hex, 16).ok()
+}
+
+/// Whether this process runs as uid 0.
+#[must_use]
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The capabilities `pid` is permitted that this process lacks: the kernel
+/// lets one process inspect another's memory map only when it holds all of
+/// them (or `CAP_SYS_PTRACE` over the other's user namespace). Empty when
+/// there are none, or when either set cannot be read.
+#[must_use]
+pub fn lacking_capabilities_of(pid: u32) -> Vec<String> {
+    let read = |path: String| std::fs::read_to_string(path).ok();
+    let (Some(mine), Some(theirs)) = (
+        read("/proc/self/status".to_owned()).and_then(|s| effective_caps(&s)),
+        read(format!("/proc/{pid}/status")).and_then(|s| caps_field(&s, "CapPrm:")),
+    ) else {
+        return Vec::new();
+    };
+    (0..64u32).filter(|bit| theirs & !mine & (1u64 << bit) != 0).map(capability_name).collect()
+}
+
+/// `cap_sys_resource` for 24, from include/uapi/linux/capability.h.
+fn capability_name(bit: u32) -> String {
+    const NAMES: [&str; 41] = [
+        "chown",
+        "dac_override",
+        "dac_read_search",
+        "fowner",
+        "fsetid",
+        "kill",
+        "setgid",
+        "setuid",
+        "setpcap",
+        "linux_immutable",
+        "net_bind_service",
+        "net_broadcast",
+        "net_admin",
+        "net_raw",
+        "ipc_lock",
+        "ipc_owner",
+        "sys_module",
+        "sys_rawio",
+        "sys_chroot",
+        "sys_ptrace",
+        "sys_pacct",
+        "sys_admin",
+        "sys_boot",
+        "sys_nice",
+        "sys_resource",
+        "sys_time",
+        "sys_tty_config",
+        "mknod",
+        "lease",
+        "audit_write",
+        "audit_control",
+        "setfcap",
+        "mac_override",
+        "mac_admin",
+        "syslog",
+        "wake_alarm",
+        "block_suspend",
+        "audit_read",
+        "perfmon",
+        "bpf",
+        "checkpoint_restore",
+    ];
+    usize::try_from(bit)
+        .ok()
+        .and_then(|b| NAMES.get(b))
+        .map_or_else(|| format!("capability {bit}"), |n| format!("cap_{n}"))
 }
 
 /// `CAP_SYS_ADMIN` covers both on kernels before 5.8; from 5.8 `CAP_BPF` plus
@@ -52,6 +130,13 @@ mod tests {
         let status = "Name:\tx\nCapInh:\t0000000000000000\nCapEff:\t000001ffffffffff\n";
         assert_eq!(effective_caps(status), Some(0x1ff_ffff_ffff));
         assert_eq!(effective_caps("Name: x\n"), None);
+    }
+
+    #[test]
+    fn names_capabilities() {
+        assert_eq!(capability_name(24), "cap_sys_resource");
+        assert_eq!(capability_name(40), "cap_checkpoint_restore");
+        assert_eq!(capability_name(63), "capability 63");
     }
 
     #[test]

@@ -20,10 +20,10 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use crate::{
-    interpreter::{ExeError, Interpreter},
-    probes::{ProbeSelection, ProbeSpec, Program},
-    python,
-    session::{AttachError, ImageRef, PlacementMode, Session, SessionOptions},
+    kernel::{AttachError, LoadOptions, Session},
+    plan::{self, ImageRef, PlacementMode, PlanError, PlanOptions},
+    probe::{ProbeSelection, ProbeSpec, Program, SelectionError},
+    target::{ResolveError, Resolved, TargetSpec},
 };
 
 const HELPER: &str = include_str!("helper.py");
@@ -43,12 +43,14 @@ pub enum BenchError {
     UnknownSetup { item: String },
     #[error("{what} failed: {detail}")]
     Step { what: String, detail: String },
-    #[error("{0}")]
-    Exe(#[from] ExeError),
-    #[error("{0}")]
+    #[error(transparent)]
+    Target(#[from] ResolveError),
+    #[error(transparent)]
     Attach(#[from] AttachError),
-    #[error("{0}")]
-    Version(#[from] python::VersionError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error(transparent)]
+    Selection(#[from] SelectionError),
     #[error("cannot write {path}: {cause}")]
     Output { path: PathBuf, cause: std::io::Error },
 }
@@ -61,8 +63,9 @@ impl BenchError {
             Self::Python { .. }
             | Self::NoPyperf { .. }
             | Self::UnknownSetup { .. }
-            | Self::Exe(_)
-            | Self::Version(_) => true,
+            | Self::Target(_)
+            | Self::Plan(_)
+            | Self::Selection(_) => true,
             Self::Attach(e) => e.is_bad_input(),
             Self::Step { .. } | Self::Output { .. } => false,
         }
@@ -191,15 +194,15 @@ pub struct HitsPerLoop {
 /// What a benchmark needs: the interpreter, its image and a work directory.
 pub struct Bench {
     pub python: PathBuf,
-    pub interpreter: Interpreter,
+    /// The interpreter, resolved as `--exe` resolves it (with the modules
+    /// that may call into it, for `--placement call-sites`).
+    pub target: Resolved,
     pub stmt: String,
     pub setup: String,
     pub plan: Plan,
     pub out_dir: PathBuf,
     helper: PathBuf,
-    return_costs: std::cell::RefCell<Option<crate::returns::ReturnCosts>>,
-    /// What may call into the image, for `--placement call-sites`.
-    modules: Vec<crate::callsites::Module>,
+    return_costs: std::cell::RefCell<Option<crate::plan::returns::ReturnCosts>>,
 }
 
 #[derive(Deserialize)]
@@ -227,13 +230,10 @@ impl Bench {
         if info.pyperf.is_none() {
             return Err(BenchError::NoPyperf { python: python.to_owned(), venv: default_venv().display().to_string() });
         }
-        let interpreter = Interpreter::from_executable(&info.executable)?;
-        python::abi_for_image(&interpreter.image, interpreter.version)?;
-        let modules = interpreter.modules(crate::session::PlacementMode::CallSites);
+        let target = crate::target::resolve(&TargetSpec::Exe(info.executable), true)?;
         Ok(Self {
-            modules,
             python: python.to_owned(),
-            interpreter,
+            target,
             stmt: stmt.to_owned(),
             setup: setup.to_owned(),
             plan,
@@ -244,29 +244,29 @@ impl Bench {
     }
 
     /// What reading a return value costs here, calibrated once.
-    fn return_costs(&self) -> Result<crate::returns::ReturnCosts, BenchError> {
+    fn return_costs(&self) -> Result<crate::plan::returns::ReturnCosts, BenchError> {
         if let Some(costs) = *self.return_costs.borrow() {
             return Ok(costs);
         }
-        let calibration = crate::calibrate::calibrate(true).map_err(|e| step("calibrating return probes", e))?;
+        let calibration = crate::run::calibrate::calibrate(true).map_err(|e| step("calibrating return probes", e))?;
         let costs = calibration.returns.map(|r| r.0).ok_or_else(|| step("calibrating return probes", "no result"))?;
         *self.return_costs.borrow_mut() = Some(costs);
         Ok(costs)
     }
 
     fn image(&self) -> ImageRef<'_> {
-        ImageRef {
-            elf: &self.interpreter.elf,
-            display_path: &self.interpreter.image,
-            attach_path: &self.interpreter.image,
-            modules: &self.modules,
-        }
+        ImageRef::from(&self.target)
+    }
+
+    /// Plans `specs` with `options` and loads them, counting every process.
+    fn load(&self, specs: &[ProbeSpec], options: PlanOptions, pid: u32) -> Result<Session, BenchError> {
+        let plan = plan::plan(self.image(), specs, options)?;
+        Ok(Session::load(plan, pid, LoadOptions::default())?)
     }
 
     /// The probe table rows a selection picks for this interpreter.
     pub fn specs(&self, probes: &ProbeSelection) -> Result<Vec<ProbeSpec>, BenchError> {
-        let abi = python::abi_for_image(&self.interpreter.image, self.interpreter.version)?;
-        Ok(probes.select(abi.probes()))
+        Ok(probes.select(self.target.abi.probes(), &self.target.version.to_string())?)
     }
 
     /// Counts hits of `probes` over N and 2N loops of the statement (the
@@ -312,7 +312,7 @@ impl Bench {
             ));
         }
         wait_blocked_on_stdin(pid)?;
-        let mut session = Session::load(self.image(), specs, pid, SessionOptions::default())?;
+        let mut session = self.load(specs, PlanOptions::default(), pid)?;
         session.attach_process(pid)?;
         let mut stdin = child.0.stdin.take().ok_or_else(|| step("the loop helper", "no stdin"))?;
         stdin.write_all(b"go\n").map_err(|e| step("starting the loop", e))?;
@@ -336,7 +336,7 @@ impl Bench {
                 format!("events were lost ({}), so the count is not exact", lost.join(" ")),
             ));
         }
-        Ok(session.attached.iter().zip(&readings.totals).map(|(p, c)| (p.symbol, c.calls)).collect())
+        Ok(session.plan().probes.iter().zip(&readings.probes).map(|(p, c)| (p.symbol, c.calls)).collect())
     }
 
     /// Runs every state for `plan.rounds` rounds, rotating the order each
@@ -410,16 +410,15 @@ impl Bench {
             State::Baseline => {}
             State::Attached { probes, program, placement, returns, .. } => {
                 let specs = self.specs(probes)?;
-                let options = SessionOptions {
+                let options = PlanOptions {
                     program_override: *program,
                     placement: *placement,
                     returns: if *returns { Some(self.return_costs()?) } else { None },
-                    ..SessionOptions::default()
                 };
-                let mut session = Session::load(self.image(), &specs, 0, options)?;
-                if session.has_call_sites() {
+                let mut session = self.load(&specs, options, 0)?;
+                if session.plan().has_call_sites() {
                     // Thousands of uprobes: only a multi link detaches them quickly.
-                    session.attach_multi(crate::session::ALL_PROCESSES)?;
+                    session.attach_multi(crate::kernel::ALL_PROCESSES)?;
                 } else {
                     session.attach_all_processes()?;
                 }
@@ -427,7 +426,7 @@ impl Bench {
             }
             State::Detached { probes } => {
                 let specs = self.specs(probes)?;
-                let mut session = Session::load(self.image(), &specs, 0, SessionOptions::default())?;
+                let mut session = self.load(&specs, PlanOptions::default(), 0)?;
                 session.attach_all_processes()?;
                 drop(session);
             }

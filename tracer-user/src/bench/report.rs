@@ -7,8 +7,8 @@ use serde_json::{Map, Value, json};
 
 use super::{Bench, BenchError, Comparison, HitsPerLoop, State, StateStats, compare_line};
 use crate::{
-    probes::{ProbeSelection, ProbeSpec, Program},
-    session::PlacementMode,
+    plan::PlacementMode,
+    probe::{ProbeSelection, ProbeSpec, Program},
 };
 
 /// Parses `--also`: extra setups measured beside baseline, attached and
@@ -147,7 +147,7 @@ pub fn json(bench: &Bench, baseline: &StateStats, rows: &[Row<'_>], hits: &HitsP
     let mut m = Map::new();
     m.insert(
         "python".into(),
-        json!({"executable": bench.python, "version": bench.interpreter.version.to_string(), "image": bench.interpreter.image}),
+        json!({"executable": bench.python, "version": bench.target.version.to_string(), "image": bench.target.display_path}),
     );
     m.insert("stmt".into(), json!(bench.stmt));
     m.insert("setup".into(), json!(bench.setup));
@@ -174,7 +174,7 @@ pub fn json(bench: &Bench, baseline: &StateStats, rows: &[Row<'_>], hits: &HitsP
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probes::DEFAULT_PROBES;
+    use crate::python::{PythonVersion, abi_for};
 
     fn paths() -> (&'static Path, &'static Path) {
         (Path::new("/py"), Path::new("/l.so"))
@@ -182,7 +182,8 @@ mod tests {
 
     #[test]
     fn parses_extra_setups() {
-        let specs = ProbeSelection::Refs.select(DEFAULT_PROBES);
+        let abi = abi_for(1, PythonVersion::from_hex(0x030B_07F0)).unwrap();
+        let specs = ProbeSelection::Refs.select(abi.probes(), "3.11.7").unwrap();
         let states =
             extra_states("empty, tracemalloc=25,bpftrace,budget=1,returns", &ProbeSelection::Refs, &specs, paths())
                 .unwrap();

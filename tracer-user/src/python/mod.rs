@@ -1,8 +1,11 @@
 //! What tracer knows about each CPython minor version.
 //!
-//! One module per minor version implements [`Abi`]; [`abi_for`] is an
-//! exhaustive match that refuses versions nobody has checked, rather than
-//! guessing that a new CPython looks like the last one.
+//! One module per minor version holds what differs between versions: the
+//! functions it has to probe (with the CPython source that declares them)
+//! and, from 3.13 on, the layout of the `_Py_DebugOffsets` header the
+//! interpreter publishes. [`abi_for`] is an exhaustive match that refuses
+//! versions nobody has checked, rather than guessing that a new CPython
+//! looks like the last one.
 
 mod v3_11;
 mod v3_12;
@@ -13,37 +16,15 @@ use std::fmt;
 
 use thiserror::Error;
 
-use crate::{
-    probes::ProbeSpec,
-    process::{Target, TargetError},
-};
+use crate::probe::{ProbeSpec, Program};
 
-/// A version that tracer cannot trace, or cannot determine.
+/// A version that tracer does not support.
 #[derive(Debug, Error)]
 pub enum VersionError {
     #[error("PID {pid} runs Python {version}, which tracer does not support; supported: {SUPPORTED}")]
     Unsupported { pid: u32, version: PythonVersion },
     #[error("{image} is Python {version}, which tracer does not support; supported: {SUPPORTED}")]
     UnsupportedImage { image: String, version: PythonVersion },
-    #[error(
-        "cannot tell the Python version of PID {pid}: {image} has no Py_Version symbol (CPython before 3.11?); supported: {SUPPORTED}"
-    )]
-    NoVersionSymbol { pid: u32, image: String },
-    #[error("Py_Version of PID {pid} is not mapped in its memory; is {image} really its interpreter?")]
-    NotMapped { pid: u32, image: String },
-    #[error("cannot read Py_Version of PID {pid}: {cause}")]
-    Read { pid: u32, cause: TargetError },
-}
-
-/// Symbols only a CPython interpreter defines (an extension module imports
-/// them, leaving them undefined, which `ElfImage` skips).
-const CPYTHON_MARKERS: [&str; 3] = ["Py_Initialize", "_PyRuntime", "Py_Version"];
-
-/// Whether `elf` is a CPython interpreter image (an executable or libpython
-/// that defines the interpreter, not one that merely links it).
-#[must_use]
-pub fn defines_cpython(elf: &crate::elf::ElfImage) -> bool {
-    CPYTHON_MARKERS.iter().any(|m| elf.symbol(m).is_some())
 }
 
 /// Minor versions with an [`Abi`] module.
@@ -82,12 +63,25 @@ impl fmt::Display for PythonVersion {
     }
 }
 
+/// The start of `_Py_DebugOffsets`, which 3.13+ place at the start of
+/// `_PyRuntime` so that out-of-process tools can check what they read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DebugOffsetsHeader {
+    /// `_Py_Debug_Cookie`, the first 8 bytes.
+    pub cookie: &'static [u8; 8],
+    /// Offset of the `version` field (`PY_VERSION_HEX`, a `uint64_t`).
+    pub version_offset: u64,
+}
+
 /// Per-version knowledge.
-pub trait Abi: Sync {
+pub trait Abi: Sync + fmt::Debug {
     /// The minor version this module describes.
     fn minor(&self) -> u8;
-    /// The functions to probe, in report order.
+    /// The functions to probe, in report order; those with
+    /// [`ProbeSpec::in_default`] false are probed only when named.
     fn probes(&self) -> &'static [ProbeSpec];
+    /// The `_Py_DebugOffsets` header, for versions that publish one.
+    fn debug_offsets(&self) -> Option<DebugOffsetsHeader>;
 }
 
 /// The [`Abi`] for `version`, or an error for versions nobody has checked.
@@ -106,22 +100,58 @@ pub fn abi_for_image(image: &std::path::Path, version: PythonVersion) -> Result<
     abi_for(0, version).map_err(|_| VersionError::UnsupportedImage { image: image.display().to_string(), version })
 }
 
-/// Reads `Py_Version` (exported since 3.11, `const unsigned long` in
-/// Python/pylifecycle.c) out of the target's memory, so the answer is the
-/// running interpreter's, not a guess from a file name.
-pub fn read_version(target: &Target) -> Result<PythonVersion, VersionError> {
-    let pid = target.pid;
-    let image = || target.image_path.display().to_string();
-    let sym = target.elf.symbol("Py_Version").ok_or_else(|| VersionError::NoVersionSymbol { pid, image: image() })?;
-    let address = target
-        .address_of_file_offset(sym.file_offset)
-        .ok_or_else(|| VersionError::NotMapped { pid, image: image() })?;
-    // unsigned long on LP64 Linux is 8 bytes; the value fits in the low 4.
-    let bytes = target.read_memory(address, 8).map_err(|cause| VersionError::Read { pid, cause })?;
-    let mut word = [0u8; 8];
-    word.copy_from_slice(&bytes);
-    let hex = u32::try_from(u64::from_le_bytes(word)).unwrap_or(u32::MAX);
-    Ok(PythonVersion::from_hex(hex))
+/// Every function some supported version can probe, each once, in the
+/// first version's report order: what `--probes` accepts.
+#[must_use]
+pub fn known_probes() -> Vec<&'static str> {
+    let mut names: Vec<&'static str> = Vec::new();
+    for abi in [&v3_11::Abi311 as &dyn Abi, &v3_12::Abi312, &v3_13::Abi313, &v3_14::Abi314] {
+        for p in abi.probes() {
+            if !names.contains(&p.symbol) {
+                names.push(p.symbol);
+            }
+        }
+    }
+    names
+}
+
+const fn spec(symbol: &'static str, program: Program, required: bool) -> ProbeSpec {
+    ProbeSpec::function(symbol, program, required, true)
+}
+
+/// The functions every supported version has: `_Py_NewReference` and
+/// `_Py_Dealloc` (Objects/object.c) and the allocator API
+/// (Objects/obmalloc.c, declared in Include/pymem.h and Include/objimpl.h),
+/// unchanged in name and signature from v3.11.0 to v3.14.0. Only
+/// `PyObject_Malloc` is required: every CPython has it, so its absence means
+/// the image is not what it seems. The rest may be inlined away (LTO builds)
+/// and are reported as missing.
+const COMMON: [ProbeSpec; 14] = [
+    spec("_Py_NewReference", Program::CountCall, false),
+    spec("_Py_Dealloc", Program::CountCall, false),
+    spec("PyObject_Malloc", Program::SizeArg0, true),
+    spec("PyObject_Calloc", Program::Calloc, false),
+    spec("PyObject_Realloc", Program::SizeArg1, false),
+    spec("PyObject_Free", Program::CountCall, false),
+    spec("PyMem_Malloc", Program::SizeArg0, false),
+    spec("PyMem_Calloc", Program::Calloc, false),
+    spec("PyMem_Realloc", Program::SizeArg1, false),
+    spec("PyMem_Free", Program::CountCall, false),
+    spec("PyMem_RawMalloc", Program::SizeArg0, false),
+    spec("PyMem_RawCalloc", Program::Calloc, false),
+    spec("PyMem_RawRealloc", Program::SizeArg1, false),
+    spec("PyMem_RawFree", Program::CountCall, false),
+];
+
+/// [`COMMON`] followed by `extra`.
+const fn with<const N: usize, const M: usize>(extra: [ProbeSpec; N]) -> [ProbeSpec; M] {
+    let mut out = [COMMON[0]; M];
+    let mut i = 0;
+    while i < M {
+        out[i] = if i < COMMON.len() { COMMON[i] } else { extra[i - COMMON.len()] };
+        i += 1;
+    }
+    out
 }
 
 #[cfg(test)]
@@ -145,11 +175,43 @@ mod tests {
         }
         for (major, minor) in [(3, 10), (3, 15), (2, 7), (4, 0)] {
             let v = PythonVersion { major, minor, micro: 0, level: 0xF, serial: 0 };
-            let err = abi_for(9, v).err().expect("unknown versions are refused");
+            let err = abi_for(9, v).expect_err("unknown versions are refused");
             assert_eq!(
                 err.to_string(),
                 format!("PID 9 runs Python {major}.{minor}.0, which tracer does not support; supported: {SUPPORTED}")
             );
+        }
+    }
+
+    #[test]
+    fn every_version_probes_the_common_functions_by_default() {
+        for minor in [11, 12, 13, 14] {
+            let v = PythonVersion { major: 3, minor, micro: 0, level: 0xF, serial: 0 };
+            let abi = abi_for(1, v).unwrap();
+            let defaults: Vec<ProbeSpec> = abi.probes().iter().copied().filter(|p| p.in_default).collect();
+            assert_eq!(defaults, COMMON, "3.{minor}");
+            let mut names: Vec<_> = abi.probes().iter().map(|p| p.symbol).collect();
+            names.sort_unstable();
+            names.dedup();
+            assert_eq!(names.len(), abi.probes().len(), "3.{minor} names a function twice");
+            assert_eq!(abi.debug_offsets().is_some(), minor >= 13, "3.{minor}");
+        }
+        assert!(known_probes().contains(&"_Py_NewReferenceNoTotal"));
+    }
+
+    #[test]
+    fn shapes_match_names() {
+        for p in known_probes().iter().filter_map(|n| v3_14::Abi314.probes().iter().find(|p| p.symbol == *n)) {
+            let expected = if p.symbol.ends_with("Calloc") {
+                Program::Calloc
+            } else if p.symbol.ends_with("Realloc") {
+                Program::SizeArg1
+            } else if p.symbol.ends_with("Malloc") {
+                Program::SizeArg0
+            } else {
+                Program::CountCall
+            };
+            assert_eq!(p.program, expected, "{}", p.symbol);
         }
     }
 }

@@ -1,11 +1,16 @@
 //! CPython 3.13.
 //!
-//! The 3.13.5 build described in shared/TOOLCHAIN.md exports `_Py_NewReference`,
-//! `_Py_Dealloc` and the allocator API.
+//! Checked on this project's machines against pyenv's 3.13.0. The probed
+//! functions are those of 3.12 (Objects/object.c, Objects/obmalloc.c at
+//! v3.13.0). 3.13 is the first version to publish `_Py_DebugOffsets` at the
+//! start of `_PyRuntime` (`Include/internal/pycore_runtime.h` at v3.13.0):
+//! `char cookie[8]` ("xdebugpy", `_Py_Debug_Cookie`) then `uint64_t version`.
 
-use crate::probes::{DEFAULT_PROBES, ProbeSpec};
+use super::DebugOffsetsHeader;
+use crate::probe::ProbeSpec;
 
 /// The 3.13 ABI.
+#[derive(Debug)]
 pub struct Abi313;
 
 impl super::Abi for Abi313 {
@@ -14,6 +19,10 @@ impl super::Abi for Abi313 {
     }
 
     fn probes(&self) -> &'static [ProbeSpec] {
-        DEFAULT_PROBES
+        &super::v3_12::PROBES
+    }
+
+    fn debug_offsets(&self) -> Option<DebugOffsetsHeader> {
+        Some(DebugOffsetsHeader { cookie: b"xdebugpy", version_offset: 8 })
     }
 }

@@ -1,12 +1,16 @@
 //! CPython 3.14.
 //!
-//! Not yet run against a 3.14 build here. The probe names are the public
-//! allocator API (Include/pymem.h, Include/objimpl.h) plus `_Py_NewReference` and
-//! `_Py_Dealloc`; any this build lacks is reported as missing, not guessed.
+//! The probed functions are those of 3.13 (Objects/object.c,
+//! Objects/obmalloc.c at v3.14.0); any a build lacks is reported as
+//! missing, not guessed. `_Py_DebugOffsets` keeps its 3.13 header
+//! (`Include/internal/pycore_debug_offsets.h` at v3.14.0): the cookie, then
+//! `uint64_t version`.
 
-use crate::probes::{DEFAULT_PROBES, ProbeSpec};
+use super::DebugOffsetsHeader;
+use crate::probe::ProbeSpec;
 
 /// The 3.14 ABI.
+#[derive(Debug)]
 pub struct Abi314;
 
 impl super::Abi for Abi314 {
@@ -15,6 +19,10 @@ impl super::Abi for Abi314 {
     }
 
     fn probes(&self) -> &'static [ProbeSpec] {
-        DEFAULT_PROBES
+        &super::v3_12::PROBES
+    }
+
+    fn debug_offsets(&self) -> Option<DebugOffsetsHeader> {
+        Some(DebugOffsetsHeader { cookie: b"xdebugpy", version_offset: 8 })
     }
 }

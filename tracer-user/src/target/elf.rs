@@ -107,6 +107,17 @@ impl ElfImage {
     }
 }
 
+/// Symbols only a CPython interpreter defines (an extension module imports
+/// them, leaving them undefined, which `ElfImage` skips).
+const CPYTHON_MARKERS: [&str; 3] = ["Py_Initialize", "_PyRuntime", "Py_Version"];
+
+/// Whether `elf` is a CPython interpreter image (an executable or libpython
+/// that defines the interpreter, not one that merely links it).
+#[must_use]
+pub fn defines_cpython(elf: &ElfImage) -> bool {
+    CPYTHON_MARKERS.iter().any(|m| elf.symbol(m).is_some())
+}
+
 /// Maps a virtual address to its file offset through the `PT_LOAD` segment
 /// that holds it; addresses in .bss (past the file-backed part) have none.
 fn file_offset_of(segments: &[(u64, u64, u64, u64)], address: u64) -> Option<u64> {

@@ -30,7 +30,7 @@ use iced_x86::{
     Register,
 };
 
-use crate::probes::Program;
+use crate::probe::Program;
 
 /// How far into a function tracer looks for an emulated instruction.
 const MAX_PROLOGUE: u64 = 32;
@@ -51,7 +51,7 @@ fn parse_release(release: &str) -> KernelVersion {
 }
 
 /// Where the probe goes and why.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Placement {
     /// Bytes from the function's entry.
     pub offset: u64,

@@ -111,7 +111,8 @@ pub fn load(object: &[u8], name: &'static str, maps: &[(String, OwnedFd)]) -> Re
     let program = obj.programs.get(name).ok_or(MultiError::NoProgram { name })?;
     let insns: &[bpf_insn] =
         &obj.functions.get(&program.function_key()).ok_or(MultiError::NoProgram { name })?.instructions;
-    let license = CString::new("GPL").map_err(|e| MultiError::Parse(e.to_string()))?;
+    // The object's own license section: one string for both loaders.
+    let license = obj.license.clone();
     let mut prog_name = [0u8; 16];
     for (dst, src) in prog_name.iter_mut().zip(name.bytes().take(15)) {
         *dst = src;

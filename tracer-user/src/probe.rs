@@ -1,4 +1,8 @@
-//! The one table of what tracer probes and with which BPF program.
+//! What a probe is: a function, the BPF program that counts it, and which
+//! of them `--probes` picks. The per-version tables are in
+//! [`crate::python`].
+
+use tracer_common::names::programs;
 
 /// A BPF program in the embedded object; each serves every function whose
 /// arguments have its shape, told apart by the attach cookie.
@@ -21,7 +25,7 @@ pub enum Program {
 }
 
 impl Program {
-    /// Every program, for loading.
+    /// Every program in the object.
     pub const ALL: [Self; 7] = [
         Self::CountCall,
         Self::SizeArg0,
@@ -36,13 +40,13 @@ impl Program {
     #[must_use]
     pub const fn name(self) -> &'static str {
         match self {
-            Self::CountCall => "count_call",
-            Self::SizeArg0 => "count_size_arg0",
-            Self::SizeArg1 => "count_size_arg1",
-            Self::Calloc => "count_calloc",
-            Self::Empty => "empty",
-            Self::RetValue => "ret_value",
-            Self::RetValueUret => "ret_value_uret",
+            Self::CountCall => programs::COUNT_CALL,
+            Self::SizeArg0 => programs::COUNT_SIZE_ARG0,
+            Self::SizeArg1 => programs::COUNT_SIZE_ARG1,
+            Self::Calloc => programs::COUNT_CALLOC,
+            Self::Empty => programs::EMPTY,
+            Self::RetValue => programs::RET_VALUE,
+            Self::RetValueUret => programs::RET_VALUE_URET,
         }
     }
 
@@ -70,7 +74,7 @@ pub enum ProbeKind {
     Function,
 }
 
-/// One row of the probe table.
+/// One row of a version's probe table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProbeSpec {
     pub symbol: &'static str,
@@ -79,37 +83,29 @@ pub struct ProbeSpec {
     /// A required probe that is missing fails the attach; an optional one is
     /// reported as missing.
     pub required: bool,
+    /// Whether `--probes default` includes it (otherwise only naming it
+    /// does).
+    pub in_default: bool,
 }
 
-const fn spec(symbol: &'static str, program: Program, required: bool) -> ProbeSpec {
-    ProbeSpec { symbol, program, kind: ProbeKind::Function, required }
-}
+impl ProbeSpec {
+    /// A function probe.
+    #[must_use]
+    pub const fn function(symbol: &'static str, program: Program, required: bool, in_default: bool) -> Self {
+        Self { symbol, program, kind: ProbeKind::Function, required, in_default }
+    }
 
-/// The reference and allocator functions, in report order. Only
-/// `PyObject_Malloc` is required: every CPython has it, so its absence means
-/// the image is not what it seems. The rest may be inlined away (LTO builds)
-/// and are reported as missing.
-pub const DEFAULT_PROBES: &[ProbeSpec] = &[
-    spec("_Py_NewReference", Program::CountCall, false),
-    spec("_Py_Dealloc", Program::CountCall, false),
-    spec("PyObject_Malloc", Program::SizeArg0, true),
-    spec("PyObject_Calloc", Program::Calloc, false),
-    spec("PyObject_Realloc", Program::SizeArg1, false),
-    spec("PyObject_Free", Program::CountCall, false),
-    spec("PyMem_Malloc", Program::SizeArg0, false),
-    spec("PyMem_Calloc", Program::Calloc, false),
-    spec("PyMem_Realloc", Program::SizeArg1, false),
-    spec("PyMem_Free", Program::CountCall, false),
-    spec("PyMem_RawMalloc", Program::SizeArg0, false),
-    spec("PyMem_RawCalloc", Program::Calloc, false),
-    spec("PyMem_RawRealloc", Program::SizeArg1, false),
-    spec("PyMem_RawFree", Program::CountCall, false),
-];
+    /// Whether it is one of the reference probes (`--probes refs`).
+    #[must_use]
+    pub fn is_ref(&self) -> bool {
+        matches!(self.symbol, "_Py_NewReference" | "_Py_Dealloc")
+    }
+}
 
 /// Which probes to attach: `--probes`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ProbeSelection {
-    /// Every probe in the version's table.
+    /// Every default probe in the version's table.
     Default,
     /// `_Py_NewReference` and `_Py_Dealloc`.
     Refs,
@@ -126,11 +122,14 @@ pub enum SelectionError {
     Empty,
     #[error("--probes names {name}, which tracer does not probe; choose from default, refs, alloc or: {known}")]
     Unknown { name: String, known: String },
+    #[error("--probes names {name}, which Python {version} does not have; drop it from --probes")]
+    NotInVersion { name: String, version: String },
 }
 
 impl ProbeSelection {
-    /// Parses a `--probes` value.
-    pub fn parse(value: &str) -> Result<Self, SelectionError> {
+    /// Parses a `--probes` value; `known` are the function names any
+    /// supported version has.
+    pub fn parse(value: &str, known: &[&str]) -> Result<Self, SelectionError> {
         match value.trim() {
             "" => Err(SelectionError::Empty),
             "default" | "all" => Ok(Self::Default),
@@ -143,9 +142,8 @@ impl ProbeSelection {
                     return Err(SelectionError::Empty);
                 }
                 for name in &names {
-                    if !DEFAULT_PROBES.iter().any(|p| p.symbol == name) {
-                        let known = DEFAULT_PROBES.iter().map(|p| p.symbol).collect::<Vec<_>>().join(", ");
-                        return Err(SelectionError::Unknown { name: name.clone(), known });
+                    if !known.contains(&name.as_str()) {
+                        return Err(SelectionError::Unknown { name: name.clone(), known: known.join(", ") });
                     }
                 }
                 Ok(Self::Names(names))
@@ -153,20 +151,24 @@ impl ProbeSelection {
         }
     }
 
-    /// The rows of `table` this selection picks, in table order.
-    #[must_use]
-    pub fn select(&self, table: &[ProbeSpec]) -> Vec<ProbeSpec> {
-        let is_ref = |p: &ProbeSpec| matches!(p.symbol, "_Py_NewReference" | "_Py_Dealloc");
-        match self {
-            Self::Default => table.to_vec(),
-            Self::Refs => table.iter().copied().filter(is_ref).collect(),
-            Self::Alloc => table.iter().copied().filter(|p| !is_ref(p)).collect(),
-            Self::Names(names) => table
-                .iter()
-                .filter(|p| names.iter().any(|n| n == p.symbol))
-                .map(|p| ProbeSpec { required: true, ..*p })
-                .collect(),
-        }
+    /// The rows of `table` (Python `version`'s) this selection picks, in
+    /// table order.
+    pub fn select(&self, table: &[ProbeSpec], version: &str) -> Result<Vec<ProbeSpec>, SelectionError> {
+        Ok(match self {
+            Self::Default => table.iter().copied().filter(|p| p.in_default).collect(),
+            Self::Refs => table.iter().copied().filter(|p| p.in_default && p.is_ref()).collect(),
+            Self::Alloc => table.iter().copied().filter(|p| p.in_default && !p.is_ref()).collect(),
+            Self::Names(names) => {
+                if let Some(name) = names.iter().find(|n| !table.iter().any(|p| p.symbol == n.as_str())) {
+                    return Err(SelectionError::NotInVersion { name: name.clone(), version: version.to_owned() });
+                }
+                table
+                    .iter()
+                    .filter(|p| names.iter().any(|n| n == p.symbol))
+                    .map(|p| ProbeSpec { required: true, ..*p })
+                    .collect()
+            }
+        })
     }
 }
 
@@ -174,38 +176,29 @@ impl ProbeSelection {
 mod tests {
     use super::*;
 
+    const TABLE: [ProbeSpec; 4] = [
+        ProbeSpec::function("_Py_NewReference", Program::CountCall, false, true),
+        ProbeSpec::function("_Py_Dealloc", Program::CountCall, false, true),
+        ProbeSpec::function("PyObject_Malloc", Program::SizeArg0, true, true),
+        ProbeSpec::function("PyMem_Free", Program::CountCall, false, true),
+    ];
+    const KNOWN: [&str; 5] = ["_Py_NewReference", "_Py_Dealloc", "PyObject_Malloc", "PyMem_Free", "Extra"];
+
     #[test]
     fn selections() {
-        assert_eq!(ProbeSelection::parse("default").unwrap().select(DEFAULT_PROBES).len(), 14);
-        let refs = ProbeSelection::parse("refs").unwrap().select(DEFAULT_PROBES);
+        let pick = |s: &str| ProbeSelection::parse(s, &KNOWN).unwrap().select(&TABLE, "3.11.7").unwrap();
+        assert_eq!(pick("default").len(), 4);
+        let refs = pick("refs");
         assert_eq!(refs.iter().map(|p| p.symbol).collect::<Vec<_>>(), ["_Py_NewReference", "_Py_Dealloc"]);
-        assert_eq!(ProbeSelection::parse("alloc").unwrap().select(DEFAULT_PROBES).len(), 12);
-        let named = ProbeSelection::parse("PyMem_Free, _Py_NewReference").unwrap().select(DEFAULT_PROBES);
+        assert_eq!(pick("alloc").len(), 2);
+        let named = pick("PyMem_Free, _Py_NewReference");
         // Table order, and named probes are required.
         assert_eq!(named.iter().map(|p| p.symbol).collect::<Vec<_>>(), ["_Py_NewReference", "PyMem_Free"]);
         assert!(named.iter().all(|p| p.required));
-        assert_eq!(ProbeSelection::parse(" , ").unwrap_err(), SelectionError::Empty);
-        let err = ProbeSelection::parse("malloc").unwrap_err();
+        assert_eq!(ProbeSelection::parse(" , ", &KNOWN).unwrap_err(), SelectionError::Empty);
+        let err = ProbeSelection::parse("malloc", &KNOWN).unwrap_err();
         assert!(err.to_string().starts_with("--probes names malloc, which tracer does not probe;"), "{err}");
-    }
-
-    #[test]
-    fn table_is_unique_and_shapes_match_names() {
-        let mut names: Vec<_> = DEFAULT_PROBES.iter().map(|p| p.symbol).collect();
-        names.sort_unstable();
-        names.dedup();
-        assert_eq!(names.len(), DEFAULT_PROBES.len());
-        for p in DEFAULT_PROBES {
-            let expected = if p.symbol.ends_with("Calloc") {
-                Program::Calloc
-            } else if p.symbol.ends_with("Realloc") {
-                Program::SizeArg1
-            } else if p.symbol.ends_with("Malloc") {
-                Program::SizeArg0
-            } else {
-                Program::CountCall
-            };
-            assert_eq!(p.program, expected, "{}", p.symbol);
-        }
+        let err = ProbeSelection::parse("Extra", &KNOWN).unwrap().select(&TABLE, "3.11.7").unwrap_err();
+        assert_eq!(err.to_string(), "--probes names Extra, which Python 3.11.7 does not have; drop it from --probes");
     }
 }

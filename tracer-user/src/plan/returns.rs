@@ -1,7 +1,7 @@
 //! Where to read an allocator's return value (`--returns`).
 //!
 //! Three ways, all reading rax, compared per function with costs measured
-//! on this machine at start (see [`crate::calibrate`]):
+//! on this machine at start (see [`crate::run::calibrate`]):
 //! - **`ret` probes:** a uprobe on every `ret` of the function, found by
 //!   decoding the whole symbol. The kernel single-steps a `ret`.
 //! - **placed probes:** where a `ret` can only be reached by direct `jmp`s
@@ -24,8 +24,8 @@ use iced_x86::{
     OpAccess, Register,
 };
 
-use crate::{
-    budget::HitCosts,
+use super::{
+    HitCosts,
     placement::{self, KernelVersion},
 };
 
@@ -38,8 +38,23 @@ pub struct ReturnCosts {
     pub uretprobe_return_ns: f64,
 }
 
+/// What a return probe costs here, per call, measured by
+/// [`crate::run::calibrate`] on a function of tracer's own.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ReturnMeasurement {
+    /// A uretprobe, all told (its entry is an emulated `push`).
+    #[serde(rename = "uretprobe")]
+    pub uretprobe_ns: f64,
+    /// A uprobe on the `ret`.
+    #[serde(rename = "ret")]
+    pub ret_ns: f64,
+    /// A uprobe on the `jmp` into the epilogue.
+    #[serde(rename = "placed")]
+    pub placed_ns: f64,
+}
+
 /// One uprobe that reads a return value.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ReturnSite {
     /// Bytes from the function's entry.
     pub offset: u64,
@@ -49,8 +64,10 @@ pub struct ReturnSite {
     pub emulated: bool,
 }
 
-/// How a function's return value is read.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// How a function's return value is read: in the JSON,
+/// `{"how":"sites","sites":[…],"reason":…}` or `{"how":"uretprobe","reason":…}`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "how", rename_all = "lowercase")]
 pub enum ReturnPlan {
     /// uprobes on these sites, one of which every call passes.
     Sites { sites: Vec<ReturnSite>, reason: String },

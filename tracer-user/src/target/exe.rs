@@ -6,10 +6,11 @@ use std::path::{Path, PathBuf};
 use object::read::elf::ElfFile64;
 use thiserror::Error;
 
-use crate::{
-    elf::{ElfError, ElfImage},
-    python::PythonVersion,
+use super::{
+    elf::{ElfError, ElfImage, defines_cpython},
+    version::{self, VersionReadError},
 };
+use crate::python::PythonVersion;
 
 /// An executable that cannot be traced.
 #[derive(Debug, Error)]
@@ -22,11 +23,9 @@ pub enum ExeError {
     NotPython { path: PathBuf },
     #[error("{exe} links {lib}, which is in none of {searched}; is the interpreter installed completely?")]
     LibraryNotFound { exe: PathBuf, lib: String, searched: String },
-    #[error(
-        "cannot read the Python version from {path}: it has no Py_Version symbol (CPython before 3.11?); supported: {supported}"
-    )]
-    NoVersion { path: PathBuf, supported: &'static str },
-    #[error("{0}")]
+    #[error(transparent)]
+    Version(#[from] VersionReadError),
+    #[error(transparent)]
     Elf(#[from] ElfError),
 }
 
@@ -60,7 +59,7 @@ impl Interpreter {
         let real = std::fs::canonicalize(exe).map_err(|_| ExeError::NotFound { path: exe.to_owned() })?;
         let data = std::fs::read(&real).map_err(|cause| ExeError::Elf(ElfError::Read { path: real.clone(), cause }))?;
         let elf = ElfImage::parse(&real, &data).map_err(|_| ExeError::NotPython { path: exe.to_owned() })?;
-        let image = if crate::python::defines_cpython(&elf) {
+        let image = if defines_cpython(&elf) {
             real.clone()
         } else {
             let lib = needed_libpython(&data).ok_or_else(|| ExeError::NotPython { path: exe.to_owned() })?;
@@ -74,25 +73,8 @@ impl Interpreter {
             std::fs::canonicalize(&found).unwrap_or(found)
         };
         let elf = if image == real { elf } else { ElfImage::open(&image)? };
-        let sym = elf
-            .symbol("Py_Version")
-            .ok_or_else(|| ExeError::NoVersion { path: image.clone(), supported: crate::python::SUPPORTED })?;
-        let bytes = elf.read_at(sym.file_offset, 4)?;
-        let hex = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-        Ok(Self { exe: real, image, elf, version: PythonVersion::from_hex(hex) })
-    }
-
-    /// The modules that may call into the image, for
-    /// `--placement call-sites` (none are needed otherwise): the executable
-    /// when the image is its libpython, and the `lib-dynload` extension
-    /// modules any of its processes may import.
-    #[must_use]
-    pub fn modules(&self, placement: crate::session::PlacementMode) -> Vec<crate::callsites::Module> {
-        if placement != crate::session::PlacementMode::CallSites {
-            return Vec::new();
-        }
-        let exe = if self.exe == self.image { Vec::new() } else { vec![self.exe.clone()] };
-        crate::callsites::modules(&self.image, Path::new("/"), &exe, (self.version.major, self.version.minor))
+        let version = version::read(version::Source::File(&elf, &image))?;
+        Ok(Self { exe: real, image, elf, version })
     }
 }
 

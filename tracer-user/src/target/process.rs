@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use procfs::process::{MMapPath, Process};
 use thiserror::Error;
 
-use crate::elf::{ElfError, ElfImage};
+use super::elf::{ElfError, ElfImage, defines_cpython};
 
 /// A process that cannot be traced.
 #[derive(Debug, Error)]
@@ -24,6 +24,14 @@ pub enum TargetError {
     NotPython { pid: u32, comm: String, exe: String },
     #[error("cannot read {what} of PID {pid}: {cause}; tracer must run as root")]
     Proc { pid: u32, what: &'static str, cause: procfs::ProcError },
+    #[error(
+        "the kernel denied tracer access to {path} of PID {pid} although tracer runs as root: PID {pid} holds capabilities that tracer lacks ({missing}), and only a process with all of them may inspect it; trace another process, or run tracer where it has those capabilities (outside this container or sandbox)"
+    )]
+    CapabilitiesLacking { pid: u32, path: String, missing: String },
+    #[error(
+        "the kernel denied tracer access to {path} of PID {pid} although tracer runs as root with every capability PID {pid} holds; a security module (Yama, AppArmor, SELinux) or the process's namespace forbids it, so check `dmesg` and the module's policy"
+    )]
+    AccessDenied { pid: u32, path: String },
     #[error("{tid} is a thread of process {tgid}, not a process; pass --pid {tgid}")]
     Thread { tid: u32, tgid: u32 },
     #[error("cannot watch PID {pid} for exit: {cause}")]
@@ -183,7 +191,7 @@ impl Target {
             }
             cause => TargetError::Image { pid, cause },
         })?;
-        if kind == ImageKind::Executable && !crate::python::defines_cpython(&elf) {
+        if kind == ImageKind::Executable && !defines_cpython(&elf) {
             return Err(TargetError::NotPython { pid, comm: stat.comm, exe: exe.display().to_string() });
         }
         let image_maps = files.into_iter().filter(|m| m.path == image_path).collect();
@@ -227,6 +235,15 @@ fn map_proc_error(pid: u32, what: &'static str, cause: procfs::ProcError) -> Tar
         // while being inspected.
         procfs::ProcError::NotFound(_) if what == "the /proc entry" => TargetError::NoSuchProcess { pid },
         procfs::ProcError::NotFound(_) => TargetError::Exited { pid },
+        procfs::ProcError::PermissionDenied(path) if crate::privileges::is_root() => {
+            let path = path.map_or_else(|| format!("/proc/{pid}"), |p| p.display().to_string());
+            let missing = crate::privileges::lacking_capabilities_of(pid);
+            if missing.is_empty() {
+                TargetError::AccessDenied { pid, path }
+            } else {
+                TargetError::CapabilitiesLacking { pid, path, missing: missing.join(", ") }
+            }
+        }
         cause => TargetError::Proc { pid, what, cause },
     }
 }

@@ -3,7 +3,7 @@
 //! time, and estimate rates from what the windows saw.
 //!
 //! The cost of a window is its hits times the calibrated cost of one hit
-//! (single-stepped or emulated, see [`crate::calibrate`]). After a window
+//! (single-stepped or emulated, see [`crate::run::calibrate`]). After a window
 //! that cost `O` in `w` seconds, tracer stays detached for
 //! `O / (budget × HEADROOM) - w` seconds, so over every window and the gap
 //! after it the estimated cost is 80% of the budget, leaving room for what
@@ -17,24 +17,6 @@
 //! that slows the target slows its events too.
 
 use std::time::Duration;
-
-/// The calibrated cost of one probe hit on this machine.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct HitCosts {
-    /// A probe whose instruction the kernel single-steps out of line.
-    pub single_stepped_ns: f64,
-    /// A probe whose instruction the kernel emulates.
-    pub emulated_ns: f64,
-}
-
-impl HitCosts {
-    /// The cost of one hit of a probe placed on an emulated instruction or
-    /// not.
-    #[must_use]
-    pub const fn of(&self, emulated: bool) -> f64 {
-        if emulated { self.emulated_ns } else { self.single_stepped_ns }
-    }
-}
 
 /// The share of the budget the controller aims at. The calibrated cost of a
 /// hit is measured on tracer's own function; a hit in CPython's costs up to

@@ -17,11 +17,13 @@ use std::{
 use thiserror::Error;
 
 use crate::{
-    budget::HitCosts,
-    elf::{ElfError, ElfImage},
-    probes::{ProbeKind, ProbeSpec, Program},
-    returns::ReturnCosts,
-    session::{AttachError, ImageRef, PlacementMode, Session, SessionOptions},
+    kernel::{AttachError, LoadOptions, Session},
+    plan::{
+        self, HitCosts, ImageRef, PlacementMode, PlanError, PlanOptions,
+        returns::{ReturnCosts, ReturnMeasurement},
+    },
+    probe::{ProbeSpec, Program},
+    target::elf::{ElfError, ElfImage},
 };
 
 /// The hidden subcommand that runs the child side.
@@ -63,31 +65,21 @@ pub extern "C" fn tracer_return_point(x: u64) -> u64 {
 
 const RETURN_SYMBOL: &str = "tracer_return_point";
 
-/// What a return probe costs here, per call, measured on
-/// [`tracer_return_point`].
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ReturnMeasurement {
-    /// A uretprobe, all told (its entry is an emulated `push`).
-    pub uretprobe_ns: f64,
-    /// A uprobe on the `ret`.
-    pub ret_ns: f64,
-    /// A uprobe on the `jmp` into the epilogue.
-    pub placed_ns: f64,
-}
-
 /// Why calibration failed.
 #[derive(Debug, Error)]
 pub enum CalibrationError {
     #[error("calibrating the cost of a probe hit: cannot find tracer's own executable: {0}")]
     OwnExe(std::io::Error),
-    #[error("calibrating the cost of a probe hit: {0}")]
+    #[error("calibrating the cost of a probe hit")]
     Elf(#[from] ElfError),
     #[error(
         "calibrating the cost of a probe hit: {path} has no symbol {SYMBOL} (a stripped build?); rebuild tracer without stripping its symbol table"
     )]
     NoSymbol { path: PathBuf },
-    #[error("calibrating the cost of a probe hit: {0}")]
+    #[error("calibrating the cost of a probe hit")]
     Attach(#[from] AttachError),
+    #[error("calibrating the cost of a probe hit")]
+    Plan(#[from] PlanError),
     #[error("calibrating the cost of a probe hit: the calibration child failed: {0}")]
     Child(std::io::Error),
     #[error(
@@ -237,14 +229,16 @@ pub fn calibrate(returns: bool) -> Result<Calibration, CalibrationError> {
 }
 
 fn hit_costs(image: ImageRef<'_>, child: &mut ChildProcess) -> Result<HitCosts, CalibrationError> {
-    let spec = [ProbeSpec { symbol: SYMBOL, program: Program::CountCall, kind: ProbeKind::Function, required: true }];
+    let spec = [ProbeSpec::function(SYMBOL, Program::CountCall, true, true)];
     let pid = child.child.id();
-    let session =
-        |placement| Session::load(image, &spec, pid, SessionOptions { placement, ..SessionOptions::default() });
+    let session = |placement| {
+        let plan = plan::plan(image, &spec, PlanOptions { placement, ..PlanOptions::default() })?;
+        Ok::<_, CalibrationError>(Session::load(plan, pid, LoadOptions::default())?)
+    };
     let mut stepped = session(PlacementMode::Entry)?;
     let mut emulated = session(PlacementMode::Auto)?;
     for (s, want, expected) in [(&stepped, false, "single-stepped"), (&emulated, true, "emulated")] {
-        let p = &s.attached[0].placement;
+        let p = &s.plan().probes[0].placement;
         if p.emulated != want {
             return Err(CalibrationError::Placement { got: format!("at +{} ({})", p.offset, p.instruction), expected });
         }
@@ -262,7 +256,7 @@ fn hit_costs(image: ImageRef<'_>, child: &mut ChildProcess) -> Result<HitCosts, 
     for (session, calls, where_) in
         [(&stepped, SINGLE_STEPPED_CALLS, " (entry)"), (&emulated, EMULATED_CALLS, " (placed)")]
     {
-        let counted = session.read()?.totals[0].calls;
+        let counted = session.read()?.probes[0].calls;
         let calls = calls * ROUNDS as u64;
         if counted != calls {
             return Err(CalibrationError::Miscounted { where_, counted, calls });
@@ -286,18 +280,14 @@ fn return_costs(
         [0x53, 0x48, 0x89 | 0x8b, _, 0xeb, 0x01, 0xcc, 0x5b, 0xc3] => (4, 8),
         _ => return Err(CalibrationError::ReturnShape),
     };
-    let spec =
-        [ProbeSpec { symbol: RETURN_SYMBOL, program: Program::CountCall, kind: ProbeKind::Function, required: true }];
+    let spec = [ProbeSpec::function(RETURN_SYMBOL, Program::CountCall, true, true)];
     let pid = child.child.id();
     let session = |program, offset| {
-        let options = SessionOptions {
-            placement: PlacementMode::Entry,
-            program_override: Some(program),
-            ..SessionOptions::default()
-        };
-        let mut s = Session::load(image, &spec, pid, options)?;
-        s.attached[0].placement.offset = offset;
-        Ok::<_, CalibrationError>(s)
+        let options =
+            PlanOptions { placement: PlacementMode::Entry, program_override: Some(program), ..PlanOptions::default() };
+        let mut plan = plan::plan(image, &spec, options)?;
+        plan.probes[0].placement.offset = offset;
+        Ok::<_, CalibrationError>(Session::load(plan, pid, LoadOptions::default())?)
     };
     let mut ways = [
         ("a uretprobe", session(Program::RetValueUret, 0)?, Vec::new()),
@@ -315,7 +305,7 @@ fn return_costs(
     let rounds = ROUNDS as u64;
     let expected = (calls * (calls - 1) / 2).wrapping_mul(rounds);
     for (how, session, _) in &ways {
-        let r = session.read()?.returns[0];
+        let r = session.read()?.probes[0].returned;
         if r.returns != calls * rounds || r.pointer_sum != expected {
             return Err(CalibrationError::ReturnsWrong {
                 how,

@@ -1,0 +1,256 @@
+//! Attaching a session's plan as uprobes and detaching it: perf-event
+//! uprobes through aya, or uprobe-multi links through [`super::multi`].
+
+use std::{collections::BTreeMap, num::NonZeroU32, os::fd::OwnedFd, path::PathBuf, time::Instant};
+
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope};
+
+use super::{ALL_PROCESSES, AttachError, Session, multi};
+use crate::{
+    plan::{
+        callsites::{Found, SiteFile},
+        returns::ReturnPlan,
+    },
+    probe::Program,
+    target::modules::Module,
+};
+
+/// One uprobe to attach: what, where (a file and an offset in it) and its
+/// cookie.
+struct AttachPoint {
+    symbol: &'static str,
+    program: Program,
+    path: PathBuf,
+    offset: u64,
+    cookie: u64,
+}
+
+/// Call sites found in a module mapped after the attach.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LateSites {
+    pub symbol: &'static str,
+    /// How many were attached.
+    pub sites: usize,
+    /// Where the function's address escapes in that module, if it does:
+    /// calls through that pointer are not seen.
+    pub escape: Option<String>,
+}
+
+impl Session {
+    /// Attaches every probe to every process that maps the image, running
+    /// now or started later (the kernel installs the breakpoints when a new
+    /// process maps the file).
+    pub fn attach_all_processes(&mut self) -> Result<(), AttachError> {
+        self.attach_scope(ALL_PROCESSES, UProbeScope::AllProcesses)
+    }
+
+    /// Attaches every probe to `pid` (all its threads, no other process).
+    pub fn attach_process(&mut self, pid: u32) -> Result<(), AttachError> {
+        let nz = NonZeroU32::new(pid).ok_or(AttachError::TargetExited { pid })?;
+        self.attach_scope(pid, UProbeScope::OneProcess(nz))
+    }
+
+    /// Attaches every probe to `pid`, or with [`ALL_PROCESSES`] to every
+    /// process, through perf-event uprobes.
+    pub fn attach_perf(&mut self, pid: u32) -> Result<(), AttachError> {
+        if pid == ALL_PROCESSES { self.attach_all_processes() } else { self.attach_process(pid) }
+    }
+
+    /// On failure nothing stays attached in that scope.
+    fn attach_scope(&mut self, pid: u32, scope: UProbeScope) -> Result<(), AttachError> {
+        let points = self.attach_points();
+        let mut links = Vec::with_capacity(points.len());
+        for AttachPoint { symbol, program, path, offset, cookie } in points {
+            let point =
+                UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie: Some(cookie) };
+            let shown = self.plan.display_path.clone();
+            let result = self.loaded_uprobe(program).and_then(|p| {
+                p.attach(point, &path, scope).map_err(|cause| {
+                    if gone(pid) {
+                        AttachError::TargetExited { pid }
+                    } else {
+                        AttachError::Attach { symbol, path: shown, pid, cause: Box::new(cause) }
+                    }
+                })
+            });
+            match result {
+                Ok(link) => links.push((program, link)),
+                Err(err) => {
+                    self.links.insert(pid, links);
+                    self.detach_process(pid);
+                    return Err(err);
+                }
+            }
+        }
+        self.links.insert(pid, links);
+        Ok(())
+    }
+
+    /// Probes the call sites `found` in `module` (per probe slot, from
+    /// [`crate::plan::late_call_sites`]), mapped after the attach by `pid`
+    /// ([`ALL_PROCESSES`] with `--exe`: the links then cover every process).
+    /// Returns, per function with call sites there, how many were attached
+    /// and the first place its address escapes in that module, if any.
+    pub fn attach_late_module(
+        &mut self,
+        pid: u32,
+        module: &Module,
+        found: Vec<(u32, Found)>,
+    ) -> Result<Vec<LateSites>, AttachError> {
+        let mut late = Vec::new();
+        let mut groups: BTreeMap<Program, Vec<(u64, u64)>> = BTreeMap::new();
+        for (slot, f) in &found {
+            let Some(probe) = self.plan.probes.iter().find(|p| p.slot == *slot) else { continue };
+            let points = f.emulated.iter().chain(&f.stepped).map(|&o| (o, u64::from(*slot)));
+            groups.entry(probe.attach_program).or_default().extend(points);
+            late.push(LateSites {
+                symbol: probe.symbol,
+                sites: f.emulated.len() + f.stepped.len(),
+                escape: f.first_escape.clone(),
+            });
+        }
+        // Every link first: if one fails, those made so far close when
+        // dropped here, so nothing counts for a module reported as failed.
+        let mut links = Vec::new();
+        for (program, points) in groups.into_iter().filter(|(_, p)| !p.is_empty()) {
+            links.push(self.multi_link(program, &module.attach_path, &points, pid)?);
+        }
+        self.multi_links.entry(pid).or_default().extend(links);
+        for (slot, f) in found {
+            let Some(probe) = self.plan.probes.iter_mut().find(|p| p.slot == slot) else { continue };
+            if let Some(sites) = probe.call_sites.as_mut() {
+                sites.emulated += f.emulated.len();
+                sites.stepped += f.stepped.len();
+                sites.files.push(SiteFile::new(module, f));
+            }
+        }
+        Ok(late)
+    }
+
+    /// One uprobe-multi link of `program` on `points` (offset, cookie) in
+    /// `path`, loading the program for such links on first use.
+    fn multi_link(
+        &mut self,
+        program: Program,
+        path: &std::path::Path,
+        points: &[(u64, u64)],
+        pid: u32,
+    ) -> Result<OwnedFd, AttachError> {
+        if !self.multi_programs.contains_key(&program) {
+            let fd = multi::load(crate::BPF_OBJECT, program.name(), &self.map_fds)?;
+            self.multi_programs.insert(program, fd);
+        }
+        let ret = program == Program::RetValueUret;
+        Ok(multi::attach(&self.multi_programs[&program], program.name(), path, (points, ret), pid)?)
+    }
+
+    /// Detaches every probe from `pid` (its counts stay); [`ALL_PROCESSES`]
+    /// for the system-wide attachment.
+    pub fn detach_process(&mut self, pid: u32) {
+        let slots: Vec<usize> = (0..self.plan.probes.len()).collect();
+        self.detach_in_order(pid, &slots);
+    }
+
+    /// Detaches `pid`'s probes one by one, in `order` of slots (any slot
+    /// left out is detached last), and returns for each slot the moment its
+    /// detach began: when the kernel removes its breakpoints. Detaching a
+    /// probe then waits for a grace period under a kernel-wide lock (about
+    /// 0.13 s here), so the later ones in `order` stay live that much longer
+    /// each.
+    pub fn detach_in_order(&mut self, pid: u32, order: &[usize]) -> Vec<Option<Instant>> {
+        let mut links: Vec<Option<(Program, UProbeLinkId)>> =
+            self.links.remove(&pid).unwrap_or_default().into_iter().map(Some).collect();
+        let mut began = vec![None; links.len()];
+        let rest: Vec<usize> = (0..links.len()).filter(|s| !order.contains(s)).collect();
+        for &slot in order.iter().chain(&rest) {
+            let Some((program, link)) = links.get_mut(slot).and_then(Option::take) else { continue };
+            began[slot] = Some(Instant::now());
+            if let Ok(p) = super::uprobe_mut(&mut self.ebpf, program) {
+                // A link of a process that has exited detaches all the same;
+                // an error here leaves nothing to undo.
+                let _ = p.detach(link);
+            }
+        }
+        began
+    }
+
+    /// Attaches every probe to `pid` ([`ALL_PROCESSES`]: every process)
+    /// through uprobe-multi links, one per program and file (see
+    /// [`super::multi`]). On failure nothing stays attached in that scope.
+    pub fn attach_multi(&mut self, pid: u32) -> Result<(), AttachError> {
+        let mut links = Vec::new();
+        let mut groups: BTreeMap<(Program, PathBuf), Vec<(u64, u64)>> = BTreeMap::new();
+        for p in self.attach_points() {
+            groups.entry((p.program, p.path)).or_default().push((p.offset, p.cookie));
+        }
+        for ((program, path), points) in groups {
+            match self.multi_link(program, &path, &points, pid) {
+                Ok(link) => links.push(link),
+                Err(e) => {
+                    drop(links);
+                    if gone(pid) {
+                        return Err(AttachError::TargetExited { pid });
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        self.multi_links.insert(pid, links);
+        Ok(())
+    }
+
+    /// Every place a uprobe goes: each probe's (placed) entry or call
+    /// sites, then its return probes.
+    fn attach_points(&self) -> Vec<AttachPoint> {
+        let mut points = Vec::new();
+        let image = &self.plan.attach_path;
+        for p in &self.plan.probes {
+            let cookie = u64::from(p.slot);
+            let at = |path: &PathBuf, offset| AttachPoint {
+                symbol: p.symbol,
+                program: p.attach_program,
+                path: path.clone(),
+                offset,
+                cookie,
+            };
+            match &p.call_sites {
+                None => points.push(at(image, p.probe_offset())),
+                Some(sites) => {
+                    for file in &sites.files {
+                        points.extend(file.offsets.iter().map(|&offset| at(&file.attach_path, offset)));
+                    }
+                }
+            }
+        }
+        for p in &self.plan.probes {
+            let cookie = u64::from(p.slot);
+            let at = |program, offset| AttachPoint { symbol: p.symbol, program, path: image.clone(), offset, cookie };
+            match &p.returns {
+                None => {}
+                Some(ReturnPlan::Uretprobe { .. }) => points.push(at(Program::RetValueUret, p.file_offset)),
+                Some(ReturnPlan::Sites { sites, .. }) => {
+                    points.extend(sites.iter().map(|site| at(Program::RetValue, p.file_offset + site.offset)));
+                }
+            }
+        }
+        points
+    }
+
+    /// Detaches the uprobe-multi links of `pid`. Each link removes its
+    /// breakpoints and then waits for a grace period; closing them from
+    /// threads of their own lets every link remove its breakpoints at once.
+    pub fn detach_multi(&mut self, pid: u32) {
+        let links = self.multi_links.remove(&pid).unwrap_or_default();
+        std::thread::scope(|scope| {
+            for link in links {
+                scope.spawn(move || drop(link));
+            }
+        });
+    }
+}
+
+/// Whether an attach failed because its process `pid` is gone (never for
+/// [`ALL_PROCESSES`]). Only the error's wording depends on it.
+fn gone(pid: u32) -> bool {
+    pid != ALL_PROCESSES && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+}

@@ -1,0 +1,187 @@
+//! Reading the session's maps: counters, returns and misses, summed over
+//! CPUs; removing an exited process's entries; and the BPF log.
+
+use std::{
+    collections::BTreeMap,
+    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd},
+    sync::{Arc, Mutex},
+};
+
+use tracer_common::{
+    counter::{Counter, CounterKey},
+    names,
+    returns::Returned,
+    stats::{STAT_COUNT, Stat},
+};
+
+use super::{AttachError, Session};
+
+/// One probe's counts, summed over CPUs (and in a total, over processes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProbeReading {
+    pub calls: u64,
+    pub bytes: u64,
+    /// Its returns (zero for a probe without return probes).
+    pub returned: Returned,
+}
+
+/// Counts read from the kernel, summed over CPUs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Readings {
+    /// Per probe, by slot, summed over processes.
+    pub probes: Vec<ProbeReading>,
+    /// Per process: its counts of each probe, by slot.
+    pub per_process: BTreeMap<u32, Vec<ProbeReading>>,
+    /// One per [`Stat`], in [`Stat::ALL`] order.
+    pub stats: Vec<u64>,
+    /// Hits the kernel did not run a program for because another BPF
+    /// program was already running on that CPU (`recursion_misses` in
+    /// `bpf_prog_info`), summed over tracer's programs. Such hits are
+    /// missing from the counts.
+    pub kernel_misses: u64,
+}
+
+/// Collects what the BPF programs log (`--bpf-log`) until the run loop
+/// drains it.
+#[derive(Clone, Debug, Default)]
+pub struct LogCollector {
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl log::Log for LogCollector {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        if let Ok(mut lines) = self.lines.lock() {
+            lines.push(format!("{}", record.args()));
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+/// A delete that failed only because the key was not there.
+fn absent(e: aya::maps::MapError) -> Result<(), aya::maps::MapError> {
+    match &e {
+        aya::maps::MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        _ => Err(e),
+    }
+}
+
+impl ProbeReading {
+    /// Adds another process's counts; the pointer sum wraps.
+    #[must_use]
+    pub const fn merged(self, other: Self) -> Self {
+        Self {
+            calls: self.calls.saturating_add(other.calls),
+            bytes: self.bytes.saturating_add(other.bytes),
+            returned: self.returned.merged(other.returned),
+        }
+    }
+}
+
+impl Session {
+    /// Reads every counter, summing the per-CPU values.
+    pub fn read(&self) -> Result<Readings, AttachError> {
+        let map_err = |name| move |cause| AttachError::Map { name, cause: Box::new(cause) };
+        let slots = self.plan.probes.len();
+        let mut probes = vec![ProbeReading::default(); slots];
+        let mut per_process: BTreeMap<u32, Vec<ProbeReading>> = BTreeMap::new();
+        // Hits whose slot names no probe: tracer only ever sets cookies to
+        // probe slots, so this stays 0 unless tracer itself is wrong.
+        let mut stray = 0u64;
+        for entry in &self.counters {
+            let (key, per_cpu) = entry.map_err(map_err(names::COUNTERS_MAP))?;
+            let sum = per_cpu.iter().fold(Counter::default(), |sum, c| sum.merged(*c));
+            let Some(slot) = usize::try_from(key.slot).ok().filter(|&s| s < slots) else {
+                stray = stray.saturating_add(sum.calls);
+                continue;
+            };
+            let own = &mut per_process.entry(key.tgid).or_insert_with(|| vec![ProbeReading::default(); slots])[slot];
+            (own.calls, own.bytes) = (sum.calls, sum.bytes);
+            let total = &mut probes[slot];
+            total.calls = total.calls.saturating_add(sum.calls);
+            total.bytes = total.bytes.saturating_add(sum.bytes);
+        }
+        for entry in &self.returns {
+            let (key, per_cpu) = entry.map_err(map_err(names::RETURNS_MAP))?;
+            let sum = per_cpu.iter().fold(Returned::default(), |sum, r| sum.merged(*r));
+            let Some(slot) = usize::try_from(key.slot).ok().filter(|&s| s < slots) else {
+                stray = stray.saturating_add(sum.returns);
+                continue;
+            };
+            per_process.entry(key.tgid).or_insert_with(|| vec![ProbeReading::default(); slots])[slot].returned = sum;
+            probes[slot].returned = probes[slot].returned.merged(sum);
+        }
+        let mut stats = Vec::with_capacity(Stat::ALL.len());
+        for index in 0..STAT_COUNT {
+            let per_cpu = self.stats.get(&index, 0).map_err(map_err(names::STATS_MAP))?;
+            stats.push(per_cpu.iter().fold(0u64, |sum, v| sum.saturating_add(*v)));
+        }
+        stats[Stat::SlotOutOfRange as usize] = stats[Stat::SlotOutOfRange as usize].saturating_add(stray);
+        let mut kernel_misses = 0u64;
+        let perf = self.programs.iter().map(|(p, fd)| (p.name(), fd.as_fd()));
+        let multi = self.multi_programs.iter().map(|(p, fd)| (p.name(), fd.as_fd()));
+        for (name, fd) in perf.chain(multi) {
+            let misses = recursion_misses(fd).map_err(|cause| AttachError::ProgramInfo { name, cause })?;
+            kernel_misses = kernel_misses.saturating_add(misses);
+        }
+        Ok(Readings { probes, per_process, stats, kernel_misses })
+    }
+
+    /// Removes every entry of process `tgid` from the counter and return
+    /// maps, once its final counts are read: its room goes back to the
+    /// maps, and a later process given the same PID starts from zero.
+    pub fn remove_process(&mut self, tgid: u32) -> Result<(), AttachError> {
+        let map_err = |name| move |cause| AttachError::Map { name, cause: Box::new(cause) };
+        for slot in (0u32..).take(self.plan.probes.len()) {
+            let key = CounterKey { tgid, slot };
+            // A probe the process never hit has no entry to remove.
+            self.counters.remove(&key).or_else(absent).map_err(map_err(names::COUNTERS_MAP))?;
+            self.returns.remove(&key).or_else(absent).map_err(map_err(names::RETURNS_MAP))?;
+        }
+        Ok(())
+    }
+
+    /// With `--bpf-log`, what the programs logged since the last call.
+    pub fn drain_bpf_log(&mut self) -> Vec<String> {
+        let Some(logger) = self.logger.as_mut() else { return Vec::new() };
+        logger.flush();
+        self.log_lines.lines.lock().map(|mut l| std::mem::take(&mut *l)).unwrap_or_default()
+    }
+
+    /// The fd to wait on for BPF log records, with `--bpf-log`.
+    #[must_use]
+    pub fn bpf_log_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.logger.as_ref().map(std::os::fd::AsRawFd::as_raw_fd)
+    }
+}
+
+fn recursion_misses(fd: BorrowedFd<'_>) -> std::io::Result<u64> {
+    /// The `info` member of `union bpf_attr` (include/uapi/linux/bpf.h).
+    #[repr(C)]
+    struct InfoByFd {
+        bpf_fd: u32,
+        info_len: u32,
+        info: u64,
+    }
+    const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+    // SAFETY: bpf_prog_info is plain integers, for which all-zero is valid.
+    let mut info: aya_obj::generated::bpf_prog_info = unsafe { std::mem::zeroed() };
+    let mut attr = InfoByFd {
+        bpf_fd: u32::try_from(fd.as_raw_fd()).map_err(|_| std::io::Error::from_raw_os_error(libc::EBADF))?,
+        info_len: u32::try_from(size_of_val(&info)).unwrap_or(u32::MAX),
+        info: std::ptr::from_mut(&mut info) as u64,
+    };
+    // SAFETY: attr points to a valid InfoByFd whose `info` points to a
+    // writable bpf_prog_info of `info_len` bytes; both outlive the call.
+    let rc = unsafe {
+        libc::syscall(libc::SYS_bpf, BPF_OBJ_GET_INFO_BY_FD, std::ptr::from_mut(&mut attr), size_of::<InfoByFd>())
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(info.recursion_misses)
+}

@@ -1,0 +1,258 @@
+//! The kernel side: loading tracer's BPF object for a plan, attaching it
+//! ([`links`]), and reading and clearing its maps ([`maps`]). The only
+//! place that touches the kernel. Dropping a [`Session`] detaches every
+//! probe.
+
+mod links;
+pub mod maps;
+pub mod multi;
+
+use std::{
+    collections::HashMap,
+    os::fd::{AsFd as _, OwnedFd},
+    path::PathBuf,
+};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Map, MapData, PerCpuArray, PerCpuHashMap},
+    programs::{ProgramFd, UProbe, uprobe::UProbeLinkId},
+};
+use thiserror::Error;
+use tracer_common::{
+    counter::{Counter, CounterKey},
+    names,
+    returns::Returned,
+};
+
+pub use self::{links::LateSites, maps::Readings};
+pub use crate::target::ALL_PROCESSES;
+use crate::{plan::Plan, probe::Program};
+
+/// Failure to load or attach.
+#[derive(Debug, Error)]
+pub enum AttachError {
+    #[error(
+        "this tracer was built without its BPF object (TRACER_EMPTY_BPF was set when it was built); build it with `cargo xtask build`"
+    )]
+    NoObject,
+    #[error("the kernel refused tracer's BPF object: {0}")]
+    Load(Box<aya::EbpfError>),
+    #[error("BPF program {name} is missing from tracer's BPF object (a build problem)")]
+    ProgramMissing { name: &'static str },
+    #[error("BPF program {name} failed to load: {cause}")]
+    ProgramLoad { name: &'static str, cause: Box<aya::programs::ProgramError> },
+    #[error("cannot read the kernel's statistics of BPF program {name}: {cause}")]
+    ProgramInfo { name: &'static str, cause: std::io::Error },
+    #[error("BPF map {name} is missing or has the wrong type: {cause}")]
+    Map { name: &'static str, cause: Box<aya::maps::MapError> },
+    #[error("cannot attach a uprobe to {symbol} in {path} for PID {pid}: {cause}")]
+    Attach { symbol: &'static str, path: PathBuf, pid: u32, cause: Box<aya::programs::ProgramError> },
+    #[error("process {pid} exited while tracer was attaching; start it again and pass its new PID")]
+    TargetExited { pid: u32 },
+    #[error("cannot duplicate the fd of BPF map {name}: {cause}")]
+    MapFd { name: String, cause: std::io::Error },
+    #[error(transparent)]
+    Multi(#[from] multi::MultiError),
+    #[error("cannot start reading the BPF log: {0}")]
+    Log(String),
+}
+
+impl AttachError {
+    /// Whether the cause is the target rather than tracer.
+    #[must_use]
+    pub const fn is_bad_input(&self) -> bool {
+        matches!(self, Self::TargetExited { .. })
+    }
+}
+
+/// Options of a load beyond the plan.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadOptions {
+    /// How many processes the counters map has room for.
+    pub max_processes: u32,
+    /// `--bpf-log`: let the programs log what they do (off: the logging
+    /// code is dead to the verifier).
+    pub bpf_log: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self { max_processes: 1024, bpf_log: false }
+    }
+}
+
+/// A loaded BPF object for one plan, attached to one process or to every
+/// process that maps the image.
+pub struct Session {
+    // Owns the programs and their links: dropping it detaches everything.
+    ebpf: Ebpf,
+    counters: PerCpuHashMap<MapData, CounterKey, Counter>,
+    stats: PerCpuArray<MapData, u64>,
+    returns: PerCpuHashMap<MapData, CounterKey, Returned>,
+    /// With `--bpf-log`, the reader of the programs' log.
+    logger: Option<aya_log::EbpfLogger<maps::LogCollector>>,
+    /// What the logger has collected (shared with it).
+    log_lines: maps::LogCollector,
+    /// Programs loaded through aya (for perf-event uprobes), on first use,
+    /// kept to read the kernel's per-program miss counts.
+    programs: HashMap<Program, ProgramFd>,
+    /// What is probed.
+    plan: Plan,
+    /// Perf-event links per attached process ([`ALL_PROCESSES`] for
+    /// system-wide).
+    links: HashMap<u32, Vec<(Program, UProbeLinkId)>>,
+    /// Every map of the object by name, for programs loaded for
+    /// uprobe-multi links.
+    map_fds: Vec<(String, OwnedFd)>,
+    /// Programs loaded for uprobe-multi links, on first use.
+    multi_programs: HashMap<Program, OwnedFd>,
+    /// uprobe-multi links per attached process.
+    multi_links: HashMap<u32, Vec<OwnedFd>>,
+}
+
+impl Session {
+    /// Loads the BPF object for `plan`. `target_tgid` restricts counting to
+    /// one process (0: any process this session attaches to). Nothing is
+    /// attached, and no program is loaded, until an attach needs it.
+    pub fn load(plan: Plan, target_tgid: u32, options: LoadOptions) -> Result<Self, AttachError> {
+        if crate::BPF_OBJECT.is_empty() {
+            return Err(AttachError::NoObject);
+        }
+        let slots = u32::try_from(plan.probes.len()).unwrap_or(u32::MAX);
+        let processes = if target_tgid == 0 { options.max_processes.max(1) } else { 1 };
+        // aya-log's level global: 0 turns every log statement into code the
+        // verifier proves dead, so logging costs nothing while off.
+        let log_level: u8 = if options.bpf_log { u8::MAX } else { 0 };
+        let mut ebpf = EbpfLoader::new()
+            .override_global(names::TARGET_TGID_GLOBAL, &target_tgid, true)
+            .override_global(aya_log::LEVEL, &log_level, true)
+            .map_max_entries(names::COUNTERS_MAP, slots.saturating_mul(processes))
+            .map_max_entries(names::RETURNS_MAP, slots.saturating_mul(processes))
+            .load(crate::BPF_OBJECT)
+            .map_err(|e| AttachError::Load(Box::new(e)))?;
+        let mut map_fds = Vec::new();
+        for (name, map) in ebpf.maps() {
+            let fd = map_data(map)
+                .fd()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|cause| AttachError::MapFd { name: name.to_owned(), cause })?;
+            map_fds.push((name.to_owned(), fd));
+        }
+        let counters = take_map(&mut ebpf, names::COUNTERS_MAP, PerCpuHashMap::try_from)?;
+        let stats = take_map(&mut ebpf, names::STATS_MAP, PerCpuArray::try_from)?;
+        let returns = take_map(&mut ebpf, names::RETURNS_MAP, PerCpuHashMap::try_from)?;
+        let log_lines = maps::LogCollector::default();
+        let logger = if options.bpf_log {
+            let logger = aya_log::EbpfLogger::init_with_logger(&mut ebpf, log_lines.clone())
+                .map_err(|e| AttachError::Log(e.to_string()))?;
+            Some(logger)
+        } else {
+            None
+        };
+        Ok(Self {
+            ebpf,
+            counters,
+            stats,
+            returns,
+            logger,
+            log_lines,
+            programs: HashMap::new(),
+            plan,
+            links: HashMap::new(),
+            map_fds,
+            multi_programs: HashMap::new(),
+            multi_links: HashMap::new(),
+        })
+    }
+
+    /// What this session probes.
+    #[must_use]
+    pub const fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Loads `program` through aya (for perf-event uprobes), once.
+    fn loaded_uprobe(&mut self, program: Program) -> Result<&mut UProbe, AttachError> {
+        let name = program.name();
+        let load_err = |cause| AttachError::ProgramLoad { name, cause: Box::new(cause) };
+        if !self.programs.contains_key(&program) {
+            let uprobe = uprobe_mut(&mut self.ebpf, program)?;
+            uprobe.load().map_err(load_err)?;
+            let fd = uprobe.fd().map_err(load_err)?.try_clone().map_err(|e| load_err(e.into()))?;
+            self.programs.insert(program, fd);
+        }
+        uprobe_mut(&mut self.ebpf, program)
+    }
+}
+
+impl Drop for Session {
+    /// Closes the uprobe-multi links in parallel (see [`Session::detach_multi`]);
+    /// the rest goes with the fields.
+    fn drop(&mut self) {
+        let pids: Vec<u32> = self.multi_links.keys().copied().collect();
+        for pid in pids {
+            self.detach_multi(pid);
+        }
+    }
+}
+
+/// Every map's data, whatever its type: a program loaded for uprobe-multi
+/// links is relocated against all of them, so a map type left out here
+/// would make that load fail. The match is exhaustive so that a type aya
+/// adds fails to compile here rather than at run time.
+const fn map_data(map: &Map) -> &MapData {
+    match map {
+        Map::Array(m)
+        | Map::ArrayOfMaps(m)
+        | Map::BloomFilter(m)
+        | Map::CgroupArray(m)
+        | Map::CgroupStorage(m)
+        | Map::CgrpStorage(m)
+        | Map::CpuMap(m)
+        | Map::DevMap(m)
+        | Map::DevMapHash(m)
+        | Map::HashMap(m)
+        | Map::HashOfMaps(m)
+        | Map::InodeStorage(m)
+        | Map::LpmTrie(m)
+        | Map::LruHashMap(m)
+        | Map::PerCpuArray(m)
+        | Map::PerCpuCgroupStorage(m)
+        | Map::PerCpuHashMap(m)
+        | Map::PerCpuLruHashMap(m)
+        | Map::PerfEventArray(m)
+        | Map::ProgramArray(m)
+        | Map::Queue(m)
+        | Map::ReusePortSockArray(m)
+        | Map::RingBuf(m)
+        | Map::SockHash(m)
+        | Map::SockMap(m)
+        | Map::SkStorage(m)
+        | Map::Stack(m)
+        | Map::StackTraceMap(m)
+        | Map::Unsupported(m)
+        | Map::XskMap(m) => m,
+    }
+}
+
+fn uprobe_mut(ebpf: &mut Ebpf, program: Program) -> Result<&mut UProbe, AttachError> {
+    let name = program.name();
+    ebpf.program_mut(name)
+        .ok_or(AttachError::ProgramMissing { name })?
+        .try_into()
+        .map_err(|cause| AttachError::ProgramLoad { name, cause: Box::new(cause) })
+}
+
+fn take_map<M>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    convert: impl FnOnce(aya::maps::Map) -> Result<M, aya::maps::MapError>,
+) -> Result<M, AttachError> {
+    let map = ebpf.take_map(name).ok_or(AttachError::Map {
+        name,
+        cause: Box::new(aya::maps::MapError::InvalidName { name: name.to_owned() }),
+    })?;
+    convert(map).map_err(|cause| AttachError::Map { name, cause: Box::new(cause) })
+}

@@ -1,0 +1,498 @@
+//! One typed model of what tracer reports. The JSON Lines schema (README,
+//! "JSON output") is these types: producers fill them, and every output
+//! (the table, the JSON, later an exporter, a live view, flame graphs)
+//! reads them. Fields are only ever added, as `Option`s or empty lists
+//! that are left out while unset, so that older lines still read.
+
+use std::time::Duration;
+
+use indexmap::IndexMap;
+use serde::{Deserialize, Serialize};
+use tracer_common::stats::Stat;
+
+use crate::plan::{
+    HitCosts,
+    placement::Placement,
+    returns::{ReturnMeasurement, ReturnPlan},
+};
+
+/// One line of `--json` output.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum Event {
+    /// Every probe is live.
+    Attached(Attached),
+    /// An `--interval` elapsed: cumulative counts since the attach.
+    Interval(Snapshot),
+    /// Something the user should know: a fallback, a module mapped late, a
+    /// BPF log line.
+    Note(Note),
+    /// The run ended and every probe is detached.
+    Summary(Summary),
+}
+
+/// The interpreter traced.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PythonInfo {
+    pub version: String,
+    /// The file with the probed functions, as the target sees it.
+    pub image: String,
+}
+
+/// How the probes were attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Links {
+    /// uprobe-multi links.
+    Multi,
+    /// One perf-event uprobe per probe.
+    Perf,
+}
+
+/// What was attached, reported once every probe is live.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Attached {
+    /// The traced process, or `None` when tracing every process of `exe`.
+    pub pid: Option<u32>,
+    /// With `--exe`, the executable asked for.
+    pub exe: Option<String>,
+    pub python: PythonInfo,
+    /// The probed functions, in report order.
+    pub probes: Vec<String>,
+    /// Optional probes this build lacks.
+    pub missing: Vec<String>,
+    pub links: Links,
+    /// With `--returns`: how each allocating function's return is read.
+    pub returns: IndexMap<String, ReturnPlan>,
+    /// With `--returns`: what each way of reading a return value cost when
+    /// calibrated at start.
+    pub return_costs_ns: Option<ReturnMeasurement>,
+    /// With `--placement call-sites`: each function probed at its callers,
+    /// and at how many.
+    pub call_sites: IndexMap<String, usize>,
+    /// Where each probe sits in its function.
+    pub placements: IndexMap<String, Placement>,
+    /// The probes whose `bytes` mean something (the allocating functions).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub measures_bytes: Vec<String>,
+}
+
+impl Attached {
+    /// Whether `probe`'s bytes mean something.
+    #[must_use]
+    pub fn measures_bytes(&self, probe: &str) -> bool {
+        self.measures_bytes.iter().any(|p| p == probe)
+    }
+}
+
+/// Calls and requested bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    pub calls: u64,
+    pub bytes: u64,
+}
+
+/// What an allocating function returned (`--returns`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Returned {
+    pub returns: u64,
+    /// Returns of NULL: failed allocations.
+    pub null: u64,
+    /// Wrapping sum of the returned pointers.
+    pub pointer_sum: u64,
+}
+
+/// A `--budget` rate estimate of one probe, while traced.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProbeEstimate {
+    pub calls_per_s: f64,
+    /// The 95% confidence interval, once there are two windows.
+    pub calls_per_s_ci95: Option<[f64; 2]>,
+    pub bytes_per_s: f64,
+    pub bytes_per_s_ci95: Option<[f64; 2]>,
+}
+
+/// One probe's cumulative counts.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProbeCounts {
+    pub calls: u64,
+    /// Requested bytes (0 for a function that requests none).
+    pub bytes: u64,
+    /// With `--returns`, for an allocating function.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub returned: Option<Returned>,
+    /// With `--budget`: the counts are of the traced windows; these are
+    /// the rates estimated from them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<ProbeEstimate>,
+    /// Calls per second over this interval (in a summary, over the run).
+    /// Left out with `--budget`, whose rates are estimates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls_per_s: Option<f64>,
+    /// Bytes per second likewise; left out too for a function that
+    /// requests no bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_per_s: Option<f64>,
+}
+
+/// What `--budget` traced.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Budget {
+    /// Always true: the rates are estimates.
+    pub estimates: bool,
+    pub percent: f64,
+    pub windows: u64,
+    /// Time the probes were attached, summed over windows.
+    pub traced_s: f64,
+    pub traced_fraction: f64,
+    /// The probes' estimated cost to the target as a share of the time.
+    pub estimated_overhead_fraction: f64,
+    /// The calibrated cost of one hit.
+    pub hit_cost_ns: HitCosts,
+}
+
+/// A file mapped after the attach whose calls are counted only from
+/// `since_s` on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LateModule {
+    pub path: String,
+    /// When its sites were attached, in seconds since the attach.
+    pub since_s: f64,
+    #[serde(flatten)]
+    pub coverage: LateCoverage,
+}
+
+/// What became of a file mapped after the attach.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum LateCoverage {
+    /// Its direct calls to `symbol` are probed at `sites` call sites; with
+    /// `escape`, its calls through that function's address are not.
+    Sites { symbol: String, sites: usize, escape: Option<String> },
+    /// It could not be probed at all.
+    Failed { error: String },
+}
+
+/// A traced process that exited: its final counts, read before its
+/// entries left the kernel maps.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExitedProcess {
+    pub pid: u32,
+    /// When tracer saw it gone, in seconds since the attach.
+    pub exited_s: f64,
+    pub probes: IndexMap<String, Counts>,
+}
+
+/// Cumulative counts since the attach.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub elapsed_s: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Budget>,
+    /// Totals over every traced process, in report order.
+    pub probes: IndexMap<String, ProbeCounts>,
+    /// The same per process that hit any probe, by PID (processes that
+    /// exited included; a PID used by two processes in turn adds both).
+    pub pids: IndexMap<String, IndexMap<String, Counts>>,
+    /// Every BPF-side miss counter, then [`KERNEL_MISSES`].
+    pub stats: IndexMap<String, u64>,
+    /// With `--placement call-sites`: each file mapped after the attach
+    /// that calls, or lets out the address of, a function at its call
+    /// sites, and what of it is counted.
+    pub late_modules: Vec<LateModule>,
+    /// With `--exe`: each traced process that exited, separately.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exited: Vec<ExitedProcess>,
+}
+
+/// Name of the kernel's recursion-miss count in `stats`.
+pub const KERNEL_MISSES: &str = "kernel_recursion_misses";
+
+impl Snapshot {
+    /// The stats map from the BPF-side stats (in [`Stat::ALL`] order) and
+    /// the kernel's miss count.
+    #[must_use]
+    pub fn stats_from(bpf: &[u64], kernel_misses: u64) -> IndexMap<String, u64> {
+        Stat::ALL
+            .iter()
+            .zip(bpf)
+            .map(|(s, &value)| (s.name().to_owned(), value))
+            .chain(std::iter::once((KERNEL_MISSES.to_owned(), kernel_misses)))
+            .collect()
+    }
+
+    /// The time since the attach.
+    #[must_use]
+    pub fn elapsed(&self) -> Duration {
+        Duration::try_from_secs_f64(self.elapsed_s).unwrap_or_default()
+    }
+
+    /// Sets every probe's rates: over the time since `since` (the previous
+    /// interval), or over the whole run without it. Not with `--budget`,
+    /// whose counts are of windows only.
+    pub fn compute_rates(&mut self, attached: &Attached, since: Option<&Self>) {
+        if self.budget.is_some() {
+            return;
+        }
+        let secs = self.elapsed_s - since.map_or(0.0, |s| s.elapsed_s);
+        for (name, p) in &mut self.probes {
+            let before = since.and_then(|s| s.probes.get(name)).copied();
+            let dcalls = p.calls - before.map_or(0, |b| b.calls.min(p.calls));
+            let dbytes = p.bytes - before.map_or(0, |b| b.bytes.min(p.bytes));
+            p.calls_per_s = Some(rate(dcalls, secs));
+            p.bytes_per_s = attached.measures_bytes(name).then(|| rate(dbytes, secs));
+        }
+    }
+
+    /// Whether a stat's non-zero value means events are missing from the
+    /// counts (as opposed to merely worth knowing).
+    #[must_use]
+    pub fn is_loss(stat: &str) -> bool {
+        Stat::ALL.iter().find(|s| s.name() == stat).is_none_or(|s| s.is_loss())
+    }
+}
+
+#[allow(clippy::cast_precision_loss, reason = "a rate, not a count")]
+fn rate(delta: u64, secs: f64) -> f64 {
+    if secs > 0.0 { delta as f64 / secs } else { 0.0 }
+}
+
+/// Why the run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    /// `--duration` elapsed.
+    Duration,
+    /// SIGINT (Ctrl-C) or SIGTERM.
+    Signal(&'static str),
+    /// The target process exited.
+    TargetExit,
+}
+
+impl End {
+    /// The JSON `end` value.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Duration => "duration",
+            Self::Signal(_) => "signal",
+            Self::TargetExit => "target-exit",
+        }
+    }
+}
+
+/// The last counts, once every probe is detached.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    #[serde(flatten)]
+    pub snapshot: Snapshot,
+    /// `duration`, `signal` or `target-exit`.
+    pub end: String,
+    /// With `end` `signal`: which.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
+}
+
+impl Summary {
+    #[must_use]
+    pub fn new(snapshot: Snapshot, end: End) -> Self {
+        let signal = match end {
+            End::Signal(name) => Some(name.to_owned()),
+            End::Duration | End::TargetExit => None,
+        };
+        Self { snapshot, end: end.as_str().to_owned(), signal }
+    }
+}
+
+/// How much a note matters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    /// Worth knowing; the counts are whole.
+    Note,
+    /// Some events may not be counted, or something is not as expected.
+    Warning,
+}
+
+/// What a note is about, for a consumer that acts on some.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NoteCode {
+    /// `--links auto` fell back to perf-event uprobes.
+    LinkFallback,
+    /// A module mapped after the attach is probed from now on.
+    LateModule,
+    /// A late module lets a probed function's address escape.
+    LateModuleEscape,
+    /// A late module could not be probed.
+    LateModuleFailed,
+    /// A line a BPF program logged (`--bpf-log`).
+    BpfLog,
+    /// `_Py_DebugOffsets` disagrees with what tracer expected.
+    DebugOffsets,
+}
+
+/// A diagnostic, as an event.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Note {
+    pub level: Level,
+    pub code: NoteCode,
+    /// One line for a person.
+    pub message: String,
+}
+
+impl Note {
+    #[must_use]
+    pub fn new(level: Level, code: NoteCode, message: impl Into<String>) -> Self {
+        Self { level, code, message: message.into() }
+    }
+}
+
+/// `tracer probes --json`: the attach plan.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PlanReport {
+    pub image: String,
+    pub python: String,
+    pub probes: Vec<PlannedProbeReport>,
+    pub missing: Vec<String>,
+    /// With `--returns`: what each way of reading a return value cost.
+    pub return_costs_ns: Option<ReturnMeasurement>,
+}
+
+impl PlanReport {
+    /// The report of `plan` for an image of Python `version`.
+    #[must_use]
+    pub fn new(plan: &crate::plan::Plan, version: &str, return_costs_ns: Option<ReturnMeasurement>) -> Self {
+        let probes = plan
+            .probes
+            .iter()
+            .map(|p| PlannedProbeReport {
+                symbol: p.symbol.to_owned(),
+                file_offset: p.file_offset,
+                offset: p.placement.offset,
+                instruction: p.placement.instruction.clone(),
+                emulated: p.placement.emulated,
+                reason: p.placement.reason.clone(),
+                returns: p.returns.clone(),
+                call_sites: p.call_sites.as_ref().map(|c| CallSitesReport {
+                    emulated: c.emulated,
+                    single_stepped: c.stepped,
+                    files: c
+                        .files
+                        .iter()
+                        .map(|f| SiteFileReport { path: f.display_path.clone(), offsets: f.offsets.clone() })
+                        .collect(),
+                }),
+            })
+            .collect();
+        Self {
+            image: plan.display_path.display().to_string(),
+            python: version.to_owned(),
+            probes,
+            missing: plan.missing.iter().map(|m| (*m).to_owned()).collect(),
+            return_costs_ns,
+        }
+    }
+}
+
+/// One probe of [`PlanReport`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedProbeReport {
+    pub symbol: String,
+    /// Offset of the function's entry in the image file.
+    pub file_offset: u64,
+    /// Where the probe sits, from the entry.
+    pub offset: u64,
+    pub instruction: String,
+    pub emulated: bool,
+    pub reason: String,
+    pub returns: Option<ReturnPlan>,
+    pub call_sites: Option<CallSitesReport>,
+}
+
+/// Where a function probed at its callers is called from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallSitesReport {
+    pub emulated: usize,
+    pub single_stepped: usize,
+    pub files: Vec<SiteFileReport>,
+}
+
+/// The call sites in one file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SiteFileReport {
+    pub path: std::path::PathBuf,
+    pub offsets: Vec<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lines the previous tracer (before this model) wrote, for runs with
+    /// `--returns`, `--budget`, call sites, `--exe`, and `tracer probes`:
+    /// each must read into the model and write back byte for byte.
+    const SAMPLES: &str = include_str!("../tests/data/events.jsonl");
+    const PLAN_SAMPLES: &str = include_str!("../tests/data/plans.jsonl");
+
+    #[test]
+    fn every_event_round_trips() {
+        let mut types = std::collections::HashSet::new();
+        for line in SAMPLES.lines().filter(|l| !l.is_empty()) {
+            let event: Event = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+            types.insert(std::mem::discriminant(&event));
+            assert_eq!(serde_json::to_string(&event).unwrap(), line);
+        }
+        let note = Event::Note(Note::new(Level::Warning, NoteCode::LinkFallback, "no multi links"));
+        let text = serde_json::to_string(&note).unwrap();
+        assert_eq!(text, r#"{"type":"note","level":"warning","code":"link_fallback","message":"no multi links"}"#);
+        assert_eq!(serde_json::from_str::<Event>(&text).unwrap(), note);
+        types.insert(std::mem::discriminant(&note));
+        assert_eq!(types.len(), 4, "the samples hold attached, interval and summary lines");
+    }
+
+    #[test]
+    fn every_plan_round_trips() {
+        for line in PLAN_SAMPLES.lines().filter(|l| !l.is_empty()) {
+            let plan: PlanReport = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+            assert_eq!(serde_json::to_string(&plan).unwrap(), line);
+        }
+    }
+
+    #[test]
+    fn rates_are_per_interval_and_bytes_only_where_measured() {
+        let line = SAMPLES.lines().find(|l| l.starts_with(r#"{"type":"attached""#)).unwrap();
+        let Event::Attached(mut attached) = serde_json::from_str(line).unwrap() else { panic!() };
+        attached.measures_bytes = vec!["PyObject_Malloc".into()];
+        let counts = |calls, bytes| ProbeCounts {
+            calls,
+            bytes,
+            returned: None,
+            estimate: None,
+            calls_per_s: None,
+            bytes_per_s: None,
+        };
+        let snap = |elapsed_s, scale: u64| Snapshot {
+            elapsed_s,
+            budget: None,
+            probes: [
+                ("_Py_NewReference".to_owned(), counts(10 * scale, 0)),
+                ("PyObject_Malloc".to_owned(), counts(4 * scale, 4000 * scale)),
+            ]
+            .into_iter()
+            .collect(),
+            pids: IndexMap::new(),
+            stats: IndexMap::new(),
+            late_modules: Vec::new(),
+            exited: Vec::new(),
+        };
+        let first = snap(1.0, 1);
+        let mut second = snap(2.0, 3);
+        second.compute_rates(&attached, Some(&first));
+        assert_eq!(second.probes["_Py_NewReference"].calls_per_s, Some(20.0));
+        assert_eq!(second.probes["_Py_NewReference"].bytes_per_s, None);
+        assert_eq!(second.probes["PyObject_Malloc"].bytes_per_s, Some(8000.0));
+        let mut whole = snap(4.0, 4);
+        whole.compute_rates(&attached, None);
+        assert_eq!(whole.probes["PyObject_Malloc"].calls_per_s, Some(4.0));
+    }
+}

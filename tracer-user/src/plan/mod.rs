@@ -1,0 +1,284 @@
+//! The attach plan: which functions of the image are probed, where in
+//! each (placement, or at their call sites), and how return values are read.
+//! Planning reads files only; [`crate::kernel`] turns a plan into uprobes.
+
+pub mod callsites;
+pub mod placement;
+pub mod returns;
+
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+use self::{
+    callsites::CallSites,
+    placement::Placement,
+    returns::{ReturnCosts, ReturnPlan},
+};
+use crate::{
+    probe::{ProbeKind, ProbeSpec, Program},
+    target::{elf::ElfImage, modules::Module},
+};
+
+/// A plan that cannot work for this image: the user's input.
+#[derive(Debug, Error)]
+pub enum PlanError {
+    #[error("required symbol {symbol} is not in {path}; this build of CPython cannot be traced (was it stripped?)")]
+    RequiredMissing { symbol: &'static str, path: PathBuf },
+    #[error(
+        "none of the requested probe symbols is in {path}; this build of CPython cannot be traced (was it stripped?)"
+    )]
+    NoProbes { path: PathBuf },
+}
+
+/// Where uprobes go in each function.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PlacementMode {
+    /// At the first instruction the kernel emulates, when that counts the
+    /// same calls (see [`placement`]).
+    #[default]
+    Auto,
+    /// At the function's first instruction.
+    Entry,
+    /// As `Auto`, except that a function whose probe would be
+    /// single-stepped is probed at every call to it, when that sees every
+    /// call (see [`callsites`]).
+    CallSites,
+}
+
+/// The calibrated cost of one probe hit on this machine.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct HitCosts {
+    /// A probe whose instruction the kernel single-steps out of line.
+    #[serde(rename = "single_stepped")]
+    pub single_stepped_ns: f64,
+    /// A probe whose instruction the kernel emulates.
+    #[serde(rename = "emulated")]
+    pub emulated_ns: f64,
+}
+
+impl HitCosts {
+    /// The cost of one hit of a probe placed on an emulated instruction or
+    /// not.
+    #[must_use]
+    pub const fn of(&self, emulated: bool) -> f64 {
+        if emulated { self.emulated_ns } else { self.single_stepped_ns }
+    }
+}
+
+/// The interpreter image to plan for.
+#[derive(Clone, Copy, Debug)]
+pub struct ImageRef<'a> {
+    /// Its symbols.
+    pub elf: &'a ElfImage,
+    /// The path to show (as the target sees it).
+    pub display_path: &'a Path,
+    /// The path the kernel resolves (valid in tracer's mount namespace).
+    pub attach_path: &'a Path,
+    /// Other modules that may call into the image, for
+    /// `--placement call-sites` (empty otherwise).
+    pub modules: &'a [Module],
+}
+
+impl<'a> From<&'a crate::target::Resolved> for ImageRef<'a> {
+    fn from(r: &'a crate::target::Resolved) -> Self {
+        Self { elf: &r.elf, display_path: &r.display_path, attach_path: &r.attach_path, modules: &r.modules }
+    }
+}
+
+/// One probe of the plan: everything tracer knows about it before any
+/// count, keyed by its slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedProbe {
+    pub symbol: &'static str,
+    /// The counting program of its shape (whether it reports bytes).
+    pub program: Program,
+    /// The program attached to it: its own, or a benchmark's override.
+    pub attach_program: Program,
+    /// Counter slot, passed to the program as the attach cookie.
+    pub slot: u32,
+    /// Offset in the image file of the function's entry.
+    pub file_offset: u64,
+    /// Where in the function the uprobe sits, and why.
+    pub placement: Placement,
+    /// With `--returns`, for an allocating function: how its return value
+    /// is read.
+    pub returns: Option<ReturnPlan>,
+    /// With `--placement call-sites`, for a function probed at its callers
+    /// instead of inside it: where they are.
+    pub call_sites: Option<CallSites>,
+}
+
+impl PlannedProbe {
+    /// Offset in the image file of the probed instruction.
+    #[must_use]
+    pub const fn probe_offset(&self) -> u64 {
+        self.file_offset + self.placement.offset
+    }
+}
+
+/// Options of a plan beyond what and where.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PlanOptions {
+    /// Attach this program to every probe instead of its counting program
+    /// (benchmarks use [`Program::Empty`] to measure the bare uprobe).
+    pub program_override: Option<Program>,
+    /// Where in each function to probe.
+    pub placement: PlacementMode,
+    /// With `--returns`: what each way of reading a return value costs, so
+    /// that allocating functions get the cheapest return probes.
+    pub returns: Option<ReturnCosts>,
+}
+
+/// The plan for one image.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// The probes, in slot order.
+    pub probes: Vec<PlannedProbe>,
+    /// Optional probes whose symbol the image lacks.
+    pub missing: Vec<&'static str>,
+    /// The image, as the target sees it and as tracer reaches it.
+    pub display_path: PathBuf,
+    pub attach_path: PathBuf,
+}
+
+impl Plan {
+    /// Whether any probe sits at its function's call sites.
+    #[must_use]
+    pub fn has_call_sites(&self) -> bool {
+        self.probes.iter().any(|p| p.call_sites.is_some())
+    }
+}
+
+/// The largest function whose `ret` instructions tracer looks for.
+const MAX_FUNCTION: u64 = 1 << 16;
+
+/// Resolves `specs` in the image and places each probe, without touching
+/// the kernel.
+pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> Result<Plan, PlanError> {
+    let mut found = Vec::new();
+    let mut missing = Vec::new();
+    for spec in specs {
+        match image.elf.function(spec.symbol) {
+            Some(sym) => found.push((spec, sym.clone())),
+            None if spec.required => {
+                let path = image.display_path.to_owned();
+                return Err(PlanError::RequiredMissing { symbol: spec.symbol, path });
+            }
+            None => missing.push(spec.symbol),
+        }
+    }
+    if found.is_empty() {
+        return Err(PlanError::NoProbes { path: image.display_path.to_owned() });
+    }
+    let kernel = placement::running_kernel();
+    let mut probes = Vec::with_capacity(found.len());
+    for (slot, (spec, sym)) in (0u32..).zip(&found) {
+        let program = options.program_override.unwrap_or(spec.program);
+        let len = if sym.size > 0 { sym.size.min(4096) } else { 64 };
+        let code = image.elf.read_at(sym.file_offset, usize::try_from(len).unwrap_or(64));
+        let place = match (spec.kind, code, options.placement) {
+            (ProbeKind::Function, Ok(code), PlacementMode::Entry) => {
+                placement::at_entry_of(&code, sym.address, kernel, "entry (--placement entry)")
+            }
+            (ProbeKind::Function, Ok(code), PlacementMode::Auto | PlacementMode::CallSites) => {
+                placement::place(&code, sym.address, program, kernel)
+            }
+            (ProbeKind::Function, Err(e), _) => Placement::at_entry(format!("entry: the code could not be read ({e})")),
+        };
+        let returns = options.returns.filter(|_| spec.program.allocates()).map(|costs| {
+            let len = usize::try_from(sym.size.min(MAX_FUNCTION)).unwrap_or(0);
+            match image.elf.read_at(sym.file_offset, len) {
+                Ok(code) if sym.size <= MAX_FUNCTION => returns::plan(&code, sym.address, place.offset, &costs, kernel),
+                Ok(_) => ReturnPlan::Uretprobe { reason: format!("the function is over {MAX_FUNCTION} bytes") },
+                Err(e) => ReturnPlan::Uretprobe { reason: format!("the code could not be read ({e})") },
+            }
+        });
+        probes.push(PlannedProbe {
+            symbol: spec.symbol,
+            program: spec.program,
+            attach_program: program,
+            slot,
+            file_offset: sym.file_offset,
+            placement: place,
+            returns,
+            call_sites: None,
+        });
+    }
+    if options.placement == PlacementMode::CallSites {
+        place_at_call_sites(image, &mut probes, kernel);
+    }
+    Ok(Plan { probes, missing, display_path: image.display_path.to_owned(), attach_path: image.attach_path.to_owned() })
+}
+
+/// Moves each probe that would be single-stepped to its function's call
+/// sites, where those see every call; the rest keep their placement, with
+/// the reason added.
+fn place_at_call_sites(image: ImageRef<'_>, probes: &mut [PlannedProbe], kernel: placement::KernelVersion) {
+    let stepped: Vec<usize> = (0..probes.len()).filter(|&i| !probes[i].placement.emulated).collect();
+    if stepped.is_empty() {
+        return;
+    }
+    let names: Vec<&str> = stepped.iter().map(|&i| probes[i].symbol).collect();
+    let defined: Vec<Option<u64>> = names.iter().map(|n| image.elf.function(n).map(|s| s.address)).collect();
+    let own = Module { display_path: image.display_path.to_owned(), attach_path: image.attach_path.to_owned() };
+    let plans = callsites::plan(&own, &names, &defined, image.modules, kernel);
+    for (&i, plan) in stepped.iter().zip(plans) {
+        let probe = &mut probes[i];
+        match plan {
+            Ok(sites) => {
+                probe.placement = Placement {
+                    offset: 0,
+                    instruction: format!("{} calls", sites.emulated + sites.stepped),
+                    emulated: sites.stepped == 0,
+                    reason: sites.describe(),
+                };
+                probe.call_sites = Some(sites);
+            }
+            Err(why) => probe.placement.reason = format!("{}; not at its call sites: {why}", probe.placement.reason),
+        }
+    }
+}
+
+/// The call sites a module mapped after the attach holds for the probes at
+/// their call sites: per such probe's slot, what was found there. A file
+/// that is not ELF holds none.
+#[must_use]
+pub fn late_call_sites(plan: &Plan, data: &[u8]) -> Vec<(u32, callsites::Found)> {
+    let moved: Vec<&PlannedProbe> = plan.probes.iter().filter(|p| p.call_sites.is_some()).collect();
+    let names: Vec<&str> = moved.iter().map(|p| p.symbol).collect();
+    let kernel = placement::running_kernel();
+    let Ok(found) = callsites::scan(data, &names, &vec![None; names.len()], kernel) else { return Vec::new() };
+    moved
+        .iter()
+        .zip(found)
+        .filter(|(_, f)| !(f.emulated.is_empty() && f.stepped.is_empty() && f.escapes == 0))
+        .map(|(p, f)| (p.slot, f))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn test_binary() -> ElfImage {
+        ElfImage::open(&std::env::current_exe().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_missing_required_symbol_fails_before_any_bpf_is_loaded() {
+        let elf = test_binary();
+        let path = std::path::Path::new("/usr/lib/libnotpython.so");
+        let image = ImageRef { elf: &elf, display_path: path, attach_path: path, modules: &[] };
+        let py = crate::python::abi_for(1, crate::python::PythonVersion::from_hex(0x030B_07F0)).unwrap();
+        let all = crate::probe::ProbeSelection::Default.select(py.probes(), "3.11.7").unwrap();
+        let err = plan(image, &all, PlanOptions::default()).expect_err("no PyObject_Malloc here");
+        assert_eq!(
+            err.to_string(),
+            "required symbol PyObject_Malloc is not in /usr/lib/libnotpython.so; this build of CPython cannot be traced (was it stripped?)"
+        );
+        let refs = crate::probe::ProbeSelection::Refs.select(py.probes(), "3.11.7").unwrap();
+        let err = plan(image, &refs, PlanOptions::default()).expect_err("no probe symbol here");
+        assert!(matches!(err, PlanError::NoProbes { .. }), "{err}");
+    }
+}

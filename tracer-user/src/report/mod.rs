@@ -1,0 +1,92 @@
+//! Outputs. Each reads the events of [`crate::model`] and nothing else;
+//! the run loop only ever talks to [`Reporter`].
+
+mod json;
+pub mod plan;
+mod table;
+
+use std::io::Write;
+
+pub use json::JsonReporter;
+pub use table::TableReporter;
+
+use crate::{config::Format, model::Event};
+
+/// An output format.
+pub trait Reporter {
+    /// Writes one event.
+    fn event(&mut self, event: &Event) -> std::io::Result<()>;
+}
+
+/// The reporter for `format`, writing to `out`, with notes for a person on
+/// `err` as well.
+#[must_use]
+pub fn reporter<'a>(format: Format, out: Box<dyn Write + 'a>, err: Box<dyn Write + 'a>) -> Box<dyn Reporter + 'a> {
+    match format {
+        Format::Table => Box::new(TableReporter::new(out, err)),
+        Format::Json => Box::new(JsonReporter::new(out, err)),
+    }
+}
+
+/// A note as a person reads it on stderr: `tracer: note: …` or
+/// `tracer: warning: …`.
+fn note_line(err: &mut dyn Write, note: &crate::model::Note) -> std::io::Result<()> {
+    let level = match note.level {
+        crate::model::Level::Note => "note",
+        crate::model::Level::Warning => "warning",
+    };
+    writeln!(err, "tracer: {level}: {}", note.message)?;
+    err.flush()
+}
+
+#[cfg(test)]
+pub(crate) mod examples {
+    use indexmap::IndexMap;
+
+    use crate::model::{Attached, Counts, Links, ProbeCounts, PythonInfo, Snapshot};
+
+    pub fn attached(pid: Option<u32>) -> Attached {
+        Attached {
+            pid,
+            exe: None,
+            python: PythonInfo { version: "3.11.7".into(), image: "/lib/libpython3.11.so.1.0".into() },
+            probes: vec!["_Py_NewReference".into(), "PyObject_Malloc".into()],
+            missing: vec!["PyMem_RawCalloc".into()],
+            links: Links::Multi,
+            returns: IndexMap::new(),
+            return_costs_ns: None,
+            call_sites: [("_Py_Dealloc".to_owned(), 10989)].into_iter().collect(),
+            placements: IndexMap::new(),
+            measures_bytes: vec!["PyObject_Malloc".into()],
+        }
+    }
+
+    pub fn counts(calls: u64, bytes: u64) -> ProbeCounts {
+        ProbeCounts { calls, bytes, returned: None, estimate: None, calls_per_s: None, bytes_per_s: None }
+    }
+
+    pub fn snapshot(elapsed_ms: u64, scale: u64) -> Snapshot {
+        #[allow(clippy::cast_precision_loss, reason = "small test values")]
+        let seconds = elapsed_ms as f64 / 1000.0;
+        let per_pid: IndexMap<String, Counts> = [
+            ("_Py_NewReference".to_owned(), Counts { calls: 10 * scale, bytes: 0 }),
+            ("PyObject_Malloc".to_owned(), Counts { calls: 4 * scale, bytes: 4000 * scale }),
+        ]
+        .into_iter()
+        .collect();
+        Snapshot {
+            elapsed_s: seconds,
+            budget: None,
+            probes: [
+                ("_Py_NewReference".to_owned(), counts(10 * scale, 0)),
+                ("PyObject_Malloc".to_owned(), counts(4 * scale, 4000 * scale)),
+            ]
+            .into_iter()
+            .collect(),
+            pids: [("77".to_owned(), per_pid)].into_iter().collect(),
+            stats: Snapshot::stats_from(&[0; tracer_common::stats::STAT_COUNT as usize], 0),
+            late_modules: Vec::new(),
+            exited: Vec::new(),
+        }
+    }
+}

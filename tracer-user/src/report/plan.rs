@@ -1,0 +1,59 @@
+//! `tracer probes`: the attach plan as a table or one JSON object, from
+//! [`crate::model::PlanReport`].
+
+use std::io::Write;
+
+use crate::{model::PlanReport, plan::returns::ReturnPlan};
+
+/// Writes `plan` as one JSON object.
+pub fn json(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
+    serde_json::to_writer(&mut *out, plan)?;
+    writeln!(out)
+}
+
+/// Writes `plan` as a table.
+pub fn table(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
+    writeln!(out, "{} (Python {})", plan.image, plan.python)?;
+    writeln!(out, "  {:<20} {:>7}  {:<28} {:<9} why", "function", "offset", "instruction", "emulated")?;
+    for p in &plan.probes {
+        writeln!(
+            out,
+            "  {:<20} {:>7}  {:<28} {:<9} {}",
+            p.symbol,
+            if p.call_sites.is_some() { "callers".to_owned() } else { format!("+{}", p.offset) },
+            p.instruction,
+            if p.emulated { "yes" } else { "no" },
+            p.reason
+        )?;
+    }
+    if let Some(m) = plan.return_costs_ns {
+        writeln!(
+            out,
+            "  reading a return value costs here: {:.0} ns by uretprobe (its entry emulated), {:.0} ns at a ret, {:.0} ns at a jmp into the epilogue",
+            m.uretprobe_ns, m.ret_ns, m.placed_ns
+        )?;
+    }
+    let with_returns: Vec<_> = plan.probes.iter().filter_map(|p| Some((&p.symbol, p.returns.as_ref()?))).collect();
+    if !with_returns.is_empty() {
+        writeln!(out, "  return values (--returns):")?;
+        for (symbol, r) in with_returns {
+            match r {
+                ReturnPlan::Sites { sites, reason } => {
+                    let at: Vec<String> = sites
+                        .iter()
+                        .map(|s| {
+                            let how = if s.emulated { "emulated" } else { "single-stepped" };
+                            format!("+{} {} ({how})", s.offset, s.instruction)
+                        })
+                        .collect();
+                    writeln!(out, "  {symbol:<20} uprobes at {}: {reason}", at.join(", "))?;
+                }
+                ReturnPlan::Uretprobe { reason } => writeln!(out, "  {symbol:<20} uretprobe: {reason}")?,
+            }
+        }
+    }
+    if !plan.missing.is_empty() {
+        writeln!(out, "  not in this build: {}", plan.missing.join(", "))?;
+    }
+    Ok(())
+}

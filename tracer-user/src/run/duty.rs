@@ -1,0 +1,189 @@
+//! `--budget`: attaches and detaches the session in windows (see
+//! [`super::budget`]) and marks what it reports as estimates.
+
+use std::time::{Duration, Instant};
+
+use super::{
+    budget::{Controller, Estimator, ProbeWindow, RateEstimate},
+    readout::Readout,
+};
+use crate::{
+    kernel::{AttachError, Session},
+    model::{self, Counts, ProbeEstimate, Snapshot},
+    plan::HitCosts,
+};
+
+/// How long each `--budget` window stays attached before detaching starts.
+/// Detaching takes the kernel about 0.13 s per probe here, one after
+/// another, so that dominates a window anyway.
+pub const BUDGET_WINDOW: Duration = Duration::from_millis(20);
+
+/// The duty cycle of one session.
+pub struct DutyCycle {
+    controller: Controller,
+    costs: HitCosts,
+    scope: u32,
+    /// Whether the probes attach through uprobe-multi links.
+    multi: bool,
+    estimator: Estimator,
+    /// While attached: when the attach began and when it completed.
+    attached: Option<(Instant, Instant)>,
+    /// Cumulative counts per probe, by slot, when the current window began.
+    at_window_start: Vec<Counts>,
+    /// When to toggle next.
+    pub next: Instant,
+}
+
+fn counts(session: &mut Session, readout: &mut Readout) -> Result<Vec<Counts>, AttachError> {
+    Ok(readout.read(session)?.probes.iter().map(|c| Counts { calls: c.calls, bytes: c.bytes }).collect())
+}
+
+impl DutyCycle {
+    pub fn new(
+        (session, readout): (&mut Session, &mut Readout),
+        budget: f64,
+        costs: HitCosts,
+        (scope, multi): (u32, bool),
+        attach: (Instant, Instant),
+    ) -> Result<Self, AttachError> {
+        Ok(Self {
+            controller: Controller { budget, window: BUDGET_WINDOW },
+            costs,
+            scope,
+            multi,
+            estimator: Estimator::new(session.plan().probes.len()),
+            attached: Some(attach),
+            at_window_start: counts(session, readout)?,
+            next: attach.1 + BUDGET_WINDOW,
+        })
+    }
+
+    /// Ends the window if attached, else starts one.
+    pub fn toggle(&mut self, session: &mut Session, readout: &mut Readout) -> Result<(), AttachError> {
+        let Some((began, live)) = self.attached else {
+            if self.multi {
+                // The links go live within the attach; the window starts
+                // once they are and its base is read.
+                session.attach_multi(self.scope)?;
+                self.at_window_start = counts(session, readout)?;
+                let live = Instant::now();
+                self.attached = Some((live, live));
+                self.next = live + self.controller.window;
+            } else {
+                // Counts do not move while detached: this is the base.
+                self.at_window_start = counts(session, readout)?;
+                let began = Instant::now();
+                session.attach_perf(self.scope)?;
+                let live = Instant::now();
+                self.attached = Some((began, live));
+                self.next = live + self.controller.window;
+            }
+            return Ok(());
+        };
+        let counts_now = counts(session, readout)?;
+        let now = Instant::now();
+        let window = self.window_counts(&counts_now);
+        // Half the attach counts as live: the probes went live one by one.
+        let traced = now - live + (live - began) / 2;
+        if self.controller.gap(traced, self.overhead(session, &window)).is_none() {
+            // Within budget on its own: the next window follows at once.
+            self.record(session, &window, &vec![traced; window.len()], traced);
+            self.at_window_start = counts_now;
+            self.attached = Some((now, now));
+            self.next = now + self.controller.window;
+            return Ok(());
+        }
+        let gap = self.close(session, readout)?;
+        self.next = Instant::now() + gap;
+        Ok(())
+    }
+
+    /// Detaches and records the window; returns the gap the budget needs.
+    pub fn close(&mut self, session: &mut Session, readout: &mut Readout) -> Result<Duration, AttachError> {
+        let Some((began, live)) = self.attached.take() else { return Ok(Duration::ZERO) };
+        if self.multi {
+            // The window ends here: hits while the links remove their
+            // breakpoints (a moment) count in the totals but not here.
+            let window = self.window_counts(&counts(session, readout)?);
+            let ended = Instant::now();
+            session.detach_multi(self.scope);
+            // (began == live: see toggle.)
+            let traced = ended - live + (live - began) / 2;
+            let overhead = self.record(session, &window, &vec![traced; window.len()], traced);
+            return Ok(self.controller.gap(traced, overhead).unwrap_or(Duration::ZERO));
+        }
+        // Each detach holds the next one back (see Session::detach_in_order),
+        // so the probes that cost most go first.
+        let so_far = self.window_counts(&counts(session, readout)?);
+        let mut order: Vec<usize> = (0..so_far.len()).collect();
+        order.sort_by(|&a, &b| self.probe_cost(session, &so_far, b).total_cmp(&self.probe_cost(session, &so_far, a)));
+        let detached = session.detach_in_order(self.scope, &order);
+        let lives: Vec<Duration> = detached
+            .iter()
+            .map(|at| at.map_or(Duration::ZERO, |at| at.saturating_duration_since(live) + (live - began) / 2))
+            .collect();
+        let traced = lives.iter().copied().max().unwrap_or_default();
+        let window = self.window_counts(&counts(session, readout)?);
+        let overhead = self.record(session, &window, &lives, traced);
+        Ok(self.controller.gap(traced, overhead).unwrap_or(Duration::ZERO))
+    }
+
+    fn window_counts(&self, counts_now: &[Counts]) -> Vec<Counts> {
+        counts_now
+            .iter()
+            .zip(&self.at_window_start)
+            .map(|(now, then)| Counts {
+                calls: now.calls.saturating_sub(then.calls),
+                bytes: now.bytes.saturating_sub(then.bytes),
+            })
+            .collect()
+    }
+
+    /// What the window's hits of the probe in `slot` cost: its hits times
+    /// the calibrated cost of its placement.
+    #[allow(clippy::cast_precision_loss, reason = "hit counts of one window")]
+    fn probe_cost(&self, session: &Session, window: &[Counts], slot: usize) -> f64 {
+        let cost = session.plan().probes.get(slot).map_or(0.0, |p| self.costs.of(p.placement.emulated));
+        window.get(slot).map_or(0.0, |c| c.calls as f64) * cost
+    }
+
+    fn overhead(&self, session: &Session, window: &[Counts]) -> Duration {
+        let ns: f64 = (0..window.len()).map(|slot| self.probe_cost(session, window, slot)).sum();
+        Duration::from_secs_f64(ns / 1e9)
+    }
+
+    fn record(&mut self, session: &Session, window: &[Counts], lives: &[Duration], traced: Duration) -> Duration {
+        let overhead = self.overhead(session, window);
+        let probes: Vec<ProbeWindow> =
+            window.iter().zip(lives).map(|(c, &live)| ProbeWindow { live, calls: c.calls, bytes: c.bytes }).collect();
+        self.estimator.add(&probes, traced, overhead);
+        overhead
+    }
+
+    /// Marks `snapshot` as estimated: what the windows traced and each
+    /// probe's estimated rates.
+    pub fn fill(&self, snapshot: &mut Snapshot) {
+        let elapsed = snapshot.elapsed();
+        let ratio = |part: Duration| {
+            if elapsed.is_zero() { 0.0 } else { (part.as_secs_f64() / elapsed.as_secs_f64()).min(1.0) }
+        };
+        snapshot.budget = Some(model::Budget {
+            estimates: true,
+            percent: self.controller.budget * 100.0,
+            windows: self.estimator.windows(),
+            traced_s: self.estimator.traced().as_secs_f64(),
+            traced_fraction: ratio(self.estimator.traced()),
+            estimated_overhead_fraction: ratio(self.estimator.overhead()),
+            hit_cost_ns: self.costs,
+        });
+        let ci = |r: RateEstimate| r.ci95.map(|(lo, hi)| [lo, hi]);
+        for (p, (calls, bytes)) in snapshot.probes.values_mut().zip(self.estimator.rates()) {
+            p.estimate = Some(ProbeEstimate {
+                calls_per_s: calls.per_s,
+                calls_per_s_ci95: ci(calls),
+                bytes_per_s: bytes.per_s,
+                bytes_per_s_ci95: ci(bytes),
+            });
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! Reading the session's counts and filling the model's [`Snapshot`]s,
+//! and, with `--exe`, the lifetime of each traced process: once a process
+//! has exited, its counts are read one last time, kept here, and its
+//! entries leave the kernel maps, so that the maps do not fill up over a
+//! long run and a later process given the same PID starts from zero.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::{Duration, Instant},
+};
+
+use indexmap::IndexMap;
+
+use super::exit::Pidfd;
+use crate::{
+    kernel::{AttachError, Session, maps::ProbeReading},
+    model::{self, Counts, ExitedProcess, LateModule, ProbeCounts, Snapshot},
+    plan::Plan,
+};
+
+/// A traced process that exited, with its final counts by slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Exited {
+    pid: u32,
+    at: Duration,
+    probes: Vec<ProbeReading>,
+}
+
+/// Counts of every process traced so far, exited ones included.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Per probe, by slot.
+    pub probes: Vec<ProbeReading>,
+    /// Per process, by slot: the live ones and those that exited (a PID
+    /// two processes had in turn adds both).
+    pub per_process: BTreeMap<u32, Vec<ProbeReading>>,
+    /// One per BPF-side stat.
+    pub stats: Vec<u64>,
+    pub kernel_misses: u64,
+}
+
+/// Reads a session's counts, keeping those of exited processes.
+pub struct Readout {
+    started: Instant,
+    /// Whether processes come and go (`--exe`): with `--pid` the run ends
+    /// when the one process does.
+    reap: bool,
+    /// Processes seen in the maps, by PID, while they live.
+    watched: HashMap<u32, Pidfd>,
+    /// Processes seen gone at the last read: their counts are final at
+    /// the next.
+    gone: Vec<u32>,
+    exited: Vec<Exited>,
+}
+
+impl Readout {
+    #[must_use]
+    pub fn new(started: Instant, reap: bool) -> Self {
+        Self { started, reap, watched: HashMap::new(), gone: Vec::new(), exited: Vec::new() }
+    }
+
+    /// Reads every count. With `reap`, a process found exited at the
+    /// previous read has its final counts taken from this one (nothing can
+    /// have changed them since it exited) and its entries removed.
+    pub fn read(&mut self, session: &mut Session) -> Result<Totals, AttachError> {
+        if self.reap {
+            self.gone.extend(self.watched.iter().filter(|(_, fd)| fd.exited()).map(|(pid, _)| *pid));
+        }
+        let readings = session.read()?;
+        let mut live = readings.per_process;
+        if self.reap {
+            let at = self.started.elapsed();
+            for pid in std::mem::take(&mut self.gone) {
+                self.watched.remove(&pid);
+                if let Some(probes) = live.remove(&pid) {
+                    self.exited.push(Exited { pid, at, probes });
+                }
+                session.remove_process(pid)?;
+            }
+            for pid in live.keys() {
+                if !self.watched.contains_key(pid) {
+                    match Pidfd::open(*pid) {
+                        Some(fd) => {
+                            // Exited between its hits and now: its counts
+                            // are final at the next read.
+                            if fd.exited() {
+                                self.gone.push(*pid);
+                            }
+                            self.watched.insert(*pid, fd);
+                        }
+                        None => self.gone.push(*pid),
+                    }
+                }
+            }
+        }
+        let slots = readings.probes.len();
+        let mut per_process = live;
+        for e in &self.exited {
+            let merged = per_process.entry(e.pid).or_insert_with(|| vec![ProbeReading::default(); slots]);
+            for (total, own) in merged.iter_mut().zip(&e.probes) {
+                *total = total.merged(*own);
+            }
+        }
+        let mut probes = vec![ProbeReading::default(); slots];
+        for counts in per_process.values() {
+            for (total, own) in probes.iter_mut().zip(counts) {
+                *total = total.merged(*own);
+            }
+        }
+        Ok(Totals { probes, per_process, stats: readings.stats, kernel_misses: readings.kernel_misses })
+    }
+
+    /// The model's snapshot of `totals` for `plan`, taken at `elapsed`.
+    #[must_use]
+    pub fn snapshot(&self, plan: &Plan, totals: &Totals, late_modules: &[LateModule]) -> Snapshot {
+        let name_of = |slot: usize| plan.probes.get(slot).map_or("?", |p| p.symbol).to_owned();
+        let per_probe = |counts: &[ProbeReading]| -> IndexMap<String, Counts> {
+            counts
+                .iter()
+                .enumerate()
+                .map(|(slot, c)| (name_of(slot), Counts { calls: c.calls, bytes: c.bytes }))
+                .collect()
+        };
+        let probes = plan
+            .probes
+            .iter()
+            .zip(&totals.probes)
+            .map(|(p, c)| {
+                let returned = p.returns.as_ref().map(|_| model::Returned {
+                    returns: c.returned.returns,
+                    null: c.returned.null,
+                    pointer_sum: c.returned.pointer_sum,
+                });
+                let counts = ProbeCounts {
+                    calls: c.calls,
+                    bytes: c.bytes,
+                    returned,
+                    estimate: None,
+                    calls_per_s: None,
+                    bytes_per_s: None,
+                };
+                (p.symbol.to_owned(), counts)
+            })
+            .collect();
+        Snapshot {
+            elapsed_s: self.started.elapsed().as_secs_f64(),
+            budget: None,
+            probes,
+            pids: totals.per_process.iter().map(|(pid, counts)| (pid.to_string(), per_probe(counts))).collect(),
+            stats: Snapshot::stats_from(&totals.stats, totals.kernel_misses),
+            late_modules: late_modules.to_vec(),
+            exited: self
+                .exited
+                .iter()
+                .map(|e| ExitedProcess { pid: e.pid, exited_s: e.at.as_secs_f64(), probes: per_probe(&e.probes) })
+                .collect(),
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! What is traced: a live process (`--pid`) or an interpreter image and
+//! every process that runs it (`--exe`), found from the process and its
+//! files alone. Every command resolves its target through [`resolve`].
+
+pub mod elf;
+pub mod exe;
+pub mod modules;
+pub mod process;
+pub mod version;
+
+use std::{
+    collections::HashSet,
+    path::{Path, PathBuf},
+};
+
+use thiserror::Error;
+
+use self::{
+    elf::ElfImage,
+    exe::{ExeError, Interpreter},
+    modules::Module,
+    process::{FileId, Target, TargetError},
+    version::VersionReadError,
+};
+use crate::python::{self, Abi, PythonVersion, VersionError};
+
+/// The scope of a system-wide attachment (no process has PID 0).
+pub const ALL_PROCESSES: u32 = 0;
+
+/// What to trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TargetSpec {
+    /// One process (all its threads).
+    Pid(u32),
+    /// Every process running this interpreter, now or later.
+    Exe(PathBuf),
+}
+
+/// A target that cannot be traced: always the user's input.
+#[derive(Debug, Error)]
+pub enum ResolveError {
+    #[error(transparent)]
+    Process(#[from] TargetError),
+    #[error(transparent)]
+    Exe(#[from] ExeError),
+    #[error(transparent)]
+    Version(#[from] VersionError),
+    #[error(transparent)]
+    VersionRead(#[from] VersionReadError),
+}
+
+/// A target resolved to its interpreter image, its version and the
+/// modules that may call into it: what attaching, planning and the
+/// benchmarks need.
+#[derive(Debug)]
+pub struct Resolved {
+    /// `--pid`'s process, or [`ALL_PROCESSES`] with `--exe`.
+    pub scope: u32,
+    /// With `--exe`, the executable asked for (symlinks followed).
+    pub exe: Option<PathBuf>,
+    pub elf: ElfImage,
+    /// The image as the target sees it.
+    pub display_path: PathBuf,
+    /// The same file from tracer's mount namespace.
+    pub attach_path: PathBuf,
+    pub version: PythonVersion,
+    pub abi: &'static dyn Abi,
+    /// With call sites, the modules that may call the image.
+    pub modules: Vec<Module>,
+    /// The identities of those modules and the image.
+    pub known: HashSet<FileId>,
+    /// Where `_Py_DebugOffsets` disagrees with the version module, if it
+    /// does (3.13+).
+    pub debug_offsets_mismatch: Option<String>,
+}
+
+/// Resolves `spec`; with `call_sites`, also finds the modules that may call
+/// the image.
+pub fn resolve(spec: &TargetSpec, call_sites: bool) -> Result<Resolved, ResolveError> {
+    // What differs: how the image and its version are found, from where its
+    // files are reached, and which files already call into it.
+    let (scope, exe, elf, display_path, attach_path, root, callers, version, mismatch) = match spec {
+        TargetSpec::Pid(pid) => {
+            let target = Target::inspect(*pid)?;
+            let source = version::Source::Process(&target);
+            let version = version::read(source)?;
+            let abi = python::abi_for(*pid, version)?;
+            let mismatch = version::check_debug_offsets(source, abi, version);
+            let Target { elf, image_path, host_path, code_files, .. } = target;
+            (*pid, None, elf, image_path, host_path, process::proc_root(*pid), code_files, version, mismatch)
+        }
+        TargetSpec::Exe(path) => {
+            let interp = Interpreter::from_executable(path)?;
+            let source = version::Source::File(&interp.elf, &interp.image);
+            let abi = python::abi_for_image(&interp.image, interp.version)?;
+            let mismatch = version::check_debug_offsets(source, abi, interp.version);
+            // The executable calls into its libpython.
+            let callers = if interp.exe == interp.image { Vec::new() } else { vec![interp.exe.clone()] };
+            let Interpreter { exe, image, elf, version } = interp;
+            (ALL_PROCESSES, Some(exe), elf, image.clone(), image, PathBuf::from("/"), callers, version, mismatch)
+        }
+    };
+    let abi = python::abi_for_image(&display_path, version)?;
+    let v = (version.major, version.minor);
+    let mut modules = if call_sites { modules::modules(&display_path, &root, &callers, v) } else { Vec::new() };
+    let mut known = modules::known_files(&attach_path, &modules);
+    if call_sites && scope == ALL_PROCESSES {
+        // Every file the interpreter's running processes map executable,
+        // such as the third-party extension modules they imported.
+        for (pid, files) in process::processes_mapping(&attach_path) {
+            modules.extend(modules::new_modules(pid, &files, &mut known));
+        }
+    }
+    Ok(Resolved {
+        scope,
+        exe,
+        elf,
+        display_path,
+        attach_path,
+        version,
+        abi,
+        modules,
+        known,
+        debug_offsets_mismatch: mismatch,
+    })
+}
+
+impl Resolved {
+    /// The PID with `--pid`.
+    #[must_use]
+    pub fn pid(&self) -> Option<u32> {
+        (self.scope != ALL_PROCESSES).then_some(self.scope)
+    }
+
+    /// The image path as the target sees it.
+    #[must_use]
+    pub fn image(&self) -> &Path {
+        &self.display_path
+    }
+}
