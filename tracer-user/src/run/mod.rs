@@ -159,6 +159,68 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
 
+    let (mut run, mut output, exit) = start(config, out, err)?;
+    let started = run.started;
+    let start = tokio::time::Instant::from_std(started);
+    let mut ticker = interval_at(start + config.interval, config.interval);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    // Without --duration the deadline is never polled.
+    let deadline = sleep_until(start + config.duration.unwrap_or(std::time::Duration::MAX / 4));
+    tokio::pin!(deadline);
+    let target_exit = async {
+        match &exit {
+            Some(exit) => exit.exited().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(target_exit);
+    let toggle_at = run.duty.as_ref().map_or(start, |d| tokio::time::Instant::from_std(d.next));
+    let toggle = sleep_until(toggle_at);
+    tokio::pin!(toggle);
+
+    let end = loop {
+        tokio::select! {
+            biased;
+            _ = sigint.recv() => break End::Signal("SIGINT"),
+            _ = sigterm.recv() => break End::Signal("SIGTERM"),
+            () = &mut target_exit => break End::TargetExit,
+            () = &mut deadline, if config.duration.is_some() => break End::Duration,
+            () = &mut toggle, if run.duty.is_some() => {
+                let Some(d) = run.duty.as_mut() else { continue };
+                match d.toggle(&mut run.session, &mut run.readout) {
+                    Ok(()) => toggle.as_mut().reset(tokio::time::Instant::from_std(d.next)),
+                    Err(AttachError::TargetExited { .. }) => break End::TargetExit,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            _ = ticker.tick() => {
+                let notes = run.notes();
+                output.notes(notes)?;
+                let snapshot = run.snapshot()?;
+                output.interval(snapshot)?;
+            }
+        }
+    };
+    // Read after the end so the summary holds every hit up to the target's
+    // exit, then detach before printing.
+    if let Some(d) = run.duty.as_mut() {
+        d.close(&mut run.session, &mut run.readout)?;
+    }
+    let last = run.snapshot()?;
+    let log = run.session.drain_bpf_log();
+    drop(run);
+    output.notes(log.into_iter().map(|line| Note::new(Level::Note, NoteCode::BpfLog, line)))?;
+    output.summary(last, end)?;
+    Ok(end)
+}
+
+/// Resolves, plans, loads and attaches as `config` says, and reports the
+/// attach: everything before the loop.
+fn start<'a>(
+    config: &AttachConfig,
+    out: impl Write + 'a,
+    err: impl Write + 'a,
+) -> anyhow::Result<(Run, Output<'a>, Option<ProcessExit>)> {
     // Calibrated before anything is attached to the target: the child it
     // times is tracer's own.
     let calibration =
@@ -218,59 +280,7 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
         )
     });
     output.notes(fallback.into_iter().chain(mismatch))?;
-    let mut run = Run { session, readout, duty, late, started };
-
-    let start = tokio::time::Instant::from_std(started);
-    let mut ticker = interval_at(start + config.interval, config.interval);
-    ticker.set_missed_tick_behavior(MissedTickBehavior::Skip);
-    // Without --duration the deadline is never polled.
-    let deadline = sleep_until(start + config.duration.unwrap_or(std::time::Duration::MAX / 4));
-    tokio::pin!(deadline);
-    let target_exit = async {
-        match &exit {
-            Some(exit) => exit.exited().await,
-            None => std::future::pending().await,
-        }
-    };
-    tokio::pin!(target_exit);
-    let toggle_at = run.duty.as_ref().map_or(start, |d| tokio::time::Instant::from_std(d.next));
-    let toggle = sleep_until(toggle_at);
-    tokio::pin!(toggle);
-
-    let end = loop {
-        tokio::select! {
-            biased;
-            _ = sigint.recv() => break End::Signal("SIGINT"),
-            _ = sigterm.recv() => break End::Signal("SIGTERM"),
-            () = &mut target_exit => break End::TargetExit,
-            () = &mut deadline, if config.duration.is_some() => break End::Duration,
-            () = &mut toggle, if run.duty.is_some() => {
-                let Some(d) = run.duty.as_mut() else { continue };
-                match d.toggle(&mut run.session, &mut run.readout) {
-                    Ok(()) => toggle.as_mut().reset(tokio::time::Instant::from_std(d.next)),
-                    Err(AttachError::TargetExited { .. }) => break End::TargetExit,
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            _ = ticker.tick() => {
-                let notes = run.notes();
-                output.notes(notes)?;
-                let snapshot = run.snapshot()?;
-                output.interval(snapshot)?;
-            }
-        }
-    };
-    // Read after the end so the summary holds every hit up to the target's
-    // exit, then detach before printing.
-    if let Some(d) = run.duty.as_mut() {
-        d.close(&mut run.session, &mut run.readout)?;
-    }
-    let last = run.snapshot()?;
-    let log = run.session.drain_bpf_log();
-    drop(run);
-    output.notes(log.into_iter().map(|line| Note::new(Level::Note, NoteCode::BpfLog, line)))?;
-    output.summary(last, end)?;
-    Ok(end)
+    Ok((Run { session, readout, duty, late, started }, output, exit))
 }
 
 /// Resolves the target and plans its probes for `tracer probes`, without
