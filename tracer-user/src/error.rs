@@ -2,8 +2,12 @@
 //! tracer's own (exit status 1).
 
 use crate::{
-    bench::BenchError, config::ConfigError, kernel::AttachError, plan::PlanError, privileges::PrivilegeError,
-    target::ResolveError,
+    bench::BenchError,
+    config::ConfigError,
+    kernel::AttachError,
+    plan::PlanError,
+    privileges::PrivilegeError,
+    target::{ResolveError, process::TargetError},
 };
 
 /// Exit status for bad input: a wrong PID, a non-Python target, missing
@@ -20,6 +24,7 @@ pub fn exit_status(err: &anyhow::Error) -> i32 {
         cause.is::<ConfigError>()
             || cause.is::<PrivilegeError>()
             || cause.is::<ResolveError>()
+            || cause.is::<TargetError>()
             || cause.is::<PlanError>()
             || cause.downcast_ref::<AttachError>().is_some_and(AttachError::is_bad_input)
             || cause.downcast_ref::<BenchError>().is_some_and(BenchError::is_bad_input)
