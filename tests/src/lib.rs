@@ -211,6 +211,26 @@ impl Workload {
         Self::start(python, &["once", &n.to_string(), exit.arg(), body.arg()], aslr)
     }
 
+    /// As [`Workload::once`], started with the PID `pid` (just freed): the
+    /// kernel hands out the PID after `/proc/sys/kernel/ns_last_pid`, so
+    /// this sets that and starts the workload, again if another process
+    /// took the PID first.
+    #[must_use]
+    pub fn once_with_pid(python: &Path, n: u64, body: Body, exit: Exit, aslr: Aslr, pid: u32) -> Self {
+        let args = ["once".to_owned(), n.to_string(), exit.arg().to_owned(), body.arg().to_owned()];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        for _ in 0..200 {
+            std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
+                .expect("write /proc/sys/kernel/ns_last_pid (needs root)");
+            let child = Self::command(python, &args, aslr).spawn().expect("start the workload");
+            if child.id() == pid {
+                return Self::from_child(child);
+            }
+            drop(KillOnDrop(child));
+        }
+        panic!("the kernel never handed out PID {pid} again in 200 tries");
+    }
+
     /// Waits until the workload sleeps in `read(0, ...)`: "ready" is printed
     /// just before the read, and whatever Python allocates on the way into
     /// it must not land on one side of the attach in one run and on the
@@ -245,6 +265,13 @@ impl Workload {
     }
 
     fn start(python: &Path, args: &[&str], aslr: Aslr) -> Self {
+        let child = Self::command(python, args, aslr)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", python.display()));
+        Self::from_child(child)
+    }
+
+    fn command(python: &Path, args: &[&str], aslr: Aslr) -> Command {
         let script = workspace_root().join("tests/python/workload.py");
         let mut cmd = match aslr {
             Aslr::On => Command::new(python),
@@ -256,23 +283,23 @@ impl Workload {
                 c
             }
         };
-        let mut child = cmd
-            .arg(&script)
+        cmd.arg(&script)
             .args(args)
             // Same hash seed in every run, so dict layouts (and so the
             // allocations around the measured loop) are identical.
             .env("PYTHONHASHSEED", "0")
             .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", python.display()));
+            .stdout(Stdio::piped());
+        cmd
+    }
+
+    fn from_child(mut child: Child) -> Self {
         let stdin = child.stdin.take();
         let stdout = Lines::new(child.stdout.take().expect("piped stdout"));
         let w = Self { child: KillOnDrop(child), stdin, stdout };
         w.expect("ready");
         w
     }
-
     #[must_use]
     pub fn pid(&self) -> u32 {
         self.child.id()

@@ -209,3 +209,118 @@ fn not_root() {
     }
     workload.ping();
 }
+
+/// `--probes` naming no function: the message once, not twice joined by a
+/// colon (a wrapper's message and its cause's).
+#[test]
+fn unknown_probe_name_is_named_once() {
+    let python = shared_python();
+    let (code, stdout, stderr) = run_tracer(&["probes", "--exe", python.to_str().unwrap(), "--probes", "nonexistent"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert_eq!(stdout, "");
+    let known = "_Py_NewReference, _Py_Dealloc, PyObject_Malloc, PyObject_Calloc, PyObject_Realloc, PyObject_Free, \
+                 PyMem_Malloc, PyMem_Calloc, PyMem_Realloc, PyMem_Free, PyMem_RawMalloc, PyMem_RawCalloc, \
+                 PyMem_RawRealloc, PyMem_RawFree, _Py_NewReferenceNoTotal";
+    assert_eq!(
+        stderr,
+        format!(
+            "tracer: error: --probes names nonexistent, which tracer does not probe; choose from default, refs, alloc or: {known}\n"
+        )
+    );
+}
+
+/// A function another version has but this one lacks is refused for this
+/// version, by name.
+#[test]
+fn probe_this_version_lacks() {
+    let (code, _, stderr) =
+        run_tracer(&["probes", "--exe", "/usr/bin/python3.11", "--probes", "_Py_NewReferenceNoTotal"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with("tracer: error: --probes names _Py_NewReferenceNoTotal, which Python 3.11.")
+            && stderr.ends_with(" does not have; drop it from --probes\n"),
+        "{stderr}"
+    );
+}
+
+/// The capabilities `pid` is permitted that this process lacks, by name.
+fn capabilities_lacking(pid: u32) -> Vec<String> {
+    let field = |path: String, name: &str| -> u64 {
+        let status = std::fs::read_to_string(path).unwrap();
+        let hex = status.lines().find_map(|l| l.strip_prefix(name)).unwrap().trim().to_owned();
+        u64::from_str_radix(&hex, 16).unwrap()
+    };
+    let mine = field("/proc/self/status".into(), "CapEff:");
+    let theirs = field(format!("/proc/{pid}/status"), "CapPrm:");
+    let names = [
+        "chown",
+        "dac_override",
+        "dac_read_search",
+        "fowner",
+        "fsetid",
+        "kill",
+        "setgid",
+        "setuid",
+        "setpcap",
+        "linux_immutable",
+        "net_bind_service",
+        "net_broadcast",
+        "net_admin",
+        "net_raw",
+        "ipc_lock",
+        "ipc_owner",
+        "sys_module",
+        "sys_rawio",
+        "sys_chroot",
+        "sys_ptrace",
+        "sys_pacct",
+        "sys_admin",
+        "sys_boot",
+        "sys_nice",
+        "sys_resource",
+        "sys_time",
+        "sys_tty_config",
+        "mknod",
+        "lease",
+        "audit_write",
+        "audit_control",
+        "setfcap",
+        "mac_override",
+        "mac_admin",
+        "syslog",
+        "wake_alarm",
+        "block_suspend",
+        "audit_read",
+        "perfmon",
+        "bpf",
+        "checkpoint_restore",
+    ];
+    (0..64usize).filter(|b| theirs & !mine & (1 << b) != 0).map(|b| format!("cap_{}", names[b])).collect()
+}
+
+/// As root, a process the kernel will not let tracer inspect gets the real
+/// reason, not "tracer must run as root". Here PID 1 holds capabilities
+/// that root in this sandbox lacks; where it holds none that tracer lacks
+/// and can be read, it is simply not Python.
+#[test]
+fn a_process_root_may_not_inspect() {
+    require_root();
+    let (code, stdout, stderr) = run_tracer(&["probes", "--pid", "1"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert_eq!(stdout, "");
+    assert!(!stderr.contains("must run as root"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    let lacking = capabilities_lacking(1);
+    if lacking.is_empty() {
+        assert!(std::fs::read_to_string("/proc/1/maps").is_ok(), "PID 1 is unreadable for another reason: {stderr}");
+        assert!(stderr.contains("is not a Python process"), "{stderr}");
+    } else {
+        assert_eq!(
+            stderr,
+            format!(
+                "tracer: error: the kernel denied tracer access to /proc/1/maps of PID 1 although tracer runs as root: PID 1 holds capabilities that tracer lacks ({}), and only a process with all of them may inspect it; trace another process, or run tracer where it has those capabilities (outside this container or sandbox)\n",
+                lacking.join(", ")
+            )
+        );
+    }
+}

@@ -125,7 +125,15 @@ fn shown(cmd: &Command) -> String {
         .join(" ")
 }
 
+/// tracer-user/build.rs's switch that embeds an empty BPF object.
+const EMPTY_BPF_SWITCH: &str = "TRACER_EMPTY_BPF";
+
 fn build(root: &Path, release: bool) -> anyhow::Result<PathBuf> {
+    if std::env::var_os(EMPTY_BPF_SWITCH).is_some_and(|v| !v.is_empty() && v != "0") {
+        bail!(
+            "{EMPTY_BPF_SWITCH} is set, which would build a tracer without its BPF object; unset it (it is for `cargo check`, `cargo clippy` and rust-analyzer only)"
+        );
+    }
     let mut cmd = cargo();
     cmd.current_dir(root).args(["build", "--locked", "-p", "tracer-user"]);
     if release {
@@ -179,17 +187,54 @@ fn demo(root: &Path, tracer: &Path, seconds: u32) -> anyhow::Result<()> {
     result
 }
 
+const CLIPPY: [&str; 7] = ["clippy", "--locked", "--workspace", "--all-targets", "--", "-D", "warnings"];
+
+/// Runs clippy as a machine without Debian's BPF toolchain would: with
+/// build.rs's switch, in a target directory of its own, and a PATH that
+/// holds only rustup's tools and the C linker, so that neither Debian's
+/// cargo and rustc nor bpf-linker can be found.
+fn clippy_without_bpf_toolchain(root: &Path) -> anyhow::Result<()> {
+    let bin = root.join("target").join("no-bpf-toolchain").join("bin");
+    std::fs::create_dir_all(&bin).with_context(|| format!("creating {}", bin.display()))?;
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+        .context("neither CARGO_HOME nor HOME is set")?;
+    let tools = [
+        (home.join("bin/cargo"), "cargo"),
+        (home.join("bin/rustc"), "rustc"),
+        (home.join("bin/cargo-clippy"), "cargo-clippy"),
+        (home.join("bin/clippy-driver"), "clippy-driver"),
+        (PathBuf::from("/usr/bin/cc"), "cc"),
+        (PathBuf::from("/usr/bin/ld"), "ld"),
+    ];
+    for (target, name) in &tools {
+        let link = bin.join(name);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(target, &link).with_context(|| format!("linking {}", link.display()))?;
+    }
+    for absent in ["bpf-linker", "rustc-web"] {
+        if bin.join(absent).exists() {
+            bail!("{absent} is in {}", bin.display());
+        }
+    }
+    let mut cmd = Command::new(bin.join("cargo"));
+    cmd.current_dir(root)
+        .args(CLIPPY)
+        .env("PATH", &bin)
+        .env(EMPTY_BPF_SWITCH, "1")
+        .env("CARGO_TARGET_DIR", root.join("target").join("no-bpf-toolchain"))
+        .env_remove("RUSTC")
+        .env_remove("RUSTC_WRAPPER")
+        .env_remove("CARGO");
+    eprintln!("xtask: clippy with {EMPTY_BPF_SWITCH}=1 and no BPF toolchain on PATH");
+    run(&mut cmd)
+}
+
 fn test(root: &Path, tracer: &Path, args: &[String]) -> anyhow::Result<()> {
     require_root("the integration tests (they load BPF programs and attach uprobes)")?;
-    run(cargo().current_dir(root).args([
-        "clippy",
-        "--locked",
-        "--workspace",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
+    run(cargo().current_dir(root).args(CLIPPY))?;
+    clippy_without_bpf_toolchain(root)?;
     let mut cmd = cargo();
     cmd.current_dir(root)
         .args(["test", "--locked", "--workspace"])

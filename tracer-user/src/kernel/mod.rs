@@ -256,3 +256,48 @@ fn take_map<M>(
     })?;
     convert(map).map_err(|cause| AttachError::Map { name, cause: Box::new(cause) })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use aya_obj::generated::bpf_map_type;
+
+    use super::*;
+    use crate::{
+        plan::{self, ImageRef, PlanOptions},
+        probe::ProbeSpec,
+        target::elf::ElfImage,
+    };
+
+    /// Every program loads for uprobe-multi links against the object's
+    /// maps, whatever their type: a map type the multi loader left out
+    /// would fail this load, and `--links auto` would fall back silently.
+    #[test]
+    fn every_program_loads_for_multi_links_with_every_map_type() {
+        assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
+        let obj = aya_obj::Object::parse(crate::BPF_OBJECT).expect("the embedded BPF object parses");
+        let types: BTreeSet<u32> = obj.maps.values().map(aya_obj::Map::map_type).collect();
+        for (wanted, name) in [
+            (bpf_map_type::BPF_MAP_TYPE_PERCPU_HASH, "per-CPU hash (counters, returns)"),
+            (bpf_map_type::BPF_MAP_TYPE_PERCPU_ARRAY, "per-CPU array (stats)"),
+            (bpf_map_type::BPF_MAP_TYPE_RINGBUF, "ring buffer (aya-log)"),
+            (bpf_map_type::BPF_MAP_TYPE_ARRAY, "array (.rodata globals)"),
+        ] {
+            assert!(types.contains(&(wanted as u32)), "the object has no {name} map: {types:?}");
+        }
+        let exe = std::env::current_exe().expect("the test binary");
+        let elf = ElfImage::open(&exe).expect("the test binary is ELF");
+        let image = ImageRef { elf: &elf, display_path: &exe, attach_path: &exe, modules: &[] };
+        let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
+        let plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
+        let options = LoadOptions { bpf_log: true, ..LoadOptions::default() };
+        let session = Session::load(plan, std::process::id(), options).expect("the object loads");
+        let names: BTreeSet<&str> = session.map_fds.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names.len(), obj.maps.len(), "every map of the object has an fd for the multi loader: {names:?}");
+        for program in Program::ALL {
+            multi::load(crate::BPF_OBJECT, program.name(), &session.map_fds)
+                .unwrap_or_else(|e| panic!("{} does not load for uprobe-multi links: {e}", program.name()));
+        }
+    }
+}
