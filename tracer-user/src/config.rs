@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-pub use crate::target::TargetSpec;
+pub use crate::discover::TargetSpec;
 use crate::{
     plan::PlacementMode,
     probe::{ProbeSelection, SelectionError},

@@ -4,10 +4,10 @@
 use crate::{
     bench::BenchError,
     config::ConfigError,
+    discover::{ResolveError, process::TargetError},
     kernel::AttachError,
     plan::PlanError,
     privileges::PrivilegeError,
-    target::{ResolveError, process::TargetError},
 };
 
 /// Exit status for bad input: a wrong PID, a non-Python target, missing

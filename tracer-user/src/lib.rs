@@ -1,10 +1,11 @@
 //! tracer's userspace: find the CPython image in a live process
-//! ([`target`]), plan where each probe goes ([`plan`]), load and attach the
+//! ([`discover`]), plan where each probe goes ([`plan`]), load and attach the
 //! BPF programs ([`kernel`]), run until the end ([`run`]), and report what
 //! was counted ([`model`], [`report`]).
 
 pub mod bench;
 pub mod config;
+pub mod discover;
 pub mod error;
 pub mod kernel;
 pub mod model;
@@ -14,7 +15,6 @@ pub mod probe;
 pub mod python;
 pub mod report;
 pub mod run;
-pub mod target;
 
 /// The BPF object built from `tracer-ebpf` by build.rs (empty when built
 /// with `TRACER_EMPTY_BPF=1`, for checking and linting without the BPF

@@ -20,10 +20,10 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use crate::{
+    discover::{ResolveError, Resolved, TargetSpec},
     kernel::{AttachError, LoadOptions, Session},
     plan::{self, ImageRef, PlacementMode, PlanError, PlanOptions},
     probe::{ProbeSelection, ProbeSpec, Program, SelectionError},
-    target::{ResolveError, Resolved, TargetSpec},
 };
 
 const HELPER: &str = include_str!("helper.py");
@@ -230,7 +230,7 @@ impl Bench {
         if info.pyperf.is_none() {
             return Err(BenchError::NoPyperf { python: python.to_owned(), venv: default_venv().display().to_string() });
         }
-        let target = crate::target::resolve(&TargetSpec::Exe(info.executable), true)?;
+        let target = crate::discover::resolve(&TargetSpec::Exe(info.executable), true)?;
         Ok(Self {
             python: python.to_owned(),
             target,

@@ -7,12 +7,12 @@ use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkI
 
 use super::{ALL_PROCESSES, AttachError, Session, multi};
 use crate::{
+    discover::modules::Module,
     plan::{
         callsites::{Found, SiteFile},
         returns::ReturnPlan,
     },
     probe::Program,
-    target::modules::Module,
 };
 
 /// One uprobe to attach: what, where (a file and an offset in it) and its

@@ -26,7 +26,7 @@ use tracer_common::{
 };
 
 pub use self::{links::LateSites, maps::Readings};
-pub use crate::target::ALL_PROCESSES;
+pub use crate::discover::ALL_PROCESSES;
 use crate::{plan::Plan, probe::Program};
 
 /// Failure to load or attach.
@@ -265,9 +265,9 @@ mod tests {
 
     use super::*;
     use crate::{
+        discover::elf::ElfImage,
         plan::{self, ImageRef, PlanOptions},
         probe::ProbeSpec,
-        target::elf::ElfImage,
     };
 
     /// Every program loads for uprobe-multi links against the object's

@@ -31,7 +31,7 @@ use object::{
 };
 
 use super::placement::{KernelVersion, emulated};
-use crate::target::modules::Module;
+use crate::discover::modules::Module;
 
 /// What one module holds for one function.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -410,7 +410,7 @@ mod tests {
         std::hint::black_box(tracer_callsite_callers as extern "C" fn());
         let exe = std::env::current_exe().unwrap();
         let data = std::fs::read(&exe).unwrap();
-        let elf = crate::target::elf::ElfImage::parse(&exe, &data).unwrap();
+        let elf = crate::discover::elf::ElfImage::parse(&exe, &data).unwrap();
         let called = elf.function("tracer_callsite_called").unwrap().address;
         let taken = elf.function("tracer_callsite_taken").unwrap().address;
         let found =

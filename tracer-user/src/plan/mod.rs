@@ -16,8 +16,8 @@ use self::{
     returns::{ReturnCosts, ReturnPlan},
 };
 use crate::{
+    discover::{elf::ElfImage, modules::Module},
     probe::{ProbeKind, ProbeSpec, Program},
-    target::{elf::ElfImage, modules::Module},
 };
 
 /// A plan that cannot work for this image: the user's input.
@@ -80,8 +80,8 @@ pub struct ImageRef<'a> {
     pub modules: &'a [Module],
 }
 
-impl<'a> From<&'a crate::target::Resolved> for ImageRef<'a> {
-    fn from(r: &'a crate::target::Resolved) -> Self {
+impl<'a> From<&'a crate::discover::Resolved> for ImageRef<'a> {
+    fn from(r: &'a crate::discover::Resolved) -> Self {
         Self { elf: &r.elf, display_path: &r.display_path, attach_path: &r.attach_path, modules: &r.modules }
     }
 }

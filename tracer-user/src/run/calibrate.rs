@@ -17,13 +17,13 @@ use std::{
 use thiserror::Error;
 
 use crate::{
+    discover::elf::{ElfError, ElfImage},
     kernel::{AttachError, LoadOptions, Session},
     plan::{
         self, HitCosts, ImageRef, PlacementMode, PlanError, PlanOptions,
         returns::{ReturnCosts, ReturnMeasurement},
     },
     probe::{ProbeSpec, Program},
-    target::elf::{ElfError, ElfImage},
 };
 
 /// The hidden subcommand that runs the child side.

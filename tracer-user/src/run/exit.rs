@@ -6,7 +6,7 @@ use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 
 use tokio::io::unix::AsyncFd;
 
-use crate::target::process::TargetError;
+use crate::discover::process::TargetError;
 
 /// Opens a pidfd for `pid`: `Ok(None)` when no such process exists.
 fn pidfd_open(pid: u32) -> std::io::Result<Option<OwnedFd>> {

@@ -6,12 +6,12 @@
 use std::{collections::HashSet, path::PathBuf, time::Instant};
 
 use crate::{
-    kernel::{ALL_PROCESSES, Session},
-    model::{LateCoverage, LateModule, Level, Note, NoteCode},
-    target::{
+    discover::{
         modules::{self, Module},
         process::{self, FileId},
     },
+    kernel::{ALL_PROCESSES, Session},
+    model::{LateCoverage, LateModule, Level, Note, NoteCode},
 };
 
 /// Whose mappings [`LateModules`] watches.

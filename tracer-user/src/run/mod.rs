@@ -25,13 +25,13 @@ use self::{
 };
 use crate::{
     config::{AttachConfig, LinkMode},
+    discover::{self, Resolved, TargetSpec},
     kernel::{AttachError, LoadOptions, Session},
     model::{Attached, End, Event, Level, Links, Note, NoteCode, PlanReport, PythonInfo, Snapshot, Summary},
     plan::{self, ImageRef, PlacementMode, PlanOptions, returns::ReturnCosts},
     privileges,
     probe::ProbeSelection,
     report::{self, Reporter},
-    target::{self, Resolved, TargetSpec},
 };
 
 /// Attaches every probe as `mode` says; returns how, and the note to give
@@ -233,7 +233,7 @@ fn start<'a>(
         TargetSpec::Pid(pid) => Some(ProcessExit::watch(*pid)?),
         TargetSpec::Exe(_) => None,
     };
-    let r = target::resolve(&config.target, config.placement == PlacementMode::CallSites)?;
+    let r = discover::resolve(&config.target, config.placement == PlacementMode::CallSites)?;
     let options =
         PlanOptions { placement: config.placement, returns: return_costs.map(|r| r.0), ..PlanOptions::default() };
     let plan = plan::plan(ImageRef::from(&r), &specs(&r, &config.probes)?, options)?;
@@ -301,7 +301,7 @@ pub fn probe_plan(
     };
     let return_costs: Option<ReturnCosts> = calibrated.map(|r| r.0);
     let options = PlanOptions { placement, returns: return_costs, ..PlanOptions::default() };
-    let r = target::resolve(target, placement == PlacementMode::CallSites)?;
+    let r = discover::resolve(target, placement == PlacementMode::CallSites)?;
     let plan = plan::plan(ImageRef::from(&r), &specs(&r, selection)?, options)?;
     Ok(PlanReport::new(&plan, &r.version.to_string(), calibrated.map(|r| r.1)))
 }

@@ -1,4 +1,4 @@
-//! What is traced: a live process (`--pid`) or an interpreter image and
+//! Discovering what is traced: a live process (`--pid`) or an interpreter image and
 //! every process that runs it (`--exe`), found from the process and its
 //! files alone. Every command resolves its target through [`resolve`].
 
