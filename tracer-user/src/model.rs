@@ -184,7 +184,7 @@ pub struct ExitedProcess {
 }
 
 /// Cumulative counts since the attach.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Snapshot {
     pub elapsed_s: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -473,17 +473,13 @@ mod tests {
         };
         let snap = |elapsed_s, scale: u64| Snapshot {
             elapsed_s,
-            budget: None,
             probes: [
                 ("_Py_NewReference".to_owned(), counts(10 * scale, 0)),
                 ("PyObject_Malloc".to_owned(), counts(4 * scale, 4000 * scale)),
             ]
             .into_iter()
             .collect(),
-            pids: IndexMap::new(),
-            stats: IndexMap::new(),
-            late_modules: Vec::new(),
-            exited: Vec::new(),
+            ..Snapshot::default()
         };
         let first = snap(1.0, 1);
         let mut second = snap(2.0, 3);

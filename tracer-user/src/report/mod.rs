@@ -76,7 +76,6 @@ pub(crate) mod examples {
         .collect();
         Snapshot {
             elapsed_s: seconds,
-            budget: None,
             probes: [
                 ("_Py_NewReference".to_owned(), counts(10 * scale, 0)),
                 ("PyObject_Malloc".to_owned(), counts(4 * scale, 4000 * scale)),
@@ -85,8 +84,7 @@ pub(crate) mod examples {
             .collect(),
             pids: [("77".to_owned(), per_pid)].into_iter().collect(),
             stats: Snapshot::stats_from(&[0; tracer_common::stats::STAT_COUNT as usize], 0),
-            late_modules: Vec::new(),
-            exited: Vec::new(),
+            ..Snapshot::default()
         }
     }
 }

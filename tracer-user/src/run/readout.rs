@@ -144,7 +144,6 @@ impl Readout {
             .collect();
         Snapshot {
             elapsed_s: self.started.elapsed().as_secs_f64(),
-            budget: None,
             probes,
             pids: totals.per_process.iter().map(|(pid, counts)| (pid.to_string(), per_probe(counts))).collect(),
             stats: Snapshot::stats_from(&totals.stats, totals.kernel_misses),
@@ -154,6 +153,7 @@ impl Readout {
                 .iter()
                 .map(|e| ExitedProcess { pid: e.pid, exited_s: e.at.as_secs_f64(), probes: per_probe(&e.probes) })
                 .collect(),
+            ..Snapshot::default()
         }
     }
 }
