@@ -203,6 +203,10 @@ pub struct Snapshot {
     /// With `--exe`: each traced process that exited, separately.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exited: Vec<ExitedProcess>,
+    /// Every probe hit so far, return probes included: what tracer's cost
+    /// to the target is made of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hits: Option<u64>,
 }
 
 /// Name of the kernel's recursion-miss count in `stats`.

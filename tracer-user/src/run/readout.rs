@@ -153,6 +153,7 @@ impl Readout {
                 .iter()
                 .map(|e| ExitedProcess { pid: e.pid, exited_s: e.at.as_secs_f64(), probes: per_probe(&e.probes) })
                 .collect(),
+            hits: Some(totals.probes.iter().map(|c| c.calls.saturating_add(c.returned.returns)).sum()),
             ..Snapshot::default()
         }
     }
