@@ -315,7 +315,7 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         rows.push(report::Row { name: state.name(), stats, vs_baseline: b.compare(baseline, stats)? });
     }
     if args.json {
-        println!("{}", report::json(&b, baseline, &rows, &hits));
+        println!("{}", serde_json::to_string(&report::json(&b, baseline, &rows, &hits))?);
     } else {
         for line in report::text(baseline, &rows, &hits, &args.out) {
             println!("{line}");

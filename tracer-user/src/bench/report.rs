@@ -3,10 +3,11 @@
 
 use std::{path::Path, time::Duration};
 
-use serde_json::{Map, Value, json};
+use indexmap::IndexMap;
 
 use super::{Bench, BenchError, Comparison, HitsPerLoop, State, StateStats, compare_line};
 use crate::{
+    model::{BenchEntry, BenchPython, BenchReport, BenchState},
     plan::PlacementMode,
     probe::{ProbeSelection, ProbeSpec, Program},
 };
@@ -142,33 +143,38 @@ pub fn ns_per_hit(baseline: &StateStats, other: &StateStats, hits: &HitsPerLoop)
 /// The result as one JSON object: `baseline`, one object per setup, and
 /// `NAME_vs_baseline`, `hits_per_loop`, `ns_per_hit` (attached).
 #[must_use]
-pub fn json(bench: &Bench, baseline: &StateStats, rows: &[Row<'_>], hits: &HitsPerLoop) -> Value {
-    let stat = |s: &StateStats| json!({"mean_ns": s.mean * 1e9, "stdev_ns": s.stdev * 1e9, "values": s.values, "file": s.file});
-    let mut m = Map::new();
-    m.insert(
-        "python".into(),
-        json!({"executable": bench.python, "version": bench.target.version.to_string(), "image": bench.target.display_path}),
-    );
-    m.insert("stmt".into(), json!(bench.stmt));
-    m.insert("setup".into(), json!(bench.setup));
-    m.insert("baseline".into(), stat(baseline));
-    let mut per_hit = Map::new();
+pub fn json(bench: &Bench, baseline: &StateStats, rows: &[Row<'_>], hits: &HitsPerLoop) -> BenchReport {
+    let stat = |s: &StateStats| BenchState {
+        mean_ns: s.mean * 1e9,
+        stdev_ns: s.stdev * 1e9,
+        values: s.values,
+        file: s.file.clone(),
+    };
+    let mut setups = IndexMap::new();
+    let mut per_hit = IndexMap::new();
     for r in rows {
-        m.insert(r.name.to_owned(), stat(r.stats));
-        m.insert(
-            format!("{}_vs_baseline", r.name),
-            json!({"ratio": r.vs_baseline.ratio, "significant": r.vs_baseline.significant}),
-        );
+        setups.insert(r.name.to_owned(), BenchEntry::State(stat(r.stats)));
+        let versus = BenchEntry::Versus { ratio: r.vs_baseline.ratio, significant: r.vs_baseline.significant };
+        setups.insert(format!("{}_vs_baseline", r.name), versus);
         if has_cost_per_hit(r.name) {
-            per_hit.insert(r.name.to_owned(), json!(ns_per_hit(baseline, r.stats, hits)));
+            per_hit.insert(r.name.to_owned(), ns_per_hit(baseline, r.stats, hits));
         }
     }
-    m.insert("hits_per_loop".into(), json!(hits.total));
-    let by_probe: Map<String, Value> = hits.per_probe.iter().map(|(n, v)| ((*n).to_owned(), json!(v))).collect();
-    m.insert("hits_per_loop_by_probe".into(), Value::Object(by_probe));
-    m.insert("ns_per_hit".into(), per_hit.get("attached").cloned().unwrap_or(Value::Null));
-    m.insert("ns_per_hit_by_setup".into(), Value::Object(per_hit));
-    Value::Object(m)
+    BenchReport {
+        python: BenchPython {
+            executable: bench.python.clone(),
+            version: bench.target.version.to_string(),
+            image: bench.target.display_path.clone(),
+        },
+        stmt: bench.stmt.clone(),
+        setup: bench.setup.clone(),
+        baseline: stat(baseline),
+        setups,
+        hits_per_loop: hits.total,
+        hits_per_loop_by_probe: hits.per_probe.iter().map(|(n, v)| ((*n).to_owned(), *v)).collect(),
+        ns_per_hit: per_hit.get("attached").copied().flatten(),
+        ns_per_hit_by_setup: per_hit,
+    }
 }
 
 #[cfg(test)]
