@@ -506,6 +506,16 @@ mod tests {
     }
 
     #[test]
+    fn end_names() {
+        assert_eq!(End::Duration.as_str(), "duration");
+        assert_eq!(End::TargetExit.as_str(), "target-exit");
+        assert_eq!(End::Signal("SIGTERM").as_str(), "signal");
+        let s = Summary::new(Snapshot::default(), End::Signal("SIGTERM"));
+        assert_eq!((s.end.as_str(), s.signal.as_deref()), ("signal", Some("SIGTERM")));
+        assert_eq!(Summary::new(Snapshot::default(), End::TargetExit).signal, None);
+    }
+
+    #[test]
     fn a_bench_report_round_trips() {
         let line = r#"{"python":{"executable":"/v/bin/python","version":"3.11.7","image":"/l.so"},"stmt":"[]","setup":"pass","baseline":{"mean_ns":20.6,"stdev_ns":0.4,"values":60,"file":"b/baseline.json"},"attached":{"mean_ns":22.4,"stdev_ns":0.5,"values":60,"file":"b/attached.json"},"attached_vs_baseline":{"ratio":1.087,"significant":true},"hits_per_loop":2.0,"hits_per_loop_by_probe":{"_Py_NewReference":1.0,"_Py_Dealloc":1.0},"ns_per_hit":0.9,"ns_per_hit_by_setup":{"attached":0.9}}"#;
         let report: BenchReport = serde_json::from_str(line).unwrap();

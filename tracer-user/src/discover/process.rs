@@ -1,6 +1,9 @@
 //! Finding the CPython image inside a live process, from /proc/PID alone.
 
-use std::path::{Path, PathBuf};
+use std::{
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    path::{Path, PathBuf},
+};
 
 use procfs::process::{MMapPath, Process};
 use thiserror::Error;
@@ -148,6 +151,44 @@ pub fn processes_mapping(image: &Path) -> Vec<(u32, Vec<PathBuf>)> {
                 .then(|| (pid, executable_files(&maps)))
         })
         .collect()
+}
+
+/// Opens a pidfd for `pid`: `Ok(None)` when no such process exists. A
+/// pidfd names one process, so a PID the kernel hands to a new process
+/// later does not fool it, as testing whether `/proc/PID` exists would.
+pub fn pidfd_open(pid: u32) -> std::io::Result<Option<OwnedFd>> {
+    let raw_pid = libc::pid_t::try_from(pid).map_err(std::io::Error::other)?;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, raw_pid, 0) };
+    if fd < 0 {
+        let err = std::io::Error::last_os_error();
+        return if err.raw_os_error() == Some(libc::ESRCH) { Ok(None) } else { Err(err) };
+    }
+    let fd = i32::try_from(fd).map_err(|_| std::io::Error::other("fd out of range"))?;
+    // SAFETY: fd is a fresh descriptor that nothing else owns.
+    Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
+/// A process's pidfd, polled without waiting.
+#[derive(Debug)]
+pub struct Pidfd(OwnedFd);
+
+impl Pidfd {
+    /// `None` when `pid` has already exited (or never existed), or when it
+    /// is a thread rather than a process.
+    #[must_use]
+    pub fn open(pid: u32) -> Option<Self> {
+        pidfd_open(pid).ok().flatten().map(Self)
+    }
+
+    /// Whether the process has exited: a pidfd turns readable then.
+    #[must_use]
+    pub fn exited(&self) -> bool {
+        let mut poll = libc::pollfd { fd: self.0.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd, no waiting.
+        let ready = unsafe { libc::poll(&raw mut poll, 1, 0) };
+        ready > 0 && poll.revents & (libc::POLLIN | libc::POLLHUP) != 0
+    }
 }
 
 /// `PF_KTHREAD` from include/linux/sched.h.

@@ -64,15 +64,18 @@ impl Session {
             let point =
                 UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie: Some(cookie) };
             let shown = self.plan.display_path.clone();
-            let result = self.loaded_uprobe(program).and_then(|p| {
-                p.attach(point, &path, scope).map_err(|cause| {
-                    if gone(pid) {
-                        AttachError::TargetExited { pid }
-                    } else {
-                        AttachError::Attach { symbol, path: shown, pid, cause: Box::new(cause) }
-                    }
+            let attached = self.loaded_uprobe(program).and_then(|p| {
+                p.attach(point, &path, scope).map_err(|cause| AttachError::Attach {
+                    symbol,
+                    path: shown,
+                    pid,
+                    cause: Box::new(cause),
                 })
             });
+            let result = match attached {
+                Err(AttachError::Attach { .. }) if self.gone(pid) => Err(AttachError::TargetExited { pid }),
+                other => other,
+            };
             match result {
                 Ok(link) => links.push((program, link)),
                 Err(err) => {
@@ -188,7 +191,7 @@ impl Session {
                 Ok(link) => links.push(link),
                 Err(e) => {
                     drop(links);
-                    if gone(pid) {
+                    if self.gone(pid) {
                         return Err(AttachError::TargetExited { pid });
                     }
                     return Err(e);
@@ -247,10 +250,4 @@ impl Session {
             }
         });
     }
-}
-
-/// Whether an attach failed because its process `pid` is gone (never for
-/// [`ALL_PROCESSES`]). Only the error's wording depends on it.
-fn gone(pid: u32) -> bool {
-    pid != ALL_PROCESSES && !std::path::Path::new(&format!("/proc/{pid}")).exists()
 }

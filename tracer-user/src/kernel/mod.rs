@@ -27,7 +27,7 @@ use tracer_common::{
 
 pub use self::{links::LateSites, maps::Readings};
 pub use crate::discover::ALL_PROCESSES;
-use crate::{plan::Plan, probe::Program};
+use crate::{discover::process::Pidfd, plan::Plan, probe::Program};
 
 /// Failure to load or attach.
 #[derive(Debug, Error)]
@@ -109,6 +109,9 @@ pub struct Session {
     multi_programs: HashMap<Program, OwnedFd>,
     /// uprobe-multi links per attached process.
     multi_links: HashMap<u32, Vec<OwnedFd>>,
+    /// The one process counted, when it is one: an attach that fails after
+    /// it exited says so.
+    target: Option<Pidfd>,
 }
 
 impl Session {
@@ -164,7 +167,14 @@ impl Session {
             map_fds,
             multi_programs: HashMap::new(),
             multi_links: HashMap::new(),
+            target: (target_tgid != ALL_PROCESSES).then(|| Pidfd::open(target_tgid)).flatten(),
         })
+    }
+
+    /// Whether an attach to `pid` failed because that process is gone
+    /// (never for [`ALL_PROCESSES`]): only the error's wording depends on it.
+    fn gone(&self, pid: u32) -> bool {
+        pid != ALL_PROCESSES && self.target.as_ref().is_none_or(Pidfd::exited)
     }
 
     /// What this session probes.

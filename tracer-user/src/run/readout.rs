@@ -11,8 +11,8 @@ use std::{
 
 use indexmap::IndexMap;
 
-use super::exit::Pidfd;
 use crate::{
+    discover::process::Pidfd,
     kernel::{AttachError, Session, maps::ProbeReading},
     model::{self, Counts, ExitedProcess, LateModule, ProbeCounts, Snapshot},
     plan::Plan,
