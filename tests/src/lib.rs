@@ -585,3 +585,14 @@ pub const INT3: u8 = 0xCC;
 pub fn attached_probes(attached: &Value) -> Vec<String> {
     attached["probes"].as_array().expect("probes list").iter().map(|v| v.as_str().expect("name").to_owned()).collect()
 }
+
+/// Each process's counts in an interval or summary line's `pids`, by PID.
+#[must_use]
+pub fn per_pid(line: &Value) -> HashMap<u32, HashMap<String, (u64, u64)>> {
+    line["pids"]
+        .as_object()
+        .expect("pids object")
+        .iter()
+        .map(|(pid, probes)| (pid.parse().expect("pid"), counts(&serde_json::json!({ "probes": probes }))))
+        .collect()
+}

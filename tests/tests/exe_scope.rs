@@ -4,19 +4,11 @@
 use std::{collections::HashMap, path::Path};
 
 use tracer_tests::{
-    API_SIZES, Aslr, Body, Exit, TracerRun, Workload, counts, require_root, run_tracer, shared_python, static_python,
+    API_SIZES, Aslr, Body, Exit, TracerRun, Workload, counts, per_pid, require_root, run_tracer, shared_python,
+    static_python,
 };
 
 type Counts = HashMap<String, (u64, u64)>;
-
-fn per_pid(line: &serde_json::Value) -> HashMap<u32, Counts> {
-    line["pids"]
-        .as_object()
-        .expect("pids object")
-        .iter()
-        .map(|(pid, probes)| (pid.parse().expect("pid"), counts(&serde_json::json!({ "probes": probes }))))
-        .collect()
-}
 
 /// Three processes started after attach run N, 2N and 3N iterations of the
 /// ctypes body. Each is counted from its first instruction to its

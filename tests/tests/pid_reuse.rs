@@ -6,18 +6,9 @@
 
 use std::collections::HashMap;
 
-use tracer_tests::{Aslr, Body, Exit, TracerRun, Workload, counts, require_root, shared_python};
+use tracer_tests::{Aslr, Body, Exit, TracerRun, Workload, counts, per_pid, require_root, shared_python};
 
 type Counts = HashMap<String, (u64, u64)>;
-
-fn per_pid(line: &serde_json::Value) -> HashMap<u32, Counts> {
-    line["pids"]
-        .as_object()
-        .expect("pids object")
-        .iter()
-        .map(|(pid, probes)| (pid.parse().expect("pid"), counts(&serde_json::json!({ "probes": probes }))))
-        .collect()
-}
 
 /// Reads tracer's JSON lines until an interval lists `count` exited
 /// processes with PID `pid`.

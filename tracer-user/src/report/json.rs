@@ -37,7 +37,7 @@ mod tests {
     use super::*;
     use crate::{
         model::{End, LateCoverage, LateModule, Level, Note, NoteCode, Summary},
-        report::examples::{attached, snapshot},
+        report::examples::{attached, budget_snapshot, snapshot},
     };
 
     fn lines(events: &[Event]) -> (Vec<Value>, String) {
@@ -84,32 +84,7 @@ mod tests {
 
     #[test]
     fn budget_fields() {
-        use crate::{
-            model::{Budget, ProbeEstimate},
-            plan::HitCosts,
-        };
-        let mut sample = snapshot(10_000, 1);
-        sample.budget = Some(Budget {
-            estimates: true,
-            percent: 1.0,
-            windows: 3,
-            traced_s: 0.1,
-            traced_fraction: 0.01,
-            estimated_overhead_fraction: 0.005,
-            hit_cost_ns: HitCosts { single_stepped_ns: 16000.0, emulated_ns: 500.0 },
-        });
-        sample.probes["_Py_NewReference"].estimate = Some(ProbeEstimate {
-            calls_per_s: 100.0,
-            calls_per_s_ci95: Some([90.0, 110.0]),
-            bytes_per_s: 0.0,
-            bytes_per_s_ci95: None,
-        });
-        sample.probes["PyObject_Malloc"].estimate = Some(ProbeEstimate {
-            calls_per_s: 40.0,
-            calls_per_s_ci95: None,
-            bytes_per_s: 40000.0,
-            bytes_per_s_ci95: None,
-        });
+        let sample = budget_snapshot(3, 0.005, (100.0, Some([90.0, 110.0])));
         let (out, _) = lines(&[Event::Interval(sample)]);
         assert_eq!(out[0]["probes"]["_Py_NewReference"]["calls"], 10);
         assert_eq!(

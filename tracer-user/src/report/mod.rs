@@ -87,4 +87,38 @@ pub(crate) mod examples {
             ..Snapshot::default()
         }
     }
+
+    /// A `--budget` snapshot over 10 s: `windows` windows that traced 0.1 s
+    /// at an estimated cost of `overhead`, `_Py_NewReference` estimated at
+    /// `calls` per second and `PyObject_Malloc` at 40 calls and 40,000
+    /// bytes per second.
+    pub fn budget_snapshot(windows: u64, overhead: f64, calls: (f64, Option<[f64; 2]>)) -> Snapshot {
+        use crate::{
+            model::{Budget, ProbeEstimate},
+            plan::HitCosts,
+        };
+        let mut sample = snapshot(10_000, 1);
+        sample.budget = Some(Budget {
+            estimates: true,
+            percent: 1.0,
+            windows,
+            traced_s: 0.1,
+            traced_fraction: 0.01,
+            estimated_overhead_fraction: overhead,
+            hit_cost_ns: HitCosts { single_stepped_ns: 16000.0, emulated_ns: 500.0 },
+        });
+        sample.probes["_Py_NewReference"].estimate = Some(ProbeEstimate {
+            calls_per_s: calls.0,
+            calls_per_s_ci95: calls.1,
+            bytes_per_s: 0.0,
+            bytes_per_s_ci95: None,
+        });
+        sample.probes["PyObject_Malloc"].estimate = Some(ProbeEstimate {
+            calls_per_s: 40.0,
+            calls_per_s_ci95: None,
+            bytes_per_s: 40000.0,
+            bytes_per_s_ci95: None,
+        });
+        sample
+    }
 }

@@ -240,7 +240,7 @@ mod tests {
     use super::*;
     use crate::{
         model::{End, LateModule},
-        report::examples::{attached, snapshot},
+        report::examples::{attached, budget_snapshot, snapshot},
     };
 
     fn render(events: &[Event]) -> String {
@@ -311,29 +311,7 @@ mod tests {
 
     #[test]
     fn budget_rates_are_marked_estimates() {
-        use crate::{model::ProbeEstimate, plan::HitCosts};
-        let mut sample = snapshot(10_000, 1);
-        sample.budget = Some(Budget {
-            estimates: true,
-            percent: 1.0,
-            windows: 4,
-            traced_s: 0.1,
-            traced_fraction: 0.01,
-            estimated_overhead_fraction: 0.009,
-            hit_cost_ns: HitCosts { single_stepped_ns: 16000.0, emulated_ns: 500.0 },
-        });
-        sample.probes["_Py_NewReference"].estimate = Some(ProbeEstimate {
-            calls_per_s: 1234.4,
-            calls_per_s_ci95: Some([1200.0, 1268.0]),
-            bytes_per_s: 0.0,
-            bytes_per_s_ci95: None,
-        });
-        sample.probes["PyObject_Malloc"].estimate = Some(ProbeEstimate {
-            calls_per_s: 40.0,
-            calls_per_s_ci95: None,
-            bytes_per_s: 40000.0,
-            bytes_per_s_ci95: None,
-        });
+        let sample = budget_snapshot(4, 0.009, (1234.4, Some([1200.0, 1268.0])));
         let text = render(&[Event::Attached(attached(Some(12))), Event::Interval(sample)]);
         assert!(text.contains("est. calls/s ±95%"), "{text}");
         let row = text.lines().find(|l| l.contains("_Py_NewReference") && !l.contains("attached")).unwrap();
