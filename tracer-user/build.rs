@@ -14,6 +14,8 @@ use std::{
 };
 
 /// Debian's rustc-web: the compiler that matches the prebuilt bpf `core`.
+/// `TRACER_BPF_CARGO` and `TRACER_BPF_RUSTC` override them (xtask points
+/// them at nothing to prove that `TRACER_EMPTY_BPF` needs neither).
 const BPF_CARGO: &str = "/usr/bin/cargo";
 const BPF_RUSTC: &str = "/usr/bin/rustc";
 const BPF_TARGET: &str = "bpfel-unknown-none";
@@ -22,7 +24,11 @@ const BPF_TARGET: &str = "bpfel-unknown-none";
 const EMPTY_SWITCH: &str = "TRACER_EMPTY_BPF";
 
 fn main() {
-    println!("cargo::rerun-if-env-changed={EMPTY_SWITCH}");
+    for var in [EMPTY_SWITCH, "TRACER_BPF_CARGO", "TRACER_BPF_RUSTC"] {
+        println!("cargo::rerun-if-env-changed={var}");
+    }
+    let bpf_cargo = env::var("TRACER_BPF_CARGO").unwrap_or_else(|_| BPF_CARGO.to_owned());
+    let bpf_rustc = env::var("TRACER_BPF_RUSTC").unwrap_or_else(|_| BPF_RUSTC.to_owned());
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("tracer.bpf.o");
     if env::var_os(EMPTY_SWITCH).is_some_and(|v| !v.is_empty() && v != "0") {
         println!("cargo::warning={EMPTY_SWITCH} is set: embedding an empty BPF object; this tracer cannot attach");
@@ -42,14 +48,14 @@ fn main() {
         println!("cargo::rerun-if-changed={}", path.display());
     }
 
-    for tool in [BPF_CARGO, BPF_RUSTC] {
+    for tool in [&bpf_cargo, &bpf_rustc] {
         if !Path::new(tool).exists() {
             fail(&format!("{tool} is missing: run `cargo xtask setup` to install the BPF toolchain"));
         }
     }
 
     let target_dir = root.join("target").join("bpf");
-    let mut cmd = Command::new(BPF_CARGO);
+    let mut cmd = Command::new(&bpf_cargo);
     // The outer cargo's variables (RUSTC from rustup, RUSTFLAGS, the target
     // dir, profile settings) would point the inner build at the wrong
     // compiler or directory.
@@ -82,7 +88,7 @@ fn main() {
         .unwrap_or_default();
     let path = env::var("PATH").unwrap_or_default();
     cmd.env("PATH", format!("/usr/bin:{}:{path}", cargo_bin.display()))
-        .env("RUSTC", BPF_RUSTC)
+        .env("RUSTC", &bpf_rustc)
         // aya-ebpf needs #![feature(asm_experimental_arch)] on a stable rustc.
         .env("RUSTC_BOOTSTRAP", "1")
         .env("CARGO_RESOLVER_INCOMPATIBLE_RUST_VERSIONS", "fallback")
@@ -95,7 +101,7 @@ fn main() {
         .arg("--target-dir")
         .arg(&target_dir);
     let status =
-        cmd.status().unwrap_or_else(|e| fail(&format!("cannot run {BPF_CARGO}: {e}; run `cargo xtask setup`")));
+        cmd.status().unwrap_or_else(|e| fail(&format!("cannot run {bpf_cargo}: {e}; run `cargo xtask setup`")));
     if !status.success() {
         fail(&format!(
             "building tracer-ebpf failed ({status}); if bpf-linker or the bpf core library is missing, run `cargo xtask setup`"

@@ -262,7 +262,13 @@ fn capability_bits_lacking(pid: u32) -> Vec<u32> {
 #[test]
 fn a_process_root_may_not_inspect() {
     require_root();
-    let (code, stdout, stderr) = run_tracer(&["probes", "--pid", "1"]);
+    for command in ["attach", "probes"] {
+        check_pid_1(command);
+    }
+}
+
+fn check_pid_1(command: &str) {
+    let (code, stdout, stderr) = run_tracer(&[command, "--pid", "1"]);
     assert_eq!(code, Some(2), "{stderr}");
     assert_eq!(stdout, "");
     assert!(!stderr.contains("must run as root"), "{stderr}");

@@ -69,22 +69,10 @@ pub enum LinkMode {
     #[default]
     Auto,
     /// uprobe-multi links (Linux 6.6+): one per BPF program, detached at
-    /// once (see [`crate::multi`]).
+    /// once (see [`crate::kernel::multi`]).
     Multi,
     /// One perf-event uprobe per probe, as aya attaches them.
     Perf,
-}
-
-impl LinkMode {
-    /// The JSON `links` value of the mode actually used.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Auto => "auto",
-            Self::Multi => "multi",
-            Self::Perf => "perf",
-        }
-    }
 }
 
 /// A configuration value that cannot work.

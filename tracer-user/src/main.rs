@@ -159,7 +159,7 @@ struct AttachArgs {
     /// Seconds between reports.
     #[arg(long, short = 'i', value_name = "SECONDS", default_value_t = DEFAULT_INTERVAL_S)]
     interval: f64,
-    /// Write JSON Lines (attached, interval, summary) instead of a table; see the README for the schema.
+    /// Write JSON Lines (attached, interval, note, summary) instead of a table; see the README for the schema.
     #[arg(long)]
     json: bool,
     /// Keep tracer's cost under PERCENT of the target's time: trace in short windows and detach

@@ -284,13 +284,22 @@ impl End {
     }
 }
 
+/// Why the run ended, as the JSON `end` says it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EndKind {
+    Duration,
+    Signal,
+    TargetExit,
+}
+
 /// The last counts, once every probe is detached.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     #[serde(flatten)]
     pub snapshot: Snapshot,
     /// `duration`, `signal` or `target-exit`.
-    pub end: String,
+    pub end: EndKind,
     /// With `end` `signal`: which.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal: Option<String>,
@@ -303,7 +312,12 @@ impl Summary {
             End::Signal(name) => Some(name.to_owned()),
             End::Duration | End::TargetExit => None,
         };
-        Self { snapshot, end: end.as_str().to_owned(), signal }
+        let kind = match end {
+            End::Duration => EndKind::Duration,
+            End::Signal(_) => EndKind::Signal,
+            End::TargetExit => EndKind::TargetExit,
+        };
+        Self { snapshot, end: kind, signal }
     }
 }
 
@@ -333,6 +347,8 @@ pub enum NoteCode {
     BpfLog,
     /// `_Py_DebugOffsets` disagrees with what tracer expected.
     DebugOffsets,
+    /// A traced process cannot be watched for its exit.
+    ProcessUnwatched,
 }
 
 /// A diagnostic, as an event.
@@ -360,6 +376,10 @@ pub struct PlanReport {
     pub missing: Vec<String>,
     /// With `--returns`: what each way of reading a return value cost.
     pub return_costs_ns: Option<ReturnMeasurement>,
+    /// What the user should know about this image (`_Py_DebugOffsets`
+    /// disagreeing with `Py_Version`, say).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<Note>,
 }
 
 impl PlanReport {
@@ -394,6 +414,7 @@ impl PlanReport {
             probes,
             missing: plan.missing.iter().map(|m| (*m).to_owned()).collect(),
             return_costs_ns,
+            notes: Vec::new(),
         }
     }
 }
@@ -484,9 +505,11 @@ mod tests {
     use super::*;
 
     /// Lines the previous tracer (before this model) wrote, for runs with
-    /// `--returns`, `--budget`, call sites, `--exe`, and `tracer probes`:
+    /// `--returns`, `--budget`, call sites and `--exe`, then lines of this
+    /// one with what it added (notes, `exited`, late modules, rates, hits):
     /// each must read into the model and write back byte for byte.
-    const SAMPLES: &str = include_str!("../tests/data/events.jsonl");
+    const SAMPLES: &str =
+        concat!(include_str!("../tests/data/events.jsonl"), include_str!("../tests/data/events-current.jsonl"));
     const PLAN_SAMPLES: &str = include_str!("../tests/data/plans.jsonl");
 
     #[test]
@@ -496,6 +519,11 @@ mod tests {
             let event: Event = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
             types.insert(std::mem::discriminant(&event));
             assert_eq!(serde_json::to_string(&event).unwrap(), line);
+        }
+        let fields =
+            ["exited", "hits", "calls_per_s", "bytes_per_s", "measures_bytes", "\"code\":\"bpf_log\"", "\"sites\":58"];
+        for field in fields {
+            assert!(SAMPLES.contains(field), "the samples lack {field}");
         }
         let note = Event::Note(Note::new(Level::Warning, NoteCode::LinkFallback, "no multi links"));
         let text = serde_json::to_string(&note).unwrap();
@@ -511,7 +539,8 @@ mod tests {
         assert_eq!(End::TargetExit.as_str(), "target-exit");
         assert_eq!(End::Signal("SIGTERM").as_str(), "signal");
         let s = Summary::new(Snapshot::default(), End::Signal("SIGTERM"));
-        assert_eq!((s.end.as_str(), s.signal.as_deref()), ("signal", Some("SIGTERM")));
+        assert_eq!((s.end, s.signal.as_deref()), (EndKind::Signal, Some("SIGTERM")));
+        assert_eq!(serde_json::to_value(EndKind::TargetExit).unwrap(), "target-exit");
         assert_eq!(Summary::new(Snapshot::default(), End::TargetExit).signal, None);
     }
 

@@ -47,10 +47,13 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// The capabilities `pid` is permitted that this process lacks: the kernel
-/// lets one process inspect another's memory map only when it holds all of
-/// them (or `CAP_SYS_PTRACE` over the other's user namespace). Empty when
-/// there are none, or when either set cannot be read.
+/// The capabilities `pid` is permitted that this process lacks: the
+/// kernel's ptrace access check (which guards `/proc/PID/maps`) passes
+/// when the inspector's capabilities include all of the target's. Empty
+/// when there are none, or when either set cannot be read. (That check also
+/// passes with `CAP_SYS_PTRACE`, which does not help here: in this
+/// project's sandbox root holds it and is still refused PID 1, which holds
+/// `CAP_SYS_RESOURCE` and root does not.)
 #[must_use]
 pub fn lacking_capabilities_of(pid: u32) -> Vec<String> {
     let read = |path: String| std::fs::read_to_string(path).ok();

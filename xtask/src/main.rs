@@ -190,9 +190,10 @@ fn demo(root: &Path, tracer: &Path, seconds: u32) -> anyhow::Result<()> {
 const CLIPPY: [&str; 7] = ["clippy", "--locked", "--workspace", "--all-targets", "--", "-D", "warnings"];
 
 /// Runs clippy as a machine without Debian's BPF toolchain would: with
-/// build.rs's switch, in a target directory of its own, and a PATH that
-/// holds only rustup's tools and the C linker, so that neither Debian's
-/// cargo and rustc nor bpf-linker can be found.
+/// build.rs's switch, in a target directory of its own, a PATH that holds
+/// only rustup's tools and the C linker, and build.rs's BPF cargo and rustc
+/// pointed at files that do not exist, so that a build.rs that still
+/// reached for the toolchain would fail here.
 fn clippy_without_bpf_toolchain(root: &Path) -> anyhow::Result<()> {
     let bin = root.join("target").join("no-bpf-toolchain").join("bin");
     std::fs::create_dir_all(&bin).with_context(|| format!("creating {}", bin.display()))?;
@@ -223,6 +224,8 @@ fn clippy_without_bpf_toolchain(root: &Path) -> anyhow::Result<()> {
         .args(CLIPPY)
         .env("PATH", &bin)
         .env(EMPTY_BPF_SWITCH, "1")
+        .env("TRACER_BPF_CARGO", bin.join("no-bpf-cargo"))
+        .env("TRACER_BPF_RUSTC", bin.join("no-bpf-rustc"))
         .env("CARGO_TARGET_DIR", root.join("target").join("no-bpf-toolchain"))
         .env_remove("RUSTC")
         .env_remove("RUSTC_WRAPPER")

@@ -231,6 +231,9 @@ impl Bench {
             return Err(BenchError::NoPyperf { python: python.to_owned(), venv: default_venv().display().to_string() });
         }
         let target = crate::discover::resolve(&TargetSpec::Exe(info.executable), true)?;
+        if let Some(note) = crate::run::debug_offsets_note(&target) {
+            eprintln!("tracer bench: warning: {}", note.message);
+        }
         Ok(Self {
             python: python.to_owned(),
             target,

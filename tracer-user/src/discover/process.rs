@@ -25,8 +25,8 @@ pub enum TargetError {
         "PID {pid} ({comm}, {exe}) is not a Python process: no libpython is mapped and the executable has no CPython symbols; pass the PID of a CPython process (for a launcher script, its python child)"
     )]
     NotPython { pid: u32, comm: String, exe: String },
-    #[error("cannot read {what} of PID {pid}: {cause}; tracer must run as root")]
-    Proc { pid: u32, what: &'static str, cause: procfs::ProcError },
+    #[error("cannot read {what} of PID {pid}: {cause}{hint}")]
+    Proc { pid: u32, what: &'static str, cause: procfs::ProcError, hint: &'static str },
     #[error(
         "the kernel denied tracer access to {path} of PID {pid} although tracer runs as root: PID {pid} holds capabilities that tracer lacks ({missing}), and only a process with all of them may inspect it; trace another process, or run tracer where it has those capabilities (outside this container or sandbox)"
     )]
@@ -174,11 +174,11 @@ pub fn pidfd_open(pid: u32) -> std::io::Result<Option<OwnedFd>> {
 pub struct Pidfd(OwnedFd);
 
 impl Pidfd {
-    /// `None` when `pid` has already exited (or never existed), or when it
-    /// is a thread rather than a process.
-    #[must_use]
-    pub fn open(pid: u32) -> Option<Self> {
-        pidfd_open(pid).ok().flatten().map(Self)
+    /// `Ok(None)` when `pid` has already exited (or never existed); an
+    /// error for anything else (a thread id, no fd left), which says
+    /// nothing about whether the process lives.
+    pub fn open(pid: u32) -> std::io::Result<Option<Self>> {
+        Ok(pidfd_open(pid)?.map(Self))
     }
 
     /// Whether the process has exited: a pidfd turns readable then.
@@ -285,7 +285,12 @@ fn map_proc_error(pid: u32, what: &'static str, cause: procfs::ProcError) -> Tar
                 TargetError::CapabilitiesLacking { pid, path, missing: missing.join(", ") }
             }
         }
-        cause => TargetError::Proc { pid, what, cause },
+        // Not running as root is the likely cause of anything else, unless
+        // tracer is root.
+        cause => {
+            let hint = if crate::privileges::is_root() { "" } else { "; tracer must run as root" };
+            TargetError::Proc { pid, what, cause, hint }
+        }
     }
 }
 

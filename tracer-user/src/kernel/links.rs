@@ -139,12 +139,33 @@ impl Session {
         points: &[(u64, u64)],
         pid: u32,
     ) -> Result<OwnedFd, AttachError> {
+        self.load_multi_program(program)?;
+        let ret = program == Program::RetValueUret;
+        Ok(multi::attach(&self.multi_programs[&program], program.name(), path, (points, ret), pid)?)
+    }
+
+    /// Loads `program` for uprobe-multi links, once.
+    fn load_multi_program(&mut self, program: Program) -> Result<(), AttachError> {
         if !self.multi_programs.contains_key(&program) {
             let fd = multi::load(crate::BPF_OBJECT, program.name(), &self.map_fds)?;
             self.multi_programs.insert(program, fd);
         }
-        let ret = program == Program::RetValueUret;
-        Ok(multi::attach(&self.multi_programs[&program], program.name(), path, (points, ret), pid)?)
+        Ok(())
+    }
+
+    /// Loads every program the plan attaches, for uprobe-multi links or
+    /// perf-event uprobes, so that the attach that follows is only the
+    /// attach (the verifier takes a while).
+    pub fn prepare(&mut self, multi: bool) -> Result<(), AttachError> {
+        let programs: std::collections::BTreeSet<Program> = self.attach_points().iter().map(|p| p.program).collect();
+        for program in programs {
+            if multi {
+                self.load_multi_program(program)?;
+            } else {
+                self.loaded_uprobe(program)?;
+            }
+        }
+        Ok(())
     }
 
     /// Detaches every probe from `pid` (its counts stay); [`ALL_PROCESSES`]
@@ -154,9 +175,11 @@ impl Session {
         self.detach_in_order(pid, &slots);
     }
 
-    /// Detaches `pid`'s probes one by one, in `order` of slots (any slot
-    /// left out is detached last), and returns for each slot the moment its
-    /// detach began: when the kernel removes its breakpoints. Detaching a
+    /// Detaches `pid`'s perf-event links one by one, in `order` of their
+    /// index (any left out is detached last), and returns for each the
+    /// moment its detach began: when the kernel removes its breakpoints.
+    /// Link `i` is slot `i`'s probe when no probe has call sites or return
+    /// probes, as under `--budget`, the one caller that orders them. Detaching a
     /// probe then waits for a grace period under a kernel-wide lock (about
     /// 0.13 s here), so the later ones in `order` stay live that much longer
     /// each.

@@ -45,7 +45,7 @@ pub struct Readings {
 /// drains it.
 #[derive(Clone, Debug, Default)]
 pub struct LogCollector {
-    lines: Arc<Mutex<Vec<String>>>,
+    lines: Arc<Mutex<Vec<(log::Level, String)>>>,
 }
 
 impl log::Log for LogCollector {
@@ -55,7 +55,7 @@ impl log::Log for LogCollector {
 
     fn log(&self, record: &log::Record<'_>) {
         if let Ok(mut lines) = self.lines.lock() {
-            lines.push(format!("{}", record.args()));
+            lines.push((record.level(), format!("{}", record.args())));
         }
     }
 
@@ -145,17 +145,19 @@ impl Session {
         Ok(())
     }
 
-    /// With `--bpf-log`, what the programs logged since the last call.
-    pub fn drain_bpf_log(&mut self) -> Vec<String> {
+    /// With `--bpf-log`, what the programs logged since the last call, with
+    /// each line's level.
+    pub fn drain_bpf_log(&mut self) -> Vec<(log::Level, String)> {
         let Some(logger) = self.logger.as_mut() else { return Vec::new() };
         logger.flush();
         self.log_lines.lines.lock().map(|mut l| std::mem::take(&mut *l)).unwrap_or_default()
     }
 
-    /// The fd to wait on for BPF log records, with `--bpf-log`.
+    /// With `--bpf-log`, an fd that turns readable when the programs have
+    /// logged, so that the log is read before its ring buffer fills.
     #[must_use]
-    pub fn bpf_log_fd(&self) -> Option<std::os::fd::RawFd> {
-        self.logger.as_ref().map(std::os::fd::AsRawFd::as_raw_fd)
+    pub fn bpf_log_fd(&self) -> Option<std::io::Result<std::os::fd::OwnedFd>> {
+        self.logger.as_ref().map(|l| l.as_fd().try_clone_to_owned())
     }
 }
 

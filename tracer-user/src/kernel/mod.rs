@@ -110,7 +110,8 @@ pub struct Session {
     /// uprobe-multi links per attached process.
     multi_links: HashMap<u32, Vec<OwnedFd>>,
     /// The one process counted, when it is one: an attach that fails after
-    /// it exited says so.
+    /// it exited says so (without a pidfd, a failed attach is taken for an
+    /// exit).
     target: Option<Pidfd>,
 }
 
@@ -167,7 +168,7 @@ impl Session {
             map_fds,
             multi_programs: HashMap::new(),
             multi_links: HashMap::new(),
-            target: (target_tgid != ALL_PROCESSES).then(|| Pidfd::open(target_tgid)).flatten(),
+            target: (target_tgid != ALL_PROCESSES).then(|| Pidfd::open(target_tgid).ok().flatten()).flatten(),
         })
     }
 

@@ -40,6 +40,24 @@ pub enum MultiError {
     Link { name: &'static str, path: String, cause: std::io::Error },
 }
 
+impl MultiError {
+    /// Whether the kernel lacks uprobe-multi links (before Linux 6.6, or
+    /// built without them), as opposed to tracer failing to use them: only
+    /// then may `--links auto` fall back to perf-event uprobes.
+    #[must_use]
+    pub fn is_unsupported(&self) -> bool {
+        /// `ENOTSUPP`, which the kernel returns for some unsupported
+        /// operations (include/linux/errno.h, not in libc).
+        const ENOTSUPP: i32 = 524;
+        match self {
+            Self::Load { cause, .. } | Self::Link { cause, .. } => {
+                matches!(cause.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP | libc::ENOSYS | ENOTSUPP))
+            }
+            Self::Parse(_) | Self::NoProgram { .. } | Self::Relocate { .. } => false,
+        }
+    }
+}
+
 /// The `prog_load` part of `union bpf_attr`, up to the last field used;
 /// the rest is zero, as the kernel requires.
 #[repr(C)]

@@ -3,7 +3,10 @@
 
 use std::io::Write;
 
-use crate::{model::PlanReport, plan::returns::ReturnPlan};
+use crate::{
+    model::{Level, PlanReport},
+    plan::returns::ReturnPlan,
+};
 
 /// Writes `plan` as one JSON object.
 pub fn json(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
@@ -54,6 +57,9 @@ pub fn table(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
     }
     if !plan.missing.is_empty() {
         writeln!(out, "  not in this build: {}", plan.missing.join(", "))?;
+    }
+    for note in &plan.notes {
+        writeln!(out, "  {}: {}", if note.level == Level::Warning { "warning" } else { "note" }, note.message)?;
     }
     Ok(())
 }

@@ -3,7 +3,7 @@
 use std::io::Write;
 
 use super::Reporter;
-use crate::model::{Attached, Budget, Event, LateCoverage, Links, ProbeCounts, Snapshot, Summary};
+use crate::model::{Attached, Budget, EndKind, Event, LateCoverage, Links, ProbeCounts, Snapshot, Summary};
 
 /// Prints a block per interval with rates over that interval, and a final
 /// block with rates averaged over the whole run; notes go to `err`.
@@ -175,10 +175,11 @@ impl<W: Write, E: Write> TableReporter<W, E> {
     }
 
     fn summary(&mut self, s: &Summary) -> std::io::Result<()> {
-        let why = match (s.end.as_str(), &s.signal) {
-            ("duration", _) => "--duration elapsed".to_owned(),
-            ("signal", Some(name)) => format!("{name} received"),
-            _ => "the target exited".to_owned(),
+        let why = match (s.end, &s.signal) {
+            (EndKind::Duration, _) => "--duration elapsed".to_owned(),
+            (EndKind::Signal, Some(name)) => format!("{name} received"),
+            (EndKind::Signal, None) => "a signal received".to_owned(),
+            (EndKind::TargetExit, _) => "the target exited".to_owned(),
         };
         let title = format!("summary after {:.1}s ({why}; probes detached), rates are averages:", s.snapshot.elapsed_s);
         self.block(&title, &s.snapshot)

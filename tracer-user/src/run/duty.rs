@@ -10,7 +10,7 @@ use super::{
 use crate::{
     kernel::{AttachError, Session},
     model::{self, Counts, ProbeEstimate, Snapshot},
-    plan::HitCosts,
+    plan::{HitCosts, Plan},
 };
 
 /// How long each `--budget` window stays attached before detaching starts.
@@ -162,7 +162,7 @@ impl DutyCycle {
 
     /// Marks `snapshot` as estimated: what the windows traced and each
     /// probe's estimated rates.
-    pub fn fill(&self, snapshot: &mut Snapshot) {
+    pub fn fill(&self, plan: &Plan, snapshot: &mut Snapshot) {
         let elapsed = snapshot.elapsed();
         let ratio = |part: Duration| {
             if elapsed.is_zero() { 0.0 } else { (part.as_secs_f64() / elapsed.as_secs_f64()).min(1.0) }
@@ -177,8 +177,11 @@ impl DutyCycle {
             hit_cost_ns: self.costs,
         });
         let ci = |r: RateEstimate| r.ci95.map(|(lo, hi)| [lo, hi]);
-        for (p, (calls, bytes)) in snapshot.probes.values_mut().zip(self.estimator.rates()) {
-            p.estimate = Some(ProbeEstimate {
+        let rates = self.estimator.rates();
+        for p in &plan.probes {
+            let rate = usize::try_from(p.slot).ok().and_then(|s| rates.get(s));
+            let (Some(&(calls, bytes)), Some(counts)) = (rate, snapshot.probes.get_mut(p.symbol)) else { continue };
+            counts.estimate = Some(ProbeEstimate {
                 calls_per_s: calls.per_s,
                 calls_per_s_ci95: ci(calls),
                 bytes_per_s: bytes.per_s,

@@ -9,10 +9,11 @@ pub mod exit;
 mod late;
 pub mod readout;
 
-use std::{io::Write, time::Instant};
+use std::{io::Write, os::fd::OwnedFd, time::Instant};
 
 use anyhow::Context as _;
 use tokio::{
+    io::unix::{AsyncFd, AsyncFdReadyGuard},
     signal::unix::{SignalKind, signal},
     time::{MissedTickBehavior, interval_at, sleep_until},
 };
@@ -34,17 +35,34 @@ use crate::{
     report::{self, Reporter},
 };
 
-/// Attaches every probe as `mode` says; returns how, and the note to give
-/// when `auto` fell back.
-fn attach_links(session: &mut Session, scope: u32, mode: LinkMode) -> Result<(Links, Option<Note>), AttachError> {
+/// Attaches every probe as `mode` says; returns how, when the attach
+/// began once the programs were loaded, and the note to give when `auto`
+/// fell back.
+fn attach_links(
+    session: &mut Session,
+    scope: u32,
+    mode: LinkMode,
+) -> Result<(Links, Instant, Option<Note>), AttachError> {
+    let perf = |session: &mut Session, note| {
+        session.prepare(false)?;
+        let began = Instant::now();
+        session.attach_perf(scope).map(|()| (Links::Perf, began, note))
+    };
+    let multi = |session: &mut Session| {
+        session.prepare(true)?;
+        let began = Instant::now();
+        session.attach_multi(scope).map(|()| (Links::Multi, began, None))
+    };
     match mode {
-        LinkMode::Perf => session.attach_perf(scope).map(|()| (Links::Perf, None)),
-        LinkMode::Multi => session.attach_multi(scope).map(|()| (Links::Multi, None)),
-        LinkMode::Auto => match session.attach_multi(scope) {
-            Ok(()) => Ok((Links::Multi, None)),
+        LinkMode::Perf => perf(session, None),
+        LinkMode::Multi => multi(session),
+        LinkMode::Auto => match multi(session) {
+            Ok(done) => Ok(done),
             // Thousands of perf-event uprobes would take minutes to detach.
             Err(e @ AttachError::Multi(_)) if session.plan().has_call_sites() => Err(e),
-            Err(AttachError::Multi(e)) => {
+            // Only a kernel without multi links is a reason to fall back; a
+            // failure of tracer's own is reported as it is.
+            Err(AttachError::Multi(e)) if e.is_unsupported() => {
                 let note = Note::new(
                     Level::Note,
                     NoteCode::LinkFallback,
@@ -52,7 +70,7 @@ fn attach_links(session: &mut Session, scope: u32, mode: LinkMode) -> Result<(Li
                         "{e}; attaching one perf-event uprobe per probe instead, which the kernel detaches about 0.13 s apart"
                     ),
                 );
-                session.attach_perf(scope).map(|()| (Links::Perf, Some(note)))
+                perf(session, Some(note))
             }
             Err(e) => Err(e),
         },
@@ -135,18 +153,33 @@ impl Run {
         let late: &[crate::model::LateModule] = self.late.as_ref().map_or(&[], |l| &l.records);
         let mut snapshot = self.readout.snapshot(self.session.plan(), &totals, late);
         if let Some(d) = &self.duty {
-            d.fill(&mut snapshot);
+            d.fill(self.session.plan(), &mut snapshot);
         }
         Ok(snapshot)
     }
 
-    /// Late modules and BPF log lines since the last call.
+    /// Late modules, processes that cannot be watched and BPF log lines
+    /// since the last call.
     fn notes(&mut self) -> Vec<Note> {
         let mut notes = self.late.as_mut().map(|l| l.check(&mut self.session, self.started)).unwrap_or_default();
-        notes.extend(
-            self.session.drain_bpf_log().into_iter().map(|line| Note::new(Level::Note, NoteCode::BpfLog, line)),
-        );
+        notes.extend(self.readout.take_unwatched().into_iter().map(|(pid, why)| {
+            Note::new(
+                Level::Warning,
+                NoteCode::ProcessUnwatched,
+                format!(
+                    "cannot watch PID {pid} for its exit ({why}); its counts stay in the kernel maps, and a later process given its PID would add to them"
+                ),
+            )
+        }));
+        notes.extend(self.bpf_log());
         notes
+    }
+
+    /// What the BPF programs logged since the last call, as notes: their
+    /// warnings (misses) as warnings.
+    fn bpf_log(&mut self) -> Vec<Note> {
+        let level = |l| if l <= log::Level::Warn { Level::Warning } else { Level::Note };
+        self.session.drain_bpf_log().into_iter().map(|(l, line)| Note::new(level(l), NoteCode::BpfLog, line)).collect()
     }
 }
 
@@ -154,6 +187,8 @@ impl Run {
 /// prints the summary. Returns why the run ended.
 pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> anyhow::Result<End> {
     privileges::check()?;
+    // With --exe, one pidfd per traced process.
+    raise_fd_limit();
     // Handlers go in before anything is attached, so a Ctrl-C at any point
     // after this still detaches cleanly.
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
@@ -174,6 +209,12 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
         }
     };
     tokio::pin!(target_exit);
+    let log_fd = match run.session.bpf_log_fd().transpose()? {
+        // SAFETY: `fd` is a fresh duplicate of the ring buffer's fd, moved
+        // into the AsyncFd, which keeps it open until it is dropped.
+        Some(fd) => Some(unsafe { AsyncFd::register(fd) }?),
+        None => None,
+    };
     let toggle_at = run.duty.as_ref().map_or(start, |d| tokio::time::Instant::from_std(d.next));
     let toggle = sleep_until(toggle_at);
     tokio::pin!(toggle);
@@ -193,6 +234,13 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
                     Err(e) => return Err(e.into()),
                 }
             }
+            ready = log_ready(log_fd.as_ref()) => {
+                if let Ok(mut guard) = ready {
+                    guard.clear_ready();
+                }
+                let notes = run.bpf_log();
+                output.notes(notes)?;
+            }
             _ = ticker.tick() => {
                 let notes = run.notes();
                 output.notes(notes)?;
@@ -207,9 +255,9 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
         d.close(&mut run.session, &mut run.readout)?;
     }
     let last = run.snapshot()?;
-    let log = run.session.drain_bpf_log();
+    let log = run.bpf_log();
     drop(run);
-    output.notes(log.into_iter().map(|line| Note::new(Level::Note, NoteCode::BpfLog, line)))?;
+    output.notes(log)?;
     output.summary(last, end)?;
     Ok(end)
 }
@@ -245,8 +293,7 @@ fn start<'a>(
     };
     let late = session.plan().has_call_sites().then(|| LateModules::new(watch, r.known.clone()));
 
-    let attach_began = Instant::now();
-    let (links, fallback) = attach_links(&mut session, r.scope, config.links)?;
+    let (links, attach_began, fallback) = attach_links(&mut session, r.scope, config.links)?;
     let started = Instant::now();
     let mut readout = Readout::new(started, r.pid().is_none());
     let duty = match (config.budget, costs) {
@@ -255,7 +302,9 @@ fn start<'a>(
             budget,
             costs,
             (r.scope, links == Links::Multi),
-            (attach_began, started),
+            // A multi link goes live at once when made; perf-event uprobes
+            // one by one during the attach.
+            (if links == Links::Multi { started } else { attach_began }, started),
         )?),
         _ => None,
     };
@@ -268,7 +317,16 @@ fn start<'a>(
     };
     output.emit(&Event::Attached(info.clone()))?;
     output.attached = Some(info);
-    let mismatch = r.debug_offsets_mismatch.as_ref().map(|why| {
+    let mismatch = debug_offsets_note(&r);
+    output.notes(fallback.into_iter().chain(mismatch))?;
+    Ok((Run { session, readout, duty, late, started }, output, exit))
+}
+
+/// The warning to give when the interpreter's `_Py_DebugOffsets` disagrees
+/// with what tracer expects of its version.
+#[must_use]
+pub fn debug_offsets_note(r: &Resolved) -> Option<Note> {
+    r.debug_offsets_mismatch.as_ref().map(|why| {
         Note::new(
             Level::Warning,
             NoteCode::DebugOffsets,
@@ -278,9 +336,30 @@ fn start<'a>(
                 r.version
             ),
         )
-    });
-    output.notes(fallback.into_iter().chain(mismatch))?;
-    Ok((Run { session, readout, duty, late, started }, output, exit))
+    })
+}
+
+/// Becomes ready when the BPF log has lines to read; never without
+/// `--bpf-log`.
+async fn log_ready(fd: Option<&AsyncFd<OwnedFd>>) -> std::io::Result<AsyncFdReadyGuard<'_, OwnedFd>> {
+    match fd {
+        Some(fd) => fd.readable().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Raises the soft limit on open files to the hard one: `--exe` holds a
+/// pidfd per traced process, and the default soft limit (1024) is the
+/// counter map's room for processes. A failure leaves the limit as it was,
+/// and a process that then cannot be watched is reported.
+fn raise_fd_limit() {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes one rlimit through a valid pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) } == 0 && limit.rlim_cur < limit.rlim_max {
+        limit.rlim_cur = limit.rlim_max;
+        // SAFETY: setrlimit reads one valid rlimit.
+        let _ = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const limit) };
+    }
 }
 
 /// Resolves the target and plans its probes for `tracer probes`, without
@@ -303,5 +382,7 @@ pub fn probe_plan(
     let options = PlanOptions { placement, returns: return_costs, ..PlanOptions::default() };
     let r = discover::resolve(target, placement == PlacementMode::CallSites)?;
     let plan = plan::plan(ImageRef::from(&r), &specs(&r, selection)?, options)?;
-    Ok(PlanReport::new(&plan, &r.version.to_string(), calibrated.map(|r| r.1)))
+    let mut report = PlanReport::new(&plan, &r.version.to_string(), calibrated.map(|r| r.1));
+    report.notes.extend(debug_offsets_note(&r));
+    Ok(report)
 }

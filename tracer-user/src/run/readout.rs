@@ -51,17 +51,38 @@ pub struct Readout {
     /// the next.
     gone: Vec<u32>,
     exited: Vec<Exited>,
+    /// Processes whose pidfd could not be opened, with why: they are tried
+    /// again at each read, and the run loop tells the user once.
+    unwatched: Vec<(u32, String)>,
+    /// Every process put in `unwatched` once, so it is told once.
+    told: std::collections::HashSet<u32>,
 }
 
 impl Readout {
     #[must_use]
     pub fn new(started: Instant, reap: bool) -> Self {
-        Self { started, reap, watched: HashMap::new(), gone: Vec::new(), exited: Vec::new() }
+        Self {
+            started,
+            reap,
+            watched: HashMap::new(),
+            gone: Vec::new(),
+            exited: Vec::new(),
+            unwatched: Vec::new(),
+            told: std::collections::HashSet::new(),
+        }
     }
 
-    /// Reads every count. With `reap`, a process found exited at the
-    /// previous read has its final counts taken from this one (nothing can
-    /// have changed them since it exited) and its entries removed.
+    /// Processes tracer could not watch for exit since the last call, with
+    /// why: their entries stay in the maps until they can be.
+    pub fn take_unwatched(&mut self) -> Vec<(u32, String)> {
+        std::mem::take(&mut self.unwatched)
+    }
+
+    /// Reads every count. With `reap`, a process found exited before this
+    /// read (by its pidfd, at this read or, if it exited before tracer
+    /// could open one, at the last) has its final counts taken from this
+    /// one, since nothing can change them after its exit, and its entries
+    /// removed.
     pub fn read(&mut self, session: &mut Session) -> Result<Totals, AttachError> {
         if self.reap {
             self.gone.extend(self.watched.iter().filter(|(_, fd)| fd.exited()).map(|(pid, _)| *pid));
@@ -78,17 +99,21 @@ impl Readout {
                 session.remove_process(pid)?;
             }
             for pid in live.keys() {
-                if !self.watched.contains_key(pid) {
-                    match Pidfd::open(*pid) {
-                        Some(fd) => {
-                            // Exited between its hits and now: its counts
-                            // are final at the next read.
-                            if fd.exited() {
-                                self.gone.push(*pid);
-                            }
-                            self.watched.insert(*pid, fd);
+                if self.watched.contains_key(pid) || self.gone.contains(pid) {
+                    continue;
+                }
+                match Pidfd::open(*pid) {
+                    // Exited between its hits and now: its counts are final
+                    // at the next read.
+                    Ok(Some(fd)) if fd.exited() => self.gone.push(*pid),
+                    Ok(Some(fd)) => {
+                        self.watched.insert(*pid, fd);
+                    }
+                    Ok(None) => self.gone.push(*pid),
+                    Err(e) => {
+                        if self.told.insert(*pid) {
+                            self.unwatched.push((*pid, e.to_string()));
                         }
-                        None => self.gone.push(*pid),
                     }
                 }
             }
@@ -110,7 +135,7 @@ impl Readout {
         Ok(Totals { probes, per_process, stats: readings.stats, kernel_misses: readings.kernel_misses })
     }
 
-    /// The model's snapshot of `totals` for `plan`, taken at `elapsed`.
+    /// The model's snapshot of `totals` for `plan`, taken now.
     #[must_use]
     pub fn snapshot(&self, plan: &Plan, totals: &Totals, late_modules: &[LateModule]) -> Snapshot {
         let name_of = |slot: usize| plan.probes.get(slot).map_or("?", |p| p.symbol).to_owned();
@@ -124,8 +149,8 @@ impl Readout {
         let probes = plan
             .probes
             .iter()
-            .zip(&totals.probes)
-            .map(|(p, c)| {
+            .map(|p| {
+                let c = usize::try_from(p.slot).ok().and_then(|s| totals.probes.get(s)).copied().unwrap_or_default();
                 let returned = p.returns.as_ref().map(|_| model::Returned {
                     returns: c.returned.returns,
                     null: c.returned.null,
