@@ -67,6 +67,22 @@ pub fn shared_python() -> PathBuf {
     PathBuf::from(String::from_utf8(out.stdout).expect("utf-8 path").trim())
 }
 
+/// The Debian testing (forky) root that `cargo xtask setup` makes, with
+/// Debian's LTO python3.13 and python3.14 and their debug info; must match
+/// xtask's `FORKY_ROOT`.
+pub const FORKY_ROOT: &str = "/var/lib/tracer/forky";
+
+/// [`FORKY_ROOT`], which must have been made.
+#[must_use]
+pub fn forky_root() -> PathBuf {
+    let root = PathBuf::from(FORKY_ROOT);
+    assert!(
+        root.join(".tracer-setup-complete").is_file() && root.join("usr/bin/python3.14").is_file(),
+        "{FORKY_ROOT} is missing or incomplete: run `cargo xtask setup`"
+    );
+    root
+}
+
 /// Debian's static python3.11, which must be installed.
 #[must_use]
 pub fn static_python() -> PathBuf {
@@ -201,6 +217,20 @@ pub struct Workload {
     pub child: KillOnDrop,
     stdin: Option<ChildStdin>,
     stdout: Lines,
+    /// The interpreter's PID when `child` is a wrapper that forks it
+    /// (`unshare --fork`).
+    python_pid: Option<u32>,
+}
+
+/// How a workload in another root file system is isolated, as a container
+/// would be.
+#[derive(Clone, Copy, Debug)]
+pub enum Isolation {
+    /// `chroot ROOT`: the same mount and PID namespaces as tracer.
+    Chroot,
+    /// `unshare --mount --pid --fork --mount-proc=ROOT/proc chroot ROOT`:
+    /// its own mount and PID namespaces, where the interpreter is PID 1.
+    Namespaces,
 }
 
 impl Workload {
@@ -296,13 +326,45 @@ impl Workload {
     fn from_child(mut child: Child) -> Self {
         let stdin = child.stdin.take();
         let stdout = Lines::new(child.stdout.take().expect("piped stdout"));
-        let w = Self { child: KillOnDrop(child), stdin, stdout };
+        let w = Self { child: KillOnDrop(child), stdin, stdout, python_pid: None };
         w.expect("ready");
+        w
+    }
+
+    /// [`Workload::once`] with `python` from the root file system `root`
+    /// (a path inside it), isolated as `isolation` says, without ASLR.
+    #[must_use]
+    pub fn once_in_root(root: &Path, python: &str, n: u64, body: Body, exit: Exit, isolation: Isolation) -> Self {
+        let script = root.join("tmp/tracer-workload.py");
+        std::fs::copy(workspace_root().join("tests/python/workload.py"), &script)
+            .unwrap_or_else(|e| panic!("copying the workload into {}: {e}", root.display()));
+        let mut cmd = Command::new("setarch");
+        cmd.arg("-R");
+        if let Isolation::Namespaces = isolation {
+            cmd.args(["unshare", "--mount", "--pid", "--fork", "--kill-child"])
+                .arg(format!("--mount-proc={}", root.join("proc").display()));
+        }
+        cmd.arg("chroot")
+            .arg(root)
+            .args([python, "/tmp/tracer-workload.py", "once", &n.to_string(), exit.arg(), body.arg()])
+            .env("PYTHONHASHSEED", "0")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {python} in {}: {e}", root.display()));
+        let mut w = Self::from_child(child);
+        if let Isolation::Namespaces = isolation {
+            // unshare's one child is chroot, which exec'd the interpreter.
+            let wrapper = w.child.id();
+            let children =
+                std::fs::read_to_string(format!("/proc/{wrapper}/task/{wrapper}/children")).expect("children");
+            let pid = children.split_whitespace().next().expect("unshare's child").parse().expect("a PID");
+            w.python_pid = Some(pid);
+        }
         w
     }
     #[must_use]
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.python_pid.unwrap_or_else(|| self.child.id())
     }
 
     /// Waits for `line` on the workload's stdout.

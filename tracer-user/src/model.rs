@@ -57,6 +57,10 @@ pub struct Attached {
     /// With `--exe`, the executable asked for.
     pub exe: Option<String>,
     pub python: PythonInfo,
+    /// The traced process's PID in its own PID namespace (a container's),
+    /// where that differs from `pid`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid_in_namespace: Option<u32>,
     /// The probed functions, in report order.
     pub probes: Vec<String>,
     /// Optional probes this build lacks.

@@ -24,7 +24,19 @@ const APT_PACKAGES: &[&str] = &[
     "python3.11",
     // For `cargo xtask bench`: the comparison against bpftrace.
     "bpftrace",
+    // For the forky root below.
+    "debootstrap",
 ];
+
+/// A Debian testing (forky) root file system with Debian's LTO python3.13
+/// and python3.14 and their debug info, made once per machine: the tests
+/// run those interpreters as a container would, chrooted. Its path must
+/// match `tracer_tests::FORKY_ROOT`.
+pub const FORKY_ROOT: &str = "/var/lib/tracer/forky";
+
+/// The packages the forky root gets, beyond debootstrap's minimal base.
+const FORKY_PACKAGES: &[&str] = &["python3.13", "python3.14"];
+const FORKY_DEBUG_PACKAGES: &[&str] = &["python3.13-dbg", "python3.14-dbg"];
 
 /// Where tracer looks for pyperf by default; must match
 /// `tracer_user::bench::default_venv` (xtask cannot depend on tracer-user:
@@ -55,7 +67,10 @@ pub fn run() -> anyhow::Result<()> {
         }
     }
     pyperf()?;
-    eprintln!("xtask: setup complete (BPF toolchain, bpf-linker {BPF_LINKER_VERSION}, python3.11, pyperf)");
+    forky_root()?;
+    eprintln!(
+        "xtask: setup complete (BPF toolchain, bpf-linker {BPF_LINKER_VERSION}, python3.11, pyperf, the forky root at {FORKY_ROOT})"
+    );
     Ok(())
 }
 
@@ -168,4 +183,64 @@ pub fn ensure_pyperf_venv(base: &std::path::Path, venv: &std::path::Path) -> any
         bail!("pyperf was installed in {} but does not import", venv.display());
     }
     Ok(())
+}
+
+/// The Debian mirror this machine's apt uses (its first `URIs:`), so that
+/// no registry host is written into the project.
+fn debian_mirror() -> anyhow::Result<String> {
+    let path = "/etc/apt/sources.list.d/debian.sources";
+    let sources = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+    sources
+        .lines()
+        .find_map(|l| l.strip_prefix("URIs:"))
+        .and_then(|u| u.split_whitespace().next())
+        .map(str::to_owned)
+        .with_context(|| format!("{path} names no URIs"))
+}
+
+/// Makes [`FORKY_ROOT`] with debootstrap (about 3 minutes and 1.1 GB the
+/// first time), into a scratch directory renamed into place only when
+/// complete, so an interrupted setup starts over rather than leaving half a
+/// root that looks done.
+fn forky_root() -> anyhow::Result<()> {
+    let root = Path::new(FORKY_ROOT);
+    let done = root.join(".tracer-setup-complete");
+    if done.exists() {
+        return Ok(());
+    }
+    let partial = PathBuf::from(format!("{FORKY_ROOT}.partial"));
+    if partial.exists() {
+        std::fs::remove_dir_all(&partial).with_context(|| format!("removing {}", partial.display()))?;
+    }
+    if root.exists() {
+        std::fs::remove_dir_all(root).with_context(|| format!("removing the incomplete {}", root.display()))?;
+    }
+    std::fs::create_dir_all(partial.parent().unwrap_or(Path::new("/"))).context("creating /var/lib/tracer")?;
+    let mirror = debian_mirror()?;
+    eprintln!("xtask: making the forky root at {FORKY_ROOT} (once per machine; a few minutes)");
+    // bookworm's debootstrap has no forky script; sid's works for it.
+    crate::run(
+        Command::new("debootstrap")
+            .arg("--variant=minbase")
+            .arg(format!("--include={}", FORKY_PACKAGES.join(",")))
+            .arg("forky")
+            .arg(&partial)
+            .arg(&mirror)
+            .arg("/usr/share/debootstrap/scripts/sid"),
+    )?;
+    crate::run(
+        Command::new("chroot")
+            .arg(&partial)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .args(["apt-get", "install", "-y", "-q"])
+            .args(FORKY_DEBUG_PACKAGES),
+    )?;
+    for python in FORKY_PACKAGES {
+        let exe = partial.join("usr/bin").join(python);
+        if !exe.is_file() {
+            bail!("{} is missing from the forky root after debootstrap", exe.display());
+        }
+    }
+    std::fs::rename(&partial, root).with_context(|| format!("moving {} into place", partial.display()))?;
+    std::fs::write(&done, "").with_context(|| format!("writing {}", done.display()))
 }

@@ -72,6 +72,9 @@ pub struct Resolved {
     /// Where `_Py_DebugOffsets` disagrees with the version module, if it
     /// does (3.13+).
     pub debug_offsets_mismatch: Option<String>,
+    /// With `--pid`, the process's PID in its own PID namespace, where that
+    /// differs.
+    pub ns_pid: Option<u32>,
 }
 
 /// Resolves `spec`; with `call_sites`, also finds the modules that may call
@@ -79,6 +82,7 @@ pub struct Resolved {
 pub fn resolve(spec: &TargetSpec, call_sites: bool) -> Result<Resolved, ResolveError> {
     // What differs: how the image and its version are found, from where its
     // files are reached, and which files already call into it.
+    let mut ns_pid = None;
     let (scope, exe, elf, display_path, attach_path, root, callers, version, mismatch) = match spec {
         TargetSpec::Pid(pid) => {
             let target = Target::inspect(*pid)?;
@@ -86,8 +90,9 @@ pub fn resolve(spec: &TargetSpec, call_sites: bool) -> Result<Resolved, ResolveE
             let version = version::read(source)?;
             let abi = python::abi_for(*pid, version)?;
             let mismatch = version::check_debug_offsets(source, abi, version);
+            ns_pid = target.ns_pid;
             let Target { elf, image_path, host_path, code_files, .. } = target;
-            (*pid, None, elf, image_path, host_path, process::proc_root(*pid), code_files, version, mismatch)
+            (*pid, None, elf, image_path, host_path, process::Root::Process(*pid), code_files, version, mismatch)
         }
         TargetSpec::Exe(path) => {
             let interp = Interpreter::from_executable(path)?;
@@ -95,14 +100,17 @@ pub fn resolve(spec: &TargetSpec, call_sites: bool) -> Result<Resolved, ResolveE
             let abi = python::abi_for_image(&interp.image, interp.version)?;
             let mismatch = version::check_debug_offsets(source, abi, interp.version);
             // The executable calls into its libpython.
-            let callers = if interp.exe == interp.image { Vec::new() } else { vec![interp.exe.clone()] };
+            let callers = match process::file_id(&interp.exe) {
+                Some(id) if interp.exe != interp.image => vec![process::MappedFile { path: interp.exe.clone(), id }],
+                _ => Vec::new(),
+            };
             let Interpreter { exe, image, elf, version } = interp;
-            (ALL_PROCESSES, Some(exe), elf, image.clone(), image, PathBuf::from("/"), callers, version, mismatch)
+            (ALL_PROCESSES, Some(exe), elf, image.clone(), image, process::Root::Own, callers, version, mismatch)
         }
     };
     let abi = python::abi_for_image(&display_path, version)?;
     let v = (version.major, version.minor);
-    let mut modules = if call_sites { modules::modules(&display_path, &root, &callers, v) } else { Vec::new() };
+    let mut modules = if call_sites { modules::modules(&display_path, root, &callers, v) } else { Vec::new() };
     let mut known = modules::known_files(&attach_path, &modules);
     if call_sites && scope == ALL_PROCESSES {
         // Every file the interpreter's running processes map executable,
@@ -122,6 +130,7 @@ pub fn resolve(spec: &TargetSpec, call_sites: bool) -> Result<Resolved, ResolveE
         modules,
         known,
         debug_offsets_mismatch: mismatch,
+        ns_pid,
     })
 }
 

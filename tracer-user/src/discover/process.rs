@@ -43,6 +43,10 @@ pub enum TargetError {
     Memory { pid: u32, address: u64, cause: std::io::Error },
     #[error("the Python image of PID {pid} cannot be read: {cause}")]
     Image { pid: u32, cause: ElfError },
+    #[error(
+        "cannot reach {path}, the Python image of PID {pid}, as the same file from tracer's root or through /proc/{pid}/root; was it replaced after the process started?"
+    )]
+    Unreachable { pid: u32, path: String },
 }
 
 /// Where the interpreter's code lives.
@@ -68,36 +72,89 @@ pub struct Mapping {
 pub struct Target {
     pub pid: u32,
     pub comm: String,
-    /// The image path as the target sees it (inside its mount namespace).
+    /// The image path as `/proc/PID/maps` shows it.
     pub image_path: PathBuf,
-    /// The same file reached through /proc/PID/root, valid from tracer's
-    /// namespace too; this is what uprobes are attached to.
+    /// The same file as tracer opens it (as it is, or through
+    /// /proc/PID/root, whichever is that file); this is what uprobes are
+    /// attached to.
     pub host_path: PathBuf,
+    /// The process's PID in its own PID namespace, where that differs.
+    pub ns_pid: Option<u32>,
     /// The image's symbols.
     pub elf: ElfImage,
     /// The file-backed mappings of the image, to turn file offsets into
     /// addresses in the target.
     pub image_maps: Vec<Mapping>,
-    /// Every file the target has mapped executable, as it sees them.
-    pub code_files: Vec<PathBuf>,
+    /// Every file the target has mapped executable.
+    pub code_files: Vec<MappedFile>,
+}
+
+/// A file a process maps: its path as `/proc/PID/maps` shows it, and which
+/// file it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MappedFile {
+    /// As `/proc/PID/maps` shows it to tracer: relative to tracer's root
+    /// where the file is below it (a chroot's files), else to the
+    /// process's.
+    pub path: PathBuf,
+    pub id: FileId,
+}
+
+/// The identity `/proc/PID/maps` gives a mapping.
+fn mapping_id(m: &procfs::process::MemoryMap) -> FileId {
+    let dev = libc::makedev(u32::try_from(m.dev.0).unwrap_or(0), u32::try_from(m.dev.1).unwrap_or(0));
+    (dev, m.inode)
 }
 
 /// The files mapped executable, each once, in address order.
-fn executable_files(maps: &procfs::process::MemoryMaps) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = Vec::new();
+fn executable_files(maps: &procfs::process::MemoryMaps) -> Vec<MappedFile> {
+    let mut files: Vec<MappedFile> = Vec::new();
     for m in maps {
         if let MMapPath::Path(path) = &m.pathname
             && m.perms.contains(procfs::process::MMPermissions::EXECUTE)
-            && !files.contains(path)
+            && !files.iter().any(|f| &f.path == path)
         {
-            files.push(path.clone());
+            files.push(MappedFile { path: path.clone(), id: mapping_id(m) });
         }
     }
     files
 }
 
+/// How tracer opens a file a process names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Root {
+    /// Tracer's own view: `--exe`, where no process names the files.
+    Own,
+    /// A process's: a path it names is tried as it is (what
+    /// `/proc/PID/maps` shows for a chroot's files, and any file the
+    /// process shares with tracer) and through `/proc/PID/root` (its mount
+    /// namespace).
+    Process(u32),
+}
+
+impl Root {
+    /// A path tracer can open for `path` as the process names it: with
+    /// `id`, the one that is that very file, preferring the plain path
+    /// (it stays valid after the process exits); without, the process's
+    /// view first. `None` when neither reaches it.
+    #[must_use]
+    pub fn reach(self, path: &Path, id: Option<FileId>) -> Option<PathBuf> {
+        let plain = path.to_owned();
+        let Self::Process(pid) = self else { return plain.exists().then_some(plain) };
+        let inside = through_root(pid, path);
+        let candidates = match id {
+            Some(_) => [plain, inside],
+            None => [inside, plain],
+        };
+        candidates.into_iter().find(|c| match id {
+            Some(id) => file_id(c) == Some(id),
+            None => c.exists(),
+        })
+    }
+}
+
 /// The files `pid` has mapped executable now, as it sees them.
-pub fn code_files(pid: u32) -> Result<Vec<PathBuf>, TargetError> {
+pub fn code_files(pid: u32) -> Result<Vec<MappedFile>, TargetError> {
     let proc_err = |what| move |cause| map_proc_error(pid, what, cause);
     let process = Process::new(i32::try_from(pid).map_err(|_| TargetError::NoSuchProcess { pid })?)
         .map_err(proc_err("the /proc entry"))?;
@@ -129,11 +186,11 @@ pub fn file_id(path: &Path) -> Option<FileId> {
 }
 
 /// Every process that has `image` (as tracer sees it) mapped, with the
-/// files each has mapped executable, as it sees them. A process that exits
+/// files each has mapped executable. A process that exits
 /// or cannot be read while this looks is left out: it has nothing left to
 /// probe.
 #[must_use]
-pub fn processes_mapping(image: &Path) -> Vec<(u32, Vec<PathBuf>)> {
+pub fn processes_mapping(image: &Path) -> Vec<(u32, Vec<MappedFile>)> {
     let Some((dev, ino)) = file_id(image) else { return Vec::new() };
     // /proc/PID/maps prints the device as major:minor.
     let want = (i64::from(libc::major(dev)), i64::from(libc::minor(dev)));
@@ -212,6 +269,13 @@ impl Target {
         }
         let maps = process.maps().map_err(proc_err("memory map"))?;
         let code_files = executable_files(&maps);
+        let ids: Vec<(PathBuf, FileId)> = maps
+            .iter()
+            .filter_map(|m| match &m.pathname {
+                MMapPath::Path(path) => Some((path.clone(), mapping_id(m))),
+                _ => None,
+            })
+            .collect();
         let files: Vec<Mapping> = maps
             .into_iter()
             .filter_map(|m| match m.pathname {
@@ -224,7 +288,10 @@ impl Target {
             Some(lib) => (lib.path.clone(), ImageKind::SharedLibrary),
             None => (exe.clone(), ImageKind::Executable),
         };
-        let host_path = through_root(pid, &image_path);
+        let image_id = ids.iter().find(|(p, _)| *p == image_path).map(|(_, id)| *id);
+        let host_path = Root::Process(pid)
+            .reach(&image_path, image_id)
+            .ok_or_else(|| TargetError::Unreachable { pid, path: image_path.display().to_string() })?;
         let elf = ElfImage::open(&host_path).map_err(|cause| match cause {
             // An executable that is not ELF (or unreadable) is not Python.
             ElfError::Parse { .. } if kind == ImageKind::Executable => {
@@ -236,7 +303,9 @@ impl Target {
             return Err(TargetError::NotPython { pid, comm: stat.comm, exe: exe.display().to_string() });
         }
         let image_maps = files.into_iter().filter(|m| m.path == image_path).collect();
-        Ok(Self { pid, comm: stat.comm, image_path, host_path, elf, image_maps, code_files })
+        let ns_pid = process.status().ok().and_then(|s| s.nspid).and_then(|ns| ns.last().copied());
+        let ns_pid = ns_pid.and_then(|n| u32::try_from(n).ok()).filter(|&n| n != pid);
+        Ok(Self { pid, comm: stat.comm, image_path, host_path, ns_pid, elf, image_maps, code_files })
     }
 
     /// The address in the target at which file offset `offset` of the image
@@ -329,6 +398,7 @@ mod tests {
                 Mapping { start: 0x7f00_1000, end: 0x7f00_5000, offset: 0x1000, path: "/lib/libpython3.11.so".into() },
             ],
             code_files: Vec::new(),
+            ns_pid: None,
         };
         assert_eq!(target.address_of_file_offset(0x10), Some(0x7f00_0010));
         assert_eq!(target.address_of_file_offset(0x1234), Some(0x7f00_1234));

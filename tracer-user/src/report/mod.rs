@@ -50,6 +50,7 @@ pub(crate) mod examples {
             pid,
             exe: None,
             python: PythonInfo { version: "3.11.7".into(), image: "/lib/libpython3.11.so.1.0".into() },
+            pid_in_namespace: None,
             probes: vec!["_Py_NewReference".into(), "PyObject_Malloc".into()],
             missing: vec!["PyMem_RawCalloc".into()],
             links: Links::Multi,

@@ -138,7 +138,10 @@ impl<W: Write, E: Write> TableReporter<W, E> {
 
     fn header(&mut self, info: &Attached) -> std::io::Result<()> {
         let what = match (&info.pid, &info.exe) {
-            (Some(pid), _) => format!("PID {pid}"),
+            (Some(pid), _) => match info.pid_in_namespace {
+                Some(inner) => format!("PID {pid} (PID {inner} in its namespace)"),
+                None => format!("PID {pid}"),
+            },
             (None, Some(exe)) => format!("every process running {exe}"),
             (None, None) => "every process".to_owned(),
         };
