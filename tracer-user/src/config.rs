@@ -106,6 +106,10 @@ pub enum ConfigError {
         "--budget cannot be combined with --returns: the budget prices only the counting probes, and return counts are not estimated from windows; use one or the other"
     )]
     BudgetWithReturns,
+    #[error(
+        "--budget with --links perf cannot detach the {sites} uprobes of inlined copies and call sites in a budget window; drop --links perf"
+    )]
+    BudgetPerfManySites { sites: usize },
     #[error("--links must be auto, multi or perf (got {value:?})")]
     BadLinks { value: String },
     #[error(

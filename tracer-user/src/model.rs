@@ -12,6 +12,7 @@ use tracer_common::stats::Stat;
 
 use crate::plan::{
     HitCosts,
+    coverage::Coverage,
     placement::Placement,
     returns::{ReturnMeasurement, ReturnPlan},
 };
@@ -79,6 +80,10 @@ pub struct Attached {
     /// The probes whose `bytes` mean something (the allocating functions).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub measures_bytes: Vec<String>,
+    /// Per probe: which copies of the function are probed, and whether its
+    /// calls and bytes are complete.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub coverage: IndexMap<String, Coverage>,
 }
 
 impl Attached {

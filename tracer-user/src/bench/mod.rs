@@ -419,7 +419,7 @@ impl Bench {
                     returns: if *returns { Some(self.return_costs()?) } else { None },
                 };
                 let mut session = self.load(&specs, options, 0)?;
-                if session.plan().has_call_sites() {
+                if session.plan().has_many_sites() {
                     // Thousands of uprobes: only a multi link detaches them quickly.
                     session.attach_multi(crate::kernel::ALL_PROCESSES)?;
                 } else {

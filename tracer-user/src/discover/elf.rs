@@ -37,6 +37,8 @@ pub struct Symbol {
 pub struct ElfImage {
     path: PathBuf,
     symbols: HashMap<String, Symbol>,
+    /// (vaddr, memsz, file offset, filesz) of every `PT_LOAD`.
+    segments: Vec<(u64, u64, u64, u64)>,
 }
 
 impl ElfImage {
@@ -81,7 +83,7 @@ impl ElfImage {
             let Some(file_offset) = file_offset_of(&segments, address) else { continue };
             symbols.insert(name.to_owned(), Symbol { address, size: sym.size(), file_offset, is_function });
         }
-        Ok(Self { path: path.to_owned(), symbols })
+        Ok(Self { path: path.to_owned(), symbols, segments })
     }
 
     /// Reads `len` bytes of the file at `offset`.
@@ -92,6 +94,13 @@ impl ElfImage {
         let mut buf = vec![0; len];
         file.read_exact_at(&mut buf, offset).map_err(err)?;
         Ok(buf)
+    }
+
+    /// The file offset of the link-time address `address`, if a
+    /// file-backed part of a segment holds it.
+    #[must_use]
+    pub fn file_offset(&self, address: u64) -> Option<u64> {
+        file_offset_of(&self.segments, address)
     }
 
     /// A defined symbol by exact name.

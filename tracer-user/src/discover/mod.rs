@@ -75,6 +75,9 @@ pub struct Resolved {
     /// With `--pid`, the process's PID in its own PID namespace, where that
     /// differs.
     pub ns_pid: Option<u32>,
+    /// What the image's DWARF says of inlined copies of the probed
+    /// functions.
+    pub inlining: crate::plan::Inlining,
 }
 
 /// Resolves `spec`; with `call_sites`, also finds the modules that may call
@@ -131,7 +134,15 @@ pub fn resolve(spec: &TargetSpec, call_sites: bool) -> Result<Resolved, ResolveE
         known,
         debug_offsets_mismatch: mismatch,
         ns_pid,
+        inlining: crate::plan::Inlining::Unknown { fix: debug_fix(root, v) },
     })
+}
+
+/// What to install for the debug info of the interpreter, from the
+/// target's own `/etc/os-release`.
+fn debug_fix(root: process::Root, version: (u8, u8)) -> String {
+    let release = root.reach(Path::new("/etc/os-release"), None).and_then(|p| std::fs::read_to_string(p).ok());
+    crate::plan::coverage::debug_package(&release.unwrap_or_default(), version)
 }
 
 impl Resolved {

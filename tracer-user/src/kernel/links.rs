@@ -247,6 +247,12 @@ impl Session {
                     }
                 }
             }
+            // An inlined copy has no arguments in registers: it is counted,
+            // and its size is not read.
+            points.extend(p.inline_sites.iter().map(|&offset| AttachPoint {
+                program: if p.attach_program == Program::Empty { Program::Empty } else { Program::CountCall },
+                ..at(image, offset)
+            }));
         }
         for p in &self.plan.probes {
             let cookie = u64::from(p.slot);

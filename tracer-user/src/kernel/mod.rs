@@ -299,7 +299,7 @@ mod tests {
         }
         let exe = std::env::current_exe().expect("the test binary");
         let elf = ElfImage::open(&exe).expect("the test binary is ELF");
-        let image = ImageRef { elf: &elf, display_path: &exe, attach_path: &exe, modules: &[] };
+        let image = ImageRef { elf: &elf, display_path: &exe, attach_path: &exe, modules: &[], inlining: None };
         let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
         let plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
         let options = LoadOptions { bpf_log: true, ..LoadOptions::default() };

@@ -3,6 +3,7 @@
 //! Planning reads files only; [`crate::kernel`] turns a plan into uprobes.
 
 pub mod callsites;
+pub mod coverage;
 pub mod placement;
 pub mod returns;
 
@@ -12,6 +13,7 @@ use thiserror::Error;
 
 use self::{
     callsites::CallSites,
+    coverage::{Completeness, Coverage},
     placement::Placement,
     returns::{ReturnCosts, ReturnPlan},
 };
@@ -66,6 +68,19 @@ impl HitCosts {
     }
 }
 
+/// What the image's DWARF says of the copies the compiler inlined.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Inlining {
+    /// No DWARF was found: inlined copies, if any, cannot be found.
+    Unknown {
+        /// What to install (or pass) to find it.
+        fix: String,
+    },
+    /// The DWARF in `source` lists, per function, the link-time address of
+    /// each inlined copy's entry.
+    Known { source: String, entries: std::collections::HashMap<String, Vec<u64>> },
+}
+
 /// The interpreter image to plan for.
 #[derive(Clone, Copy, Debug)]
 pub struct ImageRef<'a> {
@@ -78,11 +93,20 @@ pub struct ImageRef<'a> {
     /// Other modules that may call into the image, for
     /// `--placement call-sites` (empty otherwise).
     pub modules: &'a [Module],
+    /// What its DWARF says of inlined copies; `None` where nobody looked
+    /// (tracer's own code, in calibration).
+    pub inlining: Option<&'a Inlining>,
 }
 
 impl<'a> From<&'a crate::discover::Resolved> for ImageRef<'a> {
     fn from(r: &'a crate::discover::Resolved) -> Self {
-        Self { elf: &r.elf, display_path: &r.display_path, attach_path: &r.attach_path, modules: &r.modules }
+        Self {
+            elf: &r.elf,
+            display_path: &r.display_path,
+            attach_path: &r.attach_path,
+            modules: &r.modules,
+            inlining: Some(&r.inlining),
+        }
     }
 }
 
@@ -107,6 +131,11 @@ pub struct PlannedProbe {
     /// With `--placement call-sites`, for a function probed at its callers
     /// instead of inside it: where they are.
     pub call_sites: Option<CallSites>,
+    /// File offsets in the image of the inlined copies' entries, each
+    /// counted as a call (sizes are not read there yet).
+    pub inline_sites: Vec<u64>,
+    /// What the counts cover.
+    pub coverage: Coverage,
 }
 
 impl PlannedProbe {
@@ -147,6 +176,13 @@ impl Plan {
     #[must_use]
     pub fn has_call_sites(&self) -> bool {
         self.probes.iter().any(|p| p.call_sites.is_some())
+    }
+
+    /// Whether the plan has more uprobes than perf-event links can detach
+    /// quickly (call sites, inlined copies): only multi links will do.
+    #[must_use]
+    pub fn has_many_sites(&self) -> bool {
+        self.probes.iter().any(|p| p.call_sites.is_some() || !p.inline_sites.is_empty())
     }
 }
 
@@ -194,6 +230,7 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
                 Err(e) => ReturnPlan::Uretprobe { reason: format!("the code could not be read ({e})") },
             }
         });
+        let (inline_sites, unprobed) = inline_sites(image, spec.symbol);
         probes.push(PlannedProbe {
             symbol: spec.symbol,
             program: spec.program,
@@ -203,12 +240,87 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
             placement: place,
             returns,
             call_sites: None,
+            coverage: coverage(image, spec, inline_sites.len(), &unprobed),
+            inline_sites,
         });
     }
     if options.placement == PlacementMode::CallSites {
         place_at_call_sites(image, &mut probes, kernel);
+        for p in &mut probes {
+            p.coverage.call_sites = p.call_sites.as_ref().map_or(0, |c| c.emulated + c.stepped);
+        }
     }
     Ok(Plan { probes, missing, display_path: image.display_path.to_owned(), attach_path: image.attach_path.to_owned() })
+}
+
+/// The file offsets of `symbol`'s inlined copies that can be probed, and
+/// why each of the others cannot.
+fn inline_sites(image: ImageRef<'_>, symbol: &str) -> (Vec<u64>, Vec<String>) {
+    let Some(Inlining::Known { entries, .. }) = image.inlining else { return (Vec::new(), Vec::new()) };
+    let mut sites = Vec::new();
+    let mut unprobed = Vec::new();
+    for &address in entries.get(symbol).map_or(&[][..], Vec::as_slice) {
+        let Some(offset) = image.elf.file_offset(address) else {
+            unprobed.push(format!("{address:#x} is in no file-backed segment"));
+            continue;
+        };
+        match image.elf.read_at(offset, 16).map(|code| placement::probeable(&code)) {
+            Ok(Ok(())) => sites.push(offset),
+            Ok(Err(why)) => unprobed.push(format!("{address:#x}: {why}")),
+            Err(e) => unprobed.push(format!("{address:#x}: {e}")),
+        }
+    }
+    sites.sort_unstable();
+    sites.dedup();
+    (sites, unprobed)
+}
+
+/// What `spec`'s probe covers, with `probed` of its inlined copies probed
+/// and `unprobed` saying why the rest are not.
+fn coverage(image: ImageRef<'_>, spec: &ProbeSpec, probed: usize, unprobed: &[String]) -> Coverage {
+    let measures_bytes = spec.program.counts_bytes();
+    let mut c = Coverage {
+        source: "symbols".to_owned(),
+        out_of_line: 1,
+        inlined: None,
+        inlined_probed: probed,
+        call_sites: 0,
+        calls: Completeness::Complete,
+        bytes: if measures_bytes { Completeness::Complete } else { Completeness::None },
+        reason: None,
+        fix: None,
+    };
+    match image.inlining {
+        // tracer's own code: nothing is inlined that it would count.
+        None => {}
+        Some(Inlining::Unknown { fix }) => {
+            c.calls = Completeness::Partial;
+            if measures_bytes {
+                c.bytes = Completeness::Partial;
+            }
+            c.reason = Some(format!(
+                "no debug info found for {}, so the copies of {} that the compiler inlined (an LTO build inlines it widely) cannot be found; calls through them are not counted",
+                image.display_path.display(),
+                spec.symbol
+            ));
+            c.fix = Some(fix.clone());
+        }
+        Some(Inlining::Known { source, entries }) => {
+            let listed = entries.get(spec.symbol).map_or(0, Vec::len);
+            c.source.clone_from(source);
+            c.inlined = Some(listed);
+            if !unprobed.is_empty() {
+                c.calls = Completeness::Partial;
+                c.reason = Some(format!("{} inlined copies cannot be probed: {}", unprobed.len(), unprobed.join("; ")));
+            }
+            if measures_bytes && probed > 0 {
+                c.bytes = Completeness::Partial;
+                let why = format!("sizes are not read at the {probed} inlined copies (their calls are counted)");
+                c.reason = Some(c.reason.map_or(why.clone(), |r| format!("{r}; {why}")));
+            }
+        }
+    }
+    c
 }
 
 /// Moves each probe that would be single-stepped to its function's call
@@ -269,7 +381,7 @@ mod tests {
     fn a_missing_required_symbol_fails_before_any_bpf_is_loaded() {
         let elf = test_binary();
         let path = std::path::Path::new("/usr/lib/libnotpython.so");
-        let image = ImageRef { elf: &elf, display_path: path, attach_path: path, modules: &[] };
+        let image = ImageRef { elf: &elf, display_path: path, attach_path: path, modules: &[], inlining: None };
         let py = crate::python::abi_for(1, crate::python::PythonVersion::from_hex(0x030B_07F0)).unwrap();
         let all = crate::probe::ProbeSelection::Default.select(py.probes(), "3.11.7").unwrap();
         let err = plan(image, &all, PlanOptions::default()).expect_err("no PyObject_Malloc here");

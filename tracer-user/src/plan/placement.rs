@@ -211,6 +211,29 @@ const X86_NOPS: [&[u8]; 8] = [
     &[0x0f, 0x1f, 0x84, 0x00, 0x00, 0x00, 0x00, 0x00],
 ];
 
+/// Whether the kernel can put a uprobe on the instruction `code` starts
+/// with (arch/x86/kernel/uprobes.c refuses segment overrides and lock
+/// prefixes, and a breakpoint is already one).
+pub fn probeable(code: &[u8]) -> Result<(), String> {
+    let mut decoder = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
+    let insn = decoder.decode();
+    if insn.is_invalid() {
+        return Err("not an instruction tracer can decode".to_owned());
+    }
+    if code.first() == Some(&0xcc) {
+        return Err("an int3 is there already".to_owned());
+    }
+    let prefixes = code.iter().take(insn.len()).take_while(|b| {
+        matches!(b, 0x26 | 0x2e | 0x36 | 0x3e | 0x64 | 0x65 | 0x66 | 0x67 | 0xf0 | 0xf2 | 0xf3)
+    });
+    if let Some(b) = prefixes.into_iter().find(|b| matches!(b, 0x26 | 0x2e | 0x36 | 0x3e | 0xf0)) {
+        let mut text = String::new();
+        GasFormatter::new().format(&insn, &mut text);
+        return Err(format!("the kernel refuses to probe {text} (prefix {b:#04x})"));
+    }
+    Ok(())
+}
+
 /// Whether the kernel emulates the instruction `bytes`, and as what.
 #[must_use]
 pub fn emulated(bytes: &[u8], kernel: KernelVersion) -> Option<&'static str> {

@@ -59,6 +59,7 @@ pub(crate) mod examples {
             call_sites: [("_Py_Dealloc".to_owned(), 10989)].into_iter().collect(),
             placements: IndexMap::new(),
             measures_bytes: vec!["PyObject_Malloc".into()],
+            coverage: IndexMap::new(),
         }
     }
 

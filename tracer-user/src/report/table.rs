@@ -3,7 +3,10 @@
 use std::io::Write;
 
 use super::Reporter;
-use crate::model::{Attached, Budget, EndKind, Event, LateCoverage, Links, ProbeCounts, Snapshot, Summary};
+use crate::{
+    model::{Attached, Budget, EndKind, Event, LateCoverage, Links, ProbeCounts, Snapshot, Summary},
+    plan::coverage::Completeness,
+};
 
 /// Prints a block per interval with rates over that interval, and a final
 /// block with rates averaged over the whole run; notes go to `err`.
@@ -164,6 +167,16 @@ impl<W: Write, E: Write> TableReporter<W, E> {
                 format!("; not in this build: {}", info.missing.join(", "))
             }
         )?;
+        for (name, c) in info.coverage.iter().filter(|(_, c)| c.is_partial()) {
+            let what = match (c.calls, c.bytes) {
+                (Completeness::Partial, Completeness::Partial) => "calls and bytes",
+                (Completeness::Partial, _) => "calls",
+                _ => "bytes",
+            };
+            let why = c.reason.as_deref().unwrap_or("some copies are not probed");
+            let fix = c.fix.as_ref().map_or(String::new(), |f| format!("; fix: {f}"));
+            writeln!(self.out, "tracer: coverage: {name}: {what} PARTIAL: {why}{fix}")?;
+        }
         let stepped: Vec<&str> =
             info.placements.iter().filter(|(_, p)| !p.emulated).map(|(name, _)| name.as_str()).collect();
         if !stepped.is_empty() {

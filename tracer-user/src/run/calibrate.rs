@@ -221,7 +221,7 @@ pub fn calibrate(returns: bool) -> Result<Calibration, CalibrationError> {
     if elf.function(SYMBOL).is_none() || elf.function(RETURN_SYMBOL).is_none() {
         return Err(CalibrationError::NoSymbol { path: exe });
     }
-    let image = ImageRef { elf: &elf, display_path: &exe, attach_path: &exe, modules: &[] };
+    let image = ImageRef { elf: &elf, display_path: &exe, attach_path: &exe, modules: &[], inlining: None };
     let mut child = ChildProcess::start(&exe)?;
     let hit = hit_costs(image, &mut child)?;
     let returns = if returns { Some(return_costs(image, &mut child, hit)?) } else { None };

@@ -59,7 +59,7 @@ fn attach_links(
         LinkMode::Auto => match multi(session) {
             Ok(done) => Ok(done),
             // Thousands of perf-event uprobes would take minutes to detach.
-            Err(e @ AttachError::Multi(_)) if session.plan().has_call_sites() => Err(e),
+            Err(e @ AttachError::Multi(_)) if session.plan().has_many_sites() => Err(e),
             // Only a kernel without multi links is a reason to fall back; a
             // failure of tracer's own is reported as it is.
             Err(AttachError::Multi(e)) if e.is_unsupported() => {
@@ -101,6 +101,7 @@ fn attached_event(session: &Session, r: &Resolved, links: Links) -> Attached {
             .collect(),
         placements: probes.iter().map(|p| (p.symbol.to_owned(), p.placement.clone())).collect(),
         measures_bytes: probes.iter().filter(|p| p.program.counts_bytes()).map(|p| p.symbol.to_owned()).collect(),
+        coverage: probes.iter().map(|p| (p.symbol.to_owned(), p.coverage.clone())).collect(),
     }
 }
 
@@ -286,6 +287,10 @@ fn start<'a>(
     let options =
         PlanOptions { placement: config.placement, returns: return_costs.map(|r| r.0), ..PlanOptions::default() };
     let plan = plan::plan(ImageRef::from(&r), &specs(&r, &config.probes)?, options)?;
+    if config.budget.is_some() && config.links == LinkMode::Perf && plan.has_many_sites() {
+        let sites = plan.probes.iter().map(|p| p.inline_sites.len() + p.coverage.call_sites).sum();
+        return Err(crate::config::ConfigError::BudgetPerfManySites { sites }.into());
+    }
     let load = LoadOptions { bpf_log: config.bpf_log, ..LoadOptions::default() };
     let mut session = Session::load(plan, r.scope, load)?;
     let watch = match r.pid() {
