@@ -307,12 +307,18 @@ pub(crate) mod tests {
         assert_eq!(found, Some(DwarfFile { origin: Origin::BuildId, path: expected }));
     }
 
-    #[test]
-    fn pyenv_libpython_has_its_own_dwarf() {
+    /// pyenv's libpython, the python3 on PATH.
+    pub(crate) fn pyenv_libpython() -> PathBuf {
         let out = std::process::Command::new("python3").args(["-c", "import sys; print(sys.prefix)"]).output();
         let prefix = String::from_utf8(out.expect("python3 (pyenv's 3.11) runs").stdout).unwrap();
         let lib = Path::new(prefix.trim()).join("lib/libpython3.11.so.1.0");
         assert!(lib.is_file(), "pyenv's {} is missing", lib.display());
+        lib
+    }
+
+    #[test]
+    fn pyenv_libpython_has_its_own_dwarf() {
+        let lib = pyenv_libpython();
         let found = locate(&lib, Path::new("/"), None).unwrap();
         assert_eq!(found, Some(DwarfFile { origin: Origin::Own, path: std::fs::canonicalize(&lib).unwrap() }));
     }

@@ -3,6 +3,7 @@
 //! Planning reads files only; [`crate::kernel`] turns a plan into uprobes.
 
 pub mod callsites;
+pub mod inline;
 pub mod placement;
 pub mod returns;
 
