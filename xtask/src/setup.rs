@@ -11,7 +11,8 @@ use anyhow::{Context as _, bail};
 
 /// Debian packages: the rustc-web compiler (matches the prebuilt bpf
 /// `core`), LLVM 22 for bpf-linker, and Debian's static, LTO-built
-/// python3.11 (a second test target).
+/// python3.11 (a second test target) with its DWARF (python3.11-dbg), where
+/// the tests find the copies LTO inlined.
 const APT_PACKAGES: &[&str] = &[
     "rustc-web",
     "cargo-web",
@@ -22,6 +23,7 @@ const APT_PACKAGES: &[&str] = &[
     "clang-22",
     "lld-22",
     "python3.11",
+    "python3.11-dbg",
     // For `cargo xtask bench`: the comparison against bpftrace.
     "bpftrace",
     // For the forky root below.

@@ -51,14 +51,7 @@ impl ElfImage {
     /// Indexes an ELF image already in memory; `path` is for messages.
     pub fn parse(path: &Path, data: &[u8]) -> Result<Self, ElfError> {
         let file = object::File::parse(data).map_err(|cause| ElfError::Parse { path: path.to_owned(), cause })?;
-        // (vaddr, memsz, file offset, filesz) of every PT_LOAD.
-        let segments: Vec<(u64, u64, u64, u64)> = file
-            .segments()
-            .map(|s| {
-                let (offset, filesz) = s.file_range();
-                (s.address(), s.size(), offset, filesz)
-            })
-            .collect();
+        let segments = load_segments(&file);
         let mut symbols = HashMap::new();
         // .symtab first, then .dynsym: a name in both is the same symbol, and
         // .dynsym is the one that survives `strip`.
@@ -127,9 +120,22 @@ pub fn defines_cpython(elf: &ElfImage) -> bool {
     CPYTHON_MARKERS.iter().any(|m| elf.symbol(m).is_some())
 }
 
+/// (vaddr, memsz, file offset, filesz) of every `PT_LOAD` of `file`: what
+/// [`file_offset_of`] maps addresses through.
+pub(crate) fn load_segments(file: &object::File<'_>) -> Vec<(u64, u64, u64, u64)> {
+    file.segments()
+        .map(|s| {
+            let (offset, filesz) = s.file_range();
+            (s.address(), s.size(), offset, filesz)
+        })
+        .collect()
+}
+
 /// Maps a virtual address to its file offset through the `PT_LOAD` segment
-/// that holds it; addresses in .bss (past the file-backed part) have none.
-fn file_offset_of(segments: &[(u64, u64, u64, u64)], address: u64) -> Option<u64> {
+/// that holds it; addresses in .bss (past the file-backed part) have none,
+/// and neither has any address of a separate debug file, whose `PT_LOAD`s
+/// have no file bytes.
+pub(crate) fn file_offset_of(segments: &[(u64, u64, u64, u64)], address: u64) -> Option<u64> {
     segments.iter().find_map(|&(vaddr, memsz, offset, filesz)| {
         let delta = address.checked_sub(vaddr)?;
         (delta < memsz && delta < filesz).then_some(offset + delta)

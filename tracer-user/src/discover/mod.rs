@@ -2,8 +2,10 @@
 //! every process that runs it (`--exe`), found from the process and its
 //! files alone. Every command resolves its target through [`resolve`].
 
+pub mod debuginfo;
 pub mod elf;
 pub mod exe;
+pub mod inline;
 pub mod modules;
 pub mod process;
 pub mod version;
