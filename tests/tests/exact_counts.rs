@@ -197,10 +197,31 @@ fn static_lto_api_body_is_exact_in_bytes() {
         .flat_map(|(f, ..)| ["Malloc", "Calloc", "Realloc", "Free"].map(|k| format!("{f}{k}")))
         .filter(|n| n != "PyObject_Free")
         .collect();
-    check_api_body(&per, &all.iter().map(String::as_str).collect::<Vec<_>>());
-    // LTO inlined _Py_NewReference into its callers: the exported copy sees
-    // none of this loop's objects (README, Limitations).
-    assert_eq!(per["_Py_NewReference"], (0, 0));
+    let _ = all;
+    // LTO inlined the allocators into the interpreter, and tracer probes
+    // every inlined copy from the DWARF of python3.11-dbg, so each function
+    // counts the interpreter's own calls too, at least the body's.
+    check_api_body(&per, &[]);
+    // _Py_NewReference too: LTO inlined it into its callers, and the
+    // inlined copies are probed (the exported copy alone sees none of them).
+    assert!(per["_Py_NewReference"].0 > 0, "{per:?}");
+}
+
+/// Debian's LTO build, with its debug info, counts the `[]` +
+/// `bytearray(1000)` body as pyenv's plain build does: the same new
+/// references and the same allocator calls in all, per iteration. LTO
+/// inlined most of these calls; each inlined copy is probed at its entry
+/// from the DWARF.
+#[test]
+fn static_lto_counts_like_the_plain_build() {
+    require_root();
+    let plain = per_iteration(&shared_python(), 200, Body::Objects, Exit::Immediate, Aslr::Off);
+    let lto = per_iteration(&static_python(), 200, Body::Objects, Exit::Immediate, Aslr::Off);
+    assert_eq!(lto["_Py_NewReference"], plain["_Py_NewReference"], "plain {plain:?}\nLTO {lto:?}");
+    let allocators = |per: &Counts| -> u64 {
+        per.iter().filter(|(name, _)| name.starts_with("Py")).map(|(_, (calls, _))| calls).sum()
+    };
+    assert_eq!(allocators(&lto), allocators(&plain), "plain {plain:?}\nLTO {lto:?}");
 }
 
 /// Probes placed past the entry count exactly what entry probes count.

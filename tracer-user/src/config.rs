@@ -59,6 +59,8 @@ pub struct AttachConfig {
     pub returns: bool,
     /// `--bpf-log`: pass what the BPF programs log on as notes.
     pub bpf_log: bool,
+    /// `--debug-dir`: one more place to look for the interpreter's DWARF.
+    pub debug_dir: Option<std::path::PathBuf>,
 }
 
 /// How probes are attached in the kernel.
@@ -137,6 +139,8 @@ pub struct AttachArgs<'a> {
     pub returns: bool,
     /// `--bpf-log`.
     pub bpf_log: bool,
+    /// `--debug-dir`.
+    pub debug_dir: Option<&'a std::path::Path>,
 }
 
 /// Parses `--placement`.
@@ -186,6 +190,7 @@ impl AttachConfig {
         Ok(Self {
             returns: args.returns,
             bpf_log: args.bpf_log,
+            debug_dir: args.debug_dir.map(std::path::Path::to_owned),
             budget,
             links,
             target,
@@ -229,6 +234,7 @@ mod tests {
             links: "auto",
             returns: false,
             bpf_log: false,
+            debug_dir: None,
         }
     }
 

@@ -147,6 +147,12 @@ struct TargetArgs {
     /// interval on (stderr and the JSON say so). Needs uprobe-multi links; not with --budget.
     #[arg(long, value_name = "WHERE", default_value = "auto")]
     placement: String,
+    /// Also look for the interpreter's debug info (DWARF) here, by build-id
+    /// (DIR/.build-id/xx/rest.debug) and by .gnu_debuglink name; after the image itself,
+    /// /usr/lib/debug/.build-id and the debuglink's standard places inside the target's root.
+    /// With it, every copy of a probed function that the compiler inlined is probed too.
+    #[arg(long, value_name = "DIR")]
+    debug_dir: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -265,6 +271,7 @@ fn attach(args: &AttachArgs) -> anyhow::Result<()> {
         links: &args.links,
         returns: args.returns,
         bpf_log: args.bpf_log,
+        debug_dir: args.target.debug_dir.as_deref(),
     })?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let end = runtime.block_on(tracer_user::run::attach(&config, std::io::stdout().lock(), std::io::stderr()))?;
@@ -329,7 +336,7 @@ fn probes(args: &ProbesArgs) -> anyhow::Result<()> {
     let target = tracer_user::config::target_spec(t.pid, t.exe.as_deref())?;
     let selection = tracer_user::config::probe_selection(&t.probes)?;
     let placement = tracer_user::config::parse_placement(&t.placement)?;
-    let plan = tracer_user::run::probe_plan(&target, &selection, placement, args.returns)?;
+    let plan = tracer_user::run::probe_plan(&target, &selection, placement, args.returns, t.debug_dir.as_deref())?;
     let mut out = std::io::stdout().lock();
     if args.json {
         tracer_user::report::plan::json(&mut out, &plan)?;

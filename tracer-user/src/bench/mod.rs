@@ -230,7 +230,7 @@ impl Bench {
         if info.pyperf.is_none() {
             return Err(BenchError::NoPyperf { python: python.to_owned(), venv: default_venv().display().to_string() });
         }
-        let target = crate::discover::resolve(&TargetSpec::Exe(info.executable), true)?;
+        let target = crate::discover::resolve(&TargetSpec::Exe(info.executable), true, None)?;
         if let Some(note) = crate::run::debug_offsets_note(&target) {
             eprintln!("tracer bench: warning: {}", note.message);
         }

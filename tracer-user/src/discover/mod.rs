@@ -49,6 +49,10 @@ pub enum ResolveError {
     Version(#[from] VersionError),
     #[error(transparent)]
     VersionRead(#[from] VersionReadError),
+    #[error(transparent)]
+    DebugInfo(#[from] debuginfo::DebugInfoError),
+    #[error(transparent)]
+    Inline(#[from] inline::InlineError),
 }
 
 /// A target resolved to its interpreter image, its version and the
@@ -83,8 +87,8 @@ pub struct Resolved {
 }
 
 /// Resolves `spec`; with `call_sites`, also finds the modules that may call
-/// the image.
-pub fn resolve(spec: &TargetSpec, call_sites: bool) -> Result<Resolved, ResolveError> {
+/// the image; looks for its DWARF in `debug_dir` too.
+pub fn resolve(spec: &TargetSpec, call_sites: bool, debug_dir: Option<&Path>) -> Result<Resolved, ResolveError> {
     // What differs: how the image and its version are found, from where its
     // files are reached, and which files already call into it.
     let mut ns_pid = None;
@@ -124,6 +128,7 @@ pub fn resolve(spec: &TargetSpec, call_sites: bool) -> Result<Resolved, ResolveE
             modules.extend(modules::new_modules(pid, &files, &mut known));
         }
     }
+    let inlining = inlining(spec, &display_path, root, abi, debug_dir)?;
     Ok(Resolved {
         scope,
         exe,
@@ -136,15 +141,49 @@ pub fn resolve(spec: &TargetSpec, call_sites: bool) -> Result<Resolved, ResolveE
         known,
         debug_offsets_mismatch: mismatch,
         ns_pid,
-        inlining: crate::plan::Inlining::Unknown { fix: debug_fix(root, v) },
+        inlining,
     })
+}
+
+/// What the image's DWARF says of the probed functions' inlined copies:
+/// found inside the target's root, or in `debug_dir`.
+fn inlining(
+    spec: &TargetSpec,
+    image: &Path,
+    root: process::Root,
+    abi: &dyn Abi,
+    debug_dir: Option<&Path>,
+) -> Result<crate::plan::Inlining, ResolveError> {
+    // The image as the target names it, and its root as tracer reaches it:
+    // a chroot's maps show the host path, below the chroot's directory.
+    let (in_root, root_dir) = match spec {
+        TargetSpec::Pid(pid) => {
+            let root_dir = process::proc_root(*pid);
+            let host_root = std::fs::read_link(&root_dir).unwrap_or_else(|_| PathBuf::from("/"));
+            let inside = image.strip_prefix(&host_root).map_or_else(|_| image.to_owned(), |p| Path::new("/").join(p));
+            (inside, root_dir)
+        }
+        TargetSpec::Exe(_) => (image.to_owned(), PathBuf::from("/")),
+    };
+    let Some(file) = debuginfo::locate(&in_root, &root_dir, debug_dir)? else {
+        return Ok(crate::plan::Inlining::Unknown { fix: debug_fix(root, abi) });
+    };
+    let data = std::fs::read(&file.path)
+        .map_err(|cause| debuginfo::DebugInfoError::Read { path: file.path.clone(), cause })?;
+    let wanted: Vec<inline::Wanted<'_>> =
+        abi.probes().iter().map(|p| inline::Wanted { function: p.symbol, parameters: &[] }).collect();
+    let entries = inline::find(&file.path, &data, &wanted)?
+        .into_iter()
+        .map(|f| (f.function, f.inlined.iter().map(|s| s.entry).collect()))
+        .collect();
+    Ok(crate::plan::Inlining::Known { source: file.path.display().to_string(), entries })
 }
 
 /// What to install for the debug info of the interpreter, from the
 /// target's own `/etc/os-release`.
-fn debug_fix(root: process::Root, version: (u8, u8)) -> String {
+fn debug_fix(root: process::Root, abi: &dyn Abi) -> String {
     let release = root.reach(Path::new("/etc/os-release"), None).and_then(|p| std::fs::read_to_string(p).ok());
-    crate::plan::coverage::debug_package(&release.unwrap_or_default(), version)
+    crate::plan::coverage::debug_package(&release.unwrap_or_default(), (3, abi.minor()))
 }
 
 impl Resolved {

@@ -67,7 +67,9 @@ pub fn debug_package(os_release: &str, (major, minor): (u8, u8)) -> String {
     } else if is("fedora") || is("rhel") {
         format!("dnf debuginfo-install python{major}")
     } else {
-        format!("install the debug info of this python{major}.{minor} (its build-id's .debug file), or pass --debug-dir")
+        format!(
+            "install the debug info of this python{major}.{minor} (its build-id's .debug file), or pass --debug-dir"
+        )
     }
 }
 

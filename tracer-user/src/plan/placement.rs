@@ -223,9 +223,10 @@ pub fn probeable(code: &[u8]) -> Result<(), String> {
     if code.first() == Some(&0xcc) {
         return Err("an int3 is there already".to_owned());
     }
-    let prefixes = code.iter().take(insn.len()).take_while(|b| {
-        matches!(b, 0x26 | 0x2e | 0x36 | 0x3e | 0x64 | 0x65 | 0x66 | 0x67 | 0xf0 | 0xf2 | 0xf3)
-    });
+    let prefixes = code
+        .iter()
+        .take(insn.len())
+        .take_while(|b| matches!(b, 0x26 | 0x2e | 0x36 | 0x3e | 0x64 | 0x65 | 0x66 | 0x67 | 0xf0 | 0xf2 | 0xf3));
     if let Some(b) = prefixes.into_iter().find(|b| matches!(b, 0x26 | 0x2e | 0x36 | 0x3e | 0xf0)) {
         let mut text = String::new();
         GasFormatter::new().format(&insn, &mut text);

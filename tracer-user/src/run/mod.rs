@@ -283,7 +283,8 @@ fn start<'a>(
         TargetSpec::Pid(pid) => Some(ProcessExit::watch(*pid)?),
         TargetSpec::Exe(_) => None,
     };
-    let r = discover::resolve(&config.target, config.placement == PlacementMode::CallSites)?;
+    let r =
+        discover::resolve(&config.target, config.placement == PlacementMode::CallSites, config.debug_dir.as_deref())?;
     let options =
         PlanOptions { placement: config.placement, returns: return_costs.map(|r| r.0), ..PlanOptions::default() };
     let plan = plan::plan(ImageRef::from(&r), &specs(&r, &config.probes)?, options)?;
@@ -376,6 +377,7 @@ pub fn probe_plan(
     selection: &ProbeSelection,
     placement: PlacementMode,
     returns: bool,
+    debug_dir: Option<&std::path::Path>,
 ) -> anyhow::Result<PlanReport> {
     // Which way reads a return value cheapest is measured, which loads BPF.
     let calibrated = if returns {
@@ -386,7 +388,7 @@ pub fn probe_plan(
     };
     let return_costs: Option<ReturnCosts> = calibrated.map(|r| r.0);
     let options = PlanOptions { placement, returns: return_costs, ..PlanOptions::default() };
-    let r = discover::resolve(target, placement == PlacementMode::CallSites)?;
+    let r = discover::resolve(target, placement == PlacementMode::CallSites, debug_dir)?;
     let plan = plan::plan(ImageRef::from(&r), &specs(&r, selection)?, options)?;
     let mut report = PlanReport::new(&plan, &r.version.to_string(), calibrated.map(|r| r.1));
     report.notes.extend(debug_offsets_note(&r));
