@@ -291,3 +291,33 @@ fn check_pid_1(command: &str) {
         assert_eq!(lacking.contains(&24), names.contains(&"cap_sys_resource"), "{names:?}");
     }
 }
+
+/// A `--debug-dir` that does not exist is named, before anything attaches.
+#[test]
+fn debug_dir_that_does_not_exist() {
+    let (code, stdout, stderr) =
+        run_tracer(&["probes", "--exe", "/usr/bin/python3.11", "--debug-dir", "/no/such/debug"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert_eq!(stdout, "");
+    assert!(
+        stderr.starts_with("tracer: error: --debug-dir /no/such/debug: ")
+            && stderr.ends_with("; give a directory that exists\n"),
+        "{stderr}"
+    );
+}
+
+/// Inlined copies need multi links: with `--links perf` tracer says so,
+/// and how to go on, rather than take minutes to detach.
+#[test]
+fn inlined_copies_with_perf_links() {
+    require_root();
+    let (code, stdout, stderr) =
+        run_tracer(&["attach", "--exe", "/usr/bin/python3.11", "--links", "perf", "--duration", "1"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert_eq!(stdout, "");
+    assert!(
+        stderr.starts_with("tracer: error: --links perf cannot attach the ")
+            && stderr.ends_with(" uprobes of inlined copies in reasonable time (perf-event uprobes detach about 0.13 s apart); drop --links perf, or pass --no-inlined\n"),
+        "{stderr}"
+    );
+}

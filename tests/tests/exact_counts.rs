@@ -277,18 +277,22 @@ fn static_call_sites_count_like_entry_probes() {
 
 /// uprobe-multi links (the default) count exactly what perf-event uprobes
 /// count.
-fn multi_equals_perf(python: &Path) {
-    same_counts(python, &[Body::Objects, Body::Api], &["--links", "multi"], &["--links", "perf"]);
+fn multi_equals_perf(python: &Path, extra: &[&str]) {
+    let with = |links| [&["--links", links][..], extra].concat();
+    same_counts(python, &[Body::Objects, Body::Api], &with("multi"), &with("perf"));
 }
 
 #[test]
 fn shared_multi_links_count_like_perf_uprobes() {
-    multi_equals_perf(&shared_python());
+    multi_equals_perf(&shared_python(), &[]);
 }
 
 #[test]
 fn static_multi_links_count_like_perf_uprobes() {
-    multi_equals_perf(&static_python());
+    // The LTO build's inlined copies are over a thousand uprobes, which
+    // perf-event links cannot detach in reasonable time; tracer refuses
+    // them there, so both runs probe the out-of-line functions only.
+    multi_equals_perf(&static_python(), &["--no-inlined"]);
 }
 
 #[test]

@@ -61,6 +61,8 @@ pub struct AttachConfig {
     pub bpf_log: bool,
     /// `--debug-dir`: one more place to look for the interpreter's DWARF.
     pub debug_dir: Option<std::path::PathBuf>,
+    /// Whether to probe inlined copies too (not `--no-inlined`).
+    pub inlined: bool,
 }
 
 /// How probes are attached in the kernel.
@@ -109,6 +111,10 @@ pub enum ConfigError {
     )]
     BudgetWithReturns,
     #[error(
+        "--links perf cannot attach the {sites} uprobes of inlined copies in reasonable time (perf-event uprobes detach about 0.13 s apart); drop --links perf, or pass --no-inlined"
+    )]
+    InlinedNeedMulti { sites: usize },
+    #[error(
         "--budget with --links perf cannot detach the {sites} uprobes of inlined copies and call sites in a budget window; drop --links perf"
     )]
     BudgetPerfManySites { sites: usize },
@@ -122,6 +128,7 @@ pub enum ConfigError {
 
 /// Raw `attach` options as given on the command line.
 #[derive(Clone, Debug, Default)]
+#[allow(clippy::struct_excessive_bools, reason = "one field per command-line flag, as clap gives them")]
 pub struct AttachArgs<'a> {
     pub pid: Option<u32>,
     pub exe: Option<&'a std::path::Path>,
@@ -141,6 +148,8 @@ pub struct AttachArgs<'a> {
     pub bpf_log: bool,
     /// `--debug-dir`.
     pub debug_dir: Option<&'a std::path::Path>,
+    /// Not `--no-inlined`.
+    pub inlined: bool,
 }
 
 /// Parses `--placement`.
@@ -191,6 +200,7 @@ impl AttachConfig {
             returns: args.returns,
             bpf_log: args.bpf_log,
             debug_dir: args.debug_dir.map(std::path::Path::to_owned),
+            inlined: args.inlined,
             budget,
             links,
             target,
@@ -235,6 +245,7 @@ mod tests {
             returns: false,
             bpf_log: false,
             debug_dir: None,
+            inlined: true,
         }
     }
 

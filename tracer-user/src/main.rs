@@ -153,6 +153,10 @@ struct TargetArgs {
     /// With it, every copy of a probed function that the compiler inlined is probed too.
     #[arg(long, value_name = "DIR")]
     debug_dir: Option<std::path::PathBuf>,
+    /// Probe only each function's own code, not the copies the compiler inlined elsewhere (fewer
+    /// uprobes; on an LTO build the counts are then partial, and marked so).
+    #[arg(long)]
+    no_inlined: bool,
 }
 
 #[derive(Debug, Args)]
@@ -272,6 +276,7 @@ fn attach(args: &AttachArgs) -> anyhow::Result<()> {
         returns: args.returns,
         bpf_log: args.bpf_log,
         debug_dir: args.target.debug_dir.as_deref(),
+        inlined: !args.target.no_inlined,
     })?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let end = runtime.block_on(tracer_user::run::attach(&config, std::io::stdout().lock(), std::io::stderr()))?;
@@ -336,7 +341,13 @@ fn probes(args: &ProbesArgs) -> anyhow::Result<()> {
     let target = tracer_user::config::target_spec(t.pid, t.exe.as_deref())?;
     let selection = tracer_user::config::probe_selection(&t.probes)?;
     let placement = tracer_user::config::parse_placement(&t.placement)?;
-    let plan = tracer_user::run::probe_plan(&target, &selection, placement, args.returns, t.debug_dir.as_deref())?;
+    let options = tracer_user::run::PlanRequest {
+        placement,
+        returns: args.returns,
+        debug_dir: t.debug_dir.as_deref(),
+        inlined: !t.no_inlined,
+    };
+    let plan = tracer_user::run::probe_plan(&target, &selection, &options)?;
     let mut out = std::io::stdout().lock();
     if args.json {
         tracer_user::report::plan::json(&mut out, &plan)?;

@@ -406,6 +406,8 @@ impl PlanReport {
                 emulated: p.placement.emulated,
                 reason: p.placement.reason.clone(),
                 returns: p.returns.clone(),
+                inline_sites: p.inline_sites.clone(),
+                coverage: Some(p.coverage.clone()),
                 call_sites: p.call_sites.as_ref().map(|c| CallSitesReport {
                     emulated: c.emulated,
                     single_stepped: c.stepped,
@@ -441,6 +443,13 @@ pub struct PlannedProbeReport {
     pub reason: String,
     pub returns: Option<ReturnPlan>,
     pub call_sites: Option<CallSitesReport>,
+    /// File offsets in the image of the probed inlined copies (and
+    /// out-of-line clones), each counted as a call.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inline_sites: Vec<u64>,
+    /// What the counts will cover.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coverage: Option<Coverage>,
 }
 
 /// Where a function probed at its callers is called from.

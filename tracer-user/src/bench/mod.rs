@@ -417,6 +417,7 @@ impl Bench {
                     program_override: *program,
                     placement: *placement,
                     returns: if *returns { Some(self.return_costs()?) } else { None },
+                    ..PlanOptions::default()
                 };
                 let mut session = self.load(&specs, options, 0)?;
                 if session.plan().has_many_sites() {

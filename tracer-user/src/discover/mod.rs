@@ -128,7 +128,7 @@ pub fn resolve(spec: &TargetSpec, call_sites: bool, debug_dir: Option<&Path>) ->
             modules.extend(modules::new_modules(pid, &files, &mut known));
         }
     }
-    let inlining = inlining(spec, &display_path, root, abi, debug_dir)?;
+    let inlining = inlining(spec, (&display_path, &elf), root, abi, debug_dir)?;
     Ok(Resolved {
         scope,
         exe,
@@ -149,7 +149,7 @@ pub fn resolve(spec: &TargetSpec, call_sites: bool, debug_dir: Option<&Path>) ->
 /// found inside the target's root, or in `debug_dir`.
 fn inlining(
     spec: &TargetSpec,
-    image: &Path,
+    (image, elf): (&Path, &ElfImage),
     root: process::Root,
     abi: &dyn Abi,
     debug_dir: Option<&Path>,
@@ -172,9 +172,15 @@ fn inlining(
         .map_err(|cause| debuginfo::DebugInfoError::Read { path: file.path.clone(), cause })?;
     let wanted: Vec<inline::Wanted<'_>> =
         abi.probes().iter().map(|p| inline::Wanted { function: p.symbol, parameters: &[] }).collect();
+    // Out-of-line clones (.constprop, .isra, .part) other than the symbol
+    // are entered like inlined copies: their own entries, probed beside it.
     let entries = inline::find(&file.path, &data, &wanted)?
         .into_iter()
-        .map(|f| (f.function, f.inlined.iter().map(|s| s.entry).collect()))
+        .map(|f| {
+            let symbol = elf.function(&f.function).map(|s| s.address);
+            let clones = f.out_of_line.iter().map(|s| s.entry).filter(|&e| Some(e) != symbol);
+            (f.function, f.inlined.iter().map(|s| s.entry).chain(clones).collect())
+        })
         .collect();
     Ok(crate::plan::Inlining::Known { source: file.path.display().to_string(), entries })
 }

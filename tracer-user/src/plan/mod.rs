@@ -147,7 +147,7 @@ impl PlannedProbe {
 }
 
 /// Options of a plan beyond what and where.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct PlanOptions {
     /// Attach this program to every probe instead of its counting program
     /// (benchmarks use [`Program::Empty`] to measure the bare uprobe).
@@ -157,6 +157,15 @@ pub struct PlanOptions {
     /// With `--returns`: what each way of reading a return value costs, so
     /// that allocating functions get the cheapest return probes.
     pub returns: Option<ReturnCosts>,
+    /// Whether to probe the inlined copies the DWARF lists (not
+    /// `--no-inlined`).
+    pub inlined: bool,
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        Self { program_override: None, placement: PlacementMode::default(), returns: None, inlined: true }
+    }
 }
 
 /// The plan for one image.
@@ -230,7 +239,15 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
                 Err(e) => ReturnPlan::Uretprobe { reason: format!("the code could not be read ({e})") },
             }
         });
-        let (inline_sites, unprobed) = inline_sites(image, spec.symbol);
+        let (inline_sites, mut unprobed) = inline_sites(image, spec.symbol);
+        let inline_sites = if options.inlined {
+            inline_sites
+        } else {
+            if !inline_sites.is_empty() {
+                unprobed.push(format!("{} skipped with --no-inlined", inline_sites.len()));
+            }
+            Vec::new()
+        };
         probes.push(PlannedProbe {
             symbol: spec.symbol,
             program: spec.program,
@@ -311,7 +328,7 @@ fn coverage(image: ImageRef<'_>, spec: &ProbeSpec, probed: usize, unprobed: &[St
             c.inlined = Some(listed);
             if !unprobed.is_empty() {
                 c.calls = Completeness::Partial;
-                c.reason = Some(format!("{} inlined copies cannot be probed: {}", unprobed.len(), unprobed.join("; ")));
+                c.reason = Some(format!("inlined copies not probed: {}", unprobed.join("; ")));
             }
             if measures_bytes && probed > 0 {
                 c.bytes = Completeness::Partial;

@@ -285,9 +285,17 @@ fn start<'a>(
     };
     let r =
         discover::resolve(&config.target, config.placement == PlacementMode::CallSites, config.debug_dir.as_deref())?;
-    let options =
-        PlanOptions { placement: config.placement, returns: return_costs.map(|r| r.0), ..PlanOptions::default() };
+    let options = PlanOptions {
+        placement: config.placement,
+        returns: return_costs.map(|r| r.0),
+        inlined: config.inlined,
+        ..PlanOptions::default()
+    };
     let plan = plan::plan(ImageRef::from(&r), &specs(&r, &config.probes)?, options)?;
+    let inline_sites: usize = plan.probes.iter().map(|p| p.inline_sites.len()).sum();
+    if config.links == LinkMode::Perf && inline_sites > 0 {
+        return Err(crate::config::ConfigError::InlinedNeedMulti { sites: inline_sites }.into());
+    }
     if config.budget.is_some() && config.links == LinkMode::Perf && plan.has_many_sites() {
         let sites = plan.probes.iter().map(|p| p.inline_sites.len() + p.coverage.call_sites).sum();
         return Err(crate::config::ConfigError::BudgetPerfManySites { sites }.into());
@@ -369,16 +377,26 @@ fn raise_fd_limit() {
     }
 }
 
+/// What `tracer probes` is asked to plan, beyond the target and probes.
+#[derive(Clone, Copy, Debug)]
+pub struct PlanRequest<'a> {
+    pub placement: PlacementMode,
+    /// Also plan how return values are read (calibrates first).
+    pub returns: bool,
+    pub debug_dir: Option<&'a std::path::Path>,
+    /// Probe inlined copies too.
+    pub inlined: bool,
+}
+
 /// Resolves the target and plans its probes for `tracer probes`, without
 /// touching the target (with `returns`, after timing the ways to read a
 /// return value on tracer's own child).
 pub fn probe_plan(
     target: &TargetSpec,
     selection: &ProbeSelection,
-    placement: PlacementMode,
-    returns: bool,
-    debug_dir: Option<&std::path::Path>,
+    request: &PlanRequest<'_>,
 ) -> anyhow::Result<PlanReport> {
+    let PlanRequest { placement, returns, debug_dir, inlined } = *request;
     // Which way reads a return value cheapest is measured, which loads BPF.
     let calibrated = if returns {
         privileges::check()?;
@@ -387,7 +405,7 @@ pub fn probe_plan(
         None
     };
     let return_costs: Option<ReturnCosts> = calibrated.map(|r| r.0);
-    let options = PlanOptions { placement, returns: return_costs, ..PlanOptions::default() };
+    let options = PlanOptions { placement, returns: return_costs, inlined, ..PlanOptions::default() };
     let r = discover::resolve(target, placement == PlacementMode::CallSites, debug_dir)?;
     let plan = plan::plan(ImageRef::from(&r), &specs(&r, selection)?, options)?;
     let mut report = PlanReport::new(&plan, &r.version.to_string(), calibrated.map(|r| r.1));
