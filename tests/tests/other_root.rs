@@ -75,3 +75,68 @@ fn chroot_and_namespaces_count_alike() {
     let namespaces = per_iteration(Isolation::Namespaces);
     assert_eq!(chroot, namespaces);
 }
+
+/// Per-iteration counts of the `[]` + `bytearray(1000)` body in the forky
+/// root's LTO `python`, under chroot, from N and 2N iterations; its DWARF
+/// (the -dbg package, found by build-id inside the root) lists the inlined
+/// copies, which are all probed.
+fn lto_objects_body(python: &str) -> Counts {
+    const N: u64 = 200;
+    let root = forky_root();
+    let run = |n| {
+        let mut workload = Workload::once_in_root(&root, python, n, Body::Objects, Exit::Immediate, Isolation::Chroot);
+        workload.wait_blocked_on_stdin();
+        let (tracer, attached) = TracerRun::attach_json(workload.pid(), &["--interval", "3600"]);
+        for (name, c) in attached["coverage"].as_object().expect("coverage") {
+            assert_eq!(c["calls"], "complete", "{name}: {c}");
+            assert!(c["source"].as_str().is_some_and(|s| s.contains("/usr/lib/debug/.build-id/")), "{name}: {c}");
+        }
+        workload.go();
+        workload.finish();
+        let (status, lines, stderr) = tracer.finish();
+        assert!(status.success(), "{stderr}");
+        counts(lines.last().expect("summary"))
+    };
+    let (one, two) = (run(N), run(2 * N));
+    one.iter()
+        .map(|(name, (c1, b1))| {
+            let (c2, b2) = two[name];
+            assert_eq!(((c2 - c1) % N, (b2 - b1) % N), (0, 0), "{name}: not a whole number per iteration");
+            (name.clone(), ((c2 - c1) / N, (b2 - b1) / N))
+        })
+        .collect()
+}
+
+/// Debian's LTO python3.13 and python3.14 with their debug info see every
+/// new reference and allocation of the body; 3.13's new references equal
+/// pyenv's plain 3.13.0's.
+#[test]
+fn lto_313_and_314_count_every_copy() {
+    require_root();
+    let plain = {
+        let python = std::path::Path::new("/root/.pyenv/versions/3.13.0/bin/python3.13");
+        assert!(python.is_file(), "{} is missing: this machine kind ships pyenv's 3.13.0", python.display());
+        let mut runs = [100, 200].map(|n| {
+            let mut w = Workload::once(python, n, Body::Objects, Exit::Immediate, tracer_tests::Aslr::Off);
+            w.wait_blocked_on_stdin();
+            let (tracer, _) = TracerRun::attach_json(w.pid(), &["--interval", "3600", "--probes", "refs"]);
+            w.go();
+            w.finish();
+            let (status, lines, stderr) = tracer.finish();
+            assert!(status.success(), "{stderr}");
+            counts(lines.last().expect("summary"))["_Py_NewReference"].0
+        });
+        runs.sort_unstable();
+        (runs[1] - runs[0]) / 100
+    };
+    for python in ["/usr/bin/python3.13", "/usr/bin/python3.14"] {
+        let per = lto_objects_body(python);
+        assert!(per["_Py_NewReference"].0 >= 1, "{python}: {per:?}");
+        let allocations: u64 = per.iter().filter(|(n, _)| n.contains("alloc")).map(|(_, (c, _))| c).sum();
+        assert!(allocations >= 1, "{python}: {per:?}");
+        if python.ends_with("3.13") {
+            assert_eq!(per["_Py_NewReference"].0, plain, "{python}: {per:?}");
+        }
+        eprintln!("{python}: {per:?}");
+    }
+}

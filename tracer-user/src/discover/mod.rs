@@ -159,7 +159,7 @@ fn inlining(
     let (in_root, root_dir) = match spec {
         TargetSpec::Pid(pid) => {
             let root_dir = process::proc_root(*pid);
-            let host_root = std::fs::read_link(&root_dir).unwrap_or_else(|_| PathBuf::from("/"));
+            let host_root = std::fs::read_link(format!("/proc/{pid}/root")).unwrap_or_else(|_| PathBuf::from("/"));
             let inside = image.strip_prefix(&host_root).map_or_else(|_| image.to_owned(), |p| Path::new("/").join(p));
             (inside, root_dir)
         }
