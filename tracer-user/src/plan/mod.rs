@@ -257,7 +257,7 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
             placement: place,
             returns,
             call_sites: None,
-            coverage: coverage(image, spec, inline_sites.len(), &unprobed),
+            coverage: coverage(image, spec, inline_sites.len(), &unprobed, options.returns.is_some()),
             inline_sites,
         });
     }
@@ -294,7 +294,7 @@ fn inline_sites(image: ImageRef<'_>, symbol: &str) -> (Vec<u64>, Vec<String>) {
 
 /// What `spec`'s probe covers, with `probed` of its inlined copies probed
 /// and `unprobed` saying why the rest are not.
-fn coverage(image: ImageRef<'_>, spec: &ProbeSpec, probed: usize, unprobed: &[String]) -> Coverage {
+fn coverage(image: ImageRef<'_>, spec: &ProbeSpec, probed: usize, unprobed: &[String], returns: bool) -> Coverage {
     let measures_bytes = spec.program.counts_bytes();
     let mut c = Coverage {
         source: "symbols".to_owned(),
@@ -332,7 +332,10 @@ fn coverage(image: ImageRef<'_>, spec: &ProbeSpec, probed: usize, unprobed: &[St
             }
             if measures_bytes && probed > 0 {
                 c.bytes = Completeness::Partial;
-                let why = format!("sizes are not read at the {probed} inlined copies (their calls are counted)");
+                let mut why = format!("sizes are not read at the {probed} inlined copies (their calls are counted)");
+                if returns {
+                    why.push_str(", nor their return values (`returned` counts the out-of-line calls only)");
+                }
                 c.reason = Some(c.reason.map_or(why.clone(), |r| format!("{r}; {why}")));
             }
         }

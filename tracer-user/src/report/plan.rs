@@ -29,6 +29,19 @@ pub fn table(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
             p.reason
         )?;
     }
+    for p in plan.probes.iter().filter(|p| !p.inline_sites.is_empty()) {
+        writeln!(out, "  {:<20} also at {} inlined copies (counted as calls)", p.symbol, p.inline_sites.len())?;
+    }
+    for (symbol, c) in plan.probes.iter().filter_map(|p| Some((&p.symbol, p.coverage.as_ref()?))) {
+        if c.is_partial() {
+            let fix = c.fix.as_ref().map_or(String::new(), |f| format!("; fix: {f}"));
+            writeln!(
+                out,
+                "  coverage: {symbol}: partial: {}{fix}",
+                c.reason.as_deref().unwrap_or("some copies are not probed")
+            )?;
+        }
+    }
     if let Some(m) = plan.return_costs_ns {
         writeln!(
             out,
