@@ -5,6 +5,7 @@
 
 pub mod counter;
 pub mod returns;
+pub mod site;
 pub mod stats;
 
 /// Names of the maps and globals, so the loader and the BPF object cannot
@@ -37,6 +38,9 @@ pub mod names {
         pub const RET_VALUE: &str = "ret_value";
         /// Records the return value through a uretprobe.
         pub const RET_VALUE_URET: &str = "ret_value_uret";
+        /// Counts a call at an inlined copy, reading the size where the
+        /// attach cookie says it is (see [`crate::site`]).
+        pub const COUNT_SITE: &str = "count_site";
     }
 }
 

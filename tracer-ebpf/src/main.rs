@@ -28,6 +28,7 @@ use aya_ebpf::{
 use aya_log_ebpf::{info, warn};
 use tracer_common::{
     counter::{Counter, CounterKey, DEFAULT_COUNTER_ENTRIES},
+    site,
     returns::Returned,
     stats::{STAT_COUNT, Stat},
 };
@@ -90,6 +91,73 @@ pub fn count_size_arg1(ctx: ProbeContext) -> u32 {
 #[uprobe]
 pub fn count_calloc(ctx: ProbeContext) -> u32 {
     record(&ctx, Size::Product(0, 1))
+}
+
+/// Counts a call at an inlined copy, with the size where the cookie says
+/// (see [`tracer_common::site`]).
+#[uprobe]
+pub fn count_site(ctx: ProbeContext) -> u32 {
+    if let Err(stat) = try_count_site(&ctx) {
+        bump(&ctx, stat);
+    }
+    0
+}
+
+#[inline(always)]
+fn try_count_site(ctx: &ProbeContext) -> Result<(), Stat> {
+    let tgid = check_target()?;
+    // SAFETY: as in try_record: the helper reads this run's cookie.
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let constant = site::constant(cookie);
+    let first = operand(ctx.regs, site::first(cookie), constant)?;
+    let bytes = match site::second(cookie) {
+        site::NONE => first,
+        kind => {
+            let second = operand(ctx.regs, kind, constant)?;
+            if (first | second) >> 32 != 0 && second != 0 && first > core::hint::black_box(u64::MAX) / second {
+                bump(ctx, Stat::SizeOverflow);
+                u64::MAX
+            } else {
+                first.wrapping_mul(second)
+            }
+        }
+    };
+    let counter = slot_of(ctx, &COUNTERS, CounterKey { tgid, slot: site::slot(cookie) })?;
+    // SAFETY: as in try_record.
+    unsafe {
+        atomic_add(&raw mut (*counter).calls, 1);
+        atomic_add(&raw mut (*counter).bytes, bytes);
+    }
+    Ok(())
+}
+
+/// The value of a size operand: a register (DWARF number + 1) of the
+/// probed thread, or the cookie's constant.
+#[inline(always)]
+fn operand(regs: *mut pt_regs, kind: u8, constant: u64) -> Result<u64, Stat> {
+    // SAFETY: regs is the context the kernel passed to this program (the
+    // user registers at the probe), which the program may read directly.
+    let r = unsafe { &*regs };
+    Ok(match kind {
+        site::CONSTANT => constant,
+        1 => r.rax,
+        2 => r.rdx,
+        3 => r.rcx,
+        4 => r.rbx,
+        5 => r.rsi,
+        6 => r.rdi,
+        7 => r.rbp,
+        8 => r.rsp,
+        9 => r.r8,
+        10 => r.r9,
+        11 => r.r10,
+        12 => r.r11,
+        13 => r.r12,
+        14 => r.r13,
+        15 => r.r14,
+        16 => r.r15,
+        _ => return Err(Stat::ArgMissing),
+    })
 }
 
 /// Records the value in rax at a point where it holds the function's

@@ -406,7 +406,7 @@ impl PlanReport {
                 emulated: p.placement.emulated,
                 reason: p.placement.reason.clone(),
                 returns: p.returns.clone(),
-                inline_sites: p.inline_sites.clone(),
+                inline_sites: p.inline_sites.iter().map(|s| s.offset).collect(),
                 coverage: Some(p.coverage.clone()),
                 call_sites: p.call_sites.as_ref().map(|c| CallSitesReport {
                     emulated: c.emulated,

@@ -22,11 +22,14 @@ pub enum Program {
     RetValue,
     /// Records the return value through a uretprobe.
     RetValueUret,
+    /// Counts a call at an inlined copy, with the size where its cookie
+    /// says (see `tracer_common::site`).
+    CountSite,
 }
 
 impl Program {
     /// Every program in the object.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::CountCall,
         Self::SizeArg0,
         Self::SizeArg1,
@@ -34,6 +37,7 @@ impl Program {
         Self::Empty,
         Self::RetValue,
         Self::RetValueUret,
+        Self::CountSite,
     ];
 
     /// The function name in tracer-ebpf/src/main.rs.
@@ -47,6 +51,7 @@ impl Program {
             Self::Empty => programs::EMPTY,
             Self::RetValue => programs::RET_VALUE,
             Self::RetValueUret => programs::RET_VALUE_URET,
+            Self::CountSite => programs::COUNT_SITE,
         }
     }
 

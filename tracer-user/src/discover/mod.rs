@@ -170,19 +170,55 @@ fn inlining(
     };
     let data = std::fs::read(&file.path)
         .map_err(|cause| debuginfo::DebugInfoError::Read { path: file.path.clone(), cause })?;
-    let wanted: Vec<inline::Wanted<'_>> =
-        abi.probes().iter().map(|p| inline::Wanted { function: p.symbol, parameters: &[] }).collect();
+    let wanted: Vec<inline::Wanted<'_>> = abi
+        .probes()
+        .iter()
+        .map(|p| inline::Wanted { function: p.symbol, parameters: python::size_parameters(p.program) })
+        .collect();
     // Out-of-line clones (.constprop, .isra, .part) other than the symbol
     // are entered like inlined copies: their own entries, probed beside it.
     let entries = inline::find(&file.path, &data, &wanted)?
         .into_iter()
         .map(|f| {
             let symbol = elf.function(&f.function).map(|s| s.address);
-            let clones = f.out_of_line.iter().map(|s| s.entry).filter(|&e| Some(e) != symbol);
-            (f.function, f.inlined.iter().map(|s| s.entry).chain(clones).collect())
+            let clones = f.out_of_line.iter().filter(|s| Some(s.entry) != symbol);
+            let copies = f.inlined.iter().chain(clones);
+            let entries =
+                copies.map(|s| crate::plan::InlineEntry { address: s.entry, size: size_operands(s) }).collect();
+            (f.function, entries)
         })
         .collect();
     Ok(crate::plan::Inlining::Known { source: file.path.display().to_string(), entries })
+}
+
+/// Where a copy's requested size is, as `count_site`'s operands: one
+/// parameter (a malloc's size, a realloc's new size) or two multiplied (a
+/// calloc's), each in a register or a constant. `None` where any is
+/// elsewhere (on the stack, an expression, optimised out), or when the
+/// function requests no size.
+fn size_operands(site: &inline::Site) -> Option<(u8, u8, u16)> {
+    use tracer_common::site::{CONSTANT, NONE, register};
+    let operand = |l: &inline::Location| match *l {
+        inline::Location::Register(r) => register(r.dwarf()).map(|r| (r, None)),
+        inline::Location::Constant(c) => u16::try_from(c).ok().map(|c| (CONSTANT, Some(c))),
+        _ => None,
+    };
+    match site.parameters.as_slice() {
+        [one] => {
+            let (first, constant) = operand(&one.location)?;
+            Some((first, NONE, constant.unwrap_or(0)))
+        }
+        [a, b] => {
+            let ((first, ca), (second, cb)) = (operand(&a.location)?, operand(&b.location)?);
+            match (ca, cb) {
+                (Some(x), Some(y)) => u16::try_from(u32::from(x) * u32::from(y)).ok().map(|c| (CONSTANT, NONE, c)),
+                (Some(c), None) => Some((second, CONSTANT, c)),
+                (None, Some(c)) => Some((first, CONSTANT, c)),
+                (None, None) => Some((first, second, 0)),
+            }
+        }
+        _ => None,
+    }
 }
 
 /// What to install for the debug info of the interpreter, from the

@@ -247,11 +247,17 @@ impl Session {
                     }
                 }
             }
-            // An inlined copy has no arguments in registers: it is counted,
-            // and its size is not read.
-            points.extend(p.inline_sites.iter().map(|&offset| AttachPoint {
-                program: if p.attach_program == Program::Empty { Program::Empty } else { Program::CountCall },
-                ..at(image, offset)
+            // An inlined copy has no arguments in the ABI's registers: its
+            // size is read where its DWARF says, or not at all.
+            points.extend(p.inline_sites.iter().map(|s| {
+                let (program, cookie) = match (p.attach_program, s.size) {
+                    (Program::Empty, _) => (Program::Empty, cookie),
+                    (program, Some((first, second, constant))) if program.counts_bytes() => {
+                        (Program::CountSite, tracer_common::site::encode(p.slot, first, second, constant))
+                    }
+                    _ => (Program::CountCall, cookie),
+                };
+                AttachPoint { program, cookie, ..at(image, s.offset) }
             }));
         }
         for p in &self.plan.probes {

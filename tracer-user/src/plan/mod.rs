@@ -76,9 +76,29 @@ pub enum Inlining {
         /// What to install (or pass) to find it.
         fix: String,
     },
-    /// The DWARF in `source` lists, per function, the link-time address of
-    /// each inlined copy's entry.
-    Known { source: String, entries: std::collections::HashMap<String, Vec<u64>> },
+    /// The DWARF in `source` lists, per function, each inlined copy's
+    /// entry (a link-time address) and where its size is there.
+    Known { source: String, entries: std::collections::HashMap<String, Vec<InlineEntry>> },
+}
+
+/// One inlined copy (or out-of-line clone) of a function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InlineEntry {
+    /// Its entry, a link-time address.
+    pub address: u64,
+    /// For an allocating function, where the requested size is there, as
+    /// `count_site`'s operands (first, second, constant; see
+    /// `tracer_common::site`); `None` where the DWARF does not say.
+    pub size: Option<(u8, u8, u16)>,
+}
+
+/// One probed inlined copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InlineSite {
+    /// Its file offset in the image.
+    pub offset: u64,
+    /// Where its size is, as in [`InlineEntry::size`].
+    pub size: Option<(u8, u8, u16)>,
 }
 
 /// The interpreter image to plan for.
@@ -131,9 +151,9 @@ pub struct PlannedProbe {
     /// With `--placement call-sites`, for a function probed at its callers
     /// instead of inside it: where they are.
     pub call_sites: Option<CallSites>,
-    /// File offsets in the image of the inlined copies' entries, each
-    /// counted as a call (sizes are not read there yet).
-    pub inline_sites: Vec<u64>,
+    /// The inlined copies (and out-of-line clones) probed, each counted as
+    /// a call, with its size where the DWARF says where it is.
+    pub inline_sites: Vec<InlineSite>,
     /// What the counts cover.
     pub coverage: Coverage,
 }
@@ -257,7 +277,7 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
             placement: place,
             returns,
             call_sites: None,
-            coverage: coverage(image, spec, inline_sites.len(), &unprobed, options.returns.is_some()),
+            coverage: coverage(image, spec, &inline_sites, &unprobed, options.returns.is_some()),
             inline_sites,
         });
     }
@@ -270,31 +290,40 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
     Ok(Plan { probes, missing, display_path: image.display_path.to_owned(), attach_path: image.attach_path.to_owned() })
 }
 
-/// The file offsets of `symbol`'s inlined copies that can be probed, and
-/// why each of the others cannot.
-fn inline_sites(image: ImageRef<'_>, symbol: &str) -> (Vec<u64>, Vec<String>) {
+/// The inlined copies of `symbol` that can be probed, and why each of the
+/// others cannot.
+fn inline_sites(image: ImageRef<'_>, symbol: &str) -> (Vec<InlineSite>, Vec<String>) {
     let Some(Inlining::Known { entries, .. }) = image.inlining else { return (Vec::new(), Vec::new()) };
-    let mut sites = Vec::new();
+    let mut sites: Vec<InlineSite> = Vec::new();
     let mut unprobed = Vec::new();
-    for &address in entries.get(symbol).map_or(&[][..], Vec::as_slice) {
+    for entry in entries.get(symbol).map_or(&[][..], Vec::as_slice) {
+        let address = entry.address;
         let Some(offset) = image.elf.file_offset(address) else {
             unprobed.push(format!("{address:#x} is in no file-backed segment"));
             continue;
         };
         match image.elf.read_at(offset, 16).map(|code| placement::probeable(&code)) {
-            Ok(Ok(())) => sites.push(offset),
+            Ok(Ok(())) => sites.push(InlineSite { offset, size: entry.size }),
             Ok(Err(why)) => unprobed.push(format!("{address:#x}: {why}")),
             Err(e) => unprobed.push(format!("{address:#x}: {e}")),
         }
     }
-    sites.sort_unstable();
-    sites.dedup();
+    sites.sort_unstable_by_key(|s| s.offset);
+    sites.dedup_by_key(|s| s.offset);
     (sites, unprobed)
 }
 
 /// What `spec`'s probe covers, with `probed` of its inlined copies probed
 /// and `unprobed` saying why the rest are not.
-fn coverage(image: ImageRef<'_>, spec: &ProbeSpec, probed: usize, unprobed: &[String], returns: bool) -> Coverage {
+fn coverage(
+    image: ImageRef<'_>,
+    spec: &ProbeSpec,
+    sites: &[InlineSite],
+    unprobed: &[String],
+    returns: bool,
+) -> Coverage {
+    let probed = sites.len();
+    let sizeless = sites.iter().filter(|s| s.size.is_none()).count();
     let measures_bytes = spec.program.counts_bytes();
     let mut c = Coverage {
         source: "symbols".to_owned(),
@@ -330,12 +359,20 @@ fn coverage(image: ImageRef<'_>, spec: &ProbeSpec, probed: usize, unprobed: &[St
                 c.calls = Completeness::Partial;
                 c.reason = Some(format!("inlined copies not probed: {}", unprobed.join("; ")));
             }
-            if measures_bytes && probed > 0 {
+            let mut why = Vec::new();
+            if measures_bytes && sizeless > 0 {
                 c.bytes = Completeness::Partial;
-                let mut why = format!("sizes are not read at the {probed} inlined copies (their calls are counted)");
-                if returns {
-                    why.push_str(", nor their return values (`returned` counts the out-of-line calls only)");
-                }
+                why.push(format!(
+                    "the DWARF does not say where the size is at {sizeless} of the {probed} inlined copies (their calls are counted, their bytes are not)"
+                ));
+            }
+            if measures_bytes && returns && probed > 0 {
+                why.push(format!(
+                    "return values are read at the out-of-line function only, not at its {probed} inlined copies"
+                ));
+            }
+            if !why.is_empty() {
+                let why = why.join("; ");
                 c.reason = Some(c.reason.map_or(why.clone(), |r| format!("{r}; {why}")));
             }
         }

@@ -69,7 +69,7 @@ fn reads(program: Program) -> &'static [Register] {
         Program::SizeArg0 => &[Register::RDI],
         Program::SizeArg1 => &[Register::RSI],
         Program::Calloc => &[Register::RDI, Register::RSI],
-        Program::CountCall | Program::Empty | Program::RetValue | Program::RetValueUret => &[],
+        Program::CountCall | Program::Empty | Program::RetValue | Program::RetValueUret | Program::CountSite => &[],
     }
 }
 

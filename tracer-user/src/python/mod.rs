@@ -115,6 +115,22 @@ pub fn known_probes() -> Vec<&'static str> {
     names
 }
 
+/// The names of the parameters that give the requested size, for the
+/// program of an allocating function: `size` (`PyObject_Malloc(size_t
+/// size)`), `new_size` (`PyObject_Realloc(void *ptr, size_t new_size)`) and
+/// `nelem`, `elsize` (`PyObject_Calloc(size_t nelem, size_t elsize)`), the
+/// same for the `PyMem_` and `PyMem_Raw` families, in Objects/obmalloc.c
+/// from v3.11.0 to v3.14.0. What inlined copies' DWARF is searched for.
+#[must_use]
+pub const fn size_parameters(program: Program) -> &'static [&'static str] {
+    match program {
+        Program::SizeArg0 => &["size"],
+        Program::SizeArg1 => &["new_size"],
+        Program::Calloc => &["nelem", "elsize"],
+        Program::CountCall | Program::Empty | Program::RetValue | Program::RetValueUret | Program::CountSite => &[],
+    }
+}
+
 const fn spec(symbol: &'static str, program: Program, required: bool) -> ProbeSpec {
     ProbeSpec::function(symbol, program, required, true)
 }
