@@ -335,7 +335,9 @@ impl Workload {
     /// (a path inside it), isolated as `isolation` says, without ASLR.
     #[must_use]
     pub fn once_in_root(root: &Path, python: &str, n: u64, body: Body, exit: Exit, isolation: Isolation) -> Self {
-        let script = root.join("tmp/tracer-workload.py");
+        // One copy per test process: tests run in parallel.
+        let name = format!("tracer-workload-{}.py", std::process::id());
+        let script = root.join("tmp").join(&name);
         std::fs::copy(workspace_root().join("tests/python/workload.py"), &script)
             .unwrap_or_else(|e| panic!("copying the workload into {}: {e}", root.display()));
         let mut cmd = Command::new("setarch");
@@ -346,7 +348,7 @@ impl Workload {
         }
         cmd.arg("chroot")
             .arg(root)
-            .args([python, "/tmp/tracer-workload.py", "once", &n.to_string(), exit.arg(), body.arg()])
+            .args([python, &format!("/tmp/{name}"), "once", &n.to_string(), exit.arg(), body.arg()])
             .env("PYTHONHASHSEED", "0")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());

@@ -65,9 +65,10 @@ fn per_iteration(isolation: Isolation) -> Counts {
 }
 
 /// A chrooted process's image is reached as the file its maps name (a
-/// host path), not through its root a second time; a process in its own
-/// namespaces is reached through its root, and its PID there is reported.
-/// Both count exactly what the same body makes them do.
+/// host path), not through its root a second time, in its own mount and
+/// PID namespaces as under a plain chroot (there too its maps name the host
+/// path), and its PID in its namespace is reported. Both count exactly
+/// what the same body makes them do.
 #[test]
 fn chroot_and_namespaces_count_alike() {
     require_root();

@@ -230,7 +230,11 @@ impl Bench {
         if info.pyperf.is_none() {
             return Err(BenchError::NoPyperf { python: python.to_owned(), venv: default_venv().display().to_string() });
         }
-        let target = crate::discover::resolve(&TargetSpec::Exe(info.executable), true, None)?;
+        let target = crate::discover::resolve(
+            &TargetSpec::Exe(info.executable),
+            true,
+            crate::discover::DwarfLookup { enabled: true, debug_dir: None },
+        )?;
         if let Some(note) = crate::run::debug_offsets_note(&target) {
             eprintln!("tracer bench: warning: {}", note.message);
         }

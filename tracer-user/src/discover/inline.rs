@@ -351,8 +351,10 @@ impl<'a> Walk<'_, 'a> {
         let names = &self.names;
         let lookup = |n: &[u8]| names.get(n).copied();
         let (own, next) = self.names_and_origin(unit, attrs)?;
-        if own.iter().any(Option::is_some) {
-            return Ok(own.into_iter().flatten().find_map(lookup));
+        // A clone (`PyObject_Malloc.constprop.0`) has a name of its own that
+        // matches nothing, and its origin says whose clone it is.
+        if let Some(hit) = own.into_iter().flatten().find_map(lookup) {
+            return Ok(Some(hit));
         }
         let Some(target) = next else { return Ok(None) };
         if let Some(&hit) = self.origins.get(&target) {

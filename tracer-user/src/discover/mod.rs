@@ -86,9 +86,18 @@ pub struct Resolved {
     pub inlining: crate::plan::Inlining,
 }
 
+/// How [`resolve`] looks for the image's DWARF.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DwarfLookup<'a> {
+    /// Whether to look at all (not `--no-inlined`).
+    pub enabled: bool,
+    /// `--debug-dir`.
+    pub debug_dir: Option<&'a Path>,
+}
+
 /// Resolves `spec`; with `call_sites`, also finds the modules that may call
-/// the image; looks for its DWARF in `debug_dir` too.
-pub fn resolve(spec: &TargetSpec, call_sites: bool, debug_dir: Option<&Path>) -> Result<Resolved, ResolveError> {
+/// the image; looks for its DWARF as `dwarf` says.
+pub fn resolve(spec: &TargetSpec, call_sites: bool, dwarf: DwarfLookup<'_>) -> Result<Resolved, ResolveError> {
     // What differs: how the image and its version are found, from where its
     // files are reached, and which files already call into it.
     let mut ns_pid = None;
@@ -128,7 +137,11 @@ pub fn resolve(spec: &TargetSpec, call_sites: bool, debug_dir: Option<&Path>) ->
             modules.extend(modules::new_modules(pid, &files, &mut known));
         }
     }
-    let inlining = inlining(spec, (&display_path, &elf), root, abi, debug_dir)?;
+    let inlining = if dwarf.enabled {
+        inlining(spec, (&display_path, &elf), root, abi, dwarf.debug_dir)?
+    } else {
+        crate::plan::Inlining::Skipped
+    };
     Ok(Resolved {
         scope,
         exe,
@@ -175,13 +188,24 @@ fn inlining(
         .iter()
         .map(|p| inline::Wanted { function: p.symbol, parameters: python::size_parameters(p.program) })
         .collect();
-    // Out-of-line clones (.constprop, .isra, .part) other than the symbol
-    // are entered like inlined copies: their own entries, probed beside it.
+    // Out-of-line clones that are whole functions (.constprop, .isra) are
+    // entered like inlined copies, and probed beside the symbol; the parts
+    // GCC split off a function (.part, .cold) are entered from it, within
+    // the same call, and are not.
+    let names = function_names(&data);
+    let is_clone = |address: u64| {
+        names.get(&address).is_some_and(|n| {
+            (n.contains(".constprop.") || n.contains(".isra.")) && !n.contains(".part.") && !n.contains(".cold")
+        })
+    };
     let entries = inline::find(&file.path, &data, &wanted)?
         .into_iter()
+        // A function the DWARF has no DIE for is left out: its copies are
+        // unknown, which coverage says.
+        .filter(|f| !(f.out_of_line.is_empty() && f.inlined.is_empty()))
         .map(|f| {
             let symbol = elf.function(&f.function).map(|s| s.address);
-            let clones = f.out_of_line.iter().filter(|s| Some(s.entry) != symbol);
+            let clones = f.out_of_line.iter().filter(|s| Some(s.entry) != symbol && is_clone(s.entry));
             let copies = f.inlined.iter().chain(clones);
             let entries =
                 copies.map(|s| crate::plan::InlineEntry { address: s.entry, size: size_operands(s) }).collect();
@@ -189,6 +213,16 @@ fn inlining(
         })
         .collect();
     Ok(crate::plan::Inlining::Known { source: file.path.display().to_string(), entries })
+}
+
+/// The names of the functions in an ELF file's symbol table, by address.
+fn function_names(data: &[u8]) -> std::collections::HashMap<u64, String> {
+    use object::{Object as _, ObjectSymbol as _};
+    let Ok(file) = object::File::parse(data) else { return std::collections::HashMap::new() };
+    file.symbols()
+        .filter(|s| s.kind() == object::SymbolKind::Text)
+        .filter_map(|s| Some((s.address(), s.name().ok()?.to_owned())))
+        .collect()
 }
 
 /// Where a copy's requested size is, as `count_site`'s operands: one

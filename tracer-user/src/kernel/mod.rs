@@ -54,6 +54,10 @@ pub enum AttachError {
     MapFd { name: String, cause: std::io::Error },
     #[error(transparent)]
     Multi(#[from] multi::MultiError),
+    #[error(
+        "{cause}; the uprobes of inlined copies and call sites need uprobe-multi links (Linux 6.6+), as perf-event uprobes would take minutes to detach: pass --no-inlined (and drop --placement call-sites), or trace on a newer kernel"
+    )]
+    ManySitesNeedMulti { cause: multi::MultiError },
     #[error("cannot start reading the BPF log: {0}")]
     Log(String),
 }

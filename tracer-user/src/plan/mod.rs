@@ -71,6 +71,8 @@ impl HitCosts {
 /// What the image's DWARF says of the copies the compiler inlined.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Inlining {
+    /// Not looked for (`--no-inlined`).
+    Skipped,
     /// No DWARF was found: inlined copies, if any, cannot be found.
     Unknown {
         /// What to install (or pass) to find it.
@@ -339,6 +341,14 @@ fn coverage(
     match image.inlining {
         // tracer's own code: nothing is inlined that it would count.
         None => {}
+        Some(Inlining::Skipped) => {
+            c.calls = Completeness::Partial;
+            if measures_bytes {
+                c.bytes = Completeness::Partial;
+            }
+            c.reason = Some(format!("--no-inlined: copies of {} the compiler inlined are not probed", spec.symbol));
+            c.fix = Some("drop --no-inlined".to_owned());
+        }
         Some(Inlining::Unknown { fix }) => {
             c.calls = Completeness::Partial;
             if measures_bytes {
@@ -352,12 +362,28 @@ fn coverage(
             c.fix = Some(fix.clone());
         }
         Some(Inlining::Known { source, entries }) => {
-            let listed = entries.get(spec.symbol).map_or(0, Vec::len);
             c.source.clone_from(source);
+            let Some(listed) = entries.get(spec.symbol).map(Vec::len) else {
+                // The DWARF does not describe it: copies it may have are
+                // unknown.
+                c.calls = Completeness::Partial;
+                if measures_bytes {
+                    c.bytes = Completeness::Partial;
+                }
+                c.reason =
+                    Some(format!("{source} does not describe {}, so its inlined copies are unknown", spec.symbol));
+                return c;
+            };
             c.inlined = Some(listed);
             if !unprobed.is_empty() {
                 c.calls = Completeness::Partial;
+                if measures_bytes {
+                    c.bytes = Completeness::Partial;
+                }
                 c.reason = Some(format!("inlined copies not probed: {}", unprobed.join("; ")));
+                if unprobed.iter().any(|u| u.contains("--no-inlined")) {
+                    c.fix = Some("drop --no-inlined".to_owned());
+                }
             }
             let mut why = Vec::new();
             if measures_bytes && sizeless > 0 {

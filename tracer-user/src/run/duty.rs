@@ -143,7 +143,13 @@ impl DutyCycle {
     /// the calibrated cost of its placement.
     #[allow(clippy::cast_precision_loss, reason = "hit counts of one window")]
     fn probe_cost(&self, session: &Session, window: &[Counts], slot: usize) -> f64 {
-        let cost = session.plan().probes.get(slot).map_or(0.0, |p| self.costs.of(p.placement.emulated));
+        // Hits at inlined copies count in the same slot, and most of those
+        // sites are single-stepped: priced so, the estimate errs high.
+        let cost = session
+            .plan()
+            .probes
+            .get(slot)
+            .map_or(0.0, |p| self.costs.of(p.placement.emulated && p.inline_sites.is_empty()));
         window.get(slot).map_or(0.0, |c| c.calls as f64) * cost
     }
 

@@ -59,6 +59,9 @@ fn attach_links(
         LinkMode::Auto => match multi(session) {
             Ok(done) => Ok(done),
             // Thousands of perf-event uprobes would take minutes to detach.
+            Err(AttachError::Multi(e)) if session.plan().has_many_sites() && e.is_unsupported() => {
+                Err(AttachError::ManySitesNeedMulti { cause: e })
+            }
             Err(e @ AttachError::Multi(_)) if session.plan().has_many_sites() => Err(e),
             // Only a kernel without multi links is a reason to fall back; a
             // failure of tracer's own is reported as it is.
@@ -283,8 +286,11 @@ fn start<'a>(
         TargetSpec::Pid(pid) => Some(ProcessExit::watch(*pid)?),
         TargetSpec::Exe(_) => None,
     };
-    let r =
-        discover::resolve(&config.target, config.placement == PlacementMode::CallSites, config.debug_dir.as_deref())?;
+    let r = discover::resolve(
+        &config.target,
+        config.placement == PlacementMode::CallSites,
+        discover::DwarfLookup { enabled: config.inlined, debug_dir: config.debug_dir.as_deref() },
+    )?;
     let options = PlanOptions {
         placement: config.placement,
         returns: return_costs.map(|r| r.0),
@@ -406,7 +412,8 @@ pub fn probe_plan(
     };
     let return_costs: Option<ReturnCosts> = calibrated.map(|r| r.0);
     let options = PlanOptions { placement, returns: return_costs, inlined, ..PlanOptions::default() };
-    let r = discover::resolve(target, placement == PlacementMode::CallSites, debug_dir)?;
+    let dwarf = discover::DwarfLookup { enabled: inlined, debug_dir };
+    let r = discover::resolve(target, placement == PlacementMode::CallSites, dwarf)?;
     let plan = plan::plan(ImageRef::from(&r), &specs(&r, selection)?, options)?;
     let mut report = PlanReport::new(&plan, &r.version.to_string(), calibrated.map(|r| r.1));
     report.notes.extend(debug_offsets_note(&r));
