@@ -335,8 +335,10 @@ impl Workload {
     /// (a path inside it), isolated as `isolation` says, without ASLR.
     #[must_use]
     pub fn once_in_root(root: &Path, python: &str, n: u64, body: Body, exit: Exit, isolation: Isolation) -> Self {
-        // One copy per test process: tests run in parallel.
-        let name = format!("tracer-workload-{}.py", std::process::id());
+        // One copy per workload: tests run in parallel threads and processes.
+        static COPIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let copy = COPIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("tracer-workload-{}-{copy}.py", std::process::id());
         let script = root.join("tmp").join(&name);
         std::fs::copy(workspace_root().join("tests/python/workload.py"), &script)
             .unwrap_or_else(|e| panic!("copying the workload into {}: {e}", root.display()));
@@ -354,6 +356,8 @@ impl Workload {
             .stdout(Stdio::piped());
         let child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {python} in {}: {e}", root.display()));
         let mut w = Self::from_child(child);
+        // Python has read the whole script by the time it says "ready".
+        std::fs::remove_file(&script).unwrap_or_else(|e| panic!("removing {}: {e}", script.display()));
         if let Isolation::Namespaces = isolation {
             // unshare's one child is chroot, which exec'd the interpreter.
             let wrapper = w.child.id();
