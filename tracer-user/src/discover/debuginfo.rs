@@ -235,8 +235,40 @@ fn in_root(root: &Path, path: &Path) -> (PathBuf, PathBuf) {
     (done, host)
 }
 
+/// The package that holds the debug info of `python3.X` on the
+/// distribution whose `/etc/os-release` (inside the target's root) is
+/// `os_release`.
+#[must_use]
+pub fn debug_package(os_release: &str, (major, minor): (u8, u8)) -> String {
+    let field = |k: &str| {
+        os_release.lines().find_map(|l| l.strip_prefix(k)?.strip_prefix('=')).map(|v| v.trim_matches('"').to_owned())
+    };
+    let (id, like) = (field("ID").unwrap_or_default(), field("ID_LIKE").unwrap_or_default());
+    let is = |name: &str| id == name || like.split_whitespace().any(|l| l == name);
+    if id == "ubuntu" {
+        format!("apt-get install python{major}.{minor}-dbgsym (from the ddebs archive)")
+    } else if is("debian") {
+        format!("apt-get install python{major}.{minor}-dbg")
+    } else if is("fedora") || is("rhel") {
+        format!("dnf debuginfo-install python{major}")
+    } else {
+        format!(
+            "install the debug info of this python{major}.{minor} (its build-id's .debug file), or pass --debug-dir"
+        )
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
+    #[test]
+    fn names_the_package_per_distribution() {
+        assert_eq!(debug_package("ID=debian\nVERSION_ID=\"12\"\n", (3, 11)), "apt-get install python3.11-dbg");
+        assert_eq!(debug_package("ID=\"debian\"\n", (3, 14)), "apt-get install python3.14-dbg");
+        assert!(debug_package("ID=ubuntu\nID_LIKE=debian\n", (3, 12)).starts_with("apt-get install python3.12-dbgsym"));
+        assert_eq!(debug_package("ID=fedora\n", (3, 13)), "dnf debuginfo-install python3");
+        assert!(debug_package("", (3, 13)).contains("--debug-dir"));
+    }
+
     use super::*;
 
     pub(crate) const DEBIAN_PYTHON: &str = "/usr/bin/python3.11";

@@ -83,7 +83,33 @@ pub struct Resolved {
     pub ns_pid: Option<u32>,
     /// What the image's DWARF says of inlined copies of the probed
     /// functions.
-    pub inlining: crate::plan::Inlining,
+    pub inlining: Inlining,
+}
+
+/// What the image's DWARF says of the copies the compiler inlined.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Inlining {
+    /// Not looked for (`--no-inlined`).
+    Skipped,
+    /// No DWARF was found: inlined copies, if any, cannot be found.
+    Unknown {
+        /// What to install (or pass) to find it.
+        fix: String,
+    },
+    /// The DWARF in `source` lists, per function, each inlined copy's
+    /// entry (a link-time address) and where its size is there.
+    Known { source: String, entries: std::collections::HashMap<String, Vec<InlineEntry>> },
+}
+
+/// One inlined copy (or out-of-line clone) of a function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InlineEntry {
+    /// Its entry, a link-time address.
+    pub address: u64,
+    /// For an allocating function, where the requested size is there, as
+    /// `count_site`'s operands (first, second, constant; see
+    /// `tracer_common::site`); `None` where the DWARF does not say.
+    pub size: Option<(u8, u8, u16)>,
 }
 
 /// How [`resolve`] looks for the image's DWARF.
@@ -140,7 +166,7 @@ pub fn resolve(spec: &TargetSpec, call_sites: bool, dwarf: DwarfLookup<'_>) -> R
     let inlining = if dwarf.enabled {
         inlining(spec, (&display_path, &elf), root, abi, dwarf.debug_dir)?
     } else {
-        crate::plan::Inlining::Skipped
+        Inlining::Skipped
     };
     Ok(Resolved {
         scope,
@@ -166,7 +192,7 @@ fn inlining(
     root: process::Root,
     abi: &dyn Abi,
     debug_dir: Option<&Path>,
-) -> Result<crate::plan::Inlining, ResolveError> {
+) -> Result<Inlining, ResolveError> {
     // The image as the target names it, and its root as tracer reaches it:
     // a chroot's maps show the host path, below the chroot's directory.
     let (in_root, root_dir) = match spec {
@@ -179,7 +205,7 @@ fn inlining(
         TargetSpec::Exe(_) => (image.to_owned(), PathBuf::from("/")),
     };
     let Some(file) = debuginfo::locate(&in_root, &root_dir, debug_dir)? else {
-        return Ok(crate::plan::Inlining::Unknown { fix: debug_fix(root, abi) });
+        return Ok(Inlining::Unknown { fix: debug_fix(root, abi) });
     };
     let data = std::fs::read(&file.path)
         .map_err(|cause| debuginfo::DebugInfoError::Read { path: file.path.clone(), cause })?;
@@ -207,12 +233,11 @@ fn inlining(
             let symbol = elf.function(&f.function).map(|s| s.address);
             let clones = f.out_of_line.iter().filter(|s| Some(s.entry) != symbol && is_clone(s.entry));
             let copies = f.inlined.iter().chain(clones);
-            let entries =
-                copies.map(|s| crate::plan::InlineEntry { address: s.entry, size: size_operands(s) }).collect();
+            let entries = copies.map(|s| InlineEntry { address: s.entry, size: size_operands(s) }).collect();
             (f.function, entries)
         })
         .collect();
-    Ok(crate::plan::Inlining::Known { source: file.path.display().to_string(), entries })
+    Ok(Inlining::Known { source: file.path.display().to_string(), entries })
 }
 
 /// The names of the functions in an ELF file's symbol table, by address.
@@ -259,7 +284,7 @@ fn size_operands(site: &inline::Site) -> Option<(u8, u8, u16)> {
 /// target's own `/etc/os-release`.
 fn debug_fix(root: process::Root, abi: &dyn Abi) -> String {
     let release = root.reach(Path::new("/etc/os-release"), None).and_then(|p| std::fs::read_to_string(p).ok());
-    crate::plan::coverage::debug_package(&release.unwrap_or_default(), (3, abi.minor()))
+    debuginfo::debug_package(&release.unwrap_or_default(), (3, abi.minor()))
 }
 
 impl Resolved {

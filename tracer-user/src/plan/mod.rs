@@ -17,6 +17,7 @@ use self::{
     placement::Placement,
     returns::{ReturnCosts, ReturnPlan},
 };
+pub use crate::discover::{InlineEntry, Inlining};
 use crate::{
     discover::{elf::ElfImage, modules::Module},
     probe::{ProbeKind, ProbeSpec, Program},
@@ -66,32 +67,6 @@ impl HitCosts {
     pub const fn of(&self, emulated: bool) -> f64 {
         if emulated { self.emulated_ns } else { self.single_stepped_ns }
     }
-}
-
-/// What the image's DWARF says of the copies the compiler inlined.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Inlining {
-    /// Not looked for (`--no-inlined`).
-    Skipped,
-    /// No DWARF was found: inlined copies, if any, cannot be found.
-    Unknown {
-        /// What to install (or pass) to find it.
-        fix: String,
-    },
-    /// The DWARF in `source` lists, per function, each inlined copy's
-    /// entry (a link-time address) and where its size is there.
-    Known { source: String, entries: std::collections::HashMap<String, Vec<InlineEntry>> },
-}
-
-/// One inlined copy (or out-of-line clone) of a function.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct InlineEntry {
-    /// Its entry, a link-time address.
-    pub address: u64,
-    /// For an allocating function, where the requested size is there, as
-    /// `count_site`'s operands (first, second, constant; see
-    /// `tracer_common::site`); `None` where the DWARF does not say.
-    pub size: Option<(u8, u8, u16)>,
 }
 
 /// One probed inlined copy.
