@@ -222,6 +222,19 @@ pub struct Workload {
     python_pid: Option<u32>,
 }
 
+/// chroot(8), by its path: a non-login root shell (CI's) may not have
+/// /usr/sbin on PATH.
+const CHROOT: &str = "/usr/sbin/chroot";
+
+/// A file removed when this is dropped, however the test ends.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// How a workload in another root file system is isolated, as a container
 /// would be.
 #[derive(Clone, Copy, Debug)]
@@ -348,16 +361,18 @@ impl Workload {
             cmd.args(["unshare", "--mount", "--pid", "--fork", "--kill-child"])
                 .arg(format!("--mount-proc={}", root.join("proc").display()));
         }
-        cmd.arg("chroot")
+        cmd.arg(CHROOT)
             .arg(root)
             .args([python, &format!("/tmp/{name}"), "once", &n.to_string(), exit.arg(), body.arg()])
             .env("PYTHONHASHSEED", "0")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
+        // Python has read the whole script by the time it says "ready";
+        // the copy goes then, or when this fails.
+        let copy = RemoveOnDrop(script);
         let child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {python} in {}: {e}", root.display()));
         let mut w = Self::from_child(child);
-        // Python has read the whole script by the time it says "ready".
-        std::fs::remove_file(&script).unwrap_or_else(|e| panic!("removing {}: {e}", script.display()));
+        drop(copy);
         if let Isolation::Namespaces = isolation {
             // unshare's one child is chroot, which exec'd the interpreter.
             let wrapper = w.child.id();

@@ -70,7 +70,8 @@ fn main() -> anyhow::Result<()> {
             build(&root, release).map(drop)
         }
         Task::Demo { seconds } => {
-            setup::run()?;
+            // The demo needs no test targets (the forky root).
+            setup::run_for(false)?;
             let tracer = build(&root, true)?;
             demo(&root, &tracer, seconds)
         }

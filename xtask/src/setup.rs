@@ -54,7 +54,17 @@ pub fn pyperf_venv() -> PathBuf {
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 
+/// Everything, with the test targets (the forky root) when `tests`.
+pub fn run_for(tests: bool) -> anyhow::Result<()> {
+    run_with(tests)
+}
+
+/// Everything the build, the demo, the tests and the benchmarks need.
 pub fn run() -> anyhow::Result<()> {
+    run_with(true)
+}
+
+fn run_with(tests: bool) -> anyhow::Result<()> {
     check_os()?;
     apt_packages()?;
     bpf_linker()?;
@@ -69,10 +79,11 @@ pub fn run() -> anyhow::Result<()> {
         }
     }
     pyperf()?;
-    forky_root()?;
-    eprintln!(
-        "xtask: setup complete (BPF toolchain, bpf-linker {BPF_LINKER_VERSION}, python3.11, pyperf, the forky root at {FORKY_ROOT})"
-    );
+    if tests {
+        forky_root()?;
+    }
+    let forky = if tests { format!(", the forky root at {FORKY_ROOT}") } else { String::new() };
+    eprintln!("xtask: setup complete (BPF toolchain, bpf-linker {BPF_LINKER_VERSION}, python3.11, pyperf{forky})");
     Ok(())
 }
 
@@ -222,7 +233,9 @@ fn forky_root() -> anyhow::Result<()> {
     eprintln!("xtask: making the forky root at {FORKY_ROOT} (once per machine; a few minutes)");
     // bookworm's debootstrap has no forky script; sid's works for it.
     crate::run(
-        Command::new("debootstrap")
+        Command::new("/usr/sbin/debootstrap")
+            // It runs chroot and friends by name.
+            .env("PATH", format!("{}:/usr/sbin:/sbin", std::env::var("PATH").unwrap_or_default()))
             .arg("--variant=minbase")
             .arg(format!("--include={}", FORKY_PACKAGES.join(",")))
             .arg("forky")
@@ -231,7 +244,7 @@ fn forky_root() -> anyhow::Result<()> {
             .arg("/usr/share/debootstrap/scripts/sid"),
     )?;
     crate::run(
-        Command::new("chroot")
+        Command::new("/usr/sbin/chroot")
             .arg(&partial)
             .env("DEBIAN_FRONTEND", "noninteractive")
             .args(["apt-get", "install", "-y", "-q"])
