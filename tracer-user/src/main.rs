@@ -332,6 +332,9 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         for line in report::text(baseline, &rows, &hits, &args.out) {
             println!("{line}");
         }
+        for note in &b.notes {
+            println!("warning: {}", note.message);
+        }
     }
     Ok(())
 }

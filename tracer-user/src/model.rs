@@ -485,6 +485,9 @@ pub struct BenchReport {
     /// `ns_per_hit_by_setup`); `null` when the statement hits no probe.
     pub ns_per_hit: Option<f64>,
     pub ns_per_hit_by_setup: IndexMap<String, Option<f64>>,
+    /// What the user should know about the interpreter.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<Note>,
 }
 
 /// The interpreter `tracer bench` measured.

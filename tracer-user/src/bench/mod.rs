@@ -197,6 +197,9 @@ pub struct Bench {
     /// The interpreter, resolved as `--exe` resolves it (with the modules
     /// that may call into it, for `--placement call-sites`).
     pub target: Resolved,
+    /// What the user should know about the interpreter, reported with the
+    /// result.
+    pub notes: Vec<crate::model::Note>,
     pub stmt: String,
     pub setup: String,
     pub plan: Plan,
@@ -235,10 +238,9 @@ impl Bench {
             true,
             crate::discover::DwarfLookup { enabled: true, debug_dir: None },
         )?;
-        if let Some(note) = crate::run::debug_offsets_note(&target) {
-            eprintln!("tracer bench: warning: {}", note.message);
-        }
+        let notes = crate::run::debug_offsets_note(&target).into_iter().collect();
         Ok(Self {
+            notes,
             python: python.to_owned(),
             target,
             stmt: stmt.to_owned(),

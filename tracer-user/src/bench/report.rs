@@ -174,6 +174,7 @@ pub fn json(bench: &Bench, baseline: &StateStats, rows: &[Row<'_>], hits: &HitsP
         hits_per_loop_by_probe: hits.per_probe.iter().map(|(n, v)| ((*n).to_owned(), *v)).collect(),
         ns_per_hit: per_hit.get("attached").copied().flatten(),
         ns_per_hit_by_setup: per_hit,
+        notes: bench.notes.clone(),
     }
 }
 

@@ -616,7 +616,7 @@ mod tests {
         assert_eq!(merged, vec![Site { die: 1, ..site(1, Location::Constant(1)) }]);
     }
 
-    fn debian_python_sites() -> (Vec<FunctionSites>, std::time::Duration) {
+    fn debian_python_sites() -> Vec<FunctionSites> {
         let path = debian_debug_file();
         let data = std::fs::read(&path).unwrap();
         let wanted = [
@@ -624,9 +624,7 @@ mod tests {
             Wanted { function: "PyObject_Malloc", parameters: &["size"] },
             Wanted { function: "PyObject_Calloc", parameters: &["nelem", "elsize"] },
         ];
-        let start = std::time::Instant::now();
-        let found = find(&path, &data, &wanted).unwrap();
-        (found, start.elapsed())
+        find(&path, &data, &wanted).unwrap()
     }
 
     /// How many of `sites` know each wanted parameter's location.
@@ -651,8 +649,7 @@ mod tests {
     /// have no location there. `PyObject_Calloc`: 11, both parameters constant in 10.
     #[test]
     fn debian_python_has_209_inlined_new_references() {
-        let (found, took) = debian_python_sites();
-        eprintln!("parsed {} in {took:?}", debian_debug_file().display());
+        let found = debian_python_sites();
         let image = ElfImage::open(Path::new(DEBIAN_PYTHON)).unwrap();
         let offsets = FileOffsets::of_image(Path::new(DEBIAN_PYTHON), &std::fs::read(DEBIAN_PYTHON).unwrap()).unwrap();
         let [new_ref, malloc, calloc] = &found[..] else { panic!("{found:?}") };
