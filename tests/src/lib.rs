@@ -91,6 +91,21 @@ pub fn static_python() -> PathBuf {
     p
 }
 
+/// A copy of the interpreter `image` at `copy`, without its build-id note
+/// and debug link: no debug info can be found for it, as for a stripped
+/// container image's Python. The copy is made anew each time (objcopy, from
+/// binutils, which `cargo xtask setup` installs).
+pub fn without_debug_info(image: &Path, copy: &Path) -> PathBuf {
+    let status = Command::new("objcopy")
+        .args(["--remove-section", ".note.gnu.build-id", "--remove-section", ".gnu_debuglink"])
+        .arg(image)
+        .arg(copy)
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run objcopy (binutils; run `cargo xtask setup`): {e}"));
+    assert!(status.success(), "objcopy {} {}: {status}", image.display(), copy.display());
+    copy.to_owned()
+}
+
 /// A child process that is killed and reaped when dropped.
 pub struct KillOnDrop(pub Child);
 

@@ -242,6 +242,75 @@ fn static_lto_counts_like_the_plain_build() {
     assert_eq!((&coverage["calls"], &coverage["bytes"]), (&"complete".into(), &"partial".into()), "{coverage}");
 }
 
+/// With no debug info to be found, Debian's LTO python3.11 still counts
+/// every new reference and every object allocation and free of the body:
+/// tracer finds each inlined copy by its read of the switch that guards
+/// it. The counts equal the plain build's and those the DWARF gives; what
+/// the reads cannot show (the sizes at some copies, the copies of
+/// `_Py_Dealloc`, which no switch guards) is marked partial, naming the
+/// package.
+#[test]
+fn lto_without_debug_info_counts_through_guard_reads() {
+    require_root();
+    let dir = std::env::temp_dir().join(format!("tracer-nodbg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let copy = tracer_tests::without_debug_info(&static_python(), &dir.join("python3.11"));
+    let copy_path = copy.to_str().expect("UTF-8 path");
+    let (code, stdout, stderr) = tracer_tests::run_tracer(&["probes", "--exe", copy_path, "--json"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let planned: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    for p in planned["probes"].as_array().expect("probes") {
+        let (symbol, coverage) = (p["symbol"].as_str().expect("symbol"), &p["coverage"]);
+        let source = coverage["source"].as_str().expect("source");
+        assert!(source.contains("reads of its guard") && source.contains(copy_path), "{symbol}: {coverage}");
+        if symbol == "_Py_Dealloc" {
+            assert_eq!(coverage["calls"], "partial", "{coverage}");
+        } else {
+            assert_eq!(coverage["calls"], "complete", "{symbol}: {coverage}");
+            assert!(coverage["inlined_probed"].as_u64().is_some_and(|n| n > 0), "{symbol}: {coverage}");
+        }
+        if coverage.get("reason").is_some() {
+            assert_eq!(coverage["fix"], "apt-get install python3.11-dbg", "{symbol}: {coverage}");
+        }
+    }
+    let malloc = planned["probes"].as_array().and_then(|p| p.iter().find(|p| p["symbol"] == "PyObject_Malloc"));
+    assert_eq!(malloc.expect("PyObject_Malloc")["coverage"]["bytes"], "partial");
+
+    let plain = per_iteration(&shared_python(), 200, Body::Objects, Exit::Immediate, Aslr::Off);
+    let dwarf = per_iteration(&static_python(), 200, Body::Objects, Exit::Immediate, Aslr::Off);
+    let guards = per_iteration(&copy, 200, Body::Objects, Exit::Immediate, Aslr::Off);
+    let api_plain = per_iteration(&shared_python(), 100, Body::Api, Exit::Immediate, Aslr::Off);
+    let api_dwarf = per_iteration(&static_python(), 100, Body::Api, Exit::Immediate, Aslr::Off);
+    let api_guards = per_iteration(&copy, 100, Body::Api, Exit::Immediate, Aslr::Off);
+    let _ = std::fs::remove_dir_all(&dir);
+    // Calls and bytes, of every function a switch guards: the body's
+    // copies show the sizes they request (the bytearray object's 56 bytes,
+    // which the DWARF gives only as an expression tracer does not evaluate,
+    // included).
+    for (name, counts) in &plain {
+        if name != "_Py_Dealloc" {
+            assert_eq!(guards[name], *counts, "{name}: plain {plain:?}\nwithout debug info {guards:?}");
+            assert_eq!(guards[name].0, dwarf[name].0, "{name}: with DWARF {dwarf:?}\nwithout {guards:?}");
+        }
+    }
+    // The ctypes body calls each allocator function out of line, and the
+    // interpreter's own PyObject_Malloc copies, of which the code shows the
+    // size at most (the bytes are partial, as the coverage says).
+    for (name, &(calls, bytes)) in &api_plain {
+        if name == "_Py_Dealloc" {
+            continue;
+        }
+        let (guard_calls, guard_bytes) = api_guards[name];
+        assert_eq!(guard_calls, calls, "{name}: plain {api_plain:?}\nwithout debug info {api_guards:?}");
+        assert_eq!(guard_calls, api_dwarf[name].0, "{name}: with DWARF {api_dwarf:?}\nwithout {api_guards:?}");
+        if name == "PyObject_Malloc" {
+            assert!(guard_bytes <= bytes, "{name}: plain {api_plain:?}\nwithout debug info {api_guards:?}");
+        } else {
+            assert_eq!(guard_bytes, bytes, "{name}: plain {api_plain:?}\nwithout debug info {api_guards:?}");
+        }
+    }
+}
+
 /// Probes placed past the entry count exactly what entry probes count.
 fn placed_equals_entry(python: &Path) {
     for (probes, _) in same_counts(python, &[Body::Objects, Body::Api], &[], &["--placement", "entry"]) {

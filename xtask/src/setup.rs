@@ -28,6 +28,9 @@ const APT_PACKAGES: &[&str] = &[
     "bpftrace",
     // For the forky root below.
     "debootstrap",
+    // objcopy: the tests make copies of the interpreters that no debug info
+    // can be found for.
+    "binutils",
 ];
 
 /// A Debian testing (forky) root file system with Debian's LTO python3.13

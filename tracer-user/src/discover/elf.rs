@@ -79,6 +79,12 @@ impl ElfImage {
         Ok(Self { path: path.to_owned(), symbols, segments })
     }
 
+    /// The file this image was read from.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Reads `len` bytes of the file at `offset`.
     pub fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>, ElfError> {
         use std::os::unix::fs::FileExt as _;

@@ -5,6 +5,7 @@
 pub mod debuginfo;
 pub mod elf;
 pub mod exe;
+pub mod guards;
 pub mod inline;
 pub mod modules;
 pub mod process;
@@ -53,6 +54,8 @@ pub enum ResolveError {
     DebugInfo(#[from] debuginfo::DebugInfoError),
     #[error(transparent)]
     Inline(#[from] inline::InlineError),
+    #[error(transparent)]
+    Guards(#[from] guards::GuardError),
 }
 
 /// A target resolved to its interpreter image, its version and the
@@ -91,10 +94,13 @@ pub struct Resolved {
 pub enum Inlining {
     /// Not looked for (`--no-inlined`).
     Skipped,
-    /// No DWARF was found: inlined copies, if any, cannot be found.
-    Unknown {
-        /// What to install (or pass) to find it.
+    /// No DWARF was found; the copies were found by their reads of the
+    /// switches that guard them (see [`guards`]).
+    Guards {
+        /// What to install for the DWARF, which gives what the reads do
+        /// not (sizes they hide, the functions no switch guards).
         fix: String,
+        scan: guards::Scan,
     },
     /// The DWARF in `source` lists, per function, each inlined copy's
     /// entry (a link-time address) and where its size is there.
@@ -205,7 +211,17 @@ fn inlining(
         TargetSpec::Exe(_) => (image.to_owned(), PathBuf::from("/")),
     };
     let Some(file) = debuginfo::locate(&in_root, &root_dir, debug_dir)? else {
-        return Ok(Inlining::Unknown { fix: debug_fix(root, abi) });
+        let wanted: Vec<guards::Wanted<'_>> = abi
+            .probes()
+            .iter()
+            .map(|p| guards::Wanted {
+                function: p.symbol,
+                guard: abi.guard(p.symbol),
+                size: guards::SizeArgs::of(p.program),
+            })
+            .collect();
+        let scan = guards::scan(elf.path(), &wanted)?;
+        return Ok(Inlining::Guards { fix: debug_fix(root, abi), scan });
     };
     let data = std::fs::read(&file.path)
         .map_err(|cause| debuginfo::DebugInfoError::Read { path: file.path.clone(), cause })?;

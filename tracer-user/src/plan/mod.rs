@@ -18,6 +18,7 @@ use self::{
     returns::{ReturnCosts, ReturnPlan},
 };
 pub use crate::discover::{InlineEntry, Inlining};
+use crate::discover::guards;
 use crate::{
     discover::{elf::ElfImage, modules::Module},
     probe::{ProbeKind, ProbeSpec, Program},
@@ -76,6 +77,9 @@ pub struct InlineSite {
     pub offset: u64,
     /// Where its size is, as in [`InlineEntry::size`].
     pub size: Option<(u8, u8, u16)>,
+    /// Whether the kernel emulates the probed instruction (else it
+    /// single-steps it).
+    pub emulated: bool,
 }
 
 /// The interpreter image to plan for.
@@ -236,7 +240,7 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
                 Err(e) => ReturnPlan::Uretprobe { reason: format!("the code could not be read ({e})") },
             }
         });
-        let (inline_sites, mut unprobed) = inline_sites(image, spec.symbol);
+        let (inline_sites, mut unprobed) = inline_sites(image, spec.symbol, kernel);
         let inline_sites = if options.inlined {
             inline_sites
         } else {
@@ -269,25 +273,60 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
 
 /// The inlined copies of `symbol` that can be probed, and why each of the
 /// others cannot.
-fn inline_sites(image: ImageRef<'_>, symbol: &str) -> (Vec<InlineSite>, Vec<String>) {
-    let Some(Inlining::Known { entries, .. }) = image.inlining else { return (Vec::new(), Vec::new()) };
+fn inline_sites(image: ImageRef<'_>, symbol: &str, kernel: placement::KernelVersion) -> (Vec<InlineSite>, Vec<String>) {
     let mut sites: Vec<InlineSite> = Vec::new();
     let mut unprobed = Vec::new();
-    for entry in entries.get(symbol).map_or(&[][..], Vec::as_slice) {
-        let address = entry.address;
-        let Some(offset) = image.elf.file_offset(address) else {
-            unprobed.push(format!("{address:#x} is in no file-backed segment"));
-            continue;
-        };
-        match image.elf.read_at(offset, 16).map(|code| placement::probeable(&code)) {
-            Ok(Ok(())) => sites.push(InlineSite { offset, size: entry.size }),
-            Ok(Err(why)) => unprobed.push(format!("{address:#x}: {why}")),
-            Err(e) => unprobed.push(format!("{address:#x}: {e}")),
+    // Each copy with the points it may be probed at, the first preferred
+    // unless a later one is emulated.
+    let copies: Vec<Vec<InlineEntry>> = match image.inlining {
+        Some(Inlining::Known { entries, .. }) => {
+            entries.get(symbol).map_or(&[][..], Vec::as_slice).iter().map(|e| vec![*e]).collect()
         }
+        Some(Inlining::Guards { scan, .. }) => match scan.functions.get(symbol) {
+            Some(Ok(found)) => {
+                found.sites.iter().map(|s| std::iter::once(s.read).chain(s.later.iter().copied()).collect()).collect()
+            }
+            _ => Vec::new(),
+        },
+        _ => Vec::new(),
+    };
+    for points in copies {
+        let Some(&first) = points.first() else { continue };
+        let code = |entry: &InlineEntry| {
+            let offset = image.elf.file_offset(entry.address).ok_or("is in no file-backed segment".to_owned())?;
+            let code = image.elf.read_at(offset, 16).map_err(|e| e.to_string())?;
+            placement::probeable(&code)?;
+            Ok::<_, String>((offset, code))
+        };
+        let (offset, bytes) = match code(&first) {
+            Ok(c) => c,
+            Err(why) => {
+                unprobed.push(format!("{:#x}: {why}", first.address));
+                continue;
+            }
+        };
+        let mut site = InlineSite { offset, size: first.size, emulated: emulated_at(&bytes, kernel) };
+        if !site.emulated {
+            // A later point the kernel emulates, where the size (if the
+            // read has one) is still known.
+            let later = points.iter().skip(1).filter(|p| first.size.is_none() || p.size.is_some()).find_map(|p| {
+                let (offset, bytes) = code(p).ok()?;
+                emulated_at(&bytes, kernel).then_some(InlineSite { offset, size: p.size, emulated: true })
+            });
+            site = later.unwrap_or(site);
+        }
+        sites.push(site);
     }
     sites.sort_unstable_by_key(|s| s.offset);
     sites.dedup_by_key(|s| s.offset);
     (sites, unprobed)
+}
+
+/// Whether the kernel emulates the instruction that starts `code`.
+fn emulated_at(code: &[u8], kernel: placement::KernelVersion) -> bool {
+    use iced_x86::{Decoder, DecoderOptions};
+    let len = Decoder::new(64, code, DecoderOptions::NONE).decode().len();
+    code.get(..len).is_some_and(|insn| placement::emulated(insn, kernel).is_some())
 }
 
 /// What `spec`'s probe covers, with `probed` of its inlined copies probed
@@ -324,17 +363,54 @@ fn coverage(
             c.reason = Some(format!("--no-inlined: copies of {} the compiler inlined are not probed", spec.symbol));
             c.fix = Some("drop --no-inlined".to_owned());
         }
-        Some(Inlining::Unknown { fix }) => {
-            c.calls = Completeness::Partial;
-            if measures_bytes {
-                c.bytes = Completeness::Partial;
+        Some(Inlining::Guards { fix, scan }) => {
+            c.source = format!("reads of its guard in {} (no debug info)", scan.path.display());
+            let mut why = Vec::new();
+            match scan.functions.get(spec.symbol) {
+                Some(Ok(found)) => {
+                    c.inlined = Some(found.sites.len());
+                    if found.unclassified > 0 {
+                        c.calls = Completeness::Partial;
+                        why.push(format!(
+                            "{} reads of {} could not be told creation or destruction and are not counted",
+                            found.unclassified, found.guard
+                        ));
+                    }
+                    if !unprobed.is_empty() {
+                        c.calls = Completeness::Partial;
+                        why.push(format!("copies not probed: {}", unprobed.join("; ")));
+                    }
+                    let sizeless = sites.iter().filter(|s| s.size.is_none()).count();
+                    if measures_bytes && (sizeless > 0 || c.calls == Completeness::Partial) {
+                        c.bytes = Completeness::Partial;
+                        if sizeless > 0 {
+                            why.push(format!(
+                                "the code does not show the size at {sizeless} of the {probed} copies found by their reads of {} (their calls are counted, their bytes are not)",
+                                found.guard
+                            ));
+                        }
+                    }
+                }
+                not_found => {
+                    c.calls = Completeness::Partial;
+                    if measures_bytes {
+                        c.bytes = Completeness::Partial;
+                    }
+                    let cause = match not_found {
+                        Some(Err(guards::NotFound::Unrecognised(how))) => format!("its code is not what tracer knows: {how}"),
+                        _ => "no runtime switch guards every copy".to_owned(),
+                    };
+                    why.push(format!(
+                        "no debug info found for {}, so the copies of {} that the compiler inlined (an LTO build inlines it widely) cannot be found ({cause}); calls through them are not counted",
+                        image.display_path.display(),
+                        spec.symbol
+                    ));
+                }
             }
-            c.reason = Some(format!(
-                "no debug info found for {}, so the copies of {} that the compiler inlined (an LTO build inlines it widely) cannot be found; calls through them are not counted",
-                image.display_path.display(),
-                spec.symbol
-            ));
-            c.fix = Some(fix.clone());
+            if !why.is_empty() {
+                c.reason = Some(why.join("; "));
+                c.fix = Some(fix.clone());
+            }
         }
         Some(Inlining::Known { source, entries }) => {
             c.source.clone_from(source);

@@ -82,6 +82,65 @@ pub trait Abi: Sync + fmt::Debug {
     fn probes(&self) -> &'static [ProbeSpec];
     /// The `_Py_DebugOffsets` header, for versions that publish one.
     fn debug_offsets(&self) -> Option<DebugOffsetsHeader>;
+    /// The runtime switch every copy of `symbol` reads, by which its
+    /// inlined copies are found without debug info; `None` for a function
+    /// no switch guards.
+    fn guard(&self, symbol: &str) -> Option<Guard>;
+}
+
+/// A runtime switch that a probed function reads on every call, and so
+/// does every copy of it the compiler inlined (see
+/// [`crate::discover::guards`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Guard {
+    /// `_Py_NewReference` calls tracemalloc when this flag is set (3.11,
+    /// 3.12). The flag lies in the data symbol `within`, at `offset` where
+    /// the version module knows it: a cross-check of the address the code
+    /// shows.
+    TracemallocFlag { within: &'static str, offset: Option<u64> },
+    /// `_Py_NewReference` calls the reference tracer when one is set
+    /// (3.13+), and so does the code that destroys objects: each read is
+    /// told apart by the event the tracer is passed.
+    RefTracer,
+    /// An allocator function calls through its slot in its domain's
+    /// allocator table.
+    AllocatorSlot,
+}
+
+impl Guard {
+    /// What the switch is, for `tracer probes`.
+    #[must_use]
+    pub const fn describe(self) -> &'static str {
+        match self {
+            Self::TracemallocFlag { .. } => "the tracemalloc flag",
+            Self::RefTracer => "the reference tracer",
+            Self::AllocatorSlot => "the allocator slot",
+        }
+    }
+
+    /// Whether the function `name` reads the switch to manage it rather
+    /// than as a call of the guarded function: its reads are not copies.
+    #[must_use]
+    pub fn manages(self, name: &str) -> bool {
+        match self {
+            Self::TracemallocFlag { .. } => name.contains("TraceMalloc") || name.starts_with("_PyMem_DumpTraceback"),
+            Self::RefTracer => name.starts_with("PyRefTracer_"),
+            Self::AllocatorSlot => name.contains("Allocator") || name == "PyMem_SetupDebugHooks",
+        }
+    }
+}
+
+/// The slot every allocator function calls through: `_PyObject.malloc` for
+/// `PyObject_Malloc` and so on (Objects/obmalloc.c, `PyObject_Malloc` …
+/// `PyMem_RawFree`, from v3.11.0 to v3.14.0), whichever version.
+#[must_use]
+pub fn allocator_guard(symbol: &str) -> Option<Guard> {
+    let allocator = ["PyObject_", "PyMem_Raw", "PyMem_"].iter().any(|domain| {
+        symbol
+            .strip_prefix(domain)
+            .is_some_and(|f| matches!(f, "Malloc" | "Calloc" | "Realloc" | "Free"))
+    });
+    allocator.then_some(Guard::AllocatorSlot)
 }
 
 /// The [`Abi`] for `version`, or an error for versions nobody has checked.

@@ -5,7 +5,7 @@
 //! Objects/object.c and Objects/obmalloc.c at v3.11.0. There is no
 //! `_Py_DebugOffsets` before 3.13.
 
-use super::{COMMON, DebugOffsetsHeader};
+use super::{Guard, COMMON, DebugOffsetsHeader};
 use crate::probe::ProbeSpec;
 
 /// The 3.11 ABI.
@@ -23,5 +23,17 @@ impl super::Abi for Abi311 {
 
     fn debug_offsets(&self) -> Option<DebugOffsetsHeader> {
         None
+    }
+
+    fn guard(&self, symbol: &str) -> Option<Guard> {
+        match symbol {
+            // Objects/object.c at v3.11.0: `_Py_NewReference` first tests
+            // `_Py_tracemalloc_config.tracing`; Include/internal/pycore_pymem.h
+            // at v3.11.0: `struct _PyTraceMalloc_Config { initialized (an
+            // enum); int tracing; int max_nframe; }`, so `tracing` is at 4.
+            "_Py_NewReference" => Some(Guard::TracemallocFlag { within: "_Py_tracemalloc_config", offset: Some(4) }),
+            // No switch guards `_Py_Dealloc` in 3.11 (Objects/object.c).
+            _ => super::allocator_guard(symbol),
+        }
     }
 }

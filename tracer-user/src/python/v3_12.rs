@@ -7,7 +7,7 @@
 //! (`--probes _Py_NewReferenceNoTotal`), so that the default table stays the
 //! same on every version.
 
-use super::{DebugOffsetsHeader, spec, with};
+use super::{Guard, DebugOffsetsHeader, spec, with};
 use crate::probe::{ProbeSpec, Program};
 
 /// 3.12's probes: the common ones, then `_Py_NewReferenceNoTotal`.
@@ -29,5 +29,20 @@ impl super::Abi for Abi312 {
 
     fn debug_offsets(&self) -> Option<DebugOffsetsHeader> {
         None
+    }
+
+    fn guard(&self, symbol: &str) -> Option<Guard> {
+        match symbol {
+            // Objects/object.c at v3.12.0: `new_reference`, which both
+            // `_Py_NewReference` and `_Py_NewReferenceNoTotal` inline, tests
+            // `_PyRuntime.tracemalloc.config.tracing` first; its offset in
+            // `_PyRuntime` is not tabled here, so the code's address is
+            // only checked to lie inside `_PyRuntime`.
+            "_Py_NewReference" => Some(Guard::TracemallocFlag { within: "_PyRuntime", offset: None }),
+            // The same copies as `_Py_NewReference`'s: without debug info
+            // they cannot be told apart, and are counted there.
+            "_Py_NewReferenceNoTotal" => None,
+            _ => super::allocator_guard(symbol),
+        }
     }
 }

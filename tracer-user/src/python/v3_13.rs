@@ -6,7 +6,7 @@
 //! start of `_PyRuntime` (`Include/internal/pycore_runtime.h` at v3.13.0):
 //! `char cookie[8]` ("xdebugpy", `_Py_Debug_Cookie`) then `uint64_t version`.
 
-use super::DebugOffsetsHeader;
+use super::{DebugOffsetsHeader, Guard};
 use crate::probe::ProbeSpec;
 
 /// The 3.13 ABI.
@@ -24,5 +24,21 @@ impl super::Abi for Abi313 {
 
     fn debug_offsets(&self) -> Option<DebugOffsetsHeader> {
         Some(DebugOffsetsHeader { cookie: b"xdebugpy", version_offset: 8 })
+    }
+
+    fn guard(&self, symbol: &str) -> Option<Guard> {
+        match symbol {
+            // Objects/object.c at v3.13.0: `new_reference` calls
+            // `_PyRuntime.ref_tracer.tracer_func` with `PyRefTracer_CREATE`
+            // when it is set; `_Py_Dealloc` and `_Py_DECREF_SPECIALIZED`
+            // (Include/internal/pycore_object.h) with `PyRefTracer_DESTROY`.
+            "_Py_NewReference" => Some(Guard::RefTracer),
+            // The same copies as `_Py_NewReference`'s: without debug info
+            // they cannot be told apart, and are counted there.
+            "_Py_NewReferenceNoTotal" => None,
+            // Its copies read the tracer too, but so do destructions that
+            // never call it (`_Py_DECREF_SPECIALIZED`): not a count of it.
+            _ => super::allocator_guard(symbol),
+        }
     }
 }

@@ -6,7 +6,7 @@
 //! (`Include/internal/pycore_debug_offsets.h` at v3.14.0): the cookie, then
 //! `uint64_t version`.
 
-use super::DebugOffsetsHeader;
+use super::{DebugOffsetsHeader, Guard};
 use crate::probe::ProbeSpec;
 
 /// The 3.14 ABI.
@@ -24,5 +24,10 @@ impl super::Abi for Abi314 {
 
     fn debug_offsets(&self) -> Option<DebugOffsetsHeader> {
         Some(DebugOffsetsHeader { cookie: b"xdebugpy", version_offset: 8 })
+    }
+
+    fn guard(&self, symbol: &str) -> Option<Guard> {
+        // As in 3.13 (Objects/object.c at v3.14.0).
+        super::Abi::guard(&super::v3_13::Abi313, symbol)
     }
 }

@@ -1,0 +1,736 @@
+//! Finding the copies LTO inlined without any debug info: every inlined copy
+//! of a probed function still reads the runtime switch that guards it, so
+//! each read of that switch in the code is one copy.
+//!
+//! - `_Py_NewReference` reads the tracemalloc flag (3.11, 3.12) or the
+//!   reference tracer (3.13+), which it calls when set;
+//! - every allocator function reads its slot in the allocator table
+//!   (`PyMem_SetAllocator` can change it) and calls through it; that read
+//!   is also where PGO compares the slot against pymalloc, to run an inlined
+//!   pymalloc instead.
+//!
+//! The switch's address comes from the exported function's own code: the
+//! first read of static memory in `_Py_NewReference`, the slot an allocator
+//! function calls through. Reads are found by decoding every executable
+//! section. A site's *slow path*, where the switch is set, shows what the
+//! copy does: the event it passes to the reference tracer (creation or
+//! destruction) and the size it passes to the allocator, whose register is
+//! then read at the site.
+//!
+//! Limits, each reported rather than guessed: a copy that reached the switch
+//! through a register rather than by address is not found; code whose
+//! symbols are stripped may hold reads of the switch that are no call
+//! (startup code that installs allocators), which the difference between
+//! two readings cancels.
+
+use std::{
+    collections::{HashMap, HashSet},
+    path::{Path, PathBuf},
+};
+
+use iced_x86::{
+    Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpAccess, OpKind, Register,
+};
+use object::{Object as _, ObjectSection as _, ObjectSymbol as _, SectionFlags, SymbolKind};
+use thiserror::Error;
+
+use super::InlineEntry;
+use crate::python::Guard;
+
+/// Instructions one slow-path walk follows before it gives up.
+const MAX_PATH: usize = 96;
+/// Instructions all walks from one site follow together.
+const MAX_WALK: usize = 600;
+/// How many instructions past a site a probe may move.
+const MAX_LATER: usize = 4;
+
+/// `PyRefTracer_CREATE` and `PyRefTracer_DESTROY`, the event the reference
+/// tracer is passed (Include/cpython/object.h, `PyRefTracerEvent`, at
+/// v3.13.0 and v3.14.0).
+const REF_TRACER_CREATE: u64 = 0;
+const REF_TRACER_DESTROY: u64 = 1;
+
+/// An image whose code cannot be scanned.
+#[derive(Debug, Error)]
+pub enum GuardError {
+    #[error("cannot read {path}: {cause}")]
+    Read { path: PathBuf, cause: std::io::Error },
+    #[error("{path} is not a readable ELF file: {cause}")]
+    Parse { path: PathBuf, cause: object::Error },
+}
+
+/// What the scan found for one function.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Found {
+    /// The switch, described for `tracer probes` ("the allocator slot at
+    /// 0x954f48").
+    pub guard: String,
+    /// One per inlined copy: where to probe it, with the later instructions
+    /// a probe may move to instead.
+    pub sites: Vec<GuardSite>,
+    /// Reads of the switch where objects are destroyed (3.13+), not counted.
+    pub destroy: usize,
+    /// Reads that could not be told creation or destruction: not counted,
+    /// so the calls are partial.
+    pub unclassified: usize,
+    /// Reads inside the function itself (its entry probe counts those) or
+    /// in functions that only manage the switch.
+    pub excluded: usize,
+}
+
+/// One copy found by its read of the switch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GuardSite {
+    /// The read, and where the size is there.
+    pub read: InlineEntry,
+    /// Later instructions on the same straight line, which every pass
+    /// through the read reaches exactly once and no branch enters, each with
+    /// where the size is there: a probe may go to one the kernel emulates.
+    pub later: Vec<InlineEntry>,
+}
+
+/// Why a function's copies were not found this way.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotFound {
+    /// The version module knows no switch that guards it.
+    NoGuard,
+    /// The image does not define it.
+    NoSymbol,
+    /// Its code does not show the switch, or shows one that disagrees with
+    /// the cross-check.
+    Unrecognised(String),
+}
+
+/// The result of scanning one image.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scan {
+    /// The scanned image.
+    pub path: PathBuf,
+    pub functions: HashMap<String, Result<Found, NotFound>>,
+}
+
+/// A probed function and how its copies can be found.
+#[derive(Clone, Copy, Debug)]
+pub struct Wanted<'a> {
+    pub function: &'a str,
+    pub guard: Option<Guard>,
+    /// Which slow-path registers hold the requested size, for an
+    /// allocating function.
+    pub size: SizeArgs,
+}
+
+/// Where the allocator function a slot points to is passed the size: it
+/// takes the domain's context first, so each API argument moves one
+/// register on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SizeArgs {
+    None,
+    /// `malloc(ctx, size)`: `%rsi`.
+    Second,
+    /// `realloc(ctx, ptr, size)`: `%rdx`.
+    Third,
+    /// `calloc(ctx, nelem, elsize)`: `%rsi` times `%rdx`.
+    SecondTimesThird,
+}
+
+impl SizeArgs {
+    /// Where the slow path passes the size for a function probed with
+    /// `program`.
+    #[must_use]
+    pub const fn of(program: crate::probe::Program) -> Self {
+        use crate::probe::Program;
+        match program {
+            Program::SizeArg0 => Self::Second,
+            Program::SizeArg1 => Self::Third,
+            Program::Calloc => Self::SecondTimesThird,
+            Program::CountCall | Program::Empty | Program::RetValue | Program::RetValueUret | Program::CountSite => {
+                Self::None
+            }
+        }
+    }
+}
+
+/// Scans the image at `path` for the copies of each of `wanted`.
+pub fn scan(path: &Path, wanted: &[Wanted<'_>]) -> Result<Scan, GuardError> {
+    let data = std::fs::read(path).map_err(|cause| GuardError::Read { path: path.to_owned(), cause })?;
+    let code = Code::parse(path, &data)?;
+    let functions = wanted.iter().map(|w| (w.function.to_owned(), code.find(w))).collect();
+    Ok(Scan { path: path.to_owned(), functions })
+}
+
+/// The executable sections of an image, decoded once.
+struct Code<'a> {
+    /// (address, bytes) of each executable section.
+    sections: Vec<(u64, &'a [u8])>,
+    /// Every decoded instruction, by address.
+    instructions: Vec<Instruction>,
+    /// Every address a direct branch or call lands on.
+    targets: HashSet<u64>,
+    /// Defined functions by name: (address, size).
+    symbols: HashMap<String, (u64, u64)>,
+    /// Their ranges, sorted by start.
+    ranges: Vec<(u64, u64, String)>,
+    /// Defined data symbols by name: (address, size).
+    data: HashMap<String, (u64, u64)>,
+}
+
+impl<'a> Code<'a> {
+    fn parse(path: &Path, data: &'a [u8]) -> Result<Self, GuardError> {
+        let file = object::File::parse(data).map_err(|cause| GuardError::Parse { path: path.to_owned(), cause })?;
+        let mut sections = Vec::new();
+        for section in file.sections() {
+            let executable = match section.flags() {
+                SectionFlags::Elf { sh_flags } => sh_flags & u64::from(object::elf::SHF_EXECINSTR) != 0,
+                _ => false,
+            };
+            if !executable || section.kind() == object::SectionKind::UninitializedData {
+                continue;
+            }
+            // A section without file bytes (a debug file's) has no code.
+            if let Ok(bytes) = section.data()
+                && !bytes.is_empty()
+            {
+                sections.push((section.address(), bytes));
+            }
+        }
+        let mut instructions = Vec::new();
+        let mut targets = HashSet::new();
+        for &(address, bytes) in &sections {
+            let mut decoder = Decoder::with_ip(64, bytes, address, DecoderOptions::NONE);
+            let mut insn = Instruction::default();
+            while decoder.can_decode() {
+                decoder.decode_out(&mut insn);
+                if matches!(
+                    insn.flow_control(),
+                    FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch | FlowControl::Call
+                ) {
+                    targets.insert(insn.near_branch_target());
+                }
+                instructions.push(insn);
+            }
+        }
+        let mut symbols = HashMap::new();
+        let mut data = HashMap::new();
+        for sym in file.symbols().chain(file.dynamic_symbols()) {
+            if sym.is_undefined() || sym.address() == 0 {
+                continue;
+            }
+            let Ok(name) = sym.name() else { continue };
+            let name = name.split('@').next().unwrap_or(name).to_owned();
+            match sym.kind() {
+                SymbolKind::Text => {
+                    symbols.entry(name).or_insert((sym.address(), sym.size()));
+                }
+                SymbolKind::Data => {
+                    data.entry(name).or_insert((sym.address(), sym.size()));
+                }
+                _ => {}
+            }
+        }
+        let mut ranges: Vec<(u64, u64, String)> =
+            symbols.iter().filter(|(_, (_, size))| *size > 0).map(|(n, &(a, s))| (a, a + s, n.clone())).collect();
+        ranges.sort_unstable();
+        Ok(Self { sections, instructions, targets, symbols, ranges, data })
+    }
+
+    /// The instruction at `address`, decoded from the section that holds it.
+    fn at(&self, address: u64) -> Option<Instruction> {
+        if let Ok(i) = self.instructions.binary_search_by_key(&address, Instruction::ip) {
+            return Some(self.instructions[i]);
+        }
+        let &(start, bytes) = self.sections.iter().find(|(s, b)| (*s..*s + b.len() as u64).contains(&address))?;
+        let offset = usize::try_from(address - start).ok()?;
+        let mut decoder = Decoder::with_ip(64, &bytes[offset..], address, DecoderOptions::NONE);
+        let insn = decoder.decode();
+        (!insn.is_invalid()).then_some(insn)
+    }
+
+    /// The functions whose code holds `address`.
+    fn containing(&self, address: u64) -> impl Iterator<Item = &str> {
+        let end = self.ranges.partition_point(|(start, _, _)| *start <= address);
+        self.ranges[..end].iter().rev().take(64).filter(move |(_, e, _)| address < *e).map(|(_, _, n)| n.as_str())
+    }
+
+    fn find(&self, wanted: &Wanted<'_>) -> Result<Found, NotFound> {
+        let guard = wanted.guard.ok_or(NotFound::NoGuard)?;
+        let &(entry, size) = self.symbols.get(wanted.function).ok_or(NotFound::NoSymbol)?;
+        let address = self.switch(guard, entry)?;
+        let mut found = Found {
+            guard: format!("{} at {address:#x}", guard.describe()),
+            sites: Vec::new(),
+            destroy: 0,
+            unclassified: 0,
+            excluded: 0,
+        };
+        // The function's own reads, cold parts included, are its entry
+        // probe's.
+        let own = self.walk(entry, address, None).reads;
+        for (i, insn) in self.instructions.iter().enumerate() {
+            if !reads(insn, address) {
+                continue;
+            }
+            let at = insn.ip();
+            let outside = self.containing(at).next().is_none();
+            if (entry..entry + size.max(1)).contains(&at)
+                || (outside && own.contains(&at))
+                || self.containing(at).any(|f| guard.manages(f))
+            {
+                found.excluded += 1;
+                continue;
+            }
+            let walk = self.walk(at, address, Some(insn));
+            match guard {
+                Guard::RefTracer => match walk.call.and_then(|s| s[RSI].constant()) {
+                    Some(REF_TRACER_CREATE) => {}
+                    Some(REF_TRACER_DESTROY) => {
+                        found.destroy += 1;
+                        continue;
+                    }
+                    _ if self.sets_refcount_to_one(i) => {}
+                    _ => {
+                        found.unclassified += 1;
+                        continue;
+                    }
+                },
+                Guard::TracemallocFlag { .. } | Guard::AllocatorSlot => {}
+            }
+            found.sites.push(self.site(i, walk.call.as_ref(), wanted.size));
+        }
+        Ok(found)
+    }
+
+    /// The address of the switch `guard`, from the code of the function at
+    /// `entry`.
+    fn switch(&self, guard: Guard, entry: u64) -> Result<u64, NotFound> {
+        let unrecognised = |why: String| NotFound::Unrecognised(why);
+        match guard {
+            Guard::TracemallocFlag { .. } | Guard::RefTracer => {
+                let first = self
+                    .straight_line(entry, 8)
+                    .into_iter()
+                    .find_map(|i| static_read(&i))
+                    .ok_or_else(|| unrecognised("its first instructions read no static memory".to_owned()))?;
+                if let Guard::TracemallocFlag { within, offset } = guard
+                    && let Some(&(start, size)) = self.data.get(within)
+                {
+                    let expected = match offset {
+                        Some(offset) => (first != start + offset).then(|| format!("{within}+{offset}")),
+                        None => (!(start..start + size.max(1)).contains(&first)).then(|| format!("inside {within}")),
+                    };
+                    if let Some(expected) = expected {
+                        return Err(unrecognised(format!("its first read ({first:#x}) is not {expected}")));
+                    }
+                }
+                if guard == Guard::RefTracer
+                    && let Some(&(getter, _)) = self.symbols.get("PyRefTracer_GetTracer")
+                {
+                    // PyRefTracer_GetTracer returns the tracer: its last
+                    // read into %rax before it returns.
+                    let returned = self
+                        .straight_line_to_return(getter, 16)
+                        .iter()
+                        .rev()
+                        .find(|i| static_read(i).is_some() && i.op0_register().full_register() == Register::RAX)
+                        .and_then(static_read);
+                    if returned.is_some_and(|r| r != first) {
+                        return Err(unrecognised(format!(
+                            "its first read ({first:#x}) is not the tracer PyRefTracer_GetTracer returns ({:#x})",
+                            returned.unwrap_or_default()
+                        )));
+                    }
+                }
+                Ok(first)
+            }
+            Guard::AllocatorSlot => self.called_slot(entry).ok_or_else(|| {
+                unrecognised("its code calls through no slot of static memory that tracer can see".to_owned())
+            }),
+        }
+    }
+
+    /// Up to `n` instructions from `address`, stopping after the first
+    /// branch.
+    fn straight_line(&self, address: u64, n: usize) -> Vec<Instruction> {
+        let mut out = Vec::new();
+        let mut at = address;
+        while out.len() < n {
+            let Some(insn) = self.at(at) else { break };
+            out.push(insn);
+            if insn.flow_control() != FlowControl::Next {
+                break;
+            }
+            at = insn.next_ip();
+        }
+        out
+    }
+
+    /// The instructions from `address` to its first return, following
+    /// conditional branches' fall-through and direct jumps.
+    fn straight_line_to_return(&self, address: u64, n: usize) -> Vec<Instruction> {
+        let mut out = Vec::new();
+        let mut at = address;
+        while out.len() < n {
+            let Some(insn) = self.at(at) else { break };
+            out.push(insn);
+            at = match insn.flow_control() {
+                FlowControl::Next | FlowControl::ConditionalBranch => insn.next_ip(),
+                FlowControl::UnconditionalBranch => insn.near_branch_target(),
+                _ => break,
+            };
+        }
+        out
+    }
+
+    /// The static slot the function at `entry` calls through (or compares
+    /// against a function, where PGO devirtualised the call).
+    fn called_slot(&self, entry: u64) -> Option<u64> {
+        let mut stack = vec![(entry, [Value::Unknown; 16], 0usize)];
+        let mut seen = HashSet::new();
+        while let Some((mut at, mut state, mut steps)) = stack.pop() {
+            while steps < MAX_PATH && seen.insert(at) {
+                steps += 1;
+                let insn = self.at(at)?;
+                if let Some(slot) = called_through(&insn, &state) {
+                    return Some(slot);
+                }
+                match insn.flow_control() {
+                    FlowControl::ConditionalBranch => {
+                        stack.push((insn.near_branch_target(), state, steps));
+                        at = insn.next_ip();
+                    }
+                    FlowControl::UnconditionalBranch => at = insn.near_branch_target(),
+                    FlowControl::Next => at = insn.next_ip(),
+                    FlowControl::Call | FlowControl::IndirectCall => {
+                        clobber_call(&mut state);
+                        at = insn.next_ip();
+                    }
+                    _ => break,
+                }
+                step(&insn, &mut state);
+            }
+        }
+        None
+    }
+
+    /// Follows the paths from the read at `start` (with `site` its
+    /// instruction; `None` from a function's entry) to the call the switch
+    /// guards, with the registers at `start` as the origin.
+    fn walk(&self, start: u64, switch: u64, site: Option<&Instruction>) -> Walk {
+        let identity: [Value; 16] = std::array::from_fn(|r| Value::Register(u8::try_from(r).unwrap_or(0)));
+        let mut walk = Walk::default();
+        let mut stack = vec![(start, identity, 0usize)];
+        let mut seen = HashSet::new();
+        let mut total = 0;
+        while let Some((mut at, mut state, mut steps)) = stack.pop() {
+            while steps < MAX_PATH && total < MAX_WALK && seen.insert(at) {
+                steps += 1;
+                total += 1;
+                let Some(insn) = self.at(at) else { break };
+                if reads(&insn, switch) {
+                    walk.reads.insert(at);
+                    // Another copy's read: this path left the site's copy.
+                    if site.is_some() && at != start {
+                        break;
+                    }
+                }
+                if site.is_some() && indirect_target(&insn, &state) == Some(switch) {
+                    // Where two slow paths disagree on a register, nothing
+                    // is known of it.
+                    let merged = walk.call.map_or(state, |c| std::array::from_fn(|r| if c[r] == state[r] { c[r] } else { Value::Unknown }));
+                    walk.call = Some(merged);
+                    break;
+                }
+                match insn.flow_control() {
+                    FlowControl::ConditionalBranch => {
+                        stack.push((insn.near_branch_target(), state, steps));
+                        at = insn.next_ip();
+                    }
+                    FlowControl::UnconditionalBranch => at = insn.near_branch_target(),
+                    FlowControl::Next => at = insn.next_ip(),
+                    FlowControl::Call | FlowControl::IndirectCall => {
+                        clobber_call(&mut state);
+                        at = insn.next_ip();
+                        continue;
+                    }
+                    _ => break,
+                }
+                step(&insn, &mut state);
+            }
+        }
+        walk
+    }
+
+    /// Whether `movq $1,(reg)` (a new object's reference count) is within
+    /// two instructions of the read at index `i`.
+    fn sets_refcount_to_one(&self, i: usize) -> bool {
+        let near = self.instructions.get(i.saturating_sub(2)..(i + 3).min(self.instructions.len())).unwrap_or(&[]);
+        near.iter().any(|insn| {
+            insn.mnemonic() == Mnemonic::Mov
+                && insn.op0_kind() == OpKind::Memory
+                && insn.memory_displacement64() == 0
+                && insn.memory_index() == Register::None
+                && insn.memory_size().size() == 8
+                && matches!(insn.op1_kind(), OpKind::Immediate32to64)
+                && insn.immediate(1) == 1
+        })
+    }
+
+    /// The site at instruction `i`, with the size read where `call` (the
+    /// registers at the guarded call, in terms of those at the read) says.
+    fn site(&self, i: usize, call: Option<&[Value; 16]>, size: SizeArgs) -> GuardSite {
+        let read = self.instructions[i];
+        let identity: [Value; 16] = std::array::from_fn(|r| Value::Register(u8::try_from(r).unwrap_or(0)));
+        let operands = |at: &[Value; 16]| call.and_then(|c| size_operands(c, at, size));
+        let mut site = GuardSite { read: InlineEntry { address: read.ip(), size: operands(&identity) }, later: Vec::new() };
+        // The instructions after the read, while each is reached from the
+        // read alone: none is a branch target, none before is a branch.
+        let mut state = identity;
+        let mut prev = read;
+        for later in self.instructions.iter().skip(i + 1).take(MAX_LATER) {
+            if prev.flow_control() != FlowControl::Next || self.targets.contains(&later.ip()) {
+                break;
+            }
+            step(&prev, &mut state);
+            site.later.push(InlineEntry { address: later.ip(), size: operands(&state) });
+            prev = *later;
+        }
+        site
+    }
+}
+
+#[derive(Default)]
+struct Walk {
+    /// The registers at the guarded call, if a path reached it.
+    call: Option<[Value; 16]>,
+    /// The reads of the switch the walk passed.
+    reads: HashSet<u64>,
+}
+
+/// What a register holds, in terms of the registers where a walk started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Value {
+    Unknown,
+    /// Register `n` (DWARF numbering) at the start.
+    Register(u8),
+    Constant(u64),
+    /// Loaded from static memory at this address.
+    Loaded(u64),
+}
+
+impl Value {
+    fn constant(self) -> Option<u64> {
+        match self {
+            Self::Constant(c) => Some(c),
+            _ => None,
+        }
+    }
+}
+
+/// DWARF numbers of the argument registers the slow path reads.
+const RSI: usize = 4;
+const RDX: usize = 1;
+
+/// The DWARF x86-64 number of a general-purpose register.
+fn dwarf(register: Register) -> Option<usize> {
+    Some(match register.full_register() {
+        Register::RAX => 0,
+        Register::RDX => 1,
+        Register::RCX => 2,
+        Register::RBX => 3,
+        Register::RSI => 4,
+        Register::RDI => 5,
+        Register::RBP => 6,
+        Register::RSP => 7,
+        Register::R8 => 8,
+        Register::R9 => 9,
+        Register::R10 => 10,
+        Register::R11 => 11,
+        Register::R12 => 12,
+        Register::R13 => 13,
+        Register::R14 => 14,
+        Register::R15 => 15,
+        _ => return None,
+    })
+}
+
+/// The static address `insn` reads, if it reads one (rip-relative, or an
+/// absolute address).
+fn static_read(insn: &Instruction) -> Option<u64> {
+    let address = memory_address(insn)?;
+    let mut info = InstructionInfoFactory::new();
+    let reads = info.info(insn).used_memory().iter().any(|m| {
+        matches!(m.base(), Register::RIP | Register::None)
+            && matches!(m.access(), OpAccess::Read | OpAccess::CondRead | OpAccess::ReadWrite | OpAccess::ReadCondWrite)
+    });
+    reads.then_some(address)
+}
+
+/// The static address of `insn`'s memory operand.
+fn memory_address(insn: &Instruction) -> Option<u64> {
+    if !(0..insn.op_count()).any(|i| insn.op_kind(i) == OpKind::Memory) {
+        return None;
+    }
+    if insn.is_ip_rel_memory_operand() {
+        Some(insn.ip_rel_memory_address())
+    } else if insn.memory_base() == Register::None && insn.memory_index() == Register::None {
+        Some(insn.memory_displacement64())
+    } else {
+        None
+    }
+}
+
+/// Whether `insn` reads the static address `address` (a write does not
+/// count: the code that installs an allocator).
+fn reads(insn: &Instruction, address: u64) -> bool {
+    memory_address(insn) == Some(address) && static_read(insn) == Some(address)
+}
+
+/// The slot `insn` calls (or jumps) through, given `state`.
+fn indirect_target(insn: &Instruction, state: &[Value; 16]) -> Option<u64> {
+    match insn.flow_control() {
+        FlowControl::IndirectCall | FlowControl::IndirectBranch => match insn.op0_kind() {
+            OpKind::Register => match dwarf(insn.op0_register()).map(|r| state[r]) {
+                Some(Value::Loaded(slot)) => Some(slot),
+                _ => None,
+            },
+            OpKind::Memory => memory_address(insn),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The slot `insn` calls (or jumps) through, or compares against an
+/// immediate (the devirtualised call's guard), given `state`.
+fn called_through(insn: &Instruction, state: &[Value; 16]) -> Option<u64> {
+    match insn.flow_control() {
+        FlowControl::IndirectCall | FlowControl::IndirectBranch => indirect_target(insn, state),
+        FlowControl::Next if insn.mnemonic() == Mnemonic::Cmp && insn.op0_kind() == OpKind::Register => {
+            let immediate = matches!(insn.op1_kind(), OpKind::Immediate32to64 | OpKind::Immediate32);
+            match dwarf(insn.op0_register()).map(|r| state[r]) {
+                Some(Value::Loaded(slot)) if immediate && insn.immediate(1) > 0x1000 => Some(slot),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+/// What a call leaves in the registers the ABI lets it change.
+fn clobber_call(state: &mut [Value; 16]) {
+    for r in [0, 1, 2, 4, 5, 8, 9, 10, 11] {
+        state[r] = Value::Unknown;
+    }
+}
+
+/// Moves `state` past `insn`.
+fn step(insn: &Instruction, state: &mut [Value; 16]) {
+    let dest = (insn.op_count() > 0 && insn.op0_kind() == OpKind::Register)
+        .then(|| insn.op0_register())
+        .filter(|r| r.is_gpr32() || r.is_gpr64());
+    let value = match (insn.mnemonic(), dest) {
+        (Mnemonic::Mov, Some(_)) => match insn.op1_kind() {
+            OpKind::Register => dwarf(insn.op1_register()).map(|r| state[r]),
+            OpKind::Immediate32 | OpKind::Immediate64 | OpKind::Immediate32to64 => {
+                Some(Value::Constant(insn.immediate(1)))
+            }
+            OpKind::Memory => Some(memory_address(insn).map_or(Value::Unknown, Value::Loaded)),
+            _ => None,
+        },
+        (Mnemonic::Xor, Some(d)) if insn.op1_kind() == OpKind::Register && insn.op1_register() == d => {
+            Some(Value::Constant(0))
+        }
+        _ => None,
+    };
+    let mut info = InstructionInfoFactory::new();
+    for used in info.info(insn).used_registers() {
+        if matches!(used.access(), OpAccess::Write | OpAccess::CondWrite | OpAccess::ReadWrite | OpAccess::ReadCondWrite)
+            && let Some(r) = dwarf(used.register())
+        {
+            state[r] = Value::Unknown;
+        }
+    }
+    if let (Some(d), Some(v)) = (dest.and_then(dwarf), value) {
+        state[d] = v;
+    }
+}
+
+/// Where the size is at a probe whose registers are `at` (in terms of the
+/// read's), given the registers at the guarded call `call`: `count_site`'s
+/// operands, or `None` where a value is at no register there.
+fn size_operands(call: &[Value; 16], at: &[Value; 16], size: SizeArgs) -> Option<(u8, u8, u16)> {
+    use tracer_common::site::{CONSTANT, NONE, register};
+    let operand = |v: Value| -> Option<(u8, Option<u16>)> {
+        match v {
+            Value::Constant(c) => u16::try_from(c).ok().map(|c| (CONSTANT, Some(c))),
+            Value::Register(_) => {
+                let r = at.iter().position(|x| *x == v)?;
+                register(u16::try_from(r).ok()?).map(|r| (r, None))
+            }
+            Value::Unknown | Value::Loaded(_) => None,
+        }
+    };
+    match size {
+        SizeArgs::None => None,
+        SizeArgs::Second | SizeArgs::Third => {
+            let (first, constant) = operand(call[if size == SizeArgs::Second { RSI } else { RDX }])?;
+            Some((first, NONE, constant.unwrap_or(0)))
+        }
+        SizeArgs::SecondTimesThird => {
+            let ((first, ca), (second, cb)) = (operand(call[RSI])?, operand(call[RDX])?);
+            match (ca, cb) {
+                (Some(x), Some(y)) => u16::try_from(u32::from(x) * u32::from(y)).ok().map(|c| (CONSTANT, NONE, c)),
+                (Some(c), None) => Some((second, CONSTANT, c)),
+                (None, Some(c)) => Some((first, CONSTANT, c)),
+                (None, None) => Some((first, second, 0)),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Prints what the scan finds on the machine's LTO builds (run with
+    /// `--ignored --nocapture` when studying a new build).
+    #[test]
+    #[ignore = "a study aid: prints the scan of the machine's LTO builds"]
+    fn study() {
+        for (path, abi) in [
+            ("/usr/bin/python3.11", crate::python::abi_for(0, crate::python::PythonVersion::from_hex(0x030B_02F0))),
+            (
+                "/var/lib/tracer/forky/usr/bin/python3.13",
+                crate::python::abi_for(0, crate::python::PythonVersion::from_hex(0x030D_00F0)),
+            ),
+            (
+                "/var/lib/tracer/forky/usr/bin/python3.14",
+                crate::python::abi_for(0, crate::python::PythonVersion::from_hex(0x030E_00F0)),
+            ),
+        ] {
+            let abi = abi.expect("supported");
+            let wanted: Vec<Wanted<'_>> = abi
+                .probes()
+                .iter()
+                .map(|p| Wanted { function: p.symbol, guard: abi.guard(p.symbol), size: SizeArgs::of(p.program) })
+                .collect();
+            let t = std::time::Instant::now();
+            let scan = scan(Path::new(path), &wanted).expect("scan");
+            println!("{path}: {:?}", t.elapsed());
+            for w in &wanted {
+                match &scan.functions[w.function] {
+                    Ok(f) => println!(
+                        "  {}: {} sites ({} sized), destroy {}, unclassified {}, excluded {}; {}",
+                        w.function,
+                        f.sites.len(),
+                        f.sites.iter().filter(|s| s.read.size.is_some()).count(),
+                        f.destroy,
+                        f.unclassified,
+                        f.excluded,
+                        f.guard
+                    ),
+                    Err(e) => println!("  {}: {e:?}", w.function),
+                }
+            }
+        }
+    }
+}
