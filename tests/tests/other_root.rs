@@ -82,16 +82,25 @@ fn chroot_and_namespaces_count_alike() {
 /// (the -dbg package, found by build-id inside the root) lists the inlined
 /// copies, which are all probed.
 fn lto_objects_body(python: &str) -> Counts {
+    objects_body_in_root(python, |attached| {
+        for (name, c) in attached["coverage"].as_object().expect("coverage") {
+            assert_eq!(c["calls"], "complete", "{name}: {c}");
+            assert!(c["source"].as_str().is_some_and(|s| s.contains("/usr/lib/debug/.build-id/")), "{name}: {c}");
+        }
+    })
+}
+
+/// Per-iteration counts of the `[]` + `bytearray(1000)` body in the forky
+/// root's `python` (a path inside it), under chroot, from N and 2N
+/// iterations, with `check` run on each attach line.
+fn objects_body_in_root(python: &str, check: impl Fn(&serde_json::Value)) -> Counts {
     const N: u64 = 200;
     let root = forky_root();
     let run = |n| {
         let mut workload = Workload::once_in_root(&root, python, n, Body::Objects, Exit::Immediate, Isolation::Chroot);
         workload.wait_blocked_on_stdin();
         let (tracer, attached) = TracerRun::attach_json(workload.pid(), &["--interval", "3600"]);
-        for (name, c) in attached["coverage"].as_object().expect("coverage") {
-            assert_eq!(c["calls"], "complete", "{name}: {c}");
-            assert!(c["source"].as_str().is_some_and(|s| s.contains("/usr/lib/debug/.build-id/")), "{name}: {c}");
-        }
+        check(&attached);
         workload.go();
         workload.finish();
         let (status, lines, stderr) = tracer.finish();
@@ -139,5 +148,45 @@ fn lto_313_and_314_count_every_copy() {
             assert_eq!(per["_Py_NewReference"].0, plain, "{python}: {per:?}");
         }
         eprintln!("{python}: {per:?}");
+    }
+}
+
+/// With its -dbg package's file out of reach, the forky root's python3.14
+/// still counts every new reference and allocation of the body through the
+/// reads of the switches that guard each inlined copy, telling the
+/// reference tracer's creation reads from its destruction reads: the same
+/// counts the DWARF gives. `_Py_Dealloc`, which no switch guards, is
+/// partial and names the package.
+#[test]
+fn lto_314_without_debug_info_counts_through_guard_reads() {
+    require_root();
+    let name = format!("tracer-nodbg-{}-python3.14", std::process::id());
+    let root = forky_root();
+    let copy = root.join("tmp").join(&name);
+    tracer_tests::without_debug_info(&root.join("usr/bin/python3.14"), &copy);
+    let inside = format!("/tmp/{name}");
+    let guards = objects_body_in_root(&inside, |attached| {
+        for (name, c) in attached["coverage"].as_object().expect("coverage") {
+            let source = c["source"].as_str().expect("source");
+            assert!(source.contains("reads of its guard") && source.contains(&inside), "{name}: {c}");
+            let complete = if name == "_Py_Dealloc" { "partial" } else { "complete" };
+            assert_eq!(c["calls"], complete, "{name}: {c}");
+            if c.get("reason").is_some() {
+                assert_eq!(c["fix"], "apt-get install python3.14-dbg", "{name}: {c}");
+            }
+        }
+    });
+    let _ = std::fs::remove_file(&copy);
+    let dwarf = lto_objects_body("/usr/bin/python3.14");
+    for (name, &(calls, bytes)) in &dwarf {
+        match name.as_str() {
+            "_Py_Dealloc" => {}
+            // The bytearray object (56 bytes, `sizeof(PyByteArrayObject)`
+            // on 64-bit): its copy's size is an expression in the DWARF,
+            // which tracer does not evaluate, but the slow path passes it
+            // in a register.
+            "PyObject_Malloc" => assert_eq!(guards[name], (calls, bytes + 56), "with DWARF {dwarf:?}\nwithout {guards:?}"),
+            _ => assert_eq!(guards[name], (calls, bytes), "{name}: with DWARF {dwarf:?}\nwithout {guards:?}"),
+        }
     }
 }

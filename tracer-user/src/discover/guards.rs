@@ -72,7 +72,7 @@ pub struct Found {
     pub destroy: usize,
     /// Reads that could not be told creation or destruction: not counted,
     /// so the calls are partial.
-    pub unclassified: usize,
+    pub unclassified: Vec<u64>,
     /// Reads inside the function itself (its entry probe counts those) or
     /// in functions that only manage the switch.
     pub excluded: usize,
@@ -259,7 +259,7 @@ impl<'a> Code<'a> {
             guard: format!("{} at {address:#x}", guard.describe()),
             sites: Vec::new(),
             destroy: 0,
-            unclassified: 0,
+            unclassified: Vec::new(),
             excluded: 0,
         };
         // The function's own reads, cold parts included, are its entry
@@ -288,7 +288,7 @@ impl<'a> Code<'a> {
                     }
                     _ if self.sets_refcount_to_one(i) => {}
                     _ => {
-                        found.unclassified += 1;
+                        found.unclassified.push(at);
                         continue;
                     }
                 },
@@ -417,10 +417,12 @@ impl<'a> Code<'a> {
     fn walk(&self, start: u64, switch: u64, site: Option<&Instruction>) -> Walk {
         let identity: [Value; 16] = std::array::from_fn(|r| Value::Register(u8::try_from(r).unwrap_or(0)));
         let mut walk = Walk::default();
-        let mut stack = vec![(start, identity, 0usize)];
+        // Breadth first, by branches taken: a slow path is a branch or two
+        // away, and the fall-through runs on into the rest of the caller.
+        let mut queue = std::collections::VecDeque::from([(start, identity, 0usize)]);
         let mut seen = HashSet::new();
         let mut total = 0;
-        while let Some((mut at, mut state, mut steps)) = stack.pop() {
+        while let Some((mut at, mut state, mut steps)) = queue.pop_front() {
             while steps < MAX_PATH && total < MAX_WALK && seen.insert(at) {
                 steps += 1;
                 total += 1;
@@ -441,8 +443,10 @@ impl<'a> Code<'a> {
                 }
                 match insn.flow_control() {
                     FlowControl::ConditionalBranch => {
-                        stack.push((insn.near_branch_target(), state, steps));
-                        at = insn.next_ip();
+                        step(&insn, &mut state);
+                        queue.push_back((insn.near_branch_target(), state, steps));
+                        queue.push_back((insn.next_ip(), state, steps));
+                        break;
                     }
                     FlowControl::UnconditionalBranch => at = insn.near_branch_target(),
                     FlowControl::Next => at = insn.next_ip(),
@@ -719,12 +723,12 @@ mod tests {
             for w in &wanted {
                 match &scan.functions[w.function] {
                     Ok(f) => println!(
-                        "  {}: {} sites ({} sized), destroy {}, unclassified {}, excluded {}; {}",
+                        "  {}: {} sites ({} sized), destroy {}, unclassified {:?}, excluded {}; {}",
                         w.function,
                         f.sites.len(),
                         f.sites.iter().filter(|s| s.read.size.is_some()).count(),
                         f.destroy,
-                        f.unclassified,
+                        f.unclassified.iter().map(|a| format!("{a:#x}")).collect::<Vec<_>>(),
                         f.excluded,
                         f.guard
                     ),

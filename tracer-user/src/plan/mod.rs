@@ -369,11 +369,12 @@ fn coverage(
             match scan.functions.get(spec.symbol) {
                 Some(Ok(found)) => {
                     c.inlined = Some(found.sites.len());
-                    if found.unclassified > 0 {
+                    if !found.unclassified.is_empty() {
                         c.calls = Completeness::Partial;
                         why.push(format!(
                             "{} reads of {} could not be told creation or destruction and are not counted",
-                            found.unclassified, found.guard
+                            found.unclassified.len(),
+                            found.guard
                         ));
                     }
                     if !unprobed.is_empty() {
