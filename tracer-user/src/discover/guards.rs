@@ -89,6 +89,37 @@ pub struct GuardSite {
     pub later: Vec<InlineEntry>,
 }
 
+/// Where the two routes to a function's copies disagree: the DWARF's
+/// inlined copies, and the reads of the switch that guards them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CrossCheck {
+    /// The copies each route found.
+    pub dwarf: usize,
+    pub guard_reads: usize,
+    /// Reads of the switch that lie in no copy the DWARF lists (link-time
+    /// addresses).
+    pub guard_only: Vec<u64>,
+    /// Entries of the DWARF's copies that hold no read of the switch.
+    pub dwarf_only: Vec<u64>,
+}
+
+impl CrossCheck {
+    /// Compares the reads `found` with the DWARF's copies of the same
+    /// function, each an entry and the ranges of its code.
+    #[must_use]
+    pub fn of(found: &Found, copies: &[(u64, &[std::ops::Range<u64>])]) -> Self {
+        let reads: Vec<u64> = found.sites.iter().map(|s| s.read.address).collect();
+        let inside = |read: u64| copies.iter().any(|(_, ranges)| ranges.iter().any(|r| r.contains(&read)));
+        let holds_read = |ranges: &[std::ops::Range<u64>]| reads.iter().any(|a| ranges.iter().any(|r| r.contains(a)));
+        Self {
+            dwarf: copies.len(),
+            guard_reads: reads.len(),
+            guard_only: reads.iter().copied().filter(|&a| !inside(a)).collect(),
+            dwarf_only: copies.iter().filter(|(_, ranges)| !holds_read(ranges)).map(|(entry, _)| *entry).collect(),
+        }
+    }
+}
+
 /// Why a function's copies were not found this way.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NotFound {
@@ -150,10 +181,16 @@ impl SizeArgs {
     }
 }
 
-/// Scans the image at `path` for the copies of each of `wanted`.
-pub fn scan(path: &Path, wanted: &[Wanted<'_>]) -> Result<Scan, GuardError> {
+/// Scans the image at `path` for the copies of each of `wanted`; with
+/// `symbols`, a debug file's, also names its static functions.
+pub fn scan(path: &Path, wanted: &[Wanted<'_>], symbols: Option<(&Path, &[u8])>) -> Result<Scan, GuardError> {
     let data = std::fs::read(path).map_err(|cause| GuardError::Read { path: path.to_owned(), cause })?;
-    let code = Code::parse(path, &data)?;
+    let mut code = Code::parse(path, &data)?;
+    if let Some((debug_path, debug)) = symbols {
+        let file = object::File::parse(debug)
+            .map_err(|cause| GuardError::Parse { path: debug_path.to_owned(), cause })?;
+        code.add_symbols(&file);
+    }
     let functions = wanted.iter().map(|w| (w.function.to_owned(), code.find(w))).collect();
     Ok(Scan { path: path.to_owned(), functions })
 }
@@ -209,8 +246,14 @@ impl<'a> Code<'a> {
                 instructions.push(insn);
             }
         }
-        let mut symbols = HashMap::new();
-        let mut data = HashMap::new();
+        let mut code =
+            Self { sections, instructions, targets, symbols: HashMap::new(), ranges: Vec::new(), data: HashMap::new() };
+        code.add_symbols(&file);
+        Ok(code)
+    }
+
+    /// Adds the functions and data `file` names.
+    fn add_symbols(&mut self, file: &object::File<'_>) {
         for sym in file.symbols().chain(file.dynamic_symbols()) {
             if sym.is_undefined() || sym.address() == 0 {
                 continue;
@@ -219,18 +262,18 @@ impl<'a> Code<'a> {
             let name = name.split('@').next().unwrap_or(name).to_owned();
             match sym.kind() {
                 SymbolKind::Text => {
-                    symbols.entry(name).or_insert((sym.address(), sym.size()));
+                    self.symbols.entry(name).or_insert((sym.address(), sym.size()));
                 }
                 SymbolKind::Data => {
-                    data.entry(name).or_insert((sym.address(), sym.size()));
+                    self.data.entry(name).or_insert((sym.address(), sym.size()));
                 }
                 _ => {}
             }
         }
-        let mut ranges: Vec<(u64, u64, String)> =
-            symbols.iter().filter(|(_, (_, size))| *size > 0).map(|(n, &(a, s))| (a, a + s, n.clone())).collect();
-        ranges.sort_unstable();
-        Ok(Self { sections, instructions, targets, symbols, ranges, data })
+        self.ranges =
+            self.symbols.iter().filter(|(_, (_, size))| *size > 0).map(|(n, &(a, s))| (a, a + s, n.clone())).collect();
+        self.ranges.sort_unstable();
+
     }
 
     /// The instruction at `address`, decoded from the section that holds it.
@@ -264,15 +307,29 @@ impl<'a> Code<'a> {
         };
         // The function's own reads, cold parts included, are its entry
         // probe's.
-        let own = self.walk(entry, address, None).reads;
+        let walked = self.walk(entry, address, None);
+        let own = walked.reads;
+        // What the slow path calls (tracemalloc's `_PyTraceMalloc_NewReference`,
+        // static and so nameless in a stripped image) tests the switch
+        // again at its start: no copy either.
+        let callees: HashSet<u64> = walked
+            .callees
+            .iter()
+            .flat_map(|&c| self.straight_line(c, 8))
+            .filter(|i| reads(i, address))
+            .map(|i| i.ip())
+            .collect();
         for (i, insn) in self.instructions.iter().enumerate() {
             if !reads(insn, address) {
                 continue;
             }
             let at = insn.ip();
-            let outside = self.containing(at).next().is_none();
+            // Outside every named function, or in a part GCC split off
+            // this one (`PyObject_Malloc.cold`).
+            let own_part = self.containing(at).all(|f| f.strip_prefix(wanted.function).is_some_and(|r| r.starts_with('.')));
             if (entry..entry + size.max(1)).contains(&at)
-                || (outside && own.contains(&at))
+                || (own_part && own.contains(&at))
+                || callees.contains(&at)
                 || self.containing(at).any(|f| guard.manages(f))
             {
                 found.excluded += 1;
@@ -451,6 +508,9 @@ impl<'a> Code<'a> {
                     FlowControl::UnconditionalBranch => at = insn.near_branch_target(),
                     FlowControl::Next => at = insn.next_ip(),
                     FlowControl::Call | FlowControl::IndirectCall => {
+                        if insn.flow_control() == FlowControl::Call {
+                            walk.callees.push(insn.near_branch_target());
+                        }
                         clobber_call(&mut state);
                         at = insn.next_ip();
                         continue;
@@ -507,6 +567,8 @@ struct Walk {
     call: Option<[Value; 16]>,
     /// The reads of the switch the walk passed.
     reads: HashSet<u64>,
+    /// The functions it passed calls of.
+    callees: Vec<u64>,
 }
 
 /// What a register holds, in terms of the registers where a walk started.
@@ -718,7 +780,7 @@ mod tests {
                 .map(|p| Wanted { function: p.symbol, guard: abi.guard(p.symbol), size: SizeArgs::of(p.program) })
                 .collect();
             let t = std::time::Instant::now();
-            let scan = scan(Path::new(path), &wanted).expect("scan");
+            let scan = scan(Path::new(path), &wanted, None).expect("scan");
             println!("{path}: {:?}", t.elapsed());
             for w in &wanted {
                 match &scan.functions[w.function] {

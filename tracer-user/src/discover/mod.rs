@@ -2,6 +2,7 @@
 //! every process that runs it (`--exe`), found from the process and its
 //! files alone. Every command resolves its target through [`resolve`].
 
+mod copies;
 pub mod debuginfo;
 pub mod elf;
 pub mod exe;
@@ -104,7 +105,16 @@ pub enum Inlining {
     },
     /// The DWARF in `source` lists, per function, each inlined copy's
     /// entry (a link-time address) and where its size is there.
-    Known { source: String, entries: std::collections::HashMap<String, Vec<InlineEntry>> },
+    Known {
+        source: String,
+        entries: std::collections::HashMap<String, Vec<InlineEntry>>,
+        /// Per function a switch guards: where the DWARF's copies and the
+        /// reads of the switch disagree.
+        cross_check: std::collections::HashMap<String, guards::CrossCheck>,
+        /// Per function, the reads of its switch in no copy the DWARF
+        /// lists (LTO's DWARF leaves some inlined copies out): probed too.
+        guard_only: std::collections::HashMap<String, Vec<guards::GuardSite>>,
+    },
 }
 
 /// One inlined copy (or out-of-line clone) of a function.
@@ -170,7 +180,7 @@ pub fn resolve(spec: &TargetSpec, call_sites: bool, dwarf: DwarfLookup<'_>) -> R
         }
     }
     let inlining = if dwarf.enabled {
-        inlining(spec, (&display_path, &elf), root, abi, dwarf.debug_dir)?
+        copies::find(spec, (&display_path, &elf), root, abi, dwarf)?
     } else {
         Inlining::Skipped
     };
@@ -188,119 +198,6 @@ pub fn resolve(spec: &TargetSpec, call_sites: bool, dwarf: DwarfLookup<'_>) -> R
         ns_pid,
         inlining,
     })
-}
-
-/// What the image's DWARF says of the probed functions' inlined copies:
-/// found inside the target's root, or in `debug_dir`.
-fn inlining(
-    spec: &TargetSpec,
-    (image, elf): (&Path, &ElfImage),
-    root: process::Root,
-    abi: &dyn Abi,
-    debug_dir: Option<&Path>,
-) -> Result<Inlining, ResolveError> {
-    // The image as the target names it, and its root as tracer reaches it:
-    // a chroot's maps show the host path, below the chroot's directory.
-    let (in_root, root_dir) = match spec {
-        TargetSpec::Pid(pid) => {
-            let root_dir = process::proc_root(*pid);
-            let host_root = std::fs::read_link(format!("/proc/{pid}/root")).unwrap_or_else(|_| PathBuf::from("/"));
-            let inside = image.strip_prefix(&host_root).map_or_else(|_| image.to_owned(), |p| Path::new("/").join(p));
-            (inside, root_dir)
-        }
-        TargetSpec::Exe(_) => (image.to_owned(), PathBuf::from("/")),
-    };
-    let Some(file) = debuginfo::locate(&in_root, &root_dir, debug_dir)? else {
-        let wanted: Vec<guards::Wanted<'_>> = abi
-            .probes()
-            .iter()
-            .map(|p| guards::Wanted {
-                function: p.symbol,
-                guard: abi.guard(p.symbol),
-                size: guards::SizeArgs::of(p.program),
-            })
-            .collect();
-        let scan = guards::scan(elf.path(), &wanted)?;
-        return Ok(Inlining::Guards { fix: debug_fix(root, abi), scan });
-    };
-    let data = std::fs::read(&file.path)
-        .map_err(|cause| debuginfo::DebugInfoError::Read { path: file.path.clone(), cause })?;
-    let wanted: Vec<inline::Wanted<'_>> = abi
-        .probes()
-        .iter()
-        .map(|p| inline::Wanted { function: p.symbol, parameters: python::size_parameters(p.program) })
-        .collect();
-    // Out-of-line clones that are whole functions (.constprop, .isra) are
-    // entered like inlined copies, and probed beside the symbol; the parts
-    // GCC split off a function (.part, .cold) are entered from it, within
-    // the same call, and are not.
-    let names = function_names(&data);
-    let is_clone = |address: u64| {
-        names.get(&address).is_some_and(|n| {
-            (n.contains(".constprop.") || n.contains(".isra.")) && !n.contains(".part.") && !n.contains(".cold")
-        })
-    };
-    let entries = inline::find(&file.path, &data, &wanted)?
-        .into_iter()
-        // A function the DWARF has no DIE for is left out: its copies are
-        // unknown, which coverage says.
-        .filter(|f| !(f.out_of_line.is_empty() && f.inlined.is_empty()))
-        .map(|f| {
-            let symbol = elf.function(&f.function).map(|s| s.address);
-            let clones = f.out_of_line.iter().filter(|s| Some(s.entry) != symbol && is_clone(s.entry));
-            let copies = f.inlined.iter().chain(clones);
-            let entries = copies.map(|s| InlineEntry { address: s.entry, size: size_operands(s) }).collect();
-            (f.function, entries)
-        })
-        .collect();
-    Ok(Inlining::Known { source: file.path.display().to_string(), entries })
-}
-
-/// The names of the functions in an ELF file's symbol table, by address.
-fn function_names(data: &[u8]) -> std::collections::HashMap<u64, String> {
-    use object::{Object as _, ObjectSymbol as _};
-    let Ok(file) = object::File::parse(data) else { return std::collections::HashMap::new() };
-    file.symbols()
-        .filter(|s| s.kind() == object::SymbolKind::Text)
-        .filter_map(|s| Some((s.address(), s.name().ok()?.to_owned())))
-        .collect()
-}
-
-/// Where a copy's requested size is, as `count_site`'s operands: one
-/// parameter (a malloc's size, a realloc's new size) or two multiplied (a
-/// calloc's), each in a register or a constant. `None` where any is
-/// elsewhere (on the stack, an expression, optimised out), or when the
-/// function requests no size.
-fn size_operands(site: &inline::Site) -> Option<(u8, u8, u16)> {
-    use tracer_common::site::{CONSTANT, NONE, register};
-    let operand = |l: &inline::Location| match *l {
-        inline::Location::Register(r) => register(r.dwarf()).map(|r| (r, None)),
-        inline::Location::Constant(c) => u16::try_from(c).ok().map(|c| (CONSTANT, Some(c))),
-        _ => None,
-    };
-    match site.parameters.as_slice() {
-        [one] => {
-            let (first, constant) = operand(&one.location)?;
-            Some((first, NONE, constant.unwrap_or(0)))
-        }
-        [a, b] => {
-            let ((first, ca), (second, cb)) = (operand(&a.location)?, operand(&b.location)?);
-            match (ca, cb) {
-                (Some(x), Some(y)) => u16::try_from(u32::from(x) * u32::from(y)).ok().map(|c| (CONSTANT, NONE, c)),
-                (Some(c), None) => Some((second, CONSTANT, c)),
-                (None, Some(c)) => Some((first, CONSTANT, c)),
-                (None, None) => Some((first, second, 0)),
-            }
-        }
-        _ => None,
-    }
-}
-
-/// What to install for the debug info of the interpreter, from the
-/// target's own `/etc/os-release`.
-fn debug_fix(root: process::Root, abi: &dyn Abi) -> String {
-    let release = root.reach(Path::new("/etc/os-release"), None).and_then(|p| std::fs::read_to_string(p).ok());
-    debuginfo::debug_package(&release.unwrap_or_default(), (3, abi.minor()))
 }
 
 impl Resolved {

@@ -25,8 +25,10 @@ pub struct Coverage {
     pub source: String,
     /// Out-of-line copies probed (the function's symbol): 0 or 1.
     pub out_of_line: usize,
-    /// Inlined copies the DWARF lists; `null` when there is no DWARF to
-    /// tell (an LTO build may have inlined the function anywhere).
+    /// Inlined copies found: those the DWARF lists and the reads of the
+    /// function's switch in none of them, or without DWARF those reads
+    /// alone; `null` when nothing can tell (an LTO build may have inlined
+    /// the function anywhere).
     pub inlined: Option<usize>,
     /// Of those, how many are probed.
     pub inlined_probed: usize,
@@ -40,6 +42,10 @@ pub struct Coverage {
     /// What makes it complete: a package to install, a flag.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fix: Option<String>,
+    /// With the DWARF (`tracer probes`): where its copies and the reads of
+    /// the switch that guards them disagree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cross_check: Option<crate::discover::guards::CrossCheck>,
 }
 
 impl Coverage {

@@ -279,13 +279,13 @@ fn inline_sites(image: ImageRef<'_>, symbol: &str, kernel: placement::KernelVers
     // Each copy with the points it may be probed at, the first preferred
     // unless a later one is emulated.
     let copies: Vec<Vec<InlineEntry>> = match image.inlining {
-        Some(Inlining::Known { entries, .. }) => {
-            entries.get(symbol).map_or(&[][..], Vec::as_slice).iter().map(|e| vec![*e]).collect()
+        Some(Inlining::Known { entries, guard_only, .. }) => {
+            let dwarf = entries.get(symbol).map_or(&[][..], Vec::as_slice).iter().map(|e| vec![*e]);
+            let reads = guard_only.get(symbol).map_or(&[][..], Vec::as_slice).iter().map(guard_points);
+            dwarf.chain(reads).collect()
         }
         Some(Inlining::Guards { scan, .. }) => match scan.functions.get(symbol) {
-            Some(Ok(found)) => {
-                found.sites.iter().map(|s| std::iter::once(s.read).chain(s.later.iter().copied()).collect()).collect()
-            }
+            Some(Ok(found)) => found.sites.iter().map(guard_points).collect(),
             _ => Vec::new(),
         },
         _ => Vec::new(),
@@ -322,6 +322,11 @@ fn inline_sites(image: ImageRef<'_>, symbol: &str, kernel: placement::KernelVers
     (sites, unprobed)
 }
 
+/// The points a copy found by its read of a switch may be probed at.
+fn guard_points(site: &guards::GuardSite) -> Vec<InlineEntry> {
+    std::iter::once(site.read).chain(site.later.iter().copied()).collect()
+}
+
 /// Whether the kernel emulates the instruction that starts `code`.
 fn emulated_at(code: &[u8], kernel: placement::KernelVersion) -> bool {
     use iced_x86::{Decoder, DecoderOptions};
@@ -351,6 +356,7 @@ fn coverage(
         bytes: if measures_bytes { Completeness::Complete } else { Completeness::None },
         reason: None,
         fix: None,
+        cross_check: None,
     };
     match image.inlining {
         // tracer's own code: nothing is inlined that it would count.
@@ -413,8 +419,10 @@ fn coverage(
                 c.fix = Some(fix.clone());
             }
         }
-        Some(Inlining::Known { source, entries }) => {
+        Some(Inlining::Known { source, entries, cross_check, guard_only }) => {
             c.source.clone_from(source);
+            c.cross_check = cross_check.get(spec.symbol).cloned();
+            let extra = guard_only.get(spec.symbol).map_or(0, Vec::len);
             let Some(listed) = entries.get(spec.symbol).map(Vec::len) else {
                 // The DWARF does not describe it: copies it may have are
                 // unknown.
@@ -426,7 +434,7 @@ fn coverage(
                     Some(format!("{source} does not describe {}, so its inlined copies are unknown", spec.symbol));
                 return c;
             };
-            c.inlined = Some(listed);
+            c.inlined = Some(listed + extra);
             if !unprobed.is_empty() {
                 c.calls = Completeness::Partial;
                 if measures_bytes {

@@ -120,13 +120,18 @@ impl Guard {
 
     /// Whether the function `name` reads the switch to manage it rather
     /// than as a call of the guarded function: its reads are not copies.
+    /// Static functions have names only where the debug file's symbol
+    /// table is at hand (Modules/_tracemalloc.c's `tracemalloc_start`,
+    /// Objects/obmalloc.c's `_PyMem_SetupDebugHooksDomain`).
     #[must_use]
     pub fn manages(self, name: &str) -> bool {
-        match self {
-            Self::TracemallocFlag { .. } => name.contains("TraceMalloc") || name.starts_with("_PyMem_DumpTraceback"),
-            Self::RefTracer => name.starts_with("PyRefTracer_"),
-            Self::AllocatorSlot => name.contains("Allocator") || name == "PyMem_SetupDebugHooks",
-        }
+        let name = name.to_ascii_lowercase();
+        let words: &[&str] = match self {
+            Self::TracemallocFlag { .. } => &["tracemalloc", "_pymem_dumptraceback"],
+            Self::RefTracer => &["pyreftracer_"],
+            Self::AllocatorSlot => &["allocator", "debughooks", "debugenabled", "pymallocenabled", "debugmallocstats"],
+        };
+        words.iter().any(|w| name.contains(w))
     }
 }
 

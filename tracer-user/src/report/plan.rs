@@ -42,6 +42,17 @@ pub fn table(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
             )?;
         }
     }
+    for (symbol, c) in plan.probes.iter().filter_map(|p| Some((&p.symbol, p.coverage.as_ref()?.cross_check.as_ref()?))) {
+        let list = |a: &[u64]| a.iter().map(|a| format!("{a:#x}")).collect::<Vec<_>>().join(" ");
+        write!(out, "  cross-check: {symbol}: {} copies in the DWARF, {} reads of its guard", c.dwarf, c.guard_reads)?;
+        if !c.guard_only.is_empty() {
+            write!(out, "; reads in no DWARF copy: {}", list(&c.guard_only))?;
+        }
+        if !c.dwarf_only.is_empty() {
+            write!(out, "; DWARF copies with no read: {}", list(&c.dwarf_only))?;
+        }
+        writeln!(out)?;
+    }
     if let Some(m) = plan.return_costs_ns {
         writeln!(
             out,

@@ -1,0 +1,169 @@
+//! Where the copies of each probed function are: the DWARF's inlined
+//! copies and clones, and the reads of the switches that guard them.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+};
+
+use super::{DwarfLookup, InlineEntry, Inlining, ResolveError, TargetSpec, debuginfo, elf::ElfImage, guards, inline, process};
+use crate::python::{self, Abi};
+
+/// The probed functions' inlined copies: as the image's DWARF lists them,
+/// found inside the target's root or in `--debug-dir`, and by the reads of
+/// the switches that guard them (see [`guards`]), which find the copies
+/// where there is no DWARF, and those the DWARF leaves out.
+pub(super) fn find(
+    spec: &TargetSpec,
+    (image, elf): (&Path, &ElfImage),
+    root: process::Root,
+    abi: &dyn Abi,
+    lookup: DwarfLookup<'_>,
+) -> Result<Inlining, ResolveError> {
+    // The image as the target names it, and its root as tracer reaches it:
+    // a chroot's maps show the host path, below the chroot's directory.
+    let (in_root, root_dir) = match spec {
+        TargetSpec::Pid(pid) => {
+            let root_dir = process::proc_root(*pid);
+            let host_root = std::fs::read_link(format!("/proc/{pid}/root")).unwrap_or_else(|_| PathBuf::from("/"));
+            let inside = image.strip_prefix(&host_root).map_or_else(|_| image.to_owned(), |p| Path::new("/").join(p));
+            (inside, root_dir)
+        }
+        TargetSpec::Exe(_) => (image.to_owned(), PathBuf::from("/")),
+    };
+    let guard_scan = |symbols: Option<(&Path, &[u8])>| {
+        let wanted: Vec<guards::Wanted<'_>> = abi
+            .probes()
+            .iter()
+            .map(|p| guards::Wanted {
+                function: p.symbol,
+                guard: abi.guard(p.symbol),
+                size: guards::SizeArgs::of(p.program),
+            })
+            .collect();
+        guards::scan(elf.path(), &wanted, symbols)
+    };
+    let Some(file) = debuginfo::locate(&in_root, &root_dir, lookup.debug_dir)? else {
+        return Ok(Inlining::Guards { fix: debug_fix(root, abi), scan: guard_scan(None)? });
+    };
+    let data = std::fs::read(&file.path)
+        .map_err(|cause| debuginfo::DebugInfoError::Read { path: file.path.clone(), cause })?;
+    let wanted: Vec<inline::Wanted<'_>> = abi
+        .probes()
+        .iter()
+        .map(|p| inline::Wanted { function: p.symbol, parameters: python::size_parameters(p.program) })
+        .collect();
+    // Out-of-line clones that are whole functions (.constprop, .isra) are
+    // entered like inlined copies, and probed beside the symbol; the parts
+    // GCC split off a function (.part, .cold) are entered from it, within
+    // the same call, and are not.
+    let names = function_names(&data);
+    let is_clone = |address: u64| {
+        names.get(&address).is_some_and(|n| {
+            (n.contains(".constprop.") || n.contains(".isra.")) && !n.contains(".part.") && !n.contains(".cold")
+        })
+    };
+    let found = inline::find(&file.path, &data, &wanted)?;
+    let scan = guard_scan(Some((&file.path, &data)))?;
+    let (cross_check, guard_only) = compare(elf, abi, &found, &scan);
+    let entries = found
+        .into_iter()
+        // A function the DWARF has no DIE for is left out: its copies are
+        // unknown, which coverage says.
+        .filter(|f| !(f.out_of_line.is_empty() && f.inlined.is_empty()))
+        .map(|f| {
+            let symbol = elf.function(&f.function).map(|s| s.address);
+            let clones = f.out_of_line.iter().filter(|s| Some(s.entry) != symbol && is_clone(s.entry));
+            let copies = f.inlined.iter().chain(clones);
+            let entries = copies.map(|s| InlineEntry { address: s.entry, size: size_operands(s) }).collect();
+            (f.function, entries)
+        })
+        .collect();
+    Ok(Inlining::Known { source: file.path.display().to_string(), entries, cross_check, guard_only })
+}
+
+/// The names of the functions in an ELF file's symbol table, by address.
+fn function_names(data: &[u8]) -> std::collections::HashMap<u64, String> {
+    use object::{Object as _, ObjectSymbol as _};
+    let Ok(file) = object::File::parse(data) else { return std::collections::HashMap::new() };
+    file.symbols()
+        .filter(|s| s.kind() == object::SymbolKind::Text)
+        .filter_map(|s| Some((s.address(), s.name().ok()?.to_owned())))
+        .collect()
+}
+
+/// Where a copy's requested size is, as `count_site`'s operands: one
+/// parameter (a malloc's size, a realloc's new size) or two multiplied (a
+/// calloc's), each in a register or a constant. `None` where any is
+/// elsewhere (on the stack, an expression, optimised out), or when the
+/// function requests no size.
+fn size_operands(site: &inline::Site) -> Option<(u8, u8, u16)> {
+    use tracer_common::site::{CONSTANT, NONE, register};
+    let operand = |l: &inline::Location| match *l {
+        inline::Location::Register(r) => register(r.dwarf()).map(|r| (r, None)),
+        inline::Location::Constant(c) => u16::try_from(c).ok().map(|c| (CONSTANT, Some(c))),
+        _ => None,
+    };
+    match site.parameters.as_slice() {
+        [one] => {
+            let (first, constant) = operand(&one.location)?;
+            Some((first, NONE, constant.unwrap_or(0)))
+        }
+        [a, b] => {
+            let ((first, ca), (second, cb)) = (operand(&a.location)?, operand(&b.location)?);
+            match (ca, cb) {
+                (Some(x), Some(y)) => u16::try_from(u32::from(x) * u32::from(y)).ok().map(|c| (CONSTANT, NONE, c)),
+                (Some(c), None) => Some((second, CONSTANT, c)),
+                (None, Some(c)) => Some((first, CONSTANT, c)),
+                (None, None) => Some((first, second, 0)),
+            }
+        }
+        _ => None,
+    }
+}
+
+/// What to install for the debug info of the interpreter, from the
+/// target's own `/etc/os-release`.
+fn debug_fix(root: process::Root, abi: &dyn Abi) -> String {
+    let release = root.reach(Path::new("/etc/os-release"), None).and_then(|p| std::fs::read_to_string(p).ok());
+    debuginfo::debug_package(&release.unwrap_or_default(), (3, abi.minor()))
+}
+
+/// Per function, where the DWARF's copies `found` and the reads of the
+/// switches `scan` disagree, and the reads in no DWARF copy to probe too:
+/// not those in copies of a function no switch guards, whose reads are
+/// its own (`_Py_NewReferenceNoTotal` reads `_Py_NewReference`'s switch).
+fn compare(
+    elf: &ElfImage,
+    abi: &dyn Abi,
+    found: &[inline::FunctionSites],
+    scan: &guards::Scan,
+) -> (HashMap<String, guards::CrossCheck>, HashMap<String, Vec<guards::GuardSite>>) {
+    let unguarded: Vec<&std::ops::Range<u64>> = found
+        .iter()
+        .filter(|f| abi.guard(&f.function).is_none())
+        .flat_map(|f| f.inlined.iter().chain(&f.out_of_line))
+        .flat_map(|s| &s.ranges)
+        .collect();
+    let mut cross_check = HashMap::new();
+    let mut guard_only = HashMap::new();
+    for f in found {
+        let Some(Ok(reads)) = scan.functions.get(&f.function) else { continue };
+        // The symbol's own reads are its entry probe's, on both routes.
+        let symbol = elf.function(&f.function).map(|s| s.address);
+        let copies: Vec<(u64, &[std::ops::Range<u64>])> = f
+            .inlined
+            .iter()
+            .chain(&f.out_of_line)
+            .filter(|s| Some(s.entry) != symbol)
+            .map(|s| (s.entry, s.ranges.as_slice()))
+            .collect();
+        let mut check = guards::CrossCheck::of(reads, &copies);
+        check.guard_only.retain(|a| !unguarded.iter().any(|r| r.contains(a)));
+        let extra: Vec<guards::GuardSite> =
+            reads.sites.iter().filter(|s| check.guard_only.contains(&s.read.address)).cloned().collect();
+        guard_only.insert(f.function.clone(), extra);
+        cross_check.insert(f.function.clone(), check);
+    }
+    (cross_check, guard_only)
+}
