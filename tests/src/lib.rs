@@ -95,6 +95,7 @@ pub fn static_python() -> PathBuf {
 /// and debug link: no debug info can be found for it, as for a stripped
 /// container image's Python. The copy is made anew each time (objcopy, from
 /// binutils, which `cargo xtask setup` installs).
+#[must_use = "the path of the copy"]
 pub fn without_debug_info(image: &Path, copy: &Path) -> PathBuf {
     let status = Command::new("objcopy")
         .args(["--remove-section", ".note.gnu.build-id", "--remove-section", ".gnu_debuglink"])

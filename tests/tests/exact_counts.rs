@@ -240,6 +240,23 @@ fn static_lto_counts_like_the_plain_build() {
     let malloc = planned["probes"].as_array().expect("probes").iter().find(|p| p["symbol"] == "PyObject_Malloc");
     let coverage = &malloc.expect("PyObject_Malloc planned")["coverage"];
     assert_eq!((&coverage["calls"], &coverage["bytes"]), (&"complete".into(), &"partial".into()), "{coverage}");
+    // Both routes ran; where they disagree is listed, and each read in no
+    // DWARF copy is probed too.
+    for p in planned["probes"].as_array().expect("probes") {
+        let (symbol, coverage) = (p["symbol"].as_str().expect("symbol"), &p["coverage"]);
+        if symbol == "_Py_Dealloc" {
+            assert!(coverage.get("cross_check").is_none(), "{coverage}");
+            continue;
+        }
+        let check = &coverage["cross_check"];
+        let n = |key: &str| check[key].as_u64().unwrap_or_else(|| panic!("{symbol}: {key} in {check}"));
+        let listed = |key: &str| check[key].as_array().map_or(0, Vec::len) as u64;
+        assert!(n("dwarf") > 0 && n("guard_reads") > 0, "{symbol}: {check}");
+        assert_eq!(coverage["inlined"].as_u64(), Some(n("dwarf") + listed("guard_only")), "{symbol}: {coverage}");
+    }
+    let (code, table, stderr) = tracer_tests::run_tracer(&["probes", "--exe", "/usr/bin/python3.11"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(table.contains("  cross-check: _Py_NewReference: "), "{table}");
 }
 
 /// With no debug info to be found, Debian's LTO python3.11 still counts

@@ -163,7 +163,7 @@ fn lto_314_without_debug_info_counts_through_guard_reads() {
     let name = format!("tracer-nodbg-{}-python3.14", std::process::id());
     let root = forky_root();
     let copy = root.join("tmp").join(&name);
-    tracer_tests::without_debug_info(&root.join("usr/bin/python3.14"), &copy);
+    let copy = tracer_tests::without_debug_info(&root.join("usr/bin/python3.14"), &copy);
     let inside = format!("/tmp/{name}");
     let guards = objects_body_in_root(&inside, |attached| {
         for (name, c) in attached["coverage"].as_object().expect("coverage") {
@@ -185,7 +185,9 @@ fn lto_314_without_debug_info_counts_through_guard_reads() {
             // on 64-bit): its copy's size is an expression in the DWARF,
             // which tracer does not evaluate, but the slow path passes it
             // in a register.
-            "PyObject_Malloc" => assert_eq!(guards[name], (calls, bytes + 56), "with DWARF {dwarf:?}\nwithout {guards:?}"),
+            "PyObject_Malloc" => {
+                assert_eq!(guards[name], (calls, bytes + 56), "with DWARF {dwarf:?}\nwithout {guards:?}")
+            }
             _ => assert_eq!(guards[name], (calls, bytes), "{name}: with DWARF {dwarf:?}\nwithout {guards:?}"),
         }
     }

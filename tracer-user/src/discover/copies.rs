@@ -6,7 +6,9 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use super::{DwarfLookup, InlineEntry, Inlining, ResolveError, TargetSpec, debuginfo, elf::ElfImage, guards, inline, process};
+use super::{
+    DwarfLookup, InlineEntry, Inlining, ResolveError, TargetSpec, debuginfo, elf::ElfImage, guards, inline, process,
+};
 use crate::python::{self, Abi};
 
 /// The probed functions' inlined copies: as the image's DWARF lists them,

@@ -187,8 +187,8 @@ pub fn scan(path: &Path, wanted: &[Wanted<'_>], symbols: Option<(&Path, &[u8])>)
     let data = std::fs::read(path).map_err(|cause| GuardError::Read { path: path.to_owned(), cause })?;
     let mut code = Code::parse(path, &data)?;
     if let Some((debug_path, debug)) = symbols {
-        let file = object::File::parse(debug)
-            .map_err(|cause| GuardError::Parse { path: debug_path.to_owned(), cause })?;
+        let file =
+            object::File::parse(debug).map_err(|cause| GuardError::Parse { path: debug_path.to_owned(), cause })?;
         code.add_symbols(&file);
     }
     let functions = wanted.iter().map(|w| (w.function.to_owned(), code.find(w))).collect();
@@ -230,6 +230,13 @@ impl<'a> Code<'a> {
                 sections.push((section.address(), bytes));
             }
         }
+        let mut code = Self::decode(sections);
+        code.add_symbols(&file);
+        Ok(code)
+    }
+
+    /// Decodes `sections`, each (address, bytes).
+    fn decode(sections: Vec<(u64, &'a [u8])>) -> Self {
         let mut instructions = Vec::new();
         let mut targets = HashSet::new();
         for &(address, bytes) in &sections {
@@ -246,10 +253,7 @@ impl<'a> Code<'a> {
                 instructions.push(insn);
             }
         }
-        let mut code =
-            Self { sections, instructions, targets, symbols: HashMap::new(), ranges: Vec::new(), data: HashMap::new() };
-        code.add_symbols(&file);
-        Ok(code)
+        Self { sections, instructions, targets, symbols: HashMap::new(), ranges: Vec::new(), data: HashMap::new() }
     }
 
     /// Adds the functions and data `file` names.
@@ -270,10 +274,14 @@ impl<'a> Code<'a> {
                 _ => {}
             }
         }
+        self.index_ranges();
+    }
+
+    /// Sorts the named functions' ranges, for [`Code::containing`].
+    fn index_ranges(&mut self) {
         self.ranges =
             self.symbols.iter().filter(|(_, (_, size))| *size > 0).map(|(n, &(a, s))| (a, a + s, n.clone())).collect();
         self.ranges.sort_unstable();
-
     }
 
     /// The instruction at `address`, decoded from the section that holds it.
@@ -326,7 +334,8 @@ impl<'a> Code<'a> {
             let at = insn.ip();
             // Outside every named function, or in a part GCC split off
             // this one (`PyObject_Malloc.cold`).
-            let own_part = self.containing(at).all(|f| f.strip_prefix(wanted.function).is_some_and(|r| r.starts_with('.')));
+            let own_part =
+                self.containing(at).all(|f| f.strip_prefix(wanted.function).is_some_and(|r| r.starts_with('.')));
             if (entry..entry + size.max(1)).contains(&at)
                 || (own_part && own.contains(&at))
                 || callees.contains(&at)
@@ -494,7 +503,9 @@ impl<'a> Code<'a> {
                 if site.is_some() && indirect_target(&insn, &state) == Some(switch) {
                     // Where two slow paths disagree on a register, nothing
                     // is known of it.
-                    let merged = walk.call.map_or(state, |c| std::array::from_fn(|r| if c[r] == state[r] { c[r] } else { Value::Unknown }));
+                    let merged = walk.call.map_or(state, |c| {
+                        std::array::from_fn(|r| if c[r] == state[r] { c[r] } else { Value::Unknown })
+                    });
                     walk.call = Some(merged);
                     break;
                 }
@@ -544,7 +555,8 @@ impl<'a> Code<'a> {
         let read = self.instructions[i];
         let identity: [Value; 16] = std::array::from_fn(|r| Value::Register(u8::try_from(r).unwrap_or(0)));
         let operands = |at: &[Value; 16]| call.and_then(|c| size_operands(c, at, size));
-        let mut site = GuardSite { read: InlineEntry { address: read.ip(), size: operands(&identity) }, later: Vec::new() };
+        let mut found =
+            GuardSite { read: InlineEntry { address: read.ip(), size: operands(&identity) }, later: Vec::new() };
         // The instructions after the read, while each is reached from the
         // read alone: none is a branch target, none before is a branch.
         let mut state = identity;
@@ -554,10 +566,10 @@ impl<'a> Code<'a> {
                 break;
             }
             step(&prev, &mut state);
-            site.later.push(InlineEntry { address: later.ip(), size: operands(&state) });
+            found.later.push(InlineEntry { address: later.ip(), size: operands(&state) });
             prev = *later;
         }
-        site
+        found
     }
 }
 
@@ -709,8 +721,10 @@ fn step(insn: &Instruction, state: &mut [Value; 16]) {
     };
     let mut info = InstructionInfoFactory::new();
     for used in info.info(insn).used_registers() {
-        if matches!(used.access(), OpAccess::Write | OpAccess::CondWrite | OpAccess::ReadWrite | OpAccess::ReadCondWrite)
-            && let Some(r) = dwarf(used.register())
+        if matches!(
+            used.access(),
+            OpAccess::Write | OpAccess::CondWrite | OpAccess::ReadWrite | OpAccess::ReadCondWrite
+        ) && let Some(r) = dwarf(used.register())
         {
             state[r] = Value::Unknown;
         }
@@ -798,5 +812,103 @@ mod tests {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod code_tests {
+    use super::*;
+
+    /// The reference tracer's switch and an allocator slot and its context,
+    /// in the hand-assembled code below.
+    const TRACER: u64 = 0x9000;
+    const SLOT: u64 = 0x9100;
+
+    /// `mov disp(%rip),%rax` (or `%rdi` with `reg` 0x3d) at `at`, reading
+    /// `target`.
+    fn rip_load(reg: u8, at: u64, target: u64) -> Vec<u8> {
+        let disp = i32::try_from(i64::try_from(target).unwrap() - i64::try_from(at + 7).unwrap()).unwrap();
+        let mut b = vec![0x48, 0x8b, reg];
+        b.extend_from_slice(&disp.to_le_bytes());
+        b
+    }
+
+    /// Code at 0x1000: an exported `_Py_NewReference` of 3.13's shape, a
+    /// creation copy, a destruction copy, and a store to the switch; at
+    /// 0x2000 an exported `PyObject_Malloc` and one copy, its size in %rbx.
+    fn code(bytes: &mut Vec<u8>) -> Code<'_> {
+        let mut at = |addr: u64, b: &[u8]| {
+            let offset = usize::try_from(addr - 0x1000).unwrap();
+            if bytes.len() < offset {
+                bytes.resize(offset, 0xcc);
+            }
+            bytes.extend_from_slice(b);
+        };
+        // _Py_NewReference: load, refcount = 1, test, jne slow; ret; slow:
+        // xor %esi,%esi (PyRefTracer_CREATE); jmp *%rax.
+        at(0x1000, &rip_load(0x05, 0x1000, TRACER));
+        at(0x1007, &[0x48, 0xc7, 0x07, 1, 0, 0, 0, 0x48, 0x85, 0xc0, 0x75, 0x01, 0xc3, 0x31, 0xf6, 0xff, 0xe0]);
+        // A creation copy: load, test, jne; ret; xor %esi,%esi; mov
+        // %rbx,%rdi; call *%rax; ret.
+        at(0x1100, &rip_load(0x05, 0x1100, TRACER));
+        at(0x1107, &[0x48, 0x85, 0xc0, 0x75, 0x01, 0xc3, 0x31, 0xf6, 0x48, 0x89, 0xdf, 0xff, 0xd0, 0xc3]);
+        // A destruction copy: as above with mov $1,%esi.
+        at(0x1200, &rip_load(0x05, 0x1200, TRACER));
+        at(0x1207, &[0x48, 0x85, 0xc0, 0x75, 0x01, 0xc3, 0xbe, 1, 0, 0, 0, 0xff, 0xd0, 0xc3]);
+        // mov %rax,disp(%rip): a store, no copy.
+        let mut store = rip_load(0x05, 0x1300, TRACER);
+        store[1] = 0x89;
+        at(0x1300, &store);
+        at(0x1307, &[0xc3]);
+        // PyObject_Malloc: load the slot, mov %rdi,%rsi, load the context,
+        // jmp *%rax.
+        at(0x2000, &rip_load(0x05, 0x2000, SLOT));
+        at(0x2007, &[0x48, 0x89, 0xfe]);
+        at(0x200a, &rip_load(0x3d, 0x200a, SLOT - 8));
+        at(0x2011, &[0xff, 0xe0]);
+        // A copy: load, cmp $0x3000,%rax (PGO's pymalloc test), jne; ret;
+        // load the context, mov %rbx,%rsi, call *%rax; ret.
+        at(0x2100, &rip_load(0x05, 0x2100, SLOT));
+        at(0x2107, &[0x48, 0x3d, 0x00, 0x30, 0x00, 0x00, 0x75, 0x01, 0xc3]);
+        at(0x2110, &rip_load(0x3d, 0x2110, SLOT - 8));
+        at(0x2117, &[0x48, 0x89, 0xde, 0xff, 0xd0, 0xc3]);
+        let mut code = Code::decode(vec![(0x1000, bytes.as_slice())]);
+        code.symbols.insert("_Py_NewReference".to_owned(), (0x1000, 0x18));
+        code.symbols.insert("PyObject_Malloc".to_owned(), (0x2000, 0x13));
+        code.index_ranges();
+        code
+    }
+
+    #[test]
+    fn tells_creation_from_destruction_and_skips_stores() {
+        let mut bytes = Vec::new();
+        let code = code(&mut bytes);
+        let found = code
+            .find(&Wanted { function: "_Py_NewReference", guard: Some(Guard::RefTracer), size: SizeArgs::None })
+            .expect("found");
+        assert_eq!(found.guard, format!("the reference tracer at {TRACER:#x}"));
+        let reads: Vec<u64> = found.sites.iter().map(|s| s.read.address).collect();
+        assert_eq!((reads, found.destroy, found.excluded), (vec![0x1100], 1, 1));
+        // The test and the jne follow on the straight line, which the jne
+        // ends.
+        let later: Vec<u64> = found.sites[0].later.iter().map(|p| p.address).collect();
+        assert_eq!(later, [0x1107, 0x110a]);
+    }
+
+    #[test]
+    fn finds_the_slot_called_and_the_size_its_slow_path_passes() {
+        use tracer_common::site::{NONE, register};
+        let mut bytes = Vec::new();
+        let code = code(&mut bytes);
+        let found = code
+            .find(&Wanted { function: "PyObject_Malloc", guard: Some(Guard::AllocatorSlot), size: SizeArgs::Second })
+            .expect("found");
+        // The slot, not the context the function loads after it.
+        assert_eq!(found.guard, format!("the allocator slot at {SLOT:#x}"));
+        assert_eq!(found.sites.len(), 1, "{found:?}");
+        let rbx = (register(3).expect("rbx"), NONE, 0);
+        let site = &found.sites[0];
+        assert_eq!((site.read.address, site.read.size), (0x2100, Some(rbx)));
+        assert!(site.later.iter().all(|p| p.size == Some(rbx)), "{site:?}");
     }
 }

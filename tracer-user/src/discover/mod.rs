@@ -179,11 +179,8 @@ pub fn resolve(spec: &TargetSpec, call_sites: bool, dwarf: DwarfLookup<'_>) -> R
             modules.extend(modules::new_modules(pid, &files, &mut known));
         }
     }
-    let inlining = if dwarf.enabled {
-        copies::find(spec, (&display_path, &elf), root, abi, dwarf)?
-    } else {
-        Inlining::Skipped
-    };
+    let inlining =
+        if dwarf.enabled { copies::find(spec, (&display_path, &elf), root, abi, dwarf)? } else { Inlining::Skipped };
     Ok(Resolved {
         scope,
         exe,

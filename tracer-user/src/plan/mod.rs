@@ -17,8 +17,8 @@ use self::{
     placement::Placement,
     returns::{ReturnCosts, ReturnPlan},
 };
-pub use crate::discover::{InlineEntry, Inlining};
 use crate::discover::guards;
+pub use crate::discover::{InlineEntry, Inlining};
 use crate::{
     discover::{elf::ElfImage, modules::Module},
     probe::{ProbeKind, ProbeSpec, Program},
@@ -369,56 +369,7 @@ fn coverage(
             c.reason = Some(format!("--no-inlined: copies of {} the compiler inlined are not probed", spec.symbol));
             c.fix = Some("drop --no-inlined".to_owned());
         }
-        Some(Inlining::Guards { fix, scan }) => {
-            c.source = format!("reads of its guard in {} (no debug info)", scan.path.display());
-            let mut why = Vec::new();
-            match scan.functions.get(spec.symbol) {
-                Some(Ok(found)) => {
-                    c.inlined = Some(found.sites.len());
-                    if !found.unclassified.is_empty() {
-                        c.calls = Completeness::Partial;
-                        why.push(format!(
-                            "{} reads of {} could not be told creation or destruction and are not counted",
-                            found.unclassified.len(),
-                            found.guard
-                        ));
-                    }
-                    if !unprobed.is_empty() {
-                        c.calls = Completeness::Partial;
-                        why.push(format!("copies not probed: {}", unprobed.join("; ")));
-                    }
-                    let sizeless = sites.iter().filter(|s| s.size.is_none()).count();
-                    if measures_bytes && (sizeless > 0 || c.calls == Completeness::Partial) {
-                        c.bytes = Completeness::Partial;
-                        if sizeless > 0 {
-                            why.push(format!(
-                                "the code does not show the size at {sizeless} of the {probed} copies found by their reads of {} (their calls are counted, their bytes are not)",
-                                found.guard
-                            ));
-                        }
-                    }
-                }
-                not_found => {
-                    c.calls = Completeness::Partial;
-                    if measures_bytes {
-                        c.bytes = Completeness::Partial;
-                    }
-                    let cause = match not_found {
-                        Some(Err(guards::NotFound::Unrecognised(how))) => format!("its code is not what tracer knows: {how}"),
-                        _ => "no runtime switch guards every copy".to_owned(),
-                    };
-                    why.push(format!(
-                        "no debug info found for {}, so the copies of {} that the compiler inlined (an LTO build inlines it widely) cannot be found ({cause}); calls through them are not counted",
-                        image.display_path.display(),
-                        spec.symbol
-                    ));
-                }
-            }
-            if !why.is_empty() {
-                c.reason = Some(why.join("; "));
-                c.fix = Some(fix.clone());
-            }
-        }
+        Some(Inlining::Guards { fix, scan }) => guard_coverage(&mut c, (image, spec), (fix, scan), sites, unprobed),
         Some(Inlining::Known { source, entries, cross_check, guard_only }) => {
             c.source.clone_from(source);
             c.cross_check = cross_check.get(spec.symbol).cloned();
@@ -464,6 +415,69 @@ fn coverage(
         }
     }
     c
+}
+
+/// [`coverage`] of copies found by the reads of their switches, with no
+/// DWARF: `c` starts complete.
+fn guard_coverage(
+    c: &mut Coverage,
+    (image, spec): (ImageRef<'_>, &ProbeSpec),
+    (fix, scan): (&str, &guards::Scan),
+    sites: &[InlineSite],
+    unprobed: &[String],
+) {
+    let probed = sites.len();
+    let measures_bytes = spec.program.counts_bytes();
+    c.source = format!("reads of its guard in {} (no debug info)", scan.path.display());
+    let mut why = Vec::new();
+    match scan.functions.get(spec.symbol) {
+        Some(Ok(found)) => {
+            c.inlined = Some(found.sites.len());
+            if !found.unclassified.is_empty() {
+                c.calls = Completeness::Partial;
+                why.push(format!(
+                    "{} reads of {} could not be told creation or destruction and are not counted",
+                    found.unclassified.len(),
+                    found.guard
+                ));
+            }
+            if !unprobed.is_empty() {
+                c.calls = Completeness::Partial;
+                why.push(format!("copies not probed: {}", unprobed.join("; ")));
+            }
+            let sizeless = sites.iter().filter(|s| s.size.is_none()).count();
+            if measures_bytes && (sizeless > 0 || c.calls == Completeness::Partial) {
+                c.bytes = Completeness::Partial;
+                if sizeless > 0 {
+                    why.push(format!(
+                        "the code does not show the size at {sizeless} of the {probed} copies found by their reads of {} (their calls are counted, their bytes are not)",
+                        found.guard
+                    ));
+                }
+            }
+        }
+        not_found => {
+            c.calls = Completeness::Partial;
+            if measures_bytes {
+                c.bytes = Completeness::Partial;
+            }
+            let cause = match not_found {
+                Some(Err(guards::NotFound::Unrecognised(how))) => {
+                    format!("its code is not what tracer knows: {how}")
+                }
+                _ => "no runtime switch guards every copy".to_owned(),
+            };
+            why.push(format!(
+                "no debug info found for {}, so the copies of {} that the compiler inlined (an LTO build inlines it widely) cannot be found ({cause}); calls through them are not counted",
+                image.display_path.display(),
+                spec.symbol
+            ));
+        }
+    }
+    if !why.is_empty() {
+        c.reason = Some(why.join("; "));
+        c.fix = Some(fix.to_owned());
+    }
 }
 
 /// Moves each probe that would be single-stepped to its function's call

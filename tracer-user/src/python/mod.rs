@@ -141,9 +141,7 @@ impl Guard {
 #[must_use]
 pub fn allocator_guard(symbol: &str) -> Option<Guard> {
     let allocator = ["PyObject_", "PyMem_Raw", "PyMem_"].iter().any(|domain| {
-        symbol
-            .strip_prefix(domain)
-            .is_some_and(|f| matches!(f, "Malloc" | "Calloc" | "Realloc" | "Free"))
+        symbol.strip_prefix(domain).is_some_and(|f| matches!(f, "Malloc" | "Calloc" | "Realloc" | "Free"))
     });
     allocator.then_some(Guard::AllocatorSlot)
 }

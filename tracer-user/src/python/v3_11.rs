@@ -5,7 +5,7 @@
 //! Objects/object.c and Objects/obmalloc.c at v3.11.0. There is no
 //! `_Py_DebugOffsets` before 3.13.
 
-use super::{Guard, COMMON, DebugOffsetsHeader};
+use super::{COMMON, DebugOffsetsHeader, Guard};
 use crate::probe::ProbeSpec;
 
 /// The 3.11 ABI.

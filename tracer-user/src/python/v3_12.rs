@@ -7,7 +7,7 @@
 //! (`--probes _Py_NewReferenceNoTotal`), so that the default table stays the
 //! same on every version.
 
-use super::{Guard, DebugOffsetsHeader, spec, with};
+use super::{DebugOffsetsHeader, Guard, spec, with};
 use crate::probe::{ProbeSpec, Program};
 
 /// 3.12's probes: the common ones, then `_Py_NewReferenceNoTotal`.

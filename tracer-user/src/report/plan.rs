@@ -42,7 +42,8 @@ pub fn table(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
             )?;
         }
     }
-    for (symbol, c) in plan.probes.iter().filter_map(|p| Some((&p.symbol, p.coverage.as_ref()?.cross_check.as_ref()?))) {
+    for (symbol, c) in plan.probes.iter().filter_map(|p| Some((&p.symbol, p.coverage.as_ref()?.cross_check.as_ref()?)))
+    {
         let list = |a: &[u64]| a.iter().map(|a| format!("{a:#x}")).collect::<Vec<_>>().join(" ");
         write!(out, "  cross-check: {symbol}: {} copies in the DWARF, {} reads of its guard", c.dwarf, c.guard_reads)?;
         if !c.guard_only.is_empty() {

@@ -289,10 +289,7 @@ fn start<'a>(
     let r = discover::resolve(
         &config.target,
         config.placement == PlacementMode::CallSites,
-        discover::DwarfLookup {
-            enabled: config.inlined,
-            debug_dir: config.debug_dir.as_deref(),
-        },
+        discover::DwarfLookup { enabled: config.inlined, debug_dir: config.debug_dir.as_deref() },
     )?;
     let options = PlanOptions {
         placement: config.placement,
