@@ -407,6 +407,7 @@ impl PlanReport {
                 reason: p.placement.reason.clone(),
                 returns: p.returns.clone(),
                 inline_sites: p.inline_sites.iter().map(|s| s.offset).collect(),
+                inline_sites_emulated: p.inline_sites.iter().filter(|s| s.emulated).count(),
                 coverage: Some(p.coverage.clone()),
                 call_sites: p.call_sites.as_ref().map(|c| CallSitesReport {
                     emulated: c.emulated,
@@ -447,6 +448,10 @@ pub struct PlannedProbeReport {
     /// out-of-line clones), each counted as a call.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inline_sites: Vec<u64>,
+    /// How many of those are on an instruction the kernel emulates (the
+    /// rest are single-stepped, at several times the cost of a hit).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub inline_sites_emulated: usize,
     /// What the counts will cover.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub coverage: Option<Coverage>,
@@ -614,4 +619,10 @@ mod tests {
         whole.compute_rates(&attached, None);
         assert_eq!(whole.probes["PyObject_Malloc"].calls_per_s, Some(4.0));
     }
+}
+
+/// For `skip_serializing_if`.
+#[allow(clippy::trivially_copy_pass_by_ref, reason = "serde passes a reference")]
+const fn is_zero(n: &usize) -> bool {
+    *n == 0
 }

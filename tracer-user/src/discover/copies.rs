@@ -7,7 +7,8 @@ use std::{
 };
 
 use super::{
-    DwarfLookup, InlineEntry, Inlining, ResolveError, TargetSpec, debuginfo, elf::ElfImage, guards, inline, process,
+    DwarfLookup, InlineEntry, Inlining, Points, ResolveError, TargetSpec, debuginfo, elf::ElfImage, guards, inline,
+    process,
 };
 use crate::python::{self, Abi};
 
@@ -67,7 +68,7 @@ pub(super) fn find(
     };
     let found = inline::find(&file.path, &data, &wanted)?;
     let scan = guard_scan(Some((&file.path, &data)))?;
-    let (cross_check, guard_only) = compare(elf, abi, &found, &scan);
+    let (cross_check, mut guard_only) = compare(elf, abi, &found, &scan);
     let entries = found
         .into_iter()
         // A function the DWARF has no DIE for is left out: its copies are
@@ -76,12 +77,46 @@ pub(super) fn find(
         .map(|f| {
             let symbol = elf.function(&f.function).map(|s| s.address);
             let clones = f.out_of_line.iter().filter(|s| Some(s.entry) != symbol && is_clone(s.entry));
-            let copies = f.inlined.iter().chain(clones);
-            let entries = copies.map(|s| InlineEntry { address: s.entry, size: size_operands(s) }).collect();
-            (f.function, entries)
+            let copies: Vec<&inline::Site> = f.inlined.iter().chain(clones).collect();
+            let reads = match scan.functions.get(&f.function) {
+                Some(Ok(found)) => found.sites.as_slice(),
+                _ => &[],
+            };
+            let mut points: Vec<Points> = copies.iter().map(|s| copy_points(s, &copies, reads)).collect();
+            points.extend(guard_only.remove(&f.function).unwrap_or_default().iter().map(guard_points));
+            (f.function, points)
         })
         .collect();
-    Ok(Inlining::Known { source: file.path.display().to_string(), entries, cross_check, guard_only })
+    Ok(Inlining::Known { source: file.path.display().to_string(), entries, cross_check })
+}
+
+/// Where a copy the DWARF lists may be probed. Its entry is most often an
+/// instruction the kernel single-steps; the read of its switch is followed
+/// by a conditional jump, which the kernel emulates at a fraction of the
+/// cost. Where the copy holds exactly one read, which no other copy holds,
+/// every call of the copy passes that read once (the switch is tested
+/// first thing), so the copy is probed there instead, unless only the
+/// entry shows the size.
+fn copy_points(site: &inline::Site, copies: &[&inline::Site], reads: &[guards::GuardSite]) -> Points {
+    let entry = InlineEntry { address: site.entry, size: size_operands(site) };
+    let inside = |s: &inline::Site, a: u64| s.ranges.iter().any(|r| r.contains(&a));
+    let mut held = reads.iter().filter(|r| inside(site, r.read.address));
+    let (Some(read), None) = (held.next(), held.next()) else { return vec![entry] };
+    let shared = copies.iter().any(|c| !std::ptr::eq(*c, site) && inside(c, read.read.address));
+    if shared || (read.read.size.is_none() && entry.size.is_some()) {
+        return vec![entry];
+    }
+    // The entry stays the last resort, should no read point be probeable.
+    let mut points = guard_points(read);
+    points.push(entry);
+    points
+}
+
+/// The points a copy found by its read of a switch may be probed at: the
+/// read, then the instructions on the straight line after it.
+#[must_use]
+pub fn guard_points(site: &guards::GuardSite) -> Points {
+    std::iter::once(site.read).chain(site.later.iter().copied()).collect()
 }
 
 /// The names of the functions in an ELF file's symbol table, by address.

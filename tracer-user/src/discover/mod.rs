@@ -2,7 +2,7 @@
 //! every process that runs it (`--exe`), found from the process and its
 //! files alone. Every command resolves its target through [`resolve`].
 
-mod copies;
+pub mod copies;
 pub mod debuginfo;
 pub mod elf;
 pub mod exe;
@@ -107,17 +107,22 @@ pub enum Inlining {
     /// entry (a link-time address) and where its size is there.
     Known {
         source: String,
-        entries: std::collections::HashMap<String, Vec<InlineEntry>>,
+        /// Per function, its copies: those the DWARF lists, then the reads
+        /// of its switch in none of them (LTO's DWARF leaves some inlined
+        /// copies out).
+        entries: std::collections::HashMap<String, Vec<Points>>,
         /// Per function a switch guards: where the DWARF's copies and the
         /// reads of the switch disagree.
         cross_check: std::collections::HashMap<String, guards::CrossCheck>,
-        /// Per function, the reads of its switch in no copy the DWARF
-        /// lists (LTO's DWARF leaves some inlined copies out): probed too.
-        guard_only: std::collections::HashMap<String, Vec<guards::GuardSite>>,
     },
 }
 
-/// One inlined copy (or out-of-line clone) of a function.
+/// Where one copy of a function may be probed: each point counts every
+/// call of the copy once; the first is preferred unless a later one is an
+/// instruction the kernel emulates.
+pub type Points = Vec<InlineEntry>;
+
+/// One inlined copy (or out-of-line clone) of a function, or a point in it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct InlineEntry {
     /// Its entry, a link-time address.

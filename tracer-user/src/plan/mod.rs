@@ -17,8 +17,8 @@ use self::{
     placement::Placement,
     returns::{ReturnCosts, ReturnPlan},
 };
-use crate::discover::guards;
 pub use crate::discover::{InlineEntry, Inlining};
+use crate::discover::{copies, guards};
 use crate::{
     discover::{elf::ElfImage, modules::Module},
     probe::{ProbeKind, ProbeSpec, Program},
@@ -279,52 +279,41 @@ fn inline_sites(image: ImageRef<'_>, symbol: &str, kernel: placement::KernelVers
     // Each copy with the points it may be probed at, the first preferred
     // unless a later one is emulated.
     let copies: Vec<Vec<InlineEntry>> = match image.inlining {
-        Some(Inlining::Known { entries, guard_only, .. }) => {
-            let dwarf = entries.get(symbol).map_or(&[][..], Vec::as_slice).iter().map(|e| vec![*e]);
-            let reads = guard_only.get(symbol).map_or(&[][..], Vec::as_slice).iter().map(guard_points);
-            dwarf.chain(reads).collect()
-        }
+        Some(Inlining::Known { entries, .. }) => entries.get(symbol).cloned().unwrap_or_default(),
         Some(Inlining::Guards { scan, .. }) => match scan.functions.get(symbol) {
-            Some(Ok(found)) => found.sites.iter().map(guard_points).collect(),
+            Some(Ok(found)) => found.sites.iter().map(copies::guard_points).collect(),
             _ => Vec::new(),
         },
         _ => Vec::new(),
     };
     for points in copies {
-        let Some(&first) = points.first() else { continue };
         let code = |entry: &InlineEntry| {
             let offset = image.elf.file_offset(entry.address).ok_or("is in no file-backed segment".to_owned())?;
             let code = image.elf.read_at(offset, 16).map_err(|e| e.to_string())?;
             placement::probeable(&code)?;
-            Ok::<_, String>((offset, code))
+            Ok::<_, String>(InlineSite { offset, size: entry.size, emulated: emulated_at(&code, kernel) })
         };
-        let (offset, bytes) = match code(&first) {
-            Ok(c) => c,
-            Err(why) => {
-                unprobed.push(format!("{:#x}: {why}", first.address));
-                continue;
+        // The first point that can be probed, or a later one the kernel
+        // emulates where the size (if the first has one) is still known.
+        let mut why = None;
+        let mut probeable =
+            points.iter().filter_map(|p| code(p).map_err(|e| why = why.take().or(Some((p.address, e)))).ok());
+        let Some(first) = probeable.next() else {
+            if let Some((address, why)) = why {
+                unprobed.push(format!("{address:#x}: {why}"));
             }
+            continue;
         };
-        let mut site = InlineSite { offset, size: first.size, emulated: emulated_at(&bytes, kernel) };
-        if !site.emulated {
-            // A later point the kernel emulates, where the size (if the
-            // read has one) is still known.
-            let later = points.iter().skip(1).filter(|p| first.size.is_none() || p.size.is_some()).find_map(|p| {
-                let (offset, bytes) = code(p).ok()?;
-                emulated_at(&bytes, kernel).then_some(InlineSite { offset, size: p.size, emulated: true })
-            });
-            site = later.unwrap_or(site);
-        }
-        sites.push(site);
+        let better = if first.emulated {
+            None
+        } else {
+            probeable.find(|p| p.emulated && (first.size.is_none() || p.size.is_some()))
+        };
+        sites.push(better.unwrap_or(first));
     }
     sites.sort_unstable_by_key(|s| s.offset);
     sites.dedup_by_key(|s| s.offset);
     (sites, unprobed)
-}
-
-/// The points a copy found by its read of a switch may be probed at.
-fn guard_points(site: &guards::GuardSite) -> Vec<InlineEntry> {
-    std::iter::once(site.read).chain(site.later.iter().copied()).collect()
 }
 
 /// Whether the kernel emulates the instruction that starts `code`.
@@ -370,10 +359,9 @@ fn coverage(
             c.fix = Some("drop --no-inlined".to_owned());
         }
         Some(Inlining::Guards { fix, scan }) => guard_coverage(&mut c, (image, spec), (fix, scan), sites, unprobed),
-        Some(Inlining::Known { source, entries, cross_check, guard_only }) => {
+        Some(Inlining::Known { source, entries, cross_check }) => {
             c.source.clone_from(source);
             c.cross_check = cross_check.get(spec.symbol).cloned();
-            let extra = guard_only.get(spec.symbol).map_or(0, Vec::len);
             let Some(listed) = entries.get(spec.symbol).map(Vec::len) else {
                 // The DWARF does not describe it: copies it may have are
                 // unknown.
@@ -385,7 +373,7 @@ fn coverage(
                     Some(format!("{source} does not describe {}, so its inlined copies are unknown", spec.symbol));
                 return c;
             };
-            c.inlined = Some(listed + extra);
+            c.inlined = Some(listed);
             if !unprobed.is_empty() {
                 c.calls = Completeness::Partial;
                 if measures_bytes {
@@ -400,7 +388,7 @@ fn coverage(
             if measures_bytes && sizeless > 0 {
                 c.bytes = Completeness::Partial;
                 why.push(format!(
-                    "the DWARF does not say where the size is at {sizeless} of the {probed} inlined copies (their calls are counted, their bytes are not)"
+                    "neither the DWARF nor the code shows where the size is at {sizeless} of the {probed} inlined copies (their calls are counted, their bytes are not)"
                 ));
             }
             if measures_bytes && returns && probed > 0 {

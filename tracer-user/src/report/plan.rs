@@ -30,7 +30,13 @@ pub fn table(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
         )?;
     }
     for p in plan.probes.iter().filter(|p| !p.inline_sites.is_empty()) {
-        writeln!(out, "  {:<20} also at {} inlined copies (counted as calls)", p.symbol, p.inline_sites.len())?;
+        writeln!(
+            out,
+            "  {:<20} also at {} inlined copies (counted as calls; {} on an emulated instruction)",
+            p.symbol,
+            p.inline_sites.len(),
+            p.inline_sites_emulated
+        )?;
     }
     for (symbol, c) in plan.probes.iter().filter_map(|p| Some((&p.symbol, p.coverage.as_ref()?))) {
         if c.is_partial() {
