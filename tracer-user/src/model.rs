@@ -526,6 +526,12 @@ pub enum BenchEntry {
     },
 }
 
+/// For `skip_serializing_if`.
+#[allow(clippy::trivially_copy_pass_by_ref, reason = "serde passes a reference")]
+const fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -619,10 +625,4 @@ mod tests {
         whole.compute_rates(&attached, None);
         assert_eq!(whole.probes["PyObject_Malloc"].calls_per_s, Some(4.0));
     }
-}
-
-/// For `skip_serializing_if`.
-#[allow(clippy::trivially_copy_pass_by_ref, reason = "serde passes a reference")]
-const fn is_zero(n: &usize) -> bool {
-    *n == 0
 }
