@@ -596,6 +596,14 @@ mod tests {
         assert_eq!(eval(&[], cfa), Unknown);
     }
 
+    /// A corrupt frame offset that overflows is no location, not a panic.
+    #[test]
+    fn an_overflowing_frame_offset_is_unknown() {
+        let frame = FrameBase::Register(reg(6), i64::MAX);
+        assert_eq!(eval(&[0x91, 0x01], frame), Location::Unknown); // DW_OP_fbreg 1
+        assert_eq!(eval(&[0x91, 0x7f], frame), Location::Memory { base: reg(6), offset: i64::MAX - 1 });
+    }
+
     #[test]
     fn registers_have_their_pt_regs_names() {
         let names: Vec<&str> = (0..16).map(|n| reg(n).pt_regs()).collect();
