@@ -104,13 +104,14 @@ fn plan(image: &Path, debug_dir: &Path) -> Value {
 }
 
 /// Checks that `plan` took its DWARF from `source`, with every inlined
-/// copy of `_Py_NewReference` (209 in this build), and returns the file
-/// offsets of every inlined copy it would probe.
+/// copy of `_Py_NewReference` it lists (209 in this build; copies found
+/// otherwise may add to them), and returns the file offsets of every
+/// inlined copy it would probe.
 fn uses_the_dwarf_of(plan: &Value, source: &Path) -> Vec<u64> {
     let probes = plan["probes"].as_array().expect("probes");
     let new_ref = probes.iter().find(|p| p["symbol"] == "_Py_NewReference").expect("_Py_NewReference");
     assert_eq!(new_ref["coverage"]["source"], source.to_str().unwrap(), "{new_ref}");
-    assert_eq!(new_ref["coverage"]["inlined"], 209, "{new_ref}");
+    assert!(new_ref["coverage"]["inlined"].as_u64().is_some_and(|n| n >= 209), "{new_ref}");
     probes
         .iter()
         .flat_map(|p| p["inline_sites"].as_array().expect("inline_sites"))
