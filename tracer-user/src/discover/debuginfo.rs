@@ -3,7 +3,9 @@
 //! are; distributions strip it into a separate file. This module finds that
 //! file the way GDB does (own sections, build-id, `.gnu_debuglink`, then a
 //! directory the user names) and checks that it belongs to the image, so
-//! that a stale or foreign debug file is an error rather than wrong probes.
+//! that a stale, foreign or corrupt debug file is never used: it is passed
+//! over for the next place, and it is the error when no place has the
+//! image's, rather than wrong probes or a silent partial count.
 //!
 //! Every path but the user's `--debug-dir` is looked up inside the target's
 //! root (`/` or `/proc/PID/root`), where a container keeps its own debug
@@ -24,6 +26,11 @@ const SYSTEM_DEBUG_DIR: &str = "/usr/lib/debug";
 /// More symbolic links than this on one path is a loop.
 const MAX_LINKS: u32 = 40;
 
+/// What to do about a debug file that is not the image's: every message
+/// about one ends with it.
+pub(crate) const BAD_FILE_FIX: &str =
+    "replace it with this build's debug file or remove it, or pass --no-inlined to probe without inlined copies";
+
 /// A debug file that should hold the image's DWARF but cannot be used:
 /// always worth telling the user, since probes without it miss calls.
 #[derive(Debug, Error)]
@@ -32,15 +39,23 @@ pub enum DebugInfoError {
     DebugDir { path: PathBuf, cause: std::io::Error },
     #[error("cannot read {path}: {cause}")]
     Read { path: PathBuf, cause: std::io::Error },
-    #[error("{path} is not a readable ELF file (truncated or corrupt?): {cause}")]
+    #[error("{path}, the interpreter image, is not a readable ELF file: {cause}")]
+    Image { path: PathBuf, cause: object::Error },
+    #[error("cannot read the debug file {path}: {cause}; {BAD_FILE_FIX}")]
+    Unreadable { path: PathBuf, cause: std::io::Error },
+    #[error("{path} is not a readable ELF file (truncated or corrupt?): {cause}; {BAD_FILE_FIX}")]
     Parse { path: PathBuf, cause: object::Error },
-    #[error("{path} has build-id {found}, but {image} has build-id {expected}: the debug file is for another build")]
+    #[error(
+        "{path} has build-id {found}, but {image} has build-id {expected}: the debug file is for another build; {BAD_FILE_FIX}"
+    )]
     BuildIdMismatch { path: PathBuf, found: String, image: PathBuf, expected: String },
     #[error(
-        "{path} has CRC32 {found:08x}, but {image}'s .gnu_debuglink records {expected:08x}: the debug file is for another build"
+        "{path} has CRC32 {found:08x}, but {image}'s .gnu_debuglink records {expected:08x}: the debug file is for another build; {BAD_FILE_FIX}"
     )]
     CrcMismatch { path: PathBuf, found: u32, image: PathBuf, expected: u32 },
-    #[error("{path} has no usable .debug_info (stripped, or its section data lies past the end of the file)")]
+    #[error(
+        "{path} has no usable .debug_info (stripped, or its section data lies past the end of the file); {BAD_FILE_FIX}"
+    )]
     NoDwarf { path: PathBuf },
 }
 
@@ -70,7 +85,9 @@ pub struct DwarfFile {
 
 /// Finds the DWARF of `image` (its path as the target sees it) inside
 /// `root`, then in `debug_dir` (a path of tracer's own). `Ok(None)` means
-/// that no DWARF is reachable, which is common and not an error.
+/// that no DWARF is reachable, which is common and not an error; a file
+/// that is there but not the image's is the error only when no other place
+/// has the image's.
 pub fn locate(image: &Path, root: &Path, debug_dir: Option<&Path>) -> Result<Option<DwarfFile>, DebugInfoError> {
     // Checked first, so that a mistyped --debug-dir is reported even when
     // the DWARF is found elsewhere.
@@ -86,7 +103,7 @@ pub fn locate(image: &Path, root: &Path, debug_dir: Option<&Path>) -> Result<Opt
     }
     let (real, host) = in_root(root, image);
     let data = std::fs::read(&host).map_err(|cause| DebugInfoError::Read { path: host.clone(), cause })?;
-    let file = object::File::parse(&*data).map_err(|cause| DebugInfoError::Parse { path: host.clone(), cause })?;
+    let file = object::File::parse(&*data).map_err(|cause| DebugInfoError::Image { path: host.clone(), cause })?;
     if has_dwarf(&file) {
         return Ok(Some(DwarfFile { origin: Origin::Own, path: host }));
     }
@@ -95,33 +112,43 @@ pub fn locate(image: &Path, root: &Path, debug_dir: Option<&Path>) -> Result<Opt
         build_id: file.build_id().ok().flatten().map(<[u8]>::to_vec),
         link: file.gnu_debuglink().ok().flatten().map(|(name, crc)| (PathBuf::from(bytes_to_os(name)), crc)),
     };
+    // Every place, in GDB's order: the standard build-id path, the
+    // debuglink name beside the image, in .debug/ beside it and under the
+    // debug directory at the image's own directory, then --debug-dir by
+    // build-id and by name. All but --debug-dir are inside the root.
     let by_id = expect.build_id.as_deref().filter(|id| id.len() >= 2).map(build_id_path);
-    if let Some(rel) = &by_id
-        && let Some(path) = expect.check(&in_root(root, &Path::new(SYSTEM_DEBUG_DIR).join(rel)).1, false)?
-    {
-        return Ok(Some(DwarfFile { origin: Origin::BuildId, path }));
+    let mut candidates: Vec<(PathBuf, Origin, bool)> = Vec::new();
+    if let Some(rel) = &by_id {
+        candidates.push((in_root(root, &Path::new(SYSTEM_DEBUG_DIR).join(rel)).1, Origin::BuildId, false));
     }
     if let Some((name, _)) = &expect.link {
-        // GDB's places: beside the image, in .debug/ beside it, and under
-        // the debug directory at the image's own directory.
         let dir = real.parent().unwrap_or(Path::new("/"));
         let mirrored = Path::new(SYSTEM_DEBUG_DIR).join(dir.strip_prefix("/").unwrap_or(dir));
         for candidate in [dir.join(name), dir.join(".debug").join(name), mirrored.join(name)] {
-            if let Some(path) = expect.check(&in_root(root, &candidate).1, true)? {
-                return Ok(Some(DwarfFile { origin: Origin::DebugLink, path }));
-            }
+            candidates.push((in_root(root, &candidate).1, Origin::DebugLink, true));
         }
     }
     if let Some(dir) = debug_dir {
-        let by_id = by_id.map(|rel| (dir.join(rel), false));
-        let by_name = expect.link.as_ref().map(|(name, _)| (dir.join(name), true));
-        for (candidate, by_name) in by_id.into_iter().chain(by_name) {
-            if let Some(path) = expect.check(&candidate, by_name)? {
-                return Ok(Some(DwarfFile { origin: Origin::DebugDir, path }));
+        candidates.extend(by_id.map(|rel| (dir.join(rel), Origin::DebugDir, false)));
+        candidates.extend(expect.link.as_ref().map(|(name, _)| (dir.join(name), Origin::DebugDir, true)));
+    }
+    // A file that is there but is not the image's (stale, foreign,
+    // truncated) is passed over, as GDB does, so that it cannot hide the
+    // right one further on (a stale file in a standard place, the good one
+    // in --debug-dir). Only when no place has the image's file is the first
+    // such file the error, naming it: probing without DWARF would miss
+    // calls, and whether to is the user's choice (--no-inlined).
+    let mut rejected = None;
+    for (candidate, origin, by_name) in candidates {
+        match expect.check(&candidate, by_name) {
+            Ok(Some(path)) => return Ok(Some(DwarfFile { origin, path })),
+            Ok(None) => {}
+            Err(e) => {
+                rejected.get_or_insert(e);
             }
         }
     }
-    Ok(None)
+    rejected.map_or(Ok(None), Err)
 }
 
 /// What a debug file must match to be the image's.
@@ -142,7 +169,7 @@ impl Expected {
             Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory) => {
                 return Ok(None);
             }
-            Err(cause) => return Err(DebugInfoError::Read { path: path.to_owned(), cause }),
+            Err(cause) => return Err(DebugInfoError::Unreadable { path: path.to_owned(), cause }),
         };
         let file =
             object::File::parse(&*data).map_err(|cause| DebugInfoError::Parse { path: path.to_owned(), cause })?;
@@ -416,6 +443,23 @@ pub(crate) mod tests {
         let err = locate(Path::new(DEBIAN_PYTHON), &root, Some(&dir)).unwrap_err();
         assert!(matches!(err, DebugInfoError::Parse { .. }), "{err}");
         assert!(err.to_string().contains(&*dir.to_string_lossy()), "{err}");
+    }
+
+    /// A stale file in a standard place (here at the build-id path inside
+    /// the root) is passed over for the right one in --debug-dir; alone, it
+    /// is the error, with what to do.
+    #[test]
+    fn a_bad_file_in_a_standard_place_does_not_hide_a_good_one() {
+        let good = std::fs::read(debian_debug_file()).unwrap();
+        let root = lone_python("root-stale");
+        root.put(debian_debug_file().strip_prefix("/").unwrap(), &good[..4096]);
+        let dir = debug_dir_with("dir-fresh", &good);
+        let found = locate(Path::new(DEBIAN_PYTHON), &root, Some(&dir)).unwrap().unwrap();
+        assert_eq!(found.origin, Origin::DebugDir);
+        let err = locate(Path::new(DEBIAN_PYTHON), &root, None).unwrap_err();
+        let DebugInfoError::Parse { path, .. } = &err else { panic!("{err}") };
+        assert_eq!(path, &root.join(debian_debug_file().strip_prefix("/").unwrap()));
+        assert!(err.to_string().ends_with(&format!("; {BAD_FILE_FIX}")), "{err}");
     }
 
     #[test]

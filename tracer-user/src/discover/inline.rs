@@ -15,7 +15,7 @@ use gimli::{AttributeValue, EndianSlice, Operation, RunTimeEndian, constants as 
 use object::{Object as _, ObjectSection as _};
 use thiserror::Error;
 
-use crate::discover::elf;
+use crate::discover::{debuginfo::BAD_FILE_FIX, elf};
 
 type Reader<'a> = EndianSlice<'a, RunTimeEndian>;
 type Attrs<'a> = [gimli::Attribute<Reader<'a>>];
@@ -28,9 +28,9 @@ const MAX_HOPS: usize = 8;
 pub enum InlineError {
     #[error("{path} is not a readable ELF file: {cause}")]
     Parse { path: PathBuf, cause: object::Error },
-    #[error("{path}: cannot read its {section} section (truncated or corrupt?): {cause}")]
+    #[error("{path}: cannot read its {section} section (truncated or corrupt?): {cause}; {BAD_FILE_FIX}")]
     Section { path: PathBuf, section: &'static str, cause: object::Error },
-    #[error("{path}: malformed DWARF near .debug_info offset {offset:#x}: {cause}")]
+    #[error("{path}: malformed DWARF near .debug_info offset {offset:#x}: {cause}; {BAD_FILE_FIX}")]
     Dwarf { path: PathBuf, offset: u64, cause: gimli::Error },
 }
 
@@ -416,7 +416,9 @@ impl<'a> Walk<'_, 'a> {
                 }
                 dw::DW_AT_abstract_origin | dw::DW_AT_specification => {
                     next = match a.value() {
-                        AttributeValue::UnitRef(o) => Some(start + o.0 as u64),
+                        // Checked: a corrupt reference may point past any
+                        // offset, and then names nothing.
+                        AttributeValue::UnitRef(o) => start.checked_add(o.0 as u64),
                         AttributeValue::DebugInfoRef(o) => Some(o.0 as u64),
                         _ => next,
                     };
@@ -450,7 +452,7 @@ impl<'a> Walk<'_, 'a> {
                 self.dwarf.attr_address(unit, v)?
             }
             // DWARF 5: a constant is an offset from the copy's base address.
-            Some(v) => v.udata_value().zip(base).map(|(off, base)| base + off),
+            Some(v) => v.udata_value().zip(base).and_then(|(off, base)| base.checked_add(off)),
             None => None,
         };
         let found = (entry_pc.map(|a| (a, EntryFrom::EntryPc)))
@@ -521,7 +523,7 @@ fn evaluate(expr: gimli::Expression<Reader<'_>>, encoding: gimli::Encoding, fram
         }
         [Operation::FrameOffset { offset }] => match frame {
             FrameBase::Cfa => Some(Location::Cfa { offset: *offset }),
-            FrameBase::Register(base, off) => Some(Location::Memory { base, offset: off + offset }),
+            FrameBase::Register(base, off) => off.checked_add(*offset).map(|offset| Location::Memory { base, offset }),
             FrameBase::Unknown => None,
         },
         [Operation::UnsignedConstant { value }, Operation::StackValue] => Some(Location::Constant(*value)),
@@ -592,6 +594,14 @@ mod tests {
         assert_eq!(eval(&[0x03, 1, 2, 3, 4, 5, 6, 7, 8], cfa), Unknown); // DW_OP_addr
         assert_eq!(eval(&[0x77], cfa), Unknown); // truncated
         assert_eq!(eval(&[], cfa), Unknown);
+    }
+
+    /// A corrupt frame offset that overflows is no location, not a panic.
+    #[test]
+    fn an_overflowing_frame_offset_is_unknown() {
+        let frame = FrameBase::Register(reg(6), i64::MAX);
+        assert_eq!(eval(&[0x91, 0x01], frame), Location::Unknown); // DW_OP_fbreg 1
+        assert_eq!(eval(&[0x91, 0x7f], frame), Location::Memory { base: reg(6), offset: i64::MAX - 1 });
     }
 
     #[test]

@@ -56,8 +56,14 @@ pub fn new_modules<S: std::hash::BuildHasher>(
     files
         .iter()
         .filter_map(|f| {
+            // Known files first: reaching one reads the process's maps, and
+            // this runs for every process at every interval.
+            if known.contains(&f.id) {
+                return None;
+            }
             let attach_path = Root::Process(pid).reach(&f.path, Some(f.id))?;
-            known.insert(f.id).then(|| Module { display_path: f.path.clone(), attach_path })
+            known.insert(f.id);
+            Some(Module { display_path: f.path.clone(), attach_path })
         })
         .collect()
 }

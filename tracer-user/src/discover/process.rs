@@ -133,24 +133,54 @@ pub enum Root {
 }
 
 impl Root {
-    /// A path tracer can open for `path` as the process names it: with
-    /// `id`, the one that is that very file, preferring the plain path
-    /// (it stays valid after the process exits); without, the process's
-    /// view first. `None` when neither reaches it.
+    /// A path tracer can open for `path` as the process names it.
+    ///
+    /// With `id` (the identity `/proc/PID/maps` gives the mapping), `path`
+    /// is a file the process maps, and the answer is that very file: found
+    /// through `/proc/PID/map_files/`, else by that device and inode. A
+    /// plain path that is the same file is preferred (it stays valid after
+    /// the process exits), else the `map_files` entry itself. Without `id`,
+    /// the process's view first. `None` when nothing reaches it.
     #[must_use]
     pub fn reach(self, path: &Path, id: Option<FileId>) -> Option<PathBuf> {
         let plain = path.to_owned();
         let Self::Process(pid) = self else { return plain.exists().then_some(plain) };
         let inside = through_root(pid, path);
-        let candidates = match id {
-            Some(_) => [plain, inside],
-            None => [inside, plain],
-        };
-        candidates.into_iter().find(|c| match id {
-            Some(id) => file_id(c) == Some(id),
-            None => c.exists(),
-        })
+        let Some(id) = id else { return [inside, plain].into_iter().find(|c| c.exists()) };
+        if let Some((mapped, real)) = map_files_entry(pid, path, id) {
+            // Both identities come from stat here, so they agree for the
+            // same file on every file system, which the maps' device need
+            // not (btrfs shows the file system's, stat the subvolume's).
+            // Where no plain path is that file (deleted or replaced since;
+            // on overlayfs, a kernel that maps the layer's file), the
+            // entry itself is the way, and uprobes attached through it
+            // land on the mapped file.
+            return [plain, inside].into_iter().find(|c| file_id(c) == Some(real)).or(Some(mapped));
+        }
+        // No map_files entry to open (no CAP_SYS_ADMIN or
+        // CAP_CHECKPOINT_RESTORE, or the mapping is gone): the device and
+        // inode the maps show, which on btrfs and overlayfs may differ from
+        // what stat says of the same file, so this can miss it.
+        [plain, inside].into_iter().find(|c| file_id(c) == Some(id))
     }
+}
+
+/// `/proc/PID/map_files/START-END` for a mapping of `path` in `pid`, the
+/// one with identity `id` if several are of that path: the mapped file
+/// itself, whatever mount namespace or file system it is on, even if the
+/// path now names another file or none; with the file's identity as stat
+/// gives it. `None` when `pid` maps no `path` or the entry cannot be
+/// followed, which needs `CAP_SYS_ADMIN` (or `CAP_CHECKPOINT_RESTORE`) as
+/// well as ptrace access.
+fn map_files_entry(pid: u32, path: &Path, id: FileId) -> Option<(PathBuf, FileId)> {
+    let process = Process::new(i32::try_from(pid).ok()?).ok()?;
+    let maps = process.maps().ok()?;
+    let of_path: Vec<_> = maps.iter().filter(|m| matches!(&m.pathname, MMapPath::Path(p) if p == path)).collect();
+    let mapping = of_path.iter().find(|m| mapping_id(m) == id).or_else(|| of_path.first())?;
+    // The kernel names each entry by its range, as `%lx-%lx`.
+    let entry = PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", mapping.address.0, mapping.address.1));
+    // stat, not open: a mapped device file could act on being opened.
+    file_id(&entry).map(|real| (entry, real))
 }
 
 /// The files `pid` has mapped executable now, as it sees them.
@@ -383,6 +413,71 @@ mod tests {
     fn own_pid_is_refused() {
         let err = Target::inspect(std::process::id()).unwrap_err();
         assert!(matches!(err, TargetError::OwnProcess { .. }), "{err}");
+    }
+
+    /// Whether this process may follow `/proc/PID/map_files/` entries:
+    /// `CAP_SYS_ADMIN` (21) or `CAP_CHECKPOINT_RESTORE` (40) in `CapEff`.
+    fn may_follow_map_files() -> bool {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:")).unwrap().trim();
+        let caps = u64::from_str_radix(hex, 16).unwrap();
+        caps & (1 << 21 | 1 << 40) != 0
+    }
+
+    /// The identity the maps give the first mapping of `path` here.
+    fn own_mapping_id(path: &Path) -> FileId {
+        let maps = Process::myself().unwrap().maps().unwrap();
+        let m = maps.iter().find(|m| matches!(&m.pathname, MMapPath::Path(p) if p == path)).expect("mapped");
+        mapping_id(m)
+    }
+
+    /// On btrfs the device `/proc/PID/maps` shows is the file system's, and
+    /// stat's the subvolume's: through `map_files` the right file is reached
+    /// all the same, by its plain path. Without the capability `map_files`
+    /// needs, only the device and inode are left, and they do not match.
+    #[test]
+    fn a_mapped_file_is_reached_whatever_device_the_maps_show() {
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let (dev, ino) = own_mapping_id(&exe);
+        assert_eq!(file_id(&exe), Some((dev, ino)), "this file system agrees with itself");
+        let me = Root::Process(std::process::id());
+        assert_eq!(me.reach(&exe, Some((dev, ino))), Some(exe.clone()));
+        let elsewhere = (dev ^ 0x7f, ino);
+        let expected = may_follow_map_files().then_some(exe.clone());
+        assert_eq!(me.reach(&exe, Some(elsewhere)), expected);
+    }
+
+    /// A mapped file deleted since (a package upgrade replaces the
+    /// interpreter under a running process) is reachable only through its
+    /// `map_files` entry, and that entry is the file as mapped.
+    #[test]
+    fn a_deleted_mapped_file_is_reached_through_map_files() {
+        use std::os::fd::AsRawFd as _;
+        let path = std::env::temp_dir().join(format!("tracer-map-files-{}", std::process::id()));
+        std::fs::write(&path, b"the mapped bytes").unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        // SAFETY: a fresh private read-only mapping of a file we opened;
+        // it is unmapped below and nothing else uses it.
+        let at =
+            unsafe { libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_READ, libc::MAP_PRIVATE, file.as_raw_fd(), 0) };
+        assert_ne!(at, libc::MAP_FAILED);
+        drop(file);
+        std::fs::remove_file(&path).unwrap();
+        let shown = PathBuf::from(format!("{} (deleted)", path.display()));
+        let id = own_mapping_id(&shown);
+        let reached = Root::Process(std::process::id()).reach(&shown, Some(id));
+        let read = reached.as_deref().map(std::fs::read);
+        // SAFETY: the mapping made above, of that length.
+        let unmapped = unsafe { libc::munmap(at, 4096) };
+        if may_follow_map_files() {
+            let start = at as usize;
+            let entry = format!("/proc/{}/map_files/{start:x}-{:x}", std::process::id(), start + 4096);
+            assert_eq!(reached, Some(PathBuf::from(entry)));
+            assert_eq!(read.unwrap().unwrap(), b"the mapped bytes");
+        } else {
+            assert_eq!(reached, None);
+        }
+        assert_eq!(unmapped, 0);
     }
 
     #[test]
