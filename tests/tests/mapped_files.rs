@@ -23,11 +23,13 @@ fn an_interpreter_deleted_after_it_started_is_traced() {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
     assert!(maps.lines().any(|l| l.ends_with(&shown)), "{maps}");
 
-    // The DWARF lookup reads the image by the path the maps show, which no
-    // longer exists: --no-inlined leaves it out. The api body calls the
-    // exported allocator functions through ctypes, which that leaves in.
+    // The image is read through its map_files entry, for its build-id too:
+    // its debug info is found, and every copy is probed.
     workload.wait_blocked_on_stdin();
-    let (tracer, attached) = TracerRun::attach_json(pid, &["--no-inlined", "--probes", "alloc", "--interval", "3600"]);
+    let (tracer, attached) = TracerRun::attach_json(pid, &["--probes", "alloc", "--interval", "3600"]);
+    for (name, c) in attached["coverage"].as_object().expect("coverage") {
+        assert!(c["source"].as_str().is_some_and(|s| s.contains("/usr/lib/debug/.build-id/")), "{name}: {c}");
+    }
     assert_eq!(attached["python"]["image"], shown.as_str(), "{attached}");
     workload.go();
     workload.finish();

@@ -46,7 +46,7 @@ pub(super) fn find(
             .collect();
         guards::scan(elf.path(), &wanted, symbols)
     };
-    let Some(file) = debuginfo::locate(&in_root, &root_dir, lookup.debug_dir)? else {
+    let Some(file) = debuginfo::locate(&in_root, &root_dir, lookup.debug_dir, Some(elf.path()))? else {
         return Ok(Inlining::Guards { fix: debug_fix(root, abi), scan: guard_scan(None)? });
     };
     let data = std::fs::read(&file.path)

@@ -87,8 +87,14 @@ pub struct DwarfFile {
 /// `root`, then in `debug_dir` (a path of tracer's own). `Ok(None)` means
 /// that no DWARF is reachable, which is common and not an error; a file
 /// that is there but not the image's is the error only when no other place
-/// has the image's.
-pub fn locate(image: &Path, root: &Path, debug_dir: Option<&Path>) -> Result<Option<DwarfFile>, DebugInfoError> {
+/// has the image's. `readable`, where given, is where the image's own bytes
+/// are read.
+pub fn locate(
+    image: &Path,
+    root: &Path,
+    debug_dir: Option<&Path>,
+    readable: Option<&Path>,
+) -> Result<Option<DwarfFile>, DebugInfoError> {
     // Checked first, so that a mistyped --debug-dir is reported even when
     // the DWARF is found elsewhere.
     if let Some(dir) = debug_dir {
@@ -102,6 +108,9 @@ pub fn locate(image: &Path, root: &Path, debug_dir: Option<&Path>) -> Result<Opt
         }
     }
     let (real, host) = in_root(root, image);
+    // The image itself may be reachable only another way (a deleted file,
+    // through /proc/PID/map_files).
+    let host = readable.map_or(host, Path::to_owned);
     let data = std::fs::read(&host).map_err(|cause| DebugInfoError::Read { path: host.clone(), cause })?;
     let file = object::File::parse(&*data).map_err(|cause| DebugInfoError::Image { path: host.clone(), cause })?;
     if has_dwarf(&file) {
@@ -362,7 +371,7 @@ pub(crate) mod tests {
     #[test]
     fn debian_python_dwarf_is_found_by_build_id() {
         let expected = debian_debug_file();
-        let found = locate(Path::new(DEBIAN_PYTHON), Path::new("/"), None).unwrap();
+        let found = locate(Path::new(DEBIAN_PYTHON), Path::new("/"), None, None).unwrap();
         assert_eq!(found, Some(DwarfFile { origin: Origin::BuildId, path: expected }));
     }
 
@@ -378,7 +387,7 @@ pub(crate) mod tests {
     #[test]
     fn pyenv_libpython_has_its_own_dwarf() {
         let lib = pyenv_libpython();
-        let found = locate(&lib, Path::new("/"), None).unwrap();
+        let found = locate(&lib, Path::new("/"), None, None).unwrap();
         assert_eq!(found, Some(DwarfFile { origin: Origin::Own, path: std::fs::canonicalize(&lib).unwrap() }));
     }
 
@@ -386,11 +395,11 @@ pub(crate) mod tests {
     fn a_debug_dir_is_searched_by_build_id() {
         let root = lone_python("root-good");
         let dir = debug_dir_with("dir-good", &std::fs::read(debian_debug_file()).unwrap());
-        let found = locate(Path::new(DEBIAN_PYTHON), &root, Some(&dir)).unwrap().unwrap();
+        let found = locate(Path::new(DEBIAN_PYTHON), &root, Some(&dir), None).unwrap().unwrap();
         assert_eq!(found.origin, Origin::DebugDir);
         assert!(found.path.starts_with(&*dir));
         // Without it, nothing is reachable in that root, and that is no error.
-        assert_eq!(locate(Path::new(DEBIAN_PYTHON), &root, None).unwrap(), None);
+        assert_eq!(locate(Path::new(DEBIAN_PYTHON), &root, None, None).unwrap(), None);
     }
 
     #[test]
@@ -401,14 +410,14 @@ pub(crate) mod tests {
             object::File::parse(&*data).unwrap().gnu_debuglink().unwrap().expect("python3.11 has a debuglink");
         let name = bytes_to_os(name);
         root.put(Path::new("usr/lib/debug/usr/bin").join(&name), &std::fs::read(debian_debug_file()).unwrap());
-        let found = locate(Path::new(DEBIAN_PYTHON), &root, None).unwrap().unwrap();
+        let found = locate(Path::new(DEBIAN_PYTHON), &root, None, None).unwrap().unwrap();
         assert_eq!(found, DwarfFile { origin: Origin::DebugLink, path: root.join("usr/lib/debug/usr/bin").join(name) });
     }
 
     #[test]
     fn a_missing_debug_dir_is_an_error_naming_it() {
         let dir = Path::new("/nonexistent/tracer-debug-dir");
-        let err = locate(Path::new(DEBIAN_PYTHON), Path::new("/"), Some(dir)).unwrap_err();
+        let err = locate(Path::new(DEBIAN_PYTHON), Path::new("/"), Some(dir), None).unwrap_err();
         assert!(matches!(err, DebugInfoError::DebugDir { .. }), "{err}");
         assert!(err.to_string().contains("/nonexistent/tracer-debug-dir"), "{err}");
     }
@@ -427,7 +436,7 @@ pub(crate) mod tests {
         let other_id = hex(object::File::parse(&*other_data).unwrap().build_id().unwrap().unwrap());
         let root = lone_python("root-other");
         let dir = debug_dir_with("dir-other", &other_data);
-        let err = locate(Path::new(DEBIAN_PYTHON), &root, Some(&dir)).unwrap_err();
+        let err = locate(Path::new(DEBIAN_PYTHON), &root, Some(&dir), None).unwrap_err();
         let DebugInfoError::BuildIdMismatch { found, expected, .. } = &err else { panic!("{err}") };
         assert_eq!(found, &other_id);
         let msg = err.to_string();
@@ -440,7 +449,7 @@ pub(crate) mod tests {
         let data = std::fs::read(debian_debug_file()).unwrap();
         let root = lone_python("root-cut");
         let dir = debug_dir_with("dir-cut", &data[..data.len() / 2]);
-        let err = locate(Path::new(DEBIAN_PYTHON), &root, Some(&dir)).unwrap_err();
+        let err = locate(Path::new(DEBIAN_PYTHON), &root, Some(&dir), None).unwrap_err();
         assert!(matches!(err, DebugInfoError::Parse { .. }), "{err}");
         assert!(err.to_string().contains(&*dir.to_string_lossy()), "{err}");
     }
@@ -454,9 +463,9 @@ pub(crate) mod tests {
         let root = lone_python("root-stale");
         root.put(debian_debug_file().strip_prefix("/").unwrap(), &good[..4096]);
         let dir = debug_dir_with("dir-fresh", &good);
-        let found = locate(Path::new(DEBIAN_PYTHON), &root, Some(&dir)).unwrap().unwrap();
+        let found = locate(Path::new(DEBIAN_PYTHON), &root, Some(&dir), None).unwrap().unwrap();
         assert_eq!(found.origin, Origin::DebugDir);
-        let err = locate(Path::new(DEBIAN_PYTHON), &root, None).unwrap_err();
+        let err = locate(Path::new(DEBIAN_PYTHON), &root, None, None).unwrap_err();
         let DebugInfoError::Parse { path, .. } = &err else { panic!("{err}") };
         assert_eq!(path, &root.join(debian_debug_file().strip_prefix("/").unwrap()));
         assert!(err.to_string().ends_with(&format!("; {BAD_FILE_FIX}")), "{err}");
