@@ -1,7 +1,7 @@
 //! Files a target maps are reached as the very files it maps, through
 //! `/proc/PID/map_files/`: here an interpreter whose file was removed after
 //! it started, as a package upgrade replaces it under a running process.
-//! No path names that file any more; only its map_files entry reaches it.
+//! No path names that file any more; only its `map_files` entry reaches it.
 
 use std::os::unix::fs::PermissionsExt as _;
 
