@@ -80,19 +80,6 @@ fn debian_python_and_debug_file() -> (Vec<u8>, Vec<u8>) {
     (image, debug)
 }
 
-/// CRC32 as `.gnu_debuglink` records it (the zlib polynomial).
-fn crc32(data: &[u8]) -> u32 {
-    let table: Vec<u32> = (0..256u32)
-        .map(|mut c| {
-            for _ in 0..8 {
-                c = if c & 1 == 1 { 0xedb8_8320 ^ (c >> 1) } else { c >> 1 };
-            }
-            c
-        })
-        .collect();
-    !data.iter().fold(!0u32, |c, &b| table[usize::from((c as u8) ^ b)] ^ (c >> 8))
-}
-
 /// Writes an executable copy of an image at `path`.
 fn install(path: &Path, image: &[u8]) {
     put(path, image);
@@ -265,7 +252,7 @@ fn a_debug_file_of_another_build_by_debuglink_name() {
     assert_eq!(file.build_id().unwrap(), None);
     let (name, crc) = file.gnu_debuglink().unwrap().expect("a .gnu_debuglink");
     let name = std::str::from_utf8(name).unwrap().to_owned();
-    assert_eq!(crc, crc32(&debug), "python3.11's debuglink records its debug file's CRC32");
+    assert_eq!(crc, crc32fast::hash(&debug), "python3.11's debuglink records its debug file's CRC32");
 
     let scratch = Scratch::new("by-name");
     let python = scratch.0.join("bin/python3.11");
@@ -289,7 +276,7 @@ fn a_debug_file_of_another_build_by_debuglink_name() {
         &format!(
             "{} has CRC32 {:08x}, but /proc/{pid}/root{}'s .gnu_debuglink records {crc:08x}: the debug file is for another build; {FIX}",
             bad.join(&name).display(),
-            crc32(&other),
+            crc32fast::hash(&other),
             python.display()
         ),
     );
