@@ -166,7 +166,8 @@ fn bad_debug_files_by_build_id() {
 
     let mut workload = Workload::serve(&python);
     let pid = workload.pid();
-    let shown_image = format!("/proc/{pid}/root{}", python.display());
+    // The image as tracer reaches it: its own path, the same file.
+    let shown_image = python.display().to_string();
     let bad = |name: &str, data: &[u8]| {
         let dir = scratch.0.join(name);
         put(&by_id(&dir, &new_id), data);
@@ -274,7 +275,7 @@ fn a_debug_file_of_another_build_by_debuglink_name() {
         pid,
         &bad,
         &format!(
-            "{} has CRC32 {:08x}, but /proc/{pid}/root{}'s .gnu_debuglink records {crc:08x}: the debug file is for another build; {FIX}",
+            "{} has CRC32 {:08x}, but {}'s .gnu_debuglink records {crc:08x}: the debug file is for another build; {FIX}",
             bad.join(&name).display(),
             crc32fast::hash(&other),
             python.display()
