@@ -433,6 +433,13 @@ fn guard_coverage(
                 c.calls = Completeness::Partial;
                 why.push(format!("copies not probed: {}", unprobed.join("; ")));
             }
+            if found.undecodable > 0 {
+                c.calls = Completeness::Partial;
+                why.push(format!(
+                    "{} reads of {} are in code tracer could not decode from its start, and are not probed",
+                    found.undecodable, found.guard
+                ));
+            }
             let sizeless = sites.iter().filter(|s| s.size.is_none()).count();
             if measures_bytes && (sizeless > 0 || c.calls == Completeness::Partial) {
                 c.bytes = Completeness::Partial;
