@@ -202,27 +202,69 @@ impl Session {
 
     /// Attaches every probe to `pid` ([`ALL_PROCESSES`]: every process)
     /// through uprobe-multi links, one per program and file (see
-    /// [`super::multi`]). On failure nothing stays attached in that scope.
+    /// [`super::multi`]). One offset the kernel refuses fails its whole
+    /// link; the link's points are then attached in halves, down to the
+    /// refused ones, which are left out and make their probe's coverage
+    /// partial. On failure nothing stays attached in that scope.
     pub fn attach_multi(&mut self, pid: u32) -> Result<(), AttachError> {
         let mut links = Vec::new();
-        let mut groups: BTreeMap<(Program, PathBuf), Vec<(u64, u64)>> = BTreeMap::new();
+        let mut groups: BTreeMap<(Program, PathBuf), Vec<AttachPoint>> = BTreeMap::new();
         for p in self.attach_points() {
-            groups.entry((p.program, p.path)).or_default().push((p.offset, p.cookie));
+            groups.entry((p.program, p.path.clone())).or_default().push(p);
         }
+        let mut refused = Vec::new();
         for ((program, path), points) in groups {
-            match self.multi_link(program, &path, &points, pid) {
-                Ok(link) => links.push(link),
-                Err(e) => {
-                    drop(links);
-                    if self.gone(pid) {
-                        return Err(AttachError::TargetExited { pid });
-                    }
-                    return Err(e);
+            let before = refused.len();
+            let result = match self.attach_halves(program, &path, &points, pid, (&mut links, &mut refused)) {
+                // Every point refused: no one offset's fault (a kernel
+                // without uprobe-multi links, say).
+                Ok(Some(e)) if refused.len() - before == points.len() => Err(e),
+                Ok(_) => Ok(()),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = result {
+                drop(links);
+                if self.gone(pid) {
+                    return Err(AttachError::TargetExited { pid });
                 }
+                return Err(e);
             }
         }
         self.multi_links.insert(pid, links);
+        for (symbol, offset, cause) in refused {
+            self.refuse(symbol, offset, &cause);
+        }
         Ok(())
+    }
+
+    /// Attaches `points` in one link, or where the kernel refuses it, each
+    /// half in turn, down to single points, which are recorded in `refused`
+    /// with why. Returns the first refusal, if any.
+    fn attach_halves(
+        &mut self,
+        program: Program,
+        path: &std::path::Path,
+        points: &[AttachPoint],
+        pid: u32,
+        (links, refused): (&mut Vec<OwnedFd>, &mut Vec<(&'static str, u64, String)>),
+    ) -> Result<Option<AttachError>, AttachError> {
+        let pairs: Vec<(u64, u64)> = points.iter().map(|p| (p.offset, p.cookie)).collect();
+        let err = match self.multi_link(program, path, &pairs, pid) {
+            Ok(link) => {
+                links.push(link);
+                return Ok(None);
+            }
+            Err(AttachError::Multi(e)) if e.is_unsupported() && !self.gone(pid) => AttachError::Multi(e),
+            Err(e) => return Err(e),
+        };
+        if let [one] = points {
+            refused.push((one.symbol, one.offset, err.to_string()));
+            return Ok(Some(err));
+        }
+        let (a, b) = points.split_at(points.len() / 2);
+        self.attach_halves(program, path, a, pid, (&mut *links, &mut *refused))?;
+        self.attach_halves(program, path, b, pid, (&mut *links, &mut *refused))?;
+        Ok(Some(err))
     }
 
     /// Every place a uprobe goes: each probe's (placed) entry or call

@@ -113,6 +113,8 @@ pub struct Session {
     multi_programs: HashMap<Program, OwnedFd>,
     /// uprobe-multi links per attached process.
     multi_links: HashMap<u32, Vec<OwnedFd>>,
+    /// The points the kernel refused, by probe and file offset: left out.
+    refused: std::collections::BTreeSet<(&'static str, u64)>,
     /// The one process counted, when it is one: an attach that fails after
     /// it exited says so (without a pidfd, a failed attach is taken for an
     /// exit).
@@ -172,6 +174,7 @@ impl Session {
             map_fds,
             multi_programs: HashMap::new(),
             multi_links: HashMap::new(),
+            refused: std::collections::BTreeSet::new(),
             target: (target_tgid != ALL_PROCESSES).then(|| Pidfd::open(target_tgid).ok().flatten()).flatten(),
         })
     }
@@ -180,6 +183,29 @@ impl Session {
     /// (never for [`ALL_PROCESSES`]): only the error's wording depends on it.
     fn gone(&self, pid: u32) -> bool {
         pid != ALL_PROCESSES && self.target.as_ref().is_none_or(Pidfd::exited)
+    }
+
+    /// Records that the kernel refused `symbol`'s probe at `offset`: its
+    /// calls there are not counted, which its coverage says.
+    pub(crate) fn refuse(&mut self, symbol: &'static str, offset: u64, cause: &str) {
+        if !self.refused.insert((symbol, offset)) {
+            return;
+        }
+        let Some(probe) = self.plan.probes.iter_mut().find(|p| p.symbol == symbol) else { return };
+        let c = &mut probe.coverage;
+        c.calls = crate::plan::coverage::Completeness::Partial;
+        if c.bytes == crate::plan::coverage::Completeness::Complete {
+            c.bytes = crate::plan::coverage::Completeness::Partial;
+        }
+        let why =
+            format!("the kernel refused the probe at file offset {offset:#x}, whose calls are not counted ({cause})");
+        c.reason = Some(c.reason.take().map_or(why.clone(), |r| format!("{r}; {why}")));
+    }
+
+    /// The points the kernel refused, by probe and file offset.
+    #[must_use]
+    pub const fn refused(&self) -> &std::collections::BTreeSet<(&'static str, u64)> {
+        &self.refused
     }
 
     /// What this session probes.
@@ -314,5 +340,44 @@ mod tests {
             multi::load(crate::BPF_OBJECT, program.name(), &session.map_fds)
                 .unwrap_or_else(|e| panic!("{} does not load for uprobe-multi links: {e}", program.name()));
         }
+    }
+
+    /// Never called: its immediate holds bytes that decode as no
+    /// instruction, for a probe the kernel refuses.
+    #[unsafe(no_mangle)]
+    #[inline(never)]
+    extern "C" fn tracer_test_never_called() -> u64 {
+        std::hint::black_box(0x0606_0606_0606_0606)
+    }
+
+    /// One offset the kernel refuses does not fail the link of the hundreds
+    /// beside it: the others attach, and the refused one makes its probe's
+    /// coverage partial.
+    #[test]
+    fn a_refused_offset_is_left_out_and_reported() {
+        assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
+        let exe = std::env::current_exe().expect("the test binary");
+        let elf = ElfImage::open(&exe).expect("the test binary is ELF");
+        let image = ImageRef { elf: &elf, display_path: &exe, attach_path: &exe, modules: &[], inlining: None };
+        let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
+        let mut plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
+        // Its address taken, so that the linker keeps it.
+        std::hint::black_box(tracer_test_never_called as extern "C" fn() -> u64);
+        let never = elf.function("tracer_test_never_called").expect("the never-called function");
+        let code = elf.read_at(never.file_offset, 32).expect("its code");
+        // An 0x06 byte inside its `movabs`: no instruction in 64-bit mode.
+        let inside = code.iter().skip(1).position(|&b| b == 0x06).expect("an 0x06 byte") as u64 + 1;
+        let bad = never.file_offset + inside;
+        let site = |offset| plan::InlineSite { offset, size: None, emulated: false };
+        plan.probes[0].inline_sites = vec![site(never.file_offset), site(bad)];
+        let mut session = Session::load(plan, std::process::id(), LoadOptions::default()).expect("the object loads");
+        session.prepare(true).expect("programs load");
+        session.attach_multi(std::process::id()).expect("the other points attach");
+        assert_eq!(session.refused().iter().copied().collect::<Vec<_>>(), [("main", bad)]);
+        let c = &session.plan().probes[0].coverage;
+        assert_eq!(c.calls, crate::plan::coverage::Completeness::Partial, "{c:?}");
+        let reason = c.reason.as_deref().unwrap_or_default();
+        assert!(reason.contains(&format!("the kernel refused the probe at file offset {bad:#x}")), "{reason}");
+        session.detach_multi(std::process::id());
     }
 }
