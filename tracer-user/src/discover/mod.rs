@@ -146,18 +146,18 @@ pub struct DwarfLookup<'a> {
 /// the image; looks for its DWARF as `dwarf` says.
 pub fn resolve(spec: &TargetSpec, call_sites: bool, dwarf: DwarfLookup<'_>) -> Result<Resolved, ResolveError> {
     // What differs: how the image and its version are found, from where its
-    // files are reached, and which files already call into it.
-    let mut ns_pid = None;
-    let (scope, exe, elf, display_path, attach_path, root, callers, version, mismatch) = match spec {
+    // files are reached, and which files already call into it. The rest is
+    // filled in below.
+    let (mut r, root, callers) = match spec {
         TargetSpec::Pid(pid) => {
             let target = Target::inspect(*pid)?;
             let source = version::Source::Process(&target);
             let version = version::read(source)?;
             let abi = python::abi_for(*pid, version)?;
             let mismatch = version::check_debug_offsets(source, abi, version);
-            ns_pid = target.ns_pid;
-            let Target { elf, image_path, host_path, code_files, .. } = target;
-            (*pid, None, elf, image_path, host_path, process::Root::Process(*pid), code_files, version, mismatch)
+            let Target { elf, image_path, host_path, code_files, ns_pid, .. } = target;
+            let r = Resolved::new(*pid, None, elf, (image_path, host_path), (version, abi), mismatch, ns_pid);
+            (r, process::Root::Process(*pid), code_files)
         }
         TargetSpec::Exe(path) => {
             let interp = Interpreter::from_executable(path)?;
@@ -170,39 +170,62 @@ pub fn resolve(spec: &TargetSpec, call_sites: bool, dwarf: DwarfLookup<'_>) -> R
                 _ => Vec::new(),
             };
             let Interpreter { exe, image, elf, version } = interp;
-            (ALL_PROCESSES, Some(exe), elf, image.clone(), image, process::Root::Own, callers, version, mismatch)
+            let paths = (image.clone(), image);
+            (
+                Resolved::new(ALL_PROCESSES, Some(exe), elf, paths, (version, abi), mismatch, None),
+                process::Root::Own,
+                callers,
+            )
         }
     };
-    let abi = python::abi_for_image(&display_path, version)?;
-    let v = (version.major, version.minor);
-    let mut modules = if call_sites { modules::modules(&display_path, root, &callers, v) } else { Vec::new() };
-    let mut known = modules::known_files(&attach_path, &modules);
-    if call_sites && scope == ALL_PROCESSES {
+    // The version module for the image as found (the same in both arms).
+    r.abi = python::abi_for_image(&r.display_path, r.version)?;
+    let v = (r.version.major, r.version.minor);
+    if call_sites {
+        r.modules = modules::modules(&r.display_path, root, &callers, v);
+    }
+    r.known = modules::known_files(&r.attach_path, &r.modules);
+    if call_sites && r.scope == ALL_PROCESSES {
         // Every file the interpreter's running processes map executable,
         // such as the third-party extension modules they imported.
-        for (pid, files) in process::processes_mapping(&attach_path) {
-            modules.extend(modules::new_modules(pid, &files, &mut known));
+        for (pid, files) in process::processes_mapping(&r.attach_path) {
+            r.modules.extend(modules::new_modules(pid, &files, &mut r.known));
         }
     }
-    let inlining =
-        if dwarf.enabled { copies::find(spec, (&display_path, &elf), root, abi, dwarf)? } else { Inlining::Skipped };
-    Ok(Resolved {
-        scope,
-        exe,
-        elf,
-        display_path,
-        attach_path,
-        version,
-        abi,
-        modules,
-        known,
-        debug_offsets_mismatch: mismatch,
-        ns_pid,
-        inlining,
-    })
+    if dwarf.enabled {
+        r.inlining = copies::find(spec, (&r.display_path, &r.elf), root, r.abi, dwarf)?;
+    }
+    Ok(r)
 }
 
 impl Resolved {
+    /// A target found, before its modules and inlined copies are looked
+    /// for.
+    fn new(
+        scope: u32,
+        exe: Option<PathBuf>,
+        elf: ElfImage,
+        (display_path, attach_path): (PathBuf, PathBuf),
+        (version, abi): (PythonVersion, &'static dyn Abi),
+        debug_offsets_mismatch: Option<String>,
+        ns_pid: Option<u32>,
+    ) -> Self {
+        Self {
+            scope,
+            exe,
+            elf,
+            display_path,
+            attach_path,
+            version,
+            abi,
+            modules: Vec::new(),
+            known: HashSet::new(),
+            debug_offsets_mismatch,
+            ns_pid,
+            inlining: Inlining::Skipped,
+        }
+    }
+
     /// The PID with `--pid`.
     #[must_use]
     pub fn pid(&self) -> Option<u32> {
