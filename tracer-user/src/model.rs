@@ -626,8 +626,9 @@ mod tests {
 
     /// Lines the previous tracer (before this model) wrote, for runs with
     /// `--returns`, `--budget`, call sites and `--exe`, then lines of this
-    /// one with what it added (notes, `exited`, late modules, rates, hits):
-    /// each must read into the model and write back byte for byte.
+    /// one with what it added (notes, `exited`, late modules, rates, hits,
+    /// sites by kind, cost): each must read into the model and write back
+    /// byte for byte.
     const SAMPLES: &str =
         concat!(include_str!("../tests/data/events.jsonl"), include_str!("../tests/data/events-current.jsonl"));
     const PLAN_SAMPLES: &str = include_str!("../tests/data/plans.jsonl");
@@ -640,8 +641,19 @@ mod tests {
             types.insert(std::mem::discriminant(&event));
             assert_eq!(serde_json::to_string(&event).unwrap(), line);
         }
-        let fields =
-            ["exited", "hits", "calls_per_s", "bytes_per_s", "measures_bytes", "\"code\":\"bpf_log\"", "\"sites\":58"];
+        let fields = [
+            "exited",
+            "hits",
+            "calls_per_s",
+            "bytes_per_s",
+            "measures_bytes",
+            "\"code\":\"bpf_log\"",
+            "\"sites\":58",
+            "\"sites\":{\"_Py_NewReference\":{\"emulated\":2,\"single_stepped\":208}",
+            "\"cost\":{\"estimate\":true",
+            "overhead_fraction_low",
+            "\"code\":\"high_cost\"",
+        ];
         for field in fields {
             assert!(SAMPLES.contains(field), "the samples lack {field}");
         }
