@@ -48,6 +48,14 @@ fn check(link_kind: &str) {
     tracer.signal(libc::SIGINT);
     let (status, lines, stderr) = tracer.finish();
     assert!(status.success(), "{status}: {stderr}");
+    // An interval may cost the target more than the budget (with perf-event
+    // uprobes, the first window lasts while they detach one by one), and
+    // tracer's cost estimate says so.
+    let stderr: String = stderr
+        .lines()
+        .filter(|l| !l.starts_with("tracer: warning: tracing costs the target"))
+        .map(|l| format!("{l}\n"))
+        .collect();
     assert_eq!(stderr, format!("tracer: detached from PID {pid} (signal)\n"));
     let summary = lines.last().expect("summary");
     assert_eq!(summary["type"], "summary");

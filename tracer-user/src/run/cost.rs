@@ -17,13 +17,7 @@
 //! reads), and, with `--exe`, those of a process that ran before the attach
 //! from before tracer first saw it (its CPU time at the attach is unknown).
 
-use std::{
-    collections::HashMap,
-    fs::File,
-    os::unix::fs::FileExt as _,
-    thread::JoinHandle,
-    time::{Duration, Instant},
-};
+use std::{collections::HashMap, fs::File, os::unix::fs::FileExt as _, thread::JoinHandle, time::Duration};
 
 use indexmap::IndexMap;
 use procfs::Current as _;
@@ -40,9 +34,10 @@ use crate::{
 };
 
 /// How long the end of a run waits for a calibration still running, so
-/// that the summary of a short run has its cost (calibrating takes about
-/// half a second).
-pub const CALIBRATION_WAIT: Duration = Duration::from_secs(5);
+/// that the summary of a short run has its cost: calibrating takes about a
+/// second, several on a loaded machine (and in a debug build, whose own
+/// ELF is large).
+pub const CALIBRATION_WAIT: Duration = Duration::from_secs(30);
 
 /// How a probe's return values are read, as far as their cost goes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -485,19 +480,20 @@ impl CostMeter {
         })
     }
 
-    /// Waits up to `timeout` for a calibration still running (at the end
-    /// of a run shorter than it), then as [`Self::poll`].
-    pub fn wait(&mut self, timeout: Duration) -> Option<Note> {
-        let until = Instant::now() + timeout;
-        while matches!(&self.calibration, Calibration::Running(t) if !t.is_finished()) {
-            if Instant::now() >= until {
-                // Left to finish on its own; its child ends with tracer.
-                self.calibration = Calibration::Failed(Some(format!("it took over {} s", timeout.as_secs())));
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
+    /// Whether the calibration is still running.
+    pub fn calibrating(&mut self) -> bool {
+        self.calibration.settle();
+        matches!(self.calibration, Calibration::Running(_))
+    }
+
+    /// Stops waiting for a calibration still running, which is left to
+    /// finish on its own (its child ends with tracer), and goes on without
+    /// a cost: with `why` a warning says so, without (the user asked to
+    /// stop) nothing does.
+    pub fn give_up(&mut self, why: Option<String>) {
+        if let Calibration::Running(_) = self.calibration {
+            self.calibration = Calibration::Failed(why);
         }
-        self.poll()
     }
 
     /// The cost since the last call (or the attach); `None` until a hit's

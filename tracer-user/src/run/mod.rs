@@ -279,7 +279,20 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
     output.notes(log)?;
     // Detached, so waiting costs the target nothing: a run shorter than
     // the calibration still ends with its cost.
-    output.notes(cost.wait(cost::CALIBRATION_WAIT))?;
+    let calibrated_by = tokio::time::Instant::now() + cost::CALIBRATION_WAIT;
+    while cost.calibrating() {
+        tokio::select! {
+            biased;
+            // Asked again to stop: at once, without a cost.
+            _ = sigint.recv() => cost.give_up(None),
+            _ = sigterm.recv() => cost.give_up(None),
+            () = sleep_until(calibrated_by) => {
+                cost.give_up(Some(format!("calibrating took over {} s", cost::CALIBRATION_WAIT.as_secs())));
+            }
+            () = tokio::time::sleep(std::time::Duration::from_millis(10)) => {}
+        }
+    }
+    output.notes(cost.poll())?;
     last.cost = cost.total();
     output.summary(last, end)?;
     Ok(end)
