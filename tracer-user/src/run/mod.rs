@@ -351,12 +351,6 @@ fn start<'a>(
     // Calibrated now only if nothing before needed it: the probes are
     // live and the target is not kept waiting.
     let calibrating = cpu_costs.map_or_else(Calibration::start, Calibration::Known);
-    let advice = Advice {
-        budget: config.budget.map(|b| b * 100.0),
-        returns: config.returns,
-        call_sites: config.placement == PlacementMode::CallSites,
-    };
-    let cost = CostMeter::new(session.plan(), r.pid(), calibrating, advice);
     let mut readout = Readout::new(started, r.pid().is_none());
     let duty = match (config.budget, costs) {
         (Some(budget), Some(costs)) => Some(DutyCycle::new(
@@ -370,6 +364,13 @@ fn start<'a>(
         )?),
         _ => None,
     };
+    // After the first window has begun: this reads the image.
+    let advice = Advice {
+        budget: config.budget.map(|b| b * 100.0),
+        returns: config.returns,
+        call_sites: config.placement == PlacementMode::CallSites,
+    };
+    let cost = CostMeter::new(session.plan(), r.pid(), calibrating, advice);
     let mut info = attached_event(&session, &r, links, &cost);
     info.return_costs_ns = return_costs.map(|r| r.1);
     let mut output = Output {
