@@ -109,10 +109,12 @@ pub fn estimate(high_ns: f64, low_ns: f64, target_cpu_ns: f64, hits: u64, hit: H
             None
         }
     };
+    let (high, low) = (share(high_ns), share(low_ns));
     Cost {
         estimate: true,
-        overhead_fraction: share(high_ns),
-        overhead_fraction_low: if low_ns < high_ns { share(low_ns) } else { None },
+        overhead_fraction: high,
+        // Only a range that says something: both ends can be at the cap.
+        overhead_fraction_low: low.filter(|l| high.is_some_and(|h| *l < h)),
         tracer_cpu_s: high_ns / 1e9,
         target_cpu_s: target_cpu_ns / 1e9,
         hits,
@@ -599,6 +601,8 @@ mod tests {
         assert!((c.overhead_fraction_low.unwrap() - 0.001).abs() < 1e-12, "{c:?}");
         // More than the CPU time it ran on: the estimate's error.
         assert_eq!(estimate(2e9, 2e9, 1e9, 1, HIT).overhead_fraction, Some(1.0));
+        // A range with both ends at that cap is none.
+        assert_eq!(estimate(3e9, 2e9, 1e9, 1, HIT).overhead_fraction_low, None);
         // No hits, no CPU time: nothing spent.
         assert_eq!(estimate(0.0, 0.0, 0.0, 0, HIT).overhead_fraction, Some(0.0));
         // Hits within less CPU time than /proc shows: no share.
