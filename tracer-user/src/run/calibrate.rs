@@ -240,7 +240,8 @@ pub struct Calibration {
     pub cpu: Prices,
 }
 
-/// Measures [`HitCosts`] on this machine (about half a second), and with
+/// Measures [`HitCosts`] on this machine (a second or two; each detach
+/// waits for a grace period), and with
 /// `returns` what each way of reading a return value costs (about as long
 /// again).
 ///
