@@ -240,10 +240,9 @@ pub struct Calibration {
     pub cpu: Prices,
 }
 
-/// Measures [`HitCosts`] on this machine (a second or two; each detach
-/// waits for a grace period), and with
-/// `returns` what each way of reading a return value costs (about as long
-/// again).
+/// Measures [`HitCosts`] on this machine (a second or two: each detach
+/// waits for a grace period), and with `returns` what each way of reading
+/// a return value costs (about as long again).
 ///
 /// # Errors
 /// When tracer's own image cannot be probed or the probes miscount.
