@@ -48,7 +48,12 @@ fn check(link_kind: &str) {
     tracer.signal(libc::SIGINT);
     let (status, lines, stderr) = tracer.finish();
     assert!(status.success(), "{status}: {stderr}");
-    assert_eq!(stderr, format!("tracer: detached from PID {pid} (signal)\n"));
+    // An interval may cost the target more than the budget (with perf-event
+    // uprobes, the first window lasts while they detach one by one), and
+    // tracer's cost estimate says so.
+    let rest: Vec<&str> =
+        stderr.lines().filter(|l| !l.starts_with("tracer: warning: tracing costs the target")).collect();
+    assert_eq!(rest, [format!("tracer: detached from PID {pid} (signal)")], "{stderr}");
     let summary = lines.last().expect("summary");
     assert_eq!(summary["type"], "summary");
     for (name, value) in summary["stats"].as_object().expect("stats") {

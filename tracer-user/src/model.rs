@@ -84,6 +84,27 @@ pub struct Attached {
     /// calls and bytes are complete.
     #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
     pub coverage: IndexMap<String, Coverage>,
+    /// Per probe: how many of its counting uprobes (its placed entry or
+    /// call sites, and its inlined copies) sit on instructions the kernel
+    /// emulates and how many on ones it single-steps, which cost many
+    /// times more per hit.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub sites: IndexMap<String, SiteKinds>,
+}
+
+/// How many uprobes sit on each kind of instruction.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SiteKinds {
+    pub emulated: usize,
+    pub single_stepped: usize,
+}
+
+impl std::ops::Add for SiteKinds {
+    type Output = Self;
+
+    fn add(self, other: Self) -> Self {
+        Self { emulated: self.emulated + other.emulated, single_stepped: self.single_stepped + other.single_stepped }
+    }
 }
 
 impl Attached {
@@ -160,6 +181,74 @@ pub struct Budget {
     pub hit_cost_ns: HitCosts,
 }
 
+/// tracer's estimated cost to the target over an interval (in a summary,
+/// over the run): its hits times the calibrated cost of a hit where each
+/// sits, against the CPU time the target used meanwhile. The uprobe
+/// handler runs in the target's thread, so that time is charged to the
+/// target.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Cost {
+    /// Always true: hits priced at costs calibrated on tracer's own
+    /// function, not a measurement of the target.
+    pub estimate: bool,
+    /// The share of the target's CPU time spent in tracer's probes, at
+    /// most 1 (the probes run on that time, so more is the estimate's
+    /// error); left out when the target used no measurable CPU time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overhead_fraction: Option<f64>,
+    /// Where a probe has sites of both kinds, whose hits share one counter
+    /// and so cannot be told apart, `overhead_fraction` prices them all as
+    /// single-stepped; this is the share had they all been emulated. Left
+    /// out when no such probe was hit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overhead_fraction_low: Option<f64>,
+    /// The estimated CPU time the probe hits cost the target, in seconds.
+    pub tracer_cpu_s: f64,
+    /// The CPU time (user and system) the traced processes used over the
+    /// same span, in seconds.
+    pub target_cpu_s: f64,
+    /// The hits priced.
+    pub hits: u64,
+    /// The calibrated cost of one hit.
+    pub hit_cost_ns: HitCosts,
+}
+
+impl Cost {
+    /// Above this share of the target's CPU time, tracer warns.
+    pub const HIGH: f64 = 0.10;
+
+    /// Whether the estimate is above [`Self::HIGH`].
+    #[must_use]
+    pub fn is_high(&self) -> bool {
+        self.overhead_fraction.is_some_and(|f| f > Self::HIGH)
+    }
+
+    /// The warning to give for a high cost, pointing to what lowers it:
+    /// `--budget`, which refuses `--returns` and call sites, and which may
+    /// already be on (`budget` as a percentage).
+    #[must_use]
+    pub fn warning(&self, budget: Option<f64>, returns: bool, call_sites: bool) -> Option<String> {
+        let f = self.overhead_fraction.filter(|_| self.is_high())?;
+        // A CPU-bound target does its own work in the share the probes
+        // leave it. Near 1 the estimate's error swamps that ratio.
+        let slowdown = if f <= 0.9 {
+            format!("a CPU-bound target runs about {:.1}× slower", 1.0 / (1.0 - f))
+        } else {
+            "a CPU-bound target runs over 10× slower".to_owned()
+        };
+        let advice = match budget {
+            // Rounded: a percentage made from a fraction, 7 → 0.07 → 7.000000000000001.
+            Some(percent) => format!(
+                "--budget {}% is on; a lower --budget leaves longer gaps between windows",
+                (percent * 1e6).round() / 1e6
+            ),
+            None if returns || call_sites => "--budget PERCENT keeps the cost near PERCENT% by tracing in windows (without --returns and --placement call-sites, which it does not combine with)".to_owned(),
+            None => "--budget PERCENT keeps the cost near PERCENT% by tracing in windows".to_owned(),
+        };
+        Some(format!("tracing costs the target an estimated {:.0}% of its CPU time ({slowdown}); {advice}", f * 100.0))
+    }
+}
+
 /// A file mapped after the attach whose calls are counted only from
 /// `since_s` on.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -198,6 +287,11 @@ pub struct Snapshot {
     pub elapsed_s: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<Budget>,
+    /// tracer's estimated cost to the target, over this interval (in a
+    /// summary, over the run); left out until the cost of a hit is
+    /// calibrated, or when it could not be.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<Cost>,
     /// Totals over every traced process, in report order.
     pub probes: IndexMap<String, ProbeCounts>,
     /// The same per process that hit any probe, by PID (processes that
@@ -358,6 +452,11 @@ pub enum NoteCode {
     DebugOffsets,
     /// A traced process cannot be watched for its exit.
     ProcessUnwatched,
+    /// tracer's estimated cost to the target passed [`Cost::HIGH`] (told
+    /// once).
+    HighCost,
+    /// The cost of a hit could not be calibrated, so no cost is estimated.
+    CostUnknown,
 }
 
 /// A diagnostic, as an event.
@@ -538,8 +637,9 @@ mod tests {
 
     /// Lines the previous tracer (before this model) wrote, for runs with
     /// `--returns`, `--budget`, call sites and `--exe`, then lines of this
-    /// one with what it added (notes, `exited`, late modules, rates, hits):
-    /// each must read into the model and write back byte for byte.
+    /// one with what it added (notes, `exited`, late modules, rates, hits,
+    /// sites by kind, cost): each must read into the model and write back
+    /// byte for byte.
     const SAMPLES: &str =
         concat!(include_str!("../tests/data/events.jsonl"), include_str!("../tests/data/events-current.jsonl"));
     const PLAN_SAMPLES: &str = include_str!("../tests/data/plans.jsonl");
@@ -552,8 +652,19 @@ mod tests {
             types.insert(std::mem::discriminant(&event));
             assert_eq!(serde_json::to_string(&event).unwrap(), line);
         }
-        let fields =
-            ["exited", "hits", "calls_per_s", "bytes_per_s", "measures_bytes", "\"code\":\"bpf_log\"", "\"sites\":58"];
+        let fields = [
+            "exited",
+            "hits",
+            "calls_per_s",
+            "bytes_per_s",
+            "measures_bytes",
+            "\"code\":\"bpf_log\"",
+            "\"sites\":58",
+            "\"sites\":{\"_Py_NewReference\":{\"emulated\":2,\"single_stepped\":208}",
+            "\"cost\":{\"estimate\":true",
+            "overhead_fraction_low",
+            "\"code\":\"high_cost\"",
+        ];
         for field in fields {
             assert!(SAMPLES.contains(field), "the samples lack {field}");
         }

@@ -105,6 +105,29 @@ mod tests {
     }
 
     #[test]
+    fn cost_fields() {
+        use crate::{model::Cost, plan::HitCosts};
+        let mut sample = snapshot(1000, 1);
+        let (out, _) = lines(&[Event::Interval(sample.clone())]);
+        assert!(out[0].get("cost").is_none(), "no cost before it is known");
+        sample.cost = Some(Cost {
+            estimate: true,
+            overhead_fraction: Some(0.034),
+            overhead_fraction_low: None,
+            tracer_cpu_s: 0.034,
+            target_cpu_s: 1.0,
+            hits: 2267,
+            hit_cost_ns: HitCosts { single_stepped_ns: 15_000.0, emulated_ns: 500.0 },
+        });
+        let (out, _) = lines(&[Event::Summary(Summary::new(sample, End::Duration))]);
+        assert_eq!(
+            out[0]["cost"],
+            json!({"estimate":true,"overhead_fraction":0.034,"tracer_cpu_s":0.034,"target_cpu_s":1.0,"hits":2267,
+                   "hit_cost_ns":{"single_stepped":15000.0,"emulated":500.0}})
+        );
+    }
+
+    #[test]
     fn late_modules_say_from_when() {
         let mut sample = snapshot(3000, 1);
         sample.late_modules = vec![

@@ -60,6 +60,7 @@ pub(crate) mod examples {
             placements: IndexMap::new(),
             measures_bytes: vec!["PyObject_Malloc".into()],
             coverage: IndexMap::new(),
+            sites: IndexMap::new(),
         }
     }
 

@@ -4,7 +4,7 @@ use std::io::Write;
 
 use super::Reporter;
 use crate::{
-    model::{Attached, Budget, EndKind, Event, LateCoverage, Links, ProbeCounts, Snapshot, Summary},
+    model::{Attached, Budget, Cost, EndKind, Event, LateCoverage, Links, ProbeCounts, Snapshot, Summary},
     plan::coverage::Completeness,
 };
 
@@ -28,7 +28,16 @@ impl<W: Write, E: Write> TableReporter<W, E> {
     }
 
     fn block(&mut self, title: &str, sample: &Snapshot) -> std::io::Result<()> {
-        writeln!(self.out, "{title}")?;
+        match sample.cost.as_ref().map(cost_text) {
+            Some(cost) => writeln!(self.out, "{title}  {cost}")?,
+            None => writeln!(self.out, "{title}")?,
+        }
+        let (returns, call_sites) =
+            self.attached.as_ref().map_or((false, false), |a| (!a.returns.is_empty(), !a.call_sites.is_empty()));
+        let warning = sample.cost.and_then(|c| c.warning(sample.budget.map(|b| b.percent), returns, call_sites));
+        if let Some(warning) = warning {
+            writeln!(self.out, "  WARNING: {warning}")?;
+        }
         if let Some(b) = &sample.budget {
             return self.estimate_block(sample, b);
         }
@@ -177,8 +186,21 @@ impl<W: Write, E: Write> TableReporter<W, E> {
             let fix = c.fix.as_ref().map_or(String::new(), |f| format!("; fix: {f}"));
             writeln!(self.out, "tracer: coverage: {name}: {what} PARTIAL: {why}{fix}")?;
         }
-        let stepped: Vec<&str> =
-            info.placements.iter().filter(|(_, p)| !p.emulated).map(|(name, _)| name.as_str()).collect();
+        // By site where the attach says (inlined copies and call sites each
+        // have their own instruction), else by each probe's placement.
+        let stepped: Vec<String> = if info.sites.is_empty() {
+            info.placements.iter().filter(|(_, p)| !p.emulated).map(|(name, _)| name.clone()).collect()
+        } else {
+            info.sites
+                .iter()
+                .filter(|(_, k)| k.single_stepped > 0)
+                .map(|(name, k)| match k.emulated {
+                    0 if k.single_stepped == 1 => name.clone(),
+                    0 => format!("{name} (all {} sites)", k.single_stepped),
+                    emulated => format!("{name} ({} of its {} sites)", k.single_stepped, emulated + k.single_stepped),
+                })
+                .collect()
+        };
         if !stepped.is_empty() {
             writeln!(
                 self.out,
@@ -220,6 +242,31 @@ impl<W: Write, E: Write> Reporter for TableReporter<W, E> {
 #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a displayed rate")]
 fn round(rate: f64) -> u64 {
     rate.round() as u64
+}
+
+/// "cost ≈3.4% of target CPU (estimate)", with a range where some probe's
+/// hits could not be told apart by the kind of site.
+fn cost_text(c: &Cost) -> String {
+    match (c.overhead_fraction, c.overhead_fraction_low) {
+        (Some(high), Some(low)) => format!("cost ≈{}–{} of target CPU (estimate)", percent(low), percent(high)),
+        (Some(high), None) => format!("cost ≈{} of target CPU (estimate)", percent(high)),
+        (None, _) => format!(
+            "cost ≈{:.1} ms of probe time (estimate; the target used too little CPU time to compare)",
+            c.tracer_cpu_s * 1e3
+        ),
+    }
+}
+
+/// A share as a percentage, to a sensible precision.
+fn percent(share: f64) -> String {
+    let p = share * 100.0;
+    if p > 0.0 && p < 0.1 {
+        "<0.1%".to_owned()
+    } else if p < 10.0 {
+        format!("{p:.1}%")
+    } else {
+        format!("{p:.0}%")
+    }
 }
 
 /// The estimated call and byte rates of a `--budget` probe.
@@ -340,6 +387,76 @@ mod tests {
         );
         assert!(
             text.contains("ESTIMATES (--budget 1%): rates from 4 windows that traced 0.10s of 10.0s (1.00%), as seen while traced; estimated cost to the target 0.90%"),
+            "{text}"
+        );
+    }
+
+    fn cost(high: f64, low: Option<f64>) -> Cost {
+        Cost {
+            estimate: true,
+            overhead_fraction: Some(high),
+            overhead_fraction_low: low,
+            tracer_cpu_s: high,
+            target_cpu_s: 1.0,
+            hits: 1000,
+            hit_cost_ns: crate::plan::HitCosts { single_stepped_ns: 15_000.0, emulated_ns: 500.0 },
+        }
+    }
+
+    #[test]
+    fn intervals_show_the_estimated_cost_and_warn_when_high() {
+        let mut low = snapshot(1000, 1);
+        low.cost = Some(cost(0.034, None));
+        let mut ranged = snapshot(2000, 2);
+        ranged.cost = Some(cost(0.25, Some(0.004)));
+        let mut last = snapshot(3000, 3);
+        last.cost = Some(cost(0.5, None));
+        let unknown = snapshot(500, 1);
+        let mut info = attached(Some(12));
+        info.call_sites.clear();
+        let text = render(&[
+            Event::Attached(info),
+            Event::Interval(unknown),
+            Event::Interval(low),
+            Event::Interval(ranged),
+            Event::Summary(Summary::new(last, End::Duration)),
+        ]);
+        let titles: Vec<&str> = text.lines().filter(|l| l.starts_with('[') || l.starts_with("summary")).collect();
+        assert_eq!(
+            titles,
+            [
+                // Before the cost of a hit is known: no figure, not a zero.
+                "[     0.5s]",
+                "[     1.0s]  cost ≈3.4% of target CPU (estimate)",
+                "[     2.0s]  cost ≈0.4%–25% of target CPU (estimate)",
+                "summary after 3.0s (--duration elapsed; probes detached), rates are averages:  cost ≈50% of target CPU (estimate)",
+            ]
+        );
+        let warnings: Vec<&str> = text.lines().filter(|l| l.starts_with("  WARNING")).collect();
+        assert_eq!(warnings.len(), 2, "{text}");
+        assert_eq!(
+            warnings[0],
+            "  WARNING: tracing costs the target an estimated 25% of its CPU time (a CPU-bound target runs about 1.3× slower); --budget PERCENT keeps the cost near PERCENT% by tracing in windows"
+        );
+    }
+
+    #[test]
+    fn the_header_counts_single_stepped_sites() {
+        use crate::model::SiteKinds;
+        let mut info = attached(Some(12));
+        info.call_sites.clear();
+        info.sites = [
+            ("_Py_NewReference".to_owned(), SiteKinds { emulated: 1, single_stepped: 208 }),
+            ("PyObject_Malloc".to_owned(), SiteKinds { emulated: 1, single_stepped: 0 }),
+            ("_Py_Dealloc".to_owned(), SiteKinds { emulated: 0, single_stepped: 1 }),
+        ]
+        .into_iter()
+        .collect();
+        let text = render(&[Event::Attached(info)]);
+        assert!(
+            text.contains(
+                "tracer: single-stepped, so each hit costs a debug trap (see `tracer probes`): _Py_NewReference (208 of its 209 sites), _Py_Dealloc\n"
+            ),
             "{text}"
         );
     }

@@ -7,6 +7,13 @@
 //! which the kernel emulates), and takes the difference from unprobed
 //! batches. The hit counts are checked against the calls made, so a probe
 //! that did not fire cannot pass for a cheap one.
+//!
+//! Each batch is timed twice: in wall time, which `--budget` weighs
+//! against the time that passes, and in the child thread's CPU time, which
+//! the estimate of tracer's cost weighs against the target's CPU time (see
+//! [`super::cost`]). The two differ where the machine is a VM whose vCPUs
+//! the host does not always run: wall time then holds that stolen time as
+//! well, and more of it the busier the host.
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
@@ -16,6 +23,7 @@ use std::{
 
 use thiserror::Error;
 
+use super::cost::Prices;
 use crate::{
     discover::elf::{ElfError, ElfImage},
     kernel::{AttachError, LoadOptions, Session},
@@ -96,11 +104,25 @@ pub enum CalibrationError {
     ReturnShape,
 }
 
+/// The CPU time the calling thread has used, in nanoseconds: what a probe
+/// hit adds to it is what a hit costs the thread it hits.
+fn thread_cpu_ns() -> std::io::Result<u64> {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec that clock_gettime fills;
+    // it outlives the call.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut ts) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let ns = |v: i64| u64::try_from(v).map_err(std::io::Error::other);
+    Ok(ns(ts.tv_sec)?.saturating_mul(1_000_000_000).saturating_add(ns(ts.tv_nsec)?))
+}
+
 /// Runs the child side: reads a number of calls per line on stdin, makes
-/// them, and answers with the nanoseconds they took.
+/// them, and answers with the nanoseconds they took, in wall time and in
+/// this thread's CPU time.
 ///
 /// # Errors
-/// When stdin or stdout fail.
+/// When stdin or stdout fail, or the thread's CPU clock cannot be read.
 pub fn child_main() -> std::io::Result<()> {
     let stdin = std::io::stdin().lock();
     let mut stdout = std::io::stdout().lock();
@@ -111,6 +133,7 @@ pub fn child_main() -> std::io::Result<()> {
             None => (false, line.trim()),
         };
         let calls: u64 = count.parse().map_err(std::io::Error::other)?;
+        let cpu_start = thread_cpu_ns()?;
         let start = std::time::Instant::now();
         let mut x = 0u64;
         if returns {
@@ -124,7 +147,8 @@ pub fn child_main() -> std::io::Result<()> {
             }
         }
         let elapsed = start.elapsed().as_nanos();
-        writeln!(stdout, "{elapsed} {x}")?;
+        let cpu = thread_cpu_ns()?.saturating_sub(cpu_start);
+        writeln!(stdout, "{elapsed} {x} {cpu}")?;
         stdout.flush()?;
     }
     Ok(())
@@ -159,36 +183,39 @@ impl ChildProcess {
         Ok(Self { child, stdin, stdout })
     }
 
-    /// Nanoseconds a batch of calls took.
-    fn time(&mut self, batch: Batch) -> Result<f64, CalibrationError> {
+    /// Nanoseconds a batch of calls took: (wall, CPU).
+    fn time(&mut self, batch: Batch) -> Result<(f64, f64), CalibrationError> {
         match batch {
             Batch::Plain(calls) => self.ask(&calls.to_string()),
             Batch::Returns(calls) => self.ask(&format!("r {calls}")),
         }
-        .map(|(ns, _)| ns)
     }
 
-    /// What `session`'s probe adds to each call of `batch`: an unprobed
-    /// batch, then the same batch with the probe attached to this child.
-    fn added_per_call(&mut self, session: &mut Session, batch: Batch) -> Result<f64, CalibrationError> {
+    /// What `session`'s probe adds to each call of `batch`, in wall and in
+    /// CPU time: an unprobed batch, then the same batch with the probe
+    /// attached to this child.
+    fn added_per_call(&mut self, session: &mut Session, batch: Batch) -> Result<(f64, f64), CalibrationError> {
         let pid = self.child.id();
         let base = self.time(batch)?;
         session.attach_process(pid)?;
         let probed = self.time(batch);
         session.detach_process(pid);
+        let probed = probed?;
         let (Batch::Plain(calls) | Batch::Returns(calls)) = batch;
         #[allow(clippy::cast_precision_loss, reason = "a batch size")]
-        Ok(((probed? - base) / calls as f64).max(0.0))
+        let per_call = |probed: f64, base: f64| ((probed - base) / calls as f64).max(0.0);
+        Ok((per_call(probed.0, base.0), per_call(probed.1, base.1)))
     }
 
+    /// Asks for a batch; returns its wall and CPU nanoseconds.
     #[allow(clippy::cast_precision_loss, reason = "nanoseconds of a short batch")]
-    fn ask(&mut self, request: &str) -> Result<(f64, u64), CalibrationError> {
+    fn ask(&mut self, request: &str) -> Result<(f64, f64), CalibrationError> {
         writeln!(self.stdin, "{request}").map_err(CalibrationError::Child)?;
         let mut line = String::new();
         self.stdout.read_line(&mut line).map_err(CalibrationError::Child)?;
         let mut words = line.split_whitespace().map(str::parse::<u64>);
-        match (words.next(), words.next()) {
-            (Some(Ok(ns)), Some(Ok(x))) => Ok((ns as f64, x)),
+        match (words.next(), words.next(), words.next()) {
+            (Some(Ok(ns)), Some(Ok(_)), Some(Ok(cpu))) => Ok((ns as f64, cpu as f64)),
             _ => Err(CalibrationError::Child(std::io::Error::other(format!("unexpected answer {line:?}")))),
         }
     }
@@ -205,13 +232,17 @@ impl Drop for ChildProcess {
 /// reading a return value costs.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Calibration {
+    /// In wall time.
     pub hit: HitCosts,
     pub returns: Option<(ReturnCosts, ReturnMeasurement)>,
+    /// The same in the CPU time of the thread hit, which is what the
+    /// target is charged for.
+    pub cpu: Prices,
 }
 
-/// Measures [`HitCosts`] on this machine (about half a second), and with
-/// `returns` what each way of reading a return value costs (about as long
-/// again).
+/// Measures [`HitCosts`] on this machine (a second or two: each detach
+/// waits for a grace period), and with `returns` what each way of reading
+/// a return value costs (about as long again).
 ///
 /// # Errors
 /// When tracer's own image cannot be probed or the probes miscount.
@@ -223,12 +254,22 @@ pub fn calibrate(returns: bool) -> Result<Calibration, CalibrationError> {
     }
     let image = ImageRef { elf: &elf, display_path: &exe, attach_path: &exe, modules: &[], inlining: None };
     let mut child = ChildProcess::start(&exe)?;
-    let hit = hit_costs(image, &mut child)?;
-    let returns = if returns { Some(return_costs(image, &mut child, hit)?) } else { None };
-    Ok(Calibration { hit, returns })
+    let (hit, hit_cpu) = hit_costs(image, &mut child)?;
+    let mut cpu = Prices { hit: hit_cpu, uretprobe_return_ns: None };
+    let returns = if returns {
+        let (costs, measured, uretprobe_cpu_ns) = return_costs(image, &mut child, hit)?;
+        // The uretprobe's entry was an emulated push, as in return_costs.
+        cpu.uretprobe_return_ns = Some((uretprobe_cpu_ns - hit_cpu.emulated_ns).max(0.0));
+        Some((costs, measured))
+    } else {
+        None
+    };
+    Ok(Calibration { hit, returns, cpu })
 }
 
-fn hit_costs(image: ImageRef<'_>, child: &mut ChildProcess) -> Result<HitCosts, CalibrationError> {
+/// The cost of a hit single-stepped and emulated, in wall time and in CPU
+/// time.
+fn hit_costs(image: ImageRef<'_>, child: &mut ChildProcess) -> Result<(HitCosts, HitCosts), CalibrationError> {
     let spec = [ProbeSpec::function(SYMBOL, Program::CountCall, true, true)];
     let pid = child.child.id();
     let session = |placement| {
@@ -245,7 +286,8 @@ fn hit_costs(image: ImageRef<'_>, child: &mut ChildProcess) -> Result<HitCosts, 
     }
     // Fault in the code and settle the CPU's frequency before timing.
     child.time(Batch::Plain(EMULATED_CALLS))?;
-    let mut costs = (Vec::new(), Vec::new());
+    // Per kind of probe: (wall, CPU) per round.
+    let mut costs = (Vec::<(f64, f64)>::new(), Vec::<(f64, f64)>::new());
     for _ in 0..ROUNDS {
         for (session, calls, out) in
             [(&mut stepped, SINGLE_STEPPED_CALLS, &mut costs.0), (&mut emulated, EMULATED_CALLS, &mut costs.1)]
@@ -262,17 +304,22 @@ fn hit_costs(image: ImageRef<'_>, child: &mut ChildProcess) -> Result<HitCosts, 
             return Err(CalibrationError::Miscounted { where_, counted, calls });
         }
     }
-    Ok(HitCosts { single_stepped_ns: median(&mut costs.0), emulated_ns: median(&mut costs.1) })
+    let of = |pick: fn(&(f64, f64)) -> f64| HitCosts {
+        single_stepped_ns: median(&mut costs.0.iter().map(pick).collect::<Vec<_>>()),
+        emulated_ns: median(&mut costs.1.iter().map(pick).collect::<Vec<_>>()),
+    };
+    Ok((of(|c| c.0), of(|c| c.1)))
 }
 
 /// Times a uretprobe, a probe on the `ret` and one on the `jmp` into the
 /// epilogue of [`tracer_return_point`], each checked to have read every
-/// returned value right.
+/// returned value right; returns the costs in wall time, and a uretprobe's
+/// in CPU time.
 fn return_costs(
     image: ImageRef<'_>,
     child: &mut ChildProcess,
     hit: HitCosts,
-) -> Result<(ReturnCosts, ReturnMeasurement), CalibrationError> {
+) -> Result<(ReturnCosts, ReturnMeasurement, f64), CalibrationError> {
     let sym = image.elf.function(RETURN_SYMBOL).ok_or(CalibrationError::ReturnShape)?;
     let code = image.elf.read_at(sym.file_offset, 9)?;
     // push %rbx; mov %rdi,%rax; jmp +1; int3; pop %rbx; ret
@@ -316,11 +363,13 @@ fn return_costs(
             });
         }
     }
-    let [(_, _, uret), (_, _, at_ret), (_, _, placed)] = &mut ways;
-    let measured = ReturnMeasurement { uretprobe_ns: median(uret), ret_ns: median(at_ret), placed_ns: median(placed) };
+    let [(_, _, uret), (_, _, at_ret), (_, _, placed)] = &ways;
+    let wall = |v: &[(f64, f64)]| median(&mut v.iter().map(|c| c.0).collect::<Vec<_>>());
+    let measured = ReturnMeasurement { uretprobe_ns: wall(uret), ret_ns: wall(at_ret), placed_ns: wall(placed) };
+    let uretprobe_cpu_ns = median(&mut uret.iter().map(|c| c.1).collect::<Vec<_>>());
     // The uretprobe's entry was an emulated push.
     let costs = ReturnCosts { hit, uretprobe_return_ns: (measured.uretprobe_ns - hit.emulated_ns).max(0.0) };
-    Ok((costs, measured))
+    Ok((costs, measured, uretprobe_cpu_ns))
 }
 
 fn median(values: &mut [f64]) -> f64 {

@@ -4,6 +4,7 @@
 
 pub mod budget;
 pub mod calibrate;
+pub mod cost;
 mod duty;
 pub mod exit;
 mod late;
@@ -19,6 +20,7 @@ use tokio::{
 };
 
 use self::{
+    cost::{Advice, Calibration, CostMeter},
     duty::DutyCycle,
     exit::ProcessExit,
     late::{LateModules, Watch},
@@ -86,7 +88,7 @@ fn specs(r: &Resolved, selection: &ProbeSelection) -> Result<Vec<crate::probe::P
 }
 
 /// The attach header of a session.
-fn attached_event(session: &Session, r: &Resolved, links: Links) -> Attached {
+fn attached_event(session: &Session, r: &Resolved, links: Links, cost: &CostMeter) -> Attached {
     let probes = &session.plan().probes;
     Attached {
         pid: r.pid(),
@@ -105,6 +107,7 @@ fn attached_event(session: &Session, r: &Resolved, links: Links) -> Attached {
         placements: probes.iter().map(|p| (p.symbol.to_owned(), p.placement.clone())).collect(),
         measures_bytes: probes.iter().filter(|p| p.program.counts_bytes()).map(|p| p.symbol.to_owned()).collect(),
         coverage: probes.iter().map(|p| (p.symbol.to_owned(), p.coverage.clone())).collect(),
+        sites: cost.sites(session.plan()),
     }
 }
 
@@ -150,11 +153,17 @@ struct Run {
     duty: Option<DutyCycle>,
     late: Option<LateModules>,
     started: Instant,
+    cost: CostMeter,
 }
 
 impl Run {
+    /// The counts now, without a cost (see [`CostMeter::interval`] and
+    /// [`CostMeter::total`]).
     fn snapshot(&mut self) -> Result<Snapshot, AttachError> {
         let totals = self.readout.read(&mut self.session)?;
+        // Right after the counts, so that each process's CPU time goes
+        // with its hits.
+        self.cost.observe(self.session.plan(), &totals);
         let late: &[crate::model::LateModule] = self.late.as_ref().map_or(&[], |l| &l.records);
         let mut snapshot = self.readout.snapshot(self.session.plan(), &totals, late);
         if let Some(d) = &self.duty {
@@ -163,10 +172,11 @@ impl Run {
         Ok(snapshot)
     }
 
-    /// Late modules, processes that cannot be watched and BPF log lines
-    /// since the last call.
+    /// Late modules, processes that cannot be watched, a failed
+    /// calibration and BPF log lines since the last call.
     fn notes(&mut self) -> Vec<Note> {
         let mut notes = self.late.as_mut().map(|l| l.check(&mut self.session, self.started)).unwrap_or_default();
+        notes.extend(self.cost.poll());
         notes.extend(self.readout.take_unwatched().into_iter().map(|(pid, why)| {
             Note::new(
                 Level::Warning,
@@ -249,8 +259,11 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
             _ = ticker.tick() => {
                 let notes = run.notes();
                 output.notes(notes)?;
-                let snapshot = run.snapshot()?;
+                let mut snapshot = run.snapshot()?;
+                snapshot.cost = run.cost.interval();
+                let high = snapshot.cost.as_ref().and_then(|c| run.cost.high_cost_note(c));
                 output.interval(snapshot)?;
+                output.notes(high)?;
             }
         }
     };
@@ -259,10 +272,28 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
     if let Some(d) = run.duty.as_mut() {
         d.close(&mut run.session, &mut run.readout)?;
     }
-    let last = run.snapshot()?;
+    let mut last = run.snapshot()?;
     let log = run.bpf_log();
-    drop(run);
+    let Run { session, readout, duty, late, started: _, mut cost } = run;
+    drop((session, readout, duty, late));
     output.notes(log)?;
+    // Detached, so waiting costs the target nothing: a run shorter than
+    // the calibration still ends with its cost.
+    let calibrated_by = tokio::time::Instant::now() + cost::CALIBRATION_WAIT;
+    while cost.calibrating() {
+        tokio::select! {
+            biased;
+            // Asked again to stop: at once, without a cost.
+            _ = sigint.recv() => cost.give_up(None),
+            _ = sigterm.recv() => cost.give_up(None),
+            () = sleep_until(calibrated_by) => {
+                cost.give_up(Some(format!("calibrating took over {} s", cost::CALIBRATION_WAIT.as_secs())));
+            }
+            () = tokio::time::sleep(std::time::Duration::from_millis(10)) => {}
+        }
+    }
+    output.notes(cost.poll())?;
+    last.cost = cost.total();
     output.summary(last, end)?;
     Ok(end)
 }
@@ -280,6 +311,7 @@ fn start<'a>(
         (config.budget.is_some() || config.returns).then(|| calibrate::calibrate(config.returns)).transpose()?;
     let costs = calibration.map(|c| c.hit);
     let return_costs = calibration.and_then(|c| c.returns);
+    let cpu_costs = calibration.map(|c| c.cpu);
     let exit = match &config.target {
         // The pidfd pins the process identity: if the PID is reused after
         // this, we still see the original process's exit.
@@ -316,6 +348,9 @@ fn start<'a>(
 
     let (links, attach_began, fallback) = attach_links(&mut session, r.scope, config.links)?;
     let started = Instant::now();
+    // Calibrated now only if nothing before needed it: the probes are
+    // live and the target is not kept waiting.
+    let calibrating = cpu_costs.map_or_else(Calibration::start, Calibration::Known);
     let mut readout = Readout::new(started, r.pid().is_none());
     let duty = match (config.budget, costs) {
         (Some(budget), Some(costs)) => Some(DutyCycle::new(
@@ -329,7 +364,14 @@ fn start<'a>(
         )?),
         _ => None,
     };
-    let mut info = attached_event(&session, &r, links);
+    // After the first window has begun: this reads the image.
+    let advice = Advice {
+        budget: config.budget.map(|b| b * 100.0),
+        returns: config.returns,
+        call_sites: config.placement == PlacementMode::CallSites,
+    };
+    let cost = CostMeter::new(session.plan(), r.pid(), calibrating, advice);
+    let mut info = attached_event(&session, &r, links, &cost);
     info.return_costs_ns = return_costs.map(|r| r.1);
     let mut output = Output {
         reporter: report::reporter(config.format, Box::new(out), Box::new(err)),
@@ -340,7 +382,7 @@ fn start<'a>(
     output.attached = Some(info);
     let mismatch = debug_offsets_note(&r);
     output.notes(fallback.into_iter().chain(mismatch))?;
-    Ok((Run { session, readout, duty, late, started }, output, exit))
+    Ok((Run { session, readout, duty, late, started, cost }, output, exit))
 }
 
 /// The warning to give when the interpreter's `_Py_DebugOffsets` disagrees

@@ -34,6 +34,9 @@ pub struct Totals {
     /// Per process, by slot: the live ones and those that exited (a PID
     /// two processes had in turn adds both).
     pub per_process: BTreeMap<u32, Vec<ProbeReading>>,
+    /// The processes with entries in the maps at this read, not yet found
+    /// exited: those whose CPU time is worth reading.
+    pub live: Vec<u32>,
     /// One per BPF-side stat.
     pub stats: Vec<u64>,
     pub kernel_misses: u64,
@@ -119,6 +122,7 @@ impl Readout {
             }
         }
         let slots = readings.probes.len();
+        let live_pids = live.keys().copied().filter(|pid| !self.gone.contains(pid)).collect();
         let mut per_process = live;
         for e in &self.exited {
             let merged = per_process.entry(e.pid).or_insert_with(|| vec![ProbeReading::default(); slots]);
@@ -132,7 +136,13 @@ impl Readout {
                 *total = total.merged(*own);
             }
         }
-        Ok(Totals { probes, per_process, stats: readings.stats, kernel_misses: readings.kernel_misses })
+        Ok(Totals {
+            probes,
+            per_process,
+            live: live_pids,
+            stats: readings.stats,
+            kernel_misses: readings.kernel_misses,
+        })
     }
 
     /// The model's snapshot of `totals` for `plan`, taken now.
