@@ -134,8 +134,9 @@ pub struct SitePlan {
 }
 
 impl SitePlan {
-    /// Reads the instruction at each inlined copy and at each function
-    /// entry a uretprobe needs of its own from the image.
+    /// Counts each probe's sites by kind, as the plan placed them, reading
+    /// from the image the instruction at each function entry a uretprobe
+    /// needs of its own.
     #[must_use]
     pub fn new(plan: &Plan) -> Self {
         let kernel = placement::running_kernel();
@@ -151,7 +152,7 @@ impl SitePlan {
         };
         for p in &plan.probes {
             let Some(slot) = usize::try_from(p.slot).ok().filter(|&s| s < slots) else { continue };
-            sites.inline[slot] = p.inline_sites.iter().fold(SiteKinds::default(), |k, s| k + kind(emulated(s.offset)));
+            sites.inline[slot] = p.inline_sites.iter().fold(SiteKinds::default(), |k, s| k + kind(s.emulated));
             sites.returns[slot] = match &p.returns {
                 None => ReturnSites::None,
                 Some(ReturnPlan::Sites { sites, .. }) => {
