@@ -260,7 +260,25 @@ pub enum Isolation {
     /// `unshare --mount --pid --fork --mount-proc=ROOT/proc chroot ROOT`:
     /// its own mount and PID namespaces, where the interpreter is PID 1.
     Namespaces,
+    /// As a container runtime does it: in its own mount and PID namespaces,
+    /// ROOT bind-mounted on itself and made `/` by `pivot_root`, the old
+    /// root unmounted. Its memory map then names paths inside ROOT, which
+    /// tracer must reach through the process's root.
+    Container,
 }
+
+/// The shell a [`Isolation::Container`] workload starts in: $1 the root,
+/// then the interpreter and its arguments.
+const PIVOT_ROOT: &str = r#"set -e
+root=$1; shift
+mount --make-rprivate /
+mount --bind "$root" "$root"
+mount -t proc proc "$root/proc"
+cd "$root"
+mkdir -p .tracer-old-root
+pivot_root . .tracer-old-root
+umount -l /.tracer-old-root
+exec "$@""#;
 
 impl Workload {
     /// `workload.py once N EXIT BODY`: waits for [`Workload::go`], runs the
@@ -373,13 +391,22 @@ impl Workload {
             .unwrap_or_else(|e| panic!("copying the workload into {}: {e}", root.display()));
         let mut cmd = Command::new("setarch");
         cmd.arg("-R");
-        if let Isolation::Namespaces = isolation {
-            cmd.args(["unshare", "--mount", "--pid", "--fork", "--kill-child"])
-                .arg(format!("--mount-proc={}", root.join("proc").display()));
+        match isolation {
+            Isolation::Chroot => {
+                cmd.arg(CHROOT).arg(root);
+            }
+            Isolation::Namespaces => {
+                cmd.args(["unshare", "--mount", "--pid", "--fork", "--kill-child"])
+                    .arg(format!("--mount-proc={}", root.join("proc").display()))
+                    .arg(CHROOT)
+                    .arg(root);
+            }
+            Isolation::Container => {
+                cmd.args(["unshare", "--mount", "--pid", "--fork", "--kill-child", "/bin/sh", "-c", PIVOT_ROOT, "sh"])
+                    .arg(root);
+            }
         }
-        cmd.arg(CHROOT)
-            .arg(root)
-            .args([python, &format!("/tmp/{name}"), "once", &n.to_string(), exit.arg(), body.arg()])
+        cmd.args([python, &format!("/tmp/{name}"), "once", &n.to_string(), exit.arg(), body.arg()])
             .env("PYTHONHASHSEED", "0")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
@@ -389,8 +416,9 @@ impl Workload {
         let child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {python} in {}: {e}", root.display()));
         let mut w = Self::from_child(child);
         drop(copy);
-        if let Isolation::Namespaces = isolation {
-            // unshare's one child is chroot, which exec'd the interpreter.
+        if let Isolation::Namespaces | Isolation::Container = isolation {
+            // unshare's one child is chroot or the shell, which exec'd the
+            // interpreter.
             let wrapper = w.child.id();
             let children =
                 std::fs::read_to_string(format!("/proc/{wrapper}/task/{wrapper}/children")).expect("children");

@@ -16,6 +16,9 @@ fn traced_run(n: u64, isolation: Isolation) -> (serde_json::Value, Counts) {
     workload.wait_blocked_on_stdin();
     let pid = workload.pid();
     let (tracer, attached) = TracerRun::attach_json(pid, &["--interval", "3600", "--probes", "alloc"]);
+    for (name, c) in attached["coverage"].as_object().expect("coverage") {
+        assert!(c["source"].as_str().is_some_and(|s| s.contains("/usr/lib/debug/.build-id/")), "{name}: {c}");
+    }
     workload.go();
     workload.finish();
     let (status, lines, stderr) = tracer.finish();
@@ -39,7 +42,9 @@ fn per_iteration(isolation: Isolation) -> Counts {
     assert!(attached["python"]["version"].as_str().is_some_and(|v| v.starts_with("3.14.")), "{attached}");
     match isolation {
         Isolation::Chroot => assert!(attached.get("pid_in_namespace").is_none(), "{attached}"),
-        Isolation::Namespaces => assert_eq!(attached["pid_in_namespace"], 1, "{attached}"),
+        Isolation::Namespaces | Isolation::Container => {
+            assert_eq!(attached["pid_in_namespace"], 1, "{attached}");
+        }
     }
     let mut per = HashMap::new();
     for (name, (c1, b1)) in &one {
@@ -67,14 +72,18 @@ fn per_iteration(isolation: Isolation) -> Counts {
 /// A chrooted process's image is reached as the file its maps name (a
 /// host path), not through its root a second time, in its own mount and
 /// PID namespaces as under a plain chroot (there too its maps name the host
-/// path), and its PID in its namespace is reported. Both count exactly
-/// what the same body makes them do.
+/// path); in a container's root made `/` by `pivot_root`, whose maps name
+/// paths inside it, through the process's root. Its PID in its namespace
+/// is reported. All three count exactly what the same body makes them do,
+/// and its debug info is found inside the root each time.
 #[test]
-fn chroot_and_namespaces_count_alike() {
+fn chroot_namespaces_and_container_count_alike() {
     require_root();
     let chroot = per_iteration(Isolation::Chroot);
     let namespaces = per_iteration(Isolation::Namespaces);
     assert_eq!(chroot, namespaces);
+    let container = per_iteration(Isolation::Container);
+    assert_eq!(chroot, container);
 }
 
 /// Per-iteration counts of the `[]` + `bytearray(1000)` body in the forky
