@@ -200,6 +200,22 @@ impl Body {
 pub const API_SIZES: [(&str, u64, (u64, u64), u64); 3] =
     [("PyObject_", 1111, (3, 111), 2222), ("PyMem_", 1333, (4, 111), 2444), ("PyMem_Raw", 1555, (5, 111), 2666)];
 
+/// Each allocating function the api body calls with its requested bytes
+/// in one call, from [`API_SIZES`].
+#[must_use]
+pub fn api_calls() -> Vec<(String, u64)> {
+    API_SIZES
+        .iter()
+        .flat_map(|&(family, malloc, (nelem, elsize), realloc)| {
+            [
+                (format!("{family}Malloc"), malloc),
+                (format!("{family}Calloc"), nelem * elsize),
+                (format!("{family}Realloc"), realloc),
+            ]
+        })
+        .collect()
+}
+
 /// How a `once` workload exits.
 #[derive(Clone, Copy, Debug)]
 pub enum Exit {

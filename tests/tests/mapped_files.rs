@@ -5,7 +5,7 @@
 
 use std::os::unix::fs::PermissionsExt as _;
 
-use tracer_tests::{API_SIZES, Aslr, Body, Exit, TracerRun, Workload, counts, require_root, static_python};
+use tracer_tests::{Aslr, Body, Exit, TracerRun, Workload, counts, require_root, static_python};
 
 #[test]
 fn an_interpreter_deleted_after_it_started_is_traced() {
@@ -38,17 +38,11 @@ fn an_interpreter_deleted_after_it_started_is_traced() {
     let summary = lines.last().expect("a summary line");
     assert_eq!(summary["end"], "target-exit", "{summary}");
     let counted = counts(summary);
-    for (family, malloc, (nelem, elsize), realloc) in API_SIZES {
-        for (name, bytes) in [
-            (format!("{family}Malloc"), malloc),
-            (format!("{family}Calloc"), nelem * elsize),
-            (format!("{family}Realloc"), realloc),
-        ] {
-            let (calls, total) = counted[&name];
-            assert!(
-                calls >= N && total >= N * bytes,
-                "{name}: {calls} calls and {total} bytes for {N} iterations of {bytes}"
-            );
-        }
+    for (name, bytes) in tracer_tests::api_calls() {
+        let (calls, total) = counted[&name];
+        assert!(
+            calls >= N && total >= N * bytes,
+            "{name}: {calls} calls and {total} bytes for {N} iterations of {bytes}"
+        );
     }
 }

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use tracer_tests::{API_SIZES, Body, Exit, Isolation, TracerRun, Workload, counts, forky_root, require_root};
+use tracer_tests::{Body, Exit, Isolation, TracerRun, Workload, counts, forky_root, require_root};
 
 type Counts = HashMap<String, (u64, u64)>;
 
@@ -53,18 +53,12 @@ fn per_iteration(isolation: Isolation) -> Counts {
         assert_eq!((dc % N, db % N), (0, 0), "{name}: {dc} calls and {db} bytes more for {N} more iterations");
         per.insert(name.clone(), (dc / N, db / N));
     }
-    for (family, malloc, (nelem, elsize), realloc) in API_SIZES {
-        for (name, bytes) in [
-            (format!("{family}Malloc"), malloc),
-            (format!("{family}Calloc"), nelem * elsize),
-            (format!("{family}Realloc"), realloc),
-        ] {
-            let (calls, total) = per[&name];
-            assert!(
-                calls >= 1 && total >= bytes,
-                "{name}: {calls} calls and {total} bytes per iteration, want at least 1 and {bytes}"
-            );
-        }
+    for (name, bytes) in tracer_tests::api_calls() {
+        let (calls, total) = per[&name];
+        assert!(
+            calls >= 1 && total >= bytes,
+            "{name}: {calls} calls and {total} bytes per iteration, want at least 1 and {bytes}"
+        );
     }
     per
 }

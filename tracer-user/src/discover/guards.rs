@@ -32,9 +32,8 @@ use iced_x86::{
     Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpAccess, OpKind, Register,
 };
 use object::{Object as _, ObjectSection as _, ObjectSymbol as _, SectionFlags, SymbolKind};
-use thiserror::Error;
 
-use super::InlineEntry;
+use super::{InlineEntry, elf::ElfError};
 use crate::python::Guard;
 
 /// Instructions one slow-path walk follows before it gives up.
@@ -49,15 +48,6 @@ const MAX_LATER: usize = 4;
 /// v3.13.0 and v3.14.0).
 const REF_TRACER_CREATE: u64 = 0;
 const REF_TRACER_DESTROY: u64 = 1;
-
-/// An image whose code cannot be scanned.
-#[derive(Debug, Error)]
-pub enum GuardError {
-    #[error("cannot read {path}: {cause}")]
-    Read { path: PathBuf, cause: std::io::Error },
-    #[error("{path} is not a readable ELF file: {cause}")]
-    Parse { path: PathBuf, cause: object::Error },
-}
 
 /// What the scan found for one function.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -188,12 +178,12 @@ impl SizeArgs {
 
 /// Scans the image at `path` for the copies of each of `wanted`; with
 /// `symbols`, a debug file's, also names its static functions.
-pub fn scan(path: &Path, wanted: &[Wanted<'_>], symbols: Option<(&Path, &[u8])>) -> Result<Scan, GuardError> {
-    let data = std::fs::read(path).map_err(|cause| GuardError::Read { path: path.to_owned(), cause })?;
+pub fn scan(path: &Path, wanted: &[Wanted<'_>], symbols: Option<(&Path, &[u8])>) -> Result<Scan, ElfError> {
+    let data = std::fs::read(path).map_err(|cause| ElfError::Read { path: path.to_owned(), cause })?;
     let mut code = Code::parse(path, &data)?;
     if let Some((debug_path, debug)) = symbols {
         let file =
-            object::File::parse(debug).map_err(|cause| GuardError::Parse { path: debug_path.to_owned(), cause })?;
+            object::File::parse(debug).map_err(|cause| ElfError::Parse { path: debug_path.to_owned(), cause })?;
         code.add_symbols(&file);
     }
     let functions = wanted.iter().map(|w| (w.function.to_owned(), code.find(w))).collect();
@@ -220,8 +210,8 @@ struct Code<'a> {
 }
 
 impl<'a> Code<'a> {
-    fn parse(path: &Path, data: &'a [u8]) -> Result<Self, GuardError> {
-        let file = object::File::parse(data).map_err(|cause| GuardError::Parse { path: path.to_owned(), cause })?;
+    fn parse(path: &Path, data: &'a [u8]) -> Result<Self, ElfError> {
+        let file = object::File::parse(data).map_err(|cause| ElfError::Parse { path: path.to_owned(), cause })?;
         let mut sections = Vec::new();
         for section in file.sections() {
             let executable = match section.flags() {

@@ -56,7 +56,7 @@ pub enum ResolveError {
     #[error(transparent)]
     Inline(#[from] inline::InlineError),
     #[error(transparent)]
-    Guards(#[from] guards::GuardError),
+    Elf(#[from] elf::ElfError),
 }
 
 /// A target resolved to its interpreter image, its version and the
