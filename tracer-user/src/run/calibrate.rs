@@ -23,7 +23,6 @@ use std::{
 
 use thiserror::Error;
 
-use super::cost::Prices;
 use crate::{
     discover::elf::{ElfError, ElfImage},
     kernel::{AttachError, LoadOptions, Session},
@@ -226,6 +225,16 @@ impl Drop for ChildProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// What a hit costs here, as calibrated, in the CPU time of the thread
+/// hit.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Prices {
+    pub hit: HitCosts,
+    /// A uretprobe's return on top of its entry breakpoint; calibrated
+    /// with `--returns` only, the one time there are uretprobes.
+    pub uretprobe_return_ns: Option<f64>,
 }
 
 /// What one probe hit costs on this machine, and with `--returns`, what

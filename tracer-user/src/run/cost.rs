@@ -52,15 +52,7 @@ pub enum ReturnSites {
     Sites(SiteKinds),
 }
 
-/// What a hit costs here, as calibrated, in the CPU time of the thread
-/// hit.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Prices {
-    pub hit: HitCosts,
-    /// A uretprobe's return on top of its entry breakpoint; calibrated
-    /// with `--returns` only, the one time there are uretprobes.
-    pub uretprobe_return_ns: Option<f64>,
-}
+pub use super::calibrate::Prices;
 
 /// The (high, low) cost in ns of one hit at a probe with sites of `kinds`.
 /// Its sites share one counter, so where they are of both kinds its hits
