@@ -139,6 +139,9 @@ pub fn run(root: &Path, tracer: &Path, effort: &str) -> anyhow::Result<()> {
     // 4. --budget estimates against full counts of the same process.
     budget_accuracy(&mut md, tracer)?;
 
+    // 4b. The cost tracer estimates while it runs, against the slowdown.
+    crate::bench_cost::cost_section(&mut md, tracer)?;
+
     // 5. Reading allocators' return values.
     returns_section(&mut md, tracer, &python, &out_root, effort)?;
 

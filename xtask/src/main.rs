@@ -8,6 +8,7 @@
 //! - `test`: setup, build, lint, then every unit and integration test
 
 mod bench;
+mod bench_cost;
 mod setup;
 
 use std::{
