@@ -136,6 +136,9 @@ pub fn run(root: &Path, tracer: &Path, effort: &str) -> anyhow::Result<()> {
     // 3. The same on Debian's static, LTO-built interpreter.
     static_section(&mut md, tracer, &out_root, effort)?;
 
+    // 3b. Debian's LTO builds, 3.11, 3.13 and 3.14, with every inlined copy.
+    crate::lto::lto_section(&mut md, tracer, effort)?;
+
     // 4. --budget estimates against full counts of the same process.
     budget_accuracy(&mut md, tracer)?;
 
