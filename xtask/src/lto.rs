@@ -331,6 +331,7 @@ pub fn lto_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow::Resu
         "normal" => (5, 3, 0.2, 5),
         _ => (3, 3, 0.1, 5),
     };
+    let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     std::fs::write(HARNESS_PATH, HARNESS).context("writing the harness")?;
     if Path::new(FORKY).is_dir() {
         std::fs::write(format!("{FORKY}{HARNESS_PATH}"), HARNESS).context("writing the harness into the forky root")?;
@@ -480,5 +481,14 @@ pub fn lto_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow::Resu
         shell_quote(STATEMENTS[0].2)
     )?;
     writeln!(md, "{cost_tables}")?;
+    let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let first3 = |l: &str| l.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
+    writeln!(
+        md,
+        "Load average (1, 5, 15 min) when the section started: {}; when it ended: {}, on {} cores.\n",
+        first3(&load_before),
+        first3(&load_after),
+        std::thread::available_parallelism().map_or(0, std::num::NonZero::get)
+    )?;
     Ok(())
 }
