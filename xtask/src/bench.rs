@@ -431,7 +431,12 @@ fn added_time(md: &mut String, r: &Value) -> anyhow::Result<()> {
     let mut parts = Vec::new();
     for (key, what) in [("attached", "tracer"), ("call-sites", "tracer with call sites")] {
         if let Some(a) = added(key) {
-            parts.push(format!("{what} adds {} per loop ({:.1}x less than bpftrace)", fmt_ns(a), bpftrace / a));
+            let versus = if a <= bpftrace {
+                format!("{:.1}x less than bpftrace", bpftrace / a)
+            } else {
+                format!("{:.1}x more than bpftrace, which sees only the out-of-line calls", a / bpftrace)
+            };
+            parts.push(format!("{what} adds {} per loop ({versus})", fmt_ns(a)));
         }
     }
     writeln!(
