@@ -8,6 +8,8 @@
 //! setup; the setups take turns in rounds of rotated order, as `tracer
 //! bench` does.
 
+#![allow(clippy::cast_precision_loss, reason = "loop and hit counts far below 2^52")]
+
 use std::{
     fmt::Write as _,
     io::{BufRead as _, BufReader, Lines, Write as _},
@@ -144,7 +146,7 @@ fn bpftrace_script(image: &str, symbols: &[String], pid: &str) -> String {
 struct Sites {
     probes: Vec<String>,
     /// Out-of-line functions + inlined copies probed + call sites.
-    sites: u64,
+    total: u64,
     inline: u64,
     inline_emulated: u64,
     entries_emulated: u64,
@@ -159,11 +161,11 @@ fn sites(tracer: &Path, pid: u32) -> anyhow::Result<Sites> {
         bail!("tracer probes --pid failed: {}", String::from_utf8_lossy(&out.stderr).trim());
     }
     let v: Value = serde_json::from_slice(&out.stdout).context("tracer probes --json")?;
-    let mut s = Sites { probes: Vec::new(), sites: 0, inline: 0, inline_emulated: 0, entries_emulated: 0 };
+    let mut s = Sites { probes: Vec::new(), total: 0, inline: 0, inline_emulated: 0, entries_emulated: 0 };
     for p in v["probes"].as_array().into_iter().flatten() {
         s.probes.push(p["symbol"].as_str().unwrap_or("?").to_owned());
         let c = &p["coverage"];
-        s.sites += 1 + c["inlined_probed"].as_u64().unwrap_or(0) + c["call_sites"].as_u64().unwrap_or(0);
+        s.total += 1 + c["inlined_probed"].as_u64().unwrap_or(0) + c["call_sites"].as_u64().unwrap_or(0);
         s.inline += p["inline_sites"].as_array().map_or(0, |a| a.len() as u64);
         s.inline_emulated += p["inline_sites_emulated"].as_u64().unwrap_or(0);
         s.entries_emulated += u64::from(p["emulated"].as_bool() == Some(true));
@@ -254,7 +256,7 @@ fn measure_statement(
     (rounds, values, target): (usize, u32, f64),
 ) -> anyhow::Result<Vec<Series>> {
     let mut plain = Harness::start(root, python, setup, stmt, false)?;
-    let mut traced = Harness::start(root, python, setup, stmt, true)?;
+    let mut with_tracemalloc = Harness::start(root, python, setup, stmt, true)?;
     let image = host_path(root, python);
     let mut series: Vec<Series> = SETUPS.iter().map(|_| Series::default()).collect();
     for round in 0..rounds {
@@ -263,7 +265,7 @@ fn measure_statement(
             eprintln!("xtask: lto {python} `{stmt}` round {}: {}", round + 1, SETUPS[i]);
             match SETUPS[i] {
                 "baseline" => series[i].means.push(plain.measure(target, values)?.0),
-                "tracemalloc25" => series[i].means.push(traced.measure(target, values)?.0),
+                "tracemalloc25" => series[i].means.push(with_tracemalloc.measure(target, values)?.0),
                 "tracer" => {
                     let (child, _, lines, _) = attach(tracer, plain.pid())?;
                     let (mean, loops) = plain.measure(target, values)?;
@@ -325,6 +327,7 @@ fn shell_quote(s: &str) -> String {
 }
 
 /// Writes the section.
+#[allow(clippy::too_many_lines, reason = "one section's text, written in reading order")]
 pub fn lto_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow::Result<()> {
     let (rounds, values, target, live_runs) = match effort {
         "rigorous" => (10, 5, 0.2, 10),
@@ -352,7 +355,7 @@ pub fn lto_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow::Resu
             site_table,
             "| {build} | {} | {} | {} | {} | {} | {} of {} |",
             s.probes.len(),
-            s.sites,
+            s.total,
             s.inline,
             s.inline_emulated,
             s.inline - s.inline_emulated,
