@@ -9,6 +9,7 @@
 
 mod bench;
 mod bench_cost;
+mod lto;
 mod setup;
 
 use std::{
@@ -48,9 +49,11 @@ enum Task {
         #[arg(long, default_value = "fast", value_parser = ["fast", "normal", "rigorous"])]
         effort: String,
         /// Run only one section and print it, leaving BENCHMARKS.md alone: budget (--budget
-        /// estimates against full counts), returns (reading return values) or static (Debian's
-        /// static python3.11).
-        #[arg(long, value_parser = ["budget", "returns", "static"])]
+        /// estimates against full counts), returns (reading return values), static (Debian's
+        /// static python3.11) or lto (Debian's LTO-built 3.11, 3.13 and 3.14: sites, start to live,
+        /// cost per hit against bpftrace and tracemalloc) or cost (the cost tracer estimates
+        /// while it runs, against the slowdown measured).
+        #[arg(long, value_parser = ["budget", "returns", "static", "lto", "cost"])]
         only: Option<String>,
     },
     /// Set up, build, run clippy, then run every test (needs root).
@@ -83,6 +86,8 @@ fn main() -> anyhow::Result<()> {
             let mut md = String::new();
             match only.as_deref() {
                 Some("budget") => bench::budget_accuracy(&mut md, &tracer)?,
+                Some("lto") => lto::lto_section(&mut md, &tracer, &effort)?,
+                Some("cost") => bench_cost::cost_section(&mut md, &tracer)?,
                 Some("static") => bench::static_section(&mut md, &tracer, &root.join("target").join("bench"), &effort)?,
                 Some(_) => {
                     let python = setup::pyperf_venv().join("bin").join("python");
@@ -142,7 +147,9 @@ fn build(root: &Path, release: bool) -> anyhow::Result<PathBuf> {
         cmd.arg("--release");
     }
     run(&mut cmd)?;
-    let tracer = root.join("target").join(if release { "release" } else { "debug" }).join("tracer");
+    // Where cargo put it: CARGO_TARGET_DIR when set (a worktree's own target).
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    let tracer = target.join(if release { "release" } else { "debug" }).join("tracer");
     if !tracer.is_file() {
         bail!("the build succeeded but {} is missing", tracer.display());
     }
