@@ -209,11 +209,29 @@ pub struct Cost {
     pub target_cpu_s: f64,
     /// The hits priced.
     pub hits: u64,
+    /// Hits over the same span that could not be priced: those of a process
+    /// whose CPU time could not be read with them (it exited between two
+    /// readings). Where every hit is unpriced there is no share to give.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub unpriced_hits: u64,
     /// The calibrated cost of one hit.
     pub hit_cost_ns: HitCosts,
 }
 
 impl Cost {
+    /// This cost, knowing that `all` hits happened over its span: those it
+    /// did not price are counted as such, and where it priced none, it has
+    /// no share to give (never a share of 0 for hits unseen).
+    #[must_use]
+    pub fn of_all_hits(mut self, all: u64) -> Self {
+        self.unpriced_hits = all.saturating_sub(self.hits);
+        if self.hits == 0 && self.unpriced_hits > 0 {
+            self.overhead_fraction = None;
+            self.overhead_fraction_low = None;
+        }
+        self
+    }
+
     /// Above this share of the target's CPU time, tracer warns.
     pub const HIGH: f64 = 0.10;
 
@@ -623,6 +641,12 @@ pub enum BenchEntry {
         /// pyperf's significance test.
         significant: bool,
     },
+}
+
+/// For `skip_serializing_if`.
+#[allow(clippy::trivially_copy_pass_by_ref, reason = "serde passes a reference")]
+const fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
 }
 
 /// For `skip_serializing_if`.

@@ -15,13 +15,13 @@ use serde_json::Value;
 /// Timing rounds per case, each untraced then traced.
 const ROUNDS: usize = 2;
 
-/// The timing loop run in the target: the best of seven repeats, per loop,
-/// in ns, of as many loops as fill 0.2 s untraced (`timeit`'s autorange);
-/// traced, a twentieth of that, since tracing may slow it a hundredfold.
-const TIMER: &str = "import sys, timeit\n\
-t = timeit.Timer(sys.argv[2], sys.argv[1])\n\
-n = int(sys.argv[3]) if len(sys.argv) > 3 else t.autorange()[0]\n\
-print(n, min(t.repeat(7, n)) / n * 1e9)\n";
+/// The timing loop, run by the interpreter under test (xtask's harness):
+/// prints "ready", then for each N on stdin the seconds per loop of N
+/// loops.
+const HARNESS: &str = include_str!("harness.py");
+
+/// Seven timings per half round; the best counts, as timeit's does.
+const REPEATS: usize = 7;
 
 /// One case: an interpreter, a statement, tracer's flags.
 struct Case<'a> {
@@ -43,7 +43,18 @@ pub fn cost_section(md: &mut String, tracer: &Path) -> anyhow::Result<()> {
     let pyenv = crate::setup::pyperf_venv().join("bin").join("python");
     let debian = crate::setup::static_pyperf_venv().join("bin").join("python");
     let json = ("import json; d = {'a': 1, 'b': [1, 2, 3], 'c': 'text'}", "json.loads(json.dumps(d))");
+    // Sorting 2,000 ints allocates a few blocks in tens of µs: a low cost,
+    // where the estimate is not near its cap.
+    let sort = ("t = tuple(range(2000, 0, -1))", "sorted(t)");
     let cases = [
+        Case { what: "pyenv 3.11, `sorted(t)` of 2,000 ints", python: &pyenv, setup: sort.0, stmt: sort.1, flags: &[] },
+        Case {
+            what: "Debian 3.11 (LTO, every copy), `sorted(t)` of 2,000 ints",
+            python: &debian,
+            setup: sort.0,
+            stmt: sort.1,
+            flags: &[],
+        },
         Case { what: "pyenv 3.11, `[]`", python: &pyenv, setup: "pass", stmt: "[]", flags: &[] },
         Case { what: "pyenv 3.11, JSON round trip", python: &pyenv, setup: json.0, stmt: json.1, flags: &[] },
         Case {
@@ -68,23 +79,32 @@ pub fn cost_section(md: &mut String, tracer: &Path) -> anyhow::Result<()> {
         "Every interval and the summary carry `cost.overhead_fraction`: hits times the calibrated CPU cost of \
          a hit where each sits, as a share of the target's CPU time (README, `tracer attach`). A share f of \
          the target's CPU spent in probes predicts a CPU-bound loop to run 1/(1 − f) times slower. Here a \
-         `timeit` loop (the best of 7 repeats) runs untraced and then under `tracer attach --exe PYTHON \
-         --json --interval 1`, {ROUNDS} rounds alternating, and the summary's estimate is set against the \
+         timing loop in one long-lived process (xtask's harness; the best of {REPEATS} timings of \
+         about 20 ms each untraced) runs untraced and then under `tracer attach --pid PID --json`, \
+         {ROUNDS} rounds alternating, and the summary's estimate is set against the \
          slowdown measured. Where a probe's sites are of both kinds the estimate is a range \
-         (`overhead_fraction_low` prices every site emulated).\n"
+         (`overhead_fraction_low` prices every site emulated). Near a share of 1 the prediction is \
+         ill-conditioned (the share is capped at 1): there the estimate says that nearly all of the \
+         target's CPU goes to probes, and tracer warns past 10%, pointing to `--budget`.\n"
     )?;
     writeln!(md, "| case | untraced | traced | measured slowdown | tracer's estimate f | predicted 1/(1 − f) |")?;
     writeln!(md, "|---|---|---|---|---|---|")?;
+    let harness = std::env::temp_dir().join("tracer-bench-cost-harness.py");
+    std::fs::write(&harness, HARNESS).context("writing the timing harness")?;
     let mut commands = Vec::new();
     for case in &cases {
-        let (mut base, mut under) = (Vec::new(), Vec::new());
-        let mut loops = None;
-        for _ in 0..ROUNDS {
-            let (n, ns) = time(case, loops)?;
-            loops = Some(n);
-            base.push(ns);
-            under.push(traced_round(tracer, case, (n / 20).max(1), &mut commands)?);
+        let mut target = Harness::start(case, &harness)?;
+        // As many loops as take about 20 ms untraced.
+        let mut loops = 1u64;
+        while target.time(loops)? * 1e9 * f64::from(u32::try_from(loops).unwrap_or(u32::MAX)) < 20e6 {
+            loops *= 2;
         }
+        let (mut base, mut under) = (Vec::new(), Vec::new());
+        for _ in 0..ROUNDS {
+            base.push(target.best(loops)?);
+            under.push(traced_round(tracer, case, &mut target, loops, &mut commands)?);
+        }
+        drop(target);
         let base_ns = mean(&base);
         let traced_ns = mean(&under.iter().map(|t| t.ns).collect::<Vec<_>>());
         let f = mean(&under.iter().map(|t| t.fraction).collect::<Vec<_>>());
@@ -104,13 +124,64 @@ pub fn cost_section(md: &mut String, tracer: &Path) -> anyhow::Result<()> {
             traced_ns / base_ns
         )?;
     }
-    writeln!(md, "\nCommands (the traced half of each round; the untraced half runs the same loop alone):\n")?;
+    let _ = std::fs::remove_file(&harness);
+    writeln!(md, "\nCommands (the traced half of each round; PID is the harness's):\n")?;
     writeln!(md, "```")?;
     for c in commands.iter().step_by(ROUNDS) {
         writeln!(md, "{c}")?;
     }
     writeln!(md, "```\n")?;
     Ok(())
+}
+
+/// One long-lived timing process.
+struct Harness {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
+}
+
+impl Harness {
+    fn start(case: &Case<'_>, harness: &Path) -> anyhow::Result<Self> {
+        let mut child = Command::new(case.python)
+            .arg(harness)
+            .args([case.setup, case.stmt])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {}", case.python.display()))?;
+        let stdin = child.stdin.take().context("the harness's stdin")?;
+        let mut lines = BufReader::new(child.stdout.take().context("the harness's stdout")?).lines();
+        let first = lines.next().context("the harness printed nothing")??;
+        if first != "ready" {
+            bail!("the harness printed {first:?}");
+        }
+        Ok(Self { child, stdin, lines })
+    }
+
+    /// Seconds per loop of `loops` loops.
+    fn time(&mut self, loops: u64) -> anyhow::Result<f64> {
+        use std::io::Write as _;
+        writeln!(self.stdin, "{loops}")?;
+        let line = self.lines.next().context("the harness stopped")??;
+        line.trim().parse().with_context(|| format!("the harness printed {line:?}"))
+    }
+
+    /// The best of [`REPEATS`] timings, in ns per loop.
+    fn best(&mut self, loops: u64) -> anyhow::Result<f64> {
+        let mut best = f64::INFINITY;
+        for _ in 0..REPEATS {
+            best = best.min(self.time(loops)? * 1e9);
+        }
+        Ok(best)
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// The predicted slowdown for a share `f` of the target's CPU in probes.
@@ -124,32 +195,19 @@ fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / n
 }
 
-/// Runs the timing loop; returns its loop count and ns per loop.
-fn time(case: &Case<'_>, loops: Option<u64>) -> anyhow::Result<(u64, f64)> {
-    let mut cmd = Command::new(case.python);
-    cmd.args(["-c", TIMER, case.setup, case.stmt]);
-    if let Some(n) = loops {
-        cmd.arg(n.to_string());
-    }
-    let out = cmd.output().with_context(|| format!("running {}", case.python.display()))?;
-    if !out.status.success() {
-        bail!("the timing loop failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut parts = text.split_whitespace();
-    let n = parts.next().and_then(|n| n.parse().ok()).context("the timing loop's count")?;
-    let ns = parts.next().and_then(|n| n.parse().ok()).context("the timing loop's time")?;
-    Ok((n, ns))
-}
-
-/// One traced half: tracer attached to every process of the interpreter,
-/// the loop run `loops` times, tracer stopped, its summary's estimate read.
-fn traced_round(tracer: &Path, case: &Case<'_>, loops: u64, commands: &mut Vec<String>) -> anyhow::Result<Traced> {
-    let exe = std::fs::canonicalize(case.python).with_context(|| format!("resolving {}", case.python.display()))?;
-    let exe = exe.to_str().context("a UTF-8 path")?;
-    let mut args = vec!["attach", "--exe", exe, "--json", "--interval", "1"];
+/// One traced half: tracer attached to the harness, the loop timed,
+/// tracer stopped, its summary's estimate read.
+fn traced_round(
+    tracer: &Path,
+    case: &Case<'_>,
+    target: &mut Harness,
+    loops: u64,
+    commands: &mut Vec<String>,
+) -> anyhow::Result<Traced> {
+    let pid = target.child.id().to_string();
+    let mut args = vec!["attach", "--pid", &pid, "--json", "--interval", "3600"];
     args.extend_from_slice(case.flags);
-    commands.push(format!("sudo {} {}", tracer.display(), args.join(" ")));
+    commands.push(format!("sudo {} {}", tracer.display(), args.join(" ").replace(&pid, "PID")));
     let mut child = Command::new(tracer)
         .args(&args)
         .stdout(Stdio::piped())
@@ -162,7 +220,7 @@ fn traced_round(tracer: &Path, case: &Case<'_>, loops: u64, commands: &mut Vec<S
     if !first.contains("\"attached\"") {
         bail!("tracer did not attach: {first}");
     }
-    let timed = time(case, Some(loops));
+    let timed = target.best(loops);
     // SAFETY: kill(2) with the PID of the child just started, still ours.
     unsafe {
         libc::kill(i32::try_from(child.id()).context("a PID")?, libc::SIGINT);
@@ -176,9 +234,10 @@ fn traced_round(tracer: &Path, case: &Case<'_>, loops: u64, commands: &mut Vec<S
         }
     }
     child.wait()?;
-    let (_, ns) = timed?;
+    let ns = timed?;
     let summary = summary.context("tracer wrote no summary")?;
     let cost = &summary["cost"];
-    let fraction = cost["overhead_fraction"].as_f64().with_context(|| format!("no cost in the summary: {summary}"))?;
+    let fraction =
+        cost["overhead_fraction"].as_f64().with_context(|| format!("no share in the summary's cost: {summary}"))?;
     Ok(Traced { ns, fraction, low: cost["overhead_fraction_low"].as_f64() })
 }

@@ -206,9 +206,7 @@ fn detach(mut child: Child, lines: Lines<BufReader<ChildStdout>>) -> anyhow::Res
 /// sites, per probe.
 fn attached_sites(v: &Value) -> u64 {
     v["coverage"].as_object().map_or(0, |c| {
-        c.values()
-            .map(|p| 1 + p["inlined_probed"].as_u64().unwrap_or(0) + p["call_sites"].as_u64().unwrap_or(0))
-            .sum()
+        c.values().map(|p| 1 + p["inlined_probed"].as_u64().unwrap_or(0) + p["call_sites"].as_u64().unwrap_or(0)).sum()
     })
 }
 
@@ -241,10 +239,7 @@ impl Series {
 
 /// bpftrace's counts from its output at exit: `@[uprobe:…]: N` lines.
 fn bpftrace_counts(text: &str) -> u64 {
-    text.lines()
-        .filter(|l| l.starts_with("@["))
-        .filter_map(|l| l.rsplit(": ").next()?.trim().parse::<u64>().ok())
-        .sum()
+    text.lines().filter(|l| l.starts_with("@[")).filter_map(|l| l.rsplit(": ").next()?.trim().parse::<u64>().ok()).sum()
 }
 
 /// One statement on one build, all four setups in `rounds` rotated rounds.
@@ -342,7 +337,8 @@ pub fn lto_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow::Resu
     let mut site_table = String::from(
         "| build | probes | sites | inlined copies | emulated | single-stepped | out-of-line entries placed on an emulated instruction |\n|---|---|---|---|---|---|---|\n",
     );
-    let mut live_table = String::from("| build | sites live | start to `attached`, each run | median |\n|---|---|---|---|\n");
+    let mut live_table =
+        String::from("| build | sites live | start to `attached`, each run | median |\n|---|---|---|---|\n");
     let mut cost_tables = String::new();
     for (build, root, python) in BUILDS {
         if !Path::new(&host_path(root, python)).is_file() {
@@ -407,7 +403,13 @@ pub fn lto_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow::Resu
                         .map_or_else(|| "—".to_owned(), |h| format!("{:.0} ns", (m - base) / h * 1e9));
                     (format!("{:.2}x", m / base), hpl.map_or_else(|| "—".to_owned(), |h| format!("{h:.2}")), per_hit)
                 };
-                writeln!(cost_tables, "| {} | {} ± {} | {vs} | {hits} | {per_hit} |", what[i], fmt_s(m), fmt_s(ser.stdev()))?;
+                writeln!(
+                    cost_tables,
+                    "| {} | {} ± {} | {vs} | {hits} | {per_hit} |",
+                    what[i],
+                    fmt_s(m),
+                    fmt_s(ser.stdev())
+                )?;
             }
             let added = |i: usize| series[i].mean() - base;
             writeln!(

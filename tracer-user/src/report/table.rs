@@ -247,14 +247,19 @@ fn round(rate: f64) -> u64 {
 /// "cost ≈3.4% of target CPU (estimate)", with a range where some probe's
 /// hits could not be told apart by the kind of site.
 fn cost_text(c: &Cost) -> String {
-    match (c.overhead_fraction, c.overhead_fraction_low) {
+    let text = match (c.overhead_fraction, c.overhead_fraction_low) {
         (Some(high), Some(low)) => format!("cost ≈{}–{} of target CPU (estimate)", percent(low), percent(high)),
         (Some(high), None) => format!("cost ≈{} of target CPU (estimate)", percent(high)),
+        (None, _) if c.hits == 0 && c.unpriced_hits > 0 => "cost unknown".to_owned(),
         (None, _) => format!(
             "cost ≈{:.1} ms of probe time (estimate; the target used too little CPU time to compare)",
             c.tracer_cpu_s * 1e3
         ),
+    };
+    if c.unpriced_hits == 0 {
+        return text;
     }
+    format!("{text}; {} hits of processes that exited between readings are not priced", group(c.unpriced_hits))
 }
 
 /// A share as a percentage, to a sensible precision.
@@ -399,8 +404,23 @@ mod tests {
             tracer_cpu_s: high,
             target_cpu_s: 1.0,
             hits: 1000,
+            unpriced_hits: 0,
             hit_cost_ns: crate::plan::HitCosts { single_stepped_ns: 15_000.0, emulated_ns: 500.0 },
         }
+    }
+
+    /// Hits no CPU reading goes with are counted, and where no hit is
+    /// priced there is no share: never a cost of 0 for hits unseen.
+    #[test]
+    fn unpriced_hits_are_said_and_never_cost_nothing() {
+        let none =
+            Cost { overhead_fraction: Some(0.0), hits: 0, tracer_cpu_s: 0.0, ..cost(0.0, None) }.of_all_hits(500);
+        assert_eq!((none.overhead_fraction, none.unpriced_hits), (None, 500));
+        assert_eq!(cost_text(&none), "cost unknown; 500 hits of processes that exited between readings are not priced");
+        let some = cost(0.25, None).of_all_hits(1500);
+        assert_eq!((some.overhead_fraction, some.unpriced_hits), (Some(0.25), 500));
+        assert!(cost_text(&some).ends_with("; 500 hits of processes that exited between readings are not priced"));
+        assert_eq!(cost(0.25, None).of_all_hits(1000).unpriced_hits, 0);
     }
 
     #[test]

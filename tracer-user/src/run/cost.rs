@@ -110,6 +110,7 @@ pub fn estimate(high_ns: f64, low_ns: f64, target_cpu_ns: f64, hits: u64, hit: H
         tracer_cpu_s: high_ns / 1e9,
         target_cpu_s: target_cpu_ns / 1e9,
         hits,
+        unpriced_hits: 0,
         hit_cost_ns: hit,
     }
 }

@@ -234,6 +234,9 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
     let toggle = sleep_until(toggle_at);
     tokio::pin!(toggle);
 
+    // Every hit up to the last interval: what each interval's cost is set
+    // against.
+    let mut hits_before = 0u64;
     let end = loop {
         tokio::select! {
             biased;
@@ -260,7 +263,9 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
                 let notes = run.notes();
                 output.notes(notes)?;
                 let mut snapshot = run.snapshot()?;
-                snapshot.cost = run.cost.interval();
+                let all = snapshot.hits.unwrap_or(0);
+                snapshot.cost = run.cost.interval().map(|c| c.of_all_hits(all.saturating_sub(hits_before)));
+                hits_before = all;
                 let high = snapshot.cost.as_ref().and_then(|c| run.cost.high_cost_note(c));
                 output.interval(snapshot)?;
                 output.notes(high)?;
@@ -293,7 +298,7 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
         }
     }
     output.notes(cost.poll())?;
-    last.cost = cost.total();
+    last.cost = cost.total().map(|c| c.of_all_hits(last.hits.unwrap_or(0)));
     output.summary(last, end)?;
     Ok(end)
 }
