@@ -139,11 +139,11 @@ pub fn run(root: &Path, tracer: &Path, effort: &str) -> anyhow::Result<()> {
     // 3b. Debian's LTO builds, 3.11, 3.13 and 3.14, with every inlined copy.
     crate::lto::lto_section(&mut md, tracer, effort)?;
 
+    // 3c. The cost tracer estimates while it runs, against the slowdown.
+    crate::bench_cost::cost_section(&mut md, tracer)?;
+
     // 4. --budget estimates against full counts of the same process.
     budget_accuracy(&mut md, tracer)?;
-
-    // 4b. The cost tracer estimates while it runs, against the slowdown.
-    crate::bench_cost::cost_section(&mut md, tracer)?;
 
     // 5. Reading allocators' return values.
     returns_section(&mut md, tracer, &python, &out_root, effort)?;
