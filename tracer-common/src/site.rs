@@ -12,6 +12,13 @@
 pub const NONE: u8 = 0;
 /// The operand is the cookie's constant.
 pub const CONSTANT: u8 = 0xff;
+/// A first operand of `MEMORY` plus a register operand (`MEMORY_FIRST` …
+/// `MEMORY_LAST`) is the 8 bytes in memory at that register plus the
+/// cookie's constant read as a signed 16-bit offset: a stack slot, where
+/// the DWARF puts a size relative to the frame base or the CFA.
+pub const MEMORY: u8 = 0x20;
+pub const MEMORY_FIRST: u8 = MEMORY + 1;
+pub const MEMORY_LAST: u8 = MEMORY + 16;
 
 /// The cookie for `slot` with operands `first` and `second` and
 /// `constant`.
@@ -47,6 +54,24 @@ pub const fn constant(cookie: u64) -> u64 {
     cookie >> 48
 }
 
+/// The constant of `cookie` as the signed offset of a memory operand.
+#[must_use]
+#[allow(clippy::cast_possible_truncation, reason = "the constant is 16 bits")]
+pub const fn offset(constant: u64) -> i64 {
+    (constant as u16).cast_signed() as i64
+}
+
+/// The memory operand at DWARF x86-64 register `number` plus `offset`, as
+/// (first operand, constant); `None` where either does not fit.
+#[must_use]
+pub const fn memory(number: u16, offset: i64) -> Option<(u8, u16)> {
+    match register(number) {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "checked to fit 16 bits")]
+        Some(r) if offset >= i16::MIN as i64 && offset <= i16::MAX as i64 => Some((MEMORY + r, offset as i16 as u16)),
+        _ => None,
+    }
+}
+
 /// The operand for DWARF x86-64 register `number` (0 = rax … 15 = r15).
 #[must_use]
 #[allow(clippy::cast_possible_truncation, reason = "checked to be at most 15")]
@@ -63,5 +88,9 @@ mod tests {
         let c = encode(7, register(5).unwrap_or(NONE), CONSTANT, 111);
         assert_eq!((slot(c), first(c), second(c), constant(c)), (7, 6, CONSTANT, 111));
         assert_eq!(register(16), None);
+        let (first, constant) = memory(7, -24).unwrap_or_default();
+        let c = encode(3, first, NONE, constant);
+        assert_eq!((first, offset(super::constant(c))), (MEMORY + 8, -24));
+        assert_eq!(memory(7, 40_000), None);
     }
 }

@@ -20,7 +20,7 @@
 use aya_ebpf::{
     EbpfContext,
     bindings::{BPF_NOEXIST, pt_regs},
-    helpers::generated::bpf_get_attach_cookie,
+    helpers::{bpf_probe_read_user, generated::bpf_get_attach_cookie},
     macros::{map, uprobe, uretprobe},
     maps::{PerCpuArray, PerCpuHashMap},
     programs::{ProbeContext, RetProbeContext},
@@ -132,32 +132,61 @@ fn try_count_site(ctx: &ProbeContext) -> Result<(), Stat> {
 }
 
 /// The value of a size operand: a register (DWARF number + 1) of the
-/// probed thread, or the cookie's constant.
+/// probed thread, the cookie's constant, or the 8 bytes in the thread's
+/// memory at a register plus the constant (a stack slot).
 #[inline(always)]
 fn operand(regs: *mut pt_regs, kind: u8, constant: u64) -> Result<u64, Stat> {
-    // SAFETY: regs is the context the kernel passed to this program (the
-    // user registers at the probe), which the program may read directly.
-    let r = unsafe { &*regs };
-    Ok(match kind {
-        site::CONSTANT => constant,
-        1 => r.rax,
-        2 => r.rdx,
-        3 => r.rcx,
-        4 => r.rbx,
-        5 => r.rsi,
-        6 => r.rdi,
-        7 => r.rbp,
-        8 => r.rsp,
-        9 => r.r8,
-        10 => r.r9,
-        11 => r.r10,
-        12 => r.r11,
-        13 => r.r12,
-        14 => r.r13,
-        15 => r.r14,
-        16 => r.r15,
-        _ => return Err(Stat::ArgMissing),
-    })
+    match kind {
+        site::CONSTANT => Ok(constant),
+        site::MEMORY_FIRST..=site::MEMORY_LAST => {
+            let base = register(regs, kind - site::MEMORY)?;
+            let address = base.wrapping_add(site::offset(constant).cast_unsigned());
+            // SAFETY: the helper reads user memory of the probed thread and
+            // fails (counted) rather than fault where it is not mapped.
+            unsafe { bpf_probe_read_user(address as *const u64) }.map_err(|_| Stat::ArgMissing)
+        }
+        _ => register(regs, kind),
+    }
+}
+
+/// The value of register `n` (DWARF number + 1) of the probed thread.
+#[inline(always)]
+fn register(regs: *mut pt_regs, n: u8) -> Result<u64, Stat> {
+    // Each field is read at its own constant offset: the verifier refuses a
+    // context pointer moved by a computed offset, which the compiler would
+    // otherwise make of this match.
+    macro_rules! field {
+        ($f:ident) => {
+            // SAFETY: regs is the context the kernel passed to this
+            // program (the user registers at the probe), which the program
+            // may read directly.
+            unsafe { core::ptr::read_volatile(&raw const (*regs).$f) }
+        };
+    }
+    // In DWARF order, from a copy on the stack, which may be indexed.
+    let all: [u64; 16] = [
+        field!(rax),
+        field!(rdx),
+        field!(rcx),
+        field!(rbx),
+        field!(rsi),
+        field!(rdi),
+        field!(rbp),
+        field!(rsp),
+        field!(r8),
+        field!(r9),
+        field!(r10),
+        field!(r11),
+        field!(r12),
+        field!(r13),
+        field!(r14),
+        field!(r15),
+    ];
+    if !(1..=16).contains(&n) {
+        return Err(Stat::ArgMissing);
+    }
+    // Masked so that the verifier sees the index bounded by the array.
+    Ok(all[usize::from((n - 1) & 15)])
 }
 
 /// Records the value in rax at a point where it holds the function's

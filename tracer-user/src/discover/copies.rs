@@ -69,6 +69,9 @@ pub(super) fn find(
     let found = inline::find(&file.path, &data, &wanted)?;
     let scan = guard_scan(Some((&file.path, &data)))?;
     let (cross_check, mut guard_only) = compare(elf, abi, &found, &scan);
+    let image =
+        std::fs::read(elf.path()).map_err(|cause| super::elf::ElfError::Read { path: elf.path().to_owned(), cause })?;
+    let mut cfa = Cfa::of(&image);
     let entries = found
         .into_iter()
         // A function the DWARF has no DIE for is left out: its copies are
@@ -82,7 +85,7 @@ pub(super) fn find(
                 Some(Ok(found)) => found.sites.as_slice(),
                 _ => &[],
             };
-            let mut points: Vec<Points> = copies.iter().map(|s| copy_points(s, &copies, reads)).collect();
+            let mut points: Vec<Points> = copies.iter().map(|s| copy_points(s, &copies, reads, &mut cfa)).collect();
             points.extend(guard_only.remove(&f.function).unwrap_or_default().iter().map(guard_points));
             (f.function, points)
         })
@@ -97,8 +100,13 @@ pub(super) fn find(
 /// every call of the copy passes that read once (the switch is tested
 /// first thing), so the copy is probed there instead, unless only the
 /// entry shows the size.
-fn copy_points(site: &inline::Site, copies: &[&inline::Site], reads: &[guards::GuardSite]) -> Points {
-    let entry = InlineEntry { address: site.entry, size: size_operands(site) };
+fn copy_points(
+    site: &inline::Site,
+    copies: &[&inline::Site],
+    reads: &[guards::GuardSite],
+    cfa: &mut Cfa<'_>,
+) -> Points {
+    let entry = InlineEntry { address: site.entry, size: size_operands(site, cfa) };
     let inside = |s: &inline::Site, a: u64| s.ranges.iter().any(|r| r.contains(&a));
     let mut held = reads.iter().filter(|r| inside(site, r.read.address));
     let (Some(read), None) = (held.next(), held.next()) else { return vec![entry] };
@@ -134,14 +142,27 @@ fn function_names(data: &[u8]) -> std::collections::HashMap<u64, String> {
 /// calloc's), each in a register or a constant. `None` where any is
 /// elsewhere (on the stack, an expression, optimised out), or when the
 /// function requests no size.
-fn size_operands(site: &inline::Site) -> Option<(u8, u8, u16)> {
-    use tracer_common::site::{CONSTANT, NONE, register};
+fn size_operands(site: &inline::Site, cfa: &mut Cfa<'_>) -> Option<(u8, u8, u16)> {
+    use tracer_common::site::{CONSTANT, NONE, memory, register};
     let operand = |l: &inline::Location| match *l {
         inline::Location::Register(r) => register(r.dwarf()).map(|r| (r, None)),
         inline::Location::Constant(c) => u16::try_from(c).ok().map(|c| (CONSTANT, Some(c))),
         _ => None,
     };
     match site.parameters.as_slice() {
+        // A size in a stack slot: read from the thread's memory there.
+        [one] if matches!(one.location, inline::Location::Memory { .. } | inline::Location::Cfa { .. }) => {
+            let (base, offset) = match one.location {
+                inline::Location::Memory { base, offset } => (base.dwarf(), offset),
+                inline::Location::Cfa { offset } => {
+                    let (base, cfa_offset) = cfa.at(site.entry)?;
+                    (base, cfa_offset.checked_add(offset)?)
+                }
+                _ => return None,
+            };
+            let (first, constant) = memory(base, offset)?;
+            Some((first, NONE, constant))
+        }
         [one] => {
             let (first, constant) = operand(&one.location)?;
             Some((first, NONE, constant.unwrap_or(0)))
@@ -156,6 +177,41 @@ fn size_operands(site: &inline::Site) -> Option<(u8, u8, u16)> {
             }
         }
         _ => None,
+    }
+}
+
+/// The canonical frame address at each point of an image's code, from its
+/// `.eh_frame`: where a size the DWARF puts relative to the CFA is.
+pub(super) struct Cfa<'a> {
+    frame: Option<(gimli::EhFrame<gimli::EndianSlice<'a, gimli::LittleEndian>>, gimli::BaseAddresses)>,
+    context: gimli::UnwindContext<usize>,
+}
+
+impl<'a> Cfa<'a> {
+    /// The rules of the image `data`; none where it has no `.eh_frame`.
+    pub(super) fn of(data: &'a [u8]) -> Self {
+        use object::{Object as _, ObjectSection as _};
+        let frame = object::File::parse(data).ok().and_then(|file| {
+            let section = file.section_by_name(".eh_frame")?;
+            let bytes = section.data().ok()?;
+            let mut frame = gimli::EhFrame::new(bytes, gimli::LittleEndian);
+            frame.set_address_size(8);
+            Some((frame, gimli::BaseAddresses::default().set_eh_frame(section.address())))
+        });
+        Self { frame, context: gimli::UnwindContext::new() }
+    }
+
+    /// The CFA at `address` as (DWARF register, offset), where it is a
+    /// register plus an offset there.
+    pub(super) fn at(&mut self, address: u64) -> Option<(u16, i64)> {
+        use gimli::UnwindSection as _;
+        let (frame, bases) = self.frame.as_ref()?;
+        let row =
+            frame.unwind_info_for_address(bases, &mut self.context, address, gimli::EhFrame::cie_from_offset).ok()?;
+        match *row.cfa() {
+            gimli::CfaRule::RegisterAndOffset { register, offset } => Some((register.0, offset)),
+            gimli::CfaRule::Expression(_) => None,
+        }
     }
 }
 

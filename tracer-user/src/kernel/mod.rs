@@ -380,4 +380,47 @@ mod tests {
         assert!(reason.contains(&format!("the kernel refused the probe at file offset {bad:#x}")), "{reason}");
         session.detach_multi(std::process::id());
     }
+
+    /// Takes its seventh argument on the stack: at its entry, 8 bytes above
+    /// the stack pointer.
+    #[unsafe(no_mangle)]
+    #[inline(never)]
+    extern "C" fn tracer_test_seven(a1: u64, a2: u64, a3: u64, a4: u64, a5: u64, a6: u64, on_stack: u64) -> u64 {
+        std::hint::black_box(a1 ^ a2 ^ a3 ^ a4 ^ a5 ^ a6 ^ on_stack)
+    }
+
+    /// A size in a stack slot (the DWARF's `DW_OP_fbreg` or a register plus
+    /// an offset) is read from the thread's memory at each hit.
+    #[test]
+    fn a_size_in_a_stack_slot_is_read_from_memory() {
+        use tracer_common::site;
+        const N: u64 = 300;
+        assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
+        let exe = std::env::current_exe().expect("the test binary");
+        let elf = ElfImage::open(&exe).expect("the test binary is ELF");
+        let image = ImageRef { elf: &elf, display_path: &exe, attach_path: &exe, modules: &[], inlining: None };
+        // main's own probe is never hit again; the site is the slot's one.
+        let spec = [ProbeSpec::function("main", Program::SizeArg0, true, true)];
+        let mut plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
+        std::hint::black_box(tracer_test_seven as extern "C" fn(u64, u64, u64, u64, u64, u64, u64) -> u64);
+        let seven = elf.function("tracer_test_seven").expect("the seven-argument function");
+        // DWARF register 7 is %rsp.
+        let (first, offset) = site::memory(7, 8).expect("fits");
+        plan.probes[0].inline_sites = vec![plan::InlineSite {
+            offset: seven.file_offset,
+            size: Some((first, site::NONE, offset)),
+            emulated: false,
+        }];
+        let mut session = Session::load(plan, std::process::id(), LoadOptions::default()).expect("the object loads");
+        session.prepare(true).expect("programs load");
+        session.attach_multi(std::process::id()).expect("attached");
+        for i in 0..N {
+            tracer_test_seven(i, 0, 0, 0, 0, 0, 1234);
+        }
+        let readings = session.read().expect("the counters read");
+        session.detach_multi(std::process::id());
+        let probe = readings.probes[0];
+        assert_eq!((probe.calls, probe.bytes), (N, 1234 * N), "{readings:?}");
+        assert!(readings.stats.iter().all(|&v| v == 0), "{readings:?}");
+    }
 }

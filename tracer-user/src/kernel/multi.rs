@@ -157,7 +157,14 @@ pub fn load(object: &[u8], name: &'static str, maps: &[(String, OwnedFd)]) -> Re
             let mut log = vec![0u8; 1 << 16];
             let _ = bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr(&mut log, 1));
             let text = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)]).into_owned();
-            let last = text.lines().rev().find(|l| !l.trim().is_empty()).map(|l| format!(" ({l})")).unwrap_or_default();
+            // The verifier ends with its statistics; the reason is the line
+            // before them.
+            let last = text
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty() && !l.starts_with("processed ") && !l.starts_with("verification time"))
+                .map(|l| format!(" ({l})"))
+                .unwrap_or_default();
             Err(MultiError::Load { name, cause, log: last })
         }
     }
