@@ -492,7 +492,7 @@ fn row(md: &mut String, r: &Value, key: &str, what: &str) -> anyhow::Result<()> 
     Ok(())
 }
 
-fn fmt_ns(ns: f64) -> String {
+pub(crate) fn fmt_ns(ns: f64) -> String {
     if ns >= 1e6 {
         format!("{:.2} ms", ns / 1e6)
     } else if ns >= 1e3 {
@@ -502,7 +502,7 @@ fn fmt_ns(ns: f64) -> String {
     }
 }
 
-fn shell_quote(s: &str) -> String {
+pub(crate) fn shell_quote(s: &str) -> String {
     if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=,:".contains(c)) {
         s.to_owned()
     } else {

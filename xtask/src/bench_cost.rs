@@ -10,15 +10,12 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
+
+use crate::lto::Harness;
 use serde_json::Value;
 
 /// Timing rounds per case, each untraced then traced.
 const ROUNDS: usize = 2;
-
-/// The timing loop, run by the interpreter under test (xtask's harness):
-/// prints "ready", then for each N on stdin the seconds per loop of N
-/// loops.
-const HARNESS: &str = include_str!("harness.py");
 
 /// Seven timings per half round; the best counts, as timeit's does.
 const REPEATS: usize = 7;
@@ -89,11 +86,11 @@ pub fn cost_section(md: &mut String, tracer: &Path) -> anyhow::Result<()> {
     )?;
     writeln!(md, "| case | untraced | traced | measured slowdown | tracer's estimate f | predicted 1/(1 − f) |")?;
     writeln!(md, "|---|---|---|---|---|---|")?;
-    let harness = std::env::temp_dir().join("tracer-bench-cost-harness.py");
-    std::fs::write(&harness, HARNESS).context("writing the timing harness")?;
+    crate::lto::install_harness()?;
     let mut commands = Vec::new();
     for case in &cases {
-        let mut target = Harness::start(case, &harness)?;
+        let python = case.python.to_str().context("a UTF-8 path")?;
+        let mut target = Harness::start(None, python, case.setup, case.stmt, false)?;
         // As many loops as take about 20 ms untraced.
         let mut loops = 1u64;
         while target.time(loops)? * 1e9 * f64::from(u32::try_from(loops).unwrap_or(u32::MAX)) < 20e6 {
@@ -101,7 +98,7 @@ pub fn cost_section(md: &mut String, tracer: &Path) -> anyhow::Result<()> {
         }
         let (mut base, mut under) = (Vec::new(), Vec::new());
         for _ in 0..ROUNDS {
-            base.push(target.best(loops)?);
+            base.push(best(&mut target, loops)?);
             under.push(traced_round(tracer, case, &mut target, loops, &mut commands)?);
         }
         drop(target);
@@ -124,7 +121,6 @@ pub fn cost_section(md: &mut String, tracer: &Path) -> anyhow::Result<()> {
             traced_ns / base_ns
         )?;
     }
-    let _ = std::fs::remove_file(&harness);
     writeln!(md, "\nCommands (the traced half of each round; PID is the harness's):\n")?;
     writeln!(md, "```")?;
     for c in commands.iter().step_by(ROUNDS) {
@@ -134,54 +130,13 @@ pub fn cost_section(md: &mut String, tracer: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One long-lived timing process.
-struct Harness {
-    child: std::process::Child,
-    stdin: std::process::ChildStdin,
-    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
-}
-
-impl Harness {
-    fn start(case: &Case<'_>, harness: &Path) -> anyhow::Result<Self> {
-        let mut child = Command::new(case.python)
-            .arg(harness)
-            .args([case.setup, case.stmt])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("starting {}", case.python.display()))?;
-        let stdin = child.stdin.take().context("the harness's stdin")?;
-        let mut lines = BufReader::new(child.stdout.take().context("the harness's stdout")?).lines();
-        let first = lines.next().context("the harness printed nothing")??;
-        if first != "ready" {
-            bail!("the harness printed {first:?}");
-        }
-        Ok(Self { child, stdin, lines })
+/// The best of [`REPEATS`] timings of `loops` loops, in ns per loop.
+fn best(target: &mut Harness, loops: u64) -> anyhow::Result<f64> {
+    let mut best = f64::INFINITY;
+    for _ in 0..REPEATS {
+        best = best.min(target.time(loops)? * 1e9);
     }
-
-    /// Seconds per loop of `loops` loops.
-    fn time(&mut self, loops: u64) -> anyhow::Result<f64> {
-        use std::io::Write as _;
-        writeln!(self.stdin, "{loops}")?;
-        let line = self.lines.next().context("the harness stopped")??;
-        line.trim().parse().with_context(|| format!("the harness printed {line:?}"))
-    }
-
-    /// The best of [`REPEATS`] timings, in ns per loop.
-    fn best(&mut self, loops: u64) -> anyhow::Result<f64> {
-        let mut best = f64::INFINITY;
-        for _ in 0..REPEATS {
-            best = best.min(self.time(loops)? * 1e9);
-        }
-        Ok(best)
-    }
-}
-
-impl Drop for Harness {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    Ok(best)
 }
 
 /// The predicted slowdown for a share `f` of the target's CPU in probes.
@@ -204,7 +159,7 @@ fn traced_round(
     loops: u64,
     commands: &mut Vec<String>,
 ) -> anyhow::Result<Traced> {
-    let pid = target.child.id().to_string();
+    let pid = target.pid().to_string();
     let mut args = vec!["attach", "--pid", &pid, "--json", "--interval", "3600"];
     args.extend_from_slice(case.flags);
     commands.push(format!("sudo {} {}", tracer.display(), args.join(" ").replace(&pid, "PID")));
@@ -220,7 +175,7 @@ fn traced_round(
     if !first.contains("\"attached\"") {
         bail!("tracer did not attach: {first}");
     }
-    let timed = target.best(loops);
+    let timed = best(target, loops);
     // SAFETY: kill(2) with the PID of the child just started, still ours.
     unsafe {
         libc::kill(i32::try_from(child.id()).context("a PID")?, libc::SIGINT);

@@ -42,14 +42,20 @@ const STATEMENTS: [(&str, &str, &str); 2] = [
 const SETUPS: [&str; 4] = ["baseline", "tracer", "bpftrace", "tracemalloc25"];
 
 /// One harness process.
-struct Harness {
+pub(crate) struct Harness {
     child: Child,
     stdin: ChildStdin,
     lines: Lines<BufReader<ChildStdout>>,
 }
 
 impl Harness {
-    fn start(root: Option<&str>, python: &str, setup: &str, stmt: &str, tracemalloc: bool) -> anyhow::Result<Self> {
+    pub(crate) fn start(
+        root: Option<&str>,
+        python: &str,
+        setup: &str,
+        stmt: &str,
+        tracemalloc: bool,
+    ) -> anyhow::Result<Self> {
         let mut cmd = match root {
             Some(r) => {
                 let mut c = Command::new("/usr/sbin/chroot");
@@ -72,12 +78,12 @@ impl Harness {
         Ok(Self { child, stdin, lines })
     }
 
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
     /// Seconds per loop over `n` loops.
-    fn time(&mut self, n: u64) -> anyhow::Result<f64> {
+    pub(crate) fn time(&mut self, n: u64) -> anyhow::Result<f64> {
         writeln!(self.stdin, "{n}")?;
         self.stdin.flush()?;
         let line = self.lines.next().context("the harness stopped")??;
@@ -121,6 +127,16 @@ fn interrupt(child: &Child) {
         // SAFETY: kill with a valid signal on our own child.
         unsafe { libc::kill(pid, libc::SIGINT) };
     }
+}
+
+/// Writes the harness where [`Harness::start`] runs it, on the host and in
+/// the forky root.
+pub(crate) fn install_harness() -> anyhow::Result<()> {
+    std::fs::write(HARNESS_PATH, HARNESS).context("writing the harness")?;
+    if Path::new(FORKY).is_dir() {
+        std::fs::write(format!("{FORKY}{HARNESS_PATH}"), HARNESS).context("writing the harness into the forky root")?;
+    }
+    Ok(())
 }
 
 /// The host path of an interpreter inside a root.
@@ -303,22 +319,7 @@ fn measure_statement(
 }
 
 fn fmt_s(s: f64) -> String {
-    let ns = s * 1e9;
-    if ns >= 1e6 {
-        format!("{:.2} ms", ns / 1e6)
-    } else if ns >= 1e3 {
-        format!("{:.2} µs", ns / 1e3)
-    } else {
-        format!("{ns:.1} ns")
-    }
-}
-
-fn shell_quote(s: &str) -> String {
-    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=,:".contains(c)) {
-        s.to_owned()
-    } else {
-        format!("'{}'", s.replace('\'', "'\\''"))
-    }
+    crate::bench::fmt_ns(s * 1e9)
 }
 
 /// Writes the section.
@@ -330,10 +331,7 @@ pub fn lto_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow::Resu
         _ => (3, 3, 0.1, 5),
     };
     let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    std::fs::write(HARNESS_PATH, HARNESS).context("writing the harness")?;
-    if Path::new(FORKY).is_dir() {
-        std::fs::write(format!("{FORKY}{HARNESS_PATH}"), HARNESS).context("writing the harness into the forky root")?;
-    }
+    install_harness()?;
     let mut site_table = String::from(
         "| build | probes | sites | inlined copies | emulated | single-stepped | out-of-line entries placed on an emulated instruction |\n|---|---|---|---|---|---|---|\n",
     );
@@ -482,8 +480,8 @@ pub fn lto_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow::Resu
         "SETUP and STMT are {} and {} (JSON round trip) or `pass` and `[]`; IMAGE is the interpreter's \
          host path (`/usr/bin/python3.11`, `{FORKY}/usr/bin/python3.1x`) and the probes are every \
          probe tracer attached.\n",
-        shell_quote(STATEMENTS[0].1),
-        shell_quote(STATEMENTS[0].2)
+        crate::bench::shell_quote(STATEMENTS[0].1),
+        crate::bench::shell_quote(STATEMENTS[0].2)
     )?;
     writeln!(md, "{cost_tables}")?;
     let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
