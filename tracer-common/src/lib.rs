@@ -7,6 +7,7 @@ pub mod counter;
 pub mod returns;
 pub mod site;
 pub mod stats;
+pub mod types;
 
 /// Names of the maps and globals, so the loader and the BPF object cannot
 /// drift apart silently.
@@ -19,6 +20,12 @@ pub mod names {
     pub const RETURNS_MAP: &str = "RETURNS";
     /// Per-CPU array of `u64`, indexed by [`crate::stats::Stat`].
     pub const STATS_MAP: &str = "STATS";
+    /// Per-CPU hash of `u64` creations by [`crate::types::TypeKey`]
+    /// (process and type object), with `--types`.
+    pub const TYPES_MAP: &str = "TYPES";
+    /// BPF global: the offset of `ob_type` in an object, from the version
+    /// module.
+    pub const OB_TYPE_OFFSET_GLOBAL: &str = "OB_TYPE_OFFSET";
     /// BPF global: thread-group id the probes count for (0 = any process).
     pub const TARGET_TGID_GLOBAL: &str = "TARGET_TGID";
 
@@ -41,6 +48,9 @@ pub mod names {
         /// Counts a call at an inlined copy, reading the size where the
         /// attach cookie says it is (see [`crate::site`]).
         pub const COUNT_SITE: &str = "count_site";
+        /// Counts a new reference and the new object's type, reading the
+        /// object where the attach cookie says (see [`crate::site`]).
+        pub const COUNT_OBJECT: &str = "count_object";
     }
 }
 

@@ -7,6 +7,9 @@
 //! second (a multiplier: calloc's elsize), [`NONE`] for none; 48–63 a
 //! constant, for an operand that is [`CONSTANT`]. A register operand is its
 //! DWARF x86-64 register number plus one (1 = rax … 16 = r15).
+//!
+//! `count_object` reads the same encoding, where the first operand is the
+//! new object rather than a size.
 
 /// No operand.
 pub const NONE: u8 = 0;

@@ -21,15 +21,29 @@ pub enum Stat {
     /// The counters map was full: a new (process, probe) pair could not be
     /// added, so its hits were not counted.
     MapFull = 4,
+    /// With `--types`: the object's type could not be read from the
+    /// target's memory, so the creation is counted but not its type.
+    TypeUnread = 5,
+    /// With `--types`: the types map was full, so a new (process, type)
+    /// pair could not be added and that creation's type was not counted.
+    TypesFull = 6,
 }
 
 /// Number of entries in the `STATS` map.
-pub const STAT_COUNT: u32 = 5;
+pub const STAT_COUNT: u32 = 7;
 
 impl Stat {
     /// Every stat, in map order (the JSON `stats` keys, in this order).
     pub const ALL: [Self; STAT_COUNT as usize] =
-        [Self::SlotOutOfRange, Self::ArgMissing, Self::OtherProcess, Self::SizeOverflow, Self::MapFull];
+        [
+        Self::SlotOutOfRange,
+        Self::ArgMissing,
+        Self::OtherProcess,
+        Self::SizeOverflow,
+        Self::MapFull,
+        Self::TypeUnread,
+        Self::TypesFull,
+    ];
 
     /// Stable name used in the table and the JSON output.
     #[must_use]
@@ -40,6 +54,8 @@ impl Stat {
             Self::OtherProcess => "other_process",
             Self::SizeOverflow => "size_overflow",
             Self::MapFull => "map_full",
+            Self::TypeUnread => "type_unread",
+            Self::TypesFull => "types_full",
         }
     }
 

@@ -37,6 +37,7 @@ pub enum Format {
 
 /// Everything `tracer attach` needs to run.
 #[derive(Clone, Debug, PartialEq)]
+#[allow(clippy::struct_excessive_bools, reason = "one field per on/off command-line flag")]
 pub struct AttachConfig {
     /// What to trace.
     pub target: TargetSpec,
@@ -57,6 +58,8 @@ pub struct AttachConfig {
     pub links: LinkMode,
     /// `--returns`: also read what the allocating functions return.
     pub returns: bool,
+    /// `--types`: also count new objects by type.
+    pub types: bool,
     /// `--bpf-log`: pass what the BPF programs log on as notes.
     pub bpf_log: bool,
     /// `--debug-dir`: one more place to look for the interpreter's DWARF.
@@ -111,6 +114,14 @@ pub enum ConfigError {
     )]
     BudgetWithReturns,
     #[error(
+        "--budget cannot be combined with --types: type counts are not estimated from windows; use one or the other"
+    )]
+    BudgetWithTypes,
+    #[error(
+        "--types counts the objects _Py_NewReference creates, which --probes {probes} leaves out; use --probes default or refs, or add _Py_NewReference to the list"
+    )]
+    TypesWithoutNewReference { probes: String },
+    #[error(
         "--links perf cannot attach the {sites} uprobes of inlined copies in reasonable time (perf-event uprobes detach about 0.13 s apart); drop --links perf, or pass --no-inlined"
     )]
     InlinedNeedMulti { sites: usize },
@@ -144,6 +155,8 @@ pub struct AttachArgs<'a> {
     pub links: &'a str,
     /// `--returns`.
     pub returns: bool,
+    /// `--types`.
+    pub types: bool,
     /// `--bpf-log`.
     pub bpf_log: bool,
     /// `--debug-dir`.
@@ -196,15 +209,28 @@ impl AttachConfig {
         if args.returns && budget.is_some() {
             return Err(ConfigError::BudgetWithReturns);
         }
+        if args.types && budget.is_some() {
+            return Err(ConfigError::BudgetWithTypes);
+        }
+        let probes = probe_selection(args.probes)?;
+        let creates = match &probes {
+            ProbeSelection::Default | ProbeSelection::Refs => true,
+            ProbeSelection::Alloc => false,
+            ProbeSelection::Names(names) => names.iter().any(|n| n == "_Py_NewReference"),
+        };
+        if args.types && !creates {
+            return Err(ConfigError::TypesWithoutNewReference { probes: args.probes.to_owned() });
+        }
         Ok(Self {
             returns: args.returns,
+            types: args.types,
             bpf_log: args.bpf_log,
             debug_dir: args.debug_dir.map(std::path::Path::to_owned),
             inlined: args.inlined,
             budget,
             links,
             target,
-            probes: probe_selection(args.probes)?,
+            probes,
             placement,
             duration,
             interval,
@@ -243,6 +269,7 @@ mod tests {
             budget_percent: None,
             links: "auto",
             returns: false,
+            types: false,
             bpf_log: false,
             debug_dir: None,
             inlined: true,

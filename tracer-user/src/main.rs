@@ -160,6 +160,7 @@ struct TargetArgs {
 }
 
 #[derive(Debug, Args)]
+#[allow(clippy::struct_excessive_bools, reason = "one field per on/off command-line flag, as clap gives them")]
 struct AttachArgs {
     #[command(flatten)]
     target: TargetArgs,
@@ -189,6 +190,12 @@ struct AttachArgs {
     /// uretprobe; `tracer probes --returns` shows which.
     #[arg(long)]
     returns: bool,
+    /// Also count the objects each new reference creates by their type (`tp_name`), read at
+    /// `_Py_NewReference` (on 3.12+ also `_Py_NewReferenceNoTotal`, which the free lists call):
+    /// top types in the table, every type in the JSON's `types`. Each new reference then costs one
+    /// read of the target's memory and one map update more. Not with --budget.
+    #[arg(long)]
+    types: bool,
     /// Pass on what the BPF programs log (each probe's first hit per process, and every miss, with its
     /// cause), as notes on stderr and in the JSON: for when a probe seems to misbehave. Off by default,
     /// and then free: the logging code is dead to the kernel's verifier.
@@ -274,6 +281,7 @@ fn attach(args: &AttachArgs) -> anyhow::Result<()> {
         budget_percent: args.budget,
         links: &args.links,
         returns: args.returns,
+        types: args.types,
         bpf_log: args.bpf_log,
         debug_dir: args.target.debug_dir.as_deref(),
         inlined: !args.target.no_inlined,

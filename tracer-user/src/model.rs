@@ -328,6 +328,26 @@ pub struct Snapshot {
     /// to the target is made of.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hits: Option<u64>,
+    /// With `--types`: objects created by type since the attach, over every
+    /// traced process, most first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub types: Option<Vec<TypeCount>>,
+}
+
+/// Objects of one type created since the attach.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TypeCount {
+    /// Its `tp_name`; where that could not be read, its address and PID.
+    pub name: String,
+    /// New references to objects of this type (creations, and objects a
+    /// free list gave out again).
+    pub created: u64,
+    /// Over the interval (in a summary, over the run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_per_s: Option<f64>,
+    /// Why its name could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unresolved: Option<String>,
 }
 
 /// Name of the kernel's recursion-miss count in `stats`.
@@ -366,6 +386,11 @@ impl Snapshot {
             let dbytes = p.bytes - before.map_or(0, |b| b.bytes.min(p.bytes));
             p.calls_per_s = Some(rate(dcalls, secs));
             p.bytes_per_s = attached.measures_bytes(name).then(|| rate(dbytes, secs));
+        }
+        let before = since.and_then(|s| s.types.as_ref());
+        for t in self.types.iter_mut().flatten() {
+            let was = before.and_then(|b| b.iter().find(|b| b.name == t.name)).map_or(0, |b| b.created.min(t.created));
+            t.created_per_s = Some(rate(t.created - was, secs));
         }
     }
 

@@ -25,11 +25,14 @@ pub enum Program {
     /// Counts a call at an inlined copy, with the size where its cookie
     /// says (see `tracer_common::site`).
     CountSite,
+    /// Counts a new reference and the object's type (`--types`), with the
+    /// object where the cookie says: `%rdi` at the function's entry.
+    CountObject,
 }
 
 impl Program {
     /// Every program in the object.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::CountCall,
         Self::SizeArg0,
         Self::SizeArg1,
@@ -38,6 +41,7 @@ impl Program {
         Self::RetValue,
         Self::RetValueUret,
         Self::CountSite,
+        Self::CountObject,
     ];
 
     /// The function name in tracer-ebpf/src/main.rs.
@@ -52,6 +56,7 @@ impl Program {
             Self::RetValue => programs::RET_VALUE,
             Self::RetValueUret => programs::RET_VALUE_URET,
             Self::CountSite => programs::COUNT_SITE,
+            Self::CountObject => programs::COUNT_OBJECT,
         }
     }
 

@@ -42,6 +42,7 @@ pub(super) fn find(
                 function: p.symbol,
                 guard: abi.guard(p.symbol),
                 size: guards::SizeArgs::of(p.program),
+                object: python::object_parameter(p.symbol).is_some(),
             })
             .collect();
         guards::scan(elf.path(), &wanted, symbols)
@@ -54,7 +55,7 @@ pub(super) fn find(
     let wanted: Vec<inline::Wanted<'_>> = abi
         .probes()
         .iter()
-        .map(|p| inline::Wanted { function: p.symbol, parameters: python::size_parameters(p.program) })
+        .map(|p| inline::Wanted { function: p.symbol, parameters: parameters(p) })
         .collect();
     // Out-of-line clones that are whole functions (.constprop, .isra) are
     // entered like inlined copies, and probed beside the symbol; the parts
@@ -106,12 +107,14 @@ fn copy_points(
     reads: &[guards::GuardSite],
     cfa: &mut Cfa<'_>,
 ) -> Points {
-    let entry = InlineEntry { address: site.entry, size: size_operands(site, cfa) };
+    let entry = InlineEntry { address: site.entry, size: size_operands(site, cfa), object: object_operand(site, cfa) };
     let inside = |s: &inline::Site, a: u64| s.ranges.iter().any(|r| r.contains(&a));
     let mut held = reads.iter().filter(|r| inside(site, r.read.address));
     let (Some(read), None) = (held.next(), held.next()) else { return vec![entry] };
     let shared = copies.iter().any(|c| !std::ptr::eq(*c, site) && inside(c, read.read.address));
-    if shared || (read.read.size.is_none() && entry.size.is_some()) {
+    // The read is taken unless it loses what the entry shows.
+    let loses = (read.read.size.is_none() && entry.size.is_some()) || (read.read.object.is_none() && entry.object.is_some());
+    if shared || loses {
         return vec![entry];
     }
     // The entry stays the last resort, should no read point be probeable.
@@ -137,30 +140,57 @@ fn function_names(data: &[u8]) -> std::collections::HashMap<u64, String> {
         .collect()
 }
 
+/// The parameters whose DWARF locations are wanted for probe `p`: its size
+/// or sizes, or the new object.
+fn parameters(p: &crate::probe::ProbeSpec) -> &'static [&'static str] {
+    match python::object_parameter(p.symbol) {
+        Some(_) => &["op"],
+        None => python::size_parameters(p.program),
+    }
+}
+
+/// Where a copy's new object is, as `count_object`'s operand: in a register
+/// or a stack slot. `None` for a function that creates no object, or where
+/// the DWARF does not say.
+fn object_operand(site: &inline::Site, cfa: &mut Cfa<'_>) -> Option<(u8, u16)> {
+    let [op] = site.parameters.as_slice() else { return None };
+    if op.name != "op" {
+        return None;
+    }
+    location_operand(site.entry, &op.location, cfa)
+}
+
+/// A register or stack-slot location as an operand and its constant.
+fn location_operand(entry: u64, location: &inline::Location, cfa: &mut Cfa<'_>) -> Option<(u8, u16)> {
+    use tracer_common::site::{memory, register};
+    match *location {
+        inline::Location::Register(r) => register(r.dwarf()).map(|r| (r, 0)),
+        inline::Location::Memory { base, offset } => memory(base.dwarf(), offset),
+        inline::Location::Cfa { offset } => {
+            let (base, cfa_offset) = cfa.at(entry)?;
+            memory(base, cfa_offset.checked_add(offset)?)
+        }
+        _ => None,
+    }
+}
+
 /// Where a copy's requested size is, as `count_site`'s operands: one
 /// parameter (a malloc's size, a realloc's new size) or two multiplied (a
 /// calloc's), each in a register or a constant. `None` where any is
 /// elsewhere (on the stack, an expression, optimised out), or when the
 /// function requests no size.
 fn size_operands(site: &inline::Site, cfa: &mut Cfa<'_>) -> Option<(u8, u8, u16)> {
-    use tracer_common::site::{CONSTANT, NONE, memory, register};
+    use tracer_common::site::{CONSTANT, NONE, register};
     let operand = |l: &inline::Location| match *l {
         inline::Location::Register(r) => register(r.dwarf()).map(|r| (r, None)),
         inline::Location::Constant(c) => u16::try_from(c).ok().map(|c| (CONSTANT, Some(c))),
         _ => None,
     };
     match site.parameters.as_slice() {
+        [op] if op.name == "op" => None,
         // A size in a stack slot: read from the thread's memory there.
         [one] if matches!(one.location, inline::Location::Memory { .. } | inline::Location::Cfa { .. }) => {
-            let (base, offset) = match one.location {
-                inline::Location::Memory { base, offset } => (base.dwarf(), offset),
-                inline::Location::Cfa { offset } => {
-                    let (base, cfa_offset) = cfa.at(site.entry)?;
-                    (base, cfa_offset.checked_add(offset)?)
-                }
-                _ => return None,
-            };
-            let (first, constant) = memory(base, offset)?;
+            let (first, constant) = location_operand(site.entry, &one.location, cfa)?;
             Some((first, NONE, constant))
         }
         [one] => {

@@ -143,6 +143,10 @@ pub struct Wanted<'a> {
     /// Which slow-path registers hold the requested size, for an
     /// allocating function.
     pub size: SizeArgs,
+    /// Whether the slow path's first argument (`%rdi`) is the new object,
+    /// to be read at the site: `_PyTraceMalloc_NewReference(op)` (3.11,
+    /// 3.12), the reference tracer's `tracer_func(op, event, data)` (3.13+).
+    pub object: bool,
 }
 
 /// Where the allocator function a slot points to is passed the size: it
@@ -169,9 +173,12 @@ impl SizeArgs {
             Program::SizeArg0 => Self::Second,
             Program::SizeArg1 => Self::Third,
             Program::Calloc => Self::SecondTimesThird,
-            Program::CountCall | Program::Empty | Program::RetValue | Program::RetValueUret | Program::CountSite => {
-                Self::None
-            }
+            Program::CountCall
+            | Program::Empty
+            | Program::RetValue
+            | Program::RetValueUret
+            | Program::CountSite
+            | Program::CountObject => Self::None,
         }
     }
 }
@@ -350,7 +357,10 @@ impl<'a> Code<'a> {
         };
         // The function's own reads, cold parts included, are its entry
         // probe's.
-        let walked = self.walk(entry, address, None);
+        // Only tracemalloc's flag guards a direct call; a direct call on an
+        // allocator's fast path may be another copy, passed other arguments.
+        let direct = matches!(guard, Guard::TracemallocFlag { .. });
+        let walked = self.walk(entry, address, None, direct);
         let own = walked.reads;
         // What the slow path calls (tracemalloc's `_PyTraceMalloc_NewReference`,
         // static and so nameless in a stripped image) tests the switch
@@ -383,7 +393,7 @@ impl<'a> Code<'a> {
                 found.undecodable += 1;
                 continue;
             }
-            let walk = self.walk(at, address, Some(insn));
+            let walk = self.walk(at, address, Some(insn), direct);
             match guard {
                 Guard::RefTracer => match walk.call.and_then(|s| s[RSI].constant()) {
                     Some(REF_TRACER_CREATE) => {}
@@ -399,7 +409,7 @@ impl<'a> Code<'a> {
                 },
                 Guard::TracemallocFlag { .. } | Guard::AllocatorSlot => {}
             }
-            found.sites.push(self.site(i, walk.call.as_ref(), wanted.size));
+            found.sites.push(self.site(i, walk.call.as_ref(), wanted));
         }
         Ok(found)
     }
@@ -519,7 +529,7 @@ impl<'a> Code<'a> {
     /// Follows the paths from the read at `start` (with `site` its
     /// instruction; `None` from a function's entry) to the call the switch
     /// guards, with the registers at `start` as the origin.
-    fn walk(&self, start: u64, switch: u64, site: Option<&Instruction>) -> Walk {
+    fn walk(&self, start: u64, switch: u64, site: Option<&Instruction>, direct: bool) -> Walk {
         let identity: [Value; 16] = std::array::from_fn(|r| Value::Register(u8::try_from(r).unwrap_or(0)));
         let mut walk = Walk::default();
         // Breadth first, by branches taken: a slow path is a branch or two
@@ -539,7 +549,15 @@ impl<'a> Code<'a> {
                         break;
                     }
                 }
-                if site.is_some() && indirect_target(&insn, &state) == Some(switch) {
+                // The guarded call: through the switch (the reference
+                // tracer, an allocator slot), or of a function that tests
+                // the switch again first (tracemalloc's
+                // `_PyTraceMalloc_NewReference`).
+                let guarded = indirect_target(&insn, &state) == Some(switch)
+                    || (direct
+                        && insn.flow_control() == FlowControl::Call
+                        && self.straight_line(insn.near_branch_target(), 8).iter().any(|i| reads(i, switch)));
+                if site.is_some() && guarded {
                     // Where two slow paths disagree on a register, nothing
                     // is known of it.
                     let merged = walk.call.map_or(state, |c| {
@@ -590,12 +608,15 @@ impl<'a> Code<'a> {
 
     /// The site at instruction `i`, with the size read where `call` (the
     /// registers at the guarded call, in terms of those at the read) says.
-    fn site(&self, i: usize, call: Option<&[Value; 16]>, size: SizeArgs) -> GuardSite {
+    fn site(&self, i: usize, call: Option<&[Value; 16]>, wanted: &Wanted<'_>) -> GuardSite {
         let read = self.instructions[i];
         let identity: [Value; 16] = std::array::from_fn(|r| Value::Register(u8::try_from(r).unwrap_or(0)));
-        let operands = |at: &[Value; 16]| call.and_then(|c| size_operands(c, at, size));
-        let mut found =
-            GuardSite { read: InlineEntry { address: read.ip(), size: operands(&identity) }, later: Vec::new() };
+        let entry = |address: u64, at: &[Value; 16]| InlineEntry {
+            address,
+            size: call.and_then(|c| size_operands(c, at, wanted.size)),
+            object: call.filter(|_| wanted.object).and_then(|c| object_operand(c, at)),
+        };
+        let mut found = GuardSite { read: entry(read.ip(), &identity), later: Vec::new() };
         // The instructions after the read, while each is reached from the
         // read alone: none is a branch target, none before is a branch.
         let mut state = identity;
@@ -605,7 +626,7 @@ impl<'a> Code<'a> {
                 break;
             }
             step(&prev, &mut state);
-            found.later.push(InlineEntry { address: later.ip(), size: operands(&state) });
+            found.later.push(entry(later.ip(), &state));
             prev = *later;
         }
         found
@@ -645,6 +666,7 @@ impl Value {
 /// DWARF numbers of the argument registers the slow path reads.
 const RSI: usize = 4;
 const RDX: usize = 1;
+const RDI: usize = 5;
 
 /// The DWARF x86-64 number of a general-purpose register.
 fn dwarf(register: Register) -> Option<usize> {
@@ -773,6 +795,16 @@ fn step(insn: &Instruction, state: &mut [Value; 16]) {
     }
 }
 
+/// Where the new object is at a probe whose registers are `at` (in terms of
+/// the read's), given the registers at the guarded call `call`, which is
+/// passed it first: `count_object`'s operand, or `None` where it is in no
+/// register there.
+fn object_operand(call: &[Value; 16], at: &[Value; 16]) -> Option<(u8, u16)> {
+    let Value::Register(_) = call[RDI] else { return None };
+    let r = at.iter().position(|x| *x == call[RDI])?;
+    tracer_common::site::register(u16::try_from(r).ok()?).map(|r| (r, 0))
+}
+
 /// Where the size is at a probe whose registers are `at` (in terms of the
 /// read's), given the registers at the guarded call `call`: `count_site`'s
 /// operands, or `None` where a value is at no register there.
@@ -830,7 +862,12 @@ mod tests {
             let wanted: Vec<Wanted<'_>> = abi
                 .probes()
                 .iter()
-                .map(|p| Wanted { function: p.symbol, guard: abi.guard(p.symbol), size: SizeArgs::of(p.program) })
+                .map(|p| Wanted {
+                    function: p.symbol,
+                    guard: abi.guard(p.symbol),
+                    size: SizeArgs::of(p.program),
+                    object: crate::python::object_parameter(p.symbol).is_some(),
+                })
                 .collect();
             let scan = scan(Path::new(path), &wanted, None).expect("scan");
             let slot = |f: &str| {
@@ -930,7 +967,12 @@ mod code_tests {
         let mut bytes = Vec::new();
         let code = code(&mut bytes);
         let found = code
-            .find(&Wanted { function: "_Py_NewReference", guard: Some(Guard::RefTracer), size: SizeArgs::None })
+            .find(&Wanted {
+                function: "_Py_NewReference",
+                guard: Some(Guard::RefTracer),
+                size: SizeArgs::None,
+                object: true,
+            })
             .expect("found");
         assert_eq!(found.guard, format!("the reference tracer at {TRACER:#x}"));
         let reads: Vec<u64> = found.sites.iter().map(|s| s.read.address).collect();
@@ -939,6 +981,11 @@ mod code_tests {
         // ends.
         let later: Vec<u64> = found.sites[0].later.iter().map(|p| p.address).collect();
         assert_eq!(later, [0x1107, 0x110a]);
+        // The object the slow path passes the tracer (mov %rbx,%rdi) is
+        // in %rbx at the read and after it.
+        let rbx = tracer_common::site::register(3).map(|r| (r, 0));
+        assert_eq!(found.sites[0].read.object, rbx);
+        assert!(found.sites[0].later.iter().all(|p| p.object == rbx && p.size.is_none()), "{:?}", found.sites[0]);
     }
 
     #[test]
@@ -947,7 +994,12 @@ mod code_tests {
         let mut bytes = Vec::new();
         let code = code(&mut bytes);
         let found = code
-            .find(&Wanted { function: "PyObject_Malloc", guard: Some(Guard::AllocatorSlot), size: SizeArgs::Second })
+            .find(&Wanted {
+                function: "PyObject_Malloc",
+                guard: Some(Guard::AllocatorSlot),
+                size: SizeArgs::Second,
+                object: false,
+            })
             .expect("found");
         // The slot, not the context the function loads after it.
         assert_eq!(found.guard, format!("the allocator slot at {SLOT:#x}"));

@@ -131,6 +131,11 @@ pub struct InlineEntry {
     /// `count_site`'s operands (first, second, constant; see
     /// `tracer_common::site`); `None` where the DWARF does not say.
     pub size: Option<(u8, u8, u16)>,
+    /// For a function `--types` counts by type (`_Py_NewReference`), where
+    /// the new object is there, as `count_object`'s first operand and
+    /// constant (a register, or a stack slot and its offset); `None` where
+    /// neither the DWARF nor the code says.
+    pub object: Option<(u8, u16)>,
 }
 
 /// How [`resolve`] looks for the image's DWARF.

@@ -5,6 +5,8 @@ use std::{collections::BTreeMap, num::NonZeroU32, os::fd::OwnedFd, path::PathBuf
 
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope};
 
+use tracer_common::site;
+
 use super::{ALL_PROCESSES, AttachError, Session, multi};
 use crate::{
     discover::modules::Module,
@@ -104,7 +106,7 @@ impl Session {
         let mut groups: BTreeMap<Program, Vec<(u64, u64)>> = BTreeMap::new();
         for (slot, f) in &found {
             let Some(probe) = self.plan.probes.iter().find(|p| p.slot == *slot) else { continue };
-            let points = f.emulated.iter().chain(&f.stepped).map(|&o| (o, u64::from(*slot)));
+            let points = f.emulated.iter().chain(&f.stepped).map(|&o| (o, entry_cookie(probe)));
             groups.entry(probe.attach_program).or_default().extend(points);
             late.push(LateSites {
                 symbol: probe.symbol,
@@ -274,12 +276,13 @@ impl Session {
         let image = &self.plan.attach_path;
         for p in &self.plan.probes {
             let cookie = u64::from(p.slot);
+            let entry_cookie = entry_cookie(p);
             let at = |path: &PathBuf, offset| AttachPoint {
                 symbol: p.symbol,
                 program: p.attach_program,
                 path: path.clone(),
                 offset,
-                cookie,
+                cookie: entry_cookie,
             };
             match &p.call_sites {
                 None => points.push(at(image, p.probe_offset())),
@@ -290,12 +293,16 @@ impl Session {
                 }
             }
             // An inlined copy has no arguments in the ABI's registers: its
-            // size is read where its DWARF says, or not at all.
+            // size (or object) is read where its DWARF or code says, or not
+            // at all.
             points.extend(p.inline_sites.iter().map(|s| {
-                let (program, cookie) = match (p.attach_program, s.size) {
-                    (Program::Empty, _) => (Program::Empty, cookie),
-                    (program, Some((first, second, constant))) if program.counts_bytes() => {
-                        (Program::CountSite, tracer_common::site::encode(p.slot, first, second, constant))
+                let (program, cookie) = match (p.attach_program, s.size, s.object) {
+                    (Program::Empty, _, _) => (Program::Empty, cookie),
+                    (program, Some((first, second, constant)), _) if program.counts_bytes() => {
+                        (Program::CountSite, site::encode(p.slot, first, second, constant))
+                    }
+                    (Program::CountObject, _, Some((first, constant))) => {
+                        (Program::CountObject, site::encode(p.slot, first, site::NONE, constant))
                     }
                     _ => (Program::CountCall, cookie),
                 };
@@ -326,5 +333,15 @@ impl Session {
                 scope.spawn(move || drop(link));
             }
         });
+    }
+}
+
+/// The cookie of probe `p` at its function's entry or at a call of it,
+/// where the arguments are in the ABI's registers: the slot, and for
+/// `count_object` the object, the first argument (`%rdi`, DWARF register 5).
+fn entry_cookie(p: &crate::plan::PlannedProbe) -> u64 {
+    match p.attach_program {
+        Program::CountObject => site::encode(p.slot, site::register(5).unwrap_or(site::NONE), site::NONE, 0),
+        _ => u64::from(p.slot),
     }
 }

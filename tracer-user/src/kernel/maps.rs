@@ -12,6 +12,7 @@ use tracer_common::{
     names,
     returns::Returned,
     stats::{STAT_COUNT, Stat},
+    types::TypeKey,
 };
 
 use super::{AttachError, Session};
@@ -32,6 +33,8 @@ pub struct Readings {
     pub probes: Vec<ProbeReading>,
     /// Per process: its counts of each probe, by slot.
     pub per_process: BTreeMap<u32, Vec<ProbeReading>>,
+    /// With `--types`: per process, creations by type object address.
+    pub types: BTreeMap<u32, BTreeMap<u64, u64>>,
     /// One per [`Stat`], in [`Stat::ALL`] order.
     pub stats: Vec<u64>,
     /// Hits the kernel did not run a program for because another BPF
@@ -115,6 +118,12 @@ impl Session {
             per_process.entry(key.tgid).or_insert_with(|| vec![ProbeReading::default(); slots])[slot].returned = sum;
             probes[slot].returned = probes[slot].returned.merged(sum);
         }
+        let mut types: BTreeMap<u32, BTreeMap<u64, u64>> = BTreeMap::new();
+        for entry in &self.types {
+            let (key, per_cpu) = entry.map_err(map_err(names::TYPES_MAP))?;
+            let sum = per_cpu.iter().fold(0u64, |sum, v| sum.saturating_add(*v));
+            types.entry(key.tgid).or_default().insert(key.type_address, sum);
+        }
         let mut stats = Vec::with_capacity(Stat::ALL.len());
         for index in 0..STAT_COUNT {
             let per_cpu = self.stats.get(&index, 0).map_err(map_err(names::STATS_MAP))?;
@@ -128,7 +137,7 @@ impl Session {
             let misses = recursion_misses(fd).map_err(|cause| AttachError::ProgramInfo { name, cause })?;
             kernel_misses = kernel_misses.saturating_add(misses);
         }
-        Ok(Readings { probes, per_process, stats, kernel_misses })
+        Ok(Readings { probes, per_process, types, stats, kernel_misses })
     }
 
     /// Removes every entry of process `tgid` from the counter and return
@@ -141,6 +150,10 @@ impl Session {
             // A probe the process never hit has no entry to remove.
             self.counters.remove(&key).or_else(absent).map_err(map_err(names::COUNTERS_MAP))?;
             self.returns.remove(&key).or_else(absent).map_err(map_err(names::RETURNS_MAP))?;
+        }
+        let keys: Vec<TypeKey> = self.types.keys().filter_map(Result::ok).filter(|k| k.tgid == tgid).collect();
+        for key in keys {
+            self.types.remove(&key).or_else(absent).map_err(map_err(names::TYPES_MAP))?;
         }
         Ok(())
     }

@@ -23,6 +23,7 @@ use tracer_common::{
     counter::{Counter, CounterKey},
     names,
     returns::Returned,
+    types::TypeKey,
 };
 
 pub use self::{links::LateSites, maps::Readings};
@@ -78,11 +79,23 @@ pub struct LoadOptions {
     /// `--bpf-log`: let the programs log what they do (off: the logging
     /// code is dead to the verifier).
     pub bpf_log: bool,
+    /// With `--types`, how many (process, type) pairs the types map has
+    /// room for, and where an object's type pointer is; `None` without.
+    pub types: Option<TypesOptions>,
+}
+
+/// How `--types` counts, in the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TypesOptions {
+    /// Room for (process, type) pairs; one more is counted as a miss.
+    pub entries: u32,
+    /// `offsetof(PyObject, ob_type)`, from the version module.
+    pub ob_type_offset: u64,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        Self { max_processes: 1024, bpf_log: false }
+        Self { max_processes: 1024, bpf_log: false, types: None }
     }
 }
 
@@ -94,6 +107,7 @@ pub struct Session {
     counters: PerCpuHashMap<MapData, CounterKey, Counter>,
     stats: PerCpuArray<MapData, u64>,
     returns: PerCpuHashMap<MapData, CounterKey, Returned>,
+    types: PerCpuHashMap<MapData, TypeKey, u64>,
     /// With `--bpf-log`, the reader of the programs' log.
     logger: Option<aya_log::EbpfLogger<maps::LogCollector>>,
     /// What the logger has collected (shared with it).
@@ -134,11 +148,16 @@ impl Session {
         // aya-log's level global: 0 turns every log statement into code the
         // verifier proves dead, so logging costs nothing while off.
         let log_level: u8 = if options.bpf_log { u8::MAX } else { 0 };
+        // Without --types no program writes the map: one entry is room
+        // enough.
+        let (type_entries, ob_type_offset) = options.types.map_or((1, 0), |t| (t.entries.max(1), t.ob_type_offset));
         let mut ebpf = EbpfLoader::new()
             .override_global(names::TARGET_TGID_GLOBAL, &target_tgid, true)
+            .override_global(names::OB_TYPE_OFFSET_GLOBAL, &ob_type_offset, true)
             .override_global(aya_log::LEVEL, &log_level, true)
             .map_max_entries(names::COUNTERS_MAP, slots.saturating_mul(processes))
             .map_max_entries(names::RETURNS_MAP, slots.saturating_mul(processes))
+            .map_max_entries(names::TYPES_MAP, type_entries)
             .load(crate::BPF_OBJECT)
             .map_err(|e| AttachError::Load(Box::new(e)))?;
         let mut map_fds = Vec::new();
@@ -153,6 +172,7 @@ impl Session {
         let counters = take_map(&mut ebpf, names::COUNTERS_MAP, PerCpuHashMap::try_from)?;
         let stats = take_map(&mut ebpf, names::STATS_MAP, PerCpuArray::try_from)?;
         let returns = take_map(&mut ebpf, names::RETURNS_MAP, PerCpuHashMap::try_from)?;
+        let types = take_map(&mut ebpf, names::TYPES_MAP, PerCpuHashMap::try_from)?;
         let log_lines = maps::LogCollector::default();
         let logger = if options.bpf_log {
             let logger = aya_log::EbpfLogger::init_with_logger(&mut ebpf, log_lines.clone())
@@ -166,6 +186,7 @@ impl Session {
             counters,
             stats,
             returns,
+            types,
             logger,
             log_lines,
             programs: HashMap::new(),
@@ -196,6 +217,9 @@ impl Session {
         c.calls = crate::plan::coverage::Completeness::Partial;
         if c.bytes == crate::plan::coverage::Completeness::Complete {
             c.bytes = crate::plan::coverage::Completeness::Partial;
+        }
+        if c.types.is_some() {
+            c.types = Some(crate::plan::coverage::Completeness::Partial);
         }
         let why =
             format!("the kernel refused the probe at file offset {offset:#x}, whose calls are not counted ({cause})");
@@ -368,7 +392,7 @@ mod tests {
         // An 0x06 byte inside its `movabs`: no instruction in 64-bit mode.
         let inside = code.iter().skip(1).position(|&b| b == 0x06).expect("an 0x06 byte") as u64 + 1;
         let bad = never.file_offset + inside;
-        let site = |offset| plan::InlineSite { offset, size: None, emulated: false };
+        let site = |offset| plan::InlineSite { offset, size: None, object: None, emulated: false };
         plan.probes[0].inline_sites = vec![site(never.file_offset), site(bad)];
         let mut session = Session::load(plan, std::process::id(), LoadOptions::default()).expect("the object loads");
         session.prepare(true).expect("programs load");
@@ -407,6 +431,7 @@ mod tests {
         // DWARF register 7 is %rsp.
         let (first, offset) = site::memory(7, 8).expect("fits");
         plan.probes[0].inline_sites = vec![plan::InlineSite {
+            object: None,
             offset: seven.file_offset,
             size: Some((first, site::NONE, offset)),
             emulated: false,

@@ -36,6 +36,10 @@ pub struct Coverage {
     pub call_sites: usize,
     pub calls: Completeness,
     pub bytes: Completeness,
+    /// With `--types`, for a probe that counts objects by type: whether
+    /// every counted call also counted its object's type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub types: Option<Completeness>,
     /// Why a count is partial.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
@@ -52,6 +56,8 @@ impl Coverage {
     /// Whether anything is partial.
     #[must_use]
     pub fn is_partial(&self) -> bool {
-        self.calls == Completeness::Partial || self.bytes == Completeness::Partial
+        self.calls == Completeness::Partial
+            || self.bytes == Completeness::Partial
+            || self.types == Some(Completeness::Partial)
     }
 }

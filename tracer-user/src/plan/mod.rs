@@ -77,6 +77,8 @@ pub struct InlineSite {
     pub offset: u64,
     /// Where its size is, as in [`InlineEntry::size`].
     pub size: Option<(u8, u8, u16)>,
+    /// Where its new object is, as in [`InlineEntry::object`].
+    pub object: Option<(u8, u16)>,
     /// Whether the kernel emulates the probed instruction (else it
     /// single-steps it).
     pub emulated: bool,
@@ -161,11 +163,14 @@ pub struct PlanOptions {
     /// Whether to probe the inlined copies the DWARF lists (not
     /// `--no-inlined`).
     pub inlined: bool,
+    /// `--types`: count new references by the object's type, with
+    /// [`Program::CountObject`].
+    pub types: bool,
 }
 
 impl Default for PlanOptions {
     fn default() -> Self {
-        Self { program_override: None, placement: PlacementMode::default(), returns: None, inlined: true }
+        Self { program_override: None, placement: PlacementMode::default(), returns: None, inlined: true, types: false }
     }
 }
 
@@ -220,7 +225,12 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
     let kernel = placement::running_kernel();
     let mut probes = Vec::with_capacity(found.len());
     for (slot, (spec, sym)) in (0u32..).zip(&found) {
-        let program = options.program_override.unwrap_or(spec.program);
+        let own = if options.types && crate::python::object_parameter(spec.symbol).is_some() {
+            Program::CountObject
+        } else {
+            spec.program
+        };
+        let program = options.program_override.unwrap_or(own);
         let len = if sym.size > 0 { sym.size.min(4096) } else { 64 };
         let code = image.elf.read_at(sym.file_offset, usize::try_from(len).unwrap_or(64));
         let place = match (spec.kind, code, options.placement) {
@@ -249,16 +259,20 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
             }
             Vec::new()
         };
+        let mut coverage = coverage(image, spec, &inline_sites, &unprobed, options.returns.is_some());
+        if own == Program::CountObject {
+            types_coverage(&mut coverage, &inline_sites);
+        }
         probes.push(PlannedProbe {
             symbol: spec.symbol,
-            program: spec.program,
+            program: own,
             attach_program: program,
             slot,
             file_offset: sym.file_offset,
             placement: place,
             returns,
             call_sites: None,
-            coverage: coverage(image, spec, &inline_sites, &unprobed, options.returns.is_some()),
+            coverage,
             inline_sites,
         });
     }
@@ -291,7 +305,12 @@ fn inline_sites(image: ImageRef<'_>, symbol: &str, kernel: placement::KernelVers
             let offset = image.elf.file_offset(entry.address).ok_or("is in no file-backed segment".to_owned())?;
             let code = image.elf.read_at(offset, 16).map_err(|e| e.to_string())?;
             placement::probeable(&code)?;
-            Ok::<_, String>(InlineSite { offset, size: entry.size, emulated: emulated_at(&code, kernel) })
+            Ok::<_, String>(InlineSite {
+                offset,
+                size: entry.size,
+                object: entry.object,
+                emulated: emulated_at(&code, kernel),
+            })
         };
         // The first point that can be probed, or a later one the kernel
         // emulates where the size (if the first has one) is still known.
@@ -307,7 +326,9 @@ fn inline_sites(image: ImageRef<'_>, symbol: &str, kernel: placement::KernelVers
         let better = if first.emulated {
             None
         } else {
-            probeable.find(|p| p.emulated && (first.size.is_none() || p.size.is_some()))
+            probeable.find(|p| {
+                p.emulated && (first.size.is_none() || p.size.is_some()) && (first.object.is_none() || p.object.is_some())
+            })
         };
         sites.push(better.unwrap_or(first));
     }
@@ -343,6 +364,7 @@ fn coverage(
         call_sites: 0,
         calls: Completeness::Complete,
         bytes: if measures_bytes { Completeness::Complete } else { Completeness::None },
+        types: None,
         reason: None,
         fix: None,
         cross_check: None,
@@ -403,6 +425,25 @@ fn coverage(
         }
     }
     c
+}
+
+/// With `--types`, whether every probed call also counts its object's type:
+/// not where calls are partial, nor at copies where neither the DWARF nor
+/// the code shows where the object is.
+fn types_coverage(c: &mut Coverage, sites: &[InlineSite]) {
+    let objectless = sites.iter().filter(|s| s.object.is_none()).count();
+    c.types = Some(if c.calls == Completeness::Partial || objectless > 0 {
+        Completeness::Partial
+    } else {
+        Completeness::Complete
+    });
+    if objectless > 0 {
+        let why = format!(
+            "neither the DWARF nor the code shows where the object is at {objectless} of the {} inlined copies (their calls are counted, their types are not)",
+            sites.len()
+        );
+        c.reason = Some(c.reason.take().map_or(why.clone(), |r| format!("{r}; {why}")));
+    }
 }
 
 /// [`coverage`] of copies found by the reads of their switches, with no

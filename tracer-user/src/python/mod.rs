@@ -86,6 +86,8 @@ pub trait Abi: Sync + fmt::Debug {
     /// inlined copies are found without debug info; `None` for a function
     /// no switch guards.
     fn guard(&self, symbol: &str) -> Option<Guard>;
+    /// Where an object's type is, and its type's name.
+    fn objects(&self) -> ObjectOffsets;
 }
 
 /// A runtime switch that a probed function reads on every call, and so
@@ -189,9 +191,43 @@ pub const fn size_parameters(program: Program) -> &'static [&'static str] {
         Program::SizeArg0 => &["size"],
         Program::SizeArg1 => &["new_size"],
         Program::Calloc => &["nelem", "elsize"],
-        Program::CountCall | Program::Empty | Program::RetValue | Program::RetValueUret | Program::CountSite => &[],
+        Program::CountCall
+        | Program::Empty
+        | Program::RetValue
+        | Program::RetValueUret
+        | Program::CountSite
+        | Program::CountObject => &[],
     }
 }
+
+/// The name of the parameter that is the new object, for a function that
+/// `--types` counts by the object's type: `op`, in `_Py_NewReference(PyObject
+/// *op)` and `_Py_NewReferenceNoTotal(PyObject *op)` (Objects/object.c from
+/// v3.11.0 to v3.14.0; the latter from v3.12.0).
+#[must_use]
+pub fn object_parameter(symbol: &str) -> Option<&'static str> {
+    matches!(symbol, "_Py_NewReference" | "_Py_NewReferenceNoTotal").then_some("op")
+}
+
+/// Where an object's type and a type's name are, for `--types`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ObjectOffsets {
+    /// `offsetof(PyObject, ob_type)`.
+    pub ob_type: u64,
+    /// `offsetof(PyTypeObject, tp_name)`.
+    pub tp_name: u64,
+}
+
+/// The layout of the 64-bit default (not free-threaded) builds from 3.11 to
+/// 3.14:
+/// - Include/object.h at v3.11.0 declares `struct _object { Py_ssize_t
+///   ob_refcnt; PyTypeObject *ob_type; }`; v3.12.0 to v3.14.0 make
+///   `ob_refcnt` a union of the same 8 bytes (immortal objects; in 3.14
+///   `ob_refcnt_full` beside `ob_flags`), so `ob_type` stays at 8;
+/// - Include/cpython/object.h from v3.11.0 to v3.14.0 starts `struct
+///   _typeobject` with `PyObject_VAR_HEAD` (the header and `Py_ssize_t
+///   ob_size`), then `const char *tp_name`: at 24.
+pub const DEFAULT_BUILD_OBJECTS: ObjectOffsets = ObjectOffsets { ob_type: 8, tp_name: 24 };
 
 const fn spec(symbol: &'static str, program: Program, required: bool) -> ProbeSpec {
     ProbeSpec::function(symbol, program, required, true)

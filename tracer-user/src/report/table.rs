@@ -108,7 +108,27 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         self.footer(sample)
     }
 
+    /// `--types`: the types most created, with their rates.
+    fn types_block(&mut self, types: &[crate::model::TypeCount]) -> std::io::Result<()> {
+        writeln!(self.out, "  {:<32} {:>14} {:>12}", "type (most created)", "created", "created/s")?;
+        for t in types.iter().take(TOP_TYPES) {
+            let rate = t.created_per_s.map_or_else(|| "-".to_owned(), |r| group(round(r)));
+            writeln!(self.out, "  {:<32} {:>14} {:>12}", t.name, group(t.created), rate)?;
+        }
+        if types.len() > TOP_TYPES {
+            let rest: u64 = types[TOP_TYPES..].iter().map(|t| t.created).sum();
+            writeln!(self.out, "  ({} more types, {} created; every type is in --json)", types.len() - TOP_TYPES, group(rest))?;
+        }
+        if let Some(t) = types.iter().find(|t| t.unresolved.is_some()) {
+            writeln!(self.out, "  {}: name not read ({})", t.name, t.unresolved.as_deref().unwrap_or_default())?;
+        }
+        Ok(())
+    }
+
     fn footer(&mut self, sample: &Snapshot) -> std::io::Result<()> {
+        if let Some(types) = &sample.types {
+            self.types_block(types)?;
+        }
         let per_process = self.attached.as_ref().is_some_and(|a| a.pid.is_none());
         if per_process || sample.pids.len() > 1 {
             for (pid, probes) in &sample.pids {
@@ -177,11 +197,17 @@ impl<W: Write, E: Write> TableReporter<W, E> {
             }
         )?;
         for (name, c) in info.coverage.iter().filter(|(_, c)| c.is_partial()) {
-            let what = match (c.calls, c.bytes) {
-                (Completeness::Partial, Completeness::Partial) => "calls and bytes",
-                (Completeness::Partial, _) => "calls",
-                _ => "bytes",
-            };
+            let mut parts = Vec::new();
+            if c.calls == Completeness::Partial {
+                parts.push("calls");
+            }
+            if c.bytes == Completeness::Partial {
+                parts.push("bytes");
+            }
+            if c.types == Some(Completeness::Partial) {
+                parts.push("types");
+            }
+            let what = parts.join(" and ");
             let why = c.reason.as_deref().unwrap_or("some copies are not probed");
             let fix = c.fix.as_ref().map_or(String::new(), |f| format!("; fix: {f}"));
             writeln!(self.out, "tracer: coverage: {name}: {what} PARTIAL: {why}{fix}")?;
@@ -238,6 +264,9 @@ impl<W: Write, E: Write> Reporter for TableReporter<W, E> {
         }
     }
 }
+
+/// How many types the table lists.
+const TOP_TYPES: usize = 10;
 
 #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a displayed rate")]
 fn round(rate: f64) -> u64 {

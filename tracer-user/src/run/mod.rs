@@ -9,6 +9,7 @@ mod duty;
 pub mod exit;
 mod late;
 pub mod readout;
+pub mod types;
 
 use std::{io::Write, os::fd::OwnedFd, time::Instant};
 
@@ -82,9 +83,28 @@ fn attach_links(
     }
 }
 
-/// The probe table rows `selection` picks for the resolved target.
-fn specs(r: &Resolved, selection: &ProbeSelection) -> Result<Vec<crate::probe::ProbeSpec>, crate::config::ConfigError> {
-    Ok(selection.select(r.abi.probes(), &r.version.to_string())?)
+/// Room for (process, type) pairs with `--types`: a large program has a few
+/// thousand types; one past the room is counted (`types_full`).
+const TYPE_ENTRIES: u32 = 1 << 15;
+
+/// The probe table rows `selection` picks for the resolved target. With
+/// `types`, every function that creates objects the version has, since
+/// where `_Py_NewReferenceNoTotal` exists (3.12+) the free lists' objects
+/// pass it instead of `_Py_NewReference`.
+fn specs(
+    r: &Resolved,
+    selection: &ProbeSelection,
+    types: bool,
+) -> Result<Vec<crate::probe::ProbeSpec>, crate::config::ConfigError> {
+    let mut specs = selection.select(r.abi.probes(), &r.version.to_string())?;
+    if types {
+        for p in r.abi.probes() {
+            if crate::python::object_parameter(p.symbol).is_some() && !specs.iter().any(|s| s.symbol == p.symbol) {
+                specs.push(*p);
+            }
+        }
+    }
+    Ok(specs)
 }
 
 /// The attach header of a session.
@@ -332,9 +352,10 @@ fn start<'a>(
         placement: config.placement,
         returns: return_costs.map(|r| r.0),
         inlined: config.inlined,
+        types: config.types,
         ..PlanOptions::default()
     };
-    let plan = plan::plan(ImageRef::from(&r), &specs(&r, &config.probes)?, options)?;
+    let plan = plan::plan(ImageRef::from(&r), &specs(&r, &config.probes, config.types)?, options)?;
     let inline_sites: usize = plan.probes.iter().map(|p| p.inline_sites.len()).sum();
     if config.links == LinkMode::Perf && inline_sites > 0 {
         return Err(crate::config::ConfigError::InlinedNeedMulti { sites: inline_sites }.into());
@@ -343,7 +364,11 @@ fn start<'a>(
         let sites = plan.probes.iter().map(|p| p.inline_sites.len() + p.coverage.call_sites).sum();
         return Err(crate::config::ConfigError::BudgetPerfManySites { sites }.into());
     }
-    let load = LoadOptions { bpf_log: config.bpf_log, ..LoadOptions::default() };
+    let types = config.types.then(|| crate::kernel::TypesOptions {
+        entries: TYPE_ENTRIES,
+        ob_type_offset: r.abi.objects().ob_type,
+    });
+    let load = LoadOptions { bpf_log: config.bpf_log, types, ..LoadOptions::default() };
     let mut session = Session::load(plan, r.scope, load)?;
     let watch = match r.pid() {
         Some(pid) => Watch::Process(pid),
@@ -356,7 +381,7 @@ fn start<'a>(
     // Calibrated now only if nothing before needed it: the probes are
     // live and the target is not kept waiting.
     let calibrating = cpu_costs.map_or_else(Calibration::start, Calibration::Known);
-    let mut readout = Readout::new(started, r.pid().is_none());
+    let mut readout = Readout::new(started, r.pid().is_none(), config.types.then(|| r.abi.objects()));
     let duty = match (config.budget, costs) {
         (Some(budget), Some(costs)) => Some(DutyCycle::new(
             (&mut session, &mut readout),
@@ -461,7 +486,7 @@ pub fn probe_plan(
     let options = PlanOptions { placement, returns: return_costs, inlined, ..PlanOptions::default() };
     let dwarf = discover::DwarfLookup { enabled: inlined, debug_dir };
     let r = discover::resolve(target, placement == PlacementMode::CallSites, dwarf)?;
-    let plan = plan::plan(ImageRef::from(&r), &specs(&r, selection)?, options)?;
+    let plan = plan::plan(ImageRef::from(&r), &specs(&r, selection, false)?, options)?;
     let mut report = PlanReport::new(&plan, &r.version.to_string(), calibrated.map(|r| r.1));
     report.notes.extend(debug_offsets_note(&r));
     Ok(report)

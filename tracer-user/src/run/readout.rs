@@ -24,6 +24,8 @@ struct Exited {
     pid: u32,
     at: Duration,
     probes: Vec<ProbeReading>,
+    /// With `--types`: its creations by type address.
+    types: BTreeMap<u64, u64>,
 }
 
 /// Counts of every process traced so far, exited ones included.
@@ -37,6 +39,8 @@ pub struct Totals {
     /// The processes with entries in the maps at this read, not yet found
     /// exited: those whose CPU time is worth reading.
     pub live: Vec<u32>,
+    /// With `--types`: per process, creations by type address.
+    pub types: BTreeMap<u32, BTreeMap<u64, u64>>,
     /// One per BPF-side stat.
     pub stats: Vec<u64>,
     pub kernel_misses: u64,
@@ -59,12 +63,17 @@ pub struct Readout {
     unwatched: Vec<(u32, String)>,
     /// Every process put in `unwatched` once, so it is told once.
     told: std::collections::HashSet<u32>,
+    /// With `--types`: the names of the types counted.
+    type_names: Option<super::types::TypeNames>,
 }
 
 impl Readout {
+    /// With `types`, the snapshots list creations by type, named as
+    /// `types` says.
     #[must_use]
-    pub fn new(started: Instant, reap: bool) -> Self {
+    pub fn new(started: Instant, reap: bool, types: Option<crate::python::ObjectOffsets>) -> Self {
         Self {
+            type_names: types.map(super::types::TypeNames::new),
             started,
             reap,
             watched: HashMap::new(),
@@ -92,12 +101,14 @@ impl Readout {
         }
         let readings = session.read()?;
         let mut live = readings.per_process;
+        let mut live_types = readings.types;
         if self.reap {
             let at = self.started.elapsed();
             for pid in std::mem::take(&mut self.gone) {
                 self.watched.remove(&pid);
                 if let Some(probes) = live.remove(&pid) {
-                    self.exited.push(Exited { pid, at, probes });
+                    let types = live_types.remove(&pid).unwrap_or_default();
+                    self.exited.push(Exited { pid, at, probes, types });
                 }
                 session.remove_process(pid)?;
             }
@@ -122,7 +133,18 @@ impl Readout {
             }
         }
         let slots = readings.probes.len();
-        let live_pids = live.keys().copied().filter(|pid| !self.gone.contains(pid)).collect();
+        let live_pids: Vec<u32> = live.keys().copied().filter(|pid| !self.gone.contains(pid)).collect();
+        if let Some(names) = self.type_names.as_mut() {
+            names.learn(&live_types, &live_pids);
+        }
+        let mut types = live_types;
+        for e in &self.exited {
+            let merged = types.entry(e.pid).or_default();
+            for (&address, &created) in &e.types {
+                let total = merged.entry(address).or_default();
+                *total = total.saturating_add(created);
+            }
+        }
         let mut per_process = live;
         for e in &self.exited {
             let merged = per_process.entry(e.pid).or_insert_with(|| vec![ProbeReading::default(); slots]);
@@ -140,6 +162,7 @@ impl Readout {
             probes,
             per_process,
             live: live_pids,
+            types,
             stats: readings.stats,
             kernel_misses: readings.kernel_misses,
         })
@@ -189,6 +212,7 @@ impl Readout {
                 .map(|e| ExitedProcess { pid: e.pid, exited_s: e.at.as_secs_f64(), probes: per_probe(&e.probes) })
                 .collect(),
             hits: Some(totals.probes.iter().map(|c| c.calls.saturating_add(c.returned.returns)).sum()),
+            types: self.type_names.as_ref().map(|n| n.counts(&totals.types)),
             ..Snapshot::default()
         }
     }
