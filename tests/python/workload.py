@@ -1,6 +1,6 @@
 """Workload driven by tracer's integration tests.
 
-    workload.py once N [finalize|_exit] [objects|api|api-pointers|late-import]
+    workload.py once N [finalize|_exit] [objects|api|api-pointers|late-import|types]
                            print "ready", wait for a line on stdin, run the
                            body N times, print "done", then exit normally
                            (finalize, the default) or with os._exit, which
@@ -24,6 +24,9 @@ Bodies:
                        call, so that lib-dynload's _json (where it is a
                        separate file) is loaded only after tracer attached;
                        its encoder frees each float's text itself
+    types              one Leaky() kept in a list and one Temp() dropped; after
+                       "done" it waits for stdin to close before it exits, so
+                       that the type names can still be read
 
 The loop uses itertools.repeat so the loop itself allocates nothing per
 iteration.
@@ -103,6 +106,22 @@ def api_body_factory(record=0):
     return api_body
 
 
+class Leaky:
+    pass
+
+
+class Temp:
+    pass
+
+
+KEPT = []
+
+
+def types_body():
+    KEPT.append(Leaky())
+    Temp()
+
+
 def late_import_body():
     import json
 
@@ -116,6 +135,8 @@ def once(n, exit_mode, body_name):
         work = api_body_factory(record=n)
     elif body_name == "late-import":
         work = late_import_body
+    elif body_name == "types":
+        work = types_body
     else:
         work = body
     if body_name != "late-import":
@@ -143,6 +164,8 @@ def once(n, exit_mode, body_name):
     for _ in itertools.repeat(None, n):
         work()
     print("done", flush=True)
+    if body_name == "types":
+        sys.stdin.read()
     if exit_mode == "_exit":
         os._exit(0)
 
@@ -174,4 +197,4 @@ if __name__ == "__main__":
     elif sys.argv[1] == "serve":
         serve()
     else:
-        sys.exit(f"usage: {sys.argv[0]} once N [finalize|_exit] [objects|api|api-pointers|late-import] | serve")
+        sys.exit(f"usage: {sys.argv[0]} once N [finalize|_exit] [objects|api|api-pointers|late-import|types] | serve")

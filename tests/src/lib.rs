@@ -182,6 +182,9 @@ pub enum Body {
     /// `json.dumps([1.5, 2.5])`, importing json in the first iteration: no
     /// warm-up, so an extension module is loaded after tracer attached.
     LateImport,
+    /// One `Leaky()` kept and one `Temp()` dropped; after "done" the
+    /// workload waits for [`Workload::close`].
+    Types,
 }
 
 impl Body {
@@ -191,6 +194,7 @@ impl Body {
             Self::Api => "api",
             Self::ApiPointers => "api-pointers",
             Self::LateImport => "late-import",
+            Self::Types => "types",
         }
     }
 }
@@ -476,6 +480,14 @@ impl Workload {
     pub fn import(&mut self, directory: &Path, module: &str) {
         self.send(&format!("import {} {module}", directory.display()));
         self.expect("imported");
+    }
+
+    /// Closes the workload's stdin, which a `types` workload waits for after
+    /// "done", and waits for it to exit successfully.
+    pub fn close(mut self) {
+        drop(self.stdin.take());
+        let status = self.child.wait().expect("wait for workload");
+        assert!(status.success(), "workload exited with {status}");
     }
 
     /// Waits for a `once` workload to finish and exit successfully.

@@ -34,8 +34,7 @@ pub const STAT_COUNT: u32 = 7;
 
 impl Stat {
     /// Every stat, in map order (the JSON `stats` keys, in this order).
-    pub const ALL: [Self; STAT_COUNT as usize] =
-        [
+    pub const ALL: [Self; STAT_COUNT as usize] = [
         Self::SlotOutOfRange,
         Self::ArgMissing,
         Self::OtherProcess,

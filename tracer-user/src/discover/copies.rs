@@ -52,11 +52,8 @@ pub(super) fn find(
     };
     let data = std::fs::read(&file.path)
         .map_err(|cause| debuginfo::DebugInfoError::Read { path: file.path.clone(), cause })?;
-    let wanted: Vec<inline::Wanted<'_>> = abi
-        .probes()
-        .iter()
-        .map(|p| inline::Wanted { function: p.symbol, parameters: parameters(p) })
-        .collect();
+    let wanted: Vec<inline::Wanted<'_>> =
+        abi.probes().iter().map(|p| inline::Wanted { function: p.symbol, parameters: parameters(p) }).collect();
     // Out-of-line clones that are whole functions (.constprop, .isra) are
     // entered like inlined copies, and probed beside the symbol; the parts
     // GCC split off a function (.part, .cold) are entered from it, within
@@ -113,7 +110,8 @@ fn copy_points(
     let (Some(read), None) = (held.next(), held.next()) else { return vec![entry] };
     let shared = copies.iter().any(|c| !std::ptr::eq(*c, site) && inside(c, read.read.address));
     // The read is taken unless it loses what the entry shows.
-    let loses = (read.read.size.is_none() && entry.size.is_some()) || (read.read.object.is_none() && entry.object.is_some());
+    let loses =
+        (read.read.size.is_none() && entry.size.is_some()) || (read.read.object.is_none() && entry.object.is_some());
     if shared || loses {
         return vec![entry];
     }

@@ -223,6 +223,10 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
         return Err(PlanError::NoProbes { path: image.display_path.to_owned() });
     }
     let kernel = placement::running_kernel();
+    // Each probed function's own code, by file offset: a read of a switch
+    // found there is that function's call, which its own probe counts.
+    let own_code: Vec<(&str, std::ops::Range<u64>)> =
+        found.iter().map(|(spec, sym)| (spec.symbol, sym.file_offset..sym.file_offset + sym.size.max(1))).collect();
     let mut probes = Vec::with_capacity(found.len());
     for (slot, (spec, sym)) in (0u32..).zip(&found) {
         let own = if options.types && crate::python::object_parameter(spec.symbol).is_some() {
@@ -250,7 +254,14 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
                 Err(e) => ReturnPlan::Uretprobe { reason: format!("the code could not be read ({e})") },
             }
         });
-        let (inline_sites, mut unprobed) = inline_sites(image, spec.symbol, kernel);
+        let (mut inline_sites, mut unprobed) = inline_sites(image, spec.symbol, kernel);
+        // pyenv's 3.13.0 has no DWARF for `_Py_NewReferenceNoTotal`'s
+        // code, whose read of the reference tracer is then taken for a copy
+        // of `_Py_NewReference`: counted there, unless it is probed itself.
+        let before = inline_sites.len();
+        inline_sites
+            .retain(|s| !own_code.iter().any(|(other, code)| *other != spec.symbol && code.contains(&s.offset)));
+        let others = before - inline_sites.len();
         let inline_sites = if options.inlined {
             inline_sites
         } else {
@@ -260,6 +271,7 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
             Vec::new()
         };
         let mut coverage = coverage(image, spec, &inline_sites, &unprobed, options.returns.is_some());
+        coverage.inlined = coverage.inlined.map(|n| n.saturating_sub(others));
         if own == Program::CountObject {
             types_coverage(&mut coverage, &inline_sites);
         }
@@ -327,7 +339,9 @@ fn inline_sites(image: ImageRef<'_>, symbol: &str, kernel: placement::KernelVers
             None
         } else {
             probeable.find(|p| {
-                p.emulated && (first.size.is_none() || p.size.is_some()) && (first.object.is_none() || p.object.is_some())
+                p.emulated
+                    && (first.size.is_none() || p.size.is_some())
+                    && (first.object.is_none() || p.object.is_some())
             })
         };
         sites.push(better.unwrap_or(first));

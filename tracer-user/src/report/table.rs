@@ -117,7 +117,12 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         }
         if types.len() > TOP_TYPES {
             let rest: u64 = types[TOP_TYPES..].iter().map(|t| t.created).sum();
-            writeln!(self.out, "  ({} more types, {} created; every type is in --json)", types.len() - TOP_TYPES, group(rest))?;
+            writeln!(
+                self.out,
+                "  ({} more types, {} created; every type is in --json)",
+                types.len() - TOP_TYPES,
+                group(rest)
+            )?;
         }
         if let Some(t) = types.iter().find(|t| t.unresolved.is_some()) {
             writeln!(self.out, "  {}: name not read ({})", t.name, t.unresolved.as_deref().unwrap_or_default())?;

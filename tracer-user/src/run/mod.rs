@@ -364,10 +364,9 @@ fn start<'a>(
         let sites = plan.probes.iter().map(|p| p.inline_sites.len() + p.coverage.call_sites).sum();
         return Err(crate::config::ConfigError::BudgetPerfManySites { sites }.into());
     }
-    let types = config.types.then(|| crate::kernel::TypesOptions {
-        entries: TYPE_ENTRIES,
-        ob_type_offset: r.abi.objects().ob_type,
-    });
+    let types = config
+        .types
+        .then(|| crate::kernel::TypesOptions { entries: TYPE_ENTRIES, ob_type_offset: r.abi.objects().ob_type });
     let load = LoadOptions { bpf_log: config.bpf_log, types, ..LoadOptions::default() };
     let mut session = Session::load(plan, r.scope, load)?;
     let watch = match r.pid() {

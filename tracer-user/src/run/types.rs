@@ -56,8 +56,12 @@ impl TypeNames {
                         Some("the process exited before tracer read the type's name".to_owned()),
                     ),
                 };
-                let entry =
-                    by_name.entry(name.clone()).or_insert_with(|| TypeCount { name, created: 0, created_per_s: None, unresolved });
+                let entry = by_name.entry(name.clone()).or_insert_with(|| TypeCount {
+                    name,
+                    created: 0,
+                    created_per_s: None,
+                    unresolved,
+                });
                 entry.created = entry.created.saturating_add(created);
             }
         }
