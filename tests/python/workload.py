@@ -1,6 +1,6 @@
 """Workload driven by tracer's integration tests.
 
-    workload.py once N [finalize|_exit] [objects|api|api-pointers|late-import|types]
+    workload.py once N [finalize|_exit] [objects|api|api-pointers|late-import|types|sizes]
                            print "ready", wait for a line on stdin, run the
                            body N times, print "done", then exit normally
                            (finalize, the default) or with os._exit, which
@@ -24,6 +24,8 @@ Bodies:
                        call, so that lib-dynload's _json (where it is a
                        separate file) is loaded only after tracer attached;
                        its encoder frees each float's text itself
+    sizes              bytearray(100), bytearray(1000) and bytearray(10000):
+                       buffers of 101, 1001 and 10001 bytes
     types              one Leaky() kept in a list and one Temp() dropped; after
                        "done" it waits for stdin to close before it exits, so
                        that the type names can still be read
@@ -122,6 +124,10 @@ def types_body():
     Temp()
 
 
+def sizes_body():
+    return bytearray(100), bytearray(1000), bytearray(10000)
+
+
 def late_import_body():
     import json
 
@@ -137,6 +143,8 @@ def once(n, exit_mode, body_name):
         work = late_import_body
     elif body_name == "types":
         work = types_body
+    elif body_name == "sizes":
+        work = sizes_body
     else:
         work = body
     if body_name != "late-import":
@@ -197,4 +205,4 @@ if __name__ == "__main__":
     elif sys.argv[1] == "serve":
         serve()
     else:
-        sys.exit(f"usage: {sys.argv[0]} once N [finalize|_exit] [objects|api|api-pointers|late-import|types] | serve")
+        sys.exit(f"usage: {sys.argv[0]} once N [finalize|_exit] [objects|api|api-pointers|late-import|types|sizes] | serve")

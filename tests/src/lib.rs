@@ -182,6 +182,8 @@ pub enum Body {
     /// `json.dumps([1.5, 2.5])`, importing json in the first iteration: no
     /// warm-up, so an extension module is loaded after tracer attached.
     LateImport,
+    /// `bytearray(100)`, `bytearray(1000)` and `bytearray(10000)`.
+    Sizes,
     /// One `Leaky()` kept and one `Temp()` dropped; after "done" the
     /// workload waits for [`Workload::close`].
     Types,
@@ -195,6 +197,7 @@ impl Body {
             Self::ApiPointers => "api-pointers",
             Self::LateImport => "late-import",
             Self::Types => "types",
+            Self::Sizes => "sizes",
         }
     }
 }

@@ -6,6 +6,7 @@
 pub mod counter;
 pub mod returns;
 pub mod site;
+pub mod sizes;
 pub mod stats;
 pub mod types;
 
@@ -23,6 +24,12 @@ pub mod names {
     /// Per-CPU hash of `u64` creations by [`crate::types::TypeKey`]
     /// (process and type object), with `--types`.
     pub const TYPES_MAP: &str = "TYPES";
+    /// Per-CPU array of [`crate::counter::Counter`] by
+    /// [`crate::sizes::index`]: calls and bytes per domain and size bucket.
+    pub const SIZES_MAP: &str = "SIZES";
+    /// Array of `u32`, by probe slot: the [`crate::sizes::Domain`] of an
+    /// allocating probe, [`crate::sizes::NO_DOMAIN`] for the others.
+    pub const SLOT_DOMAINS_MAP: &str = "SLOT_DOMAINS";
     /// BPF global: the offset of `ob_type` in an object, from the version
     /// module.
     pub const OB_TYPE_OFFSET_GLOBAL: &str = "OB_TYPE_OFFSET";

@@ -25,7 +25,7 @@ use aya_ebpf::{
     bindings::{BPF_NOEXIST, pt_regs},
     helpers::{bpf_probe_read_user, generated::bpf_get_attach_cookie},
     macros::{map, uprobe, uretprobe},
-    maps::{PerCpuArray, PerCpuHashMap},
+    maps::{Array, PerCpuArray, PerCpuHashMap},
     programs::{ProbeContext, RetProbeContext},
 };
 use aya_log_ebpf::{info, warn};
@@ -34,6 +34,7 @@ use tracer_common::{
     site,
     returns::Returned,
     stats::{STAT_COUNT, Stat},
+    sizes::{self, BUCKETS, DEFAULT_SLOTS, DOMAINS, NO_DOMAIN},
     types::{DEFAULT_TYPE_ENTRIES, TypeKey},
 };
 
@@ -56,6 +57,14 @@ static OB_TYPE_OFFSET: u64 = 8;
 /// the size.
 #[map]
 static TYPES: PerCpuHashMap<TypeKey, u64> = PerCpuHashMap::with_max_entries(DEFAULT_TYPE_ENTRIES, 0);
+
+/// Calls and bytes per (domain, log2 size bucket), over every process.
+#[map]
+static SIZES: PerCpuArray<Counter> = PerCpuArray::with_max_entries(DOMAINS * BUCKETS, 0);
+
+/// The domain of each probe slot, which the loader fills.
+#[map]
+static SLOT_DOMAINS: Array<u32> = Array::with_max_entries(DEFAULT_SLOTS, 0);
 
 /// Returns per (process, probe slot). The loader sets the size.
 #[map]
@@ -142,7 +151,26 @@ fn try_count_site(ctx: &ProbeContext) -> Result<(), Stat> {
         atomic_add(&raw mut (*counter).calls, 1);
         atomic_add(&raw mut (*counter).bytes, bytes);
     }
+    add_size(site::slot(cookie), bytes);
     Ok(())
+}
+
+/// Adds one request of `bytes` to the size histogram of probe `slot`'s
+/// domain. Both maps are arrays the loader sized, so a lookup fails only
+/// for a slot past the last probe, which the counters already report.
+#[inline(always)]
+fn add_size(slot: u32, bytes: u64) {
+    let Some(&domain) = SLOT_DOMAINS.get(slot) else { return };
+    if domain == NO_DOMAIN {
+        return;
+    }
+    if let Some(counter) = SIZES.get_ptr_mut(sizes::index(domain, sizes::bucket(bytes))) {
+        // SAFETY: as in try_record, a valid pointer to this CPU's value.
+        unsafe {
+            atomic_add(&raw mut (*counter).calls, 1);
+            atomic_add(&raw mut (*counter).bytes, bytes);
+        }
+    }
 }
 
 /// The value of a size operand: a register (DWARF number + 1) of the
@@ -362,6 +390,9 @@ fn try_record(ctx: &ProbeContext, size: Size) -> Result<(), Stat> {
     unsafe {
         atomic_add(&raw mut (*counter).calls, 1);
         atomic_add(&raw mut (*counter).bytes, bytes);
+    }
+    if !matches!(size, Size::None) {
+        add_size(slot, bytes);
     }
     Ok(())
 }

@@ -328,10 +328,29 @@ pub struct Snapshot {
     /// to the target is made of.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hits: Option<u64>,
+    /// Requested sizes by domain; left out when no allocating function is
+    /// probed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sizes: Option<Sizes>,
     /// With `--types`: objects created by type since the attach, over every
     /// traced process, most first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub types: Option<Vec<TypeCount>>,
+}
+
+/// Requested sizes since the attach, per allocator domain, over every
+/// traced process: `[lo, hi, calls, bytes]` for each log2 bucket that has
+/// calls (sizes `lo` to `hi`), smallest first.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sizes {
+    pub object: Vec<[u64; 4]>,
+    pub mem: Vec<[u64; 4]>,
+    pub raw: Vec<[u64; 4]>,
+    /// Per domain, calls whose size is not known (inlined copies where
+    /// neither the DWARF nor the code shows it), so in no bucket; left out
+    /// where there are none.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub unsized_calls: IndexMap<String, u64>,
 }
 
 /// Objects of one type created since the attach.

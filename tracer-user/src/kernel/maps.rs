@@ -35,6 +35,9 @@ pub struct Readings {
     pub per_process: BTreeMap<u32, Vec<ProbeReading>>,
     /// With `--types`: per process, creations by type object address.
     pub types: BTreeMap<u32, BTreeMap<u64, u64>>,
+    /// Calls and bytes by [`tracer_common::sizes::index`], over every
+    /// process.
+    pub sizes: Vec<Counter>,
     /// One per [`Stat`], in [`Stat::ALL`] order.
     pub stats: Vec<u64>,
     /// Hits the kernel did not run a program for because another BPF
@@ -124,6 +127,11 @@ impl Session {
             let sum = per_cpu.iter().fold(0u64, |sum, v| sum.saturating_add(*v));
             types.entry(key.tgid).or_default().insert(key.type_address, sum);
         }
+        let mut sizes = Vec::new();
+        for index in 0..tracer_common::sizes::DOMAINS * tracer_common::sizes::BUCKETS {
+            let per_cpu = self.sizes.get(&index, 0).map_err(map_err(names::SIZES_MAP))?;
+            sizes.push(per_cpu.iter().fold(Counter::default(), |sum, c| sum.merged(*c)));
+        }
         let mut stats = Vec::with_capacity(Stat::ALL.len());
         for index in 0..STAT_COUNT {
             let per_cpu = self.stats.get(&index, 0).map_err(map_err(names::STATS_MAP))?;
@@ -137,7 +145,7 @@ impl Session {
             let misses = recursion_misses(fd).map_err(|cause| AttachError::ProgramInfo { name, cause })?;
             kernel_misses = kernel_misses.saturating_add(misses);
         }
-        Ok(Readings { probes, per_process, types, stats, kernel_misses })
+        Ok(Readings { probes, per_process, types, sizes, stats, kernel_misses })
     }
 
     /// Removes every entry of process `tgid` from the counter and return

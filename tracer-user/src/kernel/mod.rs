@@ -15,7 +15,7 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Map, MapData, PerCpuArray, PerCpuHashMap},
+    maps::{Array, Map, MapData, PerCpuArray, PerCpuHashMap},
     programs::{ProgramFd, UProbe, uprobe::UProbeLinkId},
 };
 use thiserror::Error;
@@ -108,6 +108,7 @@ pub struct Session {
     stats: PerCpuArray<MapData, u64>,
     returns: PerCpuHashMap<MapData, CounterKey, Returned>,
     types: PerCpuHashMap<MapData, TypeKey, u64>,
+    sizes: PerCpuArray<MapData, Counter>,
     /// With `--bpf-log`, the reader of the programs' log.
     logger: Option<aya_log::EbpfLogger<maps::LogCollector>>,
     /// What the logger has collected (shared with it).
@@ -158,6 +159,7 @@ impl Session {
             .map_max_entries(names::COUNTERS_MAP, slots.saturating_mul(processes))
             .map_max_entries(names::RETURNS_MAP, slots.saturating_mul(processes))
             .map_max_entries(names::TYPES_MAP, type_entries)
+            .map_max_entries(names::SLOT_DOMAINS_MAP, slots.max(1))
             .load(crate::BPF_OBJECT)
             .map_err(|e| AttachError::Load(Box::new(e)))?;
         let mut map_fds = Vec::new();
@@ -173,6 +175,16 @@ impl Session {
         let stats = take_map(&mut ebpf, names::STATS_MAP, PerCpuArray::try_from)?;
         let returns = take_map(&mut ebpf, names::RETURNS_MAP, PerCpuHashMap::try_from)?;
         let types = take_map(&mut ebpf, names::TYPES_MAP, PerCpuHashMap::try_from)?;
+        let sizes = take_map(&mut ebpf, names::SIZES_MAP, PerCpuArray::try_from)?;
+        let mut domains: Array<MapData, u32> = take_map(&mut ebpf, names::SLOT_DOMAINS_MAP, Array::try_from)?;
+        for p in &plan.probes {
+            let domain = crate::python::domain(p.symbol)
+                .filter(|_| p.program.allocates())
+                .map_or(tracer_common::sizes::NO_DOMAIN, |d| d as u32);
+            domains
+                .set(p.slot, domain, 0)
+                .map_err(|cause| AttachError::Map { name: names::SLOT_DOMAINS_MAP, cause: Box::new(cause) })?;
+        }
         let log_lines = maps::LogCollector::default();
         let logger = if options.bpf_log {
             let logger = aya_log::EbpfLogger::init_with_logger(&mut ebpf, log_lines.clone())
@@ -187,6 +199,7 @@ impl Session {
             stats,
             returns,
             types,
+            sizes,
             logger,
             log_lines,
             programs: HashMap::new(),

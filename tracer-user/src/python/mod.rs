@@ -148,6 +148,19 @@ pub fn allocator_guard(symbol: &str) -> Option<Guard> {
     allocator.then_some(Guard::AllocatorSlot)
 }
 
+/// The domain of an allocating function of the allocator API, by its
+/// family (Include/pymem.h and Include/objimpl.h, v3.11.0 to v3.14.0);
+/// `None` for any other function.
+#[must_use]
+pub fn domain(symbol: &str) -> Option<tracer_common::sizes::Domain> {
+    use tracer_common::sizes::Domain;
+    let allocates = |f: &str| matches!(f, "Malloc" | "Calloc" | "Realloc");
+    // PyMem_Raw before PyMem_: the longer prefix first.
+    [("PyObject_", Domain::Object), ("PyMem_Raw", Domain::Raw), ("PyMem_", Domain::Mem)]
+        .into_iter()
+        .find_map(|(prefix, domain)| symbol.strip_prefix(prefix).filter(|f| allocates(f)).map(|_| domain))
+}
+
 /// The [`Abi`] for `version`, or an error for versions nobody has checked.
 pub fn abi_for(pid: u32, version: PythonVersion) -> Result<&'static dyn Abi, VersionError> {
     match (version.major, version.minor) {

@@ -108,6 +108,27 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         self.footer(sample)
     }
 
+    /// Requested sizes: per domain, the calls in each log2 bucket.
+    fn sizes_block(&mut self, sizes: &crate::model::Sizes) -> std::io::Result<()> {
+        for (name, buckets) in [("object", &sizes.object), ("mem", &sizes.mem), ("raw", &sizes.raw)] {
+            if buckets.is_empty() && !sizes.unsized_calls.contains_key(name) {
+                continue;
+            }
+            let mut parts: Vec<String> = buckets
+                .iter()
+                .map(|&[lo, hi, calls, _]| {
+                    let range = if lo == hi { group(lo) } else { format!("{}-{}", group(lo), group(hi)) };
+                    format!("{range} B: {}", group(calls))
+                })
+                .collect();
+            if let Some(n) = sizes.unsized_calls.get(name) {
+                parts.push(format!("size unknown: {}", group(*n)));
+            }
+            writeln!(self.out, "  sizes {name:<6} {}", parts.join(" | "))?;
+        }
+        Ok(())
+    }
+
     /// `--types`: the types most created, with their rates.
     fn types_block(&mut self, types: &[crate::model::TypeCount]) -> std::io::Result<()> {
         writeln!(self.out, "  {:<32} {:>14} {:>12}", "type (most created)", "created", "created/s")?;
@@ -131,6 +152,9 @@ impl<W: Write, E: Write> TableReporter<W, E> {
     }
 
     fn footer(&mut self, sample: &Snapshot) -> std::io::Result<()> {
+        if let Some(sizes) = &sample.sizes {
+            self.sizes_block(sizes)?;
+        }
         if let Some(types) = &sample.types {
             self.types_block(types)?;
         }

@@ -41,6 +41,8 @@ pub struct Totals {
     pub live: Vec<u32>,
     /// With `--types`: per process, creations by type address.
     pub types: BTreeMap<u32, BTreeMap<u64, u64>>,
+    /// Calls and bytes by size bucket (see [`tracer_common::sizes`]).
+    pub sizes: Vec<tracer_common::counter::Counter>,
     /// One per BPF-side stat.
     pub stats: Vec<u64>,
     pub kernel_misses: u64,
@@ -163,6 +165,7 @@ impl Readout {
             per_process,
             live: live_pids,
             types,
+            sizes: readings.sizes,
             stats: readings.stats,
             kernel_misses: readings.kernel_misses,
         })
@@ -213,7 +216,49 @@ impl Readout {
                 .collect(),
             hits: Some(totals.probes.iter().map(|c| c.calls.saturating_add(c.returned.returns)).sum()),
             types: self.type_names.as_ref().map(|n| n.counts(&totals.types)),
+            sizes: sizes(plan, totals),
             ..Snapshot::default()
         }
     }
+}
+
+/// The size histograms of `totals`, with the calls of each domain that are
+/// in no bucket; `None` when `plan` probes no allocating function.
+fn sizes(plan: &Plan, totals: &Totals) -> Option<model::Sizes> {
+    use tracer_common::sizes::{BUCKETS, Domain, bounds, index};
+    let allocating: Vec<(Domain, usize)> = plan
+        .probes
+        .iter()
+        .filter(|p| p.program.allocates())
+        .filter_map(|p| Some((crate::python::domain(p.symbol)?, usize::try_from(p.slot).ok()?)))
+        .collect();
+    if allocating.is_empty() {
+        return None;
+    }
+    let mut out = model::Sizes::default();
+    for domain in Domain::ALL {
+        let buckets: Vec<[u64; 4]> = (0..BUCKETS)
+            .filter_map(|b| {
+                let c = totals.sizes.get(usize::try_from(index(domain as u32, b)).ok()?)?;
+                let (lo, hi) = bounds(b);
+                (c.calls > 0).then_some([lo, hi, c.calls, c.bytes])
+            })
+            .collect();
+        let bucketed: u64 = buckets.iter().map(|b| b[2]).sum();
+        let calls: u64 = allocating
+            .iter()
+            .filter(|(d, _)| *d == domain)
+            .filter_map(|(_, slot)| totals.probes.get(*slot))
+            .map(|c| c.calls)
+            .sum();
+        if calls > bucketed {
+            out.unsized_calls.insert(domain.name().to_owned(), calls - bucketed);
+        }
+        match domain {
+            Domain::Object => out.object = buckets,
+            Domain::Mem => out.mem = buckets,
+            Domain::Raw => out.raw = buckets,
+        }
+    }
+    Some(out)
 }
