@@ -368,7 +368,7 @@ fn start<'a>(
         .types
         .then(|| crate::kernel::TypesOptions { entries: TYPE_ENTRIES, ob_type_offset: r.abi.objects().ob_type });
     let load = LoadOptions { bpf_log: config.bpf_log, types, ..LoadOptions::default() };
-    let mut session = Session::load(plan, r.scope, load)?;
+    let mut session = Session::load(plan, r.scope, &load)?;
     let watch = match r.pid() {
         Some(pid) => Watch::Process(pid),
         None => Watch::Interpreter(r.attach_path.clone()),
