@@ -3,6 +3,7 @@
 //! place that touches the kernel. Dropping a [`Session`] detaches every
 //! probe.
 
+pub mod btf;
 mod links;
 pub mod maps;
 pub mod multi;
