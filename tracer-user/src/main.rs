@@ -2,7 +2,7 @@
 // The doc comments here are --help text, where backticks would show.
 #![allow(clippy::doc_markdown)]
 
-use std::process::ExitCode;
+use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Args, Parser, Subcommand};
 use tracer_user::{
@@ -196,6 +196,38 @@ struct AttachArgs {
     /// read of the target's memory and one map update more. Not with --budget.
     #[arg(long)]
     types: bool,
+    /// Record the Python stack of each event of EVENTS: `alloc` (the allocating functions; the
+    /// default when the flag is given alone), `refs`, `default`, or function names. The kernel
+    /// walks the current thread's frames and counts calls and bytes per stack; the table and the
+    /// JSON list the top allocation sites (see --top). Not with --budget.
+    #[arg(long, value_name = "EVENTS", num_args = 0..=1, default_missing_value = "")]
+    stacks: Option<String>,
+    /// With stacks: the most Python frames walked per event (1-128); a deeper stack is cut there
+    /// and counted as truncated.
+    #[arg(long, value_name = "FRAMES")]
+    depth: Option<u32>,
+    /// With stacks: record the stack of one event in N (per CPU) and scale its counts by N,
+    /// labelled as estimates; the per-function counts stay exact.
+    #[arg(long, value_name = "N")]
+    sample: Option<u64>,
+    /// List the N allocation sites (innermost Python frame) with the most calls, in the table and
+    /// the JSON's `sites` (default 10; turns on --stacks).
+    #[arg(long, value_name = "N")]
+    top: Option<usize>,
+    /// At the end, write the stacks in folded form (the input of flamegraph.pl and inferno) to FILE,
+    /// weighted as --weight says (turns on --stacks). FILE must not exist unless --force.
+    #[arg(long, value_name = "FILE")]
+    folded: Option<PathBuf>,
+    /// At the end, write a flame graph of the stacks as an SVG to FILE (turns on --stacks). FILE
+    /// must not exist unless --force.
+    #[arg(long, value_name = "FILE")]
+    flamegraph: Option<PathBuf>,
+    /// What --folded and --flamegraph weigh: calls or bytes.
+    #[arg(long, value_name = "WHAT")]
+    weight: Option<String>,
+    /// Let --folded and --flamegraph overwrite an existing file (never through a symlink).
+    #[arg(long)]
+    force: bool,
     /// Pass on what the BPF programs log (each probe's first hit per process, and every miss, with its
     /// cause), as notes on stderr and in the JSON: for when a probe seems to misbehave. Off by default,
     /// and then free: the logging code is dead to the kernel's verifier.
@@ -282,6 +314,14 @@ fn attach(args: &AttachArgs) -> anyhow::Result<()> {
         links: &args.links,
         returns: args.returns,
         types: args.types,
+        stacks: args.stacks.as_deref(),
+        depth: args.depth,
+        sample: args.sample,
+        top: args.top,
+        folded: args.folded.as_deref(),
+        flamegraph: args.flamegraph.as_deref(),
+        weight: args.weight.as_deref().unwrap_or(""),
+        force: args.force,
         bpf_log: args.bpf_log,
         debug_dir: args.target.debug_dir.as_deref(),
         inlined: !args.target.no_inlined,

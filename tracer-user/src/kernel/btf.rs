@@ -12,7 +12,9 @@ pub const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 /// Why a kernel structure's layout is not known.
 #[derive(Debug, Error)]
 pub enum BtfError {
-    #[error("cannot read the kernel's BTF at {path}: {cause}; Python stacks on 3.12+ need a kernel built with CONFIG_DEBUG_INFO_BTF")]
+    #[error(
+        "cannot read the kernel's BTF at {path}: {cause}; Python stacks on 3.12+ need a kernel built with CONFIG_DEBUG_INFO_BTF"
+    )]
     Read { path: String, cause: String },
     #[error("the kernel's BTF at {path} has no {what}")]
     Missing { path: String, what: String },
@@ -53,7 +55,7 @@ mod tests {
     use super::*;
 
     /// The machine's kernel has BTF (see ../shared/TOOLCHAIN.md); the
-    /// offset lies inside a task_struct of several KB.
+    /// offset lies inside a `task_struct` of several KB.
     #[test]
     fn finds_the_thread_pointer_of_a_task() {
         let offset = task_fsbase().expect("the kernel's BTF");

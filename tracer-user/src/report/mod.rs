@@ -1,6 +1,7 @@
 //! Outputs. Each reads the events of [`crate::model`] and nothing else;
 //! the run loop only ever talks to [`Reporter`].
 
+pub mod files;
 mod json;
 pub mod plan;
 mod table;
