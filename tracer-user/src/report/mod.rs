@@ -4,6 +4,7 @@
 pub mod files;
 mod json;
 pub mod plan;
+pub mod stacks;
 mod table;
 
 use std::io::Write;
