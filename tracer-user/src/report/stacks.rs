@@ -60,8 +60,8 @@ pub fn write_folded(file: &OutputFile, lines: &[String]) -> Result<(), OutputErr
 pub fn write_flamegraph(file: &OutputFile, lines: &[String], title: &str, weight: Weight) -> Result<(), OutputError> {
     let out = std::io::BufWriter::new(file.create()?);
     let mut options = inferno::flamegraph::Options::default();
-    options.title = title.to_owned();
-    options.count_name = weight.name().to_owned();
+    title.clone_into(&mut options.title);
+    weight.name().clone_into(&mut options.count_name);
     inferno::flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), out)
         .map_err(|e| OutputError::Create { flag: file.flag, path: file.path.clone(), cause: e.to_string() })
 }
