@@ -203,9 +203,12 @@ impl Session {
         let returns = take_map(&mut ebpf, names::RETURNS_MAP, PerCpuHashMap::try_from)?;
         let types = take_map(&mut ebpf, names::TYPES_MAP, PerCpuHashMap::try_from)?;
         let sizes = take_map(&mut ebpf, names::SIZES_MAP, PerCpuArray::try_from)?;
-        let mut domains: Array<MapData, u32> = take_map(&mut ebpf, names::SLOT_DOMAINS_MAP, Array::try_from)?;
-        let mut slot_stacks: Array<MapData, u32> = take_map(&mut ebpf, names::SLOT_STACKS_MAP, Array::try_from)?;
-        for &slot in options.stacks.as_ref().map_or(&[][..], |s| s.slots.as_slice()) {
+        // Borrowed, not taken: a map taken and dropped here closes its fd,
+        // which the programs aya loads later for perf-event uprobes are
+        // relocated against.
+        let stack_slots = options.stacks.as_ref().map_or(&[][..], |s| s.slots.as_slice());
+        let mut slot_stacks = borrowed_array(&mut ebpf, names::SLOT_STACKS_MAP)?;
+        for &slot in stack_slots {
             slot_stacks
                 .set(slot, 1, 0)
                 .map_err(|cause| AttachError::Map { name: names::SLOT_STACKS_MAP, cause: Box::new(cause) })?;
@@ -213,6 +216,7 @@ impl Session {
         let walks = take_map(&mut ebpf, names::WALKS_MAP, aya::maps::HashMap::try_from)?;
         let stacks = take_map(&mut ebpf, names::STACKS_MAP, aya::maps::HashMap::try_from)?;
         let stack_counts = take_map(&mut ebpf, names::STACK_COUNTS_MAP, PerCpuHashMap::try_from)?;
+        let mut domains = borrowed_array(&mut ebpf, names::SLOT_DOMAINS_MAP)?;
         for p in &plan.probes {
             let domain = crate::python::domain(p.symbol)
                 .filter(|_| p.program.allocates())
@@ -360,6 +364,15 @@ fn uprobe_mut(ebpf: &mut Ebpf, program: Program) -> Result<&mut UProbe, AttachEr
         .ok_or(AttachError::ProgramMissing { name })?
         .try_into()
         .map_err(|cause| AttachError::ProgramLoad { name, cause: Box::new(cause) })
+}
+
+/// The `u32` array map `name` of `ebpf`, borrowed (see [`Session::load`]).
+fn borrowed_array<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<Array<&'a mut MapData, u32>, AttachError> {
+    let map = ebpf.map_mut(name).ok_or_else(|| AttachError::Map {
+        name,
+        cause: Box::new(aya::maps::MapError::InvalidName { name: name.to_owned() }),
+    })?;
+    Array::try_from(map).map_err(|cause| AttachError::Map { name, cause: Box::new(cause) })
 }
 
 fn take_map<M>(
