@@ -1,0 +1,180 @@
+//! Python stacks read from outside a live process, through
+//! `/proc/PID/mem`: every thread's frames resolved to (qualified name, file,
+//! line). The ground truth for the BPF walker to come: it proves the
+//! per-version tables ([`crate::python::frames`]) on real processes, and
+//! says per process how the BPF side will find the current thread's state
+//! ([`CurrentThreadState`]).
+//!
+//! The walk needs no debug info and no symbol beyond the exported
+//! `_PyRuntime`, `PyCode_Type`, `PyUnicode_Type` and `PyBytes_Type`, so it
+//! works on LTO builds whose `.symtab` is gone. The target is not stopped:
+//! a thread that runs while it is read can show a frame that just
+//! returned, or a frame list that changed under the reader, which is then
+//! an error for that thread, never a panic.
+
+mod offsets;
+pub mod linetable;
+pub mod print;
+pub mod remote;
+pub mod tls;
+mod walk;
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+pub use self::walk::{Frame, Frames, ThreadStack};
+use self::{remote::Remote, tls::TlsSlot};
+use crate::{
+    discover::{
+        process::{Target, TargetError},
+        version::{self, VersionReadError},
+    },
+    python::{self, PythonVersion, VersionError, frames::CurrentThread},
+};
+
+/// The most frames read per thread unless asked otherwise; a deeper stack
+/// is cut there and marked truncated.
+pub const DEFAULT_MAX_DEPTH: usize = 1024;
+
+/// Why a stack could not be read.
+#[derive(Debug, Error)]
+pub enum StackError {
+    #[error(transparent)]
+    Target(#[from] TargetError),
+    #[error(transparent)]
+    VersionRead(#[from] VersionReadError),
+    #[error(transparent)]
+    Version(#[from] VersionError),
+    #[error("cannot open the memory of PID {pid} (/proc/{pid}/mem): {cause}")]
+    OpenMemory { pid: u32, cause: std::io::Error },
+    #[error("cannot read {what} of PID {pid} at {address:#x}: {cause}")]
+    Memory { pid: u32, address: u64, what: &'static str, cause: std::io::Error },
+    #[error("{image} (PID {pid}) defines no {symbol}, which every CPython 3.11+ exports; is it really the interpreter?")]
+    NoSymbol { pid: u32, image: String, symbol: &'static str },
+    #[error("{what} of PID {pid} (link-time address {address:#x}) is not mapped in its memory")]
+    NotMapped { pid: u32, what: &'static str, address: u64 },
+    #[error("_Py_DebugOffsets of PID {pid} ({image}) {reason}")]
+    DebugOffsets { pid: u32, image: String, reason: String },
+    #[error(
+        "_Py_DebugOffsets of PID {pid} ({image}) says {field} is {published}, but tracer's table for Python {version} says {table}"
+    )]
+    OffsetMismatch { pid: u32, image: String, version: PythonVersion, field: &'static str, published: u64, table: u64 },
+    #[error(
+        "PID {pid} ({image}) runs a free-threaded CPython, whose frames and strings tracer does not read yet; use a build with the GIL"
+    )]
+    FreeThreaded { pid: u32, image: String },
+    #[error(
+        "PID {pid} has no Python interpreter (_PyRuntime.interpreters.head is NULL): it has not initialised Python yet, or has finalised it"
+    )]
+    NoInterpreter { pid: u32 },
+    #[error("the {what} of PID {pid} loop back to {address:#x}; it changed while being read, or is not what tracer takes it for")]
+    Cycle { pid: u32, what: &'static str, address: u64 },
+    #[error("PID {pid} has more than {limit} {what}; stopped at {address:#x}")]
+    TooMany { pid: u32, what: &'static str, limit: usize, address: u64 },
+    #[error("the {what} at {address:#x} in PID {pid} is not a {expected} (its type is at {found:#x})")]
+    WrongType { pid: u32, what: &'static str, address: u64, expected: &'static str, found: u64 },
+    #[error("the frame at {frame:#x} in PID {pid} holds no code object (its f_executable is {raw:#x})")]
+    NoCode { pid: u32, frame: u64, raw: u64 },
+    #[error("the {what} at {address:#x} in PID {pid} cannot be read as a string: {reason}")]
+    BadString { pid: u32, what: &'static str, address: u64, reason: String },
+    #[error("the line table of the code object at {code:#x} in PID {pid}: {cause}")]
+    LineTable { pid: u32, code: u64, cause: linetable::LineTableError },
+}
+
+impl StackError {
+    /// Whether the user's input is at fault (a PID that is not a
+    /// supported CPython): exit status 2.
+    #[must_use]
+    pub const fn is_bad_input(&self) -> bool {
+        matches!(self, Self::Target(_) | Self::VersionRead(_) | Self::Version(_) | Self::NoSymbol { .. })
+    }
+}
+
+/// How the BPF side will find the state of the thread an event is on, in
+/// this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CurrentThreadState {
+    /// 3.11: the pointer at this address (in `_PyRuntime`), while the
+    /// thread holds the GIL.
+    Gilstate { address: u64 },
+    /// 3.12+: the thread-local `_Py_tss_tstate`, at fsbase +
+    /// `offset`.
+    FsRelative { offset: i64 },
+    /// 3.12+ in a shared libpython: the thread-local through the thread's
+    /// DTV, at entry `module`, `offset` into the block.
+    Dynamic { module: u64, offset: u64 },
+}
+
+/// Every thread's stack in one process.
+#[derive(Debug)]
+pub struct Stacks {
+    pub pid: u32,
+    /// Its PID in its own PID namespace, where that differs.
+    pub pid_in_namespace: Option<u32>,
+    pub version: PythonVersion,
+    /// The interpreter image, as the process's maps name it.
+    pub image: PathBuf,
+    /// The process's threads with a Python thread state, newest first (the
+    /// order of the interpreter's list).
+    pub threads: Vec<ThreadStack>,
+    /// How the current thread's state is found, or why it is not.
+    pub current: Result<CurrentThreadState, String>,
+}
+
+/// Reads the stacks of every thread of `pid`, at most `max_depth` frames
+/// each.
+pub fn read(pid: u32, max_depth: usize) -> Result<Stacks, StackError> {
+    let target = Target::inspect(pid)?;
+    let version = version::read(version::Source::Process(&target))?;
+    let abi = python::abi_for(pid, version)?;
+    let image = target.image_path.display().to_string();
+    let remote = Remote::open(pid)?;
+    let runtime = symbol_address(&target, "_PyRuntime")?;
+    let table = offsets::checked(&target, &remote, abi, version, runtime)?;
+    let types = walk::Types {
+        code: symbol_address(&target, "PyCode_Type")?,
+        unicode: symbol_address(&target, "PyUnicode_Type")?,
+        bytes: symbol_address(&target, "PyBytes_Type")?,
+    };
+    let mut walker = walk::Walker::new(&remote, &table, types);
+    let threads = walker.threads(runtime, max_depth)?;
+    let current = match table.current_thread {
+        CurrentThread::GilstateCurrent { tstate_current } => {
+            Ok(CurrentThreadState::Gilstate { address: runtime + tstate_current })
+        }
+        CurrentThread::ThreadLocal => thread_local(&target, &remote, &image),
+    };
+    Ok(Stacks { pid, pid_in_namespace: target.ns_pid, version, image: target.image_path, threads, current })
+}
+
+/// Where this process's `_Py_tss_tstate` is, as far as that is the same
+/// for every thread.
+fn thread_local(target: &Target, remote: &Remote, image: &str) -> Result<CurrentThreadState, String> {
+    let slot = TlsSlot::find(&target.elf, image).map_err(|e| e.to_string())?;
+    match slot {
+        TlsSlot::FsRelative { offset } => Ok(CurrentThreadState::FsRelative { offset }),
+        TlsSlot::TlsIndex { .. } => match slot.dynamic(remote, |a| runtime_address(target, a)) {
+            Ok(Some(d)) => Ok(CurrentThreadState::Dynamic { module: d.module, offset: d.offset }),
+            Ok(None) => Err("no tls_index".to_owned()),
+            Err(e) => Err(e.to_string()),
+        },
+    }
+}
+
+/// Where the image's link-time address `address` is in the target, where
+/// the file maps it.
+fn runtime_address(target: &Target, address: u64) -> Option<u64> {
+    target.address_of_file_offset(target.elf.file_offset(address)?)
+}
+
+/// The target's address of the image's exported `symbol`.
+fn symbol_address(target: &Target, symbol: &'static str) -> Result<u64, StackError> {
+    let image = || target.image_path.display().to_string();
+    let sym = target.elf.symbol(symbol).ok_or_else(|| StackError::NoSymbol { pid: target.pid, image: image(), symbol })?;
+    target.address_of_file_offset(sym.file_offset).ok_or(StackError::NotMapped {
+        pid: target.pid,
+        what: symbol,
+        address: sym.address,
+    })
+}
