@@ -304,8 +304,59 @@ impl DebugOffsetsLayout {
 }
 
 #[cfg(test)]
+mod dwarf;
+
+#[cfg(test)]
 mod tests {
     use super::*;
+    use crate::python::{PythonVersion, abi_for};
+
+    fn abi(minor: u8) -> &'static dyn crate::python::Abi {
+        abi_for(1, PythonVersion { major: 3, minor, micro: 0, level: 0xF, serial: 0 }).expect("supported")
+    }
+
+    /// The layouts' sizes are `sizeof(_Py_DebugOffsets)` from the DWARF of
+    /// pyenv's 3.13.0 and the forky root's 3.14.8; each field's place there
+    /// was compared too when the layouts were written. Every offset the
+    /// cross-check reads is in the layout, and the header tracer already
+    /// reads agrees with it.
+    #[test]
+    fn debug_offsets_layouts_hold_every_published_field() {
+        for (minor, size) in [(13, 584), (14, 760)] {
+            let abi = abi(minor);
+            let layout = abi.debug_offsets_layout().expect("3.13+ publish _Py_DebugOffsets");
+            assert_eq!(layout.size(), size, "3.{minor}");
+            let header = abi.debug_offsets().expect("a header");
+            assert_eq!(layout.offset_of("version").map(|o| o as u64), Some(header.version_offset), "3.{minor}");
+            for p in abi.frames().published() {
+                assert!(layout.offset_of(p.field).is_some(), "3.{minor} has no {}", p.field);
+            }
+            let mut names = layout.fields.to_vec();
+            names.sort_unstable();
+            names.dedup();
+            assert_eq!(names.len(), layout.fields.len(), "3.{minor} names a field twice");
+        }
+        for minor in [11, 12] {
+            assert!(abi(minor).debug_offsets_layout().is_none(), "3.{minor}");
+        }
+    }
+
+    /// What differs between versions is where the walker's path differs:
+    /// the `_PyCFrame` hop before 3.13, the tagged reference in 3.14, the
+    /// thread-local current thread from 3.12.
+    #[test]
+    fn each_version_takes_its_own_path() {
+        for minor in [11, 12, 13, 14] {
+            let t = abi(minor).frames();
+            assert_eq!(matches!(t.thread.frame, FrameLink::ViaCFrame { .. }), minor < 13, "3.{minor}");
+            assert_eq!(matches!(t.frame.code_ref, CodeRef::Tagged { mask: 3 }), minor == 14, "3.{minor}");
+            assert_eq!(matches!(t.current_thread, CurrentThread::ThreadLocal), minor >= 12, "3.{minor}");
+            assert_eq!(matches!(t.gil, GilHolder::Interpreter { .. }), minor >= 12, "3.{minor}");
+            // The code units follow the fixed fields.
+            assert!(t.code.code_adaptive > t.code.first_traceable, "3.{minor}");
+            assert_eq!(t.frame.first_non_python_owner, 3, "3.{minor}");
+        }
+    }
 
     #[test]
     fn tagged_code_refs_drop_their_tag_bits() {
