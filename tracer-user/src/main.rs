@@ -94,6 +94,10 @@ struct StackArgs {
     /// Read at most this many frames per thread; a deeper stack is cut and marked truncated.
     #[arg(long, value_name = "FRAMES", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     max_depth: u32,
+    /// Also read each task's thread-local thread state through its fsbase, as the BPF walker will
+    /// (3.12+; stops each task for a moment with ptrace; JSON only).
+    #[arg(long, hide = true)]
+    check_tls: bool,
 }
 
 #[derive(Debug, Args)]
@@ -317,8 +321,8 @@ fn attach(args: &AttachArgs) -> anyhow::Result<()> {
 fn stack(args: &StackArgs) -> anyhow::Result<()> {
     use tracer_user::stacks;
     tracer_user::config::target_spec(Some(args.pid), None)?;
-    let depth = usize::try_from(args.max_depth).unwrap_or(usize::MAX);
-    let read = stacks::read(args.pid, depth)?;
+    let max_depth = usize::try_from(args.max_depth).unwrap_or(usize::MAX);
+    let read = stacks::read(args.pid, stacks::Options { max_depth, check_tls: args.check_tls })?;
     if args.json {
         println!("{}", serde_json::to_string(&stacks::print::json(&read))?);
     } else {

@@ -154,8 +154,22 @@ mod tests {
         // One-line form, delta 1, two code units; short form, one unit;
         // no-columns form, delta -2 (svarint 5); no location; long form,
         // delta +70 (svarint 140 = 0x0c | 0x40, 0x02), end line, columns.
-        let table =
-            [0x80 | 11 << 3 | 1, 4, 9, 0x80 | 2 << 3, 0x12, 0x80 | 13 << 3, 5, 0x80 | 15 << 3, 0x80 | 14 << 3, 0x4c, 2, 0, 1, 3];
+        let table = [
+            0x80 | 11 << 3 | 1,
+            4,
+            9,
+            0x80 | 2 << 3,
+            0x12,
+            0x80 | 13 << 3,
+            5,
+            0x80 | 15 << 3,
+            0x80 | 14 << 3,
+            0x4c,
+            2,
+            0,
+            1,
+            3,
+        ];
         let line = |offset| line_at(&table, 10, offset);
         assert_eq!(line(0), Ok(Some(11)));
         assert_eq!(line(3), Ok(Some(11)));

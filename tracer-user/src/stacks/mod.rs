@@ -12,8 +12,9 @@
 //! returned, or a frame list that changed under the reader, which is then
 //! an error for that thread, never a panic.
 
-mod offsets;
+pub mod fsbase;
 pub mod linetable;
+mod offsets;
 pub mod print;
 pub mod remote;
 pub mod tls;
@@ -50,7 +51,9 @@ pub enum StackError {
     OpenMemory { pid: u32, cause: std::io::Error },
     #[error("cannot read {what} of PID {pid} at {address:#x}: {cause}")]
     Memory { pid: u32, address: u64, what: &'static str, cause: std::io::Error },
-    #[error("{image} (PID {pid}) defines no {symbol}, which every CPython 3.11+ exports; is it really the interpreter?")]
+    #[error(
+        "{image} (PID {pid}) defines no {symbol}, which every CPython 3.11+ exports; is it really the interpreter?"
+    )]
     NoSymbol { pid: u32, image: String, symbol: &'static str },
     #[error("{what} of PID {pid} (link-time address {address:#x}) is not mapped in its memory")]
     NotMapped { pid: u32, what: &'static str, address: u64 },
@@ -68,7 +71,9 @@ pub enum StackError {
         "PID {pid} has no Python interpreter (_PyRuntime.interpreters.head is NULL): it has not initialised Python yet, or has finalised it"
     )]
     NoInterpreter { pid: u32 },
-    #[error("the {what} of PID {pid} loop back to {address:#x}; it changed while being read, or is not what tracer takes it for")]
+    #[error(
+        "the {what} of PID {pid} loop back to {address:#x}; it changed while being read, or is not what tracer takes it for"
+    )]
     Cycle { pid: u32, what: &'static str, address: u64 },
     #[error("PID {pid} has more than {limit} {what}; stopped at {address:#x}")]
     TooMany { pid: u32, what: &'static str, limit: usize, address: u64 },
@@ -95,9 +100,9 @@ impl StackError {
 /// this process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CurrentThreadState {
-    /// 3.11: the pointer at this address (in `_PyRuntime`), while the
-    /// thread holds the GIL.
-    Gilstate { address: u64 },
+    /// 3.11: the pointer at `address` (in `_PyRuntime`), while the thread
+    /// holds the GIL; `now` is what it held when read.
+    Gilstate { address: u64, now: u64 },
     /// 3.12+: the thread-local `_Py_tss_tstate`, at fsbase +
     /// `offset`.
     FsRelative { offset: i64 },
@@ -120,11 +125,40 @@ pub struct Stacks {
     pub threads: Vec<ThreadStack>,
     /// How the current thread's state is found, or why it is not.
     pub current: Result<CurrentThreadState, String>,
+    /// With [`Options::check_tls`], each task's `_Py_tss_tstate` read
+    /// through its fsbase, or why it could not be.
+    pub tls_check: Option<Result<Vec<TaskTls>, String>>,
 }
 
-/// Reads the stacks of every thread of `pid`, at most `max_depth` frames
-/// each.
-pub fn read(pid: u32, max_depth: usize) -> Result<Stacks, StackError> {
+/// One task's thread-local thread state, as the BPF walker will read it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskTls {
+    /// The task's TID, as tracer sees it.
+    pub tid: u32,
+    pub fsbase: u64,
+    /// What `_Py_tss_tstate` holds (0 for a thread without a thread
+    /// state), or `None` where its TLS block is not allocated.
+    pub thread_state: Option<u64>,
+}
+
+/// What [`read`] reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// At most this many frames per thread.
+    pub max_depth: usize,
+    /// Also read each task's `_Py_tss_tstate` through its fsbase (3.12+),
+    /// stopping each task for a moment with ptrace.
+    pub check_tls: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self { max_depth: DEFAULT_MAX_DEPTH, check_tls: false }
+    }
+}
+
+/// Reads the stacks of every thread of `pid`.
+pub fn read(pid: u32, options: Options) -> Result<Stacks, StackError> {
     let target = Target::inspect(pid)?;
     let version = version::read(version::Source::Process(&target))?;
     let abi = python::abi_for(pid, version)?;
@@ -138,14 +172,24 @@ pub fn read(pid: u32, max_depth: usize) -> Result<Stacks, StackError> {
         bytes: symbol_address(&target, "PyBytes_Type")?,
     };
     let mut walker = walk::Walker::new(&remote, &table, types);
-    let threads = walker.threads(runtime, max_depth)?;
+    let threads = walker.threads(runtime, options.max_depth)?;
     let current = match table.current_thread {
         CurrentThread::GilstateCurrent { tstate_current } => {
-            Ok(CurrentThreadState::Gilstate { address: runtime + tstate_current })
+            let address = runtime + tstate_current;
+            remote
+                .u64(address, "_PyRuntime.gilstate.tstate_current")
+                .map(|now| CurrentThreadState::Gilstate { address, now })
+                .map_err(|e| e.to_string())
         }
         CurrentThread::ThreadLocal => thread_local(&target, &remote, &image),
     };
-    Ok(Stacks { pid, pid_in_namespace: target.ns_pid, version, image: target.image_path, threads, current })
+    let tls_check = options.check_tls.then(|| match table.current_thread {
+        CurrentThread::GilstateCurrent { .. } => {
+            Err(format!("Python {version} keeps no thread state in thread-local storage"))
+        }
+        CurrentThread::ThreadLocal => check_tls(&target, &remote, &image),
+    });
+    Ok(Stacks { pid, pid_in_namespace: target.ns_pid, version, image: target.image_path, threads, current, tls_check })
 }
 
 /// Where this process's `_Py_tss_tstate` is, as far as that is the same
@@ -162,6 +206,28 @@ fn thread_local(target: &Target, remote: &Remote, image: &str) -> Result<Current
     }
 }
 
+/// Each task's `_Py_tss_tstate`, read through its fsbase.
+fn check_tls(target: &Target, remote: &Remote, image: &str) -> Result<Vec<TaskTls>, String> {
+    let slot = TlsSlot::find(&target.elf, image).map_err(|e| e.to_string())?;
+    let dir = format!("/proc/{}/task", target.pid);
+    let mut tids: Vec<u32> = std::fs::read_dir(&dir)
+        .map_err(|e| format!("cannot list {dir}: {e}"))?
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    tids.sort_unstable();
+    tids.iter()
+        .map(|&tid| {
+            let fsbase = fsbase::of_task(tid).map_err(|e| format!("cannot read the fsbase of task {tid}: {e}"))?;
+            let at = slot.resolve(remote, fsbase, |a| runtime_address(target, a)).map_err(|e| e.to_string())?;
+            let thread_state = match at {
+                Some(at) => Some(remote.u64(at, "_Py_tss_tstate").map_err(|e| e.to_string())?),
+                None => None,
+            };
+            Ok(TaskTls { tid, fsbase, thread_state })
+        })
+        .collect()
+}
+
 /// Where the image's link-time address `address` is in the target, where
 /// the file maps it.
 fn runtime_address(target: &Target, address: u64) -> Option<u64> {
@@ -171,7 +237,8 @@ fn runtime_address(target: &Target, address: u64) -> Option<u64> {
 /// The target's address of the image's exported `symbol`.
 fn symbol_address(target: &Target, symbol: &'static str) -> Result<u64, StackError> {
     let image = || target.image_path.display().to_string();
-    let sym = target.elf.symbol(symbol).ok_or_else(|| StackError::NoSymbol { pid: target.pid, image: image(), symbol })?;
+    let sym =
+        target.elf.symbol(symbol).ok_or_else(|| StackError::NoSymbol { pid: target.pid, image: image(), symbol })?;
     target.address_of_file_offset(sym.file_offset).ok_or(StackError::NotMapped {
         pid: target.pid,
         what: symbol,

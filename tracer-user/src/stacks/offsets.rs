@@ -39,9 +39,9 @@ fn check(bytes: &[u8], abi: &dyn Abi, version: PythonVersion, (pid, image): (u32
         )));
     }
     let field = |name: &'static str| {
-        layout
-            .read(bytes, name)
-            .ok_or_else(|| fail(format!("cannot be read at {name}: tracer's layout for {version} lacks it, or too few bytes")))
+        layout.read(bytes, name).ok_or_else(|| {
+            fail(format!("cannot be read at {name}: tracer's layout for {version} lacks it, or too few bytes"))
+        })
     };
     let published_version = field("version")?;
     let expected = u64::from(version.hex());

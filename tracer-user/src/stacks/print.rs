@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use serde_json::{Value, json};
 
-use super::{CurrentThreadState, Stacks, ThreadStack};
+use super::{CurrentThreadState, Stacks, TaskTls, ThreadStack};
 
 /// Each thread's frames under a heading that says which thread it is.
 #[must_use]
@@ -50,8 +50,12 @@ pub fn json(stacks: &Stacks) -> Value {
         "current_thread_state": current(&stacks.current),
         "threads": stacks.threads.iter().map(thread).collect::<Vec<_>>(),
     });
-    if let (Some(ns), Some(map)) = (stacks.pid_in_namespace, v.as_object_mut()) {
+    let Some(map) = v.as_object_mut() else { return v };
+    if let Some(ns) = stacks.pid_in_namespace {
         map.insert("pid_in_namespace".to_owned(), ns.into());
+    }
+    if let Some(check) = &stacks.tls_check {
+        map.insert("tls_check".to_owned(), tls_check(check));
     }
     v
 }
@@ -94,11 +98,24 @@ fn thread(t: &ThreadStack) -> Value {
 /// process.
 fn current(c: &Result<CurrentThreadState, String>) -> Value {
     match c {
-        Ok(CurrentThreadState::Gilstate { address }) => {
-            json!({"via": "_PyRuntime.gilstate.tstate_current", "address": format!("{address:#x}")})
-        }
+        Ok(CurrentThreadState::Gilstate { address, now }) => json!({
+            "via": "_PyRuntime.gilstate.tstate_current",
+            "address": format!("{address:#x}"),
+            "thread_state": format!("{now:#x}"),
+        }),
         Ok(CurrentThreadState::FsRelative { offset }) => json!({"via": "fsbase", "offset": offset}),
         Ok(CurrentThreadState::Dynamic { module, offset }) => json!({"via": "dtv", "module": module, "offset": offset}),
         Err(e) => json!({"via": null, "error": e}),
+    }
+}
+
+fn tls_check(check: &Result<Vec<TaskTls>, String>) -> Value {
+    match check {
+        Ok(tasks) => json!({"tasks": tasks.iter().map(|t| json!({
+            "tid": t.tid,
+            "fsbase": format!("{:#x}", t.fsbase),
+            "thread_state": t.thread_state.map(|s| format!("{s:#x}")),
+        })).collect::<Vec<_>>()}),
+        Err(e) => json!({"error": e}),
     }
 }

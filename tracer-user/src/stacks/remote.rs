@@ -28,18 +28,24 @@ impl Remote {
     /// `len` bytes at `address`; `what` names them for the error.
     pub fn bytes(&self, address: u64, len: usize, what: &'static str) -> Result<Vec<u8>, StackError> {
         let mut buf = vec![0; len];
-        self.mem
-            .read_exact_at(&mut buf, address)
-            .map_err(|cause| StackError::Memory { pid: self.pid, address, what, cause })?;
+        self.mem.read_exact_at(&mut buf, address).map_err(|cause| StackError::Memory {
+            pid: self.pid,
+            address,
+            what,
+            cause,
+        })?;
         Ok(buf)
     }
 
     /// The little-endian `N`-byte word at `address`.
     fn word<const N: usize>(&self, address: u64, what: &'static str) -> Result<[u8; N], StackError> {
         let mut buf = [0; N];
-        self.mem
-            .read_exact_at(&mut buf, address)
-            .map_err(|cause| StackError::Memory { pid: self.pid, address, what, cause })?;
+        self.mem.read_exact_at(&mut buf, address).map_err(|cause| StackError::Memory {
+            pid: self.pid,
+            address,
+            what,
+            cause,
+        })?;
         Ok(buf)
     }
 

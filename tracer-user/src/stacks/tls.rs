@@ -83,7 +83,8 @@ impl TlsSlot {
     pub fn find(elf: &ElfImage, image: &str) -> Result<Self, TlsError> {
         let f = elf.function(READER).ok_or_else(|| TlsError::NoReader { image: image.to_owned() })?;
         let len = usize::try_from(f.size).ok().filter(|&n| n > 0).map_or(SCAN_BYTES, |n| n.min(SCAN_BYTES));
-        let code = elf.read_at(f.file_offset, len).map_err(|cause| TlsError::Read { image: image.to_owned(), cause })?;
+        let code =
+            elf.read_at(f.file_offset, len).map_err(|cause| TlsError::Read { image: image.to_owned(), cause })?;
         decode(&code, f.address).ok_or_else(|| TlsError::Unrecognised { image: image.to_owned(), code: hex(&code) })
     }
 
@@ -136,8 +137,11 @@ fn read_index(
     tls_index: u64,
     runtime: &impl Fn(u64) -> Option<u64>,
 ) -> Result<DynamicTls, super::StackError> {
-    let at = runtime(tls_index)
-        .ok_or(super::StackError::NotMapped { pid: remote.pid(), what: "the tls_index", address: tls_index })?;
+    let at = runtime(tls_index).ok_or(super::StackError::NotMapped {
+        pid: remote.pid(),
+        what: "the tls_index",
+        address: tls_index,
+    })?;
     let module = remote.u64(at, "the tls_index module id")?;
     let offset = remote.u64(at + 8, "the tls_index offset")?;
     Ok(DynamicTls { module, offset })

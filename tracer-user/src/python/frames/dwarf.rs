@@ -80,13 +80,12 @@ impl<'a> Layouts<'a> {
     fn target(&self, (unit, _): Die, value: AttributeValue<Reader<'a>>) -> Die {
         match value {
             AttributeValue::UnitRef(offset) => (unit, offset),
-            AttributeValue::DebugInfoRef(offset) => {
-                self.units
-                    .iter()
-                    .enumerate()
-                    .find_map(|(i, u)| offset.to_unit_offset(&u.header).map(|o| (i, o)))
-                    .expect("a unit holds the referenced DIE")
-            }
+            AttributeValue::DebugInfoRef(offset) => self
+                .units
+                .iter()
+                .enumerate()
+                .find_map(|(i, u)| offset.to_unit_offset(&u.header).map(|o| (i, o)))
+                .expect("a unit holds the referenced DIE"),
             other => panic!("unexpected type reference {other:?}"),
         }
     }
@@ -99,9 +98,7 @@ impl<'a> Layouts<'a> {
                 dw::DW_TAG_typedef | dw::DW_TAG_const_type | dw::DW_TAG_volatile_type | dw::DW_TAG_atomic_type => {
                     die = self.target(die, entry.attr_value(dw::DW_AT_type).expect("a type"));
                 }
-                dw::DW_TAG_structure_type | dw::DW_TAG_union_type
-                    if entry.attr(dw::DW_AT_declaration).is_some() =>
-                {
+                dw::DW_TAG_structure_type | dw::DW_TAG_union_type if entry.attr(dw::DW_AT_declaration).is_some() => {
                     let name = entry.attr_value(dw::DW_AT_name).expect("a named declaration");
                     let name = self.dwarf.attr_string(&self.units[die.0], name).expect("a name").to_string_lossy();
                     die = *self.named.get(&*name).unwrap_or_else(|| panic!("no definition of {name}"));
