@@ -1,0 +1,54 @@
+"""A process with a known Python stack, for `tracer stack`.
+
+    stacks.py sleep   the main thread blocks in time.sleep() inside leaf(),
+                      called from middle(), from main(), from the module; a
+                      second thread blocks in helper_wait()
+    stacks.py spin    the same stack, spinning in leaf() with the GIL held
+    stacks.py deep N  leaf() blocked in time.sleep() under N more calls of
+                      recurse()
+
+Each prints "ready" just before it settles. The lines the test expects are
+the ones marked with `# MARK: name`, found by the test in this file, so
+that editing it cannot make the test compare against stale numbers.
+"""
+
+import sys
+import threading
+import time
+
+released = threading.Event()
+
+
+def helper_wait():
+    released.wait()  # MARK: helper
+
+
+def leaf(mode):
+    print("ready", flush=True)
+    if mode == "spin":
+        while True: pass  # MARK: spin
+    time.sleep(3600)  # MARK: sleep
+
+
+def recurse(n, mode):
+    if n == 0:
+        leaf(mode)  # MARK: recurse-leaf
+    else:
+        recurse(n - 1, mode)  # MARK: recurse
+
+
+def middle(mode):
+    if mode == "deep":
+        recurse(int(sys.argv[2]), "sleep")  # MARK: middle-deep
+    else:
+        leaf(mode)  # MARK: middle
+
+
+def main():
+    mode = sys.argv[1]
+    if mode == "sleep":
+        threading.Thread(target=helper_wait, daemon=True).start()
+    middle(mode)  # MARK: main
+
+
+main()  # MARK: module
