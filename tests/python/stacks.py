@@ -6,6 +6,8 @@
     stacks.py spin    the same stack, spinning in leaf() with the GIL held
     stacks.py deep N  leaf() blocked in time.sleep() under N more calls of
                       recurse()
+    stacks.py names   leaf() blocked in time.sleep() under functions whose
+                      names are stored one, two and four bytes a character
 
 Each prints "ready" just before it settles. The lines the test expects are
 the ones marked with `# MARK: name`, found by the test in this file, so
@@ -37,9 +39,23 @@ def recurse(n, mode):
         recurse(n - 1, mode)  # MARK: recurse
 
 
+def 𠀀(mode):
+    leaf(mode)  # MARK: ucs4
+
+
+def 函数(mode):
+    𠀀(mode)  # MARK: ucs2
+
+
+def café(mode):
+    函数(mode)  # MARK: latin1
+
+
 def middle(mode):
     if mode == "deep":
         recurse(int(sys.argv[2]), "sleep")  # MARK: middle-deep
+    elif mode == "names":
+        café("sleep")  # MARK: middle-names
     else:
         leaf(mode)  # MARK: middle
 

@@ -210,8 +210,9 @@ fn expected(path: &str, leaf_mark: &str) -> Vec<(String, String, u64)> {
         .collect()
 }
 
-/// The script sleeping with a helper thread, then spinning: both stacks
-/// exact, the helper thread's too, the GIL's holder, and the route the BPF
+/// The script sleeping with a helper thread, under functions with
+/// non-ASCII names, then spinning: each stack exact, the helper thread's
+/// too, the GIL's holder, and the route the BPF
 /// walker will take to the current thread's state, proved on the spinning
 /// thread (the only moment a thread state is current: a thread that
 /// released the GIL has none).
@@ -240,6 +241,19 @@ fn check(python: Python, version: &str, current: Current) {
         Current::FsMinus24 => assert_eq!((&via["via"], &via["offset"]), (&"fsbase".into(), &(-24).into()), "{read}"),
     }
     drop(sleeping);
+
+    // Names stored one (Latin-1), two and four bytes a character, which
+    // are laid out after a PyCompactUnicodeObject, not a PyASCIIObject.
+    let names = Running::start(python, &["names"]);
+    let read = stack(names.pid, &[]);
+    let m = marks();
+    let mut want = expected(&names.path, "sleep");
+    want[1] = ("middle".to_owned(), names.path.clone(), m["middle-names"]);
+    for (function, mark) in [("caf\u{e9}", "latin1"), ("\u{51fd}\u{6570}", "ucs2"), ("\u{20000}", "ucs4")] {
+        want.insert(1, (function.to_owned(), names.path.clone(), m[mark]));
+    }
+    assert_eq!(frames(main_thread(&read)), want, "{read}");
+    drop(names);
 
     let spinning = Running::start(python, &["spin"]);
     let read = stack(spinning.pid, &["--check-tls"]);

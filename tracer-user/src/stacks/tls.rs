@@ -29,8 +29,17 @@
 //! (`TlsIndex`, with the module id and offset read once in userspace from
 //! the target's GOT: [`TlsSlot::resolve`]).
 //!
+//! What it holds: the thread's state while the thread is attached to the
+//! interpreter (holds the GIL), and NULL once it has released the GIL, seen
+//! on all four 3.12+ builds here for threads in `time.sleep` and waiting on
+//! a lock (`tracer stack --check-tls`). An event on a thread without the
+//! GIL (a `PyMem_RawMalloc` from a C extension's released section) so has
+//! no Python stack to start from: the BPF side should count it as such, not
+//! read through NULL.
+//!
 //! 3.11 has no thread-local thread state; see
-//! [`crate::python::frames::CurrentThread`].
+//! [`crate::python::frames::CurrentThread`]. Its `tstate_current` is NULL
+//! likewise while no thread holds the GIL, and the GIL holder's otherwise.
 
 use iced_x86::{Decoder, DecoderOptions, Mnemonic, OpKind, Register};
 use thiserror::Error;
