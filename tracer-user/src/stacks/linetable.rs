@@ -33,6 +33,8 @@ pub enum LineTableError {
     Truncated { at: usize },
     #[error("the line table covers {covered} bytes of code, not the instruction at byte {offset}")]
     PastEnd { offset: u64, covered: u64 },
+    #[error("the line table's line deltas overflow at byte {at}")]
+    Overflow { at: usize },
     #[error("the line table gives line {line} at byte {offset}, before the file's first line")]
     BadLine { offset: u64, line: i64 },
 }
@@ -79,7 +81,8 @@ pub fn line_at(table: &[u8], first_line: i32, offset: i64) -> Result<Option<u32>
             }
             _ => (0, false),
         };
-        line += delta;
+        // Deltas from a table read from the wrong place could overflow.
+        line = line.checked_add(delta).ok_or(LineTableError::Overflow { at: entry })?;
         let end = start + 2 * units;
         if offset < end {
             if !located {
@@ -188,6 +191,11 @@ mod tests {
         assert_eq!(line_at(&[0x80 | 13 << 3, 0x40], 1, 0), Err(LineTableError::Truncated { at: 0 }));
         // Delta -5 from line 3.
         assert_eq!(line_at(&[0x80 | 13 << 3, 11], 3, 0), Err(LineTableError::BadLine { offset: 0, line: -2 }));
+        // Two deltas of +2^62 - 1 (eleven chunks of six bits) overflow.
+        let mut huge = vec![0x80 | 13 << 3];
+        huge.extend([0x7e, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x07]);
+        let twice: Vec<u8> = huge.iter().chain(&huge).copied().collect();
+        assert_eq!(line_at(&twice, 2, 2), Err(LineTableError::Overflow { at: 12 }));
     }
 
     /// The interpreters of every build here: pyenv's, Debian's LTO 3.11

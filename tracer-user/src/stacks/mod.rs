@@ -175,7 +175,7 @@ pub fn read(pid: u32, options: Options) -> Result<Stacks, StackError> {
     let threads = walker.threads(runtime, options.max_depth)?;
     let current = match table.current_thread {
         CurrentThread::GilstateCurrent { tstate_current } => {
-            let address = runtime + tstate_current;
+            let address = runtime.wrapping_add(tstate_current);
             remote
                 .u64(address, "_PyRuntime.gilstate.tstate_current")
                 .map(|now| CurrentThreadState::Gilstate { address, now })

@@ -117,10 +117,11 @@ impl TlsSlot {
                 }
                 // glibc x86-64: tcbhead_t.dtv is the second word of the TCB,
                 // which fsbase points to; each dtv_t is 16 bytes.
-                let dtv = remote.u64(fsbase + 8, "the thread's DTV pointer")?;
-                let block = remote.u64(dtv + 16 * dynamic.module, "the DTV entry of libpython")?;
+                let dtv = remote.u64(fsbase.wrapping_add(8), "the thread's DTV pointer")?;
+                let block =
+                    remote.u64(dtv.wrapping_add(dynamic.module.wrapping_mul(16)), "the DTV entry of libpython")?;
                 // TLS_DTV_UNALLOCATED is (void *) -1.
-                Ok((block != u64::MAX && block != 0).then(|| block + dynamic.offset))
+                Ok((block != u64::MAX && block != 0).then(|| block.wrapping_add(dynamic.offset)))
             }
         }
     }
@@ -152,7 +153,7 @@ fn read_index(
         address: tls_index,
     })?;
     let module = remote.u64(at, "the tls_index module id")?;
-    let offset = remote.u64(at + 8, "the tls_index offset")?;
+    let offset = remote.u64(at.wrapping_add(8), "the tls_index offset")?;
     Ok(DynamicTls { module, offset })
 }
 

@@ -102,12 +102,12 @@ impl<'a> Walker<'a> {
     pub fn threads(&mut self, runtime: u64, max_depth: usize) -> Result<Vec<ThreadStack>, StackError> {
         let r = self.remote;
         let t = self.table;
-        let main_thread = r.u64(runtime + t.runtime.main_thread, "_PyRuntime.main_thread")?;
+        let main_thread = r.u64(runtime.wrapping_add(t.runtime.main_thread), "_PyRuntime.main_thread")?;
         let runtime_holder = match t.gil {
             GilHolder::Runtime { last_holder, locked } => gil_holder(r, runtime, last_holder, locked)?,
             GilHolder::Interpreter { .. } => None,
         };
-        let mut interp = r.u64(runtime + t.runtime.interpreters_head, "_PyRuntime.interpreters.head")?;
+        let mut interp = r.u64(runtime.wrapping_add(t.runtime.interpreters_head), "_PyRuntime.interpreters.head")?;
         if interp == 0 {
             return Err(StackError::NoInterpreter { pid: self.pid() });
         }
@@ -125,7 +125,8 @@ impl<'a> Walker<'a> {
                 GilHolder::Runtime { .. } => runtime_holder,
                 GilHolder::Interpreter { last_holder, locked } => gil_holder(r, interp, last_holder, locked)?,
             };
-            let mut tstate = r.u64(interp + t.interpreter.threads_head, "the interpreter's threads.head")?;
+            let mut tstate =
+                r.u64(interp.wrapping_add(t.interpreter.threads_head), "the interpreter's threads.head")?;
             while tstate != 0 {
                 if threads.iter().any(|s: &ThreadStack| s.tstate == tstate) {
                     return Err(StackError::Cycle { pid: self.pid(), what: "thread states", address: tstate });
@@ -134,18 +135,19 @@ impl<'a> Walker<'a> {
                     let limit = MAX_THREADS;
                     return Err(StackError::TooMany { pid: self.pid(), what: "thread states", limit, address: tstate });
                 }
-                let thread_id = r.u64(tstate + t.thread.thread_id, "a thread state's thread_id")?;
+                let thread_id = r.u64(tstate.wrapping_add(t.thread.thread_id), "a thread state's thread_id")?;
                 threads.push(ThreadStack {
                     tstate,
                     thread_id,
-                    native_thread_id: r.u64(tstate + t.thread.native_thread_id, "a thread state's native_thread_id")?,
+                    native_thread_id: r
+                        .u64(tstate.wrapping_add(t.thread.native_thread_id), "a thread state's native_thread_id")?,
                     main: thread_id == main_thread,
                     holds_gil: holder == Some(tstate),
                     frames: self.frames(tstate, max_depth),
                 });
-                tstate = r.u64(tstate + t.thread.next, "a thread state's next")?;
+                tstate = r.u64(tstate.wrapping_add(t.thread.next), "a thread state's next")?;
             }
-            interp = r.u64(interp + t.interpreter.next, "an interpreter's next")?;
+            interp = r.u64(interp.wrapping_add(t.interpreter.next), "an interpreter's next")?;
         }
         Ok(threads)
     }
@@ -160,12 +162,14 @@ impl<'a> Walker<'a> {
         let f = self.table.frame;
         let mut frame = match self.table.thread.frame {
             FrameLink::ViaCFrame { cframe, current_frame } => {
-                match r.u64(tstate + cframe, "a thread state's cframe")? {
+                match r.u64(tstate.wrapping_add(cframe), "a thread state's cframe")? {
                     0 => 0,
-                    cframe => r.u64(cframe + current_frame, "a _PyCFrame's current_frame")?,
+                    cframe => r.u64(cframe.wrapping_add(current_frame), "a _PyCFrame's current_frame")?,
                 }
             }
-            FrameLink::Direct { current_frame } => r.u64(tstate + current_frame, "a thread state's current_frame")?,
+            FrameLink::Direct { current_frame } => {
+                r.u64(tstate.wrapping_add(current_frame), "a thread state's current_frame")?
+            }
         };
         let mut seen = HashSet::new();
         let mut frames = Vec::new();
@@ -176,13 +180,13 @@ impl<'a> Walker<'a> {
             if !seen.insert(frame) {
                 return Err(StackError::Cycle { pid: self.pid(), what: "frames", address: frame });
             }
-            let owner = r.u8(frame + f.owner, "a frame's owner")?;
-            let previous = r.u64(frame + f.previous, "a frame's previous")?;
+            let owner = r.u8(frame.wrapping_add(f.owner), "a frame's owner")?;
+            let previous = r.u64(frame.wrapping_add(f.previous), "a frame's previous")?;
             if owner < f.first_non_python_owner {
-                let raw = r.u64(frame + f.code, "a frame's code")?;
+                let raw = r.u64(frame.wrapping_add(f.code), "a frame's code")?;
                 let code = f.code_ref.object(raw).ok_or(StackError::NoCode { pid: self.pid(), frame, raw })?;
-                let instr = r.u64(frame + f.instr, "a frame's instruction pointer")?;
-                let first = code + self.table.code.code_adaptive;
+                let instr = r.u64(frame.wrapping_add(f.instr), "a frame's instruction pointer")?;
+                let first = code.wrapping_add(self.table.code.code_adaptive);
                 let offset = i64::from_le_bytes(instr.wrapping_sub(first).to_le_bytes());
                 let info = self.code(code)?;
                 // `_PyFrame_IsIncomplete`: before `_co_firsttraceable` (in
@@ -211,15 +215,18 @@ impl<'a> Walker<'a> {
         let r = self.remote;
         let c = self.table.code;
         self.expect_type(address, "code object", self.types.code, "code object")?;
-        let first_line = r.u32(address + c.firstlineno, "a code object's co_firstlineno")?;
-        let first_traceable = r.u32(address + c.first_traceable, "a code object's _co_firsttraceable")?;
+        let first_line = r.u32(address.wrapping_add(c.firstlineno), "a code object's co_firstlineno")?;
+        let first_traceable = r.u32(address.wrapping_add(c.first_traceable), "a code object's _co_firsttraceable")?;
         Ok(Code {
-            function: self.string(r.u64(address + c.qualname, "a code object's co_qualname")?, "co_qualname")?,
-            file: self.string(r.u64(address + c.filename, "a code object's co_filename")?, "co_filename")?,
+            function: self
+                .string(r.u64(address.wrapping_add(c.qualname), "a code object's co_qualname")?, "co_qualname")?,
+            file: self
+                .string(r.u64(address.wrapping_add(c.filename), "a code object's co_filename")?, "co_filename")?,
             // Both are C ints.
             first_line: i32::from_le_bytes(first_line.to_le_bytes()),
             first_traceable: i64::from(i32::from_le_bytes(first_traceable.to_le_bytes())),
-            linetable: self.bytes(r.u64(address + c.linetable, "a code object's co_linetable")?, "co_linetable")?,
+            linetable: self
+                .bytes(r.u64(address.wrapping_add(c.linetable), "a code object's co_linetable")?, "co_linetable")?,
         })
     }
 
@@ -231,7 +238,7 @@ impl<'a> Walker<'a> {
         type_address: u64,
         expected: &'static str,
     ) -> Result<(), StackError> {
-        let found = self.remote.u64(address + self.table.ob_type, "an object's ob_type")?;
+        let found = self.remote.u64(address.wrapping_add(self.table.ob_type), "an object's ob_type")?;
         if found == type_address {
             Ok(())
         } else {
@@ -246,16 +253,16 @@ impl<'a> Walker<'a> {
         let u = self.table.unicode;
         self.expect_type(address, what, self.types.unicode, "str")?;
         let bad = |reason: String| StackError::BadString { pid: self.pid(), what, address, reason };
-        let state = r.u32(address + u.state, "a str's state")?;
+        let state = r.u32(address.wrapping_add(u.state), "a str's state")?;
         let (kind, compact, ascii) = ((state >> 2) & 7, (state >> 5) & 1 == 1, (state >> 6) & 1 == 1);
         if !compact {
             return Err(bad(format!("it is not compact (state {state:#x})")));
         }
-        let length = r.u64(address + u.length, "a str's length")?;
+        let length = r.u64(address.wrapping_add(u.length), "a str's length")?;
         if length > MAX_STRING {
             return Err(bad(format!("its length {length} is beyond {MAX_STRING}")));
         }
-        let data = address + if ascii { u.ascii_data } else { u.compact_data };
+        let data = address.wrapping_add(if ascii { u.ascii_data } else { u.compact_data });
         let width = match kind {
             1 | 2 | 4 => u64::from(kind),
             _ => return Err(bad(format!("its kind is {kind}"))),
@@ -274,21 +281,21 @@ impl<'a> Walker<'a> {
     fn bytes(&self, address: u64, what: &'static str) -> Result<Vec<u8>, StackError> {
         let r = self.remote;
         self.expect_type(address, what, self.types.bytes, "bytes")?;
-        let size = r.u64(address + self.table.bytes.size, "a bytes object's size")?;
+        let size = r.u64(address.wrapping_add(self.table.bytes.size), "a bytes object's size")?;
         if size > MAX_LINETABLE {
             let reason = format!("its size {size} is beyond {MAX_LINETABLE}");
             return Err(StackError::BadString { pid: self.pid(), what, address, reason });
         }
         let len = usize::try_from(size).unwrap_or(usize::MAX);
-        r.bytes(address + self.table.bytes.data, len, "a bytes object's contents")
+        r.bytes(address.wrapping_add(self.table.bytes.data), len, "a bytes object's contents")
     }
 }
 
-/// The thread state holding the GIL at `base + last_holder`, if its
+/// The thread state holding the GIL at `base.wrapping_add(last_holder)`, if its
 /// `locked` is set.
 fn gil_holder(r: &Remote, base: u64, last_holder: u64, locked: u64) -> Result<Option<u64>, StackError> {
-    if r.u32(base + locked, "the GIL's locked")? == 0 {
+    if r.u32(base.wrapping_add(locked), "the GIL's locked")? == 0 {
         return Ok(None);
     }
-    Ok(Some(r.u64(base + last_holder, "the GIL's last_holder")?).filter(|&t| t != 0))
+    Ok(Some(r.u64(base.wrapping_add(last_holder), "the GIL's last_holder")?).filter(|&t| t != 0))
 }
