@@ -8,6 +8,8 @@
                       recurse()
     stacks.py names   leaf() blocked in time.sleep() under functions whose
                       names are stored one, two and four bytes a character
+    stacks.py churn   four threads calling and returning as fast as they
+                      can, so that frames come and go while they are read
 
 Each prints "ready" just before it settles. The lines the test expects are
 the ones marked with `# MARK: name`, found by the test in this file, so
@@ -60,8 +62,23 @@ def middle(mode):
         leaf(mode)  # MARK: middle
 
 
+def churn(n):
+    return 0 if n == 0 else churn(n - 1) + 1
+
+
+def churning():
+    while True:
+        churn(30)
+        [str(i) for i in range(50)]
+
+
 def main():
     mode = sys.argv[1]
+    if mode == "churn":
+        for _ in range(3):
+            threading.Thread(target=churning, daemon=True).start()
+        print("ready", flush=True)
+        churning()
     if mode == "sleep":
         threading.Thread(target=helper_wait, daemon=True).start()
     middle(mode)  # MARK: main

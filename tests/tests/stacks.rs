@@ -140,7 +140,7 @@ impl Running {
             _ => child.id(),
         };
         let running = Self { _child: child, pid, path, _copy: copy };
-        if args.first() == Some(&"spin") {
+        if matches!(args.first(), Some(&("spin" | "churn"))) {
             // Past the print and into the loop.
             std::thread::sleep(Duration::from_millis(200));
         } else {
@@ -346,6 +346,33 @@ fn deep_stacks_are_read_whole_or_truncated_at_the_limit() {
     let main = main_thread(&cut);
     assert_eq!(frames(main), all[..64], "{cut}");
     assert_eq!(main["truncated"], true, "{cut}");
+}
+
+/// Threads that call and return all the time, read again and again
+/// without being stopped: a read can fail for a thread whose frames changed
+/// under it (exit status 1, the error in its place), never crash, and what
+/// is read is a stack of the script's functions.
+#[test]
+fn running_threads_are_read_without_crashing() {
+    require_root();
+    for python in [FORKY_314, DEBIAN_311, PYENV_312] {
+        let running = Running::start(python, &["churn"]);
+        let pid = running.pid.to_string();
+        let mut whole = 0;
+        for _ in 0..50 {
+            let (code, stdout, stderr) = run_tracer(&["stack", "--pid", &pid, "--json"]);
+            assert!(matches!(code, Some(0 | 1)), "{python:?}: exit {code:?}: {stderr}");
+            let read: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{python:?}: {stdout}: {e}"));
+            let threads = read["threads"].as_array().expect("threads");
+            assert_eq!(threads.len(), 4, "{read}");
+            for t in threads.iter().filter(|t| t.get("error").is_none()) {
+                let names: Vec<String> = frames(t).into_iter().map(|f| f.0).collect();
+                assert!(names.iter().any(|n| n == "churning"), "{python:?}: {names:?}");
+            }
+            whole += usize::from(code == Some(0));
+        }
+        assert!(whole > 0, "{python:?}: no read of all four threads succeeded in 50");
+    }
 }
 
 /// Every bad input is one line on stderr with exit status 2, and nothing

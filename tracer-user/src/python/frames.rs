@@ -40,14 +40,27 @@ pub enum CodeRef {
 }
 
 impl CodeRef {
-    /// The object address in `raw`, or `None` where it holds no object (a
-    /// tagged integer).
+    /// The object address in `raw`, or `None` where it holds no object
+    /// (NULL, 3.14's `PyStackRef_NULL`, a tagged integer).
     #[must_use]
     pub const fn object(self, raw: u64) -> Option<u64> {
+        let address = match self {
+            Self::Pointer => raw,
+            Self::Tagged { mask } if raw & mask == mask => return None,
+            Self::Tagged { mask } => raw & !mask,
+        };
+        if address == 0 { None } else { Some(address) }
+    }
+
+    /// Whether `raw` is NULL (3.14: `PyStackRef_NULL`), which a frame that
+    /// is being set up or torn down can hold for a moment: seen in 3.14
+    /// on a running thread, where a frame still linked from the thread
+    /// state had `PyStackRef_NULL` for its executable.
+    #[must_use]
+    pub const fn is_null(self, raw: u64) -> bool {
         match self {
-            Self::Pointer => Some(raw),
-            Self::Tagged { mask } if raw & mask == mask => None,
-            Self::Tagged { mask } => Some(raw & !mask),
+            Self::Pointer => raw == 0,
+            Self::Tagged { mask } => raw & !mask == 0 && raw & mask != mask,
         }
     }
 }
@@ -366,6 +379,11 @@ mod tests {
         // A tagged integer (Py_INT_TAG) is no object.
         assert_eq!(tagged.object(0x7f00_1233), None);
         assert_eq!(CodeRef::Pointer.object(0x7f00_1231), Some(0x7f00_1231));
+        // NULL, and PyStackRef_NULL (Py_TAG_REFCNT alone).
+        assert_eq!(CodeRef::Pointer.object(0), None);
+        assert_eq!(tagged.object(1), None);
+        assert!(CodeRef::Pointer.is_null(0) && tagged.is_null(1) && tagged.is_null(0));
+        assert!(!tagged.is_null(3) && !tagged.is_null(0x7f00_1231) && !CodeRef::Pointer.is_null(8));
     }
 
     #[test]

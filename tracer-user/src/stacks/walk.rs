@@ -15,6 +15,9 @@ const MAX_THREADS: usize = 1 << 16;
 /// too.
 const MAX_STRING: u64 = 1 << 16;
 const MAX_LINETABLE: u64 = 1 << 24;
+/// How many times a thread's frames are read before its error is
+/// reported.
+const READ_ATTEMPTS: usize = 3;
 
 /// The runtime addresses of the types objects are checked against.
 #[derive(Clone, Copy, Debug)]
@@ -143,7 +146,7 @@ impl<'a> Walker<'a> {
                         .u64(tstate.wrapping_add(t.thread.native_thread_id), "a thread state's native_thread_id")?,
                     main: thread_id == main_thread,
                     holds_gil: holder == Some(tstate),
-                    frames: self.frames(tstate, max_depth),
+                    frames: self.frames_of_a_moment(tstate, max_depth),
                 });
                 tstate = r.u64(tstate.wrapping_add(t.thread.next), "a thread state's next")?;
             }
@@ -152,13 +155,27 @@ impl<'a> Walker<'a> {
         Ok(threads)
     }
 
+    /// [`Self::frames`], read again where a read failed: a thread that
+    /// runs while it is read can return from a frame between the reads
+    /// of it and of its caller, and a later read then sees a stack that
+    /// holds still long enough.
+    fn frames_of_a_moment(&mut self, tstate: u64, max_depth: usize) -> Result<Frames, StackError> {
+        let mut result = self.frames(tstate, max_depth);
+        for _ in 1..READ_ATTEMPTS {
+            if result.is_ok() {
+                break;
+            }
+            result = self.frames(tstate, max_depth);
+        }
+        result
+    }
+
     /// The frames of the thread state at `tstate`, innermost first,
     /// without the frames that are not Python functions' (the C stack's
     /// entry frames) or have not started (`_PyFrame_IsIncomplete`), as
     /// tracebacks show them.
     pub fn frames(&mut self, tstate: u64, max_depth: usize) -> Result<Frames, StackError> {
         let r = self.remote;
-        let pid = self.pid();
         let f = self.table.frame;
         let mut frame = match self.table.thread.frame {
             FrameLink::ViaCFrame { cframe, current_frame } => {
@@ -171,6 +188,7 @@ impl<'a> Walker<'a> {
                 r.u64(tstate.wrapping_add(current_frame), "a thread state's current_frame")?
             }
         };
+        let span = usize_of([f.code + 8, f.previous + 8, f.instr + 8, f.owner + 1].into_iter().max().unwrap_or(0));
         let mut seen = HashSet::new();
         let mut frames = Vec::new();
         while frame != 0 {
@@ -180,26 +198,44 @@ impl<'a> Walker<'a> {
             if !seen.insert(frame) {
                 return Err(StackError::Cycle { pid: self.pid(), what: "frames", address: frame });
             }
-            let owner = r.u8(frame.wrapping_add(f.owner), "a frame's owner")?;
-            let previous = r.u64(frame.wrapping_add(f.previous), "a frame's previous")?;
-            if owner < f.first_non_python_owner {
-                let raw = r.u64(frame.wrapping_add(f.code), "a frame's code")?;
-                let code = f.code_ref.object(raw).ok_or(StackError::NoCode { pid: self.pid(), frame, raw })?;
-                let instr = r.u64(frame.wrapping_add(f.instr), "a frame's instruction pointer")?;
-                let first = code.wrapping_add(self.table.code.code_adaptive);
-                let offset = i64::from_le_bytes(instr.wrapping_sub(first).to_le_bytes());
-                let info = self.code(code)?;
-                // `_PyFrame_IsIncomplete`: before `_co_firsttraceable` (in
-                // code units) the frame is still being set up.
-                if owner == OWNED_BY_GENERATOR || offset >= 2 * info.first_traceable {
-                    let line = linetable::line_at(&info.linetable, info.first_line, offset)
-                        .map_err(|cause| StackError::LineTable { pid, code, cause })?;
-                    frames.push(Frame { function: info.function.clone(), file: info.file.clone(), line, code, offset });
-                }
+            // One read for the fields of the frame, as the BPF walker will
+            // do: they are then at least of one moment.
+            let bytes = r.bytes(frame, span, "a frame")?;
+            let owner = bytes.get(usize_of(f.owner)).copied().unwrap_or(u8::MAX);
+            let previous = word(&bytes, f.previous);
+            if owner < f.first_non_python_owner
+                && let Some(found) = self.python_frame(frame, owner, &bytes)?
+            {
+                frames.push(found);
             }
             frame = previous;
         }
         Ok(Frames { frames, truncated: false })
+    }
+
+    /// The Python function's frame at `frame` (owned by `owner`, its
+    /// fields in `bytes`), resolved; `None` for a frame that is being set
+    /// up or torn down: one whose code is NULL for a moment, or which has
+    /// not reached its first traceable instruction
+    /// (`_PyFrame_IsIncomplete`).
+    fn python_frame(&mut self, frame: u64, owner: u8, bytes: &[u8]) -> Result<Option<Frame>, StackError> {
+        let pid = self.pid();
+        let f = self.table.frame;
+        let raw = word(bytes, f.code);
+        if f.code_ref.is_null(raw) {
+            return Ok(None);
+        }
+        let code = f.code_ref.object(raw).ok_or(StackError::NoCode { pid, frame, raw })?;
+        let first = code.wrapping_add(self.table.code.code_adaptive);
+        let offset = i64::from_le_bytes(word(bytes, f.instr).wrapping_sub(first).to_le_bytes());
+        let info = self.code(code)?;
+        // `_co_firsttraceable` is in code units.
+        if owner != OWNED_BY_GENERATOR && offset < 2 * info.first_traceable {
+            return Ok(None);
+        }
+        let line = linetable::line_at(&info.linetable, info.first_line, offset)
+            .map_err(|cause| StackError::LineTable { pid, code, cause })?;
+        Ok(Some(Frame { function: info.function.clone(), file: info.file.clone(), line, code, offset }))
     }
 
     /// The code object at `address`, read the first time it is met.
@@ -289,6 +325,18 @@ impl<'a> Walker<'a> {
         let len = usize::try_from(size).unwrap_or(usize::MAX);
         r.bytes(address.wrapping_add(self.table.bytes.data), len, "a bytes object's contents")
     }
+}
+
+/// The 8-byte field at `at` of `bytes`, read whole from the target (0
+/// where `bytes` is too short, which a whole read is not).
+fn word(bytes: &[u8], at: u64) -> u64 {
+    let at = usize_of(at);
+    bytes.get(at..at.saturating_add(8)).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes)
+}
+
+/// A table offset as an index: they are all small.
+fn usize_of(offset: u64) -> usize {
+    usize::try_from(offset).unwrap_or(usize::MAX)
 }
 
 /// The thread state holding the GIL at `base.wrapping_add(last_holder)`, if its
