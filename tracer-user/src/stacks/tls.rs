@@ -19,7 +19,9 @@
 //!   dynamic thread vector: glibc x86-64 keeps it in the TCB at fsbase
 //!   (`tcbhead_t { void *tcb; dtv_t *dtv; ... }`, `sysdeps/x86_64/nptl/tls.h`),
 //!   as an array of 16-byte `dtv_t` (`{ void *val; void *to_free; }`,
-//!   `sysdeps/generic/dl-dtv.h`) indexed by module id. libpython is loaded at
+//!   `sysdeps/generic/dl-dtv.h`) indexed by module id (checked with
+//!   pyenv's builds on Debian 12's glibc 2.36; musl lays its TLS out
+//!   otherwise). libpython is loaded at
 //!   startup (`DT_NEEDED`), so its block is static TLS, allocated with every
 //!   thread; a `dlopen`ed one would have `val == -1` until first use.
 //!
