@@ -20,7 +20,7 @@ pub mod remote;
 pub mod tls;
 mod walk;
 
-use std::path::PathBuf;
+use std::{path::PathBuf, rc::Rc};
 
 use thiserror::Error;
 
@@ -31,7 +31,10 @@ use crate::{
         process::{Target, TargetError},
         version::{self, VersionReadError},
     },
-    python::{self, PythonVersion, VersionError, frames::CurrentThread},
+    python::{
+        self, PythonVersion, VersionError,
+        frames::{CurrentThread, FrameOffsets},
+    },
 };
 
 /// The most frames read per thread unless asked otherwise; a deeper stack
@@ -159,37 +162,93 @@ impl Default for Options {
 
 /// Reads the stacks of every thread of `pid`.
 pub fn read(pid: u32, options: Options) -> Result<Stacks, StackError> {
-    let target = Target::inspect(pid)?;
-    let version = version::read(version::Source::Process(&target))?;
-    let abi = python::abi_for(pid, version)?;
-    let image = target.image_path.display().to_string();
-    let remote = Remote::open(pid)?;
-    let runtime = symbol_address(&target, "_PyRuntime")?;
-    let table = offsets::checked(&target, &remote, abi, version, runtime)?;
-    let types = walk::Types {
-        code: symbol_address(&target, "PyCode_Type")?,
-        unicode: symbol_address(&target, "PyUnicode_Type")?,
-        bytes: symbol_address(&target, "PyBytes_Type")?,
-    };
-    let mut walker = walk::Walker::new(&remote, &table, types);
-    let threads = walker.threads(runtime, options.max_depth)?;
-    let current = match table.current_thread {
-        CurrentThread::GilstateCurrent { tstate_current } => {
-            let address = runtime.wrapping_add(tstate_current);
-            remote
-                .u64(address, "_PyRuntime.gilstate.tstate_current")
-                .map(|now| CurrentThreadState::Gilstate { address, now })
-                .map_err(|e| e.to_string())
-        }
-        CurrentThread::ThreadLocal => thread_local(&target, &remote, &image),
-    };
-    let tls_check = options.check_tls.then(|| match table.current_thread {
-        CurrentThread::GilstateCurrent { .. } => {
-            Err(format!("Python {version} keeps no thread state in thread-local storage"))
-        }
-        CurrentThread::ThreadLocal => check_tls(&target, &remote, &image),
-    });
+    let mut process = Process::open(pid)?;
+    let threads = process.threads(options.max_depth)?;
+    let current = process.current_thread_state();
+    let tls_check = options.check_tls.then(|| process.check_tls());
+    let Process { target, version, .. } = process;
     Ok(Stacks { pid, pid_in_namespace: target.ns_pid, version, image: target.image_path, threads, current, tls_check })
+}
+
+/// A live CPython process whose frames can be read: its image, version and
+/// `_PyRuntime` found, its version's table checked against what it
+/// publishes. What the BPF step needs from userspace: the table to load
+/// into the walker ([`Process::offsets`], [`Process::current_thread_state`])
+/// and the resolution of the (code, offset, owner) frames it records
+/// ([`Process::resolve`]), each code object read once.
+#[derive(Debug)]
+pub struct Process {
+    pub target: Target,
+    pub version: PythonVersion,
+    /// The target's `_PyRuntime`.
+    pub runtime: u64,
+    remote: Rc<Remote>,
+    walker: walk::Walker,
+}
+
+impl Process {
+    /// Inspects `pid` and checks its version's table in it.
+    pub fn open(pid: u32) -> Result<Self, StackError> {
+        let target = Target::inspect(pid)?;
+        let version = version::read(version::Source::Process(&target))?;
+        let abi = python::abi_for(pid, version)?;
+        let remote = Rc::new(Remote::open(pid)?);
+        let runtime = symbol_address(&target, "_PyRuntime")?;
+        let table = offsets::checked(&target, &remote, abi, version, runtime)?;
+        let types = walk::Types {
+            code: symbol_address(&target, "PyCode_Type")?,
+            unicode: symbol_address(&target, "PyUnicode_Type")?,
+            bytes: symbol_address(&target, "PyBytes_Type")?,
+        };
+        let walker = walk::Walker::new(Rc::clone(&remote), &table, types);
+        Ok(Self { target, version, runtime, remote, walker })
+    }
+
+    /// The version's table, as checked in this process.
+    #[must_use]
+    pub const fn offsets(&self) -> &FrameOffsets {
+        self.walker.table()
+    }
+
+    /// Every thread state with its stack, at most `max_depth` frames each.
+    pub fn threads(&mut self, max_depth: usize) -> Result<Vec<ThreadStack>, StackError> {
+        self.walker.threads(self.runtime, max_depth)
+    }
+
+    /// One frame the BPF walker recorded, resolved (see
+    /// [`walk::Walker::resolve`]).
+    pub fn resolve(&mut self, code: u64, offset: i64, owner: u8) -> Result<Option<Frame>, StackError> {
+        self.walker.resolve(code, offset, owner)
+    }
+
+    /// How the state of the thread an event is on is found in this
+    /// process, or why it cannot be.
+    pub fn current_thread_state(&self) -> Result<CurrentThreadState, String> {
+        let image = self.target.image_path.display().to_string();
+        match self.offsets().current_thread {
+            CurrentThread::GilstateCurrent { tstate_current } => {
+                let address = self.runtime.wrapping_add(tstate_current);
+                self.remote
+                    .u64(address, "_PyRuntime.gilstate.tstate_current")
+                    .map(|now| CurrentThreadState::Gilstate { address, now })
+                    .map_err(|e| e.to_string())
+            }
+            CurrentThread::ThreadLocal => thread_local(&self.target, &self.remote, &image),
+        }
+    }
+
+    /// Each task's `_Py_tss_tstate`, read through its fsbase (3.12+),
+    /// stopping each task for a moment with ptrace.
+    pub fn check_tls(&self) -> Result<Vec<TaskTls>, String> {
+        match self.offsets().current_thread {
+            CurrentThread::GilstateCurrent { .. } => {
+                Err(format!("Python {} keeps no thread state in thread-local storage", self.version))
+            }
+            CurrentThread::ThreadLocal => {
+                check_tls(&self.target, &self.remote, &self.target.image_path.display().to_string())
+            }
+        }
+    }
 }
 
 /// Where this process's `_Py_tss_tstate` is, as far as that is the same

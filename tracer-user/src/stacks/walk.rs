@@ -1,7 +1,10 @@
 //! The walk itself: `_PyRuntime` → interpreters → thread states → frames →
 //! code objects → names, files and lines.
 
-use std::collections::{HashMap, HashSet};
+use std::{
+    collections::{HashMap, HashSet},
+    rc::Rc,
+};
 
 use super::{StackError, linetable, remote::Remote};
 use crate::python::frames::{FrameLink, FrameOffsets, GilHolder, OWNED_BY_GENERATOR};
@@ -75,6 +78,7 @@ pub struct ThreadStack {
 }
 
 /// What a code object says of itself, read once per code object.
+#[derive(Debug)]
 struct Code {
     function: String,
     file: String,
@@ -84,30 +88,36 @@ struct Code {
 }
 
 /// Reads stacks in one process with one version's table.
-pub struct Walker<'a> {
-    remote: &'a Remote,
+#[derive(Debug)]
+pub struct Walker {
+    remote: Rc<Remote>,
     table: FrameOffsets,
     types: Types,
     codes: HashMap<u64, Code>,
 }
 
-impl<'a> Walker<'a> {
-    pub fn new(remote: &'a Remote, table: &FrameOffsets, types: Types) -> Self {
+impl Walker {
+    pub fn new(remote: Rc<Remote>, table: &FrameOffsets, types: Types) -> Self {
         Self { remote, table: *table, types, codes: HashMap::new() }
     }
 
-    const fn pid(&self) -> u32 {
+    fn pid(&self) -> u32 {
         self.remote.pid()
+    }
+
+    /// The table it walks with.
+    pub const fn table(&self) -> &FrameOffsets {
+        &self.table
     }
 
     /// Every thread state of every interpreter, each with its stack of at
     /// most `max_depth` frames.
     pub fn threads(&mut self, runtime: u64, max_depth: usize) -> Result<Vec<ThreadStack>, StackError> {
-        let r = self.remote;
+        let r = Rc::clone(&self.remote);
         let t = self.table;
         let main_thread = r.u64(runtime.wrapping_add(t.runtime.main_thread), "_PyRuntime.main_thread")?;
         let runtime_holder = match t.gil {
-            GilHolder::Runtime { last_holder, locked } => gil_holder(r, runtime, last_holder, locked)?,
+            GilHolder::Runtime { last_holder, locked } => gil_holder(&r, runtime, last_holder, locked)?,
             GilHolder::Interpreter { .. } => None,
         };
         let mut interp = r.u64(runtime.wrapping_add(t.runtime.interpreters_head), "_PyRuntime.interpreters.head")?;
@@ -126,7 +136,7 @@ impl<'a> Walker<'a> {
             }
             let holder = match t.gil {
                 GilHolder::Runtime { .. } => runtime_holder,
-                GilHolder::Interpreter { last_holder, locked } => gil_holder(r, interp, last_holder, locked)?,
+                GilHolder::Interpreter { last_holder, locked } => gil_holder(&r, interp, last_holder, locked)?,
             };
             let mut tstate =
                 r.u64(interp.wrapping_add(t.interpreter.threads_head), "the interpreter's threads.head")?;
@@ -175,7 +185,7 @@ impl<'a> Walker<'a> {
     /// entry frames) or have not started (`_PyFrame_IsIncomplete`), as
     /// tracebacks show them.
     pub fn frames(&mut self, tstate: u64, max_depth: usize) -> Result<Frames, StackError> {
-        let r = self.remote;
+        let r = Rc::clone(&self.remote);
         let f = self.table.frame;
         let mut frame = match self.table.thread.frame {
             FrameLink::ViaCFrame { cframe, current_frame } => {
@@ -214,20 +224,34 @@ impl<'a> Walker<'a> {
     }
 
     /// The Python function's frame at `frame` (owned by `owner`, its
-    /// fields in `bytes`), resolved; `None` for a frame that is being set
-    /// up or torn down: one whose code is NULL for a moment, or which has
-    /// not reached its first traceable instruction
-    /// (`_PyFrame_IsIncomplete`).
+    /// fields in `bytes`), resolved as [`Self::resolve`] does.
     fn python_frame(&mut self, frame: u64, owner: u8, bytes: &[u8]) -> Result<Option<Frame>, StackError> {
-        let pid = self.pid();
         let f = self.table.frame;
         let raw = word(bytes, f.code);
-        if f.code_ref.is_null(raw) {
-            return Ok(None);
-        }
-        let code = f.code_ref.object(raw).ok_or(StackError::NoCode { pid, frame, raw })?;
+        let code = if f.code_ref.is_null(raw) {
+            0
+        } else {
+            f.code_ref.object(raw).ok_or(StackError::NoCode { pid: self.pid(), frame, raw })?
+        };
         let first = code.wrapping_add(self.table.code.code_adaptive);
         let offset = i64::from_le_bytes(word(bytes, f.instr).wrapping_sub(first).to_le_bytes());
+        self.resolve(code, offset, owner)
+    }
+
+    /// One frame as the BPF walker records it, resolved: `code` the code
+    /// object's address (tag bits cleared), `offset` the instruction's byte
+    /// offset from `co_code_adaptive` (negative for a frame that has not
+    /// started: 3.11's `prev_instr` is then one code unit before the code),
+    /// `owner` the frame's owner. `None` for a frame that is not a Python
+    /// function's (the C stack's entry frames, 3.14's base frame), or is
+    /// being set up or torn down: a NULL code (3.14's `PyStackRef_NULL` for
+    /// a moment), or an instruction before `_co_firsttraceable`
+    /// (`_PyFrame_IsIncomplete`), which tracebacks leave out too.
+    pub fn resolve(&mut self, code: u64, offset: i64, owner: u8) -> Result<Option<Frame>, StackError> {
+        if owner >= self.table.frame.first_non_python_owner || code == 0 {
+            return Ok(None);
+        }
+        let pid = self.pid();
         let info = self.code(code)?;
         // `_co_firsttraceable` is in code units.
         if owner != OWNED_BY_GENERATOR && offset < 2 * info.first_traceable {
@@ -248,7 +272,7 @@ impl<'a> Walker<'a> {
     }
 
     fn read_code(&self, address: u64) -> Result<Code, StackError> {
-        let r = self.remote;
+        let r = &self.remote;
         let c = self.table.code;
         self.expect_type(address, "code object", self.types.code, "code object")?;
         let first_line = r.u32(address.wrapping_add(c.firstlineno), "a code object's co_firstlineno")?;
@@ -285,7 +309,7 @@ impl<'a> Walker<'a> {
     /// The `str` at `address`, in the compact layout every code object's
     /// strings have (`PyUnicode_New` makes no other).
     fn string(&self, address: u64, what: &'static str) -> Result<String, StackError> {
-        let r = self.remote;
+        let r = &self.remote;
         let u = self.table.unicode;
         self.expect_type(address, what, self.types.unicode, "str")?;
         let bad = |reason: String| StackError::BadString { pid: self.pid(), what, address, reason };
@@ -315,7 +339,7 @@ impl<'a> Walker<'a> {
 
     /// The `bytes` object at `address`'s contents.
     fn bytes(&self, address: u64, what: &'static str) -> Result<Vec<u8>, StackError> {
-        let r = self.remote;
+        let r = &self.remote;
         self.expect_type(address, what, self.types.bytes, "bytes")?;
         let size = r.u64(address.wrapping_add(self.table.bytes.size), "a bytes object's size")?;
         if size > MAX_LINETABLE {
