@@ -11,6 +11,22 @@
 //! a thread that runs while it is read can show a frame that just
 //! returned, or a frame list that changed under the reader, which is then
 //! an error for that thread, never a panic.
+//!
+//! For the BPF step, [`Process`] gives what a walker at events needs: the
+//! current thread's state by [`Process::current_thread_state`] (an address
+//! for 3.11, fsbase plus an offset, or a DTV module and offset; `NULL` on a
+//! thread without the GIL, and 3.11's is the GIL holder's, so check the
+//! state's `native_thread_id` against the event's TID in the target's PID
+//! namespace); from [`Process::offsets`] the way to the innermost frame
+//! (`thread.frame`: the `_PyCFrame` hop before 3.13), the frame's `code`,
+//! `previous`, `instr` and `owner`, the tag mask of 3.14's `_PyStackRef`,
+//! and `code.code_adaptive`, from which an instruction's offset counts;
+//! and [`Process::resolve`] for each recorded (code, offset, owner), which
+//! leaves out frames that are not Python functions' or are being set up or
+//! torn down, so a walker can record every frame as it finds it. An offset
+//! is negative for a frame that has not started (3.11's `prev_instr` is
+//! one code unit before the code), so one stored in 32 bits must be
+//! sign-extended again.
 
 pub mod fsbase;
 pub mod linetable;
