@@ -231,8 +231,13 @@ impl Process {
         self.walker.threads(self.runtime, max_depth)
     }
 
-    /// One frame the BPF walker recorded, resolved (see
-    /// [`walk::Walker::resolve`]).
+    /// One frame as the BPF walker records it, resolved: `code` the code
+    /// object's address (tag bits cleared), `offset` the instruction's byte
+    /// offset from `co_code_adaptive`, `owner` the frame's owner. `None`
+    /// for a frame that is not a Python function's (the C stack's entry
+    /// frames, 3.14's base frame) or is being set up or torn down (a NULL
+    /// code, or an instruction before `_co_firsttraceable`), which
+    /// tracebacks leave out too.
     pub fn resolve(&mut self, code: u64, offset: i64, owner: u8) -> Result<Option<Frame>, StackError> {
         self.walker.resolve(code, offset, owner)
     }
