@@ -66,9 +66,38 @@ as `attach --returns` does.",
         after_help = "Examples:\n  sudo tracer probes --pid 1234\n  tracer probes --exe /usr/bin/python3.11 --json"
     )]
     Probes(ProbesArgs),
+    /// Print the Python stack of every thread of a running CPython process (nothing is attached).
+    #[command(
+        long_about = "Print the Python stack of every thread of a running CPython process, innermost frame \
+first: each frame's qualified function name, file and line, read from the process's memory \
+(/proc/PID/mem) without stopping it, attaching anything or running code in it.\n\n\
+The interpreter's version is read from the process (3.11 to 3.14); from 3.13 on, tracer's own \
+table of the interpreter's structures is checked against the _Py_DebugOffsets the interpreter \
+publishes, and a disagreement is an error. A thread that runs while it is read may show a \
+frame that has just returned. Needs root (or ptrace access to the process).",
+        after_help = "Examples:\n  sudo tracer stack --pid 1234\n  sudo tracer stack --pid $(pgrep -n python3) --json"
+    )]
+    Stack(StackArgs),
     /// The child `--budget` calibrates probe costs on (internal).
     #[command(name = "__calibration-child", hide = true)]
     CalibrationChild,
+}
+
+#[derive(Debug, Args)]
+struct StackArgs {
+    /// PID of the CPython process.
+    #[arg(long, short = 'p', value_name = "PID")]
+    pid: u32,
+    /// One JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Read at most this many frames per thread; a deeper stack is cut and marked truncated.
+    #[arg(long, value_name = "FRAMES", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    max_depth: u32,
+    /// Also read each task's thread-local thread state through its fsbase, as the BPF walker will
+    /// (3.12+; stops each task for a moment with ptrace; JSON only).
+    #[arg(long, hide = true)]
+    check_tls: bool,
 }
 
 #[derive(Debug, Args)]
@@ -251,6 +280,7 @@ fn main() -> ExitCode {
         Command::Attach(args) => attach(&args),
         Command::Bench(args) => bench(&args),
         Command::Probes(args) => probes(&args),
+        Command::Stack(args) => stack(&args),
         Command::CalibrationChild => tracer_user::run::calibrate::child_main().map_err(Into::into),
     };
     match result {
@@ -291,7 +321,7 @@ fn usage_error(rendered: &str, subcommand: Option<&str>) -> String {
         }
     }
     let help = match subcommand {
-        Some(sub @ ("attach" | "bench" | "probes")) => format!("tracer {sub} --help"),
+        Some(sub @ ("attach" | "bench" | "probes" | "stack")) => format!("tracer {sub} --help"),
         _ => "tracer --help".to_owned(),
     };
     format!("{}; see `{help}`", parts.join("; "))
@@ -333,6 +363,23 @@ fn attach(args: &AttachArgs) -> anyhow::Result<()> {
         TargetSpec::Exe(exe) => exe.display().to_string(),
     };
     eprintln!("tracer: detached from {what} ({})", end.as_str());
+    Ok(())
+}
+
+fn stack(args: &StackArgs) -> anyhow::Result<()> {
+    use tracer_user::stacks;
+    tracer_user::config::target_spec(Some(args.pid), None)?;
+    let max_depth = usize::try_from(args.max_depth).unwrap_or(usize::MAX);
+    let read = stacks::read(args.pid, stacks::Options { max_depth, check_tls: args.check_tls })?;
+    if args.json {
+        println!("{}", serde_json::to_string(&stacks::print::json(&read))?);
+    } else {
+        print!("{}", stacks::print::table(&read));
+    }
+    let failed = read.threads.iter().filter(|t| t.frames.is_err()).count();
+    if failed > 0 {
+        anyhow::bail!("the frames of {failed} of {} threads could not be read (see above)", read.threads.len());
+    }
     Ok(())
 }
 
