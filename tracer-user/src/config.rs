@@ -175,6 +175,12 @@ pub enum ConfigError {
     TopZero,
     #[error("--weight must be calls or bytes (got {value:?})")]
     BadWeight { value: String },
+    #[error("--stacks names {name}, which --probes leaves out; add it to --probes, or drop it from --stacks")]
+    StacksNotProbed { name: String },
+    #[error(
+        "--stacks picks no function that --probes probes; use --stacks alloc with the allocators probed, or --stacks refs with _Py_NewReference"
+    )]
+    StacksNothingProbed,
     #[error("--folded and --flamegraph both name {path}; give each its own file")]
     SameOutput { path: std::path::PathBuf },
     #[error(transparent)]

@@ -586,6 +586,11 @@ pub enum NoteCode {
     HighCost,
     /// The cost of a hit could not be calibrated, so no cost is estimated.
     CostUnknown,
+    /// With `--stacks`: a traced process's frames cannot be found, so its
+    /// events have no stacks.
+    NoStacks,
+    /// With `--folded` or `--flamegraph`: the file written.
+    Written,
 }
 
 /// A diagnostic, as an event.

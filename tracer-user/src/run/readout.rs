@@ -26,6 +26,8 @@ struct Exited {
     probes: Vec<ProbeReading>,
     /// With `--types`: its creations by type address.
     types: BTreeMap<u64, u64>,
+    /// With `--stacks`: its counts per stack.
+    stacks: Vec<(tracer_common::stack::StackKey, tracer_common::counter::Counter)>,
 }
 
 /// Counts of every process traced so far, exited ones included.
@@ -43,6 +45,9 @@ pub struct Totals {
     pub types: BTreeMap<u32, BTreeMap<u64, u64>>,
     /// Calls and bytes by size bucket (see [`tracer_common::sizes`]).
     pub sizes: Vec<tracer_common::counter::Counter>,
+    /// With `--stacks`: counts per (process, probe, stack), exited
+    /// processes' included.
+    pub stacks: Vec<(tracer_common::stack::StackKey, tracer_common::counter::Counter)>,
     /// One per BPF-side stat.
     pub stats: Vec<u64>,
     pub kernel_misses: u64,
@@ -67,6 +72,9 @@ pub struct Readout {
     told: std::collections::HashSet<u32>,
     /// With `--types`: the names of the types counted.
     type_names: Option<super::types::TypeNames>,
+    /// With `--stacks`: where each process's frames are, and its stacks'
+    /// names.
+    pub stack_names: Option<super::stacks::StackNames>,
 }
 
 impl Readout {
@@ -76,6 +84,7 @@ impl Readout {
     pub fn new(started: Instant, reap: bool, types: Option<crate::python::ObjectOffsets>) -> Self {
         Self {
             type_names: types.map(super::types::TypeNames::new),
+            stack_names: None,
             started,
             reap,
             watched: HashMap::new(),
@@ -104,13 +113,16 @@ impl Readout {
         let readings = session.read()?;
         let mut live = readings.per_process;
         let mut live_types = readings.types;
+        let mut live_stacks = readings.stacks;
         if self.reap {
             let at = self.started.elapsed();
             for pid in std::mem::take(&mut self.gone) {
                 self.watched.remove(&pid);
                 if let Some(probes) = live.remove(&pid) {
                     let types = live_types.remove(&pid).unwrap_or_default();
-                    self.exited.push(Exited { pid, at, probes, types });
+                    let (stacks, rest) = live_stacks.into_iter().partition(|(k, _)| k.tgid == pid);
+                    live_stacks = rest;
+                    self.exited.push(Exited { pid, at, probes, types, stacks });
                 }
                 session.remove_process(pid)?;
             }
@@ -139,6 +151,14 @@ impl Readout {
         if let Some(names) = self.type_names.as_mut() {
             names.learn(&live_types, &live_pids);
         }
+        if let Some(names) = self.stack_names.as_mut() {
+            for &pid in &live_pids {
+                names.prepare(session, pid)?;
+            }
+            names.learn(session, &live_stacks, &live_pids);
+        }
+        let mut stacks = live_stacks;
+        stacks.extend(self.exited.iter().flat_map(|e| e.stacks.iter().copied()));
         let mut types = live_types;
         for e in &self.exited {
             let merged = types.entry(e.pid).or_default();
@@ -166,6 +186,7 @@ impl Readout {
             live: live_pids,
             types,
             sizes: readings.sizes,
+            stacks,
             stats: readings.stats,
             kernel_misses: readings.kernel_misses,
         })
@@ -217,6 +238,26 @@ impl Readout {
             hits: Some(totals.probes.iter().map(|c| c.calls.saturating_add(c.returned.returns)).sum()),
             types: self.type_names.as_ref().map(|n| n.counts(&totals.types)),
             sizes: sizes(plan, totals),
+            ..self.stacks_of(plan, totals)
+        }
+    }
+
+    /// With `--stacks`, the snapshot's sites, stacks and their coverage.
+    fn stacks_of(&self, plan: &Plan, totals: &Totals) -> Snapshot {
+        let Some(names) = &self.stack_names else { return Snapshot::default() };
+        let stacks = names.stacks(plan, &totals.stacks);
+        let slots: std::collections::BTreeSet<u32> = totals.stacks.iter().map(|(k, _)| k.slot).collect();
+        let events = plan
+            .probes
+            .iter()
+            .filter(|p| names.has_stacks(p.slot) || slots.contains(&p.slot))
+            .filter_map(|p| totals.probes.get(usize::try_from(p.slot).ok()?))
+            .map(|c| c.calls)
+            .sum();
+        Snapshot {
+            sites: Some(names.sites(&stacks)),
+            stack_coverage: Some(names.coverage(events, &stacks)),
+            stacks: Some(stacks),
             ..Snapshot::default()
         }
     }
