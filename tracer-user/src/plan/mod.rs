@@ -223,10 +223,16 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
         return Err(PlanError::NoProbes { path: image.display_path.to_owned() });
     }
     let kernel = placement::running_kernel();
-    // Each probed function's own code, by file offset: a read of a switch
-    // found there is that function's call, which its own probe counts.
-    let own_code: Vec<(&str, std::ops::Range<u64>)> =
-        found.iter().map(|(spec, sym)| (spec.symbol, sym.file_offset..sym.file_offset + sym.size.max(1))).collect();
+    // The new-reference functions' own code, by file offset: a read of the
+    // switch found in one is that function's call, which its own probe
+    // counts, never a copy of another. (An allocator's code holds genuine
+    // copies of another allocator: `PyObject_Malloc` calls
+    // `PyMem_RawMalloc` for large sizes.)
+    let own_code: Vec<(&str, std::ops::Range<u64>)> = found
+        .iter()
+        .filter(|(spec, _)| crate::python::object_parameter(spec.symbol).is_some())
+        .map(|(spec, sym)| (spec.symbol, sym.file_offset..sym.file_offset + sym.size.max(1)))
+        .collect();
     let mut probes = Vec::with_capacity(found.len());
     for (slot, (spec, sym)) in (0u32..).zip(&found) {
         let own = if options.types && crate::python::object_parameter(spec.symbol).is_some() {
