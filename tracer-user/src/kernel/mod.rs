@@ -176,7 +176,15 @@ impl Session {
         let returns = take_map(&mut ebpf, names::RETURNS_MAP, PerCpuHashMap::try_from)?;
         let types = take_map(&mut ebpf, names::TYPES_MAP, PerCpuHashMap::try_from)?;
         let sizes = take_map(&mut ebpf, names::SIZES_MAP, PerCpuArray::try_from)?;
-        let mut domains: Array<MapData, u32> = take_map(&mut ebpf, names::SLOT_DOMAINS_MAP, Array::try_from)?;
+        // Borrowed, not taken: a map taken and dropped here closes its fd,
+        // which the programs aya loads later for perf-event uprobes are
+        // relocated against.
+        let domains_map = ebpf.map_mut(names::SLOT_DOMAINS_MAP).ok_or_else(|| AttachError::Map {
+            name: names::SLOT_DOMAINS_MAP,
+            cause: Box::new(aya::maps::MapError::InvalidName { name: names::SLOT_DOMAINS_MAP.to_owned() }),
+        })?;
+        let mut domains: Array<&mut MapData, u32> = Array::try_from(domains_map)
+            .map_err(|cause| AttachError::Map { name: names::SLOT_DOMAINS_MAP, cause: Box::new(cause) })?;
         for p in &plan.probes {
             let domain = crate::python::domain(p.symbol)
                 .filter(|_| p.program.allocates())
