@@ -27,10 +27,24 @@ pub enum Stat {
     /// With `--types`: the types map was full, so a new (process, type)
     /// pair could not be added and that creation's type was not counted.
     TypesFull = 6,
+    /// A collection ended on a thread with none in flight: its start was
+    /// not seen (it began before the attach, or the in-flight map dropped
+    /// it), so it is not counted; or a thread id reused by another process
+    /// held a start whose end never came.
+    GcUnmatched = 7,
+    /// A collection started on a thread that had one in flight: the inner
+    /// one is not counted (the outer one is).
+    GcNested = 8,
+    /// A GC marker's (or the collection function's) argument could not be
+    /// read: the collection is counted under an unknown generation, or
+    /// without its objects.
+    GcArgMissing = 9,
+    /// A map of the GC probes was full: the collection was not counted.
+    GcFull = 10,
 }
 
 /// Number of entries in the `STATS` map.
-pub const STAT_COUNT: u32 = 7;
+pub const STAT_COUNT: u32 = 11;
 
 impl Stat {
     /// Every stat, in map order (the JSON `stats` keys, in this order).
@@ -42,6 +56,10 @@ impl Stat {
         Self::MapFull,
         Self::TypeUnread,
         Self::TypesFull,
+        Self::GcUnmatched,
+        Self::GcNested,
+        Self::GcArgMissing,
+        Self::GcFull,
     ];
 
     /// Stable name used in the table and the JSON output.
@@ -55,6 +73,10 @@ impl Stat {
             Self::MapFull => "map_full",
             Self::TypeUnread => "type_unread",
             Self::TypesFull => "types_full",
+            Self::GcUnmatched => "gc_unmatched",
+            Self::GcNested => "gc_nested",
+            Self::GcArgMissing => "gc_arg_missing",
+            Self::GcFull => "gc_full",
         }
     }
 

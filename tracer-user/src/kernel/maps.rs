@@ -45,6 +45,9 @@ pub struct Readings {
     /// `bpf_prog_info`), summed over tracer's programs. Such hits are
     /// missing from the counts.
     pub kernel_misses: u64,
+    /// Per process, its garbage collections by generation (see
+    /// [`super::gc`]).
+    pub gc: BTreeMap<u32, BTreeMap<i32, tracer_common::gc::GcTotals>>,
 }
 
 /// Collects what the BPF programs log (`--bpf-log`) until the run loop
@@ -69,7 +72,7 @@ impl log::Log for LogCollector {
 }
 
 /// A delete that failed only because the key was not there.
-fn absent(e: aya::maps::MapError) -> Result<(), aya::maps::MapError> {
+pub(super) fn absent(e: aya::maps::MapError) -> Result<(), aya::maps::MapError> {
     match &e {
         aya::maps::MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
         _ => Err(e),
@@ -141,11 +144,13 @@ impl Session {
         let mut kernel_misses = 0u64;
         let perf = self.programs.iter().map(|(p, fd)| (p.name(), fd.as_fd()));
         let multi = self.multi_programs.iter().map(|(p, fd)| (p.name(), fd.as_fd()));
-        for (name, fd) in perf.chain(multi) {
+        let gc = self.gc_programs.iter().map(|(name, fd)| (*name, fd.as_fd()));
+        for (name, fd) in perf.chain(multi).chain(gc) {
             let misses = recursion_misses(fd).map_err(|cause| AttachError::ProgramInfo { name, cause })?;
             kernel_misses = kernel_misses.saturating_add(misses);
         }
-        Ok(Readings { probes, per_process, types, sizes, stats, kernel_misses })
+        let gc = self.read_gc()?;
+        Ok(Readings { probes, per_process, types, sizes, stats, kernel_misses, gc })
     }
 
     /// Removes every entry of process `tgid` from the counter and return
@@ -163,7 +168,7 @@ impl Session {
         for key in keys {
             self.types.remove(&key).or_else(absent).map_err(map_err(names::TYPES_MAP))?;
         }
-        Ok(())
+        self.remove_gc_process(tgid)
     }
 
     /// With `--bpf-log`, what the programs logged since the last call, with

@@ -3,6 +3,7 @@
 //! place that touches the kernel. Dropping a [`Session`] detaches every
 //! probe.
 
+pub mod gc;
 mod links;
 pub mod maps;
 pub mod multi;
@@ -61,6 +62,8 @@ pub enum AttachError {
     ManySitesNeedMulti { cause: multi::MultiError },
     #[error("cannot start reading the BPF log: {0}")]
     Log(String),
+    #[error(transparent)]
+    Gc(#[from] gc::GcAttachError),
 }
 
 impl AttachError {
@@ -134,6 +137,11 @@ pub struct Session {
     /// it exited says so (without a pidfd, a failed attach is taken for an
     /// exit).
     target: Option<Pidfd>,
+    /// The GC probes' links (see [`gc`]): closing them detaches the probes
+    /// and lowers the markers' semaphores.
+    gc_links: Vec<OwnedFd>,
+    /// The GC programs loaded, for their miss counts.
+    gc_programs: Vec<(&'static str, OwnedFd)>,
 }
 
 impl Session {
@@ -218,6 +226,8 @@ impl Session {
             multi_links: HashMap::new(),
             refused: std::collections::BTreeSet::new(),
             target: (target_tgid != ALL_PROCESSES).then(|| Pidfd::open(target_tgid).ok().flatten()).flatten(),
+            gc_links: Vec::new(),
+            gc_programs: Vec::new(),
         })
     }
 

@@ -11,11 +11,13 @@ use std::{
 
 use indexmap::IndexMap;
 
+use tracer_common::gc::GcTotals;
+
 use crate::{
     discover::process::Pidfd,
     kernel::{AttachError, Session, maps::ProbeReading},
     model::{self, Counts, ExitedProcess, LateModule, ProbeCounts, Snapshot},
-    plan::Plan,
+    plan::{Plan, gc::GcSource},
 };
 
 /// A traced process that exited, with its final counts by slot.
@@ -26,6 +28,8 @@ struct Exited {
     probes: Vec<ProbeReading>,
     /// With `--types`: its creations by type address.
     types: BTreeMap<u64, u64>,
+    /// Its garbage collections by generation.
+    gc: BTreeMap<i32, GcTotals>,
 }
 
 /// Counts of every process traced so far, exited ones included.
@@ -46,6 +50,8 @@ pub struct Totals {
     /// One per BPF-side stat.
     pub stats: Vec<u64>,
     pub kernel_misses: u64,
+    /// Per process, garbage collections by generation.
+    pub gc: BTreeMap<u32, BTreeMap<i32, GcTotals>>,
 }
 
 /// Reads a session's counts, keeping those of exited processes.
@@ -67,6 +73,9 @@ pub struct Readout {
     told: std::collections::HashSet<u32>,
     /// With `--types`: the names of the types counted.
     type_names: Option<super::types::TypeNames>,
+    /// Where garbage collections are seen from, and why not or what the
+    /// counts hold beyond them; `None` with `--gc off`.
+    gc: Option<(GcSource, Option<String>)>,
 }
 
 impl Readout {
@@ -83,7 +92,14 @@ impl Readout {
             exited: Vec::new(),
             unwatched: Vec::new(),
             told: std::collections::HashSet::new(),
+            gc: None,
         }
+    }
+
+    /// Makes the snapshots report garbage collections, seen from `source`,
+    /// with `reason` (why not, or what the counts hold beyond them).
+    pub fn report_gc(&mut self, source: GcSource, reason: Option<String>) {
+        self.gc = Some((source, reason));
     }
 
     /// Processes tracer could not watch for exit since the last call, with
@@ -104,17 +120,25 @@ impl Readout {
         let readings = session.read()?;
         let mut live = readings.per_process;
         let mut live_types = readings.types;
+        let mut live_gc = readings.gc;
         if self.reap {
             let at = self.started.elapsed();
             for pid in std::mem::take(&mut self.gone) {
                 self.watched.remove(&pid);
+                let gc = live_gc.remove(&pid).unwrap_or_default();
                 if let Some(probes) = live.remove(&pid) {
                     let types = live_types.remove(&pid).unwrap_or_default();
-                    self.exited.push(Exited { pid, at, probes, types });
+                    self.exited.push(Exited { pid, at, probes, types, gc });
+                } else if !gc.is_empty() {
+                    // Collections without a hit of any other probe.
+                    let probes = vec![ProbeReading::default(); readings.probes.len()];
+                    self.exited.push(Exited { pid, at, probes, types: BTreeMap::new(), gc });
                 }
                 session.remove_process(pid)?;
             }
-            for pid in live.keys() {
+            // A process that only collected has no other entry to be seen by.
+            let seen: std::collections::BTreeSet<u32> = live.keys().chain(live_gc.keys()).copied().collect();
+            for pid in &seen {
                 if self.watched.contains_key(pid) || self.gone.contains(pid) {
                     continue;
                 }
@@ -147,6 +171,14 @@ impl Readout {
                 *total = total.saturating_add(created);
             }
         }
+        let mut gc = live_gc;
+        for e in &self.exited {
+            let merged = gc.entry(e.pid).or_default();
+            for (&generation, &totals) in &e.gc {
+                let total = merged.entry(generation).or_default();
+                *total = total.merged(totals);
+            }
+        }
         let mut per_process = live;
         for e in &self.exited {
             let merged = per_process.entry(e.pid).or_insert_with(|| vec![ProbeReading::default(); slots]);
@@ -168,6 +200,7 @@ impl Readout {
             sizes: readings.sizes,
             stats: readings.stats,
             kernel_misses: readings.kernel_misses,
+            gc,
         })
     }
 
@@ -217,9 +250,40 @@ impl Readout {
             hits: Some(totals.probes.iter().map(|c| c.calls.saturating_add(c.returned.returns)).sum()),
             types: self.type_names.as_ref().map(|n| n.counts(&totals.types)),
             sizes: sizes(plan, totals),
+            gc: self.gc.as_ref().map(|(source, reason)| gc_counts(*source, reason.clone(), &totals.gc)),
             ..Snapshot::default()
         }
     }
+}
+
+/// The collections of every process, by generation: 0, 1 and 2 always
+/// (none where nothing is probed), then the others seen, the unknown one
+/// last.
+fn gc_counts(source: GcSource, reason: Option<String>, per_process: &BTreeMap<u32, BTreeMap<i32, GcTotals>>) -> model::Gc {
+    let mut by_generation: BTreeMap<i32, GcTotals> = BTreeMap::new();
+    if source != GcSource::None {
+        by_generation.extend((0..3).map(|g| (g, GcTotals::default())));
+    }
+    for totals in per_process.values() {
+        for (&generation, &t) in totals {
+            let total = by_generation.entry(generation).or_default();
+            *total = total.merged(t);
+        }
+    }
+    let mut generations: Vec<model::GcGeneration> = by_generation
+        .into_iter()
+        .map(|(generation, t)| model::GcGeneration {
+            generation: u32::try_from(generation).ok(),
+            collections: t.collections,
+            #[allow(clippy::cast_precision_loss, reason = "seconds from nanoseconds")]
+            duration_s: t.duration_ns as f64 / 1e9,
+            collected: t.collected,
+            collections_per_s: None,
+        })
+        .collect();
+    // Known generations in order, then the unknown one.
+    generations.sort_by_key(|g| g.generation.map_or((1, 0), |n| (0, n)));
+    model::Gc { source, reason, generations }
 }
 
 /// The size histograms of `totals`, with the calls of each domain that are
