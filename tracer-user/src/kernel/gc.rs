@@ -281,3 +281,159 @@ fn perf_uprobe(pmu: &UprobePmu, path: &CString, p: &GcPoint, pid: u32) -> std::i
     // SAFETY: perf_event_open returned a new fd that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU16, Ordering};
+
+    use tracer_common::{gc::arg_cookie, site, stats::Stat};
+
+    use super::*;
+    use crate::{
+        discover::elf::ElfImage,
+        kernel::LoadOptions,
+        plan::{self, ImageRef, PlanOptions, gc::GcSource},
+        probe::{ProbeSpec, Program},
+    };
+
+    /// Semaphores as sys/sdt.h makes them: two bytes in a writable section
+    /// of the file (not .bss, which no file backs), which only the kernel
+    /// writes here.
+    #[unsafe(link_section = ".data.tracer_test_gc_semaphores")]
+    #[unsafe(no_mangle)]
+    static TRACER_TEST_GC_START_SEMAPHORE: AtomicU16 = AtomicU16::new(0);
+    #[unsafe(link_section = ".data.tracer_test_gc_semaphores")]
+    #[unsafe(no_mangle)]
+    static TRACER_TEST_GC_DONE_SEMAPHORE: AtomicU16 = AtomicU16::new(0);
+
+    /// A `gc__start` stand-in: the generation in `%edi`.
+    #[unsafe(no_mangle)]
+    #[inline(never)]
+    extern "C" fn tracer_test_gc_start(generation: i32) {
+        std::hint::black_box(generation);
+    }
+
+    /// A `gc__done` stand-in: the objects in `%rdi`.
+    #[unsafe(no_mangle)]
+    #[inline(never)]
+    extern "C" fn tracer_test_gc_done(found: i64) {
+        std::hint::black_box(found);
+    }
+
+    /// A collection function: the generation in `%esi`, the objects
+    /// returned.
+    #[unsafe(no_mangle)]
+    #[inline(never)]
+    extern "C" fn tracer_test_gc_collect(_tstate: u64, generation: i32) -> i64 {
+        std::hint::black_box(i64::from(generation) * 10 + 1)
+    }
+
+    fn session() -> (Session, ElfImage) {
+        assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
+        let exe = std::env::current_exe().expect("the test binary");
+        let elf = ElfImage::open(&exe).expect("the test binary is ELF");
+        let image = ImageRef { elf: &elf, display_path: &exe, attach_path: &exe, modules: &[], inlining: None };
+        let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
+        let plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
+        (Session::load(plan, std::process::id(), LoadOptions::default()).expect("the object loads"), elf)
+    }
+
+    fn point(elf: &ElfImage, role: GcRole, symbol: &str, semaphore: Option<&str>, arg: (u16, u8)) -> GcPoint {
+        let f = elf.function(symbol).unwrap_or_else(|| panic!("{symbol} in the test binary"));
+        let semaphore = semaphore.map(|s| elf.symbol(s).unwrap_or_else(|| panic!("{s}")).file_offset);
+        GcPoint {
+            role,
+            name: symbol.to_owned(),
+            address: f.address,
+            file_offset: f.file_offset,
+            semaphore,
+            ret: false,
+            argument: String::new(),
+            emulated: false,
+            cookie: arg_cookie(site::register(arg.0).unwrap_or(site::NONE), arg.1, true, 0),
+        }
+    }
+
+    /// Starts and dones at two functions with semaphores, as markers are:
+    /// the semaphores are raised while attached and back to 0 after; every
+    /// matched collection is counted under its generation with its
+    /// objects; a nested start and an unmatched done are misses.
+    fn markers_count_and_raise_their_semaphores(multi: bool) {
+        // Probes of one test at a time on these functions.
+        static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one = ONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        std::hint::black_box((&TRACER_TEST_GC_START_SEMAPHORE, &TRACER_TEST_GC_DONE_SEMAPHORE));
+        let (mut session, elf) = session();
+        let plan = GcPlan {
+            source: GcSource::Markers,
+            detail: String::new(),
+            caveat: None,
+            points: vec![
+                point(&elf, GcRole::Start, "tracer_test_gc_start", Some("TRACER_TEST_GC_START_SEMAPHORE"), (5, 4)),
+                point(&elf, GcRole::Done, "tracer_test_gc_done", Some("TRACER_TEST_GC_DONE_SEMAPHORE"), (5, 8)),
+            ],
+        };
+        let semaphores =
+            || (TRACER_TEST_GC_START_SEMAPHORE.load(Ordering::SeqCst), TRACER_TEST_GC_DONE_SEMAPHORE.load(Ordering::SeqCst));
+        assert_eq!(semaphores(), (0, 0));
+        session.attach_gc(&plan, std::process::id(), multi).expect("attached");
+        assert_eq!(semaphores(), (1, 1), "the kernel raises each semaphore once, for its one probe");
+        for generation in [0, 0, 2] {
+            tracer_test_gc_start(generation);
+            tracer_test_gc_done(i64::from(generation) * 10 + 1);
+        }
+        // A collection inside another on this thread, then a done without
+        // a start.
+        tracer_test_gc_start(1);
+        tracer_test_gc_start(1);
+        tracer_test_gc_done(5);
+        tracer_test_gc_done(6);
+        tracer_test_gc_done(7);
+        let readings = session.read().expect("the maps read");
+        session.detach_gc();
+        assert_eq!(semaphores(), (0, 0), "the kernel lowers the semaphores when the probes go");
+        let mine = &readings.gc[&std::process::id()];
+        let got: Vec<(i32, u64, u64)> = mine.iter().map(|(g, t)| (*g, t.collections, t.collected)).collect();
+        assert_eq!(got, [(0, 2, 2), (1, 1, 6), (2, 1, 21)], "{readings:?}");
+        assert!(mine.values().all(|t| t.duration_ns > 0), "{mine:?}");
+        let stat = |s: Stat| readings.stats[s as usize];
+        assert_eq!((stat(Stat::GcNested), stat(Stat::GcUnmatched)), (1, 1), "{readings:?}");
+        assert_eq!((stat(Stat::GcArgMissing), stat(Stat::GcFull)), (0, 0), "{readings:?}");
+        // Nothing counts once detached.
+        tracer_test_gc_start(0);
+        tracer_test_gc_done(1);
+        assert_eq!(session.read().expect("the maps read").gc, readings.gc);
+    }
+
+    #[test]
+    fn markers_count_and_raise_their_semaphores_through_multi_links() {
+        markers_count_and_raise_their_semaphores(true);
+    }
+
+    #[test]
+    fn markers_count_and_raise_their_semaphores_through_perf_events() {
+        markers_count_and_raise_their_semaphores(false);
+    }
+
+    /// The function's entry gives the generation and its return (a
+    /// uretprobe of the same program) the objects.
+    #[test]
+    fn a_collection_function_counts_at_its_entry_and_return() {
+        for multi in [true, false] {
+            let (mut session, elf) = session();
+            let start = point(&elf, GcRole::Start, "tracer_test_gc_collect", None, (4, 4));
+            let done = GcPoint { role: GcRole::Done, ret: true, cookie: arg_cookie(1, 8, true, 0), ..start.clone() };
+            let plan = GcPlan { source: GcSource::Function, detail: String::new(), caveat: None, points: vec![start, done] };
+            session.attach_gc(&plan, std::process::id(), multi).expect("attached");
+            for generation in [0, 1, 1, 2] {
+                std::hint::black_box(tracer_test_gc_collect(0, generation));
+            }
+            let readings = session.read().expect("the maps read");
+            session.detach_gc();
+            let got: Vec<(i32, u64, u64)> =
+                readings.gc[&std::process::id()].iter().map(|(g, t)| (*g, t.collections, t.collected)).collect();
+            assert_eq!(got, [(0, 1, 1), (1, 2, 22), (2, 1, 21)], "multi {multi}: {readings:?}");
+            assert!(readings.stats.iter().all(|&v| v == 0), "{readings:?}");
+        }
+    }
+}

@@ -379,6 +379,7 @@ mod tests {
             (bpf_map_type::BPF_MAP_TYPE_PERCPU_ARRAY, "per-CPU array (stats)"),
             (bpf_map_type::BPF_MAP_TYPE_RINGBUF, "ring buffer (aya-log)"),
             (bpf_map_type::BPF_MAP_TYPE_ARRAY, "array (.rodata globals)"),
+            (bpf_map_type::BPF_MAP_TYPE_LRU_HASH, "LRU hash (GC collections in flight)"),
         ] {
             assert!(types.contains(&(wanted as u32)), "the object has no {name} map: {types:?}");
         }
@@ -391,9 +392,10 @@ mod tests {
         let session = Session::load(plan, std::process::id(), options).expect("the object loads");
         let names: BTreeSet<&str> = session.map_fds.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names.len(), obj.maps.len(), "every map of the object has an fd for the multi loader: {names:?}");
-        for program in Program::ALL {
-            multi::load(crate::BPF_OBJECT, program.name(), &session.map_fds)
-                .unwrap_or_else(|e| panic!("{} does not load for uprobe-multi links: {e}", program.name()));
+        let gc = [names::programs::GC_START, names::programs::GC_DONE];
+        for name in Program::ALL.iter().map(|p| p.name()).chain(gc) {
+            multi::load(crate::BPF_OBJECT, name, &session.map_fds)
+                .unwrap_or_else(|e| panic!("{name} does not load for uprobe-multi links: {e}"));
         }
     }
 
