@@ -1,6 +1,6 @@
 """Workload driven by tracer's integration tests.
 
-    workload.py once N [finalize|_exit] [objects|api|api-pointers|late-import|types|sizes]
+    workload.py once N [finalize|_exit] [objects|api|api-pointers|late-import|types|sizes|gc]
                            print "ready", wait for a line on stdin, run the
                            body N times, print "done", then exit normally
                            (finalize, the default) or with os._exit, which
@@ -29,6 +29,11 @@ Bodies:
     types              one Leaky() kept in a list and one Temp() dropped; after
                        "done" it waits for stdin to close before it exits, so
                        that the type names can still be read
+    gc                 with automatic collection off (gc.disable(), before
+                       "ready"): gc.collect(0) twice and gc.collect(1) once,
+                       each finding nothing, then GC_CYCLES reference cycles
+                       of two lists each made and left, and gc.collect(2)
+                       once, finding exactly their 2 * GC_CYCLES lists
 
 The loop uses itertools.repeat so the loop itself allocates nothing per
 iteration.
@@ -124,6 +129,23 @@ def types_body():
     Temp()
 
 
+GC_CYCLES = 3
+
+
+def gc_body():
+    import gc
+
+    gc.collect(0)
+    gc.collect(0)
+    gc.collect(1)
+    for _ in itertools.repeat(None, GC_CYCLES):
+        a = []
+        b = [a]
+        a.append(b)
+    del a, b
+    gc.collect(2)
+
+
 def sizes_body():
     return bytearray(100), bytearray(1000), bytearray(10000)
 
@@ -145,6 +167,11 @@ def once(n, exit_mode, body_name):
         work = types_body
     elif body_name == "sizes":
         work = sizes_body
+    elif body_name == "gc":
+        import gc
+
+        gc.disable()
+        work = gc_body
     else:
         work = body
     if body_name != "late-import":
@@ -205,4 +232,4 @@ if __name__ == "__main__":
     elif sys.argv[1] == "serve":
         serve()
     else:
-        sys.exit(f"usage: {sys.argv[0]} once N [finalize|_exit] [objects|api|api-pointers|late-import|types|sizes] | serve")
+        sys.exit(f"usage: {sys.argv[0]} once N [finalize|_exit] [objects|api|api-pointers|late-import|types|sizes|gc] | serve")

@@ -359,6 +359,10 @@ pub struct Gc {
     /// Generations 0, 1 and 2 always (with `none`, nothing), then any other
     /// the probes saw, such as the unknown one.
     pub generations: Vec<GcGeneration>,
+    /// With `--exe`: the same per process that collected, by PID (exited
+    /// ones included).
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub pids: IndexMap<String, Vec<GcGeneration>>,
 }
 
 /// The collections of one generation.

@@ -250,21 +250,39 @@ impl Readout {
             hits: Some(totals.probes.iter().map(|c| c.calls.saturating_add(c.returned.returns)).sum()),
             types: self.type_names.as_ref().map(|n| n.counts(&totals.types)),
             sizes: sizes(plan, totals),
-            gc: self.gc.as_ref().map(|(source, reason)| gc_counts(*source, reason.clone(), &totals.gc)),
+            gc: self.gc.as_ref().map(|(source, reason)| {
+                let pids = if self.reap {
+                    totals
+                        .gc
+                        .iter()
+                        .map(|(pid, own)| (pid.to_string(), generations(*source, std::iter::once(own))))
+                        .collect()
+                } else {
+                    IndexMap::new()
+                };
+                model::Gc {
+                    source: *source,
+                    reason: reason.clone(),
+                    generations: generations(*source, totals.gc.values()),
+                    pids,
+                }
+            }),
             ..Snapshot::default()
         }
     }
 }
 
-/// The collections of every process, by generation: 0, 1 and 2 always
-/// (none where nothing is probed), then the others seen, the unknown one
-/// last.
-fn gc_counts(source: GcSource, reason: Option<String>, per_process: &BTreeMap<u32, BTreeMap<i32, GcTotals>>) -> model::Gc {
+/// The collections of `processes`, by generation: 0, 1 and 2 always (none
+/// where nothing is probed), then the others seen, the unknown one last.
+fn generations<'a>(
+    source: GcSource,
+    processes: impl Iterator<Item = &'a BTreeMap<i32, GcTotals>>,
+) -> Vec<model::GcGeneration> {
     let mut by_generation: BTreeMap<i32, GcTotals> = BTreeMap::new();
     if source != GcSource::None {
         by_generation.extend((0..3).map(|g| (g, GcTotals::default())));
     }
-    for totals in per_process.values() {
+    for totals in processes {
         for (&generation, &t) in totals {
             let total = by_generation.entry(generation).or_default();
             *total = total.merged(t);
@@ -283,7 +301,7 @@ fn gc_counts(source: GcSource, reason: Option<String>, per_process: &BTreeMap<u3
         .collect();
     // Known generations in order, then the unknown one.
     generations.sort_by_key(|g| g.generation.map_or((1, 0), |n| (0, n)));
-    model::Gc { source, reason, generations }
+    generations
 }
 
 /// The size histograms of `totals`, with the calls of each domain that are
