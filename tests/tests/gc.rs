@@ -60,7 +60,11 @@ fn traced(mut workload: Workload, extra: &[&str]) -> (Value, Value) {
     let (status, lines, stderr) = tracer.finish();
     assert!(status.success(), "tracer failed: {status}: {stderr}");
     let summary = lines.last().expect("a summary").clone();
-    assert_eq!((&summary["type"], &summary["end"]), (&Value::from("summary"), &Value::from("target-exit")), "{summary}");
+    assert_eq!(
+        (&summary["type"], &summary["end"]),
+        (&Value::from("summary"), &Value::from("target-exit")),
+        "{summary}"
+    );
     for stat in GC_STATS {
         assert_eq!(summary["stats"][stat], 0, "{stat}: {summary}");
     }
@@ -489,7 +493,8 @@ fn the_table_has_a_gc_line() {
     let rest = tracer.stdout.rest("the summary");
     let mut child = tracer.child;
     assert!(child.wait().expect("tracer").success(), "{rest:?}");
-    let line = rest.iter().find(|l| l.starts_with("  gc (function) ")).unwrap_or_else(|| panic!("no gc line: {rest:?}"));
+    let line =
+        rest.iter().find(|l| l.starts_with("  gc (function) ")).unwrap_or_else(|| panic!("no gc line: {rest:?}"));
     let parts: Vec<&str> = line["  gc (function) ".len()..].split(" | ").collect();
     let found = 2 * GC_CYCLES * runs;
     let expect = [

@@ -792,6 +792,20 @@ mod tests {
             "\"cost\":{\"estimate\":true",
             "overhead_fraction_low",
             "\"code\":\"high_cost\"",
+            "\"gc\":{\"source\":\"markers\",\"detail\"",
+            "\"gc\":{\"source\":\"markers\",\"generations\"",
+            "\"gc\":{\"source\":\"function\",\"detail\"",
+            "\"gc\":{\"source\":\"function\",\"reason\"",
+            "\"gc\":{\"source\":\"none\",\"detail\"",
+            "\"gc\":{\"source\":\"none\",\"reason\"",
+            "\"caveat\":",
+            "\"semaphore\":",
+            "\"return\":true",
+            "\"level\":\"warning\",\"code\":\"gc\"",
+            "\"level\":\"note\",\"code\":\"gc\"",
+            "\"collections_per_s\":",
+            "\"pids\":{\"",
+            "\"gc_unmatched\":0",
         ];
         for field in fields {
             assert!(SAMPLES.contains(field), "the samples lack {field}");

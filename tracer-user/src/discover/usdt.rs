@@ -62,9 +62,7 @@ pub fn notes(path: &Path, data: &[u8]) -> Result<Vec<UsdtNote>, UsdtError> {
     let Ok(header) = FileHeader64::<Endianness>::parse(data) else { return Ok(Vec::new()) };
     let endian = header.endian().map_err(|e| err(e.to_string()))?;
     let sections = header.sections(endian, data).map_err(|e| err(e.to_string()))?;
-    let named = |name: &[u8]| {
-        sections.iter().find(|s| sections.section_name(endian, s).is_ok_and(|n| n == name))
-    };
+    let named = |name: &[u8]| sections.iter().find(|s| sections.section_name(endian, s).is_ok_and(|n| n == name));
     let Some(section) = named(b".note.stapsdt") else { return Ok(Vec::new()) };
     let base = named(b".stapsdt.base").map(|s| s.sh_addr(endian));
     let mut out = Vec::new();
@@ -223,7 +221,8 @@ mod tests {
         assert_eq!(parse_arg("1@%sil"), reg(4, 1, false));
         // A register narrower than the argument gives what it holds.
         assert_eq!(parse_arg("-8@%edx"), reg(1, 4, true));
-        let mem = |base, offset, size, signed| Ok(UsdtArg { size, signed, location: ArgLocation::Memory { base, offset } });
+        let mem =
+            |base, offset, size, signed| Ok(UsdtArg { size, signed, location: ArgLocation::Memory { base, offset } });
         assert_eq!(parse_arg("-4@112(%rsp)"), mem(7, 112, 4, true));
         assert_eq!(parse_arg("8@-24(%rbp)"), mem(6, -24, 8, false));
         assert_eq!(parse_arg("-4@-228(%rbp)"), mem(6, -228, 4, true));

@@ -75,7 +75,11 @@ impl UprobePmu {
                 .filter(|&b: &u32| b < 64)
                 .ok_or_else(|| bad(name, &text))
         };
-        Ok(Self { kind, retprobe_bit: first_bit("format/retprobe")?, ref_ctr_shift: first_bit("format/ref_ctr_offset")? })
+        Ok(Self {
+            kind,
+            retprobe_bit: first_bit("format/retprobe")?,
+            ref_ctr_shift: first_bit("format/ref_ctr_offset")?,
+        })
     }
 }
 
@@ -122,9 +126,8 @@ impl Session {
             let program = self.gc_multi_program(name)?;
             let pairs: Vec<(u64, u64)> = points.iter().map(|p| (p.file_offset, p.cookie)).collect();
             let counters: Vec<u64> = points.iter().map(|p| p.semaphore.unwrap_or(0)).collect();
-            let link = multi::attach_counted(&program, name, path, (&pairs, ret), &counters, pid).map_err(|e| {
-                if self.gone(pid) { AttachError::TargetExited { pid } } else { AttachError::Multi(e) }
-            })?;
+            let link = multi::attach_counted(&program, name, path, (&pairs, ret), &counters, pid)
+                .map_err(|e| if self.gone(pid) { AttachError::TargetExited { pid } } else { AttachError::Multi(e) })?;
             links.push(link);
         }
         Ok(links)
@@ -183,12 +186,8 @@ impl Session {
     /// `name` loaded through aya for perf-event uprobes, once; its fd.
     fn gc_perf_program(&mut self, name: &'static str) -> Result<OwnedFd, AttachError> {
         let load_err = |cause| AttachError::Gc(GcAttachError::Load { name, cause: Box::new(cause) });
-        let program: &mut UProbe = self
-            .ebpf
-            .program_mut(name)
-            .ok_or(AttachError::ProgramMissing { name })?
-            .try_into()
-            .map_err(load_err)?;
+        let program: &mut UProbe =
+            self.ebpf.program_mut(name).ok_or(AttachError::ProgramMissing { name })?.try_into().map_err(load_err)?;
         if program.fd().is_err() {
             program.load().map_err(load_err)?;
             let fd = program.fd().map_err(load_err)?.as_fd().try_clone_to_owned();
@@ -202,9 +201,10 @@ impl Session {
     /// Per process, its collections by generation, summed over CPUs.
     pub(super) fn read_gc(&self) -> Result<BTreeMap<u32, BTreeMap<i32, GcTotals>>, AttachError> {
         let map_err = |cause| AttachError::Map { name: names::GC_TOTALS_MAP, cause: Box::new(cause) };
-        let map = self.ebpf.map(names::GC_TOTALS_MAP).ok_or_else(|| {
-            map_err(aya::maps::MapError::InvalidName { name: names::GC_TOTALS_MAP.to_owned() })
-        })?;
+        let map = self
+            .ebpf
+            .map(names::GC_TOTALS_MAP)
+            .ok_or_else(|| map_err(aya::maps::MapError::InvalidName { name: names::GC_TOTALS_MAP.to_owned() }))?;
         let totals: PerCpuHashMap<&MapData, GcKey, GcTotals> = PerCpuHashMap::try_from(map).map_err(map_err)?;
         let mut out: BTreeMap<u32, BTreeMap<i32, GcTotals>> = BTreeMap::new();
         for entry in &totals {
@@ -219,11 +219,11 @@ impl Session {
     /// final counts are read.
     pub(super) fn remove_gc_process(&mut self, tgid: u32) -> Result<(), AttachError> {
         let map_err = |cause| AttachError::Map { name: names::GC_TOTALS_MAP, cause: Box::new(cause) };
-        let map = self.ebpf.map_mut(names::GC_TOTALS_MAP).ok_or_else(|| {
-            map_err(aya::maps::MapError::InvalidName { name: names::GC_TOTALS_MAP.to_owned() })
-        })?;
-        let mut totals: PerCpuHashMap<&mut MapData, GcKey, GcTotals> =
-            PerCpuHashMap::try_from(map).map_err(map_err)?;
+        let map = self
+            .ebpf
+            .map_mut(names::GC_TOTALS_MAP)
+            .ok_or_else(|| map_err(aya::maps::MapError::InvalidName { name: names::GC_TOTALS_MAP.to_owned() }))?;
+        let mut totals: PerCpuHashMap<&mut MapData, GcKey, GcTotals> = PerCpuHashMap::try_from(map).map_err(map_err)?;
         let keys: Vec<GcKey> = totals.keys().filter_map(Result::ok).filter(|k| k.tgid == tgid).collect();
         for key in keys {
             totals.remove(&key).or_else(super::maps::absent).map_err(map_err)?;
@@ -373,8 +373,12 @@ mod tests {
                 point(&elf, GcRole::Done, "tracer_test_gc_done", Some("TRACER_TEST_GC_DONE_SEMAPHORE"), (5, 8)),
             ],
         };
-        let semaphores =
-            || (TRACER_TEST_GC_START_SEMAPHORE.load(Ordering::SeqCst), TRACER_TEST_GC_DONE_SEMAPHORE.load(Ordering::SeqCst));
+        let semaphores = || {
+            (
+                TRACER_TEST_GC_START_SEMAPHORE.load(Ordering::SeqCst),
+                TRACER_TEST_GC_DONE_SEMAPHORE.load(Ordering::SeqCst),
+            )
+        };
         assert_eq!(semaphores(), (0, 0));
         session.attach_gc(&plan, std::process::id(), multi).expect("attached");
         assert_eq!(semaphores(), (1, 1), "the kernel raises each semaphore once, for its one probe");
@@ -423,7 +427,8 @@ mod tests {
             let (mut session, elf) = session();
             let start = point(&elf, GcRole::Start, "tracer_test_gc_collect", None, (4, 4));
             let done = GcPoint { role: GcRole::Done, ret: true, cookie: arg_cookie(1, 8, true, 0), ..start.clone() };
-            let plan = GcPlan { source: GcSource::Function, detail: String::new(), caveat: None, points: vec![start, done] };
+            let plan =
+                GcPlan { source: GcSource::Function, detail: String::new(), caveat: None, points: vec![start, done] };
             session.attach_gc(&plan, std::process::id(), multi).expect("attached");
             for generation in [0, 1, 1, 2] {
                 std::hint::black_box(tracer_test_gc_collect(0, generation));

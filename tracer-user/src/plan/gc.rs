@@ -234,8 +234,13 @@ pub fn plan(image: GcImage<'_>, knowledge: Option<&GcKnowledge>, mode: GcMode) -
         point(GcRole::Start, false, "%esi at its entry (int generation)", start),
         point(GcRole::Done, true, "%rax at its return (Py_ssize_t: the objects found unreachable)", done),
     ];
-    let how = format!("{}'s entry (the generation) and return (the objects found unreachable), by its symbol", f.symbol);
-    let detail = if has_markers { format!("{how} (--gc function; {path} has the markers too)") } else { format!("{no_markers}: {how}") };
+    let how =
+        format!("{}'s entry (the generation) and return (the objects found unreachable), by its symbol", f.symbol);
+    let detail = if has_markers {
+        format!("{how} (--gc function; {path} has the markers too)")
+    } else {
+        format!("{no_markers}: {how}")
+    };
     Ok(GcPlan { source: GcSource::Function, detail, caveat: f.caveat.map(str::to_owned), points })
 }
 
@@ -366,7 +371,10 @@ mod tests {
     fn cookies_say_where_the_argument_is() {
         let arg = usdt::parse_arg("-4@112(%rsp)").expect("parses");
         let c = cookie(&arg).expect("fits");
-        assert_eq!((site::first(c), site::offset(site::constant(c)), gc::arg_width(c)), (site::MEMORY + 8, 112, (4, true)));
+        assert_eq!(
+            (site::first(c), site::offset(site::constant(c)), gc::arg_width(c)),
+            (site::MEMORY + 8, 112, (4, true))
+        );
         let c = cookie(&usdt::parse_arg("-4@$-1").expect("parses")).expect("fits");
         assert_eq!((site::first(c), site::offset(site::constant(c))), (site::CONSTANT, -1));
         assert!(cookie(&usdt::parse_arg("-8@$100000").expect("parses")).is_err());

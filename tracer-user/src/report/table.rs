@@ -172,7 +172,7 @@ impl<W: Write, E: Write> TableReporter<W, E> {
                 )
             })
             .collect();
-        writeln!(self.out, "  gc ({:<8}) {}", source_name(gc.source), parts.join(" | "))
+        writeln!(self.out, "  gc ({}) {}", source_name(gc.source), parts.join(" | "))
     }
 
     fn footer(&mut self, sample: &Snapshot) -> std::io::Result<()> {
@@ -463,6 +463,50 @@ mod tests {
              _Py_Dealloc at 10989 call sites\n\
              tracer: single-stepped, so each hit costs a debug trap (see `tracer probes`): PyObject_Free\n\n"
         );
+    }
+
+    #[test]
+    fn gc_is_a_line_per_block_and_said_once_when_not_seen() {
+        use crate::{
+            model::{Gc, GcGeneration},
+            plan::gc::{GcPlan, GcSource},
+        };
+        let generation = |generation, collections, duration_s, collected| GcGeneration {
+            generation,
+            collections,
+            duration_s,
+            collected,
+            collections_per_s: Some(2.0),
+        };
+        let mut info = attached(Some(12));
+        info.gc = Some(GcPlan { caveat: Some("entry does not say".into()), ..GcPlan::none("the markers") });
+        let mut sample = snapshot(1000, 1);
+        sample.gc = Some(Gc {
+            source: GcSource::Markers,
+            reason: None,
+            generations: vec![
+                generation(Some(0), 1234, 0.000_312, 0),
+                generation(Some(2), 2, 0.004_21, 6000),
+                generation(None, 1, 1.502, 7),
+            ],
+            pids: indexmap::IndexMap::new(),
+        });
+        let text = render(&[Event::Attached(info), Event::Interval(sample)]);
+        assert!(text.contains("tracer: gc: the markers\ntracer: gc: PARTIAL: entry does not say\n"), "{text}");
+        let line = text.lines().find(|l| l.starts_with("  gc ")).expect("a gc line");
+        assert_eq!(
+            line,
+            "  gc (markers) gen 0: 1,234 (2.0/s) in 312 µs, 0 unreachable | gen 2: 2 (2.0/s) in 4.21 ms, 6,000 unreachable | gen ?: 1 (2.0/s) in 1.502 s, 7 unreachable"
+        );
+        let mut none = snapshot(1000, 1);
+        none.gc = Some(Gc {
+            source: GcSource::None,
+            reason: Some("no markers".into()),
+            generations: vec![],
+            pids: indexmap::IndexMap::new(),
+        });
+        assert!(!render(&[Event::Interval(none)]).contains("  gc "));
+        assert_eq!(duration(0.0), "0 s");
     }
 
     #[test]
