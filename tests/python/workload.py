@@ -1,6 +1,6 @@
 """Workload driven by tracer's integration tests.
 
-    workload.py once N [finalize|_exit] [objects|api|api-pointers|late-import|types|sizes|gc]
+    workload.py once N [finalize|_exit] [objects|api|api-pointers|late-import|types|sizes|gc|gc-auto]
                            print "ready", wait for a line on stdin, run the
                            body N times, print "done", then exit normally
                            (finalize, the default) or with os._exit, which
@@ -34,6 +34,8 @@ Bodies:
                        each finding nothing, then GC_CYCLES reference cycles
                        of two lists each made and left, and gc.collect(2)
                        once, finding exactly their 2 * GC_CYCLES lists
+    gc-auto            with automatic collection on: one new list kept, so
+                       that the collector runs by itself every few hundred
 
 The loop uses itertools.repeat so the loop itself allocates nothing per
 iteration.
@@ -146,6 +148,10 @@ def gc_body():
     gc.collect(2)
 
 
+def gc_auto_body():
+    KEPT.append([])
+
+
 def sizes_body():
     return bytearray(100), bytearray(1000), bytearray(10000)
 
@@ -172,6 +178,8 @@ def once(n, exit_mode, body_name):
 
         gc.disable()
         work = gc_body
+    elif body_name == "gc-auto":
+        work = gc_auto_body
     else:
         work = body
     if body_name != "late-import":
@@ -232,4 +240,4 @@ if __name__ == "__main__":
     elif sys.argv[1] == "serve":
         serve()
     else:
-        sys.exit(f"usage: {sys.argv[0]} once N [finalize|_exit] [objects|api|api-pointers|late-import|types|sizes|gc] | serve")
+        sys.exit(f"usage: {sys.argv[0]} once N [finalize|_exit] [objects|api|api-pointers|late-import|types|sizes|gc|gc-auto] | serve")

@@ -191,6 +191,9 @@ pub enum Body {
     /// `gc.collect(1)` once, then [`GC_CYCLES`] reference cycles of two
     /// lists each left behind and `gc.collect(2)` once, which finds them.
     Gc,
+    /// With automatic collection on: one new list kept, so that the
+    /// collector runs by itself.
+    GcAuto,
 }
 
 /// Reference cycles the gc body leaves for each `gc.collect(2)`, as
@@ -207,6 +210,7 @@ impl Body {
             Self::Types => "types",
             Self::Sizes => "sizes",
             Self::Gc => "gc",
+            Self::GcAuto => "gc-auto",
         }
     }
 }

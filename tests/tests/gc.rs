@@ -369,13 +369,22 @@ fn semaphores_of_a_chrooted_314_are_raised_and_restored() {
 
 /// With `--exe`, each process's collections are reported under its PID,
 /// and kept once it has exited: two processes of N and 2N iterations,
-/// started after the attach, differ by exactly N iterations' collections.
+/// started after the attach, differ by exactly N iterations' collections;
+/// through multi links and perf events (every process, from CPU 0's
+/// event).
 #[test]
 fn exe_reports_each_process_collections() {
     require_root();
+    exe_collections(&[]);
+    exe_collections(&["--links", "perf", "--no-inlined"]);
+}
+
+fn exe_collections(extra: &[&str]) {
     let python = static_python();
     let exe = python.to_str().expect("UTF-8 path");
-    let (tracer, attached) = TracerRun::attach_json_with(&["--exe", exe, "--interval", "0.2"]);
+    let mut args = vec!["--exe", exe, "--interval", "0.2"];
+    args.extend_from_slice(extra);
+    let (tracer, attached) = TracerRun::attach_json_with(&args);
     assert_eq!(attached["gc"]["source"], "markers", "{attached}");
     let n = 30;
     let mut pids = Vec::new();
@@ -409,6 +418,28 @@ fn exe_reports_each_process_collections() {
     assert_eq!(more, expected(n), "{}", summary["gc"]);
     for stat in GC_STATS {
         assert_eq!(summary["stats"][stat], 0, "{stat}: {summary}");
+    }
+}
+
+/// Automatic collections: at the markers and at 3.11's `gc_collect_main`
+/// each is counted under the generation it collects; 3.13's
+/// `gc_collect_main` does not show it, and they are counted under `null`.
+#[test]
+fn automatic_collections_are_counted_under_their_generation_where_known() {
+    require_root();
+    let n = 20_000;
+    for (python, known) in [(static_python(), true), (shared_python(), true), (pyenv("3.13.0"), false)] {
+        let (attached, summary) =
+            traced(Workload::once(&python, n, Body::GcAuto, Exit::Immediate, Aslr::Off), &["--probes", "PyMem_RawCalloc"]);
+        let got = generations(&summary["gc"]);
+        let (known_gen0, unknown) = (got[&Some(0)].0, got.get(&None).map_or(0, |g| g.0));
+        if known {
+            // One per ~700 (3.11) new containers, at least.
+            assert!(known_gen0 >= n / 1000 && unknown == 0, "{}: {}", python.display(), summary["gc"]);
+        } else {
+            assert!(known_gen0 == 0 && unknown >= n / 3000, "{}: {}", python.display(), summary["gc"]);
+            assert_eq!(summary["gc"]["reason"], attached["gc"]["caveat"]);
+        }
     }
 }
 
