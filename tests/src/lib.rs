@@ -377,6 +377,37 @@ impl Workload {
         Self::start(python, &["serve"], Aslr::On)
     }
 
+    /// `tests/python/NAME ARGS` run by `python`: on the host, or with
+    /// `root` chrooted into it (`python` then a path inside it). The script
+    /// prints "ready" first, as workload.py does.
+    #[must_use]
+    pub fn script(root: Option<&Path>, python: &str, name: &str, args: &[&str]) -> Self {
+        static COPIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let source = workspace_root().join("tests/python").join(name);
+        let (mut cmd, copy) = match root {
+            None => {
+                let mut cmd = Command::new(python);
+                cmd.arg(&source);
+                (cmd, None)
+            }
+            Some(root) => {
+                let copy = COPIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let inside = format!("/tmp/tracer-{}-{copy}-{name}", std::process::id());
+                let script = root.join(inside.trim_start_matches('/'));
+                std::fs::copy(&source, &script)
+                    .unwrap_or_else(|e| panic!("copying {name} into {}: {e}", root.display()));
+                let mut cmd = Command::new(CHROOT);
+                cmd.arg(root).arg(python).arg(&inside);
+                (cmd, Some(RemoveOnDrop(script)))
+            }
+        };
+        cmd.args(args).env("PYTHONHASHSEED", "0").stdin(Stdio::piped()).stdout(Stdio::piped());
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {python} {name}: {e}"));
+        let w = Self::from_child(child);
+        drop(copy);
+        w
+    }
+
     fn start(python: &Path, args: &[&str], aslr: Aslr) -> Self {
         let child = Self::command(python, args, aslr)
             .spawn()

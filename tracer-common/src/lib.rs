@@ -8,6 +8,7 @@ pub mod gc;
 pub mod returns;
 pub mod site;
 pub mod sizes;
+pub mod stack;
 pub mod stats;
 pub mod types;
 
@@ -31,6 +32,19 @@ pub mod names {
     /// Array of `u32`, by probe slot: the [`crate::sizes::Domain`] of an
     /// allocating probe, [`crate::sizes::NO_DOMAIN`] for the others.
     pub const SLOT_DOMAINS_MAP: &str = "SLOT_DOMAINS";
+    /// Array of `u32` by probe slot: 1 where the probe's events get stacks.
+    pub const SLOT_STACKS_MAP: &str = "SLOT_STACKS";
+    /// Hash of [`crate::stack::WalkConfig`] by thread-group id.
+    pub const WALKS_MAP: &str = "WALKS";
+    /// Hash of [`crate::stack::Stack`] by its hash.
+    pub const STACKS_MAP: &str = "STACKS";
+    /// Per-CPU hash of [`crate::counter::Counter`] by
+    /// [`crate::stack::StackKey`].
+    pub const STACK_COUNTS_MAP: &str = "STACK_COUNTS";
+    /// BPF global: whether any probe records stacks.
+    pub const STACKS_ON_GLOBAL: &str = "STACKS_ON";
+    /// BPF global: `--sample N`.
+    pub const SAMPLE_EVERY_GLOBAL: &str = "SAMPLE_EVERY";
     /// BPF global: the offset of `ob_type` in an object, from the version
     /// module.
     pub const OB_TYPE_OFFSET_GLOBAL: &str = "OB_TYPE_OFFSET";

@@ -27,24 +27,41 @@ pub enum Stat {
     /// With `--types`: the types map was full, so a new (process, type)
     /// pair could not be added and that creation's type was not counted.
     TypesFull = 6,
+    /// With `--stacks`: a walk was cut at `--depth` (or the walk's bound);
+    /// the event is counted under the truncated stack.
+    StackTruncated = 7,
+    /// With `--stacks`: a read of the target's memory failed mid-walk, so
+    /// the event has no stack.
+    StackReadFailed = 8,
+    /// With `--stacks`: the event's process has no walk configuration (it
+    /// appeared after the attach and tracer has not seen it yet).
+    StackNoConfig = 9,
+    /// With `--stacks`: the event's thread has no Python thread state (a
+    /// thread Python did not create, or none holds the GIL).
+    StackNoThread = 10,
+    /// With `--stacks`: the thread state found belongs to another thread
+    /// (the GIL's holder while this thread allocates without the GIL).
+    StackOtherThread = 11,
+    /// With `--stacks`: the stacks or stack-counts map was full.
+    StacksFull = 12,
     /// A collection ended on a thread with none in flight: its start was
     /// not seen (it began before the attach, or the in-flight map dropped
     /// it), so it is not counted; or a thread id reused by another process
     /// held a start whose end never came.
-    GcUnmatched = 7,
+    GcUnmatched = 13,
     /// A collection started on a thread that had one in flight: the inner
     /// one is not counted (the outer one is).
-    GcNested = 8,
+    GcNested = 14,
     /// A GC marker's (or the collection function's) argument could not be
     /// read: the collection is counted under an unknown generation, or
     /// without its objects.
-    GcArgMissing = 9,
+    GcArgMissing = 15,
     /// A map of the GC probes was full: the collection was not counted.
-    GcFull = 10,
+    GcFull = 16,
 }
 
 /// Number of entries in the `STATS` map.
-pub const STAT_COUNT: u32 = 11;
+pub const STAT_COUNT: u32 = 17;
 
 impl Stat {
     /// Every stat, in map order (the JSON `stats` keys, in this order).
@@ -56,6 +73,12 @@ impl Stat {
         Self::MapFull,
         Self::TypeUnread,
         Self::TypesFull,
+        Self::StackTruncated,
+        Self::StackReadFailed,
+        Self::StackNoConfig,
+        Self::StackNoThread,
+        Self::StackOtherThread,
+        Self::StacksFull,
         Self::GcUnmatched,
         Self::GcNested,
         Self::GcArgMissing,
@@ -73,6 +96,12 @@ impl Stat {
             Self::MapFull => "map_full",
             Self::TypeUnread => "type_unread",
             Self::TypesFull => "types_full",
+            Self::StackTruncated => "stack_truncated",
+            Self::StackReadFailed => "stack_read_failed",
+            Self::StackNoConfig => "stack_no_config",
+            Self::StackNoThread => "stack_no_thread",
+            Self::StackOtherThread => "stack_other_thread",
+            Self::StacksFull => "stacks_full",
             Self::GcUnmatched => "gc_unmatched",
             Self::GcNested => "gc_nested",
             Self::GcArgMissing => "gc_arg_missing",
@@ -84,6 +113,8 @@ impl Stat {
     /// merely noteworthy event).
     #[must_use]
     pub const fn is_loss(self) -> bool {
-        !matches!(self, Self::OtherProcess | Self::SizeOverflow)
+        // A truncated stack still counts its event; a thread without Python
+        // frames has no stack to lose.
+        !matches!(self, Self::OtherProcess | Self::SizeOverflow | Self::StackTruncated | Self::StackNoThread)
     }
 }

@@ -26,10 +26,10 @@ mod gc;
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::{BPF_NOEXIST, pt_regs},
+    bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST, pt_regs},
     helpers::{bpf_probe_read_user, generated::bpf_get_attach_cookie},
     macros::{map, uprobe, uretprobe},
-    maps::{Array, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
     programs::{ProbeContext, RetProbeContext},
 };
 use aya_log_ebpf::{info, warn};
@@ -39,6 +39,7 @@ use tracer_common::{
     returns::Returned,
     stats::{STAT_COUNT, Stat},
     sizes::{self, BUCKETS, DEFAULT_SLOTS, DOMAINS, NO_DOMAIN},
+    stack::{self, DEFAULT_STACK_ENTRIES, Frame, MAX_DEPTH, NO_OFFSET, Stack, StackKey, WalkConfig},
     types::{DEFAULT_TYPE_ENTRIES, TypeKey},
 };
 
@@ -69,6 +70,45 @@ static SIZES: PerCpuArray<Counter> = PerCpuArray::with_max_entries(DOMAINS * BUC
 /// The domain of each probe slot, which the loader fills.
 #[map]
 static SLOT_DOMAINS: Array<u32> = Array::with_max_entries(DEFAULT_SLOTS, 0);
+
+/// Whether any probe records Python stacks (`--stacks`); 0 makes all the
+/// stack code dead to the verifier, so it costs nothing while off.
+#[unsafe(no_mangle)]
+static STACKS_ON: u32 = 0;
+
+/// `--sample N`: record the stack of one event in N (per CPU).
+#[unsafe(no_mangle)]
+static SAMPLE_EVERY: u64 = 1;
+
+/// Per probe slot, 1 where its events get stacks.
+#[map]
+static SLOT_STACKS: Array<u32> = Array::with_max_entries(DEFAULT_SLOTS, 0);
+
+/// Where each traced process's frames are, by thread-group id.
+#[map]
+static WALKS: HashMap<u32, WalkConfig> = HashMap::with_max_entries(DEFAULT_STACK_ENTRIES, 0);
+
+/// Each stack seen, by its hash. Not preallocated: a stack is 2 KB, and
+/// most runs fill a fraction of the room.
+#[map]
+static STACKS: HashMap<u64, Stack> = HashMap::with_max_entries(DEFAULT_STACK_ENTRIES, BPF_F_NO_PREALLOC);
+
+/// Calls and bytes per (process, probe, stack).
+#[map]
+static STACK_COUNTS: PerCpuHashMap<StackKey, Counter> =
+    PerCpuHashMap::with_max_entries(DEFAULT_STACK_ENTRIES, BPF_F_NO_PREALLOC);
+
+/// This CPU's walk in progress (a stack is too large for the BPF stack),
+/// and its event count for `--sample`.
+#[map]
+static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// What [`SCRATCH`] holds.
+#[repr(C)]
+pub struct Scratch {
+    stack: Stack,
+    events: u64,
+}
 
 /// Returns per (process, probe slot). The loader sets the size.
 #[map]
@@ -156,6 +196,7 @@ fn try_count_site(ctx: &ProbeContext) -> Result<(), Stat> {
         atomic_add(&raw mut (*counter).bytes, bytes);
     }
     add_size(site::slot(cookie), bytes);
+    stacks(ctx, tgid, site::slot(cookie), bytes);
     Ok(())
 }
 
@@ -274,7 +315,183 @@ fn try_count_object(ctx: &ProbeContext) -> Result<(), Stat> {
     };
     // SAFETY: as in try_record, a valid pointer to this CPU's value.
     unsafe { atomic_add(count, 1) };
+    stacks(ctx, tgid, site::slot(cookie), 0);
     Ok(())
+}
+
+/// With `--stacks`, records the Python stack of this event of probe `slot`
+/// where the probe gets stacks; a miss is counted, never the event lost
+/// (its call is counted already).
+#[inline(always)]
+fn stacks(ctx: &ProbeContext, tgid: u32, slot: u32, bytes: u64) {
+    // SAFETY: a plain global the loader patches before load.
+    if unsafe { core::ptr::read_volatile(&raw const STACKS_ON) } == 0 {
+        return;
+    }
+    if SLOT_STACKS.get(slot).copied().unwrap_or(0) == 0 {
+        return;
+    }
+    if let Err(stat) = try_stack(tgid, slot, bytes) {
+        bump(ctx, stat);
+    }
+}
+
+#[inline(always)]
+fn try_stack(tgid: u32, slot: u32, bytes: u64) -> Result<(), Stat> {
+    let scratch = SCRATCH.get_ptr_mut(0).ok_or(Stat::StackReadFailed)?;
+    // SAFETY: a plain global the loader patches before load.
+    let every = unsafe { core::ptr::read_volatile(&raw const SAMPLE_EVERY) };
+    // SAFETY: scratch is this CPU's value of a per-CPU array, valid while
+    // the program runs; nothing else runs on this CPU meanwhile but a
+    // preempting program, which the kernel's recursion check keeps out.
+    let events = unsafe {
+        (*scratch).events = (*scratch).events.wrapping_add(1);
+        (*scratch).events
+    };
+    if every > 1 && events % every != 0 {
+        return Ok(());
+    }
+    // SAFETY: a reference into a map value that stays valid while the
+    // program runs.
+    let config = unsafe { WALKS.get(&tgid) }.ok_or(Stat::StackNoConfig)?;
+    let tstate = current_thread(config)?;
+    if tstate == 0 {
+        return Err(Stat::StackNoThread);
+    }
+    check_thread(config, tstate)?;
+    let mut frame = if config.cframe == NO_OFFSET {
+        read(tstate.wrapping_add(config.current_frame))?
+    } else {
+        let cframe = read(tstate.wrapping_add(config.cframe))?;
+        read(cframe.wrapping_add(config.current_frame))?
+    };
+    let depth = usize::try_from(config.depth).unwrap_or(MAX_DEPTH).min(MAX_DEPTH);
+    let mut hash = stack::FNV_OFFSET;
+    let mut n = 0usize;
+    // SAFETY: as above, this CPU's scratch value.
+    let walk = unsafe { &mut (*scratch).stack };
+    // Every frame is recorded, the C stack's entry frames too (userspace
+    // leaves them out by their owner): the count of frames is then the
+    // same on every path through one iteration, which lets the verifier
+    // prune, where a count that depends on the owner would double its
+    // paths at every frame.
+    while n < depth && frame != 0 {
+        let owner: u8 = read_byte(frame.wrapping_add(config.frame_owner))?;
+        let previous = read(frame.wrapping_add(config.frame_previous))?;
+        let code = read(frame.wrapping_add(config.frame_code))? & !config.code_tag_mask;
+        let instr = read(frame.wrapping_add(config.frame_instr))?;
+        let offset = instr.wrapping_sub(code.wrapping_add(config.code_adaptive));
+        // Masked so that the verifier sees the index bounded.
+        if let Some(f) = walk.frames.get_mut(n & (MAX_DEPTH - 1)) {
+            #[allow(clippy::cast_possible_truncation, reason = "an instruction's offset in its code fits 32 bits")]
+            {
+                *f = Frame { code, offset: offset as u32, owner: u32::from(owner) };
+            }
+        }
+        hash = stack::mix(stack::mix(hash, code), offset);
+        n += 1;
+        frame = previous;
+    }
+    let truncated = u32::from(frame != 0);
+    #[allow(clippy::cast_possible_truncation, reason = "at most MAX_DEPTH")]
+    {
+        walk.depth = n as u32;
+    }
+    walk.truncated = truncated;
+    hash = stack::mix(hash, u64::from(truncated));
+    // A stack seen before is there already; a full map loses the frames of
+    // new stacks, which is counted.
+    if STACKS.insert(&hash, walk, u64::from(BPF_NOEXIST)).is_err() {
+        // SAFETY: a lookup of a key, whose value is not used.
+        if unsafe { STACKS.get(&hash) }.is_none() {
+            return Err(Stat::StacksFull);
+        }
+    }
+    let counter = match STACK_COUNTS.get_ptr_mut(&StackKey { tgid, slot, stack: hash }) {
+        Some(c) => c,
+        None => {
+            let key = StackKey { tgid, slot, stack: hash };
+            let _ = STACK_COUNTS.insert(&key, &Counter::default(), u64::from(BPF_NOEXIST));
+            STACK_COUNTS.get_ptr_mut(&key).ok_or(Stat::StacksFull)?
+        }
+    };
+    // SAFETY: as in try_record.
+    unsafe {
+        atomic_add(&raw mut (*counter).calls, 1);
+        atomic_add(&raw mut (*counter).bytes, bytes);
+    }
+    if truncated != 0 {
+        return Err(Stat::StackTruncated);
+    }
+    Ok(())
+}
+
+/// The current thread's `PyThreadState *`, as `config` says to find it.
+#[inline(always)]
+fn current_thread(config: &WalkConfig) -> Result<u64, Stat> {
+    match config.current {
+        stack::current::AT_ADDRESS => read(config.tstate_at),
+        stack::current::FS_RELATIVE => read(fsbase(config)?.wrapping_add(config.tstate_at)),
+        stack::current::TLS_MODULE => {
+            // glibc x86-64: the TCB at fsbase holds the DTV pointer at 8;
+            // DTV entries are 16 bytes, the block's address first.
+            let dtv = read(fsbase(config)?.wrapping_add(8))?;
+            let block = read(dtv.wrapping_add(config.tls_module.wrapping_mul(16)))?;
+            read(block.wrapping_add(config.tstate_at))
+        }
+        _ => Err(Stat::StackNoConfig),
+    }
+}
+
+/// The current task's fsbase (its thread pointer), from the kernel's
+/// `task_struct` at the offset its BTF gives.
+#[inline(always)]
+fn fsbase(config: &WalkConfig) -> Result<u64, Stat> {
+    // SAFETY: the helper returns the current task's address and reads
+    // nothing.
+    let task = unsafe { aya_ebpf::helpers::generated::bpf_get_current_task() };
+    // SAFETY: the helper reads kernel memory and fails rather than fault.
+    unsafe { aya_ebpf::helpers::bpf_probe_read_kernel((task.wrapping_add(config.task_fsbase)) as *const u64) }
+        .map_err(|_| Stat::StackReadFailed)
+}
+
+/// Fails unless `tstate` is the event's own thread's: a GIL holder's, or a
+/// stale thread-local, is never taken for another thread's stack.
+#[inline(always)]
+fn check_thread(config: &WalkConfig, tstate: u64) -> Result<(), Stat> {
+    let native = read(tstate.wrapping_add(config.native_thread_id))?;
+    let mut ns = aya_ebpf::bindings::bpf_pidns_info { pid: 0, tgid: 0 };
+    // SAFETY: ns is a valid, writable bpf_pidns_info of the size passed.
+    let rc = unsafe {
+        aya_ebpf::helpers::generated::bpf_get_ns_current_pid_tgid(
+            config.pid_ns_dev,
+            config.pid_ns_ino,
+            &raw mut ns,
+            core::mem::size_of::<aya_ebpf::bindings::bpf_pidns_info>() as u32,
+        )
+    };
+    if rc != 0 {
+        return Err(Stat::StackNoThread);
+    }
+    if native != u64::from(ns.pid) {
+        return Err(Stat::StackOtherThread);
+    }
+    Ok(())
+}
+
+/// The 8 bytes of the target's memory at `address`.
+#[inline(always)]
+fn read(address: u64) -> Result<u64, Stat> {
+    // SAFETY: the helper reads the probed thread's memory and fails
+    // (counted) rather than fault.
+    unsafe { bpf_probe_read_user(address as *const u64) }.map_err(|_| Stat::StackReadFailed)
+}
+
+/// The byte of the target's memory at `address`.
+#[inline(always)]
+fn read_byte(address: u64) -> Result<u8, Stat> {
+    // SAFETY: as in read.
+    unsafe { bpf_probe_read_user(address as *const u8) }.map_err(|_| Stat::StackReadFailed)
 }
 
 /// Records the value in rax at a point where it holds the function's
@@ -398,6 +615,7 @@ fn try_record(ctx: &ProbeContext, size: Size) -> Result<(), Stat> {
     if !matches!(size, Size::None) {
         add_size(slot, bytes);
     }
+    stacks(ctx, tgid, slot, bytes);
     Ok(())
 }
 

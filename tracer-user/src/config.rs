@@ -60,6 +60,8 @@ pub struct AttachConfig {
     pub returns: bool,
     /// `--types`: also count new objects by type.
     pub types: bool,
+    /// `--stacks` and what goes with it.
+    pub stacks: Option<StacksConfig>,
     /// `--bpf-log`: pass what the BPF programs log on as notes.
     pub bpf_log: bool,
     /// `--debug-dir`: one more place to look for the interpreter's DWARF.
@@ -69,6 +71,48 @@ pub struct AttachConfig {
     /// `--gc`: how garbage collections are seen.
     pub gc: GcMode,
 }
+
+/// Which events get Python stacks, and what is made of them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StacksConfig {
+    /// The probes whose events get stacks (`--stacks EVENTS`).
+    pub events: ProbeSelection,
+    /// `--depth`: frames walked at most.
+    pub depth: u32,
+    /// `--sample N`: one event in N gets a stack (1: all).
+    pub sample: u64,
+    /// `--top N`: sites listed.
+    pub top: usize,
+    /// `--folded FILE`.
+    pub folded: Option<crate::report::files::OutputFile>,
+    /// `--flamegraph FILE`.
+    pub flamegraph: Option<crate::report::files::OutputFile>,
+    /// `--weight`: what folded stacks and flame graphs weigh.
+    pub weight: Weight,
+}
+
+/// What a folded stack's count is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Weight {
+    Calls,
+    Bytes,
+}
+
+impl Weight {
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Calls => "calls",
+            Self::Bytes => "bytes",
+        }
+    }
+}
+
+/// The deepest `--depth`.
+#[allow(clippy::cast_possible_truncation, reason = "128")]
+pub const MAX_DEPTH: u32 = tracer_common::stack::MAX_DEPTH as u32;
+/// The default `--top`.
+pub const DEFAULT_TOP: usize = 10;
 
 /// How probes are attached in the kernel.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -120,6 +164,30 @@ pub enum ConfigError {
     )]
     BudgetWithTypes,
     #[error(
+        "--budget cannot be combined with --stacks (or --top, --folded, --flamegraph): stack counts are not estimated from windows; use --sample N to make stacks cheaper"
+    )]
+    BudgetWithStacks,
+    #[error("{flag} only matters with --stacks (or --top, --folded, --flamegraph); add one, or drop {flag}")]
+    WithoutStacks { flag: &'static str },
+    #[error("--depth must be 1 to {MAX_DEPTH} frames (got {value}); the default is 64")]
+    BadDepth { value: u32 },
+    #[error("--sample 0 would record no stack; pass 1 for every event, or N for one event in N")]
+    SampleZero,
+    #[error("--top 0 would list no site; pass the number of sites to list, e.g. --top 10")]
+    TopZero,
+    #[error("--weight must be calls or bytes (got {value:?})")]
+    BadWeight { value: String },
+    #[error("--stacks names {name}, which --probes leaves out; add it to --probes, or drop it from --stacks")]
+    StacksNotProbed { name: String },
+    #[error(
+        "--stacks picks no function that --probes probes; use --stacks alloc with the allocators probed, or --stacks refs with _Py_NewReference"
+    )]
+    StacksNothingProbed,
+    #[error("--folded and --flamegraph both name {path}; give each its own file")]
+    SameOutput { path: std::path::PathBuf },
+    #[error(transparent)]
+    Output(#[from] crate::report::files::OutputError),
+    #[error(
         "--types counts the objects _Py_NewReference creates, which --probes {probes} leaves out; use --probes default or refs, or add _Py_NewReference to the list"
     )]
     TypesWithoutNewReference { probes: String },
@@ -161,6 +229,22 @@ pub struct AttachArgs<'a> {
     pub returns: bool,
     /// `--types`.
     pub types: bool,
+    /// `--stacks EVENTS` (`Some("")` for the flag alone).
+    pub stacks: Option<&'a str>,
+    /// `--depth`.
+    pub depth: Option<u32>,
+    /// `--sample`.
+    pub sample: Option<u64>,
+    /// `--top`.
+    pub top: Option<usize>,
+    /// `--folded`.
+    pub folded: Option<&'a std::path::Path>,
+    /// `--flamegraph`.
+    pub flamegraph: Option<&'a std::path::Path>,
+    /// `--weight`: "calls" or "bytes" (empty: calls).
+    pub weight: &'a str,
+    /// `--force`.
+    pub force: bool,
     /// `--bpf-log`.
     pub bpf_log: bool,
     /// `--debug-dir`.
@@ -238,11 +322,16 @@ impl AttachConfig {
         if args.types && !creates {
             return Err(ConfigError::TypesWithoutNewReference { probes: args.probes.to_owned() });
         }
+        let stacks = stacks_config(args)?;
+        if stacks.is_some() && budget.is_some() {
+            return Err(ConfigError::BudgetWithStacks);
+        }
         let gc = parse_gc(args.gc)?;
         Ok(Self {
             gc,
             returns: args.returns,
             types: args.types,
+            stacks,
             bpf_log: args.bpf_log,
             debug_dir: args.debug_dir.map(std::path::Path::to_owned),
             inlined: args.inlined,
@@ -256,6 +345,55 @@ impl AttachConfig {
             format: if args.json { Format::Json } else { Format::Table },
         })
     }
+}
+
+/// `--stacks` and the flags that go with it; any of `--top`, `--folded`,
+/// `--flamegraph` turns stacks on for the allocating functions.
+fn stacks_config(args: &AttachArgs<'_>) -> Result<Option<StacksConfig>, ConfigError> {
+    let wanted = args.stacks.is_some() || args.top.is_some() || args.folded.is_some() || args.flamegraph.is_some();
+    if !wanted {
+        for (flag, given) in [("--depth", args.depth.is_some()), ("--sample", args.sample.is_some())] {
+            if given {
+                return Err(ConfigError::WithoutStacks { flag });
+            }
+        }
+        if !args.weight.is_empty() {
+            return Err(ConfigError::WithoutStacks { flag: "--weight" });
+        }
+        return Ok(None);
+    }
+    let events = match args.stacks.unwrap_or("") {
+        "" => ProbeSelection::Alloc,
+        value => probe_selection(value)?,
+    };
+    let depth = args.depth.unwrap_or(tracer_common::stack::DEFAULT_DEPTH);
+    if !(1..=MAX_DEPTH).contains(&depth) {
+        return Err(ConfigError::BadDepth { value: depth });
+    }
+    let sample = args.sample.unwrap_or(1);
+    if sample == 0 {
+        return Err(ConfigError::SampleZero);
+    }
+    let top = args.top.unwrap_or(DEFAULT_TOP);
+    if top == 0 {
+        return Err(ConfigError::TopZero);
+    }
+    let weight = match args.weight {
+        "" | "calls" => Weight::Calls,
+        "bytes" => Weight::Bytes,
+        other => return Err(ConfigError::BadWeight { value: other.to_owned() }),
+    };
+    let file = |flag, path: Option<&std::path::Path>| {
+        path.map(|p| crate::report::files::OutputFile::check(flag, p, args.force)).transpose()
+    };
+    let folded = file("--folded", args.folded)?;
+    let flamegraph = file("--flamegraph", args.flamegraph)?;
+    if let (Some(a), Some(b)) = (&folded, &flamegraph)
+        && a.path == b.path
+    {
+        return Err(ConfigError::SameOutput { path: a.path.clone() });
+    }
+    Ok(Some(StacksConfig { events, depth, sample, top, folded, flamegraph, weight }))
 }
 
 /// The longest `--duration` or `--interval`: ten years. Far enough for any
@@ -289,6 +427,14 @@ mod tests {
             links: "auto",
             returns: false,
             types: false,
+            stacks: None,
+            depth: None,
+            sample: None,
+            top: None,
+            folded: None,
+            flamegraph: None,
+            weight: "",
+            force: false,
             bpf_log: false,
             debug_dir: None,
             inlined: true,

@@ -8,6 +8,7 @@ use crate::{
     kernel::AttachError,
     plan::PlanError,
     privileges::PrivilegeError,
+    stacks::StackError,
 };
 
 /// Exit status for bad input: a wrong PID, a non-Python target, missing
@@ -31,6 +32,7 @@ pub fn exit_status(err: &anyhow::Error) -> i32 {
                 .is_some_and(crate::plan::gc::GcPlanError::is_bad_input)
             || cause.downcast_ref::<AttachError>().is_some_and(AttachError::is_bad_input)
             || cause.downcast_ref::<BenchError>().is_some_and(BenchError::is_bad_input)
+            || cause.downcast_ref::<StackError>().is_some_and(StackError::is_bad_input)
     });
     if bad_input { EXIT_BAD_INPUT } else { EXIT_FAILURE }
 }

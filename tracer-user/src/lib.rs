@@ -1,7 +1,8 @@
 //! tracer's userspace: find the CPython image in a live process
 //! ([`discover`]), plan where each probe goes ([`plan`]), load and attach the
 //! BPF programs ([`kernel`]), run until the end ([`run`]), and report what
-//! was counted ([`model`], [`report`]).
+//! was counted ([`model`], [`report`]); read Python stacks from outside
+//! ([`stacks`]).
 
 pub mod bench;
 pub mod config;
@@ -15,6 +16,7 @@ pub mod probe;
 pub mod python;
 pub mod report;
 pub mod run;
+pub mod stacks;
 
 /// The BPF object built from `tracer-ebpf` by build.rs (empty when built
 /// with `TRACER_EMPTY_BPF=1`, for checking and linting without the BPF

@@ -2,7 +2,7 @@
 // The doc comments here are --help text, where backticks would show.
 #![allow(clippy::doc_markdown)]
 
-use std::process::ExitCode;
+use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Args, Parser, Subcommand};
 use tracer_user::{
@@ -66,9 +66,38 @@ as `attach --returns` does.",
         after_help = "Examples:\n  sudo tracer probes --pid 1234\n  tracer probes --exe /usr/bin/python3.11 --json"
     )]
     Probes(ProbesArgs),
+    /// Print the Python stack of every thread of a running CPython process (nothing is attached).
+    #[command(
+        long_about = "Print the Python stack of every thread of a running CPython process, innermost frame \
+first: each frame's qualified function name, file and line, read from the process's memory \
+(/proc/PID/mem) without stopping it, attaching anything or running code in it.\n\n\
+The interpreter's version is read from the process (3.11 to 3.14); from 3.13 on, tracer's own \
+table of the interpreter's structures is checked against the _Py_DebugOffsets the interpreter \
+publishes, and a disagreement is an error. A thread that runs while it is read may show a \
+frame that has just returned. Needs root (or ptrace access to the process).",
+        after_help = "Examples:\n  sudo tracer stack --pid 1234\n  sudo tracer stack --pid $(pgrep -n python3) --json"
+    )]
+    Stack(StackArgs),
     /// The child `--budget` calibrates probe costs on (internal).
     #[command(name = "__calibration-child", hide = true)]
     CalibrationChild,
+}
+
+#[derive(Debug, Args)]
+struct StackArgs {
+    /// PID of the CPython process.
+    #[arg(long, short = 'p', value_name = "PID")]
+    pid: u32,
+    /// One JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Read at most this many frames per thread; a deeper stack is cut and marked truncated.
+    #[arg(long, value_name = "FRAMES", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    max_depth: u32,
+    /// Also read each task's thread-local thread state through its fsbase, as the BPF walker will
+    /// (3.12+; stops each task for a moment with ptrace; JSON only).
+    #[arg(long, hide = true)]
+    check_tls: bool,
 }
 
 #[derive(Debug, Args)]
@@ -203,6 +232,38 @@ struct AttachArgs {
     /// read of the target's memory and one map update more. Not with --budget.
     #[arg(long)]
     types: bool,
+    /// Record the Python stack of each event of EVENTS: `alloc` (the allocating functions; the
+    /// default when the flag is given alone), `refs`, `default`, or function names. The kernel
+    /// walks the current thread's frames and counts calls and bytes per stack; the table and the
+    /// JSON list the top allocation sites (see --top). Not with --budget.
+    #[arg(long, value_name = "EVENTS", num_args = 0..=1, default_missing_value = "")]
+    stacks: Option<String>,
+    /// With stacks: the most Python frames walked per event (1-128); a deeper stack is cut there
+    /// and counted as truncated.
+    #[arg(long, value_name = "FRAMES")]
+    depth: Option<u32>,
+    /// With stacks: record the stack of one event in N (per CPU) and scale its counts by N,
+    /// labelled as estimates; the per-function counts stay exact.
+    #[arg(long, value_name = "N")]
+    sample: Option<u64>,
+    /// List the N allocation sites (innermost Python frame) with the most calls, in the table and
+    /// the JSON's `sites` (default 10; turns on --stacks).
+    #[arg(long, value_name = "N")]
+    top: Option<usize>,
+    /// At the end, write the stacks in folded form (the input of flamegraph.pl and inferno) to FILE,
+    /// weighted as --weight says (turns on --stacks). FILE must not exist unless --force.
+    #[arg(long, value_name = "FILE")]
+    folded: Option<PathBuf>,
+    /// At the end, write a flame graph of the stacks as an SVG to FILE (turns on --stacks). FILE
+    /// must not exist unless --force.
+    #[arg(long, value_name = "FILE")]
+    flamegraph: Option<PathBuf>,
+    /// What --folded and --flamegraph weigh: calls or bytes.
+    #[arg(long, value_name = "WHAT")]
+    weight: Option<String>,
+    /// Let --folded and --flamegraph overwrite an existing file (never through a symlink).
+    #[arg(long)]
+    force: bool,
     /// Pass on what the BPF programs log (each probe's first hit per process, and every miss, with its
     /// cause), as notes on stderr and in the JSON: for when a probe seems to misbehave. Off by default,
     /// and then free: the logging code is dead to the kernel's verifier.
@@ -226,6 +287,7 @@ fn main() -> ExitCode {
         Command::Attach(args) => attach(&args),
         Command::Bench(args) => bench(&args),
         Command::Probes(args) => probes(&args),
+        Command::Stack(args) => stack(&args),
         Command::CalibrationChild => tracer_user::run::calibrate::child_main().map_err(Into::into),
     };
     match result {
@@ -266,7 +328,7 @@ fn usage_error(rendered: &str, subcommand: Option<&str>) -> String {
         }
     }
     let help = match subcommand {
-        Some(sub @ ("attach" | "bench" | "probes")) => format!("tracer {sub} --help"),
+        Some(sub @ ("attach" | "bench" | "probes" | "stack")) => format!("tracer {sub} --help"),
         _ => "tracer --help".to_owned(),
     };
     format!("{}; see `{help}`", parts.join("; "))
@@ -289,6 +351,14 @@ fn attach(args: &AttachArgs) -> anyhow::Result<()> {
         links: &args.links,
         returns: args.returns,
         types: args.types,
+        stacks: args.stacks.as_deref(),
+        depth: args.depth,
+        sample: args.sample,
+        top: args.top,
+        folded: args.folded.as_deref(),
+        flamegraph: args.flamegraph.as_deref(),
+        weight: args.weight.as_deref().unwrap_or(""),
+        force: args.force,
         bpf_log: args.bpf_log,
         debug_dir: args.target.debug_dir.as_deref(),
         inlined: !args.target.no_inlined,
@@ -301,6 +371,23 @@ fn attach(args: &AttachArgs) -> anyhow::Result<()> {
         TargetSpec::Exe(exe) => exe.display().to_string(),
     };
     eprintln!("tracer: detached from {what} ({})", end.as_str());
+    Ok(())
+}
+
+fn stack(args: &StackArgs) -> anyhow::Result<()> {
+    use tracer_user::stacks;
+    tracer_user::config::target_spec(Some(args.pid), None)?;
+    let max_depth = usize::try_from(args.max_depth).unwrap_or(usize::MAX);
+    let read = stacks::read(args.pid, stacks::Options { max_depth, check_tls: args.check_tls })?;
+    if args.json {
+        println!("{}", serde_json::to_string(&stacks::print::json(&read))?);
+    } else {
+        print!("{}", stacks::print::table(&read));
+    }
+    let failed = read.threads.iter().filter(|t| t.frames.is_err()).count();
+    if failed > 0 {
+        anyhow::bail!("the frames of {failed} of {} threads could not be read (see above)", read.threads.len());
+    }
     Ok(())
 }
 

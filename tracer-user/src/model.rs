@@ -337,6 +337,17 @@ pub struct Snapshot {
     /// probed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sizes: Option<Sizes>,
+    /// With `--stacks`: the allocation sites (innermost Python frames) with
+    /// the most calls, most first, `--top` of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sites: Option<Vec<Site>>,
+    /// With `--stacks`, in the summary only: every stack seen, with its
+    /// counts (what `--folded` and `--flamegraph` are made of).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stacks: Option<Vec<StackCount>>,
+    /// With `--stacks`: how much of the events the stacks cover.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stack_coverage: Option<StackCoverage>,
     /// With `--types`: objects created by type since the attach, over every
     /// traced process, most first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -396,6 +407,62 @@ pub struct Sizes {
     /// where there are none.
     #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
     pub unsized_calls: IndexMap<String, u64>,
+}
+
+/// One Python frame of a stack, as its code says.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SiteFrame {
+    /// The code's qualified name (`Class.method`), or what could be read.
+    pub function: String,
+    pub file: String,
+    /// `None` where the line table has no line for the instruction.
+    pub line: Option<u32>,
+}
+
+/// An allocation site: the innermost Python frame of the stacks its
+/// events had, with their counts.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Site {
+    pub function: String,
+    pub file: String,
+    pub line: Option<u32>,
+    pub calls: u64,
+    pub bytes: u64,
+    /// With `--sample N`: the counts are the sampled ones times N.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub estimate: bool,
+}
+
+/// One stack and its counts.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StackCount {
+    /// The probed function the events were of.
+    pub probe: String,
+    /// Innermost first.
+    pub frames: Vec<SiteFrame>,
+    /// The walk stopped at `--depth` with frames left.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+    pub calls: u64,
+    pub bytes: u64,
+}
+
+/// How many of the events that should have stacks have them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StackCoverage {
+    /// `--sample N` (1: every event).
+    pub sample: u64,
+    /// Events of the probes with stacks (exact).
+    pub events: u64,
+    /// Events counted under a stack (times `sample`, an estimate when it is
+    /// over 1).
+    pub stacked: u64,
+    /// Events whose stack was cut at `--depth` (counted under the cut
+    /// stack; as `stacked`, times `sample`).
+    pub truncated: u64,
+    /// Whether `stacked` and `truncated` are estimates (`sample` over 1).
+    /// Why an event has no stack is in `stats` (`stack_*`).
+    pub estimate: bool,
 }
 
 /// Objects of one type created since the attach.
@@ -571,6 +638,11 @@ pub enum NoteCode {
     HighCost,
     /// The cost of a hit could not be calibrated, so no cost is estimated.
     CostUnknown,
+    /// With `--stacks`: a traced process's frames cannot be found, so its
+    /// events have no stacks.
+    NoStacks,
+    /// With `--folded` or `--flamegraph`: the file written.
+    Written,
     /// Garbage collections cannot be seen in this build (no markers, no
     /// collection function tracer knows), or the function's counts hold
     /// calls the markers would not count.

@@ -270,7 +270,7 @@ impl Bench {
     /// Plans `specs` with `options` and loads them, counting every process.
     fn load(&self, specs: &[ProbeSpec], options: PlanOptions, pid: u32) -> Result<Session, BenchError> {
         let plan = plan::plan(self.image(), specs, options)?;
-        Ok(Session::load(plan, pid, LoadOptions::default())?)
+        Ok(Session::load(plan, pid, &LoadOptions::default())?)
     }
 
     /// The probe table rows a selection picks for this interpreter.

@@ -335,7 +335,7 @@ mod tests {
         let image = ImageRef { elf: &elf, display_path: &exe, attach_path: &exe, modules: &[], inlining: None };
         let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
         let plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
-        (Session::load(plan, std::process::id(), LoadOptions::default()).expect("the object loads"), elf)
+        (Session::load(plan, std::process::id(), &LoadOptions::default()).expect("the object loads"), elf)
     }
 
     fn point(elf: &ElfImage, role: GcRole, symbol: &str, semaphore: Option<&str>, arg: (u16, u8)) -> GcPoint {

@@ -11,6 +11,7 @@ use tracer_common::{
     counter::{Counter, CounterKey},
     names,
     returns::Returned,
+    stack::{Stack, StackKey, WalkConfig},
     stats::{STAT_COUNT, Stat},
     types::TypeKey,
 };
@@ -38,6 +39,8 @@ pub struct Readings {
     /// Calls and bytes by [`tracer_common::sizes::index`], over every
     /// process.
     pub sizes: Vec<Counter>,
+    /// With `--stacks`: calls and bytes per (process, probe, stack).
+    pub stacks: Vec<(StackKey, Counter)>,
     /// One per [`Stat`], in [`Stat::ALL`] order.
     pub stats: Vec<u64>,
     /// Hits the kernel did not run a program for because another BPF
@@ -135,6 +138,11 @@ impl Session {
             let per_cpu = self.sizes.get(&index, 0).map_err(map_err(names::SIZES_MAP))?;
             sizes.push(per_cpu.iter().fold(Counter::default(), |sum, c| sum.merged(*c)));
         }
+        let mut stacks = Vec::new();
+        for entry in &self.stack_counts {
+            let (key, per_cpu) = entry.map_err(map_err(names::STACK_COUNTS_MAP))?;
+            stacks.push((key, per_cpu.iter().fold(Counter::default(), |sum, c| sum.merged(*c))));
+        }
         let mut stats = Vec::with_capacity(Stat::ALL.len());
         for index in 0..STAT_COUNT {
             let per_cpu = self.stats.get(&index, 0).map_err(map_err(names::STATS_MAP))?;
@@ -150,7 +158,7 @@ impl Session {
             kernel_misses = kernel_misses.saturating_add(misses);
         }
         let gc = self.read_gc()?;
-        Ok(Readings { probes, per_process, types, sizes, stats, kernel_misses, gc })
+        Ok(Readings { probes, per_process, types, sizes, stacks, stats, kernel_misses, gc })
     }
 
     /// Removes every entry of process `tgid` from the counter and return
@@ -168,7 +176,30 @@ impl Session {
         for key in keys {
             self.types.remove(&key).or_else(absent).map_err(map_err(names::TYPES_MAP))?;
         }
+        let keys: Vec<StackKey> = self.stack_counts.keys().filter_map(Result::ok).filter(|k| k.tgid == tgid).collect();
+        for key in keys {
+            self.stack_counts.remove(&key).or_else(absent).map_err(map_err(names::STACK_COUNTS_MAP))?;
+        }
+        self.walks.remove(&tgid).or_else(absent).map_err(map_err(names::WALKS_MAP))?;
         self.remove_gc_process(tgid)
+    }
+
+    /// With `--stacks`, tells the programs where process `tgid`'s frames
+    /// are.
+    pub fn set_walk(&mut self, tgid: u32, config: WalkConfig) -> Result<(), AttachError> {
+        self.walks
+            .insert(tgid, config, 0)
+            .map_err(|cause| AttachError::Map { name: names::WALKS_MAP, cause: Box::new(cause) })
+    }
+
+    /// The frames of the stack whose hash is `hash`, if the kernel kept
+    /// them.
+    pub fn stack(&self, hash: u64) -> Result<Option<Stack>, AttachError> {
+        match self.stacks.get(&hash, 0) {
+            Ok(stack) => Ok(Some(stack)),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+            Err(cause) => Err(AttachError::Map { name: names::STACKS_MAP, cause: Box::new(cause) }),
+        }
     }
 
     /// With `--bpf-log`, what the programs logged since the last call, with

@@ -3,6 +3,7 @@
 //! place that touches the kernel. Dropping a [`Session`] detaches every
 //! probe.
 
+pub mod btf;
 pub mod gc;
 mod links;
 pub mod maps;
@@ -24,6 +25,7 @@ use tracer_common::{
     counter::{Counter, CounterKey},
     names,
     returns::Returned,
+    stack::{Stack, StackKey, WalkConfig},
     types::TypeKey,
 };
 
@@ -75,7 +77,7 @@ impl AttachError {
 }
 
 /// Options of a load beyond the plan.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct LoadOptions {
     /// How many processes the counters map has room for.
     pub max_processes: u32,
@@ -85,6 +87,19 @@ pub struct LoadOptions {
     /// With `--types`, how many (process, type) pairs the types map has
     /// room for, and where an object's type pointer is; `None` without.
     pub types: Option<TypesOptions>,
+    /// With `--stacks`: which probes get stacks, and how.
+    pub stacks: Option<StacksOptions>,
+}
+
+/// How `--stacks` walks, in the kernel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StacksOptions {
+    /// The slots whose events get stacks.
+    pub slots: Vec<u32>,
+    /// `--sample N`: one event in N per CPU (1: every event).
+    pub sample: u64,
+    /// Room for distinct stacks, and for (process, probe, stack) counts.
+    pub entries: u32,
 }
 
 /// How `--types` counts, in the kernel.
@@ -98,7 +113,7 @@ pub struct TypesOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        Self { max_processes: 1024, bpf_log: false, types: None }
+        Self { max_processes: 1024, bpf_log: false, types: None, stacks: None }
     }
 }
 
@@ -112,6 +127,9 @@ pub struct Session {
     returns: PerCpuHashMap<MapData, CounterKey, Returned>,
     types: PerCpuHashMap<MapData, TypeKey, u64>,
     sizes: PerCpuArray<MapData, Counter>,
+    walks: aya::maps::HashMap<MapData, u32, WalkConfig>,
+    stacks: aya::maps::HashMap<MapData, u64, Stack>,
+    stack_counts: PerCpuHashMap<MapData, StackKey, Counter>,
     /// With `--bpf-log`, the reader of the programs' log.
     logger: Option<aya_log::EbpfLogger<maps::LogCollector>>,
     /// What the logger has collected (shared with it).
@@ -148,7 +166,7 @@ impl Session {
     /// Loads the BPF object for `plan`. `target_tgid` restricts counting to
     /// one process (0: any process this session attaches to). Nothing is
     /// attached, and no program is loaded, until an attach needs it.
-    pub fn load(plan: Plan, target_tgid: u32, options: LoadOptions) -> Result<Self, AttachError> {
+    pub fn load(plan: Plan, target_tgid: u32, options: &LoadOptions) -> Result<Self, AttachError> {
         if crate::BPF_OBJECT.is_empty() {
             return Err(AttachError::NoObject);
         }
@@ -160,8 +178,17 @@ impl Session {
         // Without --types no program writes the map: one entry is room
         // enough.
         let (type_entries, ob_type_offset) = options.types.map_or((1, 0), |t| (t.entries.max(1), t.ob_type_offset));
+        let stacks_on = u32::from(options.stacks.is_some());
+        let sample = options.stacks.as_ref().map_or(1, |s| s.sample.max(1));
+        let stack_entries = options.stacks.as_ref().map_or(1, |s| s.entries.max(1));
         let mut ebpf = EbpfLoader::new()
             .override_global(names::TARGET_TGID_GLOBAL, &target_tgid, true)
+            .override_global(names::STACKS_ON_GLOBAL, &stacks_on, true)
+            .override_global(names::SAMPLE_EVERY_GLOBAL, &sample, true)
+            .map_max_entries(names::SLOT_STACKS_MAP, slots.max(1))
+            .map_max_entries(names::WALKS_MAP, processes)
+            .map_max_entries(names::STACKS_MAP, stack_entries)
+            .map_max_entries(names::STACK_COUNTS_MAP, stack_entries)
             .override_global(names::OB_TYPE_OFFSET_GLOBAL, &ob_type_offset, true)
             .override_global(aya_log::LEVEL, &log_level, true)
             .map_max_entries(names::COUNTERS_MAP, slots.saturating_mul(processes))
@@ -187,12 +214,17 @@ impl Session {
         // Borrowed, not taken: a map taken and dropped here closes its fd,
         // which the programs aya loads later for perf-event uprobes are
         // relocated against.
-        let domains_map = ebpf.map_mut(names::SLOT_DOMAINS_MAP).ok_or_else(|| AttachError::Map {
-            name: names::SLOT_DOMAINS_MAP,
-            cause: Box::new(aya::maps::MapError::InvalidName { name: names::SLOT_DOMAINS_MAP.to_owned() }),
-        })?;
-        let mut domains: Array<&mut MapData, u32> = Array::try_from(domains_map)
-            .map_err(|cause| AttachError::Map { name: names::SLOT_DOMAINS_MAP, cause: Box::new(cause) })?;
+        let stack_slots = options.stacks.as_ref().map_or(&[][..], |s| s.slots.as_slice());
+        let mut slot_stacks = borrowed_array(&mut ebpf, names::SLOT_STACKS_MAP)?;
+        for &slot in stack_slots {
+            slot_stacks
+                .set(slot, 1, 0)
+                .map_err(|cause| AttachError::Map { name: names::SLOT_STACKS_MAP, cause: Box::new(cause) })?;
+        }
+        let walks = take_map(&mut ebpf, names::WALKS_MAP, aya::maps::HashMap::try_from)?;
+        let stacks = take_map(&mut ebpf, names::STACKS_MAP, aya::maps::HashMap::try_from)?;
+        let stack_counts = take_map(&mut ebpf, names::STACK_COUNTS_MAP, PerCpuHashMap::try_from)?;
+        let mut domains = borrowed_array(&mut ebpf, names::SLOT_DOMAINS_MAP)?;
         for p in &plan.probes {
             let domain = crate::python::domain(p.symbol)
                 .filter(|_| p.program.allocates())
@@ -216,6 +248,9 @@ impl Session {
             returns,
             types,
             sizes,
+            walks,
+            stacks,
+            stack_counts,
             logger,
             log_lines,
             programs: HashMap::new(),
@@ -341,6 +376,15 @@ fn uprobe_mut(ebpf: &mut Ebpf, program: Program) -> Result<&mut UProbe, AttachEr
         .map_err(|cause| AttachError::ProgramLoad { name, cause: Box::new(cause) })
 }
 
+/// The `u32` array map `name` of `ebpf`, borrowed (see [`Session::load`]).
+fn borrowed_array<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<Array<&'a mut MapData, u32>, AttachError> {
+    let map = ebpf.map_mut(name).ok_or_else(|| AttachError::Map {
+        name,
+        cause: Box::new(aya::maps::MapError::InvalidName { name: name.to_owned() }),
+    })?;
+    Array::try_from(map).map_err(|cause| AttachError::Map { name, cause: Box::new(cause) })
+}
+
 fn take_map<M>(
     ebpf: &mut Ebpf,
     name: &'static str,
@@ -389,7 +433,7 @@ mod tests {
         let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
         let plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
         let options = LoadOptions { bpf_log: true, ..LoadOptions::default() };
-        let session = Session::load(plan, std::process::id(), options).expect("the object loads");
+        let session = Session::load(plan, std::process::id(), &options).expect("the object loads");
         let names: BTreeSet<&str> = session.map_fds.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names.len(), obj.maps.len(), "every map of the object has an fd for the multi loader: {names:?}");
         let gc = [names::programs::GC_START, names::programs::GC_DONE];
@@ -401,6 +445,28 @@ mod tests {
 
     /// Never called: its immediate holds bytes that decode as no
     /// instruction, for a probe the kernel refuses.
+    /// With `--stacks` and `--types` on, the stack walk and the type count
+    /// are live code, which the verifier must accept in every program.
+    #[test]
+    fn every_program_loads_with_stacks_and_types() {
+        assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
+        let exe = std::env::current_exe().expect("the test binary");
+        let elf = ElfImage::open(&exe).expect("the test binary is ELF");
+        let image = ImageRef { elf: &elf, display_path: &exe, attach_path: &exe, modules: &[], inlining: None };
+        let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
+        let plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
+        let options = LoadOptions {
+            types: Some(TypesOptions { entries: 16, ob_type_offset: 8 }),
+            stacks: Some(StacksOptions { slots: vec![0], sample: 3, entries: 16 }),
+            ..LoadOptions::default()
+        };
+        let session = Session::load(plan, std::process::id(), &options).expect("the object loads");
+        for program in Program::ALL {
+            multi::load(crate::BPF_OBJECT, program.name(), &session.map_fds)
+                .unwrap_or_else(|e| panic!("{} does not load with stacks on: {e}", program.name()));
+        }
+    }
+
     #[unsafe(no_mangle)]
     #[inline(never)]
     extern "C" fn tracer_test_never_called() -> u64 {
@@ -427,7 +493,7 @@ mod tests {
         let bad = never.file_offset + inside;
         let site = |offset| plan::InlineSite { offset, size: None, object: None, emulated: false };
         plan.probes[0].inline_sites = vec![site(never.file_offset), site(bad)];
-        let mut session = Session::load(plan, std::process::id(), LoadOptions::default()).expect("the object loads");
+        let mut session = Session::load(plan, std::process::id(), &LoadOptions::default()).expect("the object loads");
         session.prepare(true).expect("programs load");
         session.attach_multi(std::process::id()).expect("the other points attach");
         assert_eq!(session.refused().iter().copied().collect::<Vec<_>>(), [("main", bad)]);
@@ -469,7 +535,7 @@ mod tests {
             size: Some((first, site::NONE, offset)),
             emulated: false,
         }];
-        let mut session = Session::load(plan, std::process::id(), LoadOptions::default()).expect("the object loads");
+        let mut session = Session::load(plan, std::process::id(), &LoadOptions::default()).expect("the object loads");
         session.prepare(true).expect("programs load");
         session.attach_multi(std::process::id()).expect("attached");
         for i in 0..N {

@@ -7,6 +7,7 @@
 //! versions nobody has checked, rather than guessing that a new CPython
 //! looks like the last one.
 
+pub mod frames;
 pub mod gc;
 mod v3_11;
 mod v3_12;
@@ -50,6 +51,12 @@ impl PythonVersion {
         let [major, minor, micro, low] = hex.to_be_bytes();
         Self { major, minor, micro, level: low >> 4, serial: low & 0xf }
     }
+
+    /// `PY_VERSION_HEX` again: the inverse of [`Self::from_hex`].
+    #[must_use]
+    pub const fn hex(self) -> u32 {
+        u32::from_be_bytes([self.major, self.minor, self.micro, self.level << 4 | self.serial])
+    }
 }
 
 impl fmt::Display for PythonVersion {
@@ -76,6 +83,14 @@ pub struct DebugOffsetsHeader {
 
 /// Per-version knowledge.
 pub trait Abi: Sync + fmt::Debug {
+    /// Where a thread's Python frames are, for the stack walker
+    /// ([`crate::stacks`]); every offset cites its CPython header.
+    fn frames(&self) -> frames::FrameOffsets;
+    /// The full layout of `_Py_DebugOffsets`, for versions that publish it
+    /// (3.13+), by which [`Abi::frames`] is cross-checked in each process.
+    fn debug_offsets_layout(&self) -> Option<frames::DebugOffsetsLayout> {
+        None
+    }
     /// The minor version this module describes.
     fn minor(&self) -> u8;
     /// The functions to probe, in report order; those with

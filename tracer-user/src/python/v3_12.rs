@@ -18,7 +18,102 @@ pub(super) static PROBES: [ProbeSpec; 15] =
 #[derive(Debug)]
 pub struct Abi312;
 
+/// Where 3.12 keeps a thread's frames; each offset was checked against the
+/// DWARF of pyenv's 3.12.1 (gdb's `offsetof`).
+///
+/// The current thread (see [`super::frames::CurrentThread`]): 3.12 moved
+/// it into the thread-local `_Py_tss_tstate` (Python/pystate.c at v3.12.1;
+/// `_PyRuntime.gilstate.tstate_current` is gone), which BPF reads at the
+/// thread's fsbase as [`crate::stacks::tls`] finds it. Userspace walks
+/// `interpreters.head->threads.head`, and reads the GIL holder from the
+/// interpreter's own GIL.
+const FRAMES: super::frames::FrameOffsets = super::frames::FrameOffsets {
+    // Include/internal/pycore_runtime.h at v3.12.1: `typedef struct
+    // pyruntimestate { five ints; _Py_atomic_address _finalizing (24);
+    // struct pyinterpreters { mutex; PyInterpreterState *head (40); *main;
+    // int64_t next_id; } interpreters; unsigned long main_thread (64);`,
+    // declared "as early as possible to facilitate out-of-process
+    // observability tools".
+    runtime: super::frames::RuntimeOffsets { interpreters_head: 40, main_thread: 64 },
+    // Include/internal/pycore_interp.h at v3.12.1: `struct _is { next (0);
+    // int64_t id, id_refcount; int requires_idref; id_mutex; int
+    // _initialized, finalizing; uint64_t monitoring_version,
+    // last_restart_version; struct pythreads { uint64_t next_unique_id;
+    // PyThreadState *head (72); ...} threads;`.
+    interpreter: super::frames::InterpreterOffsets { next: 0, threads_head: 72 },
+    // Include/cpython/pystate.h at v3.12.1: `struct _ts { prev (0); next
+    // (8); interp (16); struct {...} _status; int py_recursion_remaining,
+    // py_recursion_limit, c_recursion_remaining, recursion_headroom, tracing,
+    // what_event; _PyCFrame *cframe (56); ...; unsigned long thread_id (136);
+    // unsigned long native_thread_id (144); ...}` and `typedef struct
+    // _PyCFrame { struct _PyInterpreterFrame *current_frame (0); struct
+    // _PyCFrame *previous; }`.
+    thread: super::frames::ThreadOffsets {
+        prev: 0,
+        next: 8,
+        interp: 16,
+        frame: super::frames::FrameLink::ViaCFrame { cframe: 56, current_frame: 0 },
+        thread_id: 136,
+        native_thread_id: 144,
+    },
+    // Include/internal/pycore_frame.h at v3.12.1: `typedef struct
+    // _PyInterpreterFrame { PyCodeObject *f_code (0); struct
+    // _PyInterpreterFrame *previous (8); f_funcobj; f_globals; f_builtins;
+    // f_locals; frame_obj; _Py_CODEUNIT *prev_instr (56); int stacktop;
+    // uint16_t return_offset; char owner (70); ...}`; `enum _frameowner`:
+    // FRAME_OWNED_BY_CSTACK = 3, the entry frame `_PyEval_EvalFrameDefault`
+    // pushes (Python/ceval.c).
+    frame: super::frames::InterpreterFrameOffsets {
+        code: 0,
+        code_ref: super::frames::CodeRef::Pointer,
+        previous: 8,
+        instr: 56,
+        owner: 70,
+        first_non_python_owner: 3,
+    },
+    // Include/cpython/code.h at v3.12.1, `_PyCode_DEF`: after
+    // PyObject_VAR_HEAD, co_consts, co_names, co_exceptiontable, int
+    // co_flags, co_argcount, co_posonlyargcount, co_kwonlyargcount,
+    // co_stacksize, co_firstlineno (68), co_nlocalsplus, co_framesize,
+    // co_nlocals, co_ncellvars, co_nfreevars, uint32_t co_version,
+    // co_localsplusnames (96), co_localspluskinds, co_filename (112), co_name
+    // (120), co_qualname (128), co_linetable (136), co_weakreflist,
+    // _co_cached, uint64_t _co_instrumentation_version, _co_monitoring, int
+    // _co_firsttraceable (176), void *co_extra, char co_code_adaptive[]
+    // (192).
+    code: super::frames::CodeOffsets {
+        filename: 112,
+        name: 120,
+        qualname: 128,
+        linetable: 136,
+        firstlineno: 68,
+        code_adaptive: 192,
+        first_traceable: 176,
+    },
+    // Include/cpython/unicodeobject.h at v3.12.1: `PyASCIIObject {
+    // PyObject_HEAD; Py_ssize_t length (16); Py_hash_t hash; struct {...}
+    // state (32); }` is 40 bytes (`wstr` is gone), PyCompactUnicodeObject
+    // adds utf8_length and utf8: 56.
+    unicode: super::frames::UnicodeOffsets { length: 16, state: 32, ascii_data: 40, compact_data: 56 },
+    // Include/cpython/bytesobject.h at v3.12.1: ob_size at 16, ob_sval at
+    // 32 (after Py_hash_t ob_shash).
+    bytes: super::frames::BytesOffsets { size: 16, data: 32 },
+    // Include/object.h at v3.12.1: `ob_refcnt` (in a union), `ob_type` (8).
+    ob_type: 8,
+    // Include/internal/pycore_interp.h at v3.12.1: `struct
+    // _gil_runtime_state _gil` at 1040 in `struct _is`;
+    // Include/internal/pycore_gil.h: `{ unsigned long interval;
+    // _Py_atomic_address last_holder (+8); _Py_atomic_int locked (+16);
+    // ...}`.
+    gil: super::frames::GilHolder::Interpreter { last_holder: 1048, locked: 1056 },
+    current_thread: super::frames::CurrentThread::ThreadLocal,
+};
+
 impl super::Abi for Abi312 {
+    fn frames(&self) -> super::frames::FrameOffsets {
+        FRAMES
+    }
+
     fn minor(&self) -> u8 {
         12
     }

@@ -13,7 +13,174 @@ use crate::probe::ProbeSpec;
 #[derive(Debug)]
 pub struct Abi313;
 
+/// Where 3.13 keeps a thread's frames; each offset was checked against the
+/// DWARF of pyenv's 3.13.0 and the forky root's 3.13.15 (gdb's
+/// `offsetof`; `sizeof(PyThreadState)` and `sizeof(_PyRuntimeState)` differ
+/// between the two, no offset here does). In a process, the ones
+/// `_Py_DebugOffsets` publishes are also checked against what it says.
+///
+/// The current thread (see [`super::frames::CurrentThread`]): the
+/// thread-local `_Py_tss_tstate` (Python/pystate.c at v3.13.0), as in 3.12.
+/// Userspace walks `interpreters.head->threads.head` and reads the GIL
+/// holder from the interpreter's own GIL.
+const FRAMES: super::frames::FrameOffsets = super::frames::FrameOffsets {
+    // Include/internal/pycore_runtime.h at v3.13.0: `typedef struct
+    // pyruntimestate { _Py_DebugOffsets debug_offsets (0, 584 bytes); five
+    // ints; PyThreadState *_finalizing; unsigned long _finalizing_id; struct
+    // pyinterpreters { PyMutex mutex; PyInterpreterState *head (632); *main;
+    // int64_t next_id; } interpreters; unsigned long main_thread (656);`.
+    runtime: super::frames::RuntimeOffsets { interpreters_head: 632, main_thread: 656 },
+    // Include/internal/pycore_interp.h at v3.13.0: `struct _is { struct
+    // _ceval_state ceval; PyInterpreterState *next (7264); ...; struct
+    // pythreads { uint64_t next_unique_id; PyThreadState *head (7344); *main;
+    // ...} threads;`.
+    interpreter: super::frames::InterpreterOffsets { next: 7264, threads_head: 7344 },
+    // Include/cpython/pystate.h at v3.13.0: `struct _ts { prev (0); next
+    // (8); interp (16); uintptr_t eval_breaker; struct {...} _status; int
+    // _whence, state, py_recursion_remaining, py_recursion_limit,
+    // c_recursion_remaining, recursion_headroom, tracing, what_event; struct
+    // _PyInterpreterFrame *current_frame (72); ...; unsigned long thread_id
+    // (152); unsigned long native_thread_id (160); ...}`.
+    thread: super::frames::ThreadOffsets {
+        prev: 0,
+        next: 8,
+        interp: 16,
+        frame: super::frames::FrameLink::Direct { current_frame: 72 },
+        thread_id: 152,
+        native_thread_id: 160,
+    },
+    // Include/internal/pycore_frame.h at v3.13.0: `typedef struct
+    // _PyInterpreterFrame { PyObject *f_executable (0, a code object or
+    // None); struct _PyInterpreterFrame *previous (8); f_funcobj; f_globals;
+    // f_builtins; f_locals; frame_obj; _Py_CODEUNIT *instr_ptr (56); int
+    // stacktop; uint16_t return_offset; char owner (70); ...}`; `enum
+    // _frameowner`: FRAME_OWNED_BY_CSTACK = 3.
+    frame: super::frames::InterpreterFrameOffsets {
+        code: 0,
+        code_ref: super::frames::CodeRef::Pointer,
+        previous: 8,
+        instr: 56,
+        owner: 70,
+        first_non_python_owner: 3,
+    },
+    // Include/cpython/code.h at v3.13.0, `_PyCode_DEF`: as 3.12's up to
+    // co_weakreflist, then _PyExecutorArray *co_executors, _co_cached,
+    // uintptr_t _co_instrumentation_version, _co_monitoring, int
+    // _co_firsttraceable (184), void *co_extra, char co_code_adaptive[]
+    // (200); co_firstlineno (68), co_filename (112), co_name (120),
+    // co_qualname (128), co_linetable (136).
+    code: super::frames::CodeOffsets {
+        filename: 112,
+        name: 120,
+        qualname: 128,
+        linetable: 136,
+        firstlineno: 68,
+        code_adaptive: 200,
+        first_traceable: 184,
+    },
+    // Include/cpython/unicodeobject.h at v3.13.0: as 3.12 (40 and 56).
+    unicode: super::frames::UnicodeOffsets { length: 16, state: 32, ascii_data: 40, compact_data: 56 },
+    // Include/cpython/bytesobject.h at v3.13.0: ob_size at 16, ob_sval at 32.
+    bytes: super::frames::BytesOffsets { size: 16, data: 32 },
+    // Include/object.h at v3.13.0: `ob_type` after the 8-byte refcount union.
+    ob_type: 8,
+    // Include/internal/pycore_interp.h at v3.13.0: `struct
+    // _gil_runtime_state _gil` at 7752 in `struct _is`;
+    // Include/internal/pycore_gil.h: `{ unsigned long interval;
+    // PyThreadState *last_holder (+8); int locked (+16); ...}`.
+    gil: super::frames::GilHolder::Interpreter { last_holder: 7760, locked: 7768 },
+    current_thread: super::frames::CurrentThread::ThreadLocal,
+};
+
+/// `_Py_DebugOffsets` as declared in `Include/internal/pycore_runtime.h` at
+/// v3.13.0 (identical at v3.13.15, Debian's libpython3.13-dev): every
+/// field after the cookie, in order.
+pub(super) const DEBUG_OFFSETS: super::frames::DebugOffsetsLayout = super::frames::DebugOffsetsLayout {
+    fields: &[
+        "version",
+        "free_threaded",
+        "runtime_state.size",
+        "runtime_state.finalizing",
+        "runtime_state.interpreters_head",
+        "interpreter_state.size",
+        "interpreter_state.id",
+        "interpreter_state.next",
+        "interpreter_state.threads_head",
+        "interpreter_state.gc",
+        "interpreter_state.imports_modules",
+        "interpreter_state.sysdict",
+        "interpreter_state.builtins",
+        "interpreter_state.ceval_gil",
+        "interpreter_state.gil_runtime_state",
+        "interpreter_state.gil_runtime_state_enabled",
+        "interpreter_state.gil_runtime_state_locked",
+        "interpreter_state.gil_runtime_state_holder",
+        "thread_state.size",
+        "thread_state.prev",
+        "thread_state.next",
+        "thread_state.interp",
+        "thread_state.current_frame",
+        "thread_state.thread_id",
+        "thread_state.native_thread_id",
+        "thread_state.datastack_chunk",
+        "thread_state.status",
+        "interpreter_frame.size",
+        "interpreter_frame.previous",
+        "interpreter_frame.executable",
+        "interpreter_frame.instr_ptr",
+        "interpreter_frame.localsplus",
+        "interpreter_frame.owner",
+        "code_object.size",
+        "code_object.filename",
+        "code_object.name",
+        "code_object.qualname",
+        "code_object.linetable",
+        "code_object.firstlineno",
+        "code_object.argcount",
+        "code_object.localsplusnames",
+        "code_object.localspluskinds",
+        "code_object.co_code_adaptive",
+        "pyobject.size",
+        "pyobject.ob_type",
+        "type_object.size",
+        "type_object.tp_name",
+        "type_object.tp_repr",
+        "type_object.tp_flags",
+        "tuple_object.size",
+        "tuple_object.ob_item",
+        "tuple_object.ob_size",
+        "list_object.size",
+        "list_object.ob_item",
+        "list_object.ob_size",
+        "dict_object.size",
+        "dict_object.ma_keys",
+        "dict_object.ma_values",
+        "float_object.size",
+        "float_object.ob_fval",
+        "long_object.size",
+        "long_object.lv_tag",
+        "long_object.ob_digit",
+        "bytes_object.size",
+        "bytes_object.ob_size",
+        "bytes_object.ob_sval",
+        "unicode_object.size",
+        "unicode_object.state",
+        "unicode_object.length",
+        "unicode_object.asciiobject_size",
+        "gc.size",
+        "gc.collecting",
+    ],
+};
+
 impl super::Abi for Abi313 {
+    fn frames(&self) -> super::frames::FrameOffsets {
+        FRAMES
+    }
+
+    fn debug_offsets_layout(&self) -> Option<super::frames::DebugOffsetsLayout> {
+        Some(DEBUG_OFFSETS)
+    }
+
     fn minor(&self) -> u8 {
         13
     }

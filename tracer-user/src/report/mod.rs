@@ -1,8 +1,10 @@
 //! Outputs. Each reads the events of [`crate::model`] and nothing else;
 //! the run loop only ever talks to [`Reporter`].
 
+pub mod files;
 mod json;
 pub mod plan;
+pub mod stacks;
 mod table;
 
 use std::io::Write;

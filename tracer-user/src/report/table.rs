@@ -129,6 +129,35 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         Ok(())
     }
 
+    /// `--stacks`: the top allocation sites, and how many events have a
+    /// stack.
+    fn sites_block(
+        &mut self,
+        sites: &[crate::model::Site],
+        coverage: Option<&crate::model::StackCoverage>,
+    ) -> std::io::Result<()> {
+        let estimated = sites.iter().any(|s| s.estimate);
+        let mark = if estimated { " (estimates)" } else { "" };
+        writeln!(self.out, "  {:<28} {:<32} {:>12} {:>14}", format!("site{mark}"), "file:line", "calls", "bytes")?;
+        for s in sites {
+            let file = s.file.rsplit('/').next().unwrap_or(&s.file);
+            let at = s.line.map_or_else(|| file.to_owned(), |l| format!("{file}:{l}"));
+            writeln!(self.out, "  {:<28} {:<32} {:>12} {:>14}", s.function, at, group(s.calls), group(s.bytes))?;
+        }
+        if let Some(c) = coverage {
+            let about = if c.estimate { format!(", 1 in {} sampled", c.sample) } else { String::new() };
+            let truncated =
+                if c.truncated > 0 { format!("; {} cut at --depth", group(c.truncated)) } else { String::new() };
+            writeln!(
+                self.out,
+                "  stacks: {} of {} events{about}{truncated} (stack_* in BPF misses say why the others have none)",
+                group(c.stacked),
+                group(c.events)
+            )?;
+        }
+        Ok(())
+    }
+
     /// `--types`: the types most created, with their rates.
     fn types_block(&mut self, types: &[crate::model::TypeCount]) -> std::io::Result<()> {
         writeln!(self.out, "  {:<32} {:>14} {:>12}", "type (most created)", "created", "created/s")?;
@@ -184,6 +213,9 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         }
         if let Some(types) = &sample.types {
             self.types_block(types)?;
+        }
+        if let Some(sites) = &sample.sites {
+            self.sites_block(sites, sample.stack_coverage.as_ref())?;
         }
         let per_process = self.attached.as_ref().is_some_and(|a| a.pid.is_none());
         if per_process || sample.pids.len() > 1 {

@@ -283,7 +283,7 @@ fn hit_costs(image: ImageRef<'_>, child: &mut ChildProcess) -> Result<(HitCosts,
     let pid = child.child.id();
     let session = |placement| {
         let plan = plan::plan(image, &spec, PlanOptions { placement, ..PlanOptions::default() })?;
-        Ok::<_, CalibrationError>(Session::load(plan, pid, LoadOptions::default())?)
+        Ok::<_, CalibrationError>(Session::load(plan, pid, &LoadOptions::default())?)
     };
     let mut stepped = session(PlacementMode::Entry)?;
     let mut emulated = session(PlacementMode::Auto)?;
@@ -343,7 +343,7 @@ fn return_costs(
             PlanOptions { placement: PlacementMode::Entry, program_override: Some(program), ..PlanOptions::default() };
         let mut plan = plan::plan(image, &spec, options)?;
         plan.probes[0].placement.offset = offset;
-        Ok::<_, CalibrationError>(Session::load(plan, pid, LoadOptions::default())?)
+        Ok::<_, CalibrationError>(Session::load(plan, pid, &LoadOptions::default())?)
     };
     let mut ways = [
         ("a uretprobe", session(Program::RetValueUret, 0)?, Vec::new()),

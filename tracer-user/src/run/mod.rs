@@ -9,6 +9,7 @@ mod duty;
 pub mod exit;
 mod late;
 pub mod readout;
+pub mod stacks;
 pub mod types;
 
 use std::{io::Write, os::fd::OwnedFd, time::Instant};
@@ -90,6 +91,69 @@ fn attach_links(
 /// Room for (process, type) pairs with `--types`: a large program has a few
 /// thousand types; one past the room is counted (`types_full`).
 const TYPE_ENTRIES: u32 = 1 << 15;
+
+/// Writes `--folded` and `--flamegraph` from the summary's stacks, and
+/// says where.
+fn write_stacks(
+    stacks: &crate::config::StacksConfig,
+    last: &Snapshot,
+    config: &AttachConfig,
+) -> anyhow::Result<Vec<Note>> {
+    let all = last.stacks.as_deref().unwrap_or_default();
+    let lines = report::stacks::folded(all, stacks.weight);
+    let mut notes = Vec::new();
+    let what = match &config.target {
+        TargetSpec::Pid(pid) => format!("PID {pid}"),
+        TargetSpec::Exe(exe) => exe.display().to_string(),
+    };
+    let sampled = if stacks.sample > 1 { format!(", 1 in {} sampled, scaled", stacks.sample) } else { String::new() };
+    if let Some(file) = &stacks.folded {
+        report::stacks::write_folded(file, &lines)?;
+        notes.push(Note::new(
+            Level::Note,
+            NoteCode::Written,
+            format!("wrote {} folded stacks by {} to {}", lines.len(), stacks.weight.name(), file.path.display()),
+        ));
+    }
+    if let Some(file) = &stacks.flamegraph {
+        let title = format!("tracer: allocations of {what} by {}{sampled}", stacks.weight.name());
+        report::stacks::write_flamegraph(file, &lines, &title, stacks.weight)?;
+        notes.push(Note::new(
+            Level::Note,
+            NoteCode::Written,
+            format!("wrote the flame graph of {} stacks to {}", lines.len(), file.path.display()),
+        ));
+    }
+    Ok(notes)
+}
+
+/// Room for distinct stacks, and for (process, probe, stack) counts: a
+/// stack is 2 KB in the kernel, allocated as it is first seen.
+const STACK_ENTRIES: u32 = 1 << 14;
+
+/// The slots of the probes `--stacks` names, which must be probed.
+fn stack_slots(
+    r: &Resolved,
+    plan: &crate::plan::Plan,
+    stacks: &crate::config::StacksConfig,
+) -> Result<Vec<u32>, crate::config::ConfigError> {
+    let wanted = stacks.events.select(r.abi.probes(), &r.version.to_string())?;
+    let mut slots = Vec::new();
+    for spec in wanted {
+        match plan.probes.iter().find(|p| p.symbol == spec.symbol) {
+            Some(p) => slots.push(p.slot),
+            // Not in this build, or not probed: only a named one is an error.
+            None if matches!(stacks.events, crate::probe::ProbeSelection::Names(_)) => {
+                return Err(crate::config::ConfigError::StacksNotProbed { name: spec.symbol.to_owned() });
+            }
+            None => {}
+        }
+    }
+    if slots.is_empty() {
+        return Err(crate::config::ConfigError::StacksNothingProbed);
+    }
+    Ok(slots)
+}
 
 /// The probe table rows `selection` picks for the resolved target. With
 /// `types`, every function that creates objects the version has, since
@@ -235,6 +299,10 @@ impl Run {
             )
         }));
         notes.extend(self.bpf_log());
+        let untold = self.readout.stack_names.as_mut().map(crate::run::stacks::StackNames::take_untold);
+        notes.extend(untold.unwrap_or_default().into_iter().map(|(pid, why)| {
+            Note::new(Level::Warning, NoteCode::NoStacks, format!("no Python stacks for PID {pid}: {why}"))
+        }));
         notes
     }
 
@@ -311,6 +379,8 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
                 let notes = run.notes();
                 output.notes(notes)?;
                 let mut snapshot = run.snapshot()?;
+                // Every stack only in the summary: an interval lists sites.
+                snapshot.stacks = None;
                 let all = snapshot.hits.unwrap_or(0);
                 snapshot.cost = run.cost.interval().map(|c| c.of_all_hits(all.saturating_sub(hits_before)));
                 hits_before = all;
@@ -347,6 +417,8 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
     }
     output.notes(cost.poll())?;
     last.cost = cost.total().map(|c| c.of_all_hits(last.hits.unwrap_or(0)));
+    let written = config.stacks.as_ref().map(|s| write_stacks(s, &last, config)).transpose()?.unwrap_or_default();
+    output.notes(written)?;
     output.summary(last, end)?;
     Ok(end)
 }
@@ -398,8 +470,24 @@ fn start<'a>(
     let types = config
         .types
         .then(|| crate::kernel::TypesOptions { entries: TYPE_ENTRIES, ob_type_offset: r.abi.objects().ob_type });
-    let load = LoadOptions { bpf_log: config.bpf_log, types, ..LoadOptions::default() };
-    let mut session = Session::load(plan, r.scope, load)?;
+    let stack_slots = config.stacks.as_ref().map(|s| stack_slots(&r, &plan, s)).transpose()?;
+    let stacks = config.stacks.as_ref().zip(stack_slots.clone()).map(|(s, slots)| crate::kernel::StacksOptions {
+        slots,
+        sample: s.sample,
+        entries: STACK_ENTRIES,
+    });
+    let load = LoadOptions { bpf_log: config.bpf_log, types, stacks, ..LoadOptions::default() };
+    let mut session = Session::load(plan, r.scope, &load)?;
+    // The target's frames are located before the probes go live, so that
+    // its first events have stacks.
+    let mut stack_names = config
+        .stacks
+        .as_ref()
+        .zip(stack_slots)
+        .map(|(s, slots)| crate::run::stacks::StackNames::new(slots, s.depth, s.sample, s.top));
+    if let (Some(names), Some(pid)) = (stack_names.as_mut(), r.pid()) {
+        names.prepare(&mut session, pid)?;
+    }
     let watch = match r.pid() {
         Some(pid) => Watch::Process(pid),
         None => Watch::Interpreter(r.attach_path.clone()),
@@ -415,6 +503,7 @@ fn start<'a>(
     // live and the target is not kept waiting.
     let calibrating = cpu_costs.map_or_else(Calibration::start, Calibration::Known);
     let mut readout = Readout::new(started, r.pid().is_none(), config.types.then(|| r.abi.objects()));
+    readout.stack_names = stack_names;
     if config.gc != GcMode::Off {
         let reason = if gc.source == GcSource::None { Some(gc.detail.clone()) } else { gc.caveat.clone() };
         readout.report_gc(gc.source, reason);

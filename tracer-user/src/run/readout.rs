@@ -28,6 +28,8 @@ struct Exited {
     probes: Vec<ProbeReading>,
     /// With `--types`: its creations by type address.
     types: BTreeMap<u64, u64>,
+    /// With `--stacks`: its counts per stack.
+    stacks: Vec<(tracer_common::stack::StackKey, tracer_common::counter::Counter)>,
     /// Its garbage collections by generation.
     gc: BTreeMap<i32, GcTotals>,
 }
@@ -47,6 +49,9 @@ pub struct Totals {
     pub types: BTreeMap<u32, BTreeMap<u64, u64>>,
     /// Calls and bytes by size bucket (see [`tracer_common::sizes`]).
     pub sizes: Vec<tracer_common::counter::Counter>,
+    /// With `--stacks`: counts per (process, probe, stack), exited
+    /// processes' included.
+    pub stacks: Vec<(tracer_common::stack::StackKey, tracer_common::counter::Counter)>,
     /// One per BPF-side stat.
     pub stats: Vec<u64>,
     pub kernel_misses: u64,
@@ -73,6 +78,9 @@ pub struct Readout {
     told: std::collections::HashSet<u32>,
     /// With `--types`: the names of the types counted.
     type_names: Option<super::types::TypeNames>,
+    /// With `--stacks`: where each process's frames are, and its stacks'
+    /// names.
+    pub stack_names: Option<super::stacks::StackNames>,
     /// Where garbage collections are seen from, and why not or what the
     /// counts hold beyond them; `None` with `--gc off`.
     gc: Option<(GcSource, Option<String>)>,
@@ -85,6 +93,7 @@ impl Readout {
     pub fn new(started: Instant, reap: bool, types: Option<crate::python::ObjectOffsets>) -> Self {
         Self {
             type_names: types.map(super::types::TypeNames::new),
+            stack_names: None,
             started,
             reap,
             watched: HashMap::new(),
@@ -120,6 +129,7 @@ impl Readout {
         let readings = session.read()?;
         let mut live = readings.per_process;
         let mut live_types = readings.types;
+        let mut live_stacks = readings.stacks;
         let mut live_gc = readings.gc;
         if self.reap {
             let at = self.started.elapsed();
@@ -128,11 +138,14 @@ impl Readout {
                 let gc = live_gc.remove(&pid).unwrap_or_default();
                 if let Some(probes) = live.remove(&pid) {
                     let types = live_types.remove(&pid).unwrap_or_default();
-                    self.exited.push(Exited { pid, at, probes, types, gc });
+                    let (stacks, rest) = live_stacks.into_iter().partition(|(k, _)| k.tgid == pid);
+                    live_stacks = rest;
+                    self.exited.push(Exited { pid, at, probes, types, stacks, gc });
                 } else if !gc.is_empty() {
                     // Collections without a hit of any other probe.
                     let probes = vec![ProbeReading::default(); readings.probes.len()];
-                    self.exited.push(Exited { pid, at, probes, types: BTreeMap::new(), gc });
+                    let (types, stacks) = (BTreeMap::new(), Vec::new());
+                    self.exited.push(Exited { pid, at, probes, types, stacks, gc });
                 }
                 session.remove_process(pid)?;
             }
@@ -163,6 +176,14 @@ impl Readout {
         if let Some(names) = self.type_names.as_mut() {
             names.learn(&live_types, &live_pids);
         }
+        if let Some(names) = self.stack_names.as_mut() {
+            for &pid in &live_pids {
+                names.prepare(session, pid)?;
+            }
+            names.learn(session, &live_stacks, &live_pids);
+        }
+        let mut stacks = live_stacks;
+        stacks.extend(self.exited.iter().flat_map(|e| e.stacks.iter().copied()));
         let mut types = live_types;
         for e in &self.exited {
             let merged = types.entry(e.pid).or_default();
@@ -198,6 +219,7 @@ impl Readout {
             live: live_pids,
             types,
             sizes: readings.sizes,
+            stacks,
             stats: readings.stats,
             kernel_misses: readings.kernel_misses,
             gc,
@@ -267,6 +289,26 @@ impl Readout {
                     pids,
                 }
             }),
+            ..self.stacks_of(plan, totals)
+        }
+    }
+
+    /// With `--stacks`, the snapshot's sites, stacks and their coverage.
+    fn stacks_of(&self, plan: &Plan, totals: &Totals) -> Snapshot {
+        let Some(names) = &self.stack_names else { return Snapshot::default() };
+        let stacks = names.stacks(plan, &totals.stacks);
+        let slots: std::collections::BTreeSet<u32> = totals.stacks.iter().map(|(k, _)| k.slot).collect();
+        let events = plan
+            .probes
+            .iter()
+            .filter(|p| names.has_stacks(p.slot) || slots.contains(&p.slot))
+            .filter_map(|p| totals.probes.get(usize::try_from(p.slot).ok()?))
+            .map(|c| c.calls)
+            .sum();
+        Snapshot {
+            sites: Some(names.sites(&stacks)),
+            stack_coverage: Some(names.coverage(events, &stacks)),
+            stacks: Some(stacks),
             ..Snapshot::default()
         }
     }

@@ -1,0 +1,285 @@
+//! Allocation sites from Python stacks walked in BPF (`--stacks`): a
+//! script makes N bytearrays in `make_a` and 3N in `make_b`, both called
+//! from `main`. On every build, `--top` lists `make_b` above `make_a` at
+//! their files and lines, N more iterations add exactly a whole number of
+//! calls per iteration at each site (3 times as many at `make_b`), and the
+//! stack under each site is `main`'s. A stack 200 frames deep is cut at
+//! `--depth` and counted as truncated.
+
+use std::{collections::HashMap, path::Path};
+
+use serde_json::Value;
+use tracer_tests::{TracerRun, Workload, forky_root, require_root, run_tracer, shared_python, static_python};
+
+/// The line of tests/python/sites.py that ends with `marker`.
+fn line_of(marker: &str) -> u64 {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/sites.py");
+    let text = std::fs::read_to_string(&script).expect("sites.py");
+    let at = text.lines().position(|l| l.ends_with(marker)).unwrap_or_else(|| panic!("no {marker} in sites.py"));
+    u64::try_from(at + 1).expect("a line number")
+}
+
+/// Where a test's workload runs: a host interpreter, or one in the forky
+/// root under chroot.
+#[derive(Clone, Copy)]
+enum Python<'a> {
+    Host(&'a Path),
+    Forky(&'a str),
+}
+
+impl Python<'_> {
+    fn start(self, args: &[&str]) -> Workload {
+        match self {
+            Self::Host(p) => Workload::script(None, &p.display().to_string(), "sites.py", args),
+            Self::Forky(p) => Workload::script(Some(&forky_root()), p, "sites.py", args),
+        }
+    }
+}
+
+/// (calls, bytes, file) of each site of sites.py's allocating lines in a
+/// sites list, by function: the site at the line its marker names (the
+/// loop's own line makes its iterator there, once per call).
+fn sites(line: &Value) -> HashMap<String, (u64, u64, String)> {
+    let marked: HashMap<&str, u64> =
+        ["make_a", "make_b", "deep"].into_iter().map(|f| (f, line_of(&format!("# {f} allocates")))).collect();
+    let Some(sites) = line["sites"].as_array() else { return HashMap::new() };
+    sites
+        .iter()
+        .filter(|s| s["function"].as_str().and_then(|f| marked.get(f)).is_some_and(|l| s["line"] == *l))
+        .map(|s| {
+            let name = s["function"].as_str().unwrap_or_default().to_owned();
+            let file = s["file"].as_str().unwrap_or_default().to_owned();
+            (name, (s["calls"].as_u64().unwrap_or(0), s["bytes"].as_u64().unwrap_or(0), file))
+        })
+        .collect()
+}
+
+/// Runs `sites.py n shape` under `tracer --stacks EXTRA` and returns the
+/// summary. After "done" it waits until two intervals in a row show the
+/// same resolved counts at `wait_for`, so that every stack was named while
+/// the process ran.
+fn traced(python: Python<'_>, n: u64, shape: &str, wait_for: &[&str], extra: &[&str]) -> Value {
+    let mut workload = python.start(&[&n.to_string(), shape]);
+    let mut args = vec!["--stacks", "--top", "30", "--interval", "0.1"];
+    args.extend_from_slice(extra);
+    let (tracer, attached) = TracerRun::attach_json(workload.pid(), &args);
+    assert_eq!(attached["type"], "attached");
+    workload.go();
+    workload.expect("done");
+    let mut last: Option<Vec<(u64, u64)>> = None;
+    for _ in 0..600 {
+        let line = tracer.stdout.next_line("an interval").expect("tracer printed an interval");
+        let line: Value = serde_json::from_str(&line).expect("JSON");
+        if line["type"] != "interval" {
+            continue;
+        }
+        assert!(line.get("stacks").is_none(), "an interval carries no stacks, only sites: {line}");
+        let now = sites(&line);
+        let seen: Option<Vec<(u64, u64)>> = wait_for.iter().map(|f| now.get(*f).map(|s| (s.0, s.1))).collect();
+        if seen.is_some() && seen == last {
+            break;
+        }
+        last = seen;
+    }
+    workload.close();
+    let (status, lines, stderr) = tracer.finish();
+    assert!(status.success(), "tracer failed: {status}: {stderr}");
+    let summary = lines.last().expect("a summary").clone();
+    assert_eq!(summary["type"], "summary", "{lines:?}");
+    for stat in ["stack_read_failed", "stack_no_config", "stack_other_thread", "stacks_full", "map_full"] {
+        assert_eq!(summary["stats"][stat], 0, "{stat}: {}", summary["stats"]);
+    }
+    summary
+}
+
+/// N against 2N on `python`.
+fn known_sites(python: Python<'_>) {
+    let n = 500;
+    let one = traced(python, n, "flat", &["make_a", "make_b"], &[]);
+    let two = traced(python, 2 * n, "flat", &["make_a", "make_b"], &[]);
+    let (s1, s2) = (sites(&one), sites(&two));
+    // Each site at its marked line (sites() finds it there only).
+    let per = |name: &str| {
+        let (c1, b1, file) = s1.get(name).cloned().unwrap_or_else(|| panic!("no {name} at its line: {one}"));
+        let (c2, b2, _) = s2.get(name).cloned().unwrap_or_else(|| panic!("no {name} at its line: {two}"));
+        let (dc, db) = (c2 - c1, b2 - b1);
+        assert_eq!((dc % n, db % n), (0, 0), "{name}: {dc} calls, {db} bytes more for {n} more iterations");
+        assert!(file.ends_with("sites.py"), "{name}: {file}");
+        (dc / n, db / n)
+    };
+    let (a, b) = (per("make_a"), per("make_b"));
+    assert!(a.0 >= 1, "make_a: {a:?}");
+    // Three times the bytearrays, each of the same calls.
+    assert_eq!(b.0, 3 * a.0, "make_a {a:?}, make_b {b:?}");
+    // Sorted by calls: make_b above make_a.
+    let order: Vec<(&str, Option<u64>)> = two["sites"]
+        .as_array()
+        .expect("sites")
+        .iter()
+        .filter_map(|s| Some((s["function"].as_str()?, s["line"].as_u64())))
+        .collect();
+    let at = |f: &str| order.iter().position(|s| *s == (f, Some(line_of(&format!("# {f} allocates")))));
+    assert!(at("make_b") < at("make_a"), "{order:?}");
+    // The stack under each site: main, then the module.
+    for s in two["stacks"].as_array().expect("the summary's stacks") {
+        let frames: Vec<&str> =
+            s["frames"].as_array().expect("frames").iter().filter_map(|f| f["function"].as_str()).collect();
+        if matches!(frames.first(), Some(&"make_a" | &"make_b")) {
+            assert_eq!(&frames[1..], ["main", "<module>"], "{s}");
+        }
+    }
+    let coverage = &two["stack_coverage"];
+    assert_eq!((coverage["sample"].as_u64(), coverage["estimate"].as_bool()), (Some(1), Some(false)), "{coverage}");
+}
+
+fn pyenv(version: &str) -> std::path::PathBuf {
+    let python = Path::new("/root/.pyenv/versions").join(version).join("bin/python3");
+    assert!(python.is_file(), "{} is missing (see ../shared/TOOLCHAIN.md)", python.display());
+    python
+}
+
+#[test]
+fn known_sites_on_pyenv_311() {
+    require_root();
+    known_sites(Python::Host(&shared_python()));
+}
+
+#[test]
+fn known_sites_on_pyenv_312() {
+    require_root();
+    known_sites(Python::Host(&pyenv("3.12.1")));
+}
+
+#[test]
+fn known_sites_on_pyenv_313() {
+    require_root();
+    known_sites(Python::Host(&pyenv("3.13.0")));
+}
+
+#[test]
+fn known_sites_on_debian_311() {
+    require_root();
+    known_sites(Python::Host(&static_python()));
+}
+
+#[test]
+fn known_sites_on_forky_313() {
+    require_root();
+    known_sites(Python::Forky("python3.13"));
+}
+
+#[test]
+fn known_sites_on_forky_314() {
+    require_root();
+    known_sites(Python::Forky("python3.14"));
+}
+
+/// 200 frames deep, the walk stops at the default 64 and the event is
+/// counted under the cut stack, which says so.
+#[test]
+fn deep_stacks_are_cut_at_the_depth_and_counted_as_truncated() {
+    require_root();
+    let n = 300;
+    let summary = traced(Python::Host(&shared_python()), n, "deep", &["deep"], &[]);
+    let deep = summary["stacks"]
+        .as_array()
+        .expect("stacks")
+        .iter()
+        .find(|s| s["frames"][0]["function"] == "deep" && s["frames"][0]["line"] == line_of("# deep allocates"))
+        .unwrap_or_else(|| panic!("no stack at deep's allocation: {summary}"));
+    assert_eq!(deep["truncated"], true, "{deep}");
+    assert_eq!(deep["frames"].as_array().map(Vec::len), Some(64), "{deep}");
+    let truncated = summary["stack_coverage"]["truncated"].as_u64().expect("truncated");
+    assert!(truncated >= deep["calls"].as_u64().expect("calls"), "{summary}");
+    assert!(summary["stats"]["stack_truncated"].as_u64() >= Some(truncated), "{}", summary["stats"]);
+}
+
+/// --folded writes what inferno reads, and --flamegraph an SVG that names
+/// both sites; neither overwrites a file without --force.
+#[test]
+fn folded_stacks_and_flame_graphs_are_written() {
+    require_root();
+    let dir = std::env::temp_dir().join(format!("tracer-sites-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let (folded, svg) = (dir.join("sites.folded"), dir.join("sites.svg"));
+    let (f, s) = (folded.display().to_string(), svg.display().to_string());
+    let summary = traced(
+        Python::Host(&shared_python()),
+        200,
+        "flat",
+        &["make_a", "make_b"],
+        &["--folded", &f, "--flamegraph", &s, "--weight", "bytes"],
+    );
+    assert_eq!(summary["type"], "summary");
+    let text = std::fs::read_to_string(&folded).expect("the folded file");
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(!lines.is_empty());
+    for line in &lines {
+        let (stack, count) = line.rsplit_once(' ').unwrap_or_else(|| panic!("not folded: {line}"));
+        assert!(count.parse::<u64>().is_ok_and(|c| c > 0), "{line}");
+        assert!(!stack.is_empty(), "{line}");
+    }
+    assert!(
+        lines.iter().any(|l| l.starts_with("<module> (sites.py:")
+            && l.contains(";main (sites.py:")
+            && l.contains(";make_b (sites.py:")),
+        "{text}"
+    );
+    let svg_text = std::fs::read_to_string(&svg).expect("the SVG");
+    assert!(svg_text.starts_with("<?xml") && svg_text.contains("make_a") && svg_text.contains("make_b"), "{svg_text}");
+    assert!(svg_text.contains("by bytes"), "the title names the weight");
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}
+
+#[test]
+fn bad_stack_options_leave_nothing_attached_or_written() {
+    require_root();
+    let dir = std::env::temp_dir().join(format!("tracer-sites-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let existing = dir.join("existing.folded");
+    std::fs::write(&existing, "keep me\n").expect("a file");
+    let link = dir.join("link.svg");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&existing, &link).expect("a symlink");
+    // A read-only file system: even root cannot write there.
+    let ro = dir.join("ro");
+    std::fs::create_dir_all(&ro).expect("a directory");
+    let status = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", "ro", "tmpfs"]).arg(&ro).status();
+    assert!(status.is_ok_and(|s| s.success()), "mount a read-only tmpfs");
+    let workload = Workload::script(None, &shared_python().display().to_string(), "sites.py", &["1"]);
+    let pid = workload.pid().to_string();
+    let (e, l, r) =
+        (existing.display().to_string(), link.display().to_string(), ro.join("x.folded").display().to_string());
+    for (args, error) in [
+        (vec!["--top", "0"], "--top 0 would list no site; pass the number of sites to list, e.g. --top 10".to_owned()),
+        (
+            vec!["--stacks", "--sample", "0"],
+            "--sample 0 would record no stack; pass 1 for every event, or N for one event in N".to_owned(),
+        ),
+        (vec!["--folded", &e], format!("--folded {e} exists; pass --force to overwrite it, or another path")),
+        (
+            vec!["--flamegraph", &l, "--force"],
+            format!(
+                "--flamegraph {l} is a symbolic link, which tracer does not write through; pass the path of a regular file"
+            ),
+        ),
+        (
+            vec!["--folded", &r],
+            format!(
+                "--folded {r}: cannot write in {} (Read-only file system (os error 30)); pass a path in a directory you can write",
+                ro.display()
+            ),
+        ),
+    ] {
+        let mut all = vec!["attach", "--pid", &pid];
+        all.extend(args.iter().copied());
+        let (code, stdout, stderr) = run_tracer(&all);
+        assert_eq!((code, stdout.as_str(), stderr), (Some(2), "", format!("tracer: error: {error}\n")), "{args:?}");
+    }
+    assert_eq!(std::fs::read_to_string(&existing).expect("the file"), "keep me\n");
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
+    assert!(!maps.contains("[uprobes]"), "a uprobe was left behind: {maps}");
+    let _ = std::process::Command::new("umount").arg(&ro).status();
+    workload.close();
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}

@@ -1,0 +1,142 @@
+//! Python stacks walked in BPF at allocation events (`--stacks`): where the
+//! current thread's frames are (a [`WalkConfig`] the loader fills from the
+//! version module and the target), what one walk records (a [`Stack`]),
+//! and how events are counted per stack ([`StackKey`]).
+
+/// The deepest walk the BPF program can make; `--depth` chooses up to this.
+pub const MAX_DEPTH: usize = 128;
+/// The default `--depth`.
+pub const DEFAULT_DEPTH: u32 = 64;
+/// An offset that is not used: 3.13+ have no `_PyCFrame` hop.
+pub const NO_OFFSET: u64 = u64::MAX;
+
+/// How the current thread's state is found at an event.
+pub mod current {
+    /// Read a pointer at a fixed address of the target: 3.11's
+    /// `_PyRuntime.gilstate.tstate_current`, or a GIL's `last_holder`.
+    pub const AT_ADDRESS: u32 = 0;
+    /// Read a pointer at the thread's fsbase plus a (negative) offset: a
+    /// thread-local in an executable (local-exec TLS).
+    pub const FS_RELATIVE: u32 = 1;
+    /// Read the thread's DTV at fsbase + 8, its entry for a module, then
+    /// the pointer at that block plus an offset: a thread-local in a shared
+    /// library loaded at startup (static TLS through `__tls_get_addr`).
+    pub const TLS_MODULE: u32 = 2;
+}
+
+/// Where the frames are, for one traced process. All offsets in bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WalkConfig {
+    /// One of [`current`].
+    pub current: u32,
+    /// How deep to walk, at most [`MAX_DEPTH`].
+    pub depth: u32,
+    /// [`current::AT_ADDRESS`]: the address; [`current::FS_RELATIVE`]:
+    /// the offset from fsbase (two's complement); [`current::TLS_MODULE`]:
+    /// the offset in the module's block.
+    pub tstate_at: u64,
+    /// [`current::TLS_MODULE`]: the module id.
+    pub tls_module: u64,
+    /// `offsetof(struct task_struct, thread.fsbase)` in the running
+    /// kernel, from its BTF.
+    pub task_fsbase: u64,
+    /// `PyThreadState.native_thread_id`: checked against the event's
+    /// thread, so that a GIL holder's stack is never taken for another's.
+    pub native_thread_id: u64,
+    /// `PyThreadState.cframe` (3.11, 3.12), or [`NO_OFFSET`].
+    pub cframe: u64,
+    /// `_PyCFrame.current_frame`, or (3.13+) `PyThreadState.current_frame`.
+    pub current_frame: u64,
+    /// `_PyInterpreterFrame` fields.
+    pub frame_code: u64,
+    pub frame_previous: u64,
+    pub frame_instr: u64,
+    pub frame_owner: u64,
+    /// Tag bits to clear from the code reference (3.14's `_PyStackRef`: 3).
+    pub code_tag_mask: u64,
+    /// Owners from this value on are not Python functions' frames.
+    pub first_non_python_owner: u64,
+    /// `PyCodeObject.co_code_adaptive`: instruction offsets are from here.
+    pub code_adaptive: u64,
+    /// The device and inode of the target's PID namespace, for the event's
+    /// thread id as the target sees it (`native_thread_id` is in its
+    /// namespace).
+    pub pid_ns_dev: u64,
+    pub pid_ns_ino: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<WalkConfig>() == 8 + 15 * 8);
+
+/// One frame of a walk: the code object, the byte offset of the
+/// instruction in its code, and the frame's owner (frames whose owner is
+/// not a Python function's are the C stack's entry frames, recorded but
+/// not shown).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Frame {
+    pub code: u64,
+    pub offset: u32,
+    pub owner: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<Frame>() == 16);
+
+/// One walk, innermost frame first.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stack {
+    /// Frames recorded.
+    pub depth: u32,
+    /// 1 when the stack was deeper than the walk went.
+    pub truncated: u32,
+    pub frames: [Frame; MAX_DEPTH],
+}
+
+const _: () = assert!(core::mem::size_of::<Stack>() == 8 + 16 * MAX_DEPTH);
+
+impl Default for Stack {
+    fn default() -> Self {
+        Self { depth: 0, truncated: 0, frames: [Frame::default(); MAX_DEPTH] }
+    }
+}
+
+/// Key of the stack counts: which process, which probe, which stack.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct StackKey {
+    pub tgid: u32,
+    pub slot: u32,
+    /// The hash of the stack's frames, its key in the stacks map.
+    pub stack: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<StackKey>() == 16);
+
+/// Default sizes of the maps in the object file; the loader sets them.
+pub const DEFAULT_STACK_ENTRIES: u32 = 1024;
+
+/// The FNV-1a offset basis and prime, for the stack hash.
+pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+pub const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+/// One step of the stack hash: mixes in a 64-bit word.
+#[must_use]
+#[inline]
+pub const fn mix(hash: u64, word: u64) -> u64 {
+    (hash ^ word).wrapping_mul(FNV_PRIME)
+}
+
+#[cfg(feature = "user")]
+// SAFETY: #[repr(C)], Copy, no padding (sizes asserted above: all fields are
+// u64 after the two u32), every bit pattern valid.
+unsafe impl aya::Pod for WalkConfig {}
+#[cfg(feature = "user")]
+// SAFETY: as above: a u64 and two u32.
+unsafe impl aya::Pod for Frame {}
+#[cfg(feature = "user")]
+// SAFETY: as above: two u32 and an array of Frame.
+unsafe impl aya::Pod for Stack {}
+#[cfg(feature = "user")]
+// SAFETY: as above: two u32 and a u64.
+unsafe impl aya::Pod for StackKey {}

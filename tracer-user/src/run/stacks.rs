@@ -1,0 +1,240 @@
+//! With `--stacks`: telling the kernel where each traced process's frames
+//! are, and naming the stacks it counted. The kernel keys each count by a
+//! hash of the stack's (code object, instruction) frames; each stack is
+//! resolved once per process, while the process lives, to (function, file,
+//! line) frames through [`crate::stacks::Process`].
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    os::unix::fs::MetadataExt as _,
+};
+
+use tracer_common::{
+    counter::Counter,
+    stack::{self, NO_OFFSET, StackKey, WalkConfig},
+};
+
+use crate::{
+    kernel::{AttachError, Session},
+    model::{Site, SiteFrame, StackCount, StackCoverage},
+    plan::Plan,
+    python::frames::{CodeRef, FrameLink},
+    stacks::{CurrentThreadState, Process},
+};
+
+/// A resolved stack: its Python frames, innermost first.
+#[derive(Clone, Debug)]
+struct Resolved {
+    frames: Vec<SiteFrame>,
+    truncated: bool,
+}
+
+/// Where each process's frames are, and the names of its stacks.
+#[derive(Debug)]
+pub struct StackNames {
+    /// The probe slots whose events get stacks.
+    slots: Vec<u32>,
+    depth: u32,
+    sample: u64,
+    top: usize,
+    /// Each process tried, with its reader, or why it has none.
+    processes: HashMap<u32, Result<Process, String>>,
+    /// Processes that cannot have stacks, not told yet.
+    untold: Vec<(u32, String)>,
+    resolved: HashMap<(u32, u64), Result<Resolved, String>>,
+}
+
+impl StackNames {
+    #[must_use]
+    pub fn new(slots: Vec<u32>, depth: u32, sample: u64, top: usize) -> Self {
+        Self { slots, depth, sample, top, processes: HashMap::new(), untold: Vec::new(), resolved: HashMap::new() }
+    }
+
+    /// Whether probe `slot`'s events get stacks.
+    #[must_use]
+    pub fn has_stacks(&self, slot: u32) -> bool {
+        self.slots.contains(&slot)
+    }
+
+    /// Tells the kernel where `pid`'s frames are, once per process; a
+    /// process whose frames cannot be found is told once (see
+    /// [`Self::take_untold`]) and its events have no stacks.
+    pub fn prepare(&mut self, session: &mut Session, pid: u32) -> Result<(), AttachError> {
+        if self.processes.contains_key(&pid) {
+            return Ok(());
+        }
+        let opened = Process::open(pid).map_err(|e| e.to_string()).and_then(|p| {
+            let config = walk_config(&p, pid, self.depth)?;
+            Ok((p, config))
+        });
+        match opened {
+            Ok((process, config)) => {
+                session.set_walk(pid, config)?;
+                self.processes.insert(pid, Ok(process));
+            }
+            Err(why) => {
+                self.untold.push((pid, why.clone()));
+                self.processes.insert(pid, Err(why));
+            }
+        }
+        Ok(())
+    }
+
+    /// The processes that have no stacks, with why, since the last call.
+    pub fn take_untold(&mut self) -> Vec<(u32, String)> {
+        std::mem::take(&mut self.untold)
+    }
+
+    /// Resolves every stack of `counts` not resolved yet, of processes that
+    /// still run (`live`).
+    pub fn learn(&mut self, session: &Session, counts: &[(StackKey, Counter)], live: &[u32]) {
+        for (key, _) in counts {
+            if !live.contains(&key.tgid) || self.resolved.contains_key(&(key.tgid, key.stack)) {
+                continue;
+            }
+            let Some(Ok(process)) = self.processes.get_mut(&key.tgid) else { continue };
+            let resolved = match session.stack(key.stack) {
+                Ok(Some(raw)) => resolve(process, &raw),
+                Ok(None) => Err("the kernel did not keep its frames (stacks_full)".to_owned()),
+                Err(e) => Err(e.to_string()),
+            };
+            self.resolved.insert((key.tgid, key.stack), resolved);
+        }
+    }
+
+    /// Every stack of `counts` with its counts (scaled by `--sample`), most
+    /// calls first.
+    #[must_use]
+    pub fn stacks(&self, plan: &Plan, counts: &[(StackKey, Counter)]) -> Vec<StackCount> {
+        let mut out: Vec<StackCount> = counts
+            .iter()
+            .map(|(key, c)| {
+                let probe = plan.probes.get(key.slot as usize).map_or("?", |p| p.symbol).to_owned();
+                let (frames, truncated) = match self.resolved.get(&(key.tgid, key.stack)) {
+                    Some(Ok(r)) => (r.frames.clone(), r.truncated),
+                    Some(Err(why)) => (vec![unresolved(why)], false),
+                    None => (vec![unresolved("the process exited before tracer read its frames")], false),
+                };
+                StackCount {
+                    probe,
+                    frames,
+                    truncated,
+                    calls: c.calls.saturating_mul(self.sample),
+                    bytes: c.bytes.saturating_mul(self.sample),
+                }
+            })
+            .collect();
+        out.sort_by_key(|s| std::cmp::Reverse(s.calls));
+        out
+    }
+
+    /// The `--top` sites: the innermost Python frames of `stacks`, with
+    /// their stacks' counts summed, most calls first.
+    #[must_use]
+    pub fn sites(&self, stacks: &[StackCount]) -> Vec<Site> {
+        let mut by_site: BTreeMap<(String, String, Option<u32>), (u64, u64)> = BTreeMap::new();
+        for s in stacks {
+            let f = s.frames.first().cloned().unwrap_or_else(|| SiteFrame {
+                function: "<no Python frame>".to_owned(),
+                file: String::new(),
+                line: None,
+            });
+            let total = by_site.entry((f.function, f.file, f.line)).or_default();
+            *total = (total.0.saturating_add(s.calls), total.1.saturating_add(s.bytes));
+        }
+        let mut sites: Vec<Site> = by_site
+            .into_iter()
+            .map(|((function, file, line), (calls, bytes))| Site {
+                function,
+                file,
+                line,
+                calls,
+                bytes,
+                estimate: self.sample > 1,
+            })
+            .collect();
+        sites.sort_by(|a, b| b.calls.cmp(&a.calls).then_with(|| b.bytes.cmp(&a.bytes)));
+        sites.truncate(self.top);
+        sites
+    }
+
+    /// How many of the events of the probes with stacks were counted under
+    /// one.
+    #[must_use]
+    pub fn coverage(&self, events: u64, stacks: &[StackCount]) -> StackCoverage {
+        StackCoverage {
+            sample: self.sample,
+            events,
+            stacked: stacks.iter().map(|s| s.calls).sum(),
+            truncated: stacks.iter().filter(|s| s.truncated).map(|s| s.calls).sum(),
+            estimate: self.sample > 1,
+        }
+    }
+}
+
+/// A frame that stands for a stack whose frames could not be named.
+fn unresolved(why: &str) -> SiteFrame {
+    SiteFrame { function: format!("<unresolved: {why}>"), file: String::new(), line: None }
+}
+
+/// The frames of `raw` that are Python functions', named.
+fn resolve(process: &mut Process, raw: &stack::Stack) -> Result<Resolved, String> {
+    let depth = usize::try_from(raw.depth).unwrap_or(0).min(stack::MAX_DEPTH);
+    let mut frames = Vec::with_capacity(depth);
+    for f in &raw.frames[..depth] {
+        // The kernel keeps the offset's low 32 bits; a frame that has not
+        // started (3.11) is at -2.
+        #[allow(clippy::cast_possible_wrap, reason = "sign-extends the offset the kernel cut to 32 bits")]
+        let offset = i64::from(f.offset as i32);
+        let owner = u8::try_from(f.owner).unwrap_or(u8::MAX);
+        if let Some(frame) = process.resolve(f.code, offset, owner).map_err(|e| e.to_string())? {
+            frames.push(SiteFrame { function: frame.function, file: frame.file, line: frame.line });
+        }
+    }
+    Ok(Resolved { frames, truncated: raw.truncated != 0 })
+}
+
+/// What the kernel needs to walk `pid`'s frames.
+fn walk_config(process: &Process, pid: u32, depth: u32) -> Result<WalkConfig, String> {
+    let table = process.offsets();
+    let mut config = WalkConfig { depth, ..WalkConfig::default() };
+    match process.current_thread_state()? {
+        CurrentThreadState::Gilstate { address, .. } => {
+            config.current = stack::current::AT_ADDRESS;
+            config.tstate_at = address;
+        }
+        CurrentThreadState::FsRelative { offset } => {
+            config.current = stack::current::FS_RELATIVE;
+            config.tstate_at = offset.cast_unsigned();
+            config.task_fsbase = crate::kernel::btf::task_fsbase().map_err(|e| e.to_string())?;
+        }
+        CurrentThreadState::Dynamic { module, offset } => {
+            config.current = stack::current::TLS_MODULE;
+            config.tstate_at = offset;
+            config.tls_module = module;
+            config.task_fsbase = crate::kernel::btf::task_fsbase().map_err(|e| e.to_string())?;
+        }
+    }
+    config.native_thread_id = table.thread.native_thread_id;
+    (config.cframe, config.current_frame) = match table.thread.frame {
+        FrameLink::ViaCFrame { cframe, current_frame } => (cframe, current_frame),
+        FrameLink::Direct { current_frame } => (NO_OFFSET, current_frame),
+    };
+    config.frame_code = table.frame.code;
+    config.frame_previous = table.frame.previous;
+    config.frame_instr = table.frame.instr;
+    config.frame_owner = table.frame.owner;
+    config.code_tag_mask = match table.frame.code_ref {
+        CodeRef::Pointer => 0,
+        CodeRef::Tagged { mask } => mask,
+    };
+    config.first_non_python_owner = u64::from(table.frame.first_non_python_owner);
+    config.code_adaptive = table.code.code_adaptive;
+    // The thread ids the target's thread states hold are in its own PID
+    // namespace.
+    let ns = std::fs::metadata(format!("/proc/{pid}/ns/pid"))
+        .map_err(|e| format!("cannot read the PID namespace of PID {pid}: {e}"))?;
+    config.pid_ns_dev = ns.dev();
+    config.pid_ns_ino = ns.ino();
+    Ok(config)
+}

@@ -1,0 +1,373 @@
+//! The walk itself: `_PyRuntime` → interpreters → thread states → frames →
+//! code objects → names, files and lines.
+
+use std::{
+    collections::{HashMap, HashSet},
+    rc::Rc,
+};
+
+use super::{StackError, linetable, remote::Remote};
+use crate::python::frames::{FrameLink, FrameOffsets, GilHolder, OWNED_BY_GENERATOR};
+
+/// At most this many interpreters and thread states are followed: more is
+/// a list read from the wrong place.
+const MAX_INTERPRETERS: usize = 256;
+const MAX_THREADS: usize = 1 << 16;
+/// The longest string (in code points) or line table (in bytes) read: a
+/// qualified name or path is far shorter, a line table of a huge function
+/// too.
+const MAX_STRING: u64 = 1 << 16;
+const MAX_LINETABLE: u64 = 1 << 24;
+/// How many times a thread's frames are read before its error is
+/// reported.
+const READ_ATTEMPTS: usize = 3;
+
+/// The runtime addresses of the types objects are checked against.
+#[derive(Clone, Copy, Debug)]
+pub struct Types {
+    /// `PyCode_Type`.
+    pub code: u64,
+    /// `PyUnicode_Type`.
+    pub unicode: u64,
+    /// `PyBytes_Type`.
+    pub bytes: u64,
+}
+
+/// One Python frame, resolved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frame {
+    /// `co_qualname`: `leaf`, `Class.method`, `outer.<locals>.inner`,
+    /// `<module>`.
+    pub function: String,
+    /// `co_filename`, as the code was compiled.
+    pub file: String,
+    /// The line of the frame's instruction; `None` where the line table
+    /// gives it no location.
+    pub line: Option<u32>,
+    /// The code object's address (what the BPF walker will record).
+    pub code: u64,
+    /// The instruction's byte offset in the code (what it will record
+    /// beside it).
+    pub offset: i64,
+}
+
+/// A thread's frames, innermost first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frames {
+    pub frames: Vec<Frame>,
+    /// Whether the walk stopped at the depth limit with frames left.
+    pub truncated: bool,
+}
+
+/// One thread state and its stack.
+#[derive(Debug)]
+pub struct ThreadStack {
+    /// The `PyThreadState *`.
+    pub tstate: u64,
+    /// `thread_id`: its `pthread_t`.
+    pub thread_id: u64,
+    /// `native_thread_id`: its TID in the process's PID namespace.
+    pub native_thread_id: u64,
+    /// Whether it is the thread that initialised Python
+    /// (`_PyRuntime.main_thread`).
+    pub main: bool,
+    /// Whether it holds its interpreter's GIL now.
+    pub holds_gil: bool,
+    /// Its frames, or why they could not be read.
+    pub frames: Result<Frames, StackError>,
+}
+
+/// What a code object says of itself, read once per code object.
+#[derive(Debug)]
+struct Code {
+    function: String,
+    file: String,
+    first_line: i32,
+    first_traceable: i64,
+    linetable: Vec<u8>,
+}
+
+/// Reads stacks in one process with one version's table.
+#[derive(Debug)]
+pub struct Walker {
+    remote: Rc<Remote>,
+    table: FrameOffsets,
+    types: Types,
+    codes: HashMap<u64, Code>,
+}
+
+impl Walker {
+    pub fn new(remote: Rc<Remote>, table: &FrameOffsets, types: Types) -> Self {
+        Self { remote, table: *table, types, codes: HashMap::new() }
+    }
+
+    fn pid(&self) -> u32 {
+        self.remote.pid()
+    }
+
+    /// The table it walks with.
+    pub const fn table(&self) -> &FrameOffsets {
+        &self.table
+    }
+
+    /// Every thread state of every interpreter, each with its stack of at
+    /// most `max_depth` frames.
+    pub fn threads(&mut self, runtime: u64, max_depth: usize) -> Result<Vec<ThreadStack>, StackError> {
+        let r = Rc::clone(&self.remote);
+        let t = self.table;
+        let main_thread = r.u64(runtime.wrapping_add(t.runtime.main_thread), "_PyRuntime.main_thread")?;
+        let runtime_holder = match t.gil {
+            GilHolder::Runtime { last_holder, locked } => gil_holder(&r, runtime, last_holder, locked)?,
+            GilHolder::Interpreter { .. } => None,
+        };
+        let mut interp = r.u64(runtime.wrapping_add(t.runtime.interpreters_head), "_PyRuntime.interpreters.head")?;
+        if interp == 0 {
+            return Err(StackError::NoInterpreter { pid: self.pid() });
+        }
+        let mut interpreters = HashSet::new();
+        let mut threads = Vec::new();
+        while interp != 0 {
+            if !interpreters.insert(interp) {
+                return Err(StackError::Cycle { pid: self.pid(), what: "interpreters", address: interp });
+            }
+            if interpreters.len() > MAX_INTERPRETERS {
+                let limit = MAX_INTERPRETERS;
+                return Err(StackError::TooMany { pid: self.pid(), what: "interpreters", limit, address: interp });
+            }
+            let holder = match t.gil {
+                GilHolder::Runtime { .. } => runtime_holder,
+                GilHolder::Interpreter { last_holder, locked } => gil_holder(&r, interp, last_holder, locked)?,
+            };
+            let mut tstate =
+                r.u64(interp.wrapping_add(t.interpreter.threads_head), "the interpreter's threads.head")?;
+            while tstate != 0 {
+                if threads.iter().any(|s: &ThreadStack| s.tstate == tstate) {
+                    return Err(StackError::Cycle { pid: self.pid(), what: "thread states", address: tstate });
+                }
+                if threads.len() >= MAX_THREADS {
+                    let limit = MAX_THREADS;
+                    return Err(StackError::TooMany { pid: self.pid(), what: "thread states", limit, address: tstate });
+                }
+                let thread_id = r.u64(tstate.wrapping_add(t.thread.thread_id), "a thread state's thread_id")?;
+                threads.push(ThreadStack {
+                    tstate,
+                    thread_id,
+                    native_thread_id: r
+                        .u64(tstate.wrapping_add(t.thread.native_thread_id), "a thread state's native_thread_id")?,
+                    main: thread_id == main_thread,
+                    holds_gil: holder == Some(tstate),
+                    frames: self.frames_of_a_moment(tstate, max_depth),
+                });
+                tstate = r.u64(tstate.wrapping_add(t.thread.next), "a thread state's next")?;
+            }
+            interp = r.u64(interp.wrapping_add(t.interpreter.next), "an interpreter's next")?;
+        }
+        Ok(threads)
+    }
+
+    /// [`Self::frames`], read again where a read failed: a thread that
+    /// runs while it is read can return from a frame between the reads
+    /// of it and of its caller, and a later read then sees a stack that
+    /// holds still long enough.
+    fn frames_of_a_moment(&mut self, tstate: u64, max_depth: usize) -> Result<Frames, StackError> {
+        let mut result = self.frames(tstate, max_depth);
+        for _ in 1..READ_ATTEMPTS {
+            if result.is_ok() {
+                break;
+            }
+            result = self.frames(tstate, max_depth);
+        }
+        result
+    }
+
+    /// The frames of the thread state at `tstate`, innermost first,
+    /// without the frames that are not Python functions' (the C stack's
+    /// entry frames) or have not started (`_PyFrame_IsIncomplete`), as
+    /// tracebacks show them.
+    pub fn frames(&mut self, tstate: u64, max_depth: usize) -> Result<Frames, StackError> {
+        let r = Rc::clone(&self.remote);
+        let f = self.table.frame;
+        let mut frame = match self.table.thread.frame {
+            FrameLink::ViaCFrame { cframe, current_frame } => {
+                match r.u64(tstate.wrapping_add(cframe), "a thread state's cframe")? {
+                    0 => 0,
+                    cframe => r.u64(cframe.wrapping_add(current_frame), "a _PyCFrame's current_frame")?,
+                }
+            }
+            FrameLink::Direct { current_frame } => {
+                r.u64(tstate.wrapping_add(current_frame), "a thread state's current_frame")?
+            }
+        };
+        let span = usize_of([f.code + 8, f.previous + 8, f.instr + 8, f.owner + 1].into_iter().max().unwrap_or(0));
+        let mut seen = HashSet::new();
+        let mut frames = Vec::new();
+        while frame != 0 {
+            if frames.len() == max_depth {
+                return Ok(Frames { frames, truncated: true });
+            }
+            if !seen.insert(frame) {
+                return Err(StackError::Cycle { pid: self.pid(), what: "frames", address: frame });
+            }
+            // One read for the fields of the frame, as the BPF walker will
+            // do: they are then at least of one moment.
+            let bytes = r.bytes(frame, span, "a frame")?;
+            let owner = bytes.get(usize_of(f.owner)).copied().unwrap_or(u8::MAX);
+            let previous = word(&bytes, f.previous);
+            if owner < f.first_non_python_owner
+                && let Some(found) = self.python_frame(frame, owner, &bytes)?
+            {
+                frames.push(found);
+            }
+            frame = previous;
+        }
+        Ok(Frames { frames, truncated: false })
+    }
+
+    /// The Python function's frame at `frame` (owned by `owner`, its
+    /// fields in `bytes`), resolved as [`Self::resolve`] does.
+    fn python_frame(&mut self, frame: u64, owner: u8, bytes: &[u8]) -> Result<Option<Frame>, StackError> {
+        let f = self.table.frame;
+        let raw = word(bytes, f.code);
+        let code = if f.code_ref.is_null(raw) {
+            0
+        } else {
+            f.code_ref.object(raw).ok_or(StackError::NoCode { pid: self.pid(), frame, raw })?
+        };
+        let first = code.wrapping_add(self.table.code.code_adaptive);
+        let offset = i64::from_le_bytes(word(bytes, f.instr).wrapping_sub(first).to_le_bytes());
+        self.resolve(code, offset, owner)
+    }
+
+    /// One frame as the BPF walker records it, resolved: `code` the code
+    /// object's address (tag bits cleared), `offset` the instruction's byte
+    /// offset from `co_code_adaptive` (negative for a frame that has not
+    /// started: 3.11's `prev_instr` is then one code unit before the code),
+    /// `owner` the frame's owner. `None` for a frame that is not a Python
+    /// function's (the C stack's entry frames, 3.14's base frame), or is
+    /// being set up or torn down: a NULL code (3.14's `PyStackRef_NULL` for
+    /// a moment), or an instruction before `_co_firsttraceable`
+    /// (`_PyFrame_IsIncomplete`), which tracebacks leave out too.
+    pub fn resolve(&mut self, code: u64, offset: i64, owner: u8) -> Result<Option<Frame>, StackError> {
+        if owner >= self.table.frame.first_non_python_owner || code == 0 {
+            return Ok(None);
+        }
+        let pid = self.pid();
+        let info = self.code(code)?;
+        // `_co_firsttraceable` is in code units.
+        if owner != OWNED_BY_GENERATOR && offset < 2 * info.first_traceable {
+            return Ok(None);
+        }
+        let line = linetable::line_at(&info.linetable, info.first_line, offset)
+            .map_err(|cause| StackError::LineTable { pid, code, cause })?;
+        Ok(Some(Frame { function: info.function.clone(), file: info.file.clone(), line, code, offset }))
+    }
+
+    /// The code object at `address`, read the first time it is met.
+    fn code(&mut self, address: u64) -> Result<&Code, StackError> {
+        let code = match self.codes.remove(&address) {
+            Some(code) => code,
+            None => self.read_code(address)?,
+        };
+        Ok(self.codes.entry(address).or_insert(code))
+    }
+
+    fn read_code(&self, address: u64) -> Result<Code, StackError> {
+        let r = &self.remote;
+        let c = self.table.code;
+        self.expect_type(address, "code object", self.types.code, "code object")?;
+        let first_line = r.u32(address.wrapping_add(c.firstlineno), "a code object's co_firstlineno")?;
+        let first_traceable = r.u32(address.wrapping_add(c.first_traceable), "a code object's _co_firsttraceable")?;
+        Ok(Code {
+            function: self
+                .string(r.u64(address.wrapping_add(c.qualname), "a code object's co_qualname")?, "co_qualname")?,
+            file: self
+                .string(r.u64(address.wrapping_add(c.filename), "a code object's co_filename")?, "co_filename")?,
+            // Both are C ints.
+            first_line: i32::from_le_bytes(first_line.to_le_bytes()),
+            first_traceable: i64::from(i32::from_le_bytes(first_traceable.to_le_bytes())),
+            linetable: self
+                .bytes(r.u64(address.wrapping_add(c.linetable), "a code object's co_linetable")?, "co_linetable")?,
+        })
+    }
+
+    /// Fails unless the object at `address` has the type at `type_address`.
+    fn expect_type(
+        &self,
+        address: u64,
+        what: &'static str,
+        type_address: u64,
+        expected: &'static str,
+    ) -> Result<(), StackError> {
+        let found = self.remote.u64(address.wrapping_add(self.table.ob_type), "an object's ob_type")?;
+        if found == type_address {
+            Ok(())
+        } else {
+            Err(StackError::WrongType { pid: self.pid(), what, address, expected, found })
+        }
+    }
+
+    /// The `str` at `address`, in the compact layout every code object's
+    /// strings have (`PyUnicode_New` makes no other).
+    fn string(&self, address: u64, what: &'static str) -> Result<String, StackError> {
+        let r = &self.remote;
+        let u = self.table.unicode;
+        self.expect_type(address, what, self.types.unicode, "str")?;
+        let bad = |reason: String| StackError::BadString { pid: self.pid(), what, address, reason };
+        let state = r.u32(address.wrapping_add(u.state), "a str's state")?;
+        let (kind, compact, ascii) = ((state >> 2) & 7, (state >> 5) & 1 == 1, (state >> 6) & 1 == 1);
+        if !compact {
+            return Err(bad(format!("it is not compact (state {state:#x})")));
+        }
+        let length = r.u64(address.wrapping_add(u.length), "a str's length")?;
+        if length > MAX_STRING {
+            return Err(bad(format!("its length {length} is beyond {MAX_STRING}")));
+        }
+        let data = address.wrapping_add(if ascii { u.ascii_data } else { u.compact_data });
+        let width = match kind {
+            1 | 2 | 4 => u64::from(kind),
+            _ => return Err(bad(format!("its kind is {kind}"))),
+        };
+        let len = usize::try_from(length * width).map_err(|_| bad("too long".to_owned()))?;
+        let raw = r.bytes(data, len, "a str's characters")?;
+        let chars: Option<String> = match width {
+            1 => Some(raw.iter().map(|&b| char::from(b)).collect()),
+            2 => raw.chunks_exact(2).map(|c| char::from_u32(u32::from(u16::from_le_bytes([c[0], c[1]])))).collect(),
+            _ => raw.chunks_exact(4).map(|c| char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect(),
+        };
+        chars.ok_or_else(|| bad("it holds a surrogate or a code point beyond U+10FFFF".to_owned()))
+    }
+
+    /// The `bytes` object at `address`'s contents.
+    fn bytes(&self, address: u64, what: &'static str) -> Result<Vec<u8>, StackError> {
+        let r = &self.remote;
+        self.expect_type(address, what, self.types.bytes, "bytes")?;
+        let size = r.u64(address.wrapping_add(self.table.bytes.size), "a bytes object's size")?;
+        if size > MAX_LINETABLE {
+            let reason = format!("its size {size} is beyond {MAX_LINETABLE}");
+            return Err(StackError::BadString { pid: self.pid(), what, address, reason });
+        }
+        let len = usize::try_from(size).unwrap_or(usize::MAX);
+        r.bytes(address.wrapping_add(self.table.bytes.data), len, "a bytes object's contents")
+    }
+}
+
+/// The 8-byte field at `at` of `bytes`, read whole from the target (0
+/// where `bytes` is too short, which a whole read is not).
+fn word(bytes: &[u8], at: u64) -> u64 {
+    let at = usize_of(at);
+    bytes.get(at..at.saturating_add(8)).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes)
+}
+
+/// A table offset as an index: they are all small.
+fn usize_of(offset: u64) -> usize {
+    usize::try_from(offset).unwrap_or(usize::MAX)
+}
+
+/// The thread state holding the GIL at `base.wrapping_add(last_holder)`, if its
+/// `locked` is set.
+fn gil_holder(r: &Remote, base: u64, last_holder: u64, locked: u64) -> Result<Option<u64>, StackError> {
+    if r.u32(base.wrapping_add(locked), "the GIL's locked")? == 0 {
+        return Ok(None);
+    }
+    Ok(Some(r.u64(base.wrapping_add(last_holder), "the GIL's last_holder")?).filter(|&t| t != 0))
+}
