@@ -283,3 +283,36 @@ fn bad_stack_options_leave_nothing_attached_or_written() {
     workload.close();
     std::fs::remove_dir_all(&dir).expect("clean up");
 }
+
+/// With `--sample 10`, each event's stack is recorded with probability
+/// 1/10 and the sites' counts are the sampled ones times 10, marked as
+/// estimates with a 95% interval; they lie within 5 standard deviations of
+/// the exact counts of an unsampled run (a bound a correct sampler misses
+/// about once in 3.5 million runs).
+#[test]
+fn sampled_sites_are_estimates_within_their_error() {
+    require_root();
+    let n = 3000;
+    let python = Python::Host(&shared_python());
+    let exact = sites(&traced(python, n, "flat", &["make_a", "make_b"], &[]));
+    let sampled_summary = traced(python, n, "flat", &["make_a", "make_b"], &["--sample", "10"]);
+    let sampled = sites(&sampled_summary);
+    for name in ["make_a", "make_b"] {
+        #[allow(clippy::cast_precision_loss, reason = "counts of a few thousand")]
+        let (c, e) = (exact[name].0 as f64, sampled[name].0 as f64);
+        let sd = (c * 9.0).sqrt();
+        assert!((e - c).abs() <= 5.0 * sd, "{name}: {e} estimated, {c} exact, sd {sd}");
+        let site = sampled_summary["sites"]
+            .as_array()
+            .expect("sites")
+            .iter()
+            .find(|s| s["function"] == name && s["line"] == line_of(&format!("# {name} allocates")))
+            .expect("the site");
+        assert_eq!(site["estimate"], true, "{site}");
+        let ci: Vec<f64> =
+            site["calls_ci95"].as_array().expect("an interval").iter().filter_map(Value::as_f64).collect();
+        assert!(ci.len() == 2 && ci[0] <= e && e <= ci[1], "{site}");
+    }
+    let coverage = &sampled_summary["stack_coverage"];
+    assert_eq!((coverage["sample"].as_u64(), coverage["estimate"].as_bool()), (Some(10), Some(true)), "{coverage}");
+}

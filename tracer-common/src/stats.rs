@@ -113,8 +113,18 @@ impl Stat {
     /// merely noteworthy event).
     #[must_use]
     pub const fn is_loss(self) -> bool {
-        // A truncated stack still counts its event; a thread without Python
-        // frames has no stack to lose.
-        !matches!(self, Self::OtherProcess | Self::SizeOverflow | Self::StackTruncated | Self::StackNoThread)
+        // A stack miss loses a stack, never an event: the event is counted
+        // already, and the stack coverage says how many have no stack.
+        !matches!(
+            self,
+            Self::OtherProcess
+                | Self::SizeOverflow
+                | Self::StackTruncated
+                | Self::StackReadFailed
+                | Self::StackNoConfig
+                | Self::StackNoThread
+                | Self::StackOtherThread
+                | Self::StacksFull
+        )
     }
 }

@@ -76,7 +76,7 @@ static SLOT_DOMAINS: Array<u32> = Array::with_max_entries(DEFAULT_SLOTS, 0);
 #[unsafe(no_mangle)]
 static STACKS_ON: u32 = 0;
 
-/// `--sample N`: record the stack of one event in N (per CPU).
+/// `--sample N`: record the stack of each event with probability 1/N.
 #[unsafe(no_mangle)]
 static SAMPLE_EVERY: u64 = 1;
 
@@ -98,8 +98,7 @@ static STACKS: HashMap<u64, Stack> = HashMap::with_max_entries(DEFAULT_STACK_ENT
 static STACK_COUNTS: PerCpuHashMap<StackKey, Counter> =
     PerCpuHashMap::with_max_entries(DEFAULT_STACK_ENTRIES, BPF_F_NO_PREALLOC);
 
-/// This CPU's walk in progress (a stack is too large for the BPF stack),
-/// and its event count for `--sample`.
+/// This CPU's walk in progress (a stack is too large for the BPF stack).
 #[map]
 static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
@@ -107,7 +106,6 @@ static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 #[repr(C)]
 pub struct Scratch {
     stack: Stack,
-    events: u64,
 }
 
 /// Returns per (process, probe slot). The loader sets the size.
@@ -341,14 +339,11 @@ fn try_stack(tgid: u32, slot: u32, bytes: u64) -> Result<(), Stat> {
     let scratch = SCRATCH.get_ptr_mut(0).ok_or(Stat::StackReadFailed)?;
     // SAFETY: a plain global the loader patches before load.
     let every = unsafe { core::ptr::read_volatile(&raw const SAMPLE_EVERY) };
-    // SAFETY: scratch is this CPU's value of a per-CPU array, valid while
-    // the program runs; nothing else runs on this CPU meanwhile but a
-    // preempting program, which the kernel's recursion check keeps out.
-    let events = unsafe {
-        (*scratch).events = (*scratch).events.wrapping_add(1);
-        (*scratch).events
-    };
-    if every > 1 && events % every != 0 {
+    // Each event independently, with probability 1/N: the sampled counts
+    // are then binomial, whose error userspace states. (Every N-th event
+    // would beat with a workload's own period.)
+    // SAFETY: the helper has no arguments and no side effects.
+    if every > 1 && u64::from(unsafe { aya_ebpf::helpers::generated::bpf_get_prandom_u32() }) % every != 0 {
         return Ok(());
     }
     // SAFETY: a reference into a map value that stays valid while the

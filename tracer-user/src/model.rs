@@ -431,6 +431,10 @@ pub struct Site {
     /// With `--sample N`: the counts are the sampled ones times N.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub estimate: bool,
+    /// With `--sample N`: the 95% confidence interval of `calls` (each
+    /// event sampled with probability 1/N: binomial).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls_ci95: Option<[f64; 2]>,
 }
 
 /// One stack and its counts.

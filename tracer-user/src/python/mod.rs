@@ -102,8 +102,11 @@ pub trait Abi: Sync + fmt::Debug {
     /// inlined copies are found without debug info; `None` for a function
     /// no switch guards.
     fn guard(&self, symbol: &str) -> Option<Guard>;
-    /// Where an object's type is, and its type's name.
-    fn objects(&self) -> ObjectOffsets;
+    /// Where an object's type is (the frame table's `ob_type`), and its
+    /// type's name.
+    fn objects(&self) -> ObjectOffsets {
+        ObjectOffsets { ob_type: self.frames().ob_type, tp_name: TP_NAME_OFFSET }
+    }
 }
 
 /// A runtime switch that a probed function reads on every call, and so
@@ -259,16 +262,11 @@ pub struct ObjectOffsets {
     pub tp_name: u64,
 }
 
-/// The layout of the 64-bit default (not free-threaded) builds from 3.11 to
-/// 3.14:
-/// - Include/object.h at v3.11.0 declares `struct _object { Py_ssize_t
-///   ob_refcnt; PyTypeObject *ob_type; }`; v3.12.0 to v3.14.0 make
-///   `ob_refcnt` a union of the same 8 bytes (immortal objects; in 3.14
-///   `ob_refcnt_full` beside `ob_flags`), so `ob_type` stays at 8;
-/// - Include/cpython/object.h from v3.11.0 to v3.14.0 starts `struct
-///   _typeobject` with `PyObject_VAR_HEAD` (the header and `Py_ssize_t
-///   ob_size`), then `const char *tp_name`: at 24.
-pub const DEFAULT_BUILD_OBJECTS: ObjectOffsets = ObjectOffsets { ob_type: 8, tp_name: 24 };
+/// `offsetof(PyTypeObject, tp_name)`: Include/cpython/object.h from v3.11.0
+/// to v3.14.0 starts `struct _typeobject` with `PyObject_VAR_HEAD` (the
+/// object header and `Py_ssize_t ob_size`: 24 bytes on the 64-bit default
+/// builds), then `const char *tp_name`.
+pub const TP_NAME_OFFSET: u64 = 24;
 
 const fn spec(symbol: &'static str, program: Program, required: bool) -> ProbeSpec {
     ProbeSpec::function(symbol, program, required, true)

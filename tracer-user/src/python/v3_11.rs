@@ -133,12 +133,6 @@ impl super::Abi for Abi311 {
             _ => super::allocator_guard(symbol),
         }
     }
-
-    fn objects(&self) -> super::ObjectOffsets {
-        // Include/object.h and Include/cpython/object.h at v3.11.0: the
-        // layout every version here shares (see DEFAULT_BUILD_OBJECTS).
-        super::DEFAULT_BUILD_OBJECTS
-    }
 }
 
 /// The GC markers, and `gc_collect_main` for builds without them: in

@@ -230,12 +230,6 @@ impl super::Abi for Abi314 {
         // As in 3.13 (Objects/object.c at v3.14.0).
         super::Abi::guard(&super::v3_13::Abi313, symbol)
     }
-
-    fn objects(&self) -> super::ObjectOffsets {
-        // Include/object.h and Include/cpython/object.h at v3.14.0: the
-        // layout every version here shares (see DEFAULT_BUILD_OBJECTS).
-        super::DEFAULT_BUILD_OBJECTS
-    }
 }
 
 /// The GC markers only. Debian's 3.14.8 has them (its notes), in

@@ -151,6 +151,7 @@ impl StackNames {
                 calls,
                 bytes,
                 estimate: self.sample > 1,
+                calls_ci95: (self.sample > 1).then(|| ci95(calls, self.sample)),
             })
             .collect();
         sites.sort_by(|a, b| b.calls.cmp(&a.calls).then_with(|| b.bytes.cmp(&a.bytes)));
@@ -170,6 +171,17 @@ impl StackNames {
             estimate: self.sample > 1,
         }
     }
+}
+
+/// The 95% confidence interval of a count estimated as `estimate` (the
+/// sampled events times `every`) when each event is sampled with
+/// probability 1/`every`: the sampled count is binomial, so the estimate's
+/// variance is about `estimate` × (`every` − 1); normal approximation.
+#[allow(clippy::cast_precision_loss, reason = "an interval, not a count")]
+fn ci95(estimate: u64, every: u64) -> [f64; 2] {
+    let (c, n) = (estimate as f64, every as f64);
+    let half = 1.96 * (c * (n - 1.0)).sqrt();
+    [(c - half).max(0.0), c + half]
 }
 
 /// A frame that stands for a stack whose frames could not be named.

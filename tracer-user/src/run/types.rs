@@ -113,7 +113,8 @@ mod tests {
         object[3] = TRACER_TEST_TYPE_NAME.as_ptr() as u64;
         let address = object.as_ptr() as u64;
         let pid = std::process::id();
-        let mut names = TypeNames::new(crate::python::DEFAULT_BUILD_OBJECTS);
+        let mut names =
+            TypeNames::new(crate::python::ObjectOffsets { ob_type: 8, tp_name: crate::python::TP_NAME_OFFSET });
         let counts: BTreeMap<u32, BTreeMap<u64, u64>> =
             [(pid, [(address, 7), (8, 1)].into_iter().collect()), (1, [(address, 3)].into_iter().collect())]
                 .into_iter()
