@@ -1,6 +1,6 @@
 """Workload driven by tracer's integration tests.
 
-    workload.py once N [finalize|_exit] [objects|api|api-pointers|late-import|types|sizes]
+    workload.py once N [finalize|_exit] [objects|api|api-pointers|late-import|types|sizes|gc|gc-auto]
                            print "ready", wait for a line on stdin, run the
                            body N times, print "done", then exit normally
                            (finalize, the default) or with os._exit, which
@@ -29,6 +29,13 @@ Bodies:
     types              one Leaky() kept in a list and one Temp() dropped; after
                        "done" it waits for stdin to close before it exits, so
                        that the type names can still be read
+    gc                 with automatic collection off (gc.disable(), before
+                       "ready"): gc.collect(0) twice and gc.collect(1) once,
+                       each finding nothing, then GC_CYCLES reference cycles
+                       of two lists each made and left, and gc.collect(2)
+                       once, finding exactly their 2 * GC_CYCLES lists
+    gc-auto            with automatic collection on: one new list kept, so
+                       that the collector runs by itself every few hundred
 
 The loop uses itertools.repeat so the loop itself allocates nothing per
 iteration.
@@ -124,6 +131,27 @@ def types_body():
     Temp()
 
 
+GC_CYCLES = 3
+
+
+def gc_body():
+    import gc
+
+    gc.collect(0)
+    gc.collect(0)
+    gc.collect(1)
+    for _ in itertools.repeat(None, GC_CYCLES):
+        a = []
+        b = [a]
+        a.append(b)
+    del a, b
+    gc.collect(2)
+
+
+def gc_auto_body():
+    KEPT.append([])
+
+
 def sizes_body():
     return bytearray(100), bytearray(1000), bytearray(10000)
 
@@ -145,6 +173,13 @@ def once(n, exit_mode, body_name):
         work = types_body
     elif body_name == "sizes":
         work = sizes_body
+    elif body_name == "gc":
+        import gc
+
+        gc.disable()
+        work = gc_body
+    elif body_name == "gc-auto":
+        work = gc_auto_body
     else:
         work = body
     if body_name != "late-import":
@@ -205,4 +240,4 @@ if __name__ == "__main__":
     elif sys.argv[1] == "serve":
         serve()
     else:
-        sys.exit(f"usage: {sys.argv[0]} once N [finalize|_exit] [objects|api|api-pointers|late-import|types|sizes] | serve")
+        sys.exit(f"usage: {sys.argv[0]} once N [finalize|_exit] [objects|api|api-pointers|late-import|types|sizes|gc|gc-auto] | serve")

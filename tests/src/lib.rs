@@ -187,7 +187,18 @@ pub enum Body {
     /// One `Leaky()` kept and one `Temp()` dropped; after "done" the
     /// workload waits for [`Workload::close`].
     Types,
+    /// With automatic collection off: `gc.collect(0)` twice,
+    /// `gc.collect(1)` once, then [`GC_CYCLES`] reference cycles of two
+    /// lists each left behind and `gc.collect(2)` once, which finds them.
+    Gc,
+    /// With automatic collection on: one new list kept, so that the
+    /// collector runs by itself.
+    GcAuto,
 }
+
+/// Reference cycles the gc body leaves for each `gc.collect(2)`, as
+/// tests/python/workload.py's `GC_CYCLES`; each is two lists.
+pub const GC_CYCLES: u64 = 3;
 
 impl Body {
     const fn arg(self) -> &'static str {
@@ -198,6 +209,8 @@ impl Body {
             Self::LateImport => "late-import",
             Self::Types => "types",
             Self::Sizes => "sizes",
+            Self::Gc => "gc",
+            Self::GcAuto => "gc-auto",
         }
     }
 }

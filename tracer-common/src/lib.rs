@@ -4,6 +4,7 @@
 #![no_std]
 
 pub mod counter;
+pub mod gc;
 pub mod returns;
 pub mod site;
 pub mod sizes;
@@ -49,6 +50,12 @@ pub mod names {
     pub const OB_TYPE_OFFSET_GLOBAL: &str = "OB_TYPE_OFFSET";
     /// BPF global: thread-group id the probes count for (0 = any process).
     pub const TARGET_TGID_GLOBAL: &str = "TARGET_TGID";
+    /// Per-CPU hash of [`crate::gc::GcTotals`] by [`crate::gc::GcKey`]
+    /// (process and generation).
+    pub const GC_TOTALS_MAP: &str = "GC_TOTALS";
+    /// LRU hash of [`crate::gc::GcRunning`] by thread id: each thread's
+    /// collection in flight.
+    pub const GC_RUNNING_MAP: &str = "GC_RUNNING";
 
     /// The BPF programs, by their function names in tracer-ebpf.
     pub mod programs {
@@ -72,6 +79,13 @@ pub mod names {
         /// Counts a new reference and the new object's type, reading the
         /// object where the attach cookie says (see [`crate::site`]).
         pub const COUNT_OBJECT: &str = "count_object";
+        /// A collection starts: records the thread's start and the
+        /// generation, where the cookie says (see [`crate::gc`]).
+        pub const GC_START: &str = "gc_start";
+        /// A collection ends: adds it, its duration and the objects found
+        /// unreachable (where the cookie says: a marker's argument, or rax
+        /// at the collection function's return).
+        pub const GC_DONE: &str = "gc_done";
     }
 }
 

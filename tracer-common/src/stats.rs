@@ -44,10 +44,24 @@ pub enum Stat {
     StackOtherThread = 11,
     /// With `--stacks`: the stacks or stack-counts map was full.
     StacksFull = 12,
+    /// A collection ended on a thread with none in flight: its start was
+    /// not seen (it began before the attach, or the in-flight map dropped
+    /// it), so it is not counted; or a thread id reused by another process
+    /// held a start whose end never came.
+    GcUnmatched = 13,
+    /// A collection started on a thread that had one in flight: the inner
+    /// one is not counted (the outer one is).
+    GcNested = 14,
+    /// A GC marker's (or the collection function's) argument could not be
+    /// read: the collection is counted under an unknown generation, or
+    /// without its objects.
+    GcArgMissing = 15,
+    /// A map of the GC probes was full: the collection was not counted.
+    GcFull = 16,
 }
 
 /// Number of entries in the `STATS` map.
-pub const STAT_COUNT: u32 = 13;
+pub const STAT_COUNT: u32 = 17;
 
 impl Stat {
     /// Every stat, in map order (the JSON `stats` keys, in this order).
@@ -65,6 +79,10 @@ impl Stat {
         Self::StackNoThread,
         Self::StackOtherThread,
         Self::StacksFull,
+        Self::GcUnmatched,
+        Self::GcNested,
+        Self::GcArgMissing,
+        Self::GcFull,
     ];
 
     /// Stable name used in the table and the JSON output.
@@ -84,6 +102,10 @@ impl Stat {
             Self::StackNoThread => "stack_no_thread",
             Self::StackOtherThread => "stack_other_thread",
             Self::StacksFull => "stacks_full",
+            Self::GcUnmatched => "gc_unmatched",
+            Self::GcNested => "gc_nested",
+            Self::GcArgMissing => "gc_arg_missing",
+            Self::GcFull => "gc_full",
         }
     }
 

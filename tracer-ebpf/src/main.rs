@@ -20,6 +20,10 @@
 // read-modify-write for this target.
 #![feature(asm_experimental_arch)]
 
+// The GC programs (`gc_start`, `gc_done`): collections per generation, from
+// CPython's markers or its collection function.
+mod gc;
+
 use aya_ebpf::{
     EbpfContext,
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST, pt_regs},

@@ -7,7 +7,7 @@ use thiserror::Error;
 
 pub use crate::discover::TargetSpec;
 use crate::{
-    plan::PlacementMode,
+    plan::{PlacementMode, gc::GcMode},
     probe::{ProbeSelection, SelectionError},
 };
 
@@ -68,6 +68,8 @@ pub struct AttachConfig {
     pub debug_dir: Option<std::path::PathBuf>,
     /// Whether to probe inlined copies too (not `--no-inlined`).
     pub inlined: bool,
+    /// `--gc`: how garbage collections are seen.
+    pub gc: GcMode,
 }
 
 /// Which events get Python stacks, and what is made of them.
@@ -199,6 +201,8 @@ pub enum ConfigError {
     BudgetPerfManySites { sites: usize },
     #[error("--links must be auto, multi or perf (got {value:?})")]
     BadLinks { value: String },
+    #[error("--gc must be auto, markers, function or off (got {value:?})")]
+    BadGc { value: String },
     #[error(
         "--budget must be a percentage of the target's time above 0 and at most 100 (got {value}); e.g. --budget 1"
     )]
@@ -247,6 +251,19 @@ pub struct AttachArgs<'a> {
     pub debug_dir: Option<&'a std::path::Path>,
     /// Not `--no-inlined`.
     pub inlined: bool,
+    /// `--gc`: "auto", "markers", "function" or "off" (empty: auto).
+    pub gc: &'a str,
+}
+
+/// Parses `--gc`.
+pub fn parse_gc(value: &str) -> Result<GcMode, ConfigError> {
+    match value {
+        "" | "auto" => Ok(GcMode::Auto),
+        "markers" => Ok(GcMode::Markers),
+        "function" => Ok(GcMode::Function),
+        "off" => Ok(GcMode::Off),
+        other => Err(ConfigError::BadGc { value: other.to_owned() }),
+    }
 }
 
 /// Parses `--placement`.
@@ -309,7 +326,9 @@ impl AttachConfig {
         if stacks.is_some() && budget.is_some() {
             return Err(ConfigError::BudgetWithStacks);
         }
+        let gc = parse_gc(args.gc)?;
         Ok(Self {
+            gc,
             returns: args.returns,
             types: args.types,
             stacks,
@@ -419,6 +438,7 @@ mod tests {
             bpf_log: false,
             debug_dir: None,
             inlined: true,
+            gc: "auto",
         }
     }
 
@@ -506,6 +526,22 @@ mod tests {
         assert_eq!(
             AttachConfig::new(&bad).unwrap_err().to_string(),
             "--links must be auto, multi or perf (got \"bpf\")"
+        );
+    }
+
+    #[test]
+    fn gc_modes() {
+        assert_eq!(AttachConfig::new(&args(1, None, 1.0, false)).unwrap().gc, GcMode::Auto);
+        for (value, mode) in
+            [("markers", GcMode::Markers), ("function", GcMode::Function), ("off", GcMode::Off), ("", GcMode::Auto)]
+        {
+            let a = AttachArgs { gc: value, ..args(1, None, 1.0, false) };
+            assert_eq!(AttachConfig::new(&a).unwrap().gc, mode);
+        }
+        let bad = AttachArgs { gc: "on", ..args(1, None, 1.0, false) };
+        assert_eq!(
+            AttachConfig::new(&bad).unwrap_err().to_string(),
+            "--gc must be auto, markers, function or off (got \"on\")"
         );
     }
 

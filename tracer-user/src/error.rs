@@ -27,6 +27,9 @@ pub fn exit_status(err: &anyhow::Error) -> i32 {
             || cause.is::<ResolveError>()
             || cause.is::<TargetError>()
             || cause.is::<PlanError>()
+            || cause
+                .downcast_ref::<crate::plan::gc::GcPlanError>()
+                .is_some_and(crate::plan::gc::GcPlanError::is_bad_input)
             || cause.downcast_ref::<AttachError>().is_some_and(AttachError::is_bad_input)
             || cause.downcast_ref::<BenchError>().is_some_and(BenchError::is_bad_input)
             || cause.downcast_ref::<StackError>().is_some_and(StackError::is_bad_input)

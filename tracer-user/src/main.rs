@@ -186,6 +186,13 @@ struct TargetArgs {
     /// uprobes; on an LTO build the counts are then partial, and marked so).
     #[arg(long)]
     no_inlined: bool,
+    /// How garbage collections are seen: auto (CPython's gc__start and gc__done markers where the
+    /// build has them, as USDT probes whose semaphores the kernel raises while attached; else the
+    /// collection function's entry and return where tracer knows that they show the same; else
+    /// not, and the output says why), markers, function, or off. Collections per generation, their
+    /// durations and the objects found unreachable are in the table and the JSON's `gc`.
+    #[arg(long, value_name = "HOW", default_value = "auto")]
+    gc: String,
 }
 
 #[derive(Debug, Args)]
@@ -355,6 +362,7 @@ fn attach(args: &AttachArgs) -> anyhow::Result<()> {
         bpf_log: args.bpf_log,
         debug_dir: args.target.debug_dir.as_deref(),
         inlined: !args.target.no_inlined,
+        gc: &args.target.gc,
     })?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let end = runtime.block_on(tracer_user::run::attach(&config, std::io::stdout().lock(), std::io::stderr()))?;
@@ -444,6 +452,7 @@ fn probes(args: &ProbesArgs) -> anyhow::Result<()> {
         returns: args.returns,
         debug_dir: t.debug_dir.as_deref(),
         inlined: !t.no_inlined,
+        gc: tracer_user::config::parse_gc(&t.gc)?,
     };
     let plan = tracer_user::run::probe_plan(&target, &selection, &options)?;
     let mut out = std::io::stdout().lock();

@@ -13,6 +13,7 @@ use tracer_common::stats::Stat;
 use crate::plan::{
     HitCosts,
     coverage::Coverage,
+    gc::{GcPlan, GcSource},
     placement::Placement,
     returns::{ReturnMeasurement, ReturnPlan},
 };
@@ -90,6 +91,10 @@ pub struct Attached {
     /// times more per hit.
     #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
     pub sites: IndexMap<String, SiteKinds>,
+    /// How garbage collections are seen (`--gc`): the markers or the
+    /// function probed, or why neither is; left out by a tracer before GC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gc: Option<GcPlan>,
 }
 
 /// How many uprobes sit on each kind of instruction.
@@ -347,6 +352,46 @@ pub struct Snapshot {
     /// traced process, most first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub types: Option<Vec<TypeCount>>,
+    /// Garbage collections since the attach, over every traced process;
+    /// left out with `--gc off`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gc: Option<Gc>,
+}
+
+/// Garbage collections since the attach, by generation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Gc {
+    /// Where they are seen from: `markers`, `function` or `none`.
+    pub source: GcSource,
+    /// With `none`, why; with `function`, what its calls count that the
+    /// markers would not (3.13's automatic collections), if anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Generations 0, 1 and 2 always (with `none`, nothing), then any other
+    /// the probes saw, such as the unknown one.
+    pub generations: Vec<GcGeneration>,
+    /// With `--exe`: the same per process that collected, by PID (exited
+    /// ones included).
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub pids: IndexMap<String, Vec<GcGeneration>>,
+}
+
+/// The collections of one generation.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GcGeneration {
+    /// `null` where the generation is not known: the start's argument could
+    /// not be read (`gc_arg_missing`), or it was 3.13's `GENERATION_AUTO`.
+    pub generation: Option<u32>,
+    /// Collections that ended (a start and its done seen on one thread).
+    pub collections: u64,
+    /// Their summed durations, start to done, in seconds.
+    pub duration_s: f64,
+    /// The objects they found unreachable (collected, and uncollectable
+    /// ones, as `gc.collect()` returns them).
+    pub collected: u64,
+    /// Over the interval (in a summary, over the run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collections_per_s: Option<f64>,
 }
 
 /// Requested sizes since the attach, per allocator domain, over every
@@ -482,6 +527,13 @@ impl Snapshot {
             let was = before.and_then(|b| b.iter().find(|b| b.name == t.name)).map_or(0, |b| b.created.min(t.created));
             t.created_per_s = Some(rate(t.created - was, secs));
         }
+        let before = since.and_then(|s| s.gc.as_ref());
+        for g in self.gc.iter_mut().flat_map(|gc| &mut gc.generations) {
+            let was = before
+                .and_then(|b| b.generations.iter().find(|b| b.generation == g.generation))
+                .map_or(0, |b| b.collections.min(g.collections));
+            g.collections_per_s = Some(rate(g.collections - was, secs));
+        }
     }
 
     /// Whether a stat's non-zero value means events are missing from the
@@ -595,6 +647,10 @@ pub enum NoteCode {
     NoStacks,
     /// With `--folded` or `--flamegraph`: the file written.
     Written,
+    /// Garbage collections cannot be seen in this build (no markers, no
+    /// collection function tracer knows), or the function's counts hold
+    /// calls the markers would not count.
+    Gc,
 }
 
 /// A diagnostic, as an event.
@@ -626,6 +682,9 @@ pub struct PlanReport {
     /// disagreeing with `Py_Version`, say).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<Note>,
+    /// Where garbage collections are seen (see [`Attached::gc`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gc: Option<GcPlan>,
 }
 
 impl PlanReport {
@@ -664,6 +723,7 @@ impl PlanReport {
             missing: plan.missing.iter().map(|m| (*m).to_owned()).collect(),
             return_costs_ns,
             notes: Vec::new(),
+            gc: None,
         }
     }
 }
@@ -808,6 +868,20 @@ mod tests {
             "\"cost\":{\"estimate\":true",
             "overhead_fraction_low",
             "\"code\":\"high_cost\"",
+            "\"gc\":{\"source\":\"markers\",\"detail\"",
+            "\"gc\":{\"source\":\"markers\",\"generations\"",
+            "\"gc\":{\"source\":\"function\",\"detail\"",
+            "\"gc\":{\"source\":\"function\",\"reason\"",
+            "\"gc\":{\"source\":\"none\",\"detail\"",
+            "\"gc\":{\"source\":\"none\",\"reason\"",
+            "\"caveat\":",
+            "\"semaphore\":",
+            "\"return\":true",
+            "\"level\":\"warning\",\"code\":\"gc\"",
+            "\"level\":\"note\",\"code\":\"gc\"",
+            "\"collections_per_s\":",
+            "\"pids\":{\"",
+            "\"gc_unmatched\":0",
         ];
         for field in fields {
             assert!(SAMPLES.contains(field), "the samples lack {field}");

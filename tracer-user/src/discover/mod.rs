@@ -10,6 +10,7 @@ pub mod guards;
 pub mod inline;
 pub mod modules;
 pub mod process;
+pub mod usdt;
 pub mod version;
 
 use std::{

@@ -48,6 +48,9 @@ pub struct Readings {
     /// `bpf_prog_info`), summed over tracer's programs. Such hits are
     /// missing from the counts.
     pub kernel_misses: u64,
+    /// Per process, its garbage collections by generation (see
+    /// [`super::gc`]).
+    pub gc: BTreeMap<u32, BTreeMap<i32, tracer_common::gc::GcTotals>>,
 }
 
 /// Collects what the BPF programs log (`--bpf-log`) until the run loop
@@ -72,7 +75,7 @@ impl log::Log for LogCollector {
 }
 
 /// A delete that failed only because the key was not there.
-fn absent(e: aya::maps::MapError) -> Result<(), aya::maps::MapError> {
+pub(super) fn absent(e: aya::maps::MapError) -> Result<(), aya::maps::MapError> {
     match &e {
         aya::maps::MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
         _ => Err(e),
@@ -149,11 +152,13 @@ impl Session {
         let mut kernel_misses = 0u64;
         let perf = self.programs.iter().map(|(p, fd)| (p.name(), fd.as_fd()));
         let multi = self.multi_programs.iter().map(|(p, fd)| (p.name(), fd.as_fd()));
-        for (name, fd) in perf.chain(multi) {
+        let gc = self.gc_programs.iter().map(|(name, fd)| (*name, fd.as_fd()));
+        for (name, fd) in perf.chain(multi).chain(gc) {
             let misses = recursion_misses(fd).map_err(|cause| AttachError::ProgramInfo { name, cause })?;
             kernel_misses = kernel_misses.saturating_add(misses);
         }
-        Ok(Readings { probes, per_process, types, sizes, stacks, stats, kernel_misses })
+        let gc = self.read_gc()?;
+        Ok(Readings { probes, per_process, types, sizes, stacks, stats, kernel_misses, gc })
     }
 
     /// Removes every entry of process `tgid` from the counter and return
@@ -176,7 +181,7 @@ impl Session {
             self.stack_counts.remove(&key).or_else(absent).map_err(map_err(names::STACK_COUNTS_MAP))?;
         }
         self.walks.remove(&tgid).or_else(absent).map_err(map_err(names::WALKS_MAP))?;
-        Ok(())
+        self.remove_gc_process(tgid)
     }
 
     /// With `--stacks`, tells the programs where process `tgid`'s frames

@@ -4,6 +4,7 @@
 //! probe.
 
 pub mod btf;
+pub mod gc;
 mod links;
 pub mod maps;
 pub mod multi;
@@ -63,6 +64,8 @@ pub enum AttachError {
     ManySitesNeedMulti { cause: multi::MultiError },
     #[error("cannot start reading the BPF log: {0}")]
     Log(String),
+    #[error(transparent)]
+    Gc(#[from] gc::GcAttachError),
 }
 
 impl AttachError {
@@ -152,6 +155,11 @@ pub struct Session {
     /// it exited says so (without a pidfd, a failed attach is taken for an
     /// exit).
     target: Option<Pidfd>,
+    /// The GC probes' links (see [`gc`]): closing them detaches the probes
+    /// and lowers the markers' semaphores.
+    gc_links: Vec<OwnedFd>,
+    /// The GC programs loaded, for their miss counts.
+    gc_programs: Vec<(&'static str, OwnedFd)>,
 }
 
 impl Session {
@@ -253,6 +261,8 @@ impl Session {
             multi_links: HashMap::new(),
             refused: std::collections::BTreeSet::new(),
             target: (target_tgid != ALL_PROCESSES).then(|| Pidfd::open(target_tgid).ok().flatten()).flatten(),
+            gc_links: Vec::new(),
+            gc_programs: Vec::new(),
         })
     }
 
@@ -413,6 +423,7 @@ mod tests {
             (bpf_map_type::BPF_MAP_TYPE_PERCPU_ARRAY, "per-CPU array (stats)"),
             (bpf_map_type::BPF_MAP_TYPE_RINGBUF, "ring buffer (aya-log)"),
             (bpf_map_type::BPF_MAP_TYPE_ARRAY, "array (.rodata globals)"),
+            (bpf_map_type::BPF_MAP_TYPE_LRU_HASH, "LRU hash (GC collections in flight)"),
         ] {
             assert!(types.contains(&(wanted as u32)), "the object has no {name} map: {types:?}");
         }
@@ -425,9 +436,10 @@ mod tests {
         let session = Session::load(plan, std::process::id(), &options).expect("the object loads");
         let names: BTreeSet<&str> = session.map_fds.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names.len(), obj.maps.len(), "every map of the object has an fd for the multi loader: {names:?}");
-        for program in Program::ALL {
-            multi::load(crate::BPF_OBJECT, program.name(), &session.map_fds)
-                .unwrap_or_else(|e| panic!("{} does not load for uprobe-multi links: {e}", program.name()));
+        let gc = [names::programs::GC_START, names::programs::GC_DONE];
+        for name in Program::ALL.iter().map(|p| p.name()).chain(gc) {
+            multi::load(crate::BPF_OBJECT, name, &session.map_fds)
+                .unwrap_or_else(|e| panic!("{name} does not load for uprobe-multi links: {e}"));
         }
     }
 

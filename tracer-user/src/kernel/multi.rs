@@ -95,7 +95,7 @@ struct LinkCreateAttr {
     tail: [u64; 8],
 }
 
-fn bpf<T>(cmd: bpf_cmd, attr: &mut T) -> std::io::Result<OwnedFd> {
+pub(super) fn bpf<T>(cmd: bpf_cmd, attr: &mut T) -> std::io::Result<OwnedFd> {
     let size = libc::c_long::try_from(size_of::<T>()).map_err(std::io::Error::other)?;
     // SAFETY: attr is a live, fully initialised #[repr(C)] value laid out as
     // the kernel's union bpf_attr for `cmd`, and its size is passed with it;
@@ -183,7 +183,38 @@ pub fn attach(
     (points, ret): (&[(u64, u64)], bool),
     pid: u32,
 ) -> Result<OwnedFd, MultiError> {
+    link(program, name, path, (points, ret), None, pid)
+}
+
+/// As [`attach`], with a reference counter for each point: the file
+/// offset of a USDT marker's semaphore (0 for none), which the kernel
+/// raises by one in each process the probe is in for as long as it exists.
+///
+/// # Errors
+/// When the kernel refuses the link.
+pub fn attach_counted(
+    program: &OwnedFd,
+    name: &'static str,
+    path: &Path,
+    (points, ret): (&[(u64, u64)], bool),
+    ref_ctrs: &[u64],
+    pid: u32,
+) -> Result<OwnedFd, MultiError> {
+    link(program, name, path, (points, ret), Some(ref_ctrs), pid)
+}
+
+fn link(
+    program: &OwnedFd,
+    name: &'static str,
+    path: &Path,
+    (points, ret): (&[(u64, u64)], bool),
+    ref_ctrs: Option<&[u64]>,
+    pid: u32,
+) -> Result<OwnedFd, MultiError> {
     let link_err = |cause| MultiError::Link { name, path: path.display().to_string(), cause };
+    if ref_ctrs.is_some_and(|r| r.len() != points.len()) {
+        return Err(link_err(std::io::Error::other("one reference counter per point is needed")));
+    }
     let c_path = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| link_err(std::io::Error::other(e)))?;
     let offsets: Vec<u64> = points.iter().map(|p| p.0).collect();
     let cookies: Vec<u64> = points.iter().map(|p| p.1).collect();
@@ -194,7 +225,7 @@ pub fn attach(
         flags: 0,
         path: c_path.as_ptr() as u64,
         offsets: offsets.as_ptr() as u64,
-        ref_ctr_offsets: 0,
+        ref_ctr_offsets: ref_ctrs.map_or(0, |r| r.as_ptr() as u64),
         cookies: cookies.as_ptr() as u64,
         cnt: u32::try_from(points.len()).unwrap_or(u32::MAX),
         multi_flags: u32::from(ret) * BPF_F_UPROBE_MULTI_RETURN,

@@ -4,6 +4,7 @@
 
 pub mod callsites;
 pub mod coverage;
+pub mod gc;
 pub mod placement;
 pub mod returns;
 

@@ -8,6 +8,7 @@
 //! looks like the last one.
 
 pub mod frames;
+pub mod gc;
 mod v3_11;
 mod v3_12;
 mod v3_13;
@@ -187,6 +188,18 @@ pub fn abi_for(pid: u32, version: PythonVersion) -> Result<&'static dyn Abi, Ver
         (3, 13) => Ok(&v3_13::Abi313),
         (3, 14) => Ok(&v3_14::Abi314),
         _ => Err(VersionError::Unsupported { pid, version }),
+    }
+}
+
+/// What tracer knows of the garbage collector of `abi`'s version.
+#[must_use]
+pub fn gc_knowledge(abi: &dyn Abi) -> Option<&'static gc::GcKnowledge> {
+    match abi.minor() {
+        11 => Some(&v3_11::GC),
+        12 => Some(&v3_12::GC),
+        13 => Some(&v3_13::GC),
+        14 => Some(&v3_14::GC),
+        _ => None,
     }
 }
 

@@ -134,3 +134,21 @@ impl super::Abi for Abi311 {
         }
     }
 }
+
+/// The GC markers, and `gc_collect_main` for builds without them: in
+/// Modules/gcmodule.c (checked at v3.11.2, Debian's source, and in the
+/// DWARF of pyenv's 3.11.7, declared at the same line 1178),
+/// `static Py_ssize_t gc_collect_main(PyThreadState *tstate, int
+/// generation, Py_ssize_t *n_collected, Py_ssize_t *n_uncollectable, int
+/// nofail)` fires `gc__start(generation)` after its debug output,
+/// `gc__done(n + m)` just before `return n + m`, and has no other return.
+/// Its callers (`gc_collect_with_callback`, which both `gc.collect()` and
+/// the automatic collections reach, and `_PyGC_CollectNoFail`) pass the
+/// generation they chose and call it only when no collection is running
+/// (`gcstate->collecting`), so each call is one collection, as the markers
+/// see it.
+pub(super) const GC: super::gc::GcKnowledge = super::gc::markers(Some(super::gc::GcFunction {
+    symbol: "gc_collect_main",
+    generation_register: super::gc::SECOND_ARGUMENT,
+    caveat: None,
+}));

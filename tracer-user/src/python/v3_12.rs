@@ -141,3 +141,13 @@ impl super::Abi for Abi312 {
         }
     }
 }
+
+/// The GC markers, and `gc_collect_main` for builds without them: as in
+/// 3.11, Modules/gcmodule.c still has `static Py_ssize_t
+/// gc_collect_main(PyThreadState *tstate, int generation, Py_ssize_t
+/// *n_collected, Py_ssize_t *n_uncollectable, int nofail)` returning `n +
+/// m`, the markers' count (checked in the DWARF of pyenv's 3.12.1, which
+/// declares it at Modules/gcmodule.c:1194 with those parameters; no 3.12
+/// source is in any Debian suite, so its body was checked by what the
+/// integration tests count on that build).
+pub(super) const GC: super::gc::GcKnowledge = super::v3_11::GC;

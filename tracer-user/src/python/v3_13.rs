@@ -209,3 +209,20 @@ impl super::Abi for Abi313 {
         }
     }
 }
+
+/// The GC markers, and `gc_collect_main` for builds without them, with a
+/// caveat: in Python/gc.c (checked at v3.13.15, Debian's source, and in the
+/// code of pyenv's 3.13.0), `static Py_ssize_t
+/// gc_collect_main(PyThreadState *tstate, int generation, _PyGC_Reason
+/// reason)` returns 0 at once when a collection is already running (its
+/// compare-and-swap of `gcstate->collecting`), and the automatic
+/// collections pass `GENERATION_AUTO` (-1): it picks the generation itself
+/// (`gc_select_generation`), and returns 0 without collecting when none is
+/// due. The markers fire after both; the function's entry cannot tell.
+pub(super) const GC: super::gc::GcKnowledge = super::gc::markers(Some(super::gc::GcFunction {
+    symbol: "gc_collect_main",
+    generation_register: super::gc::SECOND_ARGUMENT,
+    caveat: Some(
+        "gc_collect_main's entry does not show the generation of automatic collections (they pass GENERATION_AUTO, -1, and it picks one inside, or returns without collecting when none is due), nor that a call made while another collection runs returns at once: such calls are counted under generation null, each as one collection",
+    ),
+}));

@@ -231,3 +231,10 @@ impl super::Abi for Abi314 {
         super::Abi::guard(&super::v3_13::Abi313, symbol)
     }
 }
+
+/// The GC markers only. Debian's 3.14.8 has them (its notes), in
+/// `gc_collect_main` (its DWARF), but no 3.14 source was at hand to check
+/// what that function's entry and return mean (Python/gc.c changed for the
+/// incremental collector, and main has since moved the markers to
+/// `_PyGC_Collect`), so a 3.14 build without markers is reported as such.
+pub(super) const GC: super::gc::GcKnowledge = super::gc::markers(None);

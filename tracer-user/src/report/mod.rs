@@ -63,6 +63,7 @@ pub(crate) mod examples {
             measures_bytes: vec!["PyObject_Malloc".into()],
             coverage: IndexMap::new(),
             sites: IndexMap::new(),
+            gc: None,
         }
     }
 

@@ -89,6 +89,25 @@ pub fn table(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
     if !plan.missing.is_empty() {
         writeln!(out, "  not in this build: {}", plan.missing.join(", "))?;
     }
+    if let Some(gc) = &plan.gc {
+        writeln!(out, "  gc: {}", gc.detail)?;
+        for p in &gc.points {
+            let semaphore = p.semaphore.map_or(String::new(), |s| format!(", semaphore at file offset {s:#x}"));
+            let kind = if p.ret { "return of " } else { "" };
+            let how = if p.emulated { "emulated" } else { "single-stepped" };
+            writeln!(
+                out,
+                "  gc {:<5} {kind}{} at file offset {:#x} ({how}), argument {}{semaphore}",
+                match p.role {
+                    crate::plan::gc::GcRole::Start => "start",
+                    crate::plan::gc::GcRole::Done => "done",
+                },
+                p.name,
+                p.file_offset,
+                p.argument
+            )?;
+        }
+    }
     for note in &plan.notes {
         writeln!(out, "  {}: {}", if note.level == Level::Warning { "warning" } else { "note" }, note.message)?;
     }

@@ -180,9 +180,36 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         Ok(())
     }
 
+    /// Garbage collections by generation: how many, how long in all, and
+    /// the objects found unreachable.
+    fn gc_block(&mut self, gc: &crate::model::Gc) -> std::io::Result<()> {
+        if gc.generations.is_empty() {
+            // Said once, in the header.
+            return Ok(());
+        }
+        let parts: Vec<String> = gc
+            .generations
+            .iter()
+            .map(|g| {
+                let which = g.generation.map_or_else(|| "gen ?".to_owned(), |n| format!("gen {n}"));
+                let rate = g.collections_per_s.map_or(String::new(), |r| format!(" ({r:.1}/s)"));
+                format!(
+                    "{which}: {}{rate} in {}, {} unreachable",
+                    group(g.collections),
+                    duration(g.duration_s),
+                    group(g.collected)
+                )
+            })
+            .collect();
+        writeln!(self.out, "  gc ({}) {}", source_name(gc.source), parts.join(" | "))
+    }
+
     fn footer(&mut self, sample: &Snapshot) -> std::io::Result<()> {
         if let Some(sizes) = &sample.sizes {
             self.sizes_block(sizes)?;
+        }
+        if let Some(gc) = &sample.gc {
+            self.gc_block(gc)?;
         }
         if let Some(types) = &sample.types {
             self.types_block(types)?;
@@ -273,6 +300,12 @@ impl<W: Write, E: Write> TableReporter<W, E> {
             let fix = c.fix.as_ref().map_or(String::new(), |f| format!("; fix: {f}"));
             writeln!(self.out, "tracer: coverage: {name}: {what} PARTIAL: {why}{fix}")?;
         }
+        if let Some(gc) = &info.gc {
+            writeln!(self.out, "tracer: gc: {}", gc.detail)?;
+            if let Some(caveat) = &gc.caveat {
+                writeln!(self.out, "tracer: gc: PARTIAL: {caveat}")?;
+            }
+        }
         // By site where the attach says (inlined copies and call sites each
         // have their own instruction), else by each probe's placement.
         let stepped: Vec<String> = if info.sites.is_empty() {
@@ -323,6 +356,29 @@ impl<W: Write, E: Write> Reporter for TableReporter<W, E> {
             Event::Note(note) => super::note_line(&mut self.err, note),
             Event::Summary(s) => self.summary(s),
         }
+    }
+}
+
+/// The GC source as the table names it.
+const fn source_name(source: crate::plan::gc::GcSource) -> &'static str {
+    match source {
+        crate::plan::gc::GcSource::Markers => "markers",
+        crate::plan::gc::GcSource::Function => "function",
+        crate::plan::gc::GcSource::None => "none",
+    }
+}
+
+/// A duration to a readable precision: "0 s", "312 µs", "4.21 ms",
+/// "1.502 s".
+fn duration(seconds: f64) -> String {
+    if seconds == 0.0 {
+        "0 s".to_owned()
+    } else if seconds < 1e-3 {
+        format!("{:.0} µs", seconds * 1e6)
+    } else if seconds < 1.0 {
+        format!("{:.2} ms", seconds * 1e3)
+    } else {
+        format!("{seconds:.3} s")
     }
 }
 
@@ -439,6 +495,50 @@ mod tests {
              _Py_Dealloc at 10989 call sites\n\
              tracer: single-stepped, so each hit costs a debug trap (see `tracer probes`): PyObject_Free\n\n"
         );
+    }
+
+    #[test]
+    fn gc_is_a_line_per_block_and_said_once_when_not_seen() {
+        use crate::{
+            model::{Gc, GcGeneration},
+            plan::gc::{GcPlan, GcSource},
+        };
+        let generation = |generation, collections, duration_s, collected| GcGeneration {
+            generation,
+            collections,
+            duration_s,
+            collected,
+            collections_per_s: Some(2.0),
+        };
+        let mut info = attached(Some(12));
+        info.gc = Some(GcPlan { caveat: Some("entry does not say".into()), ..GcPlan::none("the markers") });
+        let mut sample = snapshot(1000, 1);
+        sample.gc = Some(Gc {
+            source: GcSource::Markers,
+            reason: None,
+            generations: vec![
+                generation(Some(0), 1234, 0.000_312, 0),
+                generation(Some(2), 2, 0.004_21, 6000),
+                generation(None, 1, 1.502, 7),
+            ],
+            pids: indexmap::IndexMap::new(),
+        });
+        let text = render(&[Event::Attached(info), Event::Interval(sample)]);
+        assert!(text.contains("tracer: gc: the markers\ntracer: gc: PARTIAL: entry does not say\n"), "{text}");
+        let line = text.lines().find(|l| l.starts_with("  gc ")).expect("a gc line");
+        assert_eq!(
+            line,
+            "  gc (markers) gen 0: 1,234 (2.0/s) in 312 µs, 0 unreachable | gen 2: 2 (2.0/s) in 4.21 ms, 6,000 unreachable | gen ?: 1 (2.0/s) in 1.502 s, 7 unreachable"
+        );
+        let mut none = snapshot(1000, 1);
+        none.gc = Some(Gc {
+            source: GcSource::None,
+            reason: Some("no markers".into()),
+            generations: vec![],
+            pids: indexmap::IndexMap::new(),
+        });
+        assert!(!render(&[Event::Interval(none)]).contains("  gc "));
+        assert_eq!(duration(0.0), "0 s");
     }
 
     #[test]

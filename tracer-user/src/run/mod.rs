@@ -33,7 +33,11 @@ use crate::{
     discover::{self, Resolved, TargetSpec},
     kernel::{AttachError, LoadOptions, Session},
     model::{Attached, End, Event, Level, Links, Note, NoteCode, PlanReport, PythonInfo, Snapshot, Summary},
-    plan::{self, ImageRef, PlacementMode, PlanOptions, returns::ReturnCosts},
+    plan::{
+        self, ImageRef, PlacementMode, PlanOptions,
+        gc::{GcMode, GcPlan, GcSource},
+        returns::ReturnCosts,
+    },
     privileges,
     probe::ProbeSelection,
     report::{self, Reporter},
@@ -171,6 +175,29 @@ fn specs(
     Ok(specs)
 }
 
+/// The GC probes of the resolved target, as `mode` says.
+fn gc_plan(r: &Resolved, mode: GcMode) -> Result<GcPlan, plan::gc::GcPlanError> {
+    let version = r.version.to_string();
+    let image = plan::gc::GcImage {
+        elf: &r.elf,
+        display_path: &r.display_path,
+        attach_path: &r.attach_path,
+        version: &version,
+    };
+    plan::gc::plan(image, crate::python::gc_knowledge(r.abi), mode)
+}
+
+/// What the user should know of the GC plan: that collections are not
+/// seen, and why (not with `--gc off`, which asked for it), or what the
+/// function's counts hold that the markers would not count.
+fn gc_note(gc: &GcPlan, mode: GcMode) -> Option<Note> {
+    match (gc.source, &gc.caveat) {
+        (GcSource::None, _) if mode != GcMode::Off => Some(Note::new(Level::Note, NoteCode::Gc, gc.detail.clone())),
+        (GcSource::Function, Some(caveat)) => Some(Note::new(Level::Warning, NoteCode::Gc, caveat.clone())),
+        _ => None,
+    }
+}
+
 /// The attach header of a session.
 fn attached_event(session: &Session, r: &Resolved, links: Links, cost: &CostMeter) -> Attached {
     let probes = &session.plan().probes;
@@ -192,6 +219,7 @@ fn attached_event(session: &Session, r: &Resolved, links: Links, cost: &CostMete
         measures_bytes: probes.iter().filter(|p| p.program.counts_bytes()).map(|p| p.symbol.to_owned()).collect(),
         coverage: probes.iter().map(|p| (p.symbol.to_owned(), p.coverage.clone())).collect(),
         sites: cost.sites(session.plan()),
+        gc: None,
     }
 }
 
@@ -428,6 +456,9 @@ fn start<'a>(
         ..PlanOptions::default()
     };
     let plan = plan::plan(ImageRef::from(&r), &specs(&r, &config.probes, config.types)?, options)?;
+    // Before anything is loaded: `--gc markers` on a build without them is
+    // the user's to fix.
+    let gc = gc_plan(&r, config.gc)?;
     let inline_sites: usize = plan.probes.iter().map(|p| p.inline_sites.len()).sum();
     if config.links == LinkMode::Perf && inline_sites > 0 {
         return Err(crate::config::ConfigError::InlinedNeedMulti { sites: inline_sites }.into());
@@ -464,12 +495,19 @@ fn start<'a>(
     let late = session.plan().has_call_sites().then(|| LateModules::new(watch, r.known.clone()));
 
     let (links, attach_began, fallback) = attach_links(&mut session, r.scope, config.links)?;
+    if gc.source != GcSource::None {
+        session.attach_gc(&gc, r.scope, links == Links::Multi)?;
+    }
     let started = Instant::now();
     // Calibrated now only if nothing before needed it: the probes are
     // live and the target is not kept waiting.
     let calibrating = cpu_costs.map_or_else(Calibration::start, Calibration::Known);
     let mut readout = Readout::new(started, r.pid().is_none(), config.types.then(|| r.abi.objects()));
     readout.stack_names = stack_names;
+    if config.gc != GcMode::Off {
+        let reason = if gc.source == GcSource::None { Some(gc.detail.clone()) } else { gc.caveat.clone() };
+        readout.report_gc(gc.source, reason);
+    }
     let duty = match (config.budget, costs) {
         (Some(budget), Some(costs)) => Some(DutyCycle::new(
             (&mut session, &mut readout),
@@ -491,6 +529,8 @@ fn start<'a>(
     let cost = CostMeter::new(session.plan(), r.pid(), calibrating, advice);
     let mut info = attached_event(&session, &r, links, &cost);
     info.return_costs_ns = return_costs.map(|r| r.1);
+    let gc_note = gc_note(&gc, config.gc);
+    info.gc = Some(gc);
     let mut output = Output {
         reporter: report::reporter(config.format, Box::new(out), Box::new(err)),
         attached: None,
@@ -499,7 +539,7 @@ fn start<'a>(
     output.emit(&Event::Attached(info.clone()))?;
     output.attached = Some(info);
     let mismatch = debug_offsets_note(&r);
-    output.notes(fallback.into_iter().chain(mismatch))?;
+    output.notes(fallback.into_iter().chain(mismatch).chain(gc_note))?;
     Ok((Run { session, readout, duty, late, started, cost }, output, exit))
 }
 
@@ -552,6 +592,8 @@ pub struct PlanRequest<'a> {
     pub debug_dir: Option<&'a std::path::Path>,
     /// Probe inlined copies too.
     pub inlined: bool,
+    /// How garbage collections would be seen.
+    pub gc: GcMode,
 }
 
 /// Resolves the target and plans its probes for `tracer probes`, without
@@ -562,7 +604,7 @@ pub fn probe_plan(
     selection: &ProbeSelection,
     request: &PlanRequest<'_>,
 ) -> anyhow::Result<PlanReport> {
-    let PlanRequest { placement, returns, debug_dir, inlined } = *request;
+    let PlanRequest { placement, returns, debug_dir, inlined, gc } = *request;
     // Which way reads a return value cheapest is measured, which loads BPF.
     let calibrated = if returns {
         privileges::check()?;
@@ -577,5 +619,8 @@ pub fn probe_plan(
     let plan = plan::plan(ImageRef::from(&r), &specs(&r, selection, false)?, options)?;
     let mut report = PlanReport::new(&plan, &r.version.to_string(), calibrated.map(|r| r.1));
     report.notes.extend(debug_offsets_note(&r));
+    let gc_plan = gc_plan(&r, gc)?;
+    report.notes.extend(gc_note(&gc_plan, gc));
+    report.gc = Some(gc_plan);
     Ok(report)
 }

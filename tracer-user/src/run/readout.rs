@@ -11,11 +11,13 @@ use std::{
 
 use indexmap::IndexMap;
 
+use tracer_common::gc::GcTotals;
+
 use crate::{
     discover::process::Pidfd,
     kernel::{AttachError, Session, maps::ProbeReading},
     model::{self, Counts, ExitedProcess, LateModule, ProbeCounts, Snapshot},
-    plan::Plan,
+    plan::{Plan, gc::GcSource},
 };
 
 /// A traced process that exited, with its final counts by slot.
@@ -28,6 +30,8 @@ struct Exited {
     types: BTreeMap<u64, u64>,
     /// With `--stacks`: its counts per stack.
     stacks: Vec<(tracer_common::stack::StackKey, tracer_common::counter::Counter)>,
+    /// Its garbage collections by generation.
+    gc: BTreeMap<i32, GcTotals>,
 }
 
 /// Counts of every process traced so far, exited ones included.
@@ -51,6 +55,8 @@ pub struct Totals {
     /// One per BPF-side stat.
     pub stats: Vec<u64>,
     pub kernel_misses: u64,
+    /// Per process, garbage collections by generation.
+    pub gc: BTreeMap<u32, BTreeMap<i32, GcTotals>>,
 }
 
 /// Reads a session's counts, keeping those of exited processes.
@@ -75,6 +81,9 @@ pub struct Readout {
     /// With `--stacks`: where each process's frames are, and its stacks'
     /// names.
     pub stack_names: Option<super::stacks::StackNames>,
+    /// Where garbage collections are seen from, and why not or what the
+    /// counts hold beyond them; `None` with `--gc off`.
+    gc: Option<(GcSource, Option<String>)>,
 }
 
 impl Readout {
@@ -92,7 +101,14 @@ impl Readout {
             exited: Vec::new(),
             unwatched: Vec::new(),
             told: std::collections::HashSet::new(),
+            gc: None,
         }
+    }
+
+    /// Makes the snapshots report garbage collections, seen from `source`,
+    /// with `reason` (why not, or what the counts hold beyond them).
+    pub fn report_gc(&mut self, source: GcSource, reason: Option<String>) {
+        self.gc = Some((source, reason));
     }
 
     /// Processes tracer could not watch for exit since the last call, with
@@ -114,19 +130,28 @@ impl Readout {
         let mut live = readings.per_process;
         let mut live_types = readings.types;
         let mut live_stacks = readings.stacks;
+        let mut live_gc = readings.gc;
         if self.reap {
             let at = self.started.elapsed();
             for pid in std::mem::take(&mut self.gone) {
                 self.watched.remove(&pid);
+                let gc = live_gc.remove(&pid).unwrap_or_default();
                 if let Some(probes) = live.remove(&pid) {
                     let types = live_types.remove(&pid).unwrap_or_default();
                     let (stacks, rest) = live_stacks.into_iter().partition(|(k, _)| k.tgid == pid);
                     live_stacks = rest;
-                    self.exited.push(Exited { pid, at, probes, types, stacks });
+                    self.exited.push(Exited { pid, at, probes, types, stacks, gc });
+                } else if !gc.is_empty() {
+                    // Collections without a hit of any other probe.
+                    let probes = vec![ProbeReading::default(); readings.probes.len()];
+                    let (types, stacks) = (BTreeMap::new(), Vec::new());
+                    self.exited.push(Exited { pid, at, probes, types, stacks, gc });
                 }
                 session.remove_process(pid)?;
             }
-            for pid in live.keys() {
+            // A process that only collected has no other entry to be seen by.
+            let seen: std::collections::BTreeSet<u32> = live.keys().chain(live_gc.keys()).copied().collect();
+            for pid in &seen {
                 if self.watched.contains_key(pid) || self.gone.contains(pid) {
                     continue;
                 }
@@ -167,6 +192,14 @@ impl Readout {
                 *total = total.saturating_add(created);
             }
         }
+        let mut gc = live_gc;
+        for e in &self.exited {
+            let merged = gc.entry(e.pid).or_default();
+            for (&generation, &totals) in &e.gc {
+                let total = merged.entry(generation).or_default();
+                *total = total.merged(totals);
+            }
+        }
         let mut per_process = live;
         for e in &self.exited {
             let merged = per_process.entry(e.pid).or_insert_with(|| vec![ProbeReading::default(); slots]);
@@ -189,6 +222,7 @@ impl Readout {
             stacks,
             stats: readings.stats,
             kernel_misses: readings.kernel_misses,
+            gc,
         })
     }
 
@@ -238,6 +272,23 @@ impl Readout {
             hits: Some(totals.probes.iter().map(|c| c.calls.saturating_add(c.returned.returns)).sum()),
             types: self.type_names.as_ref().map(|n| n.counts(&totals.types)),
             sizes: sizes(plan, totals),
+            gc: self.gc.as_ref().map(|(source, reason)| {
+                let pids = if self.reap {
+                    totals
+                        .gc
+                        .iter()
+                        .map(|(pid, own)| (pid.to_string(), generations(*source, std::iter::once(own))))
+                        .collect()
+                } else {
+                    IndexMap::new()
+                };
+                model::Gc {
+                    source: *source,
+                    reason: reason.clone(),
+                    generations: generations(*source, totals.gc.values()),
+                    pids,
+                }
+            }),
             ..self.stacks_of(plan, totals)
         }
     }
@@ -261,6 +312,38 @@ impl Readout {
             ..Snapshot::default()
         }
     }
+}
+
+/// The collections of `processes`, by generation: 0, 1 and 2 always (none
+/// where nothing is probed), then the others seen, the unknown one last.
+fn generations<'a>(
+    source: GcSource,
+    processes: impl Iterator<Item = &'a BTreeMap<i32, GcTotals>>,
+) -> Vec<model::GcGeneration> {
+    let mut by_generation: BTreeMap<i32, GcTotals> = BTreeMap::new();
+    if source != GcSource::None {
+        by_generation.extend((0..3).map(|g| (g, GcTotals::default())));
+    }
+    for totals in processes {
+        for (&generation, &t) in totals {
+            let total = by_generation.entry(generation).or_default();
+            *total = total.merged(t);
+        }
+    }
+    let mut generations: Vec<model::GcGeneration> = by_generation
+        .into_iter()
+        .map(|(generation, t)| model::GcGeneration {
+            generation: u32::try_from(generation).ok(),
+            collections: t.collections,
+            #[allow(clippy::cast_precision_loss, reason = "seconds from nanoseconds")]
+            duration_s: t.duration_ns as f64 / 1e9,
+            collected: t.collected,
+            collections_per_s: None,
+        })
+        .collect();
+    // Known generations in order, then the unknown one.
+    generations.sort_by_key(|g| g.generation.map_or((1, 0), |n| (0, n)));
+    generations
 }
 
 /// The size histograms of `totals`, with the calls of each domain that are
