@@ -30,7 +30,8 @@ fn traced(mut workload: Workload, n: u64) -> (Value, Value) {
     for _ in 0..600 {
         let line = tracer.stdout.next_line("an interval").expect("tracer printed an interval");
         let line: Value = serde_json::from_str(&line).expect("JSON");
-        assert_eq!(line["type"], "interval", "{line}");
+        // Notes (pyenv 3.13's GC caveat) come between the intervals.
+        assert!(line["type"] == "interval" || line["type"] == "note", "{line}");
         if named(&line) {
             break;
         }
