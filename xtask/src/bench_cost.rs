@@ -38,6 +38,8 @@ const WARMUPS: u32 = 1;
 const TRACED_VALUE_S: f64 = 1.5;
 /// About how long one value of the few-loops chunk takes untraced.
 const FEW_LOOPS_VALUE_S: f64 = 0.0005;
+/// The niceness pyperf runs at (workers inherit it).
+const NICE: &str = "-20";
 /// tracer's interval: a process's hits after its last reading, which are
 /// left unpriced, are at most this long.
 const INTERVAL: &str = "0.25";
@@ -268,7 +270,9 @@ fn commands(
          show `/proc/PID/exe` as the real interpreter behind the venv's symlink; `--exe` takes the venv's \
          `bin/python`, the interpreter, or a libpython itself. Untraced chunks run the same copies. \
          Commands, with PYTHON the venv's interpreter (`{}`, or the private venv's for Debian's 3.11), EXE \
-         the copy (`{}` or `{}`), and FILE each chunk kind's own pyperf file (`--append`):\n",
+         the copy (`{}` or `{}`), and FILE each chunk kind's own pyperf file (`--append`). pyperf runs at \
+         nice {NICE}, so that other load on the machine seldom keeps its worker waiting for a CPU, which \
+         its wall-clock timings would count and tracer's CPU-time estimate not:\n",
         pyenv.env.as_ref().map_or_else(String::new, |(_, dir)| dir.display().to_string()),
         debian.python.parent().and_then(Path::parent).map_or_else(String::new, |d| d.display().to_string()),
         pyenv.python.display(),
@@ -279,7 +283,7 @@ fn commands(
     writeln!(md, "sudo {} attach --exe EXE --json --interval {INTERVAL} [FLAGS]", tracer.display())?;
     writeln!(
         md,
-        "[LD_LIBRARY_PATH=DIR] PYTHON -m pyperf timeit --quiet --append FILE --processes 1 --values {VALUES} --warmups {WARMUPS} --loops LOOPS [--inherit-environ LD_LIBRARY_PATH] --setup SETUP -- STMT"
+        "[LD_LIBRARY_PATH=DIR] nice -n {NICE} PYTHON -m pyperf timeit --quiet --append FILE --processes 1 --values {VALUES} --warmups {WARMUPS} --loops LOOPS [--inherit-environ LD_LIBRARY_PATH] --setup SETUP -- STMT"
     )?;
     writeln!(md, "```\n")?;
     writeln!(md, "| case | SETUP | STMT | FLAGS | LOOPS |\n|---|---|---|---|---|")?;
@@ -437,7 +441,12 @@ fn chunk_args(loops: u64) -> Vec<String> {
 
 /// `pyperf timeit` of the case, appending to `file`.
 fn pyperf(case: &Case<'_>, file: &Path, args: &[&str]) -> anyhow::Result<()> {
-    let mut cmd = Command::new(&case.python.python);
+    // Other work on a shared machine takes CPU from pyperf's worker, which
+    // its wall-clock timings would count, and tracer's CPU-time estimate
+    // not; at the highest priority the worker seldom waits for a CPU. Its
+    // probe hits run in its own context, at its priority.
+    let mut cmd = Command::new("nice");
+    cmd.args(["-n", NICE, "--"]).arg(&case.python.python);
     cmd.args(["-m", "pyperf", "timeit", "--quiet", "--append"]).arg(file).args(args);
     if let Some((name, value)) = &case.python.env {
         // pyperf gives its workers a clean environment unless told.
