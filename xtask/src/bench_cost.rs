@@ -135,6 +135,9 @@ struct Summary {
     hits: u64,
     unpriced: u64,
     processes: usize,
+    /// The calibrated cost of a hit.
+    emulated_ns: f64,
+    single_stepped_ns: f64,
 }
 
 /// pyperf's statistics of one file.
@@ -191,17 +194,34 @@ pub fn cost_section(md: &mut String, tracer: &Path, out_root: &Path) -> anyhow::
         },
     ];
     let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let mut rows = String::new();
+    let (mut shares, mut per_loop) = (String::new(), String::new());
     let mut loops_used = Vec::new();
     for (i, case) in cases.iter().enumerate() {
         eprintln!("xtask: cost: {}", case.what);
         let m = measure(tracer, case, &dir.join(i.to_string()))?;
         loops_used.push(format!("{} loops ({} in the few-loops chunk)", m.loops, m.few_loops));
-        rows.push_str(&m.row(case.what));
+        let (s, p) = m.rows(case.what);
+        shares.push_str(&s);
+        per_loop.push_str(&p);
     }
     let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     heading(md)?;
-    md.push_str(&rows);
+    md.push_str(&shares);
+    writeln!(md)?;
+    writeln!(
+        md,
+        "Per loop of the statement, over the loops that differ between the traced and the few-loops \
+         chunks: the hits (exact counts, so a whole number where every loop does the same), pyperf's \
+         traced mean (wall time), the traced worker's CPU time as tracer read it, the time tracing added \
+         (pyperf's traced mean less its untraced mean), tracer's estimated probe time, and the calibrated \
+         cost of a hit the estimate priced them at (mean of the traced chunks' calibrations):\n"
+    )?;
+    writeln!(
+        md,
+        "| case | hits per loop | traced (pyperf, wall) | traced CPU (tracer) | added (pyperf) | estimated probe time | hit cost: emulated, single-stepped |"
+    )?;
+    writeln!(md, "|---|---|---|---|---|---|---|")?;
+    md.push_str(&per_loop);
     writeln!(md)?;
     commands(md, tracer, [&pyenv, &debian], &cases, &loops_used)?;
     let first3 = |l: &str| l.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
@@ -237,19 +257,21 @@ fn heading(md: &mut String) -> anyhow::Result<()> {
          probe time and CPU time less the few-loops chunk's (same workers, values and warmups), the \
          per-loop difference over the loops that differ. That second share is the one to set against \
          pyperf. Where a probe's sites are of both kinds the estimate is a range (`overhead_fraction_low` \
-         prices every such hit emulated). \"Added per loop\" is the traced mean less the untraced mean \
-         (measured) against the timed loops' estimated probe time per loop. \"Unpriced\" is the share of \
+         prices every such hit emulated). The measured share, 1 − 1/slowdown, is the share of the traced \
+         loop's time that tracing added, to set against f where 1/(1 − f) is ill-conditioned (near a \
+         share of 1, where a few percent of f make a factor of several in the prediction). \"Unpriced\" is the share of \
          the traced chunks' hits that tracer could not pair with a CPU time (`cost.unpriced_hits`); a \
          process started after the attach is priced to its end from the kernel's exit records (README), \
-         so pyperf's runner and worker leave none unless those records were lost. Near a share of 1 the prediction \
-         1/(1 − f) is ill-conditioned, and the whole-run share is capped at 1.\n"
+         so pyperf's runner and worker leave none unless those records were lost. The whole-run share is \
+         capped at 1; the timed loops' is a difference of two estimates, and can pass 1 where the \
+         estimate's probe time passes the CPU time it ran on.\n"
     )?;
     writeln!(
         md,
-        "| case | untraced (pyperf) | traced (pyperf) | measured slowdown | hits per loop | f, whole run | \
-         f, timed loops | predicted 1/(1 − f) | added per loop: measured, estimated | unpriced |"
+        "| case | untraced (pyperf) | traced (pyperf) | measured slowdown | measured share 1 − 1/slowdown | \
+         f, whole run | f, timed loops | predicted 1/(1 − f) | unpriced |"
     )?;
-    writeln!(md, "|---|---|---|---|---|---|---|---|---|---|")?;
+    writeln!(md, "|---|---|---|---|---|---|---|---|---|")?;
     Ok(())
 }
 
@@ -313,17 +335,16 @@ struct Measured {
 }
 
 impl Measured {
-    fn row(&self, what: &str) -> String {
+    /// This case's row in the table of shares and in the table per loop.
+    fn rows(&self, what: &str) -> (String, String) {
         let slowdown = self.traced.mean / self.untraced.mean;
         let sum = |v: &[Summary], f: fn(&Summary) -> f64| v.iter().map(f).sum::<f64>();
+        let mean = |v: &[Summary], f: fn(&Summary) -> f64| sum(v, f) / v.len().max(1) as f64;
         let loops_differing =
             (self.loops - self.few_loops) as f64 * f64::from(VALUES + WARMUPS) * self.full.len() as f64;
         let all_hits = |s: &Summary| (s.hits + s.unpriced) as f64;
         let hits_per_loop = (sum(&self.full, all_hits) - sum(&self.few, all_hits)) / loops_differing;
-        let whole = range(
-            sum(&self.full, |s| s.fraction_low) / self.full.len() as f64,
-            sum(&self.full, |s| s.fraction) / self.full.len() as f64,
-        );
+        let whole = range(mean(&self.full, |s| s.fraction_low), mean(&self.full, |s| s.fraction));
         let cpu = sum(&self.full, |s| s.target_cpu_s) - sum(&self.few, |s| s.target_cpu_s);
         let probes_high = sum(&self.full, |s| s.tracer_cpu_s) - sum(&self.few, |s| s.tracer_cpu_s);
         let probes_low = sum(&self.full, |s| s.tracer_cpu_low_s) - sum(&self.few, |s| s.tracer_cpu_low_s);
@@ -334,24 +355,33 @@ impl Measured {
         } else {
             format!("{}–{}", predicted(f_low), predicted(f_high))
         };
-        let added = fmt_ns((self.traced.mean - self.untraced.mean) * 1e9);
-        let (est_low, est_high) = (probes_low / loops_differing * 1e9, probes_high / loops_differing * 1e9);
-        let estimated = if (est_high - est_low).abs() < 0.5 {
-            fmt_ns(est_high)
-        } else {
-            format!("{}–{}", fmt_ns(est_low), fmt_ns(est_high))
-        };
         let unpriced = sum(&self.full, |s| s.unpriced as f64) / sum(&self.full, all_hits);
-        let extra = self.full.iter().map(|s| s.processes).max().unwrap_or(0);
-        // pyperf's runner and its one worker; a third is another process
-        // of the same interpreter that ran meanwhile, counted too.
-        let others = if extra > 2 { format!(" ({extra} processes traced)") } else { String::new() };
-        format!(
-            "| {what} | {} | {} | {slowdown:.2}x | {hits_per_loop:.1} | {whole} | {loops_f} | {predicted} | {added}, {estimated} | {:.1}%{others} |\n",
+        let most = self.full.iter().chain(&self.few).map(|s| s.processes).max().unwrap_or(0);
+        // pyperf's runner and its one worker; more would be processes they
+        // started, counted too.
+        let others = if most > 2 { format!(" ({most} processes traced)") } else { String::new() };
+        let shares = format!(
+            "| {what} | {} | {} | {slowdown:.2}x | {:.1}% | {whole} | {loops_f} | {predicted} | {:.1}%{others} |\n",
             self.untraced.formatted.replace("+-", "±"),
             self.traced.formatted.replace("+-", "±"),
+            (1.0 - 1.0 / slowdown) * 100.0,
             unpriced * 100.0,
-        )
+        );
+        let per_loop = |seconds: f64| fmt_ns(seconds / loops_differing * 1e9);
+        let estimated = if (probes_high - probes_low) / loops_differing * 1e9 < 0.5 {
+            per_loop(probes_high)
+        } else {
+            format!("{}–{}", per_loop(probes_low), per_loop(probes_high))
+        };
+        let per_loop = format!(
+            "| {what} | {hits_per_loop:.1} | {} | {} | {} | {estimated} | {:.0} ns, {:.0} ns |\n",
+            fmt_ns(self.traced.mean * 1e9),
+            per_loop(cpu),
+            fmt_ns((self.traced.mean - self.untraced.mean) * 1e9),
+            mean(&self.full, |s| s.emulated_ns),
+            mean(&self.full, |s| s.single_stepped_ns),
+        );
+        (shares, per_loop)
     }
 }
 
@@ -588,6 +618,10 @@ impl TracerRun {
             hits: cost["hits"].as_u64().context("hits")?,
             unpriced: cost["unpriced_hits"].as_u64().unwrap_or(0),
             processes: summary["pids"].as_object().map_or(0, serde_json::Map::len),
+            emulated_ns: cost["hit_cost_ns"]["emulated"].as_f64().context("the cost of an emulated hit")?,
+            single_stepped_ns: cost["hit_cost_ns"]["single_stepped"]
+                .as_f64()
+                .context("the cost of a single-stepped hit")?,
         })
     }
 }
