@@ -13,7 +13,7 @@
 
 use std::{
     fmt::Write as _,
-    io::{BufRead as _, BufReader},
+    io::{BufRead as _, BufReader, Write as _},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::mpsc,
@@ -437,9 +437,13 @@ fn measure(tracer: &Path, case: &Case<'_>, dir: &Path) -> anyhow::Result<Measure
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             match chunk {
                 Chunk::Untraced => pyperf(case, &file(chunk), &args)?,
-                Chunk::Traced => full.push(traced(tracer, case, || pyperf(case, &file(chunk), &args))?),
+                Chunk::Traced => {
+                    let keep = dir.join(format!("traced-{round}.jsonl"));
+                    full.push(traced(tracer, case, &keep, || pyperf(case, &file(chunk), &args))?);
+                }
                 Chunk::FewLoops => {
-                    few.push(traced(tracer, case, || pyperf(case, &file(chunk), &args))?);
+                    let keep = dir.join(format!("few-loops-{round}.jsonl"));
+                    few.push(traced(tracer, case, &keep, || pyperf(case, &file(chunk), &args))?);
                     if loops.is_none() {
                         let traced_s = stats(&case.python.python, &[&file(chunk)])?.remove(0).mean;
                         loops = Some(loops_for(TRACED_VALUE_S, traced_s).max(few_loops + 1));
@@ -515,9 +519,15 @@ fn stats(python: &Path, files: &[&PathBuf]) -> anyhow::Result<Vec<Stats>> {
         .collect()
 }
 
-/// tracer attached with `--exe` while `work` runs; its summary.
-fn traced(tracer: &Path, case: &Case<'_>, work: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<Summary> {
-    let mut run = TracerRun::start(tracer, case)?;
+/// tracer attached with `--exe` while `work` runs; its summary. Its
+/// output goes to `keep` as well.
+fn traced(
+    tracer: &Path,
+    case: &Case<'_>,
+    keep: &Path,
+    work: impl FnOnce() -> anyhow::Result<()>,
+) -> anyhow::Result<Summary> {
+    let mut run = TracerRun::start(tracer, case, keep)?;
     work()?;
     run.stop()
 }
@@ -537,7 +547,7 @@ impl TracerRun {
     /// Starts tracer and waits until the cost of a hit is calibrated (the
     /// first interval with a cost), so that the calibration's own work
     /// does not overlap pyperf's.
-    fn start(tracer: &Path, case: &Case<'_>) -> anyhow::Result<Self> {
+    fn start(tracer: &Path, case: &Case<'_>, keep: &Path) -> anyhow::Result<Self> {
         let python = case.python.exe.to_str().context("a UTF-8 path")?;
         let mut child = Command::new(tracer)
             .args(["attach", "--exe", python, "--json", "--interval", INTERVAL])
@@ -547,12 +557,14 @@ impl TracerRun {
             .spawn()
             .context("starting tracer attach")?;
         let stdout = child.stdout.take().context("tracer's stdout")?;
+        let mut kept = std::fs::File::create(keep).with_context(|| format!("creating {}", keep.display()))?;
         let (ready, calibrated) = mpsc::channel();
         let reader = std::thread::spawn(move || -> anyhow::Result<Value> {
             let mut summary = None;
             let mut mixed = None;
             for line in BufReader::new(stdout).lines() {
                 let line = line.context("reading tracer's output")?;
+                writeln!(kept, "{line}").context("keeping tracer's output")?;
                 let value: Value = serde_json::from_str(&line).with_context(|| format!("tracer's JSON: {line}"))?;
                 match value["type"].as_str() {
                     Some("attached") => {
