@@ -35,7 +35,7 @@ const VALUES: u32 = 4;
 const WARMUPS: u32 = 1;
 /// About how long one traced value takes: long enough that a traced worker
 /// spends most of its time in the timed loops.
-const TRACED_VALUE_S: f64 = 1.5;
+const TRACED_VALUE_S: f64 = 2.5;
 /// About how long one value of the few-loops chunk takes untraced.
 const FEW_LOOPS_VALUE_S: f64 = 0.0005;
 /// The niceness pyperf runs at (workers inherit it).
@@ -122,15 +122,13 @@ enum Chunk {
 }
 
 /// What tracer's summary said of one traced chunk.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Summary {
     fraction: f64,
-    /// The share with every site of a probe of both kinds priced emulated;
-    /// `fraction` where no probe has both.
+    /// The share with every hit of a probe with sites of both kinds priced
+    /// emulated; `fraction` where there is no such range.
     fraction_low: f64,
-    /// Estimated probe time, priced high and low (see `fraction_low`).
     tracer_cpu_s: f64,
-    tracer_cpu_low_s: f64,
     target_cpu_s: f64,
     hits: u64,
     unpriced: u64,
@@ -138,6 +136,32 @@ struct Summary {
     /// The calibrated cost of a hit.
     emulated_ns: f64,
     single_stepped_ns: f64,
+    /// Each probe's calls and its sites: (emulated, single-stepped).
+    probes: Vec<(u64, (u64, u64))>,
+}
+
+impl Summary {
+    /// The (high, low) probe time in seconds of this chunk's priced hits
+    /// at `calibration`'s costs of a hit, as tracer prices a probe's hits (without
+    /// `--returns`): by the kind of its sites, a probe with both kinds high
+    /// as single-stepped and low as emulated.
+    fn priced_at(&self, calibration: &Self) -> (f64, f64) {
+        let (e, s) = (calibration.emulated_ns, calibration.single_stepped_ns);
+        let (mut high, mut low) = (0.0, 0.0);
+        for &(calls, kinds) in &self.probes {
+            let (h, l) = match kinds {
+                (0, 0) => (0.0, 0.0),
+                (_, 0) => (e, e),
+                (0, _) => (s, s),
+                _ => (s, e),
+            };
+            high += calls as f64 * h;
+            low += calls as f64 * l;
+        }
+        // Only the priced hits, which are nearly all.
+        let priced = self.hits as f64 / (self.hits + self.unpriced).max(1) as f64;
+        (high * priced / 1e9, low * priced / 1e9)
+    }
 }
 
 /// pyperf's statistics of one file.
@@ -255,7 +279,11 @@ fn heading(md: &mut String) -> anyhow::Result<()> {
          loops, which are all pyperf times. So the table gives two shares: the whole run's, which is what \
          a user of `tracer attach` reads, and the timed loops', which is the traced chunk's estimated \
          probe time and CPU time less the few-loops chunk's (same workers, values and warmups), the \
-         per-loop difference over the loops that differ. That second share is the one to set against \
+         per-loop difference over the loops that differ. Every attach calibrates the cost of a hit anew, \
+         and two calibrations differ by up to about 15% here, so the few-loops chunk's hits (by probe, \
+         priced by the kind of its sites as tracer prices them) are priced at the traced chunk's \
+         calibration, as the traced chunk priced its own start; the traced chunk's hits priced so \
+         come to its summary's `tracer_cpu_s`, which the benchmark checks. That second share is the one to set against \
          pyperf. Where a probe's sites are of both kinds the estimate is a range (`overhead_fraction_low` \
          prices every such hit emulated). The measured share, 1 − 1/slowdown, is the share of the traced \
          loop's time that tracing added, to set against f where 1/(1 − f) is ill-conditioned (near a \
@@ -346,8 +374,14 @@ impl Measured {
         let hits_per_loop = (sum(&self.full, all_hits) - sum(&self.few, all_hits)) / loops_differing;
         let whole = range(mean(&self.full, |s| s.fraction_low), mean(&self.full, |s| s.fraction));
         let cpu = sum(&self.full, |s| s.target_cpu_s) - sum(&self.few, |s| s.target_cpu_s);
-        let probes_high = sum(&self.full, |s| s.tracer_cpu_s) - sum(&self.few, |s| s.tracer_cpu_s);
-        let probes_low = sum(&self.full, |s| s.tracer_cpu_low_s) - sum(&self.few, |s| s.tracer_cpu_low_s);
+        // Each round's two traced chunks calibrate anew, and differ by up
+        // to about 15% here: the few-loops chunk's hits, mostly the
+        // workers' start, are priced at the traced chunk's calibration, as
+        // the traced chunk priced its own start.
+        let (probes_high, probes_low) = self.full.iter().zip(&self.few).fold((0.0, 0.0), |(high, low), (full, few)| {
+            let ((fh, fl), (sh, sl)) = (full.priced_at(full), few.priced_at(full));
+            (high + fh - sh, low + fl - sl)
+        });
         let (f_high, f_low) = (probes_high / cpu, probes_low / cpu);
         let loops_f = range(f_low, f_high);
         let predicted = if (f_high - f_low).abs() < 5e-4 {
@@ -537,10 +571,7 @@ fn traced(
 /// would fill the pipe and stall tracer).
 struct TracerRun {
     child: Child,
-    reader: Option<JoinHandle<anyhow::Result<Value>>>,
-    /// Whether a probe has sites of both kinds, so that its hits are priced
-    /// as a range.
-    mixed: bool,
+    reader: Option<JoinHandle<anyhow::Result<(Value, Value)>>>,
 }
 
 impl TracerRun {
@@ -559,46 +590,36 @@ impl TracerRun {
         let stdout = child.stdout.take().context("tracer's stdout")?;
         let mut kept = std::fs::File::create(keep).with_context(|| format!("creating {}", keep.display()))?;
         let (ready, calibrated) = mpsc::channel();
-        let reader = std::thread::spawn(move || -> anyhow::Result<Value> {
-            let mut summary = None;
-            let mut mixed = None;
+        let reader = std::thread::spawn(move || -> anyhow::Result<(Value, Value)> {
+            let (mut attached, mut summary) = (None, None);
             for line in BufReader::new(stdout).lines() {
                 let line = line.context("reading tracer's output")?;
                 writeln!(kept, "{line}").context("keeping tracer's output")?;
                 let value: Value = serde_json::from_str(&line).with_context(|| format!("tracer's JSON: {line}"))?;
                 match value["type"].as_str() {
-                    Some("attached") => {
-                        mixed = Some(value["sites"].as_object().is_some_and(|sites| {
-                            sites.values().any(|k| {
-                                k["emulated"].as_u64().unwrap_or(0) > 0 && k["single_stepped"].as_u64().unwrap_or(0) > 0
-                            })
-                        }));
-                    }
+                    Some("attached") => attached = Some(value),
                     Some("interval") if value.get("cost").is_some() => {
-                        if let Some(m) = mixed.take() {
-                            let _ = ready.send(m);
-                        }
+                        let _ = ready.send(());
                     }
                     Some("summary") => summary = Some(value),
                     _ => {}
                 }
             }
-            summary.context("tracer wrote no summary")
+            Ok((attached.context("tracer wrote no attach header")?, summary.context("tracer wrote no summary")?))
         });
-        let mut run = Self { child, reader: Some(reader), mixed: false };
-        let Ok(mixed) = calibrated.recv_timeout(Duration::from_mins(2)) else {
+        let mut run = Self { child, reader: Some(reader) };
+        if calibrated.recv_timeout(Duration::from_mins(2)).is_err() {
             interrupt(&run.child);
             let why = run.reader.take().map(JoinHandle::join);
             let _ = run.child.wait();
             bail!("tracer attach --exe {python} reported no cost within 2 minutes: {why:?}");
-        };
-        run.mixed = mixed;
+        }
         Ok(run)
     }
 
     fn stop(&mut self) -> anyhow::Result<Summary> {
         interrupt(&self.child);
-        let summary = self
+        let (attached, summary) = self
             .reader
             .take()
             .context("tracer stopped twice")?
@@ -611,22 +632,21 @@ impl TracerRun {
         let cost = &summary["cost"];
         let share = |key: &str| cost[key].as_f64();
         let fraction = share("overhead_fraction").with_context(|| format!("no share in the summary's cost: {cost}"))?;
-        let tracer_cpu_s = share("tracer_cpu_s").context("tracer_cpu_s")?;
-        let target_cpu_s = share("target_cpu_s").context("target_cpu_s")?;
-        let (fraction_low, tracer_cpu_low_s) = match share("overhead_fraction_low") {
-            Some(low) => (low, low * target_cpu_s),
-            // No low share with sites of both kinds: both ends reached the
-            // cap, and all of the target's CPU is a lower bound.
-            None if self.mixed && fraction >= 1.0 => (fraction, target_cpu_s),
-            // Every hit priced exactly.
-            None => (fraction, tracer_cpu_s),
+        let kinds = |name: &str| {
+            let k = &attached["sites"][name];
+            (k["emulated"].as_u64().unwrap_or(0), k["single_stepped"].as_u64().unwrap_or(0))
         };
-        Ok(Summary {
+        let probes: Vec<_> = summary["probes"]
+            .as_object()
+            .context("the summary's probes")?
+            .iter()
+            .map(|(name, counts)| (counts["calls"].as_u64().unwrap_or(0), kinds(name)))
+            .collect();
+        let summary = Summary {
             fraction,
-            fraction_low,
-            tracer_cpu_s,
-            tracer_cpu_low_s,
-            target_cpu_s,
+            fraction_low: share("overhead_fraction_low").unwrap_or(fraction),
+            tracer_cpu_s: share("tracer_cpu_s").context("tracer_cpu_s")?,
+            target_cpu_s: share("target_cpu_s").context("target_cpu_s")?,
             hits: cost["hits"].as_u64().context("hits")?,
             unpriced: cost["unpriced_hits"].as_u64().unwrap_or(0),
             processes: summary["pids"].as_object().map_or(0, serde_json::Map::len),
@@ -634,7 +654,14 @@ impl TracerRun {
             single_stepped_ns: cost["hit_cost_ns"]["single_stepped"]
                 .as_f64()
                 .context("the cost of a single-stepped hit")?,
-        })
+            probes,
+        };
+        // The re-pricing of `priced_at` must be tracer's own.
+        let (high, _) = summary.priced_at(&summary);
+        if (high - summary.tracer_cpu_s).abs() > 0.01 * summary.tracer_cpu_s + 1e-3 {
+            bail!("hits priced as tracer does come to {high} s, and tracer's summary says {} s", summary.tracer_cpu_s);
+        }
+        Ok(summary)
     }
 }
 
