@@ -26,7 +26,7 @@ use serde_json::Value;
 
 use crate::bench::{fmt_ns, shell_quote};
 
-/// Rounds per case, each visiting the three chunks in a rotated order.
+/// Rounds per case, each visiting the four chunks in a rotated order.
 const ROUNDS: usize = 3;
 /// pyperf's values and warmups per worker, one worker per chunk: few
 /// workers with many values, so that each worker's fixed start is paid few
@@ -116,8 +116,10 @@ fn copy(from: &Path, to: &Path) -> anyhow::Result<()> {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Chunk {
     Untraced,
+    /// Untraced, with few loops: the workers' fixed part.
+    UntracedFewLoops,
     Traced,
-    /// Traced, with few loops: the workers' fixed part.
+    /// Traced, with few loops.
     FewLoops,
 }
 
@@ -234,15 +236,16 @@ pub fn cost_section(md: &mut String, tracer: &Path, out_root: &Path) -> anyhow::
     writeln!(md)?;
     writeln!(
         md,
-        "Per loop of the statement, over the loops that differ between the traced and the few-loops \
-         chunks: the hits (exact counts, so a whole number where every loop does the same), pyperf's \
-         traced mean (wall time), the traced worker's CPU time as tracer read it, the time tracing added \
-         (pyperf's traced mean less its untraced mean), tracer's estimated probe time, and the calibrated \
+        "Per loop of the statement, over the loops that differ between each full chunk and its few-loops \
+         one: the hits (exact counts, so a whole number where every loop does the same); the CPU time \
+         untraced and traced, as the kernel accounts it to pyperf's runner and the worker it reaps \
+         (wait4), and traced as tracer read it; the time tracing added, in pyperf's wall time (its traced \
+         mean less its untraced mean) and in CPU time; tracer's estimated probe time; and the calibrated \
          cost of a hit the estimate priced them at (mean of the traced chunks' calibrations):\n"
     )?;
     writeln!(
         md,
-        "| case | hits per loop | traced (pyperf, wall) | traced CPU (tracer) | added (pyperf) | estimated probe time | hit cost: emulated, single-stepped |"
+        "| case | hits per loop | untraced CPU | traced CPU: kernel, tracer | added: wall (pyperf), CPU | estimated probe time | hit cost: emulated, single-stepped |"
     )?;
     writeln!(md, "|---|---|---|---|---|---|---|")?;
     md.push_str(&per_loop);
@@ -268,9 +271,13 @@ fn heading(md: &mut String) -> anyhow::Result<()> {
          of a CPU-bound loop's time spent in probes predicts it to run 1/(1 − f) times slower. Here \
          `pyperf timeit` runs each statement untraced and under `tracer attach --exe PYTHON --json`, \
          which traces pyperf's runner and its worker from their start, and tracer's summaries are set \
-         against pyperf's means. Each case has {ROUNDS} rounds of three chunks in a rotated order: \
-         untraced, traced, and traced with few loops; every chunk is one pyperf worker with {VALUES} values \
-         after {WARMUPS} warmup, at a fixed `--loops` (a traced value takes about {TRACED_VALUE_S} s).\n"
+         against pyperf's means. Each case has {ROUNDS} rounds of four chunks in a rotated order: \
+         untraced and traced, each also with few loops; every chunk is one pyperf worker with {VALUES} \
+         values after {WARMUPS} warmup, at a fixed `--loops` (a traced value takes about {TRACED_VALUE_S} s). \
+         pyperf times in wall time, which on a loaded machine holds the time its worker waited for a CPU \
+         (pyperf's nice -20 below does not keep other sessions' work, in cgroups of their own, from \
+         taking half of it), while tracer estimates in CPU time; so the tables give the CPU time the \
+         kernel accounted to pyperf's processes beside pyperf's figures.\n"
     )?;
     writeln!(
         md,
@@ -285,7 +292,7 @@ fn heading(md: &mut String) -> anyhow::Result<()> {
          calibration, as the traced chunk priced its own start; the traced chunk's hits priced so \
          come to its summary's `tracer_cpu_s`, which the benchmark checks. That second share is the one to set against \
          pyperf. Where a probe's sites are of both kinds the estimate is a range (`overhead_fraction_low` \
-         prices every such hit emulated). The measured share, 1 − 1/slowdown, is the share of the traced \
+         prices every such hit emulated). The measured share in parentheses, 1 − 1/slowdown, is the share of the traced \
          loop's time that tracing added, to set against f where 1/(1 − f) is ill-conditioned (near a \
          share of 1, where a few percent of f make a factor of several in the prediction). \"Unpriced\" is the share of \
          the traced chunks' hits that tracer could not pair with a CPU time (`cost.unpriced_hits`); a \
@@ -296,7 +303,7 @@ fn heading(md: &mut String) -> anyhow::Result<()> {
     )?;
     writeln!(
         md,
-        "| case | untraced (pyperf) | traced (pyperf) | measured slowdown | measured share 1 − 1/slowdown | \
+        "| case | untraced (pyperf) | traced (pyperf) | measured slowdown (share) | in CPU time (share) | \
          f, whole run | f, timed loops | predicted 1/(1 − f) | unpriced |"
     )?;
     writeln!(md, "|---|---|---|---|---|---|---|---|---|")?;
@@ -360,6 +367,18 @@ struct Measured {
     /// Per round.
     full: Vec<Summary>,
     few: Vec<Summary>,
+    cpu: Cpu,
+}
+
+/// The CPU time pyperf's processes used, by chunk kind over all rounds, as
+/// the kernel accounts it to pyperf's runner for itself and the processes it
+/// reaped (wait4).
+#[derive(Clone, Copy, Debug, Default)]
+struct Cpu {
+    untraced: f64,
+    untraced_few: f64,
+    traced: f64,
+    few: f64,
 }
 
 impl Measured {
@@ -394,11 +413,15 @@ impl Measured {
         // pyperf's runner and its one worker; more would be processes they
         // started, counted too.
         let others = if most > 2 { format!(" ({most} processes traced)") } else { String::new() };
+        let cpu_untraced = (self.cpu.untraced - self.cpu.untraced_few) / loops_differing;
+        let cpu_traced = (self.cpu.traced - self.cpu.few) / loops_differing;
+        let cpu_slowdown = cpu_traced / cpu_untraced;
         let shares = format!(
-            "| {what} | {} | {} | {slowdown:.2}x | {:.1}% | {whole} | {loops_f} | {predicted} | {:.1}%{others} |\n",
+            "| {what} | {} | {} | {slowdown:.2}x ({:.1}%) | {cpu_slowdown:.2}x ({:.1}%) | {whole} | {loops_f} | {predicted} | {:.1}%{others} |\n",
             self.untraced.formatted.replace("+-", "±"),
             self.traced.formatted.replace("+-", "±"),
             (1.0 - 1.0 / slowdown) * 100.0,
+            (1.0 - 1.0 / cpu_slowdown) * 100.0,
             unpriced * 100.0,
         );
         let per_loop = |seconds: f64| fmt_ns(seconds / loops_differing * 1e9);
@@ -408,10 +431,12 @@ impl Measured {
             format!("{}–{}", per_loop(probes_low), per_loop(probes_high))
         };
         let per_loop = format!(
-            "| {what} | {hits_per_loop:.1} | {} | {} | {} | {estimated} | {:.0} ns, {:.0} ns |\n",
-            fmt_ns(self.traced.mean * 1e9),
+            "| {what} | {hits_per_loop:.1} | {} | {}, {} | {}, {} | {estimated} | {:.0} ns, {:.0} ns |\n",
+            fmt_ns(cpu_untraced * 1e9),
+            fmt_ns(cpu_traced * 1e9),
             per_loop(cpu),
             fmt_ns((self.traced.mean - self.untraced.mean) * 1e9),
+            fmt_ns((cpu_traced - cpu_untraced) * 1e9),
             mean(&self.full, |s| s.emulated_ns),
             mean(&self.full, |s| s.single_stepped_ns),
         );
@@ -444,40 +469,55 @@ fn measure(tracer: &Path, case: &Case<'_>, dir: &Path) -> anyhow::Result<Measure
     let file = |chunk| {
         dir.join(match chunk {
             Chunk::Untraced => "untraced.json",
+            Chunk::UntracedFewLoops => "untraced-few-loops.json",
             Chunk::Traced => "traced.json",
             Chunk::FewLoops => "few-loops.json",
         })
     };
-    for chunk in [Chunk::Untraced, Chunk::Traced, Chunk::FewLoops] {
+    let order = [Chunk::FewLoops, Chunk::UntracedFewLoops, Chunk::Untraced, Chunk::Traced];
+    for chunk in order {
         let _ = std::fs::remove_file(file(chunk));
     }
     // pyperf's own calibration, untraced, for the time of one loop.
     let pilot = dir.join("pilot.json");
     let _ = std::fs::remove_file(&pilot);
-    pyperf(case, &pilot, &["--processes", "1", "--values", "1", "--warmups", "0"])?;
+    let _ = pyperf(case, &pilot, &["--processes", "1", "--values", "1", "--warmups", "0"])?;
     let untraced_s = stats(&case.python.python, &[&pilot])?.remove(0).mean;
     let few_loops = loops_for(FEW_LOOPS_VALUE_S, untraced_s);
     let mut loops = None;
     let (mut full, mut few) = (Vec::new(), Vec::new());
-    let order = [Chunk::FewLoops, Chunk::Untraced, Chunk::Traced];
+    let mut cpu = Cpu::default();
     for round in 0..ROUNDS {
         for k in 0..order.len() {
             let chunk = order[(round + k) % order.len()];
             // The first round starts with few loops, whose traced time per
             // loop sets the loops of the others.
-            let n =
-                if chunk == Chunk::FewLoops { few_loops } else { loops.context("loops before the few-loops chunk")? };
+            let n = if matches!(chunk, Chunk::FewLoops | Chunk::UntracedFewLoops) {
+                few_loops
+            } else {
+                loops.context("loops before the few-loops chunk")?
+            };
             let args = chunk_args(n);
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let keep = |kind: &str| dir.join(format!("{kind}-{round}.jsonl"));
             match chunk {
-                Chunk::Untraced => pyperf(case, &file(chunk), &args)?,
+                Chunk::Untraced => cpu.untraced += pyperf(case, &file(chunk), &args)?,
+                Chunk::UntracedFewLoops => cpu.untraced_few += pyperf(case, &file(chunk), &args)?,
                 Chunk::Traced => {
-                    let keep = dir.join(format!("traced-{round}.jsonl"));
-                    full.push(traced(tracer, case, &keep, || pyperf(case, &file(chunk), &args))?);
+                    let mut used = 0.0;
+                    full.push(traced(tracer, case, &keep("traced"), || {
+                        used = pyperf(case, &file(chunk), &args)?;
+                        Ok(())
+                    })?);
+                    cpu.traced += used;
                 }
                 Chunk::FewLoops => {
-                    let keep = dir.join(format!("few-loops-{round}.jsonl"));
-                    few.push(traced(tracer, case, &keep, || pyperf(case, &file(chunk), &args))?);
+                    let mut used = 0.0;
+                    few.push(traced(tracer, case, &keep("few-loops"), || {
+                        used = pyperf(case, &file(chunk), &args)?;
+                        Ok(())
+                    })?);
+                    cpu.few += used;
                     if loops.is_none() {
                         let traced_s = stats(&case.python.python, &[&file(chunk)])?.remove(0).mean;
                         loops = Some(loops_for(TRACED_VALUE_S, traced_s).max(few_loops + 1));
@@ -489,7 +529,7 @@ fn measure(tracer: &Path, case: &Case<'_>, dir: &Path) -> anyhow::Result<Measure
     let mut s = stats(&case.python.python, &[&file(Chunk::Untraced), &file(Chunk::Traced)])?;
     let traced_stats = s.pop().context("pyperf's statistics")?;
     let untraced = s.pop().context("pyperf's statistics")?;
-    Ok(Measured { loops: loops.unwrap_or(few_loops), few_loops, untraced, traced: traced_stats, full, few })
+    Ok(Measured { loops: loops.unwrap_or(few_loops), few_loops, untraced, traced: traced_stats, full, few, cpu })
 }
 
 /// The loops that take about `seconds` at `per_loop` seconds each.
@@ -507,8 +547,9 @@ fn chunk_args(loops: u64) -> Vec<String> {
         .collect()
 }
 
-/// `pyperf timeit` of the case, appending to `file`.
-fn pyperf(case: &Case<'_>, file: &Path, args: &[&str]) -> anyhow::Result<()> {
+/// `pyperf timeit` of the case, appending to `file`; the CPU time its
+/// processes used, in seconds.
+fn pyperf(case: &Case<'_>, file: &Path, args: &[&str]) -> anyhow::Result<f64> {
     // Other work on a shared machine takes CPU from pyperf's worker, which
     // its wall-clock timings would count, and tracer's CPU-time estimate
     // not; at the highest priority the worker seldom waits for a CPU. Its
@@ -520,15 +561,42 @@ fn pyperf(case: &Case<'_>, file: &Path, args: &[&str]) -> anyhow::Result<()> {
         // pyperf gives its workers a clean environment unless told.
         cmd.env(name, value).args(["--inherit-environ", name]);
     }
-    let out = cmd
+    let mut child = cmd
         .args(["--setup", case.setup, "--", case.stmt])
         .stdout(Stdio::null())
-        .output()
+        .stderr(Stdio::piped())
+        .spawn()
         .with_context(|| format!("starting {} -m pyperf", case.python.python.display()))?;
-    if !out.status.success() {
-        bail!("pyperf timeit {:?} failed: {}", case.stmt, String::from_utf8_lossy(&out.stderr).trim());
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        std::io::Read::read_to_string(&mut e, &mut stderr).context("reading pyperf's stderr")?;
     }
-    Ok(())
+    let (status, cpu_s) = wait_cpu(child)?;
+    if !status.success() {
+        bail!("pyperf timeit {:?} failed ({status}): {}", case.stmt, stderr.trim());
+    }
+    Ok(cpu_s)
+}
+
+/// Reaps `child` (here `nice`, which execs pyperf's runner) and returns its
+/// status and the CPU time, user and system, that it and every process it
+/// reaped used, pyperf's workers included.
+fn wait_cpu(child: Child) -> anyhow::Result<(std::process::ExitStatus, f64)> {
+    let pid = libc::pid_t::try_from(child.id()).context("a PID")?;
+    // The Child is not waited on again; wait4 reaps it.
+    drop(child);
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value, which wait4 overwrites.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: status and usage are valid for writes through the call; pid
+    // is our child, not yet reaped.
+    if unsafe { libc::wait4(pid, &raw mut status, 0, &raw mut usage) } != pid {
+        return Err(std::io::Error::last_os_error()).context("waiting for pyperf");
+    }
+    let seconds = |t: libc::timeval| {
+        Duration::new(u64::try_from(t.tv_sec).unwrap_or(0), u32::try_from(t.tv_usec * 1000).unwrap_or(0)).as_secs_f64()
+    };
+    Ok((std::os::unix::process::ExitStatusExt::from_raw(status), seconds(usage.ru_utime) + seconds(usage.ru_stime)))
 }
 
 fn stats(python: &Path, files: &[&PathBuf]) -> anyhow::Result<Vec<Stats>> {
