@@ -276,7 +276,7 @@ fn heading(md: &mut String) -> anyhow::Result<()> {
          values after {WARMUPS} warmup, at a fixed `--loops` (a traced value takes about {TRACED_VALUE_S} s). \
          pyperf times in wall time, which on a loaded machine holds the time its worker waited for a CPU \
          (pyperf's nice -20 below does not keep other sessions' work, in cgroups of their own, from \
-         taking half of it), while tracer estimates in CPU time; so the tables give the CPU time the \
+         taking a share of it), while tracer estimates in CPU time; so the tables give the CPU time the \
          kernel accounted to pyperf's processes beside pyperf's figures.\n"
     )?;
     writeln!(
