@@ -39,7 +39,7 @@ use tracer_common::{
     returns::Returned,
     stats::{STAT_COUNT, Stat},
     sizes::{self, BUCKETS, DEFAULT_SLOTS, DOMAINS, NO_DOMAIN},
-    stack::{self, DEFAULT_STACK_ENTRIES, Frame, MAX_DEPTH, NO_OFFSET, Stack, StackKey, WalkConfig},
+    stack::{self, DEFAULT_STACK_ENTRIES, FRAME_HEAD, Frame, MAX_DEPTH, NO_OFFSET, Stack, StackKey, WalkConfig},
     types::{DEFAULT_TYPE_ENTRIES, TypeKey},
 };
 
@@ -102,10 +102,15 @@ static STACK_COUNTS: PerCpuHashMap<StackKey, Counter> =
 #[map]
 static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
+/// Words of a frame's head, as [`Scratch`] holds them.
+const HEAD_WORDS: usize = (FRAME_HEAD / 8) as usize;
+
 /// What [`SCRATCH`] holds.
 #[repr(C)]
 pub struct Scratch {
     stack: Stack,
+    /// The first bytes of the frame being walked, read in one go.
+    head: [u64; HEAD_WORDS],
 }
 
 /// Returns per (process, probe slot). The loader sets the size.
@@ -361,20 +366,50 @@ fn try_stack(tgid: u32, slot: u32, bytes: u64) -> Result<(), Stat> {
         read(cframe.wrapping_add(config.current_frame))?
     };
     let depth = usize::try_from(config.depth).unwrap_or(MAX_DEPTH).min(MAX_DEPTH);
+    let head = config.frame_head().ok_or(Stat::StackNoConfig)?;
+    // Checked here, where the verifier sees it, that the read fits the
+    // scratch words.
+    if head.bytes == 0 || head.bytes > FRAME_HEAD {
+        return Err(Stat::StackNoConfig);
+    }
+    #[allow(clippy::cast_possible_truncation, reason = "at most FRAME_HEAD")]
+    let head_bytes = head.bytes as u32;
     let mut hash = stack::FNV_OFFSET;
     let mut n = 0usize;
     // SAFETY: as above, this CPU's scratch value.
     let walk = unsafe { &mut (*scratch).stack };
+    // SAFETY: as above.
+    let words = unsafe { &mut (*scratch).head };
+    // Masked so that the verifier sees each index bounded.
+    #[allow(clippy::cast_possible_truncation, reason = "a word index below HEAD_WORDS")]
+    let word = |words: &[u64; HEAD_WORDS], i: u64| words[(i as usize) & (HEAD_WORDS - 1)];
     // Every frame is recorded, the C stack's entry frames too (userspace
     // leaves them out by their owner): the count of frames is then the
     // same on every path through one iteration, which lets the verifier
     // prune, where a count that depends on the owner would double its
     // paths at every frame.
     while n < depth && frame != 0 {
-        let owner: u8 = read_byte(frame.wrapping_add(config.frame_owner))?;
-        let previous = read(frame.wrapping_add(config.frame_previous))?;
-        let code = read(frame.wrapping_add(config.frame_code))? & !config.code_tag_mask;
-        let instr = read(frame.wrapping_add(config.frame_instr))?;
+        // One read per frame: the helper call, not the bytes, is what a
+        // read costs.
+        // SAFETY: the helper writes head_bytes (at most FRAME_HEAD) bytes
+        // into this CPU's scratch words, which hold FRAME_HEAD, and reads
+        // the probed thread's memory, failing (counted) rather than
+        // faulting where it is not mapped.
+        let rc = unsafe {
+            aya_ebpf::helpers::generated::bpf_probe_read_user(
+                words.as_mut_ptr().cast(),
+                head_bytes,
+                frame as *const core::ffi::c_void,
+            )
+        };
+        if rc != 0 {
+            return Err(Stat::StackReadFailed);
+        }
+        #[allow(clippy::cast_possible_truncation, reason = "the owner is the byte at its shift")]
+        let owner = (word(words, head.owner) >> (head.owner_shift & 63)) as u8;
+        let previous = word(words, head.previous);
+        let code = word(words, head.code) & !config.code_tag_mask;
+        let instr = word(words, head.instr);
         let offset = instr.wrapping_sub(code.wrapping_add(config.code_adaptive));
         // Masked so that the verifier sees the index bounded.
         if let Some(f) = walk.frames.get_mut(n & (MAX_DEPTH - 1)) {
@@ -480,13 +515,6 @@ fn read(address: u64) -> Result<u64, Stat> {
     // SAFETY: the helper reads the probed thread's memory and fails
     // (counted) rather than fault.
     unsafe { bpf_probe_read_user(address as *const u64) }.map_err(|_| Stat::StackReadFailed)
-}
-
-/// The byte of the target's memory at `address`.
-#[inline(always)]
-fn read_byte(address: u64) -> Result<u8, Stat> {
-    // SAFETY: as in read.
-    unsafe { bpf_probe_read_user(address as *const u8) }.map_err(|_| Stat::StackReadFailed)
 }
 
 /// Records the value in rax at a point where it holds the function's
