@@ -91,11 +91,12 @@ pub struct FrameHead {
 }
 
 impl WalkConfig {
-    /// How one read of a frame's first bytes gives every field the walk
-    /// needs (one `bpf_probe_read_user` per frame, where a read per field
-    /// would cost four: the helper call, not the bytes copied, is most of
-    /// a read's cost). None when a pointer field is not 8-aligned or the
-    /// fields reach past [`FRAME_HEAD`], which no supported version does.
+    /// How the bytes read from a frame's start give every field the walk
+    /// needs, so that one read serves a frame (or, on the data stack,
+    /// the frames that share its page), where a read per field would cost
+    /// four: the helper call, not the bytes copied, is most of a read's
+    /// cost. None when a pointer field is not 8-aligned or the fields
+    /// reach past [`FRAME_HEAD`], which no supported version does.
     #[must_use]
     pub const fn frame_head(&self) -> Option<FrameHead> {
         let (code, previous, instr, owner) = (self.frame_code, self.frame_previous, self.frame_instr, self.frame_owner);

@@ -102,15 +102,23 @@ static STACK_COUNTS: PerCpuHashMap<StackKey, Counter> =
 #[map]
 static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
-/// Words of a frame's head, as [`Scratch`] holds them.
-const HEAD_WORDS: usize = (FRAME_HEAD / 8) as usize;
+/// The walk reads a frame's page from its start up to the end of the
+/// frame's head: the frames of Python-to-Python calls sit one after the
+/// other on the thread's data stack, each caller below its callee, so one
+/// read gives the next frames too, and a read never reaches into a page
+/// the frame is not in.
+const PAGE: u64 = 4096;
+
+/// Words of a window: a page, and a head that crosses into the next.
+const WINDOW_WORDS: usize = ((PAGE + FRAME_HEAD) / 8) as usize;
 
 /// What [`SCRATCH`] holds.
 #[repr(C)]
 pub struct Scratch {
     stack: Stack,
-    /// The first bytes of the frame being walked, read in one go.
-    head: [u64; HEAD_WORDS],
+    /// The memory read last: the start of a frame's page up to the end of
+    /// its head.
+    window: [u64; WINDOW_WORDS],
 }
 
 /// Returns per (process, probe slot). The loader sets the size.
@@ -367,49 +375,59 @@ fn try_stack(tgid: u32, slot: u32, bytes: u64) -> Result<(), Stat> {
     };
     let depth = usize::try_from(config.depth).unwrap_or(MAX_DEPTH).min(MAX_DEPTH);
     let head = config.frame_head().ok_or(Stat::StackNoConfig)?;
-    // Checked here, where the verifier sees it, that the read fits the
-    // scratch words.
-    if head.bytes == 0 || head.bytes > FRAME_HEAD {
-        return Err(Stat::StackNoConfig);
-    }
-    #[allow(clippy::cast_possible_truncation, reason = "at most FRAME_HEAD")]
-    let head_bytes = head.bytes as u32;
     let mut hash = stack::FNV_OFFSET;
     let mut n = 0usize;
     // SAFETY: as above, this CPU's scratch value.
     let walk = unsafe { &mut (*scratch).stack };
     // SAFETY: as above.
-    let words = unsafe { &mut (*scratch).head };
-    // Masked so that the verifier sees each index bounded.
-    #[allow(clippy::cast_possible_truncation, reason = "a word index below HEAD_WORDS")]
-    let word = |words: &[u64; HEAD_WORDS], i: u64| words[(i as usize) & (HEAD_WORDS - 1)];
+    let window = unsafe { &mut (*scratch).window };
+    // The target's address of window[0], and how many bytes it holds.
+    let (mut base, mut held) = (0u64, 0u64);
     // Every frame is recorded, the C stack's entry frames too (userspace
     // leaves them out by their owner): the count of frames is then the
     // same on every path through one iteration, which lets the verifier
     // prune, where a count that depends on the owner would double its
     // paths at every frame.
     while n < depth && frame != 0 {
-        // One read per frame: the helper call, not the bytes, is what a
-        // read costs.
-        // SAFETY: the helper writes head_bytes (at most FRAME_HEAD) bytes
-        // into this CPU's scratch words, which hold FRAME_HEAD, and reads
-        // the probed thread's memory, failing (counted) rather than
-        // faulting where it is not mapped.
-        let rc = unsafe {
-            aya_ebpf::helpers::generated::bpf_probe_read_user(
-                words.as_mut_ptr().cast(),
-                head_bytes,
-                frame as *const core::ffi::c_void,
-            )
-        };
-        if rc != 0 {
-            return Err(Stat::StackReadFailed);
+        let mut at = frame.wrapping_sub(base);
+        if at >= held || held - at < head.bytes {
+            // Not read yet. A frame is pointer-aligned; one that is not
+            // is read alone, so that its fields are still whole words.
+            let start = if frame % 8 == 0 { frame & !(PAGE - 1) } else { frame };
+            let len = frame.wrapping_sub(start).wrapping_add(head.bytes);
+            // Checked here, where the verifier sees it, that the read
+            // fits the window.
+            if len == 0 || len > PAGE + FRAME_HEAD {
+                return Err(Stat::StackNoConfig);
+            }
+            #[allow(clippy::cast_possible_truncation, reason = "at most PAGE + FRAME_HEAD")]
+            let size = len as u32;
+            // SAFETY: the helper writes `size` bytes, at most the window's,
+            // into this CPU's window, and reads the probed thread's memory
+            // within one page and the frame's head, failing (counted)
+            // rather than faulting where it is not mapped.
+            let rc = unsafe {
+                aya_ebpf::helpers::generated::bpf_probe_read_user(
+                    window.as_mut_ptr().cast(),
+                    size,
+                    start as *const core::ffi::c_void,
+                )
+            };
+            if rc != 0 {
+                return Err(Stat::StackReadFailed);
+            }
+            (base, held) = (start, len);
+            at = frame - start;
         }
+        // `at` is a multiple of 8 (both ends aligned, or 0): its fields
+        // are whole words of the window.
+        #[allow(clippy::cast_possible_truncation, reason = "word indices within the window")]
+        let word = |field: u64| window.get(((at / 8) + field) as usize).copied().ok_or(Stat::StackNoConfig);
         #[allow(clippy::cast_possible_truncation, reason = "the owner is the byte at its shift")]
-        let owner = (word(words, head.owner) >> (head.owner_shift & 63)) as u8;
-        let previous = word(words, head.previous);
-        let code = word(words, head.code) & !config.code_tag_mask;
-        let instr = word(words, head.instr);
+        let owner = (word(head.owner)? >> (head.owner_shift & 63)) as u8;
+        let previous = word(head.previous)?;
+        let code = word(head.code)? & !config.code_tag_mask;
+        let instr = word(head.instr)?;
         let offset = instr.wrapping_sub(code.wrapping_add(config.code_adaptive));
         // Masked so that the verifier sees the index bounded.
         if let Some(f) = walk.frames.get_mut(n & (MAX_DEPTH - 1)) {
