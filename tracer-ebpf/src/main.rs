@@ -447,18 +447,22 @@ fn try_stack(tgid: u32, slot: u32, bytes: u64) -> Result<(), Stat> {
     }
     walk.truncated = truncated;
     hash = stack::mix(hash, u64::from(truncated));
-    // A stack seen before is there already; a full map loses the frames of
-    // new stacks, which is counted.
-    if STACKS.insert(&hash, walk, u64::from(BPF_NOEXIST)).is_err() {
-        // SAFETY: a lookup of a key, whose value is not used.
-        if unsafe { STACKS.get(&hash) }.is_none() {
-            return Err(Stat::StacksFull);
-        }
-    }
-    let counter = match STACK_COUNTS.get_ptr_mut(&StackKey { tgid, slot, stack: hash }) {
+    // A stack counted before is kept already: its count is made only after
+    // its frames are in STACKS, whose entries are never removed. So the
+    // common case is one lookup, and only a new stack pays for the
+    // insert, which locks a bucket. A full map loses the frames of new
+    // stacks, which is counted.
+    let key = StackKey { tgid, slot, stack: hash };
+    let counter = match STACK_COUNTS.get_ptr_mut(&key) {
         Some(c) => c,
         None => {
-            let key = StackKey { tgid, slot, stack: hash };
+            if STACKS.insert(&hash, walk, u64::from(BPF_NOEXIST)).is_err() {
+                // Another process, or CPU, may have kept it first.
+                // SAFETY: a lookup of a key, whose value is not used.
+                if unsafe { STACKS.get(&hash) }.is_none() {
+                    return Err(Stat::StacksFull);
+                }
+            }
             let _ = STACK_COUNTS.insert(&key, &Counter::default(), u64::from(BPF_NOEXIST));
             STACK_COUNTS.get_ptr_mut(&key).ok_or(Stat::StacksFull)?
         }
