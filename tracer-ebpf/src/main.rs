@@ -89,7 +89,9 @@ static SLOT_STACKS: Array<u32> = Array::with_max_entries(DEFAULT_SLOTS, 0);
 static WALKS: HashMap<u32, WalkConfig> = HashMap::with_max_entries(DEFAULT_STACK_ENTRIES, 0);
 
 /// Each stack seen, by its hash. Not preallocated: a stack is 2 KB, and
-/// most runs fill a fraction of the room.
+/// most runs fill a fraction of the room. Entries are never removed (a
+/// hash may be another process's stack too): `try_stack` takes a count in
+/// [`STACK_COUNTS`] as proof that its stack is here.
 #[map]
 static STACKS: HashMap<u64, Stack> = HashMap::with_max_entries(DEFAULT_STACK_ENTRIES, BPF_F_NO_PREALLOC);
 
