@@ -68,6 +68,65 @@ pub struct WalkConfig {
 
 const _: () = assert!(core::mem::size_of::<WalkConfig>() == 8 + 15 * 8);
 
+/// The most bytes of a frame the walk reads in one go: every field it
+/// needs (code, previous, instruction pointer, owner) is within the first
+/// 80 bytes of `_PyInterpreterFrame` in 3.11 to 3.14.
+pub const FRAME_HEAD: u64 = 128;
+
+/// Where the walk finds a frame's fields in the bytes it read from the
+/// frame's start, as 64-bit words: [`WalkConfig::frame_head`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameHead {
+    /// Bytes to read from the frame's start: up to the end of the last
+    /// field, at most [`FRAME_HEAD`].
+    pub bytes: u64,
+    /// Word indices of the code reference, the previous frame and the
+    /// instruction pointer.
+    pub code: u64,
+    pub previous: u64,
+    pub instr: u64,
+    /// The word holding the owner byte, and the owner's shift in it.
+    pub owner: u64,
+    pub owner_shift: u64,
+}
+
+impl WalkConfig {
+    /// How the bytes read from a frame's start give every field the walk
+    /// needs, so that one read serves a frame (or, on the data stack,
+    /// the frames that share its page), where a read per field would cost
+    /// four: the helper call, not the bytes copied, is most of a read's
+    /// cost. None when a pointer field is not 8-aligned or the fields
+    /// reach past [`FRAME_HEAD`], which no supported version does.
+    #[must_use]
+    pub const fn frame_head(&self) -> Option<FrameHead> {
+        let (code, previous, instr, owner) = (self.frame_code, self.frame_previous, self.frame_instr, self.frame_owner);
+        if code % 8 != 0 || previous % 8 != 0 || instr % 8 != 0 {
+            return None;
+        }
+        let mut bytes = owner.saturating_add(1);
+        let pointers = [code, previous, instr];
+        let mut i = 0;
+        while i < pointers.len() {
+            let end = pointers[i].saturating_add(8);
+            if end > bytes {
+                bytes = end;
+            }
+            i += 1;
+        }
+        if bytes > FRAME_HEAD {
+            return None;
+        }
+        Some(FrameHead {
+            bytes,
+            code: code / 8,
+            previous: previous / 8,
+            instr: instr / 8,
+            owner: owner / 8,
+            owner_shift: (owner % 8) * 8,
+        })
+    }
+}
+
 /// One frame of a walk: the code object, the byte offset of the
 /// instruction in its code, and the frame's owner (frames whose owner is
 /// not a Python function's are the C stack's entry frames, recorded but
@@ -140,3 +199,36 @@ unsafe impl aya::Pod for Stack {}
 #[cfg(feature = "user")]
 // SAFETY: as above: two u32 and a u64.
 unsafe impl aya::Pod for StackKey {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(code: u64, previous: u64, instr: u64, owner: u64) -> WalkConfig {
+        WalkConfig {
+            frame_code: code,
+            frame_previous: previous,
+            frame_instr: instr,
+            frame_owner: owner,
+            ..WalkConfig::default()
+        }
+    }
+
+    #[test]
+    fn a_frame_head_ends_at_its_last_field() {
+        // 3.11's `_PyInterpreterFrame`: f_code at 32, previous at 48,
+        // prev_instr at 56, owner at 69.
+        let head = config(32, 48, 56, 69).frame_head().expect("fits");
+        assert_eq!(head, FrameHead { bytes: 70, code: 4, previous: 6, instr: 7, owner: 8, owner_shift: 40 });
+        // A pointer last.
+        assert_eq!(config(0, 8, 120, 70).frame_head().map(|h| h.bytes), Some(128));
+    }
+
+    #[test]
+    fn a_frame_head_that_cannot_be_read_in_one_go_is_refused() {
+        assert_eq!(config(0, 8, 128, 70).frame_head(), None);
+        assert_eq!(config(0, 8, 56, 128).frame_head(), None);
+        assert_eq!(config(4, 8, 56, 70).frame_head(), None);
+        assert_eq!(config(0, u64::MAX - 7, 56, 70).frame_head(), None);
+    }
+}

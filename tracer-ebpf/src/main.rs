@@ -39,7 +39,7 @@ use tracer_common::{
     returns::Returned,
     stats::{STAT_COUNT, Stat},
     sizes::{self, BUCKETS, DEFAULT_SLOTS, DOMAINS, NO_DOMAIN},
-    stack::{self, DEFAULT_STACK_ENTRIES, Frame, MAX_DEPTH, NO_OFFSET, Stack, StackKey, WalkConfig},
+    stack::{self, DEFAULT_STACK_ENTRIES, FRAME_HEAD, Frame, MAX_DEPTH, NO_OFFSET, Stack, StackKey, WalkConfig},
     types::{DEFAULT_TYPE_ENTRIES, TypeKey},
 };
 
@@ -89,7 +89,9 @@ static SLOT_STACKS: Array<u32> = Array::with_max_entries(DEFAULT_SLOTS, 0);
 static WALKS: HashMap<u32, WalkConfig> = HashMap::with_max_entries(DEFAULT_STACK_ENTRIES, 0);
 
 /// Each stack seen, by its hash. Not preallocated: a stack is 2 KB, and
-/// most runs fill a fraction of the room.
+/// most runs fill a fraction of the room. Entries are never removed (a
+/// hash may be another process's stack too): `try_stack` takes a count in
+/// [`STACK_COUNTS`] as proof that its stack is here.
 #[map]
 static STACKS: HashMap<u64, Stack> = HashMap::with_max_entries(DEFAULT_STACK_ENTRIES, BPF_F_NO_PREALLOC);
 
@@ -102,10 +104,23 @@ static STACK_COUNTS: PerCpuHashMap<StackKey, Counter> =
 #[map]
 static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
+/// The walk reads a frame's page from its start up to the end of the
+/// frame's head: the frames of Python-to-Python calls sit one after the
+/// other on the thread's data stack, each caller below its callee, so one
+/// read gives the next frames too, and a read never reaches into a page
+/// the frame is not in.
+const PAGE: u64 = 4096;
+
+/// Words of a window: a page, and a head that crosses into the next.
+const WINDOW_WORDS: usize = ((PAGE + FRAME_HEAD) / 8) as usize;
+
 /// What [`SCRATCH`] holds.
 #[repr(C)]
 pub struct Scratch {
     stack: Stack,
+    /// The memory read last: the start of a frame's page up to the end of
+    /// its head.
+    window: [u64; WINDOW_WORDS],
 }
 
 /// Returns per (process, probe slot). The loader sets the size.
@@ -361,20 +376,60 @@ fn try_stack(tgid: u32, slot: u32, bytes: u64) -> Result<(), Stat> {
         read(cframe.wrapping_add(config.current_frame))?
     };
     let depth = usize::try_from(config.depth).unwrap_or(MAX_DEPTH).min(MAX_DEPTH);
+    let head = config.frame_head().ok_or(Stat::StackNoConfig)?;
     let mut hash = stack::FNV_OFFSET;
     let mut n = 0usize;
     // SAFETY: as above, this CPU's scratch value.
     let walk = unsafe { &mut (*scratch).stack };
+    // SAFETY: as above.
+    let window = unsafe { &mut (*scratch).window };
+    // The target's address of window[0], and how many bytes it holds.
+    let (mut base, mut held) = (0u64, 0u64);
     // Every frame is recorded, the C stack's entry frames too (userspace
     // leaves them out by their owner): the count of frames is then the
     // same on every path through one iteration, which lets the verifier
     // prune, where a count that depends on the owner would double its
     // paths at every frame.
     while n < depth && frame != 0 {
-        let owner: u8 = read_byte(frame.wrapping_add(config.frame_owner))?;
-        let previous = read(frame.wrapping_add(config.frame_previous))?;
-        let code = read(frame.wrapping_add(config.frame_code))? & !config.code_tag_mask;
-        let instr = read(frame.wrapping_add(config.frame_instr))?;
+        let mut at = frame.wrapping_sub(base);
+        if at >= held || held - at < head.bytes {
+            // Not read yet. A frame is pointer-aligned; one that is not
+            // is read alone, so that its fields are still whole words.
+            let start = if frame % 8 == 0 { frame & !(PAGE - 1) } else { frame };
+            let len = frame.wrapping_sub(start).wrapping_add(head.bytes);
+            // Checked here, where the verifier sees it, that the read
+            // fits the window.
+            if len == 0 || len > PAGE + FRAME_HEAD {
+                return Err(Stat::StackNoConfig);
+            }
+            #[allow(clippy::cast_possible_truncation, reason = "at most PAGE + FRAME_HEAD")]
+            let size = len as u32;
+            // SAFETY: the helper writes `size` bytes, at most the window's,
+            // into this CPU's window, and reads the probed thread's memory
+            // within one page and the frame's head, failing (counted)
+            // rather than faulting where it is not mapped.
+            let rc = unsafe {
+                aya_ebpf::helpers::generated::bpf_probe_read_user(
+                    window.as_mut_ptr().cast(),
+                    size,
+                    start as *const core::ffi::c_void,
+                )
+            };
+            if rc != 0 {
+                return Err(Stat::StackReadFailed);
+            }
+            (base, held) = (start, len);
+            at = frame - start;
+        }
+        // `at` is a multiple of 8 (both ends aligned, or 0): its fields
+        // are whole words of the window.
+        #[allow(clippy::cast_possible_truncation, reason = "word indices within the window")]
+        let word = |field: u64| window.get(((at / 8) + field) as usize).copied().ok_or(Stat::StackNoConfig);
+        #[allow(clippy::cast_possible_truncation, reason = "the owner is the byte at its shift")]
+        let owner = (word(head.owner)? >> (head.owner_shift & 63)) as u8;
+        let previous = word(head.previous)?;
+        let code = word(head.code)? & !config.code_tag_mask;
+        let instr = word(head.instr)?;
         let offset = instr.wrapping_sub(code.wrapping_add(config.code_adaptive));
         // Masked so that the verifier sees the index bounded.
         if let Some(f) = walk.frames.get_mut(n & (MAX_DEPTH - 1)) {
@@ -394,18 +449,22 @@ fn try_stack(tgid: u32, slot: u32, bytes: u64) -> Result<(), Stat> {
     }
     walk.truncated = truncated;
     hash = stack::mix(hash, u64::from(truncated));
-    // A stack seen before is there already; a full map loses the frames of
-    // new stacks, which is counted.
-    if STACKS.insert(&hash, walk, u64::from(BPF_NOEXIST)).is_err() {
-        // SAFETY: a lookup of a key, whose value is not used.
-        if unsafe { STACKS.get(&hash) }.is_none() {
-            return Err(Stat::StacksFull);
-        }
-    }
-    let counter = match STACK_COUNTS.get_ptr_mut(&StackKey { tgid, slot, stack: hash }) {
+    // A stack counted before is kept already: its count is made only after
+    // its frames are in STACKS, whose entries are never removed. So the
+    // common case is one lookup, and only a new stack pays for the
+    // insert, which locks a bucket. A full map loses the frames of new
+    // stacks, which is counted.
+    let key = StackKey { tgid, slot, stack: hash };
+    let counter = match STACK_COUNTS.get_ptr_mut(&key) {
         Some(c) => c,
         None => {
-            let key = StackKey { tgid, slot, stack: hash };
+            if STACKS.insert(&hash, walk, u64::from(BPF_NOEXIST)).is_err() {
+                // Another process, or CPU, may have kept it first.
+                // SAFETY: a lookup of a key, whose value is not used.
+                if unsafe { STACKS.get(&hash) }.is_none() {
+                    return Err(Stat::StacksFull);
+                }
+            }
             let _ = STACK_COUNTS.insert(&key, &Counter::default(), u64::from(BPF_NOEXIST));
             STACK_COUNTS.get_ptr_mut(&key).ok_or(Stat::StacksFull)?
         }
@@ -480,13 +539,6 @@ fn read(address: u64) -> Result<u64, Stat> {
     // SAFETY: the helper reads the probed thread's memory and fails
     // (counted) rather than fault.
     unsafe { bpf_probe_read_user(address as *const u64) }.map_err(|_| Stat::StackReadFailed)
-}
-
-/// The byte of the target's memory at `address`.
-#[inline(always)]
-fn read_byte(address: u64) -> Result<u8, Stat> {
-    // SAFETY: as in read.
-    unsafe { bpf_probe_read_user(address as *const u8) }.map_err(|_| Stat::StackReadFailed)
 }
 
 /// Records the value in rax at a point where it holds the function's

@@ -9,6 +9,7 @@
 
 mod bench;
 mod bench_cost;
+mod bench_stacks;
 mod lto;
 mod setup;
 
@@ -52,9 +53,13 @@ enum Task {
         /// estimates against full counts), returns (reading return values), static (Debian's
         /// static python3.11) or lto (Debian's LTO-built 3.11, 3.13 and 3.14: sites, start to live,
         /// cost per hit against bpftrace and tracemalloc) or cost (the cost tracer estimates
-        /// while it runs, against the slowdown measured).
-        #[arg(long, value_parser = ["budget", "returns", "static", "lto", "cost"])]
+        /// while it runs, against the slowdown measured) or stacks (what `--stacks` adds per event).
+        #[arg(long, value_parser = ["budget", "returns", "static", "lto", "cost", "stacks"])]
         only: Option<String>,
+        /// With `--only stacks`: also measure this tracer binary's stack capture in the same
+        /// rounds (a build of an earlier commit, to compare a change of the BPF walk); repeatable.
+        #[arg(long, requires = "only")]
+        versus: Vec<PathBuf>,
     },
     /// Set up, build, run clippy, then run every test (needs root).
     Test {
@@ -79,7 +84,10 @@ fn main() -> anyhow::Result<()> {
             let tracer = build(&root, true)?;
             demo(&root, &tracer, seconds)
         }
-        Task::Bench { effort, only } => {
+        Task::Bench { effort, only, versus } => {
+            if !versus.is_empty() && only.as_deref() != Some("stacks") {
+                bail!("--versus goes with --only stacks");
+            }
             setup::run()?;
             require_root("the benchmarks")?;
             let tracer = build(&root, true)?;
@@ -88,6 +96,7 @@ fn main() -> anyhow::Result<()> {
                 Some("budget") => bench::budget_accuracy(&mut md, &tracer)?,
                 Some("lto") => lto::lto_section(&mut md, &tracer, &effort)?,
                 Some("cost") => bench_cost::cost_section(&mut md, &tracer, &root.join("target").join("bench"))?,
+                Some("stacks") => bench_stacks::stacks_section(&mut md, &tracer, &effort, &versus)?,
                 Some("static") => bench::static_section(&mut md, &tracer, &root.join("target").join("bench"), &effort)?,
                 Some(_) => {
                     let python = setup::pyperf_venv().join("bin").join("python");

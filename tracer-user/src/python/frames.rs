@@ -371,6 +371,24 @@ mod tests {
         }
     }
 
+    /// The BPF walk reads each frame's fields in one read of its first
+    /// bytes; every version's fields must fit it.
+    #[test]
+    fn every_version_s_frame_fields_fit_one_read() {
+        for minor in [11, 12, 13, 14] {
+            let f = abi(minor).frames().frame;
+            let config = tracer_common::stack::WalkConfig {
+                frame_code: f.code,
+                frame_previous: f.previous,
+                frame_instr: f.instr,
+                frame_owner: f.owner,
+                ..Default::default()
+            };
+            let head = config.frame_head().unwrap_or_else(|| panic!("3.{minor}: {f:?} do not fit one read"));
+            assert!(head.bytes <= 80, "3.{minor} reads {} bytes of each frame", head.bytes);
+        }
+    }
+
     #[test]
     fn tagged_code_refs_drop_their_tag_bits() {
         let tagged = CodeRef::Tagged { mask: 3 };

@@ -248,5 +248,15 @@ fn walk_config(process: &Process, pid: u32, depth: u32) -> Result<WalkConfig, St
         .map_err(|e| format!("cannot read the PID namespace of PID {pid}: {e}"))?;
     config.pid_ns_dev = ns.dev();
     config.pid_ns_ino = ns.ino();
+    if config.frame_head().is_none() {
+        return Err(format!(
+            "this version's frame fields (code at {}, previous at {}, instruction at {}, owner at {}) are not within the first {} bytes the BPF walk reads of each frame",
+            config.frame_code,
+            config.frame_previous,
+            config.frame_instr,
+            config.frame_owner,
+            stack::FRAME_HEAD
+        ));
+    }
     Ok(config)
 }
