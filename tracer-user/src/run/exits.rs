@@ -52,18 +52,28 @@ struct ThreadExit {
     cpu_us: u64,
 }
 
-/// Listens for exit records on a thread of its own while it lives.
+/// Listens for exit records while it lives: a thread of its own reads them
+/// as they come, so that a burst of exits does not overflow the socket, and
+/// [`Self::take`] reads what is left, so that an exit just before it is
+/// not missed for want of that thread's turn on a busy machine.
 pub struct ExitListener {
+    socket: Arc<OwnedFd>,
     shared: Arc<Mutex<Shared>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
+/// What the records said so far. Every read of the socket is made holding
+/// it, so that a thread group's records are summed in the order they came.
 #[derive(Default)]
 struct Shared {
     ends: Vec<ProcessEnd>,
+    /// Each thread group's CPU time in µs so far, until its last thread's
+    /// record.
+    partial: HashMap<u32, u64>,
     /// Set once a record may have been missed (the socket's buffer
-    /// overflowed): from then on no sum can be trusted, and none is given.
+    /// overflowed, or the kernel's records have no thread group): from
+    /// then on no sum can be trusted, and none is given.
     lost: bool,
 }
 
@@ -72,20 +82,22 @@ impl ExitListener {
     /// where the kernel refuses (no `CAP_NET_ADMIN`, no taskstats).
     #[must_use]
     pub fn start() -> Option<Self> {
-        let socket = register().ok()?;
+        let socket = Arc::new(register().ok()?);
         let shared = Arc::new(Mutex::new(Shared::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
-            let (shared, stop) = (Arc::clone(&shared), Arc::clone(&stop));
+            let (socket, shared, stop) = (Arc::clone(&socket), Arc::clone(&shared), Arc::clone(&stop));
             std::thread::Builder::new().name("exits".to_owned()).spawn(move || listen(&socket, &shared, &stop)).ok()?
         };
-        Some(Self { shared, stop, thread: Some(thread) })
+        Some(Self { socket, shared, stop, thread: Some(thread) })
     }
 
-    /// The processes that ended since the last call.
+    /// The processes that ended since the last call, up to now: the records
+    /// of every exit so far are in the socket when this is called.
     #[must_use]
     pub fn take(&self) -> Vec<ProcessEnd> {
         let Ok(mut shared) = self.shared.lock() else { return Vec::new() };
+        drain(&self.socket, &mut shared);
         if shared.lost {
             shared.ends.clear();
         }
@@ -96,60 +108,67 @@ impl ExitListener {
 impl Drop for ExitListener {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        // The thread wakes within its receive timeout.
+        // The thread wakes within its poll timeout.
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }
 }
 
-/// How long a receive waits before the thread looks at its stop flag.
-const RECEIVE_TIMEOUT_US: libc::suseconds_t = 200_000;
+/// How long the thread waits for records before it looks at its stop flag.
+const POLL_TIMEOUT_MS: libc::c_int = 200;
 /// Room for a burst of exits between two wakeups (each record is about
 /// 500 bytes).
 const RECEIVE_BUFFER: libc::c_int = 8 << 20;
 
 fn listen(socket: &OwnedFd, shared: &Mutex<Shared>, stop: &AtomicBool) {
-    let mut buf = vec![0u8; 1 << 16];
-    // Each thread group's records so far, until its last thread's.
-    let mut partial: HashMap<u32, u64> = HashMap::new();
     while !stop.load(Ordering::Relaxed) {
+        let mut poll = libc::pollfd { fd: socket.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd, which outlives the call.
+        let ready = unsafe { libc::poll(&raw mut poll, 1, POLL_TIMEOUT_MS) };
+        if ready <= 0 {
+            continue;
+        }
+        let Ok(mut s) = shared.lock() else { return };
+        drain(socket, &mut s);
+        if s.lost {
+            return;
+        }
+    }
+}
+
+/// Reads every record waiting in the socket, without blocking.
+fn drain(socket: &OwnedFd, shared: &mut Shared) {
+    let mut buf = vec![0u8; 1 << 16];
+    while !shared.lost {
         // SAFETY: recv writes at most buf.len() bytes into buf, which
         // lives through the call; the fd is open.
-        let n = unsafe { libc::recv(socket.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        let n = unsafe { libc::recv(socket.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
         let Ok(n) = usize::try_from(n) else {
-            if matches!(io::Error::last_os_error().raw_os_error(), Some(libc::EAGAIN | libc::EINTR)) {
-                continue;
+            match io::Error::last_os_error().raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN) => return,
+                // ENOBUFS: records were dropped; anything else: the socket
+                // is unusable. Either way no sum can be trusted now.
+                _ => {
+                    shared.lost = true;
+                    return;
+                }
             }
-            // ENOBUFS: records were dropped; anything else: the socket is
-            // unusable. Either way no sum can be trusted now.
-            if let Ok(mut s) = shared.lock() {
-                s.lost = true;
-            }
-            return;
         };
         let now = boottime_ns();
-        let mut ends = Vec::new();
         for exit in parse_records(&buf[..n.min(buf.len())]) {
             let Ok(exit) = exit else {
-                // A kernel older than taskstats version 12: no thread group.
-                if let Ok(mut s) = shared.lock() {
-                    s.lost = true;
-                }
+                shared.lost = true;
                 return;
             };
-            let sum = partial.remove(&exit.tgid).unwrap_or(0).saturating_add(exit.cpu_us);
+            let sum = shared.partial.remove(&exit.tgid).unwrap_or(0).saturating_add(exit.cpu_us);
             if exit.last {
                 let started_ns = now.saturating_sub(exit.process_age_us.saturating_mul(1000));
-                ends.push(ProcessEnd { tgid: exit.tgid, started_ns, cpu_us: sum });
+                shared.ends.push(ProcessEnd { tgid: exit.tgid, started_ns, cpu_us: sum });
             } else {
-                partial.insert(exit.tgid, sum);
+                shared.partial.insert(exit.tgid, sum);
             }
-        }
-        if !ends.is_empty()
-            && let Ok(mut s) = shared.lock()
-        {
-            s.ends.extend(ends);
         }
     }
 }
@@ -213,7 +232,9 @@ fn register() -> io::Result<OwnedFd> {
         if libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, (&raw const size).cast(), 4) != 0 {
             libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, (&raw const size).cast(), 4);
         }
-        let timeout = libc::timeval { tv_sec: 0, tv_usec: RECEIVE_TIMEOUT_US };
+        // For the kernel's answers while registering; records are read
+        // without blocking.
+        let timeout = libc::timeval { tv_sec: 1, tv_usec: 0 };
         let len = libc::socklen_t::try_from(size_of::<libc::timeval>()).unwrap_or(16);
         libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, (&raw const timeout).cast(), len);
     }
