@@ -13,6 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::markdown::{fmt_ns, shell_quote};
 use anyhow::{Context as _, bail};
 use serde_json::Value;
 
@@ -493,24 +494,6 @@ fn row(md: &mut String, r: &Value, key: &str, what: &str) -> anyhow::Result<()> 
     };
     writeln!(md, "| {what} | {} ± {} | {vs} | {per_hit} |", fmt_ns(mean), fmt_ns(stdev))?;
     Ok(())
-}
-
-pub(crate) fn fmt_ns(ns: f64) -> String {
-    if ns >= 1e6 {
-        format!("{:.2} ms", ns / 1e6)
-    } else if ns >= 1e3 {
-        format!("{:.2} µs", ns / 1e3)
-    } else {
-        format!("{ns:.1} ns")
-    }
-}
-
-pub(crate) fn shell_quote(s: &str) -> String {
-    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=,:".contains(c)) {
-        s.to_owned()
-    } else {
-        format!("'{}'", s.replace('\'', "'\\''"))
-    }
 }
 
 struct Footprint {

@@ -24,7 +24,7 @@ use std::{
 use anyhow::{Context as _, bail};
 use serde_json::Value;
 
-use crate::bench::{fmt_ns, shell_quote};
+use crate::markdown::{fmt_ns, shell_quote};
 
 /// Rounds per case, each visiting the four chunks in a rotated order.
 const ROUNDS: usize = 3;
@@ -219,7 +219,7 @@ pub fn cost_section(md: &mut String, tracer: &Path, out_root: &Path) -> anyhow::
             flags: &[],
         },
     ];
-    let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load = crate::markdown::Load::now();
     let (mut shares, mut per_loop) = (String::new(), String::new());
     let mut loops_used = Vec::new();
     for (i, case) in cases.iter().enumerate() {
@@ -230,7 +230,6 @@ pub fn cost_section(md: &mut String, tracer: &Path, out_root: &Path) -> anyhow::
         shares.push_str(&s);
         per_loop.push_str(&p);
     }
-    let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     heading(md)?;
     md.push_str(&shares);
     writeln!(md)?;
@@ -251,14 +250,7 @@ pub fn cost_section(md: &mut String, tracer: &Path, out_root: &Path) -> anyhow::
     md.push_str(&per_loop);
     writeln!(md)?;
     commands(md, tracer, [&pyenv, &debian], &cases, &loops_used)?;
-    let first3 = |l: &str| l.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
-    writeln!(
-        md,
-        "Load average (1, 5, 15 min) when the section started: {}; when it ended: {}, on {} cores.\n",
-        first3(&load_before),
-        first3(&load_after),
-        std::thread::available_parallelism().map_or(0, std::num::NonZero::get)
-    )?;
+    writeln!(md, "{}", load.line())?;
     Ok(())
 }
 

@@ -242,7 +242,7 @@ pub fn stacks_section(md: &mut String, tracer: &Path, effort: &str, versus: &[Pa
         "normal" => (10, 0.05),
         _ => (5, 0.05),
     };
-    let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load = crate::markdown::Load::now();
     crate::lto::install_harness()?;
     let this = tracer.to_path_buf();
     let stacks = |extra: &[&'static str]| {
@@ -348,8 +348,8 @@ pub fn stacks_section(md: &mut String, tracer: &Path, effort: &str, versus: &[Pa
                     tables,
                     "| {} | {} ± {} | {added} |",
                     s.what,
-                    crate::bench::fmt_ns(mean(m) * 1e9),
-                    crate::bench::fmt_ns(stdev(m) * 1e9)
+                    crate::markdown::fmt_ns(mean(m) * 1e9),
+                    crate::markdown::fmt_ns(stdev(m) * 1e9)
                 )?;
                 if depth == DEEP && i > 1 {
                     let at = if let Some(at) = deep_costs.iter().position(|(t, _, _)| *t == s.tracer) {
@@ -387,7 +387,6 @@ pub fn stacks_section(md: &mut String, tracer: &Path, effort: &str, versus: &[Pa
             ));
         }
     }
-    let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
 
     writeln!(md, "## Cost of recording Python stacks (`--stacks`)\n")?;
     writeln!(
@@ -430,13 +429,6 @@ pub fn stacks_section(md: &mut String, tracer: &Path, effort: &str, versus: &[Pa
         writeln!(md, "{l}")?;
     }
     writeln!(md)?;
-    let first3 = |l: &str| l.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
-    writeln!(
-        md,
-        "Load average (1, 5, 15 min) when the section started: {}; when it ended: {}, on {} cores.\n",
-        first3(&load_before),
-        first3(&load_after),
-        std::thread::available_parallelism().map_or(0, std::num::NonZero::get)
-    )?;
+    writeln!(md, "{}", load.line())?;
     Ok(())
 }

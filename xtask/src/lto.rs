@@ -319,7 +319,7 @@ fn measure_statement(
 }
 
 fn fmt_s(s: f64) -> String {
-    crate::bench::fmt_ns(s * 1e9)
+    crate::markdown::fmt_ns(s * 1e9)
 }
 
 /// Writes the section.
@@ -330,7 +330,7 @@ pub fn lto_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow::Resu
         "normal" => (5, 3, 0.2, 5),
         _ => (3, 3, 0.1, 5),
     };
-    let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load = crate::markdown::Load::now();
     install_harness()?;
     let mut site_table = String::from(
         "| build | probes | sites | inlined copies | emulated | single-stepped | out-of-line entries placed on an emulated instruction |\n|---|---|---|---|---|---|---|\n",
@@ -480,18 +480,10 @@ pub fn lto_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow::Resu
         "SETUP and STMT are {} and {} (JSON round trip) or `pass` and `[]`; IMAGE is the interpreter's \
          host path (`/usr/bin/python3.11`, `{FORKY}/usr/bin/python3.1x`) and the probes are every \
          probe tracer attached.\n",
-        crate::bench::shell_quote(STATEMENTS[0].1),
-        crate::bench::shell_quote(STATEMENTS[0].2)
+        crate::markdown::shell_quote(STATEMENTS[0].1),
+        crate::markdown::shell_quote(STATEMENTS[0].2)
     )?;
     writeln!(md, "{cost_tables}")?;
-    let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let first3 = |l: &str| l.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
-    writeln!(
-        md,
-        "Load average (1, 5, 15 min) when the section started: {}; when it ended: {}, on {} cores.\n",
-        first3(&load_before),
-        first3(&load_after),
-        std::thread::available_parallelism().map_or(0, std::num::NonZero::get)
-    )?;
+    writeln!(md, "{}", load.line())?;
     Ok(())
 }

@@ -11,6 +11,7 @@ mod bench;
 mod bench_cost;
 mod bench_stacks;
 mod lto;
+mod markdown;
 mod setup;
 
 use std::{

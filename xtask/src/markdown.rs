@@ -1,0 +1,47 @@
+//! What every benchmark section writes into BENCHMARKS.md the same way:
+//! times, quoted command arguments, and the machine's load around the run.
+
+/// A time in ns, in the unit that reads best.
+pub fn fmt_ns(ns: f64) -> String {
+    if ns >= 1e6 {
+        format!("{:.2} ms", ns / 1e6)
+    } else if ns >= 1e3 {
+        format!("{:.2} µs", ns / 1e3)
+    } else {
+        format!("{ns:.1} ns")
+    }
+}
+
+/// `s` as one shell word.
+pub fn shell_quote(s: &str) -> String {
+    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=,:".contains(c)) {
+        s.to_owned()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+/// The load average when a section started, for the line that ends it: a
+/// loaded machine shows in every timing, so each section says how loaded.
+pub struct Load {
+    before: String,
+}
+
+impl Load {
+    /// The load average now.
+    pub fn now() -> Self {
+        Self { before: std::fs::read_to_string("/proc/loadavg").unwrap_or_default() }
+    }
+
+    /// "Load average … when the section started: …; when it ended: …".
+    pub fn line(&self) -> String {
+        let after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        let first3 = |l: &str| l.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
+        format!(
+            "Load average (1, 5, 15 min) when the section started: {}; when it ended: {}, on {} cores.\n",
+            first3(&self.before),
+            first3(&after),
+            std::thread::available_parallelism().map_or(0, std::num::NonZero::get)
+        )
+    }
+}
