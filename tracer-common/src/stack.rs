@@ -55,8 +55,6 @@ pub struct WalkConfig {
     pub frame_owner: u64,
     /// Tag bits to clear from the code reference (3.14's `_PyStackRef`: 3).
     pub code_tag_mask: u64,
-    /// Owners from this value on are not Python functions' frames.
-    pub first_non_python_owner: u64,
     /// `PyCodeObject.co_code_adaptive`: instruction offsets are from here.
     pub code_adaptive: u64,
     /// The device and inode of the target's PID namespace, for the event's
@@ -66,7 +64,7 @@ pub struct WalkConfig {
     pub pid_ns_ino: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<WalkConfig>() == 8 + 15 * 8);
+const _: () = assert!(core::mem::size_of::<WalkConfig>() == 8 + 14 * 8);
 
 /// The most bytes of a frame the walk reads in one go: every field it
 /// needs (code, previous, instruction pointer, owner) is within the first

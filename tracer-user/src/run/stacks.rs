@@ -240,7 +240,6 @@ fn walk_config(process: &Process, pid: u32, depth: u32) -> Result<WalkConfig, St
         CodeRef::Pointer => 0,
         CodeRef::Tagged { mask } => mask,
     };
-    config.first_non_python_owner = u64::from(table.frame.first_non_python_owner);
     config.code_adaptive = table.code.code_adaptive;
     // The thread ids the target's thread states hold are in its own PID
     // namespace.
