@@ -429,8 +429,10 @@ fn automatic_collections_are_counted_under_their_generation_where_known() {
     require_root();
     let n = 20_000;
     for (python, known) in [(static_python(), true), (shared_python(), true), (pyenv("3.13.0"), false)] {
-        let (attached, summary) =
-            traced(Workload::once(&python, n, Body::GcAuto, Exit::Immediate, Aslr::Off), &["--probes", "PyMem_RawCalloc"]);
+        let (attached, summary) = traced(
+            Workload::once(&python, n, Body::GcAuto, Exit::Immediate, Aslr::Off),
+            &["--probes", "PyMem_RawCalloc"],
+        );
         let got = generations(&summary["gc"]);
         let (known_gen0, unknown) = (got[&Some(0)].0, got.get(&None).map_or(0, |g| g.0));
         if known {
