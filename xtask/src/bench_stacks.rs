@@ -441,10 +441,14 @@ pub fn stacks_section(md: &mut String, tracer: &Path, effort: &str, versus: &[Pa
          time per loop − the counting probe's in the same round) / events per loop, then the mean and \
          standard deviation of that over the rounds; for the counting probe itself the difference is \
          from nothing attached. Events per loop are tracer's counts over the loops it saw. \
-         `--sample {SAMPLE}` walks one event in {SAMPLE} per CPU.\n",
+         `--sample {SAMPLE}` walks each event with probability 1/{SAMPLE}.\n",
         target * 1e3
     )?;
-    writeln!(md, "```\ncargo xtask bench --only stacks --effort {effort}\n```\n")?;
+    let mut also = String::new();
+    for v in versus {
+        write!(also, " --versus {}", v.display())?;
+    }
+    writeln!(md, "```\ncargo xtask bench --only stacks --effort {effort}{also}\n```\n")?;
     writeln!(md, "Commands (PID is the harness's):\n\n```")?;
     for c in &commands {
         writeln!(md, "{c}")?;
