@@ -125,3 +125,71 @@ fn single_stepped_probes_on_a_busy_target_warn_of_a_high_cost() {
     assert!(warning.contains("--budget PERCENT"), "{warning}");
     workload.ping();
 }
+
+/// With `--exe`, processes that start and exit between two readings (as
+/// pyperf's workers do, reaped at once) are priced from the kernel's exit
+/// records: no hit is left unpriced, and their CPU time, every thread's,
+/// counts as the kernel charged it. The interpreter is a private copy of
+/// Debian's python3.11, so that no other process on the machine is traced.
+#[test]
+fn processes_that_exit_between_readings_are_priced_from_their_exit_records() {
+    require_root();
+    let dir = std::env::temp_dir().join(format!("tracer-exits-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let copy = dir.join("python3.11");
+    std::fs::copy(tracer_tests::static_python(), &copy).expect("copy the interpreter");
+    let exe = copy.to_str().expect("UTF-8 path");
+    // Readings an hour apart: every process below exits between two.
+    let (tracer, _) = TracerRun::attach_json_with(&["--exe", exe, "--interval", "3600"]);
+    let work = "def work(n):\n    for _ in range(n): x = [bytearray(100)]\n";
+    let bodies = [
+        format!("{work}work(20_000)"),
+        // Half the work on a second thread, which ends before the main one.
+        format!(
+            "{work}import threading\nt = threading.Thread(target=work, args=(20_000,))\nt.start(); work(20_000); t.join()"
+        ),
+        format!("{work}work(60_000)"),
+    ];
+    let mut children_cpu_s = 0.0;
+    for body in &bodies {
+        #[allow(clippy::zombie_processes, reason = "reaped by wait4 in wait_cpu_s, for its CPU time")]
+        let child = Command::new(&copy).args(["-c", body]).spawn().expect("run the copy");
+        children_cpu_s += wait_cpu_s(child.id());
+    }
+    tracer.signal(libc::SIGINT);
+    let (status, lines, stderr) = tracer.finish();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(status.success(), "{status}: {stderr}");
+    let summary = lines.last().expect("summary");
+    assert_eq!(summary["pids"].as_object().map(serde_json::Map::len), Some(bodies.len()), "{summary}");
+    let cost = &summary["cost"];
+    check_cost(cost);
+    assert_eq!(cost.get("unpriced_hits"), None, "every hit priced: {cost}");
+    let all: u64 = tracer_tests::counts(summary).values().map(|(calls, _)| calls).sum();
+    assert_eq!(cost["hits"].as_u64(), Some(all), "{cost}");
+    // The kernel's exit records count CPU time in ticks sampled; wait4
+    // gives it exactly. A thread left out would take half the second
+    // child's.
+    let target = cost["target_cpu_s"].as_f64().expect("target_cpu_s");
+    assert!(
+        (target - children_cpu_s).abs() <= 0.1 * children_cpu_s + 0.05,
+        "{target} s against {children_cpu_s} s: {cost}"
+    );
+}
+
+/// Reaps child `pid` and returns the CPU time it used, user and system.
+fn wait_cpu_s(pid: u32) -> f64 {
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is valid; wait4 fills it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = libc::pid_t::try_from(pid).expect("pid fits");
+    // SAFETY: status and usage are valid for writes through the call; the
+    // child is ours and not yet reaped.
+    assert_eq!(unsafe { libc::wait4(pid, &raw mut status, 0, &raw mut usage) }, pid);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "status {status}");
+    let s = |t: libc::timeval| {
+        let whole = u64::try_from(t.tv_sec).expect("seconds");
+        std::time::Duration::new(whole, u32::try_from(t.tv_usec * 1000).expect("µs")).as_secs_f64()
+    };
+    s(usage.ru_utime) + s(usage.ru_stime)
+}

@@ -216,7 +216,8 @@ pub struct Cost {
     pub hits: u64,
     /// Hits over the same span that could not be priced: those of a process
     /// whose CPU time could not be read with them (it exited between two
-    /// readings). Where every hit is unpriced there is no share to give.
+    /// readings, and no exit record gave its CPU time at its end). Where
+    /// every hit is unpriced there is no share to give.
     #[serde(default, skip_serializing_if = "is_zero_u64")]
     pub unpriced_hits: u64,
     /// The calibrated cost of one hit.

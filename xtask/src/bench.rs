@@ -140,7 +140,7 @@ pub fn run(root: &Path, tracer: &Path, effort: &str) -> anyhow::Result<()> {
     crate::lto::lto_section(&mut md, tracer, effort)?;
 
     // 3c. The cost tracer estimates while it runs, against the slowdown.
-    crate::bench_cost::cost_section(&mut md, tracer)?;
+    crate::bench_cost::cost_section(&mut md, tracer, &out_root)?;
 
     // 3d. What recording Python stacks adds per event.
     crate::bench_stacks::stacks_section(&mut md, tracer, effort, &[])?;

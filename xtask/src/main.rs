@@ -95,7 +95,7 @@ fn main() -> anyhow::Result<()> {
             match only.as_deref() {
                 Some("budget") => bench::budget_accuracy(&mut md, &tracer)?,
                 Some("lto") => lto::lto_section(&mut md, &tracer, &effort)?,
-                Some("cost") => bench_cost::cost_section(&mut md, &tracer)?,
+                Some("cost") => bench_cost::cost_section(&mut md, &tracer, &root.join("target").join("bench"))?,
                 Some("stacks") => bench_stacks::stacks_section(&mut md, &tracer, &effort, &versus)?,
                 Some("static") => bench::static_section(&mut md, &tracer, &root.join("target").join("bench"), &effort)?,
                 Some(_) => {

@@ -12,17 +12,27 @@
 //! reports carry no cost at all rather than a wrong one.
 //!
 //! The hits of a process are paired with its CPU time read at the same
-//! moment. What cannot be paired is left out of both sides: the hits of a
-//! process after tracer last read its CPU time (it exited between two
-//! reads), and, with `--exe`, those of a process that ran before the attach
-//! from before tracer first saw it (its CPU time at the attach is unknown).
+//! moment. A process that exits between two reads is gone from `/proc` by
+//! the next (its parent reaps it), so with `--exe` tracer also listens for
+//! the kernel's exit records ([`super::exits`]): a process started after
+//! tracer began listening has its final CPU time from them, paired with
+//! its hits read after its end. What cannot be paired is left out of both
+//! sides and counted as unpriced: the hits of a process after tracer last
+//! read its CPU time when it has no exit record to go by (it ran before the
+//! attach, or no listener could be registered), and, with `--exe`, those of
+//! a process that ran before the attach from before tracer first saw it
+//! (its CPU time at the attach is unknown).
 
 use std::{collections::HashMap, fs::File, os::unix::fs::FileExt as _, thread::JoinHandle, time::Duration};
 
 use indexmap::IndexMap;
 use procfs::Current as _;
 
-use super::{calibrate, readout::Totals};
+use super::{
+    calibrate,
+    exits::{ExitListener, ProcessEnd},
+    readout::Totals,
+};
 use crate::{
     kernel::maps::ProbeReading,
     model::{Cost, Level, Note, NoteCode, SiteKinds},
@@ -32,6 +42,9 @@ use crate::{
         returns::ReturnPlan,
     },
 };
+
+/// See [`CostMeter::observe`].
+const START_SLACK_NS: f64 = 0.5e9;
 
 /// How long the end of a run waits for a calibration still running, so
 /// that the summary of a short run has its cost: calibrating takes about a
@@ -329,6 +342,25 @@ impl Ledger {
         self.processes.insert(pid, Tracked { started: cpu.started, base, last: now });
     }
 
+    /// Pairs process `pid`'s final hits with its CPU time at its end, from
+    /// its exit records, and its start estimated from them (`cpu.started`:
+    /// never earlier than the truth, and at most `slack` ticks later).
+    /// Only a process traced from its start is paired so: of one that ran
+    /// before the attach, threads may have ended before tracer listened,
+    /// and are missing from the sum. A process known under the PID with
+    /// another start is not this one, and keeps its last reading.
+    pub fn ended(&mut self, pid: u32, hits: Option<&[ProbeReading]>, cpu: ProcessCpu, slack: u64) {
+        let started = match self.processes.get(&pid) {
+            Some(t) if t.started <= cpu.started && cpu.started - t.started <= slack => t.started,
+            Some(_) => return,
+            // Never read: it began and ended between two reads.
+            None => cpu.started,
+        };
+        if started >= self.attach_ticks {
+            self.observe(pid, hits, ProcessCpu { started, ..cpu });
+        }
+    }
+
     /// The CPU time and hits paired so far, summed over processes.
     #[must_use]
     pub fn paired(&self) -> Reading {
@@ -413,6 +445,10 @@ pub struct CostMeter {
     ledger: Ledger,
     /// `--pid`'s process, read whether or not it has hit a probe.
     target: Option<u32>,
+    /// The exit records of processes (with `--exe`, where the kernel lets
+    /// tracer listen), and those taken before the latest read.
+    exits: Option<ExitListener>,
+    ended: Vec<ProcessEnd>,
     calibration: Calibration,
     ticks_per_s: f64,
     /// What was paired at the last interval.
@@ -423,9 +459,16 @@ pub struct CostMeter {
 
 impl CostMeter {
     /// A meter for `plan`, whose probes just went live, tracing `target`
-    /// (`None` with `--exe`).
+    /// (`None` with `--exe`), with `exits` listening since before the
+    /// attach.
     #[must_use]
-    pub fn new(plan: &Plan, target: Option<u32>, calibration: Calibration, advice: Advice) -> Self {
+    pub fn new(
+        plan: &Plan,
+        target: Option<u32>,
+        exits: Option<ExitListener>,
+        calibration: Calibration,
+        advice: Advice,
+    ) -> Self {
         #[allow(clippy::cast_precision_loss, reason = "clock ticks per second")]
         let ticks_per_s = procfs::ticks_per_second() as f64;
         // Since boot, as /proc/PID/stat's start times are.
@@ -437,6 +480,8 @@ impl CostMeter {
             sites: SitePlan::new(plan),
             ledger: Ledger::new(slots, attach_ticks),
             target,
+            exits,
+            ended: Vec::new(),
             calibration,
             ticks_per_s,
             mark: Reading::zero(slots),
@@ -456,10 +501,37 @@ impl CostMeter {
         self.sites.by_probe(plan)
     }
 
-    /// Reads the CPU time of every traced process now alive, to pair with
-    /// `totals`, read just before.
+    /// Takes the processes that ended so far, to pair with the counts
+    /// about to be read: those of a process that had ended are final.
+    pub fn before_read(&mut self) {
+        if let Some(exits) = &self.exits {
+            self.ended.extend(exits.take());
+        }
+    }
+
+    /// Reads the CPU time of every traced process now alive, and takes that
+    /// of those that ended before the read, to pair with `totals`, read
+    /// just before.
     pub fn observe(&mut self, plan: &Plan, totals: &Totals) {
         self.sites.refresh(plan);
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "clock ticks")]
+        let ticks = |ns: f64| (ns * self.ticks_per_s / 1e9) as u64;
+        // How much later than the truth an end's start may be: the time
+        // its record took to be read, well under this.
+        let slack = ticks(START_SLACK_NS);
+        for end in std::mem::take(&mut self.ended) {
+            // A process that never hit a probe is none of tracer's.
+            let Some(hits) = totals.per_process.get(&end.tgid) else { continue };
+            #[allow(clippy::cast_precision_loss, reason = "ns since boot and µs of CPU time")]
+            let cpu = ProcessCpu { started: ticks(end.started_ns as f64), cpu_ticks: ticks(end.cpu_us as f64 * 1e3) };
+            match read_cpu(end.tgid) {
+                // Not yet reaped: /proc still says, exactly.
+                Some(now) if now.started <= cpu.started && cpu.started - now.started <= slack => {
+                    self.ledger.observe(end.tgid, Some(hits), now);
+                }
+                _ => self.ledger.ended(end.tgid, Some(hits), cpu, slack),
+            }
+        }
         let pids: Vec<u32> = match self.target {
             Some(pid) => vec![pid],
             None => totals.live.clone(),
@@ -648,6 +720,37 @@ mod tests {
         // start from them.
         ledger.observe(8, Some(&hits(&[45, 0], &[0, 0])), ProcessCpu { started: 1300, cpu_ticks: 3 });
         assert_eq!(ledger.paired().since(&second), Reading { cpu_ticks: 3, calls: vec![5, 0], returns: vec![0, 0] });
+    }
+
+    #[test]
+    fn an_end_from_exit_records_prices_what_a_process_did_after_its_last_reading() {
+        // Attached at tick 1000, a slack of 50 ticks.
+        let mut ledger = Ledger::new(1, 1000);
+        // Started after the attach, read once, then ended: its end's CPU
+        // time and its final hits replace its last reading.
+        ledger.observe(8, Some(&hits(&[40], &[0])), ProcessCpu { started: 1200, cpu_ticks: 30 });
+        ledger.ended(8, Some(&hits(&[100], &[0])), ProcessCpu { started: 1203, cpu_ticks: 80 }, 50);
+        assert_eq!(ledger.paired(), Reading { cpu_ticks: 80, calls: vec![100], returns: vec![0] });
+        // Begun and ended between two reads: never read, paired whole.
+        ledger.ended(9, Some(&hits(&[10], &[0])), ProcessCpu { started: 1300, cpu_ticks: 5 }, 50);
+        assert_eq!(ledger.paired(), Reading { cpu_ticks: 85, calls: vec![110], returns: vec![0] });
+        let before = ledger.paired();
+        // Another start than the one known under the PID (beyond the slack,
+        // or earlier): another process, which keeps its last reading.
+        ledger.observe(10, Some(&hits(&[1], &[0])), ProcessCpu { started: 1400, cpu_ticks: 1 });
+        let with_10 = ledger.paired();
+        ledger.ended(10, Some(&hits(&[50], &[0])), ProcessCpu { started: 1451, cpu_ticks: 90 }, 50);
+        ledger.ended(10, Some(&hits(&[50], &[0])), ProcessCpu { started: 1399, cpu_ticks: 90 }, 50);
+        assert_eq!(ledger.paired(), with_10);
+        assert_eq!(with_10.since(&before), Reading { cpu_ticks: 1, calls: vec![1], returns: vec![0] });
+        // Running before the attach: its threads that ended before tracer
+        // listened are not in the sum, so its end is not used, read or not.
+        ledger.observe(7, None, ProcessCpu { started: 10, cpu_ticks: 500 });
+        ledger.observe(7, Some(&hits(&[5], &[0])), ProcessCpu { started: 10, cpu_ticks: 510 });
+        let with_7 = ledger.paired();
+        ledger.ended(7, Some(&hits(&[9], &[0])), ProcessCpu { started: 12, cpu_ticks: 900 }, 50);
+        ledger.ended(6, Some(&hits(&[9], &[0])), ProcessCpu { started: 900, cpu_ticks: 900 }, 50);
+        assert_eq!(ledger.paired(), with_7);
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod calibrate;
 pub mod cost;
 mod duty;
 pub mod exit;
+pub mod exits;
 mod late;
 pub mod readout;
 pub mod stacks;
@@ -272,6 +273,7 @@ impl Run {
     /// The counts now, without a cost (see [`CostMeter::interval`] and
     /// [`CostMeter::total`]).
     fn snapshot(&mut self) -> Result<Snapshot, AttachError> {
+        self.cost.before_read();
         let totals = self.readout.read(&mut self.session)?;
         // Right after the counts, so that each process's CPU time goes
         // with its hits.
@@ -437,11 +439,13 @@ fn start<'a>(
     let costs = calibration.map(|c| c.hit);
     let return_costs = calibration.and_then(|c| c.returns);
     let cpu_costs = calibration.map(|c| c.cpu);
-    let exit = match &config.target {
+    let (exit, exits) = match &config.target {
         // The pidfd pins the process identity: if the PID is reused after
         // this, we still see the original process's exit.
-        TargetSpec::Pid(pid) => Some(ProcessExit::watch(*pid)?),
-        TargetSpec::Exe(_) => None,
+        TargetSpec::Pid(pid) => (Some(ProcessExit::watch(*pid)?), None),
+        // Listening from well before the attach, so that a process started
+        // after it has every thread's exit record.
+        TargetSpec::Exe(_) => (None, exits::ExitListener::start()),
     };
     let r = discover::resolve(
         &config.target,
@@ -526,7 +530,7 @@ fn start<'a>(
         returns: config.returns,
         call_sites: config.placement == PlacementMode::CallSites,
     };
-    let cost = CostMeter::new(session.plan(), r.pid(), calibrating, advice);
+    let cost = CostMeter::new(session.plan(), r.pid(), exits, calibrating, advice);
     let mut info = attached_event(&session, &r, links, &cost);
     info.return_costs_ns = return_costs.map(|r| r.1);
     let gc_note = gc_note(&gc, config.gc);
