@@ -38,10 +38,22 @@ impl Load {
         let after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
         let first3 = |l: &str| l.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
         format!(
-            "Load average (1, 5, 15 min) when the section started: {}; when it ended: {}, on {} cores.\n",
+            "Load average (1, 5, 15 min) when the section started: {}; when it ended: {}, on {} cores ({}, \
+             Linux {}).\n",
             first3(&self.before),
             first3(&after),
-            std::thread::available_parallelism().map_or(0, std::num::NonZero::get)
+            std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
+            cpu_model(),
+            std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim()
         )
     }
+}
+
+/// The CPU, as /proc/cpuinfo names it.
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_owned()))
+        .unwrap_or_default()
 }

@@ -31,6 +31,9 @@ const APT_PACKAGES: &[&str] = &[
     // objcopy: the tests make copies of the interpreters that no debug info
     // can be found for.
     "binutils",
+    // The flame-graph test screenshots tracer's SVG in headless Chromium
+    // (about 50 s to install here, 290 MB).
+    "chromium",
 ];
 
 /// A Debian testing (forky) root file system with Debian's LTO python3.13
