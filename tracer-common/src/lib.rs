@@ -5,6 +5,7 @@
 
 pub mod counter;
 pub mod gc;
+pub mod live;
 pub mod returns;
 pub mod site;
 pub mod sizes;
@@ -56,6 +57,19 @@ pub mod names {
     /// LRU hash of [`crate::gc::GcRunning`] by thread id: each thread's
     /// collection in flight.
     pub const GC_RUNNING_MAP: &str = "GC_RUNNING";
+    /// Hash of [`crate::live::LiveEntry`] by [`crate::live::LiveKey`]:
+    /// the outstanding blocks, with `--live`; `--live-max` sizes it.
+    pub const LIVE_MAP: &str = "LIVE";
+    /// LRU hash of [`crate::live::Pending`] by [`crate::live::PendingKey`].
+    pub const PENDING_MAP: &str = "PENDING";
+    /// LRU hash of `u64` by thread id: the block each thread freed last.
+    pub const LAST_FREE_MAP: &str = "LAST_FREE";
+    /// Per-CPU array of [`crate::live::LiveCounts`] by domain.
+    pub const LIVE_COUNTS_MAP: &str = "LIVE_COUNTS";
+    /// Array of `u32` by probe slot: its [`crate::live::role`].
+    pub const SLOT_LIVE_MAP: &str = "SLOT_LIVE";
+    /// BPF global: whether `--live` is on.
+    pub const LIVE_ON_GLOBAL: &str = "LIVE_ON";
 
     /// The BPF programs, by their function names in tracer-ebpf.
     pub mod programs {
@@ -73,6 +87,12 @@ pub mod names {
         pub const RET_VALUE: &str = "ret_value";
         /// Records the return value through a uretprobe.
         pub const RET_VALUE_URET: &str = "ret_value_uret";
+        /// With `--live`, at an allocating function's entry: keeps the
+        /// call's size until its return.
+        pub const LIVE_ALLOC: &str = "live_alloc";
+        /// With `--live`, at a free's entry: takes the block out of the
+        /// live table.
+        pub const LIVE_FREE: &str = "live_free";
         /// Counts a call at an inlined copy, reading the size where the
         /// attach cookie says it is (see [`crate::site`]).
         pub const COUNT_SITE: &str = "count_site";

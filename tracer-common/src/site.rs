@@ -13,6 +13,10 @@
 
 /// No operand.
 pub const NONE: u8 = 0;
+/// `count_call`'s first operand at an inlined copy (it reads no operand):
+/// tells the copy from the function's own entry, whose calls `--live`
+/// sees the pointers of.
+pub const INLINED: u8 = 1;
 /// The operand is the cookie's constant.
 pub const CONSTANT: u8 = 0xff;
 /// A first operand of `MEMORY` plus a register operand (`MEMORY_FIRST` …

@@ -58,10 +58,19 @@ pub enum Stat {
     GcArgMissing = 15,
     /// A map of the GC probes was full: the collection was not counted.
     GcFull = 16,
+    /// With `--live`: the live table was full, so a block was not put in
+    /// it (its domain's `dropped` counts it too).
+    LiveFull = 17,
+    /// With `--live`: an allocator returned with no call in flight on its
+    /// thread at that stack pointer (its entry was not seen), so its block
+    /// was not put in the table.
+    LiveUnmatched = 18,
+    /// With `--live`: a call in flight could not be kept.
+    LivePendingFull = 19,
 }
 
 /// Number of entries in the `STATS` map.
-pub const STAT_COUNT: u32 = 17;
+pub const STAT_COUNT: u32 = 20;
 
 impl Stat {
     /// Every stat, in map order (the JSON `stats` keys, in this order).
@@ -83,6 +92,9 @@ impl Stat {
         Self::GcNested,
         Self::GcArgMissing,
         Self::GcFull,
+        Self::LiveFull,
+        Self::LiveUnmatched,
+        Self::LivePendingFull,
     ];
 
     /// Stable name used in the table and the JSON output.
@@ -106,6 +118,9 @@ impl Stat {
             Self::GcNested => "gc_nested",
             Self::GcArgMissing => "gc_arg_missing",
             Self::GcFull => "gc_full",
+            Self::LiveFull => "live_full",
+            Self::LiveUnmatched => "live_unmatched",
+            Self::LivePendingFull => "live_pending_full",
         }
     }
 

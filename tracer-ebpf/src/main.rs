@@ -23,6 +23,8 @@
 // The GC programs (`gc_start`, `gc_done`): collections per generation, from
 // CPython's markers or its collection function.
 mod gc;
+// Live memory (`live_alloc`, `live_free` and the return probes' part).
+mod live;
 
 use aya_ebpf::{
     EbpfContext,
@@ -69,7 +71,7 @@ static SIZES: PerCpuArray<Counter> = PerCpuArray::with_max_entries(DOMAINS * BUC
 
 /// The domain of each probe slot, which the loader fills.
 #[map]
-static SLOT_DOMAINS: Array<u32> = Array::with_max_entries(DEFAULT_SLOTS, 0);
+pub(crate) static SLOT_DOMAINS: Array<u32> = Array::with_max_entries(DEFAULT_SLOTS, 0);
 
 /// Whether any probe records Python stacks (`--stacks`); 0 makes all the
 /// stack code dead to the verifier, so it costs nothing while off.
@@ -209,6 +211,9 @@ fn try_count_site(ctx: &ProbeContext) -> Result<(), Stat> {
         atomic_add(&raw mut (*counter).bytes, bytes);
     }
     add_size(site::slot(cookie), bytes);
+    if live::on() {
+        live::unseen(site::slot(cookie));
+    }
     stacks(ctx, tgid, site::slot(cookie), bytes);
     Ok(())
 }
@@ -545,25 +550,28 @@ fn read(address: u64) -> Result<u64, Stat> {
 /// result: on a `ret` instruction, or placed where the result is final.
 #[uprobe]
 pub fn ret_value(ctx: ProbeContext) -> u32 {
-    record_return(&ctx, ctx.regs)
+    // At a `ret`, the return address is still on the stack: the stack
+    // pointer is the entry's.
+    record_return(&ctx, ctx.regs, 0)
 }
 
 /// Records a function's return value through a uretprobe.
 #[uretprobe]
 pub fn ret_value_uret(ctx: RetProbeContext) -> u32 {
-    record_return(&ctx, ctx.regs)
+    // After the `ret`: the return address is popped.
+    record_return(&ctx, ctx.regs, 8)
 }
 
 #[inline(always)]
-fn record_return<C: EbpfContext>(ctx: &C, regs: *mut pt_regs) -> u32 {
-    if let Err(stat) = try_record_return(ctx, regs) {
+fn record_return<C: EbpfContext>(ctx: &C, regs: *mut pt_regs, sp_delta: u64) -> u32 {
+    if let Err(stat) = try_record_return(ctx, regs, sp_delta) {
         bump(ctx, stat);
     }
     0
 }
 
 #[inline(always)]
-fn try_record_return<C: EbpfContext>(ctx: &C, regs: *mut pt_regs) -> Result<(), Stat> {
+fn try_record_return<C: EbpfContext>(ctx: &C, regs: *mut pt_regs, sp_delta: u64) -> Result<(), Stat> {
     let tgid = check_target()?;
     // SAFETY: regs is the context the kernel passed to this program (the
     // user registers at the probe), which the program may read directly.
@@ -578,6 +586,9 @@ fn try_record_return<C: EbpfContext>(ctx: &C, regs: *mut pt_regs) -> Result<(), 
         atomic_add(&raw mut (*returned).returns, 1);
         atomic_add(&raw mut (*returned).null, u64::from(value == 0));
         atomic_add(&raw mut (*returned).pointer_sum, value);
+    }
+    if live::on() {
+        live::returned(regs, tgid, sp_delta)?;
     }
     Ok(())
 }
@@ -649,8 +660,14 @@ fn try_record(ctx: &ProbeContext, size: Size) -> Result<(), Stat> {
     // SAFETY: the helper only reads the cookie stored in the program's run
     // context; ctx is the context the kernel passed to this program.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
-    let slot = u32::try_from(cookie).map_err(|_| Stat::SlotOutOfRange)?;
+    // An inlined copy's cookie has its first operand set (see
+    // `tracer_common::site::INLINED`); nothing else may be above the slot.
+    let inlined = site::first(cookie) == site::INLINED && cookie >> 40 == 0;
+    let slot = if inlined { site::slot(cookie) } else { u32::try_from(cookie).map_err(|_| Stat::SlotOutOfRange)? };
     let counter = slot_of(ctx, &COUNTERS, CounterKey { tgid, slot })?;
+    if inlined && live::on() {
+        live::unseen(slot);
+    }
     // SAFETY: the map returned a valid, aligned pointer to this CPU's value,
     // which stays valid while the program runs (hash map values are freed
     // only after an RCU grace period). The adds are atomic because a

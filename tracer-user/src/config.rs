@@ -70,7 +70,23 @@ pub struct AttachConfig {
     pub inlined: bool,
     /// `--gc`: how garbage collections are seen.
     pub gc: GcMode,
+    /// `--live` (or `--leaks`): keep the outstanding blocks.
+    pub live: Option<LiveConfig>,
 }
+
+/// `--live`, `--live-max` and `--leaks`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LiveConfig {
+    /// `--live-max`: the live table's room, in blocks.
+    pub max: u32,
+    /// `--leaks`: list the oldest blocks at the end.
+    pub leaks: Option<crate::run::live::LeaksConfig>,
+}
+
+/// The default `--live-max`: about 24 MB of kernel memory, preallocated.
+pub const DEFAULT_LIVE_MAX: u32 = 262_144;
+/// How many blocks `--leaks` lists when not told.
+pub const DEFAULT_LEAKS: usize = 20;
 
 /// Which events get Python stacks, and what is made of them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -143,6 +159,20 @@ pub enum ConfigError {
     PidZero,
     #[error("pass exactly one of --pid PID or --exe PATH")]
     NoTarget,
+    #[error("--older must be a number of seconds, 0 or more and at most {MAX_SECONDS} (got {value}); try --older 10")]
+    BadOlder { value: f64 },
+    #[error(
+        "--live-max 0 leaves no room for any allocation; give the live table's room in blocks (default {DEFAULT_LIVE_MAX})"
+    )]
+    LiveMaxZero,
+    #[error(
+        "--budget cannot be combined with --live or --leaks: a block allocated or freed between windows would be missed; use one or the other"
+    )]
+    BudgetWithLive,
+    #[error(
+        "--live and --leaks work with --pid only so far: the live table does not yet drop the blocks of processes that exit"
+    )]
+    LiveWithExe,
     #[error(transparent)]
     Probes(#[from] SelectionError),
     #[error("--placement must be auto, entry or call-sites (got {value:?})")]
@@ -253,6 +283,14 @@ pub struct AttachArgs<'a> {
     pub inlined: bool,
     /// `--gc`: "auto", "markers", "function" or "off" (empty: auto).
     pub gc: &'a str,
+    /// `--live`.
+    pub live: bool,
+    /// `--live-max`.
+    pub live_max: Option<u32>,
+    /// `--leaks [N]`.
+    pub leaks: Option<usize>,
+    /// `--older`.
+    pub older_s: Option<f64>,
 }
 
 /// Parses `--gc`.
@@ -327,9 +365,18 @@ impl AttachConfig {
             return Err(ConfigError::BudgetWithStacks);
         }
         let gc = parse_gc(args.gc)?;
+        let live = live_config(args)?;
+        if live.is_some() && budget.is_some() {
+            return Err(ConfigError::BudgetWithLive);
+        }
+        if live.is_some() && args.exe.is_some() {
+            return Err(ConfigError::LiveWithExe);
+        }
         Ok(Self {
             gc,
-            returns: args.returns,
+            live,
+            // The live table needs each returned pointer.
+            returns: args.returns || live.is_some(),
             types: args.types,
             stacks,
             bpf_log: args.bpf_log,
@@ -396,6 +443,25 @@ fn stacks_config(args: &AttachArgs<'_>) -> Result<Option<StacksConfig>, ConfigEr
     Ok(Some(StacksConfig { events, depth, sample, top, folded, flamegraph, weight }))
 }
 
+/// `--live`, `--live-max`, `--leaks` and `--older`; `--leaks` and
+/// `--older` turn on `--leaks`, and all of them `--live`.
+fn live_config(args: &AttachArgs<'_>) -> Result<Option<LiveConfig>, ConfigError> {
+    if let Some(value) = args.older_s
+        && !(value.is_finite() && (0.0..=f64::from(MAX_SECONDS)).contains(&value))
+    {
+        return Err(ConfigError::BadOlder { value });
+    }
+    if args.live_max == Some(0) {
+        return Err(ConfigError::LiveMaxZero);
+    }
+    let leaks = (args.leaks.is_some() || args.older_s.is_some()).then(|| crate::run::live::LeaksConfig {
+        list: args.leaks.unwrap_or(DEFAULT_LEAKS),
+        older_s: args.older_s.unwrap_or(0.0),
+    });
+    let on = args.live || args.live_max.is_some() || leaks.is_some();
+    Ok(on.then(|| LiveConfig { max: args.live_max.unwrap_or(DEFAULT_LIVE_MAX), leaks }))
+}
+
 /// The longest `--duration` or `--interval`: ten years. Far enough for any
 /// run, and near enough that a deadline this far from now is a valid
 /// instant (one 1e19 s away is not, and would panic).
@@ -439,6 +505,10 @@ mod tests {
             debug_dir: None,
             inlined: true,
             gc: "auto",
+            live: false,
+            live_max: None,
+            leaks: None,
+            older_s: None,
         }
     }
 

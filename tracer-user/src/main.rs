@@ -232,6 +232,24 @@ struct AttachArgs {
     /// read of the target's memory and one map update more. Not with --budget.
     #[arg(long)]
     types: bool,
+    /// Track live memory: every block the allocator functions hand out since the attach, by address,
+    /// in a kernel table, until it is freed. Each interval gives the blocks outstanding and their
+    /// bytes per domain (object, mem, raw), in the table and the JSON's `live`. Needs each returned
+    /// pointer, so it turns on --returns. Blocks allocated before the attach are unknown (their
+    /// frees are counted as untracked). Not with --budget or --exe.
+    #[arg(long)]
+    live: bool,
+    /// The live table's room, in blocks (turns on --live). A block that finds it full is counted as
+    /// dropped, never as live, and tracer keeps running.
+    #[arg(long, value_name = "BLOCKS")]
+    live_max: Option<u32>,
+    /// At the end, list the N oldest blocks still outstanding, with address, size, domain, function
+    /// and age (default 20; turns on --live).
+    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "20")]
+    leaks: Option<usize>,
+    /// With --leaks: only blocks at least SECONDS old at the end (turns on --leaks).
+    #[arg(long, value_name = "SECONDS", allow_hyphen_values = true)]
+    older: Option<f64>,
     /// Record the Python stack of each event of EVENTS: `alloc` (the allocating functions; the
     /// default when the flag is given alone), `refs`, `default`, or function names. The kernel
     /// walks the current thread's frames and counts calls and bytes per stack; the table and the
@@ -363,6 +381,10 @@ fn attach(args: &AttachArgs) -> anyhow::Result<()> {
         debug_dir: args.target.debug_dir.as_deref(),
         inlined: !args.target.no_inlined,
         gc: &args.target.gc,
+        live: args.live,
+        live_max: args.live_max,
+        leaks: args.leaks,
+        older_s: args.older,
     })?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let end = runtime.block_on(tracer_user::run::attach(&config, std::io::stdout().lock(), std::io::stderr()))?;

@@ -4,6 +4,9 @@
 //! reads them. Fields are only ever added, as `Option`s or empty lists
 //! that are left out while unset, so that older lines still read.
 
+mod live;
+pub use live::{Leak, Leaks, Live, LiveDomain};
+
 use std::time::Duration;
 
 use indexmap::IndexMap;
@@ -357,6 +360,12 @@ pub struct Snapshot {
     /// left out with `--gc off`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gc: Option<Gc>,
+    /// With `--live`: the blocks outstanding now, per domain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live: Option<Live>,
+    /// With `--leaks`, in the summary only: the oldest outstanding blocks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leaks: Option<Leaks>,
 }
 
 /// Garbage collections since the attach, by generation.

@@ -22,6 +22,11 @@ pub enum Program {
     RetValue,
     /// Records the return value through a uretprobe.
     RetValueUret,
+    /// With `--live`, at an allocating function's entry: keeps its size
+    /// until the return probe puts the block in the live table.
+    LiveAlloc,
+    /// With `--live`, at a free's entry: takes the block out.
+    LiveFree,
     /// Counts a call at an inlined copy, with the size where its cookie
     /// says (see `tracer_common::site`).
     CountSite,
@@ -32,7 +37,7 @@ pub enum Program {
 
 impl Program {
     /// Every program in the object.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 11] = [
         Self::CountCall,
         Self::SizeArg0,
         Self::SizeArg1,
@@ -40,6 +45,8 @@ impl Program {
         Self::Empty,
         Self::RetValue,
         Self::RetValueUret,
+        Self::LiveAlloc,
+        Self::LiveFree,
         Self::CountSite,
         Self::CountObject,
     ];
@@ -55,6 +62,8 @@ impl Program {
             Self::Empty => programs::EMPTY,
             Self::RetValue => programs::RET_VALUE,
             Self::RetValueUret => programs::RET_VALUE_URET,
+            Self::LiveAlloc => programs::LIVE_ALLOC,
+            Self::LiveFree => programs::LIVE_FREE,
             Self::CountSite => programs::COUNT_SITE,
             Self::CountObject => programs::COUNT_OBJECT,
         }

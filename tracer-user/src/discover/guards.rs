@@ -177,6 +177,8 @@ impl SizeArgs {
             | Program::Empty
             | Program::RetValue
             | Program::RetValueUret
+            | Program::LiveAlloc
+            | Program::LiveFree
             | Program::CountSite
             | Program::CountObject => Self::None,
         }

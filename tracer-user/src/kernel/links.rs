@@ -304,10 +304,24 @@ impl Session {
                     (Program::CountObject, _, Some((first, constant))) => {
                         (Program::CountObject, site::encode(p.slot, first, site::NONE, constant))
                     }
-                    _ => (Program::CountCall, cookie),
+                    // Marked as a copy: with --live, its call is counted as
+                    // one the live table does not see.
+                    _ => (Program::CountCall, site::encode(p.slot, site::INLINED, site::NONE, 0)),
                 };
                 AttachPoint { program, cookie, ..at(image, s.offset) }
             }));
+        }
+        // With --live, each allocating function's entry keeps its call's
+        // size for its return probe, and each free's entry takes its block
+        // out: at offset 0, where the stack pointer is known, before the
+        // return probes (a return is matched with its entry, so no
+        // uretprobe may run whose entry this did not see).
+        for p in &self.plan.probes {
+            let Some(role) = p.live else { continue };
+            let program =
+                if role & 0xff == tracer_common::live::role::FREE { Program::LiveFree } else { Program::LiveAlloc };
+            let cookie = u64::from(p.slot);
+            points.push(AttachPoint { symbol: p.symbol, program, path: image.clone(), offset: p.file_offset, cookie });
         }
         for p in &self.plan.probes {
             let cookie = u64::from(p.slot);

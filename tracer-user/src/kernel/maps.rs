@@ -51,6 +51,9 @@ pub struct Readings {
     /// Per process, its garbage collections by generation (see
     /// [`super::gc`]).
     pub gc: BTreeMap<u32, BTreeMap<i32, tracer_common::gc::GcTotals>>,
+    /// With `--live`, per domain in [`tracer_common::sizes::Domain::ALL`]
+    /// order, what the live table did, summed over CPUs.
+    pub live: Vec<tracer_common::live::LiveCounts>,
 }
 
 /// Collects what the BPF programs log (`--bpf-log`) until the run loop
@@ -158,7 +161,20 @@ impl Session {
             kernel_misses = kernel_misses.saturating_add(misses);
         }
         let gc = self.read_gc()?;
-        Ok(Readings { probes, per_process, types, sizes, stacks, stats, kernel_misses, gc })
+        let mut live = Vec::new();
+        for domain in tracer_common::sizes::Domain::ALL {
+            let per_cpu = self.live_counts.get(&(domain as u32), 0).map_err(map_err(names::LIVE_COUNTS_MAP))?;
+            live.push(per_cpu.iter().fold(tracer_common::live::LiveCounts::default(), |sum, c| sum.merged(*c)));
+        }
+        Ok(Readings { probes, per_process, types, sizes, stacks, stats, kernel_misses, gc, live })
+    }
+
+    /// With `--live`, every block in the live table now. A block freed
+    /// while this walks the table may be in it or not.
+    pub fn live_blocks(&self) -> Vec<(tracer_common::live::LiveKey, tracer_common::live::LiveEntry)> {
+        // An entry removed between the walk's steps ends the walk's view
+        // of it, never the walk (aya's iterator skips a key gone by then).
+        self.live.iter().filter_map(Result::ok).collect()
     }
 
     /// Removes every entry of process `tgid` from the counter and return

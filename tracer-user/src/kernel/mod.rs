@@ -23,6 +23,7 @@ use aya::{
 use thiserror::Error;
 use tracer_common::{
     counter::{Counter, CounterKey},
+    live::{LiveCounts, LiveEntry, LiveKey},
     names,
     returns::Returned,
     stack::{Stack, StackKey, WalkConfig},
@@ -89,6 +90,8 @@ pub struct LoadOptions {
     pub types: Option<TypesOptions>,
     /// With `--stacks`: which probes get stacks, and how.
     pub stacks: Option<StacksOptions>,
+    /// With `--live`: the room of the live table (`--live-max`).
+    pub live: Option<u32>,
 }
 
 /// How `--stacks` walks, in the kernel.
@@ -113,7 +116,7 @@ pub struct TypesOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        Self { max_processes: 1024, bpf_log: false, types: None, stacks: None }
+        Self { max_processes: 1024, bpf_log: false, types: None, stacks: None, live: None }
     }
 }
 
@@ -130,6 +133,9 @@ pub struct Session {
     walks: aya::maps::HashMap<MapData, u32, WalkConfig>,
     stacks: aya::maps::HashMap<MapData, u64, Stack>,
     stack_counts: PerCpuHashMap<MapData, StackKey, Counter>,
+    /// With `--live`: the outstanding blocks, and what each domain's did.
+    live: aya::maps::HashMap<MapData, LiveKey, LiveEntry>,
+    live_counts: PerCpuArray<MapData, LiveCounts>,
     /// With `--bpf-log`, the reader of the programs' log.
     logger: Option<aya_log::EbpfLogger<maps::LogCollector>>,
     /// What the logger has collected (shared with it).
@@ -181,7 +187,14 @@ impl Session {
         let stacks_on = u32::from(options.stacks.is_some());
         let sample = options.stacks.as_ref().map_or(1, |s| s.sample.max(1));
         let stack_entries = options.stacks.as_ref().map_or(1, |s| s.entries.max(1));
+        // Without --live no program writes the table: one entry is room
+        // enough.
+        let live_on = u32::from(options.live.is_some());
+        let live_entries = options.live.unwrap_or(1).max(1);
         let mut ebpf = EbpfLoader::new()
+            .override_global(names::LIVE_ON_GLOBAL, &live_on, true)
+            .map_max_entries(names::LIVE_MAP, live_entries)
+            .map_max_entries(names::SLOT_LIVE_MAP, slots.max(1))
             .override_global(names::TARGET_TGID_GLOBAL, &target_tgid, true)
             .override_global(names::STACKS_ON_GLOBAL, &stacks_on, true)
             .override_global(names::SAMPLE_EVERY_GLOBAL, &sample, true)
@@ -224,6 +237,16 @@ impl Session {
         let walks = take_map(&mut ebpf, names::WALKS_MAP, aya::maps::HashMap::try_from)?;
         let stacks = take_map(&mut ebpf, names::STACKS_MAP, aya::maps::HashMap::try_from)?;
         let stack_counts = take_map(&mut ebpf, names::STACK_COUNTS_MAP, PerCpuHashMap::try_from)?;
+        let live = take_map(&mut ebpf, names::LIVE_MAP, aya::maps::HashMap::try_from)?;
+        let live_counts = take_map(&mut ebpf, names::LIVE_COUNTS_MAP, PerCpuArray::try_from)?;
+        let mut slot_live = borrowed_array(&mut ebpf, names::SLOT_LIVE_MAP)?;
+        for p in plan.probes.iter().filter(|_| options.live.is_some()) {
+            if let Some(role) = p.live {
+                slot_live
+                    .set(p.slot, role, 0)
+                    .map_err(|cause| AttachError::Map { name: names::SLOT_LIVE_MAP, cause: Box::new(cause) })?;
+            }
+        }
         let mut domains = borrowed_array(&mut ebpf, names::SLOT_DOMAINS_MAP)?;
         for p in &plan.probes {
             let domain = crate::python::domain(p.symbol)
@@ -251,6 +274,8 @@ impl Session {
             walks,
             stacks,
             stack_counts,
+            live,
+            live_counts,
             logger,
             log_lines,
             programs: HashMap::new(),

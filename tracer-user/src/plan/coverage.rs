@@ -40,6 +40,12 @@ pub struct Coverage {
     /// every counted call also counted its object's type.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub types: Option<Completeness>,
+    /// With `--live`, for an allocating function or a free: whether the
+    /// live table sees every call's block (not at inlined copies, whose
+    /// returned or freed pointer is not read; the live report counts
+    /// their calls as `unseen_allocs` and `unseen_frees`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live: Option<Completeness>,
     /// Why a count is partial.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
@@ -59,5 +65,6 @@ impl Coverage {
         self.calls == Completeness::Partial
             || self.bytes == Completeness::Partial
             || self.types == Some(Completeness::Partial)
+            || self.live == Some(Completeness::Partial)
     }
 }

@@ -140,6 +140,11 @@ pub struct PlannedProbe {
     pub inline_sites: Vec<InlineSite>,
     /// What the counts cover.
     pub coverage: Coverage,
+    /// With `--live`, what it does in the live table
+    /// (`tracer_common::live::role`): an allocating function gets
+    /// `live_alloc` at its entry beside its return probes, a free
+    /// `live_free` at its entry.
+    pub live: Option<u32>,
 }
 
 impl PlannedProbe {
@@ -167,11 +172,20 @@ pub struct PlanOptions {
     /// `--types`: count new references by the object's type, with
     /// [`Program::CountObject`].
     pub types: bool,
+    /// `--live`: keep the outstanding blocks, by address; needs `returns`.
+    pub live: bool,
 }
 
 impl Default for PlanOptions {
     fn default() -> Self {
-        Self { program_override: None, placement: PlacementMode::default(), returns: None, inlined: true, types: false }
+        Self {
+            program_override: None,
+            placement: PlacementMode::default(),
+            returns: None,
+            inlined: true,
+            types: false,
+            live: false,
+        }
     }
 }
 
@@ -256,7 +270,9 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
         let returns = options.returns.filter(|_| spec.program.allocates()).map(|costs| {
             let len = usize::try_from(sym.size.min(MAX_FUNCTION)).unwrap_or(0);
             match image.elf.read_at(sym.file_offset, len) {
-                Ok(code) if sym.size <= MAX_FUNCTION => returns::plan(&code, sym.address, place.offset, &costs, kernel),
+                Ok(code) if sym.size <= MAX_FUNCTION => {
+                    returns::plan(&code, sym.address, place.offset, &costs, (kernel, options.live))
+                }
                 Ok(_) => ReturnPlan::Uretprobe { reason: format!("the function is over {MAX_FUNCTION} bytes") },
                 Err(e) => ReturnPlan::Uretprobe { reason: format!("the code could not be read ({e})") },
             }
@@ -282,6 +298,10 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
         if own == Program::CountObject {
             types_coverage(&mut coverage, &inline_sites);
         }
+        let live = options.live.then(|| live_role(spec)).flatten();
+        if live.is_some() {
+            live_coverage(&mut coverage, &inline_sites);
+        }
         probes.push(PlannedProbe {
             symbol: spec.symbol,
             program: own,
@@ -293,6 +313,7 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
             call_sites: None,
             coverage,
             inline_sites,
+            live,
         });
     }
     if options.placement == PlacementMode::CallSites {
@@ -386,6 +407,7 @@ fn coverage(
         calls: Completeness::Complete,
         bytes: if measures_bytes { Completeness::Complete } else { Completeness::None },
         types: None,
+        live: None,
         reason: None,
         fix: None,
         cross_check: None,
@@ -446,6 +468,38 @@ fn coverage(
         }
     }
     c
+}
+
+/// With `--live`, what probe `spec` does in the live table
+/// (`tracer_common::live::role`), if anything.
+fn live_role(spec: &ProbeSpec) -> Option<u32> {
+    use tracer_common::live::role;
+    let family = crate::python::family(spec.symbol)?;
+    match spec.program {
+        Program::SizeArg0 => Some(role::MALLOC),
+        Program::Calloc => Some(role::CALLOC),
+        Program::SizeArg1 => Some(role::REALLOC),
+        Program::CountCall if spec.symbol.ends_with("_Free") => Some(role::FREE | (family as u32) << 8),
+        _ => None,
+    }
+}
+
+/// With `--live`, whether the live table sees every call's block: not at
+/// inlined copies, where neither the returned nor the freed pointer is
+/// read.
+fn live_coverage(c: &mut Coverage, sites: &[InlineSite]) {
+    c.live = Some(if c.calls == Completeness::Partial || !sites.is_empty() {
+        Completeness::Partial
+    } else {
+        Completeness::Complete
+    });
+    if !sites.is_empty() {
+        let why = format!(
+            "live memory: the pointers of the {} inlined copies are not read, so their blocks are not in the live table (their calls are counted as unseen)",
+            sites.len()
+        );
+        c.reason = Some(c.reason.take().map_or(why.clone(), |r| format!("{r}; {why}")));
+    }
 }
 
 /// With `--types`, whether every probed call also counts its object's type:

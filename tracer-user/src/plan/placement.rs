@@ -69,7 +69,13 @@ fn reads(program: Program) -> &'static [Register] {
         Program::SizeArg0 | Program::CountObject => &[Register::RDI],
         Program::SizeArg1 => &[Register::RSI],
         Program::Calloc => &[Register::RDI, Register::RSI],
-        Program::CountCall | Program::Empty | Program::RetValue | Program::RetValueUret | Program::CountSite => &[],
+        Program::CountCall
+        | Program::Empty
+        | Program::RetValue
+        | Program::RetValueUret
+        | Program::LiveAlloc
+        | Program::LiveFree
+        | Program::CountSite => &[],
     }
 }
 

@@ -97,14 +97,25 @@ impl ReturnPlan {
 /// Plans the return probes of the function whose whole code is `code`,
 /// linked at `address`, whose counting probe sits at `probe_offset`.
 #[must_use]
-pub fn plan(code: &[u8], address: u64, probe_offset: u64, costs: &ReturnCosts, kernel: KernelVersion) -> ReturnPlan {
+///
+/// With `rets_only` (`--live`), a site is always a `ret`, never a `jmp`
+/// into the epilogue: the live table matches a return with its call by the
+/// stack pointer, which is the entry's at a `ret` and unknown at a `jmp`
+/// before the epilogue's `pop`s.
+pub fn plan(
+    code: &[u8],
+    address: u64,
+    probe_offset: u64,
+    costs: &ReturnCosts,
+    (kernel, rets_only): (KernelVersion, bool),
+) -> ReturnPlan {
     let uret = |reason: String| ReturnPlan::Uretprobe { reason };
     let insns = match decode(code, address) {
         Ok(insns) => insns,
         Err(reason) => return uret(reason),
     };
     let Some(first) = insns.first() else { return uret("the symbol has no size, so its end is unknown".to_owned()) };
-    let sites = match sites(&insns, address, code, kernel) {
+    let sites = match sites(&insns, address, code, (kernel, rets_only)) {
         Ok(sites) => sites,
         Err(reason) => return uret(reason),
     };
@@ -144,7 +155,12 @@ fn show(insn: &Instruction) -> String {
 
 /// Every return site, placed on `jmp`s where that reads the same rax, or an
 /// error naming why the function needs a uretprobe.
-fn sites(insns: &[Instruction], address: u64, code: &[u8], kernel: KernelVersion) -> Result<Vec<ReturnSite>, String> {
+fn sites(
+    insns: &[Instruction],
+    address: u64,
+    code: &[u8],
+    (kernel, rets_only): (KernelVersion, bool),
+) -> Result<Vec<ReturnSite>, String> {
     let end = address + code.len() as u64;
     let inside = |target: u64| (address..end).contains(&target);
     for insn in insns {
@@ -175,7 +191,7 @@ fn sites(insns: &[Instruction], address: u64, code: &[u8], kernel: KernelVersion
         if insn.mnemonic() != Mnemonic::Ret {
             continue;
         }
-        match jumps_into_epilogue(insns, k) {
+        match jumps_into_epilogue(insns, k).filter(|_| !rets_only) {
             Some(jumps) if jumps.iter().all(|&j| site(&insns[j]).emulated) && !jumps.is_empty() => {
                 sites.extend(jumps.iter().map(|&j| site(&insns[j])));
             }
@@ -262,11 +278,11 @@ mod tests {
         let code = [0x48, 0x85, 0xff, 0x74, 0x04, 0x48, 0x89, 0xf8, 0xc3, 0x31, 0xc0, 0xc3];
         // The counting probe traps at the entry anyway, so a uretprobe
         // costs only its return (1.5 µs), less than a single-stepped ret.
-        let p = plan(&code, 0x1000, 0, &COSTS, K);
+        let p = plan(&code, 0x1000, 0, &COSTS, (K, false));
         assert!(matches!(p, ReturnPlan::Uretprobe { .. }), "{p:?}");
         // With a dear uretprobe return, the rets win.
         let dear = ReturnCosts { uretprobe_return_ns: 20000.0, ..COSTS };
-        let p = plan(&code, 0x1000, 0, &dear, K);
+        let p = plan(&code, 0x1000, 0, &dear, (K, false));
         assert_eq!(offsets(&p), [8, 11]);
         assert!(p.reason().contains("2 site(s), 16000 ns per call"), "{}", p.reason());
     }
@@ -277,11 +293,11 @@ mod tests {
         // jmp +0 (to it as well); pop %rbx; ret
         let code = [0x53, 0x48, 0x89, 0xf8, 0x48, 0x85, 0xff, 0x74, 0x02, 0xeb, 0x00, 0x5b, 0xc3];
         // The je into the epilogue is conditional: only the ret will do.
-        assert_eq!(offsets(&plan(&code, 0, 1, &ReturnCosts { uretprobe_return_ns: 1e9, ..COSTS }, K)), [12]);
+        assert_eq!(offsets(&plan(&code, 0, 1, &ReturnCosts { uretprobe_return_ns: 1e9, ..COSTS }, (K, false))), [12]);
         // Only a jmp leads there: the jmp is the site, and it is emulated.
         // push %rbx; mov %rdi,%rax; jmp +1; int3; pop %rbx; ret
         let code = [0x53, 0x48, 0x89, 0xf8, 0xeb, 0x01, 0xcc, 0x5b, 0xc3];
-        let p = plan(&code, 0, 1, &COSTS, K);
+        let p = plan(&code, 0, 1, &COSTS, (K, false));
         let ReturnPlan::Sites { sites, reason } = &p else { panic!("{p:?}") };
         assert_eq!(sites.len(), 1);
         assert_eq!((sites[0].offset, sites[0].emulated), (4, true));
@@ -290,7 +306,7 @@ mod tests {
         // transparent, so the ret itself is probed.
         let code = [0x53, 0x48, 0x89, 0xf8, 0xeb, 0x01, 0xcc, 0x58, 0xc3];
         let dear = ReturnCosts { uretprobe_return_ns: 1e9, ..COSTS };
-        assert_eq!(offsets(&plan(&code, 0, 1, &dear, K)), [8]);
+        assert_eq!(offsets(&plan(&code, 0, 1, &dear, (K, false))), [8]);
     }
 
     #[test]
@@ -299,25 +315,25 @@ mod tests {
         // pyenv's PyObject_Malloc: mov %rdi,%rsi; mov ctx(%rip),%rdi;
         // jmp *fn(%rip)
         let code = [0x48, 0x89, 0xfe, 0x48, 0x8b, 0x3d, 0, 0, 0, 0, 0xff, 0x25, 0, 0, 0, 0];
-        let p = plan(&code, 0x2000, 0, &dear, K);
+        let p = plan(&code, 0x2000, 0, &dear, (K, false));
         assert!(matches!(&p, ReturnPlan::Uretprobe { reason } if reason.contains("indirect jump at +10")), "{p:?}");
         // Debian's PyMem_RawMalloc ends in jmp malloc@plt: a direct jump out.
         let code = [0x48, 0x85, 0xff, 0xe9, 0x00, 0x10, 0x00, 0x00];
-        let p = plan(&code, 0x3000, 0, &dear, K);
+        let p = plan(&code, 0x3000, 0, &dear, (K, false));
         assert!(matches!(&p, ReturnPlan::Uretprobe { reason } if reason.contains("out of the function at +3")));
         // A conditional jump out (to a .cold part) as well.
         let code = [0x0f, 0x88, 0x00, 0x10, 0x00, 0x00, 0xc3];
-        assert!(matches!(plan(&code, 0x3000, 0, &dear, K), ReturnPlan::Uretprobe { .. }));
+        assert!(matches!(plan(&code, 0x3000, 0, &dear, (K, false)), ReturnPlan::Uretprobe { .. }));
     }
 
     #[test]
     fn unknown_shapes_need_a_uretprobe() {
         let dear = ReturnCosts { uretprobe_return_ns: 1e9, ..COSTS };
-        assert!(matches!(plan(&[], 0, 0, &dear, K), ReturnPlan::Uretprobe { .. }));
+        assert!(matches!(plan(&[], 0, 0, &dear, (K, false)), ReturnPlan::Uretprobe { .. }));
         // No ret at all (ends in ud2).
-        assert!(matches!(plan(&[0x0f, 0x0b], 0, 0, &dear, K), ReturnPlan::Uretprobe { .. }));
+        assert!(matches!(plan(&[0x0f, 0x0b], 0, 0, &dear, (K, false)), ReturnPlan::Uretprobe { .. }));
         // A jump inside the function is fine; here it is the only way to
         // the ret, so it becomes the (emulated) site.
-        assert_eq!(offsets(&plan(&[0xeb, 0x00, 0xc3], 0, 0, &dear, K)), [0]);
+        assert_eq!(offsets(&plan(&[0xeb, 0x00, 0xc3], 0, 0, &dear, (K, false))), [0]);
     }
 }

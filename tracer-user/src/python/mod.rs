@@ -180,6 +180,17 @@ pub fn domain(symbol: &str) -> Option<tracer_common::sizes::Domain> {
         .find_map(|(prefix, domain)| symbol.strip_prefix(prefix).filter(|f| allocates(f)).map(|_| domain))
 }
 
+/// The allocator family (domain) of any of its functions, frees included:
+/// `PyObject_*`, `PyMem_Raw*` and `PyMem_*`.
+#[must_use]
+pub fn family(symbol: &str) -> Option<tracer_common::sizes::Domain> {
+    use tracer_common::sizes::Domain;
+    let ours = |f: &str| matches!(f, "Malloc" | "Calloc" | "Realloc" | "Free");
+    [("PyObject_", Domain::Object), ("PyMem_Raw", Domain::Raw), ("PyMem_", Domain::Mem)]
+        .into_iter()
+        .find_map(|(prefix, domain)| symbol.strip_prefix(prefix).filter(|f| ours(f)).map(|_| domain))
+}
+
 /// The [`Abi`] for `version`, or an error for versions nobody has checked.
 pub fn abi_for(pid: u32, version: PythonVersion) -> Result<&'static dyn Abi, VersionError> {
     match (version.major, version.minor) {
@@ -239,6 +250,8 @@ pub const fn size_parameters(program: Program) -> &'static [&'static str] {
         | Program::Empty
         | Program::RetValue
         | Program::RetValueUret
+        | Program::LiveAlloc
+        | Program::LiveFree
         | Program::CountSite
         | Program::CountObject => &[],
     }

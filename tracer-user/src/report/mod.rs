@@ -3,6 +3,7 @@
 
 pub mod files;
 mod json;
+mod live;
 pub mod plan;
 pub mod stacks;
 mod table;

@@ -211,6 +211,12 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         if let Some(gc) = &sample.gc {
             self.gc_block(gc)?;
         }
+        if let Some(live) = &sample.live {
+            super::live::live(&mut self.out, live)?;
+        }
+        if let Some(leaks) = &sample.leaks {
+            super::live::leaks(&mut self.out, leaks)?;
+        }
         if let Some(types) = &sample.types {
             self.types_block(types)?;
         }
@@ -438,7 +444,7 @@ fn estimate(per_s: f64, ci95: Option<[f64; 2]>) -> String {
 }
 
 /// 1234567 -> "1,234,567": exact, and readable at a glance.
-fn group(n: u64) -> String {
+pub(super) fn group(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {

@@ -9,6 +9,7 @@ mod duty;
 pub mod exit;
 pub mod exits;
 mod late;
+pub mod live;
 pub mod readout;
 pub mod stacks;
 pub mod types;
@@ -398,6 +399,8 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
         d.close(&mut run.session, &mut run.readout)?;
     }
     let mut last = run.snapshot()?;
+    // Before the detach, which frees the table.
+    last.leaks = config.live.as_ref().and_then(|l| l.leaks).map(|l| live::leaks(&run.session, l));
     let log = run.bpf_log();
     let Run { session, readout, duty, late, started: _, mut cost } = run;
     drop((session, readout, duty, late));
@@ -457,6 +460,7 @@ fn start<'a>(
         returns: return_costs.map(|r| r.0),
         inlined: config.inlined,
         types: config.types,
+        live: config.live.is_some(),
         ..PlanOptions::default()
     };
     let plan = plan::plan(ImageRef::from(&r), &specs(&r, &config.probes, config.types)?, options)?;
@@ -480,7 +484,8 @@ fn start<'a>(
         sample: s.sample,
         entries: STACK_ENTRIES,
     });
-    let load = LoadOptions { bpf_log: config.bpf_log, types, stacks, ..LoadOptions::default() };
+    let live = config.live.as_ref().map(|l| l.max);
+    let load = LoadOptions { bpf_log: config.bpf_log, types, stacks, live, ..LoadOptions::default() };
     let mut session = Session::load(plan, r.scope, &load)?;
     // The target's frames are located before the probes go live, so that
     // its first events have stacks.
@@ -508,6 +513,7 @@ fn start<'a>(
     let calibrating = cpu_costs.map_or_else(Calibration::start, Calibration::Known);
     let mut readout = Readout::new(started, r.pid().is_none(), config.types.then(|| r.abi.objects()));
     readout.stack_names = stack_names;
+    readout.live = live;
     if config.gc != GcMode::Off {
         let reason = if gc.source == GcSource::None { Some(gc.detail.clone()) } else { gc.caveat.clone() };
         readout.report_gc(gc.source, reason);

@@ -57,6 +57,8 @@ pub struct Totals {
     pub kernel_misses: u64,
     /// Per process, garbage collections by generation.
     pub gc: BTreeMap<u32, BTreeMap<i32, GcTotals>>,
+    /// With `--live`, what the live table did per domain.
+    pub live_table: Vec<tracer_common::live::LiveCounts>,
 }
 
 /// Reads a session's counts, keeping those of exited processes.
@@ -84,6 +86,8 @@ pub struct Readout {
     /// Where garbage collections are seen from, and why not or what the
     /// counts hold beyond them; `None` with `--gc off`.
     gc: Option<(GcSource, Option<String>)>,
+    /// With `--live`, the live table's room.
+    pub live: Option<u32>,
 }
 
 impl Readout {
@@ -102,6 +106,7 @@ impl Readout {
             unwatched: Vec::new(),
             told: std::collections::HashSet::new(),
             gc: None,
+            live: None,
         }
     }
 
@@ -223,6 +228,7 @@ impl Readout {
             stats: readings.stats,
             kernel_misses: readings.kernel_misses,
             gc,
+            live_table: readings.live,
         })
     }
 
@@ -272,6 +278,7 @@ impl Readout {
             hits: Some(totals.probes.iter().map(|c| c.calls.saturating_add(c.returned.returns)).sum()),
             types: self.type_names.as_ref().map(|n| n.counts(&totals.types)),
             sizes: sizes(plan, totals),
+            live: self.live.map(|capacity| super::live::report(plan, &totals.live_table, capacity)),
             gc: self.gc.as_ref().map(|(source, reason)| {
                 let pids = if self.reap {
                     totals

@@ -1,0 +1,82 @@
+//! The table's lines for `--live` and `--leaks`.
+
+use std::io::Write;
+
+use super::table::group;
+use crate::model::{Leaks, Live};
+
+/// One line per domain with blocks or calls, then what the figures do not
+/// cover.
+pub fn live(out: &mut dyn Write, live: &Live) -> std::io::Result<()> {
+    for (name, d) in [("object", &live.object), ("mem", &live.mem), ("raw", &live.raw)] {
+        if d.allocations == 0 && d.untracked_frees == 0 && d.unseen_allocations == 0 && d.unseen_frees == 0 {
+            continue;
+        }
+        let signed = |n: i64| if n < 0 { format!("-{}", group(n.unsigned_abs())) } else { group(n.unsigned_abs()) };
+        let mut extra = Vec::new();
+        for (what, n) in [
+            ("untracked frees", d.untracked_frees),
+            ("dropped (table full)", d.dropped),
+            ("unseen allocations", d.unseen_allocations),
+            ("unseen frees", d.unseen_frees),
+            ("nested", d.nested),
+        ] {
+            if n > 0 {
+                extra.push(format!("{what} {}", group(n)));
+            }
+        }
+        let extra = if extra.is_empty() { String::new() } else { format!("; {}", extra.join(", ")) };
+        writeln!(
+            out,
+            "  live  {name:<6} {:>12} blocks {:>16} bytes  ({} allocated, {} freed since the attach{extra})",
+            signed(d.count),
+            signed(d.bytes),
+            group(d.allocations),
+            group(d.frees),
+        )?;
+    }
+    if live.dropped > 0 {
+        writeln!(
+            out,
+            "  live: the table ({} blocks) was full: {} blocks were not kept (raise --live-max)",
+            group(u64::from(live.capacity)),
+            group(live.dropped)
+        )?;
+    }
+    if let Some(why) = &live.partial {
+        writeln!(out, "  live: partial: {why}")?;
+    }
+    writeln!(out, "  live: {}", live.unknown)
+}
+
+/// The oldest outstanding blocks.
+pub fn leaks(out: &mut dyn Write, leaks: &Leaks) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "  leaks: {} blocks, {} bytes, outstanding for at least {} s; the {} oldest:",
+        group(leaks.count),
+        group(leaks.bytes),
+        leaks.older_than_s,
+        leaks.oldest.len()
+    )?;
+    if !leaks.oldest.is_empty() {
+        writeln!(
+            out,
+            "  {:>8} {:>18} {:>12} {:<6} {:<18} {:>9}",
+            "PID", "address", "bytes", "domain", "function", "age"
+        )?;
+    }
+    for l in &leaks.oldest {
+        writeln!(
+            out,
+            "  {:>8} {:>#18x} {:>12} {:<6} {:<18} {:>8.1}s",
+            l.pid,
+            l.address,
+            group(l.size),
+            l.domain,
+            l.function,
+            l.age_s
+        )?;
+    }
+    writeln!(out, "  leaks: sites {}", leaks.sites)
+}

@@ -1,0 +1,100 @@
+//! `--live` and `--leaks`: the model of the live table, from its counts
+//! and, at the end, its blocks.
+
+use tracer_common::{live::LiveCounts, sizes::Domain};
+
+use crate::{kernel::Session, model, plan::Plan};
+
+/// What the live figures cannot know, said with every one of them.
+pub const UNKNOWN: &str = "allocations made before tracer attached are not in the table: their frees are counted as untracked_frees, and never lower the live counts";
+
+/// `--leaks`: which blocks the summary lists.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LeaksConfig {
+    /// At most this many, oldest first.
+    pub list: usize,
+    /// Only blocks at least this many seconds old.
+    pub older_s: f64,
+}
+
+/// The model of the live table's counts (per domain, in
+/// [`Domain::ALL`] order) for `plan`, whose table has room for `capacity`.
+#[must_use]
+pub fn report(plan: &Plan, counts: &[LiveCounts], capacity: u32) -> model::Live {
+    let domain = |d: Domain| {
+        let c = counts.get(d as usize).copied().unwrap_or_default();
+        model::LiveDomain {
+            count: c.count.cast_signed(),
+            bytes: c.bytes.cast_signed(),
+            allocations: c.tracked,
+            frees: c.freed,
+            untracked_frees: c.untracked_frees,
+            dropped: c.dropped,
+            unseen_allocations: c.unseen_allocs,
+            unseen_frees: c.unseen_frees,
+            nested: c.nested,
+        }
+    };
+    let (object, mem, raw) = (domain(Domain::Object), domain(Domain::Mem), domain(Domain::Raw));
+    let all = [object, mem, raw];
+    let dropped = all.iter().map(|d| d.dropped).sum();
+    let partial: Vec<String> = plan
+        .probes
+        .iter()
+        .filter(|p| p.live.is_some() && !p.inline_sites.is_empty())
+        .map(|p| format!("{} ({} inlined copies)", p.symbol, p.inline_sites.len()))
+        .collect();
+    let unseen: u64 = all.iter().map(|d| d.unseen_allocations + d.unseen_frees).sum();
+    let partial = (!partial.is_empty()).then(|| {
+        format!(
+            "the returned or freed pointers of inlined copies are not read, so the table misses their blocks ({unseen} calls so far, the unseen_* counts): {}; the live counts cover only blocks allocated through the functions themselves",
+            partial.join(", ")
+        )
+    });
+    model::Live { object, mem, raw, capacity, dropped, unknown: UNKNOWN.to_owned(), partial }
+}
+
+/// With `--leaks`, the blocks still in `session`'s live table, the oldest
+/// first, as `config` says.
+#[must_use]
+pub fn leaks(session: &Session, config: LeaksConfig) -> model::Leaks {
+    let now = monotonic_ns();
+    let plan = session.plan();
+    let min_age_ns = (config.older_s * 1e9) as u64;
+    let mut blocks: Vec<_> =
+        session.live_blocks().into_iter().filter(|(_, e)| now.saturating_sub(e.time_ns) >= min_age_ns).collect();
+    blocks.sort_by_key(|(k, e)| (e.time_ns, k.address));
+    let count = blocks.len() as u64;
+    let bytes = blocks.iter().map(|(_, e)| e.size).fold(0u64, u64::saturating_add);
+    let oldest = blocks
+        .iter()
+        .take(config.list)
+        .map(|(k, e)| model::Leak {
+            pid: k.tgid,
+            address: k.address,
+            size: e.size,
+            domain: Domain::ALL.iter().find(|d| **d as u32 == e.domain).map_or("?", |d| d.name()).to_owned(),
+            function: plan.probes.iter().find(|p| p.slot == e.slot).map_or("?", |p| p.symbol).to_owned(),
+            #[allow(clippy::cast_precision_loss, reason = "seconds from nanoseconds")]
+            age_s: now.saturating_sub(e.time_ns) as f64 / 1e9,
+        })
+        .collect();
+    model::Leaks {
+        older_than_s: config.older_s,
+        count,
+        bytes,
+        oldest,
+        sites: "not recorded yet: a block's Python stack is not kept in the live table (see --stacks for where allocations come from)".to_owned(),
+    }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`.
+fn monotonic_ns() -> u64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut t) };
+    u64::try_from(t.tv_sec)
+        .unwrap_or(0)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::try_from(t.tv_nsec).unwrap_or(0))
+}
