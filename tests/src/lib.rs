@@ -499,6 +499,12 @@ impl Workload {
         self.python_pid.unwrap_or_else(|| self.child.id())
     }
 
+    /// The next line the workload prints, waiting for it as `what`.
+    #[must_use]
+    pub fn next_line(&self, what: &str) -> Option<String> {
+        self.stdout.next_line(what)
+    }
+
     /// Waits for `line` on the workload's stdout.
     pub fn expect(&self, line: &str) {
         let got = self.stdout.next_line(line);

@@ -1,0 +1,203 @@
+//! Live memory (`--live`, `--leaks`): a workload that keeps N bytearrays
+//! of KEEP bytes (and makes and drops N of TEMP bytes) shows, at the end,
+//! exactly N times what one kept bytearray holds more live bytes than one
+//! that keeps N/2... every figure from runs of N and 2N, whose difference
+//! is exact. With `--leaks`, exactly the kept buffers (KEEP + 1 bytes)
+//! are listed, never a dropped one (TEMP + 1). Freeing them brings live
+//! memory back: runs of N and 2N that free what they kept end with the
+//! same live bytes. On Debian's LTO builds the allocators are inlined into
+//! their callers, where no returned pointer is read: there the live report
+//! says it is partial, and counts those calls as unseen, exactly.
+
+use std::path::Path;
+
+use serde_json::Value;
+use tracer_tests::{TracerRun, Workload, forky_root, require_root, run_tracer, shared_python, static_python};
+
+const KEEP: u64 = 12_345;
+const TEMP: u64 = 7_777;
+
+/// Where the workload runs: its root (None: the host) and interpreter.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    root: Option<&'a Path>,
+    python: &'a str,
+}
+
+/// One run: the summary, and the bytes one kept bytearray holds.
+fn run(target: Target<'_>, n: u64, free: bool, extra: &[&str]) -> (Value, u64) {
+    let args = [n.to_string(), KEEP.to_string(), TEMP.to_string(), (if free { "free" } else { "keep" }).to_owned()];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut w = Workload::script(target.root, target.python, "live.py", &args);
+    let per = w.next_line("per").expect("a per line");
+    let per: u64 = per.strip_prefix("per ").expect("per N").parse().expect("a number");
+    let mut tracer_args = vec!["--interval", "3600"];
+    tracer_args.extend_from_slice(extra);
+    let (tracer, _) = TracerRun::attach_json(w.pid(), &tracer_args);
+    w.go();
+    w.expect("done");
+    tracer.signal(libc::SIGINT);
+    let (status, lines, stderr) = tracer.finish();
+    assert!(status.success(), "tracer failed: {status}: {stderr}");
+    w.close();
+    let summary = lines.last().expect("a summary").clone();
+    assert_eq!(summary["type"], "summary", "{lines:?}");
+    (summary, per)
+}
+
+fn live_bytes(s: &Value) -> i64 {
+    ["object", "mem", "raw"].iter().map(|d| s["live"][d]["bytes"].as_i64().expect("live bytes")).sum()
+}
+
+fn field(s: &Value, name: &str) -> u64 {
+    ["object", "mem", "raw"].iter().map(|d| s["live"][d][name].as_u64().expect("a live count")).sum()
+}
+
+/// How many listed leaks are `size` bytes.
+fn listed(s: &Value, size: u64) -> u64 {
+    s["leaks"]["oldest"].as_array().expect("leaks").iter().filter(|l| l["size"] == size).count() as u64
+}
+
+/// Every live level is a level: never below zero.
+fn never_negative(s: &Value) {
+    for d in ["object", "mem", "raw"] {
+        let live = &s["live"][d];
+        assert!(live["count"].as_i64() >= Some(0) && live["bytes"].as_i64() >= Some(0), "{d}: {live}");
+    }
+    assert!(s["live"]["unknown"].as_str().is_some_and(|u| u.contains("before tracer attached")), "{}", s["live"]);
+}
+
+/// On a build whose allocators the return probes see (not LTO).
+fn exact(target: Target<'_>) {
+    let n = 300;
+    let leaks = ["--leaks", "100000"];
+    let (one, per) = run(target, n, false, &leaks);
+    let (two, _) = run(target, 2 * n, false, &leaks);
+    for s in [&one, &two] {
+        never_negative(s);
+        assert!(s["live"].get("partial").is_none(), "{}", s["live"]);
+        assert_eq!(s["stats"]["live_unmatched"], 0, "{}", s["stats"]);
+    }
+    // Kept: N more bytearrays hold exactly N times one's bytes more.
+    let more = live_bytes(&two) - live_bytes(&one);
+    assert_eq!(more, i64::try_from(n * per).unwrap(), "one holds {per} B: {} / {}", one["live"], two["live"]);
+    // Listed: exactly the kept buffers, never the dropped ones.
+    assert_eq!((listed(&one, KEEP + 1), listed(&two, KEEP + 1)), (n, 2 * n), "{}", two["leaks"]["count"]);
+    assert_eq!((listed(&one, TEMP + 1), listed(&two, TEMP + 1)), (0, 0));
+    // Two blocks each: the object and its buffer.
+    assert_eq!(two["leaks"]["count"].as_u64().unwrap() - one["leaks"]["count"].as_u64().unwrap(), 2 * n);
+    // Freed: back where it was, whatever N.
+    let (one_freed, _) = run(target, n, true, &leaks);
+    let (two_freed, _) = run(target, 2 * n, true, &leaks);
+    for s in [&one_freed, &two_freed] {
+        never_negative(s);
+        assert_eq!(listed(s, KEEP + 1), 0, "{}", s["leaks"]);
+    }
+    assert_eq!(live_bytes(&two_freed), live_bytes(&one_freed), "{} / {}", one_freed["live"], two_freed["live"]);
+    // Per iteration at least the kept and the dropped bytearray, each an
+    // object and a buffer (and the loop's int, on some builds).
+    let frees = field(&two_freed, "frees") - field(&one_freed, "frees");
+    assert!(frees >= 4 * n && frees % n == 0, "{frees} more frees for {n} more iterations");
+}
+
+#[test]
+fn kept_bytearrays_are_live_and_listed_on_pyenv_311() {
+    require_root();
+    let python = shared_python();
+    exact(Target { root: None, python: python.to_str().unwrap() });
+}
+
+#[test]
+fn kept_bytearrays_are_live_and_listed_on_pyenv_313() {
+    require_root();
+    let python = "/root/.pyenv/versions/3.13.0/bin/python3";
+    assert!(Path::new(python).is_file(), "{python} is missing (see ../shared/TOOLCHAIN.md)");
+    exact(Target { root: None, python });
+}
+
+/// On an LTO build: the copies inlined into bytearray's code return
+/// pointers no probe reads, which the report says, and counts exactly.
+fn partial(target: Target<'_>) {
+    let n = 300;
+    let (one, _) = run(target, n, false, &["--leaks", "100000"]);
+    let (two, _) = run(target, 2 * n, false, &["--leaks", "100000"]);
+    for s in [&one, &two] {
+        never_negative(s);
+        let why = s["live"]["partial"].as_str().unwrap_or_else(|| panic!("not partial: {}", s["live"]));
+        assert!(why.contains("inlined copies"), "{why}");
+        // The allocators' coverage says it too.
+        assert_eq!(s["stats"]["live_unmatched"], 0, "{}", s["stats"]);
+    }
+    let unseen = field(&two, "unseen_allocations") - field(&one, "unseen_allocations");
+    assert!(unseen >= 2 * n && unseen % n == 0, "{unseen} more unseen allocations for {n} more iterations");
+    let unseen_frees = field(&two, "unseen_frees") - field(&one, "unseen_frees");
+    assert_eq!(unseen_frees % n, 0, "{unseen_frees} more unseen frees for {n} more iterations");
+    // Nothing listed that the table did not see.
+    assert_eq!(listed(&two, TEMP + 1), 0);
+}
+
+#[test]
+fn live_is_partial_and_says_so_on_debian_311() {
+    require_root();
+    let python = static_python();
+    partial(Target { root: None, python: python.to_str().unwrap() });
+}
+
+#[test]
+fn live_is_partial_and_says_so_on_forky_314() {
+    require_root();
+    let root = forky_root();
+    partial(Target { root: Some(&root), python: "python3.14" });
+}
+
+/// A table of 50 blocks overflows, says so, and keeps running: every
+/// function's calls and bytes are those of a run with room enough.
+#[test]
+fn a_tiny_table_reports_its_overflow() {
+    require_root();
+    let python = shared_python();
+    let target = Target { root: None, python: python.to_str().unwrap() };
+    let n = 300;
+    let (roomy, _) = run(target, n, false, &["--live"]);
+    let (roomy2, _) = run(target, 2 * n, false, &["--live"]);
+    let (tiny, _) = run(target, n, false, &["--live-max", "50"]);
+    let (tiny2, _) = run(target, 2 * n, false, &["--live-max", "50"]);
+    assert_eq!(tiny["live"]["capacity"], 50);
+    let dropped = tiny["live"]["dropped"].as_u64().unwrap();
+    assert!(dropped >= n, "{}", tiny["live"]);
+    assert_eq!(tiny["stats"]["live_full"].as_u64(), Some(dropped), "{}", tiny["stats"]);
+    assert!(field(&tiny, "count") <= 50, "{}", tiny["live"]);
+    assert_eq!(roomy["live"]["dropped"], 0);
+    // N more iterations add the same calls and bytes with either table
+    // (the runs themselves may differ by an allocation around the loop).
+    let grew = |a: &Value, b: &Value, name: &str, what: &str| {
+        b["probes"][name][what].as_u64().unwrap() - a["probes"][name][what].as_u64().unwrap()
+    };
+    for name in roomy["probes"].as_object().unwrap().keys() {
+        for what in ["calls", "bytes"] {
+            assert_eq!(grew(&roomy, &roomy2, name, what), grew(&tiny, &tiny2, name, what), "{name} {what}");
+        }
+    }
+}
+
+#[test]
+fn bad_live_input() {
+    for (args, expected) in [
+        (
+            &["attach", "--pid", "1", "--older", "-1"][..],
+            "--older must be a number of seconds, 0 or more and at most 315360000 (got -1); try --older 10",
+        ),
+        (
+            &["attach", "--pid", "1", "--older", "abc"][..],
+            "invalid value 'abc' for '--older <SECONDS>': invalid float literal; see `tracer attach --help`",
+        ),
+        (
+            &["attach", "--pid", "1", "--live-max", "0"][..],
+            "--live-max 0 leaves no room for any allocation; give the live table's room in blocks (default 262144)",
+        ),
+    ] {
+        let (code, stdout, stderr) = run_tracer(args);
+        assert_eq!(stderr, format!("tracer: error: {expected}\n"), "args {args:?}");
+        assert_eq!((code, stdout.as_str()), (Some(2), ""), "args {args:?}");
+    }
+}
