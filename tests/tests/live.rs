@@ -36,6 +36,7 @@ fn run(target: Target<'_>, n: u64, free: bool, extra: &[&str]) -> (Value, u64) {
     let (tracer, _) = TracerRun::attach_json(w.pid(), &tracer_args);
     w.go();
     w.expect("done");
+    w.wait_blocked_reading(Some(5));
     tracer.signal(libc::SIGINT);
     let (status, lines, stderr) = tracer.finish();
     assert!(status.success(), "tracer failed: {status}: {stderr}");
