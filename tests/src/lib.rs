@@ -382,6 +382,12 @@ impl Workload {
     /// prints "ready" first, as workload.py does.
     #[must_use]
     pub fn script(root: Option<&Path>, python: &str, name: &str, args: &[&str]) -> Self {
+        Self::script_env(root, python, name, args, &[])
+    }
+
+    /// [`Self::script`] with more environment variables (`PYTHONMALLOC`).
+    #[must_use]
+    pub fn script_env(root: Option<&Path>, python: &str, name: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         static COPIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let source = workspace_root().join("tests/python").join(name);
         let (mut cmd, copy) = match root {
@@ -401,7 +407,7 @@ impl Workload {
                 (cmd, Some(RemoveOnDrop(script)))
             }
         };
-        cmd.args(args).env("PYTHONHASHSEED", "0").stdin(Stdio::piped()).stdout(Stdio::piped());
+        cmd.args(args).env("PYTHONHASHSEED", "0").envs(env.iter().copied()).stdin(Stdio::piped()).stdout(Stdio::piped());
         let child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {python} {name}: {e}"));
         let w = Self::from_child(child);
         drop(copy);

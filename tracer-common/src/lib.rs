@@ -60,10 +60,8 @@ pub mod names {
     /// Hash of [`crate::live::LiveEntry`] by [`crate::live::LiveKey`]:
     /// the outstanding blocks, with `--live`; `--live-max` sizes it.
     pub const LIVE_MAP: &str = "LIVE";
-    /// LRU hash of [`crate::live::Pending`] by [`crate::live::PendingKey`].
-    pub const PENDING_MAP: &str = "PENDING";
-    /// LRU hash of `u64` by thread id: the block each thread freed last.
-    pub const LAST_FREE_MAP: &str = "LAST_FREE";
+    /// LRU hash of [`crate::live::Frames`] by thread id.
+    pub const FRAMES_MAP: &str = "FRAMES";
     /// Per-CPU array of [`crate::live::LiveCounts`] by domain.
     pub const LIVE_COUNTS_MAP: &str = "LIVE_COUNTS";
     /// Array of `u32` by probe slot: its [`crate::live::role`].
@@ -87,12 +85,17 @@ pub mod names {
         pub const RET_VALUE: &str = "ret_value";
         /// Records the return value through a uretprobe.
         pub const RET_VALUE_URET: &str = "ret_value_uret";
-        /// With `--live`, at an allocating function's entry: keeps the
-        /// call's size until its return.
+        /// With `--live`, at an allocating API function's entry: keeps the
+        /// call's domain for the implementation it calls.
         pub const LIVE_ALLOC: &str = "live_alloc";
-        /// With `--live`, at a free's entry: takes the block out of the
-        /// live table.
+        /// With `--live`, at a free's entry: the same, for a free.
         pub const LIVE_FREE: &str = "live_free";
+        /// With `--live`, at an allocator implementation's entry.
+        pub const LIVE_IMPL: &str = "live_impl";
+        /// With `--live`, at an implementation's `ret`s.
+        pub const LIVE_RET: &str = "live_ret";
+        /// With `--live`, at an implementation's return, by uretprobe.
+        pub const LIVE_RET_URET: &str = "live_ret_uret";
         /// Counts a call at an inlined copy, reading the size where the
         /// attach cookie says it is (see [`crate::site`]).
         pub const COUNT_SITE: &str = "count_site";

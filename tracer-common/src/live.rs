@@ -1,11 +1,16 @@
 //! Live memory (`--live`): the allocations outstanding now, by address.
 //!
-//! An allocation's size is known at its function's entry and its address
-//! at the return, so the entry keeps a [`Pending`] per (thread, stack
-//! pointer) until its return takes it: a nested call (`PyObject_Malloc`
-//! calling `PyMem_RawMalloc` for a large block) has a lower stack
-//! pointer, so the two never mix. The return then puts the block in the
-//! live table, address → [`LiveEntry`], and a free takes it out.
+//! An allocation's domain is known at its API function's entry (or at an
+//! inlined copy of it), and its address at the return of the
+//! implementation the API calls through its domain's allocator table
+//! (`_PyObject.malloc(_PyObject.ctx, size)` in Objects/obmalloc.c). On LTO
+//! builds the API is inlined into its callers, where no return exists,
+//! but the implementations stay out of line. So each thread keeps a small
+//! stack of [`Frame`]s: the API call, then its implementation, whose
+//! return puts the block in the live table, address → [`LiveEntry`]; a
+//! free's implementation takes it out at its entry. An implementation
+//! called inside another (pymalloc handing a large block to the raw
+//! allocator, the debug hooks calling pymalloc) is nested, counted once.
 
 /// Key of the live table: one outstanding block of one process.
 #[repr(C)]
@@ -39,58 +44,71 @@ pub struct LiveEntry {
 
 const _: () = assert!(core::mem::size_of::<LiveEntry>() == 32);
 
-/// Key of the pending map: the calls in flight on a thread at one stack
-/// pointer at their functions' entry (two where one tail-calls the other:
-/// pyenv's `PyMem_Realloc` jumps into pymalloc, which may jump on into
-/// `PyMem_RawRealloc`, with the same stack pointer and return address).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct PendingKey {
-    /// Thread id (the kernel's pid).
-    pub tid: u32,
-    pub reserved: u32,
-    /// `%rsp` at the entry.
-    pub sp: u64,
-}
-
-const _: () = assert!(core::mem::size_of::<PendingKey>() == 16);
-
-/// An allocation in flight, from its entry to its return.
+/// One call in flight on a thread: an allocator API call (at its entry,
+/// or at an inlined copy of it) waiting for the implementation it calls
+/// through its domain's allocator table, or a call of an implementation
+/// (`_PyObject_Malloc`, `_PyMem_RawMalloc`, the `_PyMem_Debug*` hooks),
+/// whose return gives the block.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Call {
-    /// The requested size.
+pub struct Frame {
+    /// For an implementation, the requested size (its own argument).
     pub size: u64,
-    /// For a realloc, the old block (0: none, or not a realloc).
+    /// For an implementation's realloc, the old block (0: none).
     pub old: u64,
     /// With `--stacks`, the stack hash; else 0.
     pub stack: u64,
+    /// `%rsp` at the probe: for an API call at an inlined copy, the
+    /// caller's; for an implementation, at its entry.
+    pub sp: u64,
+    /// The API call's domain ([`crate::sizes::Domain`]).
     pub domain: u32,
+    /// The API call's probe slot, or the implementation's.
     pub slot: u32,
+    /// A [`kind`].
+    pub kind: u32,
+    /// The call's [`role`] (without a domain).
+    pub role: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<Call>() == 32);
+const _: () = assert!(core::mem::size_of::<Frame>() == 48);
 
-/// The calls in flight at one (thread, stack pointer), innermost last.
-/// A tail-called function's uretprobe fires before its caller's, at the
-/// same stack pointer, so a return takes the innermost. A third call
-/// pushes out the outermost, which can only be one whose return was never
-/// seen (made before the return probes were attached).
+/// What a [`Frame`] is.
+pub mod kind {
+    /// An API call that has not called an implementation yet. An inlined
+    /// copy that runs an inlined allocator (LTO's devirtualised pymalloc)
+    /// never does: the next API call on the thread finds it stale.
+    pub const API: u32 = 1;
+    /// The implementation an API call called: its return gives the block.
+    pub const OUTER: u32 = 2;
+    /// An implementation called inside another (the debug hooks calling
+    /// pymalloc, pymalloc calling the raw allocator for a large block):
+    /// counted once, as the outer call.
+    pub const NESTED: u32 = 3;
+    /// An implementation entered with no API call seen on its thread.
+    pub const ORPHAN: u32 = 4;
+}
+
+/// How deep [`Frames`] goes: an API call, its implementation, a nested API
+/// call and its implementation, with room for the debug hooks' extra level.
+pub const FRAME_DEPTH: usize = 6;
+
+/// The calls in flight on one thread, innermost last.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Pending {
-    pub calls: [Call; 2],
-    /// How many of `calls` are in flight.
+pub struct Frames {
+    pub frames: [Frame; FRAME_DEPTH],
+    /// How many of `frames` are in use.
     pub depth: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<Pending>() == 72);
+const _: () = assert!(core::mem::size_of::<Frames>() == 48 * FRAME_DEPTH + 8);
 
-/// Room for threads in the last-free map: an allocator's free that calls
-/// another family's free on the same block (`PyObject_Free` handing a
-/// large block to `PyMem_RawFree`) finds the block gone, and is counted
-/// as nested rather than untracked when it is the thread's last freed.
-pub const LAST_FREE_THREADS: u32 = 4096;
+/// How far below an API call's stack pointer its implementation's entry
+/// may be: the API's own frame (an out-of-line API function's locals, or
+/// the caller's at an inlined copy) and the call's return address. Further
+/// down, the implementation was called by something else.
+pub const API_FRAME_ROOM: u64 = 4096;
 
 /// Per domain, what the live table did, one value per CPU. `count` and
 /// `bytes` are wrapping deltas (a block allocated on one CPU may be freed
@@ -111,14 +129,16 @@ pub struct LiveCounts {
     pub untracked_frees: u64,
     /// Blocks the table had no room for (then never counted live).
     pub dropped: u64,
-    /// Allocations at copies whose returned pointer is not read (inlined
-    /// copies on LTO builds): not in the table.
+    /// API allocations that called no implementation whose return is
+    /// probed (an inlined copy running an inlined allocator, LTO's
+    /// devirtualised pymalloc): not in the table.
     pub unseen_allocs: u64,
-    /// Frees at copies whose pointer is not read: a block they free stays
-    /// in the table.
+    /// API frees that called no probed implementation: a block they free
+    /// stays in the table until its address is handed out again.
     pub unseen_frees: u64,
-    /// Inner calls of another family on a block an outer call handed out
-    /// or took back (counted once, under the outer call's domain).
+    /// Implementation calls inside another one (pymalloc handing a large
+    /// block to the raw allocator, the debug hooks calling pymalloc):
+    /// counted once, as the outer call.
     pub nested: u64,
 }
 
@@ -150,9 +170,9 @@ pub const DOMAIN_SLOTS: u32 = 8;
 /// `--live-max`.
 pub const DEFAULT_LIVE_ENTRIES: u32 = 1024;
 
-/// Room for calls in flight (an LRU map: a call whose return never comes,
-/// a thread that died mid-call, is pushed out).
-pub const PENDING_ENTRIES: u32 = 16_384;
+/// Room for threads with calls in flight (an LRU map: a thread that died
+/// mid-call is pushed out).
+pub const FRAME_THREADS: u32 = 16_384;
 
 /// What a probe slot does in the live table (the slot-live array's value).
 pub mod role {
@@ -168,6 +188,10 @@ pub mod role {
     /// family's domain shifted left by 8 (a free's slot has no domain in
     /// the slot-domains map, which gives requested sizes).
     pub const FREE: u32 = 4;
+    /// Added to a role for an implementation's slot: its arguments come
+    /// after the allocator's context (`_PyObject_Malloc(void *ctx, size_t
+    /// nbytes)`), one later than the API's.
+    pub const IMPLEMENTATION: u32 = 0x10;
 }
 
 #[cfg(feature = "user")]

@@ -61,11 +61,13 @@ pub enum Stat {
     /// With `--live`: the live table was full, so a block was not put in
     /// it (its domain's `dropped` counts it too).
     LiveFull = 17,
-    /// With `--live`: an allocator returned with no call in flight on its
-    /// thread at that stack pointer (its entry was not seen), so its block
-    /// was not put in the table.
+    /// With `--live`: an allocator implementation was entered with no API
+    /// call of its kind on its thread's stack (or far below it), or
+    /// returned with no frame at its stack pointer: its block was not put
+    /// in the table, nor taken out.
     LiveUnmatched = 18,
-    /// With `--live`: a call in flight could not be kept.
+    /// With `--live`: a call in flight could not be kept (a thread's frame
+    /// stack was full, or the map of threads).
     LivePendingFull = 19,
 }
 

@@ -1,10 +1,11 @@
-//! Live memory (`--live`, see [`tracer_common::live`]): `live_alloc` at an
-//! allocating function's entry keeps the call's size by (thread, stack
-//! pointer); the return probe (`ret_value` at a `ret`, `ret_value_uret`)
-//! takes it and puts the returned block in [`LIVE`]; `live_free` at a
-//! free's entry takes the block out. Every block put in or taken out moves
-//! its domain's count and bytes in [`LIVE_COUNTS`]; nothing goes to
-//! userspace per event.
+//! Live memory (`--live`, see [`tracer_common::live`]): an allocator API
+//! call (`live_alloc`, `live_free` at an out-of-line API function's
+//! entry, [`api`] at its inlined copies) leaves its domain on its
+//! thread's frame stack; the implementation it calls (`live_impl` at its
+//! entry) takes it, a free's takes its block out of [`LIVE`], and an
+//! allocation's return (`live_ret` at a `ret`, `live_ret_uret`) puts the
+//! block in. Every block put in or taken out moves its domain's count and
+//! bytes in [`LIVE_COUNTS`]; nothing goes to userspace per event.
 
 use aya_ebpf::{
     EbpfContext,
@@ -13,14 +14,14 @@ use aya_ebpf::{
         bpf_get_current_pid_tgid,
         generated::{bpf_get_attach_cookie, bpf_ktime_get_ns},
     },
-    macros::{map, uprobe},
+    macros::{map, uprobe, uretprobe},
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
-    programs::ProbeContext,
+    programs::{ProbeContext, RetProbeContext},
 };
 use tracer_common::{
     live::{
-        Call, DEFAULT_LIVE_ENTRIES, DOMAIN_SLOTS, LAST_FREE_THREADS, LiveCounts, LiveEntry, LiveKey, PENDING_ENTRIES,
-        Pending, PendingKey, role,
+        API_FRAME_ROOM, DEFAULT_LIVE_ENTRIES, DOMAIN_SLOTS, FRAME_DEPTH, FRAME_THREADS, Frame, Frames,
+        LiveCounts, LiveEntry, LiveKey, kind, role,
     },
     sizes::DEFAULT_SLOTS,
     stats::Stat,
@@ -36,13 +37,9 @@ static LIVE_ON: u32 = 0;
 #[map]
 static LIVE: HashMap<LiveKey, LiveEntry> = HashMap::with_max_entries(DEFAULT_LIVE_ENTRIES, 0);
 
-/// Calls in flight.
+/// Each thread's calls in flight.
 #[map]
-static PENDING: LruHashMap<PendingKey, Pending> = LruHashMap::with_max_entries(PENDING_ENTRIES, 0);
-
-/// Each thread's last freed block.
-#[map]
-static LAST_FREE: LruHashMap<u32, u64> = LruHashMap::with_max_entries(LAST_FREE_THREADS, 0);
+static FRAMES: LruHashMap<u32, Frames> = LruHashMap::with_max_entries(FRAME_THREADS, 0);
 
 /// Per domain, what the table did.
 #[map]
@@ -115,28 +112,121 @@ macro_rules! field {
     };
 }
 
-/// At an allocating function's entry: keeps its size by (thread, stack
-/// pointer) until its return.
+/// At an allocating API function's entry (out of line): leaves the call's
+/// domain for the implementation it calls.
 #[uprobe]
 pub fn live_alloc(ctx: ProbeContext) -> u32 {
-    if let Err(stat) = try_live_alloc(&ctx) {
+    if let Err(stat) = try_api_entry(&ctx) {
+        crate::bump(&ctx, stat);
+    }
+    0
+}
+
+/// At a free's entry (out of line): the same, for a free.
+#[uprobe]
+pub fn live_free(ctx: ProbeContext) -> u32 {
+    if let Err(stat) = try_api_entry(&ctx) {
         crate::bump(&ctx, stat);
     }
     0
 }
 
 #[inline(always)]
-fn try_live_alloc(ctx: &ProbeContext) -> Result<(), Stat> {
+fn try_api_entry(ctx: &ProbeContext) -> Result<(), Stat> {
     crate::check_target()?;
     // SAFETY: the helper reads this run's cookie.
     let slot = u32::try_from(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) }).map_err(|_| Stat::SlotOutOfRange)?;
-    let kind = SLOT_LIVE.get(slot).copied().unwrap_or(role::NONE);
-    let domain = crate::SLOT_DOMAINS.get(slot).copied().ok_or(Stat::SlotOutOfRange)?;
+    api(ctx.regs, slot)
+}
+
+/// An API call of slot `slot` (at its entry or at an inlined copy): pushes
+/// its frame, for the implementation it calls. An API frame already on
+/// top is stale: its call ran an inlined allocator and called none (LTO's
+/// devirtualised pymalloc), so its block is unseen, which is counted.
+#[inline(always)]
+pub fn api(regs: *mut pt_regs, slot: u32) -> Result<(), Stat> {
+    let kind_of = SLOT_LIVE.get(slot).copied().unwrap_or(role::NONE);
+    let r = kind_of & 0xff;
+    let domain = match r {
+        role::MALLOC | role::CALLOC | role::REALLOC => crate::SLOT_DOMAINS.get(slot).copied().unwrap_or(0),
+        role::FREE => kind_of >> 8,
+        _ => return Ok(()),
+    };
+    let (_, tid) = ids();
+    // SAFETY: regs is the context the kernel passed, readable directly.
+    let sp = unsafe { (*regs).rsp };
+    let frame = Frame { sp, domain, slot, kind: kind::API, role: r, ..Frame::default() };
+    let Some(frames) = FRAMES.get_ptr_mut(&tid) else {
+        let mut fresh = Frames::default();
+        fresh.frames[0] = frame;
+        fresh.depth = 1;
+        return FRAMES.insert(&tid, &fresh, u64::from(BPF_ANY)).map_err(|_| Stat::LivePendingFull);
+    };
+    // SAFETY: a valid pointer to the value, which only this thread (so
+    // only this program run) uses.
+    let frames = unsafe { &mut *frames };
+    let top = usize::try_from(frames.depth).unwrap_or(0).wrapping_sub(1);
+    if let Some(last) = frames.frames.get_mut(top)
+        && last.kind == kind::API
+    {
+        unseen(*last);
+        *last = frame;
+        return Ok(());
+    }
+    push(frames, frame)
+}
+
+/// Pushes `frame`; a full stack loses its outermost call (one whose
+/// return was never seen), which is counted.
+#[inline(always)]
+fn push(frames: &mut Frames, frame: Frame) -> Result<(), Stat> {
+    let at = usize::try_from(frames.depth).unwrap_or(FRAME_DEPTH);
+    if let Some(slot) = frames.frames.get_mut(at) {
+        *slot = frame;
+        frames.depth += 1;
+        return Ok(());
+    }
+    frames.frames.copy_within(1.., 0);
+    if let Some(last) = frames.frames.last_mut() {
+        *last = frame;
+    }
+    frames.depth = FRAME_DEPTH as u64;
+    Err(Stat::LivePendingFull)
+}
+
+/// A stale API call: its block is not in the table.
+#[inline(always)]
+fn unseen(frame: Frame) {
+    if frame.role == role::FREE {
+        add(frame.domain, field!(unseen_frees), 1);
+    } else {
+        add(frame.domain, field!(unseen_allocs), 1);
+    }
+}
+
+/// At an allocator implementation's entry: pairs it with the API call on
+/// top of its thread's stack (the outer call), or marks it nested or an
+/// orphan; an outer free takes its block out now.
+#[uprobe]
+pub fn live_impl(ctx: ProbeContext) -> u32 {
+    if let Err(stat) = try_live_impl(&ctx) {
+        crate::bump(&ctx, stat);
+    }
+    0
+}
+
+#[inline(always)]
+fn try_live_impl(ctx: &ProbeContext) -> Result<(), Stat> {
+    let tgid = crate::check_target()?;
+    // SAFETY: the helper reads this run's cookie.
+    let slot = u32::try_from(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) }).map_err(|_| Stat::SlotOutOfRange)?;
+    let r = SLOT_LIVE.get(slot).copied().unwrap_or(role::NONE) & !role::IMPLEMENTATION & 0xff;
+    // The implementation's arguments follow the allocator's context.
     let arg = |n: usize| ctx.arg::<u64>(n).ok_or(Stat::ArgMissing);
-    let (size, old) = match kind {
-        role::MALLOC => (arg(0)?, 0),
+    let (size, old) = match r {
+        role::MALLOC => (arg(1)?, 0),
         role::CALLOC => {
-            let (n, e) = (arg(0)?, arg(1)?);
+            let (n, e) = (arg(1)?, arg(2)?);
             // As in try_record: BPF has no 128-bit multiply.
             if (n | e) >> 32 != 0 && e != 0 && n > core::hint::black_box(u64::MAX) / e {
                 (u64::MAX, 0)
@@ -144,99 +234,139 @@ fn try_live_alloc(ctx: &ProbeContext) -> Result<(), Stat> {
                 (n.wrapping_mul(e), 0)
             }
         }
-        role::REALLOC => (arg(1)?, arg(0)?),
+        role::REALLOC => (arg(2)?, arg(1)?),
+        role::FREE => (0, arg(1)?),
         _ => return Ok(()),
     };
     let (_, tid) = ids();
     // SAFETY: regs is the context the kernel passed, readable directly.
     let sp = unsafe { (*ctx.regs).rsp };
-    let key = PendingKey { tid, reserved: 0, sp };
-    let call = Call { size, old, stack: 0, domain, slot };
-    match PENDING.get_ptr_mut(&key) {
-        Some(p) => {
-            // SAFETY: a valid pointer to the value, which only this thread
-            // (so only this program run) uses.
-            let p = unsafe { &mut *p };
-            if p.depth >= 2 {
-                p.calls[0] = p.calls[1];
-                p.calls[1] = call;
-                p.depth = 2;
-            } else if p.depth == 1 {
-                p.calls[1] = call;
-                p.depth = 2;
-            } else {
-                p.calls[0] = call;
-                p.depth = 1;
-            }
-            Ok(())
-        }
-        None => {
-            let p = Pending { calls: [call, Call::default()], depth: 1 };
-            PENDING.insert(&key, &p, u64::from(BPF_ANY)).map_err(|_| Stat::LivePendingFull)
-        }
+    let mut frame = Frame { size, old, sp, slot, kind: kind::ORPHAN, role: r, ..Frame::default() };
+    let Some(frames) = FRAMES.get_ptr_mut(&tid) else {
+        // No API call seen on this thread: kept only for its return.
+        let mut fresh = Frames::default();
+        fresh.frames[0] = frame;
+        fresh.depth = 1;
+        let _ = FRAMES.insert(&tid, &fresh, u64::from(BPF_ANY));
+        return Err(Stat::LiveUnmatched);
+    };
+    // SAFETY: a valid pointer to the value, which only this thread uses.
+    let frames = unsafe { &mut *frames };
+    let depth = usize::try_from(frames.depth).unwrap_or(0).min(FRAME_DEPTH);
+    // Inside another implementation: an implementation frame below.
+    let mut nested = false;
+    for f in frames.frames.iter().take(depth) {
+        nested |= matches!(f.kind, kind::OUTER | kind::NESTED);
     }
+    let api = frames.frames.get(depth.wrapping_sub(1)).copied().unwrap_or_default();
+    let mut result = Ok(());
+    if nested {
+        frame.kind = kind::NESTED;
+        frame.domain = api.domain;
+    } else if api.kind == kind::API && api.role == r && sp <= api.sp && api.sp - sp <= API_FRAME_ROOM {
+        frame.kind = kind::OUTER;
+        frame.domain = api.domain;
+        frame.slot = api.slot;
+        if r == role::FREE && old != 0 {
+            take(tgid, old, frame.domain);
+        }
+    } else {
+        // Not called for this thread's last API call (or not from its
+        // frame): its block has no domain, and is not tracked.
+        result = Err(Stat::LiveUnmatched);
+    }
+    push(frames, frame)?;
+    result
 }
 
-/// At an allocating function's return (`sp_delta`: what the stack pointer
-/// there is above the entry's: 0 at a `ret`, 8 after it, for a
-/// uretprobe): takes the call's pending entry and puts the block returned
-/// in `rax` in the live table.
+/// At an implementation's `ret`: the stack pointer is the entry's.
+#[uprobe]
+pub fn live_ret(ctx: ProbeContext) -> u32 {
+    if let Err(stat) = returned(ctx.regs, 0) {
+        crate::bump(&ctx, stat);
+    }
+    0
+}
+
+/// At an implementation's return, through a uretprobe: the return address
+/// is popped, so the stack pointer is 8 above the entry's.
+#[uretprobe]
+pub fn live_ret_uret(ctx: RetProbeContext) -> u32 {
+    if let Err(stat) = returned(ctx.regs, 8) {
+        crate::bump(&ctx, stat);
+    }
+    0
+}
+
+/// An implementation returns: pops its frame (and the API call's under an
+/// outer one); an outer allocation puts the block returned in `rax` in
+/// the live table.
 #[inline(always)]
-pub fn returned(regs: *mut pt_regs, tgid: u32, sp_delta: u64) -> Result<(), Stat> {
+fn returned(regs: *mut pt_regs, sp_delta: u64) -> Result<(), Stat> {
+    let tgid = crate::check_target()?;
     let (_, tid) = ids();
     // SAFETY: regs is the context the kernel passed, readable directly.
     let (address, sp) = unsafe { ((*regs).rax, (*regs).rsp) };
-    let key = PendingKey { tid, reserved: 0, sp: sp.wrapping_sub(sp_delta) };
-    let pending = PENDING.get_ptr_mut(&key).ok_or(Stat::LiveUnmatched)?;
+    let sp = sp.wrapping_sub(sp_delta);
+    let frames = FRAMES.get_ptr_mut(&tid).ok_or(Stat::LiveUnmatched)?;
     // SAFETY: a valid pointer to the value, which only this thread uses.
-    let pending = unsafe { &mut *pending };
-    let p = match pending.depth {
-        0 => return Err(Stat::LiveUnmatched),
-        1 => pending.calls[0],
-        _ => pending.calls[1],
-    };
-    pending.depth = pending.depth.saturating_sub(1).min(1);
-    if pending.depth == 0 {
-        let _ = PENDING.remove(&key);
+    let frames = unsafe { &mut *frames };
+    // The innermost implementation frame at this stack pointer; any frame
+    // above it is a call whose return was lost (an unwind), dropped.
+    let depth = usize::try_from(frames.depth).unwrap_or(0).min(FRAME_DEPTH);
+    let mut found = None;
+    for (i, f) in frames.frames.iter().enumerate().take(depth) {
+        if f.sp == sp && matches!(f.kind, kind::OUTER | kind::NESTED | kind::ORPHAN) {
+            found = Some((i, *f));
+        }
     }
-    if address == 0 {
-        // A failed allocation is never live; a failed realloc keeps the
-        // old block.
+    let (at, frame) = found.ok_or(Stat::LiveUnmatched)?;
+    // The API call that called it ends with it.
+    let below = frames.frames.get(at.wrapping_sub(1)).is_some_and(|f| f.kind == kind::API);
+    frames.depth = (at - usize::from(below)) as u64;
+    match frame.kind {
+        kind::NESTED => {
+            add(frame.domain, field!(nested), 1);
+            return Ok(());
+        }
+        kind::OUTER => {}
+        _ => return Ok(()),
+    }
+    if frame.role == role::FREE || address == 0 {
+        // A free took its block at its entry; a failed allocation is never
+        // live, and a failed realloc keeps the old block.
         return Ok(());
     }
-    if p.old != 0 && p.old != address {
-        take(tgid, tid, p.old, p.domain);
+    if frame.old != 0 {
+        take(tgid, frame.old, frame.domain);
     }
     let live = LiveKey { tgid, reserved: 0, address };
-    // An inner call of another family returned this block first (a large
-    // `PyObject_Malloc` is `PyMem_RawMalloc`'s block): the outer call's
-    // entry replaces it, and the inner one is counted as nested.
-    // SAFETY: a copy is taken at once.
-    if let Some(inner) = unsafe { LIVE.get(&live) }.copied() {
-        add(inner.domain, field!(count), u64::MAX);
-        add(inner.domain, field!(bytes), inner.size.wrapping_neg());
-        add(inner.domain, field!(nested), 1);
-        add(inner.domain, field!(tracked), u64::MAX);
-    }
     // SAFETY: the helper has no arguments.
     let time_ns = unsafe { bpf_ktime_get_ns() };
-    let entry = LiveEntry { size: p.size, time_ns, stack: p.stack, domain: p.domain, slot: p.slot };
+    let entry = LiveEntry { size: frame.size, time_ns, stack: frame.stack, domain: frame.domain, slot: frame.slot };
+    // A block already in the table was freed by a call the table did not
+    // see (an inlined free): its old entry is replaced.
+    // SAFETY: a copy is taken at once.
+    if let Some(stale) = unsafe { LIVE.get(&live) }.copied() {
+        add(stale.domain, field!(count), u64::MAX);
+        add(stale.domain, field!(bytes), stale.size.wrapping_neg());
+        add(stale.domain, field!(freed), 1);
+    }
     if LIVE.insert(&live, &entry, u64::from(BPF_ANY)).is_err() {
-        add(p.domain, field!(dropped), 1);
+        add(frame.domain, field!(dropped), 1);
         return Err(Stat::LiveFull);
     }
-    add(p.domain, field!(count), 1);
-    add(p.domain, field!(bytes), p.size);
-    add(p.domain, field!(tracked), 1);
+    add(frame.domain, field!(count), 1);
+    add(frame.domain, field!(bytes), frame.size);
+    add(frame.domain, field!(tracked), 1);
     Ok(())
 }
 
-/// Takes `address` out of the live table, for a free (or a realloc that
-/// moved it) by thread `tid`; a block not there is counted as untracked
-/// (under `domain`, the freeing family's), or as nested when the thread's
-/// last free took it.
+/// Takes `address` out of the live table, for a free (or a realloc); a
+/// block not there is counted as untracked, under `domain`, the freeing
+/// family's.
 #[inline(always)]
-fn take(tgid: u32, tid: u32, address: u64, domain: u32) {
+fn take(tgid: u32, address: u64, domain: u32) {
     let key = LiveKey { tgid, reserved: 0, address };
     // SAFETY: a copy is taken at once.
     if let Some(entry) = unsafe { LIVE.get(&key) }.copied()
@@ -245,53 +375,7 @@ fn take(tgid: u32, tid: u32, address: u64, domain: u32) {
         add(entry.domain, field!(count), u64::MAX);
         add(entry.domain, field!(bytes), entry.size.wrapping_neg());
         add(entry.domain, field!(freed), 1);
-        let _ = LAST_FREE.insert(&tid, &address, u64::from(BPF_ANY));
         return;
     }
-    // SAFETY: a lookup whose value is copied at once.
-    let nested = unsafe { LAST_FREE.get(&tid) }.is_some_and(|last| *last == address);
-    if nested {
-        add(domain, field!(nested), 1);
-    } else {
-        add(domain, field!(untracked_frees), 1);
-    }
-}
-
-/// At a free's entry: takes the block out of the live table.
-#[uprobe]
-pub fn live_free(ctx: ProbeContext) -> u32 {
-    if let Err(stat) = try_live_free(&ctx) {
-        crate::bump(&ctx, stat);
-    }
-    0
-}
-
-#[inline(always)]
-fn try_live_free(ctx: &ProbeContext) -> Result<(), Stat> {
-    let tgid = crate::check_target()?;
-    let address = ctx.arg::<u64>(0).ok_or(Stat::ArgMissing)?;
-    if address == 0 {
-        return Ok(());
-    }
-    // SAFETY: the helper reads this run's cookie.
-    let slot = u32::try_from(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) }).map_err(|_| Stat::SlotOutOfRange)?;
-    let kind = SLOT_LIVE.get(slot).copied().unwrap_or(role::NONE);
-    let (_, tid) = ids();
-    take(tgid, tid, address, kind >> 8);
-    Ok(())
-}
-
-/// At an inlined copy of slot `slot`'s function, where no pointer is
-/// read: counts the call as unseen by the live table.
-#[inline(always)]
-pub fn unseen(slot: u32) {
-    let kind = SLOT_LIVE.get(slot).copied().unwrap_or(role::NONE);
-    let domain = crate::SLOT_DOMAINS.get(slot).copied().unwrap_or(0);
-    match kind {
-        role::MALLOC | role::CALLOC | role::REALLOC => add(domain, field!(unseen_allocs), 1),
-        // A free's slot has no domain: the loader keeps its family's in
-        // the role's upper bits.
-        k if k & 0xff == role::FREE => add(k >> 8, field!(unseen_frees), 1),
-        _ => {}
-    }
+    add(domain, field!(untracked_frees), 1);
 }

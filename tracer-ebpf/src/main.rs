@@ -23,7 +23,8 @@
 // The GC programs (`gc_start`, `gc_done`): collections per generation, from
 // CPython's markers or its collection function.
 mod gc;
-// Live memory (`live_alloc`, `live_free` and the return probes' part).
+// Live memory (`live_alloc`, `live_free`, `live_impl`, `live_ret`,
+// `live_ret_uret`).
 mod live;
 
 use aya_ebpf::{
@@ -211,8 +212,10 @@ fn try_count_site(ctx: &ProbeContext) -> Result<(), Stat> {
         atomic_add(&raw mut (*counter).bytes, bytes);
     }
     add_size(site::slot(cookie), bytes);
-    if live::on() {
-        live::unseen(site::slot(cookie));
+    if live::on()
+        && let Err(stat) = live::api(ctx.regs, site::slot(cookie))
+    {
+        bump(ctx, stat);
     }
     stacks(ctx, tgid, site::slot(cookie), bytes);
     Ok(())
@@ -550,28 +553,25 @@ fn read(address: u64) -> Result<u64, Stat> {
 /// result: on a `ret` instruction, or placed where the result is final.
 #[uprobe]
 pub fn ret_value(ctx: ProbeContext) -> u32 {
-    // At a `ret`, the return address is still on the stack: the stack
-    // pointer is the entry's.
-    record_return(&ctx, ctx.regs, 0)
+    record_return(&ctx, ctx.regs)
 }
 
 /// Records a function's return value through a uretprobe.
 #[uretprobe]
 pub fn ret_value_uret(ctx: RetProbeContext) -> u32 {
-    // After the `ret`: the return address is popped.
-    record_return(&ctx, ctx.regs, 8)
+    record_return(&ctx, ctx.regs)
 }
 
 #[inline(always)]
-fn record_return<C: EbpfContext>(ctx: &C, regs: *mut pt_regs, sp_delta: u64) -> u32 {
-    if let Err(stat) = try_record_return(ctx, regs, sp_delta) {
+fn record_return<C: EbpfContext>(ctx: &C, regs: *mut pt_regs) -> u32 {
+    if let Err(stat) = try_record_return(ctx, regs) {
         bump(ctx, stat);
     }
     0
 }
 
 #[inline(always)]
-fn try_record_return<C: EbpfContext>(ctx: &C, regs: *mut pt_regs, sp_delta: u64) -> Result<(), Stat> {
+fn try_record_return<C: EbpfContext>(ctx: &C, regs: *mut pt_regs) -> Result<(), Stat> {
     let tgid = check_target()?;
     // SAFETY: regs is the context the kernel passed to this program (the
     // user registers at the probe), which the program may read directly.
@@ -586,9 +586,6 @@ fn try_record_return<C: EbpfContext>(ctx: &C, regs: *mut pt_regs, sp_delta: u64)
         atomic_add(&raw mut (*returned).returns, 1);
         atomic_add(&raw mut (*returned).null, u64::from(value == 0));
         atomic_add(&raw mut (*returned).pointer_sum, value);
-    }
-    if live::on() {
-        live::returned(regs, tgid, sp_delta)?;
     }
     Ok(())
 }
@@ -665,8 +662,11 @@ fn try_record(ctx: &ProbeContext, size: Size) -> Result<(), Stat> {
     let inlined = site::first(cookie) == site::INLINED && cookie >> 40 == 0;
     let slot = if inlined { site::slot(cookie) } else { u32::try_from(cookie).map_err(|_| Stat::SlotOutOfRange)? };
     let counter = slot_of(ctx, &COUNTERS, CounterKey { tgid, slot })?;
-    if inlined && live::on() {
-        live::unseen(slot);
+    if inlined
+        && live::on()
+        && let Err(stat) = live::api(ctx.regs, slot)
+    {
+        bump(ctx, stat);
     }
     // SAFETY: the map returned a valid, aligned pointer to this CPU's value,
     // which stays valid while the program runs (hash map values are freed

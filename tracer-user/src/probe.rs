@@ -22,11 +22,17 @@ pub enum Program {
     RetValue,
     /// Records the return value through a uretprobe.
     RetValueUret,
-    /// With `--live`, at an allocating function's entry: keeps its size
-    /// until the return probe puts the block in the live table.
+    /// With `--live`, at an allocating API function's entry: keeps its
+    /// domain for the implementation it calls.
     LiveAlloc,
-    /// With `--live`, at a free's entry: takes the block out.
+    /// With `--live`, at a free's entry: the same, for a free.
     LiveFree,
+    /// With `--live`, at an allocator implementation's entry.
+    LiveImpl,
+    /// With `--live`, at an implementation's `ret`s.
+    LiveRet,
+    /// With `--live`, at an implementation's return, by uretprobe.
+    LiveRetUret,
     /// Counts a call at an inlined copy, with the size where its cookie
     /// says (see `tracer_common::site`).
     CountSite,
@@ -37,7 +43,7 @@ pub enum Program {
 
 impl Program {
     /// Every program in the object.
-    pub const ALL: [Self; 11] = [
+    pub const ALL: [Self; 14] = [
         Self::CountCall,
         Self::SizeArg0,
         Self::SizeArg1,
@@ -47,6 +53,9 @@ impl Program {
         Self::RetValueUret,
         Self::LiveAlloc,
         Self::LiveFree,
+        Self::LiveImpl,
+        Self::LiveRet,
+        Self::LiveRetUret,
         Self::CountSite,
         Self::CountObject,
     ];
@@ -64,6 +73,9 @@ impl Program {
             Self::RetValueUret => programs::RET_VALUE_URET,
             Self::LiveAlloc => programs::LIVE_ALLOC,
             Self::LiveFree => programs::LIVE_FREE,
+            Self::LiveImpl => programs::LIVE_IMPL,
+            Self::LiveRet => programs::LIVE_RET,
+            Self::LiveRetUret => programs::LIVE_RET_URET,
             Self::CountSite => programs::COUNT_SITE,
             Self::CountObject => programs::COUNT_OBJECT,
         }

@@ -179,6 +179,9 @@ impl SizeArgs {
             | Program::RetValueUret
             | Program::LiveAlloc
             | Program::LiveFree
+            | Program::LiveImpl
+            | Program::LiveRet
+            | Program::LiveRetUret
             | Program::CountSite
             | Program::CountObject => Self::None,
         }

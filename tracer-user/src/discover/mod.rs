@@ -7,6 +7,7 @@ pub mod debuginfo;
 pub mod elf;
 pub mod exe;
 pub mod guards;
+pub mod impls;
 pub mod inline;
 pub mod modules;
 pub mod process;
@@ -89,6 +90,9 @@ pub struct Resolved {
     /// What the image's DWARF says of inlined copies of the probed
     /// functions.
     pub inlining: Inlining,
+    /// The allocator implementations found (by the image's symbols, or its
+    /// debug file's), for `--live`.
+    pub implementations: Vec<impls::Implementation>,
 }
 
 /// What the image's DWARF says of the copies the compiler inlined.
@@ -201,6 +205,11 @@ pub fn resolve(spec: &TargetSpec, call_sites: bool, dwarf: DwarfLookup<'_>) -> R
     if dwarf.enabled {
         r.inlining = copies::find(spec, (&r.display_path, &r.elf), root, r.abi, dwarf)?;
     }
+    let debug = match &r.inlining {
+        Inlining::Known { source, .. } => Some(PathBuf::from(source)),
+        _ => None,
+    };
+    r.implementations = impls::find(&r.elf, debug.as_deref(), &python::IMPLEMENTATIONS);
     Ok(r)
 }
 
@@ -229,6 +238,7 @@ impl Resolved {
             debug_offsets_mismatch,
             ns_pid,
             inlining: Inlining::Skipped,
+            implementations: Vec::new(),
         }
     }
 

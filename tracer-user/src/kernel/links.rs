@@ -142,7 +142,7 @@ impl Session {
         pid: u32,
     ) -> Result<OwnedFd, AttachError> {
         self.load_multi_program(program)?;
-        let ret = program == Program::RetValueUret;
+        let ret = matches!(program, Program::RetValueUret | Program::LiveRetUret);
         Ok(multi::attach(&self.multi_programs[&program], program.name(), path, (points, ret), pid)?)
     }
 
@@ -304,24 +304,45 @@ impl Session {
                     (Program::CountObject, _, Some((first, constant))) => {
                         (Program::CountObject, site::encode(p.slot, first, site::NONE, constant))
                     }
-                    // Marked as a copy: with --live, its call is counted as
-                    // one the live table does not see.
+                    // Marked as a copy: with --live, its call leaves its
+                    // domain for the implementation it calls.
                     _ => (Program::CountCall, site::encode(p.slot, site::INLINED, site::NONE, 0)),
                 };
                 AttachPoint { program, cookie, ..at(image, s.offset) }
             }));
         }
-        // With --live, each allocating function's entry keeps its call's
-        // size for its return probe, and each free's entry takes its block
-        // out: at offset 0, where the stack pointer is known, before the
-        // return probes (a return is matched with its entry, so no
-        // uretprobe may run whose entry this did not see).
+        // With --live, each allocator API function's entry leaves its
+        // call's domain for the implementation it calls: at offset 0, where
+        // the stack pointer is the caller's.
         for p in &self.plan.probes {
             let Some(role) = p.live else { continue };
             let program =
                 if role & 0xff == tracer_common::live::role::FREE { Program::LiveFree } else { Program::LiveAlloc };
             let cookie = u64::from(p.slot);
             points.push(AttachPoint { symbol: p.symbol, program, path: image.clone(), offset: p.file_offset, cookie });
+        }
+        // The implementations' entries before their returns: a return is
+        // paired with its entry's frame, so none may run whose entry was
+        // not seen.
+        for i in &self.plan.live_impls {
+            let cookie = u64::from(i.slot);
+            points.push(AttachPoint {
+                symbol: i.name,
+                program: Program::LiveImpl,
+                path: image.clone(),
+                offset: i.file_offset,
+                cookie,
+            });
+        }
+        for i in &self.plan.live_impls {
+            let cookie = u64::from(i.slot);
+            let at = |program, offset| AttachPoint { symbol: i.name, program, path: image.clone(), offset, cookie };
+            match &i.returns {
+                ReturnPlan::Uretprobe { .. } => points.push(at(Program::LiveRetUret, i.file_offset)),
+                ReturnPlan::Sites { sites, .. } => {
+                    points.extend(sites.iter().map(|site| at(Program::LiveRet, i.file_offset + site.offset)));
+                }
+            }
         }
         for p in &self.plan.probes {
             let cookie = u64::from(p.slot);

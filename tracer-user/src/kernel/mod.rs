@@ -191,10 +191,12 @@ impl Session {
         // enough.
         let live_on = u32::from(options.live.is_some());
         let live_entries = options.live.unwrap_or(1).max(1);
+        // The implementations' slots follow the probes'.
+        let live_slots = slots.saturating_add(u32::try_from(plan.live_impls.len()).unwrap_or(0));
         let mut ebpf = EbpfLoader::new()
             .override_global(names::LIVE_ON_GLOBAL, &live_on, true)
             .map_max_entries(names::LIVE_MAP, live_entries)
-            .map_max_entries(names::SLOT_LIVE_MAP, slots.max(1))
+            .map_max_entries(names::SLOT_LIVE_MAP, live_slots.max(1))
             .override_global(names::TARGET_TGID_GLOBAL, &target_tgid, true)
             .override_global(names::STACKS_ON_GLOBAL, &stacks_on, true)
             .override_global(names::SAMPLE_EVERY_GLOBAL, &sample, true)
@@ -246,6 +248,11 @@ impl Session {
                     .set(p.slot, role, 0)
                     .map_err(|cause| AttachError::Map { name: names::SLOT_LIVE_MAP, cause: Box::new(cause) })?;
             }
+        }
+        for i in plan.live_impls.iter().filter(|_| options.live.is_some()) {
+            slot_live
+                .set(i.slot, i.role, 0)
+                .map_err(|cause| AttachError::Map { name: names::SLOT_LIVE_MAP, cause: Box::new(cause) })?;
         }
         let mut domains = borrowed_array(&mut ebpf, names::SLOT_DOMAINS_MAP)?;
         for p in &plan.probes {
@@ -454,7 +461,7 @@ mod tests {
         }
         let exe = std::env::current_exe().expect("the test binary");
         let elf = ElfImage::open(&exe).expect("the test binary is ELF");
-        let image = ImageRef { elf: &elf, display_path: &exe, attach_path: &exe, modules: &[], inlining: None };
+        let image = ImageRef { elf: &elf, display_path: &exe, attach_path: &exe, modules: &[], inlining: None, implementations: &[] };
         let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
         let plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
         let options = LoadOptions { bpf_log: true, ..LoadOptions::default() };
@@ -477,7 +484,7 @@ mod tests {
         assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
         let exe = std::env::current_exe().expect("the test binary");
         let elf = ElfImage::open(&exe).expect("the test binary is ELF");
-        let image = ImageRef { elf: &elf, display_path: &exe, attach_path: &exe, modules: &[], inlining: None };
+        let image = ImageRef { elf: &elf, display_path: &exe, attach_path: &exe, modules: &[], inlining: None, implementations: &[] };
         let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
         let plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
         let options = LoadOptions {
@@ -506,7 +513,7 @@ mod tests {
         assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
         let exe = std::env::current_exe().expect("the test binary");
         let elf = ElfImage::open(&exe).expect("the test binary is ELF");
-        let image = ImageRef { elf: &elf, display_path: &exe, attach_path: &exe, modules: &[], inlining: None };
+        let image = ImageRef { elf: &elf, display_path: &exe, attach_path: &exe, modules: &[], inlining: None, implementations: &[] };
         let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
         let mut plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
         // Its address taken, so that the linker keeps it.
@@ -546,7 +553,7 @@ mod tests {
         assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
         let exe = std::env::current_exe().expect("the test binary");
         let elf = ElfImage::open(&exe).expect("the test binary is ELF");
-        let image = ImageRef { elf: &elf, display_path: &exe, attach_path: &exe, modules: &[], inlining: None };
+        let image = ImageRef { elf: &elf, display_path: &exe, attach_path: &exe, modules: &[], inlining: None, implementations: &[] };
         // main's own probe is never hit again; the site is the slot's one.
         let spec = [ProbeSpec::function("main", Program::SizeArg0, true, true)];
         let mut plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");

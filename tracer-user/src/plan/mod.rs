@@ -100,6 +100,8 @@ pub struct ImageRef<'a> {
     /// What its DWARF says of inlined copies; `None` where nobody looked
     /// (tracer's own code, in calibration).
     pub inlining: Option<&'a Inlining>,
+    /// The allocator implementations found, for `--live`.
+    pub implementations: &'a [crate::discover::impls::Implementation],
 }
 
 impl<'a> From<&'a crate::discover::Resolved> for ImageRef<'a> {
@@ -110,6 +112,7 @@ impl<'a> From<&'a crate::discover::Resolved> for ImageRef<'a> {
             attach_path: &r.attach_path,
             modules: &r.modules,
             inlining: Some(&r.inlining),
+            implementations: &r.implementations,
         }
     }
 }
@@ -199,6 +202,24 @@ pub struct Plan {
     /// The image, as the target sees it and as tracer reaches it.
     pub display_path: PathBuf,
     pub attach_path: PathBuf,
+    /// With `--live`, the allocator implementations probed, in slots after
+    /// the probes'.
+    pub live_impls: Vec<LiveImpl>,
+    /// With `--live`, what gives the implementations where none was found.
+    pub live_fix: String,
+}
+
+/// With `--live`, one allocator implementation: `live_impl` at its entry,
+/// and, for an allocation, a return probe as [`ReturnPlan`] says (only at
+/// `ret`s, where the stack pointer is the entry's, else a uretprobe).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LiveImpl {
+    pub name: &'static str,
+    pub slot: u32,
+    pub file_offset: u64,
+    /// Its [`tracer_common::live::role`], with the implementation bit.
+    pub role: u32,
+    pub returns: ReturnPlan,
 }
 
 impl Plan {
@@ -300,7 +321,7 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
         }
         let live = options.live.then(|| live_role(spec)).flatten();
         if live.is_some() {
-            live_coverage(&mut coverage, &inline_sites);
+            live_coverage(&mut coverage, &inline_sites, !image.implementations.is_empty());
         }
         probes.push(PlannedProbe {
             symbol: spec.symbol,
@@ -322,7 +343,52 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
             p.coverage.call_sites = p.call_sites.as_ref().map_or(0, |c| c.emulated + c.stepped);
         }
     }
-    Ok(Plan { probes, missing, display_path: image.display_path.to_owned(), attach_path: image.attach_path.to_owned() })
+    let live_impls = if options.live { live_impls(image, &probes, options.returns.as_ref(), kernel) } else { Vec::new() };
+    Ok(Plan {
+        probes,
+        missing,
+        display_path: image.display_path.to_owned(),
+        attach_path: image.attach_path.to_owned(),
+        live_impls,
+        live_fix: match image.inlining {
+            Some(Inlining::Guards { fix, .. }) => format!("the interpreter's debug info ({fix})"),
+            Some(Inlining::Skipped) => "drop --no-inlined, which also skips the debug file".to_owned(),
+            _ => "the interpreter's debug info, or pass its debug file's directory with --debug-dir".to_owned(),
+        },
+    })
+}
+
+/// With `--live`, the allocator implementations to probe, in slots after
+/// `probes`'. Every one gets its return probed, frees too: its frame must
+/// end for a later call on the thread to be paired right.
+fn live_impls(
+    image: ImageRef<'_>,
+    probes: &[PlannedProbe],
+    costs: Option<&ReturnCosts>,
+    kernel: placement::KernelVersion,
+) -> Vec<LiveImpl> {
+    let first = u32::try_from(probes.len()).unwrap_or(u32::MAX);
+    (first..)
+        .zip(image.implementations)
+        .map(|(slot, i)| {
+            let len = usize::try_from(i.size.min(MAX_FUNCTION)).unwrap_or(0);
+            let returns = match (costs, image.elf.read_at(i.file_offset, len)) {
+                (Some(costs), Ok(code)) if i.size <= MAX_FUNCTION => {
+                    returns::plan(&code, i.address, 0, costs, (kernel, true))
+                }
+                (None, _) => ReturnPlan::Uretprobe { reason: "no return costs measured".to_owned() },
+                (_, Ok(_)) => ReturnPlan::Uretprobe { reason: format!("the function is over {MAX_FUNCTION} bytes") },
+                (_, Err(e)) => ReturnPlan::Uretprobe { reason: format!("the code could not be read ({e})") },
+            };
+            LiveImpl {
+                name: i.name,
+                slot,
+                file_offset: i.file_offset,
+                role: i.role | tracer_common::live::role::IMPLEMENTATION,
+                returns,
+            }
+        })
+        .collect()
 }
 
 /// The inlined copies of `symbol` that can be probed, and why each of the
@@ -484,20 +550,27 @@ fn live_role(spec: &ProbeSpec) -> Option<u32> {
     }
 }
 
-/// With `--live`, whether the live table sees every call's block: not at
-/// inlined copies, where neither the returned nor the freed pointer is
-/// read.
-fn live_coverage(c: &mut Coverage, sites: &[InlineSite]) {
-    c.live = Some(if c.calls == Completeness::Partial || !sites.is_empty() {
-        Completeness::Partial
-    } else {
-        Completeness::Complete
-    });
-    if !sites.is_empty() {
-        let why = format!(
-            "live memory: the pointers of the {} inlined copies are not read, so their blocks are not in the live table (their calls are counted as unseen)",
+/// With `--live`, whether the live table sees every call's block. A call
+/// is seen when it calls an allocator implementation, whose return is
+/// probed; without the implementations (no symbols), none is. At an
+/// inlined copy that runs the default allocator inlined (LTO's
+/// devirtualised pymalloc) no implementation is called: such calls are
+/// counted as unseen while tracer runs, so the coverage can only say that
+/// copies may be missed.
+fn live_coverage(c: &mut Coverage, sites: &[InlineSite], implementations: bool) {
+    let partial = c.calls == Completeness::Partial || !sites.is_empty() || !implementations;
+    c.live = Some(if partial { Completeness::Partial } else { Completeness::Complete });
+    let why = if !implementations {
+        Some("live memory: the allocator implementations (_PyObject_Malloc, ...) are not in the image's symbols and no debug file gives them, so no block is tracked".to_owned())
+    } else if !sites.is_empty() {
+        Some(format!(
+            "live memory: its {} inlined copies are seen where they call an allocator implementation; where they run the default allocator inlined (LTO), their blocks are not tracked and are counted as unseen",
             sites.len()
-        );
+        ))
+    } else {
+        None
+    };
+    if let Some(why) = why {
         c.reason = Some(c.reason.take().map_or(why.clone(), |r| format!("{r}; {why}")));
     }
 }
@@ -649,7 +722,7 @@ mod tests {
     fn a_missing_required_symbol_fails_before_any_bpf_is_loaded() {
         let elf = test_binary();
         let path = std::path::Path::new("/usr/lib/libnotpython.so");
-        let image = ImageRef { elf: &elf, display_path: path, attach_path: path, modules: &[], inlining: None };
+        let image = ImageRef { elf: &elf, display_path: path, attach_path: path, modules: &[], inlining: None, implementations: &[] };
         let py = crate::python::abi_for(1, crate::python::PythonVersion::from_hex(0x030B_07F0)).unwrap();
         let all = crate::probe::ProbeSelection::Default.select(py.probes(), "3.11.7").unwrap();
         let err = plan(image, &all, PlanOptions::default()).expect_err("no PyObject_Malloc here");

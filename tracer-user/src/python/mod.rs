@@ -191,6 +191,45 @@ pub fn family(symbol: &str) -> Option<tracer_common::sizes::Domain> {
         .find_map(|(prefix, domain)| symbol.strip_prefix(prefix).filter(|f| ours(f)).map(|_| domain))
 }
 
+/// The allocator implementations the API calls through its domains'
+/// tables (`PyObject_Malloc` is `return _PyObject.malloc(_PyObject.ctx,
+/// size);`), each with its [`tracer_common::live::role`]: pymalloc's, the
+/// raw (libc) ones, the debug hooks (`PYTHONMALLOC=debug`) and, from 3.13,
+/// mimalloc's. All are static functions of Objects/obmalloc.c (v3.11.0 to
+/// v3.14.0; the `Mi` ones from v3.13.0), taking the table's context first
+/// (`_PyObject_Malloc(void *ctx, size_t nbytes)`); checked against the
+/// symbol tables of pyenv's 3.11.7, 3.12.1, 3.13.0, Debian's 3.11 and the
+/// forky root's 3.13 and 3.14.
+pub const IMPLEMENTATIONS: [(&str, u32); 24] = {
+    use tracer_common::live::role::{CALLOC, FREE, MALLOC, REALLOC};
+    [
+        ("_PyObject_Malloc", MALLOC),
+        ("_PyObject_Calloc", CALLOC),
+        ("_PyObject_Realloc", REALLOC),
+        ("_PyObject_Free", FREE),
+        ("_PyMem_RawMalloc", MALLOC),
+        ("_PyMem_RawCalloc", CALLOC),
+        ("_PyMem_RawRealloc", REALLOC),
+        ("_PyMem_RawFree", FREE),
+        ("_PyMem_DebugMalloc", MALLOC),
+        ("_PyMem_DebugCalloc", CALLOC),
+        ("_PyMem_DebugRealloc", REALLOC),
+        ("_PyMem_DebugFree", FREE),
+        ("_PyMem_DebugRawMalloc", MALLOC),
+        ("_PyMem_DebugRawCalloc", CALLOC),
+        ("_PyMem_DebugRawRealloc", REALLOC),
+        ("_PyMem_DebugRawFree", FREE),
+        ("_PyObject_MiMalloc", MALLOC),
+        ("_PyObject_MiCalloc", CALLOC),
+        ("_PyObject_MiRealloc", REALLOC),
+        ("_PyObject_MiFree", FREE),
+        ("_PyMem_MiMalloc", MALLOC),
+        ("_PyMem_MiCalloc", CALLOC),
+        ("_PyMem_MiRealloc", REALLOC),
+        ("_PyMem_MiFree", FREE),
+    ]
+};
+
 /// The [`Abi`] for `version`, or an error for versions nobody has checked.
 pub fn abi_for(pid: u32, version: PythonVersion) -> Result<&'static dyn Abi, VersionError> {
     match (version.major, version.minor) {
@@ -252,6 +291,9 @@ pub const fn size_parameters(program: Program) -> &'static [&'static str] {
         | Program::RetValueUret
         | Program::LiveAlloc
         | Program::LiveFree
+            | Program::LiveImpl
+            | Program::LiveRet
+            | Program::LiveRetUret
         | Program::CountSite
         | Program::CountObject => &[],
     }

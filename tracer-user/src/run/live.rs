@@ -38,19 +38,19 @@ pub fn report(plan: &Plan, counts: &[LiveCounts], capacity: u32) -> model::Live 
     let (object, mem, raw) = (domain(Domain::Object), domain(Domain::Mem), domain(Domain::Raw));
     let all = [object, mem, raw];
     let dropped = all.iter().map(|d| d.dropped).sum();
-    let partial: Vec<String> = plan
-        .probes
-        .iter()
-        .filter(|p| p.live.is_some() && !p.inline_sites.is_empty())
-        .map(|p| format!("{} ({} inlined copies)", p.symbol, p.inline_sites.len()))
-        .collect();
     let unseen: u64 = all.iter().map(|d| d.unseen_allocations + d.unseen_frees).sum();
-    let partial = (!partial.is_empty()).then(|| {
-        format!(
-            "the returned or freed pointers of inlined copies are not read, so the table misses their blocks ({unseen} calls so far, the unseen_* counts): {}; the live counts cover only blocks allocated through the functions themselves",
-            partial.join(", ")
-        )
-    });
+    let partial = if plan.live_impls.is_empty() {
+        Some(format!(
+            "the allocator implementations (_PyObject_Malloc, _PyMem_RawMalloc, ...) were not found in the image's symbols nor in a debug file, so no returned pointer is read and no block is tracked; {}",
+            plan.live_fix
+        ))
+    } else if unseen > 0 {
+        Some(format!(
+            "{unseen} allocator calls (the unseen_* counts) ran an allocator inlined into their caller and called no implementation tracer probes (the default pymalloc on an LTO build, which compares the allocator table with pymalloc and runs it inline), so their blocks are not tracked; for exact live memory start the target with PYTHONMALLOC=debug (every call then goes through the out-of-line debug hooks, at some cost to the target) or use a build without LTO"
+        ))
+    } else {
+        None
+    };
     model::Live { object, mem, raw, capacity, dropped, unknown: UNKNOWN.to_owned(), partial }
 }
 
