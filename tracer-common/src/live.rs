@@ -104,10 +104,12 @@ pub struct Frames {
 
 const _: () = assert!(core::mem::size_of::<Frames>() == 48 * FRAME_DEPTH + 8);
 
-/// How far below an API call's stack pointer its implementation's entry
-/// may be: the API's own frame (an out-of-line API function's locals, or
-/// the caller's at an inlined copy) and the call's return address. Further
-/// down, the implementation was called by something else.
+/// How far from an API call's stack pointer its implementation's entry
+/// may be: below it by the API's own frame (an out-of-line API function's
+/// locals, or the caller's at an inlined copy) and the return address, or
+/// above it where a caller tail-calls the implementation after popping
+/// its own frame. Further, the implementation was called by something
+/// else.
 pub const API_FRAME_ROOM: u64 = 4096;
 
 /// Per domain, what the live table did, one value per CPU. `count` and

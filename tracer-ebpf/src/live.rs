@@ -263,7 +263,7 @@ fn try_live_impl(ctx: &ProbeContext) -> Result<(), Stat> {
     if nested {
         frame.kind = kind::NESTED;
         frame.domain = api.domain;
-    } else if api.kind == kind::API && api.role == r && sp <= api.sp && api.sp - sp <= API_FRAME_ROOM {
+    } else if api.kind == kind::API && api.role == r && api.sp.abs_diff(sp) <= API_FRAME_ROOM {
         frame.kind = kind::OUTER;
         frame.domain = api.domain;
         frame.slot = api.slot;
