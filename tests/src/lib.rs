@@ -407,7 +407,11 @@ impl Workload {
                 (cmd, Some(RemoveOnDrop(script)))
             }
         };
-        cmd.args(args).env("PYTHONHASHSEED", "0").envs(env.iter().copied()).stdin(Stdio::piped()).stdout(Stdio::piped());
+        cmd.args(args)
+            .env("PYTHONHASHSEED", "0")
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
         let child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {python} {name}: {e}"));
         let w = Self::from_child(child);
         drop(copy);

@@ -101,7 +101,7 @@ fn exact(target: Target<'_>) {
     // Per iteration at least the kept and the dropped bytearray, each an
     // object and a buffer (and the loop's int, on some builds).
     let frees = field(&two_freed, "frees") - field(&one_freed, "frees");
-    assert!(frees >= 4 * n && frees % n == 0, "{frees} more frees for {n} more iterations");
+    assert!(frees >= 4 * n && frees.is_multiple_of(n), "{frees} more frees for {n} more iterations");
 }
 
 #[test]
@@ -134,7 +134,7 @@ fn partial(target: Target<'_>) {
     }
     // Per iteration at least the kept and the dropped bytearray's object.
     let unseen = field(&two, "unseen_allocations") - field(&one, "unseen_allocations");
-    assert!(unseen >= 2 * n && unseen % n == 0, "{unseen} more unseen allocations for {n} more iterations");
+    assert!(unseen >= 2 * n && unseen.is_multiple_of(n), "{unseen} more unseen allocations for {n} more iterations");
     // Nothing listed that the table did not see.
     assert_eq!(listed(&two, TEMP + 1), 0);
 }

@@ -31,7 +31,7 @@ const _: () = assert!(core::mem::size_of::<LiveKey>() == 16);
 pub struct LiveEntry {
     /// The requested size.
     pub size: u64,
-    /// When it was allocated (`bpf_ktime_get_ns`, CLOCK_MONOTONIC).
+    /// When it was allocated (`bpf_ktime_get_ns`, `CLOCK_MONOTONIC`).
     pub time_ns: u64,
     /// With `--stacks`, the hash of its Python stack (the key of the
     /// stacks map); 0 without one.

@@ -29,6 +29,7 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant, reason = "parsed once at start-up: the size of the arguments does not matter")]
 enum Command {
     /// Attach to a running CPython process and count calls and bytes.
     #[command(

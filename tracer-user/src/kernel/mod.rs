@@ -114,6 +114,19 @@ pub struct TypesOptions {
     pub ob_type_offset: u64,
 }
 
+/// With `--live`, each slot's role in the live table: the probes' and the
+/// allocator implementations'.
+fn fill_slot_live(ebpf: &mut aya::Ebpf, plan: &Plan) -> Result<(), AttachError> {
+    let mut slot_live = borrowed_array(ebpf, names::SLOT_LIVE_MAP)?;
+    let roles = plan.probes.iter().filter_map(|p| p.live.map(|r| (p.slot, r)));
+    for (slot, role) in roles.chain(plan.live_impls.iter().map(|i| (i.slot, i.role))) {
+        slot_live
+            .set(slot, role, 0)
+            .map_err(|cause| AttachError::Map { name: names::SLOT_LIVE_MAP, cause: Box::new(cause) })?;
+    }
+    Ok(())
+}
+
 impl Default for LoadOptions {
     fn default() -> Self {
         Self { max_processes: 1024, bpf_log: false, types: None, stacks: None, live: None }
@@ -172,6 +185,7 @@ impl Session {
     /// Loads the BPF object for `plan`. `target_tgid` restricts counting to
     /// one process (0: any process this session attaches to). Nothing is
     /// attached, and no program is loaded, until an attach needs it.
+    #[allow(clippy::too_many_lines, reason = "one place sizes, fills and takes every map, in the object's order")]
     pub fn load(plan: Plan, target_tgid: u32, options: &LoadOptions) -> Result<Self, AttachError> {
         if crate::BPF_OBJECT.is_empty() {
             return Err(AttachError::NoObject);
@@ -241,18 +255,8 @@ impl Session {
         let stack_counts = take_map(&mut ebpf, names::STACK_COUNTS_MAP, PerCpuHashMap::try_from)?;
         let live = take_map(&mut ebpf, names::LIVE_MAP, aya::maps::HashMap::try_from)?;
         let live_counts = take_map(&mut ebpf, names::LIVE_COUNTS_MAP, PerCpuArray::try_from)?;
-        let mut slot_live = borrowed_array(&mut ebpf, names::SLOT_LIVE_MAP)?;
-        for p in plan.probes.iter().filter(|_| options.live.is_some()) {
-            if let Some(role) = p.live {
-                slot_live
-                    .set(p.slot, role, 0)
-                    .map_err(|cause| AttachError::Map { name: names::SLOT_LIVE_MAP, cause: Box::new(cause) })?;
-            }
-        }
-        for i in plan.live_impls.iter().filter(|_| options.live.is_some()) {
-            slot_live
-                .set(i.slot, i.role, 0)
-                .map_err(|cause| AttachError::Map { name: names::SLOT_LIVE_MAP, cause: Box::new(cause) })?;
+        if options.live.is_some() {
+            fill_slot_live(&mut ebpf, &plan)?;
         }
         let mut domains = borrowed_array(&mut ebpf, names::SLOT_DOMAINS_MAP)?;
         for p in &plan.probes {
@@ -461,7 +465,14 @@ mod tests {
         }
         let exe = std::env::current_exe().expect("the test binary");
         let elf = ElfImage::open(&exe).expect("the test binary is ELF");
-        let image = ImageRef { elf: &elf, display_path: &exe, attach_path: &exe, modules: &[], inlining: None, implementations: &[] };
+        let image = ImageRef {
+            elf: &elf,
+            display_path: &exe,
+            attach_path: &exe,
+            modules: &[],
+            inlining: None,
+            implementations: &[],
+        };
         let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
         let plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
         let options = LoadOptions { bpf_log: true, ..LoadOptions::default() };
@@ -484,7 +495,14 @@ mod tests {
         assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
         let exe = std::env::current_exe().expect("the test binary");
         let elf = ElfImage::open(&exe).expect("the test binary is ELF");
-        let image = ImageRef { elf: &elf, display_path: &exe, attach_path: &exe, modules: &[], inlining: None, implementations: &[] };
+        let image = ImageRef {
+            elf: &elf,
+            display_path: &exe,
+            attach_path: &exe,
+            modules: &[],
+            inlining: None,
+            implementations: &[],
+        };
         let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
         let plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
         let options = LoadOptions {
@@ -513,7 +531,14 @@ mod tests {
         assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
         let exe = std::env::current_exe().expect("the test binary");
         let elf = ElfImage::open(&exe).expect("the test binary is ELF");
-        let image = ImageRef { elf: &elf, display_path: &exe, attach_path: &exe, modules: &[], inlining: None, implementations: &[] };
+        let image = ImageRef {
+            elf: &elf,
+            display_path: &exe,
+            attach_path: &exe,
+            modules: &[],
+            inlining: None,
+            implementations: &[],
+        };
         let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
         let mut plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
         // Its address taken, so that the linker keeps it.
@@ -553,7 +578,14 @@ mod tests {
         assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
         let exe = std::env::current_exe().expect("the test binary");
         let elf = ElfImage::open(&exe).expect("the test binary is ELF");
-        let image = ImageRef { elf: &elf, display_path: &exe, attach_path: &exe, modules: &[], inlining: None, implementations: &[] };
+        let image = ImageRef {
+            elf: &elf,
+            display_path: &exe,
+            attach_path: &exe,
+            modules: &[],
+            inlining: None,
+            implementations: &[],
+        };
         // main's own probe is never hit again; the site is the slot's one.
         let spec = [ProbeSpec::function("main", Program::SizeArg0, true, true)];
         let mut plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");

@@ -343,19 +343,18 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
             p.coverage.call_sites = p.call_sites.as_ref().map_or(0, |c| c.emulated + c.stepped);
         }
     }
-    let live_impls = if options.live { live_impls(image, &probes, options.returns.as_ref(), kernel) } else { Vec::new() };
-    Ok(Plan {
-        probes,
-        missing,
-        display_path: image.display_path.to_owned(),
-        attach_path: image.attach_path.to_owned(),
-        live_impls,
-        live_fix: match image.inlining {
-            Some(Inlining::Guards { fix, .. }) => format!("the interpreter's debug info ({fix})"),
-            Some(Inlining::Skipped) => "drop --no-inlined, which also skips the debug file".to_owned(),
-            _ => "the interpreter's debug info, or pass its debug file's directory with --debug-dir".to_owned(),
-        },
-    })
+    let live_impls = if options.live { live_impls(image, &probes, options.returns.as_ref(), kernel) } else { vec![] };
+    let (display_path, attach_path) = (image.display_path.to_owned(), image.attach_path.to_owned());
+    Ok(Plan { probes, missing, display_path, attach_path, live_impls, live_fix: live_fix(image.inlining) })
+}
+
+/// What gives the allocator implementations where none was found.
+fn live_fix(inlining: Option<&Inlining>) -> String {
+    match inlining {
+        Some(Inlining::Guards { fix, .. }) => format!("the interpreter's debug info ({fix})"),
+        Some(Inlining::Skipped) => "drop --no-inlined, which also skips the debug file".to_owned(),
+        _ => "the interpreter's debug info, or pass its debug file's directory with --debug-dir".to_owned(),
+    }
 }
 
 /// With `--live`, the allocator implementations to probe, in slots after
@@ -722,7 +721,14 @@ mod tests {
     fn a_missing_required_symbol_fails_before_any_bpf_is_loaded() {
         let elf = test_binary();
         let path = std::path::Path::new("/usr/lib/libnotpython.so");
-        let image = ImageRef { elf: &elf, display_path: path, attach_path: path, modules: &[], inlining: None, implementations: &[] };
+        let image = ImageRef {
+            elf: &elf,
+            display_path: path,
+            attach_path: path,
+            modules: &[],
+            inlining: None,
+            implementations: &[],
+        };
         let py = crate::python::abi_for(1, crate::python::PythonVersion::from_hex(0x030B_07F0)).unwrap();
         let all = crate::probe::ProbeSelection::Default.select(py.probes(), "3.11.7").unwrap();
         let err = plan(image, &all, PlanOptions::default()).expect_err("no PyObject_Malloc here");

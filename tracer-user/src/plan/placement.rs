@@ -75,9 +75,9 @@ fn reads(program: Program) -> &'static [Register] {
         | Program::RetValueUret
         | Program::LiveAlloc
         | Program::LiveFree
-            | Program::LiveImpl
-            | Program::LiveRet
-            | Program::LiveRetUret
+        | Program::LiveImpl
+        | Program::LiveRet
+        | Program::LiveRetUret
         | Program::CountSite => &[],
     }
 }

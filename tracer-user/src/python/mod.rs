@@ -291,9 +291,9 @@ pub const fn size_parameters(program: Program) -> &'static [&'static str] {
         | Program::RetValueUret
         | Program::LiveAlloc
         | Program::LiveFree
-            | Program::LiveImpl
-            | Program::LiveRet
-            | Program::LiveRetUret
+        | Program::LiveImpl
+        | Program::LiveRet
+        | Program::LiveRetUret
         | Program::CountSite
         | Program::CountObject => &[],
     }

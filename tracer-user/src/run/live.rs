@@ -60,6 +60,11 @@ pub fn report(plan: &Plan, counts: &[LiveCounts], capacity: u32) -> model::Live 
 pub fn leaks(session: &Session, config: LeaksConfig) -> model::Leaks {
     let now = monotonic_ns();
     let plan = session.plan();
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "--older is checked to be finite, 0 or more and at most ten years, so its nanoseconds fit"
+    )]
     let min_age_ns = (config.older_s * 1e9) as u64;
     let mut blocks: Vec<_> =
         session.live_blocks().into_iter().filter(|(_, e)| now.saturating_sub(e.time_ns) >= min_age_ns).collect();
@@ -88,7 +93,7 @@ pub fn leaks(session: &Session, config: LeaksConfig) -> model::Leaks {
     }
 }
 
-/// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`.
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`.
 fn monotonic_ns() -> u64 {
     let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes one timespec through a valid pointer.
