@@ -241,6 +241,14 @@ pub const fn size_parameters(program: Program) -> &'static [&'static str] {
         | Program::RetValueUret
         | Program::CountSite
         | Program::CountObject => &[],
+        // libc's functions are probed at their entries only.
+        Program::NativeSizeArg0
+        | Program::NativeSizeArg1
+        | Program::NativeSizeArg2
+        | Program::NativeCalloc
+        | Program::NativeCall
+        | Program::NativeReleaseArg1
+        | Program::NativeNested => &[],
     }
 }
 
