@@ -33,8 +33,8 @@ const CALLS: [(&str, u64, u64); 8] = [
 const NESTED: [(&str, u64, u64); 2] = [("malloc", 1, 4096), ("free", 1, 0)];
 
 /// Per iteration, in the native histogram: (lo, hi) → (calls, bytes). The
-/// body's requests: malloc, calloc, realloc from NULL, posix_memalign and
-/// aligned_alloc of 4096 in [4096, 8191]; realloc to 8192 in [8192,
+/// body's requests: `malloc`, `calloc`, `realloc` from NULL, `posix_memalign` and
+/// `aligned_alloc` of 4096 in [4096, 8191]; realloc to 8192 in [8192,
 /// 16383]; realloc to 0 in [0, 0]. Nested calls and mmap are in none.
 const BUCKETS: [((u64, u64), (u64, u64)); 3] =
     [((4096, 8191), (5, 5 * 4096)), ((8192, 16383), (1, 8192)), ((0, 0), (1, 0))];
@@ -63,11 +63,10 @@ fn bucket(summary: &Value, range: (u64, u64)) -> (u64, u64) {
     let native = summary["sizes"]["native"].as_array().unwrap_or_else(|| panic!("no native sizes in {summary}"));
     native
         .iter()
-        .filter_map(|b| {
+        .find_map(|b| {
             let v: Vec<u64> = b.as_array()?.iter().filter_map(Value::as_u64).collect();
             ((v[0], v[1]) == range).then_some((v[2], v[3]))
         })
-        .next()
         .unwrap_or_default()
 }
 

@@ -47,7 +47,7 @@ fn is_libc(path: &Path) -> bool {
     let Some(name) = path.file_name().and_then(|n| n.to_str()) else { return false };
     name == "libc.so.6"
         || name == "libc.so"
-        || (name.starts_with("libc-") && name.ends_with(".so"))
+        || name.strip_prefix("libc-").is_some_and(|rest| rest.rsplit_once('.').is_some_and(|(_, ext)| ext == "so"))
         || (name.starts_with("ld-musl-") && name.contains(".so"))
 }
 

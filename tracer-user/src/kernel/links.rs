@@ -315,9 +315,11 @@ impl Session {
             }));
             // Benchmarks' empty program replaces the marks too.
             let nested = if p.attach_program == Program::Empty { Program::Empty } else { Program::NativeNested };
-            points.extend(
-                p.nested_sites.iter().map(|&offset| AttachPoint { program: nested, cookie, ..at(&image, &shown, offset) }),
-            );
+            points.extend(p.nested_sites.iter().map(|&offset| AttachPoint {
+                program: nested,
+                cookie,
+                ..at(&image, &shown, offset)
+            }));
         }
         for p in &self.plan.probes {
             let image = p.attach_path(&self.plan).to_owned();

@@ -83,11 +83,8 @@ pub fn extend(plan: &mut Plan, libc: &Libc, options: PlanOptions) -> Result<(), 
 /// when it is not taken): its calls are counted twice, which the callee's
 /// coverage says.
 fn nested_sites(elf: &ElfImage, probes: &mut [PlannedProbe]) {
-    let entries: Vec<(usize, u64)> = probes
-        .iter()
-        .enumerate()
-        .filter_map(|(i, p)| elf.function(p.symbol).map(|s| (i, s.address)))
-        .collect();
+    let entries: Vec<(usize, u64)> =
+        probes.iter().enumerate().filter_map(|(i, p)| elf.function(p.symbol).map(|s| (i, s.address))).collect();
     let mut found: Vec<(usize, u64)> = Vec::new();
     let mut conditional: Vec<(usize, String)> = Vec::new();
     for p in probes.iter() {

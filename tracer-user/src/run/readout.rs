@@ -277,7 +277,9 @@ impl Readout {
                 totals
                     .probes
                     .iter()
-                    .map(|c| c.calls.saturating_add(c.returned.returns).saturating_add(c.nested.calls.saturating_mul(2)))
+                    .map(|c| {
+                        c.calls.saturating_add(c.returned.returns).saturating_add(c.nested.calls.saturating_mul(2))
+                    })
                     .sum(),
             ),
             types: self.type_names.as_ref().map(|n| n.counts(&totals.types)),
