@@ -1,6 +1,6 @@
 """Workload driven by tracer's integration tests.
 
-    workload.py once N [finalize|_exit] [objects|api|api-pointers|late-import|types|sizes|gc|gc-auto]
+    workload.py once N [finalize|_exit] [objects|api|api-pointers|late-import|types|sizes|gc|gc-auto|native]
                            print "ready", wait for a line on stdin, run the
                            body N times, print "done", then exit normally
                            (finalize, the default) or with os._exit, which
@@ -36,6 +36,11 @@ Bodies:
                        once, finding exactly their 2 * GC_CYCLES lists
     gc-auto            with automatic collection on: one new list kept, so
                        that the collector runs by itself every few hundred
+    native             libc's allocator through ctypes (CDLL(None): the
+                       process's own libc, a chroot's inside one), as
+                       NATIVE_CALLS says: malloc, calloc, realloc (from
+                       NULL, grown, to 0), posix_memalign, aligned_alloc,
+                       mmap and munmap, each block freed
 
 The loop uses itertools.repeat so the loop itself allocates nothing per
 iteration.
@@ -152,6 +157,59 @@ def gc_auto_body():
     KEPT.append([])
 
 
+# Per iteration of the native body: function -> (calls, bytes), and the
+# calls glibc's realloc makes of malloc and free (nested). Mirrored in
+# tests/tests/native.rs.
+NATIVE_CALLS = {
+    "malloc": (1, 4096),
+    "calloc": (1, 4 * 1024),
+    "realloc": (3, 4096 + 8192 + 0),
+    "free": (4, 0),
+    "posix_memalign": (1, 4096),
+    "aligned_alloc": (1, 4096),
+    "mmap": (1, 4096),
+    "munmap": (1, 4096),
+}
+
+
+def native_body_factory():
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    vp, size = ctypes.c_void_p, ctypes.c_size_t
+    for name, restype, argtypes in [
+        ("malloc", vp, [size]),
+        ("calloc", vp, [size, size]),
+        ("realloc", vp, [vp, size]),
+        ("free", None, [vp]),
+        ("posix_memalign", ctypes.c_int, [ctypes.POINTER(vp), size, size]),
+        ("aligned_alloc", vp, [size, size]),
+        ("mmap", vp, [vp, size, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]),
+        ("munmap", ctypes.c_int, [vp, size]),
+    ]:
+        f = getattr(libc, name)
+        f.restype, f.argtypes = restype, argtypes
+    malloc, calloc, realloc, free = libc.malloc, libc.calloc, libc.realloc, libc.free
+    posix_memalign, aligned_alloc, mmap, munmap = libc.posix_memalign, libc.aligned_alloc, libc.mmap, libc.munmap
+    # PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS (Linux x86-64).
+    prot, flags = 0x1 | 0x2, 0x02 | 0x20
+    out = vp()
+    where = ctypes.byref(out)
+
+    def native_body():
+        free(malloc(4096))
+        free(calloc(4, 1024))
+        r = realloc(None, 4096)
+        r = realloc(r, 8192)
+        realloc(r, 0)
+        posix_memalign(where, 64, 4096)
+        free(out)
+        free(aligned_alloc(64, 4096))
+        munmap(mmap(None, 4096, prot, flags, -1, 0), 4096)
+
+    return native_body
+
+
 def sizes_body():
     return bytearray(100), bytearray(1000), bytearray(10000)
 
@@ -180,6 +238,8 @@ def once(n, exit_mode, body_name):
         work = gc_body
     elif body_name == "gc-auto":
         work = gc_auto_body
+    elif body_name == "native":
+        work = native_body_factory()
     else:
         work = body
     if body_name != "late-import":
@@ -240,4 +300,4 @@ if __name__ == "__main__":
     elif sys.argv[1] == "serve":
         serve()
     else:
-        sys.exit(f"usage: {sys.argv[0]} once N [finalize|_exit] [objects|api|api-pointers|late-import|types|sizes|gc|gc-auto] | serve")
+        sys.exit(f"usage: {sys.argv[0]} once N [finalize|_exit] [objects|api|api-pointers|late-import|types|sizes|gc|gc-auto|native] | serve")

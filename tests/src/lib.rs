@@ -194,6 +194,9 @@ pub enum Body {
     /// With automatic collection on: one new list kept, so that the
     /// collector runs by itself.
     GcAuto,
+    /// libc's allocator through ctypes, as tests/python/workload.py's
+    /// `NATIVE_CALLS` says.
+    Native,
 }
 
 /// Reference cycles the gc body leaves for each `gc.collect(2)`, as
@@ -211,6 +214,7 @@ impl Body {
             Self::Sizes => "sizes",
             Self::Gc => "gc",
             Self::GcAuto => "gc-auto",
+            Self::Native => "native",
         }
     }
 }

@@ -34,6 +34,10 @@ pub mod names {
     pub const SLOT_DOMAINS_MAP: &str = "SLOT_DOMAINS";
     /// Array of `u32` by probe slot: 1 where the probe's events get stacks.
     pub const SLOT_STACKS_MAP: &str = "SLOT_STACKS";
+    /// Hash of `u32` by thread id, with `--native`: the counter slot of
+    /// the probed libc function a nested call site (inside another probed
+    /// libc function) is about to call.
+    pub const NESTED_MAP: &str = "NESTED";
     /// Hash of [`crate::stack::WalkConfig`] by thread-group id.
     pub const WALKS_MAP: &str = "WALKS";
     /// Hash of [`crate::stack::Stack`] by its hash.
@@ -67,6 +71,19 @@ pub mod names {
         pub const COUNT_SIZE_ARG1: &str = "count_size_arg1";
         /// Counts calls and nelem × elsize.
         pub const COUNT_CALLOC: &str = "count_calloc";
+        /// `--native`: libc's allocating functions, with the size where
+        /// each takes it (see `tracer_user::plan::native`), and `free`.
+        pub const NATIVE_SIZE_ARG0: &str = "native_size_arg0";
+        pub const NATIVE_SIZE_ARG1: &str = "native_size_arg1";
+        pub const NATIVE_SIZE_ARG2: &str = "native_size_arg2";
+        pub const NATIVE_CALLOC: &str = "native_calloc";
+        pub const NATIVE_CALL: &str = "native_call";
+        /// `munmap`: the length in the second argument, released.
+        pub const NATIVE_RELEASE_ARG1: &str = "native_release_arg1";
+        /// A call site, inside one probed libc function, of another
+        /// (glibc's `realloc` calling `malloc`): marks the thread so that
+        /// the callee counts the call as nested.
+        pub const NATIVE_NESTED: &str = "native_nested";
         /// Does nothing (the bare cost of a hit).
         pub const EMPTY: &str = "empty";
         /// Records rax at a return site.

@@ -58,10 +58,14 @@ pub enum Stat {
     GcArgMissing = 15,
     /// A map of the GC probes was full: the collection was not counted.
     GcFull = 16,
+    /// With `--native`: the nested-calls map was full at a nested call
+    /// site, so the call it makes (realloc's `malloc`) is counted again
+    /// under its function.
+    NestedFull = 17,
 }
 
 /// Number of entries in the `STATS` map.
-pub const STAT_COUNT: u32 = 17;
+pub const STAT_COUNT: u32 = 18;
 
 impl Stat {
     /// Every stat, in map order (the JSON `stats` keys, in this order).
@@ -83,6 +87,7 @@ impl Stat {
         Self::GcNested,
         Self::GcArgMissing,
         Self::GcFull,
+        Self::NestedFull,
     ];
 
     /// Stable name used in the table and the JSON output.
@@ -106,6 +111,7 @@ impl Stat {
             Self::GcNested => "gc_nested",
             Self::GcArgMissing => "gc_arg_missing",
             Self::GcFull => "gc_full",
+            Self::NestedFull => "nested_full",
         }
     }
 

@@ -1,7 +1,8 @@
 //! tracer's BPF side.
 //!
 //! Four counting programs, one per argument shape, serve every probed
-//! function: the loader attaches the same program to many functions and
+//! function of CPython (and six more libc's allocator, with `--native`:
+//! see [`native`]): the loader attaches the same program to many functions and
 //! passes each one's counter slot as the BPF cookie. Two more read return
 //! values (a uprobe on a return site and a uretprobe), and an empty one is
 //! the floor `tracer bench` measures against. `count_site` serves inlined
@@ -23,6 +24,8 @@
 // The GC programs (`gc_start`, `gc_done`): collections per generation, from
 // CPython's markers or its collection function.
 mod gc;
+// libc's allocator, with `--native`.
+mod native;
 
 use aya_ebpf::{
     EbpfContext,
@@ -133,7 +136,7 @@ static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STAT_COUNT, 0);
 
 /// Which argument registers hold the requested size.
 #[derive(Clone, Copy)]
-enum Size {
+pub(crate) enum Size {
     /// Not an allocating function.
     None,
     /// The size is argument N (malloc: 0, realloc: 1).
@@ -217,7 +220,7 @@ fn try_count_site(ctx: &ProbeContext) -> Result<(), Stat> {
 /// domain. Both maps are arrays the loader sized, so a lookup fails only
 /// for a slot past the last probe, which the counters already report.
 #[inline(always)]
-fn add_size(slot: u32, bytes: u64) {
+pub(crate) fn add_size(slot: u32, bytes: u64) {
     let Some(&domain) = SLOT_DOMAINS.get(slot) else { return };
     if domain == NO_DOMAIN {
         return;
@@ -336,7 +339,7 @@ fn try_count_object(ctx: &ProbeContext) -> Result<(), Stat> {
 /// where the probe gets stacks; a miss is counted, never the event lost
 /// (its call is counted already).
 #[inline(always)]
-fn stacks(ctx: &ProbeContext, tgid: u32, slot: u32, bytes: u64) {
+pub(crate) fn stacks(ctx: &ProbeContext, tgid: u32, slot: u32, bytes: u64) {
     // SAFETY: a plain global the loader patches before load.
     if unsafe { core::ptr::read_volatile(&raw const STACKS_ON) } == 0 {
         return;
@@ -584,7 +587,7 @@ fn try_record_return<C: EbpfContext>(ctx: &C, regs: *mut pt_regs) -> Result<(), 
 
 /// The thread-group id of this hit, if it is one tracer counts.
 #[inline(always)]
-fn check_target() -> Result<u32, Stat> {
+pub(crate) fn check_target() -> Result<u32, Stat> {
     // SAFETY: TARGET_TGID is a plain u32 the loader patches before load; the
     // volatile read stops the compiler from folding in the initial 0.
     let target = unsafe { core::ptr::read_volatile(&raw const TARGET_TGID) };
@@ -629,7 +632,23 @@ fn record(ctx: &ProbeContext, size: Size) -> u32 {
 #[inline(always)]
 fn try_record(ctx: &ProbeContext, size: Size) -> Result<(), Stat> {
     let tgid = check_target()?;
-    let bytes = match size {
+    let bytes = requested(ctx, size)?;
+    // SAFETY: the helper only reads the cookie stored in the program's run
+    // context; ctx is the context the kernel passed to this program.
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let slot = u32::try_from(cookie).map_err(|_| Stat::SlotOutOfRange)?;
+    count(ctx, CounterKey { tgid, slot }, bytes)?;
+    if !matches!(size, Size::None) {
+        add_size(slot, bytes);
+    }
+    stacks(ctx, tgid, slot, bytes);
+    Ok(())
+}
+
+/// The bytes a call requests, from its arguments as `size` says.
+#[inline(always)]
+pub(crate) fn requested(ctx: &ProbeContext, size: Size) -> Result<u64, Stat> {
+    Ok(match size {
         Size::None => 0,
         Size::Arg(n) => ctx.arg::<u64>(n).ok_or(Stat::ArgMissing)?,
         Size::Product(a, b) => {
@@ -645,12 +664,13 @@ fn try_record(ctx: &ProbeContext, size: Size) -> Result<(), Stat> {
                 nelem.wrapping_mul(elsize)
             }
         }
-    };
-    // SAFETY: the helper only reads the cookie stored in the program's run
-    // context; ctx is the context the kernel passed to this program.
-    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
-    let slot = u32::try_from(cookie).map_err(|_| Stat::SlotOutOfRange)?;
-    let counter = slot_of(ctx, &COUNTERS, CounterKey { tgid, slot })?;
+    })
+}
+
+/// Adds one call of `bytes` to `key`'s counter.
+#[inline(always)]
+pub(crate) fn count(ctx: &ProbeContext, key: CounterKey, bytes: u64) -> Result<(), Stat> {
+    let counter = slot_of(ctx, &COUNTERS, key)?;
     // SAFETY: the map returned a valid, aligned pointer to this CPU's value,
     // which stays valid while the program runs (hash map values are freed
     // only after an RCU grace period). The adds are atomic because a
@@ -659,15 +679,11 @@ fn try_record(ctx: &ProbeContext, size: Size) -> Result<(), Stat> {
         atomic_add(&raw mut (*counter).calls, 1);
         atomic_add(&raw mut (*counter).bytes, bytes);
     }
-    if !matches!(size, Size::None) {
-        add_size(slot, bytes);
-    }
-    stacks(ctx, tgid, slot, bytes);
     Ok(())
 }
 
 #[inline(always)]
-fn bump<C: EbpfContext>(ctx: &C, stat: Stat) {
+pub(crate) fn bump<C: EbpfContext>(ctx: &C, stat: Stat) {
     warn!(ctx, "miss: {}", stat.name());
     if let Some(value) = STATS.get_ptr_mut(stat as u32) {
         // SAFETY: as above, a valid pointer to this CPU's u64 slot.

@@ -60,6 +60,8 @@ pub struct AttachConfig {
     pub returns: bool,
     /// `--types`: also count new objects by type.
     pub types: bool,
+    /// `--native`: also count libc's allocator.
+    pub native: bool,
     /// `--stacks` and what goes with it.
     pub stacks: Option<StacksConfig>,
     /// `--bpf-log`: pass what the BPF programs log on as notes.
@@ -199,6 +201,14 @@ pub enum ConfigError {
         "--budget with --links perf cannot detach the {sites} uprobes of inlined copies and call sites in a budget window; drop --links perf"
     )]
     BudgetPerfManySites { sites: usize },
+    #[error(
+        "--native needs --pid: with --exe, libc's probes would fire in every process on the machine that uses libc, not only that interpreter's"
+    )]
+    NativeWithExe,
+    #[error(
+        "--budget cannot be combined with --native: the marks of libc's nested calls must stay attached with the functions they mark; use one or the other"
+    )]
+    BudgetWithNative,
     #[error("--links must be auto, multi or perf (got {value:?})")]
     BadLinks { value: String },
     #[error("--gc must be auto, markers, function or off (got {value:?})")]
@@ -229,6 +239,8 @@ pub struct AttachArgs<'a> {
     pub returns: bool,
     /// `--types`.
     pub types: bool,
+    /// `--native`.
+    pub native: bool,
     /// `--stacks EVENTS` (`Some("")` for the flag alone).
     pub stacks: Option<&'a str>,
     /// `--depth`.
@@ -313,6 +325,12 @@ impl AttachConfig {
         if args.types && budget.is_some() {
             return Err(ConfigError::BudgetWithTypes);
         }
+        if args.native && matches!(target, TargetSpec::Exe(_)) {
+            return Err(ConfigError::NativeWithExe);
+        }
+        if args.native && budget.is_some() {
+            return Err(ConfigError::BudgetWithNative);
+        }
         let probes = probe_selection(args.probes)?;
         let creates = match &probes {
             ProbeSelection::Default | ProbeSelection::Refs => true,
@@ -331,6 +349,7 @@ impl AttachConfig {
             gc,
             returns: args.returns,
             types: args.types,
+            native: args.native,
             stacks,
             bpf_log: args.bpf_log,
             debug_dir: args.debug_dir.map(std::path::Path::to_owned),
@@ -427,6 +446,7 @@ mod tests {
             links: "auto",
             returns: false,
             types: false,
+            native: false,
             stacks: None,
             depth: None,
             sample: None,

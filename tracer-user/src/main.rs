@@ -186,6 +186,12 @@ struct TargetArgs {
     /// uprobes; on an LTO build the counts are then partial, and marked so).
     #[arg(long)]
     no_inlined: bool,
+    /// Also probe the C library's allocator in the target: malloc, calloc, realloc, free,
+    /// posix_memalign, aligned_alloc, mmap and munmap, found in the process's own libc (inside its
+    /// root: a chroot's or container's). Counts calls and bytes per function and a "native" size
+    /// histogram; the interpreter's raw domain is part of what it counts. With --pid only.
+    #[arg(long)]
+    native: bool,
     /// How garbage collections are seen: auto (CPython's gc__start and gc__done markers where the
     /// build has them, as USDT probes whose semaphores the kernel raises while attached; else the
     /// collection function's entry and return where tracer knows that they show the same; else
@@ -351,6 +357,7 @@ fn attach(args: &AttachArgs) -> anyhow::Result<()> {
         links: &args.links,
         returns: args.returns,
         types: args.types,
+        native: args.target.native,
         stacks: args.stacks.as_deref(),
         depth: args.depth,
         sample: args.sample,
@@ -453,6 +460,7 @@ fn probes(args: &ProbesArgs) -> anyhow::Result<()> {
         debug_dir: t.debug_dir.as_deref(),
         inlined: !t.no_inlined,
         gc: tracer_user::config::parse_gc(&t.gc)?,
+        native: t.native,
     };
     let plan = tracer_user::run::probe_plan(&target, &selection, &options)?;
     let mut out = std::io::stdout().lock();

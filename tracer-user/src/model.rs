@@ -95,6 +95,10 @@ pub struct Attached {
     /// function probed, or why neither is; left out by a tracer before GC.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gc: Option<GcPlan>,
+    /// With `--native`: the C library whose functions are probed, as the
+    /// target sees it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub native: Option<String>,
 }
 
 /// How many uprobes sit on each kind of instruction.
@@ -153,6 +157,12 @@ pub struct ProbeCounts {
     pub calls: u64,
     /// Requested bytes (0 for a function that requests none).
     pub bytes: u64,
+    /// With `--native`, for a libc function that another probed one calls
+    /// directly (glibc's `realloc` relaying to `malloc` and `free`): those
+    /// calls, which are not in `calls` and `bytes` (the request is counted
+    /// once, under the function the program called).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nested: Option<Counts>,
     /// With `--returns`, for an allocating function.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub returned: Option<Returned>,
@@ -403,6 +413,11 @@ pub struct Sizes {
     pub object: Vec<[u64; 4]>,
     pub mem: Vec<[u64; 4]>,
     pub raw: Vec<[u64; 4]>,
+    /// With `--native`: libc's `malloc`, `calloc`, `realloc`,
+    /// `posix_memalign` and `aligned_alloc` (not `mmap`, whose lengths are
+    /// pages, not requests); nested calls are not in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub native: Option<Vec<[u64; 4]>>,
     /// Per domain, calls whose size is not known (inlined copies where
     /// neither the DWARF nor the code shows it), so in no bucket; left out
     /// where there are none.
@@ -706,6 +721,8 @@ impl PlanReport {
                 inline_sites: p.inline_sites.iter().map(|s| s.offset).collect(),
                 inline_sites_emulated: p.inline_sites.iter().filter(|s| s.emulated).count(),
                 coverage: Some(p.coverage.clone()),
+                file: p.file.as_ref().map(|f| f.display_path.display().to_string()),
+                nested_sites: p.nested_sites.clone(),
                 call_sites: p.call_sites.as_ref().map(|c| CallSitesReport {
                     emulated: c.emulated,
                     single_stepped: c.stepped,
@@ -753,6 +770,14 @@ pub struct PlannedProbeReport {
     /// What the counts will cover.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub coverage: Option<Coverage>,
+    /// The file the function is in, where it is not `image` (libc, with
+    /// `--native`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// With `--native`: file offsets of the calls of this function by
+    /// another probed libc function, which mark those calls as nested.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nested_sites: Vec<u64>,
 }
 
 /// Where a function probed at its callers is called from.
@@ -930,6 +955,7 @@ mod tests {
         let counts = |calls, bytes| ProbeCounts {
             calls,
             bytes,
+            nested: None,
             returned: None,
             estimate: None,
             calls_per_s: None,

@@ -178,7 +178,14 @@ impl SizeArgs {
             | Program::RetValue
             | Program::RetValueUret
             | Program::CountSite
-            | Program::CountObject => Self::None,
+            | Program::CountObject
+            | Program::NativeSizeArg0
+            | Program::NativeSizeArg1
+            | Program::NativeSizeArg2
+            | Program::NativeCalloc
+            | Program::NativeCall
+            | Program::NativeReleaseArg1
+            | Program::NativeNested => Self::None,
         }
     }
 }

@@ -8,6 +8,7 @@ pub mod elf;
 pub mod exe;
 pub mod guards;
 pub mod inline;
+pub mod libc;
 pub mod modules;
 pub mod process;
 pub mod usdt;

@@ -23,6 +23,8 @@ struct AttachPoint {
     symbol: &'static str,
     program: Program,
     path: PathBuf,
+    /// The file as the target sees it, for errors.
+    shown: PathBuf,
     offset: u64,
     cookie: u64,
 }
@@ -62,10 +64,9 @@ impl Session {
     fn attach_scope(&mut self, pid: u32, scope: UProbeScope) -> Result<(), AttachError> {
         let points = self.attach_points();
         let mut links = Vec::with_capacity(points.len());
-        for AttachPoint { symbol, program, path, offset, cookie } in points {
+        for AttachPoint { symbol, program, path, shown, offset, cookie } in points {
             let point =
                 UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie: Some(cookie) };
-            let shown = self.plan.display_path.clone();
             let attached = self.loaded_uprobe(program).and_then(|p| {
                 p.attach(point, &path, scope).map_err(|cause| AttachError::Attach {
                     symbol,
@@ -273,22 +274,26 @@ impl Session {
     /// sites, then its return probes.
     fn attach_points(&self) -> Vec<AttachPoint> {
         let mut points = Vec::new();
-        let image = &self.plan.attach_path;
         for p in &self.plan.probes {
+            let image = p.attach_path(&self.plan).to_owned();
+            let shown = p.display_path(&self.plan).to_owned();
             let cookie = u64::from(p.slot);
             let entry_cookie = entry_cookie(p);
-            let at = |path: &PathBuf, offset| AttachPoint {
+            let at = |path: &PathBuf, shown: &PathBuf, offset| AttachPoint {
                 symbol: p.symbol,
                 program: p.attach_program,
                 path: path.clone(),
+                shown: shown.clone(),
                 offset,
                 cookie: entry_cookie,
             };
             match &p.call_sites {
-                None => points.push(at(image, p.probe_offset())),
+                None => points.push(at(&image, &shown, p.probe_offset())),
                 Some(sites) => {
                     for file in &sites.files {
-                        points.extend(file.offsets.iter().map(|&offset| at(&file.attach_path, offset)));
+                        points.extend(
+                            file.offsets.iter().map(|&offset| at(&file.attach_path, &file.display_path, offset)),
+                        );
                     }
                 }
             }
@@ -306,12 +311,28 @@ impl Session {
                     }
                     _ => (Program::CountCall, cookie),
                 };
-                AttachPoint { program, cookie, ..at(image, s.offset) }
+                AttachPoint { program, cookie, ..at(&image, &shown, s.offset) }
+            }));
+            // Benchmarks' empty program replaces the marks too.
+            let nested = if p.attach_program == Program::Empty { Program::Empty } else { Program::NativeNested };
+            points.extend(p.nested_sites.iter().map(|&offset| AttachPoint {
+                program: nested,
+                cookie,
+                ..at(&image, &shown, offset)
             }));
         }
         for p in &self.plan.probes {
+            let image = p.attach_path(&self.plan).to_owned();
+            let shown = p.display_path(&self.plan).to_owned();
             let cookie = u64::from(p.slot);
-            let at = |program, offset| AttachPoint { symbol: p.symbol, program, path: image.clone(), offset, cookie };
+            let at = |program, offset| AttachPoint {
+                symbol: p.symbol,
+                program,
+                path: image.clone(),
+                shown: shown.clone(),
+                offset,
+                cookie,
+            };
             match &p.returns {
                 None => {}
                 Some(ReturnPlan::Uretprobe { .. }) => points.push(at(Program::RetValueUret, p.file_offset)),

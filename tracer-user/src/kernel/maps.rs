@@ -8,7 +8,7 @@ use std::{
 };
 
 use tracer_common::{
-    counter::{Counter, CounterKey},
+    counter::{Counter, CounterKey, NESTED_SLOT},
     names,
     returns::Returned,
     stack::{Stack, StackKey, WalkConfig},
@@ -25,6 +25,9 @@ pub struct ProbeReading {
     pub bytes: u64,
     /// Its returns (zero for a probe without return probes).
     pub returned: Returned,
+    /// With `--native`: its calls by another probed libc function (glibc's
+    /// `realloc` relaying to `malloc`), not in `calls` and `bytes`.
+    pub nested: Counter,
 }
 
 /// Counts read from the kernel, summed over CPUs.
@@ -90,6 +93,7 @@ impl ProbeReading {
             calls: self.calls.saturating_add(other.calls),
             bytes: self.bytes.saturating_add(other.bytes),
             returned: self.returned.merged(other.returned),
+            nested: self.nested.merged(other.nested),
         }
     }
 }
@@ -107,10 +111,16 @@ impl Session {
         for entry in &self.counters {
             let (key, per_cpu) = entry.map_err(map_err(names::COUNTERS_MAP))?;
             let sum = per_cpu.iter().fold(Counter::default(), |sum, c| sum.merged(*c));
-            let Some(slot) = usize::try_from(key.slot).ok().filter(|&s| s < slots) else {
+            let nested = key.slot & NESTED_SLOT != 0;
+            let Some(slot) = usize::try_from(key.slot & !NESTED_SLOT).ok().filter(|&s| s < slots) else {
                 stray = stray.saturating_add(sum.calls);
                 continue;
             };
+            if nested {
+                per_process.entry(key.tgid).or_insert_with(|| vec![ProbeReading::default(); slots])[slot].nested = sum;
+                probes[slot].nested = probes[slot].nested.merged(sum);
+                continue;
+            }
             let own = &mut per_process.entry(key.tgid).or_insert_with(|| vec![ProbeReading::default(); slots])[slot];
             (own.calls, own.bytes) = (sum.calls, sum.bytes);
             let total = &mut probes[slot];
@@ -170,6 +180,8 @@ impl Session {
             let key = CounterKey { tgid, slot };
             // A probe the process never hit has no entry to remove.
             self.counters.remove(&key).or_else(absent).map_err(map_err(names::COUNTERS_MAP))?;
+            let nested = CounterKey { tgid, slot: slot | NESTED_SLOT };
+            self.counters.remove(&nested).or_else(absent).map_err(map_err(names::COUNTERS_MAP))?;
             self.returns.remove(&key).or_else(absent).map_err(map_err(names::RETURNS_MAP))?;
         }
         let keys: Vec<TypeKey> = self.types.keys().filter_map(Result::ok).filter(|k| k.tgid == tgid).collect();

@@ -171,6 +171,7 @@ impl Session {
             return Err(AttachError::NoObject);
         }
         let slots = u32::try_from(plan.probes.len()).unwrap_or(u32::MAX);
+        let native = u32::try_from(plan.probes.iter().filter(|p| p.program.is_native()).count()).unwrap_or(u32::MAX);
         let processes = if target_tgid == 0 { options.max_processes.max(1) } else { 1 };
         // aya-log's level global: 0 turns every log statement into code the
         // verifier proves dead, so logging costs nothing while off.
@@ -191,7 +192,8 @@ impl Session {
             .map_max_entries(names::STACK_COUNTS_MAP, stack_entries)
             .override_global(names::OB_TYPE_OFFSET_GLOBAL, &ob_type_offset, true)
             .override_global(aya_log::LEVEL, &log_level, true)
-            .map_max_entries(names::COUNTERS_MAP, slots.saturating_mul(processes))
+            // Each native probe has a second counter for its nested calls.
+            .map_max_entries(names::COUNTERS_MAP, slots.saturating_add(native).saturating_mul(processes))
             .map_max_entries(names::RETURNS_MAP, slots.saturating_mul(processes))
             .map_max_entries(names::TYPES_MAP, type_entries)
             .map_max_entries(names::SLOT_DOMAINS_MAP, slots.max(1))
@@ -226,9 +228,7 @@ impl Session {
         let stack_counts = take_map(&mut ebpf, names::STACK_COUNTS_MAP, PerCpuHashMap::try_from)?;
         let mut domains = borrowed_array(&mut ebpf, names::SLOT_DOMAINS_MAP)?;
         for p in &plan.probes {
-            let domain = crate::python::domain(p.symbol)
-                .filter(|_| p.program.allocates())
-                .map_or(tracer_common::sizes::NO_DOMAIN, |d| d as u32);
+            let domain = p.domain.map_or(tracer_common::sizes::NO_DOMAIN, |d| d as u32);
             domains
                 .set(p.slot, domain, 0)
                 .map_err(|cause| AttachError::Map { name: names::SLOT_DOMAINS_MAP, cause: Box::new(cause) })?;

@@ -5,6 +5,7 @@
 pub mod callsites;
 pub mod coverage;
 pub mod gc;
+pub mod native;
 pub mod placement;
 pub mod returns;
 
@@ -114,6 +115,16 @@ impl<'a> From<&'a crate::discover::Resolved> for ImageRef<'a> {
     }
 }
 
+/// A file probes go in other than the plan's image: the target's C
+/// library, with `--native`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeFile {
+    /// As the target sees it.
+    pub display_path: PathBuf,
+    /// As tracer reaches it (what the kernel resolves).
+    pub attach_path: PathBuf,
+}
+
 /// One probe of the plan: everything tracer knows about it before any
 /// count, keyed by its slot.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -140,9 +151,30 @@ pub struct PlannedProbe {
     pub inline_sites: Vec<InlineSite>,
     /// What the counts cover.
     pub coverage: Coverage,
+    /// The file the function is in, where it is not the plan's image.
+    pub file: Option<ProbeFile>,
+    /// The size histogram its requests go in; `None` for a function that
+    /// requests no size.
+    pub domain: Option<tracer_common::sizes::Domain>,
+    /// With `--native`: the file offsets, in the same file, of the direct
+    /// calls and jumps to this function from another probed function
+    /// (see [`native`]), each of which marks its call as nested.
+    pub nested_sites: Vec<u64>,
 }
 
 impl PlannedProbe {
+    /// The file the probe is in, as tracer reaches it.
+    #[must_use]
+    pub fn attach_path<'a>(&'a self, plan: &'a Plan) -> &'a Path {
+        self.file.as_ref().map_or(&plan.attach_path, |f| &f.attach_path)
+    }
+
+    /// The file the probe is in, as the target sees it.
+    #[must_use]
+    pub fn display_path<'a>(&'a self, plan: &'a Plan) -> &'a Path {
+        self.file.as_ref().map_or(&plan.display_path, |f| &f.display_path)
+    }
+
     /// Offset in the image file of the probed instruction.
     #[must_use]
     pub const fn probe_offset(&self) -> u64 {
@@ -253,7 +285,7 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
             }
             (ProbeKind::Function, Err(e), _) => Placement::at_entry(format!("entry: the code could not be read ({e})")),
         };
-        let returns = options.returns.filter(|_| spec.program.allocates()).map(|costs| {
+        let returns = options.returns.filter(|_| spec.program.returns_pointer()).map(|costs| {
             let len = usize::try_from(sym.size.min(MAX_FUNCTION)).unwrap_or(0);
             match image.elf.read_at(sym.file_offset, len) {
                 Ok(code) if sym.size <= MAX_FUNCTION => returns::plan(&code, sym.address, place.offset, &costs, kernel),
@@ -293,6 +325,9 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
             call_sites: None,
             coverage,
             inline_sites,
+            file: None,
+            domain: crate::python::domain(spec.symbol).filter(|_| spec.program.allocates()),
+            nested_sites: Vec::new(),
         });
     }
     if options.placement == PlacementMode::CallSites {

@@ -240,7 +240,16 @@ pub const fn size_parameters(program: Program) -> &'static [&'static str] {
         | Program::RetValue
         | Program::RetValueUret
         | Program::CountSite
-        | Program::CountObject => &[],
+        | Program::CountObject
+        // libc's functions are probed in their own code only, never as
+        // inlined copies.
+        | Program::NativeSizeArg0
+        | Program::NativeSizeArg1
+        | Program::NativeSizeArg2
+        | Program::NativeCalloc
+        | Program::NativeCall
+        | Program::NativeReleaseArg1
+        | Program::NativeNested => &[],
     }
 }
 

@@ -110,7 +110,9 @@ impl<W: Write, E: Write> TableReporter<W, E> {
 
     /// Requested sizes: per domain, the calls in each log2 bucket.
     fn sizes_block(&mut self, sizes: &crate::model::Sizes) -> std::io::Result<()> {
-        for (name, buckets) in [("object", &sizes.object), ("mem", &sizes.mem), ("raw", &sizes.raw)] {
+        let native = sizes.native.as_ref().unwrap_or(const { &Vec::new() });
+        for (name, buckets) in [("object", &sizes.object), ("mem", &sizes.mem), ("raw", &sizes.raw), ("native", native)]
+        {
             if buckets.is_empty() && !sizes.unsized_calls.contains_key(name) {
                 continue;
             }
@@ -180,6 +182,28 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         Ok(())
     }
 
+    /// With `--native`: the calls one probed libc function made of another
+    /// (glibc's `realloc` relaying to `malloc` and `free`), which the rows
+    /// above leave out.
+    fn nested_block(&mut self, sample: &Snapshot) -> std::io::Result<()> {
+        let parts: Vec<String> = sample
+            .probes
+            .iter()
+            .filter_map(|(name, c)| {
+                let n = c.nested?;
+                Some(format!("{name}: {} calls, {} B", group(n.calls), group(n.bytes)))
+            })
+            .collect();
+        if parts.is_empty() {
+            return Ok(());
+        }
+        writeln!(
+            self.out,
+            "  nested (made by another libc allocator function, counted once there) {}",
+            parts.join(" | ")
+        )
+    }
+
     /// Garbage collections by generation: how many, how long in all, and
     /// the objects found unreachable.
     fn gc_block(&mut self, gc: &crate::model::Gc) -> std::io::Result<()> {
@@ -208,6 +232,7 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         if let Some(sizes) = &sample.sizes {
             self.sizes_block(sizes)?;
         }
+        self.nested_block(sample)?;
         if let Some(gc) = &sample.gc {
             self.gc_block(gc)?;
         }

@@ -221,6 +221,7 @@ fn attached_event(session: &Session, r: &Resolved, links: Links, cost: &CostMete
         coverage: probes.iter().map(|p| (p.symbol.to_owned(), p.coverage.clone())).collect(),
         sites: cost.sites(session.plan()),
         gc: None,
+        native: probes.iter().find_map(|p| p.file.as_ref()).map(|f| f.display_path.display().to_string()),
     }
 }
 
@@ -459,7 +460,10 @@ fn start<'a>(
         types: config.types,
         ..PlanOptions::default()
     };
-    let plan = plan::plan(ImageRef::from(&r), &specs(&r, &config.probes, config.types)?, options)?;
+    let mut plan = plan::plan(ImageRef::from(&r), &specs(&r, &config.probes, config.types)?, options)?;
+    if config.native {
+        native(&mut plan, &r, options)?;
+    }
     // Before anything is loaded: `--gc markers` on a build without them is
     // the user's to fix.
     let gc = gc_plan(&r, config.gc)?;
@@ -598,6 +602,18 @@ pub struct PlanRequest<'a> {
     pub inlined: bool,
     /// How garbage collections would be seen.
     pub gc: GcMode,
+    /// `--native`: also plan libc's allocator.
+    pub native: bool,
+}
+
+/// With `--native`, adds the C library's allocator functions of the
+/// target to `plan` (with `--pid` only: the configuration refuses
+/// `--exe`).
+fn native(plan: &mut plan::Plan, r: &Resolved, options: PlanOptions) -> anyhow::Result<()> {
+    let pid = r.pid().ok_or(crate::config::ConfigError::NativeWithExe)?;
+    let libc = discover::libc::find(pid)?;
+    plan::native::extend(plan, &libc, options)?;
+    Ok(())
 }
 
 /// Resolves the target and plans its probes for `tracer probes`, without
@@ -608,7 +624,7 @@ pub fn probe_plan(
     selection: &ProbeSelection,
     request: &PlanRequest<'_>,
 ) -> anyhow::Result<PlanReport> {
-    let PlanRequest { placement, returns, debug_dir, inlined, gc } = *request;
+    let PlanRequest { placement, returns, debug_dir, inlined, gc, native: _ } = *request;
     // Which way reads a return value cheapest is measured, which loads BPF.
     let calibrated = if returns {
         privileges::check()?;
@@ -620,7 +636,10 @@ pub fn probe_plan(
     let options = PlanOptions { placement, returns: return_costs, inlined, ..PlanOptions::default() };
     let dwarf = discover::DwarfLookup { enabled: inlined, debug_dir };
     let r = discover::resolve(target, placement == PlacementMode::CallSites, dwarf)?;
-    let plan = plan::plan(ImageRef::from(&r), &specs(&r, selection, false)?, options)?;
+    let mut plan = plan::plan(ImageRef::from(&r), &specs(&r, selection, false)?, options)?;
+    if request.native {
+        native(&mut plan, &r, options)?;
+    }
     let mut report = PlanReport::new(&plan, &r.version.to_string(), calibrated.map(|r| r.1));
     report.notes.extend(debug_offsets_note(&r));
     let gc_plan = gc_plan(&r, gc)?;

@@ -247,9 +247,12 @@ impl Readout {
                     null: c.returned.null,
                     pointer_sum: c.returned.pointer_sum,
                 });
+                let nested = (!p.nested_sites.is_empty())
+                    .then_some(model::Counts { calls: c.nested.calls, bytes: c.nested.bytes });
                 let counts = ProbeCounts {
                     calls: c.calls,
                     bytes: c.bytes,
+                    nested,
                     returned,
                     estimate: None,
                     calls_per_s: None,
@@ -269,7 +272,16 @@ impl Readout {
                 .iter()
                 .map(|e| ExitedProcess { pid: e.pid, exited_s: e.at.as_secs_f64(), probes: per_probe(&e.probes) })
                 .collect(),
-            hits: Some(totals.probes.iter().map(|c| c.calls.saturating_add(c.returned.returns)).sum()),
+            // A nested call is two hits: its site's mark and its entry.
+            hits: Some(
+                totals
+                    .probes
+                    .iter()
+                    .map(|c| {
+                        c.calls.saturating_add(c.returned.returns).saturating_add(c.nested.calls.saturating_mul(2))
+                    })
+                    .sum(),
+            ),
             types: self.type_names.as_ref().map(|n| n.counts(&totals.types)),
             sizes: sizes(plan, totals),
             gc: self.gc.as_ref().map(|(source, reason)| {
@@ -350,12 +362,8 @@ fn generations<'a>(
 /// in no bucket; `None` when `plan` probes no allocating function.
 fn sizes(plan: &Plan, totals: &Totals) -> Option<model::Sizes> {
     use tracer_common::sizes::{BUCKETS, Domain, bounds, index};
-    let allocating: Vec<(Domain, usize)> = plan
-        .probes
-        .iter()
-        .filter(|p| p.program.allocates())
-        .filter_map(|p| Some((crate::python::domain(p.symbol)?, usize::try_from(p.slot).ok()?)))
-        .collect();
+    let allocating: Vec<(Domain, usize)> =
+        plan.probes.iter().filter_map(|p| Some((p.domain?, usize::try_from(p.slot).ok()?))).collect();
     if allocating.is_empty() {
         return None;
     }
@@ -382,6 +390,7 @@ fn sizes(plan: &Plan, totals: &Totals) -> Option<model::Sizes> {
             Domain::Object => out.object = buckets,
             Domain::Mem => out.mem = buckets,
             Domain::Raw => out.raw = buckets,
+            Domain::Native => out.native = allocating.iter().any(|(d, _)| *d == Domain::Native).then_some(buckets),
         }
     }
     Some(out)
