@@ -100,34 +100,34 @@ struct Setup {
 
 /// One setup's visits.
 #[derive(Default)]
-struct Series {
+pub(crate) struct Series {
     /// Seconds per loop, one per round.
-    means: Vec<f64>,
+    pub(crate) means: Vec<f64>,
     /// Loops per timing, calibrated at the first visit.
-    loops: u64,
+    pub(crate) loops: u64,
     /// Events counted and loops run while tracer was attached.
-    events: u64,
-    loops_traced: u64,
+    pub(crate) events: u64,
+    pub(crate) loops_traced: u64,
     /// The last summary's stack coverage, and the frames of its most
     /// counted stack.
-    coverage: Value,
-    frames: Option<usize>,
-    stats: Value,
+    pub(crate) coverage: Value,
+    pub(crate) frames: Option<usize>,
+    pub(crate) stats: Value,
 }
 
 /// Timings per visit; the best counts, as timeit's does: on a shared
 /// machine the other timings carry other processes' time.
-const TIMINGS: usize = 5;
+pub(crate) const TIMINGS: usize = 5;
 
-fn best(v: &[f64]) -> f64 {
+pub(crate) fn best(v: &[f64]) -> f64 {
     v.iter().copied().fold(f64::INFINITY, f64::min)
 }
 
-fn mean(v: &[f64]) -> f64 {
+pub(crate) fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
 }
 
-fn stdev(v: &[f64]) -> f64 {
+pub(crate) fn stdev(v: &[f64]) -> f64 {
     if v.len() < 2 {
         return 0.0;
     }
@@ -137,7 +137,7 @@ fn stdev(v: &[f64]) -> f64 {
 
 /// The loops per timing that take about `target` seconds, and the loops
 /// run to find that out.
-fn calibrate(h: &mut Harness, target: f64) -> anyhow::Result<(u64, u64)> {
+pub(crate) fn calibrate(h: &mut Harness, target: f64) -> anyhow::Result<(u64, u64)> {
     let mut n = 1u64;
     let mut run = 0;
     loop {
@@ -154,7 +154,7 @@ fn calibrate(h: &mut Harness, target: f64) -> anyhow::Result<(u64, u64)> {
 /// One visit of a traced setup: tracer attached to the harness, the loop
 /// timed, tracer stopped; returns (seconds per loop, loops run while
 /// attached, the summary).
-fn traced_visit(
+pub(crate) fn traced_visit(
     h: &mut Harness,
     tracer: &Path,
     flags: &[&str],
