@@ -5,6 +5,7 @@
 
 pub mod counter;
 pub mod gc;
+pub mod native;
 pub mod returns;
 pub mod site;
 pub mod sizes;
@@ -41,6 +42,14 @@ pub mod names {
     /// Per-CPU hash of [`crate::counter::Counter`] by
     /// [`crate::stack::StackKey`].
     pub const STACK_COUNTS_MAP: &str = "STACK_COUNTS";
+    /// BPF global: 1 with `--native-stacks`.
+    pub const NATIVE_ON_GLOBAL: &str = "NATIVE_ON";
+    /// Array of [`crate::native::Row`]: every module's unwind rows.
+    pub const UNWIND_ROWS_MAP: &str = "UNWIND_ROWS";
+    /// Hash of [`crate::native::Page`] by [`crate::native::PageKey`].
+    pub const NATIVE_PAGES_MAP: &str = "NATIVE_PAGES";
+    /// Hash of [`crate::native::NativeStack`] by its hash.
+    pub const NATIVE_STACKS_MAP: &str = "NATIVE_STACKS";
     /// BPF global: whether any probe records stacks.
     pub const STACKS_ON_GLOBAL: &str = "STACKS_ON";
     /// BPF global: `--sample N`.

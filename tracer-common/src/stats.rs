@@ -58,10 +58,28 @@ pub enum Stat {
     GcArgMissing = 15,
     /// A map of the GC probes was full: the collection was not counted.
     GcFull = 16,
+    /// With `--native-stacks`: a native unwind was cut at its bound; the
+    /// event is counted under the cut stack.
+    NativeTruncated = 17,
+    /// With `--native-stacks`: an unwind reached a pc in no mapping tracer
+    /// knows (JIT code, the vDSO, a module mapped after tracer read the
+    /// maps); the stack is kept up to there.
+    NativeNoMapping = 18,
+    /// With `--native-stacks`: an unwind reached a pc its module's unwind
+    /// tables do not cover (no `.eh_frame`, or a gap).
+    NativeNoInfo = 19,
+    /// With `--native-stacks`: an unwind reached a rule the BPF unwinder
+    /// does not follow (a DWARF expression).
+    NativeUnsupported = 20,
+    /// With `--native-stacks`: a read of the stack failed mid-unwind.
+    NativeReadFailed = 21,
+    /// With `--native-stacks`: the native stacks map was full, so the
+    /// event was counted without its native frames.
+    NativeFull = 22,
 }
 
 /// Number of entries in the `STATS` map.
-pub const STAT_COUNT: u32 = 17;
+pub const STAT_COUNT: u32 = 23;
 
 impl Stat {
     /// Every stat, in map order (the JSON `stats` keys, in this order).
@@ -83,6 +101,12 @@ impl Stat {
         Self::GcNested,
         Self::GcArgMissing,
         Self::GcFull,
+        Self::NativeTruncated,
+        Self::NativeNoMapping,
+        Self::NativeNoInfo,
+        Self::NativeUnsupported,
+        Self::NativeReadFailed,
+        Self::NativeFull,
     ];
 
     /// Stable name used in the table and the JSON output.
@@ -106,6 +130,12 @@ impl Stat {
             Self::GcNested => "gc_nested",
             Self::GcArgMissing => "gc_arg_missing",
             Self::GcFull => "gc_full",
+            Self::NativeTruncated => "native_truncated",
+            Self::NativeNoMapping => "native_no_mapping",
+            Self::NativeNoInfo => "native_no_info",
+            Self::NativeUnsupported => "native_unsupported",
+            Self::NativeReadFailed => "native_read_failed",
+            Self::NativeFull => "native_full",
         }
     }
 
@@ -125,6 +155,12 @@ impl Stat {
                 | Self::StackNoThread
                 | Self::StackOtherThread
                 | Self::StacksFull
+                | Self::NativeTruncated
+                | Self::NativeNoMapping
+                | Self::NativeNoInfo
+                | Self::NativeUnsupported
+                | Self::NativeReadFailed
+                | Self::NativeFull
         )
     }
 }

@@ -479,6 +479,7 @@ fn start<'a>(
         slots,
         sample: s.sample,
         entries: STACK_ENTRIES,
+        native_rows: None,
     });
     let load = LoadOptions { bpf_log: config.bpf_log, types, stacks, ..LoadOptions::default() };
     let mut session = Session::load(plan, r.scope, &load)?;
