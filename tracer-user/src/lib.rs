@@ -10,6 +10,7 @@ pub mod discover;
 pub mod error;
 pub mod kernel;
 pub mod model;
+pub mod native;
 pub mod plan;
 pub mod privileges;
 pub mod probe;

@@ -305,6 +305,10 @@ impl Run {
         notes.extend(untold.unwrap_or_default().into_iter().map(|(pid, why)| {
             Note::new(Level::Warning, NoteCode::NoStacks, format!("no Python stacks for PID {pid}: {why}"))
         }));
+        let native = self.readout.stack_names.as_mut().map(crate::run::stacks::StackNames::take_native_untold);
+        notes.extend(
+            native.unwrap_or_default().into_iter().map(|why| Note::new(Level::Warning, NoteCode::NoNativeStacks, why)),
+        );
         notes
     }
 
@@ -479,7 +483,7 @@ fn start<'a>(
         slots,
         sample: s.sample,
         entries: STACK_ENTRIES,
-        native_rows: None,
+        native_rows: s.native.then_some(crate::native::ROW_CAPACITY),
     });
     let load = LoadOptions { bpf_log: config.bpf_log, types, stacks, ..LoadOptions::default() };
     let mut session = Session::load(plan, r.scope, &load)?;
@@ -489,7 +493,10 @@ fn start<'a>(
         .stacks
         .as_ref()
         .zip(stack_slots)
-        .map(|(s, slots)| crate::run::stacks::StackNames::new(slots, s.depth, s.sample, s.top));
+        .map(|(s, slots)| {
+            let native = s.native.then(|| crate::native::Native::new(config.debug_dir.clone()));
+            crate::run::stacks::StackNames::new(slots, s.depth, s.sample, s.top, native)
+        });
     if let (Some(names), Some(pid)) = (stack_names.as_mut(), r.pid()) {
         names.prepare(&mut session, pid)?;
     }
