@@ -169,7 +169,9 @@ pub enum ConfigError {
         "--budget cannot be combined with --stacks (or --top, --folded, --flamegraph, --native-stacks): stack counts are not estimated from windows; use --sample N to make stacks cheaper"
     )]
     BudgetWithStacks,
-    #[error("{flag} only matters with --stacks (or --top, --folded, --flamegraph, --native-stacks); add one, or drop {flag}")]
+    #[error(
+        "{flag} only matters with --stacks (or --top, --folded, --flamegraph, --native-stacks); add one, or drop {flag}"
+    )]
     WithoutStacks { flag: &'static str },
     #[error("--depth must be 1 to {MAX_DEPTH} frames (got {value}); the default is 64")]
     BadDepth { value: u32 },

@@ -218,11 +218,7 @@ impl Session {
 
     /// With `--native-stacks`, tells the unwinder where the rows of
     /// process `tgid`'s executable pages are.
-    pub fn set_pages(
-        &mut self,
-        tgid: u32,
-        pages: &[(u64, tracer_common::native::Page)],
-    ) -> Result<(), AttachError> {
+    pub fn set_pages(&mut self, tgid: u32, pages: &[(u64, tracer_common::native::Page)]) -> Result<(), AttachError> {
         let keys = self.native_page_keys.entry(tgid).or_default();
         for &(page, value) in pages {
             let key = tracer_common::native::PageKey { tgid, reserved: 0, page };

@@ -5,8 +5,8 @@
 //! whatever number of processes map it; each native stack is named once
 //! per process.
 
-pub mod table;
 mod symbols;
+pub mod table;
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -114,10 +114,8 @@ impl Native {
             if !self.modules.contains_key(&id) {
                 let module = self.load(session, pid, path, id, &host_root);
                 if let Err(why) = &module.rows {
-                    self.untold.push(format!(
-                        "native stacks of PID {pid} stop in {}: {why}; {NO_ROWS_FIX}",
-                        path.display()
-                    ));
+                    self.untold
+                        .push(format!("native stacks of PID {pid} stop in {}: {why}; {NO_ROWS_FIX}", path.display()));
                 }
                 self.modules.insert(id, module);
             }
@@ -272,7 +270,9 @@ impl Native {
             native::end::NO_MAPPING => {
                 Some("at a pc in no file tracer knows (JIT code, the vDSO, or a module mapped later)".to_owned())
             }
-            native::end::NO_INFO => Some(format!("at a pc the unwind tables of {} do not cover", module_name(last_module))),
+            native::end::NO_INFO => {
+                Some(format!("at a pc the unwind tables of {} do not cover", module_name(last_module)))
+            }
             native::end::UNSUPPORTED => {
                 Some(format!("at an unwind rule of {} the unwinder does not follow", module_name(last_module)))
             }
@@ -318,8 +318,15 @@ impl Native {
 fn names(module: &mut Module, debug_dir: Option<&Path>) -> Option<Symbols> {
     match debuginfo::locate(&module.in_root, &module.root, debug_dir, Some(&module.readable)) {
         Ok(Some(file)) => module.dwarf = Some(file.path),
-        Ok(None) => module.why_no_names = Some("no DWARF found: frames are named from ELF symbols only, without inlined functions or lines".to_owned()),
-        Err(e) => module.why_no_names = Some(format!("its DWARF cannot be used ({e}): frames are named from ELF symbols only")),
+        Ok(None) => {
+            module.why_no_names = Some(
+                "no DWARF found: frames are named from ELF symbols only, without inlined functions or lines".to_owned(),
+            )
+        }
+        Err(e) => {
+            module.why_no_names =
+                Some(format!("its DWARF cannot be used ({e}): frames are named from ELF symbols only"))
+        }
     }
     match Symbols::load(file_name(&module.path), &module.readable, module.dwarf.as_deref()) {
         Ok(s) => Some(s),

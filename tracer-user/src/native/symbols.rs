@@ -33,12 +33,14 @@ impl Symbols {
     pub fn load(module: String, image: &Path, debug: Option<&Path>) -> Result<Self, String> {
         let data = std::fs::read(image).map_err(|e| format!("cannot read {}: {e}", image.display()))?;
         let file = object::File::parse(&*data).map_err(|e| format!("{} is not readable ELF: {e}", image.display()))?;
-        let mut functions: Vec<(u64, u64, String)> = file
-            .symbols()
-            .chain(file.dynamic_symbols())
-            .filter(|s| s.kind() == object::SymbolKind::Text && s.address() != 0)
-            .filter_map(|s| Some((s.address(), s.address() + s.size().max(1), s.name().ok()?.to_owned())))
-            .collect();
+        let mut functions = text_symbols(&file);
+        // A separate debug file keeps the .symtab a stripped image lost
+        // (`_start`, static functions).
+        if let Some(data) = debug.filter(|d| *d != image).and_then(|d| std::fs::read(d).ok())
+            && let Ok(debug_file) = object::File::parse(&*data)
+        {
+            functions.extend(text_symbols(&debug_file));
+        }
         functions.sort();
         functions.dedup_by_key(|f| f.0);
         let dwarf = debug.and_then(|path| context(path).ok());
@@ -61,10 +63,8 @@ impl Symbols {
         {
             while let Ok(Some(frame)) = frames.next() {
                 let name = frame.function.as_ref().and_then(|f| f.raw_name().ok().map(|n| n.into_owned()));
-                let (file, line) = frame
-                    .location
-                    .as_ref()
-                    .map_or((None, None), |l| (l.file.map(str::to_owned), l.line));
+                let (file, line) =
+                    frame.location.as_ref().map_or((None, None), |l| (l.file.map(str::to_owned), l.line));
                 out.push(NativeFrame {
                     function: name.unwrap_or_else(|| format!("{:#x}", at)),
                     module: self.module.clone(),
@@ -90,6 +90,15 @@ impl Symbols {
             inlined: false,
         }]
     }
+}
+
+/// (start, end, name) of the functions `file`'s symbol tables define.
+fn text_symbols(file: &object::File<'_>) -> Vec<(u64, u64, String)> {
+    file.symbols()
+        .chain(file.dynamic_symbols())
+        .filter(|s| s.kind() == object::SymbolKind::Text && s.address() != 0)
+        .filter_map(|s| Some((s.address(), s.address() + s.size().max(1), s.name().ok()?.to_owned())))
+        .collect()
 }
 
 /// An addr2line context on the DWARF of the file at `path`.

@@ -2,7 +2,9 @@
 //! how to find the CFA and where rbp was saved, sorted by pc, with a
 //! [`rule::NONE`] row wherever no FDE covers the code.
 
-use gimli::{BaseAddresses, CfaRule, CieOrFde, EhFrame, NativeEndian, RegisterRule, UnwindContext, UnwindSection as _, X86_64};
+use gimli::{
+    BaseAddresses, CfaRule, CieOrFde, EhFrame, NativeEndian, RegisterRule, UnwindContext, UnwindSection as _, X86_64,
+};
 use object::{Object as _, ObjectSection as _};
 use tracer_common::native::{Row, rbp, rule};
 

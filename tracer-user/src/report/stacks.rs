@@ -68,7 +68,8 @@ fn frames_of(s: &StackCount) -> Vec<String> {
     let mut groups = groups.into_iter();
     let mut inner_first: Vec<String> = Vec::new();
     for f in native {
-        if f.function == EVAL && !f.inlined
+        if f.function == EVAL
+            && !f.inlined
             && let Some(group) = groups.next()
         {
             inner_first.extend(group);
@@ -196,14 +197,18 @@ mod tests {
         };
         assert_eq!(
             folded(&[s.clone()], Weight::Calls),
-            ["main [python3];<module> (sites.py:30);main (sites.py:20);PyObject_Call [python3];make_a (sites.py:5);PyObject_Malloc [python3];pymalloc_alloc [python3, inlined] 3"]
+            [
+                "main [python3];<module> (sites.py:30);main (sites.py:20);PyObject_Call [python3];make_a (sites.py:5);PyObject_Malloc [python3];pymalloc_alloc [python3, inlined] 3"
+            ]
         );
         // Where the entry frames do not say (3.11), every Python frame is
         // at the innermost call, and an unwind cut short says so.
         let s = StackCount { eval_calls: None, native_end: Some("cut at 64 native frames".into()), ..s };
         assert_eq!(
             folded(&[s], Weight::Calls),
-            ["[native unwind stopped: cut at 64 native frames];main [python3];_PyEval_EvalFrameDefault [python3];PyObject_Call [python3];<module> (sites.py:30);main (sites.py:20);make_a (sites.py:5);PyObject_Malloc [python3];pymalloc_alloc [python3, inlined] 3"]
+            [
+                "[native unwind stopped: cut at 64 native frames];main [python3];_PyEval_EvalFrameDefault [python3];PyObject_Call [python3];<module> (sites.py:30);main (sites.py:20);make_a (sites.py:5);PyObject_Malloc [python3];pymalloc_alloc [python3, inlined] 3"
+            ]
         );
     }
 }

@@ -489,14 +489,10 @@ fn start<'a>(
     let mut session = Session::load(plan, r.scope, &load)?;
     // The target's frames are located before the probes go live, so that
     // its first events have stacks.
-    let mut stack_names = config
-        .stacks
-        .as_ref()
-        .zip(stack_slots)
-        .map(|(s, slots)| {
-            let native = s.native.then(|| crate::native::Native::new(config.debug_dir.clone()));
-            crate::run::stacks::StackNames::new(slots, s.depth, s.sample, s.top, native)
-        });
+    let mut stack_names = config.stacks.as_ref().zip(stack_slots).map(|(s, slots)| {
+        let native = s.native.then(|| crate::native::Native::new(config.debug_dir.clone()));
+        crate::run::stacks::StackNames::new(slots, s.depth, s.sample, s.top, native)
+    });
     if let (Some(names), Some(pid)) = (stack_names.as_mut(), r.pid()) {
         names.prepare(&mut session, pid)?;
     }

@@ -17,9 +17,9 @@ use tracer_common::{
 use crate::{
     kernel::{AttachError, Session},
     model::{Site, SiteFrame, StackCount, StackCoverage},
+    native::Native,
     plan::Plan,
     python::frames::{CodeRef, FrameLink},
-    native::Native,
     stacks::{CurrentThreadState, Process},
 };
 
@@ -168,7 +168,9 @@ impl StackNames {
                 let (native, native_end) = match native {
                     None => (None, None),
                     Some(Some(r)) => (Some(r.frames.clone()), r.end.clone()),
-                    Some(None) => (Some(Vec::new()), Some("the process exited before tracer read its frames".to_owned())),
+                    Some(None) => {
+                        (Some(Vec::new()), Some("the process exited before tracer read its frames".to_owned()))
+                    }
                 };
                 StackCount {
                     probe,
