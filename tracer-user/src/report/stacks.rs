@@ -31,6 +31,13 @@ fn native_label(f: &NativeFrame) -> String {
 /// it, the Python frames it runs take its place.
 const EVAL: &str = "_PyEval_EvalFrameDefault";
 
+/// Whether `function` is the eval loop, or the part of it the compiler
+/// split off (`_PyEval_EvalFrameDefault.cold` in Debian's LTO builds,
+/// which runs within the same call).
+fn is_eval(function: &str) -> bool {
+    function.strip_prefix(EVAL).is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+}
+
 /// The frames of `s`, outermost first, as folded lines name them. Without
 /// native frames: the Python frames, then the probed function. With them
 /// (py-spy's `--native` merge): the native frames from the process's root,
@@ -68,7 +75,7 @@ fn frames_of(s: &StackCount) -> Vec<String> {
     let mut groups = groups.into_iter();
     let mut inner_first: Vec<String> = Vec::new();
     for f in native {
-        if f.function == EVAL
+        if is_eval(&f.function)
             && !f.inlined
             && let Some(group) = groups.next()
         {

@@ -402,7 +402,9 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
         d.close(&mut run.session, &mut run.readout)?;
     }
     let mut last = run.snapshot()?;
-    let log = run.bpf_log();
+    // Notes not told yet (a target that exited before the first interval).
+    let mut log = run.notes();
+    log.extend(run.bpf_log());
     let Run { session, readout, duty, late, started: _, mut cost } = run;
     drop((session, readout, duty, late));
     output.notes(log)?;
