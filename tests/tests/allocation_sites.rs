@@ -326,8 +326,8 @@ fn native_names(stack: &Value) -> Vec<&str> {
     stack["native"].as_array().map(|a| a.iter().filter_map(|f| f["function"].as_str()).collect()).unwrap_or_default()
 }
 
-/// (probe, Python functions, native functions) of each stack at make_a's
-/// and make_b's marked lines, with its calls.
+/// (probe, Python functions, native functions) of each stack at `make_a`'s
+/// and `make_b`'s marked lines, with its calls.
 fn native_stacks_at_sites(summary: &Value) -> HashMap<(String, String, Vec<String>), u64> {
     let mut out = HashMap::new();
     for s in summary["stacks"].as_array().expect("the summary's stacks") {
@@ -343,13 +343,13 @@ fn native_stacks_at_sites(summary: &Value) -> HashMap<(String, String, Vec<Strin
     out
 }
 
-/// With `--native-stacks`, N against 2N on `python`: each stack at make_a's
-/// and make_b's lines has native frames unwound to the process's root
+/// With `--native-stacks`, N against 2N on `python`: each stack at `make_a`'s
+/// and `make_b`'s lines has native frames unwound to the process's root
 /// (`_start`, through `Py_RunMain`), the probed function (or the copy of
 /// it inlined where the probe sits) innermost, below the eval loop (or the
 /// part of it LTO split off, `.cold`); each
-/// such stack's count grows by an exact multiple of N, make_b's by 3 times
-/// make_a's; and the folded file puts the native root at the bottom, the
+/// such stack's count grows by an exact multiple of N, `make_b`'s by 3 times
+/// `make_a`'s; and the folded file puts the native root at the bottom, the
 /// Python frames in the eval loop's place and the probe's native callers on
 /// top.
 fn native_sites(python: Python<'_>) {

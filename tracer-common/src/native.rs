@@ -28,29 +28,29 @@ pub const ROW_SEARCH_STEPS: u32 = 13;
 pub mod rule {
     /// No unwind information covers these pcs (a gap between functions):
     /// the unwind stops.
-    pub const NONE: u32 = 0;
+    pub const NONE: u8 = 0;
     /// CFA = rsp + `cfa`.
-    pub const RSP: u32 = 1;
+    pub const RSP: u8 = 1;
     /// CFA = rbp + `cfa`.
-    pub const RBP: u32 = 2;
+    pub const RBP: u8 = 2;
     /// A PLT entry (the expression every linker writes): CFA = rsp + 8,
     /// plus 8 past the entry's push (pc & 15 >= 11).
-    pub const PLT: u32 = 3;
+    pub const PLT: u8 = 3;
     /// The return address is undefined: the outermost frame (`_start`,
     /// `clone3`'s child), where a complete stack ends.
-    pub const ROOT: u32 = 4;
+    pub const ROOT: u8 = 4;
     /// A rule the BPF unwinder does not follow (a DWARF expression other
     /// than the PLT's, a CFA register other than rsp and rbp): the unwind
     /// stops and is counted.
-    pub const UNSUPPORTED: u32 = 5;
+    pub const UNSUPPORTED: u8 = 5;
 }
 
 /// How rbp is restored at a row's pcs.
 pub mod rbp {
     /// Unchanged from the callee's.
-    pub const SAME: u32 = 0;
+    pub const SAME: u8 = 0;
     /// Saved at CFA + `rbp` (a negative offset).
-    pub const AT_CFA: u32 = 1;
+    pub const AT_CFA: u8 = 1;
 }
 
 /// One row of a module's unwind table, in the module's link-time

@@ -583,7 +583,7 @@ fn step(tgid: u32, pc: u64, back: u64, rsp: u64, rbp: u64) -> Result<(u64, u64, 
     let page = unsafe { NATIVE_PAGES.get(&key) }.copied().ok_or(native::end::NO_MAPPING)?;
     let at = u32::try_from(looked_up.wrapping_sub(page.bias)).map_err(|_| native::end::NO_INFO)?;
     let row = find_row(page.rows, page.count, at).ok_or(native::end::NO_INFO)?;
-    let cfa = match u32::from(row.rule) {
+    let cfa = match row.rule {
         native::rule::RSP => rsp.wrapping_add_signed(i64::from(row.cfa)),
         native::rule::RBP => rbp.wrapping_add_signed(i64::from(row.cfa)),
         native::rule::PLT => rsp.wrapping_add(if pc & 15 >= 11 { 16 } else { 8 }),
@@ -592,7 +592,7 @@ fn step(tgid: u32, pc: u64, back: u64, rsp: u64, rbp: u64) -> Result<(u64, u64, 
         _ => return Err(native::end::UNSUPPORTED),
     };
     let ra = read(cfa.wrapping_sub(8)).map_err(|_| native::end::READ_FAILED)?;
-    let rbp = if u32::from(row.rbp_rule) == native::rbp::AT_CFA {
+    let rbp = if row.rbp_rule == native::rbp::AT_CFA {
         read(cfa.wrapping_add_signed(i64::from(row.rbp))).map_err(|_| native::end::READ_FAILED)?
     } else {
         rbp

@@ -173,6 +173,7 @@ impl Session {
     /// Loads the BPF object for `plan`. `target_tgid` restricts counting to
     /// one process (0: any process this session attaches to). Nothing is
     /// attached, and no program is loaded, until an attach needs it.
+    #[allow(clippy::too_many_lines, reason = "one loader call, its maps sized and taken in one place")]
     pub fn load(plan: Plan, target_tgid: u32, options: &LoadOptions) -> Result<Self, AttachError> {
         if crate::BPF_OBJECT.is_empty() {
             return Err(AttachError::NoObject);

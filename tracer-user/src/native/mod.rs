@@ -49,7 +49,7 @@ struct Module {
     segments: Vec<(u64, u64, u64)>,
     /// Its names, read at the first stack that needs them (`None` inside:
     /// they could not be read, `why_no_names` says why).
-    symbols: Option<Option<Symbols>>,
+    symbols: Names,
     why_no_names: Option<String>,
     /// Its DWARF, where found.
     dwarf: Option<PathBuf>,
@@ -57,6 +57,15 @@ struct Module {
     /// root and that root.
     in_root: PathBuf,
     root: PathBuf,
+}
+
+/// A module's names, read at the first stack that needs them.
+#[derive(Debug)]
+enum Names {
+    NotRead,
+    Read(Symbols),
+    /// They could not be read; `why_no_names` says why.
+    Unreadable,
 }
 
 /// A process's executable mapping, for naming its pcs.
@@ -157,7 +166,7 @@ impl Native {
             table: Vec::new(),
             unsupported: 0,
             segments: Vec::new(),
-            symbols: None,
+            symbols: Names::NotRead,
             why_no_names: None,
             dwarf: None,
             in_root,
@@ -246,13 +255,12 @@ impl Native {
             last_module = Some(m.module);
             let debug_dir = self.debug_dir.clone();
             let Some(module) = self.modules.get_mut(&m.module) else { continue };
-            if module.symbols.is_none() {
-                let loaded = names(module, debug_dir.as_deref());
-                module.symbols = Some(loaded);
+            if matches!(module.symbols, Names::NotRead) {
+                module.symbols = names(module, debug_dir.as_deref()).map_or(Names::Unreadable, Names::Read);
             }
-            match module.symbols.as_ref().and_then(Option::as_ref) {
-                Some(s) => frames.extend(s.frames(at.wrapping_sub(m.bias))),
-                None => frames.push(NativeFrame {
+            match &module.symbols {
+                Names::Read(s) => frames.extend(s.frames(at.wrapping_sub(m.bias))),
+                Names::NotRead | Names::Unreadable => frames.push(NativeFrame {
                     function: format!("{:#x}", at.wrapping_sub(m.bias)),
                     module: file_name(&module.path),
                     file: None,
@@ -321,11 +329,11 @@ fn names(module: &mut Module, debug_dir: Option<&Path>) -> Option<Symbols> {
         Ok(None) => {
             module.why_no_names = Some(
                 "no DWARF found: frames are named from ELF symbols only, without inlined functions or lines".to_owned(),
-            )
+            );
         }
         Err(e) => {
             module.why_no_names =
-                Some(format!("its DWARF cannot be used ({e}): frames are named from ELF symbols only"))
+                Some(format!("its DWARF cannot be used ({e}): frames are named from ELF symbols only"));
         }
     }
     match Symbols::load(file_name(&module.path), &module.readable, module.dwarf.as_deref()) {

@@ -23,7 +23,12 @@ pub struct Symbols {
 
 impl std::fmt::Debug for Symbols {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Symbols").field("module", &self.module).field("dwarf", &self.dwarf.is_some()).finish()
+        // The DWARF context has no Debug of its own.
+        f.debug_struct("Symbols")
+            .field("module", &self.module)
+            .field("functions", &self.functions.len())
+            .field("dwarf", &self.dwarf.is_some())
+            .finish()
     }
 }
 
@@ -62,11 +67,11 @@ impl Symbols {
             && let Ok(mut frames) = ctx.find_frames(at).skip_all_loads()
         {
             while let Ok(Some(frame)) = frames.next() {
-                let name = frame.function.as_ref().and_then(|f| f.raw_name().ok().map(|n| n.into_owned()));
+                let name = frame.function.as_ref().and_then(|f| f.raw_name().ok().map(Cow::into_owned));
                 let (file, line) =
                     frame.location.as_ref().map_or((None, None), |l| (l.file.map(str::to_owned), l.line));
                 out.push(NativeFrame {
-                    function: name.unwrap_or_else(|| format!("{:#x}", at)),
+                    function: name.unwrap_or_else(|| format!("{at:#x}")),
                     module: self.module.clone(),
                     file,
                     line,

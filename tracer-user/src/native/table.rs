@@ -53,7 +53,7 @@ pub fn rows(data: &[u8]) -> Result<Table, String> {
                 return Err(format!("its code lies above 4 GiB ({:#x}), past what the rows hold", r.start_address()));
             };
             let row = row_of(pc, r, &eh_frame);
-            unsupported += usize::from(row.rule == rule::UNSUPPORTED as u8);
+            unsupported += usize::from(row.rule == rule::UNSUPPORTED);
             rows.push(row);
         }
         fdes.push((start, end, rows));
@@ -67,7 +67,7 @@ pub fn rows(data: &[u8]) -> Result<Table, String> {
         // The end row of the FDE before, where this one starts, goes.
         if let Some(last) = out.last()
             && u64::from(last.pc) >= start
-            && last.rule == rule::NONE as u8
+            && last.rule == rule::NONE
         {
             out.pop();
         }
@@ -78,7 +78,7 @@ pub fn rows(data: &[u8]) -> Result<Table, String> {
             out.push(row);
         }
         if let Ok(end) = u32::try_from(end) {
-            out.push(Row { pc: end, rule: rule::NONE as u8, ..Row::default() });
+            out.push(Row { pc: end, rule: rule::NONE, ..Row::default() });
         }
     }
     // Equal pcs (an empty FDE): the last one holds.
@@ -99,9 +99,9 @@ fn same_rule(a: &Row, b: &Row) -> bool {
 
 /// One row of gimli's table as the BPF unwinder's.
 fn row_of<R: gimli::Reader>(pc: u32, r: &gimli::UnwindTableRow<R::Offset>, eh_frame: &EhFrame<R>) -> Row {
-    let unsupported = Row { pc, rule: rule::UNSUPPORTED as u8, ..Row::default() };
+    let unsupported = Row { pc, rule: rule::UNSUPPORTED, ..Row::default() };
     if matches!(r.register(X86_64::RA), Some(RegisterRule::Undefined)) {
-        return Row { pc, rule: rule::ROOT as u8, ..Row::default() };
+        return Row { pc, rule: rule::ROOT, ..Row::default() };
     }
     let (rule, cfa) = match r.cfa() {
         CfaRule::RegisterAndOffset { register, offset } => {
@@ -129,8 +129,7 @@ fn row_of<R: gimli::Reader>(pc: u32, r: &gimli::UnwindTableRow<R::Offset>, eh_fr
         None | Some(RegisterRule::Undefined | RegisterRule::SameValue) => (rbp::SAME, 0),
         _ => return unsupported,
     };
-    #[allow(clippy::cast_possible_truncation, reason = "the rule constants are small")]
-    Row { pc, rule: rule as u8, rbp_rule: rbp_rule as u8, rbp, cfa }
+    Row { pc, rule, rbp_rule, rbp, cfa }
 }
 
 /// The range of `rows` that covers `lo..hi` (link-time addresses): the row
@@ -160,6 +159,6 @@ mod tests {
         let at = object::ObjectSymbol::address(&malloc);
         let (first, _) = covering(&table.rows, at, at + 1);
         // At the entry, before anything is pushed, the CFA is rsp + 8.
-        assert_eq!((table.rows[first].rule, table.rows[first].cfa), (rule::RSP as u8, 8), "{:?}", table.rows[first]);
+        assert_eq!((table.rows[first].rule, table.rows[first].cfa), (rule::RSP, 8), "{:?}", table.rows[first]);
     }
 }

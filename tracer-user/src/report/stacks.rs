@@ -203,7 +203,7 @@ mod tests {
             bytes: 0,
         };
         assert_eq!(
-            folded(&[s.clone()], Weight::Calls),
+            folded(std::slice::from_ref(&s), Weight::Calls),
             [
                 "main [python3];<module> (sites.py:30);main (sites.py:20);PyObject_Call [python3];make_a (sites.py:5);PyObject_Malloc [python3];pymalloc_alloc [python3, inlined] 3"
             ]

@@ -105,9 +105,7 @@ impl StackNames {
                 if let Some(native) = self.native.as_mut()
                     && let Err(why) = native.prepare(session, pid)
                 {
-                    if let Some(n) = self.native.as_mut() {
-                        n.push_untold(format!("no native stacks for PID {pid}: {why}"));
-                    }
+                    native.push_untold(format!("no native stacks for PID {pid}: {why}"));
                 }
                 session.set_walk(pid, config)?;
                 self.processes.insert(pid, Ok(process));
