@@ -11,6 +11,7 @@ pub mod sizes;
 pub mod stack;
 pub mod stats;
 pub mod types;
+pub mod unwind;
 
 /// Names of the maps and globals, so the loader and the BPF object cannot
 /// drift apart silently.
@@ -45,6 +46,14 @@ pub mod names {
     /// Per-CPU hash of [`crate::counter::Counter`] by
     /// [`crate::stack::StackKey`].
     pub const STACK_COUNTS_MAP: &str = "STACK_COUNTS";
+    /// BPF global: 1 with `--native-stacks`.
+    pub const NATIVE_ON_GLOBAL: &str = "NATIVE_ON";
+    /// Array of [`crate::unwind::Row`]: every module's unwind rows.
+    pub const UNWIND_ROWS_MAP: &str = "UNWIND_ROWS";
+    /// Hash of [`crate::unwind::Page`] by [`crate::unwind::PageKey`].
+    pub const NATIVE_PAGES_MAP: &str = "NATIVE_PAGES";
+    /// Hash of [`crate::unwind::NativeStack`] by its hash.
+    pub const NATIVE_STACKS_MAP: &str = "NATIVE_STACKS";
     /// BPF global: whether any probe records stacks.
     pub const STACKS_ON_GLOBAL: &str = "STACKS_ON";
     /// BPF global: `--sample N`.

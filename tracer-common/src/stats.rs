@@ -62,10 +62,28 @@ pub enum Stat {
     /// site, so the call it makes (realloc's `malloc`) is counted again
     /// under its function.
     NestedFull = 17,
+    /// With `--native-stacks`: a native unwind was cut at its bound; the
+    /// event is counted under the cut stack.
+    NativeTruncated = 18,
+    /// With `--native-stacks`: an unwind reached a pc in no mapping tracer
+    /// knows (JIT code, the vDSO, a module mapped after tracer read the
+    /// maps); the stack is kept up to there.
+    NativeNoMapping = 19,
+    /// With `--native-stacks`: an unwind reached a pc its module's unwind
+    /// tables do not cover (no `.eh_frame`, or a gap).
+    NativeNoInfo = 20,
+    /// With `--native-stacks`: an unwind reached a rule the BPF unwinder
+    /// does not follow (a DWARF expression).
+    NativeUnsupported = 21,
+    /// With `--native-stacks`: a read of the stack failed mid-unwind.
+    NativeReadFailed = 22,
+    /// With `--native-stacks`: the native stacks map was full, so the
+    /// event was counted without its native frames.
+    NativeFull = 23,
 }
 
 /// Number of entries in the `STATS` map.
-pub const STAT_COUNT: u32 = 18;
+pub const STAT_COUNT: u32 = 24;
 
 impl Stat {
     /// Every stat, in map order (the JSON `stats` keys, in this order).
@@ -88,6 +106,12 @@ impl Stat {
         Self::GcArgMissing,
         Self::GcFull,
         Self::NestedFull,
+        Self::NativeTruncated,
+        Self::NativeNoMapping,
+        Self::NativeNoInfo,
+        Self::NativeUnsupported,
+        Self::NativeReadFailed,
+        Self::NativeFull,
     ];
 
     /// Stable name used in the table and the JSON output.
@@ -112,6 +136,12 @@ impl Stat {
             Self::GcArgMissing => "gc_arg_missing",
             Self::GcFull => "gc_full",
             Self::NestedFull => "nested_full",
+            Self::NativeTruncated => "native_truncated",
+            Self::NativeNoMapping => "native_no_mapping",
+            Self::NativeNoInfo => "native_no_info",
+            Self::NativeUnsupported => "native_unsupported",
+            Self::NativeReadFailed => "native_read_failed",
+            Self::NativeFull => "native_full",
         }
     }
 
@@ -131,6 +161,12 @@ impl Stat {
                 | Self::StackNoThread
                 | Self::StackOtherThread
                 | Self::StacksFull
+                | Self::NativeTruncated
+                | Self::NativeNoMapping
+                | Self::NativeNoInfo
+                | Self::NativeUnsupported
+                | Self::NativeReadFailed
+                | Self::NativeFull
         )
     }
 }

@@ -42,6 +42,7 @@ use tracer_common::{
     returns::Returned,
     stats::{STAT_COUNT, Stat},
     sizes::{self, BUCKETS, DEFAULT_SLOTS, DOMAINS, NO_DOMAIN},
+    unwind::{self, NativeStack, Page, PageKey, Row},
     stack::{self, DEFAULT_STACK_ENTRIES, FRAME_HEAD, Frame, MAX_DEPTH, NO_OFFSET, Stack, StackKey, WalkConfig},
     types::{DEFAULT_TYPE_ENTRIES, TypeKey},
 };
@@ -83,6 +84,25 @@ static STACKS_ON: u32 = 0;
 #[unsafe(no_mangle)]
 static SAMPLE_EVERY: u64 = 1;
 
+/// `--native-stacks`: unwind the native stack too; 0 makes the unwinder
+/// dead code to the verifier.
+#[unsafe(no_mangle)]
+static NATIVE_ON: u32 = 0;
+
+/// Every module's unwind rows, each module's sorted by pc. The loader
+/// sets the size.
+#[map]
+static UNWIND_ROWS: Array<Row> = Array::with_max_entries(1, 0);
+
+/// Each traced process's executable pages. The loader sets the size.
+#[map]
+static NATIVE_PAGES: HashMap<PageKey, Page> = HashMap::with_max_entries(DEFAULT_STACK_ENTRIES, BPF_F_NO_PREALLOC);
+
+/// Each native stack seen, by its hash; as [`STACKS`], never removed.
+#[map]
+static NATIVE_STACKS: HashMap<u64, NativeStack> =
+    HashMap::with_max_entries(DEFAULT_STACK_ENTRIES, BPF_F_NO_PREALLOC);
+
 /// Per probe slot, 1 where its events get stacks.
 #[map]
 static SLOT_STACKS: Array<u32> = Array::with_max_entries(DEFAULT_SLOTS, 0);
@@ -121,6 +141,7 @@ const WINDOW_WORDS: usize = ((PAGE + FRAME_HEAD) / 8) as usize;
 #[repr(C)]
 pub struct Scratch {
     stack: Stack,
+    native: NativeStack,
     /// The memory read last: the start of a frame's page up to the end of
     /// its head.
     window: [u64; WINDOW_WORDS],
@@ -347,13 +368,13 @@ pub(crate) fn stacks(ctx: &ProbeContext, tgid: u32, slot: u32, bytes: u64) {
     if SLOT_STACKS.get(slot).copied().unwrap_or(0) == 0 {
         return;
     }
-    if let Err(stat) = try_stack(tgid, slot, bytes) {
+    if let Err(stat) = try_stack(ctx, tgid, slot, bytes) {
         bump(ctx, stat);
     }
 }
 
 #[inline(always)]
-fn try_stack(tgid: u32, slot: u32, bytes: u64) -> Result<(), Stat> {
+fn try_stack(ctx: &ProbeContext, tgid: u32, slot: u32, bytes: u64) -> Result<(), Stat> {
     let scratch = SCRATCH.get_ptr_mut(0).ok_or(Stat::StackReadFailed)?;
     // SAFETY: a plain global the loader patches before load.
     let every = unsafe { core::ptr::read_volatile(&raw const SAMPLE_EVERY) };
@@ -457,7 +478,9 @@ fn try_stack(tgid: u32, slot: u32, bytes: u64) -> Result<(), Stat> {
     // common case is one lookup, and only a new stack pays for the
     // insert, which locks a bucket. A full map loses the frames of new
     // stacks, which is counted.
-    let key = StackKey { tgid, slot, stack: hash };
+    // SAFETY: as above, this CPU's scratch value.
+    let native = native_stack(ctx, tgid, unsafe { &mut (*scratch).native });
+    let key = StackKey { tgid, slot, stack: hash, native };
     let counter = match STACK_COUNTS.get_ptr_mut(&key) {
         Some(c) => c,
         None => {
@@ -481,6 +504,131 @@ fn try_stack(tgid: u32, slot: u32, bytes: u64) -> Result<(), Stat> {
         return Err(Stat::StackTruncated);
     }
     Ok(())
+}
+
+/// With `--native-stacks`, unwinds this event's native stack into `out`,
+/// keeps it in [`NATIVE_STACKS`] under its hash, and returns the hash (0
+/// while off). How the unwind ended is counted unless at the root.
+#[inline(always)]
+fn native_stack(ctx: &ProbeContext, tgid: u32, out: &mut NativeStack) -> u64 {
+    // SAFETY: a plain global the loader patches before load.
+    if unsafe { core::ptr::read_volatile(&raw const NATIVE_ON) } == 0 {
+        return 0;
+    }
+    let (end, hash) = unwind(ctx.regs, tgid, out);
+    out.end = end;
+    let stat = match end {
+        unwind::end::ROOT => None,
+        unwind::end::TRUNCATED => Some(Stat::NativeTruncated),
+        unwind::end::NO_MAPPING => Some(Stat::NativeNoMapping),
+        unwind::end::NO_INFO => Some(Stat::NativeNoInfo),
+        unwind::end::UNSUPPORTED => Some(Stat::NativeUnsupported),
+        _ => Some(Stat::NativeReadFailed),
+    };
+    if let Some(stat) = stat {
+        bump(ctx, stat);
+    }
+    let hash = stack::mix(hash, u64::from(end));
+    // As STACKS: kept once, never removed, so a stack seen before costs a
+    // lookup.
+    // SAFETY: a lookup of a key, whose value is not used.
+    if unsafe { NATIVE_STACKS.get(&hash) }.is_none()
+        && NATIVE_STACKS.insert(&hash, out, u64::from(BPF_NOEXIST)).is_err()
+        // SAFETY: as above.
+        && unsafe { NATIVE_STACKS.get(&hash) }.is_none()
+    {
+        bump(ctx, Stat::NativeFull);
+    }
+    hash
+}
+
+/// Unwinds the probed thread's native stack from its registers at the
+/// probe, by the unwind rows of each pc's module, into `out`; returns how
+/// it ended (one of [`unwind::end`]) and the hash of the pcs recorded.
+#[inline(always)]
+fn unwind(regs: *mut pt_regs, tgid: u32, out: &mut NativeStack) -> (u32, u64) {
+    let mut hash = stack::FNV_OFFSET;
+    out.depth = 0;
+    // SAFETY: regs is the context the kernel passed to this program (the
+    // user registers at the probe), which the program may read directly.
+    let (mut pc, mut rsp, mut rbp) = unsafe { ((*regs).rip, (*regs).rsp, (*regs).rbp) };
+    // 0 at the probed instruction, else 1: a return address is looked up
+    // one byte back, inside its call (a call can be a function's last
+    // instruction, when the callee does not return).
+    let mut back = 0u64;
+    let mut n = 0usize;
+    while n < unwind::MAX_NATIVE_DEPTH {
+        if let Some(slot) = out.pcs.get_mut(n & (unwind::MAX_NATIVE_DEPTH - 1)) {
+            *slot = pc;
+        }
+        hash = stack::mix(hash, pc);
+        n += 1;
+        #[allow(clippy::cast_possible_truncation, reason = "at most MAX_NATIVE_DEPTH")]
+        {
+            out.depth = n as u32;
+        }
+        let step = step(tgid, pc, back, rsp, rbp);
+        let Ok((ra, cfa, saved_rbp)) = step else {
+            return (step.err().unwrap_or(unwind::end::NO_INFO), hash);
+        };
+        (pc, rsp, rbp, back) = (ra, cfa, saved_rbp, 1);
+    }
+    (unwind::end::TRUNCATED, hash)
+}
+
+/// One frame of [`unwind`]: the caller's (pc, rsp, rbp) from this frame's
+/// row, or how the unwind ends here.
+#[inline(always)]
+fn step(tgid: u32, pc: u64, back: u64, rsp: u64, rbp: u64) -> Result<(u64, u64, u64), u32> {
+    let looked_up = pc.wrapping_sub(back);
+    let key = PageKey { tgid, reserved: 0, page: looked_up >> unwind::PAGE_SHIFT };
+    // SAFETY: a lookup whose value is copied out at once.
+    let page = unsafe { NATIVE_PAGES.get(&key) }.copied().ok_or(unwind::end::NO_MAPPING)?;
+    let at = u32::try_from(looked_up.wrapping_sub(page.bias)).map_err(|_| unwind::end::NO_INFO)?;
+    let row = find_row(page.rows, page.count, at).ok_or(unwind::end::NO_INFO)?;
+    let cfa = match row.rule {
+        unwind::rule::RSP => rsp.wrapping_add_signed(i64::from(row.cfa)),
+        unwind::rule::RBP => rbp.wrapping_add_signed(i64::from(row.cfa)),
+        unwind::rule::PLT => rsp.wrapping_add(if pc & 15 >= 11 { 16 } else { 8 }),
+        unwind::rule::ROOT => return Err(unwind::end::ROOT),
+        unwind::rule::NONE => return Err(unwind::end::NO_INFO),
+        _ => return Err(unwind::end::UNSUPPORTED),
+    };
+    let ra = read(cfa.wrapping_sub(8)).map_err(|_| unwind::end::READ_FAILED)?;
+    let rbp = if row.rbp_rule == unwind::rbp::AT_CFA {
+        read(cfa.wrapping_add_signed(i64::from(row.rbp))).map_err(|_| unwind::end::READ_FAILED)?
+    } else {
+        rbp
+    };
+    if ra == 0 {
+        // A thread's outermost frame may end so, where its CFI does not
+        // mark the return address undefined.
+        return Err(unwind::end::ROOT);
+    }
+    Ok((ra, cfa, rbp))
+}
+
+/// The row that holds module address `at`: the last of the `count` rows
+/// from `first` whose pc is not above it.
+#[inline(always)]
+fn find_row(first: u32, count: u32, at: u32) -> Option<Row> {
+    let (mut lo, mut hi) = (0u32, count);
+    let mut step = 0;
+    while step < unwind::ROW_SEARCH_STEPS && lo < hi {
+        let mid = u32::midpoint(lo, hi);
+        let row = UNWIND_ROWS.get(first.wrapping_add(mid))?;
+        if row.pc <= at {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+        step += 1;
+    }
+    if lo < hi {
+        // The search ran out of steps: more rows than it can search.
+        return None;
+    }
+    UNWIND_ROWS.get(first.wrapping_add(lo.checked_sub(1)?)).copied()
 }
 
 /// The current thread's `PyThreadState *`, as `config` says to find it.

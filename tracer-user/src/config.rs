@@ -91,6 +91,8 @@ pub struct StacksConfig {
     pub flamegraph: Option<crate::report::files::OutputFile>,
     /// `--weight`: what folded stacks and flame graphs weigh.
     pub weight: Weight,
+    /// `--native-stacks`: unwind the native stack of each event too.
+    pub native: bool,
 }
 
 /// What a folded stack's count is.
@@ -166,10 +168,12 @@ pub enum ConfigError {
     )]
     BudgetWithTypes,
     #[error(
-        "--budget cannot be combined with --stacks (or --top, --folded, --flamegraph): stack counts are not estimated from windows; use --sample N to make stacks cheaper"
+        "--budget cannot be combined with --stacks (or --top, --folded, --flamegraph, --native-stacks): stack counts are not estimated from windows; use --sample N to make stacks cheaper"
     )]
     BudgetWithStacks,
-    #[error("{flag} only matters with --stacks (or --top, --folded, --flamegraph); add one, or drop {flag}")]
+    #[error(
+        "{flag} only matters with --stacks (or --top, --folded, --flamegraph, --native-stacks); add one, or drop {flag}"
+    )]
     WithoutStacks { flag: &'static str },
     #[error("--depth must be 1 to {MAX_DEPTH} frames (got {value}); the default is 64")]
     BadDepth { value: u32 },
@@ -255,6 +259,8 @@ pub struct AttachArgs<'a> {
     pub flamegraph: Option<&'a std::path::Path>,
     /// `--weight`: "calls" or "bytes" (empty: calls).
     pub weight: &'a str,
+    /// `--native-stacks`.
+    pub native_stacks: bool,
     /// `--force`.
     pub force: bool,
     /// `--bpf-log`.
@@ -369,7 +375,11 @@ impl AttachConfig {
 /// `--stacks` and the flags that go with it; any of `--top`, `--folded`,
 /// `--flamegraph` turns stacks on for the allocating functions.
 fn stacks_config(args: &AttachArgs<'_>) -> Result<Option<StacksConfig>, ConfigError> {
-    let wanted = args.stacks.is_some() || args.top.is_some() || args.folded.is_some() || args.flamegraph.is_some();
+    let wanted = args.stacks.is_some()
+        || args.top.is_some()
+        || args.folded.is_some()
+        || args.flamegraph.is_some()
+        || args.native_stacks;
     if !wanted {
         for (flag, given) in [("--depth", args.depth.is_some()), ("--sample", args.sample.is_some())] {
             if given {
@@ -412,7 +422,7 @@ fn stacks_config(args: &AttachArgs<'_>) -> Result<Option<StacksConfig>, ConfigEr
     {
         return Err(ConfigError::SameOutput { path: a.path.clone() });
     }
-    Ok(Some(StacksConfig { events, depth, sample, top, folded, flamegraph, weight }))
+    Ok(Some(StacksConfig { events, depth, sample, top, folded, flamegraph, weight, native: args.native_stacks }))
 }
 
 /// The longest `--duration` or `--interval`: ten years. Far enough for any
@@ -454,6 +464,7 @@ mod tests {
             folded: None,
             flamegraph: None,
             weight: "",
+            native_stacks: false,
             force: false,
             bpf_log: false,
             debug_dir: None,

@@ -270,6 +270,13 @@ struct AttachArgs {
     /// Let --folded and --flamegraph overwrite an existing file (never through a symlink).
     #[arg(long)]
     force: bool,
+    /// With stacks, also unwind each event's native (C) stack in the kernel, from the modules'
+    /// .eh_frame unwind tables (no frame pointers needed; at most 64 frames), and name its frames
+    /// from ELF symbols and DWARF (inlined functions too). Folded stacks and flame graphs then
+    /// show the process's native root at the bottom, the Python frames where the eval loop runs
+    /// them, and the native callers of the probe on top (turns on --stacks).
+    #[arg(long)]
+    native_stacks: bool,
     /// Pass on what the BPF programs log (each probe's first hit per process, and every miss, with its
     /// cause), as notes on stderr and in the JSON: for when a probe seems to misbehave. Off by default,
     /// and then free: the logging code is dead to the kernel's verifier.
@@ -365,6 +372,7 @@ fn attach(args: &AttachArgs) -> anyhow::Result<()> {
         folded: args.folded.as_deref(),
         flamegraph: args.flamegraph.as_deref(),
         weight: args.weight.as_deref().unwrap_or(""),
+        native_stacks: args.native_stacks,
         force: args.force,
         bpf_log: args.bpf_log,
         debug_dir: args.target.debug_dir.as_deref(),

@@ -359,6 +359,9 @@ pub struct Snapshot {
     /// With `--stacks`: how much of the events the stacks cover.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stack_coverage: Option<StackCoverage>,
+    /// With `--native-stacks`: each module the unwinder read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub native_modules: Option<Vec<NativeModule>>,
     /// With `--types`: objects created by type since the attach, over every
     /// traced process, most first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -463,8 +466,58 @@ pub struct StackCount {
     /// The walk stopped at `--depth` with frames left.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub truncated: bool,
+    /// With `--native-stacks`: the native frames, innermost first (the
+    /// probed instruction's function, with what is inlined there, then
+    /// each caller), as unwound in the kernel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub native: Option<Vec<NativeFrame>>,
+    /// With `--native-stacks`, where the frames show it (3.12+, whose
+    /// C-stack entry frames mark each call of the eval loop): how many of
+    /// `frames`, innermost first, each C-level call of the eval loop runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_calls: Option<Vec<u32>>,
+    /// With `--native-stacks`: why the native unwind ended before the
+    /// process's outermost frame, if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub native_end: Option<String>,
     pub calls: u64,
     pub bytes: u64,
+}
+
+/// A native (C) frame.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NativeFrame {
+    /// The function, from the ELF symbols or the DWARF, or the address.
+    pub function: String,
+    /// The file name of the module (`python3.14`, `libc.so.6`).
+    pub module: String,
+    /// The source file and line, where DWARF gives them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<u32>,
+    /// Inlined into the frame after it (its caller at the same pc).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub inlined: bool,
+}
+
+/// With `--native-stacks`: what one module gave the unwinder.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NativeModule {
+    pub path: String,
+    /// Unwind rows from its `.eh_frame` (0: none, and native stacks stop
+    /// in it).
+    pub rows: u64,
+    /// Rows whose rule the unwinder does not follow.
+    pub unsupported_rows: u64,
+    /// The file its DWARF was read from, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dwarf: Option<String>,
+    /// Why it has no rows, or no DWARF.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
 }
 
 /// How many of the events that should have stacks have them.
@@ -661,6 +714,9 @@ pub enum NoteCode {
     /// With `--stacks`: a traced process's frames cannot be found, so its
     /// events have no stacks.
     NoStacks,
+    /// With `--native-stacks`: a module whose native frames cannot be
+    /// unwound (no usable `.eh_frame`), or a process whose cannot.
+    NoNativeStacks,
     /// With `--folded` or `--flamegraph`: the file written.
     Written,
     /// Garbage collections cannot be seen in this build (no markers, no

@@ -193,6 +193,9 @@ impl Session {
             self.stack_counts.remove(&key).or_else(absent).map_err(map_err(names::STACK_COUNTS_MAP))?;
         }
         self.walks.remove(&tgid).or_else(absent).map_err(map_err(names::WALKS_MAP))?;
+        for key in self.native_page_keys.remove(&tgid).unwrap_or_default() {
+            self.native_pages.remove(&key).or_else(absent).map_err(map_err(names::NATIVE_PAGES_MAP))?;
+        }
         self.remove_gc_process(tgid)
     }
 
@@ -211,6 +214,40 @@ impl Session {
             Ok(stack) => Ok(Some(stack)),
             Err(aya::maps::MapError::KeyNotFound) => Ok(None),
             Err(cause) => Err(AttachError::Map { name: names::STACKS_MAP, cause: Box::new(cause) }),
+        }
+    }
+
+    /// With `--native-stacks`, writes `rows` into the rows map from index
+    /// `first`.
+    pub fn set_rows(&mut self, first: u32, rows: &[tracer_common::unwind::Row]) -> Result<(), AttachError> {
+        for (i, row) in (first..).zip(rows) {
+            self.unwind_rows
+                .set(i, *row, 0)
+                .map_err(|cause| AttachError::Map { name: names::UNWIND_ROWS_MAP, cause: Box::new(cause) })?;
+        }
+        Ok(())
+    }
+
+    /// With `--native-stacks`, tells the unwinder where the rows of
+    /// process `tgid`'s executable pages are.
+    pub fn set_pages(&mut self, tgid: u32, pages: &[(u64, tracer_common::unwind::Page)]) -> Result<(), AttachError> {
+        let keys = self.native_page_keys.entry(tgid).or_default();
+        for &(page, value) in pages {
+            let key = tracer_common::unwind::PageKey { tgid, reserved: 0, page };
+            self.native_pages
+                .insert(key, value, 0)
+                .map_err(|cause| AttachError::Map { name: names::NATIVE_PAGES_MAP, cause: Box::new(cause) })?;
+            keys.push(key);
+        }
+        Ok(())
+    }
+
+    /// The native stack whose hash is `hash`, if the kernel kept it.
+    pub fn native_stack(&self, hash: u64) -> Result<Option<tracer_common::unwind::NativeStack>, AttachError> {
+        match self.native_stacks.get(&hash, 0) {
+            Ok(stack) => Ok(Some(stack)),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+            Err(cause) => Err(AttachError::Map { name: names::NATIVE_STACKS_MAP, cause: Box::new(cause) }),
         }
     }
 

@@ -100,6 +100,8 @@ pub struct StacksOptions {
     pub sample: u64,
     /// Room for distinct stacks, and for (process, probe, stack) counts.
     pub entries: u32,
+    /// With `--native-stacks`: room for the unwind rows of every module.
+    pub native_rows: Option<u32>,
 }
 
 /// How `--types` counts, in the kernel.
@@ -130,6 +132,11 @@ pub struct Session {
     walks: aya::maps::HashMap<MapData, u32, WalkConfig>,
     stacks: aya::maps::HashMap<MapData, u64, Stack>,
     stack_counts: PerCpuHashMap<MapData, StackKey, Counter>,
+    unwind_rows: Array<MapData, tracer_common::unwind::Row>,
+    native_pages: aya::maps::HashMap<MapData, tracer_common::unwind::PageKey, tracer_common::unwind::Page>,
+    /// The pages told per process, to remove when it exits.
+    native_page_keys: HashMap<u32, Vec<tracer_common::unwind::PageKey>>,
+    native_stacks: aya::maps::HashMap<MapData, u64, tracer_common::unwind::NativeStack>,
     /// With `--bpf-log`, the reader of the programs' log.
     logger: Option<aya_log::EbpfLogger<maps::LogCollector>>,
     /// What the logger has collected (shared with it).
@@ -166,6 +173,7 @@ impl Session {
     /// Loads the BPF object for `plan`. `target_tgid` restricts counting to
     /// one process (0: any process this session attaches to). Nothing is
     /// attached, and no program is loaded, until an attach needs it.
+    #[allow(clippy::too_many_lines, reason = "one loader call, its maps sized and taken in one place")]
     pub fn load(plan: Plan, target_tgid: u32, options: &LoadOptions) -> Result<Self, AttachError> {
         if crate::BPF_OBJECT.is_empty() {
             return Err(AttachError::NoObject);
@@ -182,6 +190,11 @@ impl Session {
         let stacks_on = u32::from(options.stacks.is_some());
         let sample = options.stacks.as_ref().map_or(1, |s| s.sample.max(1));
         let stack_entries = options.stacks.as_ref().map_or(1, |s| s.entries.max(1));
+        let native_rows = options.stacks.as_ref().and_then(|s| s.native_rows);
+        let native_on = u32::from(native_rows.is_some());
+        // A process maps a few MiB of code: python3.14's executable is
+        // 4.3 MiB, 1,050 pages; with libc and the rest, about 2,000.
+        let native_pages = if native_on == 1 { processes.min(64).saturating_mul(16_384) } else { 1 };
         let mut ebpf = EbpfLoader::new()
             .override_global(names::TARGET_TGID_GLOBAL, &target_tgid, true)
             .override_global(names::STACKS_ON_GLOBAL, &stacks_on, true)
@@ -190,6 +203,10 @@ impl Session {
             .map_max_entries(names::WALKS_MAP, processes)
             .map_max_entries(names::STACKS_MAP, stack_entries)
             .map_max_entries(names::STACK_COUNTS_MAP, stack_entries)
+            .override_global(names::NATIVE_ON_GLOBAL, &native_on, true)
+            .map_max_entries(names::UNWIND_ROWS_MAP, native_rows.unwrap_or(1).max(1))
+            .map_max_entries(names::NATIVE_PAGES_MAP, native_pages)
+            .map_max_entries(names::NATIVE_STACKS_MAP, if native_on == 1 { stack_entries } else { 1 })
             .override_global(names::OB_TYPE_OFFSET_GLOBAL, &ob_type_offset, true)
             .override_global(aya_log::LEVEL, &log_level, true)
             // Each native probe has a second counter for its nested calls.
@@ -226,6 +243,9 @@ impl Session {
         let walks = take_map(&mut ebpf, names::WALKS_MAP, aya::maps::HashMap::try_from)?;
         let stacks = take_map(&mut ebpf, names::STACKS_MAP, aya::maps::HashMap::try_from)?;
         let stack_counts = take_map(&mut ebpf, names::STACK_COUNTS_MAP, PerCpuHashMap::try_from)?;
+        let unwind_rows = take_map(&mut ebpf, names::UNWIND_ROWS_MAP, Array::try_from)?;
+        let native_pages = take_map(&mut ebpf, names::NATIVE_PAGES_MAP, aya::maps::HashMap::try_from)?;
+        let native_stacks = take_map(&mut ebpf, names::NATIVE_STACKS_MAP, aya::maps::HashMap::try_from)?;
         let mut domains = borrowed_array(&mut ebpf, names::SLOT_DOMAINS_MAP)?;
         for p in &plan.probes {
             let domain = p.domain.map_or(tracer_common::sizes::NO_DOMAIN, |d| d as u32);
@@ -251,6 +271,10 @@ impl Session {
             walks,
             stacks,
             stack_counts,
+            unwind_rows,
+            native_pages,
+            native_page_keys: HashMap::new(),
+            native_stacks,
             logger,
             log_lines,
             programs: HashMap::new(),
@@ -457,7 +481,7 @@ mod tests {
         let plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
         let options = LoadOptions {
             types: Some(TypesOptions { entries: 16, ob_type_offset: 8 }),
-            stacks: Some(StacksOptions { slots: vec![0], sample: 3, entries: 16 }),
+            stacks: Some(StacksOptions { slots: vec![0], sample: 3, entries: 16, native_rows: Some(1024) }),
             ..LoadOptions::default()
         };
         let session = Session::load(plan, std::process::id(), &options).expect("the object loads");

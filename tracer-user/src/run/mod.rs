@@ -306,6 +306,10 @@ impl Run {
         notes.extend(untold.unwrap_or_default().into_iter().map(|(pid, why)| {
             Note::new(Level::Warning, NoteCode::NoStacks, format!("no Python stacks for PID {pid}: {why}"))
         }));
+        let native = self.readout.stack_names.as_mut().map(crate::run::stacks::StackNames::take_native_untold);
+        notes.extend(
+            native.unwrap_or_default().into_iter().map(|why| Note::new(Level::Warning, NoteCode::NoNativeStacks, why)),
+        );
         notes
     }
 
@@ -399,7 +403,9 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
         d.close(&mut run.session, &mut run.readout)?;
     }
     let mut last = run.snapshot()?;
-    let log = run.bpf_log();
+    // Notes not told yet (a target that exited before the first interval).
+    let mut log = run.notes();
+    log.extend(run.bpf_log());
     let Run { session, readout, duty, late, started: _, mut cost } = run;
     drop((session, readout, duty, late));
     output.notes(log)?;
@@ -483,16 +489,16 @@ fn start<'a>(
         slots,
         sample: s.sample,
         entries: STACK_ENTRIES,
+        native_rows: s.native.then_some(crate::unwind::ROW_CAPACITY),
     });
     let load = LoadOptions { bpf_log: config.bpf_log, types, stacks, ..LoadOptions::default() };
     let mut session = Session::load(plan, r.scope, &load)?;
     // The target's frames are located before the probes go live, so that
     // its first events have stacks.
-    let mut stack_names = config
-        .stacks
-        .as_ref()
-        .zip(stack_slots)
-        .map(|(s, slots)| crate::run::stacks::StackNames::new(slots, s.depth, s.sample, s.top));
+    let mut stack_names = config.stacks.as_ref().zip(stack_slots).map(|(s, slots)| {
+        let native = s.native.then(|| crate::unwind::Native::new(config.debug_dir.clone()));
+        crate::run::stacks::StackNames::new(slots, s.depth, s.sample, s.top, native)
+    });
     if let (Some(names), Some(pid)) = (stack_names.as_mut(), r.pid()) {
         names.prepare(&mut session, pid)?;
     }

@@ -320,6 +320,7 @@ impl Readout {
         Snapshot {
             sites: Some(names.sites(&stacks)),
             stack_coverage: Some(names.coverage(events, &stacks)),
+            native_modules: names.native_modules(),
             stacks: Some(stacks),
             ..Snapshot::default()
         }
