@@ -58,7 +58,11 @@ adds; only a stack not seen before is inserted, 2 KB of frames, into the stacks 
 bucket), and gets its count. So a walk costs 6 to 8 helper calls whatever its depth, and one more \
 per page of frames; it was four reads per frame (`--versus` builds of earlier commits measure \
 that). With `--sample N` each event draws a random number (`bpf_get_prandom_u32`) and one in N, \
-on average, is walked.";
+on average, is walked. With `--native-stacks` the native unwind follows: per native frame one \
+lookup of the pc's 4 KiB page (a hash map giving its module's load bias and its few unwind rows), \
+a binary search of those rows (at most 13 array lookups), and one `bpf_probe_read_user` of the \
+return address (two where the row says rbp was saved); then one lookup of the native stack by its \
+hash, and an insert only for a stack not seen before.";
 
 /// `--sample`'s N in the sampled setups.
 const SAMPLE: &str = "10";
@@ -295,6 +299,11 @@ pub fn stacks_section(md: &mut String, tracer: &Path, effort: &str, versus: &[Pa
                     what: format!("`--stacks --sample {SAMPLE}`, default depth"),
                     tracer: this.clone(),
                     flags: stacks(&["--sample", SAMPLE]),
+                },
+                Setup {
+                    what: "`--stacks --native-stacks` (the Python walk and the native unwind)".into(),
+                    tracer: this.clone(),
+                    flags: stacks(&["--native-stacks"]),
                 },
             ];
             if depth == DEEP {
