@@ -58,10 +58,17 @@ pub enum Stat {
     GcArgMissing = 15,
     /// A map of the GC probes was full: the collection was not counted.
     GcFull = 16,
+    /// With `--types`: the objects table was full, so a new object was
+    /// counted as created but not kept, and its destruction cannot be seen
+    /// (its type's live count is then too high by one).
+    ObjectsFull = 17,
+    /// With `--types`: the pointer a free was given could not be read
+    /// where the probe's cookie says, so a destruction may be missed.
+    FreeArgMissing = 18,
 }
 
 /// Number of entries in the `STATS` map.
-pub const STAT_COUNT: u32 = 17;
+pub const STAT_COUNT: u32 = 19;
 
 impl Stat {
     /// Every stat, in map order (the JSON `stats` keys, in this order).
@@ -83,6 +90,8 @@ impl Stat {
         Self::GcNested,
         Self::GcArgMissing,
         Self::GcFull,
+        Self::ObjectsFull,
+        Self::FreeArgMissing,
     ];
 
     /// Stable name used in the table and the JSON output.
@@ -106,6 +115,8 @@ impl Stat {
             Self::GcNested => "gc_nested",
             Self::GcArgMissing => "gc_arg_missing",
             Self::GcFull => "gc_full",
+            Self::ObjectsFull => "objects_full",
+            Self::FreeArgMissing => "free_arg_missing",
         }
     }
 

@@ -28,11 +28,15 @@ pub enum Program {
     /// Counts a new reference and the object's type (`--types`), with the
     /// object where the cookie says: `%rdi` at the function's entry.
     CountObject,
+    /// Counts a call of the object domain's free and, with `--types`, the
+    /// destruction of the object it frees, with the pointer where the
+    /// cookie says: `%rdi` at the function's entry.
+    FreeObject,
 }
 
 impl Program {
     /// Every program in the object.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::CountCall,
         Self::SizeArg0,
         Self::SizeArg1,
@@ -42,6 +46,7 @@ impl Program {
         Self::RetValueUret,
         Self::CountSite,
         Self::CountObject,
+        Self::FreeObject,
     ];
 
     /// The function name in tracer-ebpf/src/main.rs.
@@ -57,6 +62,7 @@ impl Program {
             Self::RetValueUret => programs::RET_VALUE_URET,
             Self::CountSite => programs::COUNT_SITE,
             Self::CountObject => programs::COUNT_OBJECT,
+            Self::FreeObject => programs::FREE_OBJECT,
         }
     }
 

@@ -178,7 +178,8 @@ impl SizeArgs {
             | Program::RetValue
             | Program::RetValueUret
             | Program::CountSite
-            | Program::CountObject => Self::None,
+            | Program::CountObject
+            | Program::FreeObject => Self::None,
         }
     }
 }

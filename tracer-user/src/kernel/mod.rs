@@ -26,7 +26,7 @@ use tracer_common::{
     names,
     returns::Returned,
     stack::{Stack, StackKey, WalkConfig},
-    types::TypeKey,
+    types::{ObjectKey, TypeCounts, TypeKey},
 };
 
 pub use self::{links::LateSites, maps::Readings};
@@ -109,6 +109,12 @@ pub struct TypesOptions {
     pub entries: u32,
     /// `offsetof(PyObject, ob_type)`, from the version module.
     pub ob_type_offset: u64,
+    /// Room for objects seen created and not yet destroyed; one more is
+    /// counted as a miss (`objects_full`).
+    pub objects: u32,
+    /// The pre-header sizes a freed block may start at before its object,
+    /// from the version module.
+    pub pre_headers: [u64; tracer_common::types::PRE_HEADERS],
 }
 
 impl Default for LoadOptions {
@@ -125,7 +131,8 @@ pub struct Session {
     counters: PerCpuHashMap<MapData, CounterKey, Counter>,
     stats: PerCpuArray<MapData, u64>,
     returns: PerCpuHashMap<MapData, CounterKey, Returned>,
-    types: PerCpuHashMap<MapData, TypeKey, u64>,
+    types: PerCpuHashMap<MapData, TypeKey, TypeCounts>,
+    objects: aya::maps::HashMap<MapData, ObjectKey, u64>,
     sizes: PerCpuArray<MapData, Counter>,
     walks: aya::maps::HashMap<MapData, u32, WalkConfig>,
     stacks: aya::maps::HashMap<MapData, u64, Stack>,
@@ -178,6 +185,8 @@ impl Session {
         // Without --types no program writes the map: one entry is room
         // enough.
         let (type_entries, ob_type_offset) = options.types.map_or((1, 0), |t| (t.entries.max(1), t.ob_type_offset));
+        let (object_entries, pre_headers) =
+            options.types.map_or((1, [0; tracer_common::types::PRE_HEADERS]), |t| (t.objects.max(1), t.pre_headers));
         let stacks_on = u32::from(options.stacks.is_some());
         let sample = options.stacks.as_ref().map_or(1, |s| s.sample.max(1));
         let stack_entries = options.stacks.as_ref().map_or(1, |s| s.entries.max(1));
@@ -194,6 +203,8 @@ impl Session {
             .map_max_entries(names::COUNTERS_MAP, slots.saturating_mul(processes))
             .map_max_entries(names::RETURNS_MAP, slots.saturating_mul(processes))
             .map_max_entries(names::TYPES_MAP, type_entries)
+            .map_max_entries(names::OBJECTS_MAP, object_entries)
+            .override_global(names::PRE_HEADERS_GLOBAL, &pre_headers, true)
             .map_max_entries(names::SLOT_DOMAINS_MAP, slots.max(1))
             .load(crate::BPF_OBJECT)
             .map_err(|e| AttachError::Load(Box::new(e)))?;
@@ -210,6 +221,7 @@ impl Session {
         let stats = take_map(&mut ebpf, names::STATS_MAP, PerCpuArray::try_from)?;
         let returns = take_map(&mut ebpf, names::RETURNS_MAP, PerCpuHashMap::try_from)?;
         let types = take_map(&mut ebpf, names::TYPES_MAP, PerCpuHashMap::try_from)?;
+        let objects = take_map(&mut ebpf, names::OBJECTS_MAP, aya::maps::HashMap::try_from)?;
         let sizes = take_map(&mut ebpf, names::SIZES_MAP, PerCpuArray::try_from)?;
         // Borrowed, not taken: a map taken and dropped here closes its fd,
         // which the programs aya loads later for perf-event uprobes are
@@ -247,6 +259,7 @@ impl Session {
             stats,
             returns,
             types,
+            objects,
             sizes,
             walks,
             stacks,
@@ -456,7 +469,7 @@ mod tests {
         let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
         let plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
         let options = LoadOptions {
-            types: Some(TypesOptions { entries: 16, ob_type_offset: 8 }),
+            types: Some(TypesOptions { entries: 16, ob_type_offset: 8, objects: 16, pre_headers: [0, 16, 32] }),
             stacks: Some(StacksOptions { slots: vec![0], sample: 3, entries: 16 }),
             ..LoadOptions::default()
         };

@@ -66,7 +66,7 @@ pub struct Placement {
 /// The argument registers `program` reads.
 fn reads(program: Program) -> &'static [Register] {
     match program {
-        Program::SizeArg0 | Program::CountObject => &[Register::RDI],
+        Program::SizeArg0 | Program::CountObject | Program::FreeObject => &[Register::RDI],
         Program::SizeArg1 => &[Register::RSI],
         Program::Calloc => &[Register::RDI, Register::RSI],
         Program::CountCall | Program::Empty | Program::RetValue | Program::RetValueUret | Program::CountSite => &[],

@@ -105,7 +105,7 @@ pub trait Abi: Sync + fmt::Debug {
     /// Where an object's type is (the frame table's `ob_type`), and its
     /// type's name.
     fn objects(&self) -> ObjectOffsets {
-        ObjectOffsets { ob_type: self.frames().ob_type, tp_name: TP_NAME_OFFSET }
+        ObjectOffsets { ob_type: self.frames().ob_type, tp_name: TP_NAME_OFFSET, pre_headers: PRE_HEADERS }
     }
 }
 
@@ -240,7 +240,8 @@ pub const fn size_parameters(program: Program) -> &'static [&'static str] {
         | Program::RetValue
         | Program::RetValueUret
         | Program::CountSite
-        | Program::CountObject => &[],
+        | Program::CountObject
+        | Program::FreeObject => &[],
     }
 }
 
@@ -253,6 +254,16 @@ pub fn object_parameter(symbol: &str) -> Option<&'static str> {
     matches!(symbol, "_Py_NewReference" | "_Py_NewReferenceNoTotal").then_some("op")
 }
 
+/// The name of the parameter that is the freed block, for the object
+/// domain's free, where `--types` sees objects destroyed: `ptr`, in
+/// `PyObject_Free(void *ptr)` (Objects/obmalloc.c from v3.11.0 to v3.14.0).
+/// `PyObject_GC_Del` (Modules/gcmodule.c in 3.11, Python/gc.c from 3.12)
+/// and `PyObject_Del` (a macro for it) free objects through it.
+#[must_use]
+pub fn freed_parameter(symbol: &str) -> Option<&'static str> {
+    (symbol == "PyObject_Free").then_some("ptr")
+}
+
 /// Where an object's type and a type's name are, for `--types`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ObjectOffsets {
@@ -260,7 +271,23 @@ pub struct ObjectOffsets {
     pub ob_type: u64,
     /// `offsetof(PyTypeObject, tp_name)`.
     pub tp_name: u64,
+    /// The sizes a freed object's block may start at before the object
+    /// ([`PRE_HEADERS`]).
+    pub pre_headers: [u64; tracer_common::types::PRE_HEADERS],
 }
+
+/// Where an object's memory block starts, before the object: at
+/// `_PyType_PreHeaderSize(tp)` bytes, which is `_PyType_IS_GC(tp) *
+/// sizeof(PyGC_Head)` plus, for a type with `Py_TPFLAGS_MANAGED_DICT`
+/// (3.11) or `Py_TPFLAGS_PREHEADER` (`MANAGED_DICT | MANAGED_WEAKREF`,
+/// 3.12 on), `2 * sizeof(PyObject *)` (Include/internal/pycore_object.h,
+/// the same in v3.11.7, v3.12.1, v3.13.0 and v3.14.8 as installed here).
+/// `PyGC_Head` is two `uintptr_t` (Include/internal/pycore_gc.h), 16 bytes;
+/// a managed dict needs the GC, so the pre-header is 0, 16 or 32 bytes.
+/// `PyObject_GC_Del` frees `op - presize` (Modules/gcmodule.c in 3.11,
+/// Python/gc.c from 3.12), and a non-GC type's `tp_free` frees the object
+/// itself.
+pub const PRE_HEADERS: [u64; tracer_common::types::PRE_HEADERS] = [0, 16, 32];
 
 /// `offsetof(PyTypeObject, tp_name)`: Include/cpython/object.h from v3.11.0
 /// to v3.14.0 starts `struct _typeobject` with `PyObject_VAR_HEAD` (the

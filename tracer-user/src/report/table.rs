@@ -158,12 +158,40 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         Ok(())
     }
 
-    /// `--types`: the types most created, with their rates.
+    /// `--types`: the types most created, with their rates, then those
+    /// with the most objects live.
     fn types_block(&mut self, types: &[crate::model::TypeCount]) -> std::io::Result<()> {
-        writeln!(self.out, "  {:<32} {:>14} {:>12}", "type (most created)", "created", "created/s")?;
-        for t in types.iter().take(TOP_TYPES) {
+        let header = |out: &mut W, title: &str| {
+            writeln!(
+                out,
+                "  {:<32} {:>14} {:>12} {:>14} {:>12} {:>14}",
+                title, "created", "created/s", "destroyed", "reused", "live"
+            )
+        };
+        let line = |out: &mut W, t: &crate::model::TypeCount| {
             let rate = t.created_per_s.map_or_else(|| "-".to_owned(), |r| group(round(r)));
-            writeln!(self.out, "  {:<32} {:>14} {:>12}", t.name, group(t.created), rate)?;
+            writeln!(
+                out,
+                "  {:<32} {:>14} {:>12} {:>14} {:>12} {:>14}",
+                t.name,
+                group(t.created),
+                rate,
+                group(t.destroyed),
+                group(t.reused),
+                group(t.live)
+            )
+        };
+        header(&mut self.out, "type (most created)")?;
+        for t in types.iter().take(TOP_TYPES) {
+            line(&mut self.out, t)?;
+        }
+        let mut by_live: Vec<&crate::model::TypeCount> = types.iter().filter(|t| t.live > 0).collect();
+        by_live.sort_by(|a, b| b.live.cmp(&a.live).then_with(|| a.name.cmp(&b.name)));
+        if !by_live.is_empty() {
+            header(&mut self.out, "type (most live)")?;
+            for t in by_live.iter().take(TOP_TYPES) {
+                line(&mut self.out, t)?;
+            }
         }
         if types.len() > TOP_TYPES {
             let rest: u64 = types[TOP_TYPES..].iter().map(|t| t.created).sum();

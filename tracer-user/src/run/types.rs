@@ -5,6 +5,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use tracer_common::types::TypeCounts;
+
 use crate::{
     discover::process::{TargetError, read_memory},
     model::TypeCount,
@@ -29,7 +31,7 @@ impl TypeNames {
 
     /// Reads the name of every type of `counts` not read yet, in processes
     /// that still run (`live`).
-    pub fn learn(&mut self, counts: &BTreeMap<u32, BTreeMap<u64, u64>>, live: &[u32]) {
+    pub fn learn(&mut self, counts: &BTreeMap<u32, BTreeMap<u64, TypeCounts>>, live: &[u32]) {
         for (&pid, types) in counts.iter().filter(|(pid, _)| live.contains(pid)) {
             for &address in types.keys() {
                 if let Some(Ok(_)) = self.names.get(&(pid, address)) {
@@ -41,13 +43,14 @@ impl TypeNames {
         }
     }
 
-    /// Creations by type name over every process, most first; a type whose
-    /// name could not be read is listed by its address, with why.
+    /// Creations and deaths by type name over every process, most created
+    /// first; a type whose name could not be read is listed by its address,
+    /// with why.
     #[must_use]
-    pub fn counts(&self, counts: &BTreeMap<u32, BTreeMap<u64, u64>>) -> Vec<TypeCount> {
+    pub fn counts(&self, counts: &BTreeMap<u32, BTreeMap<u64, TypeCounts>>) -> Vec<TypeCount> {
         let mut by_name: BTreeMap<String, TypeCount> = BTreeMap::new();
         for (&pid, types) in counts {
-            for (&address, &created) in types {
+            for (&address, &own) in types {
                 let (name, unresolved) = match self.names.get(&(pid, address)) {
                     Some(Ok(name)) => (name.clone(), None),
                     Some(Err(why)) => (format!("<type at {address:#x} in PID {pid}>"), Some(why.clone())),
@@ -58,11 +61,17 @@ impl TypeNames {
                 };
                 let entry = by_name.entry(name.clone()).or_insert_with(|| TypeCount {
                     name,
-                    created: 0,
-                    created_per_s: None,
                     unresolved,
+                    ..TypeCount::default()
                 });
-                entry.created = entry.created.saturating_add(created);
+                entry.created = entry.created.saturating_add(own.created);
+                entry.destroyed = entry.destroyed.saturating_add(own.destroyed);
+                entry.reused = entry.reused.saturating_add(own.reused);
+                // Each death is of an object seen created, in the same
+                // process: never more than its creations (saturating only
+                // against a types map that was full at a creation).
+                let live = own.created.saturating_sub(own.destroyed.saturating_add(own.reused));
+                entry.live = entry.live.saturating_add(live);
             }
         }
         let mut out: Vec<TypeCount> = by_name.into_values().collect();
@@ -114,14 +123,20 @@ mod tests {
         let address = object.as_ptr() as u64;
         let pid = std::process::id();
         let mut names =
-            TypeNames::new(crate::python::ObjectOffsets { ob_type: 8, tp_name: crate::python::TP_NAME_OFFSET });
-        let counts: BTreeMap<u32, BTreeMap<u64, u64>> =
-            [(pid, [(address, 7), (8, 1)].into_iter().collect()), (1, [(address, 3)].into_iter().collect())]
-                .into_iter()
-                .collect();
+            TypeNames::new(crate::python::ObjectOffsets { ob_type: 8, tp_name: crate::python::TP_NAME_OFFSET, pre_headers: crate::python::PRE_HEADERS });
+        let made = |created, destroyed, reused| TypeCounts { created, destroyed, reused };
+        let counts: BTreeMap<u32, BTreeMap<u64, TypeCounts>> = [
+            (pid, [(address, made(7, 2, 1)), (8, made(1, 0, 0))].into_iter().collect()),
+            (1, [(address, made(3, 3, 0))].into_iter().collect()),
+        ]
+        .into_iter()
+        .collect();
         names.learn(&counts, &[pid]);
         let listed = names.counts(&counts);
-        assert_eq!(listed[0], TypeCount { name: "Leaky".into(), created: 7, created_per_s: None, unresolved: None });
+        assert_eq!(
+            listed[0],
+            TypeCount { name: "Leaky".into(), created: 7, destroyed: 2, reused: 1, live: 4, ..TypeCount::default() }
+        );
         // An address that is not mapped (its tp_name at 0x20), and a
         // process never read.
         let unread = listed.iter().find(|t| t.name == format!("<type at 0x8 in PID {pid}>")).expect("listed");
