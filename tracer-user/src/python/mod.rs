@@ -105,8 +105,15 @@ pub trait Abi: Sync + fmt::Debug {
     /// Where an object's type is (the frame table's `ob_type`), and its
     /// type's name.
     fn objects(&self) -> ObjectOffsets {
-        ObjectOffsets { ob_type: self.frames().ob_type, tp_name: TP_NAME_OFFSET, pre_headers: PRE_HEADERS }
+        ObjectOffsets {
+            ob_type: self.frames().ob_type,
+            tp_name: TP_NAME_OFFSET,
+            pre_headers: PRE_HEADERS,
+            names: self.type_names(),
+        }
     }
+    /// Where a heap type's qualified name and module are, for `--types`.
+    fn type_names(&self) -> TypeNameOffsets;
 }
 
 /// A runtime switch that a probed function reads on every call, and so
@@ -274,7 +281,62 @@ pub struct ObjectOffsets {
     /// The sizes a freed object's block may start at before the object
     /// ([`PRE_HEADERS`]).
     pub pre_headers: [u64; tracer_common::types::PRE_HEADERS],
+    /// Where a heap type's qualified name and module are.
+    pub names: TypeNameOffsets,
 }
+
+/// What differs between versions in reading a heap type's name: its
+/// `__qualname__` (`PyHeapTypeObject.ht_qualname`) and its `__module__`
+/// (the `__module__` key of its `tp_dict`, as `type.__module__` reads it
+/// in Objects/typeobject.c, `type_module`), both `str` objects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TypeNameOffsets {
+    /// `offsetof(PyHeapTypeObject, ht_qualname)`.
+    pub ht_qualname: u64,
+    /// `sizeof(PyASCIIObject)`: where a compact ASCII string's characters
+    /// start.
+    pub ascii_data: u64,
+    /// `sizeof(PyCompactUnicodeObject)`: where a compact non-ASCII
+    /// string's characters start.
+    pub compact_data: u64,
+}
+
+/// `offsetof(PyTypeObject, tp_flags)`: 168 in Include/cpython/object.h
+/// from v3.11 to v3.14 (checked by compiling `offsetof` against the
+/// headers of 3.11.7, 3.12.1, 3.13.0 and 3.14.8; 3.13 and 3.14 also
+/// publish it as `_Py_DebugOffsets.type_object.tp_flags`).
+pub const TP_FLAGS_OFFSET: u64 = 168;
+/// `offsetof(PyTypeObject, tp_dict)`: 264, checked as [`TP_FLAGS_OFFSET`].
+pub const TP_DICT_OFFSET: u64 = 264;
+/// `Py_TPFLAGS_HEAPTYPE` (Include/object.h, v3.11 to v3.14).
+pub const TPFLAGS_HEAPTYPE: u64 = 1 << 9;
+/// `offsetof(PyDictObject, ma_keys)` and `ma_values` (Include/cpython/
+/// dictobject.h, v3.11 to v3.14: after the object header, `ma_used` and
+/// the 64-bit version or watcher tag; `_Py_DebugOffsets.dict_object` in
+/// 3.13+).
+pub const MA_KEYS_OFFSET: u64 = 32;
+pub const MA_VALUES_OFFSET: u64 = 40;
+/// `struct _dictkeysobject` (Include/internal/pycore_dict.h, v3.11 to
+/// v3.14, default build): `dk_refcnt`, then the bytes `dk_log2_size`,
+/// `dk_log2_index_bytes` (9) and `dk_kind` (10), `dk_version`,
+/// `dk_usable`, `dk_nentries` (24) and the indices (32), whose
+/// `1 << dk_log2_index_bytes` bytes the entries follow (`DK_ENTRIES`).
+/// Entries are `PyDictUnicodeEntry` (`me_key`, `me_value`) unless
+/// `dk_kind` is `DICT_KEYS_GENERAL` (0): `PyDictKeyEntry` (`me_hash`,
+/// `me_key`, `me_value`).
+pub const DK_LOG2_INDEX_BYTES_OFFSET: u64 = 9;
+pub const DK_KIND_OFFSET: u64 = 10;
+pub const DK_NENTRIES_OFFSET: u64 = 24;
+pub const DK_INDICES_OFFSET: u64 = 32;
+/// `PyASCIIObject` (Include/cpython/unicodeobject.h, v3.11 to v3.14):
+/// `length` at 16 and the `state` bit-field at 32, whose bits are
+/// `interned` (2), `kind` (3: 1, 2 or 4 bytes a character), `compact` and
+/// `ascii` (checked by compiling against the four versions' headers).
+pub const UNICODE_LENGTH_OFFSET: u64 = 16;
+pub const UNICODE_STATE_OFFSET: u64 = 32;
+pub const UNICODE_KIND_SHIFT: u32 = 2;
+pub const UNICODE_COMPACT_BIT: u32 = 1 << 5;
+pub const UNICODE_ASCII_BIT: u32 = 1 << 6;
 
 /// Where an object's memory block starts, before the object: at
 /// `_PyType_PreHeaderSize(tp)` bytes, which is `_PyType_IS_GC(tp) *

@@ -10,7 +10,7 @@ use tracer_common::types::TypeCounts;
 use crate::{
     discover::process::{TargetError, read_memory},
     model::TypeCount,
-    python::ObjectOffsets,
+    python::{ObjectOffsets, TypeNameOffsets},
 };
 
 /// The longest type name read; a longer one is cut there, marked with "…".
@@ -80,11 +80,100 @@ impl TypeNames {
     }
 }
 
-/// The `tp_name` of the type object at `address` in process `pid`.
+/// The qualified name of the type object at `address` in process `pid`,
+/// as `type.__repr__` shows it (Objects/typeobject.c, `type_repr`): a heap
+/// type's `__module__` and `__qualname__` (a class defined in Python has
+/// only its bare name in `tp_name`), a static type's `tp_name`, which holds
+/// its module already (`collections.deque`, or none for builtins). A heap
+/// type whose module cannot be read (not a `str` in its dict) is named by
+/// its qualified name alone.
 fn type_name(pid: u32, address: u64, offsets: ObjectOffsets) -> Result<String, TargetError> {
-    let pointer = read_memory(pid, address.wrapping_add(offsets.tp_name), 8)?;
-    let pointer = u64::from_le_bytes(pointer.try_into().unwrap_or_default());
-    c_string(pid, pointer)
+    use crate::python::{TP_FLAGS_OFFSET, TPFLAGS_HEAPTYPE};
+    let flags = word(pid, address.wrapping_add(TP_FLAGS_OFFSET))?;
+    if flags & TPFLAGS_HEAPTYPE == 0 {
+        return c_string(pid, word(pid, address.wrapping_add(offsets.tp_name))?);
+    }
+    let names = offsets.names;
+    let qualname = py_str(pid, word(pid, address.wrapping_add(names.ht_qualname))?, names)?;
+    match heap_type_module(pid, address, names) {
+        Ok(Some(module)) if module != "builtins" => Ok(format!("{module}.{qualname}")),
+        _ => Ok(qualname),
+    }
+}
+
+/// The `__module__` of the heap type at `address`: the `str` under that
+/// key in its `tp_dict`, found by a walk of the dict's entries (a type's
+/// dict is never split, and has its keys' objects in its entries).
+fn heap_type_module(pid: u32, address: u64, names: TypeNameOffsets) -> Result<Option<String>, TargetError> {
+    use crate::python::{
+        DK_INDICES_OFFSET, DK_KIND_OFFSET, DK_LOG2_INDEX_BYTES_OFFSET, DK_NENTRIES_OFFSET, MA_KEYS_OFFSET,
+        MA_VALUES_OFFSET, TP_DICT_OFFSET,
+    };
+    /// A class dict with more entries than this is not walked.
+    const MAX_ENTRIES: u64 = 4096;
+    let dict = word(pid, address.wrapping_add(TP_DICT_OFFSET))?;
+    if dict == 0 || word(pid, dict.wrapping_add(MA_VALUES_OFFSET))? != 0 {
+        return Ok(None);
+    }
+    let keys = word(pid, dict.wrapping_add(MA_KEYS_OFFSET))?;
+    let head = read_memory(pid, keys, usize::try_from(DK_INDICES_OFFSET).unwrap_or(32))?;
+    let byte = |at: u64| head.get(usize::try_from(at).unwrap_or(usize::MAX)).copied().unwrap_or(0);
+    let log2_index_bytes = byte(DK_LOG2_INDEX_BYTES_OFFSET);
+    let entry_size: u64 = if byte(DK_KIND_OFFSET) == 0 { 24 } else { 16 };
+    let key_at: u64 = if entry_size == 24 { 8 } else { 0 };
+    let nentries = word_of(&head, DK_NENTRIES_OFFSET).min(MAX_ENTRIES);
+    if log2_index_bytes > 32 {
+        return Ok(None);
+    }
+    let entries = keys.wrapping_add(DK_INDICES_OFFSET).wrapping_add(1u64 << log2_index_bytes);
+    let bytes = read_memory(pid, entries, usize::try_from(nentries * entry_size).unwrap_or(0))?;
+    for i in 0..nentries {
+        let key = word_of(&bytes, i * entry_size + key_at);
+        // A deleted entry has a NULL key; a key that is not a compact
+        // string is not `__module__`.
+        if key == 0 || py_str(pid, key, names).ok().as_deref() != Some("__module__") {
+            continue;
+        }
+        let value = word_of(&bytes, i * entry_size + key_at + 8);
+        return Ok(py_str(pid, value, names).ok());
+    }
+    Ok(None)
+}
+
+/// The 8 bytes at `at` in `bytes`, or 0 past its end.
+fn word_of(bytes: &[u8], at: u64) -> u64 {
+    let at = usize::try_from(at).unwrap_or(usize::MAX);
+    bytes.get(at..at.saturating_add(8)).and_then(|w| w.try_into().ok()).map_or(0, u64::from_le_bytes)
+}
+
+/// The 8 bytes at `address` in process `pid`.
+fn word(pid: u32, address: u64) -> Result<u64, TargetError> {
+    Ok(word_of(&read_memory(pid, address, 8)?, 0))
+}
+
+/// The text of the compact `str` object at `address` (the only kind a
+/// type's name and a dict's string keys are since 3.12, and in practice in
+/// 3.11): its characters follow the header, one, two or four bytes each.
+fn py_str(pid: u32, address: u64, names: TypeNameOffsets) -> Result<String, TargetError> {
+    use crate::python::{
+        UNICODE_ASCII_BIT, UNICODE_COMPACT_BIT, UNICODE_KIND_SHIFT, UNICODE_LENGTH_OFFSET, UNICODE_STATE_OFFSET,
+    };
+    let head = read_memory(pid, address, usize::try_from(UNICODE_STATE_OFFSET + 4).unwrap_or(36))?;
+    let length = word_of(&head, UNICODE_LENGTH_OFFSET).min(MAX_NAME as u64);
+    let state = u32::try_from(word_of(&head, UNICODE_STATE_OFFSET - 4) >> 32).unwrap_or(0);
+    let kind = (state >> UNICODE_KIND_SHIFT) & 7;
+    if state & UNICODE_COMPACT_BIT == 0 || !matches!(kind, 1 | 2 | 4) {
+        return Ok(format!("<str at {address:#x} that is not compact>"));
+    }
+    let data = if state & UNICODE_ASCII_BIT != 0 { names.ascii_data } else { names.compact_data };
+    let width = u64::from(kind);
+    let bytes = read_memory(pid, address.wrapping_add(data), usize::try_from(length * width).unwrap_or(0))?;
+    let chars = bytes.chunks_exact(usize::try_from(width).unwrap_or(1)).map(|c| {
+        let mut unit = [0u8; 4];
+        unit[..c.len()].copy_from_slice(c);
+        char::from_u32(u32::from_le_bytes(unit)).unwrap_or(char::REPLACEMENT_CHARACTER)
+    });
+    Ok(chars.collect())
 }
 
 /// The NUL-terminated string at `address`, read a page at a time so that
@@ -118,7 +207,9 @@ mod tests {
     fn names_are_read_from_the_process_and_summed_by_name() {
         // A fake type object in this process: its tp_name points to a C
         // string, as CPython's do.
-        let mut object = [0u64; 4];
+        // As large as a type object up to `tp_dict`; its `tp_flags` (0)
+        // make it a static type.
+        let mut object = [0u64; 34];
         object[3] = TRACER_TEST_TYPE_NAME.as_ptr() as u64;
         let address = object.as_ptr() as u64;
         let pid = std::process::id();
