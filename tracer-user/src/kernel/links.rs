@@ -341,7 +341,9 @@ impl Session {
 /// `count_object` the object, the first argument (`%rdi`, DWARF register 5).
 fn entry_cookie(p: &crate::plan::PlannedProbe) -> u64 {
     match p.attach_program {
-        Program::CountObject | Program::FreeObject => site::encode(p.slot, site::register(5).unwrap_or(site::NONE), site::NONE, 0),
+        Program::CountObject | Program::FreeObject => {
+            site::encode(p.slot, site::register(5).unwrap_or(site::NONE), site::NONE, 0)
+        }
         _ => u64::from(p.slot),
     }
 }

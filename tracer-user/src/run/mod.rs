@@ -175,8 +175,8 @@ fn specs(
     let mut specs = selection.select(r.abi.probes(), &r.version.to_string())?;
     if types {
         for p in r.abi.probes() {
-            let counts_objects =
-                crate::python::object_parameter(p.symbol).is_some() || crate::python::freed_parameter(p.symbol).is_some();
+            let counts_objects = crate::python::object_parameter(p.symbol).is_some()
+                || crate::python::freed_parameter(p.symbol).is_some();
             if counts_objects && !specs.iter().any(|s| s.symbol == p.symbol) {
                 specs.push(*p);
             }

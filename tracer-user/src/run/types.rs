@@ -213,8 +213,11 @@ mod tests {
         object[3] = TRACER_TEST_TYPE_NAME.as_ptr() as u64;
         let address = object.as_ptr() as u64;
         let pid = std::process::id();
-        let mut names =
-            TypeNames::new(crate::python::ObjectOffsets { ob_type: 8, tp_name: crate::python::TP_NAME_OFFSET, pre_headers: crate::python::PRE_HEADERS });
+        let mut names = TypeNames::new(crate::python::ObjectOffsets {
+            ob_type: 8,
+            tp_name: crate::python::TP_NAME_OFFSET,
+            pre_headers: crate::python::PRE_HEADERS,
+        });
         let made = |created, destroyed, reused| TypeCounts { created, destroyed, reused };
         let counts: BTreeMap<u32, BTreeMap<u64, TypeCounts>> = [
             (pid, [(address, made(7, 2, 1)), (8, made(1, 0, 0))].into_iter().collect()),
