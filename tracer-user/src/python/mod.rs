@@ -316,7 +316,7 @@ pub const TPFLAGS_HEAPTYPE: u64 = 1 << 9;
 /// 3.13+).
 pub const MA_KEYS_OFFSET: u64 = 32;
 pub const MA_VALUES_OFFSET: u64 = 40;
-/// `struct _dictkeysobject` (Include/internal/pycore_dict.h, v3.11 to
+/// `struct _dictkeysobject` (`Include/internal/pycore_dict.h`, v3.11 to
 /// v3.14, default build): `dk_refcnt`, then the bytes `dk_log2_size`,
 /// `dk_log2_index_bytes` (9) and `dk_kind` (10), `dk_version`,
 /// `dk_usable`, `dk_nentries` (24) and the indices (32), whose
@@ -342,9 +342,9 @@ pub const UNICODE_ASCII_BIT: u32 = 1 << 6;
 /// `_PyType_PreHeaderSize(tp)` bytes, which is `_PyType_IS_GC(tp) *
 /// sizeof(PyGC_Head)` plus, for a type with `Py_TPFLAGS_MANAGED_DICT`
 /// (3.11) or `Py_TPFLAGS_PREHEADER` (`MANAGED_DICT | MANAGED_WEAKREF`,
-/// 3.12 on), `2 * sizeof(PyObject *)` (Include/internal/pycore_object.h,
+/// 3.12 on), `2 * sizeof(PyObject *)` (`Include/internal/pycore_object.h`,
 /// the same in v3.11.7, v3.12.1, v3.13.0 and v3.14.8 as installed here).
-/// `PyGC_Head` is two `uintptr_t` (Include/internal/pycore_gc.h), 16 bytes;
+/// `PyGC_Head` is two `uintptr_t` (`Include/internal/pycore_gc.h`), 16 bytes;
 /// a managed dict needs the GC, so the pre-header is 0, 16 or 32 bytes.
 /// `PyObject_GC_Del` frees `op - presize` (Modules/gcmodule.c in 3.11,
 /// Python/gc.c from 3.12), and a non-GC type's `tp_free` frees the object

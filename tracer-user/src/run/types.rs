@@ -213,11 +213,8 @@ mod tests {
         object[3] = TRACER_TEST_TYPE_NAME.as_ptr() as u64;
         let address = object.as_ptr() as u64;
         let pid = std::process::id();
-        let mut names = TypeNames::new(crate::python::ObjectOffsets {
-            ob_type: 8,
-            tp_name: crate::python::TP_NAME_OFFSET,
-            pre_headers: crate::python::PRE_HEADERS,
-        });
+        let abi = crate::python::abi_for(pid, crate::python::PythonVersion::from_hex(0x030C_01F0)).expect("3.12");
+        let mut names = TypeNames::new(abi.objects());
         let made = |created, destroyed, reused| TypeCounts { created, destroyed, reused };
         let counts: BTreeMap<u32, BTreeMap<u64, TypeCounts>> = [
             (pid, [(address, made(7, 2, 1)), (8, made(1, 0, 0))].into_iter().collect()),
@@ -231,10 +228,10 @@ mod tests {
             listed[0],
             TypeCount { name: "Leaky".into(), created: 7, destroyed: 2, reused: 1, live: 4, ..TypeCount::default() }
         );
-        // An address that is not mapped (its tp_name at 0x20), and a
+        // An address that is not mapped (its tp_flags at 0xb0), and a
         // process never read.
         let unread = listed.iter().find(|t| t.name == format!("<type at 0x8 in PID {pid}>")).expect("listed");
-        assert!(unread.unresolved.as_deref().is_some_and(|w| w.contains("at 0x20")), "{unread:?}");
+        assert!(unread.unresolved.as_deref().is_some_and(|w| w.contains("at 0xb0")), "{unread:?}");
         let exited = listed.iter().find(|t| t.name == format!("<type at {address:#x} in PID 1>")).expect("listed");
         assert_eq!(exited.created, 3);
         std::hint::black_box(&object);
