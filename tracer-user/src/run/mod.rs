@@ -188,11 +188,16 @@ fn specs(
 /// The GC probes of the resolved target, as `mode` says.
 fn gc_plan(r: &Resolved, mode: GcMode) -> Result<GcPlan, plan::gc::GcPlanError> {
     let version = r.version.to_string();
+    let debug = match &r.inlining {
+        discover::Inlining::Known { source, .. } => Some(std::path::PathBuf::from(source)),
+        _ => None,
+    };
     let image = plan::gc::GcImage {
         elf: &r.elf,
         display_path: &r.display_path,
         attach_path: &r.attach_path,
         version: &version,
+        debug: debug.as_deref(),
     };
     plan::gc::plan(image, crate::python::gc_knowledge(r.abi), mode)
 }
