@@ -158,54 +158,10 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         Ok(())
     }
 
-    /// `--types`: the types most created, with their rates, then those
-    /// with the most objects live.
+    /// `--types`: the types most created, then those with the most live
+    /// objects (see [`super::types`]).
     fn types_block(&mut self, types: &[crate::model::TypeCount]) -> std::io::Result<()> {
-        let header = |out: &mut W, title: &str| {
-            writeln!(
-                out,
-                "  {:<32} {:>14} {:>12} {:>14} {:>12} {:>14}",
-                title, "created", "created/s", "destroyed", "reused", "live"
-            )
-        };
-        let line = |out: &mut W, t: &crate::model::TypeCount| {
-            let rate = t.created_per_s.map_or_else(|| "-".to_owned(), |r| group(round(r)));
-            writeln!(
-                out,
-                "  {:<32} {:>14} {:>12} {:>14} {:>12} {:>14}",
-                t.name,
-                group(t.created),
-                rate,
-                group(t.destroyed),
-                group(t.reused),
-                group(t.live)
-            )
-        };
-        header(&mut self.out, "type (most created)")?;
-        for t in types.iter().take(TOP_TYPES) {
-            line(&mut self.out, t)?;
-        }
-        let mut by_live: Vec<&crate::model::TypeCount> = types.iter().filter(|t| t.live > 0).collect();
-        by_live.sort_by(|a, b| b.live.cmp(&a.live).then_with(|| a.name.cmp(&b.name)));
-        if !by_live.is_empty() {
-            header(&mut self.out, "type (most live)")?;
-            for t in by_live.iter().take(TOP_TYPES) {
-                line(&mut self.out, t)?;
-            }
-        }
-        if types.len() > TOP_TYPES {
-            let rest: u64 = types[TOP_TYPES..].iter().map(|t| t.created).sum();
-            writeln!(
-                self.out,
-                "  ({} more types, {} created; every type is in --json)",
-                types.len() - TOP_TYPES,
-                group(rest)
-            )?;
-        }
-        if let Some(t) = types.iter().find(|t| t.unresolved.is_some()) {
-            writeln!(self.out, "  {}: name not read ({})", t.name, t.unresolved.as_deref().unwrap_or_default())?;
-        }
-        Ok(())
+        super::types::block(&mut self.out, types, TOP_TYPES, (group, round))
     }
 
     /// Garbage collections by generation: how many, how long in all, and
