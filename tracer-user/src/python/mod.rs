@@ -109,11 +109,11 @@ pub trait Abi: Sync + fmt::Debug {
             ob_type: self.frames().ob_type,
             tp_name: TP_NAME_OFFSET,
             pre_headers: PRE_HEADERS,
-            names: self.type_names(),
+            names: TypeNameOffsets { ht_qualname: self.ht_qualname(), unicode: self.frames().unicode },
         }
     }
-    /// Where a heap type's qualified name and module are, for `--types`.
-    fn type_names(&self) -> TypeNameOffsets;
+    /// `offsetof(PyHeapTypeObject, ht_qualname)`, for `--types`.
+    fn ht_qualname(&self) -> u64;
 }
 
 /// A runtime switch that a probed function reads on every call, and so
@@ -293,12 +293,10 @@ pub struct ObjectOffsets {
 pub struct TypeNameOffsets {
     /// `offsetof(PyHeapTypeObject, ht_qualname)`.
     pub ht_qualname: u64,
-    /// `sizeof(PyASCIIObject)`: where a compact ASCII string's characters
-    /// start.
-    pub ascii_data: u64,
-    /// `sizeof(PyCompactUnicodeObject)`: where a compact non-ASCII
-    /// string's characters start.
-    pub compact_data: u64,
+    /// Where a `str`'s length, state and characters are: the frame
+    /// table's, which the stack walker reads names with too (and checks
+    /// against `_Py_DebugOffsets` on 3.13+).
+    pub unicode: frames::UnicodeOffsets,
 }
 
 /// `offsetof(PyTypeObject, tp_flags)`: 168 in Include/cpython/object.h
@@ -328,12 +326,10 @@ pub const DK_LOG2_INDEX_BYTES_OFFSET: u64 = 9;
 pub const DK_KIND_OFFSET: u64 = 10;
 pub const DK_NENTRIES_OFFSET: u64 = 24;
 pub const DK_INDICES_OFFSET: u64 = 32;
-/// `PyASCIIObject` (Include/cpython/unicodeobject.h, v3.11 to v3.14):
-/// `length` at 16 and the `state` bit-field at 32, whose bits are
-/// `interned` (2), `kind` (3: 1, 2 or 4 bytes a character), `compact` and
-/// `ascii` (checked by compiling against the four versions' headers).
-pub const UNICODE_LENGTH_OFFSET: u64 = 16;
-pub const UNICODE_STATE_OFFSET: u64 = 32;
+/// The bits of `PyASCIIObject.state` (Include/cpython/unicodeobject.h,
+/// v3.11 to v3.14): `interned` (2), `kind` (3: 1, 2 or 4 bytes a
+/// character), `compact`, `ascii` (checked by compiling against the four
+/// versions' headers).
 pub const UNICODE_KIND_SHIFT: u32 = 2;
 pub const UNICODE_COMPACT_BIT: u32 = 1 << 5;
 pub const UNICODE_ASCII_BIT: u32 = 1 << 6;

@@ -110,12 +110,11 @@ impl super::Abi for Abi311 {
         FRAMES
     }
 
-    fn type_names(&self) -> super::TypeNameOffsets {
-        // Include/cpython/object.h and Include/cpython/unicodeobject.h at
-        // v3.11.7: PyASCIIObject still has `wchar_t *wstr` (48 bytes), PyCompactUnicodeObject `utf8_length`, `utf8` and `wstr_length` (72); `ht_qualname` follows the type object and its five method
-        // tables, `ht_name` and `ht_slots` (offsets checked by compiling
-        // `offsetof` against these headers).
-        super::TypeNameOffsets { ht_qualname: 864, ascii_data: 48, compact_data: 72 }
+    fn ht_qualname(&self) -> u64 {
+        // Include/cpython/object.h at v3.11.7: `ht_qualname` follows the type
+        // object, its five method tables, `ht_name` and `ht_slots` (checked by
+        // compiling `offsetof` against these headers).
+        864
     }
 
     fn minor(&self) -> u8 {

@@ -114,12 +114,12 @@ impl super::Abi for Abi312 {
         FRAMES
     }
 
-    fn type_names(&self) -> super::TypeNameOffsets {
-        // Include/cpython/object.h and Include/cpython/unicodeobject.h at
-        // v3.12.1: `tp_watched` grew PyTypeObject; `wstr` is gone from PyASCIIObject (40 bytes), PyCompactUnicodeObject has `utf8_length` and `utf8` (56); `ht_qualname` follows the type object and its five method
-        // tables, `ht_name` and `ht_slots` (offsets checked by compiling
+    fn ht_qualname(&self) -> u64 {
+        // Include/cpython/object.h at v3.12.1: after `tp_watched`, which 3.12
+        // added to PyTypeObject: `ht_qualname` follows the type object, its five
+        // method tables, `ht_name` and `ht_slots` (checked by compiling
         // `offsetof` against these headers).
-        super::TypeNameOffsets { ht_qualname: 872, ascii_data: 40, compact_data: 56 }
+        872
     }
 
     fn minor(&self) -> u8 {

@@ -214,12 +214,12 @@ impl super::Abi for Abi314 {
         Some(DEBUG_OFFSETS)
     }
 
-    fn type_names(&self) -> super::TypeNameOffsets {
-        // Include/cpython/object.h and Include/cpython/unicodeobject.h at
-        // v3.14.8 (Debian's headers), as v3.13; `ht_qualname` follows the type object and its five method
-        // tables, `ht_name` and `ht_slots` (offsets checked by compiling
-        // `offsetof` against these headers).
-        super::TypeNameOffsets { ht_qualname: 872, ascii_data: 40, compact_data: 56 }
+    fn ht_qualname(&self) -> u64 {
+        // Include/cpython/object.h at v3.14.8 (Debian's headers), as in v3.13:
+        // `ht_qualname` follows the type object, its five method tables,
+        // `ht_name` and `ht_slots` (checked by compiling `offsetof` against
+        // these headers).
+        872
     }
 
     fn minor(&self) -> u8 {

@@ -155,17 +155,16 @@ fn word(pid: u32, address: u64) -> Result<u64, TargetError> {
 /// type's name and a dict's string keys are since 3.12, and in practice in
 /// 3.11): its characters follow the header, one, two or four bytes each.
 fn py_str(pid: u32, address: u64, names: TypeNameOffsets) -> Result<String, TargetError> {
-    use crate::python::{
-        UNICODE_ASCII_BIT, UNICODE_COMPACT_BIT, UNICODE_KIND_SHIFT, UNICODE_LENGTH_OFFSET, UNICODE_STATE_OFFSET,
-    };
-    let head = read_memory(pid, address, usize::try_from(UNICODE_STATE_OFFSET + 4).unwrap_or(36))?;
-    let length = word_of(&head, UNICODE_LENGTH_OFFSET).min(MAX_NAME as u64);
-    let state = u32::try_from(word_of(&head, UNICODE_STATE_OFFSET - 4) >> 32).unwrap_or(0);
+    use crate::python::{UNICODE_ASCII_BIT, UNICODE_COMPACT_BIT, UNICODE_KIND_SHIFT};
+    let u = names.unicode;
+    let head = read_memory(pid, address, usize::try_from(u.state + 4).unwrap_or(36))?;
+    let length = word_of(&head, u.length).min(MAX_NAME as u64);
+    let state = u32::try_from(word_of(&head, u.state - 4) >> 32).unwrap_or(0);
     let kind = (state >> UNICODE_KIND_SHIFT) & 7;
     if state & UNICODE_COMPACT_BIT == 0 || !matches!(kind, 1 | 2 | 4) {
         return Ok(format!("<str at {address:#x} that is not compact>"));
     }
-    let data = if state & UNICODE_ASCII_BIT != 0 { names.ascii_data } else { names.compact_data };
+    let data = if state & UNICODE_ASCII_BIT != 0 { u.ascii_data } else { u.compact_data };
     let width = u64::from(kind);
     let bytes = read_memory(pid, address.wrapping_add(data), usize::try_from(length * width).unwrap_or(0))?;
     let chars = bytes.chunks_exact(usize::try_from(width).unwrap_or(1)).map(|c| {
