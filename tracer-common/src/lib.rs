@@ -24,9 +24,15 @@ pub mod names {
     pub const RETURNS_MAP: &str = "RETURNS";
     /// Per-CPU array of `u64`, indexed by [`crate::stats::Stat`].
     pub const STATS_MAP: &str = "STATS";
-    /// Per-CPU hash of `u64` creations by [`crate::types::TypeKey`]
-    /// (process and type object), with `--types`.
+    /// Per-CPU hash of [`crate::types::TypeCounts`] by
+    /// [`crate::types::TypeKey`] (process and type object), with `--types`.
     pub const TYPES_MAP: &str = "TYPES";
+    /// Hash of type object addresses by [`crate::types::ObjectKey`]: the
+    /// objects `--types` saw created and not yet destroyed.
+    pub const OBJECTS_MAP: &str = "OBJECTS";
+    /// BPF global: the pre-header sizes a freed block may start at before
+    /// its object (`[u64; PRE_HEADERS]`).
+    pub const PRE_HEADERS_GLOBAL: &str = "PRE_HEADERS_AT";
     /// Per-CPU array of [`crate::counter::Counter`] by
     /// [`crate::sizes::index`]: calls and bytes per domain and size bucket.
     pub const SIZES_MAP: &str = "SIZES";
@@ -105,6 +111,10 @@ pub mod names {
         /// Counts a new reference and the new object's type, reading the
         /// object where the attach cookie says (see [`crate::site`]).
         pub const COUNT_OBJECT: &str = "count_object";
+        /// Counts a call of the object domain's free and, with `--types`,
+        /// the destruction of the object whose block it frees, reading the
+        /// pointer where the attach cookie says.
+        pub const FREE_OBJECT: &str = "free_object";
         /// A collection starts: records the thread's start and the
         /// generation, where the cookie says (see [`crate::gc`]).
         pub const GC_START: &str = "gc_start";

@@ -80,10 +80,17 @@ pub enum Stat {
     /// With `--native-stacks`: the native stacks map was full, so the
     /// event was counted without its native frames.
     NativeFull = 23,
+    /// With `--types`: the objects table was full, so a new object was
+    /// counted as created but not kept, and its destruction cannot be seen
+    /// (its type's live count is then too high by one).
+    ObjectsFull = 24,
+    /// With `--types`: the pointer a free was given could not be read
+    /// where the probe's cookie says, so a destruction may be missed.
+    FreeArgMissing = 25,
 }
 
 /// Number of entries in the `STATS` map.
-pub const STAT_COUNT: u32 = 24;
+pub const STAT_COUNT: u32 = 26;
 
 impl Stat {
     /// Every stat, in map order (the JSON `stats` keys, in this order).
@@ -112,6 +119,8 @@ impl Stat {
         Self::NativeUnsupported,
         Self::NativeReadFailed,
         Self::NativeFull,
+        Self::ObjectsFull,
+        Self::FreeArgMissing,
     ];
 
     /// Stable name used in the table and the JSON output.
@@ -142,6 +151,8 @@ impl Stat {
             Self::NativeUnsupported => "native_unsupported",
             Self::NativeReadFailed => "native_read_failed",
             Self::NativeFull => "native_full",
+            Self::ObjectsFull => "objects_full",
+            Self::FreeArgMissing => "free_arg_missing",
         }
     }
 

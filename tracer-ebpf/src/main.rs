@@ -26,6 +26,9 @@
 mod gc;
 // libc's allocator, with `--native`.
 mod native;
+// The `--types` programs (`count_object`, `free_object`): objects created
+// and destroyed per type.
+mod types;
 
 use aya_ebpf::{
     EbpfContext,
@@ -44,7 +47,6 @@ use tracer_common::{
     sizes::{self, BUCKETS, DEFAULT_SLOTS, DOMAINS, NO_DOMAIN},
     unwind::{self, NativeStack, Page, PageKey, Row},
     stack::{self, DEFAULT_STACK_ENTRIES, FRAME_HEAD, Frame, MAX_DEPTH, NO_OFFSET, Stack, StackKey, WalkConfig},
-    types::{DEFAULT_TYPE_ENTRIES, TypeKey},
 };
 
 /// Thread-group id to count for; 0 counts every process. Set by the loader.
@@ -56,16 +58,6 @@ static TARGET_TGID: u32 = 0;
 /// Calls and bytes per (process, probe slot). The loader sets the size.
 #[map]
 static COUNTERS: PerCpuHashMap<CounterKey, Counter> = PerCpuHashMap::with_max_entries(DEFAULT_COUNTER_ENTRIES, 0);
-
-/// The offset of `ob_type` in an object, which the loader sets from the
-/// version module.
-#[unsafe(no_mangle)]
-static OB_TYPE_OFFSET: u64 = 8;
-
-/// With `--types`, creations per (process, type object). The loader sets
-/// the size.
-#[map]
-static TYPES: PerCpuHashMap<TypeKey, u64> = PerCpuHashMap::with_max_entries(DEFAULT_TYPE_ENTRIES, 0);
 
 /// Calls and bytes per (domain, log2 size bucket), over every process.
 #[map]
@@ -311,49 +303,6 @@ fn register(regs: *mut pt_regs, n: u8) -> Result<u64, Stat> {
     }
     // Masked so that the verifier sees the index bounded by the array.
     Ok(all[usize::from((n - 1) & 15)])
-}
-
-/// Counts a new reference, and the new object under its type: the object
-/// is where the cookie's first operand says (`%rdi` at a function's entry,
-/// or where an inlined copy's DWARF or code puts it).
-#[uprobe]
-pub fn count_object(ctx: ProbeContext) -> u32 {
-    if let Err(stat) = try_count_object(&ctx) {
-        bump(&ctx, stat);
-    }
-    0
-}
-
-#[inline(always)]
-fn try_count_object(ctx: &ProbeContext) -> Result<(), Stat> {
-    let tgid = check_target()?;
-    // SAFETY: as in try_record: the helper reads this run's cookie.
-    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
-    let counter = slot_of(ctx, &COUNTERS, CounterKey { tgid, slot: site::slot(cookie) })?;
-    // SAFETY: as in try_record. The call is counted before the type is
-    // read, so that a failed read loses the type, never the call.
-    unsafe { atomic_add(&raw mut (*counter).calls, 1) };
-    let object = operand(ctx.regs, site::first(cookie), site::constant(cookie))?;
-    // SAFETY: as for OB_TYPE_OFFSET's sibling TARGET_TGID: a plain global
-    // the loader patches before load.
-    let offset = unsafe { core::ptr::read_volatile(&raw const OB_TYPE_OFFSET) };
-    // SAFETY: the helper reads the probed thread's memory and fails
-    // (counted) rather than fault where it is not mapped.
-    let type_address = unsafe { bpf_probe_read_user((object.wrapping_add(offset)) as *const u64) }
-        .map_err(|_| Stat::TypeUnread)?;
-    let key = TypeKey { tgid, reserved: 0, type_address };
-    let count = match TYPES.get_ptr_mut(&key) {
-        Some(count) => count,
-        None => {
-            // As in slot_of: insert a zero, then add to whatever is there.
-            let _ = TYPES.insert(&key, &0, u64::from(BPF_NOEXIST));
-            TYPES.get_ptr_mut(&key).ok_or(Stat::TypesFull)?
-        }
-    };
-    // SAFETY: as in try_record, a valid pointer to this CPU's value.
-    unsafe { atomic_add(count, 1) };
-    stacks(ctx, tgid, site::slot(cookie), 0);
-    Ok(())
 }
 
 /// With `--stacks`, records the Python stack of this event of probe `slot`

@@ -538,14 +538,30 @@ pub struct StackCoverage {
     pub estimate: bool,
 }
 
-/// Objects of one type created since the attach.
+/// Objects of one type created since the attach, and how many of them
+/// died since.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TypeCount {
-    /// Its `tp_name`; where that could not be read, its address and PID.
+    /// Its qualified name (a heap type's module and `__qualname__`, a
+    /// static type's `tp_name`); where that could not be read, its address
+    /// and PID.
     pub name: String,
     /// New references to objects of this type (creations, and objects a
     /// free list gave out again).
     pub created: u64,
+    /// Of those, the objects whose memory the object domain's free
+    /// (`PyObject_Free`, and its inlined copies) gave back. Objects
+    /// created before the attach are not known, and their frees are not
+    /// counted.
+    pub destroyed: u64,
+    /// Of those, the objects that died without a free: a later new
+    /// reference reused their address (a free list gave the object out
+    /// again, or it was resized in place).
+    pub reused: u64,
+    /// Of those, the objects not seen to die: `created - destroyed -
+    /// reused`. An object a free list holds, dead but not given out again,
+    /// is still counted here.
+    pub live: u64,
     /// Over the interval (in a summary, over the run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_per_s: Option<f64>,

@@ -43,11 +43,15 @@ pub enum Program {
     /// `--native`: a call site inside one probed libc function of another,
     /// which marks the call as nested (see `plan::native`).
     NativeNested,
+    /// Counts a call of the object domain's free and, with `--types`, the
+    /// destruction of the object it frees, with the pointer where the
+    /// cookie says: `%rdi` at the function's entry.
+    FreeObject,
 }
 
 impl Program {
     /// Every program in the object.
-    pub const ALL: [Self; 16] = [
+    pub const ALL: [Self; 17] = [
         Self::CountCall,
         Self::SizeArg0,
         Self::SizeArg1,
@@ -64,6 +68,7 @@ impl Program {
         Self::NativeCall,
         Self::NativeReleaseArg1,
         Self::NativeNested,
+        Self::FreeObject,
     ];
 
     /// The function name in tracer-ebpf/src/main.rs.
@@ -86,6 +91,7 @@ impl Program {
             Self::NativeCall => programs::NATIVE_CALL,
             Self::NativeReleaseArg1 => programs::NATIVE_RELEASE_ARG1,
             Self::NativeNested => programs::NATIVE_NESTED,
+            Self::FreeObject => programs::FREE_OBJECT,
         }
     }
 

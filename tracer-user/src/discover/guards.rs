@@ -185,7 +185,8 @@ impl SizeArgs {
             | Program::NativeCalloc
             | Program::NativeCall
             | Program::NativeReleaseArg1
-            | Program::NativeNested => Self::None,
+            | Program::NativeNested
+            | Program::FreeObject => Self::None,
         }
     }
 }

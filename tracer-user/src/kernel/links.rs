@@ -306,8 +306,8 @@ impl Session {
                     (program, Some((first, second, constant)), _) if program.counts_bytes() => {
                         (Program::CountSite, site::encode(p.slot, first, second, constant))
                     }
-                    (Program::CountObject, _, Some((first, constant))) => {
-                        (Program::CountObject, site::encode(p.slot, first, site::NONE, constant))
+                    (program @ (Program::CountObject | Program::FreeObject), _, Some((first, constant))) => {
+                        (program, site::encode(p.slot, first, site::NONE, constant))
                     }
                     _ => (Program::CountCall, cookie),
                 };
@@ -362,7 +362,9 @@ impl Session {
 /// `count_object` the object, the first argument (`%rdi`, DWARF register 5).
 fn entry_cookie(p: &crate::plan::PlannedProbe) -> u64 {
     match p.attach_program {
-        Program::CountObject => site::encode(p.slot, site::register(5).unwrap_or(site::NONE), site::NONE, 0),
+        Program::CountObject | Program::FreeObject => {
+            site::encode(p.slot, site::register(5).unwrap_or(site::NONE), site::NONE, 0)
+        }
         _ => u64::from(p.slot),
     }
 }

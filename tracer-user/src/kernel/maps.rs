@@ -13,7 +13,7 @@ use tracer_common::{
     returns::Returned,
     stack::{Stack, StackKey, WalkConfig},
     stats::{STAT_COUNT, Stat},
-    types::TypeKey,
+    types::{ObjectKey, TypeCounts, TypeKey},
 };
 
 use super::{AttachError, Session};
@@ -37,8 +37,9 @@ pub struct Readings {
     pub probes: Vec<ProbeReading>,
     /// Per process: its counts of each probe, by slot.
     pub per_process: BTreeMap<u32, Vec<ProbeReading>>,
-    /// With `--types`: per process, creations by type object address.
-    pub types: BTreeMap<u32, BTreeMap<u64, u64>>,
+    /// With `--types`: per process, creations and destructions by type
+    /// object address.
+    pub types: BTreeMap<u32, BTreeMap<u64, TypeCounts>>,
     /// Calls and bytes by [`tracer_common::sizes::index`], over every
     /// process.
     pub sizes: Vec<Counter>,
@@ -137,10 +138,10 @@ impl Session {
             per_process.entry(key.tgid).or_insert_with(|| vec![ProbeReading::default(); slots])[slot].returned = sum;
             probes[slot].returned = probes[slot].returned.merged(sum);
         }
-        let mut types: BTreeMap<u32, BTreeMap<u64, u64>> = BTreeMap::new();
+        let mut types: BTreeMap<u32, BTreeMap<u64, TypeCounts>> = BTreeMap::new();
         for entry in &self.types {
             let (key, per_cpu) = entry.map_err(map_err(names::TYPES_MAP))?;
-            let sum = per_cpu.iter().fold(0u64, |sum, v| sum.saturating_add(*v));
+            let sum = per_cpu.iter().fold(TypeCounts::default(), |sum, v| sum.merged(*v));
             types.entry(key.tgid).or_default().insert(key.type_address, sum);
         }
         let mut sizes = Vec::new();
@@ -187,6 +188,10 @@ impl Session {
         let keys: Vec<TypeKey> = self.types.keys().filter_map(Result::ok).filter(|k| k.tgid == tgid).collect();
         for key in keys {
             self.types.remove(&key).or_else(absent).map_err(map_err(names::TYPES_MAP))?;
+        }
+        let keys: Vec<ObjectKey> = self.objects.keys().filter_map(Result::ok).filter(|k| k.tgid == tgid).collect();
+        for key in keys {
+            self.objects.remove(&key).or_else(absent).map_err(map_err(names::OBJECTS_MAP))?;
         }
         let keys: Vec<StackKey> = self.stack_counts.keys().filter_map(Result::ok).filter(|k| k.tgid == tgid).collect();
         for key in keys {

@@ -26,7 +26,7 @@ use tracer_common::{
     names,
     returns::Returned,
     stack::{Stack, StackKey, WalkConfig},
-    types::TypeKey,
+    types::{ObjectKey, TypeCounts, TypeKey},
 };
 
 pub use self::{links::LateSites, maps::Readings};
@@ -111,6 +111,12 @@ pub struct TypesOptions {
     pub entries: u32,
     /// `offsetof(PyObject, ob_type)`, from the version module.
     pub ob_type_offset: u64,
+    /// Room for objects seen created and not yet destroyed; one more is
+    /// counted as a miss (`objects_full`).
+    pub objects: u32,
+    /// The pre-header sizes a freed block may start at before its object,
+    /// from the version module.
+    pub pre_headers: [u64; tracer_common::types::PRE_HEADERS],
 }
 
 impl Default for LoadOptions {
@@ -127,7 +133,8 @@ pub struct Session {
     counters: PerCpuHashMap<MapData, CounterKey, Counter>,
     stats: PerCpuArray<MapData, u64>,
     returns: PerCpuHashMap<MapData, CounterKey, Returned>,
-    types: PerCpuHashMap<MapData, TypeKey, u64>,
+    types: PerCpuHashMap<MapData, TypeKey, TypeCounts>,
+    objects: aya::maps::HashMap<MapData, ObjectKey, u64>,
     sizes: PerCpuArray<MapData, Counter>,
     walks: aya::maps::HashMap<MapData, u32, WalkConfig>,
     stacks: aya::maps::HashMap<MapData, u64, Stack>,
@@ -187,6 +194,8 @@ impl Session {
         // Without --types no program writes the map: one entry is room
         // enough.
         let (type_entries, ob_type_offset) = options.types.map_or((1, 0), |t| (t.entries.max(1), t.ob_type_offset));
+        let (object_entries, pre_headers) =
+            options.types.map_or((1, [0; tracer_common::types::PRE_HEADERS]), |t| (t.objects.max(1), t.pre_headers));
         let stacks_on = u32::from(options.stacks.is_some());
         let sample = options.stacks.as_ref().map_or(1, |s| s.sample.max(1));
         let stack_entries = options.stacks.as_ref().map_or(1, |s| s.entries.max(1));
@@ -213,6 +222,8 @@ impl Session {
             .map_max_entries(names::COUNTERS_MAP, slots.saturating_add(native).saturating_mul(processes))
             .map_max_entries(names::RETURNS_MAP, slots.saturating_mul(processes))
             .map_max_entries(names::TYPES_MAP, type_entries)
+            .map_max_entries(names::OBJECTS_MAP, object_entries)
+            .override_global(names::PRE_HEADERS_GLOBAL, &pre_headers, true)
             .map_max_entries(names::SLOT_DOMAINS_MAP, slots.max(1))
             .load(crate::BPF_OBJECT)
             .map_err(|e| AttachError::Load(Box::new(e)))?;
@@ -229,6 +240,7 @@ impl Session {
         let stats = take_map(&mut ebpf, names::STATS_MAP, PerCpuArray::try_from)?;
         let returns = take_map(&mut ebpf, names::RETURNS_MAP, PerCpuHashMap::try_from)?;
         let types = take_map(&mut ebpf, names::TYPES_MAP, PerCpuHashMap::try_from)?;
+        let objects = take_map(&mut ebpf, names::OBJECTS_MAP, aya::maps::HashMap::try_from)?;
         let sizes = take_map(&mut ebpf, names::SIZES_MAP, PerCpuArray::try_from)?;
         // Borrowed, not taken: a map taken and dropped here closes its fd,
         // which the programs aya loads later for perf-event uprobes are
@@ -267,6 +279,7 @@ impl Session {
             stats,
             returns,
             types,
+            objects,
             sizes,
             walks,
             stacks,
@@ -480,7 +493,7 @@ mod tests {
         let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
         let plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
         let options = LoadOptions {
-            types: Some(TypesOptions { entries: 16, ob_type_offset: 8 }),
+            types: Some(TypesOptions { entries: 16, ob_type_offset: 8, objects: 16, pre_headers: [0, 16, 32] }),
             stacks: Some(StacksOptions { slots: vec![0], sample: 3, entries: 16, native_rows: Some(1024) }),
             ..LoadOptions::default()
         };
@@ -570,5 +583,84 @@ mod tests {
         let probe = readings.probes[0];
         assert_eq!((probe.calls, probe.bytes), (N, 1234 * N), "{readings:?}");
         assert!(readings.stats.iter().all(|&v| v == 0), "{readings:?}");
+    }
+
+    #[unsafe(no_mangle)]
+    #[inline(never)]
+    extern "C" fn tracer_test_new_reference(op: *const u64) -> u64 {
+        std::hint::black_box(op as u64)
+    }
+
+    #[unsafe(no_mangle)]
+    #[inline(never)]
+    extern "C" fn tracer_test_free(ptr: *const u64) -> u64 {
+        std::hint::black_box(ptr as u64)
+    }
+
+    /// `--types` in the kernel: each new reference keeps its object, a free
+    /// of its block (the object, or the object minus a pre-header) counts
+    /// it destroyed when its memory still holds its type, a second new
+    /// reference at a kept address counts the first object reused, and a
+    /// full objects table is counted.
+    #[test]
+    fn objects_are_kept_destroyed_at_their_block_and_reused() {
+        assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
+        let exe = std::env::current_exe().expect("the test binary");
+        let elf = ElfImage::open(&exe).expect("the test binary is ELF");
+        let image = ImageRef { elf: &elf, display_path: &exe, attach_path: &exe, modules: &[], inlining: None };
+        std::hint::black_box(tracer_test_new_reference as extern "C" fn(*const u64) -> u64);
+        std::hint::black_box(tracer_test_free as extern "C" fn(*const u64) -> u64);
+        let spec = [
+            ProbeSpec::function("tracer_test_new_reference", Program::CountObject, true, true),
+            ProbeSpec::function("tracer_test_free", Program::FreeObject, true, true),
+        ];
+        let plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
+        // Room for three objects.
+        let types = TypesOptions { entries: 16, ob_type_offset: 8, objects: 3, pre_headers: [0, 16, 32] };
+        let options = LoadOptions { types: Some(types), ..LoadOptions::default() };
+        let mut session = Session::load(plan, std::process::id(), &options).expect("the object loads");
+        session.prepare(true).expect("programs load");
+        session.attach_multi(std::process::id()).expect("attached");
+        // Two type objects, and blocks whose objects' second word is
+        // their type: `a`, `c` and `d` without a pre-header, `b` after 32
+        // bytes of one (a GC header and a managed dict's).
+        let (t1, t2) = (Box::new([0u64; 4]), Box::new([0u64; 4]));
+        let (t1, t2) = (t1.as_ptr() as u64, t2.as_ptr() as u64);
+        let mut a = Box::new([0, t1, 0, 0]);
+        let b = Box::new([0, 0, 0, 0, 0, t2, 0, 0]);
+        let c = Box::new([0, t1, 0, 0]);
+        let d = Box::new([0, t1, 0, 0]);
+        let b_object = b[4..].as_ptr();
+        tracer_test_new_reference(a.as_ptr());
+        tracer_test_new_reference(b_object);
+        tracer_test_new_reference(c.as_ptr());
+        // The table is full: counted, not kept.
+        tracer_test_new_reference(d.as_ptr());
+        tracer_test_free(a.as_ptr());
+        tracer_test_free(b.as_ptr());
+        // A block tracer never saw an object of.
+        tracer_test_free(d[2..].as_ptr());
+        tracer_test_new_reference(b_object);
+        tracer_test_new_reference(b_object);
+        // A block whose memory no longer holds the kept type is not the
+        // kept object's.
+        a[1] = t2;
+        tracer_test_new_reference(a.as_ptr());
+        a[1] = t1;
+        tracer_test_free(a.as_ptr());
+        let readings = session.read().expect("the counters read");
+        session.detach_multi(std::process::id());
+        std::hint::black_box((&a, &b, &c, &d));
+        let calls: Vec<u64> = readings.probes.iter().map(|p| p.calls).collect();
+        assert_eq!(calls, [7, 4], "{readings:?}");
+        let counts = &readings.types[&std::process::id()];
+        let made = |created, destroyed, reused| tracer_common::types::TypeCounts { created, destroyed, reused };
+        // t1: a, c, d created; a destroyed. t2: b twice and a (retyped)
+        // created; b destroyed, then reused by its second new reference.
+        assert_eq!(counts.get(&t1), Some(&made(3, 1, 0)), "{counts:?}");
+        assert_eq!(counts.get(&t2), Some(&made(4, 1, 1)), "{counts:?}");
+        let stat = |s: tracer_common::stats::Stat| readings.stats[s as usize];
+        assert_eq!(stat(tracer_common::stats::Stat::ObjectsFull), 1, "{readings:?}");
+        assert_eq!(stat(tracer_common::stats::Stat::FreeArgMissing), 0, "{readings:?}");
     }
 }

@@ -270,6 +270,8 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
     for (slot, (spec, sym)) in (0u32..).zip(&found) {
         let own = if options.types && crate::python::object_parameter(spec.symbol).is_some() {
             Program::CountObject
+        } else if options.types && crate::python::freed_parameter(spec.symbol).is_some() {
+            Program::FreeObject
         } else {
             spec.program
         };
@@ -311,8 +313,12 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
         };
         let mut coverage = coverage(image, spec, &inline_sites, &unprobed, options.returns.is_some());
         coverage.inlined = coverage.inlined.map(|n| n.saturating_sub(others));
-        if own == Program::CountObject {
-            types_coverage(&mut coverage, &inline_sites);
+        match own {
+            Program::CountObject => types_coverage(&mut coverage, &inline_sites, "the object is", "types"),
+            Program::FreeObject => {
+                types_coverage(&mut coverage, &inline_sites, "the freed pointer is", "destructions");
+            }
+            _ => {}
         }
         probes.push(PlannedProbe {
             symbol: spec.symbol,
@@ -483,10 +489,11 @@ fn coverage(
     c
 }
 
-/// With `--types`, whether every probed call also counts its object's type:
-/// not where calls are partial, nor at copies where neither the DWARF nor
-/// the code shows where the object is.
-fn types_coverage(c: &mut Coverage, sites: &[InlineSite]) {
+/// With `--types`, whether every probed call also counts its object's type
+/// (at a new reference: its creation; at the object domain's free: its
+/// destruction): not where calls are partial, nor at copies where neither
+/// the DWARF nor the code shows where the object (`what`) is.
+fn types_coverage(c: &mut Coverage, sites: &[InlineSite], what: &str, counted: &str) {
     let objectless = sites.iter().filter(|s| s.object.is_none()).count();
     c.types = Some(if c.calls == Completeness::Partial || objectless > 0 {
         Completeness::Partial
@@ -495,7 +502,7 @@ fn types_coverage(c: &mut Coverage, sites: &[InlineSite]) {
     });
     if objectless > 0 {
         let why = format!(
-            "neither the DWARF nor the code shows where the object is at {objectless} of the {} inlined copies (their calls are counted, their types are not)",
+            "neither the DWARF nor the code shows where {what} at {objectless} of the {} inlined copies (their calls are counted, their {counted} are not)",
             sites.len()
         );
         c.reason = Some(c.reason.take().map_or(why.clone(), |r| format!("{r}; {why}")));

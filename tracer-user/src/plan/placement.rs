@@ -66,7 +66,7 @@ pub struct Placement {
 /// The argument registers `program` reads.
 fn reads(program: Program) -> &'static [Register] {
     match program {
-        Program::SizeArg0 | Program::CountObject | Program::NativeSizeArg0 => &[Register::RDI],
+        Program::SizeArg0 | Program::CountObject | Program::FreeObject | Program::NativeSizeArg0 => &[Register::RDI],
         Program::SizeArg1 | Program::NativeSizeArg1 | Program::NativeReleaseArg1 => &[Register::RSI],
         Program::NativeSizeArg2 => &[Register::RDX],
         Program::Calloc | Program::NativeCalloc => &[Register::RDI, Register::RSI],

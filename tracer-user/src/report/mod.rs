@@ -6,6 +6,7 @@ mod json;
 pub mod plan;
 pub mod stacks;
 mod table;
+mod types;
 
 use std::io::Write;
 

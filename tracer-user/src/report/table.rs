@@ -160,26 +160,10 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         Ok(())
     }
 
-    /// `--types`: the types most created, with their rates.
+    /// `--types`: the types most created, then those with the most live
+    /// objects (see [`super::types`]).
     fn types_block(&mut self, types: &[crate::model::TypeCount]) -> std::io::Result<()> {
-        writeln!(self.out, "  {:<32} {:>14} {:>12}", "type (most created)", "created", "created/s")?;
-        for t in types.iter().take(TOP_TYPES) {
-            let rate = t.created_per_s.map_or_else(|| "-".to_owned(), |r| group(round(r)));
-            writeln!(self.out, "  {:<32} {:>14} {:>12}", t.name, group(t.created), rate)?;
-        }
-        if types.len() > TOP_TYPES {
-            let rest: u64 = types[TOP_TYPES..].iter().map(|t| t.created).sum();
-            writeln!(
-                self.out,
-                "  ({} more types, {} created; every type is in --json)",
-                types.len() - TOP_TYPES,
-                group(rest)
-            )?;
-        }
-        if let Some(t) = types.iter().find(|t| t.unresolved.is_some()) {
-            writeln!(self.out, "  {}: name not read ({})", t.name, t.unresolved.as_deref().unwrap_or_default())?;
-        }
-        Ok(())
+        super::types::block(&mut self.out, types, TOP_TYPES, (group, round))
     }
 
     /// With `--native`: the calls one probed libc function made of another

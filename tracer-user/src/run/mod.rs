@@ -93,6 +93,12 @@ fn attach_links(
 /// thousand types; one past the room is counted (`types_full`).
 const TYPE_ENTRIES: u32 = 1 << 15;
 
+/// Room for objects `--types` saw created and not yet destroyed (not
+/// preallocated: a few dozen bytes of kernel memory per object held); one
+/// past the room is counted (`objects_full`), and its type's live count is
+/// then too high.
+const OBJECT_ENTRIES: u32 = 1 << 20;
+
 /// Writes `--folded` and `--flamegraph` from the summary's stacks, and
 /// says where.
 fn write_stacks(
@@ -159,7 +165,8 @@ fn stack_slots(
 /// The probe table rows `selection` picks for the resolved target. With
 /// `types`, every function that creates objects the version has, since
 /// where `_Py_NewReferenceNoTotal` exists (3.12+) the free lists' objects
-/// pass it instead of `_Py_NewReference`.
+/// pass it instead of `_Py_NewReference`, and the object domain's free,
+/// where objects are seen destroyed.
 fn specs(
     r: &Resolved,
     selection: &ProbeSelection,
@@ -168,7 +175,9 @@ fn specs(
     let mut specs = selection.select(r.abi.probes(), &r.version.to_string())?;
     if types {
         for p in r.abi.probes() {
-            if crate::python::object_parameter(p.symbol).is_some() && !specs.iter().any(|s| s.symbol == p.symbol) {
+            let counts_objects = crate::python::object_parameter(p.symbol).is_some()
+                || crate::python::freed_parameter(p.symbol).is_some();
+            if counts_objects && !specs.iter().any(|s| s.symbol == p.symbol) {
                 specs.push(*p);
             }
         }
@@ -179,11 +188,16 @@ fn specs(
 /// The GC probes of the resolved target, as `mode` says.
 fn gc_plan(r: &Resolved, mode: GcMode) -> Result<GcPlan, plan::gc::GcPlanError> {
     let version = r.version.to_string();
+    let debug = match &r.inlining {
+        discover::Inlining::Known { source, .. } => Some(std::path::PathBuf::from(source)),
+        _ => None,
+    };
     let image = plan::gc::GcImage {
         elf: &r.elf,
         display_path: &r.display_path,
         attach_path: &r.attach_path,
         version: &version,
+        debug: debug.as_deref(),
     };
     plan::gc::plan(image, crate::python::gc_knowledge(r.abi), mode)
 }
@@ -481,9 +495,12 @@ fn start<'a>(
         let sites = plan.probes.iter().map(|p| p.inline_sites.len() + p.coverage.call_sites).sum();
         return Err(crate::config::ConfigError::BudgetPerfManySites { sites }.into());
     }
-    let types = config
-        .types
-        .then(|| crate::kernel::TypesOptions { entries: TYPE_ENTRIES, ob_type_offset: r.abi.objects().ob_type });
+    let types = config.types.then(|| crate::kernel::TypesOptions {
+        entries: TYPE_ENTRIES,
+        ob_type_offset: r.abi.objects().ob_type,
+        objects: OBJECT_ENTRIES,
+        pre_headers: r.abi.objects().pre_headers,
+    });
     let stack_slots = config.stacks.as_ref().map(|s| stack_slots(&r, &plan, s)).transpose()?;
     let stacks = config.stacks.as_ref().zip(stack_slots.clone()).map(|(s, slots)| crate::kernel::StacksOptions {
         slots,

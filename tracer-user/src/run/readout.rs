@@ -26,8 +26,8 @@ struct Exited {
     pid: u32,
     at: Duration,
     probes: Vec<ProbeReading>,
-    /// With `--types`: its creations by type address.
-    types: BTreeMap<u64, u64>,
+    /// With `--types`: its creations and destructions by type address.
+    types: BTreeMap<u64, tracer_common::types::TypeCounts>,
     /// With `--stacks`: its counts per stack.
     stacks: Vec<(tracer_common::stack::StackKey, tracer_common::counter::Counter)>,
     /// Its garbage collections by generation.
@@ -45,8 +45,9 @@ pub struct Totals {
     /// The processes with entries in the maps at this read, not yet found
     /// exited: those whose CPU time is worth reading.
     pub live: Vec<u32>,
-    /// With `--types`: per process, creations by type address.
-    pub types: BTreeMap<u32, BTreeMap<u64, u64>>,
+    /// With `--types`: per process, creations and destructions by type
+    /// address.
+    pub types: BTreeMap<u32, BTreeMap<u64, tracer_common::types::TypeCounts>>,
     /// Calls and bytes by size bucket (see [`tracer_common::sizes`]).
     pub sizes: Vec<tracer_common::counter::Counter>,
     /// With `--stacks`: counts per (process, probe, stack), exited
@@ -187,9 +188,9 @@ impl Readout {
         let mut types = live_types;
         for e in &self.exited {
             let merged = types.entry(e.pid).or_default();
-            for (&address, &created) in &e.types {
+            for (&address, &counts) in &e.types {
                 let total = merged.entry(address).or_default();
-                *total = total.saturating_add(created);
+                *total = total.merged(counts);
             }
         }
         let mut gc = live_gc;
