@@ -448,6 +448,29 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
 
 /// Resolves, plans, loads and attaches as `config` says, and reports the
 /// attach: everything before the loop.
+/// The `--types` options, the `--stacks` options, and the probe slots
+/// whose events get stacks.
+type KernelOptions = (Option<crate::kernel::TypesOptions>, Option<crate::kernel::StacksOptions>, Option<Vec<u32>>);
+
+/// What the kernel side is sized and told for `--types` and `--stacks`,
+/// and which probes' events get stacks.
+fn kernel_options(config: &AttachConfig, r: &discover::Resolved, plan: &plan::Plan) -> anyhow::Result<KernelOptions> {
+    let types = config.types.then(|| crate::kernel::TypesOptions {
+        entries: TYPE_ENTRIES,
+        ob_type_offset: r.abi.objects().ob_type,
+        objects: OBJECT_ENTRIES,
+        pre_headers: r.abi.objects().pre_headers,
+    });
+    let stack_slots = config.stacks.as_ref().map(|s| stack_slots(r, plan, s)).transpose()?;
+    let stacks = config.stacks.as_ref().zip(stack_slots.clone()).map(|(s, slots)| crate::kernel::StacksOptions {
+        slots,
+        sample: s.sample,
+        entries: STACK_ENTRIES,
+        native_rows: s.native.then_some(crate::unwind::ROW_CAPACITY),
+    });
+    Ok((types, stacks, stack_slots))
+}
+
 fn start<'a>(
     config: &AttachConfig,
     out: impl Write + 'a,
@@ -495,19 +518,7 @@ fn start<'a>(
         let sites = plan.probes.iter().map(|p| p.inline_sites.len() + p.coverage.call_sites).sum();
         return Err(crate::config::ConfigError::BudgetPerfManySites { sites }.into());
     }
-    let types = config.types.then(|| crate::kernel::TypesOptions {
-        entries: TYPE_ENTRIES,
-        ob_type_offset: r.abi.objects().ob_type,
-        objects: OBJECT_ENTRIES,
-        pre_headers: r.abi.objects().pre_headers,
-    });
-    let stack_slots = config.stacks.as_ref().map(|s| stack_slots(&r, &plan, s)).transpose()?;
-    let stacks = config.stacks.as_ref().zip(stack_slots.clone()).map(|(s, slots)| crate::kernel::StacksOptions {
-        slots,
-        sample: s.sample,
-        entries: STACK_ENTRIES,
-        native_rows: s.native.then_some(crate::unwind::ROW_CAPACITY),
-    });
+    let (types, stacks, stack_slots) = kernel_options(config, &r, &plan)?;
     let load = LoadOptions { bpf_log: config.bpf_log, types, stacks, ..LoadOptions::default() };
     let mut session = Session::load(plan, r.scope, &load)?;
     // The target's frames are located before the probes go live, so that
