@@ -1,6 +1,6 @@
 """Workload driven by tracer's integration tests.
 
-    workload.py once N [finalize|_exit] [objects|api|api-pointers|late-import|types|sizes|gc|gc-auto|native]
+    workload.py once N [finalize|_exit] [objects|api|api-pointers|late-import|types|floats|sizes|gc|gc-auto|native]
                            print "ready", wait for a line on stdin, run the
                            body N times, print "done", then exit normally
                            (finalize, the default) or with os._exit, which
@@ -26,6 +26,8 @@ Bodies:
                        its encoder frees each float's text itself
     sizes              bytearray(100), bytearray(1000) and bytearray(10000):
                        buffers of 101, 1001 and 10001 bytes
+    floats             one float made from float's free list (the old one given
+                       back to it), with no allocator call
     types              one Leaky() kept in a list and one Temp() dropped; after
                        "done" it waits for stdin to close before it exits, so
                        that the type names can still be read
@@ -136,6 +138,16 @@ def types_body():
     Temp()
 
 
+FLOAT = [1.0]
+
+
+def floats_body():
+    # One new float per iteration, from float's free list: the product
+    # replaces the old float, whose dealloc gives its memory back to the
+    # free list, with no allocator call either way.
+    FLOAT[0] = FLOAT[0] * 1.0000001
+
+
 GC_CYCLES = 3
 
 
@@ -229,6 +241,8 @@ def once(n, exit_mode, body_name):
         work = late_import_body
     elif body_name == "types":
         work = types_body
+    elif body_name == "floats":
+        work = floats_body
     elif body_name == "sizes":
         work = sizes_body
     elif body_name == "gc":
@@ -267,7 +281,7 @@ def once(n, exit_mode, body_name):
     for _ in itertools.repeat(None, n):
         work()
     print("done", flush=True)
-    if body_name == "types":
+    if body_name in ("types", "floats"):
         sys.stdin.read()
     if exit_mode == "_exit":
         os._exit(0)
@@ -300,4 +314,4 @@ if __name__ == "__main__":
     elif sys.argv[1] == "serve":
         serve()
     else:
-        sys.exit(f"usage: {sys.argv[0]} once N [finalize|_exit] [objects|api|api-pointers|late-import|types|sizes|gc|gc-auto|native] | serve")
+        sys.exit(f"usage: {sys.argv[0]} once N [finalize|_exit] [objects|api|api-pointers|late-import|types|floats|sizes|gc|gc-auto|native] | serve")

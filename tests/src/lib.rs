@@ -187,6 +187,10 @@ pub enum Body {
     /// One `Leaky()` kept and one `Temp()` dropped; after "done" the
     /// workload waits for [`Workload::close`].
     Types,
+    /// One float made from float's free list, the old one given back to
+    /// it: one new reference and no allocator call; after "done" the
+    /// workload waits for [`Workload::close`].
+    Floats,
     /// With automatic collection off: `gc.collect(0)` twice,
     /// `gc.collect(1)` once, then [`GC_CYCLES`] reference cycles of two
     /// lists each left behind and `gc.collect(2)` once, which finds them.
@@ -211,6 +215,7 @@ impl Body {
             Self::ApiPointers => "api-pointers",
             Self::LateImport => "late-import",
             Self::Types => "types",
+            Self::Floats => "floats",
             Self::Sizes => "sizes",
             Self::Gc => "gc",
             Self::GcAuto => "gc-auto",

@@ -299,3 +299,87 @@ fn types_refuse_what_they_cannot_count() {
         assert_eq!((code, stdout.as_str(), stderr.as_str()), (Some(2), "", error), "{args:?}");
     }
 }
+
+/// One run of the floats body under `--types`: (floats
+/// created, floats reused, object-domain allocator calls), from the summary
+/// after the workload's exit.
+fn floats(mut workload: Workload) -> (u64, u64, u64) {
+    workload.wait_blocked_on_stdin();
+    let (tracer, _attached) = TracerRun::attach_json(workload.pid(), &["--types", "--interval", "0.1"]);
+    workload.go();
+    workload.expect("done");
+    // The workload waits until float is named in an interval: a type is
+    // named from the target's memory while it runs.
+    let mut named = false;
+    for _ in 0..600 {
+        let line = tracer.stdout.next_line("an interval").expect("tracer printed an interval");
+        let line: Value = serde_json::from_str(&line).expect("JSON");
+        if line["types"].as_array().is_some_and(|t| t.iter().any(|t| t["name"] == "float")) {
+            named = true;
+            break;
+        }
+    }
+    assert!(named, "no interval named float");
+    workload.close();
+    let (status, lines, stderr) = tracer.finish();
+    assert!(status.success(), "tracer failed: {status}: {stderr}");
+    let summary = lines.last().expect("a summary").clone();
+    assert_eq!(summary["type"], "summary", "{lines:?}");
+    for stat in ["type_unread", "types_full", "map_full", "arg_missing", "objects_full", "free_arg_missing"] {
+        assert_eq!(summary["stats"][stat], 0, "{stat}: {summary}");
+    }
+    let (created, _, reused, _) = counts(&summary, "float");
+    let allocations = ["PyObject_Malloc", "PyObject_Calloc", "PyObject_Realloc"]
+        .iter()
+        .map(|f| summary["probes"][*f]["calls"].as_u64().unwrap_or_else(|| panic!("no {f} in {summary}")))
+        .sum();
+    (created, reused, allocations)
+}
+
+/// Starts a workload of N iterations.
+type Start = dyn Fn(u64) -> Workload;
+
+/// Issue 12's free-list check: a loop of float arithmetic makes far more
+/// new references than allocator calls, and the reuse reported for float
+/// is the difference, exactly, between N and 2N runs; on pyenv's 3.11 and
+/// 3.13, Debian's 3.11 and the forky 3.14 with its debug info.
+#[test]
+fn float_arithmetic_is_served_from_the_free_list() {
+    require_root();
+    let n = 5000;
+    let runs: Vec<(String, Box<Start>)> = vec![
+        (
+            "pyenv 3.11".into(),
+            Box::new(|n| Workload::once(&shared_python(), n, Body::Floats, Exit::Finalize, tracer_tests::Aslr::On)),
+        ),
+        (
+            "pyenv 3.13".into(),
+            Box::new(|n| Workload::once(&pyenv("3.13.0"), n, Body::Floats, Exit::Finalize, tracer_tests::Aslr::On)),
+        ),
+        (
+            "Debian 3.11".into(),
+            Box::new(|n| Workload::once(&static_python(), n, Body::Floats, Exit::Finalize, tracer_tests::Aslr::On)),
+        ),
+        (
+            "forky 3.14".into(),
+            Box::new(|n| {
+                Workload::once_in_root(&forky_root(), "python3.14", n, Body::Floats, Exit::Finalize, Isolation::Chroot)
+            }),
+        ),
+    ];
+    for (build, start) in &runs {
+        let (c1, r1, a1) = floats(start(n));
+        let (c2, r2, a2) = floats(start(2 * n));
+        let (created, reused, allocations) = (c2 - c1, r2 - r1, a2.saturating_sub(a1));
+        // One new float per iteration,
+        assert_eq!(created, n, "{build}: floats created, N={n} vs 2N");
+        // far more than the allocator calls,
+        assert!(allocations * 10 < created, "{build}: {allocations} allocator calls for {created} floats");
+        // and the reuse reported is the difference.
+        assert_eq!(
+            reused,
+            created - allocations,
+            "{build}: reused {reused}, created {created}, allocator calls {allocations}"
+        );
+    }
+}
