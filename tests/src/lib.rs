@@ -650,6 +650,22 @@ impl TracerRun {
     }
 }
 
+/// Attaches `tracer attach --json ARGS` to `workload` while it waits, runs
+/// its loop to the end and returns tracer's attached line and summary,
+/// after checking that tracer succeeded.
+#[must_use]
+pub fn traced_to_the_end(mut workload: Workload, args: &[&str]) -> (Value, Value) {
+    workload.wait_blocked_on_stdin();
+    let (tracer, attached) = TracerRun::attach_json(workload.pid(), args);
+    workload.go();
+    workload.finish();
+    let (status, lines, stderr) = tracer.finish();
+    assert!(status.success(), "tracer failed: {status}: {stderr}");
+    let summary = lines.last().expect("a summary").clone();
+    assert_eq!(summary["type"], "summary", "{lines:?}");
+    (attached, summary)
+}
+
 /// Runs tracer to completion with ARGS and returns (exit code, stdout, stderr).
 #[must_use]
 pub fn run_tracer(args: &[&str]) -> (Option<i32>, String, String) {

@@ -12,8 +12,7 @@ use std::path::Path;
 
 use serde_json::Value;
 use tracer_tests::{
-    Aslr, Body, Exit, Isolation, TracerRun, Workload, forky_root, require_root, run_tracer, shared_python,
-    static_python,
+    Aslr, Body, Exit, Isolation, Workload, forky_root, require_root, run_tracer, shared_python, static_python,
 };
 
 /// Per iteration: function, calls, bytes (tests/python/workload.py's
@@ -40,16 +39,8 @@ const BUCKETS: [((u64, u64), (u64, u64)); 3] =
     [((4096, 8191), (5, 5 * 4096)), ((8192, 16383), (1, 8192)), ((0, 0), (1, 0))];
 
 /// The attached line and summary of one run of `workload`.
-fn traced(mut workload: Workload) -> (Value, Value) {
-    workload.wait_blocked_on_stdin();
-    let (tracer, attached) = TracerRun::attach_json(workload.pid(), &["--native", "--interval", "3600"]);
-    workload.go();
-    workload.finish();
-    let (status, lines, stderr) = tracer.finish();
-    assert!(status.success(), "tracer failed: {status}: {stderr}");
-    let summary = lines.last().expect("a summary").clone();
-    assert_eq!(summary["type"], "summary", "{lines:?}");
-    (attached, summary)
+fn traced(workload: Workload) -> (Value, Value) {
+    tracer_tests::traced_to_the_end(workload, &["--native", "--interval", "3600"])
 }
 
 fn counts(summary: &Value, name: &str, field: Option<&str>) -> (u64, u64) {

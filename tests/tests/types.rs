@@ -60,10 +60,15 @@ fn traced(mut workload: Workload, n: u64) -> Traced {
     assert!(status.success(), "tracer failed: {status}: {stderr}");
     let summary = lines.last().expect("a summary").clone();
     assert_eq!(summary["type"], "summary", "{lines:?}");
+    no_type_misses(&summary);
+    Traced { attached, interval, summary }
+}
+
+/// Fails if the summary counts any miss of the types programs.
+fn no_type_misses(summary: &Value) {
     for stat in ["type_unread", "types_full", "map_full", "arg_missing", "objects_full", "free_arg_missing"] {
         assert_eq!(summary["stats"][stat], 0, "{stat}: {summary}");
     }
-    Traced { attached, interval, summary }
 }
 
 /// `name`'s (created, destroyed, reused, live) in a line's types.
@@ -325,9 +330,7 @@ fn floats(mut workload: Workload) -> (u64, u64, u64) {
     assert!(status.success(), "tracer failed: {status}: {stderr}");
     let summary = lines.last().expect("a summary").clone();
     assert_eq!(summary["type"], "summary", "{lines:?}");
-    for stat in ["type_unread", "types_full", "map_full", "arg_missing", "objects_full", "free_arg_missing"] {
-        assert_eq!(summary["stats"][stat], 0, "{stat}: {summary}");
-    }
+    no_type_misses(&summary);
     let (created, _, reused, _) = counts(&summary, "float");
     let allocations = ["PyObject_Malloc", "PyObject_Calloc", "PyObject_Realloc"]
         .iter()

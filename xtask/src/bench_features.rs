@@ -166,11 +166,7 @@ fn measure(
 
 /// Writes the section.
 pub fn features_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow::Result<()> {
-    let (rounds, target) = match effort {
-        "rigorous" => (20, 0.1),
-        "normal" => (10, 0.05),
-        _ => (5, 0.05),
-    };
+    let (rounds, target) = crate::markdown::rounds(effort);
     let load = crate::markdown::Load::now();
     crate::lto::install_harness()?;
     writeln!(md, "## What each memory feature adds per event\n")?;

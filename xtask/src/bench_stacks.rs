@@ -260,11 +260,7 @@ fn check_stacked(summary: &Value, what: &str) -> anyhow::Result<()> {
 /// commits) whose stack capture is measured beside this one's.
 #[allow(clippy::too_many_lines, reason = "one section's text, written in reading order")]
 pub fn stacks_section(md: &mut String, tracer: &Path, effort: &str, versus: &[PathBuf]) -> anyhow::Result<()> {
-    let (rounds, target) = match effort {
-        "rigorous" => (20, 0.1),
-        "normal" => (10, 0.05),
-        _ => (5, 0.05),
-    };
+    let (rounds, target) = crate::markdown::rounds(effort);
     let load = crate::markdown::Load::now();
     crate::lto::install_harness()?;
     let this = tracer.to_path_buf();
