@@ -1,6 +1,6 @@
 """Workload driven by tracer's integration tests.
 
-    workload.py once N [finalize|_exit] [objects|api|api-pointers|late-import|types|sizes|gc|gc-auto]
+    workload.py once N [finalize|_exit] [objects|api|api-pointers|late-import|types|floats|sizes|gc|gc-auto|native]
                            print "ready", wait for a line on stdin, run the
                            body N times, print "done", then exit normally
                            (finalize, the default) or with os._exit, which
@@ -26,6 +26,8 @@ Bodies:
                        its encoder frees each float's text itself
     sizes              bytearray(100), bytearray(1000) and bytearray(10000):
                        buffers of 101, 1001 and 10001 bytes
+    floats             one float made from float's free list (the old one given
+                       back to it), with no allocator call
     types              one Leaky() kept in a list and one Temp() dropped; after
                        "done" it waits for stdin to close before it exits, so
                        that the type names can still be read
@@ -36,6 +38,11 @@ Bodies:
                        once, finding exactly their 2 * GC_CYCLES lists
     gc-auto            with automatic collection on: one new list kept, so
                        that the collector runs by itself every few hundred
+    native             libc's allocator through ctypes (CDLL(None): the
+                       process's own libc, a chroot's inside one), as
+                       NATIVE_CALLS says: malloc, calloc, realloc (from
+                       NULL, grown, to 0), posix_memalign, aligned_alloc,
+                       mmap and munmap, each block freed
 
 The loop uses itertools.repeat so the loop itself allocates nothing per
 iteration.
@@ -131,6 +138,16 @@ def types_body():
     Temp()
 
 
+FLOAT = [1.0]
+
+
+def floats_body():
+    # One new float per iteration, from float's free list: the product
+    # replaces the old float, whose dealloc gives its memory back to the
+    # free list, with no allocator call either way.
+    FLOAT[0] = FLOAT[0] * 1.0000001
+
+
 GC_CYCLES = 3
 
 
@@ -152,6 +169,59 @@ def gc_auto_body():
     KEPT.append([])
 
 
+# Per iteration of the native body: function -> (calls, bytes), and the
+# calls glibc's realloc makes of malloc and free (nested). Mirrored in
+# tests/tests/native.rs.
+NATIVE_CALLS = {
+    "malloc": (1, 4096),
+    "calloc": (1, 4 * 1024),
+    "realloc": (3, 4096 + 8192 + 0),
+    "free": (4, 0),
+    "posix_memalign": (1, 4096),
+    "aligned_alloc": (1, 4096),
+    "mmap": (1, 4096),
+    "munmap": (1, 4096),
+}
+
+
+def native_body_factory():
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    vp, size = ctypes.c_void_p, ctypes.c_size_t
+    for name, restype, argtypes in [
+        ("malloc", vp, [size]),
+        ("calloc", vp, [size, size]),
+        ("realloc", vp, [vp, size]),
+        ("free", None, [vp]),
+        ("posix_memalign", ctypes.c_int, [ctypes.POINTER(vp), size, size]),
+        ("aligned_alloc", vp, [size, size]),
+        ("mmap", vp, [vp, size, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]),
+        ("munmap", ctypes.c_int, [vp, size]),
+    ]:
+        f = getattr(libc, name)
+        f.restype, f.argtypes = restype, argtypes
+    malloc, calloc, realloc, free = libc.malloc, libc.calloc, libc.realloc, libc.free
+    posix_memalign, aligned_alloc, mmap, munmap = libc.posix_memalign, libc.aligned_alloc, libc.mmap, libc.munmap
+    # PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS (Linux x86-64).
+    prot, flags = 0x1 | 0x2, 0x02 | 0x20
+    out = vp()
+    where = ctypes.byref(out)
+
+    def native_body():
+        free(malloc(4096))
+        free(calloc(4, 1024))
+        r = realloc(None, 4096)
+        r = realloc(r, 8192)
+        realloc(r, 0)
+        posix_memalign(where, 64, 4096)
+        free(out)
+        free(aligned_alloc(64, 4096))
+        munmap(mmap(None, 4096, prot, flags, -1, 0), 4096)
+
+    return native_body
+
+
 def sizes_body():
     return bytearray(100), bytearray(1000), bytearray(10000)
 
@@ -171,6 +241,8 @@ def once(n, exit_mode, body_name):
         work = late_import_body
     elif body_name == "types":
         work = types_body
+    elif body_name == "floats":
+        work = floats_body
     elif body_name == "sizes":
         work = sizes_body
     elif body_name == "gc":
@@ -180,6 +252,8 @@ def once(n, exit_mode, body_name):
         work = gc_body
     elif body_name == "gc-auto":
         work = gc_auto_body
+    elif body_name == "native":
+        work = native_body_factory()
     else:
         work = body
     if body_name != "late-import":
@@ -207,7 +281,7 @@ def once(n, exit_mode, body_name):
     for _ in itertools.repeat(None, n):
         work()
     print("done", flush=True)
-    if body_name == "types":
+    if body_name in ("types", "floats"):
         sys.stdin.read()
     if exit_mode == "_exit":
         os._exit(0)
@@ -240,4 +314,4 @@ if __name__ == "__main__":
     elif sys.argv[1] == "serve":
         serve()
     else:
-        sys.exit(f"usage: {sys.argv[0]} once N [finalize|_exit] [objects|api|api-pointers|late-import|types|sizes|gc|gc-auto] | serve")
+        sys.exit(f"usage: {sys.argv[0]} once N [finalize|_exit] [objects|api|api-pointers|late-import|types|floats|sizes|gc|gc-auto|native] | serve")

@@ -187,6 +187,10 @@ pub enum Body {
     /// One `Leaky()` kept and one `Temp()` dropped; after "done" the
     /// workload waits for [`Workload::close`].
     Types,
+    /// One float made from float's free list, the old one given back to
+    /// it: one new reference and no allocator call; after "done" the
+    /// workload waits for [`Workload::close`].
+    Floats,
     /// With automatic collection off: `gc.collect(0)` twice,
     /// `gc.collect(1)` once, then [`GC_CYCLES`] reference cycles of two
     /// lists each left behind and `gc.collect(2)` once, which finds them.
@@ -194,6 +198,9 @@ pub enum Body {
     /// With automatic collection on: one new list kept, so that the
     /// collector runs by itself.
     GcAuto,
+    /// libc's allocator through ctypes, as tests/python/workload.py's
+    /// `NATIVE_CALLS` says.
+    Native,
 }
 
 /// Reference cycles the gc body leaves for each `gc.collect(2)`, as
@@ -208,9 +215,11 @@ impl Body {
             Self::ApiPointers => "api-pointers",
             Self::LateImport => "late-import",
             Self::Types => "types",
+            Self::Floats => "floats",
             Self::Sizes => "sizes",
             Self::Gc => "gc",
             Self::GcAuto => "gc-auto",
+            Self::Native => "native",
         }
     }
 }
@@ -655,6 +664,22 @@ impl TracerRun {
             .collect();
         (status, json, stderr)
     }
+}
+
+/// Attaches `tracer attach --json ARGS` to `workload` while it waits, runs
+/// its loop to the end and returns tracer's attached line and summary,
+/// after checking that tracer succeeded.
+#[must_use]
+pub fn traced_to_the_end(mut workload: Workload, args: &[&str]) -> (Value, Value) {
+    workload.wait_blocked_on_stdin();
+    let (tracer, attached) = TracerRun::attach_json(workload.pid(), args);
+    workload.go();
+    workload.finish();
+    let (status, lines, stderr) = tracer.finish();
+    assert!(status.success(), "tracer failed: {status}: {stderr}");
+    let summary = lines.last().expect("a summary").clone();
+    assert_eq!(summary["type"], "summary", "{lines:?}");
+    (attached, summary)
 }
 
 /// Runs tracer to completion with ARGS and returns (exit code, stdout, stderr).

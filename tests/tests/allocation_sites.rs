@@ -258,6 +258,10 @@ fn bad_stack_options_leave_nothing_attached_or_written() {
         ),
         (vec!["--folded", &e], format!("--folded {e} exists; pass --force to overwrite it, or another path")),
         (
+            vec!["--native-stacks", "--budget", "5"],
+            "--budget cannot be combined with --stacks (or --top, --folded, --flamegraph, --native-stacks): stack counts are not estimated from windows; use --sample N to make stacks cheaper".to_owned(),
+        ),
+        (
             vec!["--flamegraph", &l, "--force"],
             format!(
                 "--flamegraph {l} is a symbolic link, which tracer does not write through; pass the path of a regular file"
@@ -315,4 +319,182 @@ fn sampled_sites_are_estimates_within_their_error() {
     }
     let coverage = &sampled_summary["stack_coverage"];
     assert_eq!((coverage["sample"].as_u64(), coverage["estimate"].as_bool()), (Some(10), Some(true)), "{coverage}");
+}
+
+/// The native functions of a stack, innermost first.
+fn native_names(stack: &Value) -> Vec<&str> {
+    stack["native"].as_array().map(|a| a.iter().filter_map(|f| f["function"].as_str()).collect()).unwrap_or_default()
+}
+
+/// (probe, Python functions, native functions) of each stack at `make_a`'s
+/// and `make_b`'s marked lines, with its calls.
+fn native_stacks_at_sites(summary: &Value) -> HashMap<(String, String, Vec<String>), u64> {
+    let mut out = HashMap::new();
+    for s in summary["stacks"].as_array().expect("the summary's stacks") {
+        let Some(site) = ["make_a", "make_b"].into_iter().find(|f| {
+            s["frames"][0]["function"] == *f && s["frames"][0]["line"] == line_of(&format!("# {f} allocates"))
+        }) else {
+            continue;
+        };
+        let native: Vec<String> = native_names(s).into_iter().map(str::to_owned).collect();
+        let key = (s["probe"].as_str().unwrap_or_default().to_owned(), site.to_owned(), native);
+        *out.entry(key).or_default() += s["calls"].as_u64().expect("calls");
+    }
+    out
+}
+
+/// With `--native-stacks`, N against 2N on `python`: each stack at `make_a`'s
+/// and `make_b`'s lines has native frames unwound to the process's root
+/// (`_start`, through `Py_RunMain`), the probed function (or the copy of
+/// it inlined where the probe sits) innermost, below the eval loop (or the
+/// part of it LTO split off, `.cold`); each
+/// such stack's count grows by an exact multiple of N, `make_b`'s by 3 times
+/// `make_a`'s; and the folded file puts the native root at the bottom, the
+/// Python frames in the eval loop's place and the probe's native callers on
+/// top.
+fn native_sites(python: Python<'_>) {
+    let n = 500;
+    let dir = std::env::temp_dir().join(format!("tracer-native-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let folded = dir.join("native.folded");
+    let f = folded.display().to_string();
+    let one = traced(python, n, "flat", &["make_a", "make_b"], &["--native-stacks"]);
+    let two = traced(python, 2 * n, "flat", &["make_a", "make_b"], &["--native-stacks", "--folded", &f]);
+    for stat in ["native_read_failed", "native_full"] {
+        assert_eq!(two["stats"][stat], 0, "{stat}: {}", two["stats"]);
+    }
+    let mut checked = 0;
+    for s in two["stacks"].as_array().expect("stacks") {
+        let at_site = ["make_a", "make_b"]
+            .into_iter()
+            .any(|f| s["frames"][0]["function"] == f && s["frames"][0]["line"] == line_of(&format!("# {f} allocates")));
+        if !at_site {
+            continue;
+        }
+        let names = native_names(s);
+        assert!(s.get("native_end").is_none(), "the unwind stopped early: {s}");
+        assert_eq!(names.last(), Some(&"_start"), "the native root: {s}");
+        assert!(names.contains(&"Py_RunMain"), "{s}");
+        let eval = names
+            .iter()
+            .position(|f| f.split('.').next() == Some("_PyEval_EvalFrameDefault"))
+            .unwrap_or_else(|| panic!("no eval loop: {s}"));
+        let probe = s["probe"].as_str().expect("probe");
+        assert!(names[..eval].contains(&probe), "{probe} is not among the innermost native frames: {s}");
+        checked += 1;
+    }
+    assert!(checked >= 2, "no stack at make_a's and make_b's lines: {two}");
+    let (s1, s2) = (native_stacks_at_sites(&one), native_stacks_at_sites(&two));
+    let mut growth: HashMap<String, u64> = HashMap::new();
+    for (key, c2) in &s2 {
+        if *c2 < n {
+            continue;
+        }
+        let c1 = s1.get(key).copied().unwrap_or(0);
+        let d = c2 - c1;
+        assert_eq!(d % n, 0, "{key:?}: {c1} then {c2} calls, for {n} more iterations");
+        *growth.entry(key.1.clone()).or_default() += d / n;
+    }
+    let (a, b) = (growth.get("make_a").copied().unwrap_or(0), growth.get("make_b").copied().unwrap_or(0));
+    assert!(a >= 1 && b == 3 * a, "per iteration: make_a {a}, make_b {b}: {s2:?}");
+    let text = std::fs::read_to_string(&folded).expect("the folded file");
+    assert!(
+        text.lines().any(|l| l.starts_with("_start [")
+            && l.contains("Py_RunMain [")
+            && l.contains(";<module> (")
+            && l.contains(";main (")
+            && l.contains(";make_b (")
+            && l.contains("sites.py:")
+            && !l.contains("_PyEval_EvalFrameDefault")
+            && l.rsplit_once(' ')
+                .is_some_and(|(stack, _)| stack.rsplit(';').next().is_some_and(|leaf| leaf.contains(" [")))),
+        "{text}"
+    );
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}
+
+#[test]
+fn native_sites_on_pyenv_311() {
+    require_root();
+    native_sites(Python::Host(&shared_python()));
+}
+
+#[test]
+fn native_sites_on_pyenv_312() {
+    require_root();
+    native_sites(Python::Host(&pyenv("3.12.1")));
+}
+
+#[test]
+fn native_sites_on_pyenv_313() {
+    require_root();
+    native_sites(Python::Host(&pyenv("3.13.0")));
+}
+
+#[test]
+fn native_sites_on_debian_311() {
+    require_root();
+    native_sites(Python::Host(&static_python()));
+}
+
+#[test]
+fn native_sites_on_forky_313() {
+    require_root();
+    native_sites(Python::Forky("python3.13"));
+}
+
+#[test]
+fn native_sites_on_forky_314() {
+    require_root();
+    native_sites(Python::Forky("python3.14"));
+}
+
+/// A module without usable unwind tables (a library built without them,
+/// whose `.eh_frame` describes no function, which sites.py loads) is
+/// reported: a note, and its entry in the
+/// summary's `native_modules` with no rows, the reason and the fix.
+#[test]
+fn a_module_without_unwind_tables_is_reported() {
+    require_root();
+    let dir = std::env::temp_dir().join(format!("tracer-noeh-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let (source, lib) = (dir.join("noeh.c"), dir.join("libnoeh.so"));
+    std::fs::write(&source, "int tracer_noeh(int x) { return x + 1; }\n").expect("the source");
+    // Without unwind tables, and without the C runtime's start files,
+    // whose .eh_frame would describe their own code: the .eh_frame left
+    // is empty.
+    let status = std::process::Command::new("gcc")
+        .args(["-shared", "-fPIC", "-O2", "-nostartfiles", "-fno-asynchronous-unwind-tables", "-fno-unwind-tables"])
+        .arg("-o")
+        .arg(&lib)
+        .arg(&source)
+        .status();
+    assert!(status.is_ok_and(|s| s.success()), "gcc builds the library");
+    let path = lib.display().to_string();
+    let python = shared_python().display().to_string();
+    let mut workload = Workload::script(None, &python, "sites.py", &["100", "flat", &path]);
+    let (tracer, attached) = TracerRun::attach_json(workload.pid(), &["--native-stacks", "--interval", "0.2"]);
+    assert_eq!(attached["type"], "attached");
+    workload.go();
+    workload.expect("done");
+    workload.close();
+    let (status, lines, stderr) = tracer.finish();
+    assert!(status.success(), "tracer failed: {status}: {stderr}");
+    let note = lines
+        .iter()
+        .find(|l| l["type"] == "note" && l["message"].as_str().is_some_and(|m| m.contains(&path)))
+        .unwrap_or_else(|| panic!("no note names {path}: {lines:?}"));
+    assert!(note["message"].as_str().is_some_and(|m| m.contains("its .eh_frame describes no function")), "{note}");
+    let summary = lines.last().expect("a summary");
+    let module = summary["native_modules"]
+        .as_array()
+        .expect("native_modules")
+        .iter()
+        .find(|m| m["path"] == path.as_str())
+        .unwrap_or_else(|| panic!("{path} is not in native_modules: {summary}"));
+    assert_eq!(module["rows"], 0, "{module}");
+    assert_eq!(module["reason"], "its .eh_frame describes no function", "{module}");
+    assert!(module["fix"].as_str().is_some_and(|f| f.contains("-fasynchronous-unwind-tables")), "{module}");
+    std::fs::remove_dir_all(&dir).expect("clean up");
 }

@@ -194,13 +194,16 @@ fn without_markers(image: &Path, copy: &Path) -> PathBuf {
 }
 
 /// Without markers and without `gc_collect_main` in its symbols (Debian's
-/// image is stripped), tracer says so in the attach, a note and every
-/// report, and counts nothing.
+/// image is stripped) or debug info, tracer says so in the attach, a note
+/// and every report, and counts nothing.
 #[test]
 fn without_markers_or_function_it_says_so() {
     require_root();
+    let marked = std::env::temp_dir().join(format!("tracer-gc-nomarkers-{}-python3.11.tmp", std::process::id()));
+    let marked = without_markers(&static_python(), &marked);
     let copy = std::env::temp_dir().join(format!("tracer-gc-nomarkers-{}-python3.11", std::process::id()));
-    let copy = without_markers(&static_python(), &copy);
+    let copy = tracer_tests::without_debug_info(&marked, &copy);
+    let _ = std::fs::remove_file(&marked);
     let mut workload = Workload::once(&copy, 5, Body::Gc, Exit::Immediate, Aslr::On);
     workload.wait_blocked_on_stdin();
     let (tracer, attached) = TracerRun::attach_json(workload.pid(), &["--interval", "3600"]);
@@ -221,30 +224,26 @@ fn without_markers_or_function_it_says_so() {
     assert_eq!(summary["gc"], serde_json::json!({"source": "none", "reason": why, "generations": []}));
 }
 
-/// Debian's 3.14 without markers: tracer knows no 3.14 collection function
-/// whose entry says what the markers would, and says so.
+/// Debian's 3.14 without markers: `gc_collect_main`, found by its DWARF
+/// in the root's debug info, counts what the markers would (the gc body
+/// runs with automatic collection off), and the report says how.
 #[test]
-fn forky_314_without_markers_says_so() {
+fn forky_314_without_markers_counts_at_gc_collect_main() {
     require_root();
     let root = forky_root();
     let name = format!("tracer-gc-nomarkers-{}-python3.14", std::process::id());
     let copy = without_markers(&root.join("usr/bin/python3.14"), &root.join("tmp").join(&name));
-    let mut workload =
-        Workload::once_in_root(&root, &format!("/tmp/{name}"), 5, Body::Gc, Exit::Immediate, Isolation::Chroot);
-    workload.wait_blocked_on_stdin();
-    let (tracer, attached) = TracerRun::attach_json(workload.pid(), &["--interval", "3600"]);
-    workload.go();
-    workload.finish();
-    let (status, lines, stderr) = tracer.finish();
+    let inside = format!("/tmp/{name}");
+    let attached = exact("function", &[], |n| {
+        Workload::once_in_root(&root, &inside, n, Body::Gc, Exit::Immediate, Isolation::Chroot)
+    });
     let _ = std::fs::remove_file(&copy);
-    assert!(status.success(), "tracer failed: {status}: {stderr}");
-    let version = attached["python"]["version"].as_str().expect("version");
-    let why = format!(
-        "{} has no python:gc__start and python:gc__done markers (built without --with-dtrace), and tracer knows no collection function of Python {version} whose entry and return give the generation and the objects collected: garbage collections are not reported",
-        copy.display()
+    let detail = attached["gc"]["detail"].as_str().expect("a detail");
+    let image = attached["python"]["image"].as_str().expect("image");
+    let expected = format!(
+        "{image} has no python:gc__start and python:gc__done markers (built without --with-dtrace): gc_collect_main's entry (the generation) and return (the objects found unreachable), found by its DWARF in "
     );
-    assert_eq!(attached["gc"], serde_json::json!({"source": "none", "detail": why}));
-    assert_eq!(lines.last().expect("a summary")["gc"]["reason"], why);
+    assert!(detail.starts_with(&expected), "{detail}");
 }
 
 /// (start, end, file offset) of each mapping of `path` in `pid`.
@@ -477,20 +476,49 @@ fn gc_modes_a_build_lacks_are_refused() {
     }
     workload.go();
     workload.finish();
-    let mut workload = Workload::once(&static_python(), 1, Body::Gc, Exit::Immediate, Aslr::On);
+    // Debian's image is stripped; without its debug info (a copy without
+    // the build-id and debug link by which it is found) the function is
+    // nowhere.
+    let copy = std::env::temp_dir().join(format!("tracer-gc-nodbg-{}-python3.11", std::process::id()));
+    let copy = tracer_tests::without_debug_info(&static_python(), &copy);
+    let mut workload = Workload::once(&copy, 1, Body::Gc, Exit::Immediate, Aslr::On);
     workload.wait_blocked_on_stdin();
     let pid = workload.pid().to_string();
     let (code, stdout, stderr) = run_tracer(&["attach", "--pid", &pid, "--gc", "function"]);
+    let _ = std::fs::remove_file(&copy);
     assert_eq!(
         (code, stdout.as_str(), stderr.as_str()),
         (
             Some(2),
             "",
-            "tracer: error: --gc function: /usr/bin/python3.11: gc_collect_main is not in its symbols (stripped?); use --gc auto\n"
+            format!(
+                "tracer: error: --gc function: {}: gc_collect_main is not in its symbols (stripped?); use --gc auto\n",
+                copy.display()
+            )
+            .as_str()
         )
     );
     workload.go();
     workload.finish();
+}
+
+/// Debian's stripped images have `gc_collect_main` in their debug info
+/// only (as `gc_collect_main.lto_priv.0`): `--gc function` finds it by its
+/// DWARF, on 3.11 and on the forky root's 3.14, and counts what the markers
+/// would.
+#[test]
+fn debian_311_and_forky_314_count_at_gc_collect_main_found_by_its_dwarf() {
+    require_root();
+    let found = |attached: &Value| {
+        let detail = attached["gc"]["detail"].as_str().expect("a detail");
+        assert!(detail.starts_with("gc_collect_main's entry (the generation) and return (the objects found unreachable), found by its DWARF in "), "{detail}");
+        assert!(detail.contains("/usr/lib/debug/.build-id/"), "{detail}");
+    };
+    found(&exact("function", &["--gc", "function"], once(&static_python())));
+    let attached = exact("function", &["--gc", "function"], in_forky("python3.14"));
+    found(&attached);
+    let caveat = attached["gc"]["caveat"].as_str().expect("a caveat");
+    assert!(caveat.starts_with("gc_collect_main's entry does not show the generation of automatic collections"));
 }
 
 /// `--gc off` probes no collection and reports none, saying why in the

@@ -9,9 +9,7 @@
 use std::{collections::BTreeMap, path::Path};
 
 use serde_json::Value;
-use tracer_tests::{
-    Aslr, Body, Exit, Isolation, TracerRun, Workload, forky_root, require_root, shared_python, static_python,
-};
+use tracer_tests::{Aslr, Body, Exit, Isolation, Workload, forky_root, require_root, shared_python, static_python};
 
 /// Per domain, (lo, hi) → (calls, bytes).
 type Histograms = BTreeMap<String, BTreeMap<(u64, u64), (u64, u64)>>;
@@ -36,16 +34,8 @@ fn histograms(summary: &Value) -> Histograms {
 }
 
 /// The summary of `n` iterations of the sizes body in `workload`.
-fn traced(mut workload: Workload) -> Value {
-    workload.wait_blocked_on_stdin();
-    let (tracer, _) = TracerRun::attach_json(workload.pid(), &["--interval", "3600"]);
-    workload.go();
-    workload.finish();
-    let (status, lines, stderr) = tracer.finish();
-    assert!(status.success(), "tracer failed: {status}: {stderr}");
-    let summary = lines.last().expect("a summary").clone();
-    assert_eq!(summary["type"], "summary", "{lines:?}");
-    summary
+fn traced(workload: Workload) -> Value {
+    tracer_tests::traced_to_the_end(workload, &["--interval", "3600"]).1
 }
 
 /// Runs N and 2N iterations and checks the differences; the buffers are

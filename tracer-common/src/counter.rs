@@ -16,6 +16,17 @@ pub struct CounterKey {
 
 const _: () = assert!(core::mem::size_of::<CounterKey>() == 8);
 
+/// The counter slot of a native probe's nested calls (`--native`): its
+/// calls made by another probed libc function, such as glibc's `realloc`
+/// relaying `realloc(NULL, n)` to `malloc`, are counted under the probe's
+/// slot with this bit set, not again under the slot itself.
+pub const NESTED_SLOT: u32 = 1 << 31;
+
+/// Default size of the nested-calls map (thread id to the slot of the call
+/// in flight): an entry lives from a nested call site to the entry of the
+/// function it calls, the next instruction that thread runs.
+pub const DEFAULT_NESTED_ENTRIES: u32 = 4096;
+
 /// Calls and requested bytes of one probed function in one process, one
 /// value per CPU.
 #[repr(C)]

@@ -12,6 +12,7 @@ pub mod sizes;
 pub mod stack;
 pub mod stats;
 pub mod types;
+pub mod unwind;
 
 /// Names of the maps and globals, so the loader and the BPF object cannot
 /// drift apart silently.
@@ -24,9 +25,15 @@ pub mod names {
     pub const RETURNS_MAP: &str = "RETURNS";
     /// Per-CPU array of `u64`, indexed by [`crate::stats::Stat`].
     pub const STATS_MAP: &str = "STATS";
-    /// Per-CPU hash of `u64` creations by [`crate::types::TypeKey`]
-    /// (process and type object), with `--types`.
+    /// Per-CPU hash of [`crate::types::TypeCounts`] by
+    /// [`crate::types::TypeKey`] (process and type object), with `--types`.
     pub const TYPES_MAP: &str = "TYPES";
+    /// Hash of type object addresses by [`crate::types::ObjectKey`]: the
+    /// objects `--types` saw created and not yet destroyed.
+    pub const OBJECTS_MAP: &str = "OBJECTS";
+    /// BPF global: the pre-header sizes a freed block may start at before
+    /// its object (`[u64; PRE_HEADERS]`).
+    pub const PRE_HEADERS_GLOBAL: &str = "PRE_HEADERS_AT";
     /// Per-CPU array of [`crate::counter::Counter`] by
     /// [`crate::sizes::index`]: calls and bytes per domain and size bucket.
     pub const SIZES_MAP: &str = "SIZES";
@@ -35,6 +42,10 @@ pub mod names {
     pub const SLOT_DOMAINS_MAP: &str = "SLOT_DOMAINS";
     /// Array of `u32` by probe slot: 1 where the probe's events get stacks.
     pub const SLOT_STACKS_MAP: &str = "SLOT_STACKS";
+    /// Hash of `u32` by thread id, with `--native`: the counter slot of
+    /// the probed libc function a nested call site (inside another probed
+    /// libc function) is about to call.
+    pub const NESTED_MAP: &str = "NESTED";
     /// Hash of [`crate::stack::WalkConfig`] by thread-group id.
     pub const WALKS_MAP: &str = "WALKS";
     /// Hash of [`crate::stack::Stack`] by its hash.
@@ -42,6 +53,14 @@ pub mod names {
     /// Per-CPU hash of [`crate::counter::Counter`] by
     /// [`crate::stack::StackKey`].
     pub const STACK_COUNTS_MAP: &str = "STACK_COUNTS";
+    /// BPF global: 1 with `--native-stacks`.
+    pub const NATIVE_ON_GLOBAL: &str = "NATIVE_ON";
+    /// Array of [`crate::unwind::Row`]: every module's unwind rows.
+    pub const UNWIND_ROWS_MAP: &str = "UNWIND_ROWS";
+    /// Hash of [`crate::unwind::Page`] by [`crate::unwind::PageKey`].
+    pub const NATIVE_PAGES_MAP: &str = "NATIVE_PAGES";
+    /// Hash of [`crate::unwind::NativeStack`] by its hash.
+    pub const NATIVE_STACKS_MAP: &str = "NATIVE_STACKS";
     /// BPF global: whether any probe records stacks.
     pub const STACKS_ON_GLOBAL: &str = "STACKS_ON";
     /// BPF global: `--sample N`.
@@ -79,6 +98,19 @@ pub mod names {
         pub const COUNT_SIZE_ARG1: &str = "count_size_arg1";
         /// Counts calls and nelem × elsize.
         pub const COUNT_CALLOC: &str = "count_calloc";
+        /// `--native`: libc's allocating functions, with the size where
+        /// each takes it (see `tracer_user::plan::native`), and `free`.
+        pub const NATIVE_SIZE_ARG0: &str = "native_size_arg0";
+        pub const NATIVE_SIZE_ARG1: &str = "native_size_arg1";
+        pub const NATIVE_SIZE_ARG2: &str = "native_size_arg2";
+        pub const NATIVE_CALLOC: &str = "native_calloc";
+        pub const NATIVE_CALL: &str = "native_call";
+        /// `munmap`: the length in the second argument, released.
+        pub const NATIVE_RELEASE_ARG1: &str = "native_release_arg1";
+        /// A call site, inside one probed libc function, of another
+        /// (glibc's `realloc` calling `malloc`): marks the thread so that
+        /// the callee counts the call as nested.
+        pub const NATIVE_NESTED: &str = "native_nested";
         /// Does nothing (the bare cost of a hit).
         pub const EMPTY: &str = "empty";
         /// Records rax at a return site.
@@ -102,6 +134,10 @@ pub mod names {
         /// Counts a new reference and the new object's type, reading the
         /// object where the attach cookie says (see [`crate::site`]).
         pub const COUNT_OBJECT: &str = "count_object";
+        /// Counts a call of the object domain's free and, with `--types`,
+        /// the destruction of the object whose block it frees, reading the
+        /// pointer where the attach cookie says.
+        pub const FREE_OBJECT: &str = "free_object";
         /// A collection starts: records the thread's start and the
         /// generation, where the cookie says (see [`crate::gc`]).
         pub const GC_START: &str = "gc_start";

@@ -15,7 +15,8 @@
 pub const NONE: u8 = 0;
 /// `count_call`'s first operand at an inlined copy (it reads no operand):
 /// tells the copy from the function's own entry, whose calls `--live`
-/// sees the pointers of.
+/// sees the pointers of. `free_object` has it as its second operand at a
+/// copy (its first is the pointer freed).
 pub const INLINED: u8 = 1;
 /// The operand is the cookie's constant.
 pub const CONSTANT: u8 = 0xff;

@@ -11,10 +11,13 @@ pub enum Domain {
     Mem = 1,
     /// `PyMem_RawMalloc` and its family.
     Raw = 2,
+    /// libc's `malloc` and its family, with `--native`: what the process
+    /// asks of libc, the interpreter's raw domain included.
+    Native = 3,
 }
 
 /// Number of domains.
-pub const DOMAINS: u32 = 3;
+pub const DOMAINS: u32 = 4;
 /// Buckets per domain.
 pub const BUCKETS: u32 = 65;
 /// The slot-domains map's value for a probe that requests no size.
@@ -25,7 +28,7 @@ pub const DEFAULT_SLOTS: u32 = 64;
 
 impl Domain {
     /// Every domain, in map order.
-    pub const ALL: [Self; DOMAINS as usize] = [Self::Object, Self::Mem, Self::Raw];
+    pub const ALL: [Self; DOMAINS as usize] = [Self::Object, Self::Mem, Self::Raw, Self::Native];
 
     /// Its name in the JSON output.
     #[must_use]
@@ -34,6 +37,7 @@ impl Domain {
             Self::Object => "object",
             Self::Mem => "mem",
             Self::Raw => "raw",
+            Self::Native => "native",
         }
     }
 }
@@ -75,6 +79,6 @@ mod tests {
             let (lo, hi) = bounds(b);
             assert_eq!((bucket(lo), bucket(hi)), (b, b));
         }
-        assert_eq!(index(Domain::Raw as u32, 64), DOMAINS * BUCKETS - 1);
+        assert_eq!(index(Domain::Native as u32, 64), DOMAINS * BUCKETS - 1);
     }
 }

@@ -166,9 +166,12 @@ pub struct StackKey {
     pub slot: u32,
     /// The hash of the stack's frames, its key in the stacks map.
     pub stack: u64,
+    /// With `--native-stacks`, the hash of its native stack, its key in
+    /// the native stacks map; else 0.
+    pub native: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<StackKey>() == 16);
+const _: () = assert!(core::mem::size_of::<StackKey>() == 24);
 
 /// Default sizes of the maps in the object file; the loader sets them.
 pub const DEFAULT_STACK_ENTRIES: u32 = 1024;
@@ -195,7 +198,7 @@ unsafe impl aya::Pod for Frame {}
 // SAFETY: as above: two u32 and an array of Frame.
 unsafe impl aya::Pod for Stack {}
 #[cfg(feature = "user")]
-// SAFETY: as above: two u32 and a u64.
+// SAFETY: as above: two u32 and two u64.
 unsafe impl aya::Pod for StackKey {}
 
 #[cfg(test)]

@@ -58,21 +58,50 @@ pub enum Stat {
     GcArgMissing = 15,
     /// A map of the GC probes was full: the collection was not counted.
     GcFull = 16,
+    /// With `--native`: the nested-calls map was full at a nested call
+    /// site, so the call it makes (realloc's `malloc`) is counted again
+    /// under its function.
+    NestedFull = 17,
+    /// With `--native-stacks`: a native unwind was cut at its bound; the
+    /// event is counted under the cut stack.
+    NativeTruncated = 18,
+    /// With `--native-stacks`: an unwind reached a pc in no mapping tracer
+    /// knows (JIT code, the vDSO, a module mapped after tracer read the
+    /// maps); the stack is kept up to there.
+    NativeNoMapping = 19,
+    /// With `--native-stacks`: an unwind reached a pc its module's unwind
+    /// tables do not cover (no `.eh_frame`, or a gap).
+    NativeNoInfo = 20,
+    /// With `--native-stacks`: an unwind reached a rule the BPF unwinder
+    /// does not follow (a DWARF expression).
+    NativeUnsupported = 21,
+    /// With `--native-stacks`: a read of the stack failed mid-unwind.
+    NativeReadFailed = 22,
+    /// With `--native-stacks`: the native stacks map was full, so the
+    /// event was counted without its native frames.
+    NativeFull = 23,
+    /// With `--types`: the objects table was full, so a new object was
+    /// counted as created but not kept, and its destruction cannot be seen
+    /// (its type's live count is then too high by one).
+    ObjectsFull = 24,
+    /// With `--types`: the pointer a free was given could not be read
+    /// where the probe's cookie says, so a destruction may be missed.
+    FreeArgMissing = 25,
     /// With `--live`: the live table was full, so a block was not put in
     /// it (its domain's `dropped` counts it too).
-    LiveFull = 17,
+    LiveFull = 26,
     /// With `--live`: an allocator implementation was entered with no API
     /// call of its kind on its thread's stack (or far below it), or
     /// returned with no frame at its stack pointer: its block was not put
     /// in the table, nor taken out.
-    LiveUnmatched = 18,
+    LiveUnmatched = 27,
     /// With `--live`: a call in flight could not be kept (a thread's frame
     /// stack was full, or the map of threads).
-    LivePendingFull = 19,
+    LivePendingFull = 28,
 }
 
 /// Number of entries in the `STATS` map.
-pub const STAT_COUNT: u32 = 20;
+pub const STAT_COUNT: u32 = 29;
 
 impl Stat {
     /// Every stat, in map order (the JSON `stats` keys, in this order).
@@ -94,6 +123,15 @@ impl Stat {
         Self::GcNested,
         Self::GcArgMissing,
         Self::GcFull,
+        Self::NestedFull,
+        Self::NativeTruncated,
+        Self::NativeNoMapping,
+        Self::NativeNoInfo,
+        Self::NativeUnsupported,
+        Self::NativeReadFailed,
+        Self::NativeFull,
+        Self::ObjectsFull,
+        Self::FreeArgMissing,
         Self::LiveFull,
         Self::LiveUnmatched,
         Self::LivePendingFull,
@@ -120,6 +158,15 @@ impl Stat {
             Self::GcNested => "gc_nested",
             Self::GcArgMissing => "gc_arg_missing",
             Self::GcFull => "gc_full",
+            Self::NestedFull => "nested_full",
+            Self::NativeTruncated => "native_truncated",
+            Self::NativeNoMapping => "native_no_mapping",
+            Self::NativeNoInfo => "native_no_info",
+            Self::NativeUnsupported => "native_unsupported",
+            Self::NativeReadFailed => "native_read_failed",
+            Self::NativeFull => "native_full",
+            Self::ObjectsFull => "objects_full",
+            Self::FreeArgMissing => "free_arg_missing",
             Self::LiveFull => "live_full",
             Self::LiveUnmatched => "live_unmatched",
             Self::LivePendingFull => "live_pending_full",
@@ -142,6 +189,12 @@ impl Stat {
                 | Self::StackNoThread
                 | Self::StackOtherThread
                 | Self::StacksFull
+                | Self::NativeTruncated
+                | Self::NativeNoMapping
+                | Self::NativeNoInfo
+                | Self::NativeUnsupported
+                | Self::NativeReadFailed
+                | Self::NativeFull
         )
     }
 }

@@ -1,7 +1,8 @@
 //! tracer's BPF side.
 //!
 //! Four counting programs, one per argument shape, serve every probed
-//! function: the loader attaches the same program to many functions and
+//! function of CPython (and six more libc's allocator, with `--native`:
+//! see [`native`]): the loader attaches the same program to many functions and
 //! passes each one's counter slot as the BPF cookie. Two more read return
 //! values (a uprobe on a return site and a uretprobe), and an empty one is
 //! the floor `tracer bench` measures against. `count_site` serves inlined
@@ -26,6 +27,11 @@ mod gc;
 // Live memory (`live_alloc`, `live_free`, `live_impl`, `live_ret`,
 // `live_ret_uret`).
 mod live;
+// libc's allocator, with `--native`.
+mod native;
+// The `--types` programs (`count_object`, `free_object`): objects created
+// and destroyed per type.
+mod types;
 
 use aya_ebpf::{
     EbpfContext,
@@ -42,8 +48,8 @@ use tracer_common::{
     returns::Returned,
     stats::{STAT_COUNT, Stat},
     sizes::{self, BUCKETS, DEFAULT_SLOTS, DOMAINS, NO_DOMAIN},
+    unwind::{self, NativeStack, Page, PageKey, Row},
     stack::{self, DEFAULT_STACK_ENTRIES, FRAME_HEAD, Frame, MAX_DEPTH, NO_OFFSET, Stack, StackKey, WalkConfig},
-    types::{DEFAULT_TYPE_ENTRIES, TypeKey},
 };
 
 /// Thread-group id to count for; 0 counts every process. Set by the loader.
@@ -55,16 +61,6 @@ static TARGET_TGID: u32 = 0;
 /// Calls and bytes per (process, probe slot). The loader sets the size.
 #[map]
 static COUNTERS: PerCpuHashMap<CounterKey, Counter> = PerCpuHashMap::with_max_entries(DEFAULT_COUNTER_ENTRIES, 0);
-
-/// The offset of `ob_type` in an object, which the loader sets from the
-/// version module.
-#[unsafe(no_mangle)]
-static OB_TYPE_OFFSET: u64 = 8;
-
-/// With `--types`, creations per (process, type object). The loader sets
-/// the size.
-#[map]
-static TYPES: PerCpuHashMap<TypeKey, u64> = PerCpuHashMap::with_max_entries(DEFAULT_TYPE_ENTRIES, 0);
 
 /// Calls and bytes per (domain, log2 size bucket), over every process.
 #[map]
@@ -82,6 +78,25 @@ static STACKS_ON: u32 = 0;
 /// `--sample N`: record the stack of each event with probability 1/N.
 #[unsafe(no_mangle)]
 static SAMPLE_EVERY: u64 = 1;
+
+/// `--native-stacks`: unwind the native stack too; 0 makes the unwinder
+/// dead code to the verifier.
+#[unsafe(no_mangle)]
+static NATIVE_ON: u32 = 0;
+
+/// Every module's unwind rows, each module's sorted by pc. The loader
+/// sets the size.
+#[map]
+static UNWIND_ROWS: Array<Row> = Array::with_max_entries(1, 0);
+
+/// Each traced process's executable pages. The loader sets the size.
+#[map]
+static NATIVE_PAGES: HashMap<PageKey, Page> = HashMap::with_max_entries(DEFAULT_STACK_ENTRIES, BPF_F_NO_PREALLOC);
+
+/// Each native stack seen, by its hash; as [`STACKS`], never removed.
+#[map]
+static NATIVE_STACKS: HashMap<u64, NativeStack> =
+    HashMap::with_max_entries(DEFAULT_STACK_ENTRIES, BPF_F_NO_PREALLOC);
 
 /// Per probe slot, 1 where its events get stacks.
 #[map]
@@ -121,6 +136,7 @@ const WINDOW_WORDS: usize = ((PAGE + FRAME_HEAD) / 8) as usize;
 #[repr(C)]
 pub struct Scratch {
     stack: Stack,
+    native: NativeStack,
     /// The memory read last: the start of a frame's page up to the end of
     /// its head.
     window: [u64; WINDOW_WORDS],
@@ -136,7 +152,7 @@ static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STAT_COUNT, 0);
 
 /// Which argument registers hold the requested size.
 #[derive(Clone, Copy)]
-enum Size {
+pub(crate) enum Size {
     /// Not an allocating function.
     None,
     /// The size is argument N (malloc: 0, realloc: 1).
@@ -225,7 +241,7 @@ fn try_count_site(ctx: &ProbeContext) -> Result<(), Stat> {
 /// domain. Both maps are arrays the loader sized, so a lookup fails only
 /// for a slot past the last probe, which the counters already report.
 #[inline(always)]
-fn add_size(slot: u32, bytes: u64) {
+pub(crate) fn add_size(slot: u32, bytes: u64) {
     let Some(&domain) = SLOT_DOMAINS.get(slot) else { return };
     if domain == NO_DOMAIN {
         return;
@@ -297,54 +313,11 @@ fn register(regs: *mut pt_regs, n: u8) -> Result<u64, Stat> {
     Ok(all[usize::from((n - 1) & 15)])
 }
 
-/// Counts a new reference, and the new object under its type: the object
-/// is where the cookie's first operand says (`%rdi` at a function's entry,
-/// or where an inlined copy's DWARF or code puts it).
-#[uprobe]
-pub fn count_object(ctx: ProbeContext) -> u32 {
-    if let Err(stat) = try_count_object(&ctx) {
-        bump(&ctx, stat);
-    }
-    0
-}
-
-#[inline(always)]
-fn try_count_object(ctx: &ProbeContext) -> Result<(), Stat> {
-    let tgid = check_target()?;
-    // SAFETY: as in try_record: the helper reads this run's cookie.
-    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
-    let counter = slot_of(ctx, &COUNTERS, CounterKey { tgid, slot: site::slot(cookie) })?;
-    // SAFETY: as in try_record. The call is counted before the type is
-    // read, so that a failed read loses the type, never the call.
-    unsafe { atomic_add(&raw mut (*counter).calls, 1) };
-    let object = operand(ctx.regs, site::first(cookie), site::constant(cookie))?;
-    // SAFETY: as for OB_TYPE_OFFSET's sibling TARGET_TGID: a plain global
-    // the loader patches before load.
-    let offset = unsafe { core::ptr::read_volatile(&raw const OB_TYPE_OFFSET) };
-    // SAFETY: the helper reads the probed thread's memory and fails
-    // (counted) rather than fault where it is not mapped.
-    let type_address = unsafe { bpf_probe_read_user((object.wrapping_add(offset)) as *const u64) }
-        .map_err(|_| Stat::TypeUnread)?;
-    let key = TypeKey { tgid, reserved: 0, type_address };
-    let count = match TYPES.get_ptr_mut(&key) {
-        Some(count) => count,
-        None => {
-            // As in slot_of: insert a zero, then add to whatever is there.
-            let _ = TYPES.insert(&key, &0, u64::from(BPF_NOEXIST));
-            TYPES.get_ptr_mut(&key).ok_or(Stat::TypesFull)?
-        }
-    };
-    // SAFETY: as in try_record, a valid pointer to this CPU's value.
-    unsafe { atomic_add(count, 1) };
-    stacks(ctx, tgid, site::slot(cookie), 0);
-    Ok(())
-}
-
 /// With `--stacks`, records the Python stack of this event of probe `slot`
 /// where the probe gets stacks; a miss is counted, never the event lost
 /// (its call is counted already).
 #[inline(always)]
-fn stacks(ctx: &ProbeContext, tgid: u32, slot: u32, bytes: u64) {
+pub(crate) fn stacks(ctx: &ProbeContext, tgid: u32, slot: u32, bytes: u64) {
     // SAFETY: a plain global the loader patches before load.
     if unsafe { core::ptr::read_volatile(&raw const STACKS_ON) } == 0 {
         return;
@@ -352,13 +325,13 @@ fn stacks(ctx: &ProbeContext, tgid: u32, slot: u32, bytes: u64) {
     if SLOT_STACKS.get(slot).copied().unwrap_or(0) == 0 {
         return;
     }
-    if let Err(stat) = try_stack(tgid, slot, bytes) {
+    if let Err(stat) = try_stack(ctx, tgid, slot, bytes) {
         bump(ctx, stat);
     }
 }
 
 #[inline(always)]
-fn try_stack(tgid: u32, slot: u32, bytes: u64) -> Result<(), Stat> {
+fn try_stack(ctx: &ProbeContext, tgid: u32, slot: u32, bytes: u64) -> Result<(), Stat> {
     let scratch = SCRATCH.get_ptr_mut(0).ok_or(Stat::StackReadFailed)?;
     // SAFETY: a plain global the loader patches before load.
     let every = unsafe { core::ptr::read_volatile(&raw const SAMPLE_EVERY) };
@@ -462,7 +435,9 @@ fn try_stack(tgid: u32, slot: u32, bytes: u64) -> Result<(), Stat> {
     // common case is one lookup, and only a new stack pays for the
     // insert, which locks a bucket. A full map loses the frames of new
     // stacks, which is counted.
-    let key = StackKey { tgid, slot, stack: hash };
+    // SAFETY: as above, this CPU's scratch value.
+    let native = native_stack(ctx, tgid, unsafe { &mut (*scratch).native });
+    let key = StackKey { tgid, slot, stack: hash, native };
     let counter = match STACK_COUNTS.get_ptr_mut(&key) {
         Some(c) => c,
         None => {
@@ -486,6 +461,131 @@ fn try_stack(tgid: u32, slot: u32, bytes: u64) -> Result<(), Stat> {
         return Err(Stat::StackTruncated);
     }
     Ok(())
+}
+
+/// With `--native-stacks`, unwinds this event's native stack into `out`,
+/// keeps it in [`NATIVE_STACKS`] under its hash, and returns the hash (0
+/// while off). How the unwind ended is counted unless at the root.
+#[inline(always)]
+fn native_stack(ctx: &ProbeContext, tgid: u32, out: &mut NativeStack) -> u64 {
+    // SAFETY: a plain global the loader patches before load.
+    if unsafe { core::ptr::read_volatile(&raw const NATIVE_ON) } == 0 {
+        return 0;
+    }
+    let (end, hash) = unwind(ctx.regs, tgid, out);
+    out.end = end;
+    let stat = match end {
+        unwind::end::ROOT => None,
+        unwind::end::TRUNCATED => Some(Stat::NativeTruncated),
+        unwind::end::NO_MAPPING => Some(Stat::NativeNoMapping),
+        unwind::end::NO_INFO => Some(Stat::NativeNoInfo),
+        unwind::end::UNSUPPORTED => Some(Stat::NativeUnsupported),
+        _ => Some(Stat::NativeReadFailed),
+    };
+    if let Some(stat) = stat {
+        bump(ctx, stat);
+    }
+    let hash = stack::mix(hash, u64::from(end));
+    // As STACKS: kept once, never removed, so a stack seen before costs a
+    // lookup.
+    // SAFETY: a lookup of a key, whose value is not used.
+    if unsafe { NATIVE_STACKS.get(&hash) }.is_none()
+        && NATIVE_STACKS.insert(&hash, out, u64::from(BPF_NOEXIST)).is_err()
+        // SAFETY: as above.
+        && unsafe { NATIVE_STACKS.get(&hash) }.is_none()
+    {
+        bump(ctx, Stat::NativeFull);
+    }
+    hash
+}
+
+/// Unwinds the probed thread's native stack from its registers at the
+/// probe, by the unwind rows of each pc's module, into `out`; returns how
+/// it ended (one of [`unwind::end`]) and the hash of the pcs recorded.
+#[inline(always)]
+fn unwind(regs: *mut pt_regs, tgid: u32, out: &mut NativeStack) -> (u32, u64) {
+    let mut hash = stack::FNV_OFFSET;
+    out.depth = 0;
+    // SAFETY: regs is the context the kernel passed to this program (the
+    // user registers at the probe), which the program may read directly.
+    let (mut pc, mut rsp, mut rbp) = unsafe { ((*regs).rip, (*regs).rsp, (*regs).rbp) };
+    // 0 at the probed instruction, else 1: a return address is looked up
+    // one byte back, inside its call (a call can be a function's last
+    // instruction, when the callee does not return).
+    let mut back = 0u64;
+    let mut n = 0usize;
+    while n < unwind::MAX_NATIVE_DEPTH {
+        if let Some(slot) = out.pcs.get_mut(n & (unwind::MAX_NATIVE_DEPTH - 1)) {
+            *slot = pc;
+        }
+        hash = stack::mix(hash, pc);
+        n += 1;
+        #[allow(clippy::cast_possible_truncation, reason = "at most MAX_NATIVE_DEPTH")]
+        {
+            out.depth = n as u32;
+        }
+        let step = step(tgid, pc, back, rsp, rbp);
+        let Ok((ra, cfa, saved_rbp)) = step else {
+            return (step.err().unwrap_or(unwind::end::NO_INFO), hash);
+        };
+        (pc, rsp, rbp, back) = (ra, cfa, saved_rbp, 1);
+    }
+    (unwind::end::TRUNCATED, hash)
+}
+
+/// One frame of [`unwind`]: the caller's (pc, rsp, rbp) from this frame's
+/// row, or how the unwind ends here.
+#[inline(always)]
+fn step(tgid: u32, pc: u64, back: u64, rsp: u64, rbp: u64) -> Result<(u64, u64, u64), u32> {
+    let looked_up = pc.wrapping_sub(back);
+    let key = PageKey { tgid, reserved: 0, page: looked_up >> unwind::PAGE_SHIFT };
+    // SAFETY: a lookup whose value is copied out at once.
+    let page = unsafe { NATIVE_PAGES.get(&key) }.copied().ok_or(unwind::end::NO_MAPPING)?;
+    let at = u32::try_from(looked_up.wrapping_sub(page.bias)).map_err(|_| unwind::end::NO_INFO)?;
+    let row = find_row(page.rows, page.count, at).ok_or(unwind::end::NO_INFO)?;
+    let cfa = match row.rule {
+        unwind::rule::RSP => rsp.wrapping_add_signed(i64::from(row.cfa)),
+        unwind::rule::RBP => rbp.wrapping_add_signed(i64::from(row.cfa)),
+        unwind::rule::PLT => rsp.wrapping_add(if pc & 15 >= 11 { 16 } else { 8 }),
+        unwind::rule::ROOT => return Err(unwind::end::ROOT),
+        unwind::rule::NONE => return Err(unwind::end::NO_INFO),
+        _ => return Err(unwind::end::UNSUPPORTED),
+    };
+    let ra = read(cfa.wrapping_sub(8)).map_err(|_| unwind::end::READ_FAILED)?;
+    let rbp = if row.rbp_rule == unwind::rbp::AT_CFA {
+        read(cfa.wrapping_add_signed(i64::from(row.rbp))).map_err(|_| unwind::end::READ_FAILED)?
+    } else {
+        rbp
+    };
+    if ra == 0 {
+        // A thread's outermost frame may end so, where its CFI does not
+        // mark the return address undefined.
+        return Err(unwind::end::ROOT);
+    }
+    Ok((ra, cfa, rbp))
+}
+
+/// The row that holds module address `at`: the last of the `count` rows
+/// from `first` whose pc is not above it.
+#[inline(always)]
+fn find_row(first: u32, count: u32, at: u32) -> Option<Row> {
+    let (mut lo, mut hi) = (0u32, count);
+    let mut step = 0;
+    while step < unwind::ROW_SEARCH_STEPS && lo < hi {
+        let mid = u32::midpoint(lo, hi);
+        let row = UNWIND_ROWS.get(first.wrapping_add(mid))?;
+        if row.pc <= at {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+        step += 1;
+    }
+    if lo < hi {
+        // The search ran out of steps: more rows than it can search.
+        return None;
+    }
+    UNWIND_ROWS.get(first.wrapping_add(lo.checked_sub(1)?)).copied()
 }
 
 /// The current thread's `PyThreadState *`, as `config` says to find it.
@@ -592,7 +692,7 @@ fn try_record_return<C: EbpfContext>(ctx: &C, regs: *mut pt_regs) -> Result<(), 
 
 /// The thread-group id of this hit, if it is one tracer counts.
 #[inline(always)]
-fn check_target() -> Result<u32, Stat> {
+pub(crate) fn check_target() -> Result<u32, Stat> {
     // SAFETY: TARGET_TGID is a plain u32 the loader patches before load; the
     // volatile read stops the compiler from folding in the initial 0.
     let target = unsafe { core::ptr::read_volatile(&raw const TARGET_TGID) };
@@ -637,7 +737,32 @@ fn record(ctx: &ProbeContext, size: Size) -> u32 {
 #[inline(always)]
 fn try_record(ctx: &ProbeContext, size: Size) -> Result<(), Stat> {
     let tgid = check_target()?;
-    let bytes = match size {
+    let bytes = requested(ctx, size)?;
+    // SAFETY: the helper only reads the cookie stored in the program's run
+    // context; ctx is the context the kernel passed to this program.
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    // An inlined copy's cookie has its first operand set (see
+    // `tracer_common::site::INLINED`); nothing else may be above the slot.
+    let inlined = site::first(cookie) == site::INLINED && cookie >> 40 == 0;
+    let slot = if inlined { site::slot(cookie) } else { u32::try_from(cookie).map_err(|_| Stat::SlotOutOfRange)? };
+    count(ctx, CounterKey { tgid, slot }, bytes)?;
+    if inlined
+        && live::on()
+        && let Err(stat) = live::api(ctx.regs, slot)
+    {
+        bump(ctx, stat);
+    }
+    if !matches!(size, Size::None) {
+        add_size(slot, bytes);
+    }
+    stacks(ctx, tgid, slot, bytes);
+    Ok(())
+}
+
+/// The bytes a call requests, from its arguments as `size` says.
+#[inline(always)]
+pub(crate) fn requested(ctx: &ProbeContext, size: Size) -> Result<u64, Stat> {
+    Ok(match size {
         Size::None => 0,
         Size::Arg(n) => ctx.arg::<u64>(n).ok_or(Stat::ArgMissing)?,
         Size::Product(a, b) => {
@@ -653,21 +778,13 @@ fn try_record(ctx: &ProbeContext, size: Size) -> Result<(), Stat> {
                 nelem.wrapping_mul(elsize)
             }
         }
-    };
-    // SAFETY: the helper only reads the cookie stored in the program's run
-    // context; ctx is the context the kernel passed to this program.
-    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
-    // An inlined copy's cookie has its first operand set (see
-    // `tracer_common::site::INLINED`); nothing else may be above the slot.
-    let inlined = site::first(cookie) == site::INLINED && cookie >> 40 == 0;
-    let slot = if inlined { site::slot(cookie) } else { u32::try_from(cookie).map_err(|_| Stat::SlotOutOfRange)? };
-    let counter = slot_of(ctx, &COUNTERS, CounterKey { tgid, slot })?;
-    if inlined
-        && live::on()
-        && let Err(stat) = live::api(ctx.regs, slot)
-    {
-        bump(ctx, stat);
-    }
+    })
+}
+
+/// Adds one call of `bytes` to `key`'s counter.
+#[inline(always)]
+pub(crate) fn count(ctx: &ProbeContext, key: CounterKey, bytes: u64) -> Result<(), Stat> {
+    let counter = slot_of(ctx, &COUNTERS, key)?;
     // SAFETY: the map returned a valid, aligned pointer to this CPU's value,
     // which stays valid while the program runs (hash map values are freed
     // only after an RCU grace period). The adds are atomic because a
@@ -676,15 +793,11 @@ fn try_record(ctx: &ProbeContext, size: Size) -> Result<(), Stat> {
         atomic_add(&raw mut (*counter).calls, 1);
         atomic_add(&raw mut (*counter).bytes, bytes);
     }
-    if !matches!(size, Size::None) {
-        add_size(slot, bytes);
-    }
-    stacks(ctx, tgid, slot, bytes);
     Ok(())
 }
 
 #[inline(always)]
-fn bump<C: EbpfContext>(ctx: &C, stat: Stat) {
+pub(crate) fn bump<C: EbpfContext>(ctx: &C, stat: Stat) {
     warn!(ctx, "miss: {}", stat.name());
     if let Some(value) = STATS.get_ptr_mut(stat as u32) {
         // SAFETY: as above, a valid pointer to this CPU's u64 slot.

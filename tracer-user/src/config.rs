@@ -60,6 +60,8 @@ pub struct AttachConfig {
     pub returns: bool,
     /// `--types`: also count new objects by type.
     pub types: bool,
+    /// `--native`: also count libc's allocator.
+    pub native: bool,
     /// `--stacks` and what goes with it.
     pub stacks: Option<StacksConfig>,
     /// `--bpf-log`: pass what the BPF programs log on as notes.
@@ -105,6 +107,8 @@ pub struct StacksConfig {
     pub flamegraph: Option<crate::report::files::OutputFile>,
     /// `--weight`: what folded stacks and flame graphs weigh.
     pub weight: Weight,
+    /// `--native-stacks`: unwind the native stack of each event too.
+    pub native: bool,
 }
 
 /// What a folded stack's count is.
@@ -194,10 +198,12 @@ pub enum ConfigError {
     )]
     BudgetWithTypes,
     #[error(
-        "--budget cannot be combined with --stacks (or --top, --folded, --flamegraph): stack counts are not estimated from windows; use --sample N to make stacks cheaper"
+        "--budget cannot be combined with --stacks (or --top, --folded, --flamegraph, --native-stacks): stack counts are not estimated from windows; use --sample N to make stacks cheaper"
     )]
     BudgetWithStacks,
-    #[error("{flag} only matters with --stacks (or --top, --folded, --flamegraph); add one, or drop {flag}")]
+    #[error(
+        "{flag} only matters with --stacks (or --top, --folded, --flamegraph, --native-stacks); add one, or drop {flag}"
+    )]
     WithoutStacks { flag: &'static str },
     #[error("--depth must be 1 to {MAX_DEPTH} frames (got {value}); the default is 64")]
     BadDepth { value: u32 },
@@ -229,6 +235,14 @@ pub enum ConfigError {
         "--budget with --links perf cannot detach the {sites} uprobes of inlined copies and call sites in a budget window; drop --links perf"
     )]
     BudgetPerfManySites { sites: usize },
+    #[error(
+        "--native needs --pid: with --exe, libc's probes would fire in every process on the machine that uses libc, not only that interpreter's"
+    )]
+    NativeWithExe,
+    #[error(
+        "--budget cannot be combined with --native: the marks of libc's nested calls must stay attached with the functions they mark; use one or the other"
+    )]
+    BudgetWithNative,
     #[error("--links must be auto, multi or perf (got {value:?})")]
     BadLinks { value: String },
     #[error("--gc must be auto, markers, function or off (got {value:?})")]
@@ -259,6 +273,8 @@ pub struct AttachArgs<'a> {
     pub returns: bool,
     /// `--types`.
     pub types: bool,
+    /// `--native`.
+    pub native: bool,
     /// `--stacks EVENTS` (`Some("")` for the flag alone).
     pub stacks: Option<&'a str>,
     /// `--depth`.
@@ -273,6 +289,8 @@ pub struct AttachArgs<'a> {
     pub flamegraph: Option<&'a std::path::Path>,
     /// `--weight`: "calls" or "bytes" (empty: calls).
     pub weight: &'a str,
+    /// `--native-stacks`.
+    pub native_stacks: bool,
     /// `--force`.
     pub force: bool,
     /// `--bpf-log`.
@@ -351,6 +369,12 @@ impl AttachConfig {
         if args.types && budget.is_some() {
             return Err(ConfigError::BudgetWithTypes);
         }
+        if args.native && matches!(target, TargetSpec::Exe(_)) {
+            return Err(ConfigError::NativeWithExe);
+        }
+        if args.native && budget.is_some() {
+            return Err(ConfigError::BudgetWithNative);
+        }
         let probes = probe_selection(args.probes)?;
         let creates = match &probes {
             ProbeSelection::Default | ProbeSelection::Refs => true,
@@ -378,6 +402,7 @@ impl AttachConfig {
             // The live table needs each returned pointer.
             returns: args.returns || live.is_some(),
             types: args.types,
+            native: args.native,
             stacks,
             bpf_log: args.bpf_log,
             debug_dir: args.debug_dir.map(std::path::Path::to_owned),
@@ -397,7 +422,11 @@ impl AttachConfig {
 /// `--stacks` and the flags that go with it; any of `--top`, `--folded`,
 /// `--flamegraph` turns stacks on for the allocating functions.
 fn stacks_config(args: &AttachArgs<'_>) -> Result<Option<StacksConfig>, ConfigError> {
-    let wanted = args.stacks.is_some() || args.top.is_some() || args.folded.is_some() || args.flamegraph.is_some();
+    let wanted = args.stacks.is_some()
+        || args.top.is_some()
+        || args.folded.is_some()
+        || args.flamegraph.is_some()
+        || args.native_stacks;
     if !wanted {
         for (flag, given) in [("--depth", args.depth.is_some()), ("--sample", args.sample.is_some())] {
             if given {
@@ -440,7 +469,7 @@ fn stacks_config(args: &AttachArgs<'_>) -> Result<Option<StacksConfig>, ConfigEr
     {
         return Err(ConfigError::SameOutput { path: a.path.clone() });
     }
-    Ok(Some(StacksConfig { events, depth, sample, top, folded, flamegraph, weight }))
+    Ok(Some(StacksConfig { events, depth, sample, top, folded, flamegraph, weight, native: args.native_stacks }))
 }
 
 /// `--live`, `--live-max`, `--leaks` and `--older`; `--leaks` and
@@ -493,6 +522,7 @@ mod tests {
             links: "auto",
             returns: false,
             types: false,
+            native: false,
             stacks: None,
             depth: None,
             sample: None,
@@ -500,6 +530,7 @@ mod tests {
             folded: None,
             flamegraph: None,
             weight: "",
+            native_stacks: false,
             force: false,
             bpf_log: false,
             debug_dir: None,

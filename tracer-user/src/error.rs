@@ -27,6 +27,7 @@ pub fn exit_status(err: &anyhow::Error) -> i32 {
             || cause.is::<ResolveError>()
             || cause.is::<TargetError>()
             || cause.is::<PlanError>()
+            || cause.is::<crate::discover::libc::LibcError>()
             || cause
                 .downcast_ref::<crate::plan::gc::GcPlanError>()
                 .is_some_and(crate::plan::gc::GcPlanError::is_bad_input)

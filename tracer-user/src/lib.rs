@@ -17,6 +17,7 @@ pub mod python;
 pub mod report;
 pub mod run;
 pub mod stacks;
+pub mod unwind;
 
 /// The BPF object built from `tracer-ebpf` by build.rs (empty when built
 /// with `TRACER_EMPTY_BPF=1`, for checking and linting without the BPF

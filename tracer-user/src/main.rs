@@ -187,6 +187,12 @@ struct TargetArgs {
     /// uprobes; on an LTO build the counts are then partial, and marked so).
     #[arg(long)]
     no_inlined: bool,
+    /// Also probe the C library's allocator in the target: malloc, calloc, realloc, free,
+    /// posix_memalign, aligned_alloc, mmap and munmap, found in the process's own libc (inside its
+    /// root: a chroot's or container's). Counts calls and bytes per function and a "native" size
+    /// histogram; the interpreter's raw domain is part of what it counts. With --pid only.
+    #[arg(long)]
+    native: bool,
     /// How garbage collections are seen: auto (CPython's gc__start and gc__done markers where the
     /// build has them, as USDT probes whose semaphores the kernel raises while attached; else the
     /// collection function's entry and return where tracer knows that they show the same; else
@@ -283,6 +289,13 @@ struct AttachArgs {
     /// Let --folded and --flamegraph overwrite an existing file (never through a symlink).
     #[arg(long)]
     force: bool,
+    /// With stacks, also unwind each event's native (C) stack in the kernel, from the modules'
+    /// .eh_frame unwind tables (no frame pointers needed; at most 64 frames), and name its frames
+    /// from ELF symbols and DWARF (inlined functions too). Folded stacks and flame graphs then
+    /// show the process's native root at the bottom, the Python frames where the eval loop runs
+    /// them, and the native callers of the probe on top (turns on --stacks).
+    #[arg(long)]
+    native_stacks: bool,
     /// Pass on what the BPF programs log (each probe's first hit per process, and every miss, with its
     /// cause), as notes on stderr and in the JSON: for when a probe seems to misbehave. Off by default,
     /// and then free: the logging code is dead to the kernel's verifier.
@@ -370,6 +383,7 @@ fn attach(args: &AttachArgs) -> anyhow::Result<()> {
         links: &args.links,
         returns: args.returns,
         types: args.types,
+        native: args.target.native,
         stacks: args.stacks.as_deref(),
         depth: args.depth,
         sample: args.sample,
@@ -377,6 +391,7 @@ fn attach(args: &AttachArgs) -> anyhow::Result<()> {
         folded: args.folded.as_deref(),
         flamegraph: args.flamegraph.as_deref(),
         weight: args.weight.as_deref().unwrap_or(""),
+        native_stacks: args.native_stacks,
         force: args.force,
         bpf_log: args.bpf_log,
         debug_dir: args.target.debug_dir.as_deref(),
@@ -476,6 +491,7 @@ fn probes(args: &ProbesArgs) -> anyhow::Result<()> {
         debug_dir: t.debug_dir.as_deref(),
         inlined: !t.no_inlined,
         gc: tracer_user::config::parse_gc(&t.gc)?,
+        native: t.native,
     };
     let plan = tracer_user::run::probe_plan(&target, &selection, &options)?;
     let mut out = std::io::stdout().lock();

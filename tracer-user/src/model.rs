@@ -98,6 +98,10 @@ pub struct Attached {
     /// function probed, or why neither is; left out by a tracer before GC.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gc: Option<GcPlan>,
+    /// With `--native`: the C library whose functions are probed, as the
+    /// target sees it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub native: Option<String>,
 }
 
 /// How many uprobes sit on each kind of instruction.
@@ -156,6 +160,12 @@ pub struct ProbeCounts {
     pub calls: u64,
     /// Requested bytes (0 for a function that requests none).
     pub bytes: u64,
+    /// With `--native`, for a libc function that another probed one calls
+    /// directly (glibc's `realloc` relaying to `malloc` and `free`): those
+    /// calls, which are not in `calls` and `bytes` (the request is counted
+    /// once, under the function the program called).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nested: Option<Counts>,
     /// With `--returns`, for an allocating function.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub returned: Option<Returned>,
@@ -352,6 +362,9 @@ pub struct Snapshot {
     /// With `--stacks`: how much of the events the stacks cover.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stack_coverage: Option<StackCoverage>,
+    /// With `--native-stacks`: each module the unwinder read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub native_modules: Option<Vec<NativeModule>>,
     /// With `--types`: objects created by type since the attach, over every
     /// traced process, most first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -412,6 +425,11 @@ pub struct Sizes {
     pub object: Vec<[u64; 4]>,
     pub mem: Vec<[u64; 4]>,
     pub raw: Vec<[u64; 4]>,
+    /// With `--native`: libc's `malloc`, `calloc`, `realloc`,
+    /// `posix_memalign` and `aligned_alloc` (not `mmap`, whose lengths are
+    /// pages, not requests); nested calls are not in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub native: Option<Vec<[u64; 4]>>,
     /// Per domain, calls whose size is not known (inlined copies where
     /// neither the DWARF nor the code shows it), so in no bucket; left out
     /// where there are none.
@@ -457,8 +475,58 @@ pub struct StackCount {
     /// The walk stopped at `--depth` with frames left.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub truncated: bool,
+    /// With `--native-stacks`: the native frames, innermost first (the
+    /// probed instruction's function, with what is inlined there, then
+    /// each caller), as unwound in the kernel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub native: Option<Vec<NativeFrame>>,
+    /// With `--native-stacks`, where the frames show it (3.12+, whose
+    /// C-stack entry frames mark each call of the eval loop): how many of
+    /// `frames`, innermost first, each C-level call of the eval loop runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_calls: Option<Vec<u32>>,
+    /// With `--native-stacks`: why the native unwind ended before the
+    /// process's outermost frame, if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub native_end: Option<String>,
     pub calls: u64,
     pub bytes: u64,
+}
+
+/// A native (C) frame.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NativeFrame {
+    /// The function, from the ELF symbols or the DWARF, or the address.
+    pub function: String,
+    /// The file name of the module (`python3.14`, `libc.so.6`).
+    pub module: String,
+    /// The source file and line, where DWARF gives them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<u32>,
+    /// Inlined into the frame after it (its caller at the same pc).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub inlined: bool,
+}
+
+/// With `--native-stacks`: what one module gave the unwinder.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NativeModule {
+    pub path: String,
+    /// Unwind rows from its `.eh_frame` (0: none, and native stacks stop
+    /// in it).
+    pub rows: u64,
+    /// Rows whose rule the unwinder does not follow.
+    pub unsupported_rows: u64,
+    /// The file its DWARF was read from, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dwarf: Option<String>,
+    /// Why it has no rows, or no DWARF.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
 }
 
 /// How many of the events that should have stacks have them.
@@ -479,14 +547,30 @@ pub struct StackCoverage {
     pub estimate: bool,
 }
 
-/// Objects of one type created since the attach.
+/// Objects of one type created since the attach, and how many of them
+/// died since.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TypeCount {
-    /// Its `tp_name`; where that could not be read, its address and PID.
+    /// Its qualified name (a heap type's module and `__qualname__`, a
+    /// static type's `tp_name`); where that could not be read, its address
+    /// and PID.
     pub name: String,
     /// New references to objects of this type (creations, and objects a
     /// free list gave out again).
     pub created: u64,
+    /// Of those, the objects whose memory the object domain's free
+    /// (`PyObject_Free`, and its inlined copies) gave back. Objects
+    /// created before the attach are not known, and their frees are not
+    /// counted.
+    pub destroyed: u64,
+    /// Of those, the objects that died without a free: a later new
+    /// reference reused their address (a free list gave the object out
+    /// again, or it was resized in place).
+    pub reused: u64,
+    /// Of those, the objects not seen to die: `created - destroyed -
+    /// reused`. An object a free list holds, dead but not given out again,
+    /// is still counted here.
+    pub live: u64,
     /// Over the interval (in a summary, over the run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_per_s: Option<f64>,
@@ -655,6 +739,9 @@ pub enum NoteCode {
     /// With `--stacks`: a traced process's frames cannot be found, so its
     /// events have no stacks.
     NoStacks,
+    /// With `--native-stacks`: a module whose native frames cannot be
+    /// unwound (no usable `.eh_frame`), or a process whose cannot.
+    NoNativeStacks,
     /// With `--folded` or `--flamegraph`: the file written.
     Written,
     /// Garbage collections cannot be seen in this build (no markers, no
@@ -715,6 +802,8 @@ impl PlanReport {
                 inline_sites: p.inline_sites.iter().map(|s| s.offset).collect(),
                 inline_sites_emulated: p.inline_sites.iter().filter(|s| s.emulated).count(),
                 coverage: Some(p.coverage.clone()),
+                file: p.file.as_ref().map(|f| f.display_path.display().to_string()),
+                nested_sites: p.nested_sites.clone(),
                 call_sites: p.call_sites.as_ref().map(|c| CallSitesReport {
                     emulated: c.emulated,
                     single_stepped: c.stepped,
@@ -762,6 +851,14 @@ pub struct PlannedProbeReport {
     /// What the counts will cover.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub coverage: Option<Coverage>,
+    /// The file the function is in, where it is not `image` (libc, with
+    /// `--native`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// With `--native`: file offsets of the calls of this function by
+    /// another probed libc function, which mark those calls as nested.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nested_sites: Vec<u64>,
 }
 
 /// Where a function probed at its callers is called from.
@@ -939,6 +1036,7 @@ mod tests {
         let counts = |calls, bytes| ProbeCounts {
             calls,
             bytes,
+            nested: None,
             returned: None,
             estimate: None,
             calls_per_s: None,

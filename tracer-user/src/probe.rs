@@ -39,11 +39,30 @@ pub enum Program {
     /// Counts a new reference and the object's type (`--types`), with the
     /// object where the cookie says: `%rdi` at the function's entry.
     CountObject,
+    /// `--native`: libc's `malloc` (size in the first argument).
+    NativeSizeArg0,
+    /// `--native`: `realloc`, `aligned_alloc`, `mmap` (the second).
+    NativeSizeArg1,
+    /// `--native`: `posix_memalign` (the third).
+    NativeSizeArg2,
+    /// `--native`: `calloc` (the first two multiplied).
+    NativeCalloc,
+    /// `--native`: `free` (calls only).
+    NativeCall,
+    /// `--native`: `munmap`, whose second argument is the length released.
+    NativeReleaseArg1,
+    /// `--native`: a call site inside one probed libc function of another,
+    /// which marks the call as nested (see `plan::native`).
+    NativeNested,
+    /// Counts a call of the object domain's free and, with `--types`, the
+    /// destruction of the object it frees, with the pointer where the
+    /// cookie says: `%rdi` at the function's entry.
+    FreeObject,
 }
 
 impl Program {
     /// Every program in the object.
-    pub const ALL: [Self; 14] = [
+    pub const ALL: [Self; 22] = [
         Self::CountCall,
         Self::SizeArg0,
         Self::SizeArg1,
@@ -58,6 +77,14 @@ impl Program {
         Self::LiveRetUret,
         Self::CountSite,
         Self::CountObject,
+        Self::NativeSizeArg0,
+        Self::NativeSizeArg1,
+        Self::NativeSizeArg2,
+        Self::NativeCalloc,
+        Self::NativeCall,
+        Self::NativeReleaseArg1,
+        Self::NativeNested,
+        Self::FreeObject,
     ];
 
     /// The function name in tracer-ebpf/src/main.rs.
@@ -78,26 +105,68 @@ impl Program {
             Self::LiveRetUret => programs::LIVE_RET_URET,
             Self::CountSite => programs::COUNT_SITE,
             Self::CountObject => programs::COUNT_OBJECT,
+            Self::NativeSizeArg0 => programs::NATIVE_SIZE_ARG0,
+            Self::NativeSizeArg1 => programs::NATIVE_SIZE_ARG1,
+            Self::NativeSizeArg2 => programs::NATIVE_SIZE_ARG2,
+            Self::NativeCalloc => programs::NATIVE_CALLOC,
+            Self::NativeCall => programs::NATIVE_CALL,
+            Self::NativeReleaseArg1 => programs::NATIVE_RELEASE_ARG1,
+            Self::NativeNested => programs::NATIVE_NESTED,
+            Self::FreeObject => programs::FREE_OBJECT,
         }
     }
 
     /// Whether the program reports bytes (the table shows "-" otherwise).
     #[must_use]
     pub const fn counts_bytes(self) -> bool {
-        self.allocates()
+        self.allocates() || matches!(self, Self::NativeReleaseArg1)
     }
 
-    /// Whether the function returns a new pointer (so `--returns` probes
-    /// its return).
+    /// Whether the function allocates the bytes it is asked for (so they
+    /// go in its domain's size histogram).
     #[must_use]
     pub const fn allocates(self) -> bool {
-        matches!(self, Self::SizeArg0 | Self::SizeArg1 | Self::Calloc)
+        matches!(
+            self,
+            Self::SizeArg0
+                | Self::SizeArg1
+                | Self::Calloc
+                | Self::NativeSizeArg0
+                | Self::NativeSizeArg1
+                | Self::NativeSizeArg2
+                | Self::NativeCalloc
+        )
+    }
+
+    /// Whether the function returns the new pointer in rax (so `--returns`
+    /// probes its return): every allocating function but `posix_memalign`,
+    /// which returns an error number and writes the pointer through its
+    /// first argument.
+    #[must_use]
+    pub const fn returns_pointer(self) -> bool {
+        self.allocates() && !matches!(self, Self::NativeSizeArg2)
+    }
+
+    /// Whether it is one of `--native`'s programs.
+    #[must_use]
+    pub const fn is_native(self) -> bool {
+        matches!(
+            self,
+            Self::NativeSizeArg0
+                | Self::NativeSizeArg1
+                | Self::NativeSizeArg2
+                | Self::NativeCalloc
+                | Self::NativeCall
+                | Self::NativeReleaseArg1
+                | Self::NativeNested
+        )
     }
 }
 
-/// What kind of probe a table row is. Only functions so far; USDT markers
-/// (GC) and libc's allocator are planned as further kinds, and the
-/// exhaustive matches on this enum mark where each needs handling.
+/// What kind of probe a table row is. Only functions so far (GC markers
+/// have their own plan, and libc's functions are functions too, in another
+/// file: see `plan::native`); the exhaustive matches on this enum mark
+/// where a new kind needs handling.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProbeKind {
     /// A uprobe in the function's code, where `--placement` puts it (the

@@ -146,6 +146,9 @@ pub fn run(root: &Path, tracer: &Path, effort: &str) -> anyhow::Result<()> {
     // 3d. What recording Python stacks adds per event.
     crate::bench_stacks::stacks_section(&mut md, tracer, effort, &[])?;
 
+    // 3e. What the memory features add per event.
+    crate::bench_features::features_section(&mut md, tracer, effort)?;
+
     // 4. --budget estimates against full counts of the same process.
     budget_accuracy(&mut md, tracer)?;
 

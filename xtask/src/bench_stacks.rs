@@ -58,7 +58,11 @@ adds; only a stack not seen before is inserted, 2 KB of frames, into the stacks 
 bucket), and gets its count. So a walk costs 6 to 8 helper calls whatever its depth, and one more \
 per page of frames; it was four reads per frame (`--versus` builds of earlier commits measure \
 that). With `--sample N` each event draws a random number (`bpf_get_prandom_u32`) and one in N, \
-on average, is walked.";
+on average, is walked. With `--native-stacks` the native unwind follows: per native frame one \
+lookup of the pc's 4 KiB page (a hash map giving its module's load bias and its few unwind rows), \
+a binary search of those rows (at most 13 array lookups), and one `bpf_probe_read_user` of the \
+return address (two where the row says rbp was saved); then one lookup of the native stack by its \
+hash, and an insert only for a stack not seen before.";
 
 /// `--sample`'s N in the sampled setups.
 const SAMPLE: &str = "10";
@@ -100,34 +104,34 @@ struct Setup {
 
 /// One setup's visits.
 #[derive(Default)]
-struct Series {
+pub(crate) struct Series {
     /// Seconds per loop, one per round.
-    means: Vec<f64>,
+    pub(crate) means: Vec<f64>,
     /// Loops per timing, calibrated at the first visit.
-    loops: u64,
+    pub(crate) loops: u64,
     /// Events counted and loops run while tracer was attached.
-    events: u64,
-    loops_traced: u64,
+    pub(crate) events: u64,
+    pub(crate) loops_traced: u64,
     /// The last summary's stack coverage, and the frames of its most
     /// counted stack.
-    coverage: Value,
-    frames: Option<usize>,
-    stats: Value,
+    pub(crate) coverage: Value,
+    pub(crate) frames: Option<usize>,
+    pub(crate) stats: Value,
 }
 
 /// Timings per visit; the best counts, as timeit's does: on a shared
 /// machine the other timings carry other processes' time.
-const TIMINGS: usize = 5;
+pub(crate) const TIMINGS: usize = 5;
 
-fn best(v: &[f64]) -> f64 {
+pub(crate) fn best(v: &[f64]) -> f64 {
     v.iter().copied().fold(f64::INFINITY, f64::min)
 }
 
-fn mean(v: &[f64]) -> f64 {
+pub(crate) fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
 }
 
-fn stdev(v: &[f64]) -> f64 {
+pub(crate) fn stdev(v: &[f64]) -> f64 {
     if v.len() < 2 {
         return 0.0;
     }
@@ -137,7 +141,7 @@ fn stdev(v: &[f64]) -> f64 {
 
 /// The loops per timing that take about `target` seconds, and the loops
 /// run to find that out.
-fn calibrate(h: &mut Harness, target: f64) -> anyhow::Result<(u64, u64)> {
+pub(crate) fn calibrate(h: &mut Harness, target: f64) -> anyhow::Result<(u64, u64)> {
     let mut n = 1u64;
     let mut run = 0;
     loop {
@@ -154,7 +158,7 @@ fn calibrate(h: &mut Harness, target: f64) -> anyhow::Result<(u64, u64)> {
 /// One visit of a traced setup: tracer attached to the harness, the loop
 /// timed, tracer stopped; returns (seconds per loop, loops run while
 /// attached, the summary).
-fn traced_visit(
+pub(crate) fn traced_visit(
     h: &mut Harness,
     tracer: &Path,
     flags: &[&str],
@@ -256,11 +260,7 @@ fn check_stacked(summary: &Value, what: &str) -> anyhow::Result<()> {
 /// commits) whose stack capture is measured beside this one's.
 #[allow(clippy::too_many_lines, reason = "one section's text, written in reading order")]
 pub fn stacks_section(md: &mut String, tracer: &Path, effort: &str, versus: &[PathBuf]) -> anyhow::Result<()> {
-    let (rounds, target) = match effort {
-        "rigorous" => (20, 0.1),
-        "normal" => (10, 0.05),
-        _ => (5, 0.05),
-    };
+    let (rounds, target) = crate::markdown::rounds(effort);
     let load = crate::markdown::Load::now();
     crate::lto::install_harness()?;
     let this = tracer.to_path_buf();
@@ -295,6 +295,11 @@ pub fn stacks_section(md: &mut String, tracer: &Path, effort: &str, versus: &[Pa
                     what: format!("`--stacks --sample {SAMPLE}`, default depth"),
                     tracer: this.clone(),
                     flags: stacks(&["--sample", SAMPLE]),
+                },
+                Setup {
+                    what: "`--stacks --native-stacks` (the Python walk and the native unwind)".into(),
+                    tracer: this.clone(),
+                    flags: stacks(&["--native-stacks"]),
                 },
             ];
             if depth == DEEP {

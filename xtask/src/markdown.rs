@@ -57,3 +57,12 @@ fn cpu_model() -> String {
         .find_map(|l| l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_owned()))
         .unwrap_or_default()
 }
+
+/// (rounds, seconds per timing) of a side-by-side section at `effort`.
+pub fn rounds(effort: &str) -> (usize, f64) {
+    match effort {
+        "rigorous" => (20, 0.1),
+        "normal" => (10, 0.05),
+        _ => (5, 0.05),
+    }
+}

@@ -141,18 +141,20 @@ fn function_names(data: &[u8]) -> std::collections::HashMap<u64, String> {
 /// The parameters whose DWARF locations are wanted for probe `p`: its size
 /// or sizes, or the new object.
 fn parameters(p: &crate::probe::ProbeSpec) -> &'static [&'static str] {
-    match python::object_parameter(p.symbol) {
-        Some(_) => &["op"],
-        None => python::size_parameters(p.program),
+    match (python::object_parameter(p.symbol), python::freed_parameter(p.symbol)) {
+        (Some(_), _) => &["op"],
+        (None, Some(_)) => &["ptr"],
+        (None, None) => python::size_parameters(p.program),
     }
 }
 
-/// Where a copy's new object is, as `count_object`'s operand: in a register
-/// or a stack slot. `None` for a function that creates no object, or where
-/// the DWARF does not say.
+/// Where a copy's new object (or, for the object domain's free, its freed
+/// block) is, as `count_object`'s (`free_object`'s) operand: in a register
+/// or a stack slot. `None` for any other function, or where the DWARF does
+/// not say.
 fn object_operand(site: &inline::Site, cfa: &mut Cfa<'_>) -> Option<(u8, u16)> {
     let [op] = site.parameters.as_slice() else { return None };
-    if op.name != "op" {
+    if op.name != "op" && op.name != "ptr" {
         return None;
     }
     location_operand(site.entry, &op.location, cfa)
@@ -185,7 +187,7 @@ fn size_operands(site: &inline::Site, cfa: &mut Cfa<'_>) -> Option<(u8, u8, u16)
         _ => None,
     };
     match site.parameters.as_slice() {
-        [op] if op.name == "op" => None,
+        [op] if op.name == "op" || op.name == "ptr" => None,
         // A size in a stack slot: read from the thread's memory there.
         [one] if matches!(one.location, inline::Location::Memory { .. } | inline::Location::Cfa { .. }) => {
             let (first, constant) = location_operand(site.entry, &one.location, cfa)?;

@@ -183,7 +183,15 @@ impl SizeArgs {
             | Program::LiveRet
             | Program::LiveRetUret
             | Program::CountSite
-            | Program::CountObject => Self::None,
+            | Program::CountObject
+            | Program::NativeSizeArg0
+            | Program::NativeSizeArg1
+            | Program::NativeSizeArg2
+            | Program::NativeCalloc
+            | Program::NativeCall
+            | Program::NativeReleaseArg1
+            | Program::NativeNested
+            | Program::FreeObject => Self::None,
         }
     }
 }

@@ -9,6 +9,7 @@ pub mod exe;
 pub mod guards;
 pub mod impls;
 pub mod inline;
+pub mod libc;
 pub mod modules;
 pub mod process;
 pub mod usdt;

@@ -23,6 +23,8 @@ struct AttachPoint {
     symbol: &'static str,
     program: Program,
     path: PathBuf,
+    /// The file as the target sees it, for errors.
+    shown: PathBuf,
     offset: u64,
     cookie: u64,
 }
@@ -62,10 +64,9 @@ impl Session {
     fn attach_scope(&mut self, pid: u32, scope: UProbeScope) -> Result<(), AttachError> {
         let points = self.attach_points();
         let mut links = Vec::with_capacity(points.len());
-        for AttachPoint { symbol, program, path, offset, cookie } in points {
+        for AttachPoint { symbol, program, path, shown, offset, cookie } in points {
             let point =
                 UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie: Some(cookie) };
-            let shown = self.plan.display_path.clone();
             let attached = self.loaded_uprobe(program).and_then(|p| {
                 p.attach(point, &path, scope).map_err(|cause| AttachError::Attach {
                     symbol,
@@ -273,22 +274,26 @@ impl Session {
     /// sites, then its return probes.
     fn attach_points(&self) -> Vec<AttachPoint> {
         let mut points = Vec::new();
-        let image = &self.plan.attach_path;
         for p in &self.plan.probes {
+            let image = p.attach_path(&self.plan).to_owned();
+            let shown = p.display_path(&self.plan).to_owned();
             let cookie = u64::from(p.slot);
             let entry_cookie = entry_cookie(p);
-            let at = |path: &PathBuf, offset| AttachPoint {
+            let at = |path: &PathBuf, shown: &PathBuf, offset| AttachPoint {
                 symbol: p.symbol,
                 program: p.attach_program,
                 path: path.clone(),
+                shown: shown.clone(),
                 offset,
                 cookie: entry_cookie,
             };
             match &p.call_sites {
-                None => points.push(at(image, p.probe_offset())),
+                None => points.push(at(&image, &shown, p.probe_offset())),
                 Some(sites) => {
                     for file in &sites.files {
-                        points.extend(file.offsets.iter().map(|&offset| at(&file.attach_path, offset)));
+                        points.extend(
+                            file.offsets.iter().map(|&offset| at(&file.attach_path, &file.display_path, offset)),
+                        );
                     }
                 }
             }
@@ -304,49 +309,37 @@ impl Session {
                     (Program::CountObject, _, Some((first, constant))) => {
                         (Program::CountObject, site::encode(p.slot, first, site::NONE, constant))
                     }
+                    // Marked as a copy in the second operand, as below.
+                    (Program::FreeObject, _, Some((first, constant))) => {
+                        (Program::FreeObject, site::encode(p.slot, first, site::INLINED, constant))
+                    }
                     // Marked as a copy: with --live, its call leaves its
                     // domain for the implementation it calls.
                     _ => (Program::CountCall, site::encode(p.slot, site::INLINED, site::NONE, 0)),
                 };
-                AttachPoint { program, cookie, ..at(image, s.offset) }
+                AttachPoint { program, cookie, ..at(&image, &shown, s.offset) }
+            }));
+            // Benchmarks' empty program replaces the marks too.
+            let nested = if p.attach_program == Program::Empty { Program::Empty } else { Program::NativeNested };
+            points.extend(p.nested_sites.iter().map(|&offset| AttachPoint {
+                program: nested,
+                cookie,
+                ..at(&image, &shown, offset)
             }));
         }
-        // With --live, each allocator API function's entry leaves its
-        // call's domain for the implementation it calls: at offset 0, where
-        // the stack pointer is the caller's.
+        self.live_points(&mut points);
         for p in &self.plan.probes {
-            let Some(role) = p.live else { continue };
-            let program =
-                if role & 0xff == tracer_common::live::role::FREE { Program::LiveFree } else { Program::LiveAlloc };
+            let image = p.attach_path(&self.plan).to_owned();
+            let shown = p.display_path(&self.plan).to_owned();
             let cookie = u64::from(p.slot);
-            points.push(AttachPoint { symbol: p.symbol, program, path: image.clone(), offset: p.file_offset, cookie });
-        }
-        // The implementations' entries before their returns: a return is
-        // paired with its entry's frame, so none may run whose entry was
-        // not seen.
-        for i in &self.plan.live_impls {
-            let cookie = u64::from(i.slot);
-            points.push(AttachPoint {
-                symbol: i.name,
-                program: Program::LiveImpl,
+            let at = |program, offset| AttachPoint {
+                symbol: p.symbol,
+                program,
                 path: image.clone(),
-                offset: i.file_offset,
+                shown: shown.clone(),
+                offset,
                 cookie,
-            });
-        }
-        for i in &self.plan.live_impls {
-            let cookie = u64::from(i.slot);
-            let at = |program, offset| AttachPoint { symbol: i.name, program, path: image.clone(), offset, cookie };
-            match &i.returns {
-                ReturnPlan::Uretprobe { .. } => points.push(at(Program::LiveRetUret, i.file_offset)),
-                ReturnPlan::Sites { sites, .. } => {
-                    points.extend(sites.iter().map(|site| at(Program::LiveRet, i.file_offset + site.offset)));
-                }
-            }
-        }
-        for p in &self.plan.probes {
-            let cookie = u64::from(p.slot);
-            let at = |program, offset| AttachPoint { symbol: p.symbol, program, path: image.clone(), offset, cookie };
+            };
             match &p.returns {
                 None => {}
                 Some(ReturnPlan::Uretprobe { .. }) => points.push(at(Program::RetValueUret, p.file_offset)),
@@ -356,6 +349,61 @@ impl Session {
             }
         }
         points
+    }
+
+    /// With `--live`, the points of the live table's programs: each
+    /// allocator API function's entry, and each implementation's entry and
+    /// returns.
+    fn live_points(&self, points: &mut Vec<AttachPoint>) {
+        // With --live, each allocator API function's entry leaves its
+        // call's domain for the implementation it calls: at offset 0, where
+        // the stack pointer is the caller's.
+        for p in &self.plan.probes {
+            let Some(role) = p.live else { continue };
+            let program =
+                if role & 0xff == tracer_common::live::role::FREE { Program::LiveFree } else { Program::LiveAlloc };
+            points.push(AttachPoint {
+                symbol: p.symbol,
+                program,
+                path: p.attach_path(&self.plan).to_owned(),
+                shown: p.display_path(&self.plan).to_owned(),
+                offset: p.file_offset,
+                cookie: u64::from(p.slot),
+            });
+        }
+        // The implementations are in the interpreter's image.
+        let (image, shown) = (&self.plan.attach_path, &self.plan.display_path);
+        // The implementations' entries before their returns: a return is
+        // paired with its entry's frame, so none may run whose entry was
+        // not seen.
+        for i in &self.plan.live_impls {
+            let cookie = u64::from(i.slot);
+            points.push(AttachPoint {
+                symbol: i.name,
+                program: Program::LiveImpl,
+                path: image.clone(),
+                shown: shown.clone(),
+                offset: i.file_offset,
+                cookie,
+            });
+        }
+        for i in &self.plan.live_impls {
+            let cookie = u64::from(i.slot);
+            let at = |program, offset| AttachPoint {
+                symbol: i.name,
+                program,
+                path: image.clone(),
+                shown: shown.clone(),
+                offset,
+                cookie,
+            };
+            match &i.returns {
+                ReturnPlan::Uretprobe { .. } => points.push(at(Program::LiveRetUret, i.file_offset)),
+                ReturnPlan::Sites { sites, .. } => {
+                    points.extend(sites.iter().map(|site| at(Program::LiveRet, i.file_offset + site.offset)));
+                }
+            }
+        }
     }
 
     /// Detaches the uprobe-multi links of `pid`. Each link removes its
@@ -376,7 +424,9 @@ impl Session {
 /// `count_object` the object, the first argument (`%rdi`, DWARF register 5).
 fn entry_cookie(p: &crate::plan::PlannedProbe) -> u64 {
     match p.attach_program {
-        Program::CountObject => site::encode(p.slot, site::register(5).unwrap_or(site::NONE), site::NONE, 0),
+        Program::CountObject | Program::FreeObject => {
+            site::encode(p.slot, site::register(5).unwrap_or(site::NONE), site::NONE, 0)
+        }
         _ => u64::from(p.slot),
     }
 }

@@ -8,12 +8,12 @@ use std::{
 };
 
 use tracer_common::{
-    counter::{Counter, CounterKey},
+    counter::{Counter, CounterKey, NESTED_SLOT},
     names,
     returns::Returned,
     stack::{Stack, StackKey, WalkConfig},
     stats::{STAT_COUNT, Stat},
-    types::TypeKey,
+    types::{ObjectKey, TypeCounts, TypeKey},
 };
 
 use super::{AttachError, Session};
@@ -25,6 +25,9 @@ pub struct ProbeReading {
     pub bytes: u64,
     /// Its returns (zero for a probe without return probes).
     pub returned: Returned,
+    /// With `--native`: its calls by another probed libc function (glibc's
+    /// `realloc` relaying to `malloc`), not in `calls` and `bytes`.
+    pub nested: Counter,
 }
 
 /// Counts read from the kernel, summed over CPUs.
@@ -34,8 +37,9 @@ pub struct Readings {
     pub probes: Vec<ProbeReading>,
     /// Per process: its counts of each probe, by slot.
     pub per_process: BTreeMap<u32, Vec<ProbeReading>>,
-    /// With `--types`: per process, creations by type object address.
-    pub types: BTreeMap<u32, BTreeMap<u64, u64>>,
+    /// With `--types`: per process, creations and destructions by type
+    /// object address.
+    pub types: BTreeMap<u32, BTreeMap<u64, TypeCounts>>,
     /// Calls and bytes by [`tracer_common::sizes::index`], over every
     /// process.
     pub sizes: Vec<Counter>,
@@ -93,6 +97,7 @@ impl ProbeReading {
             calls: self.calls.saturating_add(other.calls),
             bytes: self.bytes.saturating_add(other.bytes),
             returned: self.returned.merged(other.returned),
+            nested: self.nested.merged(other.nested),
         }
     }
 }
@@ -110,10 +115,16 @@ impl Session {
         for entry in &self.counters {
             let (key, per_cpu) = entry.map_err(map_err(names::COUNTERS_MAP))?;
             let sum = per_cpu.iter().fold(Counter::default(), |sum, c| sum.merged(*c));
-            let Some(slot) = usize::try_from(key.slot).ok().filter(|&s| s < slots) else {
+            let nested = key.slot & NESTED_SLOT != 0;
+            let Some(slot) = usize::try_from(key.slot & !NESTED_SLOT).ok().filter(|&s| s < slots) else {
                 stray = stray.saturating_add(sum.calls);
                 continue;
             };
+            if nested {
+                per_process.entry(key.tgid).or_insert_with(|| vec![ProbeReading::default(); slots])[slot].nested = sum;
+                probes[slot].nested = probes[slot].nested.merged(sum);
+                continue;
+            }
             let own = &mut per_process.entry(key.tgid).or_insert_with(|| vec![ProbeReading::default(); slots])[slot];
             (own.calls, own.bytes) = (sum.calls, sum.bytes);
             let total = &mut probes[slot];
@@ -130,10 +141,10 @@ impl Session {
             per_process.entry(key.tgid).or_insert_with(|| vec![ProbeReading::default(); slots])[slot].returned = sum;
             probes[slot].returned = probes[slot].returned.merged(sum);
         }
-        let mut types: BTreeMap<u32, BTreeMap<u64, u64>> = BTreeMap::new();
+        let mut types: BTreeMap<u32, BTreeMap<u64, TypeCounts>> = BTreeMap::new();
         for entry in &self.types {
             let (key, per_cpu) = entry.map_err(map_err(names::TYPES_MAP))?;
-            let sum = per_cpu.iter().fold(0u64, |sum, v| sum.saturating_add(*v));
+            let sum = per_cpu.iter().fold(TypeCounts::default(), |sum, v| sum.merged(*v));
             types.entry(key.tgid).or_default().insert(key.type_address, sum);
         }
         let mut sizes = Vec::new();
@@ -186,17 +197,26 @@ impl Session {
             let key = CounterKey { tgid, slot };
             // A probe the process never hit has no entry to remove.
             self.counters.remove(&key).or_else(absent).map_err(map_err(names::COUNTERS_MAP))?;
+            let nested = CounterKey { tgid, slot: slot | NESTED_SLOT };
+            self.counters.remove(&nested).or_else(absent).map_err(map_err(names::COUNTERS_MAP))?;
             self.returns.remove(&key).or_else(absent).map_err(map_err(names::RETURNS_MAP))?;
         }
         let keys: Vec<TypeKey> = self.types.keys().filter_map(Result::ok).filter(|k| k.tgid == tgid).collect();
         for key in keys {
             self.types.remove(&key).or_else(absent).map_err(map_err(names::TYPES_MAP))?;
         }
+        let keys: Vec<ObjectKey> = self.objects.keys().filter_map(Result::ok).filter(|k| k.tgid == tgid).collect();
+        for key in keys {
+            self.objects.remove(&key).or_else(absent).map_err(map_err(names::OBJECTS_MAP))?;
+        }
         let keys: Vec<StackKey> = self.stack_counts.keys().filter_map(Result::ok).filter(|k| k.tgid == tgid).collect();
         for key in keys {
             self.stack_counts.remove(&key).or_else(absent).map_err(map_err(names::STACK_COUNTS_MAP))?;
         }
         self.walks.remove(&tgid).or_else(absent).map_err(map_err(names::WALKS_MAP))?;
+        for key in self.native_page_keys.remove(&tgid).unwrap_or_default() {
+            self.native_pages.remove(&key).or_else(absent).map_err(map_err(names::NATIVE_PAGES_MAP))?;
+        }
         self.remove_gc_process(tgid)
     }
 
@@ -215,6 +235,40 @@ impl Session {
             Ok(stack) => Ok(Some(stack)),
             Err(aya::maps::MapError::KeyNotFound) => Ok(None),
             Err(cause) => Err(AttachError::Map { name: names::STACKS_MAP, cause: Box::new(cause) }),
+        }
+    }
+
+    /// With `--native-stacks`, writes `rows` into the rows map from index
+    /// `first`.
+    pub fn set_rows(&mut self, first: u32, rows: &[tracer_common::unwind::Row]) -> Result<(), AttachError> {
+        for (i, row) in (first..).zip(rows) {
+            self.unwind_rows
+                .set(i, *row, 0)
+                .map_err(|cause| AttachError::Map { name: names::UNWIND_ROWS_MAP, cause: Box::new(cause) })?;
+        }
+        Ok(())
+    }
+
+    /// With `--native-stacks`, tells the unwinder where the rows of
+    /// process `tgid`'s executable pages are.
+    pub fn set_pages(&mut self, tgid: u32, pages: &[(u64, tracer_common::unwind::Page)]) -> Result<(), AttachError> {
+        let keys = self.native_page_keys.entry(tgid).or_default();
+        for &(page, value) in pages {
+            let key = tracer_common::unwind::PageKey { tgid, reserved: 0, page };
+            self.native_pages
+                .insert(key, value, 0)
+                .map_err(|cause| AttachError::Map { name: names::NATIVE_PAGES_MAP, cause: Box::new(cause) })?;
+            keys.push(key);
+        }
+        Ok(())
+    }
+
+    /// The native stack whose hash is `hash`, if the kernel kept it.
+    pub fn native_stack(&self, hash: u64) -> Result<Option<tracer_common::unwind::NativeStack>, AttachError> {
+        match self.native_stacks.get(&hash, 0) {
+            Ok(stack) => Ok(Some(stack)),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+            Err(cause) => Err(AttachError::Map { name: names::NATIVE_STACKS_MAP, cause: Box::new(cause) }),
         }
     }
 

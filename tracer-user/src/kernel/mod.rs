@@ -27,7 +27,7 @@ use tracer_common::{
     names,
     returns::Returned,
     stack::{Stack, StackKey, WalkConfig},
-    types::TypeKey,
+    types::{ObjectKey, TypeCounts, TypeKey},
 };
 
 pub use self::{links::LateSites, maps::Readings};
@@ -103,6 +103,8 @@ pub struct StacksOptions {
     pub sample: u64,
     /// Room for distinct stacks, and for (process, probe, stack) counts.
     pub entries: u32,
+    /// With `--native-stacks`: room for the unwind rows of every module.
+    pub native_rows: Option<u32>,
 }
 
 /// How `--types` counts, in the kernel.
@@ -112,6 +114,12 @@ pub struct TypesOptions {
     pub entries: u32,
     /// `offsetof(PyObject, ob_type)`, from the version module.
     pub ob_type_offset: u64,
+    /// Room for objects seen created and not yet destroyed; one more is
+    /// counted as a miss (`objects_full`).
+    pub objects: u32,
+    /// The pre-header sizes a freed block may start at before its object,
+    /// from the version module.
+    pub pre_headers: [u64; tracer_common::types::PRE_HEADERS],
 }
 
 /// With `--live`, each slot's role in the live table: the probes' and the
@@ -141,7 +149,8 @@ pub struct Session {
     counters: PerCpuHashMap<MapData, CounterKey, Counter>,
     stats: PerCpuArray<MapData, u64>,
     returns: PerCpuHashMap<MapData, CounterKey, Returned>,
-    types: PerCpuHashMap<MapData, TypeKey, u64>,
+    types: PerCpuHashMap<MapData, TypeKey, TypeCounts>,
+    objects: aya::maps::HashMap<MapData, ObjectKey, u64>,
     sizes: PerCpuArray<MapData, Counter>,
     walks: aya::maps::HashMap<MapData, u32, WalkConfig>,
     stacks: aya::maps::HashMap<MapData, u64, Stack>,
@@ -149,6 +158,11 @@ pub struct Session {
     /// With `--live`: the outstanding blocks, and what each domain's did.
     live: aya::maps::HashMap<MapData, LiveKey, LiveEntry>,
     live_counts: PerCpuArray<MapData, LiveCounts>,
+    unwind_rows: Array<MapData, tracer_common::unwind::Row>,
+    native_pages: aya::maps::HashMap<MapData, tracer_common::unwind::PageKey, tracer_common::unwind::Page>,
+    /// The pages told per process, to remove when it exits.
+    native_page_keys: HashMap<u32, Vec<tracer_common::unwind::PageKey>>,
+    native_stacks: aya::maps::HashMap<MapData, u64, tracer_common::unwind::NativeStack>,
     /// With `--bpf-log`, the reader of the programs' log.
     logger: Option<aya_log::EbpfLogger<maps::LogCollector>>,
     /// What the logger has collected (shared with it).
@@ -191,6 +205,7 @@ impl Session {
             return Err(AttachError::NoObject);
         }
         let slots = u32::try_from(plan.probes.len()).unwrap_or(u32::MAX);
+        let native = u32::try_from(plan.probes.iter().filter(|p| p.program.is_native()).count()).unwrap_or(u32::MAX);
         let processes = if target_tgid == 0 { options.max_processes.max(1) } else { 1 };
         // aya-log's level global: 0 turns every log statement into code the
         // verifier proves dead, so logging costs nothing while off.
@@ -198,6 +213,8 @@ impl Session {
         // Without --types no program writes the map: one entry is room
         // enough.
         let (type_entries, ob_type_offset) = options.types.map_or((1, 0), |t| (t.entries.max(1), t.ob_type_offset));
+        let (object_entries, pre_headers) =
+            options.types.map_or((1, [0; tracer_common::types::PRE_HEADERS]), |t| (t.objects.max(1), t.pre_headers));
         let stacks_on = u32::from(options.stacks.is_some());
         let sample = options.stacks.as_ref().map_or(1, |s| s.sample.max(1));
         let stack_entries = options.stacks.as_ref().map_or(1, |s| s.entries.max(1));
@@ -207,6 +224,11 @@ impl Session {
         let live_entries = options.live.unwrap_or(1).max(1);
         // The implementations' slots follow the probes'.
         let live_slots = slots.saturating_add(u32::try_from(plan.live_impls.len()).unwrap_or(0));
+        let native_rows = options.stacks.as_ref().and_then(|s| s.native_rows);
+        let native_on = u32::from(native_rows.is_some());
+        // A process maps a few MiB of code: python3.14's executable is
+        // 4.3 MiB, 1,050 pages; with libc and the rest, about 2,000.
+        let native_pages = if native_on == 1 { processes.min(64).saturating_mul(16_384) } else { 1 };
         let mut ebpf = EbpfLoader::new()
             .override_global(names::LIVE_ON_GLOBAL, &live_on, true)
             .map_max_entries(names::LIVE_MAP, live_entries)
@@ -218,11 +240,18 @@ impl Session {
             .map_max_entries(names::WALKS_MAP, processes)
             .map_max_entries(names::STACKS_MAP, stack_entries)
             .map_max_entries(names::STACK_COUNTS_MAP, stack_entries)
+            .override_global(names::NATIVE_ON_GLOBAL, &native_on, true)
+            .map_max_entries(names::UNWIND_ROWS_MAP, native_rows.unwrap_or(1).max(1))
+            .map_max_entries(names::NATIVE_PAGES_MAP, native_pages)
+            .map_max_entries(names::NATIVE_STACKS_MAP, if native_on == 1 { stack_entries } else { 1 })
             .override_global(names::OB_TYPE_OFFSET_GLOBAL, &ob_type_offset, true)
             .override_global(aya_log::LEVEL, &log_level, true)
-            .map_max_entries(names::COUNTERS_MAP, slots.saturating_mul(processes))
+            // Each native probe has a second counter for its nested calls.
+            .map_max_entries(names::COUNTERS_MAP, slots.saturating_add(native).saturating_mul(processes))
             .map_max_entries(names::RETURNS_MAP, slots.saturating_mul(processes))
             .map_max_entries(names::TYPES_MAP, type_entries)
+            .map_max_entries(names::OBJECTS_MAP, object_entries)
+            .override_global(names::PRE_HEADERS_GLOBAL, &pre_headers, true)
             .map_max_entries(names::SLOT_DOMAINS_MAP, slots.max(1))
             .load(crate::BPF_OBJECT)
             .map_err(|e| AttachError::Load(Box::new(e)))?;
@@ -239,6 +268,7 @@ impl Session {
         let stats = take_map(&mut ebpf, names::STATS_MAP, PerCpuArray::try_from)?;
         let returns = take_map(&mut ebpf, names::RETURNS_MAP, PerCpuHashMap::try_from)?;
         let types = take_map(&mut ebpf, names::TYPES_MAP, PerCpuHashMap::try_from)?;
+        let objects = take_map(&mut ebpf, names::OBJECTS_MAP, aya::maps::HashMap::try_from)?;
         let sizes = take_map(&mut ebpf, names::SIZES_MAP, PerCpuArray::try_from)?;
         // Borrowed, not taken: a map taken and dropped here closes its fd,
         // which the programs aya loads later for perf-event uprobes are
@@ -258,11 +288,12 @@ impl Session {
         if options.live.is_some() {
             fill_slot_live(&mut ebpf, &plan)?;
         }
+        let unwind_rows = take_map(&mut ebpf, names::UNWIND_ROWS_MAP, Array::try_from)?;
+        let native_pages = take_map(&mut ebpf, names::NATIVE_PAGES_MAP, aya::maps::HashMap::try_from)?;
+        let native_stacks = take_map(&mut ebpf, names::NATIVE_STACKS_MAP, aya::maps::HashMap::try_from)?;
         let mut domains = borrowed_array(&mut ebpf, names::SLOT_DOMAINS_MAP)?;
         for p in &plan.probes {
-            let domain = crate::python::domain(p.symbol)
-                .filter(|_| p.program.allocates())
-                .map_or(tracer_common::sizes::NO_DOMAIN, |d| d as u32);
+            let domain = p.domain.map_or(tracer_common::sizes::NO_DOMAIN, |d| d as u32);
             domains
                 .set(p.slot, domain, 0)
                 .map_err(|cause| AttachError::Map { name: names::SLOT_DOMAINS_MAP, cause: Box::new(cause) })?;
@@ -281,12 +312,17 @@ impl Session {
             stats,
             returns,
             types,
+            objects,
             sizes,
             walks,
             stacks,
             stack_counts,
             live,
             live_counts,
+            unwind_rows,
+            native_pages,
+            native_page_keys: HashMap::new(),
+            native_stacks,
             logger,
             log_lines,
             programs: HashMap::new(),
@@ -506,8 +542,8 @@ mod tests {
         let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
         let plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
         let options = LoadOptions {
-            types: Some(TypesOptions { entries: 16, ob_type_offset: 8 }),
-            stacks: Some(StacksOptions { slots: vec![0], sample: 3, entries: 16 }),
+            types: Some(TypesOptions { entries: 16, ob_type_offset: 8, objects: 16, pre_headers: [0, 16, 32] }),
+            stacks: Some(StacksOptions { slots: vec![0], sample: 3, entries: 16, native_rows: Some(1024) }),
             ..LoadOptions::default()
         };
         let session = Session::load(plan, std::process::id(), &options).expect("the object loads");
@@ -610,5 +646,91 @@ mod tests {
         let probe = readings.probes[0];
         assert_eq!((probe.calls, probe.bytes), (N, 1234 * N), "{readings:?}");
         assert!(readings.stats.iter().all(|&v| v == 0), "{readings:?}");
+    }
+
+    #[unsafe(no_mangle)]
+    #[inline(never)]
+    extern "C" fn tracer_test_new_reference(op: *const u64) -> u64 {
+        std::hint::black_box(op as u64)
+    }
+
+    #[unsafe(no_mangle)]
+    #[inline(never)]
+    extern "C" fn tracer_test_free(ptr: *const u64) -> u64 {
+        std::hint::black_box(ptr as u64)
+    }
+
+    /// `--types` in the kernel: each new reference keeps its object, a free
+    /// of its block (the object, or the object minus a pre-header) counts
+    /// it destroyed when its memory still holds its type, a second new
+    /// reference at a kept address counts the first object reused, and a
+    /// full objects table is counted.
+    #[test]
+    fn objects_are_kept_destroyed_at_their_block_and_reused() {
+        assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
+        let exe = std::env::current_exe().expect("the test binary");
+        let elf = ElfImage::open(&exe).expect("the test binary is ELF");
+        let image = ImageRef {
+            elf: &elf,
+            display_path: &exe,
+            attach_path: &exe,
+            modules: &[],
+            inlining: None,
+            implementations: &[],
+        };
+        std::hint::black_box(tracer_test_new_reference as extern "C" fn(*const u64) -> u64);
+        std::hint::black_box(tracer_test_free as extern "C" fn(*const u64) -> u64);
+        let spec = [
+            ProbeSpec::function("tracer_test_new_reference", Program::CountObject, true, true),
+            ProbeSpec::function("tracer_test_free", Program::FreeObject, true, true),
+        ];
+        let plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
+        // Room for three objects.
+        let types = TypesOptions { entries: 16, ob_type_offset: 8, objects: 3, pre_headers: [0, 16, 32] };
+        let options = LoadOptions { types: Some(types), ..LoadOptions::default() };
+        let mut session = Session::load(plan, std::process::id(), &options).expect("the object loads");
+        session.prepare(true).expect("programs load");
+        session.attach_multi(std::process::id()).expect("attached");
+        // Two type objects, and blocks whose objects' second word is
+        // their type: `a`, `c` and `d` without a pre-header, `b` after 32
+        // bytes of one (a GC header and a managed dict's).
+        let (t1, t2) = (Box::new([0u64; 4]), Box::new([0u64; 4]));
+        let (t1, t2) = (t1.as_ptr() as u64, t2.as_ptr() as u64);
+        let mut a = Box::new([0, t1, 0, 0]);
+        let b = Box::new([0, 0, 0, 0, 0, t2, 0, 0]);
+        let c = Box::new([0, t1, 0, 0]);
+        let d = Box::new([0, t1, 0, 0]);
+        let b_object = b[4..].as_ptr();
+        tracer_test_new_reference(a.as_ptr());
+        tracer_test_new_reference(b_object);
+        tracer_test_new_reference(c.as_ptr());
+        // The table is full: counted, not kept.
+        tracer_test_new_reference(d.as_ptr());
+        tracer_test_free(a.as_ptr());
+        tracer_test_free(b.as_ptr());
+        // A block tracer never saw an object of.
+        tracer_test_free(d[2..].as_ptr());
+        tracer_test_new_reference(b_object);
+        tracer_test_new_reference(b_object);
+        // A block whose memory no longer holds the kept type is not the
+        // kept object's.
+        a[1] = t2;
+        tracer_test_new_reference(a.as_ptr());
+        a[1] = t1;
+        tracer_test_free(a.as_ptr());
+        let readings = session.read().expect("the counters read");
+        session.detach_multi(std::process::id());
+        std::hint::black_box((&a, &b, &c, &d));
+        let calls: Vec<u64> = readings.probes.iter().map(|p| p.calls).collect();
+        assert_eq!(calls, [7, 4], "{readings:?}");
+        let counts = &readings.types[&std::process::id()];
+        let made = |created, destroyed, reused| tracer_common::types::TypeCounts { created, destroyed, reused };
+        // t1: a, c, d created; a destroyed. t2: b twice and a (retyped)
+        // created; b destroyed, then reused by its second new reference.
+        assert_eq!(counts.get(&t1), Some(&made(3, 1, 0)), "{counts:?}");
+        assert_eq!(counts.get(&t2), Some(&made(4, 1, 1)), "{counts:?}");
+        let stat = |s: tracer_common::stats::Stat| readings.stats[s as usize];
+        assert_eq!(stat(tracer_common::stats::Stat::ObjectsFull), 1, "{readings:?}");
+        assert_eq!(stat(tracer_common::stats::Stat::FreeArgMissing), 0, "{readings:?}");
     }
 }

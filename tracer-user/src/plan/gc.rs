@@ -143,6 +143,9 @@ pub struct GcImage<'a> {
     pub attach_path: &'a Path,
     /// `Python X.Y.Z`, for messages.
     pub version: &'a str,
+    /// Its debug info, where found: the collection function of a stripped
+    /// image is looked for in its DWARF.
+    pub debug: Option<&'a Path>,
 }
 
 /// Plans the GC probes of `image` as `mode` says, with what tracer knows of
@@ -205,10 +208,15 @@ pub fn plan(image: GcImage<'_>, knowledge: Option<&GcKnowledge>, mode: GcMode) -
             image.version
         ));
     };
-    let Some(sym) = image.elf.function(f.symbol) else {
-        return unavailable(format!("{} is not in its symbols (stripped?)", f.symbol));
+    let (address, file_offset, found) = match (image.elf.function(f.symbol), image.debug) {
+        (Some(sym), _) => (sym.address, sym.file_offset, "by its symbol".to_owned()),
+        (None, None) => return unavailable(format!("{} is not in its symbols (stripped?)", f.symbol)),
+        (None, Some(debug)) => match in_dwarf(image, debug, &f) {
+            Ok((address, offset)) => (address, offset, format!("found by its DWARF in {}", debug.display())),
+            Err(why) => return unavailable(format!("{} is not in its symbols (stripped?), and {why}", f.symbol)),
+        },
     };
-    let code = image.elf.read_at(sym.file_offset, 16).map_err(|e| UsdtError::Notes {
+    let code = image.elf.read_at(file_offset, 16).map_err(|e| UsdtError::Notes {
         path: image.display_path.to_owned(),
         why: format!("the code of {} cannot be read: {e}", f.symbol),
     })?;
@@ -219,8 +227,8 @@ pub fn plan(image: GcImage<'_>, knowledge: Option<&GcKnowledge>, mode: GcMode) -
     let point = |role, ret, argument: &str, cookie| GcPoint {
         role,
         name: f.symbol.to_owned(),
-        address: sym.address,
-        file_offset: sym.file_offset,
+        address,
+        file_offset,
         semaphore: None,
         ret,
         argument: argument.to_owned(),
@@ -234,14 +242,60 @@ pub fn plan(image: GcImage<'_>, knowledge: Option<&GcKnowledge>, mode: GcMode) -
         point(GcRole::Start, false, "%esi at its entry (int generation)", start),
         point(GcRole::Done, true, "%rax at its return (Py_ssize_t: the objects found unreachable)", done),
     ];
-    let how =
-        format!("{}'s entry (the generation) and return (the objects found unreachable), by its symbol", f.symbol);
+    let how = format!("{}'s entry (the generation) and return (the objects found unreachable), {found}", f.symbol);
     let detail = if has_markers {
         format!("{how} (--gc function; {path} has the markers too)")
     } else {
         format!("{no_markers}: {how}")
     };
     Ok(GcPlan { source: GcSource::Function, detail, caveat: f.caveat.map(str::to_owned), points })
+}
+
+/// Where the collection function `f` is, by the DWARF in `debug`, for an
+/// image whose symbols lack it (an LTO build names it
+/// `gc_collect_main.lto_priv.0` in its debug file): its one out-of-line
+/// copy whose `generation` parameter is, at its entry, in the register
+/// `f` says (a clone GCC made with other parameters is not). A function
+/// the compiler also inlined is refused: probes at the copy would miss the
+/// collections run through the inlined code.
+fn in_dwarf(image: GcImage<'_>, debug: &Path, f: &crate::python::gc::GcFunction) -> Result<(u64, u64), String> {
+    use crate::discover::inline;
+    let data = std::fs::read(debug).map_err(|e| format!("its debug info {} cannot be read: {e}", debug.display()))?;
+    let wanted = [inline::Wanted { function: f.symbol, parameters: &["generation"] }];
+    let found = inline::find(debug, &data, &wanted).map_err(|e| e.to_string())?;
+    let sites = found.iter().find(|s| s.function == f.symbol);
+    let Some(sites) = sites.filter(|s| !s.out_of_line.is_empty()) else {
+        return Err(format!("its DWARF in {} has no code for it", debug.display()));
+    };
+    if !sites.inlined.is_empty() {
+        return Err(format!(
+            "its DWARF in {} lists {} copies of it inlined elsewhere, whose collections probes at the function would miss",
+            debug.display(),
+            sites.inlined.len()
+        ));
+    }
+    let shaped: Vec<&inline::Site> = sites
+        .out_of_line
+        .iter()
+        .filter(|s| {
+            s.parameters.iter().any(|p| {
+                p.name == "generation"
+                    && matches!(p.location, inline::Location::Register(r) if r.dwarf() == f.generation_register)
+            })
+        })
+        .collect();
+    let [site] = shaped.as_slice() else {
+        return Err(format!(
+            "its DWARF in {} has {} copies of it with `generation` in %esi at their entry, not one",
+            debug.display(),
+            shaped.len()
+        ));
+    };
+    let offset = image
+        .elf
+        .file_offset(site.entry)
+        .ok_or_else(|| format!("its entry {:#x} (by its DWARF) is in no file-backed segment", site.entry))?;
+    Ok((site.entry, offset))
 }
 
 /// The probe of one marker site.
@@ -313,7 +367,7 @@ mod tests {
     use super::*;
 
     fn image<'a>(elf: &'a ElfImage, path: &'a Path) -> GcImage<'a> {
-        GcImage { elf, display_path: path, attach_path: path, version: "3.11.2" }
+        GcImage { elf, display_path: path, attach_path: path, version: "3.11.2", debug: None }
     }
 
     const V311: GcKnowledge = crate::python::gc::markers(Some(crate::python::gc::GcFunction {

@@ -5,6 +5,7 @@
 pub mod callsites;
 pub mod coverage;
 pub mod gc;
+pub mod native;
 pub mod placement;
 pub mod returns;
 
@@ -117,6 +118,16 @@ impl<'a> From<&'a crate::discover::Resolved> for ImageRef<'a> {
     }
 }
 
+/// A file probes go in other than the plan's image: the target's C
+/// library, with `--native`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeFile {
+    /// As the target sees it.
+    pub display_path: PathBuf,
+    /// As tracer reaches it (what the kernel resolves).
+    pub attach_path: PathBuf,
+}
+
 /// One probe of the plan: everything tracer knows about it before any
 /// count, keyed by its slot.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -148,9 +159,30 @@ pub struct PlannedProbe {
     /// `live_alloc` at its entry beside its return probes, a free
     /// `live_free` at its entry.
     pub live: Option<u32>,
+    /// The file the function is in, where it is not the plan's image.
+    pub file: Option<ProbeFile>,
+    /// The size histogram its requests go in; `None` for a function that
+    /// requests no size.
+    pub domain: Option<tracer_common::sizes::Domain>,
+    /// With `--native`: the file offsets, in the same file, of the direct
+    /// calls and jumps to this function from another probed function
+    /// (see [`native`]), each of which marks its call as nested.
+    pub nested_sites: Vec<u64>,
 }
 
 impl PlannedProbe {
+    /// The file the probe is in, as tracer reaches it.
+    #[must_use]
+    pub fn attach_path<'a>(&'a self, plan: &'a Plan) -> &'a Path {
+        self.file.as_ref().map_or(&plan.attach_path, |f| &f.attach_path)
+    }
+
+    /// The file the probe is in, as the target sees it.
+    #[must_use]
+    pub fn display_path<'a>(&'a self, plan: &'a Plan) -> &'a Path {
+        self.file.as_ref().map_or(&plan.display_path, |f| &f.display_path)
+    }
+
     /// Offset in the image file of the probed instruction.
     #[must_use]
     pub const fn probe_offset(&self) -> u64 {
@@ -243,21 +275,7 @@ const MAX_FUNCTION: u64 = 1 << 16;
 /// Resolves `specs` in the image and places each probe, without touching
 /// the kernel.
 pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> Result<Plan, PlanError> {
-    let mut found = Vec::new();
-    let mut missing = Vec::new();
-    for spec in specs {
-        match image.elf.function(spec.symbol) {
-            Some(sym) => found.push((spec, sym.clone())),
-            None if spec.required => {
-                let path = image.display_path.to_owned();
-                return Err(PlanError::RequiredMissing { symbol: spec.symbol, path });
-            }
-            None => missing.push(spec.symbol),
-        }
-    }
-    if found.is_empty() {
-        return Err(PlanError::NoProbes { path: image.display_path.to_owned() });
-    }
+    let (found, missing) = find(image, specs)?;
     let kernel = placement::running_kernel();
     // The new-reference functions' own code, by file offset: a read of the
     // switch found in one is that function's call, which its own probe
@@ -273,6 +291,8 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
     for (slot, (spec, sym)) in (0u32..).zip(&found) {
         let own = if options.types && crate::python::object_parameter(spec.symbol).is_some() {
             Program::CountObject
+        } else if options.types && crate::python::freed_parameter(spec.symbol).is_some() {
+            Program::FreeObject
         } else {
             spec.program
         };
@@ -288,7 +308,7 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
             }
             (ProbeKind::Function, Err(e), _) => Placement::at_entry(format!("entry: the code could not be read ({e})")),
         };
-        let returns = options.returns.filter(|_| spec.program.allocates()).map(|costs| {
+        let returns = options.returns.filter(|_| spec.program.returns_pointer()).map(|costs| {
             let len = usize::try_from(sym.size.min(MAX_FUNCTION)).unwrap_or(0);
             match image.elf.read_at(sym.file_offset, len) {
                 Ok(code) if sym.size <= MAX_FUNCTION => {
@@ -316,8 +336,12 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
         };
         let mut coverage = coverage(image, spec, &inline_sites, &unprobed, options.returns.is_some());
         coverage.inlined = coverage.inlined.map(|n| n.saturating_sub(others));
-        if own == Program::CountObject {
-            types_coverage(&mut coverage, &inline_sites);
+        match own {
+            Program::CountObject => types_coverage(&mut coverage, &inline_sites, "the object is", "types"),
+            Program::FreeObject => {
+                types_coverage(&mut coverage, &inline_sites, "the freed pointer is", "destructions");
+            }
+            _ => {}
         }
         let live = options.live.then(|| live_role(spec)).flatten();
         if live.is_some() {
@@ -335,6 +359,9 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
             coverage,
             inline_sites,
             live,
+            file: None,
+            domain: crate::python::domain(spec.symbol).filter(|_| spec.program.allocates()),
+            nested_sites: Vec::new(),
         });
     }
     if options.placement == PlacementMode::CallSites {
@@ -346,6 +373,31 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
     let live_impls = if options.live { live_impls(image, &probes, options.returns.as_ref(), kernel) } else { vec![] };
     let (display_path, attach_path) = (image.display_path.to_owned(), image.attach_path.to_owned());
     Ok(Plan { probes, missing, display_path, attach_path, live_impls, live_fix: live_fix(image.inlining) })
+}
+
+/// The symbols of `specs` in `image`, and the optional ones it lacks; a
+/// required one missing, or none found, is an error.
+#[allow(clippy::type_complexity, reason = "a private pair of plan()'s two lists")]
+fn find<'s>(
+    image: ImageRef<'_>,
+    specs: &'s [ProbeSpec],
+) -> Result<(Vec<(&'s ProbeSpec, crate::discover::elf::Symbol)>, Vec<&'static str>), PlanError> {
+    let mut found = Vec::new();
+    let mut missing = Vec::new();
+    for spec in specs {
+        match image.elf.function(spec.symbol) {
+            Some(sym) => found.push((spec, sym.clone())),
+            None if spec.required => {
+                let path = image.display_path.to_owned();
+                return Err(PlanError::RequiredMissing { symbol: spec.symbol, path });
+            }
+            None => missing.push(spec.symbol),
+        }
+    }
+    if found.is_empty() {
+        return Err(PlanError::NoProbes { path: image.display_path.to_owned() });
+    }
+    Ok((found, missing))
 }
 
 /// What gives the allocator implementations where none was found.
@@ -574,10 +626,11 @@ fn live_coverage(c: &mut Coverage, sites: &[InlineSite], implementations: bool) 
     }
 }
 
-/// With `--types`, whether every probed call also counts its object's type:
-/// not where calls are partial, nor at copies where neither the DWARF nor
-/// the code shows where the object is.
-fn types_coverage(c: &mut Coverage, sites: &[InlineSite]) {
+/// With `--types`, whether every probed call also counts its object's type
+/// (at a new reference: its creation; at the object domain's free: its
+/// destruction): not where calls are partial, nor at copies where neither
+/// the DWARF nor the code shows where the object (`what`) is.
+fn types_coverage(c: &mut Coverage, sites: &[InlineSite], what: &str, counted: &str) {
     let objectless = sites.iter().filter(|s| s.object.is_none()).count();
     c.types = Some(if c.calls == Completeness::Partial || objectless > 0 {
         Completeness::Partial
@@ -586,7 +639,7 @@ fn types_coverage(c: &mut Coverage, sites: &[InlineSite]) {
     });
     if objectless > 0 {
         let why = format!(
-            "neither the DWARF nor the code shows where the object is at {objectless} of the {} inlined copies (their calls are counted, their types are not)",
+            "neither the DWARF nor the code shows where {what} at {objectless} of the {} inlined copies (their calls are counted, their {counted} are not)",
             sites.len()
         );
         c.reason = Some(c.reason.take().map_or(why.clone(), |r| format!("{r}; {why}")));

@@ -66,9 +66,10 @@ pub struct Placement {
 /// The argument registers `program` reads.
 fn reads(program: Program) -> &'static [Register] {
     match program {
-        Program::SizeArg0 | Program::CountObject => &[Register::RDI],
-        Program::SizeArg1 => &[Register::RSI],
-        Program::Calloc => &[Register::RDI, Register::RSI],
+        Program::SizeArg0 | Program::CountObject | Program::FreeObject | Program::NativeSizeArg0 => &[Register::RDI],
+        Program::SizeArg1 | Program::NativeSizeArg1 | Program::NativeReleaseArg1 => &[Register::RSI],
+        Program::NativeSizeArg2 => &[Register::RDX],
+        Program::Calloc | Program::NativeCalloc => &[Register::RDI, Register::RSI],
         Program::CountCall
         | Program::Empty
         | Program::RetValue
@@ -78,7 +79,9 @@ fn reads(program: Program) -> &'static [Register] {
         | Program::LiveImpl
         | Program::LiveRet
         | Program::LiveRetUret
-        | Program::CountSite => &[],
+        | Program::CountSite
+        | Program::NativeCall
+        | Program::NativeNested => &[],
     }
 }
 

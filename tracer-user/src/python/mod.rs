@@ -105,8 +105,15 @@ pub trait Abi: Sync + fmt::Debug {
     /// Where an object's type is (the frame table's `ob_type`), and its
     /// type's name.
     fn objects(&self) -> ObjectOffsets {
-        ObjectOffsets { ob_type: self.frames().ob_type, tp_name: TP_NAME_OFFSET }
+        ObjectOffsets {
+            ob_type: self.frames().ob_type,
+            tp_name: TP_NAME_OFFSET,
+            pre_headers: PRE_HEADERS,
+            names: TypeNameOffsets { ht_qualname: self.ht_qualname(), unicode: self.frames().unicode },
+        }
     }
+    /// `offsetof(PyHeapTypeObject, ht_qualname)`, for `--types`.
+    fn ht_qualname(&self) -> u64;
 }
 
 /// A runtime switch that a probed function reads on every call, and so
@@ -295,7 +302,17 @@ pub const fn size_parameters(program: Program) -> &'static [&'static str] {
         | Program::LiveRet
         | Program::LiveRetUret
         | Program::CountSite
-        | Program::CountObject => &[],
+        | Program::CountObject
+        // libc's functions are probed in their own code only, never as
+        // inlined copies.
+        | Program::NativeSizeArg0
+        | Program::NativeSizeArg1
+        | Program::NativeSizeArg2
+        | Program::NativeCalloc
+        | Program::NativeCall
+        | Program::NativeReleaseArg1
+        | Program::NativeNested
+        | Program::FreeObject => &[],
     }
 }
 
@@ -308,6 +325,16 @@ pub fn object_parameter(symbol: &str) -> Option<&'static str> {
     matches!(symbol, "_Py_NewReference" | "_Py_NewReferenceNoTotal").then_some("op")
 }
 
+/// The name of the parameter that is the freed block, for the object
+/// domain's free, where `--types` sees objects destroyed: `ptr`, in
+/// `PyObject_Free(void *ptr)` (Objects/obmalloc.c from v3.11.0 to v3.14.0).
+/// `PyObject_GC_Del` (Modules/gcmodule.c in 3.11, Python/gc.c from 3.12)
+/// and `PyObject_Del` (a macro for it) free objects through it.
+#[must_use]
+pub fn freed_parameter(symbol: &str) -> Option<&'static str> {
+    (symbol == "PyObject_Free").then_some("ptr")
+}
+
 /// Where an object's type and a type's name are, for `--types`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ObjectOffsets {
@@ -315,7 +342,74 @@ pub struct ObjectOffsets {
     pub ob_type: u64,
     /// `offsetof(PyTypeObject, tp_name)`.
     pub tp_name: u64,
+    /// The sizes a freed object's block may start at before the object
+    /// ([`PRE_HEADERS`]).
+    pub pre_headers: [u64; tracer_common::types::PRE_HEADERS],
+    /// Where a heap type's qualified name and module are.
+    pub names: TypeNameOffsets,
 }
+
+/// What differs between versions in reading a heap type's name: its
+/// `__qualname__` (`PyHeapTypeObject.ht_qualname`) and its `__module__`
+/// (the `__module__` key of its `tp_dict`, as `type.__module__` reads it
+/// in Objects/typeobject.c, `type_module`), both `str` objects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TypeNameOffsets {
+    /// `offsetof(PyHeapTypeObject, ht_qualname)`.
+    pub ht_qualname: u64,
+    /// Where a `str`'s length, state and characters are: the frame
+    /// table's, which the stack walker reads names with too (and checks
+    /// against `_Py_DebugOffsets` on 3.13+).
+    pub unicode: frames::UnicodeOffsets,
+}
+
+/// `offsetof(PyTypeObject, tp_flags)`: 168 in Include/cpython/object.h
+/// from v3.11 to v3.14 (checked by compiling `offsetof` against the
+/// headers of 3.11.7, 3.12.1, 3.13.0 and 3.14.8; 3.13 and 3.14 also
+/// publish it as `_Py_DebugOffsets.type_object.tp_flags`).
+pub const TP_FLAGS_OFFSET: u64 = 168;
+/// `offsetof(PyTypeObject, tp_dict)`: 264, checked as [`TP_FLAGS_OFFSET`].
+pub const TP_DICT_OFFSET: u64 = 264;
+/// `Py_TPFLAGS_HEAPTYPE` (Include/object.h, v3.11 to v3.14).
+pub const TPFLAGS_HEAPTYPE: u64 = 1 << 9;
+/// `offsetof(PyDictObject, ma_keys)` and `ma_values` (Include/cpython/
+/// dictobject.h, v3.11 to v3.14: after the object header, `ma_used` and
+/// the 64-bit version or watcher tag; `_Py_DebugOffsets.dict_object` in
+/// 3.13+).
+pub const MA_KEYS_OFFSET: u64 = 32;
+pub const MA_VALUES_OFFSET: u64 = 40;
+/// `struct _dictkeysobject` (`Include/internal/pycore_dict.h`, v3.11 to
+/// v3.14, default build): `dk_refcnt`, then the bytes `dk_log2_size`,
+/// `dk_log2_index_bytes` (9) and `dk_kind` (10), `dk_version`,
+/// `dk_usable`, `dk_nentries` (24) and the indices (32), whose
+/// `1 << dk_log2_index_bytes` bytes the entries follow (`DK_ENTRIES`).
+/// Entries are `PyDictUnicodeEntry` (`me_key`, `me_value`) unless
+/// `dk_kind` is `DICT_KEYS_GENERAL` (0): `PyDictKeyEntry` (`me_hash`,
+/// `me_key`, `me_value`).
+pub const DK_LOG2_INDEX_BYTES_OFFSET: u64 = 9;
+pub const DK_KIND_OFFSET: u64 = 10;
+pub const DK_NENTRIES_OFFSET: u64 = 24;
+pub const DK_INDICES_OFFSET: u64 = 32;
+/// The bits of `PyASCIIObject.state` (Include/cpython/unicodeobject.h,
+/// v3.11 to v3.14): `interned` (2), `kind` (3: 1, 2 or 4 bytes a
+/// character), `compact`, `ascii` (checked by compiling against the four
+/// versions' headers).
+pub const UNICODE_KIND_SHIFT: u32 = 2;
+pub const UNICODE_COMPACT_BIT: u32 = 1 << 5;
+pub const UNICODE_ASCII_BIT: u32 = 1 << 6;
+
+/// Where an object's memory block starts, before the object: at
+/// `_PyType_PreHeaderSize(tp)` bytes, which is `_PyType_IS_GC(tp) *
+/// sizeof(PyGC_Head)` plus, for a type with `Py_TPFLAGS_MANAGED_DICT`
+/// (3.11) or `Py_TPFLAGS_PREHEADER` (`MANAGED_DICT | MANAGED_WEAKREF`,
+/// 3.12 on), `2 * sizeof(PyObject *)` (`Include/internal/pycore_object.h`,
+/// the same in v3.11.7, v3.12.1, v3.13.0 and v3.14.8 as installed here).
+/// `PyGC_Head` is two `uintptr_t` (`Include/internal/pycore_gc.h`), 16 bytes;
+/// a managed dict needs the GC, so the pre-header is 0, 16 or 32 bytes.
+/// `PyObject_GC_Del` frees `op - presize` (Modules/gcmodule.c in 3.11,
+/// Python/gc.c from 3.12), and a non-GC type's `tp_free` frees the object
+/// itself.
+pub const PRE_HEADERS: [u64; tracer_common::types::PRE_HEADERS] = [0, 16, 32];
 
 /// `offsetof(PyTypeObject, tp_name)`: Include/cpython/object.h from v3.11.0
 /// to v3.14.0 starts `struct _typeobject` with `PyObject_VAR_HEAD` (the

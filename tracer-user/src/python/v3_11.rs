@@ -110,6 +110,13 @@ impl super::Abi for Abi311 {
         FRAMES
     }
 
+    fn ht_qualname(&self) -> u64 {
+        // Include/cpython/object.h at v3.11.7: `ht_qualname` follows the type
+        // object, its five method tables, `ht_name` and `ht_slots` (checked by
+        // compiling `offsetof` against these headers).
+        864
+    }
+
     fn minor(&self) -> u8 {
         11
     }

@@ -114,6 +114,14 @@ impl super::Abi for Abi312 {
         FRAMES
     }
 
+    fn ht_qualname(&self) -> u64 {
+        // Include/cpython/object.h at v3.12.1: after `tp_watched`, which 3.12
+        // added to PyTypeObject: `ht_qualname` follows the type object, its five
+        // method tables, `ht_name` and `ht_slots` (checked by compiling
+        // `offsetof` against these headers).
+        872
+    }
+
     fn minor(&self) -> u8 {
         12
     }

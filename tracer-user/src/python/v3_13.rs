@@ -181,6 +181,13 @@ impl super::Abi for Abi313 {
         Some(DEBUG_OFFSETS)
     }
 
+    fn ht_qualname(&self) -> u64 {
+        // Include/cpython/object.h at v3.13.0, as in v3.12: `ht_qualname`
+        // follows the type object, its five method tables, `ht_name` and
+        // `ht_slots` (checked by compiling `offsetof` against these headers).
+        872
+    }
+
     fn minor(&self) -> u8 {
         13
     }
@@ -222,7 +229,11 @@ impl super::Abi for Abi313 {
 pub(super) const GC: super::gc::GcKnowledge = super::gc::markers(Some(super::gc::GcFunction {
     symbol: "gc_collect_main",
     generation_register: super::gc::SECOND_ARGUMENT,
-    caveat: Some(
-        "gc_collect_main's entry does not show the generation of automatic collections (they pass GENERATION_AUTO, -1, and it picks one inside, or returns without collecting when none is due), nor that a call made while another collection runs returns at once: such calls are counted under generation null, each as one collection",
-    ),
+    caveat: GC_CAVEAT,
 }));
+
+/// What `gc_collect_main`'s entry and return do not show (3.13, and 3.14
+/// where it has the function).
+pub(super) const GC_CAVEAT: Option<&str> = Some(
+    "gc_collect_main's entry does not show the generation of automatic collections (they pass GENERATION_AUTO, -1, and it picks one inside, or returns without collecting when none is due), nor that a call made while another collection runs returns at once: such calls are counted under generation null, each as one collection",
+);

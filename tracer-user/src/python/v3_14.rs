@@ -214,6 +214,14 @@ impl super::Abi for Abi314 {
         Some(DEBUG_OFFSETS)
     }
 
+    fn ht_qualname(&self) -> u64 {
+        // Include/cpython/object.h at v3.14.8 (Debian's headers), as in v3.13:
+        // `ht_qualname` follows the type object, its five method tables,
+        // `ht_name` and `ht_slots` (checked by compiling `offsetof` against
+        // these headers).
+        872
+    }
+
     fn minor(&self) -> u8 {
         14
     }
@@ -232,9 +240,21 @@ impl super::Abi for Abi314 {
     }
 }
 
-/// The GC markers only. Debian's 3.14.8 has them (its notes), in
-/// `gc_collect_main` (its DWARF), but no 3.14 source was at hand to check
-/// what that function's entry and return mean (Python/gc.c changed for the
-/// incremental collector, and main has since moved the markers to
-/// `_PyGC_Collect`), so a 3.14 build without markers is reported as such.
-pub(super) const GC: super::gc::GcKnowledge = super::gc::markers(None);
+/// The GC markers, and `gc_collect_main` for builds without them, as in
+/// 3.13 (see its caveat there). Checked in Debian's 3.14.8, whose DWARF
+/// has `static Py_ssize_t gc_collect_main(PyThreadState *tstate, int
+/// generation, _PyGC_Reason reason)`, `generation` in `%esi` at its entry
+/// and the constant -1 (`GENERATION_AUTO`) where it picks one, and both
+/// markers in its code (the notes put `gc__start` and `gc__done` in its
+/// `.cold` part; `gc__done`'s argument is the value it returns). In the
+/// incremental collector of earlier 3.14 releases (a Python/gc.c read
+/// from a source index, not checked against the v3.14.0 tag, whose tree
+/// was too large to fetch) the markers are in `_PyGC_Collect`, whose
+/// generation 1 is an increment of the old generation, and no
+/// `gc_collect_main` was seen: where the symbol is missing, tracer says it
+/// knows no collection function.
+pub(super) const GC: super::gc::GcKnowledge = super::gc::markers(Some(super::gc::GcFunction {
+    symbol: "gc_collect_main",
+    generation_register: super::gc::SECOND_ARGUMENT,
+    caveat: super::v3_13::GC_CAVEAT,
+}));

@@ -7,6 +7,7 @@ mod live;
 pub mod plan;
 pub mod stacks;
 mod table;
+mod types;
 
 use std::io::Write;
 
@@ -65,11 +66,12 @@ pub(crate) mod examples {
             coverage: IndexMap::new(),
             sites: IndexMap::new(),
             gc: None,
+            native: None,
         }
     }
 
     pub fn counts(calls: u64, bytes: u64) -> ProbeCounts {
-        ProbeCounts { calls, bytes, returned: None, estimate: None, calls_per_s: None, bytes_per_s: None }
+        ProbeCounts { calls, bytes, nested: None, returned: None, estimate: None, calls_per_s: None, bytes_per_s: None }
     }
 
     pub fn snapshot(elapsed_ms: u64, scale: u64) -> Snapshot {

@@ -110,7 +110,9 @@ impl<W: Write, E: Write> TableReporter<W, E> {
 
     /// Requested sizes: per domain, the calls in each log2 bucket.
     fn sizes_block(&mut self, sizes: &crate::model::Sizes) -> std::io::Result<()> {
-        for (name, buckets) in [("object", &sizes.object), ("mem", &sizes.mem), ("raw", &sizes.raw)] {
+        let native = sizes.native.as_ref().unwrap_or(const { &Vec::new() });
+        for (name, buckets) in [("object", &sizes.object), ("mem", &sizes.mem), ("raw", &sizes.raw), ("native", native)]
+        {
             if buckets.is_empty() && !sizes.unsized_calls.contains_key(name) {
                 continue;
             }
@@ -158,26 +160,32 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         Ok(())
     }
 
-    /// `--types`: the types most created, with their rates.
+    /// `--types`: the types most created, then those with the most live
+    /// objects (see [`super::types`]).
     fn types_block(&mut self, types: &[crate::model::TypeCount]) -> std::io::Result<()> {
-        writeln!(self.out, "  {:<32} {:>14} {:>12}", "type (most created)", "created", "created/s")?;
-        for t in types.iter().take(TOP_TYPES) {
-            let rate = t.created_per_s.map_or_else(|| "-".to_owned(), |r| group(round(r)));
-            writeln!(self.out, "  {:<32} {:>14} {:>12}", t.name, group(t.created), rate)?;
+        super::types::block(&mut self.out, types, TOP_TYPES, (group, round))
+    }
+
+    /// With `--native`: the calls one probed libc function made of another
+    /// (glibc's `realloc` relaying to `malloc` and `free`), which the rows
+    /// above leave out.
+    fn nested_block(&mut self, sample: &Snapshot) -> std::io::Result<()> {
+        let parts: Vec<String> = sample
+            .probes
+            .iter()
+            .filter_map(|(name, c)| {
+                let n = c.nested?;
+                Some(format!("{name}: {} calls, {} B", group(n.calls), group(n.bytes)))
+            })
+            .collect();
+        if parts.is_empty() {
+            return Ok(());
         }
-        if types.len() > TOP_TYPES {
-            let rest: u64 = types[TOP_TYPES..].iter().map(|t| t.created).sum();
-            writeln!(
-                self.out,
-                "  ({} more types, {} created; every type is in --json)",
-                types.len() - TOP_TYPES,
-                group(rest)
-            )?;
-        }
-        if let Some(t) = types.iter().find(|t| t.unresolved.is_some()) {
-            writeln!(self.out, "  {}: name not read ({})", t.name, t.unresolved.as_deref().unwrap_or_default())?;
-        }
-        Ok(())
+        writeln!(
+            self.out,
+            "  nested (made by another libc allocator function, counted once there) {}",
+            parts.join(" | ")
+        )
     }
 
     /// Garbage collections by generation: how many, how long in all, and
@@ -208,6 +216,7 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         if let Some(sizes) = &sample.sizes {
             self.sizes_block(sizes)?;
         }
+        self.nested_block(sample)?;
         if let Some(gc) = &sample.gc {
             self.gc_block(gc)?;
         }

@@ -149,7 +149,8 @@ impl SitePlan {
         // One open for every site; a file that cannot be read prices
         // every site in it as single-stepped, the dearer kind.
         let file = File::open(&plan.attach_path).ok();
-        let emulated = |offset| emulated_at(file.as_ref(), offset, kernel);
+        // `--native`'s probes are in libc.
+        let libc = plan.probes.iter().find_map(|p| p.file.as_ref()).and_then(|f| File::open(&f.attach_path).ok());
         let slots = plan.probes.len();
         let mut sites = Self {
             inline: vec![SiteKinds::default(); slots],
@@ -169,7 +170,10 @@ impl SitePlan {
                 Some(ReturnPlan::Uretprobe { .. }) if p.call_sites.is_none() && p.placement.offset == 0 => {
                     ReturnSites::Uretprobe { entry: None }
                 }
-                Some(ReturnPlan::Uretprobe { .. }) => ReturnSites::Uretprobe { entry: Some(emulated(p.file_offset)) },
+                Some(ReturnPlan::Uretprobe { .. }) => {
+                    let file = if p.file.is_some() { libc.as_ref() } else { file.as_ref() };
+                    ReturnSites::Uretprobe { entry: Some(emulated_at(file, p.file_offset, kernel)) }
+                }
             };
         }
         sites.refresh(plan);
@@ -247,7 +251,8 @@ impl Reading {
     fn of(slots: usize, cpu_ticks: u64, hits: Option<&[ProbeReading]>) -> Self {
         let mut r = Self { cpu_ticks, ..Self::zero(slots) };
         for (slot, h) in hits.unwrap_or_default().iter().enumerate().take(slots) {
-            r.calls[slot] = h.calls;
+            // A nested call is two hits: its site's mark and its entry.
+            r.calls[slot] = h.calls.saturating_add(h.nested.calls.saturating_mul(2));
             r.returns[slot] = h.returned.returns;
         }
         r

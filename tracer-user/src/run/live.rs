@@ -8,6 +8,9 @@ use crate::{kernel::Session, model, plan::Plan};
 /// What the live figures cannot know, said with every one of them.
 pub const UNKNOWN: &str = "allocations made before tracer attached are not in the table: their frees are counted as untracked_frees, and never lower the live counts";
 
+/// With `--native`, what the live table leaves out.
+pub const NATIVE_UNTRACKED: &str = "libc's allocator (--native) is not tracked: its blocks are in no live count and no --leaks list (the interpreter's raw domain, which calls libc, is)";
+
 /// `--leaks`: which blocks the summary lists.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LeaksConfig {
@@ -51,7 +54,14 @@ pub fn report(plan: &Plan, counts: &[LiveCounts], capacity: u32) -> model::Live 
     } else {
         None
     };
-    model::Live { object, mem, raw, capacity, dropped, unknown: UNKNOWN.to_owned(), partial }
+    // libc's allocator (`--native`) has its calls counted, never its
+    // blocks tracked: said where it is probed, not left as a missing domain.
+    let unknown = if plan.probes.iter().any(|p| p.program.is_native()) {
+        format!("{UNKNOWN}; {NATIVE_UNTRACKED}")
+    } else {
+        UNKNOWN.to_owned()
+    };
+    model::Live { object, mem, raw, capacity, dropped, unknown, partial }
 }
 
 /// With `--leaks`, the blocks still in `session`'s live table, the oldest

@@ -94,6 +94,12 @@ fn attach_links(
 /// thousand types; one past the room is counted (`types_full`).
 const TYPE_ENTRIES: u32 = 1 << 15;
 
+/// Room for objects `--types` saw created and not yet destroyed (not
+/// preallocated: a few dozen bytes of kernel memory per object held); one
+/// past the room is counted (`objects_full`), and its type's live count is
+/// then too high.
+const OBJECT_ENTRIES: u32 = 1 << 20;
+
 /// Writes `--folded` and `--flamegraph` from the summary's stacks, and
 /// says where.
 fn write_stacks(
@@ -160,7 +166,8 @@ fn stack_slots(
 /// The probe table rows `selection` picks for the resolved target. With
 /// `types`, every function that creates objects the version has, since
 /// where `_Py_NewReferenceNoTotal` exists (3.12+) the free lists' objects
-/// pass it instead of `_Py_NewReference`.
+/// pass it instead of `_Py_NewReference`, and the object domain's free,
+/// where objects are seen destroyed.
 fn specs(
     r: &Resolved,
     selection: &ProbeSelection,
@@ -169,7 +176,9 @@ fn specs(
     let mut specs = selection.select(r.abi.probes(), &r.version.to_string())?;
     if types {
         for p in r.abi.probes() {
-            if crate::python::object_parameter(p.symbol).is_some() && !specs.iter().any(|s| s.symbol == p.symbol) {
+            let counts_objects = crate::python::object_parameter(p.symbol).is_some()
+                || crate::python::freed_parameter(p.symbol).is_some();
+            if counts_objects && !specs.iter().any(|s| s.symbol == p.symbol) {
                 specs.push(*p);
             }
         }
@@ -180,11 +189,16 @@ fn specs(
 /// The GC probes of the resolved target, as `mode` says.
 fn gc_plan(r: &Resolved, mode: GcMode) -> Result<GcPlan, plan::gc::GcPlanError> {
     let version = r.version.to_string();
+    let debug = match &r.inlining {
+        discover::Inlining::Known { source, .. } => Some(std::path::PathBuf::from(source)),
+        _ => None,
+    };
     let image = plan::gc::GcImage {
         elf: &r.elf,
         display_path: &r.display_path,
         attach_path: &r.attach_path,
         version: &version,
+        debug: debug.as_deref(),
     };
     plan::gc::plan(image, crate::python::gc_knowledge(r.abi), mode)
 }
@@ -222,6 +236,7 @@ fn attached_event(session: &Session, r: &Resolved, links: Links, cost: &CostMete
         coverage: probes.iter().map(|p| (p.symbol.to_owned(), p.coverage.clone())).collect(),
         sites: cost.sites(session.plan()),
         gc: None,
+        native: probes.iter().find_map(|p| p.file.as_ref()).map(|f| f.display_path.display().to_string()),
     }
 }
 
@@ -306,6 +321,10 @@ impl Run {
         notes.extend(untold.unwrap_or_default().into_iter().map(|(pid, why)| {
             Note::new(Level::Warning, NoteCode::NoStacks, format!("no Python stacks for PID {pid}: {why}"))
         }));
+        let native = self.readout.stack_names.as_mut().map(crate::run::stacks::StackNames::take_native_untold);
+        notes.extend(
+            native.unwrap_or_default().into_iter().map(|why| Note::new(Level::Warning, NoteCode::NoNativeStacks, why)),
+        );
         notes
     }
 
@@ -401,7 +420,9 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
     let mut last = run.snapshot()?;
     // Before the detach, which frees the table.
     last.leaks = config.live.as_ref().and_then(|l| l.leaks).map(|l| live::leaks(&run.session, l));
-    let log = run.bpf_log();
+    // Notes not told yet (a target that exited before the first interval).
+    let mut log = run.notes();
+    log.extend(run.bpf_log());
     let Run { session, readout, duty, late, started: _, mut cost } = run;
     drop((session, readout, duty, late));
     output.notes(log)?;
@@ -430,6 +451,29 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
 
 /// Resolves, plans, loads and attaches as `config` says, and reports the
 /// attach: everything before the loop.
+/// The `--types` options, the `--stacks` options, and the probe slots
+/// whose events get stacks.
+type KernelOptions = (Option<crate::kernel::TypesOptions>, Option<crate::kernel::StacksOptions>, Option<Vec<u32>>);
+
+/// What the kernel side is sized and told for `--types` and `--stacks`,
+/// and which probes' events get stacks.
+fn kernel_options(config: &AttachConfig, r: &discover::Resolved, plan: &plan::Plan) -> anyhow::Result<KernelOptions> {
+    let types = config.types.then(|| crate::kernel::TypesOptions {
+        entries: TYPE_ENTRIES,
+        ob_type_offset: r.abi.objects().ob_type,
+        objects: OBJECT_ENTRIES,
+        pre_headers: r.abi.objects().pre_headers,
+    });
+    let stack_slots = config.stacks.as_ref().map(|s| stack_slots(r, plan, s)).transpose()?;
+    let stacks = config.stacks.as_ref().zip(stack_slots.clone()).map(|(s, slots)| crate::kernel::StacksOptions {
+        slots,
+        sample: s.sample,
+        entries: STACK_ENTRIES,
+        native_rows: s.native.then_some(crate::unwind::ROW_CAPACITY),
+    });
+    Ok((types, stacks, stack_slots))
+}
+
 fn start<'a>(
     config: &AttachConfig,
     out: impl Write + 'a,
@@ -463,7 +507,10 @@ fn start<'a>(
         live: config.live.is_some(),
         ..PlanOptions::default()
     };
-    let plan = plan::plan(ImageRef::from(&r), &specs(&r, &config.probes, config.types)?, options)?;
+    let mut plan = plan::plan(ImageRef::from(&r), &specs(&r, &config.probes, config.types)?, options)?;
+    if config.native {
+        native(&mut plan, &r, options)?;
+    }
     // Before anything is loaded: `--gc markers` on a build without them is
     // the user's to fix.
     let gc = gc_plan(&r, config.gc)?;
@@ -475,25 +522,16 @@ fn start<'a>(
         let sites = plan.probes.iter().map(|p| p.inline_sites.len() + p.coverage.call_sites).sum();
         return Err(crate::config::ConfigError::BudgetPerfManySites { sites }.into());
     }
-    let types = config
-        .types
-        .then(|| crate::kernel::TypesOptions { entries: TYPE_ENTRIES, ob_type_offset: r.abi.objects().ob_type });
-    let stack_slots = config.stacks.as_ref().map(|s| stack_slots(&r, &plan, s)).transpose()?;
-    let stacks = config.stacks.as_ref().zip(stack_slots.clone()).map(|(s, slots)| crate::kernel::StacksOptions {
-        slots,
-        sample: s.sample,
-        entries: STACK_ENTRIES,
-    });
+    let (types, stacks, stack_slots) = kernel_options(config, &r, &plan)?;
     let live = config.live.as_ref().map(|l| l.max);
     let load = LoadOptions { bpf_log: config.bpf_log, types, stacks, live, ..LoadOptions::default() };
     let mut session = Session::load(plan, r.scope, &load)?;
     // The target's frames are located before the probes go live, so that
     // its first events have stacks.
-    let mut stack_names = config
-        .stacks
-        .as_ref()
-        .zip(stack_slots)
-        .map(|(s, slots)| crate::run::stacks::StackNames::new(slots, s.depth, s.sample, s.top));
+    let mut stack_names = config.stacks.as_ref().zip(stack_slots).map(|(s, slots)| {
+        let native = s.native.then(|| crate::unwind::Native::new(config.debug_dir.clone()));
+        crate::run::stacks::StackNames::new(slots, s.depth, s.sample, s.top, native)
+    });
     if let (Some(names), Some(pid)) = (stack_names.as_mut(), r.pid()) {
         names.prepare(&mut session, pid)?;
     }
@@ -604,6 +642,18 @@ pub struct PlanRequest<'a> {
     pub inlined: bool,
     /// How garbage collections would be seen.
     pub gc: GcMode,
+    /// `--native`: also plan libc's allocator.
+    pub native: bool,
+}
+
+/// With `--native`, adds the C library's allocator functions of the
+/// target to `plan` (with `--pid` only: the configuration refuses
+/// `--exe`).
+fn native(plan: &mut plan::Plan, r: &Resolved, options: PlanOptions) -> anyhow::Result<()> {
+    let pid = r.pid().ok_or(crate::config::ConfigError::NativeWithExe)?;
+    let libc = discover::libc::find(pid)?;
+    plan::native::extend(plan, &libc, options)?;
+    Ok(())
 }
 
 /// Resolves the target and plans its probes for `tracer probes`, without
@@ -614,7 +664,7 @@ pub fn probe_plan(
     selection: &ProbeSelection,
     request: &PlanRequest<'_>,
 ) -> anyhow::Result<PlanReport> {
-    let PlanRequest { placement, returns, debug_dir, inlined, gc } = *request;
+    let PlanRequest { placement, returns, debug_dir, inlined, gc, native: _ } = *request;
     // Which way reads a return value cheapest is measured, which loads BPF.
     let calibrated = if returns {
         privileges::check()?;
@@ -626,7 +676,10 @@ pub fn probe_plan(
     let options = PlanOptions { placement, returns: return_costs, inlined, ..PlanOptions::default() };
     let dwarf = discover::DwarfLookup { enabled: inlined, debug_dir };
     let r = discover::resolve(target, placement == PlacementMode::CallSites, dwarf)?;
-    let plan = plan::plan(ImageRef::from(&r), &specs(&r, selection, false)?, options)?;
+    let mut plan = plan::plan(ImageRef::from(&r), &specs(&r, selection, false)?, options)?;
+    if request.native {
+        native(&mut plan, &r, options)?;
+    }
     let mut report = PlanReport::new(&plan, &r.version.to_string(), calibrated.map(|r| r.1));
     report.notes.extend(debug_offsets_note(&r));
     let gc_plan = gc_plan(&r, gc)?;

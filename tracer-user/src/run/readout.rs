@@ -26,8 +26,8 @@ struct Exited {
     pid: u32,
     at: Duration,
     probes: Vec<ProbeReading>,
-    /// With `--types`: its creations by type address.
-    types: BTreeMap<u64, u64>,
+    /// With `--types`: its creations and destructions by type address.
+    types: BTreeMap<u64, tracer_common::types::TypeCounts>,
     /// With `--stacks`: its counts per stack.
     stacks: Vec<(tracer_common::stack::StackKey, tracer_common::counter::Counter)>,
     /// Its garbage collections by generation.
@@ -45,8 +45,9 @@ pub struct Totals {
     /// The processes with entries in the maps at this read, not yet found
     /// exited: those whose CPU time is worth reading.
     pub live: Vec<u32>,
-    /// With `--types`: per process, creations by type address.
-    pub types: BTreeMap<u32, BTreeMap<u64, u64>>,
+    /// With `--types`: per process, creations and destructions by type
+    /// address.
+    pub types: BTreeMap<u32, BTreeMap<u64, tracer_common::types::TypeCounts>>,
     /// Calls and bytes by size bucket (see [`tracer_common::sizes`]).
     pub sizes: Vec<tracer_common::counter::Counter>,
     /// With `--stacks`: counts per (process, probe, stack), exited
@@ -192,9 +193,9 @@ impl Readout {
         let mut types = live_types;
         for e in &self.exited {
             let merged = types.entry(e.pid).or_default();
-            for (&address, &created) in &e.types {
+            for (&address, &counts) in &e.types {
                 let total = merged.entry(address).or_default();
-                *total = total.saturating_add(created);
+                *total = total.merged(counts);
             }
         }
         let mut gc = live_gc;
@@ -253,9 +254,12 @@ impl Readout {
                     null: c.returned.null,
                     pointer_sum: c.returned.pointer_sum,
                 });
+                let nested = (!p.nested_sites.is_empty())
+                    .then_some(model::Counts { calls: c.nested.calls, bytes: c.nested.bytes });
                 let counts = ProbeCounts {
                     calls: c.calls,
                     bytes: c.bytes,
+                    nested,
                     returned,
                     estimate: None,
                     calls_per_s: None,
@@ -275,7 +279,16 @@ impl Readout {
                 .iter()
                 .map(|e| ExitedProcess { pid: e.pid, exited_s: e.at.as_secs_f64(), probes: per_probe(&e.probes) })
                 .collect(),
-            hits: Some(totals.probes.iter().map(|c| c.calls.saturating_add(c.returned.returns)).sum()),
+            // A nested call is two hits: its site's mark and its entry.
+            hits: Some(
+                totals
+                    .probes
+                    .iter()
+                    .map(|c| {
+                        c.calls.saturating_add(c.returned.returns).saturating_add(c.nested.calls.saturating_mul(2))
+                    })
+                    .sum(),
+            ),
             types: self.type_names.as_ref().map(|n| n.counts(&totals.types)),
             sizes: sizes(plan, totals),
             live: self.live.map(|capacity| super::live::report(plan, &totals.live_table, capacity)),
@@ -315,6 +328,7 @@ impl Readout {
         Snapshot {
             sites: Some(names.sites(&stacks)),
             stack_coverage: Some(names.coverage(events, &stacks)),
+            native_modules: names.native_modules(),
             stacks: Some(stacks),
             ..Snapshot::default()
         }
@@ -357,12 +371,8 @@ fn generations<'a>(
 /// in no bucket; `None` when `plan` probes no allocating function.
 fn sizes(plan: &Plan, totals: &Totals) -> Option<model::Sizes> {
     use tracer_common::sizes::{BUCKETS, Domain, bounds, index};
-    let allocating: Vec<(Domain, usize)> = plan
-        .probes
-        .iter()
-        .filter(|p| p.program.allocates())
-        .filter_map(|p| Some((crate::python::domain(p.symbol)?, usize::try_from(p.slot).ok()?)))
-        .collect();
+    let allocating: Vec<(Domain, usize)> =
+        plan.probes.iter().filter_map(|p| Some((p.domain?, usize::try_from(p.slot).ok()?))).collect();
     if allocating.is_empty() {
         return None;
     }
@@ -389,6 +399,7 @@ fn sizes(plan: &Plan, totals: &Totals) -> Option<model::Sizes> {
             Domain::Object => out.object = buckets,
             Domain::Mem => out.mem = buckets,
             Domain::Raw => out.raw = buckets,
+            Domain::Native => out.native = allocating.iter().any(|(d, _)| *d == Domain::Native).then_some(buckets),
         }
     }
     Some(out)

@@ -20,6 +20,7 @@ use crate::{
     plan::Plan,
     python::frames::{CodeRef, FrameLink},
     stacks::{CurrentThreadState, Process},
+    unwind::Native,
 };
 
 /// A resolved stack: its Python frames, innermost first.
@@ -27,6 +28,9 @@ use crate::{
 struct Resolved {
     frames: Vec<SiteFrame>,
     truncated: bool,
+    /// How many frames each C-level call of the eval loop runs, innermost
+    /// first, where entry frames show it.
+    eval_calls: Option<Vec<u32>>,
 }
 
 /// Where each process's frames are, and the names of its stacks.
@@ -42,12 +46,39 @@ pub struct StackNames {
     /// Processes that cannot have stacks, not told yet.
     untold: Vec<(u32, String)>,
     resolved: HashMap<(u32, u64), Result<Resolved, String>>,
+    /// With `--native-stacks`: the unwinder's modules and the native
+    /// stacks' names.
+    native: Option<Native>,
+    /// Native stacks resolved, by (process, native hash).
+    native_resolved: HashMap<(u32, u64), crate::unwind::Resolved>,
 }
 
 impl StackNames {
     #[must_use]
-    pub fn new(slots: Vec<u32>, depth: u32, sample: u64, top: usize) -> Self {
-        Self { slots, depth, sample, top, processes: HashMap::new(), untold: Vec::new(), resolved: HashMap::new() }
+    pub fn new(slots: Vec<u32>, depth: u32, sample: u64, top: usize, native: Option<Native>) -> Self {
+        Self {
+            slots,
+            depth,
+            sample,
+            top,
+            processes: HashMap::new(),
+            untold: Vec::new(),
+            resolved: HashMap::new(),
+            native,
+            native_resolved: HashMap::new(),
+        }
+    }
+
+    /// With `--native-stacks`, the notes on modules or processes whose
+    /// native frames cannot be unwound, since the last call.
+    pub fn take_native_untold(&mut self) -> Vec<String> {
+        self.native.as_mut().map(Native::take_untold).unwrap_or_default()
+    }
+
+    /// With `--native-stacks`, what each module gave the unwinder.
+    #[must_use]
+    pub fn native_modules(&self) -> Option<Vec<crate::model::NativeModule>> {
+        self.native.as_ref().map(Native::modules)
     }
 
     /// Whether probe `slot`'s events get stacks.
@@ -69,6 +100,13 @@ impl StackNames {
         });
         match opened {
             Ok((process, config)) => {
+                // The native tables first: the walk's config is what turns
+                // the process's stacks on.
+                if let Some(native) = self.native.as_mut()
+                    && let Err(why) = native.prepare(session, pid)
+                {
+                    native.push_untold(format!("no native stacks for PID {pid}: {why}"));
+                }
                 session.set_walk(pid, config)?;
                 self.processes.insert(pid, Ok(process));
             }
@@ -100,6 +138,14 @@ impl StackNames {
             };
             self.resolved.insert((key.tgid, key.stack), resolved);
         }
+        if let Some(native) = self.native.as_mut() {
+            for (key, _) in counts {
+                if live.contains(&key.tgid) && !self.native_resolved.contains_key(&(key.tgid, key.native)) {
+                    let r = native.resolve(session, key.tgid, key.native);
+                    self.native_resolved.insert((key.tgid, key.native), r);
+                }
+            }
+        }
     }
 
     /// Every stack of `counts` with its counts (scaled by `--sample`), most
@@ -110,15 +156,27 @@ impl StackNames {
             .iter()
             .map(|(key, c)| {
                 let probe = plan.probes.get(key.slot as usize).map_or("?", |p| p.symbol).to_owned();
-                let (frames, truncated) = match self.resolved.get(&(key.tgid, key.stack)) {
-                    Some(Ok(r)) => (r.frames.clone(), r.truncated),
-                    Some(Err(why)) => (vec![unresolved(why)], false),
-                    None => (vec![unresolved("the process exited before tracer read its frames")], false),
+                let (frames, truncated, eval_calls) = match self.resolved.get(&(key.tgid, key.stack)) {
+                    Some(Ok(r)) => (r.frames.clone(), r.truncated, r.eval_calls.clone()),
+                    Some(Err(why)) => (vec![unresolved(why)], false, None),
+                    None => (vec![unresolved("the process exited before tracer read its frames")], false, None),
+                };
+                let eval_calls = eval_calls.filter(|_| self.native.is_some());
+                let native = self.native.as_ref().map(|_| self.native_resolved.get(&(key.tgid, key.native)));
+                let (native, native_end) = match native {
+                    None => (None, None),
+                    Some(Some(r)) => (Some(r.frames.clone()), r.end.clone()),
+                    Some(None) => {
+                        (Some(Vec::new()), Some("the process exited before tracer read its frames".to_owned()))
+                    }
                 };
                 StackCount {
                     probe,
                     frames,
                     truncated,
+                    native,
+                    eval_calls,
+                    native_end,
                     calls: c.calls.saturating_mul(self.sample),
                     bytes: c.bytes.saturating_mul(self.sample),
                 }
@@ -193,6 +251,13 @@ fn unresolved(why: &str) -> SiteFrame {
 fn resolve(process: &mut Process, raw: &stack::Stack) -> Result<Resolved, String> {
     let depth = usize::try_from(raw.depth).unwrap_or(0).min(stack::MAX_DEPTH);
     let mut frames = Vec::with_capacity(depth);
+    // 3.12+: each C-level call of the eval loop pushes an entry frame
+    // (owned by the C stack; 3.14 also ends the thread's frames with a base
+    // frame) below the first frame it runs. 3.11 marks the entry with a flag
+    // the walk does not read.
+    let first_non_python = process.offsets().frame.first_non_python_owner;
+    let marks = process.version.minor >= 12;
+    let (mut calls, mut in_call) = (Vec::new(), 0u32);
     for f in &raw.frames[..depth] {
         // The kernel keeps the offset's low 32 bits; a frame that has not
         // started (3.11) is at -2.
@@ -201,9 +266,15 @@ fn resolve(process: &mut Process, raw: &stack::Stack) -> Result<Resolved, String
         let owner = u8::try_from(f.owner).unwrap_or(u8::MAX);
         if let Some(frame) = process.resolve(f.code, offset, owner).map_err(|e| e.to_string())? {
             frames.push(SiteFrame { function: frame.function, file: frame.file, line: frame.line });
+            in_call += 1;
+        } else if owner >= first_non_python && in_call > 0 {
+            calls.push(std::mem::take(&mut in_call));
         }
     }
-    Ok(Resolved { frames, truncated: raw.truncated != 0 })
+    if in_call > 0 {
+        calls.push(in_call);
+    }
+    Ok(Resolved { frames, truncated: raw.truncated != 0, eval_calls: marks.then_some(calls) })
 }
 
 /// What the kernel needs to walk `pid`'s frames.

@@ -70,6 +70,8 @@ pub enum StackError {
     OpenMemory { pid: u32, cause: std::io::Error },
     #[error("cannot read {what} of PID {pid} at {address:#x}: {cause}")]
     Memory { pid: u32, address: u64, what: &'static str, cause: std::io::Error },
+    #[error("cannot read {what} of PID {pid}: the process has exited")]
+    Exited { pid: u32, what: &'static str },
     #[error(
         "{image} (PID {pid}) defines no {symbol}, which every CPython 3.11+ exports; is it really the interpreter?"
     )]

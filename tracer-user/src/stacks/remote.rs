@@ -28,11 +28,14 @@ impl Remote {
     /// `len` bytes at `address`; `what` names them for the error.
     pub fn bytes(&self, address: u64, len: usize, what: &'static str) -> Result<Vec<u8>, StackError> {
         let mut buf = vec![0; len];
-        self.mem.read_exact_at(&mut buf, address).map_err(|cause| StackError::Memory {
-            pid: self.pid,
-            address,
-            what,
-            cause,
+        self.mem.read_exact_at(&mut buf, address).map_err(|cause| {
+            // An exited process's memory reads as empty, which the kernel
+            // reports as a short read: name the real reason, not the EOF.
+            if cause.kind() == std::io::ErrorKind::UnexpectedEof && !self.alive() {
+                StackError::Exited { pid: self.pid, what }
+            } else {
+                StackError::Memory { pid: self.pid, address, what, cause }
+            }
         })?;
         Ok(buf)
     }
@@ -40,13 +43,22 @@ impl Remote {
     /// The little-endian `N`-byte word at `address`.
     fn word<const N: usize>(&self, address: u64, what: &'static str) -> Result<[u8; N], StackError> {
         let mut buf = [0; N];
-        self.mem.read_exact_at(&mut buf, address).map_err(|cause| StackError::Memory {
-            pid: self.pid,
-            address,
-            what,
-            cause,
+        self.mem.read_exact_at(&mut buf, address).map_err(|cause| {
+            // An exited process's memory reads as empty, which the kernel
+            // reports as a short read: name the real reason, not the EOF.
+            if cause.kind() == std::io::ErrorKind::UnexpectedEof && !self.alive() {
+                StackError::Exited { pid: self.pid, what }
+            } else {
+                StackError::Memory { pid: self.pid, address, what, cause }
+            }
         })?;
         Ok(buf)
+    }
+
+    /// Whether the process still has its memory: a zombie's or a reaped
+    /// process's `exe` link cannot be read.
+    fn alive(&self) -> bool {
+        std::fs::read_link(format!("/proc/{}/exe", self.pid)).is_ok()
     }
 
     /// A pointer or other 8-byte field.

@@ -298,7 +298,12 @@ impl Walker {
         type_address: u64,
         expected: &'static str,
     ) -> Result<(), StackError> {
-        let found = self.remote.u64(address.wrapping_add(self.table.ob_type), "an object's ob_type")?;
+        let field = match expected {
+            "code object" => "a code object's ob_type",
+            "str" => "a str's ob_type",
+            _ => "an object's ob_type",
+        };
+        let found = self.remote.u64(address.wrapping_add(self.table.ob_type), field)?;
         if found == type_address {
             Ok(())
         } else {

@@ -1,0 +1,59 @@
+//! The table's `--types` block: the types most created, with their rates,
+//! then those with the most objects live.
+
+use std::io::Write;
+
+use crate::model::TypeCount;
+
+/// How the table writes counts and rates.
+type Formats = (fn(u64) -> String, fn(f64) -> u64);
+
+/// Writes the `top` types most created and the `top` with the most live
+/// objects to `out`.
+pub(super) fn block(
+    out: &mut dyn Write,
+    types: &[TypeCount],
+    top: usize,
+    (group, round): Formats,
+) -> std::io::Result<()> {
+    let header = |out: &mut dyn Write, title: &str| {
+        writeln!(
+            out,
+            "  {:<32} {:>14} {:>12} {:>14} {:>12} {:>14}",
+            title, "created", "created/s", "destroyed", "reused", "live"
+        )
+    };
+    let line = |out: &mut dyn Write, t: &TypeCount| {
+        let rate = t.created_per_s.map_or_else(|| "-".to_owned(), |r| group(round(r)));
+        writeln!(
+            out,
+            "  {:<32} {:>14} {:>12} {:>14} {:>12} {:>14}",
+            t.name,
+            group(t.created),
+            rate,
+            group(t.destroyed),
+            group(t.reused),
+            group(t.live)
+        )
+    };
+    header(out, "type (most created)")?;
+    for t in types.iter().take(top) {
+        line(out, t)?;
+    }
+    let mut by_live: Vec<&TypeCount> = types.iter().filter(|t| t.live > 0).collect();
+    by_live.sort_by(|a, b| b.live.cmp(&a.live).then_with(|| a.name.cmp(&b.name)));
+    if !by_live.is_empty() {
+        header(out, "type (most live)")?;
+        for t in by_live.iter().take(top) {
+            line(out, t)?;
+        }
+    }
+    if types.len() > top {
+        let rest: u64 = types[top..].iter().map(|t| t.created).sum();
+        writeln!(out, "  ({} more types, {} created; every type is in --json)", types.len() - top, group(rest))?;
+    }
+    if let Some(t) = types.iter().find(|t| t.unresolved.is_some()) {
+        writeln!(out, "  {}: name not read ({})", t.name, t.unresolved.as_deref().unwrap_or_default())?;
+    }
+    Ok(())
+}
