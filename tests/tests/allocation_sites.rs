@@ -353,8 +353,11 @@ fn native_stacks_at_sites(summary: &Value) -> HashMap<(String, String, Vec<Strin
 /// Python frames in the eval loop's place and the probe's native callers on
 /// top.
 fn native_sites(python: Python<'_>) {
+    // One directory per call: the builds' tests run in parallel.
+    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = 500;
-    let dir = std::env::temp_dir().join(format!("tracer-native-{}-{n}", std::process::id()));
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("tracer-native-{}-{call}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("a directory");
     let folded = dir.join("native.folded");

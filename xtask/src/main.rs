@@ -262,7 +262,7 @@ fn test(root: &Path, tracer: &Path, args: &[String]) -> anyhow::Result<()> {
     clippy_without_bpf_toolchain(root)?;
     let mut cmd = cargo();
     cmd.current_dir(root)
-        .args(["test", "--locked", "--workspace"])
+        .args(["test", "--locked", "--workspace", "--no-fail-fast"])
         .args(args)
         .env("TRACER_BIN", tracer)
         .env("TRACER_TEST_PYTHON", real_python3()?)
