@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use super::table::group;
+use super::group;
 use crate::model::{Leaks, Live};
 
 /// One line per domain with blocks or calls, then what the figures do not

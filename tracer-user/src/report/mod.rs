@@ -43,6 +43,19 @@ fn note_line(err: &mut dyn Write, note: &crate::model::Note) -> std::io::Result<
     err.flush()
 }
 
+/// 1234567 -> "1,234,567": exact, and readable at a glance.
+fn group(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 #[cfg(test)]
 pub(crate) mod examples {
     use indexmap::IndexMap;

@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use super::Reporter;
+use super::{Reporter, group};
 use crate::{
     model::{Attached, Budget, Cost, EndKind, Event, LateCoverage, Links, ProbeCounts, Snapshot, Summary},
     plan::coverage::Completeness,
@@ -450,19 +450,6 @@ fn estimate(per_s: f64, ci95: Option<[f64; 2]>) -> String {
         Some([lo, hi]) => format!("{value} ±{}", group(round((hi - lo) / 2.0))),
         None => format!("{value} ±?"),
     }
-}
-
-/// 1234567 -> "1,234,567": exact, and readable at a glance.
-pub(super) fn group(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 #[cfg(test)]
