@@ -19,10 +19,10 @@ use crate::{
     lto::Harness,
 };
 
-/// The probe every setup of a case has, so that the feature's difference
-/// is the feature's alone: a cheap one that the workloads hit as little
-/// as they can.
-const BASE_PROBE: &str = "_Py_NewReference";
+/// The base probe of the cases that do not instrument a probe of their
+/// own: one the workloads do not call, so that the base costs the
+/// workload nothing and the feature's difference is the feature's alone.
+const IDLE_PROBE: &str = "PyMem_RawCalloc";
 
 /// libc's functions that `--native` probes, as the summary names them.
 const NATIVE: [&str; 8] = ["malloc", "calloc", "realloc", "free", "posix_memalign", "aligned_alloc", "mmap", "munmap"];
@@ -34,14 +34,17 @@ struct Case {
     per: &'static str,
     setup: &'static str,
     stmt: &'static str,
-    /// The flags beside `--probes _Py_NewReference` that turn it on.
+    /// The probe every setup attaches (tracer needs one): the one the
+    /// feature instruments, or [`IDLE_PROBE`].
+    base: &'static str,
+    /// The flags beside `--probes BASE` that turn it on.
     flags: &'static [&'static str],
     /// The events the feature handles, from a summary.
     events: fn(&Value) -> u64,
 }
 
 fn new_references(summary: &Value) -> u64 {
-    summary["probes"][BASE_PROBE]["calls"].as_u64().unwrap_or(0)
+    summary["probes"]["_Py_NewReference"]["calls"].as_u64().unwrap_or(0)
 }
 
 fn native_calls(summary: &Value) -> u64 {
@@ -63,6 +66,7 @@ def work():
     for _ in repeat(None, 1000):
         object()",
         stmt: "work()",
+        base: "_Py_NewReference",
         flags: &["--types"],
         events: new_references,
     },
@@ -78,6 +82,7 @@ def work():
     for _ in repeat(None, 1000):
         f(m(64))",
         stmt: "work()",
+        base: IDLE_PROBE,
         flags: &["--native"],
         events: native_calls,
     },
@@ -86,6 +91,7 @@ def work():
         per: "collection",
         setup: "import gc",
         stmt: "gc.collect(0)",
+        base: IDLE_PROBE,
         flags: &["--gc", "auto"],
         events: collections,
     },
@@ -117,8 +123,8 @@ fn added(with: &Series, without: &Series, events_per_loop: f64) -> Vec<f64> {
 /// The base's flags and the feature's: the GC markers are on by default,
 /// so every setup but the GC case's feature has them off.
 fn setups(case: &Case) -> (Vec<&'static str>, Vec<&'static str>) {
-    let base = vec!["--probes", BASE_PROBE, "--gc", "off"];
-    let mut featured = vec!["--probes", BASE_PROBE];
+    let base = vec!["--probes", case.base, "--gc", "off"];
+    let mut featured = vec!["--probes", case.base];
     featured.extend_from_slice(case.flags);
     if !case.flags.contains(&"--gc") {
         featured.extend(["--gc", "off"]);
@@ -154,7 +160,11 @@ fn measure(
                 Some(setup) => {
                     let (per_loop, loops, summary) = traced_visit(&mut harness, tracer, setup, visit, target)?;
                     visit.means.push(per_loop);
-                    visit.events += if i == 1 { new_references(&summary) } else { (case.events)(&summary) };
+                    visit.events += if i == 1 {
+                        summary["probes"][case.base]["calls"].as_u64().unwrap_or(0)
+                    } else {
+                        (case.events)(&summary)
+                    };
                     visit.loops_traced += loops;
                     visit.stats = summary["stats"].clone();
                 }
@@ -173,8 +183,9 @@ pub fn features_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow:
     writeln!(
         md,
         "Each case times one workload under three setups on one harness process, in {rounds} rounds of \
-         rotated order: nothing attached, `--probes {BASE_PROBE}` alone (the base; `--gc off` too, but in \
-         the GC case's third setup), and the base with the feature. tracer is started for a visit and \
+         rotated order: nothing attached, the base (`--probes _Py_NewReference` for `--types`, which \
+         instruments that probe; else `--probes {IDLE_PROBE}`, which the workloads do not call; `--gc off` \
+         too, but in the GC case's third setup), and the base with the feature. tracer is started for a visit and \
          stopped with SIGINT after it; a visit times {TIMINGS} runs of a loop count calibrated at the \
          setup's first visit to about {:.0} ms, and keeps the best. Added per event = (the feature's \
          time per loop − the base's in the same round) / the feature's events per loop (tracer's counts \
@@ -196,8 +207,8 @@ pub fn features_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow:
         )?;
         writeln!(
             md,
-            "| build | nothing attached | base | base + feature | base per new reference | feature per {} |\n|---|---|---|---|---|---|",
-            case.per
+            "| build | nothing attached | base | base + feature | base per `{}` call | feature per {} |\n|---|---|---|---|---|---|",
+            case.base, case.per
         )?;
         for (build, root, python) in builds() {
             let host = root.map_or_else(|| python.clone(), |r| format!("{r}{python}"));
@@ -219,14 +230,19 @@ pub fn features_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow:
                     crate::markdown::fmt_ns(stdev(&s.means) * 1e9)
                 )
             };
+            // A base whose probe the workload does not call has no cost
+            // per event to show.
+            let base_cell = if base_epl >= 0.5 {
+                format!("{:.0} ns ± {:.0} ({base_epl:.1} per loop)", mean(&probe), stdev(&probe))
+            } else {
+                format!("not called ({base_epl:.1} per loop)")
+            };
             writeln!(
                 md,
-                "| {build} | {} | {} | {} | {:.0} ns ± {:.0} ({base_epl:.1} per loop) | {:.0} ns ± {:.0} ({feature_epl:.1} per loop) |",
+                "| {build} | {} | {} | {} | {base_cell} | {:.0} ns ± {:.0} ({feature_epl:.1} per loop) |",
                 t(&none),
                 t(&base),
                 t(&feature),
-                mean(&probe),
-                stdev(&probe),
                 mean(&cost),
                 stdev(&cost)
             )?;
