@@ -332,14 +332,7 @@ mod tests {
         assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
         let exe = std::env::current_exe().expect("the test binary");
         let elf = ElfImage::open(&exe).expect("the test binary is ELF");
-        let image = ImageRef {
-            elf: &elf,
-            display_path: &exe,
-            attach_path: &exe,
-            modules: &[],
-            inlining: None,
-            implementations: &[],
-        };
+        let image = ImageRef::own(&elf, &exe);
         let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
         let plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
         (Session::load(plan, std::process::id(), &LoadOptions::default()).expect("the object loads"), elf)

@@ -501,14 +501,7 @@ mod tests {
         }
         let exe = std::env::current_exe().expect("the test binary");
         let elf = ElfImage::open(&exe).expect("the test binary is ELF");
-        let image = ImageRef {
-            elf: &elf,
-            display_path: &exe,
-            attach_path: &exe,
-            modules: &[],
-            inlining: None,
-            implementations: &[],
-        };
+        let image = ImageRef::own(&elf, &exe);
         let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
         let plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
         let options = LoadOptions { bpf_log: true, ..LoadOptions::default() };
@@ -531,14 +524,7 @@ mod tests {
         assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
         let exe = std::env::current_exe().expect("the test binary");
         let elf = ElfImage::open(&exe).expect("the test binary is ELF");
-        let image = ImageRef {
-            elf: &elf,
-            display_path: &exe,
-            attach_path: &exe,
-            modules: &[],
-            inlining: None,
-            implementations: &[],
-        };
+        let image = ImageRef::own(&elf, &exe);
         let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
         let plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
         let options = LoadOptions {
@@ -567,14 +553,7 @@ mod tests {
         assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
         let exe = std::env::current_exe().expect("the test binary");
         let elf = ElfImage::open(&exe).expect("the test binary is ELF");
-        let image = ImageRef {
-            elf: &elf,
-            display_path: &exe,
-            attach_path: &exe,
-            modules: &[],
-            inlining: None,
-            implementations: &[],
-        };
+        let image = ImageRef::own(&elf, &exe);
         let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
         let mut plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
         // Its address taken, so that the linker keeps it.
@@ -614,14 +593,7 @@ mod tests {
         assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
         let exe = std::env::current_exe().expect("the test binary");
         let elf = ElfImage::open(&exe).expect("the test binary is ELF");
-        let image = ImageRef {
-            elf: &elf,
-            display_path: &exe,
-            attach_path: &exe,
-            modules: &[],
-            inlining: None,
-            implementations: &[],
-        };
+        let image = ImageRef::own(&elf, &exe);
         // main's own probe is never hit again; the site is the slot's one.
         let spec = [ProbeSpec::function("main", Program::SizeArg0, true, true)];
         let mut plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
@@ -670,14 +642,7 @@ mod tests {
         assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
         let exe = std::env::current_exe().expect("the test binary");
         let elf = ElfImage::open(&exe).expect("the test binary is ELF");
-        let image = ImageRef {
-            elf: &elf,
-            display_path: &exe,
-            attach_path: &exe,
-            modules: &[],
-            inlining: None,
-            implementations: &[],
-        };
+        let image = ImageRef::own(&elf, &exe);
         std::hint::black_box(tracer_test_new_reference as extern "C" fn(*const u64) -> u64);
         std::hint::black_box(tracer_test_free as extern "C" fn(*const u64) -> u64);
         let spec = [

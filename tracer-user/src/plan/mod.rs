@@ -105,6 +105,15 @@ pub struct ImageRef<'a> {
     pub implementations: &'a [crate::discover::impls::Implementation],
 }
 
+impl<'a> ImageRef<'a> {
+    /// An image of tracer's own (calibration, tests): at `path`, with no
+    /// other modules, no DWARF and no allocator implementations.
+    #[must_use]
+    pub const fn own(elf: &'a ElfImage, path: &'a Path) -> Self {
+        Self { elf, display_path: path, attach_path: path, modules: &[], inlining: None, implementations: &[] }
+    }
+}
+
 impl<'a> From<&'a crate::discover::Resolved> for ImageRef<'a> {
     fn from(r: &'a crate::discover::Resolved) -> Self {
         Self {
@@ -774,14 +783,7 @@ mod tests {
     fn a_missing_required_symbol_fails_before_any_bpf_is_loaded() {
         let elf = test_binary();
         let path = std::path::Path::new("/usr/lib/libnotpython.so");
-        let image = ImageRef {
-            elf: &elf,
-            display_path: path,
-            attach_path: path,
-            modules: &[],
-            inlining: None,
-            implementations: &[],
-        };
+        let image = ImageRef::own(&elf, path);
         let py = crate::python::abi_for(1, crate::python::PythonVersion::from_hex(0x030B_07F0)).unwrap();
         let all = crate::probe::ProbeSelection::Default.select(py.probes(), "3.11.7").unwrap();
         let err = plan(image, &all, PlanOptions::default()).expect_err("no PyObject_Malloc here");

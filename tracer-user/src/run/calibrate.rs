@@ -261,14 +261,7 @@ pub fn calibrate(returns: bool) -> Result<Calibration, CalibrationError> {
     if elf.function(SYMBOL).is_none() || elf.function(RETURN_SYMBOL).is_none() {
         return Err(CalibrationError::NoSymbol { path: exe });
     }
-    let image = ImageRef {
-        elf: &elf,
-        display_path: &exe,
-        attach_path: &exe,
-        modules: &[],
-        inlining: None,
-        implementations: &[],
-    };
+    let image = ImageRef::own(&elf, &exe);
     let mut child = ChildProcess::start(&exe)?;
     let (hit, hit_cpu) = hit_costs(image, &mut child)?;
     let mut cpu = Prices { hit: hit_cpu, uretprobe_return_ns: None };
