@@ -651,6 +651,17 @@ impl TracerRun {
         assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill({pid}, {sig})");
     }
 
+    /// Like [`Self::finish`], after checking that tracer succeeded:
+    /// tracer's last line, its summary.
+    #[must_use]
+    pub fn summary(self) -> Value {
+        let (status, lines, stderr) = self.finish();
+        assert!(status.success(), "tracer failed: {status}: {stderr}");
+        let summary = lines.last().expect("a summary").clone();
+        assert_eq!(summary["type"], "summary", "{lines:?}");
+        summary
+    }
+
     /// Waits for tracer to exit; returns its status, the remaining stdout
     /// lines parsed as JSON, and its stderr.
     #[must_use]
@@ -675,11 +686,7 @@ pub fn traced_to_the_end(mut workload: Workload, args: &[&str]) -> (Value, Value
     let (tracer, attached) = TracerRun::attach_json(workload.pid(), args);
     workload.go();
     workload.finish();
-    let (status, lines, stderr) = tracer.finish();
-    assert!(status.success(), "tracer failed: {status}: {stderr}");
-    let summary = lines.last().expect("a summary").clone();
-    assert_eq!(summary["type"], "summary", "{lines:?}");
-    (attached, summary)
+    (attached, tracer.summary())
 }
 
 /// Runs tracer to completion with ARGS and returns (exit code, stdout, stderr).

@@ -56,10 +56,7 @@ fn traced(mut workload: Workload, n: u64) -> Traced {
     }
     assert_eq!(interval["type"], "interval", "no interval holds {n} {LEAKY} and {TEMP}");
     workload.close();
-    let (status, lines, stderr) = tracer.finish();
-    assert!(status.success(), "tracer failed: {status}: {stderr}");
-    let summary = lines.last().expect("a summary").clone();
-    assert_eq!(summary["type"], "summary", "{lines:?}");
+    let summary = tracer.summary();
     no_type_misses(&summary);
     Traced { attached, interval, summary }
 }
@@ -326,10 +323,7 @@ fn floats(mut workload: Workload) -> (u64, u64, u64) {
     }
     assert!(named, "no interval named float");
     workload.close();
-    let (status, lines, stderr) = tracer.finish();
-    assert!(status.success(), "tracer failed: {status}: {stderr}");
-    let summary = lines.last().expect("a summary").clone();
-    assert_eq!(summary["type"], "summary", "{lines:?}");
+    let summary = tracer.summary();
     no_type_misses(&summary);
     let (created, _, reused, _) = counts(&summary, "float");
     let allocations = ["PyObject_Malloc", "PyObject_Calloc", "PyObject_Realloc"]
