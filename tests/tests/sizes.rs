@@ -5,9 +5,13 @@
 //! by a whole number of calls per iteration. The buffers come from
 //! `PyObject_Malloc` in 3.11 and 3.12, and from `PyMem_Malloc` from 3.13
 //! on (as seen on pyenv's 3.13.0 and Debian's 3.14.8). The workload
-//! leaves with `os._exit`: Debian's 3.11 finalization sometimes made 157
-//! of its ints two digits (32 bytes) rather than one (28), in one run of
-//! about 16 under load, which has nothing to do with the sizes asked here.
+//! leaves with `os._exit`: finalization's allocations depend on where
+//! memory lies. Debian's 3.11 (not PIE) keys `tp_subclasses` by
+//! `PyLong_FromVoidPtr(type)` (`remove_subclass`, Objects/typeobject.c,
+//! which `_PyStaticType_Dealloc` calls at exit): an int of one digit
+//! (28 bytes) for a type below 2^30, two (32) above, so 157 of its ints
+//! changed size in one run of about 16 under load. `--native-stacks` on
+//! a finalizing run named the stack.
 
 use std::{collections::BTreeMap, path::Path};
 
