@@ -15,7 +15,10 @@
 use std::path::Path;
 
 use serde_json::Value;
-use tracer_tests::{TracerRun, Workload, forky_root, require_root, run_tracer, shared_python, static_python};
+use tracer_tests::{
+    Aslr, Body, Exit, Isolation, TracerRun, Workload, forky_root, require_root, run_tracer, shared_python,
+    static_python,
+};
 
 const KEEP: u64 = 12_345;
 const TEMP: u64 = 7_777;
@@ -165,6 +168,97 @@ fn kept_bytearrays_are_live_and_listed_on_forky_314_with_debug_hooks() {
     require_root();
     let root = forky_root();
     exact(Target { root: Some(&root), python: "python3.14", malloc: Some("debug") }, false);
+}
+
+/// The bytes `sys.getsizeof` gives for a `Leaky()` in `target`: its
+/// object and its pre-header (the GC header, the managed dict's
+/// pointers). Its block holds at least that (3.13 adds the inline values).
+fn leaky_size(target: Target<'_>) -> u64 {
+    let code = "import sys\nclass Leaky: pass\nprint(sys.getsizeof(Leaky()))";
+    let out = match target.root {
+        Some(root) => std::process::Command::new("chroot").arg(root).args([target.python, "-c", code]).output(),
+        None => std::process::Command::new(target.python).args(["-c", code]).output(),
+    }
+    .expect("run the interpreter");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().parse().expect("a size")
+}
+
+/// `--live --leaks` on the types body (N `Leaky` kept, N `Temp` made and
+/// dropped), read while the workload still holds its `Leaky` objects: the
+/// listed blocks by size, and `live_unmatched`.
+fn leaky_listed(target: Target<'_>, n: u64) -> (std::collections::BTreeMap<u64, u64>, u64) {
+    let mut w = match target.root {
+        Some(root) => Workload::once_in_root(root, target.python, n, Body::Types, Exit::Finalize, Isolation::Chroot),
+        None => Workload::once(Path::new(target.python), n, Body::Types, Exit::Finalize, Aslr::On),
+    };
+    w.wait_blocked_on_stdin();
+    let (tracer, _) = TracerRun::attach_json(w.pid(), &["--live", "--leaks", "1000000", "--interval", "3600"]);
+    w.go();
+    w.expect("done");
+    // It waits in sys.stdin.read() now, holding every Leaky.
+    w.wait_blocked_reading(None);
+    tracer.signal(libc::SIGINT);
+    let summary = tracer.summary();
+    w.close();
+    never_negative(&summary);
+    let mut sizes = std::collections::BTreeMap::new();
+    for leak in summary["leaks"]["oldest"].as_array().expect("leaks") {
+        *sizes.entry(leak["size"].as_u64().expect("a size")).or_default() += 1;
+    }
+    assert_eq!(summary["leaks"]["count"], sizes.values().sum::<u64>(), "every leak listed");
+    (sizes, summary["stats"]["live_unmatched"].as_u64().expect("live_unmatched"))
+}
+
+/// The check: kept `Leaky` objects appear among the leaks with
+/// their size, the dropped `Temp` ones do not. `Temp`'s blocks are the
+/// same sizes as `Leaky`'s, so N more of each make exactly N more listed
+/// blocks of each size a `Leaky` has (its object, and in 3.11 and 3.12
+/// its values array), never 2N; the object's is at least what
+/// `sys.getsizeof` says.
+fn leaky_objects_are_listed(target: Target<'_>) {
+    let n = 500;
+    let least = leaky_size(target);
+    let ((one, unmatched_one), (two, unmatched_two)) = (leaky_listed(target, n), leaky_listed(target, 2 * n));
+    // Calls no API call explains (outside the loop) are counted, never
+    // the loop's.
+    assert_eq!(unmatched_one, unmatched_two, "live_unmatched");
+    // Blocks under 1 KiB: the array of the list that keeps them, of a
+    // pointer per `Leaky`, is larger, and differs with N.
+    let grown: Vec<(u64, u64)> = two
+        .range(..1024)
+        .map(|(&size, &c)| (size, c - one.get(&size).copied().unwrap_or(0)))
+        .filter(|g| g.1 != 0)
+        .collect();
+    assert!(grown.iter().all(|&(_, g)| g == n), "{n} more Leaky and Temp: {grown:?} more blocks by size");
+    assert!(grown.iter().any(|&(size, _)| size >= least), "no block of {least} bytes or more grew: {grown:?}");
+}
+
+#[test]
+fn leaky_objects_are_listed_on_pyenv_311() {
+    require_root();
+    let python = shared_python();
+    leaky_objects_are_listed(Target { root: None, python: python.to_str().unwrap(), malloc: None });
+}
+
+#[test]
+fn leaky_objects_are_listed_on_pyenv_313() {
+    require_root();
+    leaky_objects_are_listed(Target { root: None, python: "/root/.pyenv/versions/3.13.0/bin/python3", malloc: None });
+}
+
+#[test]
+fn leaky_objects_are_listed_on_debian_311() {
+    require_root();
+    let python = static_python();
+    leaky_objects_are_listed(Target { root: None, python: python.to_str().unwrap(), malloc: None });
+}
+
+#[test]
+fn leaky_objects_are_listed_on_forky_314() {
+    require_root();
+    let root = forky_root();
+    leaky_objects_are_listed(Target { root: Some(&root), python: "python3.14", malloc: None });
 }
 
 /// A table of 50 blocks overflows, says so, and keeps running: every
