@@ -220,3 +220,94 @@ fn bad_live_input() {
         assert_eq!((code, stdout.as_str()), (Some(2), ""), "args {args:?}");
     }
 }
+
+/// tests/python/live.py's line that keeps each bytearray, in `keep`; the
+/// loop's line that calls `keep`; the line in `drop` that drops one.
+const KEEP_LINE: u64 = 26;
+const CALL_LINE: u64 = 40;
+const DROP_LINE: u64 = 30;
+
+/// The listed blocks of `size` bytes (any size: None) whose innermost
+/// Python frame is `function` at live.py's `line`.
+fn at_site(s: &Value, function: &str, line: u64, size: Option<u64>) -> u64 {
+    let listed = s["leaks"]["oldest"].as_array().expect("leaks");
+    let here = |l: &&Value| {
+        let f = &l["stack"][0];
+        f["function"] == function
+            && f["file"].as_str().is_some_and(|p| p.ends_with("/live.py"))
+            && f["line"] == line
+            && size.is_none_or(|size| l["size"] == size)
+    };
+    listed.iter().filter(here).count() as u64
+}
+
+/// With `--stacks --leaks`, each listed block has the Python stack it was
+/// allocated on: every kept buffer is `keep`'s at its line (called from
+/// the loop), exactly N of them for N and 2N for 2N, and the bytearray
+/// objects with them; no dropped buffer is listed, and no block lacks its
+/// stack.
+fn sites(target: Target<'_>) {
+    let n = 300;
+    let args = ["--leaks", "100000", "--stacks"];
+    let (one, _) = run(target, n, false, &args);
+    let (two, _) = run(target, 2 * n, false, &args);
+    for (s, k) in [(&one, n), (&two, 2 * n)] {
+        never_negative(s);
+        assert_eq!(s["stats"]["live_no_stack"], 0, "{}", s["stats"]);
+        assert!(s["leaks"]["sites"].as_str().is_some_and(|t| t.contains("0 of the")), "{}", s["leaks"]["sites"]);
+        let listed = s["leaks"]["oldest"].as_array().expect("leaks");
+        let kept: Vec<&Value> = listed.iter().filter(|l| l["size"] == KEEP + 1).collect();
+        assert_eq!(kept.len() as u64, k);
+        for l in kept {
+            let stack = l["stack"].as_array().unwrap_or_else(|| panic!("no stack: {l}"));
+            assert_eq!((&stack[0]["function"], &stack[0]["line"]), (&"keep".into(), &KEEP_LINE.into()), "{l}");
+            assert_eq!((&stack[1]["function"], &stack[1]["line"]), (&"<module>".into(), &CALL_LINE.into()), "{l}");
+            assert!(l.get("no_stack").is_none(), "{l}");
+        }
+        assert_eq!(at_site(s, "keep", KEEP_LINE, Some(KEEP + 1)), k, "{}", s["leaks"]);
+        assert_eq!(at_site(s, "drop", DROP_LINE, None), 0, "{}", s["leaks"]);
+        for l in listed {
+            assert!(l["stack"].is_array(), "a block without its stack: {l}");
+        }
+    }
+    // The kept object and its buffer per iteration, both at `keep`'s line.
+    let grew = at_site(&two, "keep", KEEP_LINE, None) - at_site(&one, "keep", KEEP_LINE, None);
+    assert_eq!(grew, 2 * n, "{}", two["leaks"]);
+}
+
+#[test]
+fn leaks_have_their_sites_on_pyenv_311() {
+    require_root();
+    let python = shared_python();
+    sites(Target { root: None, python: python.to_str().unwrap(), malloc: None });
+}
+
+#[test]
+fn leaks_have_their_sites_on_debian_311_with_debug_hooks() {
+    require_root();
+    let python = static_python();
+    sites(Target { root: None, python: python.to_str().unwrap(), malloc: Some("debug") });
+}
+
+/// With `--sample 2`, a kept buffer whose call was sampled out says so:
+/// each one has its site or that reason, N and 2N of them in all.
+#[test]
+fn sampled_out_leaks_say_why_on_pyenv_311() {
+    require_root();
+    let python = shared_python();
+    let target = Target { root: None, python: python.to_str().unwrap(), malloc: None };
+    let n = 300;
+    for k in [n, 2 * n] {
+        let (s, _) = run(target, k, false, &["--leaks", "100000", "--stacks", "--sample", "2"]);
+        let listed = s["leaks"]["oldest"].as_array().expect("leaks");
+        let kept: Vec<&Value> = listed.iter().filter(|l| l["size"] == KEEP + 1).collect();
+        assert_eq!(kept.len() as u64, k);
+        let sited = at_site(&s, "keep", KEEP_LINE, Some(KEEP + 1));
+        let sampled_out = kept
+            .iter()
+            .filter(|l| l["no_stack"] == "no stack: --sample 2 left its call out" && l["stack"].is_null())
+            .count() as u64;
+        assert_eq!(sited + sampled_out, k, "{}", s["leaks"]);
+        assert!(sited > 0 && sampled_out > 0, "{sited} with a site, {sampled_out} sampled out");
+    }
+}

@@ -24,6 +24,7 @@ use tracer_common::{
         LiveCounts, LiveEntry, LiveKey, kind, role,
     },
     sizes::DEFAULT_SLOTS,
+    stack::why,
     stats::Stat,
 };
 
@@ -136,7 +137,9 @@ fn try_api_entry(ctx: &ProbeContext) -> Result<(), Stat> {
     crate::check_target()?;
     // SAFETY: the helper reads this run's cookie.
     let slot = u32::try_from(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) }).map_err(|_| Stat::SlotOutOfRange)?;
-    api(ctx.regs, slot)
+    api(ctx.regs, slot)?;
+    adopt(slot);
+    Ok(())
 }
 
 /// An API call of slot `slot` (at its entry or at an inlined copy): pushes
@@ -267,6 +270,7 @@ fn try_live_impl(ctx: &ProbeContext) -> Result<(), Stat> {
         frame.kind = kind::OUTER;
         frame.domain = api.domain;
         frame.slot = api.slot;
+        frame.stack = api.stack;
         if r == role::FREE && old != 0 {
             take(tgid, old, frame.domain);
         }
@@ -344,6 +348,8 @@ fn returned(regs: *mut pt_regs, sp_delta: u64) -> Result<(), Stat> {
     // SAFETY: the helper has no arguments.
     let time_ns = unsafe { bpf_ktime_get_ns() };
     let entry = LiveEntry { size: frame.size, time_ns, stack: frame.stack, domain: frame.domain, slot: frame.slot };
+    // A walk expected and not come: the block is kept without its site.
+    let no_stack = frame.stack == why::NOT_WALKED && crate::stacks_at(frame.slot);
     // A block already in the table was freed by a call the table did not
     // see (an inlined free): its old entry is replaced.
     // SAFETY: a copy is taken at once.
@@ -359,6 +365,9 @@ fn returned(regs: *mut pt_regs, sp_delta: u64) -> Result<(), Stat> {
     add(frame.domain, field!(count), 1);
     add(frame.domain, field!(bytes), frame.size);
     add(frame.domain, field!(tracked), 1);
+    if no_stack {
+        return Err(Stat::LiveNoStack);
+    }
     Ok(())
 }
 
@@ -378,4 +387,70 @@ fn take(tgid: u32, address: u64, domain: u32) {
         return;
     }
     add(domain, field!(untracked_frees), 1);
+}
+
+/// A walk that came before its API call's frame (an entry probe placed at
+/// the call sites, or run before `live_alloc` at the same address), left
+/// for that frame.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct Walked {
+    stack: u64,
+    slot: u32,
+    reserved: u32,
+}
+
+/// Per thread, the walk of its last API call not yet on a frame.
+#[map]
+static WALKED: LruHashMap<u32, Walked> = LruHashMap::with_max_entries(FRAME_THREADS, 0);
+
+/// With `--stacks`, the walk of an event of slot `slot` (its stack's hash,
+/// or a [`why`] value): the API call's frame on top of the thread's stack
+/// takes it, or, where the walk comes first, [`adopt`] does.
+#[inline(always)]
+pub fn walked(slot: u32, stack: u64) {
+    let (_, tid) = ids();
+    if let Some(frames) = FRAMES.get_ptr_mut(&tid) {
+        // SAFETY: a valid pointer to the value, which only this thread uses.
+        let frames = unsafe { &mut *frames };
+        let top = usize::try_from(frames.depth).unwrap_or(0).wrapping_sub(1);
+        if let Some(last) = frames.frames.get_mut(top)
+            && last.kind == kind::API
+            && last.slot == slot
+            && last.stack == why::NOT_WALKED
+        {
+            last.stack = stack;
+            return;
+        }
+    }
+    // A thread pushed out of the LRU map loses only a site, which
+    // `live_no_stack` counts where its block is put in the table.
+    let _ = WALKED.insert(&tid, &Walked { stack, slot, reserved: 0 }, u64::from(BPF_ANY));
+}
+
+/// At an out-of-line API call's entry, after its frame is pushed: takes
+/// the walk its event left before it.
+#[inline(always)]
+fn adopt(slot: u32) {
+    if !crate::stacks_at(slot) {
+        return;
+    }
+    let (_, tid) = ids();
+    // SAFETY: a copy is taken at once.
+    let Some(w) = (unsafe { WALKED.get(&tid) }).copied() else { return };
+    if w.slot != slot {
+        return;
+    }
+    let _ = WALKED.remove(&tid);
+    if let Some(frames) = FRAMES.get_ptr_mut(&tid) {
+        // SAFETY: a valid pointer to the value, which only this thread uses.
+        let frames = unsafe { &mut *frames };
+        let top = usize::try_from(frames.depth).unwrap_or(0).wrapping_sub(1);
+        if let Some(last) = frames.frames.get_mut(top)
+            && last.kind == kind::API
+            && last.slot == slot
+        {
+            last.stack = w.stack;
+        }
+    }
 }

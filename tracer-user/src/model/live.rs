@@ -63,7 +63,7 @@ pub struct Leaks {
     pub bytes: u64,
     /// The oldest of them, oldest first, `--leaks N` of them.
     pub oldest: Vec<Leak>,
-    /// Why a block's site is not given.
+    /// What the blocks' sites are, or why none is given.
     pub sites: String,
 }
 
@@ -81,4 +81,14 @@ pub struct Leak {
     pub function: String,
     /// Seconds since it was allocated, at the end.
     pub age_s: f64,
+    /// With `--stacks`: the Python stack it was allocated on, innermost
+    /// frame first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stack: Option<Vec<super::SiteFrame>>,
+    /// Whether that stack was cut at `--depth`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stack_truncated: bool,
+    /// With `--stacks`, where it has no stack: why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_stack: Option<String>,
 }

@@ -3,7 +3,7 @@
 use std::io::Write;
 
 use super::group;
-use crate::model::{Leaks, Live};
+use crate::model::{Leaks, Live, SiteFrame};
 
 /// One line per domain with blocks or calls, then what the figures do not
 /// cover.
@@ -59,17 +59,24 @@ pub fn leaks(out: &mut dyn Write, leaks: &Leaks) -> std::io::Result<()> {
         leaks.older_than_s,
         leaks.oldest.len()
     )?;
+    let sites = leaks.oldest.iter().any(|l| l.stack.is_some() || l.no_stack.is_some());
     if !leaks.oldest.is_empty() {
+        let site = if sites { "  site (innermost frame)" } else { "" };
         writeln!(
             out,
-            "  {:>8} {:>18} {:>12} {:<6} {:<18} {:>9}",
+            "  {:>8} {:>18} {:>12} {:<6} {:<18} {:>9}{site}",
             "PID", "address", "bytes", "domain", "function", "age"
         )?;
     }
     for l in &leaks.oldest {
+        let site = match (&l.stack, &l.no_stack) {
+            (Some(frames), _) => format!("  {}{}", innermost(frames), if l.stack_truncated { " (cut)" } else { "" }),
+            (None, Some(why)) => format!("  ({why})"),
+            (None, None) => String::new(),
+        };
         writeln!(
             out,
-            "  {:>8} {:>#18x} {:>12} {:<6} {:<18} {:>8.1}s",
+            "  {:>8} {:>#18x} {:>12} {:<6} {:<18} {:>8.1}s{site}",
             l.pid,
             l.address,
             group(l.size),
@@ -79,4 +86,9 @@ pub fn leaks(out: &mut dyn Write, leaks: &Leaks) -> std::io::Result<()> {
         )?;
     }
     writeln!(out, "  leaks: sites {}", leaks.sites)
+}
+
+/// A stack's innermost Python frame, as the flame graph names it.
+fn innermost(frames: &[SiteFrame]) -> String {
+    frames.first().map_or_else(|| "<no Python frame>".to_owned(), super::stacks::label)
 }

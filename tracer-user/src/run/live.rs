@@ -1,8 +1,14 @@
 //! `--live` and `--leaks`: the model of the live table, from its counts
 //! and, at the end, its blocks.
 
-use tracer_common::{live::LiveCounts, sizes::Domain};
+use tracer_common::{
+    live::LiveCounts,
+    sizes::Domain,
+    stack::{FIRST_HASH, why},
+    stats::Stat,
+};
 
+use super::stacks::StackNames;
 use crate::{kernel::Session, model, plan::Plan};
 
 /// What the live figures cannot know, said with every one of them.
@@ -65,9 +71,10 @@ pub fn report(plan: &Plan, counts: &[LiveCounts], capacity: u32) -> model::Live 
 }
 
 /// With `--leaks`, the blocks still in `session`'s live table, the oldest
-/// first, as `config` says.
+/// first, as `config` says; with `--stacks` (`names`), each with the
+/// Python stack it was allocated on, or why it has none.
 #[must_use]
-pub fn leaks(session: &Session, config: LeaksConfig) -> model::Leaks {
+pub fn leaks(session: &Session, config: LeaksConfig, mut names: Option<&mut StackNames>) -> model::Leaks {
     let now = monotonic_ns();
     let plan = session.plan();
     #[allow(
@@ -81,25 +88,68 @@ pub fn leaks(session: &Session, config: LeaksConfig) -> model::Leaks {
     blocks.sort_by_key(|(k, e)| (e.time_ns, k.address));
     let count = blocks.len() as u64;
     let bytes = blocks.iter().map(|(_, e)| e.size).fold(0u64, u64::saturating_add);
-    let oldest = blocks
-        .iter()
-        .take(config.list)
-        .map(|(k, e)| model::Leak {
+    let mut oldest = Vec::new();
+    for (k, e) in blocks.iter().take(config.list) {
+        let function = plan.probes.iter().find(|p| p.slot == e.slot).map_or("?", |p| p.symbol);
+        let (stack, stack_truncated, no_stack) = match names.as_deref_mut() {
+            None => (None, false, None),
+            Some(names) => match site(names, session, k.tgid, e.stack, e.slot, function) {
+                Ok((frames, cut)) => (Some(frames), cut, None),
+                Err(why) => (None, false, Some(why)),
+            },
+        };
+        oldest.push(model::Leak {
             pid: k.tgid,
             address: k.address,
             size: e.size,
             domain: Domain::ALL.iter().find(|d| **d as u32 == e.domain).map_or("?", |d| d.name()).to_owned(),
-            function: plan.probes.iter().find(|p| p.slot == e.slot).map_or("?", |p| p.symbol).to_owned(),
+            function: function.to_owned(),
             #[allow(clippy::cast_precision_loss, reason = "seconds from nanoseconds")]
             age_s: now.saturating_sub(e.time_ns) as f64 / 1e9,
-        })
-        .collect();
-    model::Leaks {
-        older_than_s: config.older_s,
-        count,
-        bytes,
-        oldest,
-        sites: "not recorded yet: a block's Python stack is not kept in the live table (see --stacks for where allocations come from)".to_owned(),
+            stack,
+            stack_truncated,
+            no_stack,
+        });
+    }
+    let sites = if names.is_some() {
+        let without = oldest.iter().filter(|l| l.no_stack.is_some()).count();
+        format!(
+            "each block's Python stack where it was allocated (the table gives its innermost frame, the JSON `stack` all of them, innermost first); {without} of the {} listed have none, and `no_stack` says why",
+            oldest.len()
+        )
+    } else {
+        "not recorded: run with --stacks to keep each block's Python stack in the live table".to_owned()
+    };
+    model::Leaks { older_than_s: config.older_s, count, bytes, oldest, sites }
+}
+
+/// A block's stack field (a hash, or a [`why`] value) as its frames, or
+/// why it has none.
+fn site(
+    names: &mut StackNames,
+    session: &Session,
+    pid: u32,
+    stack: u64,
+    slot: u32,
+    function: &str,
+) -> Result<(Vec<model::SiteFrame>, bool), String> {
+    match stack {
+        why::NOT_WALKED if !names.has_stacks(slot) => {
+            Err(format!("no stack: {function}'s events get no stacks (add it to --stacks)"))
+        }
+        why::NOT_WALKED => Err(format!(
+            "no stack: its walk did not reach its call's frame in the kernel (counted as {})",
+            Stat::LiveNoStack.name()
+        )),
+        why::SAMPLED_OUT => Err(format!("no stack: --sample {} left its call out", names.sample())),
+        v if v < FIRST_HASH => {
+            let stat = usize::try_from(v - why::FAILED).ok().and_then(|i| Stat::ALL.get(i));
+            Err(stat.map_or_else(
+                || format!("no stack: unknown reason {v}"),
+                |s| format!("no stack: its walk failed ({}, counted in the stats)", s.name()),
+            ))
+        }
+        hash => names.site(session, pid, hash).map_err(|why| format!("its stack's frames could not be named: {why}")),
     }
 }
 
