@@ -30,8 +30,14 @@ struct Target<'a> {
 fn run(target: Target<'_>, n: u64, free: bool, extra: &[&str]) -> (Value, u64) {
     let args = [n.to_string(), KEEP.to_string(), TEMP.to_string(), (if free { "free" } else { "keep" }).to_owned()];
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    run_script(target, "live.py", &args, extra)
+}
+
+/// One run of tests/python/`script` with `args`: the summary, and the
+/// bytes one kept block holds (its "per" line).
+fn run_script(target: Target<'_>, script: &str, args: &[&str], extra: &[&str]) -> (Value, u64) {
     let env: Vec<(&str, &str)> = target.malloc.map(|m| ("PYTHONMALLOC", m)).into_iter().collect();
-    let mut w = Workload::script_env(target.root, target.python, "live.py", &args, &env);
+    let mut w = Workload::script_env(target.root, target.python, script, args, &env);
     let per = w.next_line("per").expect("a per line");
     let per: u64 = per.strip_prefix("per ").expect("per N").parse().expect("a number");
     let mut tracer_args = vec!["--interval", "3600"];
@@ -310,4 +316,77 @@ fn sampled_out_leaks_say_why_on_pyenv_311() {
         assert_eq!(sited + sampled_out, k, "{}", s["leaks"]);
         assert!(sited > 0 && sampled_out > 0, "{sited} with a site, {sampled_out} sampled out");
     }
+}
+
+fn native(s: &Value, name: &str) -> i64 {
+    s["live"]["native"][name].as_i64().unwrap_or_else(|| panic!("no native {name}: {}", s["live"]))
+}
+
+/// With `--native --live`, N blocks of libc's `malloc(4096)` kept through
+/// ctypes are exactly N more native live blocks and 4096·N more native
+/// live bytes than... N vs 2N; `--leaks` lists them, as malloc's, each
+/// saying why it has no stack (`--stacks` walks at the interpreter's
+/// functions); freeing them brings the native live level back, whatever N.
+fn native_blocks(target: Target<'_>) {
+    let n = 300;
+    let extra = ["--native", "--leaks", "100000", "--stacks"];
+    let runs: Vec<Value> = [(n, "keep"), (2 * n, "keep"), (n, "free"), (2 * n, "free")]
+        .iter()
+        .map(|(k, mode)| run_script(target, "native_live.py", &[&k.to_string(), mode], &extra).0)
+        .collect();
+    let [one, two, one_freed, two_freed] = &runs[..] else { unreachable!() };
+    for s in &runs {
+        never_negative(s);
+        assert!(native(s, "count") >= 0 && native(s, "bytes") >= 0, "{}", s["live"]);
+        // On an LTO build the Python domains are partial (see `partial`
+        // above); libc's never is.
+        let partial = s["live"]["partial"].as_str().unwrap_or("");
+        assert!(!partial.contains("libc"), "{}", s["live"]);
+        for stat in ["live_unmatched", "live_pending_full", "live_full", "live_no_stack", "arg_missing", "nested_full"]
+        {
+            assert_eq!(s["stats"][stat], 0, "{stat}: {}", s["stats"]);
+        }
+    }
+    let n_i = i64::try_from(n).unwrap();
+    assert_eq!(native(two, "count") - native(one, "count"), n_i, "{}\n{}", one["live"], two["live"]);
+    assert_eq!(native(two, "bytes") - native(one, "bytes"), 4096 * n_i, "{}\n{}", one["live"], two["live"]);
+    assert_eq!(native(two, "allocations") - native(one, "allocations"), n_i);
+    let kept = |s: &Value| {
+        let listed = s["leaks"]["oldest"].as_array().expect("leaks");
+        let here = |l: &&Value| {
+            l["domain"] == "native"
+                && l["function"] == "malloc"
+                && l["size"] == 4096
+                && l.get("stack").is_none()
+                && l["no_stack"] == "no stack: --stacks walks at the interpreter's functions, not at libc's"
+        };
+        listed.iter().filter(here).count() as u64
+    };
+    assert_eq!((kept(one), kept(two)), (n, 2 * n), "{}", two["leaks"]);
+    // Freed: back where it was, whatever N, and N more frees.
+    assert_eq!(kept(one_freed) + kept(two_freed), 0);
+    assert_eq!(native(two_freed, "count"), native(one_freed, "count"), "{}\n{}", one_freed["live"], two_freed["live"]);
+    assert_eq!(native(two_freed, "bytes"), native(one_freed, "bytes"));
+    assert_eq!(native(two_freed, "frees") - native(one_freed, "frees"), n_i);
+}
+
+#[test]
+fn native_blocks_are_live_and_listed_on_pyenv_311() {
+    require_root();
+    let python = shared_python();
+    native_blocks(Target { root: None, python: python.to_str().unwrap(), malloc: None });
+}
+
+#[test]
+fn native_blocks_are_live_and_listed_on_debian_311() {
+    require_root();
+    let python = static_python();
+    native_blocks(Target { root: None, python: python.to_str().unwrap(), malloc: None });
+}
+
+#[test]
+fn native_blocks_are_live_and_listed_on_forky_314() {
+    require_root();
+    let root = forky_root();
+    native_blocks(Target { root: Some(&root), python: "python3.14", malloc: None });
 }

@@ -320,22 +320,25 @@ fn returned(regs: *mut pt_regs, sp_delta: u64) -> Result<(), Stat> {
     let depth = usize::try_from(frames.depth).unwrap_or(0).min(FRAME_DEPTH);
     let mut found = None;
     for (i, f) in frames.frames.iter().enumerate().take(depth) {
-        if f.sp == sp && matches!(f.kind, kind::OUTER | kind::NESTED | kind::ORPHAN) {
+        if f.sp == sp && matches!(f.kind, kind::OUTER | kind::NESTED | kind::ORPHAN | kind::NATIVE | kind::NATIVE_NESTED)
+        {
             found = Some((i, *f));
         }
     }
     let (at, frame) = found.ok_or(Stat::LiveUnmatched)?;
-    // The API call that called it ends with it.
-    let below = frames.frames.get(at.wrapping_sub(1)).is_some_and(|f| f.kind == kind::API);
+    // The API call that called it ends with it (a libc call has none).
+    let native = matches!(frame.kind, kind::NATIVE | kind::NATIVE_NESTED);
+    let below = !native && frames.frames.get(at.wrapping_sub(1)).is_some_and(|f| f.kind == kind::API);
     frames.depth = (at - usize::from(below)) as u64;
     match frame.kind {
-        kind::NESTED => {
+        kind::NESTED | kind::NATIVE_NESTED => {
             add(frame.domain, field!(nested), 1);
             return Ok(());
         }
-        kind::OUTER => {}
+        kind::OUTER | kind::NATIVE => {}
         _ => return Ok(()),
     }
+    let (address, frame) = if native { native_result(frame, address)? } else { (address, frame) };
     if frame.role == role::FREE || address == 0 {
         // A free took its block at its entry; a failed allocation is never
         // live, and a failed realloc keeps the old block.
@@ -409,6 +412,12 @@ static WALKED: LruHashMap<u32, Walked> = LruHashMap::with_max_entries(FRAME_THRE
 /// takes it, or, where the walk comes first, [`adopt`] does.
 #[inline(always)]
 pub fn walked(slot: u32, stack: u64) {
+    // Only an API call's frame takes it (a libc call's entry takes its
+    // own walk).
+    let r = SLOT_LIVE.get(slot).copied().unwrap_or(role::NONE);
+    if r == role::NONE || r & (role::NATIVE | role::IMPLEMENTATION) != 0 {
+        return;
+    }
     let (_, tid) = ids();
     if let Some(frames) = FRAMES.get_ptr_mut(&tid) {
         // SAFETY: a valid pointer to the value, which only this thread uses.
@@ -452,5 +461,123 @@ fn adopt(slot: u32) {
         {
             last.stack = w.stack;
         }
+    }
+}
+
+/// With `--native`, at the entry of libc's allocator function of slot
+/// `slot` (`marked`: a call site inside another one marked it nested):
+/// pushes its frame, whose return gives the block (or ends a free's call),
+/// and takes a freed block out now. A call inside another allocator call
+/// (an enclosing frame, above on the stack), or marked, is nested: its
+/// block is the outer call's. A marked entry at the stack pointer of the
+/// frame on top is a jump into it: the same call, re-entered from its own
+/// code (pushes nothing), or a tail call from another function, whose
+/// return comes first (a nested frame), then the outer's at the same
+/// stack pointer. `stack` is the call's walk (see [`walked`]).
+#[inline(always)]
+pub fn native(ctx: &ProbeContext, tgid: u32, slot: u32, marked: bool, stack: u64) -> Result<(), Stat> {
+    let value = SLOT_LIVE.get(slot).copied().unwrap_or(role::NONE);
+    if value & role::NATIVE == 0 {
+        return Ok(());
+    }
+    let r = value & role::MASK;
+    // The ABI's first three arguments and the stack pointer, each read at
+    // its own constant offset: the verifier refuses a context pointer
+    // moved by a computed one, which arguments picked per role become.
+    let regs = ctx.regs;
+    // SAFETY: regs is the context the kernel passed, readable directly.
+    let (a0, a1, a2, sp) = unsafe {
+        (
+            core::ptr::read_volatile(&raw const (*regs).rdi),
+            core::ptr::read_volatile(&raw const (*regs).rsi),
+            core::ptr::read_volatile(&raw const (*regs).rdx),
+            core::ptr::read_volatile(&raw const (*regs).rsp),
+        )
+    };
+    let (_, tid) = ids();
+    let mut inside = marked;
+    let mut top = Frame::default();
+    let fresh = FRAMES.get_ptr_mut(&tid).is_none();
+    if let Some(frames) = FRAMES.get_ptr_mut(&tid) {
+        // SAFETY: a valid pointer to the value, which only this thread uses.
+        let frames = unsafe { &mut *frames };
+        let depth = usize::try_from(frames.depth).unwrap_or(0).min(FRAME_DEPTH);
+        for f in frames.frames.iter().take(depth) {
+            let call = matches!(f.kind, kind::OUTER | kind::NESTED | kind::NATIVE | kind::NATIVE_NESTED);
+            inside |= call && f.sp > sp;
+        }
+        top = frames.frames.get(depth.wrapping_sub(1)).copied().unwrap_or_default();
+        if matches!(top.kind, kind::NATIVE | kind::NATIVE_NESTED) && top.sp == sp && !marked {
+            // A call at the stack pointer of one whose return was lost
+            // (an unwind): that one is over.
+            frames.depth = depth.wrapping_sub(1) as u64;
+            top = Frame::default();
+        }
+    }
+    let jumped = marked && top.sp == sp && matches!(top.kind, kind::NATIVE | kind::NATIVE_NESTED);
+    if jumped && top.slot == slot {
+        return Ok(());
+    }
+    inside |= jumped;
+    let (size, mut old) = match r {
+        role::MALLOC => (a0, 0),
+        role::CALLOC => {
+            let (n, e) = (a0, a1);
+            // As in try_record: BPF has no 128-bit multiply.
+            if (n | e) >> 32 != 0 && e != 0 && n > core::hint::black_box(u64::MAX) / e {
+                (u64::MAX, 0)
+            } else {
+                (n.wrapping_mul(e), 0)
+            }
+        }
+        role::REALLOC => (a1, a0),
+        role::ALIGNED | role::MMAP => (a1, 0),
+        // `old` is where the block will be written.
+        role::MEMALIGN => (a2, a0),
+        role::FREE | role::MUNMAP => (0, a0),
+        _ => return Ok(()),
+    };
+    let domain = tracer_common::sizes::Domain::Native as u32;
+    if !inside && old != 0 && (matches!(r, role::FREE | role::MUNMAP) || (r == role::REALLOC && size == 0)) {
+        // glibc's realloc(p, 0) frees p and returns NULL.
+        take(tgid, old, domain);
+        old = 0;
+    }
+    let kind = if inside { kind::NATIVE_NESTED } else { kind::NATIVE };
+    let frame = Frame { size, old, stack, sp, domain, slot, kind, role: r };
+    if fresh {
+        let mut first = Frames::default();
+        first.frames[0] = frame;
+        first.depth = 1;
+        return FRAMES.insert(&tid, &first, u64::from(BPF_ANY)).map_err(|_| Stat::LivePendingFull);
+    }
+    let frames = FRAMES.get_ptr_mut(&tid).ok_or(Stat::LivePendingFull)?;
+    // SAFETY: a valid pointer to the value, which only this thread uses.
+    push(unsafe { &mut *frames }, frame)
+}
+
+/// A libc call's block from its return value: `mmap`'s `MAP_FAILED` is
+/// none, and `posix_memalign`'s is at the pointer its entry saved, where
+/// it returned 0.
+#[inline(always)]
+fn native_result(frame: Frame, rax: u64) -> Result<(u64, Frame), Stat> {
+    match frame.role {
+        role::MMAP if rax == u64::MAX => Ok((0, frame)),
+        // Took its block at its entry.
+        role::FREE | role::MUNMAP => Ok((0, frame)),
+        role::MEMALIGN => {
+            let at = frame.old;
+            let frame = Frame { old: 0, ..frame };
+            // An int: the upper half of rax is not the result's.
+            if rax & 0xffff_ffff != 0 {
+                return Ok((0, frame));
+            }
+            // SAFETY: the helper reads the probed thread's memory and fails
+            // (counted) rather than fault.
+            let block = unsafe { aya_ebpf::helpers::bpf_probe_read_user(at as *const u64) }
+                .map_err(|_| Stat::ArgMissing)?;
+            Ok((block, frame))
+        }
+        _ => Ok((rax, frame)),
     }
 }

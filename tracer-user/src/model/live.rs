@@ -10,6 +10,10 @@ pub struct Live {
     pub object: LiveDomain,
     pub mem: LiveDomain,
     pub raw: LiveDomain,
+    /// With `--native`: libc's allocator, the blocks the process asks of
+    /// libc outside any other allocator call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub native: Option<LiveDomain>,
     /// The table's room (`--live-max`).
     pub capacity: u32,
     /// Blocks the table had no room for, over every domain: not counted
@@ -75,7 +79,7 @@ pub struct Leak {
     pub address: u64,
     /// Its requested size.
     pub size: u64,
-    /// `object`, `mem` or `raw`.
+    /// `object`, `mem`, `raw` or `native`.
     pub domain: String,
     /// The function that allocated it.
     pub function: String,

@@ -8,7 +8,9 @@ use crate::model::{Leaks, Live, SiteFrame};
 /// One line per domain with blocks or calls, then what the figures do not
 /// cover.
 pub fn live(out: &mut dyn Write, live: &Live) -> std::io::Result<()> {
-    for (name, d) in [("object", &live.object), ("mem", &live.mem), ("raw", &live.raw)] {
+    let domains = [("object", Some(&live.object)), ("mem", Some(&live.mem)), ("raw", Some(&live.raw))];
+    for (name, d) in domains.into_iter().chain([("native", live.native.as_ref())]) {
+        let Some(d) = d else { continue };
         if d.allocations == 0 && d.untracked_frees == 0 && d.unseen_allocations == 0 && d.unseen_frees == 0 {
             continue;
         }
@@ -85,7 +87,7 @@ pub fn leaks(out: &mut dyn Write, leaks: &Leaks) -> std::io::Result<()> {
             l.age_s
         )?;
     }
-    writeln!(out, "  leaks: sites {}", leaks.sites)
+    writeln!(out, "  leaks: sites: {}", leaks.sites)
 }
 
 /// A stack's innermost Python frame, as the flame graph names it.

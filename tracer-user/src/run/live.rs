@@ -14,8 +14,8 @@ use crate::{kernel::Session, model, plan::Plan};
 /// What the live figures cannot know, said with every one of them.
 pub const UNKNOWN: &str = "allocations made before tracer attached are not in the table: their frees are counted as untracked_frees, and never lower the live counts";
 
-/// With `--native`, what the live table leaves out.
-pub const NATIVE_UNTRACKED: &str = "libc's allocator (--native) is not tracked: its blocks are in no live count and no --leaks list (the interpreter's raw domain, which calls libc, is)";
+/// With `--native`, how libc's blocks are counted.
+pub const NATIVE_ONCE: &str = "libc's allocator (--native) is the native domain: a libc call made inside another allocator call (the raw domain's _PyMem_RawMalloc calling malloc, pymalloc's arenas, glibc's realloc calling malloc, malloc calling mmap) counts once, under the outer call, as nested; munmap takes out the mapping that starts at its address, whole";
 
 /// `--leaks`: which blocks the summary lists.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -45,10 +45,20 @@ pub fn report(plan: &Plan, counts: &[LiveCounts], capacity: u32) -> model::Live 
         }
     };
     let (object, mem, raw) = (domain(Domain::Object), domain(Domain::Mem), domain(Domain::Raw));
-    let all = [object, mem, raw];
+    let natives: Vec<_> = plan.probes.iter().filter(|p| p.program.is_native()).collect();
+    let native = (!natives.is_empty()).then(|| domain(Domain::Native));
+    let all = [object, mem, raw, native.unwrap_or_default()];
     let dropped = all.iter().map(|d| d.dropped).sum();
     let unseen: u64 = all.iter().map(|d| d.unseen_allocations + d.unseen_frees).sum();
-    let partial = if plan.live_impls.is_empty() {
+    // libc's functions whose blocks are not tracked, with why.
+    let native_partial: Vec<String> = natives
+        .iter()
+        .filter(|p| p.coverage.live != Some(crate::plan::coverage::Completeness::Complete))
+        .map(|p| format!("{}: {}", p.symbol, p.coverage.reason.as_deref().unwrap_or("not tracked")))
+        .collect();
+    let partial = if !native_partial.is_empty() {
+        Some(format!("libc's blocks are not all tracked ({})", native_partial.join("; ")))
+    } else if plan.live_impls.is_empty() {
         Some(format!(
             "the allocator implementations (_PyObject_Malloc, _PyMem_RawMalloc, ...) were not found in the image's symbols nor in a debug file, so no returned pointer is read and no block is tracked; {}",
             plan.live_fix
@@ -60,14 +70,8 @@ pub fn report(plan: &Plan, counts: &[LiveCounts], capacity: u32) -> model::Live 
     } else {
         None
     };
-    // libc's allocator (`--native`) has its calls counted, never its
-    // blocks tracked: said where it is probed, not left as a missing domain.
-    let unknown = if plan.probes.iter().any(|p| p.program.is_native()) {
-        format!("{UNKNOWN}; {NATIVE_UNTRACKED}")
-    } else {
-        UNKNOWN.to_owned()
-    };
-    model::Live { object, mem, raw, capacity, dropped, unknown, partial }
+    let unknown = if natives.is_empty() { UNKNOWN.to_owned() } else { format!("{UNKNOWN}; {NATIVE_ONCE}") };
+    model::Live { object, mem, raw, native, capacity, dropped, unknown, partial }
 }
 
 /// With `--leaks`, the blocks still in `session`'s live table, the oldest
@@ -133,7 +137,11 @@ fn site(
     slot: u32,
     function: &str,
 ) -> Result<(Vec<model::SiteFrame>, bool), String> {
+    let native = session.plan().probes.iter().any(|p| p.slot == slot && p.program.is_native());
     match stack {
+        why::NOT_WALKED if native => {
+            Err("no stack: --stacks walks at the interpreter's functions, not at libc's".to_owned())
+        }
         why::NOT_WALKED if !names.has_stacks(slot) => {
             Err(format!("no stack: {function}'s events get no stacks (add it to --stacks)"))
         }
