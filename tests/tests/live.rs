@@ -295,6 +295,13 @@ fn leaks_have_their_sites_on_debian_311_with_debug_hooks() {
     sites(Target { root: None, python: python.to_str().unwrap(), malloc: Some("debug") });
 }
 
+#[test]
+fn leaks_have_their_sites_on_forky_314_with_debug_hooks() {
+    require_root();
+    let root = forky_root();
+    sites(Target { root: Some(&root), python: "python3.14", malloc: Some("debug") });
+}
+
 /// With `--sample 2`, a kept buffer whose call was sampled out says so:
 /// each one has its site or that reason, N and 2N of them in all.
 #[test]

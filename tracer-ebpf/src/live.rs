@@ -468,7 +468,9 @@ fn adopt(slot: u32) {
 /// `slot` (`marked`: a call site inside another one marked it nested):
 /// pushes its frame, whose return gives the block (or ends a free's call),
 /// and takes a freed block out now. A call inside another allocator call
-/// (an enclosing frame, above on the stack), or marked, is nested: its
+/// (an enclosing frame, above on the stack, or an interpreter's
+/// implementation at the same stack pointer, which jumped to it), or
+/// marked, is nested: its
 /// block is the outer call's. A marked entry at the stack pointer of the
 /// frame on top is a jump into it: the same call, re-entered from its own
 /// code (pushes nothing), or a tail call from another function, whose
@@ -503,8 +505,11 @@ pub fn native(ctx: &ProbeContext, tgid: u32, slot: u32, marked: bool, stack: u64
         let frames = unsafe { &mut *frames };
         let depth = usize::try_from(frames.depth).unwrap_or(0).min(FRAME_DEPTH);
         for f in frames.frames.iter().take(depth) {
-            let call = matches!(f.kind, kind::OUTER | kind::NESTED | kind::NATIVE | kind::NATIVE_NESTED);
-            inside |= call && f.sp > sp;
+            // An interpreter's implementation may jump to libc's function
+            // (`_PyMem_RawMalloc` to `malloc`): at its own stack pointer,
+            // it encloses the call too.
+            let python = matches!(f.kind, kind::OUTER | kind::NESTED) && f.sp >= sp;
+            inside |= python || (matches!(f.kind, kind::NATIVE | kind::NATIVE_NESTED) && f.sp > sp);
         }
         top = frames.frames.get(depth.wrapping_sub(1)).copied().unwrap_or_default();
         if matches!(top.kind, kind::NATIVE | kind::NATIVE_NESTED) && top.sp == sp && !marked {
