@@ -46,10 +46,14 @@ fn traced(workload: Workload, extra: &[&str]) -> (Value, Value) {
     tracer_tests::traced_to_the_end(workload, &args)
 }
 
+/// Iterations of the shorter run; the longer makes twice as many.
+const N: u64 = 1000;
+
 /// Per iteration of the body, in the native live table: the blocks it
-/// makes (malloc, calloc, realloc from NULL, realloc to 8192, which moves
-/// or replaces its block, posix_memalign, aligned_alloc, mmap) and takes
-/// out again (four frees, realloc's old block, realloc to 0, munmap).
+/// makes (`malloc`, `calloc`, `realloc` from NULL, `realloc` to 8192,
+/// which moves or replaces its block, `posix_memalign`, `aligned_alloc`,
+/// `mmap`) and takes out again (four frees, realloc's old block, `realloc`
+/// to 0, `munmap`).
 const LIVE_BLOCKS: u64 = 7;
 
 fn counts(summary: &Value, name: &str, field: Option<&str>) -> (u64, u64) {
@@ -78,7 +82,7 @@ fn exact(libc: &str, start: impl Fn(u64) -> Workload) {
 
 /// As [`exact`], with `extra` flags; returns the summaries of N and 2N.
 fn exact_with(libc: &str, start: impl Fn(u64) -> Workload, extra: &[&str]) -> (Value, Value) {
-    let n = 1000;
+    let n = N;
     let (attached, one) = traced(start(n), extra);
     let (_, two) = traced(start(2 * n), extra);
     assert_eq!(attached["native"], libc, "{attached}");
@@ -123,18 +127,17 @@ fn exact_with(libc: &str, start: impl Fn(u64) -> Workload, extra: &[&str]) -> (V
 /// iteration, none nested twice; and the Python domains' levels are the
 /// same for N and 2N too (the body keeps nothing), never below zero.
 fn exact_live(libc: &str, start: impl Fn(u64) -> Workload) {
-    let n = 1000;
+    let n = i64::try_from(N).unwrap();
     let (one, two) = exact_with(libc, start, &["--live"]);
     let get = |s: &Value, domain: &str, what: &str| {
         s["live"][domain][what].as_i64().unwrap_or_else(|| panic!("no live {domain} {what}: {}", s["live"]))
     };
-    let n_i = i64::try_from(n).unwrap();
     for what in ["count", "bytes"] {
         assert_eq!(get(&two, "native", what), get(&one, "native", what), "{what}: {}\n{}", one["live"], two["live"]);
     }
     for what in ["allocations", "frees"] {
         let more = get(&two, "native", what) - get(&one, "native", what);
-        assert_eq!(more, i64::try_from(LIVE_BLOCKS).unwrap() * n_i, "{what}: {}\n{}", one["live"], two["live"]);
+        assert_eq!(more, i64::try_from(LIVE_BLOCKS).unwrap() * n, "{what}: {}\n{}", one["live"], two["live"]);
     }
     for s in [&one, &two] {
         let partial = s["live"]["partial"].as_str().unwrap_or("");
