@@ -34,7 +34,7 @@ pub struct LiveEntry {
     /// When it was allocated (`bpf_ktime_get_ns`, `CLOCK_MONOTONIC`).
     pub time_ns: u64,
     /// With `--stacks`, the hash of its Python stack (the key of the
-    /// stacks map); 0 without one.
+    /// stacks map), or why it has none (a [`crate::stack::why`] value).
     pub stack: u64,
     /// Its [`crate::sizes::Domain`].
     pub domain: u32,
@@ -56,7 +56,8 @@ pub struct Frame {
     pub size: u64,
     /// For an implementation's realloc, the old block (0: none).
     pub old: u64,
-    /// With `--stacks`, the stack hash; else 0.
+    /// With `--stacks`, the call's stack hash, or why it has none (a
+    /// [`crate::stack::why`] value).
     pub stack: u64,
     /// `%rsp` at the probe: for an API call at an inlined copy, the
     /// caller's; for an implementation, at its entry.
