@@ -240,7 +240,8 @@ fn at_site(s: &Value, function: &str, line: u64, size: Option<u64>) -> u64 {
     let here = |l: &&Value| {
         let f = &l["stack"][0];
         f["function"] == function
-            && f["file"].as_str().is_some_and(|p| p.ends_with("/live.py"))
+            // In a chroot the script is a copy, `/tmp/tracer-…-live.py`.
+            && f["file"].as_str().is_some_and(|p| p.ends_with("live.py") && !p.ends_with("native_live.py"))
             && f["line"] == line
             && size.is_none_or(|size| l["size"] == size)
     };
