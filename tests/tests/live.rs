@@ -398,3 +398,46 @@ fn native_blocks_are_live_and_listed_on_forky_314() {
     let root = forky_root();
     native_blocks(Target { root: Some(&root), python: "python3.14", malloc: None });
 }
+
+/// With `--native --live`, libc calls that fail put no block in the
+/// table: N and 2N iterations of `malloc`, `calloc` and `realloc`
+/// returning NULL, `mmap` returning `MAP_FAILED` and `posix_memalign`
+/// returning EINVAL leave the native allocations and level where they
+/// were, though every call is counted.
+fn native_failures(target: Target<'_>) {
+    let n = 300;
+    let extra = ["--native", "--live"];
+    let one = run_script(target, "native_live.py", &[&n.to_string(), "fail"], &extra).0;
+    let two = run_script(target, "native_live.py", &[&(2 * n).to_string(), "fail"], &extra).0;
+    for s in [&one, &two] {
+        never_negative(s);
+        for stat in ["live_unmatched", "live_pending_full", "live_full", "arg_missing", "nested_full"] {
+            assert_eq!(s["stats"][stat], 0, "{stat}: {}", s["stats"]);
+        }
+    }
+    for what in ["allocations", "count", "bytes"] {
+        assert_eq!(native(&two, what), native(&one, what), "{what}: {}\n{}", one["live"], two["live"]);
+    }
+    let calls = |s: &Value, name: &str| s["probes"][name]["calls"].as_u64().unwrap_or_else(|| panic!("no {name}: {s}"));
+    for name in ["malloc", "calloc", "realloc", "posix_memalign"] {
+        assert_eq!(calls(&two, name) - calls(&one, name), n, "{name}");
+    }
+    // glibc's malloc tries a mapping of its own for a huge request (the
+    // layer below, counted by design, and nested in the table).
+    let mmaps = calls(&two, "mmap") - calls(&one, "mmap");
+    assert!(mmaps >= n && mmaps.is_multiple_of(n), "{mmaps} more mmap calls for {n} more iterations");
+}
+
+#[test]
+fn failed_native_calls_are_never_live_on_pyenv_311() {
+    require_root();
+    let python = shared_python();
+    native_failures(Target { root: None, python: python.to_str().unwrap(), malloc: None });
+}
+
+#[test]
+fn failed_native_calls_are_never_live_on_debian_311() {
+    require_root();
+    let python = static_python();
+    native_failures(Target { root: None, python: python.to_str().unwrap(), malloc: None });
+}
