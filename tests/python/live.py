@@ -4,8 +4,9 @@
 
 Prints "ready" and "per N_BYTES", the bytes one kept bytearray(KEEP) holds
 (sys.getsizeof: its object and its KEEP + 1 byte buffer), waits for a
-line, then N times keeps a bytearray(KEEP) and makes and drops a
-bytearray(TEMP). With FREE = "free" it then drops the kept ones too.
+line, then N times keeps a bytearray(KEEP) (in `keep`, at the line
+tests/tests/live.rs names as its site) and makes and drops a
+bytearray(TEMP) (in `drop`). With FREE = "free" it then drops the kept ones too.
 Prints "done" and waits in a bare read(2) of 5 bytes, so that tracer reads the live
 table while the process still holds what it holds. The list that keeps
 them is made before "ready", so the loop allocates nothing else that
@@ -18,14 +19,26 @@ import sys
 n, keep_size, temp_size, mode = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 kept = [None] * n
 slots = iter(range(n))
+
+
+# The sites: tests/tests/live.rs names these functions and lines.
+def keep(i):
+    kept[i] = bytearray(keep_size)
+
+
+def drop():
+    bytearray(temp_size)
+
+
 # Warm up: the first calls' caches are made before the attach.
 bytearray(keep_size), bytearray(temp_size), next(iter(range(1)))
 print("ready", flush=True)
 print(f"per {sys.getsizeof(bytearray(keep_size))}", flush=True)
+
 sys.stdin.readline()
 for i in slots:
-    kept[i] = bytearray(keep_size)
-    bytearray(temp_size)
+    keep(i)
+    drop()
 if mode == "free":
     for i in range(n):
         kept[i] = None

@@ -36,8 +36,14 @@ struct Target<'a> {
 fn run(target: Target<'_>, n: u64, free: bool, extra: &[&str]) -> (Value, u64) {
     let args = [n.to_string(), KEEP.to_string(), TEMP.to_string(), (if free { "free" } else { "keep" }).to_owned()];
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    run_script(target, "live.py", &args, extra)
+}
+
+/// One run of tests/python/`script` with `args`: the summary, and the
+/// bytes one kept block holds (its "per" line).
+fn run_script(target: Target<'_>, script: &str, args: &[&str], extra: &[&str]) -> (Value, u64) {
     let env: Vec<(&str, &str)> = target.malloc.map(|m| ("PYTHONMALLOC", m)).into_iter().collect();
-    let mut w = Workload::script_env(target.root, target.python, "live.py", &args, &env);
+    let mut w = Workload::script_env(target.root, target.python, script, args, &env);
     let per = w.next_line("per").expect("a per line");
     let per: u64 = per.strip_prefix("per ").expect("per N").parse().expect("a number");
     let mut tracer_args = vec!["--interval", "3600"];
@@ -311,4 +317,219 @@ fn bad_live_input() {
         assert_eq!(stderr, format!("tracer: error: {expected}\n"), "args {args:?}");
         assert_eq!((code, stdout.as_str()), (Some(2), ""), "args {args:?}");
     }
+}
+
+/// tests/python/live.py's line that keeps each bytearray, in `keep`; the
+/// loop's line that calls `keep`; the line in `drop` that drops one.
+const KEEP_LINE: u64 = 26;
+const CALL_LINE: u64 = 40;
+const DROP_LINE: u64 = 30;
+
+/// The listed blocks of `size` bytes (any size: None) whose innermost
+/// Python frame is `function` at live.py's `line`.
+fn at_site(s: &Value, function: &str, line: u64, size: Option<u64>) -> u64 {
+    let listed = s["leaks"]["oldest"].as_array().expect("leaks");
+    let here = |l: &&Value| {
+        let f = &l["stack"][0];
+        f["function"] == function
+            // In a chroot the script is a copy, `/tmp/tracer-…-live.py`.
+            && f["file"].as_str().is_some_and(|p| p.ends_with("live.py") && !p.ends_with("native_live.py"))
+            && f["line"] == line
+            && size.is_none_or(|size| l["size"] == size)
+    };
+    listed.iter().filter(here).count() as u64
+}
+
+/// With `--stacks --leaks`, each listed block has the Python stack it was
+/// allocated on: every kept buffer is `keep`'s at its line (called from
+/// the loop), exactly N of them for N and 2N for 2N, and the bytearray
+/// objects with them; no dropped buffer is listed, and no block lacks its
+/// stack.
+fn sites(target: Target<'_>) {
+    let n = 300;
+    let args = ["--leaks", "100000", "--stacks"];
+    let (one, _) = run(target, n, false, &args);
+    let (two, _) = run(target, 2 * n, false, &args);
+    for (s, k) in [(&one, n), (&two, 2 * n)] {
+        never_negative(s);
+        assert_eq!(s["stats"]["live_no_stack"], 0, "{}", s["stats"]);
+        assert!(s["leaks"]["sites"].as_str().is_some_and(|t| t.contains("0 of the")), "{}", s["leaks"]["sites"]);
+        let listed = s["leaks"]["oldest"].as_array().expect("leaks");
+        let kept: Vec<&Value> = listed.iter().filter(|l| l["size"] == KEEP + 1).collect();
+        assert_eq!(kept.len() as u64, k);
+        for l in kept {
+            let stack = l["stack"].as_array().unwrap_or_else(|| panic!("no stack: {l}"));
+            assert_eq!((&stack[0]["function"], &stack[0]["line"]), (&"keep".into(), &KEEP_LINE.into()), "{l}");
+            assert_eq!((&stack[1]["function"], &stack[1]["line"]), (&"<module>".into(), &CALL_LINE.into()), "{l}");
+            assert!(l.get("no_stack").is_none(), "{l}");
+        }
+        assert_eq!(at_site(s, "keep", KEEP_LINE, Some(KEEP + 1)), k, "{}", s["leaks"]);
+        assert_eq!(at_site(s, "drop", DROP_LINE, None), 0, "{}", s["leaks"]);
+        for l in listed {
+            assert!(l["stack"].is_array(), "a block without its stack: {l}");
+        }
+    }
+    // The kept object and its buffer per iteration, both at `keep`'s line.
+    let grew = at_site(&two, "keep", KEEP_LINE, None) - at_site(&one, "keep", KEEP_LINE, None);
+    assert_eq!(grew, 2 * n, "{}", two["leaks"]);
+}
+
+#[test]
+fn leaks_have_their_sites_on_pyenv_311() {
+    require_root();
+    let python = shared_python();
+    sites(Target { root: None, python: python.to_str().unwrap(), malloc: None });
+}
+
+#[test]
+fn leaks_have_their_sites_on_debian_311_with_debug_hooks() {
+    require_root();
+    let python = static_python();
+    sites(Target { root: None, python: python.to_str().unwrap(), malloc: Some("debug") });
+}
+
+#[test]
+fn leaks_have_their_sites_on_forky_314_with_debug_hooks() {
+    require_root();
+    let root = forky_root();
+    sites(Target { root: Some(&root), python: "python3.14", malloc: Some("debug") });
+}
+
+/// With `--sample 2`, a kept buffer whose call was sampled out says so:
+/// each one has its site or that reason, N and 2N of them in all.
+#[test]
+fn sampled_out_leaks_say_why_on_pyenv_311() {
+    require_root();
+    let python = shared_python();
+    let target = Target { root: None, python: python.to_str().unwrap(), malloc: None };
+    let n = 300;
+    for k in [n, 2 * n] {
+        let (s, _) = run(target, k, false, &["--leaks", "100000", "--stacks", "--sample", "2"]);
+        let listed = s["leaks"]["oldest"].as_array().expect("leaks");
+        let kept: Vec<&Value> = listed.iter().filter(|l| l["size"] == KEEP + 1).collect();
+        assert_eq!(kept.len() as u64, k);
+        let sited = at_site(&s, "keep", KEEP_LINE, Some(KEEP + 1));
+        let sampled_out = kept
+            .iter()
+            .filter(|l| l["no_stack"] == "no stack: --sample 2 left its call out" && l["stack"].is_null())
+            .count() as u64;
+        assert_eq!(sited + sampled_out, k, "{}", s["leaks"]);
+        assert!(sited > 0 && sampled_out > 0, "{sited} with a site, {sampled_out} sampled out");
+    }
+}
+
+fn native(s: &Value, name: &str) -> i64 {
+    s["live"]["native"][name].as_i64().unwrap_or_else(|| panic!("no native {name}: {}", s["live"]))
+}
+
+/// With `--native --live`, N blocks of libc's `malloc(4096)` kept through
+/// ctypes are exactly N more native live blocks and 4096·N more native
+/// live bytes than... N vs 2N; `--leaks` lists them, as malloc's, each
+/// saying why it has no stack (`--stacks` walks at the interpreter's
+/// functions); freeing them brings the native live level back, whatever N.
+fn native_blocks(target: Target<'_>) {
+    let n = 300;
+    let extra = ["--native", "--leaks", "100000", "--stacks"];
+    let runs: Vec<Value> = [(n, "keep"), (2 * n, "keep"), (n, "free"), (2 * n, "free")]
+        .iter()
+        .map(|(k, mode)| run_script(target, "native_live.py", &[&k.to_string(), mode], &extra).0)
+        .collect();
+    let [one, two, one_freed, two_freed] = &runs[..] else { unreachable!() };
+    for s in &runs {
+        never_negative(s);
+        assert!(native(s, "count") >= 0 && native(s, "bytes") >= 0, "{}", s["live"]);
+        // On an LTO build the Python domains are partial (see `partial`
+        // above); libc's never is.
+        let partial = s["live"]["partial"].as_str().unwrap_or("");
+        assert!(!partial.contains("libc"), "{}", s["live"]);
+        for stat in ["live_unmatched", "live_pending_full", "live_full", "live_no_stack", "arg_missing", "nested_full"]
+        {
+            assert_eq!(s["stats"][stat], 0, "{stat}: {}", s["stats"]);
+        }
+    }
+    let n_i = i64::try_from(n).unwrap();
+    assert_eq!(native(two, "count") - native(one, "count"), n_i, "{}\n{}", one["live"], two["live"]);
+    assert_eq!(native(two, "bytes") - native(one, "bytes"), 4096 * n_i, "{}\n{}", one["live"], two["live"]);
+    assert_eq!(native(two, "allocations") - native(one, "allocations"), n_i);
+    let kept = |s: &Value| {
+        let listed = s["leaks"]["oldest"].as_array().expect("leaks");
+        let here = |l: &&Value| {
+            l["domain"] == "native"
+                && l["function"] == "malloc"
+                && l["size"] == 4096
+                && l.get("stack").is_none()
+                && l["no_stack"] == "no stack: --stacks walks at the interpreter's functions, not at libc's"
+        };
+        listed.iter().filter(here).count() as u64
+    };
+    assert_eq!((kept(one), kept(two)), (n, 2 * n), "{}", two["leaks"]);
+    // Freed: back where it was, whatever N, and N more frees.
+    assert_eq!(kept(one_freed) + kept(two_freed), 0);
+    assert_eq!(native(two_freed, "count"), native(one_freed, "count"), "{}\n{}", one_freed["live"], two_freed["live"]);
+    assert_eq!(native(two_freed, "bytes"), native(one_freed, "bytes"));
+    assert_eq!(native(two_freed, "frees") - native(one_freed, "frees"), n_i);
+}
+
+#[test]
+fn native_blocks_are_live_and_listed_on_pyenv_311() {
+    require_root();
+    let python = shared_python();
+    native_blocks(Target { root: None, python: python.to_str().unwrap(), malloc: None });
+}
+
+#[test]
+fn native_blocks_are_live_and_listed_on_debian_311() {
+    require_root();
+    let python = static_python();
+    native_blocks(Target { root: None, python: python.to_str().unwrap(), malloc: None });
+}
+
+#[test]
+fn native_blocks_are_live_and_listed_on_forky_314() {
+    require_root();
+    let root = forky_root();
+    native_blocks(Target { root: Some(&root), python: "python3.14", malloc: None });
+}
+
+/// With `--native --live`, libc calls that fail put no block in the
+/// table: N and 2N iterations of `malloc`, `calloc` and `realloc`
+/// returning NULL, `mmap` returning `MAP_FAILED` and `posix_memalign`
+/// returning EINVAL leave the native allocations and level where they
+/// were, though every call is counted.
+fn native_failures(target: Target<'_>) {
+    let n = 300;
+    let extra = ["--native", "--live"];
+    let one = run_script(target, "native_live.py", &[&n.to_string(), "fail"], &extra).0;
+    let two = run_script(target, "native_live.py", &[&(2 * n).to_string(), "fail"], &extra).0;
+    for s in [&one, &two] {
+        never_negative(s);
+        for stat in ["live_unmatched", "live_pending_full", "live_full", "arg_missing", "nested_full"] {
+            assert_eq!(s["stats"][stat], 0, "{stat}: {}", s["stats"]);
+        }
+    }
+    for what in ["allocations", "count", "bytes"] {
+        assert_eq!(native(&two, what), native(&one, what), "{what}: {}\n{}", one["live"], two["live"]);
+    }
+    let calls = |s: &Value, name: &str| s["probes"][name]["calls"].as_u64().unwrap_or_else(|| panic!("no {name}: {s}"));
+    for name in ["malloc", "calloc", "realloc", "posix_memalign"] {
+        assert_eq!(calls(&two, name) - calls(&one, name), n, "{name}");
+    }
+    // glibc's malloc tries a mapping of its own for a huge request (the
+    // layer below, counted by design, and nested in the table).
+    let mmaps = calls(&two, "mmap") - calls(&one, "mmap");
+    assert!(mmaps >= n && mmaps.is_multiple_of(n), "{mmaps} more mmap calls for {n} more iterations");
+}
+
+#[test]
+fn failed_native_calls_are_never_live_on_pyenv_311() {
+    require_root();
+    let python = shared_python();
+    native_failures(Target { root: None, python: python.to_str().unwrap(), malloc: None });
+}
+
+#[test]
+fn failed_native_calls_are_never_live_on_debian_311() {
+    require_root();
+    let python = static_python();
+    native_failures(Target { root: None, python: python.to_str().unwrap(), malloc: None });
 }

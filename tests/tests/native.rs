@@ -38,10 +38,23 @@ const NESTED: [(&str, u64, u64); 2] = [("malloc", 1, 4096), ("free", 1, 0)];
 const BUCKETS: [((u64, u64), (u64, u64)); 3] =
     [((4096, 8191), (5, 5 * 4096)), ((8192, 16383), (1, 8192)), ((0, 0), (1, 0))];
 
-/// The attached line and summary of one run of `workload`.
-fn traced(workload: Workload) -> (Value, Value) {
-    tracer_tests::traced_to_the_end(workload, &["--native", "--interval", "3600"])
+/// The attached line and summary of one run of `workload`, with `extra`
+/// flags beside `--native`.
+fn traced(workload: Workload, extra: &[&str]) -> (Value, Value) {
+    let mut args = vec!["--native", "--interval", "3600"];
+    args.extend_from_slice(extra);
+    tracer_tests::traced_to_the_end(workload, &args)
 }
+
+/// Iterations of the shorter run; the longer makes twice as many.
+const N: u64 = 1000;
+
+/// Per iteration of the body, in the native live table: the blocks it
+/// makes (`malloc`, `calloc`, `realloc` from NULL, `realloc` to 8192,
+/// which moves or replaces its block, `posix_memalign`, `aligned_alloc`,
+/// `mmap`) and takes out again (four frees, realloc's old block, `realloc`
+/// to 0, `munmap`).
+const LIVE_BLOCKS: u64 = 7;
 
 fn counts(summary: &Value, name: &str, field: Option<&str>) -> (u64, u64) {
     let record = &summary["probes"][name];
@@ -64,9 +77,14 @@ fn bucket(summary: &Value, range: (u64, u64)) -> (u64, u64) {
 /// Runs N and 2N iterations; `libc` is the C library the target maps, as
 /// its memory map shows it.
 fn exact(libc: &str, start: impl Fn(u64) -> Workload) {
-    let n = 1000;
-    let (attached, one) = traced(start(n));
-    let (_, two) = traced(start(2 * n));
+    exact_with(libc, start, &[]);
+}
+
+/// As [`exact`], with `extra` flags; returns the summaries of N and 2N.
+fn exact_with(libc: &str, start: impl Fn(u64) -> Workload, extra: &[&str]) -> (Value, Value) {
+    let n = N;
+    let (attached, one) = traced(start(n), extra);
+    let (_, two) = traced(start(2 * n), extra);
     assert_eq!(attached["native"], libc, "{attached}");
     for (name, _, _) in CALLS {
         assert!(attached["placements"].get(name).is_some(), "{name} not probed: {attached}");
@@ -99,6 +117,46 @@ fn exact(libc: &str, start: impl Fn(u64) -> Workload) {
             .collect();
         assert!(lost.is_empty(), "misses: {lost:?}");
     }
+    (one, two)
+}
+
+/// `--native --live` together (the live table's probe slots come after
+/// libc's): libc's counts stay exact, as [`exact`] checks; the body frees
+/// every block it makes, so the native live level is the same for N and
+/// 2N, with exactly `LIVE_BLOCKS` more blocks put in and taken out per
+/// iteration, none nested twice; and the Python domains' levels are the
+/// same for N and 2N too (the body keeps nothing), never below zero.
+fn exact_live(libc: &str, start: impl Fn(u64) -> Workload) {
+    let n = i64::try_from(N).unwrap();
+    let (one, two) = exact_with(libc, start, &["--live"]);
+    let get = |s: &Value, domain: &str, what: &str| {
+        s["live"][domain][what].as_i64().unwrap_or_else(|| panic!("no live {domain} {what}: {}", s["live"]))
+    };
+    for what in ["count", "bytes"] {
+        assert_eq!(get(&two, "native", what), get(&one, "native", what), "{what}: {}\n{}", one["live"], two["live"]);
+    }
+    for what in ["allocations", "frees"] {
+        let more = get(&two, "native", what) - get(&one, "native", what);
+        assert_eq!(more, i64::try_from(LIVE_BLOCKS).unwrap() * n, "{what}: {}\n{}", one["live"], two["live"]);
+    }
+    for s in [&one, &two] {
+        let partial = s["live"]["partial"].as_str().unwrap_or("");
+        assert!(!partial.contains("libc"), "{}", s["live"]);
+        for domain in ["object", "mem", "raw", "native"] {
+            assert!(get(s, domain, "count") >= 0 && get(s, domain, "bytes") >= 0, "{domain}: {}", s["live"]);
+        }
+    }
+    if one["live"].get("partial").is_none() {
+        for domain in ["object", "mem", "raw"] {
+            assert_eq!(
+                get(&two, domain, "bytes"),
+                get(&one, domain, "bytes"),
+                "{domain}: {}\n{}",
+                one["live"],
+                two["live"]
+            );
+        }
+    }
 }
 
 fn once(python: &Path) -> impl Fn(u64) -> Workload + '_ {
@@ -125,6 +183,28 @@ fn native_counts_are_exact_on_pyenv_313() {
 fn native_counts_are_exact_on_debian_311() {
     require_root();
     exact(HOST_LIBC, once(&static_python()));
+}
+
+#[test]
+fn native_and_live_together_are_exact_on_pyenv_311() {
+    require_root();
+    exact_live(HOST_LIBC, once(&shared_python()));
+}
+
+#[test]
+fn native_and_live_together_are_exact_on_debian_311() {
+    require_root();
+    exact_live(HOST_LIBC, once(&static_python()));
+}
+
+#[test]
+fn native_and_live_together_are_exact_on_forky_314() {
+    require_root();
+    let root = forky_root();
+    let libc = root.join("usr/lib/x86_64-linux-gnu/libc.so.6");
+    exact_live(&libc.display().to_string(), |n| {
+        Workload::once_in_root(&root, "python3.14", n, Body::Native, Exit::Immediate, Isolation::Chroot)
+    });
 }
 
 /// The chrooted interpreter's libc is the root's own (glibc 2.43), found

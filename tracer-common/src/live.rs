@@ -34,7 +34,7 @@ pub struct LiveEntry {
     /// When it was allocated (`bpf_ktime_get_ns`, `CLOCK_MONOTONIC`).
     pub time_ns: u64,
     /// With `--stacks`, the hash of its Python stack (the key of the
-    /// stacks map); 0 without one.
+    /// stacks map), or why it has none (a [`crate::stack::why`] value).
     pub stack: u64,
     /// Its [`crate::sizes::Domain`].
     pub domain: u32,
@@ -63,7 +63,8 @@ pub struct Frame {
     /// pymalloc hands out; an implementation it then calls replaces it
     /// with the block that implementation returns.
     pub predicted: u64,
-    /// With `--stacks`, the stack hash; else 0.
+    /// With `--stacks`, the call's stack hash, or why it has none (a
+    /// [`crate::stack::why`] value).
     pub stack: u64,
     /// `%rsp` at the probe: for an API call at an inlined copy, the
     /// caller's; for an implementation, at its entry.
@@ -94,6 +95,14 @@ pub mod kind {
     pub const NESTED: u32 = 3;
     /// An implementation entered with no API call seen on its thread.
     pub const ORPHAN: u32 = 4;
+    /// With `--native`, a call of libc's allocator (not inside another
+    /// allocator call): its return gives the block, in the native domain.
+    pub const NATIVE: u32 = 5;
+    /// A libc allocator call inside another allocator call (glibc's
+    /// `realloc` calling `malloc`, `malloc` calling `mmap`, the raw
+    /// domain's `_PyMem_RawMalloc` calling `malloc`): counted once, as the
+    /// outer call.
+    pub const NATIVE_NESTED: u32 = 6;
 }
 
 /// How deep [`Frames`] goes: an API call, its implementation, a nested API
@@ -171,8 +180,8 @@ impl LiveCounts {
     }
 }
 
-/// Room in the live-counts array: one per domain, with room for domains
-/// to come (libc's, with `--native`).
+/// Room in the live-counts array: one per domain (libc's too, with
+/// `--native`), with room for domains to come.
 pub const DOMAIN_SLOTS: u32 = 8;
 
 /// Default room of the live table in the object file; the loader sets
@@ -206,6 +215,22 @@ pub mod role {
     /// after the allocator's context (`_PyObject_Malloc(void *ctx, size_t
     /// nbytes)`), one later than the API's.
     pub const IMPLEMENTATION: u32 = 0x10;
+    /// Added to a role for a libc function's slot (`--native`): its
+    /// entry probe pushes the call's frame itself, with the ABI's
+    /// arguments, and it may be one of the roles below too.
+    pub const NATIVE: u32 = 0x20;
+    /// `aligned_alloc(alignment, size)`.
+    pub const ALIGNED: u32 = 5;
+    /// `posix_memalign(&ptr, alignment, size)`: the block is `*ptr` where
+    /// it returns 0.
+    pub const MEMALIGN: u32 = 6;
+    /// `mmap(addr, length, ...)`: `MAP_FAILED` (-1) is a failure.
+    pub const MMAP: u32 = 7;
+    /// `munmap(addr, length)`: takes out the mapping that starts at
+    /// `addr`, whole.
+    pub const MUNMAP: u32 = 8;
+    /// The bits of a slot-live value that hold the role itself.
+    pub const MASK: u32 = 0x0f;
 }
 
 /// Where the target's pymalloc keeps what decides the block an inlined

@@ -187,6 +187,32 @@ pub const fn mix(hash: u64, word: u64) -> u64 {
     (hash ^ word).wrapping_mul(FNV_PRIME)
 }
 
+/// With `--live` and `--stacks`, what a block's stack field holds
+/// ([`crate::live::LiveEntry::stack`]): its stack's hash, or, below
+/// [`FIRST_HASH`], why it has none. A walk's hash is moved out of that
+/// range (see [`keyed`]), so the two never meet.
+pub mod why {
+    /// No walk for its call: `--stacks` is off, or its function's events
+    /// get no stacks, or the walk's result never reached the call.
+    pub const NOT_WALKED: u64 = 0;
+    /// `--sample` left its call out.
+    pub const SAMPLED_OUT: u64 = 1;
+    /// Its walk failed: this plus the [`crate::stats::Stat`] that says why.
+    pub const FAILED: u64 = 2;
+}
+
+/// The first value a stack hash may take: the ones below say why a block
+/// has no stack ([`why`]).
+pub const FIRST_HASH: u64 = 256;
+
+/// A walk's hash as the key of its stack: moved out of the range of
+/// [`why`]'s values.
+#[must_use]
+#[inline]
+pub const fn keyed(hash: u64) -> u64 {
+    if hash < FIRST_HASH { hash.wrapping_add(FIRST_HASH) } else { hash }
+}
+
 #[cfg(feature = "user")]
 // SAFETY: #[repr(C)], Copy, no padding (sizes asserted above: all fields are
 // u64 after the two u32), every bit pattern valid.

@@ -98,10 +98,15 @@ pub enum Stat {
     /// With `--live`: a call in flight could not be kept (a thread's frame
     /// stack was full, or the map of threads).
     LivePendingFull = 28,
+    /// With `--live` and `--stacks`: a block was put in the table without
+    /// its Python stack, though its function's events get stacks (the
+    /// walk's result did not reach the call's frame: a thread pushed out
+    /// of the in-flight maps); `--leaks` says so for that block.
+    LiveNoStack = 29,
 }
 
 /// Number of entries in the `STATS` map.
-pub const STAT_COUNT: u32 = 29;
+pub const STAT_COUNT: u32 = 30;
 
 impl Stat {
     /// Every stat, in map order (the JSON `stats` keys, in this order).
@@ -135,6 +140,7 @@ impl Stat {
         Self::LiveFull,
         Self::LiveUnmatched,
         Self::LivePendingFull,
+        Self::LiveNoStack,
     ];
 
     /// Stable name used in the table and the JSON output.
@@ -170,6 +176,7 @@ impl Stat {
             Self::LiveFull => "live_full",
             Self::LiveUnmatched => "live_unmatched",
             Self::LivePendingFull => "live_pending_full",
+            Self::LiveNoStack => "live_no_stack",
         }
     }
 
@@ -195,6 +202,7 @@ impl Stat {
                 | Self::NativeUnsupported
                 | Self::NativeReadFailed
                 | Self::NativeFull
+                | Self::LiveNoStack
         )
     }
 }

@@ -25,6 +25,7 @@ use tracer_common::{
         role,
     },
     sizes::DEFAULT_SLOTS,
+    stack::why,
     stats::Stat,
 };
 
@@ -156,7 +157,9 @@ fn try_api_entry(ctx: &ProbeContext) -> Result<(), Stat> {
         role::FREE => (0, arg(0)?),
         _ => return Ok(()),
     };
-    api(ctx.regs, slot, size, block)
+    api(ctx.regs, slot, size, block)?;
+    adopt(slot);
+    Ok(())
 }
 
 /// `n * e`, saturated: BPF has no 128-bit multiply (as in try_record).
@@ -356,6 +359,7 @@ fn try_live_impl(ctx: &ProbeContext) -> Result<(), Stat> {
         frame.kind = kind::OUTER;
         frame.domain = api.domain;
         frame.slot = api.slot;
+        frame.stack = api.stack;
         if r == role::POOL {
             frame.size = api.size;
         }
@@ -424,22 +428,25 @@ fn returned(regs: *mut pt_regs, sp_delta: u64) -> Result<(), Stat> {
     let depth = usize::try_from(frames.depth).unwrap_or(0).min(FRAME_DEPTH);
     let mut found = None;
     for (i, f) in frames.frames.iter().enumerate().take(depth) {
-        if f.sp == sp && matches!(f.kind, kind::OUTER | kind::NESTED | kind::ORPHAN) {
+        if f.sp == sp && matches!(f.kind, kind::OUTER | kind::NESTED | kind::ORPHAN | kind::NATIVE | kind::NATIVE_NESTED)
+        {
             found = Some((i, *f));
         }
     }
     let (at, frame) = found.ok_or(Stat::LiveUnmatched)?;
-    // The API call that called it ends with it.
-    let below = frames.frames.get(at.wrapping_sub(1)).is_some_and(|f| f.kind == kind::API);
+    // The API call that called it ends with it (a libc call has none).
+    let native = matches!(frame.kind, kind::NATIVE | kind::NATIVE_NESTED);
+    let below = !native && frames.frames.get(at.wrapping_sub(1)).is_some_and(|f| f.kind == kind::API);
     frames.depth = (at - usize::from(below)) as u64;
     match frame.kind {
-        kind::NESTED => {
+        kind::NESTED | kind::NATIVE_NESTED => {
             add(frame.domain, field!(nested), 1);
             return Ok(());
         }
-        kind::OUTER => {}
+        kind::OUTER | kind::NATIVE => {}
         _ => return Ok(()),
     }
+    let (address, frame) = if native { native_result(frame, address)? } else { (address, frame) };
     if frame.role == role::FREE || address == 0 {
         // A free took its block at its entry; a failed allocation is never
         // live, and a failed realloc keeps the old block.
@@ -458,6 +465,8 @@ fn put(tgid: u32, address: u64, frame: &Frame) -> Result<(), Stat> {
     // SAFETY: the helper has no arguments.
     let time_ns = unsafe { bpf_ktime_get_ns() };
     let entry = LiveEntry { size: frame.size, time_ns, stack: frame.stack, domain: frame.domain, slot: frame.slot };
+    // A walk expected and not come: the block is kept without its site.
+    let no_stack = frame.stack == why::NOT_WALKED && crate::stacks_at(frame.slot);
     // A block already in the table was freed by a call the table did not
     // see (an inlined free): its old entry is replaced.
     // SAFETY: a copy is taken at once.
@@ -473,6 +482,9 @@ fn put(tgid: u32, address: u64, frame: &Frame) -> Result<(), Stat> {
     add(frame.domain, field!(count), 1);
     add(frame.domain, field!(bytes), frame.size);
     add(frame.domain, field!(tracked), 1);
+    if no_stack {
+        return Err(Stat::LiveNoStack);
+    }
     Ok(())
 }
 
@@ -492,4 +504,212 @@ fn take(tgid: u32, address: u64, domain: u32) {
         return;
     }
     add(domain, field!(untracked_frees), 1);
+}
+
+/// A walk that came before its API call's frame (an entry probe placed at
+/// the call sites, or run before `live_alloc` at the same address), left
+/// for that frame.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct Walked {
+    stack: u64,
+    slot: u32,
+    reserved: u32,
+}
+
+/// Per thread, the walk of its last API call not yet on a frame.
+#[map]
+static WALKED: LruHashMap<u32, Walked> = LruHashMap::with_max_entries(FRAME_THREADS, 0);
+
+/// With `--stacks`, the walk of an event of slot `slot` (its stack's hash,
+/// or a [`why`] value): the API call's frame on top of the thread's stack
+/// takes it, or, where the walk comes first, [`adopt`] does.
+#[inline(always)]
+pub fn walked(slot: u32, stack: u64) {
+    // Only an API call's frame takes it (a libc call's entry takes its
+    // own walk).
+    let r = SLOT_LIVE.get(slot).copied().unwrap_or(role::NONE);
+    if r == role::NONE || r & (role::NATIVE | role::IMPLEMENTATION) != 0 {
+        return;
+    }
+    let (_, tid) = ids();
+    if let Some(frames) = FRAMES.get_ptr_mut(&tid) {
+        // SAFETY: a valid pointer to the value, which only this thread uses.
+        let frames = unsafe { &mut *frames };
+        let top = usize::try_from(frames.depth).unwrap_or(0).wrapping_sub(1);
+        if let Some(last) = frames.frames.get_mut(top)
+            && last.kind == kind::API
+            && last.slot == slot
+            && last.stack == why::NOT_WALKED
+        {
+            last.stack = stack;
+            // A block predicted at the call's entry is in the table
+            // already, without it.
+            if last.predicted != 0 {
+                set_stack(last.predicted, stack);
+            }
+            return;
+        }
+    }
+    // A thread pushed out of the LRU map loses only a site, which
+    // `live_no_stack` counts where its block is put in the table.
+    let _ = WALKED.insert(&tid, &Walked { stack, slot, reserved: 0 }, u64::from(BPF_ANY));
+}
+
+/// Gives the block at `address` in the table its call's walk.
+#[inline(always)]
+fn set_stack(address: u64, stack: u64) {
+    let (tgid, _) = ids();
+    let key = LiveKey { tgid, reserved: 0, address };
+    if let Some(entry) = LIVE.get_ptr_mut(&key) {
+        // SAFETY: a valid pointer to the entry, which only this thread's
+        // calls write (the GIL serialises the allocator).
+        unsafe { (*entry).stack = stack };
+    }
+}
+
+/// At an out-of-line API call's entry, after its frame is pushed: takes
+/// the walk its event left before it.
+#[inline(always)]
+fn adopt(slot: u32) {
+    if !crate::stacks_at(slot) {
+        return;
+    }
+    let (_, tid) = ids();
+    // SAFETY: a copy is taken at once.
+    let Some(w) = (unsafe { WALKED.get(&tid) }).copied() else { return };
+    if w.slot != slot {
+        return;
+    }
+    let _ = WALKED.remove(&tid);
+    if let Some(frames) = FRAMES.get_ptr_mut(&tid) {
+        // SAFETY: a valid pointer to the value, which only this thread uses.
+        let frames = unsafe { &mut *frames };
+        let top = usize::try_from(frames.depth).unwrap_or(0).wrapping_sub(1);
+        if let Some(last) = frames.frames.get_mut(top)
+            && last.kind == kind::API
+            && last.slot == slot
+        {
+            last.stack = w.stack;
+            if last.predicted != 0 {
+                set_stack(last.predicted, w.stack);
+            }
+        }
+    }
+}
+
+/// With `--native`, at the entry of libc's allocator function of slot
+/// `slot` (`marked`: a call site inside another one marked it nested):
+/// pushes its frame, whose return gives the block (or ends a free's call),
+/// and takes a freed block out now. A call inside another allocator call
+/// (an enclosing frame, above on the stack, or an interpreter's
+/// implementation at the same stack pointer, which jumped to it), or
+/// marked, is nested: its
+/// block is the outer call's. A marked entry at the stack pointer of the
+/// frame on top is a jump into it: the same call, re-entered from its own
+/// code (pushes nothing), or a tail call from another function, whose
+/// return comes first (a nested frame), then the outer's at the same
+/// stack pointer. `stack` is the call's walk (see [`walked`]).
+#[inline(always)]
+pub fn native(ctx: &ProbeContext, tgid: u32, slot: u32, marked: bool, stack: u64) -> Result<(), Stat> {
+    let value = SLOT_LIVE.get(slot).copied().unwrap_or(role::NONE);
+    if value & role::NATIVE == 0 {
+        return Ok(());
+    }
+    let r = value & role::MASK;
+    // The ABI's first three arguments and the stack pointer, each read at
+    // its own constant offset: the verifier refuses a context pointer
+    // moved by a computed one, which arguments picked per role become.
+    let regs = ctx.regs;
+    // SAFETY: regs is the context the kernel passed, readable directly.
+    let (a0, a1, a2, sp) = unsafe {
+        (
+            core::ptr::read_volatile(&raw const (*regs).rdi),
+            core::ptr::read_volatile(&raw const (*regs).rsi),
+            core::ptr::read_volatile(&raw const (*regs).rdx),
+            core::ptr::read_volatile(&raw const (*regs).rsp),
+        )
+    };
+    let (_, tid) = ids();
+    let mut inside = marked;
+    let mut top = Frame::default();
+    if let Some(frames) = FRAMES.get_ptr_mut(&tid) {
+        // SAFETY: a valid pointer to the value, which only this thread uses.
+        let frames = unsafe { &mut *frames };
+        let depth = usize::try_from(frames.depth).unwrap_or(0).min(FRAME_DEPTH);
+        for f in frames.frames.iter().take(depth) {
+            // An interpreter's implementation may jump to libc's function
+            // (`_PyMem_RawMalloc` to `malloc`): at its own stack pointer,
+            // it encloses the call too.
+            let python = matches!(f.kind, kind::OUTER | kind::NESTED) && f.sp >= sp;
+            inside |= python || (matches!(f.kind, kind::NATIVE | kind::NATIVE_NESTED) && f.sp > sp);
+        }
+        top = frames.frames.get(depth.wrapping_sub(1)).copied().unwrap_or_default();
+        if matches!(top.kind, kind::NATIVE | kind::NATIVE_NESTED) && top.sp == sp && !marked {
+            // A call at the stack pointer of one whose return was lost
+            // (an unwind): that one is over.
+            frames.depth = depth.wrapping_sub(1) as u64;
+            top = Frame::default();
+        }
+    }
+    let jumped = marked && top.sp == sp && matches!(top.kind, kind::NATIVE | kind::NATIVE_NESTED);
+    if jumped && top.slot == slot {
+        return Ok(());
+    }
+    inside |= jumped;
+    let (size, mut old) = match r {
+        role::MALLOC => (a0, 0),
+        role::CALLOC => {
+            let (n, e) = (a0, a1);
+            // As in try_record: BPF has no 128-bit multiply.
+            if (n | e) >> 32 != 0 && e != 0 && n > core::hint::black_box(u64::MAX) / e {
+                (u64::MAX, 0)
+            } else {
+                (n.wrapping_mul(e), 0)
+            }
+        }
+        role::REALLOC => (a1, a0),
+        role::ALIGNED | role::MMAP => (a1, 0),
+        // `old` is where the block will be written.
+        role::MEMALIGN => (a2, a0),
+        role::FREE | role::MUNMAP => (0, a0),
+        _ => return Ok(()),
+    };
+    let domain = tracer_common::sizes::Domain::Native as u32;
+    if !inside && old != 0 && (matches!(r, role::FREE | role::MUNMAP) || (r == role::REALLOC && size == 0)) {
+        // glibc's realloc(p, 0) frees p and returns NULL.
+        take(tgid, old, domain);
+        old = 0;
+    }
+    let kind = if inside { kind::NATIVE_NESTED } else { kind::NATIVE };
+    let frame = Frame { size, old, stack, sp, domain, slot, kind, role: r, ..Frame::default() };
+    let frames = frames_of(tid).ok_or(Stat::LivePendingFull)?;
+    // SAFETY: a valid pointer to the value, which only this thread uses.
+    push(unsafe { &mut *frames }, frame)
+}
+
+/// A libc call's block from its return value: `mmap`'s `MAP_FAILED` is
+/// none, and `posix_memalign`'s is at the pointer its entry saved, where
+/// it returned 0.
+#[inline(always)]
+fn native_result(frame: Frame, rax: u64) -> Result<(u64, Frame), Stat> {
+    match frame.role {
+        role::MMAP if rax == u64::MAX => Ok((0, frame)),
+        // Took its block at its entry.
+        role::FREE | role::MUNMAP => Ok((0, frame)),
+        role::MEMALIGN => {
+            let at = frame.old;
+            let frame = Frame { old: 0, ..frame };
+            // An int: the upper half of rax is not the result's.
+            if rax & 0xffff_ffff != 0 {
+                return Ok((0, frame));
+            }
+            // SAFETY: the helper reads the probed thread's memory and fails
+            // (counted) rather than fault.
+            let block = unsafe { aya_ebpf::helpers::bpf_probe_read_user(at as *const u64) }
+                .map_err(|_| Stat::ArgMissing)?;
+            Ok((block, frame))
+        }
+        _ => Ok((rax, frame)),
+    }
 }

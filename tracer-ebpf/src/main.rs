@@ -315,23 +315,40 @@ fn register(regs: *mut pt_regs, n: u8) -> Result<u64, Stat> {
 
 /// With `--stacks`, records the Python stack of this event of probe `slot`
 /// where the probe gets stacks; a miss is counted, never the event lost
-/// (its call is counted already).
+/// (its call is counted already). Returns the stack's hash, or why it has
+/// none (a [`stack::why`] value), for the live table; with `--live`, the
+/// API call's frame takes it.
 #[inline(always)]
-pub(crate) fn stacks(ctx: &ProbeContext, tgid: u32, slot: u32, bytes: u64) {
-    // SAFETY: a plain global the loader patches before load.
-    if unsafe { core::ptr::read_volatile(&raw const STACKS_ON) } == 0 {
-        return;
+pub(crate) fn stacks(ctx: &ProbeContext, tgid: u32, slot: u32, bytes: u64) -> u64 {
+    if !stacks_at(slot) {
+        return stack::why::NOT_WALKED;
     }
-    if SLOT_STACKS.get(slot).copied().unwrap_or(0) == 0 {
-        return;
+    let walked = match try_stack(ctx, tgid, slot, bytes) {
+        Ok(hash) => hash,
+        Err(stat) => {
+            bump(ctx, stat);
+            stack::why::FAILED + stat as u64
+        }
+    };
+    if live::on() {
+        live::walked(slot, walked);
     }
-    if let Err(stat) = try_stack(ctx, tgid, slot, bytes) {
-        bump(ctx, stat);
-    }
+    walked
 }
 
+/// Whether probe `slot`'s events get stacks.
 #[inline(always)]
-fn try_stack(ctx: &ProbeContext, tgid: u32, slot: u32, bytes: u64) -> Result<(), Stat> {
+pub(crate) fn stacks_at(slot: u32) -> bool {
+    // SAFETY: a plain global the loader patches before load.
+    if unsafe { core::ptr::read_volatile(&raw const STACKS_ON) } == 0 {
+        return false;
+    }
+    SLOT_STACKS.get(slot).copied().unwrap_or(0) != 0
+}
+
+/// The walk of [`stacks`]: the stack's hash, or [`stack::why::SAMPLED_OUT`].
+#[inline(always)]
+fn try_stack(ctx: &ProbeContext, tgid: u32, slot: u32, bytes: u64) -> Result<u64, Stat> {
     let scratch = SCRATCH.get_ptr_mut(0).ok_or(Stat::StackReadFailed)?;
     // SAFETY: a plain global the loader patches before load.
     let every = unsafe { core::ptr::read_volatile(&raw const SAMPLE_EVERY) };
@@ -340,7 +357,7 @@ fn try_stack(ctx: &ProbeContext, tgid: u32, slot: u32, bytes: u64) -> Result<(),
     // would beat with a workload's own period.)
     // SAFETY: the helper has no arguments and no side effects.
     if every > 1 && u64::from(unsafe { aya_ebpf::helpers::generated::bpf_get_prandom_u32() }) % every != 0 {
-        return Ok(());
+        return Ok(stack::why::SAMPLED_OUT);
     }
     // SAFETY: a reference into a map value that stays valid while the
     // program runs.
@@ -429,7 +446,7 @@ fn try_stack(ctx: &ProbeContext, tgid: u32, slot: u32, bytes: u64) -> Result<(),
         walk.depth = n as u32;
     }
     walk.truncated = truncated;
-    hash = stack::mix(hash, u64::from(truncated));
+    hash = stack::keyed(stack::mix(hash, u64::from(truncated)));
     // A stack counted before is kept already: its count is made only after
     // its frames are in STACKS, whose entries are never removed. So the
     // common case is one lookup, and only a new stack pays for the
@@ -458,9 +475,10 @@ fn try_stack(ctx: &ProbeContext, tgid: u32, slot: u32, bytes: u64) -> Result<(),
         atomic_add(&raw mut (*counter).bytes, bytes);
     }
     if truncated != 0 {
-        return Err(Stat::StackTruncated);
+        // Counted under its cut stack, which a block keeps too.
+        bump(ctx, Stat::StackTruncated);
     }
-    Ok(())
+    Ok(hash)
 }
 
 /// With `--native-stacks`, unwinds this event's native stack into `out`,

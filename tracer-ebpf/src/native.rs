@@ -117,12 +117,20 @@ fn try_native(ctx: &ProbeContext, size: Size) -> Result<(), Stat> {
         // The mark is this call's; a failed removal leaves an entry that
         // the thread's next nested site overwrites.
         let _ = NESTED.remove(&tid);
+        if crate::live::on()
+            && let Err(stat) = crate::live::native(ctx, tgid, slot, true, 0)
+        {
+            crate::bump(ctx, stat);
+        }
         return crate::count(ctx, CounterKey { tgid, slot: slot | NESTED_SLOT }, bytes);
     }
     crate::count(ctx, CounterKey { tgid, slot }, bytes)?;
     if !matches!(size, Size::None) {
         crate::add_size(slot, bytes);
     }
-    crate::stacks(ctx, tgid, slot, bytes);
+    let stack = crate::stacks(ctx, tgid, slot, bytes);
+    if crate::live::on() {
+        crate::live::native(ctx, tgid, slot, false, stack)?;
+    }
     Ok(())
 }

@@ -367,6 +367,26 @@ impl Session {
         // the stack pointer is the caller's.
         for p in &self.plan.probes {
             let Some(role) = p.live else { continue };
+            if role & tracer_common::live::role::NATIVE != 0 {
+                // A libc function's entry probe pushes its frame itself;
+                // its returns end it.
+                let at = |program, offset| AttachPoint {
+                    symbol: p.symbol,
+                    program,
+                    path: p.attach_path(&self.plan).to_owned(),
+                    shown: p.display_path(&self.plan).to_owned(),
+                    offset,
+                    cookie: u64::from(p.slot),
+                };
+                match &p.live_returns {
+                    None => {}
+                    Some(ReturnPlan::Uretprobe { .. }) => points.push(at(Program::LiveRetUret, p.file_offset)),
+                    Some(ReturnPlan::Sites { sites, .. }) => {
+                        points.extend(sites.iter().map(|site| at(Program::LiveRet, p.file_offset + site.offset)));
+                    }
+                }
+                continue;
+            }
             let program =
                 if role & 0xff == tracer_common::live::role::FREE { Program::LiveFree } else { Program::LiveAlloc };
             points.push(AttachPoint {

@@ -10,6 +10,10 @@ pub struct Live {
     pub object: LiveDomain,
     pub mem: LiveDomain,
     pub raw: LiveDomain,
+    /// With `--native`: libc's allocator, the blocks the process asks of
+    /// libc outside any other allocator call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub native: Option<LiveDomain>,
     /// The table's room (`--live-max`).
     pub capacity: u32,
     /// Blocks the table had no room for, over every domain: not counted
@@ -63,7 +67,7 @@ pub struct Leaks {
     pub bytes: u64,
     /// The oldest of them, oldest first, `--leaks N` of them.
     pub oldest: Vec<Leak>,
-    /// Why a block's site is not given.
+    /// What the blocks' sites are, or why none is given.
     pub sites: String,
 }
 
@@ -75,10 +79,20 @@ pub struct Leak {
     pub address: u64,
     /// Its requested size.
     pub size: u64,
-    /// `object`, `mem` or `raw`.
+    /// `object`, `mem`, `raw` or `native`.
     pub domain: String,
     /// The function that allocated it.
     pub function: String,
     /// Seconds since it was allocated, at the end.
     pub age_s: f64,
+    /// With `--stacks`: the Python stack it was allocated on, innermost
+    /// frame first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stack: Option<Vec<super::SiteFrame>>,
+    /// Whether that stack was cut at `--depth`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stack_truncated: bool,
+    /// With `--stacks`, where it has no stack: why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_stack: Option<String>,
 }

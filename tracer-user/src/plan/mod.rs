@@ -177,6 +177,10 @@ pub struct PlannedProbe {
     /// calls and jumps to this function from another probed function
     /// (see [`native`]), each of which marks its call as nested.
     pub nested_sites: Vec<u64>,
+    /// With `--native --live`, for a libc function: where the live table
+    /// reads its return (always a `ret` or a uretprobe: the return is
+    /// matched with its entry by the stack pointer).
+    pub live_returns: Option<ReturnPlan>,
 }
 
 impl PlannedProbe {
@@ -371,6 +375,7 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
             file: None,
             domain: crate::python::domain(spec.symbol).filter(|_| spec.program.allocates()),
             nested_sites: Vec::new(),
+            live_returns: None,
         });
     }
     if options.placement == PlacementMode::CallSites {

@@ -61,8 +61,9 @@ pub fn extend(plan: &mut Plan, libc: &Libc, options: PlanOptions) -> Result<(), 
         super::PlacementMode::CallSites => super::PlacementMode::Auto,
         other => other,
     };
-    // libc's functions have no role in the live table (`--live` does not
-    // track native blocks).
+    // libc's functions are no API functions of the interpreter's: their
+    // roles in the live table are set below.
+    let live = options.live;
     let options = PlanOptions { placement, inlined: false, types: false, live: false, ..options };
     let native = super::plan(image, &FUNCTIONS, options)?;
     let first = u32::try_from(plan.probes.len()).unwrap_or(u32::MAX);
@@ -75,6 +76,11 @@ pub fn extend(plan: &mut Plan, libc: &Libc, options: PlanOptions) -> Result<(), 
         p.domain = (p.program.allocates() && p.symbol != "mmap").then_some(tracer_common::sizes::Domain::Native);
     }
     nested_sites(&libc.elf, &mut probes);
+    if live {
+        for p in &mut probes {
+            live_role(&libc.elf, p, options.returns.as_ref());
+        }
+    }
     // With `--live`, the allocator implementations' slots follow the
     // probes': libc's functions are probes too.
     let added = u32::try_from(probes.len()).unwrap_or(u32::MAX);
@@ -84,6 +90,85 @@ pub fn extend(plan: &mut Plan, libc: &Libc, options: PlanOptions) -> Result<(), 
     plan.probes.extend(probes);
     plan.missing.extend(native.missing);
     Ok(())
+}
+
+/// With `--live`, probe `p`'s role in the live table and where its
+/// return is read: its entry probe pushes the call's frame at the entry's
+/// stack pointer, so a probe placed after an instruction that moves the
+/// stack pointer has none, which its coverage says.
+fn live_role(elf: &ElfImage, p: &mut PlannedProbe, costs: Option<&super::returns::ReturnCosts>) {
+    use tracer_common::live::role;
+    let r = match p.symbol {
+        "malloc" => role::MALLOC,
+        "calloc" => role::CALLOC,
+        "realloc" => role::REALLOC,
+        "free" => role::FREE,
+        "posix_memalign" => role::MEMALIGN,
+        "aligned_alloc" => role::ALIGNED,
+        "mmap" => role::MMAP,
+        "munmap" => role::MUNMAP,
+        _ => return,
+    };
+    let Some(sym) = elf.function(p.symbol) else { return };
+    let len = usize::try_from(sym.size.min(super::MAX_FUNCTION)).unwrap_or(0);
+    let code = elf.read_at(sym.file_offset, len);
+    let moved = match &code {
+        Ok(code) => moves_stack_before(code, sym.address, p.placement.offset),
+        Err(e) => Some(format!("its code could not be read ({e})")),
+    };
+    let why = if let Some(moved) = moved {
+        Some(format!(
+            "live memory: not tracked, as its probe is placed after {moved}, where the entry's stack pointer is not known"
+        ))
+    } else if p.call_sites.is_some() {
+        Some("live memory: not tracked, as it is probed at its call sites".to_owned())
+    } else {
+        None
+    };
+    let c = &mut p.coverage;
+    if let Some(why) = why {
+        c.live = Some(super::coverage::Completeness::Partial);
+        c.reason = Some(c.reason.take().map_or(why.clone(), |r| format!("{r}; {why}")));
+        return;
+    }
+    let returns = match (costs, code) {
+        (Some(costs), Ok(code)) if sym.size <= super::MAX_FUNCTION => super::returns::plan(
+            &code,
+            sym.address,
+            p.placement.offset,
+            costs,
+            (super::placement::running_kernel(), true),
+        ),
+        (None, _) => super::ReturnPlan::Uretprobe { reason: "no return costs measured".to_owned() },
+        (_, Ok(_)) => {
+            super::ReturnPlan::Uretprobe { reason: format!("the function is over {} bytes", super::MAX_FUNCTION) }
+        }
+        (_, Err(e)) => super::ReturnPlan::Uretprobe { reason: format!("the code could not be read ({e})") },
+    };
+    c.live = Some(super::coverage::Completeness::Complete);
+    p.live = Some(r | role::NATIVE);
+    p.live_returns = Some(returns);
+}
+
+/// The first instruction before `offset` in `code` (at `address`) that
+/// moves the stack pointer, if any.
+fn moves_stack_before(code: &[u8], address: u64, offset: u64) -> Option<String> {
+    use iced_x86::{InstructionInfoFactory, OpAccess, Register};
+    let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
+    let mut info = InstructionInfoFactory::new();
+    for insn in &mut decoder {
+        if insn.ip() >= address + offset {
+            return None;
+        }
+        let writes = info.info(&insn).used_registers().iter().any(|u| {
+            u.register().full_register() == Register::RSP
+                && !matches!(u.access(), OpAccess::Read | OpAccess::NoMemAccess)
+        });
+        if writes || insn.is_invalid() {
+            return Some(format!("`{:?}` at +{}", insn.mnemonic(), insn.ip() - address).to_lowercase());
+        }
+    }
+    None
 }
 
 /// Finds, in each probed function's code, its direct calls and jumps to

@@ -13,7 +13,7 @@ use crate::{
 /// A frame as a flame graph shows it: `function (file:line)`, as py-spy
 /// writes them, with `;` (the separator) kept out; the count is after the
 /// last space, so spaces inside are fine.
-fn label(f: &SiteFrame) -> String {
+pub(super) fn label(f: &SiteFrame) -> String {
     let file = f.file.rsplit('/').next().unwrap_or(&f.file);
     let at = f.line.map_or_else(|| file.to_owned(), |l| format!("{file}:{l}"));
     format!("{} ({at})", f.function).replace(';', ":")

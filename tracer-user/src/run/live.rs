@@ -4,8 +4,11 @@
 use tracer_common::{
     live::{LiveCounts, Pymalloc},
     sizes::Domain,
+    stack::{FIRST_HASH, why},
+    stats::Stat,
 };
 
+use super::stacks::StackNames;
 use crate::{
     discover::{Inlining, Resolved},
     kernel::Session,
@@ -16,8 +19,8 @@ use crate::{
 /// What the live figures cannot know, said with every one of them.
 pub const UNKNOWN: &str = "allocations made before tracer attached are not in the table: their frees are counted as untracked_frees, and never lower the live counts";
 
-/// With `--native`, what the live table leaves out.
-pub const NATIVE_UNTRACKED: &str = "libc's allocator (--native) is not tracked: its blocks are in no live count and no --leaks list (the interpreter's raw domain, which calls libc, is)";
+/// With `--native`, how libc's blocks are counted.
+pub const NATIVE_ONCE: &str = "libc's allocator (--native) is the native domain: a libc call made inside another allocator call (the raw domain's _PyMem_RawMalloc calling malloc, pymalloc's arenas, glibc's realloc calling malloc, malloc calling mmap) counts once, under the outer call, as nested; munmap takes out the mapping that starts at its address, whole";
 
 /// `--leaks`: which blocks the summary lists.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -47,10 +50,20 @@ pub fn report(plan: &Plan, counts: &[LiveCounts], capacity: u32) -> model::Live 
         }
     };
     let (object, mem, raw) = (domain(Domain::Object), domain(Domain::Mem), domain(Domain::Raw));
-    let all = [object, mem, raw];
+    let natives: Vec<_> = plan.probes.iter().filter(|p| p.program.is_native()).collect();
+    let native = (!natives.is_empty()).then(|| domain(Domain::Native));
+    let all = [object, mem, raw, native.unwrap_or_default()];
     let dropped = all.iter().map(|d| d.dropped).sum();
     let unseen: u64 = all.iter().map(|d| d.unseen_allocations + d.unseen_frees).sum();
-    let partial = if plan.live_impls.is_empty() {
+    // libc's functions whose blocks are not tracked, with why.
+    let native_partial: Vec<String> = natives
+        .iter()
+        .filter(|p| p.coverage.live != Some(crate::plan::coverage::Completeness::Complete))
+        .map(|p| format!("{}: {}", p.symbol, p.coverage.reason.as_deref().unwrap_or("not tracked")))
+        .collect();
+    let partial = if !native_partial.is_empty() {
+        Some(format!("libc's blocks are not all tracked ({})", native_partial.join("; ")))
+    } else if plan.live_impls.is_empty() {
         Some(format!(
             "the allocator implementations (_PyObject_Malloc, _PyMem_RawMalloc, ...) were not found in the image's symbols nor in a debug file, so no returned pointer is read and no block is tracked; {}",
             plan.live_fix
@@ -62,20 +75,15 @@ pub fn report(plan: &Plan, counts: &[LiveCounts], capacity: u32) -> model::Live 
     } else {
         None
     };
-    // libc's allocator (`--native`) has its calls counted, never its
-    // blocks tracked: said where it is probed, not left as a missing domain.
-    let unknown = if plan.probes.iter().any(|p| p.program.is_native()) {
-        format!("{UNKNOWN}; {NATIVE_UNTRACKED}")
-    } else {
-        UNKNOWN.to_owned()
-    };
-    model::Live { object, mem, raw, capacity, dropped, unknown, partial }
+    let unknown = if natives.is_empty() { UNKNOWN.to_owned() } else { format!("{UNKNOWN}; {NATIVE_ONCE}") };
+    model::Live { object, mem, raw, native, capacity, dropped, unknown, partial }
 }
 
 /// With `--leaks`, the blocks still in `session`'s live table, the oldest
-/// first, as `config` says.
+/// first, as `config` says; with `--stacks` (`names`), each with the
+/// Python stack it was allocated on, or why it has none.
 #[must_use]
-pub fn leaks(session: &Session, config: LeaksConfig) -> model::Leaks {
+pub fn leaks(session: &Session, config: LeaksConfig, mut names: Option<&mut StackNames>) -> model::Leaks {
     let now = monotonic_ns();
     let plan = session.plan();
     #[allow(
@@ -89,25 +97,72 @@ pub fn leaks(session: &Session, config: LeaksConfig) -> model::Leaks {
     blocks.sort_by_key(|(k, e)| (e.time_ns, k.address));
     let count = blocks.len() as u64;
     let bytes = blocks.iter().map(|(_, e)| e.size).fold(0u64, u64::saturating_add);
-    let oldest = blocks
-        .iter()
-        .take(config.list)
-        .map(|(k, e)| model::Leak {
+    let mut oldest = Vec::new();
+    for (k, e) in blocks.iter().take(config.list) {
+        let function = plan.probes.iter().find(|p| p.slot == e.slot).map_or("?", |p| p.symbol);
+        let (stack, stack_truncated, no_stack) = match names.as_deref_mut() {
+            None => (None, false, None),
+            Some(names) => match site(names, session, k.tgid, e.stack, e.slot, function) {
+                Ok((frames, cut)) => (Some(frames), cut, None),
+                Err(why) => (None, false, Some(why)),
+            },
+        };
+        oldest.push(model::Leak {
             pid: k.tgid,
             address: k.address,
             size: e.size,
             domain: Domain::ALL.iter().find(|d| **d as u32 == e.domain).map_or("?", |d| d.name()).to_owned(),
-            function: plan.probes.iter().find(|p| p.slot == e.slot).map_or("?", |p| p.symbol).to_owned(),
+            function: function.to_owned(),
             #[allow(clippy::cast_precision_loss, reason = "seconds from nanoseconds")]
             age_s: now.saturating_sub(e.time_ns) as f64 / 1e9,
-        })
-        .collect();
-    model::Leaks {
-        older_than_s: config.older_s,
-        count,
-        bytes,
-        oldest,
-        sites: "not recorded yet: a block's Python stack is not kept in the live table (see --stacks for where allocations come from)".to_owned(),
+            stack,
+            stack_truncated,
+            no_stack,
+        });
+    }
+    let sites = if names.is_some() {
+        let without = oldest.iter().filter(|l| l.no_stack.is_some()).count();
+        format!(
+            "each block's Python stack where it was allocated (the table gives its innermost frame, the JSON `stack` all of them, innermost first); {without} of the {} listed have none, and `no_stack` says why",
+            oldest.len()
+        )
+    } else {
+        "not recorded: run with --stacks to keep each block's Python stack in the live table".to_owned()
+    };
+    model::Leaks { older_than_s: config.older_s, count, bytes, oldest, sites }
+}
+
+/// A block's stack field (a hash, or a [`why`] value) as its frames, or
+/// why it has none.
+fn site(
+    names: &mut StackNames,
+    session: &Session,
+    pid: u32,
+    stack: u64,
+    slot: u32,
+    function: &str,
+) -> Result<(Vec<model::SiteFrame>, bool), String> {
+    let native = session.plan().probes.iter().any(|p| p.slot == slot && p.program.is_native());
+    match stack {
+        why::NOT_WALKED if native => {
+            Err("no stack: --stacks walks at the interpreter's functions, not at libc's".to_owned())
+        }
+        why::NOT_WALKED if !names.has_stacks(slot) => {
+            Err(format!("no stack: {function}'s events get no stacks (add it to --stacks)"))
+        }
+        why::NOT_WALKED => Err(format!(
+            "no stack: its walk did not reach its call's frame in the kernel (counted as {})",
+            Stat::LiveNoStack.name()
+        )),
+        why::SAMPLED_OUT => Err(format!("no stack: --sample {} left its call out", names.sample())),
+        v if v < FIRST_HASH => {
+            let stat = usize::try_from(v - why::FAILED).ok().and_then(|i| Stat::ALL.get(i));
+            Err(stat.map_or_else(
+                || format!("no stack: unknown reason {v}"),
+                |s| format!("no stack: its walk failed ({}, counted in the stats)", s.name()),
+            ))
+        }
+        hash => names.site(session, pid, hash).map_err(|why| format!("its stack's frames could not be named: {why}")),
     }
 }
 

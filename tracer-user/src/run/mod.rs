@@ -419,7 +419,11 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
     }
     let mut last = run.snapshot()?;
     // Before the detach, which frees the table.
-    last.leaks = config.live.as_ref().and_then(|l| l.leaks).map(|l| live::leaks(&run.session, l));
+    last.leaks = config
+        .live
+        .as_ref()
+        .and_then(|l| l.leaks)
+        .map(|l| live::leaks(&run.session, l, run.readout.stack_names.as_mut()));
     // Notes not told yet (a target that exited before the first interval).
     let mut log = run.notes();
     log.extend(run.bpf_log());

@@ -118,6 +118,35 @@ impl StackNames {
         Ok(())
     }
 
+    /// With `--leaks`, the stack of hash `hash` in `pid`, innermost frame
+    /// first, and whether it was cut; resolved now where no count named it
+    /// yet. Err says why its frames cannot be named.
+    pub fn site(&mut self, session: &Session, pid: u32, hash: u64) -> Result<(Vec<SiteFrame>, bool), String> {
+        if !self.resolved.contains_key(&(pid, hash)) {
+            let resolved = match self.processes.get_mut(&pid) {
+                Some(Ok(process)) => match session.stack(hash) {
+                    Ok(Some(raw)) => resolve(process, &raw),
+                    Ok(None) => Err("the kernel did not keep its frames (stacks_full)".to_owned()),
+                    Err(e) => Err(e.to_string()),
+                },
+                Some(Err(why)) => Err(why.clone()),
+                None => Err("tracer did not read its process's frames".to_owned()),
+            };
+            self.resolved.insert((pid, hash), resolved);
+        }
+        match self.resolved.get(&(pid, hash)) {
+            Some(Ok(r)) => Ok((r.frames.clone(), r.truncated)),
+            Some(Err(why)) => Err(why.clone()),
+            None => Err("not resolved".to_owned()),
+        }
+    }
+
+    /// `--sample N`'s N.
+    #[must_use]
+    pub const fn sample(&self) -> u64 {
+        self.sample
+    }
+
     /// The processes that have no stacks, with why, since the last call.
     pub fn take_untold(&mut self) -> Vec<(u32, String)> {
         std::mem::take(&mut self.untold)
