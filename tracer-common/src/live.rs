@@ -210,7 +210,7 @@ pub mod role {
     /// `(state, size class)` from 3.13): the block for an API allocation
     /// that found no used pool of its size class; the requested size is
     /// the API call's.
-    pub const POOL: u32 = 5;
+    pub const POOL: u32 = 9;
     /// Added to a role for an implementation's slot: its arguments come
     /// after the allocator's context (`_PyObject_Malloc(void *ctx, size_t
     /// nbytes)`), one later than the API's.

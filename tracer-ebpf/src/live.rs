@@ -533,23 +533,8 @@ pub fn walked(slot: u32, stack: u64) {
         return;
     }
     let (_, tid) = ids();
-    if let Some(frames) = FRAMES.get_ptr_mut(&tid) {
-        // SAFETY: a valid pointer to the value, which only this thread uses.
-        let frames = unsafe { &mut *frames };
-        let top = usize::try_from(frames.depth).unwrap_or(0).wrapping_sub(1);
-        if let Some(last) = frames.frames.get_mut(top)
-            && last.kind == kind::API
-            && last.slot == slot
-            && last.stack == why::NOT_WALKED
-        {
-            last.stack = stack;
-            // A block predicted at the call's entry is in the table
-            // already, without it.
-            if last.predicted != 0 {
-                set_stack(last.predicted, stack);
-            }
-            return;
-        }
+    if give_walk(tid, slot, stack, true) {
+        return;
     }
     // A thread pushed out of the LRU map loses only a site, which
     // `live_no_stack` counts where its block is put in the table.
@@ -582,20 +567,28 @@ fn adopt(slot: u32) {
         return;
     }
     let _ = WALKED.remove(&tid);
-    if let Some(frames) = FRAMES.get_ptr_mut(&tid) {
-        // SAFETY: a valid pointer to the value, which only this thread uses.
-        let frames = unsafe { &mut *frames };
-        let top = usize::try_from(frames.depth).unwrap_or(0).wrapping_sub(1);
-        if let Some(last) = frames.frames.get_mut(top)
-            && last.kind == kind::API
-            && last.slot == slot
-        {
-            last.stack = w.stack;
-            if last.predicted != 0 {
-                set_stack(last.predicted, w.stack);
-            }
-        }
+    give_walk(tid, slot, w.stack, false);
+}
+
+/// Gives the walk `stack` to thread `tid`'s API call of slot `slot` on top
+/// of its stack (`unwalked`: only if it has none yet), and to the block
+/// predicted at its entry, which is in the table already; whether there
+/// was such a call.
+#[inline(always)]
+fn give_walk(tid: u32, slot: u32, stack: u64, unwalked: bool) -> bool {
+    let Some(frames) = FRAMES.get_ptr_mut(&tid) else { return false };
+    // SAFETY: a valid pointer to the value, which only this thread uses.
+    let frames = unsafe { &mut *frames };
+    let top = usize::try_from(frames.depth).unwrap_or(0).wrapping_sub(1);
+    let Some(last) = frames.frames.get_mut(top) else { return false };
+    if last.kind != kind::API || last.slot != slot || (unwalked && last.stack != why::NOT_WALKED) {
+        return false;
     }
+    last.stack = stack;
+    if last.predicted != 0 {
+        set_stack(last.predicted, stack);
+    }
+    true
 }
 
 /// With `--native`, at the entry of libc's allocator function of slot

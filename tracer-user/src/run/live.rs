@@ -70,7 +70,7 @@ pub fn report(plan: &Plan, counts: &[LiveCounts], capacity: u32) -> model::Live 
         ))
     } else if unseen > 0 {
         Some(format!(
-            "{unseen} allocator calls (the unseen_* counts) ran an allocator inlined into their caller and called no implementation tracer probes (on an LTO build, the raw allocator calling libc directly for a block pymalloc does not serve, a realloc, or pymalloc itself where its state was not found), so their blocks are not tracked; for exact live memory start the target with PYTHONMALLOC=debug (every call then goes through the out-of-line debug hooks, at some cost to the target) or use a build without LTO"
+            "{unseen} allocator calls (the unseen_* counts) ran an allocator inlined into their caller and called no implementation tracer probes (on an LTO build: the raw allocator inlined, calling the C library's malloc directly, for a block pymalloc does not serve; a realloc of a block; or pymalloc itself, where its state was not found), so their blocks are not tracked; for exact live memory start the target with PYTHONMALLOC=debug (every call then goes through the out-of-line debug hooks, at some cost to the target) or use a build without LTO"
         ))
     } else {
         None
