@@ -395,6 +395,22 @@ fn leaks_have_their_sites_on_forky_314_with_debug_hooks() {
     sites(Target { root: Some(&root), python: "python3.14", malloc: Some("debug") });
 }
 
+/// With the default allocator on the LTO builds, where pymalloc's blocks
+/// are put in the table at the call's entry, before its walk.
+#[test]
+fn leaks_have_their_sites_on_debian_311() {
+    require_root();
+    let python = static_python();
+    sites(Target { root: None, python: python.to_str().unwrap(), malloc: None });
+}
+
+#[test]
+fn leaks_have_their_sites_on_forky_314() {
+    require_root();
+    let root = forky_root();
+    sites(Target { root: Some(&root), python: "python3.14", malloc: None });
+}
+
 /// With `--sample 2`, a kept buffer whose call was sampled out says so:
 /// each one has its site or that reason, N and 2N of them in all.
 #[test]

@@ -247,7 +247,10 @@ fn predict(tgid: u32, frame: &Frame) -> u64 {
         // No used pool of its class: `allocate_from_new_pool` gives it.
         return 0;
     }
-    if put(tgid, freeblock, frame).is_err() {
+    // Its walk comes after this entry, in the same program or at the
+    // counting probe's, and gives the block its site (`give_walk`): only
+    // a block the table had no room for is no prediction.
+    if matches!(put(tgid, freeblock, frame), Err(Stat::LiveFull)) {
         return 0;
     }
     freeblock
