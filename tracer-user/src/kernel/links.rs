@@ -302,7 +302,7 @@ impl Session {
             // at all.
             points.extend(p.inline_sites.iter().map(|s| {
                 let (program, cookie) = match (p.attach_program, s.size, s.object) {
-                    (Program::Empty, _, _) => (Program::Empty, cookie),
+                    (bench, _, _) if bench.is_bench() => (bench, cookie),
                     (program, Some((first, second, constant)), _) if program.counts_bytes() => {
                         (Program::CountSite, site::encode(p.slot, first, second, constant))
                     }
@@ -319,8 +319,8 @@ impl Session {
                 };
                 AttachPoint { program, cookie, ..at(&image, &shown, s.offset) }
             }));
-            // Benchmarks' empty program replaces the marks too.
-            let nested = if p.attach_program == Program::Empty { Program::Empty } else { Program::NativeNested };
+            // A benchmarks' program replaces the marks too.
+            let nested = if p.attach_program.is_bench() { p.attach_program } else { Program::NativeNested };
             points.extend(p.nested_sites.iter().map(|&offset| AttachPoint {
                 program: nested,
                 cookie,
@@ -383,7 +383,7 @@ impl Session {
                 program: Program::LiveImpl,
                 path: image.clone(),
                 shown: shown.clone(),
-                offset: i.file_offset,
+                offset: i.file_offset + i.placement.offset,
                 cookie,
             });
         }
@@ -398,7 +398,11 @@ impl Session {
                 cookie,
             };
             match &i.returns {
-                ReturnPlan::Uretprobe { .. } => points.push(at(Program::LiveRetUret, i.file_offset)),
+                // Where live_impl traps: the return address is still at
+                // the stack pointer there, and the two share a breakpoint.
+                ReturnPlan::Uretprobe { .. } => {
+                    points.push(at(Program::LiveRetUret, i.file_offset + i.placement.offset));
+                }
                 ReturnPlan::Sites { sites, .. } => {
                     points.extend(sites.iter().map(|site| at(Program::LiveRet, i.file_offset + site.offset)));
                 }

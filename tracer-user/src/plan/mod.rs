@@ -261,6 +261,12 @@ pub struct LiveImpl {
     /// Its [`tracer_common::live::role`], with the implementation bit.
     pub role: u32,
     pub returns: ReturnPlan,
+    /// Where `live_impl` traps, and a uretprobe with it: the first
+    /// instruction the kernel emulates before the stack pointer or the
+    /// arguments change (see [`placement::place`]), else the entry. There
+    /// the return address is still at the stack pointer, which is the
+    /// entry's, as the uretprobe and the frame's pairing need.
+    pub placement: Placement,
 }
 
 impl Plan {
@@ -432,7 +438,14 @@ fn live_impls(
         .zip(image.implementations)
         .map(|(slot, i)| {
             let len = usize::try_from(i.size.min(MAX_FUNCTION)).unwrap_or(0);
-            let returns = match (costs, image.elf.read_at(i.file_offset, len)) {
+            let code = image.elf.read_at(i.file_offset, len);
+            let placement = match &code {
+                Ok(code) => placement::place(code, i.address, Program::LiveImpl, kernel),
+                Err(e) => Placement::at_entry(format!("entry: the code could not be read ({e})")),
+            };
+            let returns = match (costs, code) {
+                // A uretprobe goes where live_impl traps, so its
+                // breakpoint is free: as at offset 0 for a counting probe.
                 (Some(costs), Ok(code)) if i.size <= MAX_FUNCTION => {
                     returns::plan(&code, i.address, 0, costs, (kernel, true))
                 }
@@ -446,6 +459,7 @@ fn live_impls(
                 file_offset: i.file_offset,
                 role: i.role | tracer_common::live::role::IMPLEMENTATION,
                 returns,
+                placement,
             }
         })
         .collect()

@@ -633,6 +633,7 @@ fn raise_fd_limit() {
 
 /// What `tracer probes` is asked to plan, beyond the target and probes.
 #[derive(Clone, Copy, Debug)]
+#[allow(clippy::struct_excessive_bools, reason = "each is one of `tracer probes`' switches")]
 pub struct PlanRequest<'a> {
     pub placement: PlacementMode,
     /// Also plan how return values are read (calibrates first).
@@ -644,6 +645,9 @@ pub struct PlanRequest<'a> {
     pub gc: GcMode,
     /// `--native`: also plan libc's allocator.
     pub native: bool,
+    /// `--live`: also plan the allocator implementations the live table
+    /// probes, with their returns (calibrates first, as `returns`).
+    pub live: bool,
 }
 
 /// With `--native`, adds the C library's allocator functions of the
@@ -664,7 +668,9 @@ pub fn probe_plan(
     selection: &ProbeSelection,
     request: &PlanRequest<'_>,
 ) -> anyhow::Result<PlanReport> {
-    let PlanRequest { placement, returns, debug_dir, inlined, gc, native: _ } = *request;
+    let PlanRequest { placement, returns, debug_dir, inlined, gc, native: _, live } = *request;
+    // `--live` needs every returned pointer, as in `attach`.
+    let returns = returns || live;
     // Which way reads a return value cheapest is measured, which loads BPF.
     let calibrated = if returns {
         privileges::check()?;
@@ -673,7 +679,7 @@ pub fn probe_plan(
         None
     };
     let return_costs: Option<ReturnCosts> = calibrated.map(|r| r.0);
-    let options = PlanOptions { placement, returns: return_costs, inlined, ..PlanOptions::default() };
+    let options = PlanOptions { placement, returns: return_costs, inlined, live, ..PlanOptions::default() };
     let dwarf = discover::DwarfLookup { enabled: inlined, debug_dir };
     let r = discover::resolve(target, placement == PlacementMode::CallSites, dwarf)?;
     let mut plan = plan::plan(ImageRef::from(&r), &specs(&r, selection, false)?, options)?;

@@ -1,0 +1,228 @@
+//! `cargo xtask bench --only live`: what `--live` adds per allocator call,
+//! apart from the return probes it needs: the counting probes alone, the
+//! same with `--returns`, and the same with `--live` (which turns
+//! `--returns` on), side by side on one harness process per build, as the
+//! features section measures.
+
+#![allow(clippy::cast_precision_loss, reason = "loop and event counts far below 2^52")]
+
+use std::{fmt::Write as _, path::Path};
+
+use anyhow::bail;
+use serde_json::Value;
+
+use crate::{
+    bench_stacks::{Series, TIMINGS, best, calibrate, mean, stdev, traced_visit},
+    lto::Harness,
+    markdown::fmt_ns,
+};
+
+/// The object domain's API: `object()` makes one block with the first and
+/// its death frees it with the second, and nothing else is allocated per
+/// iteration.
+const PROBES: &str = "PyObject_Malloc,PyObject_Free";
+const ALLOC: &str = "PyObject_Malloc";
+const FREE: &str = "PyObject_Free";
+
+const SETUP: &str = "from itertools import repeat
+def work():
+    for _ in repeat(None, 1000):
+        object()";
+const STMT: &str = "work()";
+
+/// The traced setups, each the one before it plus one flag.
+const TRACED: [(&str, &[&str]); 3] = [
+    ("(a) the probes", &["--probes", PROBES, "--gc", "off"]),
+    ("(b) + `--returns`", &["--probes", PROBES, "--gc", "off", "--returns"]),
+    ("(c) + `--live`", &["--probes", PROBES, "--gc", "off", "--returns", "--live"]),
+];
+
+/// One build: its name, root, interpreter inside the root, environment,
+/// and what the live table sees there (README's `--live`).
+struct Build {
+    name: &'static str,
+    root: Option<&'static str>,
+    python: String,
+    env: &'static [(&'static str, &'static str)],
+    sees: &'static str,
+}
+
+fn builds() -> Vec<Build> {
+    let pyenv = std::env::var_os("PYENV_ROOT").map_or_else(
+        || std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".pyenv"),
+        std::path::PathBuf::from,
+    );
+    let debian = "/usr/bin/python3.11".to_owned();
+    vec![
+        Build {
+            name: "pyenv 3.11.7",
+            root: None,
+            python: pyenv.join("versions/3.11.7/bin/python3").display().to_string(),
+            env: &[],
+            sees: "exact",
+        },
+        Build {
+            name: "Debian 12 python3.11 (LTO), `PYTHONMALLOC=debug`",
+            root: None,
+            python: debian.clone(),
+            env: &[("PYTHONMALLOC", "debug")],
+            sees: "exact",
+        },
+        Build {
+            name: "Debian 12 python3.11 (LTO), default allocator",
+            root: None,
+            python: debian,
+            env: &[],
+            sees: "partial",
+        },
+    ]
+}
+
+/// What one traced visit counted, summed over the visits of its setup.
+#[derive(Default)]
+struct Counted {
+    allocs: u64,
+    frees: u64,
+    tracked: u64,
+    unseen: u64,
+}
+
+fn calls(summary: &Value, probe: &str) -> u64 {
+    summary["probes"][probe]["calls"].as_u64().unwrap_or(0)
+}
+
+/// The four setups on one harness, in `rounds` rotated rounds.
+fn measure(
+    build: &Build,
+    tracer: &Path,
+    (rounds, target): (usize, f64),
+) -> anyhow::Result<([Series; 4], [Counted; 4])> {
+    let mut h = Harness::start_with(build.root, &build.python, (SETUP, STMT), build.env)?;
+    let mut series: [Series; 4] = Default::default();
+    let mut counted: [Counted; 4] = Default::default();
+    for round in 0..rounds {
+        for k in 0..4 {
+            let i = (round + k) % 4;
+            eprintln!("xtask: live {} round {}: setup {i}", build.name, round + 1);
+            let visit = &mut series[i];
+            if i == 0 {
+                if visit.loops == 0 {
+                    visit.loops = calibrate(&mut h, target)?.0;
+                }
+                let times: anyhow::Result<Vec<f64>> = (0..TIMINGS).map(|_| h.time(visit.loops)).collect();
+                visit.means.push(best(&times?));
+                continue;
+            }
+            let (per_loop, loops, summary) = traced_visit(&mut h, tracer, TRACED[i - 1].1, visit, target)?;
+            visit.means.push(per_loop);
+            visit.loops_traced += loops;
+            visit.stats = summary["stats"].clone();
+            let c = &mut counted[i];
+            c.allocs += calls(&summary, ALLOC);
+            c.frees += calls(&summary, FREE);
+            let object = &summary["live"]["object"];
+            c.tracked += object["allocations"].as_u64().unwrap_or(0);
+            c.unseen += object["unseen_allocations"].as_u64().unwrap_or(0);
+            if i == 3 && summary["live"].is_null() {
+                bail!("{}: tracer's summary has no live counts: {summary}", build.name);
+            }
+        }
+    }
+    Ok((series, counted))
+}
+
+/// Per round, what `with` added over `without` per event, in ns.
+fn added(with: &Series, without: &Series, per_loop: f64) -> Vec<f64> {
+    with.means.iter().zip(&without.means).map(|(w, o)| (w - o) * 1e9 / per_loop).collect()
+}
+
+/// Per round, `with`'s time over `without`'s.
+fn ratios(with: &Series, without: &Series) -> Vec<f64> {
+    with.means.iter().zip(&without.means).map(|(w, o)| w / o).collect()
+}
+
+fn spread(v: &[f64], unit: &str) -> String {
+    if unit == "x" {
+        format!("{:.2}x ± {:.2}", mean(v), stdev(v))
+    } else {
+        format!("{:.0} ns ± {:.0}", mean(v), stdev(v))
+    }
+}
+
+/// Writes the section.
+pub fn live_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow::Result<()> {
+    let (rounds, target) = crate::markdown::rounds(effort);
+    let load = crate::markdown::Load::now();
+    crate::lto::install_harness()?;
+    writeln!(md, "## What `--live` adds per allocator call\n")?;
+    writeln!(
+        md,
+        "Four setups take turns on one harness process per build, in {rounds} rounds of rotated order: \
+         nothing attached; (a) the object domain's probes (`{PROBES}`); (b) the same with `--returns`, the \
+         return probes of the allocating API function; (c) the same with `--live`, which adds its \
+         programs at the API entries (`live_alloc`, `live_free`), at each allocator implementation's \
+         entry (`live_impl`) and at its return (`live_ret` or `live_ret_uret`, whichever tracer picks: \
+         the next section). A visit times {TIMINGS} runs of a loop count calibrated at the setup's \
+         first visit to about {:.0} ms, and keeps the best. Each step's cost per event is (its time per \
+         loop − the previous setup's in the same round) / its events per loop (tracer's counts over the \
+         loops it saw), then the mean and standard deviation over the rounds; a ratio is the same two \
+         setups' times in the same round, divided. An allocator call is a `{ALLOC}` or `{FREE}` call \
+         (tracer counts inlined copies as calls); the return probes are paid per `{ALLOC}` call.\n",
+        target * 1e3
+    )?;
+    writeln!(md, "```\ncargo xtask bench --only live --effort {effort}\n```\n")?;
+    writeln!(md, "```python\n# setup\n{SETUP}\n# timed\n{STMT}\n```\n")?;
+    writeln!(md, "```")?;
+    for (_, flags) in TRACED {
+        writeln!(md, "sudo tracer attach --pid PID --json --interval 3600 {}", flags.join(" "))?;
+    }
+    writeln!(md, "```\n")?;
+    let mut per_event = String::from(
+        "| build | live | (a) per allocator call | (b) − (a) per `PyObject_Malloc` call | (c) − (b) per allocator \
+         call | blocks tracked per `PyObject_Malloc` call (c) |\n|---|---|---|---|---|---|\n",
+    );
+    writeln!(
+        md,
+        "| build | nothing attached | (a) the probes | (b) + `--returns` | (c) + `--live` | (b) / (a) | (c) / (b) |\n|---|---|---|---|---|---|---|"
+    )?;
+    for build in builds() {
+        let host = build.root.map_or_else(|| build.python.clone(), |r| format!("{r}{}", build.python));
+        if !Path::new(&host).is_file() {
+            bail!("{host} is missing; run `cargo xtask setup`");
+        }
+        let (s, c) = measure(&build, tracer, (rounds, target))?;
+        let per_loop = |i: usize, n: u64| n as f64 / s[i].loops_traced.max(1) as f64;
+        let calls_a = per_loop(1, c[1].allocs + c[1].frees);
+        let allocs_b = per_loop(2, c[2].allocs);
+        let calls_c = per_loop(3, c[3].allocs + c[3].frees);
+        if calls_a < 0.5 || allocs_b < 0.5 || calls_c < 0.5 {
+            bail!("{}: tracer counted too few calls ({calls_a}, {allocs_b}, {calls_c} per loop)", build.name);
+        }
+        let t = |x: &Series| format!("{} ± {}", fmt_ns(mean(&x.means) * 1e9), fmt_ns(stdev(&x.means) * 1e9));
+        writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            build.name,
+            t(&s[0]),
+            t(&s[1]),
+            t(&s[2]),
+            t(&s[3]),
+            spread(&ratios(&s[2], &s[1]), "x"),
+            spread(&ratios(&s[3], &s[2]), "x"),
+        )?;
+        let tracked = c[3].tracked as f64 / c[3].allocs.max(1) as f64;
+        writeln!(
+            per_event,
+            "| {} | {} | {} ({calls_a:.1} per loop) | {} ({allocs_b:.1} per loop) | {} ({calls_c:.1} per loop) | {tracked:.3} ({} unseen) |",
+            build.name,
+            build.sees,
+            spread(&added(&s[1], &s[0], calls_a), "ns"),
+            spread(&added(&s[2], &s[1], allocs_b), "ns"),
+            spread(&added(&s[3], &s[2], calls_c), "ns"),
+            c[3].unseen,
+        )?;
+    }
+    writeln!(md, "\n{per_event}")?;
+    writeln!(md, "{}", load.line())?;
+    Ok(())
+}
