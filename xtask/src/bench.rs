@@ -150,7 +150,7 @@ pub fn run(root: &Path, tracer: &Path, effort: &str) -> anyhow::Result<()> {
     crate::bench_features::features_section(&mut md, tracer, effort)?;
 
     // 3f. What live memory adds per allocator call, apart from its returns.
-    crate::bench_live::live_section(&mut md, tracer, effort)?;
+    crate::bench_live::live_section(&mut md, tracer, effort, &[])?;
 
     // 4. --budget estimates against full counts of the same process.
     budget_accuracy(&mut md, tracer)?;

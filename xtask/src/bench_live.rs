@@ -6,7 +6,10 @@
 
 #![allow(clippy::cast_precision_loss, reason = "loop and event counts far below 2^52")]
 
-use std::{fmt::Write as _, path::Path};
+use std::{
+    fmt::Write as _,
+    path::{Path, PathBuf},
+};
 
 use anyhow::bail;
 use serde_json::Value;
@@ -62,6 +65,13 @@ fn builds() -> Vec<Build> {
             sees: "exact",
         },
         Build {
+            name: "pyenv 3.13.0",
+            root: None,
+            python: pyenv.join("versions/3.13.0/bin/python3").display().to_string(),
+            env: &[],
+            sees: "exact",
+        },
+        Build {
             name: "Debian 12 python3.11 (LTO), `PYTHONMALLOC=debug`",
             root: None,
             python: debian.clone(),
@@ -74,6 +84,13 @@ fn builds() -> Vec<Build> {
             python: debian,
             env: &[],
             sees: "partial",
+        },
+        Build {
+            name: "Debian forky python3.14 (LTO), chrooted, `PYTHONMALLOC=debug`",
+            root: Some(crate::setup::FORKY_ROOT),
+            python: "/usr/bin/python3.14".to_owned(),
+            env: &[("PYTHONMALLOC", "debug")],
+            sees: "exact",
         },
     ]
 }
@@ -91,18 +108,21 @@ fn calls(summary: &Value, probe: &str) -> u64 {
     summary["probes"][probe]["calls"].as_u64().unwrap_or(0)
 }
 
-/// The four setups on one harness, in `rounds` rotated rounds.
+/// The setups on one harness, in `rounds` rotated rounds: nothing
+/// attached, then [`TRACED`] with `tracer`, then (c) with each of `versus`.
 fn measure(
     build: &Build,
     tracer: &Path,
+    versus: &[PathBuf],
     (rounds, target): (usize, f64),
-) -> anyhow::Result<([Series; 4], [Counted; 4])> {
+) -> anyhow::Result<(Vec<Series>, Vec<Counted>)> {
     let mut h = Harness::start_with(build.root, &build.python, (SETUP, STMT), build.env)?;
-    let mut series: [Series; 4] = Default::default();
-    let mut counted: [Counted; 4] = Default::default();
+    let n = 1 + TRACED.len() + versus.len();
+    let mut series: Vec<Series> = (0..n).map(|_| Series::default()).collect();
+    let mut counted: Vec<Counted> = (0..n).map(|_| Counted::default()).collect();
     for round in 0..rounds {
-        for k in 0..4 {
-            let i = (round + k) % 4;
+        for k in 0..n {
+            let i = (round + k) % n;
             eprintln!("xtask: live {} round {}: setup {i}", build.name, round + 1);
             let visit = &mut series[i];
             if i == 0 {
@@ -113,7 +133,11 @@ fn measure(
                 visit.means.push(best(&times?));
                 continue;
             }
-            let (per_loop, loops, summary) = traced_visit(&mut h, tracer, TRACED[i - 1].1, visit, target)?;
+            let (binary, flags) = match TRACED.get(i - 1) {
+                Some((_, flags)) => (tracer, *flags),
+                None => (versus[i - 1 - TRACED.len()].as_path(), TRACED[2].1),
+            };
+            let (per_loop, loops, summary) = traced_visit(&mut h, binary, flags, visit, target)?;
             visit.means.push(per_loop);
             visit.loops_traced += loops;
             visit.stats = summary["stats"].clone();
@@ -123,7 +147,7 @@ fn measure(
             let object = &summary["live"]["object"];
             c.tracked += object["allocations"].as_u64().unwrap_or(0);
             c.unseen += object["unseen_allocations"].as_u64().unwrap_or(0);
-            if i == 3 && summary["live"].is_null() {
+            if i >= 3 && summary["live"].is_null() {
                 bail!("{}: tracer's summary has no live counts: {summary}", build.name);
             }
         }
@@ -149,8 +173,22 @@ fn spread(v: &[f64], unit: &str) -> String {
     }
 }
 
-/// Writes the section.
-pub fn live_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow::Result<()> {
+/// Table cells, each " cell |".
+fn cells(cells: impl Iterator<Item = String>) -> String {
+    cells.map(|c| format!(" {c} |")).collect::<Vec<_>>().concat()
+}
+
+/// How a `--versus` binary is named in the tables: by its file name.
+fn label(tracer: &Path) -> String {
+    format!(
+        "`{}`",
+        tracer.file_name().map_or_else(|| tracer.display().to_string(), |n| n.to_string_lossy().into_owned())
+    )
+}
+
+/// Writes the section. `versus`: other tracer binaries (builds of earlier
+/// commits) whose `--live` is measured beside this one's, as (c).
+pub fn live_section(md: &mut String, tracer: &Path, effort: &str, versus: &[PathBuf]) -> anyhow::Result<()> {
     let (rounds, target) = crate::markdown::rounds(effort);
     let load = crate::markdown::Load::now();
     crate::lto::install_harness()?;
@@ -160,9 +198,9 @@ pub fn live_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow::Res
         "Four setups take turns on one harness process per build, in {rounds} rounds of rotated order: \
          nothing attached; (a) the object domain's probes (`{PROBES}`); (b) the same with `--returns`, the \
          return probes of the allocating API function; (c) the same with `--live`, which adds its \
-         programs at the API entries (`live_alloc`, `live_free`), at each allocator implementation's \
-         entry (`live_impl`) and at its return (`live_ret` or `live_ret_uret`, whichever tracer picks: \
-         the next section). A visit times {TIMINGS} runs of a loop count calibrated at the setup's \
+         programs at the API entries (`live_alloc`, `live_free`), in each allocator implementation \
+         (`live_impl`) and at its return (`live_ret` or `live_ret_uret`, whichever tracer picks: \
+         `tracer probes --live` shows it). A visit times {TIMINGS} runs of a loop count calibrated at the setup's \
          first visit to about {:.0} ms, and keeps the best. Each step's cost per event is (its time per \
          loop − the previous setup's in the same round) / its events per loop (tracer's counts over the \
          loops it saw), then the mean and standard deviation over the rounds; a ratio is the same two \
@@ -170,38 +208,53 @@ pub fn live_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow::Res
          (tracer counts inlined copies as calls); the return probes are paid per `{ALLOC}` call.\n",
         target * 1e3
     )?;
-    writeln!(md, "```\ncargo xtask bench --only live --effort {effort}\n```\n")?;
+    let versus_args = versus.iter().map(|v| format!(" --versus {}", v.display())).collect::<Vec<_>>().concat();
+    writeln!(md, "```\ncargo xtask bench --only live --effort {effort}{versus_args}\n```\n")?;
+    let names: Vec<String> = versus.iter().map(|v| label(v)).collect();
+    if !names.is_empty() {
+        writeln!(md, "(c) is also measured, in the same rounds, with {}.\n", names.join(", "))?;
+    }
     writeln!(md, "```python\n# setup\n{SETUP}\n# timed\n{STMT}\n```\n")?;
     writeln!(md, "```")?;
     for (_, flags) in TRACED {
         writeln!(md, "sudo tracer attach --pid PID --json --interval 3600 {}", flags.join(" "))?;
     }
     writeln!(md, "```\n")?;
-    let mut per_event = String::from(
-        "| build | live | (a) per allocator call | (b) − (a) per `PyObject_Malloc` call | (c) − (b) per allocator \
-         call | blocks tracked per `PyObject_Malloc` call (c) |\n|---|---|---|---|---|---|\n",
+    let with = |f: &dyn Fn(&str) -> String| -> String { names.iter().map(|l| f(l)).collect::<Vec<_>>().concat() };
+    let mut per_event = format!(
+        "| build | live | (a) per allocator call | (b) − (a) per `{ALLOC}` call | (c) − (b) per allocator call |{} \
+         blocks tracked per `{ALLOC}` call (c) |\n|---|---|---|---|---|{}---|\n",
+        with(&|l| format!(" (c) with {l} − (b) |")),
+        "---|".repeat(names.len())
     );
     writeln!(
         md,
-        "| build | nothing attached | (a) the probes | (b) + `--returns` | (c) + `--live` | (b) / (a) | (c) / (b) |\n|---|---|---|---|---|---|---|"
+        "| build | nothing attached | (a) the probes | (b) + `--returns` | (c) + `--live` |{} (b) / (a) | (c) / (b) |{}\n\
+         |---|---|---|---|---|{}---|---|{}",
+        with(&|l| format!(" (c) with {l} |")),
+        with(&|l| format!(" (c) with {l} / (c) |")),
+        "---|".repeat(names.len()),
+        "---|".repeat(names.len())
     )?;
     for build in builds() {
         let host = build.root.map_or_else(|| build.python.clone(), |r| format!("{r}{}", build.python));
         if !Path::new(&host).is_file() {
             bail!("{host} is missing; run `cargo xtask setup`");
         }
-        let (s, c) = measure(&build, tracer, (rounds, target))?;
+        let (s, c) = measure(&build, tracer, versus, (rounds, target))?;
         let per_loop = |i: usize, n: u64| n as f64 / s[i].loops_traced.max(1) as f64;
-        let calls_a = per_loop(1, c[1].allocs + c[1].frees);
+        let calls = |i: usize| per_loop(i, c[i].allocs + c[i].frees);
         let allocs_b = per_loop(2, c[2].allocs);
-        let calls_c = per_loop(3, c[3].allocs + c[3].frees);
-        if calls_a < 0.5 || allocs_b < 0.5 || calls_c < 0.5 {
-            bail!("{}: tracer counted too few calls ({calls_a}, {allocs_b}, {calls_c} per loop)", build.name);
+        if calls(1) < 0.5 || allocs_b < 0.5 || (3..s.len()).any(|i| calls(i) < 0.5) {
+            bail!("{}: tracer counted too few calls in a setup", build.name);
         }
         let t = |x: &Series| format!("{} ± {}", fmt_ns(mean(&x.means) * 1e9), fmt_ns(stdev(&x.means) * 1e9));
+        let others = 4..s.len();
+        let times = cells(others.clone().map(|i| t(&s[i])));
+        let vs = cells(others.clone().map(|i| spread(&ratios(&s[i], &s[3]), "x")));
         writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} |{times} {} | {} |{vs}",
             build.name,
             t(&s[0]),
             t(&s[1]),
@@ -210,15 +263,18 @@ pub fn live_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow::Res
             spread(&ratios(&s[2], &s[1]), "x"),
             spread(&ratios(&s[3], &s[2]), "x"),
         )?;
+        let cost = |i: usize| format!("{} ({:.1} per loop)", spread(&added(&s[i], &s[2], calls(i)), "ns"), calls(i));
+        let versus_cost = cells(others.map(cost));
         let tracked = c[3].tracked as f64 / c[3].allocs.max(1) as f64;
         writeln!(
             per_event,
-            "| {} | {} | {} ({calls_a:.1} per loop) | {} ({allocs_b:.1} per loop) | {} ({calls_c:.1} per loop) | {tracked:.3} ({} unseen) |",
+            "| {} | {} | {} ({:.1} per loop) | {} ({allocs_b:.1} per loop) | {} |{versus_cost} {tracked:.3} ({} unseen) |",
             build.name,
             build.sees,
-            spread(&added(&s[1], &s[0], calls_a), "ns"),
+            spread(&added(&s[1], &s[0], calls(1)), "ns"),
+            calls(1),
             spread(&added(&s[2], &s[1], allocs_b), "ns"),
-            spread(&added(&s[3], &s[2], calls_c), "ns"),
+            cost(3),
             c[3].unseen,
         )?;
     }
