@@ -117,7 +117,7 @@ pub mod names {
         /// Does nothing (the bare cost of a hit).
         pub const EMPTY: &str = "empty";
         /// Bench-only (tracer-ebpf/src/experiment.rs): the pointer in the
-        /// first argument put in a table shaped as the live table; the
+        /// first argument put in a table shaped as the live table and taken out; the
         /// same and looked up 32 times; pymalloc's pool header read 32
         /// times; glibc's chunk size word read 32 times.
         pub const META_INSERT: &str = "meta_insert";

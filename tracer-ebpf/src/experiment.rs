@@ -7,9 +7,9 @@
 //! Each program takes the pointer in the first argument register and does
 //! its work [`REPEAT`] times, so that the differences between them stand
 //! out of a probe hit's own noise: `meta_insert` puts the pointer in a
-//! table shaped as the live table (same key, value and room) once;
-//! `meta_lookup` does that and then looks it up [`REPEAT`] times, as
-//! `take` does once; `meta_pool` reads pymalloc's size class from the
+//! table shaped as the live table (same key, value and room) and takes
+//! it out again, so that the table never fills; `meta_lookup` does that
+//! and looks it up [`REPEAT`] times in between, as `take` does once; `meta_pool` reads pymalloc's size class from the
 //! pool header (the pointer rounded down to 16 KiB, `szidx` at +36);
 //! `meta_chunk` reads glibc's chunk size word at the pointer − 8.
 
@@ -67,11 +67,16 @@ fn insert(key: &LiveKey) -> u64 {
     u64::from(META_LIVE.insert(key, &entry, 0).is_err())
 }
 
-/// The pointer put in the table.
+fn remove(key: &LiveKey) -> u64 {
+    u64::from(META_LIVE.remove(key).is_err())
+}
+
+/// The pointer put in the table and taken out.
 #[uprobe]
 pub fn meta_insert(ctx: ProbeContext) -> u32 {
     if let Some((key, _)) = pointer(&ctx) {
-        sink(0, insert(&key));
+        let failed = insert(&key);
+        sink(0, failed + remove(&key));
     }
     0
 }
@@ -89,7 +94,7 @@ pub fn meta_lookup(ctx: ProbeContext) -> u32 {
             None => failed += 1,
         }
     }
-    sink(sum, failed);
+    sink(sum, failed + remove(&key));
     0
 }
 

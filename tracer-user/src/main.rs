@@ -108,8 +108,8 @@ struct ProbesArgs {
     /// Also show how each allocating function's return value would be read (as `attach --returns`).
     #[arg(long)]
     returns: bool,
-    /// Also show the allocator implementations `attach --live` probes: the instruction at each
-    /// entry and how its return is read (implies --returns).
+    /// Also show the allocator implementations `attach --live` probes: where each is probed and
+    /// how its return is read (calibrates, as --returns).
     #[arg(long)]
     live: bool,
     /// One JSON object instead of a table.
@@ -247,8 +247,9 @@ struct AttachArgs {
     types: bool,
     /// Track live memory: every block the allocator functions hand out since the attach, by address,
     /// in a kernel table, until it is freed. Each interval gives the blocks outstanding and their
-    /// bytes per domain (object, mem, raw), in the table and the JSON's `live`. Needs each returned
-    /// pointer, so it turns on --returns. Blocks allocated before the attach are unknown (their
+    /// bytes per domain (object, mem, raw), in the table and the JSON's `live`. Reads each returned
+    /// pointer at the allocator's implementations (calibrating first, as --returns does, whose
+    /// probes on the API functions it does not need). Blocks allocated before the attach are unknown (their
     /// frees are counted as untracked). Not with --budget or --exe.
     #[arg(long)]
     live: bool,

@@ -19,9 +19,9 @@ pub enum Program {
     /// Does nothing: the bare cost of a uprobe hit, for benchmarks.
     Empty,
     /// Bench-only: the first argument put in a table shaped as the live
-    /// table (tracer-ebpf/src/experiment.rs).
+    /// table and taken out (tracer-ebpf/src/experiment.rs).
     MetaInsert,
-    /// Bench-only: the same, then looked up 32 times.
+    /// Bench-only: the same, looked up 32 times in between.
     MetaLookup,
     /// Bench-only: pymalloc's size class read from the pool header of
     /// the block in the first argument, 32 times.

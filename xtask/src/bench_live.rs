@@ -33,11 +33,13 @@ def work():
         object()";
 const STMT: &str = "work()";
 
-/// The traced setups, each the one before it plus one flag.
-const TRACED: [(&str, &[&str]); 3] = [
+/// The traced setups: each of the first three the one before it plus one
+/// flag; the fourth `--live` without `--returns`, which it does not need.
+const TRACED: [(&str, &[&str]); 4] = [
     ("(a) the probes", &["--probes", PROBES, "--gc", "off"]),
     ("(b) + `--returns`", &["--probes", PROBES, "--gc", "off", "--returns"]),
     ("(c) + `--live`", &["--probes", PROBES, "--gc", "off", "--returns", "--live"]),
+    ("(d) `--live` alone", &["--probes", PROBES, "--gc", "off", "--live"]),
 ];
 
 /// One build: its name, root, interpreter inside the root, environment,
@@ -109,7 +111,7 @@ fn calls(summary: &Value, probe: &str) -> u64 {
 }
 
 /// The setups on one harness, in `rounds` rotated rounds: nothing
-/// attached, then [`TRACED`] with `tracer`, then (c) with each of `versus`.
+/// attached, then [`TRACED`] with `tracer`, then (d) with each of `versus`.
 fn measure(
     build: &Build,
     tracer: &Path,
@@ -135,7 +137,7 @@ fn measure(
             }
             let (binary, flags) = match TRACED.get(i - 1) {
                 Some((_, flags)) => (tracer, *flags),
-                None => (versus[i - 1 - TRACED.len()].as_path(), TRACED[2].1),
+                None => (versus[i - 1 - TRACED.len()].as_path(), TRACED[3].1),
             };
             let (per_loop, loops, summary) = traced_visit(&mut h, binary, flags, visit, target)?;
             visit.means.push(per_loop);
@@ -187,7 +189,7 @@ fn label(tracer: &Path) -> String {
 }
 
 /// Writes the section. `versus`: other tracer binaries (builds of earlier
-/// commits) whose `--live` is measured beside this one's, as (c).
+/// commits) whose `--live` is measured beside this one's, as (d).
 pub fn live_section(md: &mut String, tracer: &Path, effort: &str, versus: &[PathBuf]) -> anyhow::Result<()> {
     let (rounds, target) = crate::markdown::rounds(effort);
     let load = crate::markdown::Load::now();
@@ -195,24 +197,26 @@ pub fn live_section(md: &mut String, tracer: &Path, effort: &str, versus: &[Path
     writeln!(md, "## What `--live` adds per allocator call\n")?;
     writeln!(
         md,
-        "Four setups take turns on one harness process per build, in {rounds} rounds of rotated order: \
+        "Five setups take turns on one harness process per build, in {rounds} rounds of rotated order: \
          nothing attached; (a) the object domain's probes (`{PROBES}`); (b) the same with `--returns`, the \
          return probes of the allocating API function; (c) the same with `--live`, which adds its \
-         programs at the API entries (`live_alloc`, `live_free`), in each allocator implementation \
+         programs on the API functions' probes (`live_alloc`, `live_free`), in each allocator implementation \
          (`live_impl`) and at its return (`live_ret` or `live_ret_uret`, whichever tracer picks: \
-         `tracer probes --live` shows it). A visit times {TIMINGS} runs of a loop count calibrated at the setup's \
-         first visit to about {:.0} ms, and keeps the best. Each step's cost per event is (its time per \
-         loop − the previous setup's in the same round) / its events per loop (tracer's counts over the \
-         loops it saw), then the mean and standard deviation over the rounds; a ratio is the same two \
-         setups' times in the same round, divided. An allocator call is a `{ALLOC}` or `{FREE}` call \
-         (tracer counts inlined copies as calls); the return probes are paid per `{ALLOC}` call.\n",
+         `tracer probes --live` shows it); (d) (a) with `--live` alone, which reads the implementations' \
+         returns and needs none of `--returns`' probes. A visit times {TIMINGS} runs of a loop count \
+         calibrated at the setup's first visit to about {:.0} ms, and keeps the best. Each step's cost per \
+         event is (its time per loop − the time of the setup it adds to, in the same round) / its events per \
+         loop (tracer's counts over the loops it saw), then the mean and standard deviation over the rounds; \
+         a ratio is the same two setups' times in the same round, divided. An allocator call is a `{ALLOC}` \
+         or `{FREE}` call (tracer counts inlined copies as calls); the return probes are paid per `{ALLOC}` \
+         call.\n",
         target * 1e3
     )?;
     let versus_args = versus.iter().map(|v| format!(" --versus {}", v.display())).collect::<Vec<_>>().concat();
     writeln!(md, "```\ncargo xtask bench --only live --effort {effort}{versus_args}\n```\n")?;
     let names: Vec<String> = versus.iter().map(|v| label(v)).collect();
     if !names.is_empty() {
-        writeln!(md, "(c) is also measured, in the same rounds, with {}.\n", names.join(", "))?;
+        writeln!(md, "(d) is also measured, in the same rounds, with {}.\n", names.join(", "))?;
     }
     writeln!(md, "```python\n# setup\n{SETUP}\n# timed\n{STMT}\n```\n")?;
     writeln!(md, "```")?;
@@ -222,17 +226,17 @@ pub fn live_section(md: &mut String, tracer: &Path, effort: &str, versus: &[Path
     writeln!(md, "```\n")?;
     let with = |f: &dyn Fn(&str) -> String| -> String { names.iter().map(|l| f(l)).collect::<Vec<_>>().concat() };
     let mut per_event = format!(
-        "| build | live | (a) per allocator call | (b) − (a) per `{ALLOC}` call | (c) − (b) per allocator call |{} \
-         blocks tracked per `{ALLOC}` call (c) |\n|---|---|---|---|---|{}---|\n",
-        with(&|l| format!(" (c) with {l} − (b) |")),
+        "| build | live | (a) per allocator call | (b) − (a) per `{ALLOC}` call | (c) − (b) per allocator call | \
+         (d) − (a) per allocator call |{} blocks tracked per `{ALLOC}` call (d) |\n|---|---|---|---|---|---|{}---|\n",
+        with(&|l| format!(" (d) with {l} − (a) |")),
         "---|".repeat(names.len())
     );
     writeln!(
         md,
-        "| build | nothing attached | (a) the probes | (b) + `--returns` | (c) + `--live` |{} (b) / (a) | (c) / (b) |{}\n\
-         |---|---|---|---|---|{}---|---|{}",
-        with(&|l| format!(" (c) with {l} |")),
-        with(&|l| format!(" (c) with {l} / (c) |")),
+        "| build | nothing attached | (a) the probes | (b) + `--returns` | (c) + `--live` | (d) (a) + `--live` |{} \
+         (b) / (a) | (c) / (b) | (d) / (a) |{}\n|---|---|---|---|---|---|{}---|---|---|{}",
+        with(&|l| format!(" (d) with {l} |")),
+        with(&|l| format!(" (d) with {l} / (d) |")),
         "---|".repeat(names.len()),
         "---|".repeat(names.len())
     )?;
@@ -249,33 +253,38 @@ pub fn live_section(md: &mut String, tracer: &Path, effort: &str, versus: &[Path
             bail!("{}: tracer counted too few calls in a setup", build.name);
         }
         let t = |x: &Series| format!("{} ± {}", fmt_ns(mean(&x.means) * 1e9), fmt_ns(stdev(&x.means) * 1e9));
-        let others = 4..s.len();
+        let others = 5..s.len();
         let times = cells(others.clone().map(|i| t(&s[i])));
-        let vs = cells(others.clone().map(|i| spread(&ratios(&s[i], &s[3]), "x")));
+        let vs = cells(others.clone().map(|i| spread(&ratios(&s[i], &s[4]), "x")));
         writeln!(
             md,
-            "| {} | {} | {} | {} | {} |{times} {} | {} |{vs}",
+            "| {} | {} | {} | {} | {} | {} |{times} {} | {} | {} |{vs}",
             build.name,
             t(&s[0]),
             t(&s[1]),
             t(&s[2]),
             t(&s[3]),
+            t(&s[4]),
             spread(&ratios(&s[2], &s[1]), "x"),
             spread(&ratios(&s[3], &s[2]), "x"),
+            spread(&ratios(&s[4], &s[1]), "x"),
         )?;
-        let cost = |i: usize| format!("{} ({:.1} per loop)", spread(&added(&s[i], &s[2], calls(i)), "ns"), calls(i));
-        let versus_cost = cells(others.map(cost));
-        let tracked = c[3].tracked as f64 / c[3].allocs.max(1) as f64;
+        let cost = |i: usize, over: usize| {
+            format!("{} ({:.1} per loop)", spread(&added(&s[i], &s[over], calls(i)), "ns"), calls(i))
+        };
+        let versus_cost = cells(others.map(|i| cost(i, 1)));
+        let tracked = c[4].tracked as f64 / c[4].allocs.max(1) as f64;
         writeln!(
             per_event,
-            "| {} | {} | {} ({:.1} per loop) | {} ({allocs_b:.1} per loop) | {} |{versus_cost} {tracked:.3} ({} unseen) |",
+            "| {} | {} | {} ({:.1} per loop) | {} ({allocs_b:.1} per loop) | {} | {} |{versus_cost} {tracked:.3} ({} unseen) |",
             build.name,
             build.sees,
             spread(&added(&s[1], &s[0], calls(1)), "ns"),
             calls(1),
             spread(&added(&s[2], &s[1], allocs_b), "ns"),
-            cost(3),
-            c[3].unseen,
+            cost(3, 2),
+            cost(4, 1),
+            c[4].unseen,
         )?;
     }
     writeln!(md, "\n{per_event}")?;

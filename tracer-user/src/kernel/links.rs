@@ -355,19 +355,21 @@ impl Session {
     /// allocator API function's entry, and each implementation's entry and
     /// returns.
     fn live_points(&self, points: &mut Vec<AttachPoint>) {
-        // With --live, each allocator API function's entry leaves its
-        // call's domain for the implementation it calls: at offset 0, where
-        // the stack pointer is the caller's.
+        // With --live, each allocator API function leaves its call's
+        // domain for the implementation it calls, where its counting probe
+        // sits (sharing its breakpoint): the placement moves it only where
+        // the stack pointer is still the entry's, the caller's.
         for p in &self.plan.probes {
             let Some(role) = p.live else { continue };
             let program =
                 if role & 0xff == tracer_common::live::role::FREE { Program::LiveFree } else { Program::LiveAlloc };
+            let offset = if p.call_sites.is_none() { p.probe_offset() } else { p.file_offset };
             points.push(AttachPoint {
                 symbol: p.symbol,
                 program,
                 path: p.attach_path(&self.plan).to_owned(),
                 shown: p.display_path(&self.plan).to_owned(),
-                offset: p.file_offset,
+                offset,
                 cookie: u64::from(p.slot),
             });
         }

@@ -216,8 +216,12 @@ pub struct PlanOptions {
     /// `--types`: count new references by the object's type, with
     /// [`Program::CountObject`].
     pub types: bool,
-    /// `--live`: keep the outstanding blocks, by address; needs `returns`.
+    /// `--live`: keep the outstanding blocks, by address.
     pub live: bool,
+    /// With `--live`: what each way of reading a return value costs, so
+    /// that each allocator implementation's return is read the cheapest
+    /// way (the API functions' returns are `returns`' alone).
+    pub live_costs: Option<ReturnCosts>,
 }
 
 impl Default for PlanOptions {
@@ -229,6 +233,7 @@ impl Default for PlanOptions {
             inlined: true,
             types: false,
             live: false,
+            live_costs: None,
         }
     }
 }
@@ -327,7 +332,7 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
             let len = usize::try_from(sym.size.min(MAX_FUNCTION)).unwrap_or(0);
             match image.elf.read_at(sym.file_offset, len) {
                 Ok(code) if sym.size <= MAX_FUNCTION => {
-                    returns::plan(&code, sym.address, place.offset, &costs, (kernel, options.live))
+                    returns::plan(&code, sym.address, place.offset, &costs, (kernel, false))
                 }
                 Ok(_) => ReturnPlan::Uretprobe { reason: format!("the function is over {MAX_FUNCTION} bytes") },
                 Err(e) => ReturnPlan::Uretprobe { reason: format!("the code could not be read ({e})") },
@@ -385,7 +390,8 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
             p.coverage.call_sites = p.call_sites.as_ref().map_or(0, |c| c.emulated + c.stepped);
         }
     }
-    let live_impls = if options.live { live_impls(image, &probes, options.returns.as_ref(), kernel) } else { vec![] };
+    let live_impls =
+        if options.live { live_impls(image, &probes, options.live_costs.as_ref(), kernel) } else { vec![] };
     let (display_path, attach_path) = (image.display_path.to_owned(), image.attach_path.to_owned());
     Ok(Plan { probes, missing, display_path, attach_path, live_impls, live_fix: live_fix(image.inlining) })
 }

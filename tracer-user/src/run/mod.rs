@@ -481,8 +481,8 @@ fn start<'a>(
 ) -> anyhow::Result<(Run, Output<'a>, Option<ProcessExit>)> {
     // Calibrated before anything is attached to the target: the child it
     // times is tracer's own.
-    let calibration =
-        (config.budget.is_some() || config.returns).then(|| calibrate::calibrate(config.returns)).transpose()?;
+    let returns = config.returns || config.live.is_some();
+    let calibration = (config.budget.is_some() || returns).then(|| calibrate::calibrate(returns)).transpose()?;
     let costs = calibration.map(|c| c.hit);
     let return_costs = calibration.and_then(|c| c.returns);
     let cpu_costs = calibration.map(|c| c.cpu);
@@ -501,10 +501,11 @@ fn start<'a>(
     )?;
     let options = PlanOptions {
         placement: config.placement,
-        returns: return_costs.map(|r| r.0),
+        returns: return_costs.filter(|_| config.returns).map(|r| r.0),
         inlined: config.inlined,
         types: config.types,
         live: config.live.is_some(),
+        live_costs: return_costs.filter(|_| config.live.is_some()).map(|r| r.0),
         ..PlanOptions::default()
     };
     let mut plan = plan::plan(ImageRef::from(&r), &specs(&r, &config.probes, config.types)?, options)?;
@@ -669,17 +670,22 @@ pub fn probe_plan(
     request: &PlanRequest<'_>,
 ) -> anyhow::Result<PlanReport> {
     let PlanRequest { placement, returns, debug_dir, inlined, gc, native: _, live } = *request;
-    // `--live` needs every returned pointer, as in `attach`.
-    let returns = returns || live;
     // Which way reads a return value cheapest is measured, which loads BPF.
-    let calibrated = if returns {
+    let calibrated = if returns || live {
         privileges::check()?;
         calibrate::calibrate(true)?.returns
     } else {
         None
     };
     let return_costs: Option<ReturnCosts> = calibrated.map(|r| r.0);
-    let options = PlanOptions { placement, returns: return_costs, inlined, live, ..PlanOptions::default() };
+    let options = PlanOptions {
+        placement,
+        returns: return_costs.filter(|_| returns),
+        inlined,
+        live,
+        live_costs: return_costs.filter(|_| live),
+        ..PlanOptions::default()
+    };
     let dwarf = discover::DwarfLookup { enabled: inlined, debug_dir };
     let r = discover::resolve(target, placement == PlacementMode::CallSites, dwarf)?;
     let mut plan = plan::plan(ImageRef::from(&r), &specs(&r, selection, false)?, options)?;
