@@ -9,7 +9,9 @@
 use std::{collections::HashMap, path::Path};
 
 use serde_json::Value;
-use tracer_tests::{TracerRun, Workload, forky_root, require_root, run_tracer, shared_python, static_python};
+use tracer_tests::{
+    Aslr, Body, Exit, TracerRun, Workload, forky_root, require_root, run_tracer, shared_python, static_python,
+};
 
 /// The line of tests/python/sites.py that ends with `marker`.
 fn line_of(marker: &str) -> u64 {
@@ -451,6 +453,47 @@ fn native_sites_on_forky_313() {
 fn native_sites_on_forky_314() {
     require_root();
     native_sites(Python::Forky("python3.14"));
+}
+
+/// Native frames are named after the target exits: a process traced to
+/// its end has its stacks named when it is gone, with the root its debug
+/// files were found in. Every frame of Debian's python3.11 in its
+/// finalization's stacks has a name, and `finalize_modules` or
+/// `finalize_interp_clear`, static functions only the debug file's symbol
+/// table names, are among them.
+#[test]
+fn native_frames_are_named_after_the_target_exits() {
+    require_root();
+    let workload = Workload::once(&static_python(), 100, Body::Sizes, Exit::Finalize, Aslr::On);
+    let args = ["--interval", "3600", "--probes", "PyObject_Malloc", "--native-stacks"];
+    let (_, summary) = tracer_tests::traced_to_the_end(workload, &args);
+    let python = summary["native_modules"]
+        .as_array()
+        .expect("native_modules")
+        .iter()
+        .find(|m| m["path"] == "/usr/bin/python3.11")
+        .unwrap_or_else(|| panic!("no python3.11 in {}", summary["native_modules"]));
+    assert!(python["dwarf"].as_str().is_some_and(|d| d.contains("/usr/lib/debug/")), "{python}");
+    let (mut finalizing, mut statics) = (0, 0);
+    for s in summary["stacks"].as_array().expect("stacks") {
+        let frames = s["native"].as_array().expect("native frames");
+        for f in frames.iter().filter(|f| f["module"] == "python3.11") {
+            let name = f["function"].as_str().expect("a name");
+            assert!(!name.starts_with("0x") && !name.starts_with("python3.11+"), "unnamed frame {f} in {s}");
+        }
+        let names = native_names(s);
+        if names.contains(&"Py_FinalizeEx") {
+            finalizing += 1;
+            let only_in_debug =
+                |n: &&str| matches!(n.split('.').next(), Some("finalize_modules" | "finalize_interp_clear"));
+            statics += usize::from(names.iter().any(only_in_debug));
+        }
+    }
+    assert!(
+        finalizing > 0 && statics > 0,
+        "{finalizing} stacks in Py_FinalizeEx, {statics} named from the debug file: {}",
+        summary["stacks"]
+    );
 }
 
 /// A module without usable unwind tables (a library built without them,

@@ -85,6 +85,9 @@ pub mod names {
     pub const LIVE_COUNTS_MAP: &str = "LIVE_COUNTS";
     /// Array of `u32` by probe slot: its [`crate::live::role`].
     pub const SLOT_LIVE_MAP: &str = "SLOT_LIVE";
+    /// Array of one [`crate::live::Pymalloc`]: where the target's pymalloc
+    /// state is, for `--live` on builds that inline the allocator API.
+    pub const PYMALLOC_MAP: &str = "PYMALLOC";
     /// BPF global: whether `--live` is on.
     pub const LIVE_ON_GLOBAL: &str = "LIVE_ON";
     /// Bench-only: a table shaped as [`LIVE_MAP`], for `meta_insert` and

@@ -52,10 +52,17 @@ const _: () = assert!(core::mem::size_of::<LiveEntry>() == 32);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Frame {
-    /// For an implementation, the requested size (its own argument).
+    /// The requested size: an implementation's own argument, or an API
+    /// allocation's where its probe reads it (0: unknown).
     pub size: u64,
-    /// For an implementation's realloc, the old block (0: none).
+    /// For an implementation's realloc, the old block (0: none); for an
+    /// API free, the block it already took out of the table (0: none yet).
     pub old: u64,
+    /// For an API allocation served by pymalloc inline (see
+    /// [`Pymalloc`]), the block put in the table at its entry as the one
+    /// pymalloc hands out; an implementation it then calls replaces it
+    /// with the block that implementation returns.
+    pub predicted: u64,
     /// With `--stacks`, the stack hash; else 0.
     pub stack: u64,
     /// `%rsp` at the probe: for an API call at an inlined copy, the
@@ -71,7 +78,7 @@ pub struct Frame {
     pub role: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<Frame>() == 48);
+const _: () = assert!(core::mem::size_of::<Frame>() == 56);
 
 /// What a [`Frame`] is.
 pub mod kind {
@@ -102,7 +109,7 @@ pub struct Frames {
     pub depth: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<Frames>() == 48 * FRAME_DEPTH + 8);
+const _: () = assert!(core::mem::size_of::<Frames>() == 56 * FRAME_DEPTH + 8);
 
 /// How far from an API call's stack pointer its implementation's entry
 /// may be: below it by the API's own frame (an out-of-line API function's
@@ -190,12 +197,58 @@ pub mod role {
     /// family's domain shifted left by 8 (a free's slot has no domain in
     /// the slot-domains map, which gives requested sizes).
     pub const FREE: u32 = 4;
+    /// pymalloc's `allocate_from_new_pool(size class)` (3.11;
+    /// `(state, size class)` from 3.13): the block for an API allocation
+    /// that found no used pool of its size class; the requested size is
+    /// the API call's.
+    pub const POOL: u32 = 5;
     /// Added to a role for an implementation's slot: its arguments come
     /// after the allocator's context (`_PyObject_Malloc(void *ctx, size_t
     /// nbytes)`), one later than the API's.
     pub const IMPLEMENTATION: u32 = 0x10;
 }
 
+/// Where the target's pymalloc keeps what decides the block an inlined
+/// allocation gets, for `--live` on builds that inline the allocator API
+/// (LTO): an allocation of 1 to [`SMALL_REQUEST`] bytes through a table
+/// whose function is pymalloc's takes the head of the free list of the
+/// first used pool of its size class (`pymalloc_alloc`, Objects/obmalloc.c,
+/// v3.11.0 to v3.14.0), which BPF reads at the call's entry. Runtime
+/// addresses in the target; 0 where unknown (no prediction).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pymalloc {
+    /// `usedpools[0]`: per size class two pointers, the first (as a pool
+    /// header) with the class's used pools linked from it.
+    pub usedpools: u64,
+    /// Per domain (object, mem), the allocator table (`PyMemAllocatorEx`:
+    /// ctx, malloc, calloc, realloc, free); 0: the table is not checked
+    /// (its address is not known), and pymalloc is assumed.
+    pub tables: [u64; 2],
+    /// `_PyObject_Malloc` and `_PyObject_Calloc`, which the tables hold
+    /// while pymalloc serves them.
+    pub malloc: u64,
+    pub calloc: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<Pymalloc>() == 40);
+
+/// pymalloc's largest small request (`SMALL_REQUEST_THRESHOLD`): larger
+/// ones go to the raw allocator.
+pub const SMALL_REQUEST: u64 = 512;
+/// log2 of pymalloc's alignment (`ALIGNMENT_SHIFT`, 16 bytes on 64-bit
+/// builds from v3.8.0).
+pub const ALIGNMENT_SHIFT: u64 = 4;
+/// In a pool header (`struct pool_header`: `ref`, `freeblock`,
+/// `nextpool`, ...; `Objects/obmalloc.c` v3.11.0,
+/// `Include/internal/pycore_obmalloc.h` v3.12.0 to v3.14.0), the free
+/// list's head and the next pool.
+pub const POOL_FREEBLOCK: u64 = 8;
+pub const POOL_NEXTPOOL: u64 = 16;
+
+#[cfg(feature = "user")]
+// SAFETY: #[repr(C)], Copy, no padding (asserted above), any bits valid.
+unsafe impl aya::Pod for Pymalloc {}
 #[cfg(feature = "user")]
 // SAFETY: #[repr(C)], Copy, no padding (asserted above), any bits valid.
 unsafe impl aya::Pod for LiveKey {}

@@ -11,7 +11,7 @@ use aya_ebpf::{
     EbpfContext,
     bindings::{BPF_ANY, pt_regs},
     helpers::{
-        bpf_get_current_pid_tgid,
+        bpf_get_current_pid_tgid, bpf_probe_read_user,
         generated::{bpf_get_attach_cookie, bpf_ktime_get_ns},
     },
     macros::{map, uprobe, uretprobe},
@@ -21,7 +21,8 @@ use aya_ebpf::{
 use tracer_common::{
     live::{
         API_FRAME_ROOM, DEFAULT_LIVE_ENTRIES, DOMAIN_SLOTS, FRAME_DEPTH, FRAME_THREADS, Frame, Frames,
-        LiveCounts, LiveEntry, LiveKey, kind, role,
+        ALIGNMENT_SHIFT, LiveCounts, LiveEntry, LiveKey, POOL_FREEBLOCK, POOL_NEXTPOOL, Pymalloc, SMALL_REQUEST, kind,
+        role,
     },
     sizes::DEFAULT_SLOTS,
     stats::Stat,
@@ -41,9 +42,19 @@ static LIVE: HashMap<LiveKey, LiveEntry> = HashMap::with_max_entries(DEFAULT_LIV
 #[map]
 static FRAMES: LruHashMap<u32, Frames> = LruHashMap::with_max_entries(FRAME_THREADS, 0);
 
+/// One empty [`Frames`], never written: the first value of a thread's
+/// stack.
+#[map]
+static EMPTY_FRAMES: Array<Frames> = Array::with_max_entries(1, 0);
+
 /// Per domain, what the table did.
 #[map]
 static LIVE_COUNTS: PerCpuArray<LiveCounts> = PerCpuArray::with_max_entries(DOMAIN_SLOTS, 0);
+
+/// Where the target's pymalloc state is, for [`predict`]; the loader
+/// fills it on builds that inline the allocator API.
+#[map]
+static PYMALLOC: Array<Pymalloc> = Array::with_max_entries(1, 0);
 
 /// Per probe slot, its [`role`]; the loader fills it.
 #[map]
@@ -113,7 +124,7 @@ macro_rules! field {
 }
 
 /// At an allocating API function's entry (out of line): leaves the call's
-/// domain for the implementation it calls.
+/// domain and size for the implementation it calls.
 #[uprobe]
 pub fn live_alloc(ctx: ProbeContext) -> u32 {
     if let Err(stat) = try_api_entry(&ctx) {
@@ -122,7 +133,7 @@ pub fn live_alloc(ctx: ProbeContext) -> u32 {
     0
 }
 
-/// At a free's entry (out of line): the same, for a free.
+/// At a free's entry (out of line): takes its block out of the table.
 #[uprobe]
 pub fn live_free(ctx: ProbeContext) -> u32 {
     if let Err(stat) = try_api_entry(&ctx) {
@@ -136,15 +147,35 @@ fn try_api_entry(ctx: &ProbeContext) -> Result<(), Stat> {
     crate::check_target()?;
     // SAFETY: the helper reads this run's cookie.
     let slot = u32::try_from(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) }).map_err(|_| Stat::SlotOutOfRange)?;
-    api(ctx.regs, slot)
+    let r = SLOT_LIVE.get(slot).copied().unwrap_or(role::NONE) & 0xff;
+    let arg = |n: usize| ctx.arg::<u64>(n).ok_or(Stat::ArgMissing);
+    let (size, block) = match r {
+        role::MALLOC => (arg(0)?, 0),
+        role::CALLOC => (product(arg(0)?, arg(1)?), 0),
+        role::REALLOC => (arg(1)?, 0),
+        role::FREE => (0, arg(0)?),
+        _ => return Ok(()),
+    };
+    api(ctx.regs, slot, size, block)
 }
 
-/// An API call of slot `slot` (at its entry or at an inlined copy): pushes
-/// its frame, for the implementation it calls. An API frame already on
-/// top is stale: its call ran an inlined allocator and called none (LTO's
-/// devirtualised pymalloc), so its block is unseen, which is counted.
+/// `n * e`, saturated: BPF has no 128-bit multiply (as in try_record).
 #[inline(always)]
-pub fn api(regs: *mut pt_regs, slot: u32) -> Result<(), Stat> {
+fn product(n: u64, e: u64) -> u64 {
+    if (n | e) >> 32 != 0 && e != 0 && n > core::hint::black_box(u64::MAX) / e { u64::MAX } else { n.wrapping_mul(e) }
+}
+
+/// An API call of slot `slot` (at its entry or at an inlined copy), with
+/// its requested `size` (an allocation's; 0: unknown) or the `block` it
+/// frees (a free's; 0: unknown): pushes its frame, for the implementation
+/// it calls. A free takes its block out of the table at once. An
+/// allocation that pymalloc serves inline puts the block it will get in
+/// the table at once ([`predict`]). An API frame already on top is stale:
+/// its call ran an inlined allocator and called none (LTO's devirtualised
+/// pymalloc); its block is unseen, which is counted, unless it was taken
+/// or predicted.
+#[inline(always)]
+pub fn api(regs: *mut pt_regs, slot: u32, size: u64, block: u64) -> Result<(), Stat> {
     let kind_of = SLOT_LIVE.get(slot).copied().unwrap_or(role::NONE);
     let r = kind_of & 0xff;
     let domain = match r {
@@ -152,16 +183,15 @@ pub fn api(regs: *mut pt_regs, slot: u32) -> Result<(), Stat> {
         role::FREE => kind_of >> 8,
         _ => return Ok(()),
     };
-    let (_, tid) = ids();
+    let (tgid, tid) = ids();
     // SAFETY: regs is the context the kernel passed, readable directly.
     let sp = unsafe { (*regs).rsp };
-    let frame = Frame { sp, domain, slot, kind: kind::API, role: r, ..Frame::default() };
-    let Some(frames) = FRAMES.get_ptr_mut(&tid) else {
-        let mut fresh = Frames::default();
-        fresh.frames[0] = frame;
-        fresh.depth = 1;
-        return FRAMES.insert(&tid, &fresh, u64::from(BPF_ANY)).map_err(|_| Stat::LivePendingFull);
-    };
+    let mut frame = Frame { size, sp, domain, slot, kind: kind::API, role: r, ..Frame::default() };
+    if r == role::FREE && block != 0 {
+        take(tgid, block, domain);
+        frame.old = block;
+    }
+    let frames = frames_of(tid).ok_or(Stat::LivePendingFull)?;
     // SAFETY: a valid pointer to the value, which only this thread (so
     // only this program run) uses.
     let frames = unsafe { &mut *frames };
@@ -170,10 +200,80 @@ pub fn api(regs: *mut pt_regs, slot: u32) -> Result<(), Stat> {
         && last.kind == kind::API
     {
         unseen(*last);
-        *last = frame;
-        return Ok(());
+        frames.depth -= 1;
+    }
+    if matches!(r, role::MALLOC | role::CALLOC) {
+        frame.predicted = predict(tgid, &frame);
     }
     push(frames, frame)
+}
+
+/// With `--live` on a build that inlines pymalloc: the block pymalloc's
+/// inline fast path hands an allocation of `frame`'s size and domain,
+/// put in the table now (0: none predicted; the implementation it calls
+/// then gives it, or it is unseen). An allocation's code reads the same
+/// words in the same order right after this entry, and nothing else runs
+/// pymalloc in between: the GIL is held, and the thread is stopped here.
+#[inline(always)]
+fn predict(tgid: u32, frame: &Frame) -> u64 {
+    let Some(p) = PYMALLOC.get(0) else { return 0 };
+    if p.usedpools == 0 || frame.size == 0 || frame.size > SMALL_REQUEST || frame.domain > 1 {
+        return 0;
+    }
+    // The domain's table must hold pymalloc's function, as the inlined
+    // code checks before it runs pymalloc (`PYTHONMALLOC=debug` puts the
+    // debug hooks there, which are probed as implementations).
+    let table = p.tables.get(frame.domain as usize).copied().unwrap_or(0);
+    let (field, function) = if frame.role == role::CALLOC { (16, p.calloc) } else { (8, p.malloc) };
+    if table != 0 {
+        // SAFETY: the helper reads the probed thread's memory and fails
+        // rather than fault.
+        match unsafe { bpf_probe_read_user((table + field) as *const u64) } {
+            Ok(f) if f == function => {}
+            _ => return 0,
+        }
+    }
+    let class = (frame.size - 1) >> ALIGNMENT_SHIFT;
+    // SAFETY: as above.
+    let Ok(pool) = (unsafe { bpf_probe_read_user((p.usedpools + 16 * class) as *const u64) }) else { return 0 };
+    // SAFETY: as above: the pool header's first three words.
+    let Ok(head) = (unsafe { bpf_probe_read_user(pool as *const [u64; 3]) }) else { return 0 };
+    let (freeblock, nextpool) =
+        (head[(POOL_FREEBLOCK / 8) as usize], head[(POOL_NEXTPOOL / 8) as usize]);
+    if nextpool == pool || freeblock == 0 {
+        // No used pool of its class: `allocate_from_new_pool` gives it.
+        return 0;
+    }
+    if put(tgid, freeblock, frame).is_err() {
+        return 0;
+    }
+    freeblock
+}
+
+/// Takes a predicted block back out of the table: the call went to an
+/// implementation, whose return gives its block.
+#[inline(always)]
+fn unpredict(tgid: u32, frame: &Frame) {
+    let key = LiveKey { tgid, reserved: 0, address: frame.predicted };
+    if LIVE.remove(&key).is_ok() {
+        add(frame.domain, field!(count), u64::MAX);
+        add(frame.domain, field!(bytes), frame.size.wrapping_neg());
+        add(frame.domain, field!(tracked), u64::MAX);
+    }
+}
+
+/// This thread's calls in flight, an empty stack on its first call. The
+/// empty value comes from a map, as a stack of frames does not fit in a
+/// BPF program's stack beside the rest.
+#[inline(always)]
+fn frames_of(tid: u32) -> Option<*mut Frames> {
+    if let Some(frames) = FRAMES.get_ptr_mut(&tid) {
+        return Some(frames);
+    }
+    // SAFETY: a reference into a map value no program writes.
+    let empty = unsafe { EMPTY_FRAMES.get(0) }?;
+    let _ = FRAMES.insert(&tid, empty, u64::from(BPF_ANY));
+    FRAMES.get_ptr_mut(&tid)
 }
 
 /// Pushes `frame`; a full stack loses its outermost call (one whose
@@ -198,8 +298,10 @@ fn push(frames: &mut Frames, frame: Frame) -> Result<(), Stat> {
 #[inline(always)]
 fn unseen(frame: Frame) {
     if frame.role == role::FREE {
-        add(frame.domain, field!(unseen_frees), 1);
-    } else {
+        if frame.old == 0 {
+            add(frame.domain, field!(unseen_frees), 1);
+        }
+    } else if frame.predicted == 0 {
         add(frame.domain, field!(unseen_allocs), 1);
     }
 }
@@ -225,31 +327,18 @@ fn try_live_impl(ctx: &ProbeContext) -> Result<(), Stat> {
     let arg = |n: usize| ctx.arg::<u64>(n).ok_or(Stat::ArgMissing);
     let (size, old) = match r {
         role::MALLOC => (arg(1)?, 0),
-        role::CALLOC => {
-            let (n, e) = (arg(1)?, arg(2)?);
-            // As in try_record: BPF has no 128-bit multiply.
-            if (n | e) >> 32 != 0 && e != 0 && n > core::hint::black_box(u64::MAX) / e {
-                (u64::MAX, 0)
-            } else {
-                (n.wrapping_mul(e), 0)
-            }
-        }
+        role::CALLOC => (product(arg(1)?, arg(2)?), 0),
         role::REALLOC => (arg(2)?, arg(1)?),
         role::FREE => (0, arg(1)?),
+        // Its argument is a size class: the size is the API call's.
+        role::POOL => (0, 0),
         _ => return Ok(()),
     };
     let (_, tid) = ids();
     // SAFETY: regs is the context the kernel passed, readable directly.
     let sp = unsafe { (*ctx.regs).rsp };
     let mut frame = Frame { size, old, sp, slot, kind: kind::ORPHAN, role: r, ..Frame::default() };
-    let Some(frames) = FRAMES.get_ptr_mut(&tid) else {
-        // No API call seen on this thread: kept only for its return.
-        let mut fresh = Frames::default();
-        fresh.frames[0] = frame;
-        fresh.depth = 1;
-        let _ = FRAMES.insert(&tid, &fresh, u64::from(BPF_ANY));
-        return Err(Stat::LiveUnmatched);
-    };
+    let Some(frames) = frames_of(tid) else { return Err(Stat::LivePendingFull) };
     // SAFETY: a valid pointer to the value, which only this thread uses.
     let frames = unsafe { &mut *frames };
     let depth = usize::try_from(frames.depth).unwrap_or(0).min(FRAME_DEPTH);
@@ -263,11 +352,19 @@ fn try_live_impl(ctx: &ProbeContext) -> Result<(), Stat> {
     if nested {
         frame.kind = kind::NESTED;
         frame.domain = api.domain;
-    } else if api.kind == kind::API && api.role == r && api.sp.abs_diff(sp) <= API_FRAME_ROOM {
+    } else if api.kind == kind::API && serves(api.role, r) && api.sp.abs_diff(sp) <= API_FRAME_ROOM {
         frame.kind = kind::OUTER;
         frame.domain = api.domain;
         frame.slot = api.slot;
-        if r == role::FREE && old != 0 {
+        if r == role::POOL {
+            frame.size = api.size;
+        }
+        // The block it returns replaces the one predicted.
+        if api.predicted != 0 {
+            unpredict(tgid, &api);
+        }
+        // A free whose API call knew its block took it already.
+        if r == role::FREE && old != 0 && api.old == 0 {
             take(tgid, old, frame.domain);
         }
     } else {
@@ -277,6 +374,17 @@ fn try_live_impl(ctx: &ProbeContext) -> Result<(), Stat> {
     }
     push(frames, frame)?;
     result
+}
+
+/// Whether an implementation of role `implementation` serves an API call
+/// of role `api`: its own role, a malloc for a realloc (pymalloc's
+/// realloc of NULL or of a block it moves calls `_PyObject_Malloc`), or a
+/// new pool for an allocation.
+#[inline(always)]
+fn serves(api: u32, implementation: u32) -> bool {
+    api == implementation
+        || (api == role::REALLOC && implementation == role::MALLOC)
+        || (implementation == role::POOL && matches!(api, role::MALLOC | role::CALLOC | role::REALLOC))
 }
 
 /// At an implementation's `ret`: the stack pointer is the entry's.
@@ -340,6 +448,12 @@ fn returned(regs: *mut pt_regs, sp_delta: u64) -> Result<(), Stat> {
     if frame.old != 0 {
         take(tgid, frame.old, frame.domain);
     }
+    put(tgid, address, &frame)
+}
+
+/// Puts `address`, allocated by `frame`'s call, in the live table.
+#[inline(always)]
+fn put(tgid: u32, address: u64, frame: &Frame) -> Result<(), Stat> {
     let live = LiveKey { tgid, reserved: 0, address };
     // SAFETY: the helper has no arguments.
     let time_ns = unsafe { bpf_ktime_get_ns() };

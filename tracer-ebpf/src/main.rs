@@ -232,7 +232,7 @@ fn try_count_site(ctx: &ProbeContext) -> Result<(), Stat> {
     }
     add_size(site::slot(cookie), bytes);
     if live::on()
-        && let Err(stat) = live::api(ctx.regs, site::slot(cookie))
+        && let Err(stat) = live::api(ctx.regs, site::slot(cookie), bytes, 0)
     {
         bump(ctx, stat);
     }
@@ -745,15 +745,19 @@ fn try_record(ctx: &ProbeContext, size: Size) -> Result<(), Stat> {
     // context; ctx is the context the kernel passed to this program.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
     // An inlined copy's cookie has its first operand set (see
-    // `tracer_common::site::INLINED`); nothing else may be above the slot.
-    let inlined = site::first(cookie) == site::INLINED && cookie >> 40 == 0;
+    // `tracer_common::site::INLINED`); a free's copy may have its block's
+    // place as the second operand, for --live.
+    let inlined = site::first(cookie) == site::INLINED;
     let slot = if inlined { site::slot(cookie) } else { u32::try_from(cookie).map_err(|_| Stat::SlotOutOfRange)? };
     count(ctx, CounterKey { tgid, slot }, bytes)?;
-    if inlined
-        && live::on()
-        && let Err(stat) = live::api(ctx.regs, slot)
-    {
-        bump(ctx, stat);
+    if inlined && live::on() {
+        let block = match site::second(cookie) {
+            site::NONE => Ok(0),
+            kind => operand(ctx.regs, kind, site::constant(cookie)),
+        };
+        if let Err(stat) = block.and_then(|block| live::api(ctx.regs, slot, bytes, block)) {
+            bump(ctx, stat);
+        }
     }
     if !matches!(size, Size::None) {
         add_size(slot, bytes);

@@ -134,13 +134,14 @@ fn try_free_object(ctx: &ProbeContext) -> Result<(), Stat> {
     // An inlined copy's second operand is `INLINED` (a free reads one):
     // with --live, its call leaves its domain for the implementation it
     // calls, as `count_call` does at the copies of a free without --types.
+    let block = operand(ctx.regs, site::first(cookie), site::constant(cookie)).map_err(|_| Stat::FreeArgMissing);
     if site::second(cookie) == site::INLINED
         && crate::live::on()
-        && let Err(stat) = crate::live::api(ctx.regs, site::slot(cookie))
+        && let Err(stat) = crate::live::api(ctx.regs, site::slot(cookie), 0, block.unwrap_or(0))
     {
         bump(ctx, stat);
     }
-    let block = operand(ctx.regs, site::first(cookie), site::constant(cookie)).map_err(|_| Stat::FreeArgMissing)?;
+    let block = block?;
     if block == 0 {
         return Ok(());
     }

@@ -139,9 +139,9 @@ fn function_names(data: &[u8]) -> std::collections::HashMap<u64, String> {
 }
 
 /// The parameters whose DWARF locations are wanted for probe `p`: its size
-/// or sizes, or the new object.
+/// or sizes, the new object, or a free's block.
 fn parameters(p: &crate::probe::ProbeSpec) -> &'static [&'static str] {
-    match (python::object_parameter(p.symbol), python::freed_parameter(p.symbol)) {
+    match (python::object_parameter(p.symbol), python::freed_block_parameter(p.symbol)) {
         (Some(_), _) => &["op"],
         (None, Some(_)) => &["ptr"],
         (None, None) => python::size_parameters(p.program),

@@ -12,6 +12,7 @@ pub mod inline;
 pub mod libc;
 pub mod modules;
 pub mod process;
+pub mod pymalloc;
 pub mod usdt;
 pub mod version;
 

@@ -313,6 +313,13 @@ impl Session {
                     (Program::FreeObject, _, Some((first, constant))) => {
                         (Program::FreeObject, site::encode(p.slot, first, site::INLINED, constant))
                     }
+                    // With --live, a free's copy takes its block out of the
+                    // table: where the block is is its second operand.
+                    (Program::CountCall, _, Some((second, constant)))
+                        if p.live.is_some_and(|r| r & 0xff == tracer_common::live::role::FREE) =>
+                    {
+                        (Program::CountCall, site::encode(p.slot, site::INLINED, second, constant))
+                    }
                     // Marked as a copy: with --live, its call leaves its
                     // domain for the implementation it calls.
                     _ => (Program::CountCall, site::encode(p.slot, site::INLINED, site::NONE, 0)),

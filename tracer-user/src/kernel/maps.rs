@@ -180,6 +180,19 @@ impl Session {
         Ok(Readings { probes, per_process, types, sizes, stacks, stats, kernel_misses, gc, live })
     }
 
+    /// With `--live`, tells the programs where the target's pymalloc
+    /// state is, so that an allocation pymalloc serves inline has its block.
+    pub fn set_pymalloc(&mut self, config: tracer_common::live::Pymalloc) -> Result<(), AttachError> {
+        let name = names::PYMALLOC_MAP;
+        let map = self.ebpf.map_mut(name).ok_or_else(|| AttachError::Map {
+            name,
+            cause: Box::new(aya::maps::MapError::InvalidName { name: name.to_owned() }),
+        })?;
+        let mut array: aya::maps::Array<_, tracer_common::live::Pymalloc> =
+            aya::maps::Array::try_from(map).map_err(|cause| AttachError::Map { name, cause: Box::new(cause) })?;
+        array.set(0, config, 0).map_err(|cause| AttachError::Map { name, cause: Box::new(cause) })
+    }
+
     /// With `--live`, every block in the live table now. A block freed
     /// while this walks the table may be in it or not.
     pub fn live_blocks(&self) -> Vec<(tracer_common::live::LiveKey, tracer_common::live::LiveEntry)> {

@@ -207,9 +207,13 @@ pub fn family(symbol: &str) -> Option<tracer_common::sizes::Domain> {
 /// (`_PyObject_Malloc(void *ctx, size_t nbytes)`); checked against the
 /// symbol tables of pyenv's 3.11.7, 3.12.1, 3.13.0, Debian's 3.11 and the
 /// forky root's 3.13 and 3.14.
-pub const IMPLEMENTATIONS: [(&str, u32); 24] = {
-    use tracer_common::live::role::{CALLOC, FREE, MALLOC, REALLOC};
+pub const IMPLEMENTATIONS: [(&str, u32); 25] = {
+    use tracer_common::live::role::{CALLOC, FREE, MALLOC, POOL, REALLOC};
     [
+        // pymalloc's slow path, out of line where the rest is inlined
+        // (`static void *allocate_from_new_pool(uint size)`, and
+        // `(OMState *state, uint size)` from v3.13.0).
+        ("allocate_from_new_pool", POOL),
         ("_PyObject_Malloc", MALLOC),
         ("_PyObject_Calloc", CALLOC),
         ("_PyObject_Realloc", REALLOC),
@@ -236,6 +240,40 @@ pub const IMPLEMENTATIONS: [(&str, u32); 24] = {
         ("_PyMem_MiFree", FREE),
     ]
 };
+
+/// The variables that hold pymalloc's state, by their names in the
+/// source, for `--live`'s prediction of the blocks an inlined pymalloc
+/// hands out ([`tracer_common::live::Pymalloc`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PymallocNames {
+    /// The array whose first element is `usedpools[0]`.
+    pub usedpools: &'static str,
+    /// The object and mem domains' allocator tables, where they are
+    /// variables of their own.
+    pub tables: [Option<&'static str>; 2],
+}
+
+/// Where `abi`'s version keeps pymalloc's state; `None` where tracer
+/// cannot find it from symbols.
+#[must_use]
+pub fn pymalloc_names(abi: &dyn Abi) -> Option<PymallocNames> {
+    #[allow(clippy::match_same_arms, reason = "3.12 is checked and has no such symbol; other versions are not checked")]
+    match abi.minor() {
+        // Objects/obmalloc.c v3.11.0: `static poolp usedpools[...]`, and
+        // the tables `static PyMemAllocatorEx _PyMem, _PyObject`.
+        11 => Some(PymallocNames { usedpools: "usedpools", tables: [Some("_PyObject"), Some("_PyMem")] }),
+        // v3.12.0: the state is in each interpreter
+        // (`_PyRuntime._main_interpreter.obmalloc`), which no symbol names.
+        12 => None,
+        // v3.13.0 and v3.14.0: the main interpreter's state is `static
+        // struct _obmalloc_state obmalloc_state_main` (Objects/obmalloc.c),
+        // whose first member is `pools.used` (Include/internal/
+        // pycore_obmalloc.h); the tables are inside `_PyRuntime`
+        // (`_PyRuntime.allocators.standard`), so they are not checked.
+        13 | 14 => Some(PymallocNames { usedpools: "obmalloc_state_main", tables: [None, None] }),
+        _ => None,
+    }
+}
 
 /// The [`Abi`] for `version`, or an error for versions nobody has checked.
 pub fn abi_for(pid: u32, version: PythonVersion) -> Result<&'static dyn Abi, VersionError> {
@@ -337,6 +375,15 @@ pub fn object_parameter(symbol: &str) -> Option<&'static str> {
 #[must_use]
 pub fn freed_parameter(symbol: &str) -> Option<&'static str> {
     (symbol == "PyObject_Free").then_some("ptr")
+}
+
+/// The name of the parameter that is the block a free frees, where
+/// `--live` takes it out of the table at an inlined copy: `ptr`, in
+/// `PyObject_Free`, `PyMem_Free` and `PyMem_RawFree(void *ptr)`
+/// (Objects/obmalloc.c from v3.11.0 to v3.14.0).
+#[must_use]
+pub fn freed_block_parameter(symbol: &str) -> Option<&'static str> {
+    matches!(symbol, "PyObject_Free" | "PyMem_Free" | "PyMem_RawFree").then_some("ptr")
 }
 
 /// Where an object's type and a type's name are, for `--types`.

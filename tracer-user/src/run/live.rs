@@ -1,9 +1,17 @@
 //! `--live` and `--leaks`: the model of the live table, from its counts
 //! and, at the end, its blocks.
 
-use tracer_common::{live::LiveCounts, sizes::Domain};
+use tracer_common::{
+    live::{LiveCounts, Pymalloc},
+    sizes::Domain,
+};
 
-use crate::{kernel::Session, model, plan::Plan};
+use crate::{
+    discover::{Inlining, Resolved},
+    kernel::Session,
+    model,
+    plan::Plan,
+};
 
 /// What the live figures cannot know, said with every one of them.
 pub const UNKNOWN: &str = "allocations made before tracer attached are not in the table: their frees are counted as untracked_frees, and never lower the live counts";
@@ -49,7 +57,7 @@ pub fn report(plan: &Plan, counts: &[LiveCounts], capacity: u32) -> model::Live 
         ))
     } else if unseen > 0 {
         Some(format!(
-            "{unseen} allocator calls (the unseen_* counts) ran an allocator inlined into their caller and called no implementation tracer probes (the default pymalloc on an LTO build, which compares the allocator table with pymalloc and runs it inline), so their blocks are not tracked; for exact live memory start the target with PYTHONMALLOC=debug (every call then goes through the out-of-line debug hooks, at some cost to the target) or use a build without LTO"
+            "{unseen} allocator calls (the unseen_* counts) ran an allocator inlined into their caller and called no implementation tracer probes (on an LTO build, the raw allocator calling libc directly for a block pymalloc does not serve, a realloc, or pymalloc itself where its state was not found), so their blocks are not tracked; for exact live memory start the target with PYTHONMALLOC=debug (every call then goes through the out-of-line debug hooks, at some cost to the target) or use a build without LTO"
         ))
     } else {
         None
@@ -101,6 +109,43 @@ pub fn leaks(session: &Session, config: LeaksConfig) -> model::Leaks {
         oldest,
         sites: "not recorded yet: a block's Python stack is not kept in the live table (see --stacks for where allocations come from)".to_owned(),
     }
+}
+
+/// With `--live` on a build that inlines the allocator API (an LTO build:
+/// its allocating API functions have inlined copies), where process
+/// `pid`'s pymalloc state is, in its memory, so that the programs know
+/// the block an inlined pymalloc hands out. `None` on other builds, which
+/// call an implementation tracer probes for every block, or where the
+/// state is not found (those allocations are then counted as unseen, and
+/// the live report says it is partial).
+#[must_use]
+pub fn pymalloc(r: &Resolved, plan: &Plan, pid: u32) -> Option<Pymalloc> {
+    use tracer_common::live::role;
+    let inlined = plan
+        .probes
+        .iter()
+        .any(|p| p.live.is_some_and(|l| matches!(l & 0xff, role::MALLOC | role::CALLOC)) && !p.inline_sites.is_empty());
+    if !inlined {
+        return None;
+    }
+    let names = crate::python::pymalloc_names(r.abi)?;
+    let debug = match &r.inlining {
+        Inlining::Known { source, .. } => Some(std::path::PathBuf::from(source)),
+        _ => None,
+    };
+    let at = crate::discover::pymalloc::find(r.elf.path(), debug.as_deref(), &names)?;
+    let function = |name: &str| r.implementations.iter().find(|i| i.name == name);
+    let (malloc, calloc) = (function("_PyObject_Malloc")?, function("_PyObject_Calloc")?);
+    // One bias for the whole image: its segments keep their distances.
+    let target = crate::discover::process::Target::inspect(pid).ok()?;
+    let bias = target.address_of_file_offset(malloc.file_offset)?.wrapping_sub(malloc.address);
+    let runtime = |address: u64| if address == 0 { 0 } else { address.wrapping_add(bias) };
+    Some(Pymalloc {
+        usedpools: runtime(at.usedpools),
+        tables: [runtime(at.tables[0]), runtime(at.tables[1])],
+        malloc: runtime(malloc.address),
+        calloc: runtime(calloc.address),
+    })
 }
 
 /// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`.

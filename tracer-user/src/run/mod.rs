@@ -527,6 +527,12 @@ fn start<'a>(
     let live = config.live.as_ref().map(|l| l.max);
     let load = LoadOptions { bpf_log: config.bpf_log, types, stacks, live, ..LoadOptions::default() };
     let mut session = Session::load(plan, r.scope, &load)?;
+    if live.is_some()
+        && let Some(pid) = r.pid()
+        && let Some(pymalloc) = live::pymalloc(&r, session.plan(), pid)
+    {
+        session.set_pymalloc(pymalloc)?;
+    }
     // The target's frames are located before the probes go live, so that
     // its first events have stacks.
     let mut stack_names = config.stacks.as_ref().zip(stack_slots).map(|(s, slots)| {

@@ -51,8 +51,12 @@ struct Module {
     /// they could not be read, `why_no_names` says why).
     symbols: Names,
     why_no_names: Option<String>,
-    /// Its DWARF, where found.
+    /// Its DWARF, where found, and the file held open from when it was
+    /// found: the names are read at the first stack that needs them,
+    /// which may be after the process (and the root it was found in) is
+    /// gone.
     dwarf: Option<PathBuf>,
+    dwarf_file: Option<std::fs::File>,
     /// Where the DWARF would be found: the path inside the process's
     /// root and that root.
     in_root: PathBuf,
@@ -169,9 +173,11 @@ impl Native {
             symbols: Names::NotRead,
             why_no_names: None,
             dwarf: None,
+            dwarf_file: None,
             in_root,
             root: process::proc_root(pid),
         };
+        locate_dwarf(&mut module, self.debug_dir.as_deref());
         let data = match std::fs::read(&readable) {
             Ok(d) => d,
             Err(e) => {
@@ -253,10 +259,9 @@ impl Native {
                 continue;
             };
             last_module = Some(m.module);
-            let debug_dir = self.debug_dir.clone();
             let Some(module) = self.modules.get_mut(&m.module) else { continue };
             if matches!(module.symbols, Names::NotRead) {
-                module.symbols = names(module, debug_dir.as_deref()).map_or(Names::Unreadable, Names::Read);
+                module.symbols = names(module).map_or(Names::Unreadable, Names::Read);
             }
             match &module.symbols {
                 Names::Read(s) => frames.extend(s.frames(at.wrapping_sub(m.bias))),
@@ -321,11 +326,23 @@ impl Native {
     }
 }
 
-/// A module's names: its symbols, and its DWARF where found (inside the
-/// process's root by build-id or debuglink, or in `--debug-dir`).
-fn names(module: &mut Module, debug_dir: Option<&Path>) -> Option<Symbols> {
+/// Finds a module's DWARF (inside the process's root by build-id or
+/// debuglink, or in `--debug-dir`) while the process is alive, and holds
+/// it open.
+fn locate_dwarf(module: &mut Module, debug_dir: Option<&Path>) {
     match debuginfo::locate(&module.in_root, &module.root, debug_dir, Some(&module.readable)) {
-        Ok(Some(file)) => module.dwarf = Some(file.path),
+        Ok(Some(file)) => match std::fs::File::open(&file.path) {
+            Ok(open) => {
+                module.dwarf = Some(file.path);
+                module.dwarf_file = Some(open);
+            }
+            Err(e) => {
+                module.why_no_names = Some(format!(
+                    "its DWARF {} cannot be opened ({e}): frames are named from ELF symbols only",
+                    file.path.display()
+                ));
+            }
+        },
         Ok(None) => {
             module.why_no_names = Some(
                 "no DWARF found: frames are named from ELF symbols only, without inlined functions or lines".to_owned(),
@@ -336,7 +353,14 @@ fn names(module: &mut Module, debug_dir: Option<&Path>) -> Option<Symbols> {
                 Some(format!("its DWARF cannot be used ({e}): frames are named from ELF symbols only"));
         }
     }
-    match Symbols::load(file_name(&module.path), &module.readable, module.dwarf.as_deref()) {
+}
+
+/// A module's names: its symbols, and its DWARF where found, read through
+/// the file held open.
+fn names(module: &mut Module) -> Option<Symbols> {
+    use std::os::fd::AsRawFd as _;
+    let dwarf = module.dwarf_file.as_ref().map(|f| PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())));
+    match Symbols::load(file_name(&module.path), &module.readable, dwarf.as_deref()) {
         Ok(s) => Some(s),
         Err(why) => {
             module.why_no_names = Some(why);
