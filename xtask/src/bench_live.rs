@@ -85,7 +85,7 @@ fn builds() -> Vec<Build> {
             root: None,
             python: debian,
             env: &[],
-            sees: "partial",
+            sees: "nearly exact",
         },
         Build {
             name: "Debian forky python3.14 (LTO), chrooted, `PYTHONMALLOC=debug`",

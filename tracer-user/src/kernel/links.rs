@@ -365,7 +365,8 @@ impl Session {
         // With --live, each allocator API function leaves its call's
         // domain for the implementation it calls, where its counting probe
         // sits (sharing its breakpoint): the placement moves it only where
-        // the stack pointer is still the entry's, the caller's.
+        // the stack pointer is still the entry's, the caller's, and the
+        // arguments live_alloc and live_free read are intact.
         for p in &self.plan.probes {
             let Some(role) = p.live else { continue };
             let program =

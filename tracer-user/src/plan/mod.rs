@@ -324,7 +324,22 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
                 placement::at_entry_of(&code, sym.address, kernel, "entry (--placement entry)")
             }
             (ProbeKind::Function, Ok(code), PlacementMode::Auto | PlacementMode::CallSites) => {
-                placement::place(&code, sym.address, program, kernel)
+                let place = placement::place(&code, sym.address, program, kernel);
+                // With --live, `live_alloc` (`live_free`) shares this
+                // breakpoint and reads the call's arguments: a place where
+                // they are gone is the entry's for both.
+                match options.live.then(|| live_role(spec)).flatten() {
+                    Some(role) => {
+                        let live = if role & 0xff == tracer_common::live::role::FREE {
+                            Program::LiveFree
+                        } else {
+                            Program::LiveAlloc
+                        };
+                        let theirs = placement::place(&code, sym.address, live, kernel);
+                        if theirs.offset < place.offset { theirs } else { place }
+                    }
+                    None => place,
+                }
             }
             (ProbeKind::Function, Err(e), _) => Placement::at_entry(format!("entry: the code could not be read ({e})")),
         };

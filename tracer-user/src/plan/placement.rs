@@ -80,12 +80,14 @@ fn reads(program: Program) -> &'static [Register] {
         // An implementation's arguments follow the allocator's context:
         // the size (or the block) and a calloc's or realloc's second one.
         Program::LiveImpl => &[Register::RSI, Register::RDX],
+        // At the API call: the size, a calloc's two or a realloc's second,
+        // or the block a free frees.
+        Program::LiveAlloc => &[Register::RDI, Register::RSI],
+        Program::LiveFree => &[Register::RDI],
         Program::CountCall
         | Program::Empty
         | Program::RetValue
         | Program::RetValueUret
-        | Program::LiveAlloc
-        | Program::LiveFree
         | Program::LiveRet
         | Program::LiveRetUret
         | Program::CountSite
