@@ -324,22 +324,7 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
                 placement::at_entry_of(&code, sym.address, kernel, "entry (--placement entry)")
             }
             (ProbeKind::Function, Ok(code), PlacementMode::Auto | PlacementMode::CallSites) => {
-                let place = placement::place(&code, sym.address, program, kernel);
-                // With --live, `live_alloc` (`live_free`) shares this
-                // breakpoint and reads the call's arguments: a place where
-                // they are gone is the entry's for both.
-                match options.live.then(|| live_role(spec)).flatten() {
-                    Some(role) => {
-                        let live = if role & 0xff == tracer_common::live::role::FREE {
-                            Program::LiveFree
-                        } else {
-                            Program::LiveAlloc
-                        };
-                        let theirs = placement::place(&code, sym.address, live, kernel);
-                        if theirs.offset < place.offset { theirs } else { place }
-                    }
-                    None => place,
-                }
+                place_with_live(&code, sym.address, (program, options.live.then(|| live_role(spec)).flatten()), kernel)
             }
             (ProbeKind::Function, Err(e), _) => Placement::at_entry(format!("entry: the code could not be read ({e})")),
         };
@@ -629,6 +614,23 @@ fn coverage(
         }
     }
     c
+}
+
+/// Where `program` goes in the function whose code is `code`; with a live
+/// role (`--live`), `live_alloc` (`live_free`) shares that breakpoint and
+/// reads the call's arguments, so a place where they are gone is the
+/// entry's for both.
+fn place_with_live(
+    code: &[u8],
+    address: u64,
+    (program, live): (Program, Option<u32>),
+    kernel: placement::KernelVersion,
+) -> Placement {
+    let place = placement::place(code, address, program, kernel);
+    let Some(role) = live else { return place };
+    let live = if role & 0xff == tracer_common::live::role::FREE { Program::LiveFree } else { Program::LiveAlloc };
+    let theirs = placement::place(code, address, live, kernel);
+    if theirs.offset < place.offset { theirs } else { place }
 }
 
 /// With `--live`, what probe `spec` does in the live table

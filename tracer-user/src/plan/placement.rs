@@ -73,17 +73,17 @@ fn reads(program: Program) -> &'static [Register] {
         | Program::MetaInsert
         | Program::MetaLookup
         | Program::MetaPool
-        | Program::MetaChunk => &[Register::RDI],
+        | Program::MetaChunk
+        // At a free's API call: the block.
+        | Program::LiveFree => &[Register::RDI],
         Program::SizeArg1 | Program::NativeSizeArg1 | Program::NativeReleaseArg1 => &[Register::RSI],
         Program::NativeSizeArg2 => &[Register::RDX],
-        Program::Calloc | Program::NativeCalloc => &[Register::RDI, Register::RSI],
+        // At an API call, live_alloc reads the size, a calloc's two or a
+        // realloc's second.
+        Program::Calloc | Program::NativeCalloc | Program::LiveAlloc => &[Register::RDI, Register::RSI],
         // An implementation's arguments follow the allocator's context:
         // the size (or the block) and a calloc's or realloc's second one.
         Program::LiveImpl => &[Register::RSI, Register::RDX],
-        // At the API call: the size, a calloc's two or a realloc's second,
-        // or the block a free frees.
-        Program::LiveAlloc => &[Register::RDI, Register::RSI],
-        Program::LiveFree => &[Register::RDI],
         Program::CountCall
         | Program::Empty
         | Program::RetValue

@@ -474,6 +474,21 @@ fn kernel_options(config: &AttachConfig, r: &discover::Resolved, plan: &plan::Pl
     Ok((types, stacks, stack_slots))
 }
 
+/// The plan's options for `config`, with the return costs calibrated (for
+/// `--returns`' probes on the API functions, and for `--live`'s on the
+/// implementations, each only when asked for).
+fn plan_options(config: &AttachConfig, return_costs: Option<ReturnCosts>) -> PlanOptions {
+    PlanOptions {
+        placement: config.placement,
+        returns: return_costs.filter(|_| config.returns),
+        inlined: config.inlined,
+        types: config.types,
+        live: config.live.is_some(),
+        live_costs: return_costs.filter(|_| config.live.is_some()),
+        ..PlanOptions::default()
+    }
+}
+
 fn start<'a>(
     config: &AttachConfig,
     out: impl Write + 'a,
@@ -499,15 +514,7 @@ fn start<'a>(
         config.placement == PlacementMode::CallSites,
         discover::DwarfLookup { enabled: config.inlined, debug_dir: config.debug_dir.as_deref() },
     )?;
-    let options = PlanOptions {
-        placement: config.placement,
-        returns: return_costs.filter(|_| config.returns).map(|r| r.0),
-        inlined: config.inlined,
-        types: config.types,
-        live: config.live.is_some(),
-        live_costs: return_costs.filter(|_| config.live.is_some()).map(|r| r.0),
-        ..PlanOptions::default()
-    };
+    let options = plan_options(config, return_costs.map(|r| r.0));
     let mut plan = plan::plan(ImageRef::from(&r), &specs(&r, &config.probes, config.types)?, options)?;
     if config.native {
         native(&mut plan, &r, options)?;
