@@ -619,7 +619,9 @@ fn coverage(
 /// Where `program` goes in the function whose code is `code`; with a live
 /// role (`--live`), `live_alloc` (`live_free`) shares that breakpoint and
 /// reads the call's arguments, so a place where they are gone is the
-/// entry's for both.
+/// entry's for both. An allocation's counting program reads the same
+/// arguments (the role follows from it); a free's reads none, and
+/// `live_free` reads the block.
 fn place_with_live(
     code: &[u8],
     address: u64,
@@ -627,9 +629,10 @@ fn place_with_live(
     kernel: placement::KernelVersion,
 ) -> Placement {
     let place = placement::place(code, address, program, kernel);
-    let Some(role) = live else { return place };
-    let live = if role & 0xff == tracer_common::live::role::FREE { Program::LiveFree } else { Program::LiveAlloc };
-    let theirs = placement::place(code, address, live, kernel);
+    if live.is_none_or(|role| role & 0xff != tracer_common::live::role::FREE) {
+        return place;
+    }
+    let theirs = placement::place(code, address, Program::LiveFree, kernel);
     if theirs.offset < place.offset { theirs } else { place }
 }
 

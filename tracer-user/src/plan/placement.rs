@@ -78,9 +78,7 @@ fn reads(program: Program) -> &'static [Register] {
         | Program::LiveFree => &[Register::RDI],
         Program::SizeArg1 | Program::NativeSizeArg1 | Program::NativeReleaseArg1 => &[Register::RSI],
         Program::NativeSizeArg2 => &[Register::RDX],
-        // At an API call, live_alloc reads the size, a calloc's two or a
-        // realloc's second.
-        Program::Calloc | Program::NativeCalloc | Program::LiveAlloc => &[Register::RDI, Register::RSI],
+        Program::Calloc | Program::NativeCalloc => &[Register::RDI, Register::RSI],
         // An implementation's arguments follow the allocator's context:
         // the size (or the block) and a calloc's or realloc's second one.
         Program::LiveImpl => &[Register::RSI, Register::RDX],
@@ -88,6 +86,9 @@ fn reads(program: Program) -> &'static [Register] {
         | Program::Empty
         | Program::RetValue
         | Program::RetValueUret
+        // At an API call it reads what the call's counting program
+        // reads (see plan::place_with_live).
+        | Program::LiveAlloc
         | Program::LiveRet
         | Program::LiveRetUret
         | Program::CountSite
