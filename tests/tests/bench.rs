@@ -80,7 +80,7 @@ fn bench_bad_input() {
     let (code, _, stderr) = run_tracer(&["bench", "--also", "perf", "-o", out]);
     assert_eq!(
         stderr,
-        "tracer: error: --also names \"perf\", which is not a setup tracer bench knows; use entry, call-sites, empty, empty-entry, empty-call-sites, returns, bpftrace, tracemalloc=FRAMES (e.g. tracemalloc=1) or budget=PERCENT (e.g. budget=1)\n"
+        "tracer: error: --also names \"perf\", which is not a setup tracer bench knows; use entry, call-sites, empty, empty-entry, empty-call-sites, returns, meta-insert, meta-lookup, meta-pool, meta-chunk, bpftrace, tracemalloc=FRAMES (e.g. tracemalloc=1) or budget=PERCENT (e.g. budget=1)\n"
     );
     assert_eq!(code, Some(2));
     std::fs::remove_dir_all(&dir).unwrap();

@@ -122,3 +122,42 @@ fn probes_bad_input() {
     assert_eq!(stderr, "tracer: error: --placement must be auto, entry or call-sites (got \"middle\")\n");
     assert_eq!(code, Some(2));
 }
+
+/// `tracer probes --live` names the allocator implementations the live
+/// table probes, where `live_impl` traps in each and how its return is
+/// read. A `ret` is single-stepped here (calibrated: dearer than a
+/// uretprobe), and the uretprobe shares `live_impl`'s breakpoint: so each
+/// return is read by uretprobe. `live_impl` (and the uretprobe) sit on the
+/// first emulated instruction before the stack pointer or the arguments
+/// change, else at the entry.
+#[test]
+fn shared_python_live_plan() {
+    require_root();
+    let python = shared_python();
+    let (code, stdout, stderr) =
+        run_tracer(&["probes", "--exe", python.to_str().unwrap(), "--probes", "alloc", "--live", "--json"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let plan: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    let costs = &plan["return_costs_ns"];
+    let ns = |k: &str| costs[k].as_f64().unwrap_or_else(|| panic!("return_costs_ns.{k}: {plan}"));
+    assert!(ns("ret") > ns("uretprobe"), "{costs}");
+    let impls = plan["live_impls"].as_array().unwrap_or_else(|| panic!("no live_impls: {plan}"));
+    let names: Vec<&str> = impls.iter().map(|i| i["symbol"].as_str().unwrap()).collect();
+    for name in ["_PyObject_Malloc", "_PyObject_Calloc", "_PyObject_Realloc", "_PyObject_Free", "_PyMem_RawMalloc"] {
+        assert!(names.contains(&name), "{name} not planned: {names:?}");
+    }
+    for i in impls {
+        assert_eq!(i["returns"]["how"], "uretprobe", "{i}");
+        let at = &i["placement"];
+        assert!(at["emulated"] == true || at["offset"] == 0, "{i}");
+    }
+    // pyenv's 3.11.7: `_PyObject_Malloc` starts with `lea -1(%rsi),%rax`,
+    // which the kernel single-steps, then `push %rbx`, which it emulates;
+    // `_PyObject_Free` with `test %rsi,%rsi; je …`.
+    let at = |name: &str| impls.iter().find(|i| i["symbol"] == name).unwrap()["placement"].clone();
+    let malloc = at("_PyObject_Malloc");
+    assert_eq!((&malloc["offset"], &malloc["instruction"]), (&4.into(), &"push %rbx".into()), "{malloc}");
+    let free = at("_PyObject_Free");
+    assert_eq!(free["offset"], 3, "{free}");
+    assert!(free["instruction"].as_str().unwrap().starts_with("je "), "{free}");
+}

@@ -90,6 +90,9 @@ pub mod names {
     pub const PYMALLOC_MAP: &str = "PYMALLOC";
     /// BPF global: whether `--live` is on.
     pub const LIVE_ON_GLOBAL: &str = "LIVE_ON";
+    /// Bench-only: a table shaped as [`LIVE_MAP`], for `meta_insert` and
+    /// `meta_lookup`.
+    pub const META_LIVE_MAP: &str = "META_LIVE";
 
     /// The BPF programs, by their function names in tracer-ebpf.
     pub mod programs {
@@ -116,6 +119,14 @@ pub mod names {
         pub const NATIVE_NESTED: &str = "native_nested";
         /// Does nothing (the bare cost of a hit).
         pub const EMPTY: &str = "empty";
+        /// Bench-only (tracer-ebpf/src/experiment.rs): the pointer in the
+        /// first argument put in a table shaped as the live table and taken out; the
+        /// same and looked up 32 times; pymalloc's pool header read 32
+        /// times; glibc's chunk size word read 32 times.
+        pub const META_INSERT: &str = "meta_insert";
+        pub const META_LOOKUP: &str = "meta_lookup";
+        pub const META_POOL: &str = "meta_pool";
+        pub const META_CHUNK: &str = "meta_chunk";
         /// Records rax at a return site.
         pub const RET_VALUE: &str = "ret_value";
         /// Records the return value through a uretprobe.

@@ -21,6 +21,9 @@
 // read-modify-write for this target.
 #![feature(asm_experimental_arch)]
 
+// Bench-only programs (`meta_insert`, `meta_lookup`, `meta_pool`,
+// `meta_chunk`): the allocator-metadata experiment.
+mod experiment;
 // The GC programs (`gc_start`, `gc_done`): collections per generation, from
 // CPython's markers or its collection function.
 mod gc;

@@ -399,8 +399,10 @@ impl AttachConfig {
         Ok(Self {
             gc,
             live,
-            // The live table needs each returned pointer.
-            returns: args.returns || live.is_some(),
+            // The live table reads the implementations' returns itself
+            // (`live_impls`); `--returns`' probes on the API functions
+            // would add a breakpoint at each one's entry.
+            returns: args.returns,
             types: args.types,
             native: args.native,
             stacks,

@@ -108,6 +108,10 @@ struct ProbesArgs {
     /// Also show how each allocating function's return value would be read (as `attach --returns`).
     #[arg(long)]
     returns: bool,
+    /// Also show the allocator implementations `attach --live` probes: where each is probed and
+    /// how its return is read (calibrates, as --returns).
+    #[arg(long)]
+    live: bool,
     /// One JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -145,7 +149,9 @@ struct BenchArgs {
     /// call-sites`) and empty-call-sites (an empty BPF program there), bpftrace (bpftrace counting the same functions at their entries),
     /// tracemalloc=FRAMES (PYTHONTRACEMALLOC in the workers), budget=PERCENT (`tracer attach --budget
     /// PERCENT` on the interpreter), returns (tracer's probes plus return-value probes, as `attach
-    /// --returns`).
+    /// --returns`), meta-insert, meta-lookup, meta-pool and meta-chunk (bench-only programs that
+    /// measure reading a block's size from the allocator's metadata against the live table's lookup;
+    /// BENCHMARKS.md).
     #[arg(long, value_name = "SETUPS", default_value = "")]
     also: String,
     /// Directory for the pyperf JSON files (baseline.json, attached.json, detached.json).
@@ -241,8 +247,9 @@ struct AttachArgs {
     types: bool,
     /// Track live memory: every block the allocator functions hand out since the attach, by address,
     /// in a kernel table, until it is freed. Each interval gives the blocks outstanding and their
-    /// bytes per domain (object, mem, raw), in the table and the JSON's `live`. Needs each returned
-    /// pointer, so it turns on --returns. Blocks allocated before the attach are unknown (their
+    /// bytes per domain (object, mem, raw), in the table and the JSON's `live`. Reads each returned
+    /// pointer at the allocator's implementations (calibrating first, as --returns does, whose
+    /// probes on the API functions it does not need). Blocks allocated before the attach are unknown (their
     /// frees are counted as untracked). Not with --budget or --exe.
     #[arg(long)]
     live: bool,
@@ -492,6 +499,7 @@ fn probes(args: &ProbesArgs) -> anyhow::Result<()> {
         inlined: !t.no_inlined,
         gc: tracer_user::config::parse_gc(&t.gc)?,
         native: t.native,
+        live: args.live,
     };
     let plan = tracer_user::run::probe_plan(&target, &selection, &options)?;
     let mut out = std::io::stdout().lock();

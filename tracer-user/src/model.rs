@@ -782,6 +782,23 @@ pub struct PlanReport {
     /// Where garbage collections are seen (see [`Attached::gc`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gc: Option<GcPlan>,
+    /// With `--live`: the allocator implementations the live table
+    /// probes, and how each one's return is read.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub live_impls: Vec<LiveImplReport>,
+}
+
+/// One allocator implementation of [`PlanReport::live_impls`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiveImplReport {
+    pub symbol: String,
+    /// Offset of its entry in the image file.
+    pub file_offset: u64,
+    /// Where `live_impl` traps, and a uretprobe with it: the first
+    /// emulated instruction before the stack pointer or the arguments
+    /// change, else the entry.
+    pub placement: Placement,
+    pub returns: ReturnPlan,
 }
 
 impl PlanReport {
@@ -823,6 +840,16 @@ impl PlanReport {
             return_costs_ns,
             notes: Vec::new(),
             gc: None,
+            live_impls: plan
+                .live_impls
+                .iter()
+                .map(|i| LiveImplReport {
+                    symbol: i.name.to_owned(),
+                    file_offset: i.file_offset,
+                    placement: i.placement.clone(),
+                    returns: i.returns.clone(),
+                })
+                .collect(),
         }
     }
 }

@@ -18,6 +18,17 @@ pub enum Program {
     Calloc,
     /// Does nothing: the bare cost of a uprobe hit, for benchmarks.
     Empty,
+    /// Bench-only: the first argument put in a table shaped as the live
+    /// table and taken out (tracer-ebpf/src/experiment.rs).
+    MetaInsert,
+    /// Bench-only: the same, looked up 32 times in between.
+    MetaLookup,
+    /// Bench-only: pymalloc's size class read from the pool header of
+    /// the block in the first argument, 32 times.
+    MetaPool,
+    /// Bench-only: glibc's chunk size word before the block in the first
+    /// argument, read 32 times.
+    MetaChunk,
     /// Records rax where it holds the result (a `ret` instruction).
     RetValue,
     /// Records the return value through a uretprobe.
@@ -62,12 +73,16 @@ pub enum Program {
 
 impl Program {
     /// Every program in the object.
-    pub const ALL: [Self; 22] = [
+    pub const ALL: [Self; 26] = [
         Self::CountCall,
         Self::SizeArg0,
         Self::SizeArg1,
         Self::Calloc,
         Self::Empty,
+        Self::MetaInsert,
+        Self::MetaLookup,
+        Self::MetaPool,
+        Self::MetaChunk,
         Self::RetValue,
         Self::RetValueUret,
         Self::LiveAlloc,
@@ -96,6 +111,10 @@ impl Program {
             Self::SizeArg1 => programs::COUNT_SIZE_ARG1,
             Self::Calloc => programs::COUNT_CALLOC,
             Self::Empty => programs::EMPTY,
+            Self::MetaInsert => programs::META_INSERT,
+            Self::MetaLookup => programs::META_LOOKUP,
+            Self::MetaPool => programs::META_POOL,
+            Self::MetaChunk => programs::META_CHUNK,
             Self::RetValue => programs::RET_VALUE,
             Self::RetValueUret => programs::RET_VALUE_URET,
             Self::LiveAlloc => programs::LIVE_ALLOC,
@@ -145,6 +164,13 @@ impl Program {
     #[must_use]
     pub const fn returns_pointer(self) -> bool {
         self.allocates() && !matches!(self, Self::NativeSizeArg2)
+    }
+
+    /// Whether it is a benchmarks' program, which counts nothing and
+    /// replaces every program of a probe, its inlined copies' too.
+    #[must_use]
+    pub const fn is_bench(self) -> bool {
+        matches!(self, Self::Empty | Self::MetaInsert | Self::MetaLookup | Self::MetaPool | Self::MetaChunk)
     }
 
     /// Whether it is one of `--native`'s programs.

@@ -149,6 +149,9 @@ pub fn run(root: &Path, tracer: &Path, effort: &str) -> anyhow::Result<()> {
     // 3e. What the memory features add per event.
     crate::bench_features::features_section(&mut md, tracer, effort)?;
 
+    // 3f. What live memory adds per allocator call, apart from its returns.
+    crate::bench_live::live_section(&mut md, tracer, effort, &[])?;
+
     // 4. --budget estimates against full counts of the same process.
     budget_accuracy(&mut md, tracer)?;
 

@@ -56,6 +56,18 @@ impl Harness {
         stmt: &str,
         tracemalloc: bool,
     ) -> anyhow::Result<Self> {
+        let env: &[(&str, &str)] = if tracemalloc { &[("PYTHONTRACEMALLOC", "25")] } else { &[] };
+        Self::start_with(root, python, (setup, stmt), env)
+    }
+
+    /// [`Harness::start`] with `env` in the interpreter's environment
+    /// (`PYTHONMALLOC=debug`, for one).
+    pub(crate) fn start_with(
+        root: Option<&str>,
+        python: &str,
+        (setup, stmt): (&str, &str),
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
         let mut cmd = match root {
             Some(r) => {
                 let mut c = Command::new("/usr/sbin/chroot");
@@ -65,9 +77,7 @@ impl Harness {
             None => Command::new(python),
         };
         cmd.args([HARNESS_PATH, setup, stmt]).stdin(Stdio::piped()).stdout(Stdio::piped());
-        if tracemalloc {
-            cmd.env("PYTHONTRACEMALLOC", "25");
-        }
+        cmd.envs(env.iter().copied());
         let mut child = cmd.spawn().with_context(|| format!("starting the harness under {python}"))?;
         let stdin = child.stdin.take().context("stdin")?;
         let mut lines = BufReader::new(child.stdout.take().context("stdout")?).lines();

@@ -10,6 +10,7 @@
 mod bench;
 mod bench_cost;
 mod bench_features;
+mod bench_live;
 mod bench_stacks;
 mod lto;
 mod markdown;
@@ -56,11 +57,13 @@ enum Task {
         /// static python3.11) or lto (Debian's LTO-built 3.11, 3.13 and 3.14: sites, start to live,
         /// cost per hit against bpftrace and tracemalloc) or cost (the cost tracer estimates
         /// while it runs, against the slowdown measured) or stacks (what `--stacks` adds per event)
-        /// or features (what `--types`, `--native` and the GC markers add per event).
-        #[arg(long, value_parser = ["budget", "returns", "static", "lto", "cost", "stacks", "features"])]
+        /// or features (what `--types`, `--native` and the GC markers add per event) or live (what
+        /// `--live` adds per allocator call, apart from its return probes).
+        #[arg(long, value_parser = ["budget", "returns", "static", "lto", "cost", "stacks", "features", "live"])]
         only: Option<String>,
-        /// With `--only stacks`: also measure this tracer binary's stack capture in the same
-        /// rounds (a build of an earlier commit, to compare a change of the BPF walk); repeatable.
+        /// With `--only stacks` or `--only live`: also measure this tracer binary's stack capture
+        /// (or `--live`) in the same rounds (a build of an earlier commit, to compare a change);
+        /// repeatable.
         #[arg(long, requires = "only")]
         versus: Vec<PathBuf>,
     },
@@ -88,8 +91,8 @@ fn main() -> anyhow::Result<()> {
             demo(&root, &tracer, seconds)
         }
         Task::Bench { effort, only, versus } => {
-            if !versus.is_empty() && only.as_deref() != Some("stacks") {
-                bail!("--versus goes with --only stacks");
+            if !versus.is_empty() && !matches!(only.as_deref(), Some("stacks" | "live")) {
+                bail!("--versus goes with --only stacks or --only live");
             }
             setup::run()?;
             require_root("the benchmarks")?;
@@ -101,6 +104,7 @@ fn main() -> anyhow::Result<()> {
                 Some("cost") => bench_cost::cost_section(&mut md, &tracer, &root.join("target").join("bench"))?,
                 Some("stacks") => bench_stacks::stacks_section(&mut md, &tracer, &effort, &versus)?,
                 Some("features") => bench_features::features_section(&mut md, &tracer, &effort)?,
+                Some("live") => bench_live::live_section(&mut md, &tracer, &effort, &versus)?,
                 Some("static") => bench::static_section(&mut md, &tracer, &root.join("target").join("bench"), &effort)?,
                 Some(_) => {
                     let python = setup::pyperf_venv().join("bin").join("python");

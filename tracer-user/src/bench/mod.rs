@@ -38,7 +38,7 @@ pub enum BenchError {
     )]
     NoPyperf { python: PathBuf, venv: String },
     #[error(
-        "--also names {item:?}, which is not a setup tracer bench knows; use entry, call-sites, empty, empty-entry, empty-call-sites, returns, bpftrace, tracemalloc=FRAMES (e.g. tracemalloc=1) or budget=PERCENT (e.g. budget=1)"
+        "--also names {item:?}, which is not a setup tracer bench knows; use entry, call-sites, empty, empty-entry, empty-call-sites, returns, meta-insert, meta-lookup, meta-pool, meta-chunk, bpftrace, tracemalloc=FRAMES (e.g. tracemalloc=1) or budget=PERCENT (e.g. budget=1)"
     )]
     UnknownSetup { item: String },
     #[error("{what} failed: {detail}")]

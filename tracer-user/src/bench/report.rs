@@ -39,6 +39,11 @@ pub fn extra_states(
             None if item == "entry" => attached("entry", None, PlacementMode::Entry),
             None if item == "empty" => attached("empty", Some(Program::Empty), PlacementMode::Auto),
             None if item == "empty-entry" => attached("empty-entry", Some(Program::Empty), PlacementMode::Entry),
+            // The allocator-metadata experiment (tracer-ebpf/src/experiment.rs).
+            None if item == "meta-insert" => attached(item, Some(Program::MetaInsert), PlacementMode::Auto),
+            None if item == "meta-lookup" => attached(item, Some(Program::MetaLookup), PlacementMode::Auto),
+            None if item == "meta-pool" => attached(item, Some(Program::MetaPool), PlacementMode::Auto),
+            None if item == "meta-chunk" => attached(item, Some(Program::MetaChunk), PlacementMode::Auto),
             None if item == "call-sites" => attached("call-sites", None, PlacementMode::CallSites),
             None if item == "empty-call-sites" => {
                 attached("empty-call-sites", Some(Program::Empty), PlacementMode::CallSites)

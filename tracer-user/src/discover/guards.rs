@@ -175,6 +175,10 @@ impl SizeArgs {
             Program::Calloc => Self::SecondTimesThird,
             Program::CountCall
             | Program::Empty
+            | Program::MetaInsert
+            | Program::MetaLookup
+            | Program::MetaPool
+            | Program::MetaChunk
             | Program::RetValue
             | Program::RetValueUret
             | Program::LiveAlloc

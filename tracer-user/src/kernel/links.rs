@@ -302,7 +302,7 @@ impl Session {
             // at all.
             points.extend(p.inline_sites.iter().map(|s| {
                 let (program, cookie) = match (p.attach_program, s.size, s.object) {
-                    (Program::Empty, _, _) => (Program::Empty, cookie),
+                    (bench, _, _) if bench.is_bench() => (bench, cookie),
                     (program, Some((first, second, constant)), _) if program.counts_bytes() => {
                         (Program::CountSite, site::encode(p.slot, first, second, constant))
                     }
@@ -326,8 +326,8 @@ impl Session {
                 };
                 AttachPoint { program, cookie, ..at(&image, &shown, s.offset) }
             }));
-            // Benchmarks' empty program replaces the marks too.
-            let nested = if p.attach_program == Program::Empty { Program::Empty } else { Program::NativeNested };
+            // A benchmarks' program replaces the marks too.
+            let nested = if p.attach_program.is_bench() { p.attach_program } else { Program::NativeNested };
             points.extend(p.nested_sites.iter().map(|&offset| AttachPoint {
                 program: nested,
                 cookie,
@@ -362,9 +362,11 @@ impl Session {
     /// allocator API function's entry, and each implementation's entry and
     /// returns.
     fn live_points(&self, points: &mut Vec<AttachPoint>) {
-        // With --live, each allocator API function's entry leaves its
-        // call's domain for the implementation it calls: at offset 0, where
-        // the stack pointer is the caller's.
+        // With --live, each allocator API function leaves its call's
+        // domain for the implementation it calls, where its counting probe
+        // sits (sharing its breakpoint): the placement moves it only where
+        // the stack pointer is still the entry's, the caller's, and the
+        // arguments live_alloc and live_free read are intact.
         for p in &self.plan.probes {
             let Some(role) = p.live else { continue };
             if role & tracer_common::live::role::NATIVE != 0 {
@@ -389,12 +391,13 @@ impl Session {
             }
             let program =
                 if role & 0xff == tracer_common::live::role::FREE { Program::LiveFree } else { Program::LiveAlloc };
+            let offset = if p.call_sites.is_none() { p.probe_offset() } else { p.file_offset };
             points.push(AttachPoint {
                 symbol: p.symbol,
                 program,
                 path: p.attach_path(&self.plan).to_owned(),
                 shown: p.display_path(&self.plan).to_owned(),
-                offset: p.file_offset,
+                offset,
                 cookie: u64::from(p.slot),
             });
         }
@@ -410,7 +413,7 @@ impl Session {
                 program: Program::LiveImpl,
                 path: image.clone(),
                 shown: shown.clone(),
-                offset: i.file_offset,
+                offset: i.file_offset + i.placement.offset,
                 cookie,
             });
         }
@@ -425,7 +428,11 @@ impl Session {
                 cookie,
             };
             match &i.returns {
-                ReturnPlan::Uretprobe { .. } => points.push(at(Program::LiveRetUret, i.file_offset)),
+                // Where live_impl traps: the return address is still at
+                // the stack pointer there, and the two share a breakpoint.
+                ReturnPlan::Uretprobe { .. } => {
+                    points.push(at(Program::LiveRetUret, i.file_offset + i.placement.offset));
+                }
                 ReturnPlan::Sites { sites, .. } => {
                     points.extend(sites.iter().map(|site| at(Program::LiveRet, i.file_offset + site.offset)));
                 }

@@ -229,7 +229,16 @@ impl Session {
         // A process maps a few MiB of code: python3.14's executable is
         // 4.3 MiB, 1,050 pages; with libc and the rest, about 2,000.
         let native_pages = if native_on == 1 { processes.min(64).saturating_mul(16_384) } else { 1 };
+        // The bench-only table has the live table's default room only when
+        // a bench program uses it.
+        let meta_entries =
+            if plan.probes.iter().any(|p| matches!(p.attach_program, Program::MetaInsert | Program::MetaLookup)) {
+                crate::config::DEFAULT_LIVE_MAX
+            } else {
+                1
+            };
         let mut ebpf = EbpfLoader::new()
+            .map_max_entries(names::META_LIVE_MAP, meta_entries)
             .override_global(names::LIVE_ON_GLOBAL, &live_on, true)
             .map_max_entries(names::LIVE_MAP, live_entries)
             .map_max_entries(names::SLOT_LIVE_MAP, live_slots.max(1))

@@ -220,8 +220,12 @@ pub struct PlanOptions {
     /// `--types`: count new references by the object's type, with
     /// [`Program::CountObject`].
     pub types: bool,
-    /// `--live`: keep the outstanding blocks, by address; needs `returns`.
+    /// `--live`: keep the outstanding blocks, by address.
     pub live: bool,
+    /// With `--live`: what each way of reading a return value costs, so
+    /// that each allocator implementation's return is read the cheapest
+    /// way (the API functions' returns are `returns`' alone).
+    pub live_costs: Option<ReturnCosts>,
 }
 
 impl Default for PlanOptions {
@@ -233,6 +237,7 @@ impl Default for PlanOptions {
             inlined: true,
             types: false,
             live: false,
+            live_costs: None,
         }
     }
 }
@@ -265,6 +270,12 @@ pub struct LiveImpl {
     /// Its [`tracer_common::live::role`], with the implementation bit.
     pub role: u32,
     pub returns: ReturnPlan,
+    /// Where `live_impl` traps, and a uretprobe with it: the first
+    /// instruction the kernel emulates before the stack pointer or the
+    /// arguments change (see [`placement::place`]), else the entry. There
+    /// the return address is still at the stack pointer, which is the
+    /// entry's, as the uretprobe and the frame's pairing need.
+    pub placement: Placement,
 }
 
 impl Plan {
@@ -317,7 +328,7 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
                 placement::at_entry_of(&code, sym.address, kernel, "entry (--placement entry)")
             }
             (ProbeKind::Function, Ok(code), PlacementMode::Auto | PlacementMode::CallSites) => {
-                placement::place(&code, sym.address, program, kernel)
+                place_with_live(&code, sym.address, (program, options.live.then(|| live_role(spec)).flatten()), kernel)
             }
             (ProbeKind::Function, Err(e), _) => Placement::at_entry(format!("entry: the code could not be read ({e})")),
         };
@@ -325,7 +336,7 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
             let len = usize::try_from(sym.size.min(MAX_FUNCTION)).unwrap_or(0);
             match image.elf.read_at(sym.file_offset, len) {
                 Ok(code) if sym.size <= MAX_FUNCTION => {
-                    returns::plan(&code, sym.address, place.offset, &costs, (kernel, options.live))
+                    returns::plan(&code, sym.address, place.offset, &costs, (kernel, false))
                 }
                 Ok(_) => ReturnPlan::Uretprobe { reason: format!("the function is over {MAX_FUNCTION} bytes") },
                 Err(e) => ReturnPlan::Uretprobe { reason: format!("the code could not be read ({e})") },
@@ -384,7 +395,8 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
             p.coverage.call_sites = p.call_sites.as_ref().map_or(0, |c| c.emulated + c.stepped);
         }
     }
-    let live_impls = if options.live { live_impls(image, &probes, options.returns.as_ref(), kernel) } else { vec![] };
+    let live_impls =
+        if options.live { live_impls(image, &probes, options.live_costs.as_ref(), kernel) } else { vec![] };
     let (display_path, attach_path) = (image.display_path.to_owned(), image.attach_path.to_owned());
     Ok(Plan { probes, missing, display_path, attach_path, live_impls, live_fix: live_fix(image.inlining) })
 }
@@ -437,7 +449,14 @@ fn live_impls(
         .zip(image.implementations)
         .map(|(slot, i)| {
             let len = usize::try_from(i.size.min(MAX_FUNCTION)).unwrap_or(0);
-            let returns = match (costs, image.elf.read_at(i.file_offset, len)) {
+            let code = image.elf.read_at(i.file_offset, len);
+            let placement = match &code {
+                Ok(code) => placement::place(code, i.address, Program::LiveImpl, kernel),
+                Err(e) => Placement::at_entry(format!("entry: the code could not be read ({e})")),
+            };
+            let returns = match (costs, code) {
+                // A uretprobe goes where live_impl traps, so its
+                // breakpoint is free: as at offset 0 for a counting probe.
                 (Some(costs), Ok(code)) if i.size <= MAX_FUNCTION => {
                     returns::plan(&code, i.address, 0, costs, (kernel, true))
                 }
@@ -451,6 +470,7 @@ fn live_impls(
                 file_offset: i.file_offset,
                 role: i.role | tracer_common::live::role::IMPLEMENTATION,
                 returns,
+                placement,
             }
         })
         .collect()
@@ -599,6 +619,26 @@ fn coverage(
         }
     }
     c
+}
+
+/// Where `program` goes in the function whose code is `code`; with a live
+/// role (`--live`), `live_alloc` (`live_free`) shares that breakpoint and
+/// reads the call's arguments, so a place where they are gone is the
+/// entry's for both. An allocation's counting program reads the same
+/// arguments (the role follows from it); a free's reads none, and
+/// `live_free` reads the block.
+fn place_with_live(
+    code: &[u8],
+    address: u64,
+    (program, live): (Program, Option<u32>),
+    kernel: placement::KernelVersion,
+) -> Placement {
+    let place = placement::place(code, address, program, kernel);
+    if live.is_none_or(|role| role & 0xff != tracer_common::live::role::FREE) {
+        return place;
+    }
+    let theirs = placement::place(code, address, Program::LiveFree, kernel);
+    if theirs.offset < place.offset { theirs } else { place }
 }
 
 /// With `--live`, what probe `spec` does in the live table

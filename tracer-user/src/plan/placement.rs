@@ -66,17 +66,29 @@ pub struct Placement {
 /// The argument registers `program` reads.
 fn reads(program: Program) -> &'static [Register] {
     match program {
-        Program::SizeArg0 | Program::CountObject | Program::FreeObject | Program::NativeSizeArg0 => &[Register::RDI],
+        Program::SizeArg0
+        | Program::CountObject
+        | Program::FreeObject
+        | Program::NativeSizeArg0
+        | Program::MetaInsert
+        | Program::MetaLookup
+        | Program::MetaPool
+        | Program::MetaChunk
+        // At a free's API call: the block.
+        | Program::LiveFree => &[Register::RDI],
         Program::SizeArg1 | Program::NativeSizeArg1 | Program::NativeReleaseArg1 => &[Register::RSI],
         Program::NativeSizeArg2 => &[Register::RDX],
         Program::Calloc | Program::NativeCalloc => &[Register::RDI, Register::RSI],
+        // An implementation's arguments follow the allocator's context:
+        // the size (or the block) and a calloc's or realloc's second one.
+        Program::LiveImpl => &[Register::RSI, Register::RDX],
         Program::CountCall
         | Program::Empty
         | Program::RetValue
         | Program::RetValueUret
+        // At an API call it reads what the call's counting program
+        // reads (see plan::place_with_live).
         | Program::LiveAlloc
-        | Program::LiveFree
-        | Program::LiveImpl
         | Program::LiveRet
         | Program::LiveRetUret
         | Program::CountSite

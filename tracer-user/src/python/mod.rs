@@ -332,6 +332,10 @@ pub const fn size_parameters(program: Program) -> &'static [&'static str] {
         Program::Calloc => &["nelem", "elsize"],
         Program::CountCall
         | Program::Empty
+        | Program::MetaInsert
+        | Program::MetaLookup
+        | Program::MetaPool
+        | Program::MetaChunk
         | Program::RetValue
         | Program::RetValueUret
         | Program::LiveAlloc

@@ -86,6 +86,7 @@ pub fn table(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
             }
         }
     }
+    live_impls(out, plan)?;
     if !plan.missing.is_empty() {
         writeln!(out, "  not in this build: {}", plan.missing.join(", "))?;
     }
@@ -110,6 +111,29 @@ pub fn table(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
     }
     for note in &plan.notes {
         writeln!(out, "  {}: {}", if note.level == Level::Warning { "warning" } else { "note" }, note.message)?;
+    }
+    Ok(())
+}
+
+/// With `--live`: where each allocator implementation is probed and how
+/// its return is read.
+fn live_impls(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
+    if plan.live_impls.is_empty() {
+        return Ok(());
+    }
+    writeln!(out, "  allocator implementations (--live):")?;
+    for i in &plan.live_impls {
+        let p = &i.placement;
+        let how = if p.emulated { "emulated" } else { "single-stepped" };
+        let entry = format!("+{} {} ({how})", p.offset, p.instruction);
+        let how = match &i.returns {
+            ReturnPlan::Sites { sites, .. } => {
+                let at: Vec<String> = sites.iter().map(|s| format!("+{} {}", s.offset, s.instruction)).collect();
+                format!("uprobes at {}", at.join(", "))
+            }
+            ReturnPlan::Uretprobe { .. } => "uretprobe".to_owned(),
+        };
+        writeln!(out, "  {:<20} {entry}; return: {how}: {}", i.symbol, i.returns.reason())?;
     }
     Ok(())
 }

@@ -478,6 +478,21 @@ fn kernel_options(config: &AttachConfig, r: &discover::Resolved, plan: &plan::Pl
     Ok((types, stacks, stack_slots))
 }
 
+/// The plan's options for `config`, with the return costs calibrated (for
+/// `--returns`' probes on the API functions, and for `--live`'s on the
+/// implementations, each only when asked for).
+fn plan_options(config: &AttachConfig, return_costs: Option<ReturnCosts>) -> PlanOptions {
+    PlanOptions {
+        placement: config.placement,
+        returns: return_costs.filter(|_| config.returns),
+        inlined: config.inlined,
+        types: config.types,
+        live: config.live.is_some(),
+        live_costs: return_costs.filter(|_| config.live.is_some()),
+        ..PlanOptions::default()
+    }
+}
+
 fn start<'a>(
     config: &AttachConfig,
     out: impl Write + 'a,
@@ -485,8 +500,8 @@ fn start<'a>(
 ) -> anyhow::Result<(Run, Output<'a>, Option<ProcessExit>)> {
     // Calibrated before anything is attached to the target: the child it
     // times is tracer's own.
-    let calibration =
-        (config.budget.is_some() || config.returns).then(|| calibrate::calibrate(config.returns)).transpose()?;
+    let returns = config.returns || config.live.is_some();
+    let calibration = (config.budget.is_some() || returns).then(|| calibrate::calibrate(returns)).transpose()?;
     let costs = calibration.map(|c| c.hit);
     let return_costs = calibration.and_then(|c| c.returns);
     let cpu_costs = calibration.map(|c| c.cpu);
@@ -503,14 +518,7 @@ fn start<'a>(
         config.placement == PlacementMode::CallSites,
         discover::DwarfLookup { enabled: config.inlined, debug_dir: config.debug_dir.as_deref() },
     )?;
-    let options = PlanOptions {
-        placement: config.placement,
-        returns: return_costs.map(|r| r.0),
-        inlined: config.inlined,
-        types: config.types,
-        live: config.live.is_some(),
-        ..PlanOptions::default()
-    };
+    let options = plan_options(config, return_costs.map(|r| r.0));
     let mut plan = plan::plan(ImageRef::from(&r), &specs(&r, &config.probes, config.types)?, options)?;
     if config.native {
         native(&mut plan, &r, options)?;
@@ -643,6 +651,7 @@ fn raise_fd_limit() {
 
 /// What `tracer probes` is asked to plan, beyond the target and probes.
 #[derive(Clone, Copy, Debug)]
+#[allow(clippy::struct_excessive_bools, reason = "each is one of `tracer probes`' switches")]
 pub struct PlanRequest<'a> {
     pub placement: PlacementMode,
     /// Also plan how return values are read (calibrates first).
@@ -654,6 +663,9 @@ pub struct PlanRequest<'a> {
     pub gc: GcMode,
     /// `--native`: also plan libc's allocator.
     pub native: bool,
+    /// `--live`: also plan the allocator implementations the live table
+    /// probes, with their returns (calibrates first, as `returns`).
+    pub live: bool,
 }
 
 /// With `--native`, adds the C library's allocator functions of the
@@ -674,16 +686,23 @@ pub fn probe_plan(
     selection: &ProbeSelection,
     request: &PlanRequest<'_>,
 ) -> anyhow::Result<PlanReport> {
-    let PlanRequest { placement, returns, debug_dir, inlined, gc, native: _ } = *request;
+    let PlanRequest { placement, returns, debug_dir, inlined, gc, native: _, live } = *request;
     // Which way reads a return value cheapest is measured, which loads BPF.
-    let calibrated = if returns {
+    let calibrated = if returns || live {
         privileges::check()?;
         calibrate::calibrate(true)?.returns
     } else {
         None
     };
     let return_costs: Option<ReturnCosts> = calibrated.map(|r| r.0);
-    let options = PlanOptions { placement, returns: return_costs, inlined, ..PlanOptions::default() };
+    let options = PlanOptions {
+        placement,
+        returns: return_costs.filter(|_| returns),
+        inlined,
+        live,
+        live_costs: return_costs.filter(|_| live),
+        ..PlanOptions::default()
+    };
     let dwarf = discover::DwarfLookup { enabled: inlined, debug_dir };
     let r = discover::resolve(target, placement == PlacementMode::CallSites, dwarf)?;
     let mut plan = plan::plan(ImageRef::from(&r), &specs(&r, selection, false)?, options)?;
