@@ -82,11 +82,20 @@ pub struct LiveConfig {
     /// `--live-max`: the live table's room, in blocks.
     pub max: u32,
     /// `--leaks`: list the oldest blocks at the end.
-    pub leaks: Option<crate::run::live::LeaksConfig>,
+    pub leaks: Option<LeaksConfig>,
 }
 
 /// The default `--live-max`: about 24 MB of kernel memory, preallocated.
 pub const DEFAULT_LIVE_MAX: u32 = 262_144;
+
+/// `--leaks`: which blocks the summary lists.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LeaksConfig {
+    /// At most this many, oldest first.
+    pub list: usize,
+    /// Only blocks at least this many seconds old.
+    pub older_s: f64,
+}
 /// How many blocks `--leaks` lists when not told.
 pub const DEFAULT_LEAKS: usize = 20;
 
@@ -485,10 +494,8 @@ fn live_config(args: &AttachArgs<'_>) -> Result<Option<LiveConfig>, ConfigError>
     if args.live_max == Some(0) {
         return Err(ConfigError::LiveMaxZero);
     }
-    let leaks = (args.leaks.is_some() || args.older_s.is_some()).then(|| crate::run::live::LeaksConfig {
-        list: args.leaks.unwrap_or(DEFAULT_LEAKS),
-        older_s: args.older_s.unwrap_or(0.0),
-    });
+    let leaks = (args.leaks.is_some() || args.older_s.is_some())
+        .then(|| LeaksConfig { list: args.leaks.unwrap_or(DEFAULT_LEAKS), older_s: args.older_s.unwrap_or(0.0) });
     let on = args.live || args.live_max.is_some() || leaks.is_some();
     Ok(on.then(|| LiveConfig { max: args.live_max.unwrap_or(DEFAULT_LIVE_MAX), leaks }))
 }

@@ -10,6 +10,7 @@ use tracer_common::{
 
 use super::stacks::StackNames;
 use crate::{
+    config::LeaksConfig,
     discover::{Inlining, Resolved},
     kernel::Session,
     model,
@@ -21,15 +22,6 @@ pub const UNKNOWN: &str = "allocations made before tracer attached are not in th
 
 /// With `--native`, how libc's blocks are counted.
 pub const NATIVE_ONCE: &str = "libc's allocator (--native) is the native domain: a libc call made inside another allocator call (the raw domain's _PyMem_RawMalloc calling malloc, pymalloc's arenas, glibc's realloc calling malloc, malloc calling mmap) counts once, under the outer call, as nested; munmap takes out the mapping that starts at its address, whole";
-
-/// `--leaks`: which blocks the summary lists.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct LeaksConfig {
-    /// At most this many, oldest first.
-    pub list: usize,
-    /// Only blocks at least this many seconds old.
-    pub older_s: f64,
-}
 
 /// The model of the live table's counts (per domain, in
 /// [`Domain::ALL`] order) for `plan`, whose table has room for `capacity`.
