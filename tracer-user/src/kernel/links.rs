@@ -369,17 +369,17 @@ impl Session {
         // arguments live_alloc and live_free read are intact.
         for p in &self.plan.probes {
             let Some(role) = p.live else { continue };
+            let at = |program, offset| AttachPoint {
+                symbol: p.symbol,
+                program,
+                path: p.attach_path(&self.plan).to_owned(),
+                shown: p.display_path(&self.plan).to_owned(),
+                offset,
+                cookie: u64::from(p.slot),
+            };
             if role & tracer_common::live::role::NATIVE != 0 {
                 // A libc function's entry probe pushes its frame itself;
                 // its returns end it.
-                let at = |program, offset| AttachPoint {
-                    symbol: p.symbol,
-                    program,
-                    path: p.attach_path(&self.plan).to_owned(),
-                    shown: p.display_path(&self.plan).to_owned(),
-                    offset,
-                    cookie: u64::from(p.slot),
-                };
                 match &p.live_returns {
                     None => {}
                     Some(ReturnPlan::Uretprobe { .. }) => points.push(at(Program::LiveRetUret, p.file_offset)),
@@ -392,14 +392,7 @@ impl Session {
             let program =
                 if role & 0xff == tracer_common::live::role::FREE { Program::LiveFree } else { Program::LiveAlloc };
             let offset = if p.call_sites.is_none() { p.probe_offset() } else { p.file_offset };
-            points.push(AttachPoint {
-                symbol: p.symbol,
-                program,
-                path: p.attach_path(&self.plan).to_owned(),
-                shown: p.display_path(&self.plan).to_owned(),
-                offset,
-                cookie: u64::from(p.slot),
-            });
+            points.push(at(program, offset));
         }
         // The implementations are in the interpreter's image.
         let (image, shown) = (&self.plan.attach_path, &self.plan.display_path);
