@@ -70,6 +70,9 @@ pub(super) fn find(
     let image =
         std::fs::read(elf.path()).map_err(|cause| super::elf::ElfError::Read { path: elf.path().to_owned(), cause })?;
     let mut cfa = Cfa::of(&image);
+    let bounds = function_bounds(&data);
+    let mut graphs = HashMap::new();
+    let mut ambiguous = HashMap::new();
     let entries = found
         .into_iter()
         // A function the DWARF has no DIE for is left out: its copies are
@@ -84,11 +87,75 @@ pub(super) fn find(
                 _ => &[],
             };
             let mut points: Vec<Points> = copies.iter().map(|s| copy_points(s, &copies, reads, &mut cfa)).collect();
-            points.extend(guard_only.remove(&f.function).unwrap_or_default().iter().map(guard_points));
+            // A copy probed at its entry may have other entries: each is
+            // probed as a copy of its own (a call passes one of them).
+            let mut unsure = Vec::new();
+            let guarded: Vec<Points> =
+                guard_only.remove(&f.function).unwrap_or_default().iter().map(guard_points).collect();
+            // Where every copy is probed: a path through one is that copy's
+            // call (the copies the DWARF leaves out pass their reads).
+            let all: Vec<u64> = copies
+                .iter()
+                .map(|c| c.entry)
+                .chain(points.iter().chain(&guarded).flat_map(|p| p.iter().map(|e| e.address)))
+                .collect();
+            for (site, p) in copies.iter().zip(points.clone()) {
+                if p.len() != 1 || p[0].address != site.entry {
+                    continue;
+                }
+                let others = other_entries(site, (&bounds, &all), elf, &image, &mut graphs);
+                points.extend(others.entries.iter().map(|&address| vec![InlineEntry { address, size: None, object: None }]));
+                unsure.extend(others.ambiguous);
+            }
+            points.extend(guarded);
+            if !unsure.is_empty() {
+                ambiguous.insert(f.function.clone(), unsure);
+            }
             (f.function, points)
         })
         .collect();
-    Ok(Inlining::Known { source: file.path.display().to_string(), entries, cross_check })
+    Ok(Inlining::Known { source: file.path.display().to_string(), entries, cross_check, ambiguous })
+}
+
+/// The other entries of an inlined copy, decoded in the function that
+/// holds its entry (`bounds`: each function's start and end, sorted;
+/// `all`: every copy's entry), its code kept in `graphs` for the next copy
+/// in it.
+fn other_entries(
+    site: &inline::Site,
+    (bounds, all): (&[(u64, u64)], &[u64]),
+    elf: &ElfImage,
+    image: &[u8],
+    graphs: &mut HashMap<u64, Vec<u8>>,
+) -> super::entries::OtherEntries {
+    if site.ranges.len() < 2 {
+        return super::entries::OtherEntries::default();
+    }
+    let at = bounds.partition_point(|b| b.0 <= site.entry).wrapping_sub(1);
+    let Some(&(start, end)) = bounds.get(at).filter(|b| site.entry < b.1) else {
+        return super::entries::OtherEntries::default();
+    };
+    let code = graphs.entry(start).or_insert_with(|| {
+        let offset = elf.file_offset(start).and_then(|o| usize::try_from(o).ok()).unwrap_or(usize::MAX);
+        let len = usize::try_from(end - start).unwrap_or(0);
+        image.get(offset..offset.saturating_add(len)).map(<[u8]>::to_vec).unwrap_or_default()
+    });
+    let siblings: Vec<u64> = all.iter().copied().filter(|&e| e != site.entry && (start..end).contains(&e)).collect();
+    super::entries::other_entries(site.entry, &site.ranges, start, code, &siblings)
+}
+
+/// (start, end) of each function in an ELF file's symbol table, sorted.
+fn function_bounds(data: &[u8]) -> Vec<(u64, u64)> {
+    use object::{Object as _, ObjectSymbol as _};
+    let Ok(file) = object::File::parse(data) else { return Vec::new() };
+    let mut out: Vec<(u64, u64)> = file
+        .symbols()
+        .filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 0)
+        .map(|s| (s.address(), s.address() + s.size()))
+        .collect();
+    out.sort_unstable();
+    out.dedup_by_key(|b| b.0);
+    out
 }
 
 /// Where a copy the DWARF lists may be probed. Its entry is most often an

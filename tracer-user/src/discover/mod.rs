@@ -5,6 +5,7 @@
 pub mod copies;
 pub mod debuginfo;
 pub mod elf;
+pub mod entries;
 pub mod exe;
 pub mod guards;
 pub mod impls;
@@ -121,6 +122,10 @@ pub enum Inlining {
         /// Per function a switch guards: where the DWARF's copies and the
         /// reads of the switch disagree.
         cross_check: std::collections::HashMap<String, guards::CrossCheck>,
+        /// Per function, the range starts of its copies that control flow
+        /// reaches both through and around the copy's entry: not probed
+        /// (see [`entries`]).
+        ambiguous: std::collections::HashMap<String, Vec<u64>>,
     },
 }
 

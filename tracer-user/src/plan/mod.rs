@@ -575,7 +575,7 @@ fn coverage(
             c.fix = Some("drop --no-inlined".to_owned());
         }
         Some(Inlining::Guards { fix, scan }) => guard_coverage(&mut c, (image, spec), (fix, scan), sites, unprobed),
-        Some(Inlining::Known { source, entries, cross_check }) => {
+        Some(Inlining::Known { source, entries, cross_check, ambiguous }) => {
             c.source.clone_from(source);
             c.cross_check = cross_check.get(spec.symbol).cloned();
             let Some(listed) = entries.get(spec.symbol).map(Vec::len) else {
@@ -590,6 +590,14 @@ fn coverage(
                 return c;
             };
             c.inlined = Some(listed);
+            let mut unprobed = unprobed.to_vec();
+            if let Some(starts) = ambiguous.get(spec.symbol) {
+                unprobed.push(format!(
+                    "{} places where control flow enters a copy both through its entry and around it (a loop around the copy), where a probe could count a call twice ({})",
+                    starts.len(),
+                    starts.iter().take(3).map(|a| format!("{a:#x}")).collect::<Vec<_>>().join(", ")
+                ));
+            }
             if !unprobed.is_empty() {
                 c.calls = Completeness::Partial;
                 if measures_bytes {
