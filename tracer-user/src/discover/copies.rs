@@ -99,13 +99,19 @@ pub(super) fn find(
                 .map(|c| c.entry)
                 .chain(points.iter().chain(&guarded).flat_map(|p| p.iter().map(|e| e.address)))
                 .collect();
-            for (site, p) in copies.iter().zip(points.clone()) {
-                if p.len() != 1 || p[0].address != site.entry {
-                    continue;
-                }
-                let others = other_entries(site, (&bounds, &all), elf, &image, &mut graphs);
-                points.extend(others.entries.iter().map(|&address| vec![InlineEntry { address, size: None, object: None }]));
-                unsure.extend(others.ambiguous);
+            // Copies probed elsewhere than their entry (at the read of a
+            // switch) are passed there by every path into them.
+            let at_entry: Vec<&inline::Site> = copies
+                .iter()
+                .zip(&points)
+                .filter(|(site, p)| p.len() == 1 && p[0].address == site.entry)
+                .map(|(site, _)| *site)
+                .collect();
+            for found in other_entries(&at_entry, (&bounds, &all), elf, &image, &mut graphs) {
+                points.extend(
+                    found.entries.iter().map(|&address| vec![InlineEntry { address, size: None, object: None }]),
+                );
+                unsure.extend(found.ambiguous);
             }
             points.extend(guarded);
             if !unsure.is_empty() {
@@ -117,31 +123,36 @@ pub(super) fn find(
     Ok(Inlining::Known { source: file.path.display().to_string(), entries, cross_check, ambiguous })
 }
 
-/// The other entries of an inlined copy, decoded in the function that
-/// holds its entry (`bounds`: each function's start and end, sorted;
-/// `all`: every copy's entry), its code kept in `graphs` for the next copy
-/// in it.
+/// The other entries of inlined copies, decoded in the function that
+/// holds each one's entry (`bounds`: each function's start and end,
+/// sorted; `all`: where every copy of the same function is probed), each
+/// function's graph kept in `graphs` for the next function's copies in it.
 fn other_entries(
-    site: &inline::Site,
+    copies: &[&inline::Site],
     (bounds, all): (&[(u64, u64)], &[u64]),
     elf: &ElfImage,
     image: &[u8],
-    graphs: &mut HashMap<u64, Vec<u8>>,
-) -> super::entries::OtherEntries {
-    if site.ranges.len() < 2 {
-        return super::entries::OtherEntries::default();
+    graphs: &mut HashMap<u64, super::entries::Graph>,
+) -> Vec<super::entries::OtherEntries> {
+    let mut held: std::collections::BTreeMap<(u64, u64), Vec<super::entries::Copy<'_>>> =
+        std::collections::BTreeMap::new();
+    for site in copies {
+        let at = bounds.partition_point(|b| b.0 <= site.entry).wrapping_sub(1);
+        if let Some(&bound) = bounds.get(at).filter(|b| site.entry < b.1) {
+            held.entry(bound).or_default().push(super::entries::Copy { entry: site.entry, ranges: &site.ranges });
+        }
     }
-    let at = bounds.partition_point(|b| b.0 <= site.entry).wrapping_sub(1);
-    let Some(&(start, end)) = bounds.get(at).filter(|b| site.entry < b.1) else {
-        return super::entries::OtherEntries::default();
-    };
-    let code = graphs.entry(start).or_insert_with(|| {
-        let offset = elf.file_offset(start).and_then(|o| usize::try_from(o).ok()).unwrap_or(usize::MAX);
-        let len = usize::try_from(end - start).unwrap_or(0);
-        image.get(offset..offset.saturating_add(len)).map(<[u8]>::to_vec).unwrap_or_default()
-    });
-    let siblings: Vec<u64> = all.iter().copied().filter(|&e| e != site.entry && (start..end).contains(&e)).collect();
-    super::entries::other_entries(site.entry, &site.ranges, start, code, &siblings)
+    let mut out = Vec::new();
+    for ((start, end), copies) in held {
+        let graph = graphs.entry(start).or_insert_with(|| {
+            let offset = elf.file_offset(start).and_then(|o| usize::try_from(o).ok()).unwrap_or(usize::MAX);
+            let len = usize::try_from(end - start).unwrap_or(0);
+            super::entries::Graph::decode(start, image.get(offset..offset.saturating_add(len)).unwrap_or_default())
+        });
+        let probed: Vec<u64> = all.iter().copied().filter(|e| (start..end).contains(e)).collect();
+        out.extend(super::entries::other_entries(graph, &probed, &copies));
+    }
+    out
 }
 
 /// (start, end) of each function in an ELF file's symbol table, sorted.

@@ -1,183 +1,269 @@
 //! The other ways into an inlined copy: a copy the DWARF gives an entry
-//! (`entry_pc`) may also be entered at the start of another of its
-//! ranges, by a path of its caller that never passes the entry. GCC does
-//! this where two paths of the caller end in the same copy: the forky
-//! root's LTO 3.14 has `PyObject_GC_Del` jump into its copy of
-//! `PyObject_Free` past the entry when the young generation's count is 0.
-//! A probe at the entry alone misses those calls.
+//! (`entry_pc`) may also be entered past it, by a path of its caller that
+//! never passes the entry. GCC does this where two paths of the caller end
+//! in the same call: the forky root's LTO 3.14 has `PyObject_GC_Del` jump
+//! into its copy of `PyObject_Free` past the entry when the young
+//! generation's count is 0. A probe at the entry alone misses those calls.
 //!
-//! Each place where control comes into the copy's code from outside it
-//! (a range start, or any instruction a jump from outside lands on) is
-//! decoded within the function that holds the copy and sorted by what the
-//! control flow allows:
-//! - reached only through the entry: part of the same call, not probed;
-//! - reached from the function's start without passing the entry, and
-//!   never from the entry: another entry, probed (each call passes one
-//!   entry or the other, never both);
-//! - reached both ways (a loop around the copy): a probe there might count
-//!   a call twice, none might miss one; not probed, and said.
+//! The function that holds the copies is decoded, and each place where
+//! control comes into a copy's code from outside it (a range start, or an
+//! instruction a jump from outside lands on) is sorted by what the control
+//! flow allows:
+//! - every path from it passes an entry before it leaves the function
+//!   (code of the call scheduled before its entry): covered;
+//! - the code no call passes (reached from the function's start, or from
+//!   any place an indirect jump may land, without passing an entry) leads
+//!   to it, and no entry does without first going through such code:
+//!   another entry, probed. A call passes one of them, never both: a call
+//!   that passed an entry and came back here went through code that runs
+//!   outside any call (a loop around the copy), so that call had ended.
+//! - an entry leads to it directly too: a probe there could count a call
+//!   twice, none misses some; not probed, and said.
+//!
+//! The indirect jumps of a function (jump tables, computed gotos, as in the
+//! interpreter's loop) are not followed: where a function has one, every
+//! instruction no direct jump or fall-through reaches is taken as a place
+//! it may land, so no path is missed.
 
-use std::{collections::HashSet, ops::Range};
+use std::{collections::VecDeque, ops::Range};
 
-use iced_x86::{Decoder, DecoderOptions, FlowControl};
+use iced_x86::{Decoder, DecoderOptions, FlowControl, Mnemonic};
 
-/// What the range starts of one copy are.
+/// One copy of a function: its entry and its code.
+#[derive(Clone, Copy, Debug)]
+pub struct Copy<'a> {
+    pub entry: u64,
+    pub ranges: &'a [Range<u64>],
+}
+
+/// What the places a copy is entered at are.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OtherEntries {
-    /// Range starts only paths that skip the entry reach.
+    /// Places only paths that skip every entry reach.
     pub entries: Vec<u64>,
-    /// Range starts that paths reach both through and around the entry.
+    /// Places paths reach both through an entry and around it.
     pub ambiguous: Vec<u64>,
 }
 
-/// The other entries of a copy entered at `entry` with code in `ranges`,
-/// inside the function at `function` (link-time addresses) whose code is
-/// `code`, where `siblings` are the entries of the other copies of the
-/// same function (GCC shares code between copies: a path through a
-/// sibling's entry is that sibling's call, counted there).
-///
-/// A range start the function's start reaches without passing an entry
-/// is, in turn: covered, when every path from it passes an entry before
-/// it leaves the function (code of the call scheduled before its entry);
-/// another entry, when no entry reaches it (so no call passes both), which
-/// is then an entry for the next range starts too; or else ambiguous.
-#[must_use]
-pub fn other_entries(entry: u64, ranges: &[Range<u64>], function: u64, code: &[u8], siblings: &[u64]) -> OtherEntries {
-    let graph = Graph::decode(function, code);
-    // Where control comes into the copy's code from outside it: a range
-    // start it falls into, or any instruction of it a jump from outside
-    // lands on (GCC may list a second inlined instance in the same DIE,
-    // entered in the middle of a range).
-    let inside = |a: u64| ranges.iter().any(|r| r.contains(&a));
-    let mut starts: Vec<u64> = graph
-        .nodes
-        .iter()
-        .filter(|(at, _, _)| !inside(*at))
-        .flat_map(|(_, next, _)| next.iter().copied())
-        .filter(|&s| inside(s) && s != entry)
-        .collect();
-    if inside(function) && function != entry {
-        starts.push(function);
-    }
-    starts.sort_unstable();
-    starts.dedup();
-    if starts.is_empty() {
-        return OtherEntries::default();
-    }
-    let mut entries: HashSet<u64> = siblings.iter().copied().chain([entry]).collect();
-    let mut out = OtherEntries::default();
-    loop {
-        let (around, _) = graph.reachable(function, &entries);
-        let mut ambiguous = Vec::new();
-        let mut added = false;
-        for &s in starts.iter().filter(|s| !entries.contains(s) && around.contains(s)) {
-            let (_, exits) = graph.reachable(s, &entries);
-            if !exits {
-                continue;
-            }
-            if entries.iter().any(|&e| graph.reachable(e, &HashSet::new()).0.contains(&s)) {
-                if std::env::var_os("TRACER_DEBUG_ENTRIES").is_some() {
-                    eprintln!("ambiguous {s:#x}: entry {entry:#x} ranges {ranges:x?} entries {entries:x?} fn {function:#x} path {:x?}", graph.path(function, s, &entries));
-                }
-                ambiguous.push(s);
-            } else {
-                entries.insert(s);
-                out.entries.push(s);
-                added = true;
-                break;
-            }
-        }
-        if !added {
-            out.ambiguous = ambiguous;
-            return out;
-        }
-    }
-}
-
 /// A function's instructions and where each one may go next.
-struct Graph {
-    /// (address, successors, whether it may leave the function) in
-    /// address order.
-    nodes: Vec<(u64, Vec<u64>, bool)>,
+pub struct Graph {
+    /// Instruction addresses, in order.
+    at: Vec<u64>,
+    /// Successors of each instruction, as indices into `at`.
+    next: Vec<Vec<usize>>,
+    /// Whether a path may leave the function from each instruction (a
+    /// return, an indirect jump, a jump or fall-through out of it).
+    leaves: Vec<bool>,
+    /// Where paths start: the function's start, and, where it has an
+    /// indirect jump, every instruction nothing else leads to.
+    roots: Vec<usize>,
 }
 
 impl Graph {
-    fn decode(function: u64, code: &[u8]) -> Self {
+    /// Decodes the function at `function` whose code is `code`.
+    #[must_use]
+    pub fn decode(function: u64, code: &[u8]) -> Self {
         let end = function + code.len() as u64;
+        let inside = |a: u64| (function..end).contains(&a);
         let mut decoder = Decoder::with_ip(64, code, function, DecoderOptions::NONE);
-        let mut nodes = Vec::new();
+        let mut at = Vec::new();
+        let mut targets: Vec<Vec<u64>> = Vec::new();
+        let mut leaves = Vec::new();
+        let mut indirect = false;
+        let mut filler = Vec::new();
         while decoder.can_decode() {
             let insn = decoder.decode();
             let next = insn.next_ip();
-            let inside = |a: u64| (function..end).contains(&a);
-            let (successors, leaves): (Vec<u64>, bool) = match insn.flow_control() {
-                FlowControl::Return | FlowControl::IndirectBranch | FlowControl::Exception | FlowControl::Interrupt => {
+            let (successors, leave): (Vec<u64>, bool) = match insn.flow_control() {
+                FlowControl::IndirectBranch => {
+                    indirect = true;
                     (vec![], true)
                 }
+                FlowControl::Return | FlowControl::Exception | FlowControl::Interrupt => (vec![], true),
                 FlowControl::UnconditionalBranch => {
                     let t = insn.near_branch_target();
                     if inside(t) { (vec![t], false) } else { (vec![], true) }
                 }
                 FlowControl::ConditionalBranch => {
-                    let t = insn.near_branch_target();
-                    let all = [next, t];
+                    let all = [next, insn.near_branch_target()];
                     (all.iter().copied().filter(|&a| inside(a)).collect(), !all.iter().all(|&a| inside(a)))
                 }
-                // A call comes back (a call that never does, to abort, only
+                // A call comes back (one that never does, to abort, only
                 // adds a path that is not taken).
                 _ => (vec![next].into_iter().filter(|&t| inside(t)).collect(), !inside(next)),
             };
-            nodes.push((insn.ip(), successors, leaves));
+            at.push(insn.ip());
+            filler.push(matches!(insn.mnemonic(), Mnemonic::Nop | Mnemonic::Int3));
+            targets.push(successors);
+            leaves.push(leave);
         }
-        Self { nodes }
-    }
-
-    /// A path from `from` to `to` avoiding `stops` (debugging).
-    fn path(&self, from: u64, to: u64, stops: &HashSet<u64>) -> Vec<u64> {
-        let mut prev = std::collections::HashMap::new();
-        let mut todo = std::collections::VecDeque::from([from]);
-        prev.insert(from, from);
-        while let Some(at) = todo.pop_front() {
-            if at == to { break; }
-            if at != from && stops.contains(&at) { continue; }
-            if let Ok(i) = self.nodes.binary_search_by_key(&at, |n| n.0) {
-                for &n in &self.nodes[i].1 { if !prev.contains_key(&n) { prev.insert(n, at); todo.push_back(n); } }
+        let index = |a: u64| at.binary_search(&a).ok();
+        let next: Vec<Vec<usize>> = targets.iter().map(|t| t.iter().filter_map(|&a| index(a)).collect()).collect();
+        // A jump into the middle of an instruction (not decoded as one)
+        // lands on code this graph does not have: that instruction may
+        // leave it.
+        let leaves: Vec<bool> =
+            leaves.iter().zip(targets.iter().zip(&next)).map(|(&l, (t, n))| l || t.len() != n.len()).collect();
+        let mut roots = vec![];
+        if !at.is_empty() {
+            roots.push(0);
+        }
+        if indirect {
+            // The padding between blocks (nops, int3) is not jumped to: it
+            // only falls through into the next block, which is not a
+            // place paths start for that.
+            let mut from: Vec<Vec<usize>> = vec![Vec::new(); at.len()];
+            for (i, n) in next.iter().enumerate() {
+                for &n in n {
+                    from[n].push(i);
+                }
             }
+            let mut padding = vec![false; at.len()];
+            for _ in 0..2 {
+                for i in 0..at.len() {
+                    padding[i] = filler[i] && from[i].iter().all(|&p| padding[p]);
+                }
+            }
+            roots.extend((1..at.len()).filter(|&i| !padding[i] && from[i].iter().all(|&p| padding[p])));
         }
-        let mut out = vec![to];
-        let mut at = to;
-        while let Some(&p) = prev.get(&at) { if p == at { break; } out.push(p); at = p; }
-        out.reverse();
-        out
+        Self { at, next, leaves, roots }
     }
 
-    /// The instructions reached from `from`, never going on from one in
-    /// `stops` (`from` itself aside), and whether a path leaves the
-    /// function (a return, an indirect jump, a jump out of it).
-    fn reachable(&self, from: u64, stops: &HashSet<u64>) -> (HashSet<u64>, bool) {
-        let mut seen = HashSet::new();
+    fn index(&self, address: u64) -> Option<usize> {
+        self.at.binary_search(&address).ok()
+    }
+
+    /// The instructions reached from `from`, never going on from one of
+    /// `stops`, and whether a path leaves the function.
+    fn reach(&self, from: &[usize], stops: &[bool]) -> (Vec<bool>, bool) {
+        let mut seen = vec![false; self.at.len()];
         let mut exits = false;
-        let mut todo = vec![from];
-        while let Some(at) = todo.pop() {
-            if !seen.insert(at) || (at != from && stops.contains(&at)) {
+        let mut todo: Vec<usize> = from.to_vec();
+        while let Some(i) = todo.pop() {
+            if std::mem::replace(&mut seen[i], true) || stops[i] {
                 continue;
             }
-            match self.nodes.binary_search_by_key(&at, |n| n.0) {
-                Ok(i) => {
-                    let (_, next, leaves) = &self.nodes[i];
-                    exits |= *leaves;
-                    todo.extend(next.iter().copied());
-                }
-                Err(_) => exits = true,
-            }
+            exits |= self.leaves[i];
+            todo.extend(self.next[i].iter().copied());
         }
         (seen, exits)
+    }
+
+    /// How many instructions from the nearest place paths start each
+    /// instruction is, never going on from one of `stops`; `usize::MAX`
+    /// where none leads.
+    fn distances(&self, stops: &[bool]) -> Vec<usize> {
+        let mut distance = vec![usize::MAX; self.at.len()];
+        let mut todo: VecDeque<usize> = VecDeque::new();
+        for &r in &self.roots {
+            if distance[r] == usize::MAX {
+                distance[r] = 0;
+                todo.push_back(r);
+            }
+        }
+        while let Some(i) = todo.pop_front() {
+            if stops[i] {
+                continue;
+            }
+            for &n in &self.next[i] {
+                if distance[n] == usize::MAX {
+                    distance[n] = distance[i] + 1;
+                    todo.push_back(n);
+                }
+            }
+        }
+        distance
+    }
+
+    /// The instructions of `around` an entry leads to through code outside
+    /// `around` only: the code of the calls, which no path around the
+    /// entries runs.
+    fn within(&self, entries: &[usize], around: &[bool]) -> Vec<bool> {
+        let mut hit = vec![false; self.at.len()];
+        let mut seen = vec![false; self.at.len()];
+        let mut todo: VecDeque<usize> = entries.iter().copied().collect();
+        while let Some(i) = todo.pop_front() {
+            for &n in &self.next[i] {
+                if around[n] {
+                    hit[n] = true;
+                } else if !seen[n] {
+                    seen[n] = true;
+                    todo.push_back(n);
+                }
+            }
+        }
+        hit
+    }
+}
+
+/// The other entries of each of `copies` (in their order), all in the
+/// function `graph` is, where `probed` are the places every copy of the
+/// same function is probed at in it (their entries, or the reads of the
+/// switch that stand for them): a path through one of those is that
+/// copy's call, counted there.
+#[must_use]
+pub fn other_entries(graph: &Graph, probed: &[u64], copies: &[Copy<'_>]) -> Vec<OtherEntries> {
+    let len = graph.at.len();
+    let mut out = vec![OtherEntries::default(); copies.len()];
+    // Where control comes into each copy's code from outside it.
+    let mut starts: Vec<(usize, usize)> = Vec::new();
+    for (c, copy) in copies.iter().enumerate() {
+        let inside = |a: u64| copy.ranges.iter().any(|r| r.contains(&a));
+        let mut own: Vec<usize> = (0..len)
+            .filter(|&i| !inside(graph.at[i]))
+            .flat_map(|i| graph.next[i].iter().copied())
+            .chain(graph.roots.iter().copied())
+            .filter(|&i| inside(graph.at[i]) && graph.at[i] != copy.entry)
+            .collect();
+        own.sort_unstable();
+        own.dedup();
+        starts.extend(own.into_iter().map(|i| (c, i)));
+    }
+    if starts.is_empty() {
+        return out;
+    }
+    let mut stops = vec![false; len];
+    let mut entries: Vec<usize> = Vec::new();
+    for i in probed.iter().chain(copies.iter().map(|c| &c.entry)).filter_map(|&a| graph.index(a)) {
+        if !stops[i] {
+            stops[i] = true;
+            entries.push(i);
+        }
+    }
+    loop {
+        let distance = graph.distances(&stops);
+        let around: Vec<bool> = distance.iter().map(|d| *d != usize::MAX).collect();
+        let within = graph.within(&entries, &around);
+        // The places around the entries that lead out of the function
+        // without passing one.
+        let mut candidates: Vec<(usize, usize)> =
+            starts.iter().copied().filter(|&(_, i)| !stops[i] && around[i] && graph.reach(&[i], &stops).1).collect();
+        // Taken one at a time, nearest the function's start first: what it
+        // leads to is its calls', not another entry (GCC lists a second
+        // call merged into a copy's code in the same DIE, and both calls
+        // go on into the copy's later ranges), and what an entry leads to
+        // directly is ambiguous.
+        candidates.sort_by_key(|&(_, i)| distance[i]);
+        let Some(&(c, i)) = candidates.iter().find(|&&(_, i)| !within[i]) else {
+            for (c, i) in candidates {
+                out[c].ambiguous.push(graph.at[i]);
+            }
+            return out;
+        };
+        stops[i] = true;
+        entries.push(i);
+        out[c].entries.push(graph.at[i]);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn one(entry: u64, ranges: &[Range<u64>], code: &[u8]) -> OtherEntries {
+        let graph = Graph::decode(0x1000, code);
+        other_entries(&graph, &[], &[Copy { entry, ranges }]).remove(0)
+    }
 
     /// Assembled by hand, at 0x1000:
     /// ```text
@@ -194,18 +280,18 @@ mod tests {
     #[test]
     fn a_range_only_a_path_around_the_entry_reaches_is_an_entry() {
         let code = [0x85, 0xd2, 0x7e, 0x06, 0x83, 0xea, 0x01, 0x90, 0xeb, 0x01, 0x90, 0xc3];
-        let found = other_entries(0x1007, &[0x1007..0x100a, 0x100a..0x100b], 0x1000, &code, &[]);
+        let found = one(0x1007, &[0x1007..0x100a, 0x100a..0x100b], &code);
         assert_eq!(found, OtherEntries { entries: vec![0x100a], ambiguous: vec![] });
     }
 
-    /// The same, where the entry's path runs into the second range: that
-    /// range is part of the call.
+    /// The same, where the entry's path runs into the second range: a
+    /// probe there would count the entry's calls twice.
     #[test]
-    fn a_range_the_entry_leads_to_is_part_of_the_call() {
+    fn a_range_the_entry_leads_to_is_ambiguous() {
         // 0x1008 is a two-byte nop instead of the jmp: the entry falls
         // through into 0x100a.
         let code = [0x85, 0xd2, 0x7e, 0x06, 0x83, 0xea, 0x01, 0x90, 0x66, 0x90, 0x90, 0xc3];
-        let found = other_entries(0x1007, &[0x1007..0x100a, 0x100a..0x100b], 0x1000, &code, &[]);
+        let found = one(0x1007, &[0x1007..0x100a, 0x100a..0x100b], &code);
         assert_eq!(found, OtherEntries { entries: vec![], ambiguous: vec![0x100a] });
     }
 
@@ -216,7 +302,7 @@ mod tests {
         // 0x1000 nop (the copy's first range), 0x1001 nop (its entry),
         // 0x1002 ret.
         let code = [0x90, 0x90, 0xc3];
-        let found = other_entries(0x1001, &[0x1001..0x1003, 0x1000..0x1001], 0x1000, &code, &[]);
+        let found = one(0x1001, &[0x1001..0x1003, 0x1000..0x1001], &code);
         assert_eq!(found, OtherEntries::default());
     }
 
@@ -226,7 +312,57 @@ mod tests {
         // 0x1002 is a two-byte nop instead of the jle: every path passes
         // the entry.
         let code = [0x85, 0xd2, 0x66, 0x90, 0x83, 0xea, 0x01, 0x90, 0x66, 0x90, 0x90, 0xc3];
-        let found = other_entries(0x1007, &[0x1007..0x100a, 0x100a..0x100b], 0x1000, &code, &[]);
+        let found = one(0x1007, &[0x1007..0x100a, 0x100a..0x100b], &code);
         assert_eq!(found, OtherEntries::default());
+    }
+
+    /// A loop around the copy: the entry's call ends in the loop's head,
+    /// which the path around the entry also runs, so the second range is
+    /// another entry (a call passes it or the entry, never both).
+    /// ```text
+    /// 0x1000 test %edx,%edx        85 d2      ; the loop's head
+    /// 0x1002 jle 0x100a            7e 06
+    /// 0x1004 sub $1,%edx           83 ea 01
+    /// 0x1007 nop                   90         ; the copy's entry
+    /// 0x1008 jmp 0x1000            eb f6      ; back to the head
+    /// 0x100a nop                   90         ; the copy's second range
+    /// 0x100b ret                   c3
+    /// ```
+    #[test]
+    fn a_loop_around_the_copy_is_not_ambiguous() {
+        let code = [0x85, 0xd2, 0x7e, 0x06, 0x83, 0xea, 0x01, 0x90, 0xeb, 0xf6, 0x90, 0xc3];
+        let found = one(0x1007, &[0x1007..0x100a, 0x100a..0x100b], &code);
+        assert_eq!(found, OtherEntries { entries: vec![0x100a], ambiguous: vec![] });
+    }
+
+    /// Code only an indirect jump reaches (a computed goto's label) is a
+    /// place paths start: a range there is another entry. Padding is not.
+    /// ```text
+    /// 0x1000 jmp *%rax             ff e0
+    /// 0x1002 xor %eax,%eax         31 c0      ; the copy's entry
+    /// 0x1004 ret                   c3
+    /// 0x1005 xor %eax,%eax         31 c0      ; the copy's second range,
+    /// 0x1007 ret                   c3         ; a label no jump names
+    /// 0x1008 nop                   90         ; padding, into the third
+    /// 0x1009 xor %eax,%eax         31 c0      ; range, which only the
+    /// 0x100b ret                   c3         ; padding leads to
+    /// ```
+    #[test]
+    fn a_range_an_indirect_jump_may_reach_is_an_entry() {
+        let code = [0xff, 0xe0, 0x31, 0xc0, 0xc3, 0x31, 0xc0, 0xc3, 0x90, 0x31, 0xc0, 0xc3];
+        let found = one(0x1002, &[0x1002..0x1005, 0x1005..0x1008, 0x1009..0x100c], &code);
+        assert_eq!(found, OtherEntries { entries: vec![0x1005, 0x1009], ambiguous: vec![] });
+    }
+
+    /// A path through a sibling copy's entry is that sibling's call.
+    #[test]
+    fn a_range_a_sibling_leads_to_is_not_an_entry() {
+        // As the first test, with the jle's target (0x100a) now a second
+        // copy's entry, probed.
+        let code = [0x85, 0xd2, 0x7e, 0x06, 0x83, 0xea, 0x01, 0x90, 0xeb, 0x01, 0x90, 0xc3];
+        let graph = Graph::decode(0x1000, &code);
+        let ranges = [0x1007..0x100a, 0x100a..0x100b];
+        let found = other_entries(&graph, &[0x100a], &[Copy { entry: 0x1007, ranges: &ranges }]);
+        assert_eq!(found, vec![OtherEntries::default()]);
     }
 }

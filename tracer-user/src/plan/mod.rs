@@ -593,7 +593,7 @@ fn coverage(
             let mut unprobed = unprobed.to_vec();
             if let Some(starts) = ambiguous.get(spec.symbol) {
                 unprobed.push(format!(
-                    "{} places where control flow enters a copy both through its entry and around it (a loop around the copy), where a probe could count a call twice ({})",
+                    "{} places where control enters a copy's code both from an entry and around every entry ({}): a probe there could count a call twice, and the calls that enter there are not counted",
                     starts.len(),
                     starts.iter().take(3).map(|a| format!("{a:#x}")).collect::<Vec<_>>().join(", ")
                 ));
