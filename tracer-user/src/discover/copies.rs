@@ -72,7 +72,7 @@ pub(super) fn find(
     let mut cfa = Cfa::of(&image);
     let bounds = function_bounds(&data);
     let mut graphs = HashMap::new();
-    let mut ambiguous = HashMap::new();
+    let mut entered = HashMap::new();
     let entries = found
         .into_iter()
         // A function the DWARF has no DIE for is left out: its copies are
@@ -89,7 +89,7 @@ pub(super) fn find(
             let mut points: Vec<Points> = copies.iter().map(|s| copy_points(s, &copies, reads, &mut cfa)).collect();
             // A copy probed at its entry may have other entries: each is
             // probed as a copy of its own (a call passes one of them).
-            let mut unsure = Vec::new();
+            let mut other = super::Entered::default();
             let guarded: Vec<Points> =
                 guard_only.remove(&f.function).unwrap_or_default().iter().map(guard_points).collect();
             // Where every copy is probed: a path through one is that copy's
@@ -107,39 +107,43 @@ pub(super) fn find(
                 .filter(|(site, p)| p.len() == 1 && p[0].address == site.entry)
                 .map(|(site, _)| *site)
                 .collect();
-            for found in other_entries(&at_entry, (&bounds, &all), elf, &image, &mut graphs) {
-                points.extend(
-                    found.entries.iter().map(|&address| vec![InlineEntry { address, size: None, object: None }]),
-                );
-                unsure.extend(found.ambiguous);
+            for (site, found) in other_entries(&at_entry, (&bounds, &all), elf, &image, &mut graphs) {
+                // Probed as a copy entered there, with the parameters'
+                // locations at that range's start.
+                for address in found.entries {
+                    let there = site.entered_at(address);
+                    let object = object_operand(&there, &mut cfa);
+                    points.push(vec![InlineEntry { address, size: size_operands(&there, &mut cfa), object }]);
+                    other.other += 1;
+                }
+                other.ambiguous.extend(found.ambiguous);
             }
             points.extend(guarded);
-            if !unsure.is_empty() {
-                ambiguous.insert(f.function.clone(), unsure);
+            if other != super::Entered::default() {
+                entered.insert(f.function.clone(), other);
             }
             (f.function, points)
         })
         .collect();
-    Ok(Inlining::Known { source: file.path.display().to_string(), entries, cross_check, ambiguous })
+    Ok(Inlining::Known { source: file.path.display().to_string(), entries, cross_check, entered })
 }
 
 /// The other entries of inlined copies, decoded in the function that
 /// holds each one's entry (`bounds`: each function's start and end,
 /// sorted; `all`: where every copy of the same function is probed), each
 /// function's graph kept in `graphs` for the next function's copies in it.
-fn other_entries(
-    copies: &[&inline::Site],
+fn other_entries<'s>(
+    copies: &[&'s inline::Site],
     (bounds, all): (&[(u64, u64)], &[u64]),
     elf: &ElfImage,
     image: &[u8],
     graphs: &mut HashMap<u64, super::entries::Graph>,
-) -> Vec<super::entries::OtherEntries> {
-    let mut held: std::collections::BTreeMap<(u64, u64), Vec<super::entries::Copy<'_>>> =
-        std::collections::BTreeMap::new();
-    for site in copies {
+) -> Vec<(&'s inline::Site, super::entries::OtherEntries)> {
+    let mut held: std::collections::BTreeMap<(u64, u64), Vec<&'s inline::Site>> = std::collections::BTreeMap::new();
+    for &site in copies {
         let at = bounds.partition_point(|b| b.0 <= site.entry).wrapping_sub(1);
         if let Some(&bound) = bounds.get(at).filter(|b| site.entry < b.1) {
-            held.entry(bound).or_default().push(super::entries::Copy { entry: site.entry, ranges: &site.ranges });
+            held.entry(bound).or_default().push(site);
         }
     }
     let mut out = Vec::new();
@@ -150,7 +154,9 @@ fn other_entries(
             super::entries::Graph::decode(start, image.get(offset..offset.saturating_add(len)).unwrap_or_default())
         });
         let probed: Vec<u64> = all.iter().copied().filter(|e| (start..end).contains(e)).collect();
-        out.extend(super::entries::other_entries(graph, &probed, &copies));
+        let each: Vec<super::entries::Copy<'_>> =
+            copies.iter().map(|s| super::entries::Copy { entry: s.entry, ranges: &s.ranges }).collect();
+        out.extend(copies.iter().copied().zip(super::entries::other_entries(graph, &probed, &each)));
     }
     out
 }

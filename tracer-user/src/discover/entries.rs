@@ -230,6 +230,13 @@ pub fn other_entries(graph: &Graph, probed: &[u64], copies: &[Copy<'_>]) -> Vec<
             entries.push(i);
         }
     }
+    // What leads to each instruction.
+    let mut from: Vec<Vec<usize>> = vec![Vec::new(); len];
+    for (j, next) in graph.next.iter().enumerate() {
+        for &n in next {
+            from[n].push(j);
+        }
+    }
     loop {
         let distance = graph.distances(&stops);
         let around: Vec<bool> = distance.iter().map(|d| *d != usize::MAX).collect();
@@ -244,15 +251,34 @@ pub fn other_entries(graph: &Graph, probed: &[u64], copies: &[Copy<'_>]) -> Vec<
         // go on into the copy's later ranges), and what an entry leads to
         // directly is ambiguous.
         candidates.sort_by_key(|&(_, i)| distance[i]);
-        let Some(&(c, i)) = candidates.iter().find(|&&(_, i)| !within[i]) else {
+        if let Some(&(c, i)) = candidates.iter().find(|&&(_, i)| !within[i]) {
+            stops[i] = true;
+            entries.push(i);
+            out[c].entries.push(graph.at[i]);
+            continue;
+        }
+        // Where an entry leads too, the paths around every entry may each
+        // come in through an instruction that goes nowhere else (a jump,
+        // or one that falls through into it), which no call passes: each
+        // time one runs, a call enters here that no entry counted. Those
+        // are probed instead (GCC merges a second call into a copy's code
+        // with a jump past the first call's size check).
+        let resolved = candidates.iter().find_map(|&(c, i)| {
+            let around_from: Vec<usize> = from[i].iter().copied().filter(|&j| around[j] && !stops[j]).collect();
+            let only_here = |j: usize| graph.next[j] == [i] && !within[j] && !graph.leaves[j];
+            (!around_from.is_empty() && around_from.iter().all(|&j| only_here(j))).then_some((c, around_from))
+        });
+        let Some((c, jumps)) = resolved else {
             for (c, i) in candidates {
                 out[c].ambiguous.push(graph.at[i]);
             }
             return out;
         };
-        stops[i] = true;
-        entries.push(i);
-        out[c].entries.push(graph.at[i]);
+        for j in jumps {
+            stops[j] = true;
+            entries.push(j);
+            out[c].entries.push(graph.at[j]);
+        }
     }
 }
 
@@ -352,6 +378,27 @@ mod tests {
         let code = [0xff, 0xe0, 0x31, 0xc0, 0xc3, 0x31, 0xc0, 0xc3, 0x90, 0x31, 0xc0, 0xc3];
         let found = one(0x1002, &[0x1002..0x1005, 0x1005..0x1008, 0x1009..0x100c], &code);
         assert_eq!(found, OtherEntries { entries: vec![0x1005, 0x1009], ambiguous: vec![] });
+    }
+
+    /// A second call merged into the copy: a jump from outside lands where
+    /// the entry's path also goes. The jump is probed instead, as only
+    /// that second call passes it.
+    /// ```text
+    /// 0x1000 test %edx,%edx        85 d2
+    /// 0x1002 jle 0x100b            7e 07
+    /// 0x1004 nop                   90         ; the copy's entry
+    /// 0x1005 xor %eax,%eax         31 c0      ; the shared code
+    /// 0x1007 ret                   c3
+    /// 0x1008 xor %ecx,%ecx         31 c9      ; (caller code)
+    /// 0x100a ret                   c3
+    /// 0x100b xor %ecx,%ecx         31 c9      ; the second call's own
+    /// 0x100d jmp 0x1005            eb f6      ; code, then into the copy
+    /// ```
+    #[test]
+    fn a_merged_call_is_counted_at_its_jump() {
+        let code = [0x85, 0xd2, 0x7e, 0x07, 0x90, 0x31, 0xc0, 0xc3, 0x31, 0xc9, 0xc3, 0x31, 0xc9, 0xeb, 0xf6];
+        let found = one(0x1004, &[0x1004..0x1008], &code);
+        assert_eq!(found, OtherEntries { entries: vec![0x100d], ambiguous: vec![] });
     }
 
     /// A path through a sibling copy's entry is that sibling's call.
