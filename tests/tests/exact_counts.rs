@@ -4,8 +4,10 @@
 
 use std::{collections::HashMap, path::Path};
 
+use serde_json::Value;
+
 use tracer_tests::{
-    API_SIZES, Aslr, Body, Exit, TracerRun, Workload, counts, require_root, shared_python, static_python,
+    API_SIZES, Aslr, Body, Exit, TracerRun, Workload, counts, forky_root, require_root, shared_python, static_python,
 };
 
 type Counts = HashMap<String, (u64, u64)>;
@@ -249,7 +251,12 @@ fn static_lto_counts_like_the_plain_build() {
         let n = |key: &str| check[key].as_u64().unwrap_or_else(|| panic!("{symbol}: {key} in {check}"));
         let listed = |key: &str| check[key].as_array().map_or(0, Vec::len) as u64;
         assert!(n("dwarf") > 0 && n("guard_reads") > 0, "{symbol}: {check}");
-        assert_eq!(coverage["inlined"].as_u64(), Some(n("dwarf") + listed("guard_only")), "{symbol}: {coverage}");
+        let other = coverage["other_entries"].as_u64().unwrap_or(0);
+        assert_eq!(
+            coverage["inlined"].as_u64(),
+            Some(n("dwarf") + listed("guard_only") + other),
+            "{symbol}: {coverage}"
+        );
     }
     let (code, table, stderr) = tracer_tests::run_tracer(&["probes", "--exe", "/usr/bin/python3.11"]);
     assert_eq!(code, Some(0), "{stderr}");
@@ -433,4 +440,41 @@ fn intervals_are_cumulative_and_end_with_summary() {
     }
     assert!(last["_Py_NewReference"].0 > 0, "a busy workload made no objects: {summary}");
     workload.ping();
+}
+
+/// Frees of `gc_del.py`'s N lists, all made just after a collection: the
+/// summary's `PyObject_Free` calls, and the plan's `PyObject_Free`
+/// coverage.
+fn gc_del_frees(n: u64) -> (u64, Value) {
+    let root = forky_root();
+    let n = n.to_string();
+    let mut w = Workload::script(Some(&root), "/usr/bin/python3.14", "gc_del.py", &[&n]);
+    let (tracer, attached) = TracerRun::attach_json(w.pid(), &["--interval", "3600", "--probes", "PyObject_Free"]);
+    w.go();
+    w.expect("done");
+    w.wait_blocked_reading(Some(5));
+    tracer.signal(libc::SIGINT);
+    let (status, lines, stderr) = tracer.finish();
+    assert!(status.success(), "tracer failed: {status}: {stderr}");
+    w.close();
+    let summary = lines.last().expect("a summary");
+    assert_eq!(summary["type"], "summary", "{lines:?}");
+    (counts(summary)["PyObject_Free"].0, attached)
+}
+
+/// On the forky root's LTO 3.14, `PyObject_GC_Del` enters its inlined
+/// copy of `PyObject_Free` past the entry the DWARF gives when the young
+/// generation's count is 0, as it is just after a collection. tracer
+/// finds that other entry in the code and probes it: N more lists freed
+/// right after `gc.collect()` are N more `PyObject_Free` calls, exactly
+/// (they were 0 when only the entry was probed), and the coverage stays
+/// complete.
+#[test]
+fn frees_past_an_inlined_entry_are_counted_on_forky_314() {
+    require_root();
+    let (one, attached) = gc_del_frees(2000);
+    let (two, _) = gc_del_frees(4000);
+    assert_eq!(two - one, 2000, "PyObject_Free calls: {one} for N lists, {two} for 2N");
+    let coverage = attached["coverage"]["PyObject_Free"].clone();
+    assert_eq!(coverage["calls"], "complete", "{coverage}");
 }

@@ -87,7 +87,15 @@ fn chroot_namespaces_and_container_count_alike() {
 fn lto_objects_body(python: &str) -> Counts {
     objects_body_in_root(python, |attached| {
         for (name, c) in attached["coverage"].as_object().expect("coverage") {
-            assert_eq!(c["calls"], "complete", "{name}: {c}");
+            // Complete, but where GCC merged calls into a copy through
+            // conditional jumps that land where an entry also leads
+            // (python3.13's PyMem_Calloc in PyTuple_GetSlice's unit): no
+            // probe there counts each call once, and coverage says so.
+            if c["calls"] != "complete" {
+                assert_eq!(c["calls"], "partial", "{name}: {c}");
+                let reason = c["reason"].as_str().unwrap_or_default();
+                assert!(reason.contains("both from an entry and around every entry"), "{name}: {c}");
+            }
             assert!(c["source"].as_str().is_some_and(|s| s.contains("/usr/lib/debug/.build-id/")), "{name}: {c}");
         }
     })

@@ -95,7 +95,7 @@ fn exact(start: impl Fn(u64) -> Workload, coverage: impl Fn(&Value), free: impl 
         assert_eq!(created, runs, "{interval}");
         assert_eq!(destroyed + reused + live, created, "{interval}");
         let free = &attached["coverage"]["PyObject_Free"];
-        if free["types"] == "complete" && every_free_seen {
+        if all_but_other_entries(free) && every_free_seen {
             // Every Temp destroyed (by its tp_free, PyObject_GC_Del,
             // through PyObject_Free), none reused.
             assert_eq!((destroyed, reused, live), (runs, 0, 0), "{interval}");
@@ -104,10 +104,10 @@ fn exact(start: impl Fn(u64) -> Workload, coverage: impl Fn(&Value), free: impl 
             assert_eq!(counts(&summary, LEAKY), (runs, runs, 0, 0), "{summary}");
         } else if free["source"].as_str().is_some_and(|s| s.contains("/usr/lib/debug/")) {
             // The DWARF shows the pointer at (all but one of) the copies,
-            // but a copy may be entered past the entry the DWARF gives
-            // (python3.14's PyObject_GC_Del, when the young generation's
-            // count is 0, after a collection): the Temp freed there is seen
-            // dead when the next one reuses its memory.
+            // but not at every other entry found in the code (python3.14's
+            // PyObject_GC_Del, when the young generation's count is 0,
+            // after a collection): a Temp freed there is seen dead when the
+            // next one reuses its memory.
             assert_eq!(live, 0, "{interval}");
         } else {
             // Without debug info, the copies inlined in PyObject_GC_Del do
@@ -122,8 +122,26 @@ fn exact(start: impl Fn(u64) -> Workload, coverage: impl Fn(&Value), free: impl 
     }
 }
 
+/// Whether every copy's type is counted, but at the other entries tracer
+/// found in the code (discover/entries.rs) where the DWARF gives no
+/// location for the object: those calls are counted, their types not, and
+/// coverage says how many.
+fn all_but_other_entries(c: &Value) -> bool {
+    if c["types"] == "complete" {
+        return true;
+    }
+    let unknown: Option<u64> = c["reason"]
+        .as_str()
+        .and_then(|r| r.split(" shows where the ").nth(1))
+        .and_then(|r| r.split(" is at ").nth(1))
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok());
+    let other = c["other_entries"].as_u64().unwrap_or(0);
+    c["types"] == "partial" && unknown.is_some_and(|n| n > 0 && n <= other)
+}
+
 fn complete(c: &Value) {
-    assert_eq!(c["types"], "complete", "{c}");
+    assert!(all_but_other_entries(c), "{c}");
 }
 
 fn pyenv(version: &str) -> std::path::PathBuf {

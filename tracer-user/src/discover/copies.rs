@@ -70,6 +70,9 @@ pub(super) fn find(
     let image =
         std::fs::read(elf.path()).map_err(|cause| super::elf::ElfError::Read { path: elf.path().to_owned(), cause })?;
     let mut cfa = Cfa::of(&image);
+    let bounds = function_bounds(&data);
+    let mut graphs = HashMap::new();
+    let mut entered = HashMap::new();
     let entries = found
         .into_iter()
         // A function the DWARF has no DIE for is left out: its copies are
@@ -84,11 +87,92 @@ pub(super) fn find(
                 _ => &[],
             };
             let mut points: Vec<Points> = copies.iter().map(|s| copy_points(s, &copies, reads, &mut cfa)).collect();
-            points.extend(guard_only.remove(&f.function).unwrap_or_default().iter().map(guard_points));
+            // A copy probed at its entry may have other entries: each is
+            // probed as a copy of its own (a call passes one of them).
+            let mut other = super::Entered::default();
+            let guarded: Vec<Points> =
+                guard_only.remove(&f.function).unwrap_or_default().iter().map(guard_points).collect();
+            // Where every copy is probed: a path through one is that copy's
+            // call (the copies the DWARF leaves out pass their reads).
+            let all: Vec<u64> = copies
+                .iter()
+                .map(|c| c.entry)
+                .chain(points.iter().chain(&guarded).flat_map(|p| p.iter().map(|e| e.address)))
+                .collect();
+            // Copies probed elsewhere than their entry (at the read of a
+            // switch) are passed there by every path into them.
+            let at_entry: Vec<&inline::Site> = copies
+                .iter()
+                .zip(&points)
+                .filter(|(site, p)| p.len() == 1 && p[0].address == site.entry)
+                .map(|(site, _)| *site)
+                .collect();
+            for (site, found) in other_entries(&at_entry, (&bounds, &all), elf, &image, &mut graphs) {
+                // Probed as a copy entered there, with the parameters'
+                // locations at that range's start.
+                for address in found.entries {
+                    let there = site.entered_at(address);
+                    let object = object_operand(&there, &mut cfa);
+                    points.push(vec![InlineEntry { address, size: size_operands(&there, &mut cfa), object }]);
+                    other.other += 1;
+                }
+                other.ambiguous.extend(found.ambiguous);
+            }
+            points.extend(guarded);
+            if other != super::Entered::default() {
+                entered.insert(f.function.clone(), other);
+            }
             (f.function, points)
         })
         .collect();
-    Ok(Inlining::Known { source: file.path.display().to_string(), entries, cross_check })
+    Ok(Inlining::Known { source: file.path.display().to_string(), entries, cross_check, entered })
+}
+
+/// The other entries of inlined copies, decoded in the function that
+/// holds each one's entry (`bounds`: each function's start and end,
+/// sorted; `all`: where every copy of the same function is probed), each
+/// function's graph kept in `graphs` for the next function's copies in it.
+fn other_entries<'s>(
+    copies: &[&'s inline::Site],
+    (bounds, all): (&[(u64, u64)], &[u64]),
+    elf: &ElfImage,
+    image: &[u8],
+    graphs: &mut HashMap<u64, super::entries::Graph>,
+) -> Vec<(&'s inline::Site, super::entries::OtherEntries)> {
+    let mut held: std::collections::BTreeMap<(u64, u64), Vec<&'s inline::Site>> = std::collections::BTreeMap::new();
+    for &site in copies {
+        let at = bounds.partition_point(|b| b.0 <= site.entry).wrapping_sub(1);
+        if let Some(&bound) = bounds.get(at).filter(|b| site.entry < b.1) {
+            held.entry(bound).or_default().push(site);
+        }
+    }
+    let mut out = Vec::new();
+    for ((start, end), copies) in held {
+        let graph = graphs.entry(start).or_insert_with(|| {
+            let offset = elf.file_offset(start).and_then(|o| usize::try_from(o).ok()).unwrap_or(usize::MAX);
+            let len = usize::try_from(end - start).unwrap_or(0);
+            super::entries::Graph::decode(start, image.get(offset..offset.saturating_add(len)).unwrap_or_default())
+        });
+        let probed: Vec<u64> = all.iter().copied().filter(|e| (start..end).contains(e)).collect();
+        let each: Vec<super::entries::Copy<'_>> =
+            copies.iter().map(|s| super::entries::Copy { entry: s.entry, ranges: &s.ranges }).collect();
+        out.extend(copies.iter().copied().zip(super::entries::other_entries(graph, &probed, &each)));
+    }
+    out
+}
+
+/// (start, end) of each function in an ELF file's symbol table, sorted.
+fn function_bounds(data: &[u8]) -> Vec<(u64, u64)> {
+    use object::{Object as _, ObjectSymbol as _};
+    let Ok(file) = object::File::parse(data) else { return Vec::new() };
+    let mut out: Vec<(u64, u64)> = file
+        .symbols()
+        .filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 0)
+        .map(|s| (s.address(), s.address() + s.size()))
+        .collect();
+    out.sort_unstable();
+    out.dedup_by_key(|b| b.0);
+    out
 }
 
 /// Where a copy the DWARF lists may be probed. Its entry is most often an

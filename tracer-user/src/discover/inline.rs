@@ -67,6 +67,25 @@ pub struct Site {
     pub die: u64,
     /// The wanted parameters, in the order asked for, at `entry`.
     pub parameters: Vec<Parameter>,
+    /// Their locations at the start of each of `ranges`, where a path that
+    /// skips the entry may come in (see discover/entries.rs).
+    pub at_ranges: Vec<Vec<Location>>,
+}
+
+impl Site {
+    /// This copy as entered at `address`, the start of one of its ranges,
+    /// with its parameters there (unknown elsewhere).
+    #[must_use]
+    pub fn entered_at(&self, address: u64) -> Self {
+        let at = self.ranges.iter().position(|r| r.start == address).and_then(|i| self.at_ranges.get(i));
+        let parameters = (self.parameters.iter().enumerate())
+            .map(|(i, p)| Parameter {
+                name: p.name.clone(),
+                location: at.and_then(|l| l.get(i)).copied().unwrap_or(Location::Unknown),
+            })
+            .collect();
+        Self { entry: address, parameters, ..self.clone() }
+    }
 }
 
 /// Which attribute gave a [`Site`]'s entry.
@@ -213,6 +232,14 @@ fn dedup(mut sites: Vec<Site>) -> Vec<Site> {
                         mine.location = theirs.location;
                     }
                 }
+                if last.ranges == site.ranges {
+                    for (mine, theirs) in last.at_ranges.iter_mut().flatten().zip(site.at_ranges.into_iter().flatten())
+                    {
+                        if !mine.is_known() {
+                            *mine = theirs;
+                        }
+                    }
+                }
             }
             _ => out.push(site),
         }
@@ -307,7 +334,8 @@ impl<'a> Walk<'_, 'a> {
             let parameters = (self.wanted[function].parameters.iter())
                 .map(|&name| Parameter { name: name.to_owned(), location: Location::Unknown })
                 .collect();
-            let site = Site { entry, entry_from, ranges, die: at(offset), parameters };
+            let at_ranges = vec![vec![Location::Unknown; self.wanted[function].parameters.len()]; ranges.len()];
+            let site = Site { entry, entry_from, ranges, die: at(offset), parameters, at_ranges };
             let (_, out_of_line, inlined) = &mut self.found[function];
             let sites = if subprogram { out_of_line } else { inlined };
             sites.push(site);
@@ -333,6 +361,11 @@ impl<'a> Walk<'_, 'a> {
         };
         let (_, out_of_line, inlined_sites) = &mut self.found[function];
         let site = &mut (if inlined { inlined_sites } else { out_of_line })[index];
+        for (r, at) in site.ranges.iter().zip(&mut site.at_ranges) {
+            if !at[which].is_known() {
+                at[which] = location(self.dwarf, &self.units[unit].1, attrs, r.start, frame)?;
+            }
+        }
         if site.parameters[which].location.is_known() {
             return Ok(());
         }
@@ -620,6 +653,7 @@ mod tests {
             ranges: vec![0x10..0x20, 0x30..0x38],
             die,
             parameters: vec![Parameter { name: "op".into(), location }],
+            at_ranges: vec![vec![location]; 2],
         };
         let merged =
             dedup(vec![site(2, Location::Unknown), site(1, Location::Unknown), site(3, Location::Constant(1))]);

@@ -5,6 +5,7 @@
 pub mod copies;
 pub mod debuginfo;
 pub mod elf;
+pub mod entries;
 pub mod exe;
 pub mod guards;
 pub mod impls;
@@ -121,7 +122,21 @@ pub enum Inlining {
         /// Per function a switch guards: where the DWARF's copies and the
         /// reads of the switch disagree.
         cross_check: std::collections::HashMap<String, guards::CrossCheck>,
+        /// Per function, the other entries of its copies found in the
+        /// code (see [`entries`]).
+        entered: std::collections::HashMap<String, Entered>,
     },
+}
+
+/// The places a function's copies are entered past their entries.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Entered {
+    /// How many other entries are probed (counted in the function's
+    /// entries).
+    pub other: usize,
+    /// Where control comes in both from an entry and around every entry:
+    /// not probed.
+    pub ambiguous: Vec<u64>,
 }
 
 /// Where one copy of a function may be probed: each point counts every

@@ -32,6 +32,11 @@ pub struct Coverage {
     pub inlined: Option<usize>,
     /// Of those, how many are probed.
     pub inlined_probed: usize,
+    /// Of the inlined copies found, the places where GCC enters a copy
+    /// past the entry its DWARF gives, found in the code and probed as
+    /// copies of their own (see discover/entries.rs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub other_entries: Option<usize>,
     /// Call sites probed instead of the entry (`--placement call-sites`).
     pub call_sites: usize,
     pub calls: Completeness,

@@ -554,6 +554,7 @@ fn coverage(
         out_of_line: 1,
         inlined: None,
         inlined_probed: probed,
+        other_entries: None,
         call_sites: 0,
         calls: Completeness::Complete,
         bytes: if measures_bytes { Completeness::Complete } else { Completeness::None },
@@ -575,7 +576,7 @@ fn coverage(
             c.fix = Some("drop --no-inlined".to_owned());
         }
         Some(Inlining::Guards { fix, scan }) => guard_coverage(&mut c, (image, spec), (fix, scan), sites, unprobed),
-        Some(Inlining::Known { source, entries, cross_check }) => {
+        Some(Inlining::Known { source, entries, cross_check, entered }) => {
             c.source.clone_from(source);
             c.cross_check = cross_check.get(spec.symbol).cloned();
             let Some(listed) = entries.get(spec.symbol).map(Vec::len) else {
@@ -590,6 +591,16 @@ fn coverage(
                 return c;
             };
             c.inlined = Some(listed);
+            let entered = entered.get(spec.symbol);
+            c.other_entries = entered.map(|e| e.other).filter(|&n| n > 0);
+            let mut unprobed = unprobed.to_vec();
+            if let Some(starts) = entered.map(|e| &e.ambiguous).filter(|a| !a.is_empty()) {
+                unprobed.push(format!(
+                    "{} places where control enters a copy's code both from an entry and around every entry ({}): a probe there could count a call twice, and the calls that enter there are not counted",
+                    starts.len(),
+                    starts.iter().take(3).map(|a| format!("{a:#x}")).collect::<Vec<_>>().join(", ")
+                ));
+            }
             if !unprobed.is_empty() {
                 c.calls = Completeness::Partial;
                 if measures_bytes {
