@@ -397,7 +397,7 @@ mod tests {
     #[test]
     fn a_merged_call_is_counted_at_its_jump() {
         let code = [0x85, 0xd2, 0x7e, 0x07, 0x90, 0x31, 0xc0, 0xc3, 0x31, 0xc9, 0xc3, 0x31, 0xc9, 0xeb, 0xf6];
-        let found = one(0x1004, &[0x1004..0x1008], &code);
+        let found = one(0x1004, std::slice::from_ref(&(0x1004..0x1008)), &code);
         assert_eq!(found, OtherEntries { entries: vec![0x100d], ambiguous: vec![] });
     }
 
