@@ -689,6 +689,25 @@ pub fn traced_to_the_end(mut workload: Workload, args: &[&str]) -> (Value, Value
     (attached, tracer.summary())
 }
 
+/// Attaches `tracer attach --json ARGS` to a script of tests/python that
+/// printed "ready", lets it go, and once it printed "done" and waits in a
+/// read(2) of 5 bytes, stops tracer with SIGINT: tracer's attached line
+/// and summary, after checking that tracer succeeded.
+#[must_use]
+pub fn traced_until_done(mut workload: Workload, args: &[&str]) -> (Value, Value) {
+    let (tracer, attached) = TracerRun::attach_json(workload.pid(), args);
+    workload.go();
+    workload.expect("done");
+    workload.wait_blocked_reading(Some(5));
+    tracer.signal(libc::SIGINT);
+    let (status, lines, stderr) = tracer.finish();
+    assert!(status.success(), "tracer failed: {status}: {stderr}");
+    workload.close();
+    let summary = lines.last().expect("a summary").clone();
+    assert_eq!(summary["type"], "summary", "{lines:?}");
+    (attached, summary)
+}
+
 /// Runs tracer to completion with ARGS and returns (exit code, stdout, stderr).
 #[must_use]
 pub fn run_tracer(args: &[&str]) -> (Option<i32>, String, String) {

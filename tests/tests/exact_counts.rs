@@ -448,18 +448,9 @@ fn intervals_are_cumulative_and_end_with_summary() {
 fn gc_del_frees(n: u64) -> (u64, Value) {
     let root = forky_root();
     let n = n.to_string();
-    let mut w = Workload::script(Some(&root), "/usr/bin/python3.14", "gc_del.py", &[&n]);
-    let (tracer, attached) = TracerRun::attach_json(w.pid(), &["--interval", "3600", "--probes", "PyObject_Free"]);
-    w.go();
-    w.expect("done");
-    w.wait_blocked_reading(Some(5));
-    tracer.signal(libc::SIGINT);
-    let (status, lines, stderr) = tracer.finish();
-    assert!(status.success(), "tracer failed: {status}: {stderr}");
-    w.close();
-    let summary = lines.last().expect("a summary");
-    assert_eq!(summary["type"], "summary", "{lines:?}");
-    (counts(summary)["PyObject_Free"].0, attached)
+    let w = Workload::script(Some(&root), "/usr/bin/python3.14", "gc_del.py", &[&n]);
+    let (attached, summary) = tracer_tests::traced_until_done(w, &["--interval", "3600", "--probes", "PyObject_Free"]);
+    (counts(&summary)["PyObject_Free"].0, attached)
 }
 
 /// On the forky root's LTO 3.14, `PyObject_GC_Del` enters its inlined

@@ -43,21 +43,12 @@ fn run(target: Target<'_>, n: u64, free: bool, extra: &[&str]) -> (Value, u64) {
 /// bytes one kept block holds (its "per" line).
 fn run_script(target: Target<'_>, script: &str, args: &[&str], extra: &[&str]) -> (Value, u64) {
     let env: Vec<(&str, &str)> = target.malloc.map(|m| ("PYTHONMALLOC", m)).into_iter().collect();
-    let mut w = Workload::script_env(target.root, target.python, script, args, &env);
+    let w = Workload::script_env(target.root, target.python, script, args, &env);
     let per = w.next_line("per").expect("a per line");
     let per: u64 = per.strip_prefix("per ").expect("per N").parse().expect("a number");
     let mut tracer_args = vec!["--interval", "3600"];
     tracer_args.extend_from_slice(extra);
-    let (tracer, _) = TracerRun::attach_json(w.pid(), &tracer_args);
-    w.go();
-    w.expect("done");
-    w.wait_blocked_reading(Some(5));
-    tracer.signal(libc::SIGINT);
-    let (status, lines, stderr) = tracer.finish();
-    assert!(status.success(), "tracer failed: {status}: {stderr}");
-    w.close();
-    let summary = lines.last().expect("a summary").clone();
-    assert_eq!(summary["type"], "summary", "{lines:?}");
+    let (_, summary) = tracer_tests::traced_until_done(w, &tracer_args);
     (summary, per)
 }
 

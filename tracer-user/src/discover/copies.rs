@@ -70,7 +70,7 @@ pub(super) fn find(
     let image =
         std::fs::read(elf.path()).map_err(|cause| super::elf::ElfError::Read { path: elf.path().to_owned(), cause })?;
     let mut cfa = Cfa::of(&image);
-    let bounds = function_bounds(&data);
+    let functions = Functions::of(&data);
     let mut graphs = HashMap::new();
     let mut entered = HashMap::new();
     let entries = found
@@ -107,7 +107,7 @@ pub(super) fn find(
                 .filter(|(site, p)| p.len() == 1 && p[0].address == site.entry)
                 .map(|(site, _)| *site)
                 .collect();
-            for (site, found) in other_entries(&at_entry, (&bounds, &all), elf, &image, &mut graphs) {
+            for (site, found) in other_entries(&at_entry, (&functions, &all), elf, &image, &mut graphs) {
                 // Probed as a copy entered there, with the parameters'
                 // locations at that range's start.
                 for address in found.entries {
@@ -129,31 +129,38 @@ pub(super) fn find(
 }
 
 /// The other entries of inlined copies, decoded in the function that
-/// holds each one's entry (`bounds`: each function's start and end,
-/// sorted; `all`: where every copy of the same function is probed), each
+/// holds each one's entry, with the parts GCC split off it (`functions`;
+/// `all`: where every copy of the same function is probed), each
 /// function's graph kept in `graphs` for the next function's copies in it.
 fn other_entries<'s>(
     copies: &[&'s inline::Site],
-    (bounds, all): (&[(u64, u64)], &[u64]),
+    (functions, all): (&Functions, &[u64]),
     elf: &ElfImage,
     image: &[u8],
     graphs: &mut HashMap<u64, super::entries::Graph>,
 ) -> Vec<(&'s inline::Site, super::entries::OtherEntries)> {
-    let mut held: std::collections::BTreeMap<(u64, u64), Vec<&'s inline::Site>> = std::collections::BTreeMap::new();
+    let mut held: std::collections::BTreeMap<u64, Vec<&'s inline::Site>> = std::collections::BTreeMap::new();
     for &site in copies {
-        let at = bounds.partition_point(|b| b.0 <= site.entry).wrapping_sub(1);
-        if let Some(&bound) = bounds.get(at).filter(|b| site.entry < b.1) {
-            held.entry(bound).or_default().push(site);
+        if let Some(start) = functions.holding(site.entry) {
+            held.entry(start).or_default().push(site);
         }
     }
     let mut out = Vec::new();
-    for ((start, end), copies) in held {
+    for (start, copies) in held {
+        let parts = functions.parts(start);
         let graph = graphs.entry(start).or_insert_with(|| {
-            let offset = elf.file_offset(start).and_then(|o| usize::try_from(o).ok()).unwrap_or(usize::MAX);
-            let len = usize::try_from(end - start).unwrap_or(0);
-            super::entries::Graph::decode(start, image.get(offset..offset.saturating_add(len)).unwrap_or_default())
+            let code: Vec<(u64, &[u8])> = parts
+                .iter()
+                .map(|&(at, end)| {
+                    let offset = elf.file_offset(at).and_then(|o| usize::try_from(o).ok()).unwrap_or(usize::MAX);
+                    let len = usize::try_from(end - at).unwrap_or(0);
+                    (at, image.get(offset..offset.saturating_add(len)).unwrap_or_default())
+                })
+                .collect();
+            super::entries::Graph::decode_parts(&code)
         });
-        let probed: Vec<u64> = all.iter().copied().filter(|e| (start..end).contains(e)).collect();
+        let probed: Vec<u64> =
+            all.iter().copied().filter(|e| parts.iter().any(|&(at, end)| (at..end).contains(e))).collect();
         let each: Vec<super::entries::Copy<'_>> =
             copies.iter().map(|s| super::entries::Copy { entry: s.entry, ranges: &s.ranges }).collect();
         out.extend(copies.iter().copied().zip(super::entries::other_entries(graph, &probed, &each)));
@@ -161,18 +168,66 @@ fn other_entries<'s>(
     out
 }
 
-/// (start, end) of each function in an ELF file's symbol table, sorted.
-fn function_bounds(data: &[u8]) -> Vec<(u64, u64)> {
-    use object::{Object as _, ObjectSymbol as _};
-    let Ok(file) = object::File::parse(data) else { return Vec::new() };
-    let mut out: Vec<(u64, u64)> = file
-        .symbols()
-        .filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 0)
-        .map(|s| (s.address(), s.address() + s.size()))
-        .collect();
-    out.sort_unstable();
-    out.dedup_by_key(|b| b.0);
-    out
+/// The functions of an ELF file's symbol table, and the parts GCC split
+/// off them (`foo.cold`, entered from `foo` within the same call).
+struct Functions {
+    /// (start, end) of each, sorted.
+    bounds: Vec<(u64, u64)>,
+    /// For the start of a function or of a part of one: the function's
+    /// start.
+    owner: HashMap<u64, u64>,
+    /// For a function's start: its parts, its own code first.
+    parts: HashMap<u64, Vec<(u64, u64)>>,
+}
+
+impl Functions {
+    fn of(data: &[u8]) -> Self {
+        use object::{Object as _, ObjectSymbol as _};
+        let mut symbols: Vec<(u64, u64, String)> = object::File::parse(data)
+            .map(|file| {
+                file.symbols()
+                    .filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 0)
+                    .filter_map(|s| Some((s.address(), s.address() + s.size(), s.name().ok()?.to_owned())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        symbols.sort_unstable();
+        let mut bounds: Vec<(u64, u64)> = symbols.iter().map(|s| (s.0, s.1)).collect();
+        bounds.dedup_by_key(|b| b.0);
+        // A name more than one function has (statics of different units)
+        // names no part surely.
+        let mut by_name: HashMap<&str, Option<(u64, u64)>> = HashMap::new();
+        for (start, end, name) in &symbols {
+            by_name.entry(name).and_modify(|b| *b = None).or_insert(Some((*start, *end)));
+        }
+        let mut owner = HashMap::new();
+        let mut parts: HashMap<u64, Vec<(u64, u64)>> = HashMap::new();
+        for (start, end, name) in &symbols {
+            let Some(hot) = name.strip_suffix(".cold") else { continue };
+            if let (Some(Some(function)), Some(Some(_))) = (by_name.get(hot), by_name.get(name.as_str())) {
+                owner.insert(*start, function.0);
+                parts.entry(function.0).or_insert_with(|| vec![*function]).push((*start, *end));
+            }
+        }
+        Self { bounds, owner, parts }
+    }
+
+    /// The start of the function whose code (or a part of it) holds
+    /// `address`.
+    fn holding(&self, address: u64) -> Option<u64> {
+        let at = self.bounds.partition_point(|b| b.0 <= address).checked_sub(1)?;
+        let &(start, end) = self.bounds.get(at).filter(|b| address < b.1)?;
+        debug_assert!(address < end);
+        Some(self.owner.get(&start).copied().unwrap_or(start))
+    }
+
+    /// The parts of the function at `start`, its own code first.
+    fn parts(&self, start: u64) -> Vec<(u64, u64)> {
+        self.parts.get(&start).cloned().unwrap_or_else(|| {
+            let at = self.bounds.partition_point(|b| b.0 < start);
+            self.bounds.get(at).filter(|b| b.0 == start).map(|&b| vec![b]).unwrap_or_default()
+        })
+    }
 }
 
 /// Where a copy the DWARF lists may be probed. Its entry is most often an

@@ -63,40 +63,57 @@ impl Graph {
     /// Decodes the function at `function` whose code is `code`.
     #[must_use]
     pub fn decode(function: u64, code: &[u8]) -> Self {
-        let end = function + code.len() as u64;
-        let inside = |a: u64| (function..end).contains(&a);
-        let mut decoder = Decoder::with_ip(64, code, function, DecoderOptions::NONE);
+        Self::decode_parts(&[(function, code)])
+    }
+
+    /// Decodes a function in parts: its own code first, where paths start,
+    /// then the parts GCC split off it (`.cold`), which it jumps to and
+    /// back from within the same call.
+    #[must_use]
+    pub fn decode_parts(parts: &[(u64, &[u8])]) -> Self {
+        let bounds: Vec<Range<u64>> = parts.iter().map(|&(at, code)| at..at + code.len() as u64).collect();
+        let inside = |a: u64| bounds.iter().any(|b| b.contains(&a));
         let mut at = Vec::new();
         let mut targets: Vec<Vec<u64>> = Vec::new();
         let mut leaves = Vec::new();
         let mut indirect = false;
         let mut filler = Vec::new();
-        while decoder.can_decode() {
-            let insn = decoder.decode();
-            let next = insn.next_ip();
-            let (successors, leave): (Vec<u64>, bool) = match insn.flow_control() {
-                FlowControl::IndirectBranch => {
-                    indirect = true;
-                    (vec![], true)
-                }
-                FlowControl::Return | FlowControl::Exception | FlowControl::Interrupt => (vec![], true),
-                FlowControl::UnconditionalBranch => {
-                    let t = insn.near_branch_target();
-                    if inside(t) { (vec![t], false) } else { (vec![], true) }
-                }
-                FlowControl::ConditionalBranch => {
-                    let all = [next, insn.near_branch_target()];
-                    (all.iter().copied().filter(|&a| inside(a)).collect(), !all.iter().all(|&a| inside(a)))
-                }
-                // A call comes back (one that never does, to abort, only
-                // adds a path that is not taken).
-                _ => (vec![next].into_iter().filter(|&t| inside(t)).collect(), !inside(next)),
-            };
-            at.push(insn.ip());
-            filler.push(matches!(insn.mnemonic(), Mnemonic::Nop | Mnemonic::Int3));
-            targets.push(successors);
-            leaves.push(leave);
+        let mut order: Vec<usize> = (0..parts.len()).collect();
+        order.sort_by_key(|&i| parts[i].0);
+        let first = order.iter().position(|&i| i == 0).unwrap_or(0);
+        let mut starts = Vec::new();
+        for &part in &order {
+            let (function, code) = parts[part];
+            starts.push(at.len());
+            let mut decoder = Decoder::with_ip(64, code, function, DecoderOptions::NONE);
+            while decoder.can_decode() {
+                let insn = decoder.decode();
+                let next = insn.next_ip();
+                let (successors, leave): (Vec<u64>, bool) = match insn.flow_control() {
+                    FlowControl::IndirectBranch => {
+                        indirect = true;
+                        (vec![], true)
+                    }
+                    FlowControl::Return | FlowControl::Exception | FlowControl::Interrupt => (vec![], true),
+                    FlowControl::UnconditionalBranch => {
+                        let t = insn.near_branch_target();
+                        if inside(t) { (vec![t], false) } else { (vec![], true) }
+                    }
+                    FlowControl::ConditionalBranch => {
+                        let all = [next, insn.near_branch_target()];
+                        (all.iter().copied().filter(|&a| inside(a)).collect(), !all.iter().all(|&a| inside(a)))
+                    }
+                    // A call comes back (one that never does, to abort, only
+                    // adds a path that is not taken).
+                    _ => (vec![next].into_iter().filter(|&t| inside(t)).collect(), !inside(next)),
+                };
+                at.push(insn.ip());
+                filler.push(matches!(insn.mnemonic(), Mnemonic::Nop | Mnemonic::Int3));
+                targets.push(successors);
+                leaves.push(leave);
+            }
         }
+        let start = starts.get(first).copied().filter(|&i| i < at.len());
         let index = |a: u64| at.binary_search(&a).ok();
         let next: Vec<Vec<usize>> = targets.iter().map(|t| t.iter().filter_map(|&a| index(a)).collect()).collect();
         // A jump into the middle of an instruction (not decoded as one)
@@ -104,10 +121,7 @@ impl Graph {
         // leave it.
         let leaves: Vec<bool> =
             leaves.iter().zip(targets.iter().zip(&next)).map(|(&l, (t, n))| l || t.len() != n.len()).collect();
-        let mut roots = vec![];
-        if !at.is_empty() {
-            roots.push(0);
-        }
+        let mut roots: Vec<usize> = start.into_iter().collect();
         if indirect {
             // The padding between blocks (nops, int3) is not jumped to: it
             // only falls through into the next block, which is not a
@@ -124,7 +138,9 @@ impl Graph {
                     padding[i] = filler[i] && from[i].iter().all(|&p| padding[p]);
                 }
             }
-            roots.extend((1..at.len()).filter(|&i| !padding[i] && from[i].iter().all(|&p| padding[p])));
+            roots.extend(
+                (0..at.len()).filter(|&i| Some(i) != start && !padding[i] && from[i].iter().all(|&p| padding[p])),
+            );
         }
         Self { at, next, leaves, roots }
     }
@@ -242,19 +258,28 @@ pub fn other_entries(graph: &Graph, probed: &[u64], copies: &[Copy<'_>]) -> Vec<
         let around: Vec<bool> = distance.iter().map(|d| *d != usize::MAX).collect();
         let within = graph.within(&entries, &around);
         // The places around the entries that lead out of the function
-        // without passing one.
-        let mut candidates: Vec<(usize, usize)> =
-            starts.iter().copied().filter(|&(_, i)| !stops[i] && around[i] && graph.reach(&[i], &stops).1).collect();
-        // Taken one at a time, nearest the function's start first: what it
-        // leads to is its calls', not another entry (GCC lists a second
-        // call merged into a copy's code in the same DIE, and both calls
-        // go on into the copy's later ranges), and what an entry leads to
-        // directly is ambiguous.
-        candidates.sort_by_key(|&(_, i)| distance[i]);
-        if let Some(&(c, i)) = candidates.iter().find(|&&(_, i)| !within[i]) {
-            stops[i] = true;
-            entries.push(i);
-            out[c].entries.push(graph.at[i]);
+        // without passing one, with what each leads to.
+        let mut candidates: Vec<Candidate> = starts
+            .iter()
+            .filter(|&&(_, i)| !stops[i] && around[i])
+            .filter_map(|&(c, i)| {
+                let (reached, exits) = graph.reach(&[i], &stops);
+                exits.then_some(Candidate { copy: c, at: i, unsure: within[i], reached })
+            })
+            .collect();
+        // Taken one at a time, nearest the function's start first, and
+        // never one an unsure place leads to: what a place leads to is its
+        // calls', not another entry (GCC lists a second call merged into a
+        // copy's code in the same DIE, and both calls go on into the
+        // copy's later ranges).
+        candidates.sort_by_key(|k| distance[k.at]);
+        let clear = candidates
+            .iter()
+            .find(|k| !k.unsure && !candidates.iter().any(|u| u.unsure && u.at != k.at && u.reached[k.at]));
+        if let Some(k) = clear {
+            stops[k.at] = true;
+            entries.push(k.at);
+            out[k.copy].entries.push(graph.at[k.at]);
             continue;
         }
         // Where an entry leads too, the paths around every entry may each
@@ -263,14 +288,14 @@ pub fn other_entries(graph: &Graph, probed: &[u64], copies: &[Copy<'_>]) -> Vec<
         // time one runs, a call enters here that no entry counted. Those
         // are probed instead (GCC merges a second call into a copy's code
         // with a jump past the first call's size check).
-        let resolved = candidates.iter().find_map(|&(c, i)| {
-            let around_from: Vec<usize> = from[i].iter().copied().filter(|&j| around[j] && !stops[j]).collect();
-            let only_here = |j: usize| graph.next[j] == [i] && !within[j] && !graph.leaves[j];
-            (!around_from.is_empty() && around_from.iter().all(|&j| only_here(j))).then_some((c, around_from))
+        let resolved = candidates.iter().filter(|k| !graph.roots.contains(&k.at)).find_map(|k| {
+            let around_from: Vec<usize> = from[k.at].iter().copied().filter(|&j| around[j] && !stops[j]).collect();
+            let only_here = |j: usize| graph.next[j] == [k.at] && !within[j] && !graph.leaves[j];
+            (!around_from.is_empty() && around_from.iter().all(|&j| only_here(j))).then_some((k.copy, around_from))
         });
         let Some((c, jumps)) = resolved else {
-            for (c, i) in candidates {
-                out[c].ambiguous.push(graph.at[i]);
+            for k in candidates {
+                out[k.copy].ambiguous.push(graph.at[k.at]);
             }
             return out;
         };
@@ -280,6 +305,16 @@ pub fn other_entries(graph: &Graph, probed: &[u64], copies: &[Copy<'_>]) -> Vec<
             out[c].entries.push(graph.at[j]);
         }
     }
+}
+
+/// A place where control comes into a copy from outside it.
+struct Candidate {
+    copy: usize,
+    at: usize,
+    /// An entry leads to it too.
+    unsure: bool,
+    /// What it leads to, not going on from a probed place.
+    reached: Vec<bool>,
 }
 
 #[cfg(test)]
@@ -399,6 +434,29 @@ mod tests {
         let code = [0x85, 0xd2, 0x7e, 0x07, 0x90, 0x31, 0xc0, 0xc3, 0x31, 0xc9, 0xc3, 0x31, 0xc9, 0xeb, 0xf6];
         let found = one(0x1004, std::slice::from_ref(&(0x1004..0x1008)), &code);
         assert_eq!(found, OtherEntries { entries: vec![0x100d], ambiguous: vec![] });
+    }
+
+    /// A function's `.cold` part is decoded with it: a path around the
+    /// entry that runs the copy's code there is another entry.
+    /// ```text
+    /// 0x1000 test %edx,%edx        85 d2
+    /// 0x1002 je 0x2000             0f 84 f8 0f 00 00
+    /// 0x1008 nop                   90         ; the copy's entry
+    /// 0x1009 ret                   c3
+    /// 0x2000 xor %eax,%eax         31 c0      ; the copy's cold part
+    /// 0x2002 jmp 0x1009            e9 02 f0 ff ff
+    /// ```
+    #[test]
+    fn a_cold_part_is_decoded_with_its_function() {
+        let hot = [0x85, 0xd2, 0x0f, 0x84, 0xf8, 0x0f, 0x00, 0x00, 0x90, 0xc3];
+        let cold = [0x31, 0xc0, 0xe9, 0x02, 0xf0, 0xff, 0xff];
+        let graph = Graph::decode_parts(&[(0x1000, &hot), (0x2000, &cold)]);
+        let ranges = [0x1008..0x1009, 0x2000..0x2002];
+        let found = other_entries(&graph, &[], &[Copy { entry: 0x1008, ranges: &ranges }]);
+        assert_eq!(found, vec![OtherEntries { entries: vec![0x2000], ambiguous: vec![] }]);
+        // Alone, the hot part jumps out of the function there.
+        let alone = other_entries(&Graph::decode(0x1000, &hot), &[], &[Copy { entry: 0x1008, ranges: &ranges }]);
+        assert_eq!(alone, vec![OtherEntries::default()]);
     }
 
     /// A path through a sibling copy's entry is that sibling's call.
