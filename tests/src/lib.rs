@@ -690,11 +690,12 @@ pub fn traced_to_the_end(mut workload: Workload, args: &[&str]) -> (Value, Value
 }
 
 /// Attaches `tracer attach --json ARGS` to a script of tests/python that
-/// printed "ready", lets it go, and once it printed "done" and waits in a
+/// printed "ready", once it waits in a read of stdin, lets it go, and once it printed "done" and waits in a
 /// read(2) of 5 bytes, stops tracer with SIGINT: tracer's attached line
 /// and summary, after checking that tracer succeeded.
 #[must_use]
 pub fn traced_until_done(mut workload: Workload, args: &[&str]) -> (Value, Value) {
+    workload.wait_blocked_on_stdin();
     let (tracer, attached) = TracerRun::attach_json(workload.pid(), args);
     workload.go();
     workload.expect("done");

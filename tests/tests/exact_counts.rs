@@ -457,15 +457,51 @@ fn gc_del_frees(n: u64) -> (u64, Value) {
 /// copy of `PyObject_Free` past the entry the DWARF gives when the young
 /// generation's count is 0, as it is just after a collection. tracer
 /// finds that other entry in the code and probes it: N more lists freed
-/// right after `gc.collect()` are N more `PyObject_Free` calls, exactly
-/// (they were 0 when only the entry was probed), and the coverage stays
-/// complete.
+/// right after `gc.collect()` are N more `PyObject_Free` calls (to within
+/// the one free that varies, below; they were 0 when only the entry was
+/// probed), and the coverage stays complete.
 #[test]
 fn frees_past_an_inlined_entry_are_counted_on_forky_314() {
     require_root();
     let (one, attached) = gc_del_frees(2000);
     let (two, _) = gc_del_frees(4000);
-    assert_eq!(two - one, 2000, "PyObject_Free calls: {one} for N lists, {two} for 2N");
+    // One free of the rest of a run comes and goes between runs of the
+    // same N (1931 or 1932 calls for N here, 3931 or 3932 for 2N), with
+    // the collector off and its garbage collected before the attach: not
+    // yet understood (the addresses, which ASLR moves, are suspected). So
+    // the difference is held to N within 1 each way, where probing only
+    // the entry gave 0.
+    let diff = two.saturating_sub(one);
+    assert!(diff.abs_diff(2000) <= 2, "PyObject_Free calls: {one} for N lists, {two} for 2N");
     let coverage = attached["coverage"]["PyObject_Free"].clone();
     assert_eq!(coverage["calls"], "complete", "{coverage}");
+}
+
+/// The calls of every probed function in iterations N to 2N of `mix.py`'s
+/// body (whose iterations differ with their index): the difference of
+/// runs of N and 2N iterations.
+fn mix_calls(python: &Path) -> HashMap<String, u64> {
+    const N: u64 = 100;
+    let run = |n: u64| {
+        let n = n.to_string();
+        let w = Workload::script(None, python.to_str().expect("UTF-8 path"), "mix.py", &[&n]);
+        counts(&tracer_tests::traced_until_done(w, &["--interval", "3600"]).1)
+    };
+    let (one, two) = (run(N), run(2 * N));
+    one.iter().map(|(name, (c1, _))| (name.clone(), two[name].0 - c1)).collect()
+}
+
+/// Debian's LTO python3.11 counts each function's calls in a body that
+/// runs much of the interpreter exactly as pyenv's plain 3.11 does: every
+/// inlined copy, and every other way GCC enters one (discover/entries.rs),
+/// counted once. A copy entered past its entry and not probed shows as
+/// fewer calls, a place probed that a call also passes its entry shows as
+/// more.
+#[test]
+fn lto_counts_a_mixed_body_like_the_plain_build() {
+    require_root();
+    let plain = mix_calls(&shared_python());
+    let lto = mix_calls(&static_python());
+    assert!(plain["_Py_NewReference"] >= 100 * 100, "{plain:?}");
+    assert_eq!(lto, plain);
 }
