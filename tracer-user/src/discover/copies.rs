@@ -216,8 +216,7 @@ impl Functions {
     /// `address`.
     fn holding(&self, address: u64) -> Option<u64> {
         let at = self.bounds.partition_point(|b| b.0 <= address).checked_sub(1)?;
-        let &(start, end) = self.bounds.get(at).filter(|b| address < b.1)?;
-        debug_assert!(address < end);
+        let &(start, _) = self.bounds.get(at).filter(|b| address < b.1)?;
         Some(self.owner.get(&start).copied().unwrap_or(start))
     }
 

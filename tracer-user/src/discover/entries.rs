@@ -57,6 +57,8 @@ pub struct Graph {
     /// Where paths start: the function's start, and, where it has an
     /// indirect jump, every instruction nothing else leads to.
     roots: Vec<usize>,
+    /// What leads to each instruction, as indices into `at`.
+    from: Vec<Vec<usize>>,
 }
 
 impl Graph {
@@ -122,16 +124,16 @@ impl Graph {
         let leaves: Vec<bool> =
             leaves.iter().zip(targets.iter().zip(&next)).map(|(&l, (t, n))| l || t.len() != n.len()).collect();
         let mut roots: Vec<usize> = start.into_iter().collect();
+        let mut from: Vec<Vec<usize>> = vec![Vec::new(); at.len()];
+        for (i, n) in next.iter().enumerate() {
+            for &n in n {
+                from[n].push(i);
+            }
+        }
         if indirect {
             // The padding between blocks (nops, int3) is not jumped to: it
             // only falls through into the next block, which is not a
             // place paths start for that.
-            let mut from: Vec<Vec<usize>> = vec![Vec::new(); at.len()];
-            for (i, n) in next.iter().enumerate() {
-                for &n in n {
-                    from[n].push(i);
-                }
-            }
             let mut padding = vec![false; at.len()];
             for _ in 0..2 {
                 for i in 0..at.len() {
@@ -142,7 +144,7 @@ impl Graph {
                 (0..at.len()).filter(|&i| Some(i) != start && !padding[i] && from[i].iter().all(|&p| padding[p])),
             );
         }
-        Self { at, next, leaves, roots }
+        Self { at, next, leaves, roots, from }
     }
 
     fn index(&self, address: u64) -> Option<usize> {
@@ -246,13 +248,6 @@ pub fn other_entries(graph: &Graph, probed: &[u64], copies: &[Copy<'_>]) -> Vec<
             entries.push(i);
         }
     }
-    // What leads to each instruction.
-    let mut from: Vec<Vec<usize>> = vec![Vec::new(); len];
-    for (j, next) in graph.next.iter().enumerate() {
-        for &n in next {
-            from[n].push(j);
-        }
-    }
     loop {
         let distance = graph.distances(&stops);
         let around: Vec<bool> = distance.iter().map(|d| *d != usize::MAX).collect();
@@ -289,7 +284,8 @@ pub fn other_entries(graph: &Graph, probed: &[u64], copies: &[Copy<'_>]) -> Vec<
         // are probed instead (GCC merges a second call into a copy's code
         // with a jump past the first call's size check).
         let resolved = candidates.iter().filter(|k| !graph.roots.contains(&k.at)).find_map(|k| {
-            let around_from: Vec<usize> = from[k.at].iter().copied().filter(|&j| around[j] && !stops[j]).collect();
+            let around_from: Vec<usize> =
+                graph.from[k.at].iter().copied().filter(|&j| around[j] && !stops[j]).collect();
             let only_here = |j: usize| graph.next[j] == [k.at] && !within[j] && !graph.leaves[j];
             (!around_from.is_empty() && around_from.iter().all(|&j| only_here(j))).then_some((k.copy, around_from))
         });

@@ -363,7 +363,11 @@ impl<'a> Walk<'_, 'a> {
         let site = &mut (if inlined { inlined_sites } else { out_of_line })[index];
         for (r, at) in site.ranges.iter().zip(&mut site.at_ranges) {
             if !at[which].is_known() {
-                at[which] = location(self.dwarf, &self.units[unit].1, attrs, r.start, frame)?;
+                // A range start's location is extra knowledge: a list that
+                // cannot be read there leaves it unknown, and the entry's
+                // location below still decides whether the walk fails.
+                at[which] =
+                    location(self.dwarf, &self.units[unit].1, attrs, r.start, frame).unwrap_or(Location::Unknown);
             }
         }
         if site.parameters[which].location.is_known() {
