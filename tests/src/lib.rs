@@ -8,6 +8,7 @@
 
 use std::{
     collections::HashMap,
+    ffi::OsStr,
     io::{BufRead as _, BufReader, Read as _, Write as _},
     ops::{Deref, DerefMut},
     os::unix::fs::FileExt as _,
@@ -397,11 +398,41 @@ impl Workload {
     /// [`Self::script`] with more environment variables (`PYTHONMALLOC`).
     #[must_use]
     pub fn script_env(root: Option<&Path>, python: &str, name: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::script_with(root, python, name, args, env, Aslr::On)
+    }
+
+    /// [`Self::script_env`], with or without address-space randomisation.
+    #[must_use]
+    pub fn script_with(
+        root: Option<&Path>,
+        python: &str,
+        name: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+        aslr: Aslr,
+    ) -> Self {
         static COPIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let source = workspace_root().join("tests/python").join(name);
+        // setarch sets the personality and execs the rest in place, so the
+        // PID stays the interpreter's.
+        let mut cmd = match aslr {
+            Aslr::On => None,
+            Aslr::Off => {
+                let mut c = Command::new("setarch");
+                c.arg("-R");
+                Some(c)
+            }
+        };
+        let mut program = |first: &OsStr| match cmd.take() {
+            Some(mut c) => {
+                c.arg(first);
+                c
+            }
+            None => Command::new(first),
+        };
         let (mut cmd, copy) = match root {
             None => {
-                let mut cmd = Command::new(python);
+                let mut cmd = program(python.as_ref());
                 cmd.arg(&source);
                 (cmd, None)
             }
@@ -411,7 +442,7 @@ impl Workload {
                 let script = root.join(inside.trim_start_matches('/'));
                 std::fs::copy(&source, &script)
                     .unwrap_or_else(|e| panic!("copying {name} into {}: {e}", root.display()));
-                let mut cmd = Command::new(CHROOT);
+                let mut cmd = program(CHROOT.as_ref());
                 cmd.arg(root).arg(python).arg(&inside);
                 (cmd, Some(RemoveOnDrop(script)))
             }

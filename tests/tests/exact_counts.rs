@@ -448,7 +448,10 @@ fn intervals_are_cumulative_and_end_with_summary() {
 fn gc_del_frees(n: u64) -> (u64, Value) {
     let root = forky_root();
     let n = n.to_string();
-    let w = Workload::script(Some(&root), "/usr/bin/python3.14", "gc_del.py", &[&n]);
+    // Without ASLR: one free of the rest of the run comes and goes between
+    // runs of the same N under it (1931 or 1932 calls for N, 3931 or 3932
+    // for 2N, in 2 of 4 runs), never without it (9 of 9 the same).
+    let w = Workload::script_with(Some(&root), "/usr/bin/python3.14", "gc_del.py", &[&n], &[], Aslr::Off);
     let (attached, summary) = tracer_tests::traced_until_done(w, &["--interval", "3600", "--probes", "PyObject_Free"]);
     (counts(&summary)["PyObject_Free"].0, attached)
 }
@@ -457,22 +460,15 @@ fn gc_del_frees(n: u64) -> (u64, Value) {
 /// copy of `PyObject_Free` past the entry the DWARF gives when the young
 /// generation's count is 0, as it is just after a collection. tracer
 /// finds that other entry in the code and probes it: N more lists freed
-/// right after `gc.collect()` are N more `PyObject_Free` calls (to within
-/// the one free that varies, below; they were 0 when only the entry was
-/// probed), and the coverage stays complete.
+/// right after `gc.collect()` are exactly N more `PyObject_Free` calls
+/// (they were 0 when only the entry was probed), and the coverage stays
+/// complete.
 #[test]
 fn frees_past_an_inlined_entry_are_counted_on_forky_314() {
     require_root();
     let (one, attached) = gc_del_frees(2000);
     let (two, _) = gc_del_frees(4000);
-    // One free of the rest of a run comes and goes between runs of the
-    // same N (1931 or 1932 calls for N here, 3931 or 3932 for 2N), with
-    // the collector off and its garbage collected before the attach: not
-    // yet understood (the addresses, which ASLR moves, are suspected). So
-    // the difference is held to N within 1 each way, where probing only
-    // the entry gave 0.
-    let diff = two.saturating_sub(one);
-    assert!(diff.abs_diff(2000) <= 2, "PyObject_Free calls: {one} for N lists, {two} for 2N");
+    assert_eq!(two - one, 2000, "PyObject_Free calls: {one} for N lists, {two} for 2N");
     let coverage = attached["coverage"]["PyObject_Free"].clone();
     assert_eq!(coverage["calls"], "complete", "{coverage}");
 }
@@ -484,7 +480,7 @@ fn mix_calls(python: &Path) -> HashMap<String, u64> {
     const N: u64 = 100;
     let run = |n: u64| {
         let n = n.to_string();
-        let w = Workload::script(None, python.to_str().expect("UTF-8 path"), "mix.py", &[&n]);
+        let w = Workload::script_with(None, python.to_str().expect("UTF-8 path"), "mix.py", &[&n], &[], Aslr::Off);
         counts(&tracer_tests::traced_until_done(w, &["--interval", "3600"]).1)
     };
     let (one, two) = (run(N), run(2 * N));
