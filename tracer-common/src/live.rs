@@ -56,7 +56,9 @@ pub struct Frame {
     /// allocation's where its probe reads it (0: unknown).
     pub size: u64,
     /// For an implementation's realloc, the old block (0: none); for an
-    /// API free, the block it already took out of the table (0: none yet).
+    /// API free, the block it already took out of the table (0: none yet);
+    /// for an API realloc, the block it reallocates, where its probe reads
+    /// it (0: unknown, or none).
     pub old: u64,
     /// For an API allocation served by pymalloc inline (see
     /// [`Pymalloc`]), the block put in the table at its entry as the one
@@ -103,7 +105,16 @@ pub mod kind {
     /// domain's `_PyMem_RawMalloc` calling `malloc`): counted once, as the
     /// outer call.
     pub const NATIVE_NESTED: u32 = 6;
+    /// An API realloc whose implementation allocated a new block (a
+    /// moving realloc: pymalloc's `_PyObject_Malloc` and copy, or libc's
+    /// `malloc` where that is inlined): it frees its old block next, by an
+    /// implementation this frame serves, or inline, unseen, which the
+    /// next API call on the thread finds.
+    pub const MOVED: u32 = 7;
 }
+
+/// An API realloc frame's `old` where its probe does not read its block.
+pub const UNKNOWN_BLOCK: u64 = u64::MAX;
 
 /// How deep [`Frames`] goes: an API call, its implementation, a nested API
 /// call and its implementation, with room for the debug hooks' extra level.

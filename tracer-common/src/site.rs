@@ -28,6 +28,13 @@ pub const MEMORY: u8 = 0x20;
 pub const MEMORY_FIRST: u8 = MEMORY + 1;
 pub const MEMORY_LAST: u8 = MEMORY + 16;
 
+/// Whether operand `kind` takes the cookie's constant (as its value, or
+/// as its offset).
+#[must_use]
+pub const fn uses_constant(kind: u8) -> bool {
+    kind == CONSTANT || (kind >= MEMORY_FIRST && kind <= MEMORY_LAST)
+}
+
 /// The cookie for `slot` with operands `first` and `second` and
 /// `constant`.
 #[must_use]

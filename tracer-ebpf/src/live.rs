@@ -20,7 +20,7 @@ use aya_ebpf::{
 };
 use tracer_common::{
     live::{
-        API_FRAME_ROOM, DEFAULT_LIVE_ENTRIES, DOMAIN_SLOTS, FRAME_DEPTH, FRAME_THREADS, Frame, Frames,
+        API_FRAME_ROOM, DEFAULT_LIVE_ENTRIES, UNKNOWN_BLOCK, DOMAIN_SLOTS, FRAME_DEPTH, FRAME_THREADS, Frame, Frames,
         ALIGNMENT_SHIFT, LiveCounts, LiveEntry, LiveKey, POOL_FREEBLOCK, POOL_NEXTPOOL, Pymalloc, SMALL_REQUEST, kind,
         role,
     },
@@ -60,6 +60,12 @@ static PYMALLOC: Array<Pymalloc> = Array::with_max_entries(1, 0);
 /// Per probe slot, its [`role`]; the loader fills it.
 #[map]
 static SLOT_LIVE: Array<u32> = Array::with_max_entries(DEFAULT_SLOTS, 0);
+
+/// Whether probe slot `slot` is a realloc's, with `--live`.
+#[inline(always)]
+pub fn reallocates(slot: u32) -> bool {
+    SLOT_LIVE.get(slot).is_some_and(|r| r & 0xff == role::REALLOC)
+}
 
 /// This thread's id and its process's.
 #[inline(always)]
@@ -153,11 +159,11 @@ fn try_api_entry(ctx: &ProbeContext) -> Result<(), Stat> {
     let (size, block) = match r {
         role::MALLOC => (arg(0)?, 0),
         role::CALLOC => (product(arg(0)?, arg(1)?), 0),
-        role::REALLOC => (arg(1)?, 0),
+        role::REALLOC => (arg(1)?, arg(0)?),
         role::FREE => (0, arg(0)?),
         _ => return Ok(()),
     };
-    api(ctx.regs, slot, size, block)?;
+    api(ctx.regs, slot, size, Some(block))?;
     adopt(slot);
     Ok(())
 }
@@ -170,15 +176,18 @@ fn product(n: u64, e: u64) -> u64 {
 
 /// An API call of slot `slot` (at its entry or at an inlined copy), with
 /// its requested `size` (an allocation's; 0: unknown) or the `block` it
-/// frees (a free's; 0: unknown): pushes its frame, for the implementation
-/// it calls. A free takes its block out of the table at once. An
-/// allocation that pymalloc serves inline puts the block it will get in
-/// the table at once ([`predict`]). An API frame already on top is stale:
-/// its call ran an inlined allocator and called none (LTO's devirtualised
-/// pymalloc); its block is unseen, which is counted, unless it was taken
-/// or predicted.
+/// frees or reallocates (a free's or a realloc's; `None`: unknown, and a
+/// free's 0 is nothing to take): pushes its
+/// frame, for the implementation it calls. A free takes its block out of
+/// the table at once. An allocation that pymalloc serves inline puts the
+/// block it will get in the table at once ([`predict`]). An API frame
+/// already on top is stale: its call ran an inlined allocator and called
+/// none (LTO's devirtualised pymalloc); its block is unseen, which is
+/// counted, unless it was taken or predicted. A moving realloc's frame on
+/// top freed its old block inline, which is taken out now where it is
+/// known.
 #[inline(always)]
-pub fn api(regs: *mut pt_regs, slot: u32, size: u64, block: u64) -> Result<(), Stat> {
+pub fn api(regs: *mut pt_regs, slot: u32, size: u64, block: Option<u64>) -> Result<(), Stat> {
     let kind_of = SLOT_LIVE.get(slot).copied().unwrap_or(role::NONE);
     let r = kind_of & 0xff;
     let domain = match r {
@@ -190,9 +199,14 @@ pub fn api(regs: *mut pt_regs, slot: u32, size: u64, block: u64) -> Result<(), S
     // SAFETY: regs is the context the kernel passed, readable directly.
     let sp = unsafe { (*regs).rsp };
     let mut frame = Frame { size, sp, domain, slot, kind: kind::API, role: r, ..Frame::default() };
-    if r == role::FREE && block != 0 {
-        take(tgid, block, domain);
-        frame.old = block;
+    match (r, block) {
+        (role::FREE, Some(block)) if block != 0 => {
+            take(tgid, block, domain);
+            frame.old = block;
+        }
+        (role::REALLOC, Some(block)) => frame.old = block,
+        (role::REALLOC, None) => frame.old = UNKNOWN_BLOCK,
+        _ => {}
     }
     let frames = frames_of(tid).ok_or(Stat::LivePendingFull)?;
     // SAFETY: a valid pointer to the value, which only this thread (so
@@ -200,9 +214,9 @@ pub fn api(regs: *mut pt_regs, slot: u32, size: u64, block: u64) -> Result<(), S
     let frames = unsafe { &mut *frames };
     let top = usize::try_from(frames.depth).unwrap_or(0).wrapping_sub(1);
     if let Some(last) = frames.frames.get_mut(top)
-        && last.kind == kind::API
+        && matches!(last.kind, kind::API | kind::MOVED)
     {
-        unseen(*last);
+        unseen(tgid, *last);
         frames.depth -= 1;
     }
     if matches!(r, role::MALLOC | role::CALLOC) {
@@ -300,10 +314,17 @@ fn push(frames: &mut Frames, frame: Frame) -> Result<(), Stat> {
     Err(Stat::LivePendingFull)
 }
 
-/// A stale API call: its block is not in the table.
+/// A stale API call: its block is not in the table. A moving realloc
+/// freed its old block inline: out it goes, where it is known.
 #[inline(always)]
-fn unseen(frame: Frame) {
-    if frame.role == role::FREE {
+fn unseen(tgid: u32, frame: Frame) {
+    if frame.kind == kind::MOVED {
+        if frame.old == UNKNOWN_BLOCK {
+            add(frame.domain, field!(unseen_frees), 1);
+        } else {
+            take(tgid, frame.old, frame.domain);
+        }
+    } else if frame.role == role::FREE {
         if frame.old == 0 {
             add(frame.domain, field!(unseen_frees), 1);
         }
@@ -358,7 +379,7 @@ fn try_live_impl(ctx: &ProbeContext) -> Result<(), Stat> {
     if nested {
         frame.kind = kind::NESTED;
         frame.domain = api.domain;
-    } else if api.kind == kind::API && serves(api.role, r) && api.sp.abs_diff(sp) <= API_FRAME_ROOM {
+    } else if serves(&api, r, old) && api.sp.abs_diff(sp) <= API_FRAME_ROOM {
         frame.kind = kind::OUTER;
         frame.domain = api.domain;
         frame.slot = api.slot;
@@ -370,8 +391,9 @@ fn try_live_impl(ctx: &ProbeContext) -> Result<(), Stat> {
         if api.predicted != 0 {
             unpredict(tgid, &api);
         }
-        // A free whose API call knew its block took it already.
-        if r == role::FREE && old != 0 && api.old == 0 {
+        // A free whose API call knew its block took it already; a moving
+        // realloc's old block is still in.
+        if r == role::FREE && old != 0 && (api.old == 0 || api.kind == kind::MOVED) {
             take(tgid, old, frame.domain);
         }
     } else {
@@ -383,15 +405,22 @@ fn try_live_impl(ctx: &ProbeContext) -> Result<(), Stat> {
     result
 }
 
-/// Whether an implementation of role `implementation` serves an API call
-/// of role `api`: its own role, a malloc for a realloc (pymalloc's
-/// realloc of NULL or of a block it moves calls `_PyObject_Malloc`), or a
-/// new pool for an allocation.
+/// Whether an implementation of role `implementation` (freeing `old`)
+/// serves the API call `api` on top of its thread's stack: one of its own
+/// role, a malloc for a realloc (pymalloc's realloc of NULL or of a block
+/// it moves calls `_PyObject_Malloc`), or a new pool for an allocation;
+/// after a moving realloc's malloc, the free of its old block.
 #[inline(always)]
-fn serves(api: u32, implementation: u32) -> bool {
-    api == implementation
-        || (api == role::REALLOC && implementation == role::MALLOC)
-        || (implementation == role::POOL && matches!(api, role::MALLOC | role::CALLOC | role::REALLOC))
+fn serves(api: &Frame, implementation: u32, old: u64) -> bool {
+    match api.kind {
+        kind::API => {
+            api.role == implementation
+                || (api.role == role::REALLOC && implementation == role::MALLOC)
+                || (implementation == role::POOL && matches!(api.role, role::MALLOC | role::CALLOC | role::REALLOC))
+        }
+        kind::MOVED => implementation == role::FREE && (api.old == UNKNOWN_BLOCK || api.old == old),
+        _ => false,
+    }
 }
 
 /// At an implementation's `ret`: the stack pointer is the entry's.
@@ -437,9 +466,25 @@ fn returned(regs: *mut pt_regs, sp_delta: u64) -> Result<(), Stat> {
         }
     }
     let (at, frame) = found.ok_or(Stat::LiveUnmatched)?;
-    // The API call that called it ends with it (a libc call has none).
+    // The API call that called it ends with it (a libc call has none),
+    // but for a realloc that allocated a new block: it frees the old one
+    // next.
     let native = matches!(frame.kind, kind::NATIVE | kind::NATIVE_NESTED);
-    let below = !native && frames.frames.get(at.wrapping_sub(1)).is_some_and(|f| f.kind == kind::API);
+    let mut below = false;
+    if !native && let Some(api) = frames.frames.get_mut(at.wrapping_sub(1)) {
+        // (A realloc of NULL is a malloc, and frees nothing.)
+        if api.kind == kind::API
+            && api.role == role::REALLOC
+            && api.old != 0
+            && frame.kind == kind::OUTER
+            && frame.role == role::MALLOC
+            && address != 0
+        {
+            api.kind = kind::MOVED;
+        } else {
+            below = matches!(api.kind, kind::API | kind::MOVED);
+        }
+    }
     frames.depth = (at - usize::from(below)) as u64;
     match frame.kind {
         kind::NESTED | kind::NATIVE_NESTED => {
@@ -671,6 +716,21 @@ pub fn native(ctx: &ProbeContext, tgid: u32, slot: u32, marked: bool, stack: u64
         role::FREE | role::MUNMAP => (0, a0),
         _ => return Ok(()),
     };
+    if !inside && top.kind == kind::API && top.sp.abs_diff(sp) <= API_FRAME_ROOM && implements(&top, r, size, old) {
+        // The API call's own allocator, inlined into its caller (LTO),
+        // calls libc directly: this call is its implementation, and its
+        // block is the API call's domain's.
+        if r == role::FREE && top.old == 0 {
+            take(tgid, old, top.domain);
+        }
+        let old = if r == role::REALLOC { old } else { 0 };
+        // The raw allocator asks libc for 1 byte where it was asked for 0.
+        let size = if top.size == 0 && size == 1 { 0 } else { size };
+        let frame = Frame { size, old, stack: top.stack, sp, domain: top.domain, slot: top.slot, kind: kind::OUTER, role: r, ..Frame::default() };
+        let frames = frames_of(tid).ok_or(Stat::LivePendingFull)?;
+        // SAFETY: a valid pointer to the value, which only this thread uses.
+        return push(unsafe { &mut *frames }, frame);
+    }
     let domain = tracer_common::sizes::Domain::Native as u32;
     if !inside && old != 0 && (matches!(r, role::FREE | role::MUNMAP) || (r == role::REALLOC && size == 0)) {
         // glibc's realloc(p, 0) frees p and returns NULL.
@@ -682,6 +742,31 @@ pub fn native(ctx: &ProbeContext, tgid: u32, slot: u32, marked: bool, stack: u64
     let frames = frames_of(tid).ok_or(Stat::LivePendingFull)?;
     // SAFETY: a valid pointer to the value, which only this thread uses.
     push(unsafe { &mut *frames }, frame)
+}
+
+/// Whether a libc call of role `r` (requesting `size`, or freeing or
+/// moving `old`) is what the API call `api`, on top of its thread's stack
+/// and unserved, runs: an API call whose allocator is inlined into its
+/// caller (LTO) and passes its request on to libc (pymalloc's requests
+/// over 512 bytes, the raw domain's every call) calls libc's function of
+/// its own role with its own size (where the probe knows it: 0 is
+/// unknown, or a request of 0, which the raw allocator makes 1) or block,
+/// or a realloc that moves a pymalloc block (or has none) libc's `malloc`.
+/// An allocation pymalloc served inline ([`predict`]) calls nothing.
+#[inline(always)]
+fn implements(api: &Frame, r: u32, size: u64, old: u64) -> bool {
+    match r {
+        role::MALLOC | role::CALLOC => {
+            (api.role == r || (api.role == role::REALLOC && r == role::MALLOC))
+                && api.predicted == 0
+                && (api.size == size || api.size == 0)
+        }
+        role::REALLOC => {
+            api.role == r && (api.size == size || api.size == 0) && (api.old == UNKNOWN_BLOCK || api.old == old)
+        }
+        role::FREE => api.role == role::FREE && old != 0 && (api.old == 0 || api.old == old),
+        _ => false,
+    }
 }
 
 /// A libc call's block from its return value: `mmap`'s `MAP_FAILED` is

@@ -212,8 +212,15 @@ fn try_count_site(ctx: &ProbeContext) -> Result<(), Stat> {
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
     let constant = site::constant(cookie);
     let first = operand(ctx.regs, site::first(cookie), constant)?;
+    // With --live, a realloc's copy has its block as the second operand.
+    let realloc = live::on() && live::reallocates(site::slot(cookie));
+    let mut block = None;
     let bytes = match site::second(cookie) {
         site::NONE => first,
+        kind if realloc => {
+            block = Some(operand(ctx.regs, kind, constant)?);
+            first
+        }
         kind => {
             let second = operand(ctx.regs, kind, constant)?;
             if (first | second) >> 32 != 0 && second != 0 && first > core::hint::black_box(u64::MAX) / second {
@@ -232,7 +239,7 @@ fn try_count_site(ctx: &ProbeContext) -> Result<(), Stat> {
     }
     add_size(site::slot(cookie), bytes);
     if live::on()
-        && let Err(stat) = live::api(ctx.regs, site::slot(cookie), bytes, 0)
+        && let Err(stat) = live::api(ctx.regs, site::slot(cookie), bytes, block)
     {
         bump(ctx, stat);
     }
@@ -770,8 +777,8 @@ fn try_record(ctx: &ProbeContext, size: Size) -> Result<(), Stat> {
     count(ctx, CounterKey { tgid, slot }, bytes)?;
     if inlined && live::on() {
         let block = match site::second(cookie) {
-            site::NONE => Ok(0),
-            kind => operand(ctx.regs, kind, site::constant(cookie)),
+            site::NONE => Ok(None),
+            kind => operand(ctx.regs, kind, site::constant(cookie)).map(Some),
         };
         if let Err(stat) = block.and_then(|block| live::api(ctx.regs, slot, bytes, block)) {
             bump(ctx, stat);

@@ -137,7 +137,7 @@ fn try_free_object(ctx: &ProbeContext) -> Result<(), Stat> {
     let block = operand(ctx.regs, site::first(cookie), site::constant(cookie)).map_err(|_| Stat::FreeArgMissing);
     if site::second(cookie) == site::INLINED
         && crate::live::on()
-        && let Err(stat) = crate::live::api(ctx.regs, site::slot(cookie), 0, block.unwrap_or(0))
+        && let Err(stat) = crate::live::api(ctx.regs, site::slot(cookie), 0, block.ok())
     {
         bump(ctx, stat);
     }

@@ -42,7 +42,7 @@ pub(super) fn find(
                 function: p.symbol,
                 guard: abi.guard(p.symbol),
                 size: guards::SizeArgs::of(p.program),
-                object: python::object_parameter(p.symbol).is_some(),
+                object: guards::ObjectArg::of(p.symbol),
             })
             .collect();
         guards::scan(elf.path(), &wanted, symbols)
@@ -277,24 +277,28 @@ fn function_names(data: &[u8]) -> std::collections::HashMap<u64, String> {
 }
 
 /// The parameters whose DWARF locations are wanted for probe `p`: its size
-/// or sizes, the new object, or a free's block.
+/// or sizes, the new object, a free's block, or a realloc's new size and
+/// block.
 fn parameters(p: &crate::probe::ProbeSpec) -> &'static [&'static str] {
     match (python::object_parameter(p.symbol), python::freed_block_parameter(p.symbol)) {
         (Some(_), _) => &["op"],
         (None, Some(_)) => &["ptr"],
+        (None, None) if python::reallocated_block_parameter(p.symbol).is_some() => &["new_size", "ptr"],
         (None, None) => python::size_parameters(p.program),
     }
 }
 
-/// Where a copy's new object (or, for the object domain's free, its freed
-/// block) is, as `count_object`'s (`free_object`'s) operand: in a register
-/// or a stack slot. `None` for any other function, or where the DWARF does
-/// not say.
+/// Whether a parameter is a block or an object rather than a size.
+fn is_block(p: &inline::Parameter) -> bool {
+    p.name == "op" || p.name == "ptr"
+}
+
+/// Where a copy's new object (or a free's or a realloc's block) is, as
+/// `count_object`'s (`free_object`'s, `count_site`'s second) operand: in a
+/// register or a stack slot. `None` for any other function, or where the
+/// DWARF does not say.
 fn object_operand(site: &inline::Site, cfa: &mut Cfa<'_>) -> Option<(u8, u16)> {
-    let [op] = site.parameters.as_slice() else { return None };
-    if op.name != "op" && op.name != "ptr" {
-        return None;
-    }
+    let op = site.parameters.iter().find(|p| is_block(p))?;
     location_operand(site.entry, &op.location, cfa)
 }
 
@@ -324,8 +328,8 @@ fn size_operands(site: &inline::Site, cfa: &mut Cfa<'_>) -> Option<(u8, u8, u16)
         inline::Location::Constant(c) => u16::try_from(c).ok().map(|c| (CONSTANT, Some(c))),
         _ => None,
     };
-    match site.parameters.as_slice() {
-        [op] if op.name == "op" || op.name == "ptr" => None,
+    let sizes: Vec<&inline::Parameter> = site.parameters.iter().filter(|p| !is_block(p)).collect();
+    match sizes.as_slice() {
         // A size in a stack slot: read from the thread's memory there.
         [one] if matches!(one.location, inline::Location::Memory { .. } | inline::Location::Cfa { .. }) => {
             let (first, constant) = location_operand(site.entry, &one.location, cfa)?;

@@ -143,10 +143,41 @@ pub struct Wanted<'a> {
     /// Which slow-path registers hold the requested size, for an
     /// allocating function.
     pub size: SizeArgs,
-    /// Whether the slow path's first argument (`%rdi`) is the new object,
-    /// to be read at the site: `_PyTraceMalloc_NewReference(op)` (3.11,
-    /// 3.12), the reference tracer's `tracer_func(op, event, data)` (3.13+).
-    pub object: bool,
+    /// Which of the slow path's arguments is to be read at the site, if
+    /// any.
+    pub object: Option<ObjectArg>,
+}
+
+/// An argument of a guarded call that a probe reads besides the size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ObjectArg {
+    /// The first (`%rdi`), the new object: `_PyTraceMalloc_NewReference(op)`
+    /// (3.11, 3.12), the reference tracer's `tracer_func(op, event, data)`
+    /// (3.13+).
+    NewObject,
+    /// The second (`%rsi`), a realloc's block, for `--live`: the allocator
+    /// table's `realloc(ctx, ptr, new_size)` (Include/cpython/pymem.h,
+    /// `PyMemAllocatorEx`, v3.11.0 to v3.14.0).
+    Reallocated,
+}
+
+impl ObjectArg {
+    /// What probe `symbol`'s sites read besides the size.
+    #[must_use]
+    pub fn of(symbol: &str) -> Option<Self> {
+        if crate::python::object_parameter(symbol).is_some() {
+            Some(Self::NewObject)
+        } else {
+            crate::python::reallocated_block_parameter(symbol).map(|_| Self::Reallocated)
+        }
+    }
+
+    const fn register(self) -> usize {
+        match self {
+            Self::NewObject => RDI,
+            Self::Reallocated => RSI,
+        }
+    }
 }
 
 /// Where the allocator function a slot points to is passed the size: it
@@ -631,7 +662,7 @@ impl<'a> Code<'a> {
         let entry = |address: u64, at: &[Value; 16]| InlineEntry {
             address,
             size: call.and_then(|c| size_operands(c, at, wanted.size)),
-            object: call.filter(|_| wanted.object).and_then(|c| object_operand(c, at)),
+            object: call.zip(wanted.object).and_then(|(c, arg)| object_operand(c, at, arg)),
         };
         let mut found = GuardSite { read: entry(read.ip(), &identity), later: Vec::new() };
         // The instructions after the read, while each is reached from the
@@ -812,13 +843,14 @@ fn step(insn: &Instruction, state: &mut [Value; 16]) {
     }
 }
 
-/// Where the new object is at a probe whose registers are `at` (in terms of
-/// the read's), given the registers at the guarded call `call`, which is
-/// passed it first: `count_object`'s operand, or `None` where it is in no
+/// Where argument `arg` (the new object, a realloc's block) is at a probe
+/// whose registers are `at` (in terms of the read's), given the registers
+/// at the guarded call `call`: its operand, or `None` where it is in no
 /// register there.
-fn object_operand(call: &[Value; 16], at: &[Value; 16]) -> Option<(u8, u16)> {
-    let Value::Register(_) = call[RDI] else { return None };
-    let r = at.iter().position(|x| *x == call[RDI])?;
+fn object_operand(call: &[Value; 16], at: &[Value; 16], arg: ObjectArg) -> Option<(u8, u16)> {
+    let value = call[arg.register()];
+    let Value::Register(_) = value else { return None };
+    let r = at.iter().position(|x| *x == value)?;
     tracer_common::site::register(u16::try_from(r).ok()?).map(|r| (r, 0))
 }
 
@@ -883,7 +915,7 @@ mod tests {
                     function: p.symbol,
                     guard: abi.guard(p.symbol),
                     size: SizeArgs::of(p.program),
-                    object: crate::python::object_parameter(p.symbol).is_some(),
+                    object: ObjectArg::of(p.symbol),
                 })
                 .collect();
             let scan = scan(Path::new(path), &wanted, None).expect("scan");
@@ -988,7 +1020,7 @@ mod code_tests {
                 function: "_Py_NewReference",
                 guard: Some(Guard::RefTracer),
                 size: SizeArgs::None,
-                object: true,
+                object: Some(ObjectArg::NewObject),
             })
             .expect("found");
         assert_eq!(found.guard, format!("the reference tracer at {TRACER:#x}"));
@@ -1015,7 +1047,7 @@ mod code_tests {
                 function: "PyObject_Malloc",
                 guard: Some(Guard::AllocatorSlot),
                 size: SizeArgs::Second,
-                object: false,
+                object: None,
             })
             .expect("found");
         // The slot, not the context the function loads after it.

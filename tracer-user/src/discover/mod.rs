@@ -155,7 +155,8 @@ pub struct InlineEntry {
     pub size: Option<(u8, u8, u16)>,
     /// For a function `--types` counts by type (`_Py_NewReference`), where
     /// the new object is there, as `count_object`'s first operand and
-    /// constant (a register, or a stack slot and its offset); `None` where
+    /// constant (a register, or a stack slot and its offset); for a free
+    /// or a realloc, where its block is (for `--live`); `None` where
     /// neither the DWARF nor the code says.
     pub object: Option<(u8, u16)>,
 }

@@ -301,8 +301,28 @@ impl Session {
             // size (or object) is read where its DWARF or code says, or not
             // at all.
             points.extend(p.inline_sites.iter().map(|s| {
+                let realloc = p.live.is_some_and(|r| r & 0xff == tracer_common::live::role::REALLOC);
                 let (program, cookie) = match (p.attach_program, s.size, s.object) {
                     (bench, _, _) if bench.is_bench() => (bench, cookie),
+                    // With --live, a realloc's copy leaves its block for the
+                    // implementation it calls, as its second operand, where
+                    // the size needs no second one and the two share the
+                    // constant.
+                    (program, Some((first, site::NONE, constant)), Some((block, block_constant)))
+                        if realloc && program.counts_bytes() =>
+                    {
+                        let cookie = match (site::uses_constant(first), site::uses_constant(block)) {
+                            (true, true) if constant != block_constant => {
+                                site::encode(p.slot, first, site::NONE, constant)
+                            }
+                            (false, true) => site::encode(p.slot, first, block, block_constant),
+                            _ => site::encode(p.slot, first, block, constant),
+                        };
+                        (Program::CountSite, cookie)
+                    }
+                    (program, None, Some((block, constant))) if realloc && program.counts_bytes() => {
+                        (Program::CountCall, site::encode(p.slot, site::INLINED, block, constant))
+                    }
                     (program, Some((first, second, constant)), _) if program.counts_bytes() => {
                         (Program::CountSite, site::encode(p.slot, first, second, constant))
                     }

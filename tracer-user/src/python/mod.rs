@@ -386,6 +386,15 @@ pub fn freed_block_parameter(symbol: &str) -> Option<&'static str> {
     matches!(symbol, "PyObject_Free" | "PyMem_Free" | "PyMem_RawFree").then_some("ptr")
 }
 
+/// The name of the parameter that is the block a realloc reallocates,
+/// where `--live` reads it at an inlined copy: `ptr`, in
+/// `PyObject_Realloc`, `PyMem_Realloc` and `PyMem_RawRealloc(void *ptr,
+/// size_t new_size)` (Objects/obmalloc.c from v3.11.0 to v3.14.0).
+#[must_use]
+pub fn reallocated_block_parameter(symbol: &str) -> Option<&'static str> {
+    matches!(symbol, "PyObject_Realloc" | "PyMem_Realloc" | "PyMem_RawRealloc").then_some("ptr")
+}
+
 /// Where an object's type and a type's name are, for `--types`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ObjectOffsets {
