@@ -261,13 +261,15 @@ pub struct Pymalloc {
     /// ctx, malloc, calloc, realloc, free); 0: the table is not checked
     /// (its address is not known), and pymalloc is assumed.
     pub tables: [u64; 2],
-    /// `_PyObject_Malloc` and `_PyObject_Calloc`, which the tables hold
-    /// while pymalloc serves them.
+    /// `_PyObject_Malloc`, `_PyObject_Calloc` and `_PyObject_Realloc`,
+    /// which the tables hold while pymalloc serves them (0: that call is
+    /// not predicted).
     pub malloc: u64,
     pub calloc: u64,
+    pub realloc: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<Pymalloc>() == 40);
+const _: () = assert!(core::mem::size_of::<Pymalloc>() == 48);
 
 /// pymalloc's largest small request (`SMALL_REQUEST_THRESHOLD`): larger
 /// ones go to the raw allocator.
@@ -281,6 +283,17 @@ pub const ALIGNMENT_SHIFT: u64 = 4;
 /// list's head and the next pool.
 pub const POOL_FREEBLOCK: u64 = 8;
 pub const POOL_NEXTPOOL: u64 = 16;
+/// The pool header's `szidx` (a `uint`, after `ref`, `freeblock`,
+/// `nextpool`, `prevpool` and `arenaindex`; same files and tags): a
+/// block's size class.
+pub const POOL_SZIDX: u64 = 36;
+/// A pool's size, to which a block's address is rounded down to find its
+/// header (`POOL_ADDR`): `POOL_BITS` 14 where `USE_LARGE_POOLS` is
+/// defined, which `WITH_PYMALLOC_RADIX_TREE` (on by default on 64-bit)
+/// turns on (`Objects/obmalloc.c` v3.11.0;
+/// `Include/internal/pycore_obmalloc.h` v3.12.0 to v3.14.0). BENCHMARKS.md
+/// has it checked on the four builds.
+pub const POOL_SIZE: u64 = 1 << 14;
 
 #[cfg(feature = "user")]
 // SAFETY: #[repr(C)], Copy, no padding (asserted above), any bits valid.

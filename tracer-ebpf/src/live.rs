@@ -21,7 +21,7 @@ use aya_ebpf::{
 use tracer_common::{
     live::{
         API_FRAME_ROOM, DEFAULT_LIVE_ENTRIES, UNKNOWN_BLOCK, DOMAIN_SLOTS, FRAME_DEPTH, FRAME_THREADS, Frame, Frames,
-        ALIGNMENT_SHIFT, LiveCounts, LiveEntry, LiveKey, POOL_FREEBLOCK, POOL_NEXTPOOL, Pymalloc, SMALL_REQUEST, kind,
+        ALIGNMENT_SHIFT, LiveCounts, LiveEntry, LiveKey, POOL_FREEBLOCK, POOL_NEXTPOOL, POOL_SIZE, POOL_SZIDX, Pymalloc, SMALL_REQUEST, kind,
         role,
     },
     sizes::DEFAULT_SLOTS,
@@ -200,10 +200,6 @@ pub fn api(regs: *mut pt_regs, slot: u32, size: u64, block: Option<u64>) -> Resu
     let sp = unsafe { (*regs).rsp };
     let mut frame = Frame { size, sp, domain, slot, kind: kind::API, role: r, ..Frame::default() };
     match (r, block) {
-        (role::FREE, Some(block)) if block != 0 => {
-            take(tgid, block, domain);
-            frame.old = block;
-        }
         (role::REALLOC, Some(block)) => frame.old = block,
         (role::REALLOC, None) => frame.old = UNKNOWN_BLOCK,
         _ => {}
@@ -213,16 +209,132 @@ pub fn api(regs: *mut pt_regs, slot: u32, size: u64, block: Option<u64>) -> Resu
     // only this program run) uses.
     let frames = unsafe { &mut *frames };
     let top = usize::try_from(frames.depth).unwrap_or(0).wrapping_sub(1);
+    let mut continued = false;
     if let Some(last) = frames.frames.get_mut(top)
         && matches!(last.kind, kind::API | kind::MOVED)
     {
-        unseen(tgid, *last);
+        if continues(last, &frame, block) {
+            // The outer call's allocator, inlined, passes it on to this
+            // domain's (pymalloc's requests over 512 bytes, a block it
+            // does not own): the same call, in the outer one's domain.
+            continued = true;
+            frame.domain = last.domain;
+            frame.slot = last.slot;
+            frame.stack = last.stack;
+            frame.old = if r == role::FREE { last.old } else { frame.old };
+        } else {
+            unseen(tgid, *last);
+        }
         frames.depth -= 1;
     }
-    if matches!(r, role::MALLOC | role::CALLOC) {
-        frame.predicted = predict(tgid, &frame);
+    if r == role::FREE
+        && frame.old == 0
+        && let Some(block) = block
+        && block != 0
+    {
+        take(tgid, block, frame.domain);
+        frame.old = block;
+    }
+    if !continued {
+        frame.predicted = match r {
+            role::MALLOC | role::CALLOC => predict(tgid, &frame),
+            role::REALLOC => predict_realloc(tgid, &frame),
+            _ => 0,
+        };
     }
     push(frames, frame)
+}
+
+/// With `--live` on a build that inlines pymalloc: what pymalloc's
+/// inline `pymalloc_realloc` (Objects/obmalloc.c, v3.11.0 to v3.14.0)
+/// does with `frame`'s tracked block of its own and new size. A block
+/// whose size class still fits the size, shrinking by no more than a
+/// quarter, stays: the table gets its new size now, and it is the
+/// prediction. Else the block moves to the one a malloc of the new size
+/// gets ([`predict`]), put in the table now; the old one goes when the
+/// frame is found stale, or with the free implementation it calls. A
+/// realloc of NULL is a malloc. 0: nothing predicted (an untracked block,
+/// one pymalloc does not own, a move to a block over 512 bytes or to a
+/// new pool, where the implementations it calls give the block).
+#[inline(always)]
+fn predict_realloc(tgid: u32, frame: &Frame) -> u64 {
+    let Some(p) = PYMALLOC.get(0) else { return 0 };
+    let old = frame.old;
+    if p.usedpools == 0 || p.realloc == 0 || old == UNKNOWN_BLOCK || frame.size == 0 || frame.domain > 1 {
+        return 0;
+    }
+    let table = p.tables.get(frame.domain as usize).copied().unwrap_or(0);
+    if table != 0 {
+        // SAFETY: the helper reads the probed thread's memory and fails
+        // rather than fault.
+        match unsafe { bpf_probe_read_user((table + 24) as *const u64) } {
+            Ok(f) if f == p.realloc => {}
+            _ => return 0,
+        }
+    }
+    // A realloc of NULL is a malloc (`_PyObject_Realloc`).
+    let malloc = Frame { role: role::MALLOC, ..*frame };
+    if old == 0 {
+        return predict(tgid, &malloc);
+    }
+    let key = LiveKey { tgid, reserved: 0, address: old };
+    let Some(entry) = LIVE.get_ptr_mut(&key) else { return 0 };
+    // SAFETY: a valid pointer to the entry, which only this thread's calls
+    // write (the GIL serialises the allocator).
+    let was = unsafe { *entry };
+    // Only pymalloc serves a request of 1 to 512 bytes in these domains.
+    if was.size == 0 || was.size > SMALL_REQUEST || was.domain != frame.domain {
+        return 0;
+    }
+    // SAFETY: as above; the block's pool header, which pymalloc reads.
+    let Ok(szidx) = (unsafe { bpf_probe_read_user(((old & !(POOL_SIZE - 1)) + POOL_SZIDX) as *const u32) }) else {
+        return 0;
+    };
+    let class = (u64::from(szidx) + 1) << ALIGNMENT_SHIFT;
+    if frame.size <= class && 4 * frame.size > 3 * class {
+        // SAFETY: as above.
+        let time_ns = unsafe { bpf_ktime_get_ns() };
+        // SAFETY: as above.
+        unsafe {
+            *entry = LiveEntry { size: frame.size, time_ns, stack: frame.stack, domain: frame.domain, slot: frame.slot };
+        }
+        // As a realloc implementation's return counts it: the old block
+        // freed, the new one tracked.
+        add(frame.domain, field!(bytes), frame.size.wrapping_sub(was.size));
+        add(frame.domain, field!(tracked), 1);
+        add(frame.domain, field!(freed), 1);
+        return old;
+    }
+    predict(tgid, &malloc)
+}
+
+/// Whether the raw-domain API call `call` (freeing or reallocating
+/// `block`, where known) is the one `last`, an unserved object- or
+/// mem-domain API call on top of its thread's stack, passes on: pymalloc,
+/// inlined into its caller (LTO), passes a request over 512 bytes or of 0
+/// (which it never serves), and a free or realloc of a block it does not
+/// own, to the raw domain's API, also inlined, with the same role, size
+/// (or block) and stack frame. A size or block either probe does not know
+/// is no match: a stale call of unknown size is not taken for the one
+/// that goes on.
+#[inline(always)]
+fn continues(last: &Frame, call: &Frame, block: Option<u64>) -> bool {
+    let raw = tracer_common::sizes::Domain::Raw as u32;
+    if last.kind != kind::API
+        || call.domain != raw
+        || last.domain >= raw
+        || last.role != call.role
+        || last.predicted != 0
+        || last.sp.abs_diff(call.sp) > API_FRAME_ROOM
+    {
+        return false;
+    }
+    match call.role {
+        role::MALLOC | role::CALLOC => last.size == call.size,
+        role::REALLOC => last.size == call.size && block.is_some_and(|b| b == last.old),
+        role::FREE => block.is_some_and(|b| b != 0 && b == last.old),
+        _ => false,
+    }
 }
 
 /// With `--live` on a build that inlines pymalloc: the block pymalloc's
@@ -324,6 +436,12 @@ fn unseen(tgid: u32, frame: Frame) {
         } else {
             take(tgid, frame.old, frame.domain);
         }
+    } else if frame.role == role::REALLOC && frame.predicted != 0 {
+        // Predicted: a block that stays, or one that moved, freeing the
+        // old one inline.
+        if frame.predicted != frame.old && frame.old != 0 {
+            take(tgid, frame.old, frame.domain);
+        }
     } else if frame.role == role::FREE {
         if frame.old == 0 {
             add(frame.domain, field!(unseen_frees), 1);
@@ -387,8 +505,9 @@ fn try_live_impl(ctx: &ProbeContext) -> Result<(), Stat> {
         if r == role::POOL {
             frame.size = api.size;
         }
-        // The block it returns replaces the one predicted.
-        if api.predicted != 0 {
+        // The block it returns replaces the one predicted (a realloc
+        // predicted to stay keeps it).
+        if api.kind == kind::API && api.predicted != 0 && api.predicted != api.old {
             unpredict(tgid, &api);
         }
         // A free whose API call knew its block took it already; a moving
@@ -477,10 +596,12 @@ fn returned(regs: *mut pt_regs, sp_delta: u64) -> Result<(), Stat> {
             && api.role == role::REALLOC
             && api.old != 0
             && frame.kind == kind::OUTER
-            && frame.role == role::MALLOC
+            && matches!(frame.role, role::MALLOC | role::POOL)
             && address != 0
         {
+            // Its new block is the one returned, whatever was predicted.
             api.kind = kind::MOVED;
+            api.predicted = 0;
         } else {
             below = matches!(api.kind, kind::API | kind::MOVED);
         }

@@ -1,7 +1,8 @@
 //! `cargo xtask bench --only features`: what each memory feature adds per
 //! event it handles, against the same attach without it, side by side on
 //! one harness process: `--types` per new reference, `--native` per libc
-//! call, and the GC markers per collection.
+//! call, `--live` on top of `--native` per libc call, and the GC markers
+//! per collection.
 //!
 //! As in the stacks section, the setups of one case take turns on one
 //! long-lived harness in rounds of rotated order, so each difference
@@ -37,6 +38,9 @@ struct Case {
     /// The probe every setup attaches (tracer needs one): the one the
     /// feature instruments, or [`IDLE_PROBE`].
     base: &'static str,
+    /// Flags the base has too (a feature that builds on another): its
+    /// events are then the feature's, not the base probe's calls.
+    base_flags: &'static [&'static str],
     /// The flags beside `--probes BASE` that turn it on.
     flags: &'static [&'static str],
     /// The events the feature handles, from a summary.
@@ -57,7 +61,18 @@ fn collections(summary: &Value) -> u64 {
         .map_or(0, |g| g.iter().map(|g| g["collections"].as_u64().unwrap_or(0)).sum())
 }
 
-const CASES: [Case; 3] = [
+/// The native cases' workload: 1000 libc `malloc(64)` and `free` through
+/// ctypes.
+const NATIVE_SETUP: &str = "import ctypes
+from itertools import repeat
+libc = ctypes.CDLL(None)
+m, f = libc.malloc, libc.free
+m.restype, m.argtypes, f.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+def work():
+    for _ in repeat(None, 1000):
+        f(m(64))";
+
+const CASES: [Case; 4] = [
     Case {
         name: "`--types`: the new object's type, counted per type in the kernel",
         per: "new reference",
@@ -67,23 +82,28 @@ def work():
         object()",
         stmt: "work()",
         base: "_Py_NewReference",
+        base_flags: &[],
         flags: &["--types"],
         events: new_references,
     },
     Case {
         name: "`--native`: libc's allocator",
         per: "libc call (malloc, free, ...)",
-        setup: "import ctypes
-from itertools import repeat
-libc = ctypes.CDLL(None)
-m, f = libc.malloc, libc.free
-m.restype, m.argtypes, f.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
-def work():
-    for _ in repeat(None, 1000):
-        f(m(64))",
+        setup: NATIVE_SETUP,
         stmt: "work()",
         base: IDLE_PROBE,
+        base_flags: &[],
         flags: &["--native"],
+        events: native_calls,
+    },
+    Case {
+        name: "`--native --live`: libc's blocks tracked, against `--native` alone",
+        per: "libc call (malloc, free, ...)",
+        setup: NATIVE_SETUP,
+        stmt: "work()",
+        base: IDLE_PROBE,
+        base_flags: &["--native"],
+        flags: &["--live"],
         events: native_calls,
     },
     Case {
@@ -92,6 +112,7 @@ def work():
         setup: "import gc",
         stmt: "gc.collect(0)",
         base: IDLE_PROBE,
+        base_flags: &[],
         flags: &["--gc", "auto"],
         events: collections,
     },
@@ -123,8 +144,11 @@ fn added(with: &Series, without: &Series, events_per_loop: f64) -> Vec<f64> {
 /// The base's flags and the feature's: the GC markers are on by default,
 /// so every setup but the GC case's feature has them off.
 fn setups(case: &Case) -> (Vec<&'static str>, Vec<&'static str>) {
-    let base = vec!["--probes", case.base, "--gc", "off"];
+    let mut base = vec!["--probes", case.base];
+    base.extend_from_slice(case.base_flags);
+    base.extend(["--gc", "off"]);
     let mut featured = vec!["--probes", case.base];
+    featured.extend_from_slice(case.base_flags);
     featured.extend_from_slice(case.flags);
     if !case.flags.contains(&"--gc") {
         featured.extend(["--gc", "off"]);
@@ -160,7 +184,7 @@ fn measure(
                 Some(setup) => {
                     let (per_loop, loops, summary) = traced_visit(&mut harness, tracer, setup, visit, target)?;
                     visit.means.push(per_loop);
-                    visit.events += if i == 1 {
+                    visit.events += if i == 1 && case.base_flags.is_empty() {
                         summary["probes"][case.base]["calls"].as_u64().unwrap_or(0)
                     } else {
                         (case.events)(&summary)
@@ -184,8 +208,9 @@ pub fn features_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow:
         md,
         "Each case times one workload under three setups on one harness process, in {rounds} rounds of \
          rotated order: nothing attached, the base (`--probes _Py_NewReference` for `--types`, which \
-         instruments that probe; else `--probes {IDLE_PROBE}`, which the workloads do not call; `--gc off` \
-         too, but in the GC case's third setup), and the base with the feature. tracer is started for a visit and \
+         instruments that probe; else `--probes {IDLE_PROBE}`, which the workloads do not call, with \
+         `--native` for `--native --live`; `--gc off` too, but in the GC case's third setup), and the base \
+         with the feature. tracer is started for a visit and \
          stopped with SIGINT after it; a visit times {TIMINGS} runs of a loop count calibrated at the \
          setup's first visit to about {:.0} ms, and keeps the best. Added per event = (the feature's \
          time per loop − the base's in the same round) / the feature's events per loop (tracer's counts \
@@ -205,10 +230,11 @@ pub fn features_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow:
             base.join(" "),
             flags.join(" ")
         )?;
+        let base_per = if case.base_flags.is_empty() { format!("`{}` call", case.base) } else { case.per.to_owned() };
         writeln!(
             md,
-            "| build | nothing attached | base | base + feature | base per `{}` call | feature per {} |\n|---|---|---|---|---|---|",
-            case.base, case.per
+            "| build | nothing attached | base | base + feature | base per {base_per} | feature per {} |\n|---|---|---|---|---|---|",
+            case.per
         )?;
         for (build, root, python) in builds() {
             let host = root.map_or_else(|| python.clone(), |r| format!("{r}{python}"));

@@ -670,9 +670,10 @@ fn live_role(spec: &ProbeSpec) -> Option<u32> {
 /// is seen when it calls an allocator implementation, whose return is
 /// probed; without the implementations (no symbols), none is. At an
 /// inlined copy that runs the default allocator inlined (LTO's
-/// devirtualised pymalloc) no implementation is called: such calls are
-/// counted as unseen while tracer runs, so the coverage can only say that
-/// copies may be missed.
+/// devirtualised pymalloc) no implementation is called: their blocks are
+/// predicted from pymalloc's state where it can be, else counted as unseen
+/// while tracer runs, so the coverage can only say that copies may be
+/// missed.
 fn live_coverage(c: &mut Coverage, sites: &[InlineSite], implementations: bool) {
     let partial = c.calls == Completeness::Partial || !sites.is_empty() || !implementations;
     c.live = Some(if partial { Completeness::Partial } else { Completeness::Complete });
@@ -680,7 +681,7 @@ fn live_coverage(c: &mut Coverage, sites: &[InlineSite], implementations: bool) 
         Some("live memory: the allocator implementations (_PyObject_Malloc, ...) are not in the image's symbols and no debug file gives them, so no block is tracked".to_owned())
     } else if !sites.is_empty() {
         Some(format!(
-            "live memory: its {} inlined copies are seen where they call an allocator implementation; where they run the default allocator inlined (LTO), their blocks are not tracked and are counted as unseen",
+            "live memory: its {} inlined copies are seen where they call an allocator implementation; where they run the default allocator inlined (LTO), their blocks are read from pymalloc's state at the copy where it is found and the copy shows the size (and a realloc's block), else they are not tracked and are counted as unseen",
             sites.len()
         ))
     } else {

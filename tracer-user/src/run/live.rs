@@ -61,8 +61,10 @@ pub fn report(plan: &Plan, counts: &[LiveCounts], capacity: u32) -> model::Live 
             plan.live_fix
         ))
     } else if unseen > 0 {
+        let libc =
+            if natives.is_empty() { " (with --native, libc's functions serve as its implementation)" } else { "" };
         Some(format!(
-            "{unseen} allocator calls (the unseen_* counts) ran an allocator inlined into their caller and called no implementation tracer probes (on an LTO build: the raw allocator inlined, calling the C library's malloc directly, for a block pymalloc does not serve; a realloc of a block; or pymalloc itself, where its state was not found), so their blocks are not tracked; for exact live memory start the target with PYTHONMALLOC=debug (every call then goes through the out-of-line debug hooks, at some cost to the target) or use a build without LTO"
+            "{unseen} allocator calls (the unseen_* counts) ran an allocator inlined into their caller and called no implementation tracer probes, so their blocks are not tracked (on an LTO build: the raw allocator inlined, calling the C library's directly{libc}; a copy whose size or block neither the DWARF nor the code shows, which coverage counts; a realloc of a block the table does not hold; or pymalloc itself, where its state was not found); for exact live memory start the target with PYTHONMALLOC=debug (every call then goes through the out-of-line debug hooks, at some cost to the target) or use a build without LTO"
         ))
     } else {
         None
@@ -192,6 +194,7 @@ pub fn pymalloc(r: &Resolved, plan: &Plan, pid: u32) -> Option<Pymalloc> {
         tables: [runtime(at.tables[0]), runtime(at.tables[1])],
         malloc: runtime(malloc.address),
         calloc: runtime(calloc.address),
+        realloc: function("_PyObject_Realloc").map_or(0, |f| runtime(f.address)),
     })
 }
 
