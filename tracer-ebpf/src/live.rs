@@ -505,10 +505,16 @@ fn try_live_impl(ctx: &ProbeContext) -> Result<(), Stat> {
         if r == role::POOL {
             frame.size = api.size;
         }
-        // The block it returns replaces the one predicted (a realloc
-        // predicted to stay keeps it).
-        if api.kind == kind::API && api.predicted != 0 && api.predicted != api.old {
-            unpredict(tgid, &api);
+        // The block it returns replaces the one predicted. A realloc
+        // predicted to stay has its new size already, and the block's
+        // return counts it again: as one realloc, once.
+        if api.kind == kind::API && api.predicted != 0 {
+            if api.predicted != api.old {
+                unpredict(tgid, &api);
+            } else if r == role::REALLOC {
+                add(api.domain, field!(tracked), u64::MAX);
+                add(api.domain, field!(freed), u64::MAX);
+            }
         }
         // A free whose API call knew its block took it already; a moving
         // realloc's old block is still in.
@@ -870,8 +876,8 @@ pub fn native(ctx: &ProbeContext, tgid: u32, slot: u32, marked: bool, stack: u64
 /// and unserved, runs: an API call whose allocator is inlined into its
 /// caller (LTO) and passes its request on to libc (pymalloc's requests
 /// over 512 bytes, the raw domain's every call) calls libc's function of
-/// its own role with its own size (where the probe knows it: 0 is
-/// unknown, or a request of 0, which the raw allocator makes 1) or block,
+/// its own role with its own size (a request of 0 the raw allocator makes
+/// 1; a call of unknown size is never taken for another's) or block,
 /// or a realloc that moves a pymalloc block (or has none) libc's `malloc`.
 /// An allocation pymalloc served inline ([`predict`]) calls nothing.
 #[inline(always)]
@@ -880,10 +886,12 @@ fn implements(api: &Frame, r: u32, size: u64, old: u64) -> bool {
         role::MALLOC | role::CALLOC => {
             (api.role == r || (api.role == role::REALLOC && r == role::MALLOC))
                 && api.predicted == 0
-                && (api.size == size || api.size == 0)
+                && (api.size == size || (api.size == 0 && size == 1))
         }
         role::REALLOC => {
-            api.role == r && (api.size == size || api.size == 0) && (api.old == UNKNOWN_BLOCK || api.old == old)
+            api.role == r
+                && (api.size == size || (api.size == 0 && size == 1))
+                && (api.old == UNKNOWN_BLOCK || api.old == old)
         }
         role::FREE => api.role == role::FREE && old != 0 && (api.old == 0 || api.old == old),
         _ => false,
