@@ -20,7 +20,7 @@ use aya_ebpf::{
 };
 use tracer_common::{
     live::{
-        API_FRAME_ROOM, DEFAULT_LIVE_ENTRIES, UNKNOWN_BLOCK, DOMAIN_SLOTS, FRAME_DEPTH, FRAME_THREADS, Frame, Frames,
+        API_FRAME_ROOM, DEFAULT_LIVE_ENTRIES, DOMAIN_SLOTS, FRAME_DEPTH, FRAME_THREADS, Frame, Frames,
         ALIGNMENT_SHIFT, LiveCounts, LiveEntry, LiveKey, POOL_FREEBLOCK, POOL_NEXTPOOL, POOL_SIZE, POOL_SZIDX, Pymalloc, SMALL_REQUEST, kind,
         role,
     },
@@ -60,6 +60,8 @@ static PYMALLOC: Array<Pymalloc> = Array::with_max_entries(1, 0);
 /// Per probe slot, its [`role`]; the loader fills it.
 #[map]
 static SLOT_LIVE: Array<u32> = Array::with_max_entries(DEFAULT_SLOTS, 0);
+
+pub use tracer_common::live::UNKNOWN_BLOCK;
 
 /// Whether probe slot `slot` is a realloc's, with `--live`.
 #[inline(always)]
@@ -163,7 +165,7 @@ fn try_api_entry(ctx: &ProbeContext) -> Result<(), Stat> {
         role::FREE => (0, arg(0)?),
         _ => return Ok(()),
     };
-    api(ctx.regs, slot, size, Some(block))?;
+    api(ctx.regs, slot, size, block)?;
     adopt(slot);
     Ok(())
 }
@@ -176,8 +178,10 @@ fn product(n: u64, e: u64) -> u64 {
 
 /// An API call of slot `slot` (at its entry or at an inlined copy), with
 /// its requested `size` (an allocation's; 0: unknown) or the `block` it
-/// frees or reallocates (a free's or a realloc's; `None`: unknown, and a
-/// free's 0 is nothing to take): pushes its
+/// frees or reallocates (a free's or a realloc's; [`UNKNOWN_BLOCK`]:
+/// unknown, and a free's 0 is nothing to take; a plain value, not an
+/// `Option`, whose undefined payload the verifier refuses once spilled):
+/// pushes its
 /// frame, for the implementation it calls. A free takes its block out of
 /// the table at once. An allocation that pymalloc serves inline puts the
 /// block it will get in the table at once ([`predict`]). An API frame
@@ -187,7 +191,7 @@ fn product(n: u64, e: u64) -> u64 {
 /// top freed its old block inline, which is taken out now where it is
 /// known.
 #[inline(always)]
-pub fn api(regs: *mut pt_regs, slot: u32, size: u64, block: Option<u64>) -> Result<(), Stat> {
+pub fn api(regs: *mut pt_regs, slot: u32, size: u64, block: u64) -> Result<(), Stat> {
     let kind_of = SLOT_LIVE.get(slot).copied().unwrap_or(role::NONE);
     let r = kind_of & 0xff;
     let domain = match r {
@@ -199,10 +203,8 @@ pub fn api(regs: *mut pt_regs, slot: u32, size: u64, block: Option<u64>) -> Resu
     // SAFETY: regs is the context the kernel passed, readable directly.
     let sp = unsafe { (*regs).rsp };
     let mut frame = Frame { size, sp, domain, slot, kind: kind::API, role: r, ..Frame::default() };
-    match (r, block) {
-        (role::REALLOC, Some(block)) => frame.old = block,
-        (role::REALLOC, None) => frame.old = UNKNOWN_BLOCK,
-        _ => {}
+    if r == role::REALLOC {
+        frame.old = block;
     }
     let frames = frames_of(tid).ok_or(Stat::LivePendingFull)?;
     // SAFETY: a valid pointer to the value, which only this thread (so
@@ -227,11 +229,7 @@ pub fn api(regs: *mut pt_regs, slot: u32, size: u64, block: Option<u64>) -> Resu
         }
         frames.depth -= 1;
     }
-    if r == role::FREE
-        && frame.old == 0
-        && let Some(block) = block
-        && block != 0
-    {
+    if r == role::FREE && frame.old == 0 && block != 0 && block != UNKNOWN_BLOCK {
         take(tgid, block, frame.domain);
         frame.old = block;
     }
@@ -318,7 +316,7 @@ fn predict_realloc(tgid: u32, frame: &Frame) -> u64 {
 /// is no match: a stale call of unknown size is not taken for the one
 /// that goes on.
 #[inline(always)]
-fn continues(last: &Frame, call: &Frame, block: Option<u64>) -> bool {
+fn continues(last: &Frame, call: &Frame, block: u64) -> bool {
     let raw = tracer_common::sizes::Domain::Raw as u32;
     if last.kind != kind::API
         || call.domain != raw
@@ -331,8 +329,8 @@ fn continues(last: &Frame, call: &Frame, block: Option<u64>) -> bool {
     }
     match call.role {
         role::MALLOC | role::CALLOC => last.size == call.size,
-        role::REALLOC => last.size == call.size && block.is_some_and(|b| b == last.old),
-        role::FREE => block.is_some_and(|b| b != 0 && b == last.old),
+        role::REALLOC => last.size == call.size && block != UNKNOWN_BLOCK && block == last.old,
+        role::FREE => block != 0 && block != UNKNOWN_BLOCK && block == last.old,
         _ => false,
     }
 }

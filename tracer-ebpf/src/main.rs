@@ -214,11 +214,11 @@ fn try_count_site(ctx: &ProbeContext) -> Result<(), Stat> {
     let first = operand(ctx.regs, site::first(cookie), constant)?;
     // With --live, a realloc's copy has its block as the second operand.
     let realloc = live::on() && live::reallocates(site::slot(cookie));
-    let mut block = None;
+    let mut block = live::UNKNOWN_BLOCK;
     let bytes = match site::second(cookie) {
         site::NONE => first,
         kind if realloc => {
-            block = Some(operand(ctx.regs, kind, constant)?);
+            block = operand(ctx.regs, kind, constant)?;
             first
         }
         kind => {
@@ -777,8 +777,8 @@ fn try_record(ctx: &ProbeContext, size: Size) -> Result<(), Stat> {
     count(ctx, CounterKey { tgid, slot }, bytes)?;
     if inlined && live::on() {
         let block = match site::second(cookie) {
-            site::NONE => Ok(None),
-            kind => operand(ctx.regs, kind, site::constant(cookie)).map(Some),
+            site::NONE => Ok(live::UNKNOWN_BLOCK),
+            kind => operand(ctx.regs, kind, site::constant(cookie)),
         };
         if let Err(stat) = block.and_then(|block| live::api(ctx.regs, slot, bytes, block)) {
             bump(ctx, stat);

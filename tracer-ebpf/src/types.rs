@@ -134,14 +134,22 @@ fn try_free_object(ctx: &ProbeContext) -> Result<(), Stat> {
     // An inlined copy's second operand is `INLINED` (a free reads one):
     // with --live, its call leaves its domain for the implementation it
     // calls, as `count_call` does at the copies of a free without --types.
-    let block = operand(ctx.regs, site::first(cookie), site::constant(cookie)).map_err(|_| Stat::FreeArgMissing);
+    // The block as a plain value on every path, and whether it was read:
+    // a `Result` kept across the live call spills its payload even where
+    // it is undefined, which the verifier refuses.
+    let (block, read) = match operand(ctx.regs, site::first(cookie), site::constant(cookie)) {
+        Ok(block) => (block, true),
+        Err(_) => (crate::live::UNKNOWN_BLOCK, false),
+    };
     if site::second(cookie) == site::INLINED
         && crate::live::on()
-        && let Err(stat) = crate::live::api(ctx.regs, site::slot(cookie), 0, block.ok())
+        && let Err(stat) = crate::live::api(ctx.regs, site::slot(cookie), 0, block)
     {
         bump(ctx, stat);
     }
-    let block = block?;
+    if !read {
+        return Err(Stat::FreeArgMissing);
+    }
     if block == 0 {
         return Ok(());
     }
