@@ -107,7 +107,9 @@ pub(super) fn find(
                 .filter(|(site, p)| p.len() == 1 && p[0].address == site.entry)
                 .map(|(site, _)| *site)
                 .collect();
-            for (site, found) in other_entries(&at_entry, (&functions, &all), elf, &image, &mut graphs) {
+            let (found, unchecked) = other_entries(&at_entry, (&functions, &all), elf, &image, &mut graphs);
+            other.unchecked = unchecked;
+            for (site, found) in found {
                 // Probed as a copy entered there, with the parameters'
                 // locations at that range's start.
                 for address in found.entries {
@@ -131,18 +133,21 @@ pub(super) fn find(
 /// The other entries of inlined copies, decoded in the function that
 /// holds each one's entry, with the parts GCC split off it (`functions`;
 /// `all`: where every copy of the same function is probed), each
-/// function's graph kept in `graphs` for the next function's copies in it.
+/// function's graph kept in `graphs` for the next function's copies in it;
+/// and the entries of the copies in no function, which are not decoded.
 fn other_entries<'s>(
     copies: &[&'s inline::Site],
     (functions, all): (&Functions, &[u64]),
     elf: &ElfImage,
     image: &[u8],
     graphs: &mut HashMap<u64, super::entries::Graph>,
-) -> Vec<(&'s inline::Site, super::entries::OtherEntries)> {
+) -> (Vec<(&'s inline::Site, super::entries::OtherEntries)>, Vec<u64>) {
     let mut held: std::collections::BTreeMap<u64, Vec<&'s inline::Site>> = std::collections::BTreeMap::new();
+    let mut unchecked = Vec::new();
     for &site in copies {
-        if let Some(start) = functions.holding(site.entry) {
-            held.entry(start).or_default().push(site);
+        match functions.holding(site.entry) {
+            Some(start) => held.entry(start).or_default().push(site),
+            None => unchecked.push(site.entry),
         }
     }
     let mut out = Vec::new();
@@ -165,7 +170,7 @@ fn other_entries<'s>(
             copies.iter().map(|s| super::entries::Copy { entry: s.entry, ranges: &s.ranges }).collect();
         out.extend(copies.iter().copied().zip(super::entries::other_entries(graph, &probed, &each)));
     }
-    out
+    (out, unchecked)
 }
 
 /// The functions of an ELF file's symbol table, and the parts GCC split

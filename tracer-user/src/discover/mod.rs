@@ -137,6 +137,10 @@ pub struct Entered {
     /// Where control comes in both from an entry and around every entry:
     /// not probed.
     pub ambiguous: Vec<u64>,
+    /// The entries of copies probed at their entry that lie in no function
+    /// of the symbol table (or with none to read): their code is not
+    /// decoded, so other ways into them are not known.
+    pub unchecked: Vec<u64>,
 }
 
 /// Where one copy of a function may be probed: each point counts every

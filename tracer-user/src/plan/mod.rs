@@ -601,6 +601,13 @@ fn coverage(
                     starts.iter().take(3).map(|a| format!("{a:#x}")).collect::<Vec<_>>().join(", ")
                 ));
             }
+            if let Some(entries) = entered.map(|e| &e.unchecked).filter(|u| !u.is_empty()) {
+                unprobed.push(format!(
+                    "{} copies lie in no function of the symbol table ({}): their code is not decoded, so places that enter them past their entry, if any, are not counted",
+                    entries.len(),
+                    entries.iter().take(3).map(|a| format!("{a:#x}")).collect::<Vec<_>>().join(", ")
+                ));
+            }
             if !unprobed.is_empty() {
                 c.calls = Completeness::Partial;
                 if measures_bytes {
