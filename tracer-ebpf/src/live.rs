@@ -258,22 +258,22 @@ pub fn api(regs: *mut pt_regs, slot: u32, size: u64, block: u64) -> Result<(), S
 fn predict_realloc(tgid: u32, frame: &Frame) -> u64 {
     let Some(p) = PYMALLOC.get(0) else { return 0 };
     let old = frame.old;
-    if p.usedpools == 0 || p.realloc == 0 || old == UNKNOWN_BLOCK || frame.size == 0 || frame.domain > 1 {
+    // The table is set whole (`PyMem_SetAllocator`): holding pymalloc's
+    // realloc, it holds its malloc too, which a move or a realloc of NULL
+    // runs.
+    if p.usedpools == 0
+        || p.realloc == 0
+        || old == UNKNOWN_BLOCK
+        || frame.size == 0
+        || frame.domain > 1
+        || !holds(p, frame.domain, 24, p.realloc)
+    {
         return 0;
-    }
-    let table = p.tables.get(frame.domain as usize).copied().unwrap_or(0);
-    if table != 0 {
-        // SAFETY: the helper reads the probed thread's memory and fails
-        // rather than fault.
-        match unsafe { bpf_probe_read_user((table + 24) as *const u64) } {
-            Ok(f) if f == p.realloc => {}
-            _ => return 0,
-        }
     }
     // A realloc of NULL is a malloc (`_PyObject_Realloc`).
     let malloc = Frame { role: role::MALLOC, ..*frame };
     if old == 0 {
-        return predict(tgid, &malloc);
+        return predict_pool(tgid, p, &malloc);
     }
     let key = LiveKey { tgid, reserved: 0, address: old };
     let Some(entry) = LIVE.get_ptr_mut(&key) else { return 0 };
@@ -284,7 +284,8 @@ fn predict_realloc(tgid: u32, frame: &Frame) -> u64 {
     if was.size == 0 || was.size > SMALL_REQUEST || was.domain != frame.domain {
         return 0;
     }
-    // SAFETY: as above; the block's pool header, which pymalloc reads.
+    // SAFETY: the helper reads the probed thread's memory and fails rather
+    // than fault: the block's pool header, which pymalloc reads.
     let Ok(szidx) = (unsafe { bpf_probe_read_user(((old & !(POOL_SIZE - 1)) + POOL_SZIDX) as *const u32) }) else {
         return 0;
     };
@@ -303,7 +304,7 @@ fn predict_realloc(tgid: u32, frame: &Frame) -> u64 {
         add(frame.domain, field!(freed), 1);
         return old;
     }
-    predict(tgid, &malloc)
+    predict_pool(tgid, p, &malloc)
 }
 
 /// Whether the raw-domain API call `call` (freeing or reallocating
@@ -344,24 +345,34 @@ fn continues(last: &Frame, call: &Frame, block: u64) -> bool {
 #[inline(always)]
 fn predict(tgid: u32, frame: &Frame) -> u64 {
     let Some(p) = PYMALLOC.get(0) else { return 0 };
-    if p.usedpools == 0 || frame.size == 0 || frame.size > SMALL_REQUEST || frame.domain > 1 {
+    let (field, function) = if frame.role == role::CALLOC { (16, p.calloc) } else { (8, p.malloc) };
+    if p.usedpools == 0 || frame.domain > 1 || !holds(p, frame.domain, field, function) {
         return 0;
     }
-    // The domain's table must hold pymalloc's function, as the inlined
-    // code checks before it runs pymalloc (`PYTHONMALLOC=debug` puts the
-    // debug hooks there, which are probed as implementations).
-    let table = p.tables.get(frame.domain as usize).copied().unwrap_or(0);
-    let (field, function) = if frame.role == role::CALLOC { (16, p.calloc) } else { (8, p.malloc) };
-    if table != 0 {
-        // SAFETY: the helper reads the probed thread's memory and fails
-        // rather than fault.
-        match unsafe { bpf_probe_read_user((table + field) as *const u64) } {
-            Ok(f) if f == function => {}
-            _ => return 0,
-        }
+    predict_pool(tgid, p, frame)
+}
+
+/// Whether domain `domain`'s allocator table holds pymalloc's `function`
+/// at byte `field`, as the inlined code checks before it runs pymalloc
+/// (`PYTHONMALLOC=debug` puts the debug hooks there, which are probed as
+/// implementations). A table whose address is not known is taken to.
+#[inline(always)]
+fn holds(p: &Pymalloc, domain: u32, field: u64, function: u64) -> bool {
+    let table = p.tables.get(domain as usize).copied().unwrap_or(0);
+    // SAFETY: the helper reads the probed thread's memory and fails
+    // rather than fault.
+    table == 0 || unsafe { bpf_probe_read_user((table + field) as *const u64) } == Ok(function)
+}
+
+/// [`predict`] once the domain's table is known to hold pymalloc.
+#[inline(always)]
+fn predict_pool(tgid: u32, p: &Pymalloc, frame: &Frame) -> u64 {
+    if frame.size == 0 || frame.size > SMALL_REQUEST {
+        return 0;
     }
     let class = (frame.size - 1) >> ALIGNMENT_SHIFT;
-    // SAFETY: as above.
+    // SAFETY: the helper reads the probed thread's memory and fails rather
+    // than fault.
     let Ok(pool) = (unsafe { bpf_probe_read_user((p.usedpools + 16 * class) as *const u64) }) else { return 0 };
     // SAFETY: as above: the pool header's first three words.
     let Ok(head) = (unsafe { bpf_probe_read_user(pool as *const [u64; 3]) }) else { return 0 };
