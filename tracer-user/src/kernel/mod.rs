@@ -69,14 +69,6 @@ pub enum AttachError {
     Gc(#[from] gc::GcAttachError),
 }
 
-impl AttachError {
-    /// Whether the cause is the target rather than tracer.
-    #[must_use]
-    pub const fn is_bad_input(&self) -> bool {
-        matches!(self, Self::TargetExited { .. })
-    }
-}
-
 /// Options of a load beyond the plan.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {

@@ -37,8 +37,8 @@ pub enum PlanError {
     NoProbes { path: PathBuf },
 }
 
-/// Where uprobes go in each function.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Where uprobes go in each function (`--placement`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum PlacementMode {
     /// At the first instruction the kernel emulates, when that counts the
     /// same calls (see [`placement`]).

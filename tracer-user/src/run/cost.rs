@@ -5,7 +5,7 @@
 //! A uprobe hit runs in the thread that hit it, so its cost is CPU time the
 //! target is charged for. The estimate is each probe's hits times the
 //! calibrated cost of a hit where its uprobes sit (emulated or
-//! single-stepped, see [`super::calibrate`]), against the CPU time
+//! single-stepped, see [`calibrate`]), against the CPU time
 //! (`utime + stime` in `/proc/PID/stat`) the traced processes used over the
 //! same span. The cost of a hit is calibrated on a thread after the probes
 //! are live, so that tracing starts at once; until it is known, the
@@ -29,10 +29,10 @@ use indexmap::IndexMap;
 use procfs::Current as _;
 
 use super::{
-    calibrate,
     exits::{ExitListener, ProcessEnd},
     readout::Totals,
 };
+use crate::prepare::calibrate;
 use crate::{
     kernel::maps::ProbeReading,
     model::{Cost, Level, Note, NoteCode, SiteKinds},
@@ -65,7 +65,7 @@ pub enum ReturnSites {
     Sites(SiteKinds),
 }
 
-pub use super::calibrate::Prices;
+pub use crate::prepare::calibrate::Prices;
 
 /// The (high, low) cost in ns of one hit at a probe with sites of `kinds`.
 /// Its sites share one counter, so where they are of both kinds its hits
