@@ -546,7 +546,8 @@ mod tests {
         assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
         let args = AttachArgs::try_parse_from(["attach", "--pid", "1", "--stacks"]).unwrap();
         assert_eq!(args.stacks, Some(ProbeSelection::Alloc));
-        let args = AttachArgs::try_parse_from(["attach", "--pid", "1", "--stacks", "refs", "--weight", "bytes"]).unwrap();
+        let args =
+            AttachArgs::try_parse_from(["attach", "--pid", "1", "--stacks", "refs", "--weight", "bytes"]).unwrap();
         assert_eq!((args.stacks, args.weight), (Some(ProbeSelection::Refs), Some(Weight::Bytes)));
         assert_eq!(Weight::Bytes.to_string(), "bytes");
         let err = ProbesArgs::try_parse_from(["probes", "--pid", "1", "--probes", "nope"]).unwrap_err();

@@ -5,14 +5,14 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-pub use crate::{
-    cli::{DEFAULT_INTERVAL_S, LinkMode, Weight},
-    discover::TargetSpec,
-};
 use crate::{
     cli::AttachArgs,
     plan::{PlacementMode, gc::GcMode},
     probe::{ProbeSelection, SelectionError},
+};
+pub use crate::{
+    cli::{DEFAULT_INTERVAL_S, LinkMode, Weight},
+    discover::TargetSpec,
 };
 
 /// `--pid` and `--exe`: exactly one of them, and no PID 0.
@@ -448,7 +448,10 @@ mod tests {
             AttachConfig::try_from(&args(1, Some(0.0), 1.0, false)).unwrap_err(),
             ConfigError::BadDuration { value: 0.0 }
         );
-        assert_eq!(config(&["--pid", "1", "--duration", "1e19"]).unwrap_err(), ConfigError::BadDuration { value: 1e19 });
+        assert_eq!(
+            config(&["--pid", "1", "--duration", "1e19"]).unwrap_err(),
+            ConfigError::BadDuration { value: 1e19 }
+        );
         assert_eq!(config(&["--pid", "0"]).unwrap_err(), ConfigError::PidZero);
     }
 
@@ -456,7 +459,10 @@ mod tests {
     fn exactly_one_target_and_valid_probes() {
         let exe = std::path::Path::new("/usr/bin/python3.11");
         // clap refuses both at once; a struct made by hand is checked too.
-        assert_eq!(parse(&["--pid", "1", "--exe", "/usr/bin/python3.11"]).unwrap_err().kind(), ErrorKind::ArgumentConflict);
+        assert_eq!(
+            parse(&["--pid", "1", "--exe", "/usr/bin/python3.11"]).unwrap_err().kind(),
+            ErrorKind::ArgumentConflict
+        );
         let mut both = args(1, None, 1.0, false);
         both.target.exe = Some(exe.to_owned());
         assert_eq!(AttachConfig::try_from(&both).unwrap_err(), ConfigError::NoTarget);
@@ -528,7 +534,10 @@ mod tests {
             config(&["--pid", "1", "--weight", "bytes"]).unwrap_err(),
             ConfigError::WithoutStacks { flag: "--weight" }
         );
-        assert_eq!(parse(&["--pid", "1", "--stacks", "--weight", "pages"]).unwrap_err().kind(), ErrorKind::InvalidValue);
+        assert_eq!(
+            parse(&["--pid", "1", "--stacks", "--weight", "pages"]).unwrap_err().kind(),
+            ErrorKind::InvalidValue
+        );
         assert_eq!(
             config(&["--pid", "1", "--types", "--probes", "alloc"]).unwrap_err().to_string(),
             "--types counts the objects _Py_NewReference creates, which --probes alloc leaves out; use --probes default or refs, or add _Py_NewReference to the list"

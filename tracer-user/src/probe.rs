@@ -282,8 +282,7 @@ impl ProbeSelection {
         if let Ok(set) = <Self as clap::ValueEnum>::from_str(value, false) {
             return Ok(set);
         }
-        let names: Vec<String> =
-            value.split(',').map(str::trim).filter(|n| !n.is_empty()).map(str::to_owned).collect();
+        let names: Vec<String> = value.split(',').map(str::trim).filter(|n| !n.is_empty()).map(str::to_owned).collect();
         if names.is_empty() {
             return Err(SelectionError::Empty);
         }

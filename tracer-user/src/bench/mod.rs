@@ -24,7 +24,7 @@ use crate::{
     error::Classify,
     kernel::{AttachError, LoadOptions, Session},
     plan::{ImageRef, PlacementMode, Plan as ProbePlan},
-    prepare::{self, PrepareError, Planning, Prepared},
+    prepare::{self, Planning, PrepareError, Prepared},
     probe::{ProbeSelection, Program},
 };
 

@@ -228,5 +228,4 @@ mod tests {
         let State::Command { argv, .. } = &states[2] else { panic!("bpftrace is a command") };
         assert_eq!(argv[2], "uprobe:/l.so:_Py_NewReference,uprobe:/l.so:_Py_Dealloc { @[probe] = count(); }");
     }
-
 }

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
-pub use self::planning::Planning;
 use self::calibrate::{Calibration, CalibrationError};
+pub use self::planning::Planning;
 use crate::{
     cli::ProbesArgs,
     config::{AttachConfig, ConfigError},

@@ -51,7 +51,12 @@ impl Planning {
 
     /// Plans `specs` in `image`; `costs`, when calibrated, pick how each
     /// return value is read.
-    pub fn plan(&self, image: ImageRef<'_>, specs: &[ProbeSpec], costs: Option<ReturnCosts>) -> Result<Plan, PlanError> {
+    pub fn plan(
+        &self,
+        image: ImageRef<'_>,
+        specs: &[ProbeSpec],
+        costs: Option<ReturnCosts>,
+    ) -> Result<Plan, PlanError> {
         plan::plan(image, specs, self.options(costs))
     }
 

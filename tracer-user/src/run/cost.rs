@@ -32,7 +32,6 @@ use super::{
     exits::{ExitListener, ProcessEnd},
     readout::Totals,
 };
-use crate::prepare::calibrate;
 use crate::{
     kernel::maps::ProbeReading,
     model::{Cost, Level, Note, NoteCode, SiteKinds},
@@ -41,6 +40,7 @@ use crate::{
         placement::{self, KernelVersion},
         returns::ReturnPlan,
     },
+    prepare::calibrate,
 };
 
 /// See [`CostMeter::observe`].
