@@ -1,7 +1,7 @@
 //! The command line, declared once: one clap struct per subcommand, a
 //! [`ValueEnum`] for every closed set of values, and tracer's own parsers
 //! for the values that are more than a closed set (`--probes`, `--also`).
-//! The rules between flags are [`crate::config`]'s.
+//! The rules between flags are the configuration's (config.rs).
 #![allow(clippy::doc_markdown, reason = "doc comments here are --help text, where backticks would show")]
 
 use std::path::PathBuf;
@@ -369,7 +369,7 @@ pub enum LinkMode {
     #[default]
     Auto,
     /// uprobe-multi links (Linux 6.6+): one per BPF program, detached at
-    /// once (see [`crate::kernel::multi`]).
+    /// once (see the kernel module's `multi`).
     Multi,
     /// One perf-event uprobe per probe, as aya attaches them.
     Perf,

@@ -453,6 +453,8 @@ mod tests {
             ConfigError::BadDuration { value: 1e19 }
         );
         assert_eq!(config(&["--pid", "0"]).unwrap_err(), ConfigError::PidZero);
+        let failure = crate::error::Failure::from(ConfigError::PidZero);
+        assert_eq!(failure.exit_status(), crate::error::EXIT_BAD_INPUT);
     }
 
     #[test]

@@ -7,8 +7,6 @@
 
 use std::error::Error;
 
-use crate::{kernel::AttachError, plan::PlanError};
-
 /// Exit status for bad input: a wrong PID, a non-Python target, missing
 /// privileges, a bad option value.
 pub const EXIT_BAD_INPUT: u8 = 2;
@@ -96,55 +94,35 @@ impl Classify for serde_json::Error {
     }
 }
 
-/// A plan that cannot work for this image: the image's symbols are what
-/// the user pointed tracer at. (Here rather than beside [`PlanError`],
-/// whose module is being split.)
-impl Classify for PlanError {
-    fn is_bad_input(&self) -> bool {
-        match self {
-            Self::RequiredMissing { .. } | Self::NoProbes { .. } => true,
-        }
-    }
-}
-
-/// A load or attach: only a target that exited meanwhile is the user's.
-/// (Here because the kernel's module is at its size limit.)
-impl Classify for AttachError {
-    fn is_bad_input(&self) -> bool {
-        match self {
-            Self::TargetExited { .. } => true,
-            Self::NoObject
-            | Self::Load(_)
-            | Self::ProgramMissing { .. }
-            | Self::ProgramLoad { .. }
-            | Self::ProgramInfo { .. }
-            | Self::Map { .. }
-            | Self::Attach { .. }
-            | Self::MapFd { .. }
-            | Self::Multi(_)
-            | Self::ManySitesNeedMulti { .. }
-            | Self::Log(_)
-            | Self::Gc(_) => false,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{config::ConfigError, discover::process::TargetError, kernel::AttachError};
+
+    #[derive(Debug, thiserror::Error)]
+    enum Example {
+        #[error("the input")]
+        Input,
+        #[error("tracer's own")]
+        Own(#[source] std::io::Error),
+    }
+
+    impl Classify for Example {
+        fn is_bad_input(&self) -> bool {
+            match self {
+                Self::Input => true,
+                Self::Own(_) => false,
+            }
+        }
+    }
 
     #[test]
     fn status_and_one_line() {
-        let bad: Failure = ConfigError::PidZero.into();
-        assert_eq!(bad.exit_status(), EXIT_BAD_INPUT);
-        let exited: Failure = AttachError::TargetExited { pid: 7 }.into();
-        assert_eq!(exited.exit_status(), EXIT_BAD_INPUT);
-        let ours: Failure = AttachError::Log("x".into()).into();
-        assert_eq!(ours.exit_status(), EXIT_FAILURE);
-        let gone: Failure = TargetError::NoSuchProcess { pid: 9 }.into();
-        assert_eq!(gone.to_string(), "no process with PID 9; check the PID with `pgrep -a python`");
-        let pipe: Failure = std::io::Error::from(std::io::ErrorKind::BrokenPipe).into();
+        assert_eq!(Failure::from(Example::Input).exit_status(), EXIT_BAD_INPUT);
+        let own = Failure::from(Example::Own(std::io::Error::other("gone")));
+        assert_eq!(own.exit_status(), EXIT_FAILURE);
+        assert_eq!(own.to_string(), "tracer's own: gone");
+        assert!(!own.is_broken_pipe());
+        let pipe = Failure::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
         assert!(pipe.is_broken_pipe());
         assert_eq!(pipe.exit_status(), EXIT_FAILURE);
     }

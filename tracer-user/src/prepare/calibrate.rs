@@ -23,7 +23,7 @@ use std::{
 
 use thiserror::Error;
 
-use super::Planning;
+use super::planning::Planning;
 pub use crate::cli::CHILD_COMMAND;
 use crate::{
     discover::elf::{ElfError, ElfImage},

@@ -62,7 +62,7 @@ pub enum RunError {
     Attach(#[from] AttachError),
     /// Following the BPF log.
     #[error(transparent)]
-    Io(#[from] std::io::Error),
+    BpfLog(std::io::Error),
     /// Writing the report.
     #[error(transparent)]
     Output(std::io::Error),
@@ -80,7 +80,7 @@ impl Classify for RunError {
             Self::Attach(e) => e.is_bad_input(),
             // The files were checked when the run began; what fails at
             // its end is the system's.
-            Self::Signal { .. } | Self::Io(_) | Self::Output(_) | Self::Written(_) => false,
+            Self::Signal { .. } | Self::BpfLog(_) | Self::Output(_) | Self::Written(_) => false,
         }
     }
 
@@ -357,10 +357,10 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
         }
     };
     tokio::pin!(target_exit);
-    let log_fd = match run.session.bpf_log_fd().transpose()? {
+    let log_fd = match run.session.bpf_log_fd().transpose().map_err(RunError::BpfLog)? {
         // SAFETY: `fd` is a fresh duplicate of the ring buffer's fd, moved
         // into the AsyncFd, which keeps it open until it is dropped.
-        Some(fd) => Some(unsafe { AsyncFd::register(fd) }.map_err(std::io::Error::from)?),
+        Some(fd) => Some(unsafe { AsyncFd::register(fd) }.map_err(|e| RunError::BpfLog(e.into()))?),
         None => None,
     };
     let toggle_at = run.duty.as_ref().map_or(start, |d| tokio::time::Instant::from_std(d.next));
