@@ -2,7 +2,7 @@
 //! copies of the function are probed, where that knowledge came from, and
 //! whether its calls and bytes are complete. A count that covers part of
 //! the calls says so, with the reason and the fix; never a silent zero.
-//! [`coverage`] works it out for one probe, from what was found of its
+//! `coverage()` works it out for one probe, from what was found of its
 //! inlined copies and which of them are probed.
 
 use serde::{Deserialize, Serialize};
