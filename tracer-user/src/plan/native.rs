@@ -212,6 +212,15 @@ fn nested_sites(elf: &ElfImage, probes: &mut [PlannedProbe]) {
 mod tests {
     use super::*;
 
+    /// tracer's own libc is found, and has the functions `--native` probes.
+    #[test]
+    fn finds_its_own_libc() {
+        let libc = crate::discover::libc::find(std::process::id()).expect("tracer's libc");
+        for name in FUNCTIONS.iter().map(|p| p.symbol) {
+            assert!(libc.elf.function(name).is_some(), "{name} in {}", libc.display_path.display());
+        }
+    }
+
     /// On tracer's own glibc, `realloc`'s relays to `malloc` and `free`
     /// are found as nested sites, every function gets a slot after the
     /// interpreter's, and the allocating ones the native domain.
