@@ -45,6 +45,14 @@ pub enum PlanError {
     NoProbes { path: PathBuf },
 }
 
+impl crate::error::Classify for PlanError {
+    fn is_bad_input(&self) -> bool {
+        match self {
+            Self::RequiredMissing { .. } | Self::NoProbes { .. } => true,
+        }
+    }
+}
+
 /// Where uprobes go in each function (`--placement`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum PlacementMode {

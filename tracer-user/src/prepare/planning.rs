@@ -3,7 +3,6 @@
 //! of reading a return value.
 
 use crate::{
-    error::Classify,
     plan::{self, ImageRef, PlacementMode, Plan, PlanError, PlanOptions, returns::ReturnCosts},
     probe::{ProbeSpec, Program},
 };
@@ -87,17 +86,6 @@ impl Planning {
             types: self.types,
             live: self.live,
             live_costs: costs.filter(|_| self.live),
-        }
-    }
-}
-
-/// A plan that cannot work for this image: the image is the one the user
-/// pointed tracer at. (Decided here, where plans are made, rather than
-/// beside the error, so that `error` and `plan` do not import each other.)
-impl Classify for PlanError {
-    fn is_bad_input(&self) -> bool {
-        match self {
-            Self::RequiredMissing { .. } | Self::NoProbes { .. } => true,
         }
     }
 }
