@@ -130,7 +130,6 @@ pub struct ProbesArgs {
 
 /// `tracer bench`.
 #[derive(Clone, Debug, Parser)]
-#[allow(clippy::struct_excessive_bools, reason = "one field per on/off command-line flag, as clap gives them")]
 pub struct BenchArgs {
     /// The interpreter to measure (default: the venv `cargo xtask setup` made, else python3 on PATH).
     #[arg(long, value_name = "PATH")]
