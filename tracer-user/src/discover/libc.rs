@@ -30,6 +30,13 @@ pub enum LibcError {
     NoMalloc { pid: u32, path: PathBuf },
 }
 
+impl crate::error::Classify for LibcError {
+    /// `--native` on a process whose C library tracer cannot probe.
+    fn is_bad_input(&self) -> bool {
+        true
+    }
+}
+
 /// A process's C library.
 #[derive(Debug)]
 pub struct Libc {

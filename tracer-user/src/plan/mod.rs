@@ -45,8 +45,16 @@ pub enum PlanError {
     NoProbes { path: PathBuf },
 }
 
-/// Where uprobes go in each function.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+impl crate::error::Classify for PlanError {
+    fn is_bad_input(&self) -> bool {
+        match self {
+            Self::RequiredMissing { .. } | Self::NoProbes { .. } => true,
+        }
+    }
+}
+
+/// Where uprobes go in each function (`--placement`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum PlacementMode {
     /// At the first instruction the kernel emulates, when that counts the
     /// same calls (see [`placement`]).

@@ -5,7 +5,7 @@
 //! A uprobe hit runs in the thread that hit it, so its cost is CPU time the
 //! target is charged for. The estimate is each probe's hits times the
 //! calibrated cost of a hit where its uprobes sit (emulated or
-//! single-stepped, see [`super::calibrate`]), against the CPU time
+//! single-stepped, see [`calibrate`]), against the CPU time
 //! (`utime + stime` in `/proc/PID/stat`) the traced processes used over the
 //! same span. The cost of a hit is calibrated on a thread after the probes
 //! are live, so that tracing starts at once; until it is known, the
@@ -39,15 +39,15 @@ pub use self::{
     ledger::{Ledger, ProcessCpu, Reading},
     price::{ReturnSites, SitePlan, estimate, hit_range, return_range},
 };
-pub use super::calibrate::Prices;
 use super::{
-    calibrate,
     exits::{ExitListener, ProcessEnd},
     readout::Totals,
 };
+pub use crate::prepare::calibrate::Prices;
 use crate::{
     model::{Cost, Level, Note, NoteCode, SiteKinds},
     plan::Plan,
+    prepare::calibrate,
 };
 
 /// See [`CostMeter::observe`].

@@ -14,7 +14,7 @@ use crate::{
         placement::{self, KernelVersion},
         returns::ReturnPlan,
     },
-    run::calibrate::Prices,
+    prepare::calibrate::Prices,
 };
 
 /// How a probe's return values are read, as far as their cost goes.
