@@ -1,0 +1,411 @@
+//! `cargo xtask bench --only production`: what a tool costs pyperformance's
+//! benchmark functions, side by side in one run, on Debian's LTO 3.11,
+//! pyenv's 3.11.7 and Debian forky's LTO 3.14, measured the ways that show
+//! a 1% effect on this noisy machine (shared/TOOLCHAIN.md, section 7):
+//!
+//! - tracer (whatever command line it is given) by twins: two identical
+//!   workers, one per CPU, run each round at the same moment; tracer is
+//!   attached to one; the median of the per-round ratios, then the roles
+//!   and CPUs swapped, and the geometric mean of the two medians; plus the
+//!   traced twin's extra share of CPU time in the kernel;
+//! - the same with nothing attached: the noise floor of that measure;
+//! - tracemalloc and memray in-process: on and off in alternate rounds of
+//!   one process, each on-round against its neighbouring off-rounds.
+
+#![allow(clippy::cast_precision_loss, reason = "round counts and loop counts far below 2^52")]
+
+use std::{fmt::Write as _, path::Path, time::Instant};
+
+use anyhow::{Context as _, bail};
+
+use crate::{
+    bench_venvs::BenchPython,
+    production_procs::{HARNESS_PATH, Round, Tracer, Worker, install_harness, tracer_words, twin_round, worker_words},
+};
+
+/// What `--tracer-args` defaults to: today's stand-in for the production
+/// profile. When that profile lands as `tracer attach`'s default, this line
+/// becomes "attach --pid PID".
+pub const DEFAULT_TRACER_ARGS: &str = "attach --pid PID --budget 1";
+
+/// (pyperformance benchmark, its own arguments, as the table names it).
+/// `xml_etree`'s loop is its `process` part alone: one loop of all four parts
+/// takes about 0.7 s of CPU here, longer than a round.
+const BENCHMARKS: [(&str, &[&str], &str); 5] = [
+    ("json_dumps", &[], "json_dumps"),
+    ("deepcopy", &[], "deepcopy"),
+    ("float", &[], "float"),
+    ("richards", &[], "richards"),
+    ("xml_etree", &["process"], "xml_etree (process)"),
+];
+
+/// In-process tools: (harness name, column heading).
+const TOOLS: [(&str, &str); 3] = [
+    ("tracemalloc", "tracemalloc, 1 frame"),
+    ("memray", "memray Tracker"),
+    ("memray-python", "memray, Python allocators"),
+];
+
+struct Plan {
+    benchmarks: Vec<(&'static str, &'static [&'static str], &'static str)>,
+    /// Twin rounds per orientation.
+    twin: usize,
+    /// On-rounds per worker per in-process tool.
+    in_process: usize,
+    /// Target seconds per round.
+    seconds: f64,
+    /// Rounds run and dropped after tracer attaches.
+    settle: usize,
+}
+
+fn plan(effort: &str) -> Plan {
+    let all = BENCHMARKS.to_vec();
+    match effort {
+        "rigorous" => Plan { benchmarks: all, twin: 40, in_process: 10, seconds: 0.2, settle: 3 },
+        "normal" => Plan { benchmarks: all, twin: 20, in_process: 5, seconds: 0.2, settle: 2 },
+        _ => Plan { benchmarks: vec![BENCHMARKS[0], BENCHMARKS[3]], twin: 8, in_process: 2, seconds: 0.1, settle: 1 },
+    }
+}
+
+/// `--tracer-args`: tracer's arguments, `PID` standing for the target's; a
+/// leading `tracer` is dropped.
+pub fn parse_tracer_args(text: &str) -> anyhow::Result<Vec<String>> {
+    let mut words: Vec<String> = text.split_whitespace().map(str::to_owned).collect();
+    if words.first().is_some_and(|w| w == "tracer") {
+        words.remove(0);
+    }
+    if !words.iter().any(|w| w == "PID") {
+        bail!(
+            "--tracer-args {text:?} has no PID word; write the target's PID as PID, e.g. --tracer-args '{DEFAULT_TRACER_ARGS}'"
+        );
+    }
+    Ok(words)
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if n % 2 == 1 { s[n / 2] } else { f64::midpoint(s[n / 2 - 1], s[n / 2]) }
+}
+
+fn geomean(v: &[f64]) -> f64 {
+    (v.iter().map(|x| x.ln()).sum::<f64>() / v.len() as f64).exp()
+}
+
+/// The 95% percentile-bootstrap interval of `stat` over `groups`, each
+/// resampled with replacement (a fixed seed: the same data gives the same
+/// interval).
+fn bootstrap(groups: &[&[f64]], stat: impl Fn(&[Vec<f64>]) -> f64) -> (f64, f64) {
+    const RESAMPLES: usize = 2000;
+    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = |n: usize| {
+        // xorshift64*
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        #[allow(clippy::cast_possible_truncation, reason = "reduced modulo a length")]
+        let i = (state.wrapping_mul(0x2545_F491_4F6C_DD1D) % n as u64) as usize;
+        i
+    };
+    let mut resampled: Vec<f64> = (0..RESAMPLES)
+        .map(|_| {
+            let sample: Vec<Vec<f64>> =
+                groups.iter().map(|g| (0..g.len()).map(|_| g[next(g.len())]).collect()).collect();
+            stat(&sample)
+        })
+        .collect();
+    resampled.sort_by(f64::total_cmp);
+    (resampled[RESAMPLES / 40], resampled[RESAMPLES - 1 - RESAMPLES / 40])
+}
+
+/// One twin measure: per-round ratios (traced / untraced) in each
+/// orientation, and the traced twin's extra kernel share per orientation.
+#[derive(Default)]
+struct Twins {
+    ratios: [Vec<f64>; 2],
+    kernel: [f64; 2],
+}
+
+impl Twins {
+    fn estimate(&self) -> f64 {
+        (median(&self.ratios[0]) * median(&self.ratios[1])).sqrt()
+    }
+
+    fn cell(&self) -> String {
+        let (lo, hi) = bootstrap(&[&self.ratios[0], &self.ratios[1]], |g| (median(&g[0]) * median(&g[1])).sqrt());
+        format!("{:.3}x ({lo:.3}–{hi:.3})", self.estimate())
+    }
+
+    fn kernel(&self) -> f64 {
+        f64::midpoint(self.kernel[0], self.kernel[1])
+    }
+}
+
+/// Kernel time over CPU time of some rounds.
+fn kernel_share(rounds: &[Round]) -> f64 {
+    let system: f64 = rounds.iter().map(|r| r.system).sum();
+    let cpu: f64 = rounds.iter().map(|r| r.user + r.system).sum();
+    if cpu > 0.0 { system / cpu } else { 0.0 }
+}
+
+/// `n` twin rounds, the twin on `traced` (0: x, 1: y) taken as traced;
+/// returns the ratios, the traced twin's extra kernel share, and every
+/// round's wall time.
+fn twin_rounds(
+    workers: &mut [Worker; 2],
+    traced: usize,
+    loops: u64,
+    rounds: usize,
+) -> anyhow::Result<(Vec<f64>, f64, Vec<f64>)> {
+    let (mut with, mut without) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
+    for _ in 0..rounds {
+        let [x, y] = workers;
+        let (rx, ry) = twin_round(x, y, loops, "none")?;
+        let (rt, ru) = if traced == 0 { (rx, ry) } else { (ry, rx) };
+        with.push(rt);
+        without.push(ru);
+    }
+    let ratios = with.iter().zip(&without).map(|(a, b)| a.wall / b.wall).collect();
+    let walls = with.iter().chain(&without).map(|r| r.wall).collect();
+    Ok((ratios, kernel_share(&with) - kernel_share(&without), walls))
+}
+
+/// One benchmark on one interpreter, every setup.
+struct Measured {
+    label: &'static str,
+    loops: u64,
+    round_wall: f64,
+    nothing: Twins,
+    tracer: Twins,
+    /// tracer's own CPU over the measured rounds, in cores.
+    tracer_cpu: f64,
+    /// Per tool: the on/off ratios, or None where the tool is absent.
+    tools: Vec<Option<Vec<f64>>>,
+}
+
+/// The in-process ratios of one tool in both workers: each on-round
+/// against the mean of the off-rounds either side.
+fn in_process(w: &mut [Worker; 2], tool: &str, loops: u64, on_rounds: usize) -> anyhow::Result<Vec<f64>> {
+    let mut series: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for i in 0..=2 * on_rounds {
+        let [x, y] = w;
+        let (rx, ry) = twin_round(x, y, loops, if i % 2 == 1 { tool } else { "none" })?;
+        series[0].push(rx.wall);
+        series[1].push(ry.wall);
+    }
+    Ok(series
+        .iter()
+        .flat_map(|s| (1..s.len()).step_by(2).map(move |i| s[i] / f64::midpoint(s[i - 1], s[i + 1])))
+        .collect())
+}
+
+struct Context<'a> {
+    tracer: &'a Path,
+    tracer_args: &'a [String],
+    out: &'a Path,
+    plan: &'a Plan,
+}
+
+fn measure(
+    cx: &Context,
+    python: &BenchPython,
+    (bench, args, label): (&str, &[&str], &'static str),
+) -> anyhow::Result<Measured> {
+    let plan = cx.plan;
+    let say = |what: &str| eprintln!("xtask: production: {}, {label}: {what}", python.name);
+    say("starting the twins");
+    let mut workers = [Worker::start(python, 0, bench, args)?, Worker::start(python, 1, bench, args)?];
+    let loops = workers[0].calibrate(plan.seconds)?;
+    // A first round in both, dropped: the first run of each path.
+    let [x, y] = &mut workers;
+    let (warm, _) = twin_round(x, y, loops, "none")?;
+    say(&format!("{loops} loops per round ({:.3} s warm-up); nothing attached", warm.wall));
+    let mut nothing = Twins::default();
+    let mut walls = Vec::new();
+    for traced in 0..2 {
+        let (ratios, kernel, wall) = twin_rounds(&mut workers, traced, loops, plan.twin)?;
+        nothing.ratios[traced] = ratios;
+        nothing.kernel[traced] = kernel;
+        walls.extend(wall);
+    }
+    let mut tracer = Twins::default();
+    let mut tracer_cpu = [0.0; 2];
+    for traced in 0..2 {
+        let words = tracer_words(cx.tracer, cx.tracer_args, workers[traced].pid(), workers[traced].cpu);
+        say(&format!("$ {}", words.join(" ")));
+        let log = cx.out.join(format!(
+            "{}-{bench}-{traced}",
+            python.venv.file_name().map_or("venv".into(), |n| n.to_string_lossy())
+        ));
+        let t = Tracer::attach(&words, &log)?;
+        twin_rounds(&mut workers, traced, loops, plan.settle)?;
+        let (c0, started) = (t.cpu_seconds()?, Instant::now());
+        let (ratios, kernel, _) = twin_rounds(&mut workers, traced, loops, plan.twin)?;
+        tracer_cpu[traced] = (t.cpu_seconds()? - c0) / started.elapsed().as_secs_f64();
+        t.detach()?;
+        tracer.ratios[traced] = ratios;
+        tracer.kernel[traced] = kernel;
+    }
+    let no_memray = python.no_memray().is_some();
+    let mut tools = Vec::new();
+    for (tool, _) in TOOLS {
+        if no_memray && tool.starts_with("memray") {
+            tools.push(None);
+            continue;
+        }
+        say(&format!("{tool} on and off"));
+        tools.push(Some(in_process(&mut workers, tool, loops, plan.in_process)?));
+    }
+    Ok(Measured {
+        label,
+        loops,
+        round_wall: median(&walls),
+        nothing,
+        tracer,
+        tracer_cpu: f64::midpoint(tracer_cpu[0], tracer_cpu[1]),
+        tools,
+    })
+}
+
+fn ratio_cell(v: &[f64]) -> String {
+    let (lo, hi) = bootstrap(&[v], |g| median(&g[0]));
+    format!("{:.2}x ({lo:.2}–{hi:.2})", median(v))
+}
+
+fn pct(x: f64) -> String {
+    format!("{:+.2}%", x * 100.0)
+}
+
+/// One interpreter's table.
+fn table(md: &mut String, p: &BenchPython, rows: &[Measured]) -> anyhow::Result<()> {
+    writeln!(md, "#### {}\n", p.name)?;
+    writeln!(
+        md,
+        "| benchmark | loops per round | nothing (twins) | nothing: kernel | tracer (twins) | tracer: kernel | tracer's own CPU | {} |",
+        TOOLS.map(|t| t.1).join(" | ")
+    )?;
+    writeln!(md, "|---|---|---|---|---|---|---|---|---|---|")?;
+    for m in rows {
+        let tools: Vec<String> =
+            m.tools.iter().map(|t| t.as_deref().map_or_else(|| "—".to_owned(), ratio_cell)).collect();
+        writeln!(
+            md,
+            "| {} | {} ({:.2} s) | {} | {} | {} | {} | {:.1}% of a core | {} |",
+            m.label,
+            m.loops,
+            m.round_wall,
+            m.nothing.cell(),
+            pct(m.nothing.kernel()),
+            m.tracer.cell(),
+            pct(m.tracer.kernel()),
+            m.tracer_cpu * 100.0,
+            tools.join(" | ")
+        )?;
+    }
+    let gm = |f: &dyn Fn(&Measured) -> f64| geomean(&rows.iter().map(f).collect::<Vec<_>>());
+    let mean = |f: &dyn Fn(&Measured) -> f64| rows.iter().map(f).sum::<f64>() / rows.len() as f64;
+    let tool_gm = |i: usize| {
+        let v: Option<Vec<f64>> = rows.iter().map(|m| m.tools[i].as_deref().map(median)).collect();
+        v.map_or_else(|| "—".to_owned(), |v| format!("{:.2}x", geomean(&v)))
+    };
+    writeln!(
+        md,
+        "| **geometric mean** (kernel, own CPU: mean) | | {:.3}x | {} | {:.3}x | {} | {:.1}% of a core | {} |\n",
+        gm(&|m| m.nothing.estimate()),
+        pct(mean(&|m| m.nothing.kernel())),
+        gm(&|m| m.tracer.estimate()),
+        pct(mean(&|m| m.tracer.kernel())),
+        mean(&|m| m.tracer_cpu) * 100.0,
+        (0..TOOLS.len()).map(tool_gm).collect::<Vec<_>>().join(" | ")
+    )?;
+    if let Some(reason) = p.no_memray() {
+        writeln!(md, "memray: {reason}.\n")?;
+    }
+    Ok(())
+}
+
+/// Writes the section; `tracer_args` as [`parse_tracer_args`] gives them.
+pub fn production_section(
+    md: &mut String,
+    tracer: &Path,
+    effort: &str,
+    tracer_args: &[String],
+    out_root: &Path,
+) -> anyhow::Result<()> {
+    let plan = plan(effort);
+    let load = crate::markdown::Load::now();
+    let pythons = crate::bench_venvs::pythons();
+    install_harness(&pythons)?;
+    let out = out_root.join("production");
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let cx = Context { tracer, tracer_args, out: &out, plan: &plan };
+    let mut tables = String::new();
+    for p in &pythons {
+        if let Some(line) = p.no_memray() {
+            eprintln!("xtask: production: {line}");
+        }
+        let rows = plan.benchmarks.iter().map(|b| measure(&cx, p, *b)).collect::<anyhow::Result<Vec<_>>>()?;
+        table(&mut tables, p, &rows)?;
+    }
+    let shown_args = tracer_args.join(" ");
+    writeln!(md, "## Production cost: pyperformance under tracer, tracemalloc and memray\n")?;
+    writeln!(
+        md,
+        "What each tool costs pyperformance 1.14's benchmark functions, run in a loop, measured side by side \
+         in one run on three interpreters. This machine is noisy (one round of the same work varies by \
+         tens of percent, phases run one after the other by up to 1.8x), so each tool is measured a way \
+         that shows a 1% effect (shared/TOOLCHAIN.md, section 7):\n"
+    )?;
+    writeln!(
+        md,
+        "- **tracer** (`tracer {shown_args}`) by twins: two identical worker processes, pinned to CPU 0 and \
+         CPU 1 with `taskset`, each doing a round of the same fixed work (the loops per round, calibrated \
+         to about {:.1} s) when xtask writes the same line to both. tracer is attached to the worker on \
+         CPU 0 and pinned to that CPU too, so its own work slows the traced twin rather than its \
+         reference; after {} dropped rounds, {} rounds give the median of (traced round time) / \
+         (untraced round time); tracer is stopped (detached) and the same is done attached to the \
+         worker on CPU 1. The cell is the geometric mean of the two medians, which cancels the \
+         difference between the two CPUs and processes, with its 95% bootstrap interval (rounds resampled). **kernel** is the traced twin's share of its CPU time spent in the kernel (where \
+         uprobe traps and BPF programs run) minus the other twin's, from getrusage over the same rounds \
+         (the mean of both orientations). **own CPU** is tracer's user + system time over the measured \
+         rounds' wall time.\n\
+         - **nothing (twins)**: the same, with nothing attached: the noise floor of the twin measure.\n\
+         - **tracemalloc** (`tracemalloc.start(1)`) and **memray** (`memray.Tracker`, a file destination \
+         without compression at exit; its defaults otherwise, then with `trace_python_allocators=True`), \
+         in process: switched on before a round's clock starts and off after it stops, in alternate \
+         rounds (off, on, off, …: {} on-rounds in each twin, both twins alike); each on-round's time \
+         over the mean of the off-rounds either side; the cell is the median of these ratios with \
+         its 95% bootstrap interval.\n",
+        plan.seconds, plan.settle, plan.twin, plan.in_process
+    )?;
+    writeln!(
+        md,
+        "The workers are `xtask/src/production.py` (copied to `{HARNESS_PATH}` in each root), run by a venv \
+         with pyperformance, pyperf and memray (made by `cargo xtask setup`). It runs pyperformance's \
+         `bm_NAME/run_benchmark.py` with `pyperf.Runner` replaced by an object that records what \
+         `bench_func` and `bench_time_func` are given, then for `round LOOPS TOOL` on stdin runs LOOPS \
+         loops (each `bench_func` function LOOPS times; each `bench_time_func` function once as \
+         `func(LOOPS, *args)`) and prints the wall time and getrusage's user and system time. \
+         xml_etree runs its `process` part only (one loop of all four parts is longer than a round).\n"
+    )?;
+    writeln!(md, "```\ncargo xtask bench --only production --effort {effort} --tracer-args '{shown_args}'")?;
+    let (b, args, _) = plan.benchmarks[0];
+    for p in &pythons {
+        for cpu in 0..2 {
+            writeln!(md, "{}", worker_words(p, cpu, b, args).join(" "))?;
+        }
+    }
+    writeln!(md, "taskset -c CPU {} {shown_args}\n```\n", tracer.display())?;
+    writeln!(
+        md,
+        "(one pair of workers per benchmark, NAME in place of {b}; PID and CPU are the traced \
+         worker's; a cell \"—\" is a tool that the interpreter has no wheel of)\n"
+    )?;
+    write!(md, "{tables}")?;
+    writeln!(md, "{}", load.line())?;
+    Ok(())
+}
