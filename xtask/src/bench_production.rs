@@ -63,7 +63,7 @@ fn plan(effort: &str) -> Plan {
     match effort {
         "rigorous" => Plan { benchmarks: all, twin: 40, in_process: 10, seconds: 0.2, settle: 3 },
         "normal" => Plan { benchmarks: all, twin: 20, in_process: 5, seconds: 0.2, settle: 2 },
-        _ => Plan { benchmarks: vec![BENCHMARKS[0], BENCHMARKS[3]], twin: 8, in_process: 2, seconds: 0.1, settle: 1 },
+        _ => Plan { benchmarks: vec![BENCHMARKS[0], BENCHMARKS[3]], twin: 10, in_process: 2, seconds: 0.2, settle: 1 },
     }
 }
 
@@ -96,10 +96,10 @@ fn geomean(v: &[f64]) -> f64 {
     (v.iter().map(|x| x.ln()).sum::<f64>() / v.len() as f64).exp()
 }
 
-/// The 95% percentile-bootstrap interval of `stat` over `groups`, each
-/// resampled with replacement (a fixed seed: the same data gives the same
-/// interval).
-fn bootstrap(groups: &[&[f64]], stat: impl Fn(&[Vec<f64>]) -> f64) -> (f64, f64) {
+/// The 95% percentile-bootstrap interval of `stat` over groups of
+/// `lens` items, each group's indices resampled with replacement (a fixed
+/// seed: the same data gives the same interval).
+fn bootstrap(lens: &[usize], stat: impl Fn(&[Vec<usize>]) -> f64) -> (f64, f64) {
     const RESAMPLES: usize = 2000;
     let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
     let mut next = |n: usize| {
@@ -113,8 +113,7 @@ fn bootstrap(groups: &[&[f64]], stat: impl Fn(&[Vec<f64>]) -> f64) -> (f64, f64)
     };
     let mut resampled: Vec<f64> = (0..RESAMPLES)
         .map(|_| {
-            let sample: Vec<Vec<f64>> =
-                groups.iter().map(|g| (0..g.len()).map(|_| g[next(g.len())]).collect()).collect();
+            let sample: Vec<Vec<usize>> = lens.iter().map(|&n| (0..n).map(|_| next(n)).collect()).collect();
             stat(&sample)
         })
         .collect();
@@ -122,27 +121,61 @@ fn bootstrap(groups: &[&[f64]], stat: impl Fn(&[Vec<f64>]) -> f64) -> (f64, f64)
     (resampled[RESAMPLES / 40], resampled[RESAMPLES - 1 - RESAMPLES / 40])
 }
 
-/// One twin measure: per-round ratios (traced / untraced) in each
-/// orientation, and the traced twin's extra kernel share per orientation.
+/// One twin measure: per orientation (the traced twin on CPU 0, then on
+/// CPU 1), each round's (traced, untraced) times.
 #[derive(Default)]
 struct Twins {
-    ratios: [Vec<f64>; 2],
-    kernel: [f64; 2],
+    rounds: [Vec<(Round, Round)>; 2],
+}
+
+/// One orientation's rounds: (traced, untraced).
+type Pairs = [(Round, Round)];
+
+/// The median of per-round ratios of the rounds `idx` of one orientation.
+fn median_ratio(rounds: &Pairs, idx: &[usize]) -> f64 {
+    median(&idx.iter().map(|&i| rounds[i].0.wall / rounds[i].1.wall).collect::<Vec<_>>())
+}
+
+/// Total traced time over total untraced time of the rounds `idx`.
+fn total_ratio(rounds: &Pairs, idx: &[usize]) -> f64 {
+    let (t, u) = idx.iter().fold((0.0, 0.0), |(t, u), &i| (t + rounds[i].0.wall, u + rounds[i].1.wall));
+    t / u
 }
 
 impl Twins {
-    fn estimate(&self) -> f64 {
-        (median(&self.ratios[0]) * median(&self.ratios[1])).sqrt()
+    /// The geometric mean over both orientations of `ratio` on all rounds,
+    /// and its bootstrap interval.
+    fn estimate(&self, ratio: fn(&Pairs, &[usize]) -> f64) -> (f64, f64, f64) {
+        let [a, b] = &self.rounds;
+        let all = |r: &Pairs| ratio(r, &(0..r.len()).collect::<Vec<_>>());
+        let (lo, hi) = bootstrap(&[a.len(), b.len()], |idx| (ratio(a, &idx[0]) * ratio(b, &idx[1])).sqrt());
+        ((all(a) * all(b)).sqrt(), lo, hi)
     }
 
-    fn cell(&self) -> String {
-        let (lo, hi) = bootstrap(&[&self.ratios[0], &self.ratios[1]], |g| (median(&g[0]) * median(&g[1])).sqrt());
-        format!("{:.3}x ({lo:.3}–{hi:.3})", self.estimate())
+    /// The median of per-round ratios (robust to a round disturbed by
+    /// the machine, blind to a cost paid in fewer than half the rounds).
+    fn median(&self) -> (f64, f64, f64) {
+        self.estimate(median_ratio)
     }
 
+    /// Total time over total time (sees a duty-cycled cost, and every
+    /// disturbance too).
+    fn total(&self) -> (f64, f64, f64) {
+        self.estimate(total_ratio)
+    }
+
+    /// The traced twin's extra kernel share, the mean of both orientations.
     fn kernel(&self) -> f64 {
-        f64::midpoint(self.kernel[0], self.kernel[1])
+        let extra = |r: &Pairs| {
+            let (t, u): (Vec<Round>, Vec<Round>) = r.iter().copied().unzip();
+            kernel_share(&t) - kernel_share(&u)
+        };
+        f64::midpoint(extra(&self.rounds[0]), extra(&self.rounds[1]))
     }
+}
+
+fn twin_cell((x, lo, hi): (f64, f64, f64)) -> String {
+    format!("{x:.3}x ({lo:.3}–{hi:.3})")
 }
 
 /// Kernel time over CPU time of some rounds.
@@ -152,26 +185,21 @@ fn kernel_share(rounds: &[Round]) -> f64 {
     if cpu > 0.0 { system / cpu } else { 0.0 }
 }
 
-/// `n` twin rounds, the twin on `traced` (0: x, 1: y) taken as traced;
-/// returns the ratios, the traced twin's extra kernel share, and every
-/// round's wall time.
+/// `n` twin rounds, the twin on `traced` (0: x, 1: y) taken as traced:
+/// each round's (traced, untraced) times.
 fn twin_rounds(
     workers: &mut [Worker; 2],
     traced: usize,
     loops: u64,
     rounds: usize,
-) -> anyhow::Result<(Vec<f64>, f64, Vec<f64>)> {
-    let (mut with, mut without) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
-    for _ in 0..rounds {
-        let [x, y] = workers;
-        let (rx, ry) = twin_round(x, y, loops, "none")?;
-        let (rt, ru) = if traced == 0 { (rx, ry) } else { (ry, rx) };
-        with.push(rt);
-        without.push(ru);
-    }
-    let ratios = with.iter().zip(&without).map(|(a, b)| a.wall / b.wall).collect();
-    let walls = with.iter().chain(&without).map(|r| r.wall).collect();
-    Ok((ratios, kernel_share(&with) - kernel_share(&without), walls))
+) -> anyhow::Result<Vec<(Round, Round)>> {
+    (0..rounds)
+        .map(|_| {
+            let [x, y] = workers;
+            let (rx, ry) = twin_round(x, y, loops, "none")?;
+            Ok(if traced == 0 { (rx, ry) } else { (ry, rx) })
+        })
+        .collect()
 }
 
 /// One benchmark on one interpreter, every setup.
@@ -225,30 +253,23 @@ fn measure(
     let (warm, _) = twin_round(x, y, loops, "none")?;
     say(&format!("{loops} loops per round ({:.3} s warm-up); nothing attached", warm.wall));
     let mut nothing = Twins::default();
-    let mut walls = Vec::new();
     for traced in 0..2 {
-        let (ratios, kernel, wall) = twin_rounds(&mut workers, traced, loops, plan.twin)?;
-        nothing.ratios[traced] = ratios;
-        nothing.kernel[traced] = kernel;
-        walls.extend(wall);
+        nothing.rounds[traced] = twin_rounds(&mut workers, traced, loops, plan.twin)?;
     }
+    let walls: Vec<f64> = nothing.rounds.iter().flatten().flat_map(|(t, u)| [t.wall, u.wall]).collect();
     let mut tracer = Twins::default();
     let mut tracer_cpu = [0.0; 2];
     for traced in 0..2 {
         let words = tracer_words(cx.tracer, cx.tracer_args, workers[traced].pid(), workers[traced].cpu);
         say(&format!("$ {}", words.join(" ")));
-        let log = cx.out.join(format!(
-            "{}-{bench}-{traced}",
-            python.venv.file_name().map_or("venv".into(), |n| n.to_string_lossy())
-        ));
+        let venv = python.venv.file_name().map_or_else(|| "venv".into(), |n| n.to_string_lossy());
+        let log = format!("{}/{venv}-{bench}-{traced}", cx.out.display());
         let t = Tracer::attach(&words, &log)?;
         twin_rounds(&mut workers, traced, loops, plan.settle)?;
         let (c0, started) = (t.cpu_seconds()?, Instant::now());
-        let (ratios, kernel, _) = twin_rounds(&mut workers, traced, loops, plan.twin)?;
+        tracer.rounds[traced] = twin_rounds(&mut workers, traced, loops, plan.twin)?;
         tracer_cpu[traced] = (t.cpu_seconds()? - c0) / started.elapsed().as_secs_f64();
         t.detach()?;
-        tracer.ratios[traced] = ratios;
-        tracer.kernel[traced] = kernel;
     }
     let no_memray = python.no_memray().is_some();
     let mut tools = Vec::new();
@@ -272,7 +293,7 @@ fn measure(
 }
 
 fn ratio_cell(v: &[f64]) -> String {
-    let (lo, hi) = bootstrap(&[v], |g| median(&g[0]));
+    let (lo, hi) = bootstrap(&[v.len()], |idx| median(&idx[0].iter().map(|&i| v[i]).collect::<Vec<_>>()));
     format!("{:.2}x ({lo:.2}–{hi:.2})", median(v))
 }
 
@@ -285,22 +306,25 @@ fn table(md: &mut String, p: &BenchPython, rows: &[Measured]) -> anyhow::Result<
     writeln!(md, "#### {}\n", p.name)?;
     writeln!(
         md,
-        "| benchmark | loops per round | nothing (twins) | nothing: kernel | tracer (twins) | tracer: kernel | tracer's own CPU | {} |",
+        "| benchmark | loops per round | nothing: median | nothing: total | nothing: kernel | tracer: median | \
+         tracer: total | tracer: kernel | tracer's own CPU | {} |",
         TOOLS.map(|t| t.1).join(" | ")
     )?;
-    writeln!(md, "|---|---|---|---|---|---|---|---|---|---|")?;
+    writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|")?;
     for m in rows {
         let tools: Vec<String> =
             m.tools.iter().map(|t| t.as_deref().map_or_else(|| "—".to_owned(), ratio_cell)).collect();
         writeln!(
             md,
-            "| {} | {} ({:.2} s) | {} | {} | {} | {} | {:.1}% of a core | {} |",
+            "| {} | {} ({:.2} s) | {} | {} | {} | {} | {} | {} | {:.1}% of a core | {} |",
             m.label,
             m.loops,
             m.round_wall,
-            m.nothing.cell(),
+            twin_cell(m.nothing.median()),
+            twin_cell(m.nothing.total()),
             pct(m.nothing.kernel()),
-            m.tracer.cell(),
+            twin_cell(m.tracer.median()),
+            twin_cell(m.tracer.total()),
             pct(m.tracer.kernel()),
             m.tracer_cpu * 100.0,
             tools.join(" | ")
@@ -314,10 +338,12 @@ fn table(md: &mut String, p: &BenchPython, rows: &[Measured]) -> anyhow::Result<
     };
     writeln!(
         md,
-        "| **geometric mean** (kernel, own CPU: mean) | | {:.3}x | {} | {:.3}x | {} | {:.1}% of a core | {} |\n",
-        gm(&|m| m.nothing.estimate()),
+        "| **geometric mean** (kernel, own CPU: mean) | | {:.3}x | {:.3}x | {} | {:.3}x | {:.3}x | {} | {:.1}% of a core | {} |\n",
+        gm(&|m| m.nothing.median().0),
+        gm(&|m| m.nothing.total().0),
         pct(mean(&|m| m.nothing.kernel())),
-        gm(&|m| m.tracer.estimate()),
+        gm(&|m| m.tracer.median().0),
+        gm(&|m| m.tracer.total().0),
         pct(mean(&|m| m.tracer.kernel())),
         mean(&|m| m.tracer_cpu) * 100.0,
         (0..TOOLS.len()).map(tool_gm).collect::<Vec<_>>().join(" | ")
@@ -364,22 +390,29 @@ pub fn production_section(
         md,
         "- **tracer** (`tracer {shown_args}`) by twins: two identical worker processes, pinned to CPU 0 and \
          CPU 1 with `taskset`, each doing a round of the same fixed work (the loops per round, calibrated \
-         to about {:.1} s) when xtask writes the same line to both. tracer is attached to the worker on \
-         CPU 0 and pinned to that CPU too, so its own work slows the traced twin rather than its \
-         reference; after {} dropped rounds, {} rounds give the median of (traced round time) / \
-         (untraced round time); tracer is stopped (detached) and the same is done attached to the \
-         worker on CPU 1. The cell is the geometric mean of the two medians, which cancels the \
-         difference between the two CPUs and processes, with its 95% bootstrap interval (rounds resampled). **kernel** is the traced twin's share of its CPU time spent in the kernel (where \
-         uprobe traps and BPF programs run) minus the other twin's, from getrusage over the same rounds \
-         (the mean of both orientations). **own CPU** is tracer's user + system time over the measured \
-         rounds' wall time.\n\
-         - **nothing (twins)**: the same, with nothing attached: the noise floor of the twin measure.\n\
-         - **tracemalloc** (`tracemalloc.start(1)`) and **memray** (`memray.Tracker`, a file destination \
-         without compression at exit; its defaults otherwise, then with `trace_python_allocators=True`), \
-         in process: switched on before a round's clock starts and off after it stops, in alternate \
-         rounds (off, on, off, …: {} on-rounds in each twin, both twins alike); each on-round's time \
-         over the mean of the off-rounds either side; the cell is the median of these ratios with \
-         its 95% bootstrap interval.\n",
+         to about {:.1} s of CPU) when xtask writes the same line to both. tracer is attached to the \
+         worker on CPU 0 and pinned to that CPU too, so that its own work slows the traced twin rather \
+         than its reference; {} rounds are dropped after it says it is attached, then {} rounds are \
+         measured; tracer is stopped with SIGINT (detached), and the same is done attached to the worker \
+         on CPU 1. Each cell is the geometric mean of the two orientations' figures, which cancels the \
+         difference between the two CPUs and processes, with its 95% bootstrap interval (rounds \
+         resampled):\n\
+         \x20 - **median**: the median of the per-round ratios (traced round time / untraced round time), \
+         shared/TOOLCHAIN.md's measure: robust to a round the machine disturbed, but blind to a cost paid \
+         in fewer than half the rounds (a duty-cycled window, a census once an interval);\n\
+         \x20 - **total**: the traced twin's total time over the other's: it sees such a cost, and every \
+         disturbance too;\n\
+         \x20 - **kernel**: the traced twin's share of its CPU time spent in the kernel (where uprobe traps \
+         and BPF programs run) minus the other twin's, from getrusage over the same rounds (the mean of \
+         both orientations);\n\
+         \x20 - **tracer's own CPU**: tracer's user + system time over the measured rounds' wall time.\n\
+         - **nothing**: the same twins and rounds with nothing attached: the noise floor of each measure.\n\
+         - **tracemalloc** (`tracemalloc.start(1)`) and **memray** (`memray.Tracker` to a file, without \
+         compression at exit, its defaults otherwise; then with `trace_python_allocators=True`), in \
+         process: switched on before a round's clock starts and off after it stops, in alternate rounds \
+         (off, on, off, …: {} on-rounds in each twin, both twins alike); each on-round's time over the \
+         mean of the off-rounds either side; the cell is the median of these ratios with its 95% \
+         bootstrap interval.\n",
         plan.seconds, plan.settle, plan.twin, plan.in_process
     )?;
     writeln!(

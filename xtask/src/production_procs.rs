@@ -173,10 +173,11 @@ pub struct Tracer {
 }
 
 impl Tracer {
-    /// Starts the tracer and waits until it says it is attached: a JSON
-    /// `attached` line on stdout or `tracer: attached` on stderr.
-    pub fn attach(words: &[String], log: &Path) -> anyhow::Result<Self> {
-        let (out, err) = (log.with_extension("out"), log.with_extension("err"));
+    /// Starts the tracer, its output into `log`.out and .err, and waits
+    /// until it says it is attached: a JSON `attached` line, or a line
+    /// starting `tracer: attached` (on stderr at a terminal, else on stdout).
+    pub fn attach(words: &[String], log: &str) -> anyhow::Result<Self> {
+        let (out, err) = (PathBuf::from(format!("{log}.out")), PathBuf::from(format!("{log}.err")));
         let mut cmd = Command::new(&words[0]);
         cmd.args(&words[1..])
             .stdin(Stdio::null())
@@ -187,10 +188,13 @@ impl Tracer {
         let mut t = Self { child: Some(child), err };
         let start = Instant::now();
         loop {
-            let said = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
-            if said(&out).lines().any(|l| l.contains("\"type\":\"attached\""))
-                || said(&t.err).lines().any(|l| l.starts_with("tracer: attached"))
-            {
+            let said = |p: &Path| {
+                std::fs::read_to_string(p)
+                    .unwrap_or_default()
+                    .lines()
+                    .any(|l| l.starts_with("tracer: attached") || l.contains("\"type\":\"attached\""))
+            };
+            if said(&out) || said(&t.err) {
                 return Ok(t);
             }
             if let Some(status) = t.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
