@@ -164,6 +164,13 @@ impl Twins {
         self.estimate(total_ratio)
     }
 
+    /// Every round, for the raw file: per orientation, [traced wall,
+    /// user, system, untraced wall, user, system].
+    fn raw(&self) -> serde_json::Value {
+        let row = |(t, u): &(Round, Round)| [t.wall, t.user, t.system, u.wall, u.user, u.system];
+        serde_json::json!(self.rounds.iter().map(|o| o.iter().map(row).collect::<Vec<_>>()).collect::<Vec<_>>())
+    }
+
     /// The traced twin's extra kernel share, the mean of both orientations.
     fn kernel(&self) -> f64 {
         let extra = |r: &Pairs| {
@@ -281,6 +288,18 @@ fn measure(
         say(&format!("{tool} on and off"));
         tools.push(Some(in_process(&mut workers, tool, loops, plan.in_process)?));
     }
+    let raw = serde_json::json!({
+        "loops": loops,
+        "nothing": nothing.raw(),
+        "tracer": tracer.raw(),
+        "tracer_args": cx.tracer_args,
+        "tools": TOOLS.iter().zip(&tools).map(|((t, _), r)| (t.to_string(), serde_json::json!(r))).collect::<serde_json::Map<_, _>>(),
+    });
+    let raw_path = cx.out.join(format!(
+        "{}-{bench}.json",
+        python.venv.file_name().map_or_else(|| "venv".into(), |n| n.to_string_lossy())
+    ));
+    std::fs::write(&raw_path, raw.to_string()).with_context(|| format!("writing {}", raw_path.display()))?;
     Ok(Measured {
         label,
         loops,
@@ -390,7 +409,7 @@ pub fn production_section(
         md,
         "- **tracer** (`tracer {shown_args}`) by twins: two identical worker processes, pinned to CPU 0 and \
          CPU 1 with `taskset`, each doing a round of the same fixed work (the loops per round, calibrated \
-         to about {:.1} s of CPU) when xtask writes the same line to both. tracer is attached to the \
+         to about {:.1} s once, by the wall clock) when xtask writes the same line to both. tracer is attached to the \
          worker on CPU 0 and pinned to that CPU too, so that its own work slows the traced twin rather \
          than its reference; {} rounds are dropped after it says it is attached, then {} rounds are \
          measured; tracer is stopped with SIGINT (detached), and the same is done attached to the worker \

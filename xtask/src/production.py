@@ -10,7 +10,7 @@ bench_time_func), keeps the functions registered under the name BENCHMARK
 and process), runs each once, prints "ready", then answers one JSON line per
 command read on stdin, until end of input:
 
-    calibrate SECONDS   -> {"loops": N}: N loops take about SECONDS of CPU
+    calibrate SECONDS   -> {"loops": N}: N loops take about SECONDS
     round LOOPS TOOL    -> {"wall": s, "user": s, "system": s} of LOOPS loops
                            (perf_counter; getrusage's user and system time)
 
@@ -149,13 +149,13 @@ def timed_round(loops, tool, tools):
 
 
 def calibrate(seconds):
-    # By CPU time: on a loaded machine the wall clock also counts the
-    # time spent waiting for the CPU.
+    # By the wall clock, which the rounds are measured by: on a loaded
+    # machine a round sized by CPU time takes several times longer.
     loops = 1
     while True:
-        c0 = time.process_time()
+        w0 = time.perf_counter()
         run(loops)
-        took = time.process_time() - c0
+        took = time.perf_counter() - w0
         if took >= seconds / 4 or loops >= 1 << 30:
             return max(1, round(loops * seconds / max(took, 1e-9)))
         loops *= 2
