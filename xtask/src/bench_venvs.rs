@@ -198,7 +198,12 @@ fn pip_maybe(p: &BenchPython, cmd: &mut Command, what: &str) -> anyhow::Result<b
     let reason = format!(
         "{MEMRAY} has no wheel for {} (pip: {}); the production benchmark leaves its memray columns empty there",
         p.name,
-        stderr.lines().find(|l| no_distribution(l)).unwrap_or("no matching distribution").trim()
+        stderr
+            .lines()
+            .find(|l| l.contains("No matching distribution"))
+            .or_else(|| stderr.lines().find(|l| no_distribution(l)))
+            .unwrap_or("no matching distribution")
+            .trim()
     );
     eprintln!("xtask: {reason}");
     let marker = p.host(&p.venv).join(NO_MEMRAY);

@@ -95,7 +95,11 @@ fn run_with(tests: bool) -> anyhow::Result<()> {
         forky_packages()?;
         crate::bench_venvs::ensure_all()?;
     }
-    let forky = if tests { format!(", the forky root at {FORKY_ROOT}") } else { String::new() };
+    let forky = if tests {
+        format!(", the forky root at {FORKY_ROOT}, the production benchmark's venvs")
+    } else {
+        String::new()
+    };
     eprintln!("xtask: setup complete (BPF toolchain, bpf-linker {BPF_LINKER_VERSION}, python3.11, pyperf{forky})");
     Ok(())
 }
