@@ -238,7 +238,12 @@ impl Tracer {
     /// Stops the tracer (SIGINT), waits for it and checks that it exited
     /// cleanly.
     pub fn detach(mut self) -> anyhow::Result<()> {
-        let status = stop(self.child.take().context("tracer already stopped")?)?;
+        let mut child = self.child.take().context("tracer already stopped")?;
+        // A tracer that ended by itself measured less than the rounds did.
+        if let Some(status) = child.try_wait()? {
+            bail!("tracer exited ({status}) before the measured rounds ended: {}", self.stderr_tail());
+        }
+        let status = stop(child)?;
         if !status.success() {
             bail!("tracer exited with {status} when stopped: {}", self.stderr_tail());
         }
