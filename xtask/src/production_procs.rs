@@ -213,10 +213,23 @@ impl Tracer {
         }
     }
 
+    /// The last lines tracer wrote to stderr (or, when none, to stdout,
+    /// where it writes its notes when stderr is not a terminal), and where
+    /// the rest is.
     fn stderr_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.err).unwrap_or_default();
+        let out = self.err.with_extension("out");
+        let text = std::fs::read_to_string(&self.err)
+            .ok()
+            .filter(|t| !t.trim().is_empty())
+            .or_else(|| std::fs::read_to_string(&out).ok())
+            .unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(5)..].join(" / ")
+        format!(
+            "{} (all of it in {} and {})",
+            lines[lines.len().saturating_sub(5)..].join(" / "),
+            self.err.display(),
+            out.display()
+        )
     }
 
     /// The tracer's own CPU time so far (user + system), in seconds.
