@@ -232,10 +232,16 @@ fn in_process(w: &mut [Worker; 2], tool: &str, loops: u64, on_rounds: usize) -> 
         series[0].push(rx.wall);
         series[1].push(ry.wall);
     }
-    Ok(series
-        .iter()
-        .flat_map(|s| (1..s.len()).step_by(2).map(move |i| s[i] / f64::midpoint(s[i - 1], s[i + 1])))
-        .collect())
+    Ok(series.iter().flat_map(|s| alternate_ratios(s)).collect())
+}
+
+/// Rounds off, on, off, …, off: each on-round over the mean of the
+/// off-rounds either side.
+fn alternate_ratios(walls: &[f64]) -> Vec<f64> {
+    (1..walls.len().saturating_sub(1))
+        .step_by(2)
+        .map(|i| walls[i] / f64::midpoint(walls[i - 1], walls[i + 1]))
+        .collect()
 }
 
 struct Context<'a> {
@@ -460,4 +466,88 @@ pub fn production_section(
     write!(md, "{tables}")?;
     writeln!(md, "{}", load.line())?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(traced: f64, untraced: f64) -> (Round, Round) {
+        (Round { wall: traced, user: traced, system: 0.0 }, Round { wall: untraced, user: untraced, system: 0.0 })
+    }
+
+    #[test]
+    fn tracer_args() {
+        assert_eq!(parse_tracer_args(DEFAULT_TRACER_ARGS).unwrap(), ["attach", "--pid", "PID", "--budget", "1"]);
+        assert_eq!(parse_tracer_args("tracer attach --pid PID").unwrap(), ["attach", "--pid", "PID"]);
+        assert_eq!(
+            parse_tracer_args("attach --pid 12").unwrap_err().to_string(),
+            "--tracer-args \"attach --pid 12\" has no PID word; write the target's PID as PID, e.g. \
+             --tracer-args 'attach --pid PID --budget 1'"
+        );
+        let words = crate::production_procs::tracer_words(
+            Path::new("/t"),
+            &parse_tracer_args("attach --pid PID").unwrap(),
+            42,
+            1,
+        );
+        assert_eq!(words, ["taskset", "-c", "1", "/t", "attach", "--pid", "42"]);
+    }
+
+    #[test]
+    fn medians() {
+        assert!((median(&[3.0, 1.0, 2.0]) - 2.0).abs() < 1e-12);
+        assert!((median(&[4.0, 1.0, 3.0, 2.0]) - 2.5).abs() < 1e-12);
+    }
+
+    /// The twin figure cancels a constant difference between the CPUs:
+    /// orientation 0 reads 1.1 × 1.02, orientation 1 1.02 / 1.1.
+    #[test]
+    fn twins_cancel_the_cpus() {
+        let mut t = Twins::default();
+        t.rounds[0] = (0..9).map(|_| pair(1.1 * 1.02, 1.0)).collect();
+        t.rounds[1] = (0..9).map(|_| pair(1.02, 1.1)).collect();
+        let (m, lo, hi) = t.median();
+        assert!((m - 1.02).abs() < 1e-9, "{m}");
+        assert!((lo - 1.02).abs() < 1e-9 && (hi - 1.02).abs() < 1e-9);
+        assert!((t.total().0 - 1.02).abs() < 1e-9);
+    }
+
+    /// A cost paid in 2 rounds of 10 hides from the median and shows in
+    /// the total.
+    #[test]
+    fn duty_cycled_cost() {
+        let mut t = Twins::default();
+        for o in &mut t.rounds {
+            *o = (0..10).map(|i| pair(if i % 5 == 0 { 1.5 } else { 1.0 }, 1.0)).collect();
+        }
+        assert!((t.median().0 - 1.0).abs() < 1e-9);
+        assert!((t.total().0 - 1.1).abs() < 1e-9);
+    }
+
+    #[test]
+    fn kernel_share_extra() {
+        let mut t = Twins::default();
+        let traced = Round { wall: 1.0, user: 0.9, system: 0.1 };
+        let untraced = Round { wall: 1.0, user: 0.98, system: 0.02 };
+        t.rounds = [vec![(traced, untraced)], vec![(traced, untraced)]];
+        assert!((t.kernel() - 0.08).abs() < 1e-9);
+    }
+
+    #[test]
+    fn alternate_rounds() {
+        let r = alternate_ratios(&[1.0, 3.0, 2.0, 6.0, 2.0]);
+        assert_eq!(r.len(), 2);
+        assert!((r[0] - 2.0).abs() < 1e-12 && (r[1] - 3.0).abs() < 1e-12);
+        assert!(alternate_ratios(&[1.0]).is_empty());
+    }
+
+    #[test]
+    fn bootstrap_is_repeatable_and_brackets() {
+        let v: Vec<f64> = (0..20).map(|i| 1.0 + f64::from(i) / 100.0).collect();
+        let stat = |idx: &[Vec<usize>]| median(&idx[0].iter().map(|&i| v[i]).collect::<Vec<_>>());
+        let a = bootstrap(&[v.len()], stat);
+        assert_eq!(a, bootstrap(&[v.len()], stat));
+        assert!(a.0 <= median(&v) && median(&v) <= a.1 && a.0 < a.1);
+    }
 }

@@ -151,14 +151,17 @@ def timed_round(loops, tool, tools):
 def calibrate(seconds):
     # By the wall clock, which the rounds are measured by: on a loaded
     # machine a round sized by CPU time takes several times longer.
-    loops = 1
-    while True:
+    def timed(loops):
         w0 = time.perf_counter()
         run(loops)
-        took = time.perf_counter() - w0
-        if took >= seconds / 4 or loops >= 1 << 30:
-            return max(1, round(loops * seconds / max(took, 1e-9)))
+        return time.perf_counter() - w0
+
+    loops = 1
+    while timed(loops) < seconds / 4 and loops < 1 << 30:
         loops *= 2
+    # The median of three: one timing is as noisy as the machine.
+    took = sorted(timed(loops) for _ in range(3))[1]
+    return max(1, round(loops * seconds / max(took, 1e-9)))
 
 
 run(1)
