@@ -328,7 +328,7 @@ fn pct(x: f64) -> String {
 
 /// One interpreter's table.
 fn table(md: &mut String, p: &BenchPython, rows: &[Measured]) -> anyhow::Result<()> {
-    writeln!(md, "#### {}\n", p.name)?;
+    writeln!(md, "### {}\n", p.name)?;
     writeln!(
         md,
         "| benchmark | loops per round | nothing: median | nothing: total | nothing: kernel | tracer: median | \
@@ -460,8 +460,16 @@ pub fn production_section(
     writeln!(md, "taskset -c CPU {} {shown_args}\n```\n", tracer.display())?;
     writeln!(
         md,
-        "(one pair of workers per benchmark, NAME in place of {b}; PID and CPU are the traced \
-         worker's; a cell \"—\" is a tool that the interpreter has no wheel of)\n"
+        "One pair of workers per benchmark, with its name in place of {b} (xml_etree: `xml_etree \
+         process`); PID and CPU are the traced worker's. A cell \"—\" is a tool that the interpreter \
+         has no wheel of. Every round's times are kept in `target/bench/production/VENV-NAME.json`, and \
+         tracer's output beside them (`VENV-NAME-0.out`, `.err`: attached to the worker on CPU 0; `-1`: \
+         on CPU 1).\n\n\
+         Read a tracer figure against the nothing figure in the same row and column: a difference \
+         inside the nothing column's spread is not resolved at this load (the load average closes the \
+         section). Issue 23's goal for the production profile: 1.01x or below (the geometric mean of \
+         the twin figures), within the noise on each benchmark, its extra kernel CPU under its budget, \
+         and below every other tool in every row.\n"
     )?;
     write!(md, "{tables}")?;
     writeln!(md, "{}", load.line())?;
