@@ -48,7 +48,11 @@ const TOOLS: [(&str, &str); 3] = [
 
 struct Plan {
     benchmarks: Vec<(&'static str, &'static [&'static str], &'static str)>,
-    /// Twin rounds per orientation.
+    /// Which twin is traced in each block of twin rounds, in order (0: the
+    /// one on CPU 0): A B B A cancels a drift of the machine that a single
+    /// swap would take for a difference between the twins.
+    blocks: &'static [usize],
+    /// Twin rounds per block.
     twin: usize,
     /// On-rounds per worker per in-process tool.
     in_process: usize,
@@ -61,9 +65,18 @@ struct Plan {
 fn plan(effort: &str) -> Plan {
     let all = BENCHMARKS.to_vec();
     match effort {
-        "rigorous" => Plan { benchmarks: all, twin: 40, in_process: 10, seconds: 0.2, settle: 3 },
-        "normal" => Plan { benchmarks: all, twin: 20, in_process: 5, seconds: 0.2, settle: 2 },
-        _ => Plan { benchmarks: vec![BENCHMARKS[0], BENCHMARKS[3]], twin: 10, in_process: 2, seconds: 0.2, settle: 1 },
+        "rigorous" => {
+            Plan { benchmarks: all, blocks: &[0, 1, 1, 0], twin: 20, in_process: 10, seconds: 0.2, settle: 3 }
+        }
+        "normal" => Plan { benchmarks: all, blocks: &[0, 1, 1, 0], twin: 10, in_process: 5, seconds: 0.2, settle: 2 },
+        _ => Plan {
+            benchmarks: vec![BENCHMARKS[0], BENCHMARKS[3]],
+            blocks: &[0, 1],
+            twin: 10,
+            in_process: 2,
+            seconds: 0.2,
+            settle: 1,
+        },
     }
 }
 
@@ -266,22 +279,23 @@ fn measure(
     let (warm, _) = twin_round(x, y, loops, "none")?;
     say(&format!("{loops} loops per round ({:.3} s warm-up); nothing attached", warm.wall));
     let mut nothing = Twins::default();
-    for traced in 0..2 {
-        nothing.rounds[traced] = twin_rounds(&mut workers, traced, loops, plan.twin)?;
+    for &traced in plan.blocks {
+        nothing.rounds[traced].extend(twin_rounds(&mut workers, traced, loops, plan.twin)?);
     }
     let walls: Vec<f64> = nothing.rounds.iter().flatten().flat_map(|(t, u)| [t.wall, u.wall]).collect();
     let mut tracer = Twins::default();
-    let mut tracer_cpu = [0.0; 2];
-    for traced in 0..2 {
+    let (mut tracer_cpu, mut tracer_wall) = (0.0, 0.0);
+    for (block, &traced) in plan.blocks.iter().enumerate() {
         let words = tracer_words(cx.tracer, cx.tracer_args, workers[traced].pid(), workers[traced].cpu);
         say(&format!("$ {}", words.join(" ")));
         let venv = python.venv.file_name().map_or_else(|| "venv".into(), |n| n.to_string_lossy());
-        let log = format!("{}/{venv}-{bench}-{traced}", cx.out.display());
+        let log = format!("{}/{venv}-{bench}-{block}", cx.out.display());
         let t = Tracer::attach(&words, &log)?;
         twin_rounds(&mut workers, traced, loops, plan.settle)?;
         let (c0, started) = (t.cpu_seconds()?, Instant::now());
-        tracer.rounds[traced] = twin_rounds(&mut workers, traced, loops, plan.twin)?;
-        tracer_cpu[traced] = (t.cpu_seconds()? - c0) / started.elapsed().as_secs_f64();
+        tracer.rounds[traced].extend(twin_rounds(&mut workers, traced, loops, plan.twin)?);
+        tracer_cpu += t.cpu_seconds()? - c0;
+        tracer_wall += started.elapsed().as_secs_f64();
         t.detach()?;
     }
     let no_memray = python.no_memray().is_some();
@@ -312,7 +326,7 @@ fn measure(
         round_wall: median(&walls),
         nothing,
         tracer,
-        tracer_cpu: f64::midpoint(tracer_cpu[0], tracer_cpu[1]),
+        tracer_cpu: tracer_cpu / tracer_wall,
         tools,
     })
 }
@@ -415,12 +429,13 @@ pub fn production_section(
         md,
         "- **tracer** (`tracer {shown_args}`) by twins: two identical worker processes, pinned to CPU 0 and \
          CPU 1 with `taskset`, each doing a round of the same fixed work (the loops per round, calibrated \
-         to about {:.1} s once, by the wall clock) when xtask writes the same line to both. tracer is attached to the \
-         worker on CPU 0 and pinned to that CPU too, so that its own work slows the traced twin rather \
-         than its reference; {} rounds are dropped after it says it is attached, then {} rounds are \
-         measured; tracer is stopped with SIGINT (detached), and the same is done attached to the worker \
-         on CPU 1. Each cell is the geometric mean of the two orientations' figures, which cancels the \
-         difference between the two CPUs and processes, with its 95% bootstrap interval (rounds \
+         to about {:.1} s once, by the wall clock) when xtask writes the same line to both. tracer is \
+         attached to one of them and pinned to its CPU too, so that its own work slows the traced twin \
+         rather than its reference; {} rounds are dropped after it says it is attached, then {} rounds \
+         are measured, and tracer is stopped with SIGINT (detached). The traced twin goes in blocks: {} \
+         ({}: the twin on that CPU traced){}. Each cell is the geometric mean of the two orientations' \
+         figures (all the rounds with the twin on CPU 0 traced, all with the twin on CPU 1), which \
+         cancels the difference between the two CPUs and processes, with its 95% bootstrap interval (rounds \
          resampled):\n\
          \x20 - **median**: the median of the per-round ratios (traced round time / untraced round time), \
          shared/TOOLCHAIN.md's measure: robust to a round the machine disturbed, but blind to a cost paid \
@@ -431,14 +446,20 @@ pub fn production_section(
          and BPF programs run) minus the other twin's, from getrusage over the same rounds (the mean of \
          both orientations);\n\
          \x20 - **tracer's own CPU**: tracer's user + system time over the measured rounds' wall time.\n\
-         - **nothing**: the same twins and rounds with nothing attached: the noise floor of each measure.\n\
+         - **nothing**: the same twins, rounds and blocks with nothing attached: the noise floor of each measure.\n\
          - **tracemalloc** (`tracemalloc.start(1)`) and **memray** (`memray.Tracker` to a file, without \
          compression at exit, its defaults otherwise; then with `trace_python_allocators=True`), in \
          process: switched on before a round's clock starts and off after it stops, in alternate rounds \
          (off, on, off, …: {} on-rounds in each twin, both twins alike); each on-round's time over the \
          mean of the off-rounds either side; the cell is the median of these ratios with its 95% \
          bootstrap interval.\n",
-        plan.seconds, plan.settle, plan.twin, plan.in_process
+        plan.seconds,
+        plan.settle,
+        plan.twin,
+        plan.blocks.len(),
+        plan.blocks.iter().map(|b| format!("CPU {b}")).collect::<Vec<_>>().join(", "),
+        if plan.blocks.len() > 2 { ", so that a drift of the machine falls on both orientations alike" } else { "" },
+        plan.in_process
     )?;
     writeln!(
         md,
@@ -463,8 +484,7 @@ pub fn production_section(
         "One pair of workers per benchmark, with its name in place of {b} (xml_etree: `xml_etree \
          process`); PID and CPU are the traced worker's. A cell \"—\" is a tool that the interpreter \
          has no wheel of. Every round's times are kept in `target/bench/production/VENV-NAME.json`, and \
-         tracer's output beside them (`VENV-NAME-0.out`, `.err`: attached to the worker on CPU 0; `-1`: \
-         on CPU 1).\n\n\
+         tracer's output beside them (`VENV-NAME-B.out` and `.err`, B the block from 0).\n\n\
          Read a tracer figure against the nothing figure in the same row and column: a difference \
          inside the nothing column's spread is not resolved at this load (the load average closes the \
          section). Issue 23's goal for the production profile: 1.01x or below (the geometric mean of \
