@@ -271,6 +271,12 @@ fn measure(
 ) -> anyhow::Result<Measured> {
     let plan = cx.plan;
     let say = |what: &str| eprintln!("xtask: production: {}, {label}: {what}", python.name);
+    // Names the files of this benchmark's run in `cx.out`.
+    let stem = format!(
+        "{}/{}-{bench}",
+        cx.out.display(),
+        python.venv.file_name().map_or_else(|| "venv".into(), |n| n.to_string_lossy())
+    );
     say("starting the twins");
     let mut workers = [Worker::start(python, 0, bench, args)?, Worker::start(python, 1, bench, args)?];
     let loops = workers[0].calibrate(plan.seconds)?;
@@ -288,9 +294,7 @@ fn measure(
     for (block, &traced) in plan.blocks.iter().enumerate() {
         let words = tracer_words(cx.tracer, cx.tracer_args, workers[traced].pid(), workers[traced].cpu);
         say(&format!("$ {}", words.join(" ")));
-        let venv = python.venv.file_name().map_or_else(|| "venv".into(), |n| n.to_string_lossy());
-        let log = format!("{}/{venv}-{bench}-{block}", cx.out.display());
-        let t = Tracer::attach(&words, &log)?;
+        let t = Tracer::attach(&words, &format!("{stem}-{block}"))?;
         twin_rounds(&mut workers, traced, loops, plan.settle)?;
         let (c0, started) = (t.cpu_seconds()?, Instant::now());
         tracer.rounds[traced].extend(twin_rounds(&mut workers, traced, loops, plan.twin)?);
@@ -315,11 +319,8 @@ fn measure(
         "tracer_args": cx.tracer_args,
         "tools": TOOLS.iter().zip(&tools).map(|((t, _), r)| (t.to_string(), serde_json::json!(r))).collect::<serde_json::Map<_, _>>(),
     });
-    let raw_path = cx.out.join(format!(
-        "{}-{bench}.json",
-        python.venv.file_name().map_or_else(|| "venv".into(), |n| n.to_string_lossy())
-    ));
-    std::fs::write(&raw_path, raw.to_string()).with_context(|| format!("writing {}", raw_path.display()))?;
+    let raw_path = format!("{stem}.json");
+    std::fs::write(&raw_path, raw.to_string()).with_context(|| format!("writing {raw_path}"))?;
     Ok(Measured {
         label,
         loops,
