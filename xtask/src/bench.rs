@@ -69,7 +69,7 @@ struct Measured {
     result: Value,
 }
 
-pub fn run(root: &Path, tracer: &Path, effort: &str) -> anyhow::Result<()> {
+pub fn run(root: &Path, tracer: &Path, effort: &str, tracer_args: &[String]) -> anyhow::Result<()> {
     let python = crate::setup::pyperf_venv().join("bin").join("python");
     let out_root = root.join("target").join("bench");
     let started = Instant::now();
@@ -151,6 +151,9 @@ pub fn run(root: &Path, tracer: &Path, effort: &str) -> anyhow::Result<()> {
 
     // 3f. What live memory adds per allocator call, apart from its returns.
     crate::bench_live::live_section(&mut md, tracer, effort, &[])?;
+
+    // 3g. What tracer, tracemalloc and memray cost pyperformance's benchmarks.
+    crate::bench_production::production_section(&mut md, tracer, effort, tracer_args, &out_root)?;
 
     // 4. --budget estimates against full counts of the same process.
     budget_accuracy(&mut md, tracer)?;

@@ -11,9 +11,12 @@ mod bench;
 mod bench_cost;
 mod bench_features;
 mod bench_live;
+mod bench_production;
 mod bench_stacks;
+mod bench_venvs;
 mod lto;
 mod markdown;
+mod production_procs;
 mod setup;
 
 use std::{
@@ -58,9 +61,14 @@ enum Task {
         /// cost per hit against bpftrace and tracemalloc) or cost (the cost tracer estimates
         /// while it runs, against the slowdown measured) or stacks (what `--stacks` adds per event)
         /// or features (what `--types`, `--native` and the GC markers add per event) or live (what
-        /// `--live` adds per allocator call, apart from its return probes).
-        #[arg(long, value_parser = ["budget", "returns", "static", "lto", "cost", "stacks", "features", "live"])]
+        /// `--live` adds per allocator call, apart from its return probes) or production (what tracer,
+        /// tracemalloc and memray cost pyperformance's benchmarks, by twins and alternate rounds).
+        #[arg(long, value_parser = ["budget", "returns", "static", "lto", "cost", "stacks", "features", "live", "production"])]
         only: Option<String>,
+        /// The tracer command line the production section measures (after `tracer`), with PID for
+        /// the target's PID.
+        #[arg(long, default_value = bench_production::DEFAULT_TRACER_ARGS)]
+        tracer_args: String,
         /// With `--only stacks` or `--only live`: also measure this tracer binary's stack capture
         /// (or `--live`) in the same rounds (a build of an earlier commit, to compare a change);
         /// repeatable.
@@ -90,10 +98,11 @@ fn main() -> anyhow::Result<()> {
             let tracer = build(&root, true)?;
             demo(&root, &tracer, seconds)
         }
-        Task::Bench { effort, only, versus } => {
+        Task::Bench { effort, only, versus, tracer_args } => {
             if !versus.is_empty() && !matches!(only.as_deref(), Some("stacks" | "live")) {
                 bail!("--versus goes with --only stacks or --only live");
             }
+            let tracer_args = bench_production::parse_tracer_args(&tracer_args)?;
             setup::run()?;
             require_root("the benchmarks")?;
             let tracer = build(&root, true)?;
@@ -105,12 +114,19 @@ fn main() -> anyhow::Result<()> {
                 Some("stacks") => bench_stacks::stacks_section(&mut md, &tracer, &effort, &versus)?,
                 Some("features") => bench_features::features_section(&mut md, &tracer, &effort)?,
                 Some("live") => bench_live::live_section(&mut md, &tracer, &effort, &versus)?,
+                Some("production") => bench_production::production_section(
+                    &mut md,
+                    &tracer,
+                    &effort,
+                    &tracer_args,
+                    &root.join("target").join("bench"),
+                )?,
                 Some("static") => bench::static_section(&mut md, &tracer, &root.join("target").join("bench"), &effort)?,
                 Some(_) => {
                     let python = setup::pyperf_venv().join("bin").join("python");
                     bench::returns_section(&mut md, &tracer, &python, &root.join("target").join("bench"), &effort)?;
                 }
-                None => return bench::run(&root, &tracer, &effort),
+                None => return bench::run(&root, &tracer, &effort, &tracer_args),
             }
             print!("{md}");
             Ok(())

@@ -24,6 +24,9 @@ const APT_PACKAGES: &[&str] = &[
     "lld-22",
     "python3.11",
     "python3.11-dbg",
+    // Debian splits ensurepip out of the interpreter: without it `python3.11
+    // -m venv` makes no venv with pip, which the benchmark venvs need.
+    "python3.11-venv",
     // For `cargo xtask bench`: the comparison against bpftrace.
     "bpftrace",
     // For the forky root below.
@@ -42,8 +45,10 @@ const APT_PACKAGES: &[&str] = &[
 /// match `tracer_tests::FORKY_ROOT`.
 pub const FORKY_ROOT: &str = "/var/lib/tracer/forky";
 
-/// The packages the forky root gets, beyond debootstrap's minimal base.
-const FORKY_PACKAGES: &[&str] = &["python3.13", "python3.14"];
+/// The packages the forky root gets, beyond debootstrap's minimal base;
+/// python3.14-venv (ensurepip, which Debian splits out) for the production
+/// benchmark's venv.
+const FORKY_PACKAGES: &[&str] = &["python3.13", "python3.14", "python3.14-venv"];
 const FORKY_DEBUG_PACKAGES: &[&str] = &["python3.13-dbg", "python3.14-dbg"];
 
 /// Where tracer looks for pyperf by default; must match
@@ -87,8 +92,14 @@ fn run_with(tests: bool) -> anyhow::Result<()> {
     pyperf()?;
     if tests {
         forky_root()?;
+        forky_packages()?;
+        crate::bench_venvs::ensure_all()?;
     }
-    let forky = if tests { format!(", the forky root at {FORKY_ROOT}") } else { String::new() };
+    let forky = if tests {
+        format!(", the forky root at {FORKY_ROOT}, the production benchmark's venvs")
+    } else {
+        String::new()
+    };
     eprintln!("xtask: setup complete (BPF toolchain, bpf-linker {BPF_LINKER_VERSION}, python3.11, pyperf{forky})");
     Ok(())
 }
@@ -256,7 +267,7 @@ fn forky_root() -> anyhow::Result<()> {
             .args(["apt-get", "install", "-y", "-q"])
             .args(FORKY_DEBUG_PACKAGES),
     )?;
-    for python in FORKY_PACKAGES {
+    for python in FORKY_PACKAGES.iter().filter(|p| !p.ends_with("-venv")) {
         let exe = partial.join("usr/bin").join(python);
         if !exe.is_file() {
             bail!("{} is missing from the forky root after debootstrap", exe.display());
@@ -264,4 +275,63 @@ fn forky_root() -> anyhow::Result<()> {
     }
     std::fs::rename(&partial, root).with_context(|| format!("moving {} into place", partial.display()))?;
     std::fs::write(&done, "").with_context(|| format!("writing {}", done.display()))
+}
+
+fn forky_installed(package: &str) -> bool {
+    Command::new("/usr/sbin/chroot")
+        .args([FORKY_ROOT, "dpkg-query", "-W", "-f=${Status}", package])
+        .output()
+        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+}
+
+/// The version of `package` installed in the forky root.
+fn forky_version(package: &str) -> anyhow::Result<String> {
+    let out = Command::new("/usr/sbin/chroot")
+        .args([FORKY_ROOT, "dpkg-query", "-W", "-f=${Version}", package])
+        .output()
+        .with_context(|| format!("asking dpkg in {FORKY_ROOT} for {package}"))?;
+    if !out.status.success() || out.stdout.is_empty() {
+        bail!(
+            "{package} is not installed in {FORKY_ROOT}; remove {FORKY_ROOT} and rerun `cargo xtask setup` to remake it"
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// Installs a package of [`FORKY_PACKAGES`] that a root made before it was
+/// listed lacks. A `pythonX.Y-venv` is pinned to the installed `pythonX.Y`'s
+/// version, so that it can never upgrade the interpreter (and orphan the
+/// debug info the tests find by build-id); with the root's package lists
+/// first, then with fresh ones.
+fn forky_packages() -> anyhow::Result<()> {
+    let missing: Vec<&str> = FORKY_PACKAGES.iter().copied().filter(|p| !forky_installed(p)).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let mut pinned = Vec::new();
+    for package in &missing {
+        match package.strip_suffix("-venv") {
+            Some(python) => pinned.push(format!("{package}={}", forky_version(python)?)),
+            None => pinned.push((*package).to_owned()),
+        }
+    }
+    let install = || {
+        crate::run(
+            Command::new("/usr/sbin/chroot")
+                .arg(FORKY_ROOT)
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .args(["apt-get", "install", "-y", "-q", "--no-upgrade"])
+                .args(&pinned),
+        )
+    };
+    if install().is_ok() {
+        return Ok(());
+    }
+    crate::run(Command::new("/usr/sbin/chroot").arg(FORKY_ROOT).args(["apt-get", "update", "-q"]))?;
+    install().with_context(|| {
+        format!(
+            "installing {} in {FORKY_ROOT} (the archive may have moved past its interpreters: remove {FORKY_ROOT} and rerun `cargo xtask setup` to remake it)",
+            pinned.join(" ")
+        )
+    })
 }
