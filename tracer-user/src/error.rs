@@ -34,6 +34,7 @@ pub fn exit_status(err: &anyhow::Error) -> i32 {
             || cause.downcast_ref::<AttachError>().is_some_and(AttachError::is_bad_input)
             || cause.downcast_ref::<BenchError>().is_some_and(BenchError::is_bad_input)
             || cause.downcast_ref::<StackError>().is_some_and(StackError::is_bad_input)
+            || cause.downcast_ref::<crate::heap::HeapError>().is_some_and(crate::heap::HeapError::is_bad_input)
     });
     if bad_input { EXIT_BAD_INPUT } else { EXIT_FAILURE }
 }

@@ -8,6 +8,7 @@ pub mod bench;
 pub mod config;
 pub mod discover;
 pub mod error;
+pub mod heap;
 pub mod kernel;
 pub mod model;
 pub mod plan;

@@ -222,6 +222,28 @@ impl super::Abi for Abi314 {
         872
     }
 
+    fn heap(&self) -> super::heap::HeapLayout {
+        use super::heap::{HeapLayout, LongSize, Obmalloc, Refcount, tpflags};
+        HeapLayout {
+            // Include/internal/pycore_interp_structs.h at v3.14.8: `struct
+            // _gc_runtime_state gc` at 7408 in `struct _is`, `{
+            // trash_delete_later; int trash_delete_nesting, enabled, debug;
+            // struct gc_generation generations[3] (24); struct gc_generation
+            // permanent_generation (96); ...; PyGC_Head *generation0 (256);
+            // }`, and `struct _obmalloc_state *obmalloc` at 10904 (DWARF of
+            // the forky root's 3.14.8).
+            interp_gc: 7408,
+            generations: 24,
+            generation0: 256,
+            permanent: 96,
+            obmalloc: Obmalloc::Pointer { offset: 10904 },
+            refcount: Refcount::Split,
+            // As in 3.12 (Include/internal/pycore_object.h at v3.14.8).
+            preheader_flags: tpflags::MANAGED_DICT | tpflags::MANAGED_WEAKREF,
+            long: LongSize::Tag,
+        }
+    }
+
     fn minor(&self) -> u8 {
         14
     }

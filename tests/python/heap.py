@@ -1,0 +1,89 @@
+"""A heap of known contents for `tracer heap` (tests/tests/heap.rs).
+
+Prints "ready", then obeys one command per line on stdin, each answered by
+one line on stdout, after which it waits in os.read(0, 6), so that a census
+finds it at rest:
+
+- build: makes the objects below and keeps them in globals; then, as
+  counts, what the interpreter itself says: per type of interest, the
+  objects gc.get_objects() lists, and sys.getallocatedblocks(), taken last.
+- count: the same counts again, without building.
+- exit: exits at once (os._exit), for a census of a process that is gone.
+
+The objects: N_SLOTTED instances of a slotted class, N_FLOATS distinct
+floats in a list, N_BYTES bytes objects of BYTES_SIZE bytes each in a list
+(each larger than pymalloc's 512 bytes: outside its pools), and a dict of
+N_KEYS str keys.
+"""
+
+import gc
+import os
+import sys
+
+N_SLOTTED = 100_000
+N_FLOATS = 50_000
+N_BYTES = 20_000
+BYTES_SIZE = 2_000
+N_KEYS = 10_000
+
+
+class Slotted:
+    __slots__ = ("a", "b")
+
+    def __init__(self, a, b):
+        self.a = a
+        self.b = b
+
+
+slotted = floats = blobs = keyed = None
+counts = None
+blocks = None
+
+
+def build():
+    global slotted, floats, blobs, keyed
+    slotted = [Slotted(None, None) for _ in range(N_SLOTTED)]
+    # int + float makes a new float each time.
+    floats = [i + 0.5 for i in range(N_FLOATS)]
+    blobs = [bytes([i % 256]) * BYTES_SIZE for i in range(N_BYTES)]
+    keyed = {f"key{i}": None for i in range(N_KEYS)}
+
+
+def count():
+    """Writes what the interpreter says; sys.getallocatedblocks() last, kept
+    in a global: after it, only its int and the buffer of the os.read that
+    waits for the next command are allocated."""
+    global counts, blocks
+    counts = {}
+    for o in gc.get_objects():
+        t = type(o)
+        counts[t] = counts.get(t, 0) + 1
+    line = "gc Slotted=%d list=%d dict=%d tuple=%d\n" % (
+        counts.get(Slotted, 0),
+        counts.get(list, 0),
+        counts.get(dict, 0),
+        counts.get(tuple, 0),
+    )
+    os.write(1, line.encode())
+    line = None
+    blocks = sys.getallocatedblocks()
+    os.write(1, b"blocks %d\n" % blocks)
+
+
+def main():
+    os.write(1, b"ready\n")
+    while True:
+        command = os.read(0, 6).strip()
+        # The command's bytes go before anything is counted.
+        if command == b"build":
+            command = None
+            build()
+            count()
+        elif command == b"count":
+            command = None
+            count()
+        else:
+            os._exit(0)
+
+
+main()

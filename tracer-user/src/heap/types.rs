@@ -1,0 +1,260 @@
+//! Which addresses are type objects, and what each type says of its
+//! instances' size. A census asks this of every candidate object's
+//! `ob_type`, most of which are no type at all (the words of list item
+//! arrays, dict tables, strings): the answer is cached per address, and an
+//! address inside a pymalloc pool is refused without a read, since no type
+//! object fits a pool (`sizeof(PyHeapTypeObject)` is over 900 bytes, and
+//! static types are in the images' data).
+//!
+//! A type is accepted when its own `ob_type` is `type` (`PyType_Type`, from
+//! the interpreter's dynamic symbols) or a metatype: a type, itself
+//! accepted, with `Py_TPFLAGS_TYPE_SUBCLASS`; and when it is ready, with a
+//! name and sizes in bounds.
+
+use std::collections::HashMap;
+
+use super::{
+    HeapError,
+    maps::Regions,
+    memory::{Memory, word, word32},
+    names,
+    pools::{BuildIdentity, PoolSet},
+};
+use crate::python::{
+    TypeNameOffsets, UNICODE_ASCII_BIT, UNICODE_COMPACT_BIT, UNICODE_KIND_SHIFT,
+    frames::UnicodeOffsets,
+    heap::{HeapLayout, LONG_DIGIT_SIZE, LongSize, OB_SIZE, tpflags, type_object},
+};
+
+/// The largest `tp_basicsize` taken for a type's.
+const MAX_BASICSIZE: u64 = 1 << 24;
+/// The largest `tp_itemsize`.
+const MAX_ITEMSIZE: u64 = 1 << 16;
+/// Metatypes followed at most, for a type whose type's type... is `type`.
+const MAX_META_DEPTH: u32 = 4;
+
+/// How an instance's size follows from its contents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// `tp_basicsize`.
+    Fixed,
+    /// `tp_basicsize + |ob_size| * tp_itemsize`, rounded up to a word
+    /// (`_PyObject_VAR_SIZE`).
+    Var,
+    /// A tuple: as [`Shape::Var`], items inline.
+    Tuple,
+    /// An exact `str`: compact strings hold their characters.
+    Str,
+    /// An `int` or a subclass: its digit count is in `ob_size` (3.11) or
+    /// `lv_tag` (3.12+), at least one digit allocated.
+    Long,
+    /// A list or subclass: its item array is a block of its own.
+    List,
+    /// An exact `bytearray`: its buffer is a block of its own.
+    ByteArray,
+}
+
+/// A type accepted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TypeInfo {
+    pub address: u64,
+    pub name: String,
+    pub basicsize: u64,
+    pub itemsize: u64,
+    pub flags: u64,
+    /// What comes before an instance in its block.
+    pub preheader: u64,
+    pub shape: Shape,
+}
+
+/// The exported types whose instances have a shape of their own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Builtins {
+    /// `PyType_Type`.
+    pub type_: u64,
+    pub str_: u64,
+    pub bytearray: u64,
+}
+
+/// What a census needs to judge a type pointer.
+pub struct Context<'a> {
+    pub memory: &'a mut Memory,
+    pub regions: &'a Regions,
+    pub pools: &'a PoolSet,
+}
+
+/// Entries of the direct-mapped cache in front of the table.
+const RECENT: usize = 1024;
+/// A cached verdict: no type.
+const NOT_A_TYPE: u32 = u32::MAX;
+
+/// Every type pointer judged so far.
+#[derive(Debug)]
+pub struct TypeTable {
+    layout: HeapLayout,
+    names: TypeNameOffsets,
+    builtins: Builtins,
+    verdicts: HashMap<u64, u32, BuildIdentity>,
+    recent: Vec<(u64, u32)>,
+    pub infos: Vec<TypeInfo>,
+    /// Pointers read to be judged.
+    pub reads: u64,
+}
+
+impl TypeTable {
+    #[must_use]
+    pub fn new(layout: HeapLayout, names: TypeNameOffsets, builtins: Builtins) -> Self {
+        Self {
+            layout,
+            names,
+            builtins,
+            verdicts: HashMap::with_hasher(BuildIdentity),
+            recent: vec![(0, NOT_A_TYPE); RECENT],
+            infos: Vec::new(),
+            reads: 0,
+        }
+    }
+
+    /// The index in [`Self::infos`] of the type at `pointer`, or `None`
+    /// where it is no type.
+    pub fn lookup(&mut self, pointer: u64, cx: &mut Context<'_>) -> Result<Option<u32>, HeapError> {
+        if pointer == 0 || pointer % 8 != 0 {
+            return Ok(None);
+        }
+        let slot = usize::try_from((pointer >> 3) % RECENT as u64).unwrap_or(0);
+        let (key, verdict) = self.recent[slot];
+        if key == pointer {
+            return Ok((verdict != NOT_A_TYPE).then_some(verdict));
+        }
+        if cx.pools.contains(pointer) {
+            return Ok(None);
+        }
+        let verdict = self.judge(pointer, cx, 0)?;
+        self.recent[slot] = (pointer, verdict.unwrap_or(NOT_A_TYPE));
+        Ok(verdict)
+    }
+
+    /// [`Self::lookup`] past the direct-mapped cache.
+    fn judge(&mut self, pointer: u64, cx: &mut Context<'_>, depth: u32) -> Result<Option<u32>, HeapError> {
+        if let Some(&verdict) = self.verdicts.get(&pointer) {
+            return Ok((verdict != NOT_A_TYPE).then_some(verdict));
+        }
+        let verdict = self.read_type(pointer, cx, depth)?;
+        self.verdicts.insert(pointer, verdict.unwrap_or(NOT_A_TYPE));
+        Ok(verdict)
+    }
+
+    /// Reads the would-be type at `pointer` and judges it.
+    fn read_type(&mut self, pointer: u64, cx: &mut Context<'_>, depth: u32) -> Result<Option<u32>, HeapError> {
+        if pointer == 0 || pointer % 8 != 0 || cx.pools.contains(pointer) {
+            return Ok(None);
+        }
+        if !cx.regions.readable(pointer, type_object::READ as u64) {
+            return Ok(None);
+        }
+        self.reads += 1;
+        let Some(head) = cx.memory.read(pointer, type_object::READ)? else { return Ok(None) };
+        let meta = word(&head, 8);
+        if meta != self.builtins.type_ {
+            if depth >= MAX_META_DEPTH || meta == pointer {
+                return Ok(None);
+            }
+            let Some(meta) = self.judge(meta, cx, depth + 1)? else { return Ok(None) };
+            if self.infos[meta as usize].flags & tpflags::TYPE_SUBCLASS == 0 {
+                return Ok(None);
+            }
+        }
+        let at = |offset: u64| word(&head, usize::try_from(offset).unwrap_or(usize::MAX));
+        let (basicsize, itemsize, flags) =
+            (at(type_object::TP_BASICSIZE), at(type_object::TP_ITEMSIZE), at(type_object::TP_FLAGS));
+        if flags & tpflags::READY == 0
+            || !(16..=MAX_BASICSIZE).contains(&basicsize)
+            || itemsize > MAX_ITEMSIZE
+            || at(type_object::TP_NAME) == 0
+        {
+            return Ok(None);
+        }
+        let name = names::type_name(cx.memory, pointer, &head, self.names)?;
+        let shape = if pointer == self.builtins.str_ {
+            Shape::Str
+        } else if pointer == self.builtins.bytearray {
+            Shape::ByteArray
+        } else if flags & tpflags::LONG_SUBCLASS != 0 {
+            Shape::Long
+        } else if flags & tpflags::TUPLE_SUBCLASS != 0 && itemsize == 8 {
+            Shape::Tuple
+        } else if flags & tpflags::LIST_SUBCLASS != 0 {
+            Shape::List
+        } else if itemsize > 0 {
+            Shape::Var
+        } else {
+            Shape::Fixed
+        };
+        let preheader = self.layout.preheader(flags);
+        let index = u32::try_from(self.infos.len()).unwrap_or(NOT_A_TYPE - 1);
+        self.infos.push(TypeInfo { address: pointer, name, basicsize, itemsize, flags, preheader, shape });
+        Ok(Some(index))
+    }
+
+    /// The bytes an instance of type `index` needs, its pre-header not
+    /// included, from `object`: its bytes from its start (at least its
+    /// first 40, where its block has them; fewer read as zeroes).
+    #[must_use]
+    pub fn object_size(&self, index: u32, object: &[u8], unicode: UnicodeOffsets) -> u64 {
+        let t = &self.infos[index as usize];
+        let ob_size = word(object, OB_SIZE as usize);
+        match t.shape {
+            Shape::Fixed | Shape::List | Shape::ByteArray => t.basicsize,
+            Shape::Var | Shape::Tuple => var_size(t.basicsize, (ob_size.cast_signed()).unsigned_abs(), t.itemsize),
+            Shape::Long => {
+                let digits = match self.layout.long {
+                    LongSize::SignedSize => ob_size.cast_signed().unsigned_abs(),
+                    LongSize::Tag => ob_size >> 3,
+                };
+                var_size(t.basicsize, digits.max(1), LONG_DIGIT_SIZE.max(t.itemsize))
+            }
+            Shape::Str => {
+                let state = word32(object, usize::try_from(unicode.state).unwrap_or(32));
+                let length = word(object, usize::try_from(unicode.length).unwrap_or(16));
+                let kind = u64::from((state >> UNICODE_KIND_SHIFT) & 7);
+                if state & UNICODE_COMPACT_BIT == 0 || !matches!(kind, 1 | 2 | 4) {
+                    t.basicsize
+                } else if state & UNICODE_ASCII_BIT != 0 {
+                    unicode.ascii_data.saturating_add(length.saturating_add(1))
+                } else {
+                    unicode.compact_data.saturating_add(length.saturating_add(1).saturating_mul(kind))
+                }
+            }
+        }
+    }
+
+    #[must_use]
+    pub fn info(&self, index: u32) -> &TypeInfo {
+        &self.infos[index as usize]
+    }
+
+    /// The refcount rule of the version.
+    #[must_use]
+    pub const fn layout(&self) -> &HeapLayout {
+        &self.layout
+    }
+}
+
+/// `_PyObject_VAR_SIZE`: `basicsize + items * itemsize` rounded up to 8,
+/// saturating (the counts come from the target).
+#[must_use]
+pub fn var_size(basicsize: u64, items: u64, itemsize: u64) -> u64 {
+    basicsize.saturating_add(items.saturating_mul(itemsize)).saturating_add(7) & !7
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variable_sizes_round_up_to_a_word() {
+        assert_eq!(var_size(33, 2000, 1), 2040);
+        assert_eq!(var_size(24, 3, 8), 48);
+        assert_eq!(var_size(24, u64::MAX, 8), u64::MAX & !7);
+    }
+}
