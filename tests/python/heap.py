@@ -8,7 +8,12 @@ finds it at rest:
   counts, what the interpreter itself says: per type of interest, the
   objects gc.get_objects() lists, and sys.getallocatedblocks(), taken last.
 - count: the same counts again, without building.
-- exit: exits at once (os._exit), for a census of a process that is gone.
+- churn: starts a thread that makes and drops CHURN_FLOATS floats and
+  CHURN_KEYS str-keyed dicts in a loop, so that the heap changes while a
+  census reads it; answers "churning".
+- big: keeps BIG_FLOATS more floats in a list, a heap that takes a while to
+  read; answers "big".
+- anything else: exits at once (os._exit).
 
 The objects: N_SLOTTED instances of a slotted class, N_FLOATS distinct
 floats in a list, N_BYTES bytes objects of BYTES_SIZE bytes each in a list
@@ -19,12 +24,16 @@ N_KEYS str keys.
 import gc
 import os
 import sys
+import threading
 
 N_SLOTTED = 100_000
 N_FLOATS = 50_000
 N_BYTES = 20_000
 BYTES_SIZE = 2_000
 N_KEYS = 10_000
+CHURN_FLOATS = 100
+CHURN_KEYS = 50
+BIG_FLOATS = 5_000_000
 
 
 class Slotted:
@@ -35,7 +44,7 @@ class Slotted:
         self.b = b
 
 
-slotted = floats = blobs = keyed = None
+slotted = floats = blobs = keyed = big = None
 counts = None
 blocks = None
 
@@ -47,6 +56,13 @@ def build():
     floats = [i + 0.5 for i in range(N_FLOATS)]
     blobs = [bytes([i % 256]) * BYTES_SIZE for i in range(N_BYTES)]
     keyed = {f"key{i}": None for i in range(N_KEYS)}
+
+
+def churn():
+    while True:
+        temporary = [i * 1.5 for i in range(CHURN_FLOATS)]
+        table = {str(i): i for i in range(CHURN_KEYS)}
+        del temporary, table
 
 
 def count():
@@ -71,6 +87,7 @@ def count():
 
 
 def main():
+    global big
     os.write(1, b"ready\n")
     while True:
         command = os.read(0, 6).strip()
@@ -82,6 +99,14 @@ def main():
         elif command == b"count":
             command = None
             count()
+        elif command == b"churn":
+            command = None
+            threading.Thread(target=churn, daemon=True).start()
+            os.write(1, b"churning\n")
+        elif command == b"big":
+            command = None
+            big = [i + 0.25 for i in range(BIG_FLOATS)]
+            os.write(1, b"big\n")
         else:
             os._exit(0)
 
