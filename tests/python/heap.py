@@ -1,6 +1,6 @@
 """A heap of known contents for `tracer heap` (tests/tests/heap.rs).
 
-Prints "ready", then obeys one command per line on stdin, each answered by
+Collects its garbage and turns the collector off, prints "ready", then obeys one command per line on stdin, each answered by
 one line on stdout, after which it waits in os.read(0, 6), so that a census
 finds it at rest:
 
@@ -88,6 +88,10 @@ def count():
 
 def main():
     global big
+    # No collection between two censuses frees what startup left behind:
+    # the objects built are then all the heap gains.
+    gc.collect()
+    gc.disable()
     os.write(1, b"ready\n")
     while True:
         command = os.read(0, 6).strip()
