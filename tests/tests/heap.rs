@@ -157,19 +157,16 @@ fn exact_counts(python: &Python, table: bool) {
     }
     // pymalloc's own count.
     let blocks = after["pymalloc"]["blocks"].as_u64().expect("blocks");
-    match after["pymalloc"].get("arena_table") {
-        Some(t) => {
-            assert_eq!(t["found"], t["pools"], "every pool of the arena table was found by the scan: {t}");
-            assert_eq!(t["not_in_table"], 0, "{t}");
-            let raw = t["raw_allocated_blocks"].as_u64().expect("raw blocks");
-            assert_eq!(blocks + raw, said.blocks + 2, "pool blocks {blocks} + raw {raw}: {after}");
-        }
-        None => {
-            assert!(!table, "tracer did not find the arena table: {after}");
-            let why = after["partial"].as_array().expect("partial").iter().filter_map(Value::as_str).collect::<Vec<_>>();
-            assert!(why.iter().any(|w| w.contains("pymalloc's arena table was not read")), "{why:?}");
-            assert!(blocks < said.blocks, "{blocks} pool blocks, {} in all", said.blocks);
-        }
+    if let Some(t) = after["pymalloc"].get("arena_table") {
+        assert_eq!(t["found"], t["pools"], "every pool of the arena table was found by the scan: {t}");
+        assert_eq!(t["not_in_table"], 0, "{t}");
+        let raw = t["raw_allocated_blocks"].as_u64().expect("raw blocks");
+        assert_eq!(blocks + raw, said.blocks + 2, "pool blocks {blocks} + raw {raw}: {after}");
+    } else {
+        assert!(!table, "tracer did not find the arena table: {after}");
+        let why = after["partial"].as_array().expect("partial").iter().filter_map(Value::as_str).collect::<Vec<_>>();
+        assert!(why.iter().any(|w| w.contains("pymalloc's arena table was not read")), "{why:?}");
+        assert!(blocks < said.blocks, "{blocks} pool blocks, {} in all", said.blocks);
     }
     // While the target runs and changes its heap, the census is an
     // estimate: the counts of what does not change stay within 0.5%.

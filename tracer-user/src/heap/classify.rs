@@ -28,7 +28,7 @@ use super::{
 use crate::python::{
     frames::UnicodeOffsets,
     heap::{
-        BYTEARRAY_OB_ALLOC, GC_HEAD_SIZE, GC_LINK_FLAGS, LIST_OB_ITEM, OB_SIZE, POOL_OVERHEAD, POOL_SIZE, Refcount,
+        BYTEARRAY_OB_ALLOC, GC_HEAD, GC_HEAD_SIZE, GC_LINK_FLAGS, LIST_OB_ITEM, OB_SIZE, POOL_OVERHEAD, POOL_SIZE, Refcount,
         TUPLE_OB_ITEM,
     },
 };
@@ -73,7 +73,9 @@ pub fn pool(
             continue;
         }
         let start = usize::try_from(POOL_OVERHEAD + block as u64 * size).unwrap_or(usize::MAX);
-        let Some(bytes) = pool.get(start..start + size as usize) else { break };
+        let Some(bytes) = pool.get(start..start.saturating_add(usize::try_from(size).unwrap_or(usize::MAX))) else {
+            break;
+        };
         let verdict = block_object(bytes, size, types, cx, tally, refcount, unicode)?;
         let counts = &mut tally.classes[class];
         counts.blocks += 1;
@@ -134,6 +136,18 @@ fn block_object(
             tally.reject(Reason::Refcount);
             continue;
         }
+        // A word that is the address of something in a file's mapping (a
+        // static object of a non-PIE image, at a low address) is no count:
+        // item arrays and dict tables hold such words next to type
+        // pointers.
+        if rc >= 1 << 16 && rc.is_multiple_of(8) && cx.regions.in_file(rc) {
+            tally.reject(Reason::Refcount);
+            continue;
+        }
+        if !types.plausible(index, object, unicode) {
+            tally.reject(Reason::Contents);
+            continue;
+        }
         if offset as u64 + types.object_size(index, object, unicode) > size {
             tally.reject(Reason::TooLarge);
             continue;
@@ -159,7 +173,7 @@ fn follow(
     if info.preheader >= GC_HEAD_SIZE {
         // The GC head is just before the object, whatever else the
         // pre-header holds (`_Py_AS_GC`, Include/internal/pycore_gc.h).
-        let head = offset - GC_HEAD_SIZE as usize;
+        let head = offset - GC_HEAD;
         for link in [word(bytes, head), word(bytes, head + 8)] {
             let link = link & !GC_LINK_FLAGS;
             if link != 0 && !cx.pools.contains(link) {
@@ -169,18 +183,18 @@ fn follow(
     }
     match info.shape {
         Shape::Tuple => {
-            let room = (object.len().saturating_sub(TUPLE_OB_ITEM as usize)) / 8;
-            let items = usize::try_from(word(object, OB_SIZE as usize)).unwrap_or(usize::MAX).min(room);
+            let room = object.len().saturating_sub(TUPLE_OB_ITEM) / 8;
+            let items = usize::try_from(word(object, OB_SIZE)).unwrap_or(usize::MAX).min(room);
             for i in 0..items {
-                let item = word(object, TUPLE_OB_ITEM as usize + 8 * i);
-                if item != 0 && item % 8 == 0 && !cx.pools.contains(item) {
+                let item = word(object, TUPLE_OB_ITEM + 8 * i);
+                if item != 0 && item.is_multiple_of(8) && !cx.pools.contains(item) {
                     leads.referenced.insert(item);
                 }
             }
         }
         Shape::List => {
-            let (items, array) = (word(object, OB_SIZE as usize), word(object, LIST_OB_ITEM as usize));
-            let allocated = word(object, LIST_OB_ITEM as usize + 8);
+            let (items, array) = (word(object, OB_SIZE), word(object, LIST_OB_ITEM));
+            let allocated = word(object, LIST_OB_ITEM + 8);
             if items > 0 && array != 0 && items <= allocated {
                 leads.lists.push((array, items));
             }
@@ -189,8 +203,8 @@ fn follow(
             }
         }
         Shape::ByteArray => {
-            let alloc = word(object, BYTEARRAY_OB_ALLOC as usize);
-            let buffer = word(object, BYTEARRAY_OB_ALLOC as usize + 8);
+            let alloc = word(object, BYTEARRAY_OB_ALLOC);
+            let buffer = word(object, BYTEARRAY_OB_ALLOC + 8);
             if buffer != 0 && !cx.pools.contains(buffer) {
                 tally.add_buffer(index, alloc);
             }

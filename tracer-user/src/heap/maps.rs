@@ -6,6 +6,7 @@
 use super::HeapError;
 
 /// One mapping.
+#[allow(clippy::struct_excessive_bools, reason = "one field per permission and kind, as the maps list them")]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Region {
     pub start: u64,
@@ -18,6 +19,8 @@ pub struct Region {
     pub anonymous: bool,
     /// The C library's `brk` heap.
     pub brk: bool,
+    /// A file's mapping (a path that is not the kernel's `[name]`).
+    pub file: bool,
 }
 
 /// The target's mappings, in address order.
@@ -61,6 +64,13 @@ impl Regions {
         self.regions.get(i).is_some_and(|r| r.readable && r.start <= address && (r.anonymous || r.brk))
     }
 
+    /// Whether `address` is in a mapping of a file (an image's data).
+    #[must_use]
+    pub fn in_file(&self, address: u64) -> bool {
+        let i = self.regions.partition_point(|r| r.end <= address);
+        self.regions.get(i).is_some_and(|r| r.start <= address && r.file)
+    }
+
     /// Whether `len` bytes at `address` lie in one readable mapping.
     #[must_use]
     pub fn readable(&self, address: u64, len: u64) -> bool {
@@ -84,6 +94,7 @@ fn parse_line(line: &str) -> Option<Region> {
         private: perms.get(3) == Some(&b'p'),
         anonymous,
         brk: path == "[heap]",
+        file: path.starts_with('/'),
     })
 }
 
@@ -139,6 +150,8 @@ mod tests {
         assert!(!regions.readable(u64::MAX - 4, 8));
         assert!(regions.in_heap(0x0100_0010) && regions.in_heap(0x7f00_0000_0010));
         assert!(!regions.in_heap(0x40_0010) && !regions.in_heap(0x7ffc_0000_0010), "a file's, the stack");
+        assert!(regions.in_file(0x40_0010) && regions.in_file(0x7f00_0050_0010));
+        assert!(!regions.in_file(0x0100_0010) && !regions.in_file(0x7f00_0040_0010) && !regions.in_file(0x10));
     }
 
     #[test]

@@ -36,8 +36,10 @@ impl Memory {
 
     /// Reads each `(address, len)` of `ranges` into `out`, one after the
     /// other from its start; `ok[i]` says whether range `i` was read whole
-    /// (a range that was not holds whatever `out` held). `out` must hold
-    /// the sum of the lengths.
+    /// (a range that was not holds whatever `out` held).
+    ///
+    /// # Panics
+    /// Where `out` is shorter than the sum of the lengths.
     pub fn read_ranges(&mut self, ranges: &[(u64, usize)], out: &mut [u8], ok: &mut Vec<bool>) -> Result<(), HeapError> {
         ok.clear();
         ok.resize(ranges.len(), false);

@@ -22,9 +22,9 @@ const MAX_ENTRIES: u64 = 4096;
 /// The name of the type whose first [`type_object::READ`] bytes are
 /// `head`, at `address`.
 pub fn type_name(memory: &mut Memory, address: u64, head: &[u8], names: TypeNameOffsets) -> Result<String, HeapError> {
-    let flags = word(head, type_object::TP_FLAGS as usize);
+    let flags = word(head, type_object::TP_FLAGS);
     if flags & tpflags::HEAPTYPE == 0 {
-        return c_string(memory, word(head, type_object::TP_NAME as usize));
+        return c_string(memory, word(head, type_object::TP_NAME));
     }
     let Some(qualname) = memory.word(address.wrapping_add(names.ht_qualname))? else {
         return Ok(format!("<type at {address:#x}>"));

@@ -29,7 +29,7 @@ use super::{
 };
 use crate::python::{
     frames::UnicodeOffsets,
-    heap::{GC_HEAD_SIZE, GC_LINK_FLAGS, LIST_OB_ITEM, OB_SIZE, TUPLE_OB_ITEM, tpflags},
+    heap::{GC_HEAD, GC_HEAD_SIZE, GC_LINK_FLAGS, LIST_OB_ITEM, OB_SIZE, TUPLE_OB_ITEM, tpflags},
 };
 
 /// How far the census goes outside the pools.
@@ -74,6 +74,7 @@ const MAX_ROUNDS: u32 = 8;
 
 /// Finds, validates and counts the objects outside the pools that `leads`
 /// lead to; `heads` are the generation lists' heads.
+#[allow(clippy::too_many_arguments, reason = "the census's state, passed apart so that each piece is borrowed once")]
 pub fn census(
     types: &mut TypeTable,
     cx: &mut Context<'_>,
@@ -161,9 +162,15 @@ impl Walk<'_> {
                 tally.reject(Reason::NotGcObject);
                 return Ok(());
             };
-            let body = &bytes[GC_HEAD_SIZE as usize..];
+            let body = &bytes[GC_HEAD..];
             let index = match types.lookup(word(body, 8), cx)? {
-                Some(i) if types.info(i).flags & tpflags::HAVE_GC != 0 && types.layout().refcount.is_live(word(body, 0)) => i,
+                Some(i)
+                    if types.info(i).flags & tpflags::HAVE_GC != 0
+                        && types.layout().refcount.is_live(word(body, 0))
+                        && types.plausible(i, body, unicode) =>
+                {
+                    i
+                }
                 _ => {
                     tally.reject(Reason::NotGcObject);
                     return Ok(());
@@ -196,12 +203,12 @@ fn count(
 ) {
     let info = types.info(index);
     tally.count_outside(index, info.preheader.saturating_add(types.object_size(index, body, unicode)));
-    let items = word(body, OB_SIZE as usize);
+    let items = word(body, OB_SIZE);
     match info.shape {
-        Shape::Tuple if items > 0 => arrays.push((object.wrapping_add(TUPLE_OB_ITEM), items)),
+        Shape::Tuple if items > 0 => arrays.push((object.wrapping_add(TUPLE_OB_ITEM as u64), items)),
         Shape::List => {
-            let array = word(body, LIST_OB_ITEM as usize);
-            let allocated = word(body, LIST_OB_ITEM as usize + 8);
+            let array = word(body, LIST_OB_ITEM);
+            let allocated = word(body, LIST_OB_ITEM + 8);
             if items > 0 && array != 0 && items <= allocated {
                 arrays.push((array, items));
             }
@@ -246,7 +253,7 @@ fn read_items(
         for (i, &(_, len)) in batch.iter().enumerate() {
             if ok[i] {
                 for item in buf[at..at + len].chunks_exact(8).map(|w| word(w, 0)) {
-                    if item != 0 && item % 8 == 0 && !cx.pools.contains(item) {
+                    if item != 0 && item.is_multiple_of(8) && !cx.pools.contains(item) {
                         referenced.insert(item);
                     }
                 }
@@ -269,7 +276,7 @@ fn referenced(
     counted: &mut HashSet<u64, BuildIdentity>,
     unicode: UnicodeOffsets,
 ) -> Result<(), HeapError> {
-    const READ: usize = HEAD_READ - GC_HEAD_SIZE as usize;
+    const READ: usize = HEAD_READ - GC_HEAD;
     let mut ranges = Vec::with_capacity(super::memory::MAX_RANGES);
     let mut buf = vec![0u8; super::memory::MAX_RANGES * READ];
     let mut ok = Vec::new();
@@ -290,7 +297,9 @@ fn referenced(
                 continue;
             }
             let index = match types.lookup(word(body, 8), cx)? {
-                Some(index) if types.layout().refcount.is_live(word(body, 0)) => index,
+                Some(index) if types.layout().refcount.is_live(word(body, 0)) && types.plausible(index, body, unicode) => {
+                    index
+                }
                 _ => {
                     tally.reject(Reason::NotAnObject);
                     continue;

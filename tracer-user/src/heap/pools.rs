@@ -46,7 +46,7 @@ impl Header {
     #[must_use]
     pub fn parse(address: u64, bytes: &[u8]) -> Option<Self> {
         let size_class = word32(bytes, ph::SZIDX);
-        if u64::from(size_class) >= SIZE_CLASSES || bytes.len() < 48 {
+        if size_class as usize >= SIZE_CLASSES || bytes.len() < 48 {
             return None;
         }
         let size = (u64::from(size_class) + 1) * 16;
@@ -55,7 +55,7 @@ impl Header {
         if u64::from(word32(bytes, ph::MAXNEXTOFFSET)) != POOL_SIZE - size
             || next < POOL_OVERHEAD + size
             || next > POOL_SIZE
-            || (next - POOL_OVERHEAD) % size != 0
+            || !(next - POOL_OVERHEAD).is_multiple_of(size)
         {
             return None;
         }
@@ -67,7 +67,7 @@ impl Header {
         let freeblock = word(bytes, ph::FREEBLOCK);
         if freeblock != 0 {
             let offset = freeblock.wrapping_sub(address);
-            if offset < POOL_OVERHEAD || offset >= next || (offset - POOL_OVERHEAD) % size != 0 {
+            if offset < POOL_OVERHEAD || offset >= next || !(offset - POOL_OVERHEAD).is_multiple_of(size) {
                 return None;
             }
         }
@@ -104,7 +104,10 @@ impl Header {
         let mut on_list = 0u64;
         while link != 0 {
             let offset = link.wrapping_sub(self.address);
-            if offset < POOL_OVERHEAD || offset >= u64::from(self.nextoffset) || (offset - POOL_OVERHEAD) % size != 0 {
+            if offset < POOL_OVERHEAD
+                || offset >= u64::from(self.nextoffset)
+                || !(offset - POOL_OVERHEAD).is_multiple_of(size)
+            {
                 return None;
             }
             let block = usize::try_from((offset - POOL_OVERHEAD) / size).ok()?;
@@ -248,7 +251,7 @@ mod tests {
     /// leaves it after handing out `handed` blocks and freeing those of
     /// `freed` (newest first on the list).
     fn pool(address: u64, handed: u64, freed: &[u64]) -> Vec<u8> {
-        let mut bytes = vec![0u8; POOL_SIZE as usize];
+        let mut bytes = vec![0u8; usize::try_from(POOL_SIZE).unwrap()];
         let put32 = |b: &mut Vec<u8>, at: usize, v: u32| b[at..at + 4].copy_from_slice(&v.to_le_bytes());
         let put64 = |b: &mut Vec<u8>, at: usize, v: u64| b[at..at + 8].copy_from_slice(&v.to_le_bytes());
         let block = |i: u64| POOL_OVERHEAD + i * 32;
@@ -293,7 +296,7 @@ mod tests {
         assert!(Header::parse(address, &with(ph::MAXNEXTOFFSET, 16000)).is_none(), "maxnextoffset");
         assert!(Header::parse(address, &with(ph::NEXTOFFSET, 48 + 32 * 11 + 8)).is_none(), "off a block");
         assert!(Header::parse(address, &with(ph::COUNT, 12)).is_none(), "more allocated than carved");
-        assert!(Header::parse(address, &vec![0u8; 48]).is_none(), "zeroes");
+        assert!(Header::parse(address, &[0u8; 48]).is_none(), "zeroes");
         // The list's length disagrees with ref.count: changed while read.
         let count = with(ph::COUNT, 9);
         let header = Header::parse(address, &count).expect("a header");

@@ -19,6 +19,9 @@ pub enum Reason {
     Refcount,
     /// Its size does not fit its block.
     TooLarge,
+    /// Its contents contradict its type: a string's state, a negative
+    /// size.
+    Contents,
     /// A GC link outside the pools leads to no GC object.
     NotGcObject,
     /// A GC object outside the pools whose neighbour does not link back.
@@ -31,13 +34,14 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 11] = [
         Self::NotAType,
         Self::PreHeader,
         Self::Freed,
         Self::FreeListLink,
         Self::Refcount,
         Self::TooLarge,
+        Self::Contents,
         Self::NotGcObject,
         Self::BrokenLink,
         Self::NotAnObject,
@@ -54,6 +58,7 @@ impl Reason {
             Self::FreeListLink => "free_list_link",
             Self::Refcount => "bad_refcount",
             Self::TooLarge => "larger_than_block",
+            Self::Contents => "contents",
             Self::NotGcObject => "gc_link_not_an_object",
             Self::BrokenLink => "gc_link_broken",
             Self::NotAnObject => "item_not_an_object",
@@ -71,6 +76,7 @@ impl Reason {
             Self::FreeListLink => "first word links a free list (3.14)",
             Self::Refcount => "first word is no reference count",
             Self::TooLarge => "larger than its block",
+            Self::Contents => "contents contradict the type (a string's state, a negative size)",
             Self::NotGcObject => "a GC link outside the pools leads to no GC object",
             Self::BrokenLink => "a GC object outside the pools is not linked back (changed while read?)",
             Self::NotAnObject => "an item outside the pools is no object",
@@ -115,7 +121,7 @@ pub struct TypeCounts {
 /// Everything counted.
 #[derive(Clone, Debug)]
 pub struct Tally {
-    pub classes: [ClassCounts; SIZE_CLASSES as usize],
+    pub classes: [ClassCounts; SIZE_CLASSES],
     /// By type index ([`super::types::TypeTable::infos`]).
     pub types: Vec<TypeCounts>,
     pub rejected: [u64; Reason::ALL.len()],
@@ -130,7 +136,7 @@ pub struct Tally {
 impl Default for Tally {
     fn default() -> Self {
         Self {
-            classes: [ClassCounts::default(); SIZE_CLASSES as usize],
+            classes: [ClassCounts::default(); SIZE_CLASSES],
             types: Vec::new(),
             rejected: [0; Reason::ALL.len()],
             arenas: 0,

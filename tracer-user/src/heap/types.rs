@@ -118,7 +118,7 @@ impl TypeTable {
     /// The index in [`Self::infos`] of the type at `pointer`, or `None`
     /// where it is no type.
     pub fn lookup(&mut self, pointer: u64, cx: &mut Context<'_>) -> Result<Option<u32>, HeapError> {
-        if pointer == 0 || pointer % 8 != 0 {
+        if pointer == 0 || !pointer.is_multiple_of(8) {
             return Ok(None);
         }
         let slot = usize::try_from((pointer >> 3) % RECENT as u64).unwrap_or(0);
@@ -146,7 +146,7 @@ impl TypeTable {
 
     /// Reads the would-be type at `pointer` and judges it.
     fn read_type(&mut self, pointer: u64, cx: &mut Context<'_>, depth: u32) -> Result<Option<u32>, HeapError> {
-        if pointer == 0 || pointer % 8 != 0 || cx.pools.contains(pointer) {
+        if pointer == 0 || !pointer.is_multiple_of(8) || cx.pools.contains(pointer) {
             return Ok(None);
         }
         if !cx.regions.readable(pointer, type_object::READ as u64) {
@@ -164,7 +164,7 @@ impl TypeTable {
                 return Ok(None);
             }
         }
-        let at = |offset: u64| word(&head, usize::try_from(offset).unwrap_or(usize::MAX));
+        let at = |offset: usize| word(&head, offset);
         let (basicsize, itemsize, flags) =
             (at(type_object::TP_BASICSIZE), at(type_object::TP_ITEMSIZE), at(type_object::TP_FLAGS));
         if flags & tpflags::READY == 0
@@ -202,7 +202,7 @@ impl TypeTable {
     #[must_use]
     pub fn object_size(&self, index: u32, object: &[u8], unicode: UnicodeOffsets) -> u64 {
         let t = &self.infos[index as usize];
-        let ob_size = word(object, OB_SIZE as usize);
+        let ob_size = word(object, OB_SIZE);
         match t.shape {
             Shape::Fixed | Shape::List | Shape::ByteArray => t.basicsize,
             Shape::Var | Shape::Tuple => var_size(t.basicsize, (ob_size.cast_signed()).unsigned_abs(), t.itemsize),
@@ -225,6 +225,28 @@ impl TypeTable {
                     unicode.compact_data.saturating_add(length.saturating_add(1).saturating_mul(kind))
                 }
             }
+        }
+    }
+
+    /// Whether `object` (as for [`Self::object_size`]) is plausible as an
+    /// instance of type `index`: a string's state names a kind of
+    /// characters, ASCII ones one byte each; a size is not negative.
+    #[must_use]
+    pub fn plausible(&self, index: u32, object: &[u8], unicode: UnicodeOffsets) -> bool {
+        let t = &self.infos[index as usize];
+        let ob_size = word(object, OB_SIZE).cast_signed();
+        match t.shape {
+            Shape::Str => {
+                let state = word32(object, usize::try_from(unicode.state).unwrap_or(32));
+                let kind = (state >> UNICODE_KIND_SHIFT) & 7;
+                let length = word(object, usize::try_from(unicode.length).unwrap_or(16)).cast_signed();
+                length >= 0
+                    && (state & UNICODE_COMPACT_BIT == 0 || matches!(kind, 1 | 2 | 4))
+                    && (state & UNICODE_ASCII_BIT == 0 || kind == 1)
+            }
+            Shape::Var | Shape::Tuple | Shape::List => ob_size >= 0,
+            Shape::Long => self.layout.long == LongSize::SignedSize || ob_size >= 0,
+            Shape::Fixed | Shape::ByteArray => true,
         }
     }
 
@@ -255,6 +277,6 @@ mod tests {
     fn variable_sizes_round_up_to_a_word() {
         assert_eq!(var_size(33, 2000, 1), 2040);
         assert_eq!(var_size(24, 3, 8), 48);
-        assert_eq!(var_size(24, u64::MAX, 8), u64::MAX & !7);
+        assert_eq!(var_size(24, u64::MAX, 8), !7);
     }
 }

@@ -11,12 +11,12 @@
 //! gimli on every build of the machine).
 
 /// pymalloc's block alignment and size-class step: `ALIGNMENT 16` on 64-bit
-/// (Objects/obmalloc.c at v3.11.2; Include/internal/pycore_obmalloc.h at
+/// (Objects/obmalloc.c at v3.11.2; `Include/internal/pycore_obmalloc.h` at
 /// v3.12.1, v3.13.0 and v3.14.8). Block size of class `i` is `(i + 1) * 16`.
 pub const ALIGNMENT: u64 = 16;
 /// `NB_SMALL_SIZE_CLASSES`: `SMALL_REQUEST_THRESHOLD` (512) / `ALIGNMENT`.
 /// Larger requests go to `PyMem_RawMalloc` (the C library).
-pub const SIZE_CLASSES: u64 = 32;
+pub const SIZE_CLASSES: usize = 32;
 /// The largest block pymalloc hands out (`SMALL_REQUEST_THRESHOLD`).
 pub const SMALL_REQUEST_THRESHOLD: u64 = 512;
 /// `POOL_SIZE`: `1 << POOL_BITS`, 14 with `USE_LARGE_POOLS`, which the
@@ -33,7 +33,7 @@ pub const ARENA_SIZE: u64 = 1 << 20;
 pub const POOL_OVERHEAD: u64 = 48;
 
 /// `struct pool_header` (Objects/obmalloc.c at v3.11.2;
-/// Include/internal/pycore_obmalloc.h at v3.12.1, v3.13.0, v3.14.8):
+/// `Include/internal/pycore_obmalloc.h` at v3.12.1, v3.13.0, v3.14.8):
 /// `union { block *_padding; uint count; } ref` (0: blocks allocated),
 /// `block *freeblock` (8: the pool's free list), `nextpool` (16),
 /// `prevpool` (24), `uint arenaindex` (32), `uint szidx` (36: the size
@@ -58,28 +58,30 @@ pub mod arena_object {
 }
 
 /// `sizeof(PyGC_Head)`: two `uintptr_t`, `_gc_next` then `_gc_prev`
-/// (Include/internal/pycore_gc.h, v3.11 to v3.14). `_gc_prev` keeps flags in
+/// (`Include/internal/pycore_gc.h`, v3.11 to v3.14). `_gc_prev` keeps flags in
 /// its two low bits, and `_gc_next` one during a collection
 /// (`NEXT_MASK_UNREACHABLE`); heads are 16-byte aligned, so the low bits
 /// are masked off before following either.
 pub const GC_HEAD_SIZE: u64 = 16;
+/// [`GC_HEAD_SIZE`], to index a copy.
+pub const GC_HEAD: usize = 16;
 /// The bits of a GC link that are flags, not address.
 pub const GC_LINK_FLAGS: u64 = 7;
 
 /// `PyObject` (Include/object.h, v3.11 to v3.14): the reference count (8
 /// bytes) then `ob_type`; a variable-size object's `ob_size` follows (16).
-pub const OB_TYPE: u64 = 8;
-pub const OB_SIZE: u64 = 16;
+pub const OB_TYPE: usize = 8;
+pub const OB_SIZE: usize = 16;
 
 /// `PyTypeObject` (Include/cpython/object.h, v3.11 to v3.14, the same on
 /// every build here): `tp_name` (24), `tp_basicsize` (32), `tp_itemsize`
 /// (40), `tp_flags` (168), `tp_base` (256).
 pub mod type_object {
-    pub const TP_NAME: u64 = 24;
-    pub const TP_BASICSIZE: u64 = 32;
-    pub const TP_ITEMSIZE: u64 = 40;
-    pub const TP_FLAGS: u64 = 168;
-    pub const TP_BASE: u64 = 256;
+    pub const TP_NAME: usize = 24;
+    pub const TP_BASICSIZE: usize = 32;
+    pub const TP_ITEMSIZE: usize = 40;
+    pub const TP_FLAGS: usize = 168;
+    pub const TP_BASE: usize = 256;
     /// The bytes read of a type object: through `tp_base`.
     pub const READ: usize = 264;
 }
@@ -105,10 +107,10 @@ pub mod tpflags {
 /// `PyListObject` (Include/cpython/listobject.h, v3.11 to v3.14): after
 /// `PyObject_VAR_HEAD` (`ob_size` at 16), `PyObject **ob_item` (24) and
 /// `Py_ssize_t allocated` (32).
-pub const LIST_OB_ITEM: u64 = 24;
+pub const LIST_OB_ITEM: usize = 24;
 /// `PyTupleObject` (Include/cpython/tupleobject.h, v3.11 to v3.14): the
 /// items follow the variable-size header, `ob_item[]` at 24.
-pub const TUPLE_OB_ITEM: u64 = 24;
+pub const TUPLE_OB_ITEM: usize = 24;
 /// `PyBytesObject` and `PyLongObject` put their data at 24
 /// (`ob_shash` then `ob_sval` at 32 for bytes; `ob_digit` at 24 for int:
 /// Include/cpython/bytesobject.h, Include/cpython/longintrepr.h, v3.11 to
@@ -118,7 +120,7 @@ pub const LONG_DIGIT_SIZE: u64 = 4;
 /// `PyByteArrayObject` (Include/cpython/bytearrayobject.h, v3.11 to
 /// v3.14): `Py_ssize_t ob_alloc` (24), the buffer `ob_bytes` (32, from
 /// `PyObject_Malloc`).
-pub const BYTEARRAY_OB_ALLOC: u64 = 24;
+pub const BYTEARRAY_OB_ALLOC: usize = 24;
 
 /// Where an interpreter keeps pymalloc's state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -135,7 +137,7 @@ pub enum Obmalloc {
     Pointer { offset: u64 },
 }
 
-/// `struct _obmalloc_state` (Include/internal/pycore_obmalloc.h at
+/// `struct _obmalloc_state` (`Include/internal/pycore_obmalloc.h` at
 /// v3.12.1, v3.13.0, v3.14.8): `pools.used[64]`, then `mgmt` at 512 with
 /// `arenas` (512), `maxarenas` (520) and `raw_allocated_blocks` (1088).
 pub mod obmalloc_state {
@@ -157,7 +159,7 @@ pub enum Refcount {
     /// `_Py_IMMORTAL_INITIAL_REFCNT` (3 << 30, Include/refcount.h); the
     /// flags are `_Py_IMMORTAL_FLAGS` (1) and
     /// `_Py_STATICALLY_ALLOCATED_FLAG` (4). The free lists
-    /// (`_PyFreeList_Push`, Include/internal/pycore_freelist.h at v3.14.8)
+    /// (`_PyFreeList_Push`, `Include/internal/pycore_freelist.h` at v3.14.8)
     /// link a freed object through this word, so there it holds a pointer.
     Split,
 }
@@ -168,7 +170,7 @@ impl Refcount {
     pub const fn is_live(self, word: u64) -> bool {
         match self {
             Self::Plain => word != 0 && word >> 32 == 0,
-            Self::Split => word & 0xFFFF_FFFF != 0 && (word >> 32) & 0xFFFF == 0 && (word >> 48) & !7 == 0,
+            Self::Split => word & 0xFFFF_FFFF != 0 && (word >> 32).trailing_zeros() >= 16 && word >> 48 <= 7,
         }
     }
 }
@@ -204,14 +206,14 @@ pub struct HeapLayout {
     pub refcount: Refcount,
     /// The `tp_flags` that put two words of managed dict or weak references
     /// before the object (`_PyType_PreHeaderSize`,
-    /// Include/internal/pycore_object.h).
+    /// `Include/internal/pycore_object.h`).
     pub preheader_flags: u64,
     pub long: LongSize,
 }
 
 /// `sizeof(struct gc_generation)`.
 pub const GC_GENERATION_SIZE: u64 = 24;
-/// `NUM_GENERATIONS` (Include/internal/pycore_gc.h, v3.11 to v3.14.8).
+/// `NUM_GENERATIONS` (`Include/internal/pycore_gc.h`, v3.11 to v3.14.8).
 pub const GENERATIONS: u64 = 3;
 
 impl HeapLayout {
@@ -224,4 +226,63 @@ impl HeapLayout {
         let managed = if flags & self.preheader_flags != 0 { 16 } else { 0 };
         gc + managed
     }
+}
+
+/// What [`HeapLayout`] and the constants here say each offset is, as
+/// (type, member path or "sizeof", value), for the comparison with every
+/// build's DWARF in `frames::dwarf`.
+#[cfg(test)]
+#[must_use]
+pub fn dwarf_expectations(abi: &dyn super::Abi) -> Vec<(&'static str, String, u64)> {
+    let h = abi.heap();
+    let m = |ty, path: &str, value: u64| (ty, path.to_owned(), value);
+    let u = |v: usize| v as u64;
+    let mut all = vec![
+        m("PyInterpreterState", "gc", h.interp_gc),
+        m("_gc_runtime_state", "generations", h.generations),
+        m("_gc_runtime_state", "generation0", h.generation0),
+        m("_gc_runtime_state", "permanent_generation", h.permanent),
+        m("gc_generation", "sizeof", GC_GENERATION_SIZE),
+        m("gc_generation", "head", 0),
+        m("PyGC_Head", "sizeof", GC_HEAD_SIZE),
+        m("pool_header", "sizeof", POOL_OVERHEAD),
+        m("pool_header", "ref", u(pool_header::COUNT)),
+        m("pool_header", "freeblock", u(pool_header::FREEBLOCK)),
+        m("pool_header", "arenaindex", u(pool_header::ARENAINDEX)),
+        m("pool_header", "szidx", u(pool_header::SZIDX)),
+        m("pool_header", "nextoffset", u(pool_header::NEXTOFFSET)),
+        m("pool_header", "maxnextoffset", u(pool_header::MAXNEXTOFFSET)),
+        m("arena_object", "sizeof", arena_object::SIZE),
+        m("arena_object", "address", u(arena_object::ADDRESS)),
+        m("arena_object", "pool_address", u(arena_object::POOL_ADDRESS)),
+        m("PyTypeObject", "tp_name", u(type_object::TP_NAME)),
+        m("PyTypeObject", "tp_basicsize", u(type_object::TP_BASICSIZE)),
+        m("PyTypeObject", "tp_itemsize", u(type_object::TP_ITEMSIZE)),
+        m("PyTypeObject", "tp_flags", u(type_object::TP_FLAGS)),
+        m("PyTypeObject", "tp_base", u(type_object::TP_BASE)),
+        m("PyObject", "ob_type", u(OB_TYPE)),
+        m("PyVarObject", "ob_size", u(OB_SIZE)),
+        m("PyListObject", "ob_item", u(LIST_OB_ITEM)),
+        m("PyListObject", "allocated", u(LIST_OB_ITEM) + 8),
+        m("PyTupleObject", "ob_item", u(TUPLE_OB_ITEM)),
+        m("PyByteArrayObject", "ob_alloc", u(BYTEARRAY_OB_ALLOC)),
+        m("PyByteArrayObject", "ob_bytes", u(BYTEARRAY_OB_ALLOC) + 8),
+    ];
+    match h.long {
+        LongSize::SignedSize => all.push(m("PyLongObject", "ob_digit", LONG_DIGITS)),
+        LongSize::Tag => {
+            all.push(m("PyLongObject", "long_value.lv_tag", u(OB_SIZE)));
+            all.push(m("PyLongObject", "long_value.ob_digit", LONG_DIGITS));
+        }
+    }
+    match h.obmalloc {
+        Obmalloc::Statics { .. } => {}
+        Obmalloc::Embedded { offset } | Obmalloc::Pointer { offset } => {
+            all.push(m("PyInterpreterState", "obmalloc", offset));
+            all.push(m("_obmalloc_state", "mgmt.arenas", obmalloc_state::ARENAS));
+            all.push(m("_obmalloc_state", "mgmt.maxarenas", obmalloc_state::MAXARENAS));
+            all.push(m("_obmalloc_state", "mgmt.raw_allocated_blocks", obmalloc_state::RAW_ALLOCATED_BLOCKS));
+        }
+    }
+    all
 }
