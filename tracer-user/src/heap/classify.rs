@@ -29,7 +29,6 @@ use crate::python::{
     frames::UnicodeOffsets,
     heap::{
         BYTEARRAY_OB_ALLOC, GC_HEAD, GC_HEAD_SIZE, GC_LINK_FLAGS, LIST_OB_ITEM, OB_SIZE, POOL_OVERHEAD, POOL_SIZE, Refcount,
-        TUPLE_OB_ITEM,
     },
 };
 
@@ -123,6 +122,10 @@ fn block_object(
             tally.reject(Reason::PreHeader);
             continue;
         }
+        if offset > 0 && !gc_head_plausible(&bytes[offset - GC_HEAD..offset], cx) {
+            tally.reject(Reason::GcHead);
+            continue;
+        }
         let rc = word(object, 0);
         if !refcount.is_live(rc) {
             if rc == 0 {
@@ -136,11 +139,7 @@ fn block_object(
             tally.reject(Reason::Refcount);
             continue;
         }
-        // A word that is the address of something in a file's mapping (a
-        // static object of a non-PIE image, at a low address) is no count:
-        // item arrays and dict tables hold such words next to type
-        // pointers.
-        if rc >= 1 << 16 && rc.is_multiple_of(8) && cx.regions.in_file(rc) {
+        if is_address(rc, cx) {
             tally.reject(Reason::Refcount);
             continue;
         }
@@ -155,6 +154,29 @@ fn block_object(
         return Ok(Block::Object { offset, index });
     }
     Ok(Block::Other)
+}
+
+/// Whether `head` is a GC head: an untracked object's (`_gc_next` NULL,
+/// `_gc_prev` no pointer), or a tracked one's, whose `_gc_next` leads to a
+/// head, which in a pool is at a 16-byte boundary (its block's, or 16
+/// bytes into it). `_gc_prev` is not checked: a collection keeps reference
+/// counts there.
+fn gc_head_plausible(head: &[u8], cx: &Context<'_>) -> bool {
+    let next = word(head, 0) & !GC_LINK_FLAGS;
+    if next == 0 {
+        return word(head, 8) & !GC_LINK_FLAGS == 0;
+    }
+    !cx.pools.contains(next) || next.is_multiple_of(16)
+}
+
+/// Whether `word`, which passes for a reference count, is rather the
+/// address of something: a non-PIE image maps its data and the C library's
+/// `brk` heap below 4 GiB, where a pointer is a plausible count, and item
+/// arrays hold such pointers next to type pointers (a list of classes).
+/// Counts this large, word-aligned and inside a mapping are not.
+#[must_use]
+pub fn is_address(word: u64, cx: &Context<'_>) -> bool {
+    word >= 1 << 16 && word.is_multiple_of(8) && cx.regions.readable(word, 8)
 }
 
 /// Collects what the object at `offset` in the block `bytes` leads to
@@ -183,10 +205,11 @@ fn follow(
     }
     match info.shape {
         Shape::Tuple => {
-            let room = object.len().saturating_sub(TUPLE_OB_ITEM) / 8;
+            let first = usize::try_from(types.layout().tuple_items).unwrap_or(usize::MAX);
+            let room = object.len().saturating_sub(first) / 8;
             let items = usize::try_from(word(object, OB_SIZE)).unwrap_or(usize::MAX).min(room);
             for i in 0..items {
-                let item = word(object, TUPLE_OB_ITEM + 8 * i);
+                let item = word(object, first + 8 * i);
                 if item != 0 && item.is_multiple_of(8) && !cx.pools.contains(item) {
                     leads.referenced.insert(item);
                 }
@@ -209,6 +232,6 @@ fn follow(
                 tally.add_buffer(index, alloc);
             }
         }
-        Shape::Fixed | Shape::Var | Shape::Str | Shape::Long => {}
+        Shape::Fixed | Shape::Var | Shape::Str | Shape::Long | Shape::Bytes => {}
     }
 }

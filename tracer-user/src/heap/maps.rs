@@ -19,8 +19,6 @@ pub struct Region {
     pub anonymous: bool,
     /// The C library's `brk` heap.
     pub brk: bool,
-    /// A file's mapping (a path that is not the kernel's `[name]`).
-    pub file: bool,
 }
 
 /// The target's mappings, in address order.
@@ -64,13 +62,6 @@ impl Regions {
         self.regions.get(i).is_some_and(|r| r.readable && r.start <= address && (r.anonymous || r.brk))
     }
 
-    /// Whether `address` is in a mapping of a file (an image's data).
-    #[must_use]
-    pub fn in_file(&self, address: u64) -> bool {
-        let i = self.regions.partition_point(|r| r.end <= address);
-        self.regions.get(i).is_some_and(|r| r.start <= address && r.file)
-    }
-
     /// Whether `len` bytes at `address` lie in one readable mapping.
     #[must_use]
     pub fn readable(&self, address: u64, len: u64) -> bool {
@@ -94,7 +85,6 @@ fn parse_line(line: &str) -> Option<Region> {
         private: perms.get(3) == Some(&b'p'),
         anonymous,
         brk: path == "[heap]",
-        file: path.starts_with('/'),
     })
 }
 
@@ -150,8 +140,6 @@ mod tests {
         assert!(!regions.readable(u64::MAX - 4, 8));
         assert!(regions.in_heap(0x0100_0010) && regions.in_heap(0x7f00_0000_0010));
         assert!(!regions.in_heap(0x40_0010) && !regions.in_heap(0x7ffc_0000_0010), "a file's, the stack");
-        assert!(regions.in_file(0x40_0010) && regions.in_file(0x7f00_0050_0010));
-        assert!(!regions.in_file(0x0100_0010) && !regions.in_file(0x7f00_0040_0010) && !regions.in_file(0x10));
     }
 
     #[test]

@@ -115,8 +115,12 @@ pub fn census(pid: u32, options: &Options) -> Result<Census, HeapError> {
         let sym = target.elf.symbol(symbol).ok_or_else(|| HeapError::NoSymbol { pid, image: image(), symbol })?;
         target.address_of_file_offset(sym.file_offset).ok_or_else(|| HeapError::NoSymbol { pid, image: image(), symbol })
     };
-    let builtins =
-        Builtins { type_: symbol("PyType_Type")?, str_: symbol("PyUnicode_Type")?, bytearray: symbol("PyByteArray_Type")? };
+    let builtins = Builtins {
+        type_: symbol("PyType_Type")?,
+        str_: symbol("PyUnicode_Type")?,
+        bytes: symbol("PyBytes_Type")?,
+        bytearray: symbol("PyByteArray_Type")?,
+    };
     let mut memory = Memory::new(pid);
     let stopped = if options.stop { Some(Stopped::stop(pid)?) } else { None };
     let started = Instant::now();
@@ -173,6 +177,12 @@ fn take(
     tally.arena_check = state.arenas.as_ref().and_then(|a| a.as_ref().ok()).map(|table| check(table, &scan.pools));
     if let Some(Err(why)) = &state.arenas {
         notes.push(format!("pymalloc's arena table was not read, so the scan is unchecked: {why}"));
+    }
+    if state.collecting {
+        notes.push(
+            "a garbage collection was running: the collector's lists were being rewritten, and objects outside the pools may be missed"
+                .to_owned(),
+        );
     }
     if let Some(why) = &state.heads_missing {
         notes.push(format!("the collector's lists' heads are unknown ({why}); GC objects outside the pools may be missed"));

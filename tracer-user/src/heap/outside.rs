@@ -21,7 +21,7 @@ use std::collections::HashSet;
 
 use super::{
     HeapError,
-    classify::Leads,
+    classify::{Leads, is_address},
     memory::word,
     pools::BuildIdentity,
     tally::{Reason, Tally},
@@ -29,7 +29,7 @@ use super::{
 };
 use crate::python::{
     frames::UnicodeOffsets,
-    heap::{GC_HEAD, GC_HEAD_SIZE, GC_LINK_FLAGS, LIST_OB_ITEM, OB_SIZE, TUPLE_OB_ITEM, tpflags},
+    heap::{GC_HEAD, GC_HEAD_SIZE, GC_LINK_FLAGS, LIST_OB_ITEM, OB_SIZE, tpflags},
 };
 
 /// How far the census goes outside the pools.
@@ -167,6 +167,7 @@ impl Walk<'_> {
                 Some(i)
                     if types.info(i).flags & tpflags::HAVE_GC != 0
                         && types.layout().refcount.is_live(word(body, 0))
+                        && !is_address(word(body, 0), cx)
                         && types.plausible(i, body, unicode) =>
                 {
                     i
@@ -205,7 +206,7 @@ fn count(
     tally.count_outside(index, info.preheader.saturating_add(types.object_size(index, body, unicode)));
     let items = word(body, OB_SIZE);
     match info.shape {
-        Shape::Tuple if items > 0 => arrays.push((object.wrapping_add(TUPLE_OB_ITEM as u64), items)),
+        Shape::Tuple if items > 0 => arrays.push((object.wrapping_add(types.layout().tuple_items), items)),
         Shape::List => {
             let array = word(body, LIST_OB_ITEM);
             let allocated = word(body, LIST_OB_ITEM + 8);
@@ -297,7 +298,11 @@ fn referenced(
                 continue;
             }
             let index = match types.lookup(word(body, 8), cx)? {
-                Some(index) if types.layout().refcount.is_live(word(body, 0)) && types.plausible(index, body, unicode) => {
+                Some(index)
+                    if types.layout().refcount.is_live(word(body, 0))
+                        && !is_address(word(body, 0), cx)
+                        && types.plausible(index, body, unicode) =>
+                {
                     index
                 }
                 _ => {

@@ -7,7 +7,8 @@
 //! the scan.
 //!
 //! Each version's offsets are checked in the process: the collector's
-//! `generation0` must point at `generations[0]`, and from 3.13 the
+//! `generation0` must point into its own state, at three generations that
+//! end before `generation0` and `permanent_generation`, and from 3.13 the
 //! interpreter's `gc` must be where `_Py_DebugOffsets` says.
 
 use std::{collections::HashSet, path::Path};
@@ -50,6 +51,8 @@ pub struct State {
     pub heads: HashSet<u64, BuildIdentity>,
     /// Why the heads are not known, where they are not.
     pub heads_missing: Option<String>,
+    /// Whether an interpreter's collector was running when read.
+    pub collecting: bool,
     /// The main interpreter's arena table, or why it was not found.
     pub arenas: Option<Result<ArenaTable, String>>,
 }
@@ -66,21 +69,32 @@ pub fn read(process: &Process, memory: &mut Memory, abi: &dyn Abi, debug_dir: Op
         state.interpreters.push(interp);
         interp = memory.word(interp + offsets.interpreter.next)?.unwrap_or(0);
     }
+    // `trash_delete_later`, `trash_delete_nesting`, `enabled`, `debug`
+    // come first (Include/internal/pycore_gc.h, v3.11.7 to v3.14.8).
+    const FIRST_GENERATION: u64 = 20;
+    let generations_end = layout.generation0.min(layout.permanent);
     for &interp in &state.interpreters {
         let gc = interp + layout.interp_gc;
-        let first = gc + layout.generations;
+        let span = GENERATIONS * GC_GENERATION_SIZE;
         match memory.word(gc + layout.generation0)? {
-            Some(generation0) if generation0 == first => {
+            Some(first)
+                if first >= gc + FIRST_GENERATION
+                    && first.saturating_add(span) <= gc + generations_end
+                    && first.is_multiple_of(4) =>
+            {
                 state.heads.extend((0..GENERATIONS).map(|i| first + i * GC_GENERATION_SIZE));
                 state.heads.insert(gc + layout.permanent);
             }
             found => {
                 state.heads_missing = Some(format!(
-                    "the collector state of PID {pid}'s interpreter at {interp:#x} does not match tracer's table for Python {} (generation0 is {}, not {first:#x})",
+                    "the collector state of PID {pid}'s interpreter at {interp:#x} does not match tracer's table for Python {} (generation0 is {})",
                     process.version,
                     found.map_or_else(|| "unreadable".to_owned(), |g| format!("{g:#x}"))
                 ));
             }
+        }
+        if memory.read(gc + layout.collecting, 4)?.is_some_and(|b| word32(&b, 0) != 0) {
+            state.collecting = true;
         }
     }
     if state.interpreters.is_empty() {

@@ -22,6 +22,8 @@ pub enum Reason {
     /// Its contents contradict its type: a string's state, a negative
     /// size.
     Contents,
+    /// What precedes it is no GC head, which its type says there is.
+    GcHead,
     /// A GC link outside the pools leads to no GC object.
     NotGcObject,
     /// A GC object outside the pools whose neighbour does not link back.
@@ -34,7 +36,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Self; 11] = [
+    pub const ALL: [Self; 12] = [
         Self::NotAType,
         Self::PreHeader,
         Self::Freed,
@@ -42,6 +44,7 @@ impl Reason {
         Self::Refcount,
         Self::TooLarge,
         Self::Contents,
+        Self::GcHead,
         Self::NotGcObject,
         Self::BrokenLink,
         Self::NotAnObject,
@@ -59,6 +62,7 @@ impl Reason {
             Self::Refcount => "bad_refcount",
             Self::TooLarge => "larger_than_block",
             Self::Contents => "contents",
+            Self::GcHead => "gc_head",
             Self::NotGcObject => "gc_link_not_an_object",
             Self::BrokenLink => "gc_link_broken",
             Self::NotAnObject => "item_not_an_object",
@@ -76,7 +80,8 @@ impl Reason {
             Self::FreeListLink => "first word links a free list (3.14)",
             Self::Refcount => "first word is no reference count",
             Self::TooLarge => "larger than its block",
-            Self::Contents => "contents contradict the type (a string's state, a negative size)",
+            Self::Contents => "contents contradict the type (a string's end, an int's digits, a negative size)",
+            Self::GcHead => "the type has a GC head, but the words before it are none",
             Self::NotGcObject => "a GC link outside the pools leads to no GC object",
             Self::BrokenLink => "a GC object outside the pools is not linked back (changed while read?)",
             Self::NotAnObject => "an item outside the pools is no object",

@@ -23,7 +23,9 @@ use super::{
 use crate::python::{
     TypeNameOffsets, UNICODE_ASCII_BIT, UNICODE_COMPACT_BIT, UNICODE_KIND_SHIFT,
     frames::UnicodeOffsets,
-    heap::{HeapLayout, LONG_DIGIT_SIZE, LongSize, OB_SIZE, tpflags, type_object},
+    heap::{
+        BYTES_OB_SVAL, HeapLayout, LONG_DIGIT_BITS, LONG_DIGIT_SIZE, LONG_DIGITS, LongSize, OB_SIZE, tpflags, type_object,
+    },
 };
 
 /// The largest `tp_basicsize` taken for a type's.
@@ -43,6 +45,8 @@ pub enum Shape {
     Var,
     /// A tuple: as [`Shape::Var`], items inline.
     Tuple,
+    /// An exact `bytes`: as [`Shape::Var`], NUL-terminated.
+    Bytes,
     /// An exact `str`: compact strings hold their characters.
     Str,
     /// An `int` or a subclass: its digit count is in `ob_size` (3.11) or
@@ -73,6 +77,7 @@ pub struct Builtins {
     /// `PyType_Type`.
     pub type_: u64,
     pub str_: u64,
+    pub bytes: u64,
     pub bytearray: u64,
 }
 
@@ -177,6 +182,8 @@ impl TypeTable {
         let name = names::type_name(cx.memory, pointer, &head, self.names)?;
         let shape = if pointer == self.builtins.str_ {
             Shape::Str
+        } else if pointer == self.builtins.bytes {
+            Shape::Bytes
         } else if pointer == self.builtins.bytearray {
             Shape::ByteArray
         } else if flags & tpflags::LONG_SUBCLASS != 0 {
@@ -205,7 +212,9 @@ impl TypeTable {
         let ob_size = word(object, OB_SIZE);
         match t.shape {
             Shape::Fixed | Shape::List | Shape::ByteArray => t.basicsize,
-            Shape::Var | Shape::Tuple => var_size(t.basicsize, (ob_size.cast_signed()).unsigned_abs(), t.itemsize),
+            Shape::Var | Shape::Tuple | Shape::Bytes => {
+                var_size(t.basicsize, ob_size.cast_signed().unsigned_abs(), t.itemsize)
+            }
             Shape::Long => {
                 let digits = match self.layout.long {
                     LongSize::SignedSize => ob_size.cast_signed().unsigned_abs(),
@@ -228,24 +237,38 @@ impl TypeTable {
         }
     }
 
-    /// Whether `object` (as for [`Self::object_size`]) is plausible as an
-    /// instance of type `index`: a string's state names a kind of
-    /// characters, ASCII ones one byte each; a size is not negative.
+    /// Whether `object` (as for [`Self::object_size`]; what lies past its
+    /// end is not checked) keeps the invariants of an instance of type
+    /// `index`: a compact string's kind is 1, 2 or 4 (1 if ASCII), its
+    /// characters end in a NUL and ASCII ones are below 128; a `bytes`
+    /// ends in a NUL; an int's digits hold 30 bits; a size is not negative.
+    /// Blocks that are no object (a dict's values, an item array) pass the
+    /// other tests now and then, since a pointer to a type can follow a
+    /// word that passes for a count; these catch most of them.
     #[must_use]
     pub fn plausible(&self, index: u32, object: &[u8], unicode: UnicodeOffsets) -> bool {
         let t = &self.infos[index as usize];
         let ob_size = word(object, OB_SIZE).cast_signed();
         match t.shape {
-            Shape::Str => {
-                let state = word32(object, usize::try_from(unicode.state).unwrap_or(32));
-                let kind = (state >> UNICODE_KIND_SHIFT) & 7;
-                let length = word(object, usize::try_from(unicode.length).unwrap_or(16)).cast_signed();
-                length >= 0
-                    && (state & UNICODE_COMPACT_BIT == 0 || matches!(kind, 1 | 2 | 4))
-                    && (state & UNICODE_ASCII_BIT == 0 || kind == 1)
+            Shape::Str => str_plausible(object, unicode),
+            Shape::Bytes => {
+                let end = usize::try_from(ob_size).ok().and_then(|n| n.checked_add(BYTES_OB_SVAL));
+                end.is_some_and(|end| object.get(end).is_none_or(|&b| b == 0))
             }
             Shape::Var | Shape::Tuple | Shape::List => ob_size >= 0,
-            Shape::Long => self.layout.long == LongSize::SignedSize || ob_size >= 0,
+            Shape::Long => {
+                let digits = match self.layout.long {
+                    LongSize::SignedSize => ob_size.unsigned_abs(),
+                    // The sign's two bits are never both set
+                    // (`_PyLong_SIGN_MASK`, Include/internal/pycore_long.h).
+                    LongSize::Tag if ob_size & 3 == 3 || ob_size < 0 => return false,
+                    LongSize::Tag => ob_size.unsigned_abs() >> 3,
+                };
+                let digits = usize::try_from(digits).unwrap_or(usize::MAX);
+                let first = usize::try_from(LONG_DIGITS).unwrap_or(24);
+                (0..digits.min(object.len().saturating_sub(first) / 4))
+                    .all(|i| word32(object, first + 4 * i) >> LONG_DIGIT_BITS == 0)
+            }
             Shape::Fixed | Shape::ByteArray => true,
         }
     }
@@ -262,6 +285,29 @@ impl TypeTable {
     }
 }
 
+/// See [`TypeTable::plausible`].
+fn str_plausible(object: &[u8], unicode: UnicodeOffsets) -> bool {
+    let state = word32(object, usize::try_from(unicode.state).unwrap_or(32));
+    let kind = (state >> UNICODE_KIND_SHIFT) & 7;
+    let Ok(length) = usize::try_from(word(object, usize::try_from(unicode.length).unwrap_or(16)).cast_signed()) else {
+        return false;
+    };
+    let ascii = state & UNICODE_ASCII_BIT != 0;
+    if state & UNICODE_COMPACT_BIT == 0 {
+        // A string whose characters are a block of their own (a `str`
+        // subclass's, 3.11's legacy ones): nothing more to check here.
+        return !ascii || kind == 1;
+    }
+    if !matches!(kind, 1 | 2 | 4) || (ascii && kind != 1) {
+        return false;
+    }
+    let kind = kind as usize;
+    let data = usize::try_from(if ascii { unicode.ascii_data } else { unicode.compact_data }).unwrap_or(usize::MAX);
+    let Some(end) = length.checked_mul(kind).and_then(|n| n.checked_add(data)) else { return false };
+    let Some(nul) = end.checked_add(kind).and_then(|e| object.get(end..e)) else { return true };
+    nul.iter().all(|&b| b == 0) && (!ascii || object[data..end].iter().all(u8::is_ascii))
+}
+
 /// `_PyObject_VAR_SIZE`: `basicsize + items * itemsize` rounded up to 8,
 /// saturating (the counts come from the target).
 #[must_use]
@@ -272,6 +318,36 @@ pub fn var_size(basicsize: u64, items: u64, itemsize: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A compact ASCII `str` of 3.12+ (state at 32, characters at 40), as
+    /// the bytes of a 64-byte block.
+    fn ascii(text: &[u8]) -> Vec<u8> {
+        let mut b = vec![0u8; 64];
+        b[0] = 1;
+        b[16..24].copy_from_slice(&(text.len() as u64).to_le_bytes());
+        // kind 1, compact, ascii
+        b[32..36].copy_from_slice(&(1u32 << 2 | 1 << 5 | 1 << 6).to_le_bytes());
+        b[40..40 + text.len()].copy_from_slice(text);
+        b
+    }
+
+    #[test]
+    fn strings_keep_their_invariants() {
+        let u = UnicodeOffsets { length: 16, state: 32, ascii_data: 40, compact_data: 56 };
+        assert!(str_plausible(&ascii(b"key1234"), u));
+        let mut unterminated = ascii(b"key1234");
+        unterminated[47] = b'!';
+        assert!(!str_plausible(&unterminated, u));
+        assert!(!str_plausible(&ascii(b"caf\xc3\xa9"), u), "ASCII bytes only");
+        let mut kind3 = ascii(b"x");
+        kind3[32] = 3 << 2 | 1 << 5;
+        assert!(!str_plausible(&kind3, u));
+        let mut long = ascii(b"x");
+        long[16..24].copy_from_slice(&1000u64.to_le_bytes());
+        assert!(str_plausible(&long, u), "what lies past the bytes read is not checked");
+        long[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(!str_plausible(&long, u), "a negative length");
+    }
 
     #[test]
     fn variable_sizes_round_up_to_a_word() {

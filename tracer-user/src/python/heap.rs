@@ -60,13 +60,14 @@ pub mod arena_object {
 /// `sizeof(PyGC_Head)`: two `uintptr_t`, `_gc_next` then `_gc_prev`
 /// (`Include/internal/pycore_gc.h`, v3.11 to v3.14). `_gc_prev` keeps flags in
 /// its two low bits, and `_gc_next` one during a collection
-/// (`NEXT_MASK_UNREACHABLE`); heads are 16-byte aligned, so the low bits
-/// are masked off before following either.
+/// (`NEXT_MASK_UNREACHABLE`), so those are masked off before following
+/// either. Only two: Debian's 3.13 aligns a `PyGC_Head` to 4 bytes, and
+/// the generation lists' heads there are at 4-byte boundaries.
 pub const GC_HEAD_SIZE: u64 = 16;
 /// [`GC_HEAD_SIZE`], to index a copy.
 pub const GC_HEAD: usize = 16;
 /// The bits of a GC link that are flags, not address.
-pub const GC_LINK_FLAGS: u64 = 7;
+pub const GC_LINK_FLAGS: u64 = 3;
 
 /// `PyObject` (Include/object.h, v3.11 to v3.14): the reference count (8
 /// bytes) then `ob_type`; a variable-size object's `ob_size` follows (16).
@@ -108,15 +109,16 @@ pub mod tpflags {
 /// `PyObject_VAR_HEAD` (`ob_size` at 16), `PyObject **ob_item` (24) and
 /// `Py_ssize_t allocated` (32).
 pub const LIST_OB_ITEM: usize = 24;
-/// `PyTupleObject` (Include/cpython/tupleobject.h, v3.11 to v3.14): the
-/// items follow the variable-size header, `ob_item[]` at 24.
-pub const TUPLE_OB_ITEM: usize = 24;
 /// `PyBytesObject` and `PyLongObject` put their data at 24
 /// (`ob_shash` then `ob_sval` at 32 for bytes; `ob_digit` at 24 for int:
 /// Include/cpython/bytesobject.h, Include/cpython/longintrepr.h, v3.11 to
 /// v3.14). An int's digits are 4 bytes (`PYLONG_BITS_IN_DIGIT` 30).
 pub const LONG_DIGITS: u64 = 24;
 pub const LONG_DIGIT_SIZE: u64 = 4;
+/// `PyLong_SHIFT`: the bits of a digit that are used.
+pub const LONG_DIGIT_BITS: u32 = 30;
+/// `offsetof(PyBytesObject, ob_sval)`, whose `ob_size` bytes end in a NUL.
+pub const BYTES_OB_SVAL: usize = 32;
 /// `PyByteArrayObject` (Include/cpython/bytearrayobject.h, v3.11 to
 /// v3.14): `Py_ssize_t ob_alloc` (24), the buffer `ob_bytes` (32, from
 /// `PyObject_Malloc`).
@@ -192,16 +194,22 @@ pub enum LongSize {
 pub struct HeapLayout {
     /// `offsetof(PyInterpreterState, gc)`.
     pub interp_gc: u64,
-    /// `offsetof(struct _gc_runtime_state, generations)`: three `struct
-    /// gc_generation { PyGC_Head head; int threshold; int count; }`, 24
-    /// bytes each.
-    pub generations: u64,
     /// `offsetof(struct _gc_runtime_state, generation0)`: a pointer to
-    /// `generations[0].head`, by which the offsets are checked in the
-    /// process.
+    /// `generations[0].head`, the first of three `struct gc_generation {
+    /// PyGC_Head head; int threshold; int count; }` (24 bytes each). The
+    /// census follows it rather than take `generations` at a fixed offset:
+    /// upstream puts them at 24, but Debian's 3.13 gives `PyGC_Head` a
+    /// 4-byte alignment (its patch `gchead-alignment.diff`, a backport of
+    /// gh-127545), which moves them to 20 (DWARF of the forky root's
+    /// 3.13.15); `generation0` and what follows stay where they are.
     pub generation0: u64,
     /// `offsetof(struct _gc_runtime_state, permanent_generation)`.
     pub permanent: u64,
+    /// `offsetof(struct _gc_runtime_state, collecting)`: set while a
+    /// collection rewrites the lists.
+    pub collecting: u64,
+    /// `offsetof(PyTupleObject, ob_item)`.
+    pub tuple_items: u64,
     pub obmalloc: Obmalloc,
     pub refcount: Refcount,
     /// The `tp_flags` that put two words of managed dict or weak references
@@ -239,9 +247,9 @@ pub fn dwarf_expectations(abi: &dyn super::Abi) -> Vec<(&'static str, String, u6
     let u = |v: usize| v as u64;
     let mut all = vec![
         m("PyInterpreterState", "gc", h.interp_gc),
-        m("_gc_runtime_state", "generations", h.generations),
         m("_gc_runtime_state", "generation0", h.generation0),
         m("_gc_runtime_state", "permanent_generation", h.permanent),
+        m("_gc_runtime_state", "collecting", h.collecting),
         m("gc_generation", "sizeof", GC_GENERATION_SIZE),
         m("gc_generation", "head", 0),
         m("PyGC_Head", "sizeof", GC_HEAD_SIZE),
@@ -264,7 +272,7 @@ pub fn dwarf_expectations(abi: &dyn super::Abi) -> Vec<(&'static str, String, u6
         m("PyVarObject", "ob_size", u(OB_SIZE)),
         m("PyListObject", "ob_item", u(LIST_OB_ITEM)),
         m("PyListObject", "allocated", u(LIST_OB_ITEM) + 8),
-        m("PyTupleObject", "ob_item", u(TUPLE_OB_ITEM)),
+        m("PyTupleObject", "ob_item", h.tuple_items),
         m("PyByteArrayObject", "ob_alloc", u(BYTEARRAY_OB_ALLOC)),
         m("PyByteArrayObject", "ob_bytes", u(BYTEARRAY_OB_ALLOC) + 8),
     ];

@@ -125,12 +125,16 @@ impl super::Abi for Abi311 {
             // Include/internal/pycore_gc.h: `{ trash_delete_later;
             // int trash_delete_nesting, enabled, debug; struct gc_generation
             // generations[3] (24); PyGC_Head *generation0 (96); struct
-            // gc_generation permanent_generation (104); ...}` (DWARF of
-            // pyenv's 3.11.7 and Debian's 3.11.2).
+            // gc_generation permanent_generation (104); struct
+            // gc_generation_stats generation_stats[3]; int collecting (200);
+            // ...}` (DWARF of pyenv's 3.11.7 and Debian's 3.11.2).
             interp_gc: 648,
-            generations: 24,
             generation0: 96,
             permanent: 104,
+            collecting: 200,
+            // Include/cpython/tupleobject.h: `PyObject_VAR_HEAD; PyObject
+            // *ob_item[1];`.
+            tuple_items: 24,
             // Objects/obmalloc.c at v3.11.2: `static struct arena_object*
             // arenas; static uint maxarenas; ... static Py_ssize_t
             // raw_allocated_blocks;`.

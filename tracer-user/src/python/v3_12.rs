@@ -130,9 +130,12 @@ impl super::Abi for Abi312 {
             // 3.11 (Include/internal/pycore_gc.h); `struct _obmalloc_state
             // obmalloc` at 3960 (DWARF of pyenv's 3.12.1).
             interp_gc: 112,
-            generations: 24,
             generation0: 96,
             permanent: 104,
+            collecting: 200,
+            // Include/cpython/tupleobject.h: `PyObject_VAR_HEAD; PyObject
+            // *ob_item[1];`.
+            tuple_items: 24,
             obmalloc: Obmalloc::Embedded { offset: 3960 },
             refcount: Refcount::Plain,
             // Include/internal/pycore_object.h at v3.12.1,

@@ -198,9 +198,12 @@ impl super::Abi for Abi313 {
             // *obmalloc` at 10800 (DWARF of pyenv's 3.13.0 and the forky
             // root's 3.13.15).
             interp_gc: 7400,
-            generations: 24,
             generation0: 96,
             permanent: 104,
+            collecting: 200,
+            // Include/cpython/tupleobject.h: `PyObject_VAR_HEAD; PyObject
+            // *ob_item[1];`.
+            tuple_items: 24,
             obmalloc: Obmalloc::Pointer { offset: 10800 },
             refcount: Refcount::Plain,
             // As in 3.12 (Include/internal/pycore_object.h at v3.13.0).
