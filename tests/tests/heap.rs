@@ -144,26 +144,6 @@ fn exact_counts(python: &Python, table: bool) {
         assert!(c["rejected"].get("gc_link_not_an_object").is_none(), "{}", c["rejected"]);
         assert!(c["rejected"].get("gc_link_broken").is_none(), "{}", c["rejected"]);
     }
-    let (was, now) = (by_type(&before), by_type(&after));
-    let count = |map: &HashMap<String, (u64, u64)>, name: &str| map.get(name).map_or(0, |c| c.0);
-    let grew = |name: &str| count(&now, name) - count(&was, name);
-    // The counts the workload fixes, exactly.
-    assert_eq!(count(&now, "__main__.Slotted"), N_SLOTTED, "{after}");
-    assert_eq!(said.gc["Slotted"], N_SLOTTED);
-    assert_eq!(grew("float"), N_FLOATS, "{after}");
-    assert_eq!(grew("bytes"), N_BYTES, "{after}");
-    assert_eq!(grew("str"), N_KEYS, "{after}");
-    // The blobs are outside pymalloc's pools (2,033 bytes each), found
-    // through the list that holds them.
-    let blob_bytes = now["bytes"].1 - was["bytes"].1;
-    assert!(blob_bytes >= N_BYTES * BYTES_SIZE, "{blob_bytes} bytes of bytes: {after}");
-    assert!(after["outside"]["referenced"].as_u64().expect("a count") >= N_BYTES, "{after}");
-    // What the target's collector lists, per GC type: every list is
-    // tracked, and so are the slotted objects.
-    assert_eq!(count(&now, "list"), said.gc["list"], "{after}");
-    for name in ["dict", "tuple"] {
-        assert!(count(&now, name) >= said.gc[name], "{name}: untracked ones are counted too: {after}");
-    }
     // pymalloc's own count.
     let blocks = after["pymalloc"]["blocks"].as_u64().expect("blocks");
     if let Some(t) = after["pymalloc"].get("arena_table") {
@@ -174,6 +154,27 @@ fn exact_counts(python: &Python, table: bool) {
     } else {
         assert!(!table, "tracer did not find the arena table: {after}");
         assert!(blocks < said.blocks, "{blocks} pool blocks, {} in all", said.blocks);
+    }
+    let (was, now) = (by_type(&before), by_type(&after));
+    let count = |map: &HashMap<String, (u64, u64)>, name: &str| map.get(name).map_or(0, |c| c.0);
+    let grew = |name: &str| count(&now, name) - count(&was, name);
+    // The counts the workload fixes, exactly.
+    assert_eq!(count(&now, "__main__.Slotted"), N_SLOTTED, "{after}");
+    assert_eq!(said.gc["Slotted"], N_SLOTTED);
+    let both = format!("before: {before}\nafter: {after}");
+    assert_eq!(grew("float"), N_FLOATS, "{both}");
+    assert_eq!(grew("bytes"), N_BYTES, "{both}");
+    assert_eq!(grew("str"), N_KEYS, "{both}");
+    // The blobs are outside pymalloc's pools (2,033 bytes each), found
+    // through the list that holds them.
+    let blob_bytes = now["bytes"].1 - was["bytes"].1;
+    assert!(blob_bytes >= N_BYTES * BYTES_SIZE, "{blob_bytes} bytes of bytes: {after}");
+    assert!(after["outside"]["referenced"].as_u64().expect("a count") >= N_BYTES, "{after}");
+    // What the target's collector lists, per GC type: every list is
+    // tracked, and so are the slotted objects.
+    assert_eq!(count(&now, "list"), said.gc["list"], "{after}");
+    for name in ["dict", "tuple"] {
+        assert!(count(&now, name) >= said.gc[name], "{name}: untracked ones are counted too: {after}");
     }
     // While the target runs and changes its heap, the census is an
     // estimate: the counts of what does not change stay within 0.5%.
