@@ -41,6 +41,9 @@ pub struct Leads {
     pub referenced: HashSet<u64, BuildIdentity>,
     /// Item arrays of lists still to read: (address, items).
     pub lists: Vec<(u64, u64)>,
+    /// The item added to `referenced` last: tuples hold the same object
+    /// (`None`, a shared constant) again and again.
+    pub last_referenced: u64,
 }
 
 /// Classifies every allocated block of the pool `header`, whose bytes are
@@ -210,8 +213,9 @@ fn follow(
             let items = usize::try_from(word(object, OB_SIZE)).unwrap_or(usize::MAX).min(room);
             for i in 0..items {
                 let item = word(object, first + 8 * i);
-                if item != 0 && item.is_multiple_of(8) && !cx.pools.contains(item) {
+                if item != 0 && item != leads.last_referenced && item.is_multiple_of(8) && !cx.pools.contains(item) {
                     leads.referenced.insert(item);
+                    leads.last_referenced = item;
                 }
             }
         }

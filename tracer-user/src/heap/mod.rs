@@ -121,10 +121,11 @@ pub fn census(pid: u32, options: &Options) -> Result<Census, HeapError> {
         bytes: symbol("PyBytes_Type")?,
         bytearray: symbol("PyByteArray_Type")?,
     };
+    let statics = state::statics_of(&process, abi, options.debug_dir.as_deref());
     let mut memory = Memory::new(pid);
     let stopped = if options.stop { Some(Stopped::stop(pid)?) } else { None };
     let started = Instant::now();
-    let read = take(&process, abi, builtins, &mut memory, options);
+    let read = take(&process, abi, builtins, &mut memory, statics.as_ref(), options);
     let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
     let stopped_ms = stopped.map(|s| s.resume().as_secs_f64() * 1000.0);
     let (tally, types, found, scan_notes, rss) = read?;
@@ -148,13 +149,14 @@ fn take(
     abi: &dyn Abi,
     builtins: Builtins,
     memory: &mut Memory,
+    statics: Option<&Result<[u64; 3], String>>,
     options: &Options,
 ) -> Result<Read, HeapError> {
     let pid = process.target.pid;
     let interrupted = Interrupts::happened;
     let regions = Regions::read(pid)?;
     let rss = maps::rss(pid)?;
-    let state = state::read(process, memory, abi, options.debug_dir.as_deref())?;
+    let state = state::read(process, memory, abi, statics)?;
     let scan = pools::scan(memory, &regions, &interrupted)?;
     let mut notes = Vec::new();
     if scan.unreadable > 0 {
@@ -169,7 +171,7 @@ fn take(
     let changed = read_pools(&scan.pools, &mut types, &mut cx, &mut tally, &mut leads, unicode)?;
     if changed > 0 {
         notes.push(format!(
-            "{changed} pools changed while they were read, twice; their blocks are not counted (--stop for an exact census)"
+            "{changed} pools changed while they were read, twice; their blocks were judged one by one, without the pools' free lists (--stop for an exact census)"
         ));
     }
     tally.pools_changed = changed;
@@ -200,9 +202,12 @@ fn take(
     Ok((tally, types, found, notes, rss))
 }
 
-/// Reads the pools in batches and classifies their blocks; a pool that
-/// fails its checks in the copy is read once more, alone, and counted as
-/// changed if it fails again. Returns how many were.
+/// Reads the pools in batches and classifies their blocks. A pool whose
+/// copy fails its checks (the target changed it while it was read) is read
+/// once more, alone; if that copy fails too, its blocks are judged one by
+/// one without its free list (a free block's first word is a link, which
+/// no object's count is, or 0), and it is counted as changed. Returns how
+/// many were.
 fn read_pools(
     pools: &[Header],
     types: &mut TypeTable,
@@ -223,27 +228,32 @@ fn read_pools(
         cx.memory.read_ranges(&ranges, &mut buf, &mut ok)?;
         for (i, scanned) in batch.iter().enumerate() {
             let copy = &buf[i * pool_size..(i + 1) * pool_size];
-            if !ok[i] || !one_pool(scanned.address, copy, types, cx, tally, leads, unicode)? {
+            if !ok[i] || !one_pool(scanned.address, copy, true, types, cx, tally, leads, unicode)? {
                 again.push(scanned.address);
             }
         }
     }
     let mut changed = 0;
     for address in again {
-        let done = match cx.memory.read(address, pool_size)? {
-            Some(copy) => one_pool(address, &copy, types, cx, tally, leads, unicode)?,
-            None => false,
+        let Some(copy) = cx.memory.read(address, pool_size)? else {
+            changed += 1;
+            continue;
         };
-        changed += u64::from(!done);
+        if !one_pool(address, &copy, true, types, cx, tally, leads, unicode)? {
+            changed += 1;
+            one_pool(address, &copy, false, types, cx, tally, leads, unicode)?;
+        }
     }
     Ok(changed)
 }
 
-/// Classifies the pool at `address` from its copy; false where the copy
-/// is no consistent pool.
+/// Classifies the pool at `address` from its copy, with its free list
+/// (`with_list`) or without; false where the copy is no consistent pool.
+#[allow(clippy::too_many_arguments, reason = "the census's state, passed apart so that each piece is borrowed once")]
 fn one_pool(
     address: u64,
     copy: &[u8],
+    with_list: bool,
     types: &mut TypeTable,
     cx: &mut Context<'_>,
     tally: &mut Tally,
@@ -251,7 +261,12 @@ fn one_pool(
     unicode: python::frames::UnicodeOffsets,
 ) -> Result<bool, HeapError> {
     let Some(header) = Header::parse(address, copy) else { return Ok(false) };
-    let Some(free) = header.free_blocks(copy) else { return Ok(false) };
+    let free = if with_list {
+        let Some(free) = header.free_blocks(copy) else { return Ok(false) };
+        free
+    } else {
+        [0; pools::MAX_BLOCKS.div_ceil(64)]
+    };
     classify::pool(&header, copy, &free, types, cx, tally, leads, unicode)?;
     Ok(true)
 }

@@ -84,8 +84,9 @@ pub struct Pymalloc {
     pub other: u64,
     /// Bytes of the blocks free in the pools in use.
     pub free_bytes: u64,
-    /// Pools that changed while they were read, twice: their blocks are
-    /// not counted.
+    /// Pools that changed while they were read, twice: their blocks were
+    /// judged one by one, without the pool's free list, and `blocks` counts
+    /// their free ones too.
     pub pools_changed: u64,
     /// Per size class with a pool.
     pub size_classes: Vec<SizeClass>,

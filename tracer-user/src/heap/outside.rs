@@ -251,11 +251,13 @@ fn read_items(
         buf.resize(len, 0);
         cx.memory.read_ranges(batch, &mut buf, &mut ok)?;
         let mut at = 0;
+        let mut last = 0;
         for (i, &(_, len)) in batch.iter().enumerate() {
             if ok[i] {
                 for item in buf[at..at + len].chunks_exact(8).map(|w| word(w, 0)) {
-                    if item != 0 && item.is_multiple_of(8) && !cx.pools.contains(item) {
+                    if item != 0 && item != last && item.is_multiple_of(8) && !cx.pools.contains(item) {
                         referenced.insert(item);
+                        last = item;
                     }
                 }
             }

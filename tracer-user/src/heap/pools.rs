@@ -179,6 +179,9 @@ pub fn scan(memory: &mut Memory, regions: &Regions, interrupted: &dyn Fn() -> bo
 #[derive(Debug, Default)]
 pub struct PoolSet {
     starts: HashSet<u64, BuildIdentity>,
+    /// The pool found last: consecutive questions (a tuple's items, a
+    /// list's) are mostly about one pool.
+    last: std::cell::Cell<u64>,
 }
 
 impl PoolSet {
@@ -186,13 +189,21 @@ impl PoolSet {
     pub fn new(pools: &[Header]) -> Self {
         let mut starts = HashSet::with_capacity_and_hasher(pools.len(), BuildIdentity);
         starts.extend(pools.iter().map(|p| p.address));
-        Self { starts }
+        Self { starts, last: std::cell::Cell::new(u64::MAX) }
     }
 
     /// Whether `address` lies in a pool found.
     #[must_use]
     pub fn contains(&self, address: u64) -> bool {
-        self.starts.contains(&(address & !(POOL_SIZE - 1)))
+        let start = address & !(POOL_SIZE - 1);
+        if start == self.last.get() {
+            return true;
+        }
+        let found = self.starts.contains(&start);
+        if found {
+            self.last.set(start);
+        }
+        found
     }
 
     #[must_use]

@@ -27,6 +27,11 @@ use crate::{
     stacks::Process,
 };
 
+/// Where the first generation can start in the collector's state, at the
+/// earliest: after `trash_delete_later`, `trash_delete_nesting`, `enabled`
+/// and `debug` (`Include/internal/pycore_gc.h`, v3.11.7 to v3.14.8).
+const FIRST_GENERATION: u64 = 20;
+
 /// Interpreters followed at most.
 const MAX_INTERPRETERS: usize = 256;
 /// Arena table slots read at most: 2^20 arenas are 1 TiB.
@@ -57,8 +62,27 @@ pub struct State {
     pub arenas: Option<Result<ArenaTable, String>>,
 }
 
-/// Reads what `process` knows of its heap.
-pub fn read(process: &Process, memory: &mut Memory, abi: &dyn Abi, debug_dir: Option<&Path>) -> Result<State, HeapError> {
+/// Where the static variables of pymalloc's state are in the target
+/// (3.11), found from symbol tables before the target is stopped, since
+/// reading a debug file takes a while; `None` for versions that keep the
+/// state in the interpreter's.
+#[must_use]
+pub fn statics_of(process: &Process, abi: &dyn Abi, debug_dir: Option<&Path>) -> Option<Result<[u64; 3], String>> {
+    match abi.heap().obmalloc {
+        Obmalloc::Statics { arenas, maxarenas, raw_allocated_blocks } => {
+            Some(statics(process, [arenas, maxarenas, raw_allocated_blocks], debug_dir))
+        }
+        Obmalloc::Embedded { .. } | Obmalloc::Pointer { .. } => None,
+    }
+}
+
+/// Reads what `process` knows of its heap; `statics` from [`statics_of`].
+pub fn read(
+    process: &Process,
+    memory: &mut Memory,
+    abi: &dyn Abi,
+    statics: Option<&Result<[u64; 3], String>>,
+) -> Result<State, HeapError> {
     let layout = abi.heap();
     let pid = process.target.pid;
     check_debug_offsets(process, memory, abi)?;
@@ -69,9 +93,6 @@ pub fn read(process: &Process, memory: &mut Memory, abi: &dyn Abi, debug_dir: Op
         state.interpreters.push(interp);
         interp = memory.word(interp + offsets.interpreter.next)?.unwrap_or(0);
     }
-    // `trash_delete_later`, `trash_delete_nesting`, `enabled`, `debug`
-    // come first (Include/internal/pycore_gc.h, v3.11.7 to v3.14.8).
-    const FIRST_GENERATION: u64 = 20;
     let generations_end = layout.generation0.min(layout.permanent);
     for &interp in &state.interpreters {
         let gc = interp + layout.interp_gc;
@@ -100,7 +121,7 @@ pub fn read(process: &Process, memory: &mut Memory, abi: &dyn Abi, debug_dir: Op
     if state.interpreters.is_empty() {
         state.heads_missing = Some(format!("PID {pid} has no interpreter state (not initialised, or finalised)"));
     }
-    state.arenas = state.interpreters.first().map(|&main| arena_table(process, memory, layout.obmalloc, main, debug_dir));
+    state.arenas = state.interpreters.first().map(|&main| arena_table(memory, layout.obmalloc, main, statics));
     Ok(state)
 }
 
@@ -126,16 +147,15 @@ fn check_debug_offsets(process: &Process, memory: &mut Memory, abi: &dyn Abi) ->
 /// The arena table of the interpreter at `interp`, or why it cannot be
 /// read.
 fn arena_table(
-    process: &Process,
     memory: &mut Memory,
     obmalloc: Obmalloc,
     interp: u64,
-    debug_dir: Option<&Path>,
+    statics: Option<&Result<[u64; 3], String>>,
 ) -> Result<ArenaTable, String> {
     let read = |memory: &mut Memory, address: u64| memory.word(address).ok().flatten();
     let (arenas, maxarenas, raw) = match obmalloc {
-        Obmalloc::Statics { arenas, maxarenas, raw_allocated_blocks } => {
-            let [a, m, r] = statics(process, [arenas, maxarenas, raw_allocated_blocks], debug_dir)?;
+        Obmalloc::Statics { .. } => {
+            let [a, m, r] = statics.ok_or("pymalloc's variables were not looked up")?.clone()?;
             (read(memory, a), read(memory, m), read(memory, r))
         }
         Obmalloc::Embedded { offset } => at_state(memory, interp + offset),
