@@ -17,8 +17,9 @@ finds it at rest:
 
 The objects: N_SLOTTED instances of a slotted class, N_FLOATS distinct
 floats in a list, N_BYTES bytes objects of BYTES_SIZE bytes each in a list
-(each larger than pymalloc's 512 bytes: outside its pools), and a dict of
-N_KEYS str keys.
+(each larger than pymalloc's 512 bytes: outside its pools), a dict of
+N_KEYS str keys, and a dict of N_CACHED str keys whose values are bytes of
+CACHED_SIZE bytes (outside the pools, held by nothing else).
 """
 
 import gc
@@ -31,6 +32,8 @@ N_FLOATS = 50_000
 N_BYTES = 20_000
 BYTES_SIZE = 2_000
 N_KEYS = 10_000
+N_CACHED = 1_000
+CACHED_SIZE = 1_000
 CHURN_FLOATS = 100
 CHURN_KEYS = 50
 BIG_FLOATS = 5_000_000
@@ -44,19 +47,20 @@ class Slotted:
         self.b = b
 
 
-slotted = floats = blobs = keyed = big = None
+slotted = floats = blobs = keyed = cached = big = None
 counts = None
 blocks = None
 pins = []
 
 
 def build():
-    global slotted, floats, blobs, keyed
+    global slotted, floats, blobs, keyed, cached
     slotted = [Slotted(None, None) for _ in range(N_SLOTTED)]
     # int + float makes a new float each time.
     floats = [i + 0.5 for i in range(N_FLOATS)]
     blobs = [bytes([i % 256]) * BYTES_SIZE for i in range(N_BYTES)]
     keyed = {f"key{i}": None for i in range(N_KEYS)}
+    cached = {f"cached{i}": bytes([i % 256]) * CACHED_SIZE for i in range(N_CACHED)}
 
 
 def churn():
@@ -94,14 +98,14 @@ def count(write=True):
 
 
 def main():
-    global big, slotted, floats, blobs, keyed, counts, blocks
+    global big, slotted, floats, blobs, keyed, cached, counts, blocks
     # No collection between two censuses frees what startup left behind:
     # the objects built are then all the heap gains.
     # Once through every path first, so that what the interpreter makes
     # lazily on a first run is made before the first census.
     build()
     count(write=False)
-    slotted = floats = blobs = keyed = counts = blocks = None
+    slotted = floats = blobs = keyed = cached = counts = blocks = None
     gc.collect()
     gc.disable()
     # The attribute cache of types (3.12+, Objects/typeobject.c) holds a

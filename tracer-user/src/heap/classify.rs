@@ -41,6 +41,9 @@ pub struct Leads {
     pub referenced: HashSet<u64, BuildIdentity>,
     /// Item arrays of lists still to read: (address, items).
     pub lists: Vec<(u64, u64)>,
+    /// Tables of combined dicts still to read: (keys object, the dict's
+    /// type).
+    pub dicts: Vec<(u64, u32)>,
     /// The item added to `referenced` last: tuples hold the same object
     /// (`None`, a shared constant) again and again.
     pub last_referenced: u64,
@@ -234,6 +237,11 @@ fn follow(
             let buffer = word(object, BYTEARRAY_OB_ALLOC + 8);
             if buffer != 0 && !cx.pools.contains(buffer) {
                 tally.add_buffer(index, alloc);
+            }
+        }
+        Shape::Dict => {
+            if let Some(keys) = super::dicts::combined(object) {
+                leads.dicts.push((keys, index));
             }
         }
         Shape::Fixed | Shape::Var | Shape::Str | Shape::Long | Shape::Bytes => {}

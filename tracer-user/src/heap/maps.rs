@@ -99,6 +99,40 @@ pub fn rss(pid: u32) -> Result<Option<u64>, HeapError> {
     }))
 }
 
+/// Why the target's objects may not be in pymalloc's pools as the census
+/// expects, from how it was started: `PYTHONMALLOC` other than `pymalloc`
+/// (`malloc`, `mimalloc`, or debug hooks, which put 16 bytes before each
+/// object), `PYTHONDEVMODE` or `-X dev` (debug hooks too). `None` where
+/// nothing says so (an embedder can still choose otherwise).
+#[must_use]
+pub fn allocator_note(pid: u32) -> Option<String> {
+    let read = |what: &str| std::fs::read(format!("/proc/{pid}/{what}")).unwrap_or_default();
+    let environ = read("environ");
+    let variable = |name: &str| {
+        environ.split(|&b| b == 0).find_map(|kv| kv.strip_prefix(name.as_bytes())?.strip_prefix(b"=")).map(|v| {
+            let v = String::from_utf8_lossy(v);
+            super::names::escape(&v.chars().take(64).collect::<String>(), v.chars().count() > 64)
+        })
+    };
+    if let Some(value) = variable("PYTHONMALLOC").filter(|v| !v.is_empty() && v != "pymalloc") {
+        return Some(format!(
+            "PID {pid} was started with PYTHONMALLOC={value}: its objects are not all in pymalloc's pools, or not where the census looks in their blocks"
+        ));
+    }
+    let cmdline = read("cmdline");
+    let mut args = cmdline.split(|&b| b == 0);
+    let dev_mode = args.any(|a| a == b"-Xdev") || {
+        let mut pairs = cmdline.split(|&b| b == 0).zip(cmdline.split(|&b| b == 0).skip(1));
+        pairs.any(|(a, b)| a == b"-X" && b == b"dev")
+    };
+    if dev_mode || variable("PYTHONDEVMODE").is_some_and(|v| !v.is_empty()) {
+        return Some(format!(
+            "PID {pid} runs in Python's development mode, whose allocator debug hooks put 16 bytes before each object: the census finds few of them"
+        ));
+    }
+    None
+}
+
 fn proc_error(pid: u32, path: &str, cause: std::io::Error) -> HeapError {
     if cause.kind() == std::io::ErrorKind::NotFound || cause.raw_os_error() == Some(libc::ESRCH) {
         HeapError::Exited { pid }

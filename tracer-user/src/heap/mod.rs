@@ -19,6 +19,7 @@
 //! 4. [`model`] is what is reported; [`print`] draws the table.
 
 pub mod classify;
+pub mod dicts;
 pub mod maps;
 pub mod memory;
 pub mod model;
@@ -158,7 +159,7 @@ fn take(
     let rss = maps::rss(pid)?;
     let state = state::read(process, memory, abi, statics)?;
     let scan = pools::scan(memory, &regions, &interrupted)?;
-    let mut notes = Vec::new();
+    let mut notes: Vec<String> = maps::allocator_note(pid).into_iter().collect();
     if scan.unreadable > 0 {
         notes.push(format!("{} places in anonymous mappings could not be read (unmapped while scanned)", scan.unreadable));
     }

@@ -72,6 +72,14 @@ const ITEMS_PER_RANGE: u64 = 8192;
 /// Rounds of items leading to objects whose items lead further.
 const MAX_ROUNDS: u32 = 8;
 
+/// What is still to read: item arrays (address, items) and dict tables
+/// (keys object, the dict's type).
+#[derive(Debug, Default)]
+pub struct Queue {
+    pub arrays: Vec<(u64, u64)>,
+    pub dicts: Vec<(u64, u32)>,
+}
+
 /// Finds, validates and counts the objects outside the pools that `leads`
 /// lead to; `heads` are the generation lists' heads.
 #[allow(clippy::too_many_arguments, reason = "the census's state, passed apart so that each piece is borrowed once")]
@@ -87,21 +95,23 @@ pub fn census(
 ) -> Result<Found, HeapError> {
     let mut found = Found::default();
     let mut counted: HashSet<u64, BuildIdentity> = HashSet::default();
-    let mut arrays: Vec<(u64, u64)> = std::mem::take(&mut leads.lists);
+    let mut queue = Queue { arrays: std::mem::take(&mut leads.lists), dicts: std::mem::take(&mut leads.dicts) };
     let starts: Vec<u64> = leads.gc_links.drain().chain(heads.iter().copied()).collect();
     let mut walk = Walk { heads, seen_heads: HashSet::default(), found: &mut found, counted: &mut counted, limits };
     for start in starts {
         if interrupted() {
             return Err(HeapError::Interrupted);
         }
-        walk.run(start, types, cx, tally, &mut arrays, unicode)?;
+        walk.run(start, types, cx, tally, &mut queue, unicode)?;
     }
     for _ in 0..MAX_ROUNDS {
         if interrupted() {
             return Err(HeapError::Interrupted);
         }
-        read_items(&arrays, cx, &mut leads.referenced, &mut found, limits)?;
-        arrays.clear();
+        read_items(&queue.arrays, cx, &mut leads.referenced, &mut found, limits)?;
+        super::dicts::read(&queue.dicts, cx, tally, &mut leads.referenced, &mut found, limits)?;
+        queue.arrays.clear();
+        queue.dicts.clear();
         let mut candidates: Vec<u64> = leads.referenced.drain().filter(|a| !counted.contains(a)).collect();
         if candidates.is_empty() {
             break;
@@ -112,7 +122,7 @@ pub fn census(
             candidates.truncate(room);
             found.referenced_truncated = true;
         }
-        referenced(&candidates, types, cx, tally, &mut arrays, &mut found, &mut counted, unicode)?;
+        referenced(&candidates, types, cx, tally, &mut queue, &mut found, &mut counted, unicode)?;
     }
     Ok(found)
 }
@@ -135,7 +145,7 @@ impl Walk<'_> {
         types: &mut TypeTable,
         cx: &mut Context<'_>,
         tally: &mut Tally,
-        arrays: &mut Vec<(u64, u64)>,
+        queue: &mut Queue,
         unicode: UnicodeOffsets,
     ) -> Result<(), HeapError> {
         let mut at = start;
@@ -182,7 +192,7 @@ impl Walk<'_> {
             }
             self.counted.insert(object);
             self.found.gc_objects += 1;
-            count(index, object, body, types, cx, tally, arrays, unicode);
+            count(index, object, body, types, cx, tally, queue, unicode);
             previous = Some(at);
             at = word(&bytes, 0) & !GC_LINK_FLAGS;
         }
@@ -190,7 +200,7 @@ impl Walk<'_> {
 }
 
 /// Counts the object at `object`, whose first bytes are `body`, and queues
-/// the item arrays it leads to.
+/// the item arrays and dict tables it leads to.
 #[allow(clippy::too_many_arguments, reason = "the census's state, passed apart so that each piece is borrowed once")]
 fn count(
     index: u32,
@@ -199,22 +209,27 @@ fn count(
     types: &TypeTable,
     cx: &Context<'_>,
     tally: &mut Tally,
-    arrays: &mut Vec<(u64, u64)>,
+    queue: &mut Queue,
     unicode: UnicodeOffsets,
 ) {
     let info = types.info(index);
     tally.count_outside(index, info.preheader.saturating_add(types.object_size(index, body, unicode)));
     let items = word(body, OB_SIZE);
     match info.shape {
-        Shape::Tuple if items > 0 => arrays.push((object.wrapping_add(types.layout().tuple_items), items)),
+        Shape::Tuple if items > 0 => queue.arrays.push((object.wrapping_add(types.layout().tuple_items), items)),
         Shape::List => {
             let array = word(body, LIST_OB_ITEM);
             let allocated = word(body, LIST_OB_ITEM + 8);
             if items > 0 && array != 0 && items <= allocated {
-                arrays.push((array, items));
+                queue.arrays.push((array, items));
             }
             if array != 0 && !cx.pools.contains(array) {
                 tally.add_buffer(index, allocated.saturating_mul(8));
+            }
+        }
+        Shape::Dict => {
+            if let Some(keys) = super::dicts::combined(body) {
+                queue.dicts.push((keys, index));
             }
         }
         _ => {}
@@ -274,7 +289,7 @@ fn referenced(
     types: &mut TypeTable,
     cx: &mut Context<'_>,
     tally: &mut Tally,
-    arrays: &mut Vec<(u64, u64)>,
+    queue: &mut Queue,
     found: &mut Found,
     counted: &mut HashSet<u64, BuildIdentity>,
     unicode: UnicodeOffsets,
@@ -314,7 +329,7 @@ fn referenced(
             };
             if counted.insert(address) {
                 found.referenced_objects += 1;
-                count(index, address, body, types, cx, tally, arrays, unicode);
+                count(index, address, body, types, cx, tally, queue, unicode);
             }
         }
     }

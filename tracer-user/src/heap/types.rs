@@ -56,6 +56,8 @@ pub enum Shape {
     List,
     /// An exact `bytearray`: its buffer is a block of its own.
     ByteArray,
+    /// A dict or subclass: its table is a block of its own.
+    Dict,
 }
 
 /// A type accepted.
@@ -192,6 +194,8 @@ impl TypeTable {
             Shape::Tuple
         } else if flags & tpflags::LIST_SUBCLASS != 0 {
             Shape::List
+        } else if flags & tpflags::DICT_SUBCLASS != 0 {
+            Shape::Dict
         } else if itemsize > 0 {
             Shape::Var
         } else {
@@ -211,7 +215,7 @@ impl TypeTable {
         let t = &self.infos[index as usize];
         let ob_size = word(object, OB_SIZE);
         match t.shape {
-            Shape::Fixed | Shape::List | Shape::ByteArray => t.basicsize,
+            Shape::Fixed | Shape::List | Shape::ByteArray | Shape::Dict => t.basicsize,
             Shape::Var | Shape::Tuple | Shape::Bytes => {
                 var_size(t.basicsize, ob_size.cast_signed().unsigned_abs(), t.itemsize)
             }
@@ -269,7 +273,7 @@ impl TypeTable {
                 (0..digits.min(object.len().saturating_sub(first) / 4))
                     .all(|i| word32(object, first + 4 * i) >> LONG_DIGIT_BITS == 0)
             }
-            Shape::Fixed | Shape::ByteArray => true,
+            Shape::Fixed | Shape::ByteArray | Shape::Dict => true,
         }
     }
 

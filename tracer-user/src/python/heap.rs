@@ -102,6 +102,7 @@ pub mod tpflags {
     pub const TUPLE_SUBCLASS: u64 = 1 << 26;
     pub const BYTES_SUBCLASS: u64 = 1 << 27;
     pub const UNICODE_SUBCLASS: u64 = 1 << 28;
+    pub const DICT_SUBCLASS: u64 = 1 << 29;
     pub const TYPE_SUBCLASS: u64 = 1 << 31;
 }
 
