@@ -13,8 +13,9 @@
 //!
 //! On the way, the census collects what leads out of the pools: a GC
 //! object's links to heads outside them (large GC objects, the generation
-//! lists' heads), and the items of tuples and lists that are objects
-//! outside them (large `str`, `bytes`, `int`...), for [`super::outside`].
+//! lists' heads), the items of tuples that are objects outside them
+//! (large `str`, `bytes`, `int`...), and the item arrays of lists and the
+//! tables of dicts to read, for [`super::outside`].
 
 use std::collections::HashSet;
 

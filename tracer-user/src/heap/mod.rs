@@ -15,7 +15,7 @@
 //!    into an object of a type ([`types`]), an object on a free list, or no
 //!    object.
 //! 3. [`outside`] finds the objects outside the pools: GC objects on the
-//!    collector's lists, and what tuples and lists hold.
+//!    collector's lists, and what tuples, lists and dicts hold.
 //! 4. [`model`] is what is reported; [`print`] draws the table.
 
 pub mod classify;

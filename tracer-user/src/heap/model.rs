@@ -29,11 +29,12 @@ pub struct Census {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rss: Option<u64>,
     /// Bytes the census accounts for: pymalloc's pools (used and empty),
-    /// objects outside them, and their lists' and bytearrays' buffers.
+    /// objects outside them, and the item arrays, dict tables and buffers
+    /// outside them.
     pub accounted: u64,
     /// `rss` minus `accounted`: the interpreter's own structures, code,
-    /// the C library's heap outside objects (dict tables, sets' tables),
-    /// stacks, extension modules' memory.
+    /// the C library's heap outside objects (sets' tables, split dicts'
+    /// values), stacks, extension modules' memory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unaccounted: Option<i64>,
     /// Candidates refused, by reason (see the docs), with a count.
@@ -53,7 +54,8 @@ pub struct TypeRow {
     /// Objects.
     pub count: u64,
     /// Their blocks in pymalloc's pools, their sizes outside them, and
-    /// their item arrays and buffers outside the pools.
+    /// their item arrays, tables and buffers outside the pools (lists,
+    /// dicts, bytearrays).
     pub bytes: u64,
     /// Of `count`, the objects outside pymalloc's pools.
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -134,11 +136,13 @@ pub struct Outside {
     pub bytes: u64,
     /// Of them, found on the collector's lists.
     pub gc_objects: u64,
-    /// Of them, found as items of tuples and lists.
+    /// Of them, found as items of tuples and lists, and keys and values of
+    /// dicts.
     pub referenced: u64,
-    /// Item arrays of lists and buffers of bytearrays outside the pools.
+    /// Lists' item arrays, dicts' tables and bytearrays' buffers outside
+    /// the pools (each charged to its owner's type).
     pub buffer_bytes: u64,
-    /// Items of item arrays read.
+    /// Items of item arrays and entries of dict tables read.
     pub items_read: u64,
 }
 

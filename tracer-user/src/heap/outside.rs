@@ -9,9 +9,10 @@
 //!   stays outside the pools. Links inside the pools are never followed:
 //!   those objects were counted from the pools' copies. A neighbour that
 //!   does not link back is counted, as the list changed while read.
-//! - Objects that tuples and lists hold directly (large `str`, `bytes`,
-//!   `int`, untracked tuples): collected from the pools' tuples, read from
-//!   the item arrays of every list, and from those of the objects found
+//! - Objects that tuples, lists and dicts hold directly (large `str`,
+//!   `bytes`, `int`, untracked tuples): collected from the pools' tuples,
+//!   read from the item arrays of every list and the tables of every
+//!   combined dict ([`super::dicts`]), and from those of the objects found
 //!   here, a few rounds deep.
 //!
 //! Each is validated as an object (its type accepted, a live reference
@@ -54,7 +55,7 @@ impl Default for Limits {
 pub struct Found {
     /// GC objects found on the collector's lists.
     pub gc_objects: u64,
-    /// Objects found as items of tuples and lists.
+    /// Objects found as items of tuples and lists and in dicts.
     pub referenced_objects: u64,
     /// Items of item arrays read.
     pub items_read: u64,

@@ -55,7 +55,7 @@ pub fn table(census: &Census, top: usize) -> String {
     let o = &census.outside;
     let _ = writeln!(
         out,
-        "outside pymalloc: {} objects, {} ({} on the collector's lists, {} held by tuples and lists); list item arrays and bytearray buffers {}",
+        "outside pymalloc: {} objects, {} ({} on the collector's lists, {} held by tuples, lists and dicts); item arrays, dict tables and buffers {}",
         thousands(o.objects),
         bytes(o.bytes),
         thousands(o.gc_objects),

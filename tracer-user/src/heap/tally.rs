@@ -118,8 +118,8 @@ pub struct TypeCounts {
     /// Objects outside the pools, and their sizes.
     pub outside_objects: u64,
     pub outside_bytes: u64,
-    /// Item arrays and buffers of its objects that are blocks of their own
-    /// outside the pools (list, bytearray).
+    /// Item arrays, tables and buffers of its objects that are blocks of
+    /// their own outside the pools (list, dict, bytearray).
     pub buffer_bytes: u64,
 }
 
