@@ -115,7 +115,7 @@ fn unknown_link_kind() {
     let workload = Workload::serve(&shared_python());
     assert_bad_input(
         &["attach", "--pid", &workload.pid().to_string(), "--links", "bpf"],
-        "--links must be auto, multi or perf (got \"bpf\")",
+        "invalid value 'bpf' for '--links <HOW>'; possible values: auto, multi, perf; a similar value exists: 'perf'; see `tracer attach --help`",
     );
 }
 

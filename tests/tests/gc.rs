@@ -462,7 +462,7 @@ fn gc_modes_a_build_lacks_are_refused() {
         ),
         (
             vec!["attach", "--pid", &pid, "--gc", "sometimes"],
-            "tracer: error: --gc must be auto, markers, function or off (got \"sometimes\")\n".to_owned(),
+            "tracer: error: invalid value 'sometimes' for '--gc <HOW>'; possible values: auto, markers, function, off; see `tracer attach --help`\n".to_owned(),
         ),
         (
             vec!["probes", "--pid", &pid, "--gc", "markers"],

@@ -119,7 +119,10 @@ fn probes_bad_input() {
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.starts_with("tracer: error: /usr/bin/sleep is not a CPython executable"), "{stderr}");
     let (code, _, stderr) = run_tracer(&["probes", "--exe", "/usr/bin/python3.11", "--placement", "middle"]);
-    assert_eq!(stderr, "tracer: error: --placement must be auto, entry or call-sites (got \"middle\")\n");
+    assert_eq!(
+        stderr,
+        "tracer: error: invalid value 'middle' for '--placement <WHERE>'; possible values: auto, entry, call-sites; see `tracer probes --help`\n"
+    );
     assert_eq!(code, Some(2));
 }
 

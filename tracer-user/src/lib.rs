@@ -1,10 +1,12 @@
-//! tracer's userspace: find the CPython image in a live process
-//! ([`discover`]), plan where each probe goes ([`plan`]), load and attach the
-//! BPF programs ([`kernel`]), run until the end ([`run`]), and report what
-//! was counted ([`model`], [`report`]); read Python stacks from outside
-//! ([`stacks`]).
+//! tracer's userspace: the command line ([`cli`], checked by [`config`]),
+//! find the CPython image in a live process ([`discover`]), plan where each
+//! probe goes ([`plan`]), both once per command ([`prepare`]), load and
+//! attach the BPF programs ([`kernel`]), run until the end ([`run`]), and
+//! report what was counted ([`model`], [`report`]); read Python stacks from
+//! outside ([`stacks`]).
 
 pub mod bench;
+pub mod cli;
 pub mod config;
 pub mod discover;
 pub mod error;
@@ -12,6 +14,7 @@ pub mod heap;
 pub mod kernel;
 pub mod model;
 pub mod plan;
+pub mod prepare;
 pub mod privileges;
 pub mod probe;
 pub mod python;

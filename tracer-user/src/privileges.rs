@@ -17,6 +17,15 @@ pub enum PrivilegeError {
     Status(std::io::Error),
 }
 
+impl crate::error::Classify for PrivilegeError {
+    /// Who runs tracer, and with what, is the user's to change.
+    fn is_bad_input(&self) -> bool {
+        match self {
+            Self::NotPrivileged { .. } | Self::Status(_) => true,
+        }
+    }
+}
+
 /// Checks the effective capability set (not the uid: a root process can
 /// have dropped its capabilities, and a non-root one can hold them).
 pub fn check() -> Result<(), PrivilegeError> {

@@ -228,17 +228,31 @@ impl ProbeSpec {
     }
 }
 
-/// Which probes to attach: `--probes`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Which probes to attach: `--probes`, a named set or function names.
+#[derive(Clone, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum ProbeSelection {
     /// Every default probe in the version's table.
+    #[value(alias = "all")]
     Default,
     /// `_Py_NewReference` and `_Py_Dealloc`.
     Refs,
     /// The twelve allocator functions.
     Alloc,
     /// These symbols from the table, each required.
+    #[value(skip)]
     Names(Vec<String>),
+}
+
+impl std::fmt::Display for ProbeSelection {
+    /// As `--probes` takes it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use clap::ValueEnum as _;
+        match (self, self.to_possible_value()) {
+            (Self::Names(names), _) => f.write_str(&names.join(",")),
+            (_, Some(set)) => f.write_str(set.get_name()),
+            (_, None) => Ok(()),
+        }
+    }
 }
 
 /// A `--probes` value that names no known probe set or symbol.
@@ -252,29 +266,32 @@ pub enum SelectionError {
     NotInVersion { name: String, version: String },
 }
 
+impl crate::error::Classify for SelectionError {
+    /// `--probes` (or `--stacks`) naming what cannot be probed.
+    fn is_bad_input(&self) -> bool {
+        true
+    }
+}
+
 impl ProbeSelection {
     /// Parses a `--probes` value; `known` are the function names any
     /// supported version has.
     pub fn parse(value: &str, known: &[&str]) -> Result<Self, SelectionError> {
-        match value.trim() {
-            "" => Err(SelectionError::Empty),
-            "default" | "all" => Ok(Self::Default),
-            "refs" => Ok(Self::Refs),
-            "alloc" => Ok(Self::Alloc),
-            list => {
-                let names: Vec<String> =
-                    list.split(',').map(str::trim).filter(|n| !n.is_empty()).map(str::to_owned).collect();
-                if names.is_empty() {
-                    return Err(SelectionError::Empty);
-                }
-                for name in &names {
-                    if !known.contains(&name.as_str()) {
-                        return Err(SelectionError::Unknown { name: name.clone(), known: known.join(", ") });
-                    }
-                }
-                Ok(Self::Names(names))
+        let value = value.trim();
+        // A named set, by clap's parser of the closed set.
+        if let Ok(set) = <Self as clap::ValueEnum>::from_str(value, false) {
+            return Ok(set);
+        }
+        let names: Vec<String> = value.split(',').map(str::trim).filter(|n| !n.is_empty()).map(str::to_owned).collect();
+        if names.is_empty() {
+            return Err(SelectionError::Empty);
+        }
+        for name in &names {
+            if !known.contains(&name.as_str()) {
+                return Err(SelectionError::Unknown { name: name.clone(), known: known.join(", ") });
             }
         }
+        Ok(Self::Names(names))
     }
 
     /// The rows of `table` (Python `version`'s) this selection picks, in

@@ -20,10 +20,12 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use crate::{
-    discover::{ResolveError, Resolved, TargetSpec},
+    discover::{Resolved, TargetSpec},
+    error::Classify,
     kernel::{AttachError, LoadOptions, Session},
-    plan::{self, ImageRef, PlacementMode, PlanError, PlanOptions},
-    probe::{ProbeSelection, ProbeSpec, Program, SelectionError},
+    plan::{ImageRef, PlacementMode, Plan as ProbePlan},
+    prepare::{self, Planning, PrepareError, Prepared},
+    probe::{ProbeSelection, Program},
 };
 
 const HELPER: &str = include_str!("helper.py");
@@ -37,35 +39,23 @@ pub enum BenchError {
         "pyperf is not installed for {python}; run `cargo xtask setup` (it installs pyperf in {venv}) or `{python} -m pip install pyperf`, or pass --python of an interpreter that has it"
     )]
     NoPyperf { python: PathBuf, venv: String },
-    #[error(
-        "--also names {item:?}, which is not a setup tracer bench knows; use entry, call-sites, empty, empty-entry, empty-call-sites, returns, meta-insert, meta-lookup, meta-pool, meta-chunk, bpftrace, tracemalloc=FRAMES (e.g. tracemalloc=1) or budget=PERCENT (e.g. budget=1)"
-    )]
-    UnknownSetup { item: String },
     #[error("{what} failed: {detail}")]
     Step { what: String, detail: String },
     #[error(transparent)]
-    Target(#[from] ResolveError),
+    Prepare(#[from] PrepareError),
     #[error(transparent)]
     Attach(#[from] AttachError),
-    #[error(transparent)]
-    Plan(#[from] PlanError),
-    #[error(transparent)]
-    Selection(#[from] SelectionError),
     #[error("cannot write {path}: {cause}")]
     Output { path: PathBuf, cause: std::io::Error },
 }
 
-impl BenchError {
-    /// Whether the cause is the user's input (exit status 2).
-    #[must_use]
-    pub fn is_bad_input(&self) -> bool {
+impl Classify for BenchError {
+    /// The interpreter given, and what it has; a step that fails on the
+    /// way is tracer's or the system's.
+    fn is_bad_input(&self) -> bool {
         match self {
-            Self::Python { .. }
-            | Self::NoPyperf { .. }
-            | Self::UnknownSetup { .. }
-            | Self::Target(_)
-            | Self::Plan(_)
-            | Self::Selection(_) => true,
+            Self::Python { .. } | Self::NoPyperf { .. } => true,
+            Self::Prepare(e) => e.is_bad_input(),
             Self::Attach(e) => e.is_bad_input(),
             Self::Step { .. } | Self::Output { .. } => false,
         }
@@ -130,18 +120,19 @@ impl Effort {
 pub enum State {
     /// Nothing attached.
     Baseline,
-    /// tracer attached to every process of the interpreter.
+    /// tracer attached to every process of the interpreter, probing
+    /// `--probes`.
     Attached {
         name: String,
-        probes: ProbeSelection,
         program: Option<Program>,
         placement: PlacementMode,
         /// With return probes too (`--returns`), planned by costs the bench
         /// calibrates when it first needs them.
         returns: bool,
     },
-    /// Attached and detached again just before the chunk.
-    Detached { probes: ProbeSelection },
+    /// Attached (as `attached`, with the probes placed as by default) and
+    /// detached again just before the chunk.
+    Detached,
     /// Environment variables for pyperf's workers (e.g. PYTHONTRACEMALLOC).
     Env { name: String, vars: Vec<(String, String)> },
     /// Another tool running during the chunk: started, waited for until it
@@ -194,12 +185,12 @@ pub struct HitsPerLoop {
 /// What a benchmark needs: the interpreter, its image and a work directory.
 pub struct Bench {
     pub python: PathBuf,
-    /// The interpreter, resolved as `--exe` resolves it (with the modules
-    /// that may call into it, for `--placement call-sites`).
-    pub target: Resolved,
-    /// What the user should know about the interpreter, reported with the
-    /// result.
-    pub notes: Vec<crate::model::Note>,
+    /// The interpreter, prepared as `--exe` prepares it (with the modules
+    /// that may call into it, for `--placement call-sites`), with the
+    /// plan of `--probes` placed as by default, which counts the hits per
+    /// loop and is attached for `detached`. Its notes are reported with
+    /// the result.
+    pub prepared: Prepared,
     pub stmt: String,
     pub setup: String,
     pub plan: Plan,
@@ -215,9 +206,17 @@ struct Info {
 }
 
 impl Bench {
-    /// Checks the interpreter and pyperf, resolves the image, prepares
-    /// `out_dir` (removing results of an earlier run there).
-    pub fn new(python: &Path, stmt: &str, setup: &str, plan: Plan, out_dir: &Path) -> Result<Self, BenchError> {
+    /// Checks the interpreter and pyperf, prepares the image for
+    /// `probes`, prepares `out_dir` (removing results of an earlier run
+    /// there).
+    pub fn new(
+        python: &Path,
+        stmt: &str,
+        setup: &str,
+        probes: &ProbeSelection,
+        plan: Plan,
+        out_dir: &Path,
+    ) -> Result<Self, BenchError> {
         std::fs::create_dir_all(out_dir).map_err(|cause| BenchError::Output { path: out_dir.to_owned(), cause })?;
         let helper = out_dir.join("helper.py");
         std::fs::write(&helper, HELPER).map_err(|cause| BenchError::Output { path: helper.clone(), cause })?;
@@ -233,16 +232,19 @@ impl Bench {
         if info.pyperf.is_none() {
             return Err(BenchError::NoPyperf { python: python.to_owned(), venv: default_venv().display().to_string() });
         }
-        let target = crate::discover::resolve(
-            &TargetSpec::Exe(info.executable),
-            true,
-            crate::discover::DwarfLookup { enabled: true, debug_dir: None },
-        )?;
-        let notes = crate::run::debug_offsets_note(&target).into_iter().collect();
+        let options = prepare::Options {
+            probes,
+            planning: Planning::default(),
+            native: false,
+            gc: crate::plan::gc::GcMode::Off,
+            debug_dir: None,
+            hit_costs: false,
+            callers: true,
+        };
+        let prepared = prepare::prepare(&TargetSpec::Exe(info.executable), &options)?;
         Ok(Self {
-            notes,
+            prepared,
             python: python.to_owned(),
-            target,
             stmt: stmt.to_owned(),
             setup: setup.to_owned(),
             plan,
@@ -257,34 +259,36 @@ impl Bench {
         if let Some(costs) = *self.return_costs.borrow() {
             return Ok(costs);
         }
-        let calibration = crate::run::calibrate::calibrate(true).map_err(|e| step("calibrating return probes", e))?;
+        let calibration = prepare::calibrate::calibrate(true).map_err(|e| step("calibrating return probes", e))?;
         let costs = calibration.returns.map(|r| r.0).ok_or_else(|| step("calibrating return probes", "no result"))?;
         *self.return_costs.borrow_mut() = Some(costs);
         Ok(costs)
     }
 
-    fn image(&self) -> ImageRef<'_> {
-        ImageRef::from(&self.target)
+    /// The interpreter, resolved.
+    #[must_use]
+    pub const fn target(&self) -> &Resolved {
+        &self.prepared.target
     }
 
-    /// Plans `specs` with `options` and loads them, counting every process.
-    fn load(&self, specs: &[ProbeSpec], options: PlanOptions, pid: u32) -> Result<Session, BenchError> {
-        let plan = plan::plan(self.image(), specs, options)?;
+    /// Loads `plan`, counting the process `pid`, or every process (0).
+    fn load(plan: ProbePlan, pid: u32) -> Result<Session, BenchError> {
         Ok(Session::load(plan, pid, &LoadOptions::default())?)
     }
 
-    /// The probe table rows a selection picks for this interpreter.
-    pub fn specs(&self, probes: &ProbeSelection) -> Result<Vec<ProbeSpec>, BenchError> {
-        Ok(probes.select(self.target.abi.probes(), &self.target.version.to_string())?)
+    /// Plans `--probes` as `planning` says.
+    fn plan(&self, planning: Planning) -> Result<ProbePlan, BenchError> {
+        let costs = if planning.returns { Some(self.return_costs()?) } else { None };
+        let plan = planning.plan(ImageRef::from(self.target()), &self.prepared.specs, costs);
+        Ok(plan.map_err(PrepareError::from)?)
     }
 
-    /// Counts hits of `probes` over N and 2N loops of the statement (the
+    /// Counts hits of `--probes` over N and 2N loops of the statement (the
     /// way timeit runs it) in a fresh process each, and returns the
     /// difference per loop: exact, with process startup cancelled out.
-    pub fn hits_per_loop(&self, probes: &ProbeSelection, loops: u64) -> Result<HitsPerLoop, BenchError> {
-        let specs = self.specs(probes)?;
-        let one = self.count_loops(&specs, loops)?;
-        let two = self.count_loops(&specs, 2 * loops)?;
+    pub fn hits_per_loop(&self, loops: u64) -> Result<HitsPerLoop, BenchError> {
+        let one = self.count_loops(loops)?;
+        let two = self.count_loops(2 * loops)?;
         #[allow(clippy::cast_precision_loss)] // counts far below 2^52
         let per_probe: Vec<(&'static str, f64)> = one
             .iter()
@@ -295,7 +299,7 @@ impl Bench {
         Ok(HitsPerLoop { total, per_probe, loops })
     }
 
-    fn count_loops(&self, specs: &[ProbeSpec], loops: u64) -> Result<Vec<(&'static str, u64)>, BenchError> {
+    fn count_loops(&self, loops: u64) -> Result<Vec<(&'static str, u64)>, BenchError> {
         let mut child = KillOnDrop(
             Command::new(&self.python)
                 .arg(&self.helper)
@@ -321,7 +325,7 @@ impl Bench {
             ));
         }
         wait_blocked_on_stdin(pid)?;
-        let mut session = self.load(specs, PlanOptions::default(), pid)?;
+        let mut session = Self::load(self.prepared.plan.clone(), pid)?;
         session.attach_process(pid)?;
         let mut stdin = child.0.stdin.take().ok_or_else(|| step("the loop helper", "no stdin"))?;
         stdin.write_all(b"go\n").map_err(|e| step("starting the loop", e))?;
@@ -417,15 +421,10 @@ impl Bench {
         let mut guard = Guard::default();
         match state {
             State::Baseline => {}
-            State::Attached { probes, program, placement, returns, .. } => {
-                let specs = self.specs(probes)?;
-                let options = PlanOptions {
-                    program_override: *program,
-                    placement: *placement,
-                    returns: if *returns { Some(self.return_costs()?) } else { None },
-                    ..PlanOptions::default()
-                };
-                let mut session = self.load(&specs, options, 0)?;
+            State::Attached { program, placement, returns, .. } => {
+                let planning =
+                    Planning { placement: *placement, program: *program, returns: *returns, ..Planning::default() };
+                let mut session = Self::load(self.plan(planning)?, 0)?;
                 if session.plan().has_many_sites() {
                     // Thousands of uprobes: only a multi link detaches them quickly.
                     session.attach_multi(crate::kernel::ALL_PROCESSES)?;
@@ -434,9 +433,8 @@ impl Bench {
                 }
                 guard.session = Some(session);
             }
-            State::Detached { probes } => {
-                let specs = self.specs(probes)?;
-                let mut session = self.load(&specs, PlanOptions::default(), 0)?;
+            State::Detached => {
+                let mut session = Self::load(self.prepared.plan.clone(), 0)?;
                 session.attach_all_processes()?;
                 drop(session);
             }

@@ -3,66 +3,72 @@
 
 use std::{path::Path, time::Duration};
 
+use clap::ValueEnum as _;
 use indexmap::IndexMap;
 
 use super::{Bench, BenchError, Comparison, HitsPerLoop, State, StateStats, compare_line};
 use crate::{
+    cli::{Extra, Setup, Setups},
     model::{BenchEntry, BenchPython, BenchReport, BenchState},
     plan::PlacementMode,
-    probe::{ProbeSelection, ProbeSpec, Program},
+    probe::{ProbeSpec, Program},
 };
 
-/// Parses `--also`: extra setups measured beside baseline, attached and
-/// detached. `entry` (tracer's counting probes at the function entries),
+/// The states of `--also`, measured beside baseline, attached and
+/// detached: `entry` (tracer's counting probes at the function entries),
 /// `empty` and `empty-entry` (an empty BPF program at the placed offsets or
 /// at the entries: the cost of the uprobe itself), `call-sites` and
-/// `empty-call-sites` (the same with `--placement call-sites`), `tracemalloc=N`
-/// (PYTHONTRACEMALLOC=N in pyperf's workers), `bpftrace` (bpftrace counting
-/// the same functions at their entries), `budget=PERCENT` (`tracer attach
-/// --exe EXE --budget PERCENT` running through the chunk).
+/// `empty-call-sites` (the same with `--placement call-sites`), `returns`
+/// (with return probes), the `meta-*` experiment's programs,
+/// `tracemalloc=N` (PYTHONTRACEMALLOC=N in pyperf's workers), `bpftrace`
+/// (bpftrace counting the same functions, `specs`, at their entries in
+/// `image`), `budget=PERCENT` (`tracer attach --exe EXE --budget PERCENT`
+/// running through the chunk).
 pub fn extra_states(
-    list: &str,
-    probes: &ProbeSelection,
+    Setups(list): &Setups,
     specs: &[ProbeSpec],
     (exe, image): (&Path, &Path),
 ) -> Result<Vec<State>, BenchError> {
-    let attached = |name: &str, program, placement| State::Attached {
-        name: name.to_owned(),
-        probes: probes.clone(),
+    let attached = |setup: Setup, program, placement, returns| State::Attached {
+        name: setup.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default(),
         program,
         placement,
-        returns: false,
+        returns,
     };
     let mut states = Vec::new();
-    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let state = match item.split_once('=') {
-            None if item == "entry" => attached("entry", None, PlacementMode::Entry),
-            None if item == "empty" => attached("empty", Some(Program::Empty), PlacementMode::Auto),
-            None if item == "empty-entry" => attached("empty-entry", Some(Program::Empty), PlacementMode::Entry),
-            // The allocator-metadata experiment (tracer-ebpf/src/experiment.rs).
-            None if item == "meta-insert" => attached(item, Some(Program::MetaInsert), PlacementMode::Auto),
-            None if item == "meta-lookup" => attached(item, Some(Program::MetaLookup), PlacementMode::Auto),
-            None if item == "meta-pool" => attached(item, Some(Program::MetaPool), PlacementMode::Auto),
-            None if item == "meta-chunk" => attached(item, Some(Program::MetaChunk), PlacementMode::Auto),
-            None if item == "call-sites" => attached("call-sites", None, PlacementMode::CallSites),
-            None if item == "empty-call-sites" => {
-                attached("empty-call-sites", Some(Program::Empty), PlacementMode::CallSites)
+    for extra in list {
+        let state = match extra {
+            Extra::Setup(setup @ Setup::Entry) => attached(*setup, None, PlacementMode::Entry, false),
+            Extra::Setup(setup @ Setup::CallSites) => attached(*setup, None, PlacementMode::CallSites, false),
+            Extra::Setup(setup @ Setup::Empty) => attached(*setup, Some(Program::Empty), PlacementMode::Auto, false),
+            Extra::Setup(setup @ Setup::EmptyEntry) => {
+                attached(*setup, Some(Program::Empty), PlacementMode::Entry, false)
             }
-            None if item == "returns" => State::Attached {
-                name: "returns".to_owned(),
-                probes: probes.clone(),
-                program: None,
-                placement: PlacementMode::Auto,
-                returns: true,
-            },
-            None if item == "bpftrace" => State::Command {
+            Extra::Setup(setup @ Setup::EmptyCallSites) => {
+                attached(*setup, Some(Program::Empty), PlacementMode::CallSites, false)
+            }
+            Extra::Setup(setup @ Setup::Returns) => attached(*setup, None, PlacementMode::Auto, true),
+            // The allocator-metadata experiment (tracer-ebpf/src/experiment.rs).
+            Extra::Setup(setup @ Setup::MetaInsert) => {
+                attached(*setup, Some(Program::MetaInsert), PlacementMode::Auto, false)
+            }
+            Extra::Setup(setup @ Setup::MetaLookup) => {
+                attached(*setup, Some(Program::MetaLookup), PlacementMode::Auto, false)
+            }
+            Extra::Setup(setup @ Setup::MetaPool) => {
+                attached(*setup, Some(Program::MetaPool), PlacementMode::Auto, false)
+            }
+            Extra::Setup(setup @ Setup::MetaChunk) => {
+                attached(*setup, Some(Program::MetaChunk), PlacementMode::Auto, false)
+            }
+            Extra::Setup(Setup::Bpftrace) => State::Command {
                 name: "bpftrace".into(),
                 argv: vec!["bpftrace".into(), "-e".into(), bpftrace_script(specs, image)],
                 ready: "Attaching".into(),
                 // bpftrace prints "Attaching N probes..." before attaching.
                 settle: Duration::from_secs(2),
             },
-            Some(("budget", percent)) if percent.parse::<f64>().is_ok_and(|p| p > 0.0 && p <= 100.0) => {
+            Extra::Budget(percent) => {
                 let symbols: Vec<&str> = specs.iter().map(|s| s.symbol).collect();
                 let tracer = std::env::current_exe().map_err(|e| super::step("finding tracer's own executable", e))?;
                 State::Command {
@@ -75,7 +81,7 @@ pub fn extra_states(
                         "--probes".into(),
                         symbols.join(","),
                         "--budget".into(),
-                        percent.into(),
+                        percent.clone(),
                         "--json".into(),
                         "--interval".into(),
                         "3600".into(),
@@ -84,11 +90,10 @@ pub fn extra_states(
                     settle: Duration::ZERO,
                 }
             }
-            Some(("tracemalloc", frames)) if frames.parse::<u32>().is_ok_and(|f| f > 0) => State::Env {
+            Extra::Tracemalloc(frames) => State::Env {
                 name: format!("tracemalloc{frames}"),
-                vars: vec![("PYTHONTRACEMALLOC".into(), frames.into())],
+                vars: vec![("PYTHONTRACEMALLOC".into(), frames.clone())],
             },
-            _ => return Err(BenchError::UnknownSetup { item: item.to_owned() }),
         };
         states.push(state);
     }
@@ -168,8 +173,8 @@ pub fn json(bench: &Bench, baseline: &StateStats, rows: &[Row<'_>], hits: &HitsP
     BenchReport {
         python: BenchPython {
             executable: bench.python.clone(),
-            version: bench.target.version.to_string(),
-            image: bench.target.display_path.clone(),
+            version: bench.target().version.to_string(),
+            image: bench.target().display_path.clone(),
         },
         stmt: bench.stmt.clone(),
         setup: bench.setup.clone(),
@@ -179,29 +184,42 @@ pub fn json(bench: &Bench, baseline: &StateStats, rows: &[Row<'_>], hits: &HitsP
         hits_per_loop_by_probe: hits.per_probe.iter().map(|(n, v)| ((*n).to_owned(), *v)).collect(),
         ns_per_hit: per_hit.get("attached").copied().flatten(),
         ns_per_hit_by_setup: per_hit,
-        notes: bench.notes.clone(),
+        notes: bench.prepared.notes.clone(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::python::{PythonVersion, abi_for};
+    use crate::{
+        probe::ProbeSelection,
+        python::{PythonVersion, abi_for},
+    };
 
     fn paths() -> (&'static Path, &'static Path) {
         (Path::new("/py"), Path::new("/l.so"))
     }
 
     #[test]
-    fn parses_extra_setups() {
+    fn extra_setups_in_order() {
         let abi = abi_for(1, PythonVersion::from_hex(0x030B_07F0)).unwrap();
         let specs = ProbeSelection::Refs.select(abi.probes(), "3.11.7").unwrap();
-        let states =
-            extra_states("empty, tracemalloc=25,bpftrace,budget=1,returns", &ProbeSelection::Refs, &specs, paths())
-                .unwrap();
+        let also = Setups(vec![
+            Extra::Setup(Setup::Empty),
+            Extra::Tracemalloc("25".into()),
+            Extra::Setup(Setup::Bpftrace),
+            Extra::Budget("1".into()),
+            Extra::Setup(Setup::Returns),
+            Extra::Setup(Setup::EmptyCallSites),
+        ]);
+        let states = extra_states(&also, &specs, paths()).unwrap();
         let names: Vec<&str> = states.iter().map(State::name).collect();
-        assert_eq!(names, ["empty", "tracemalloc25", "bpftrace", "budget1", "returns"]);
+        assert_eq!(names, ["empty", "tracemalloc25", "bpftrace", "budget1", "returns", "empty-call-sites"]);
         assert!(matches!(states[4], State::Attached { returns: true, .. }));
+        assert!(matches!(
+            states[5],
+            State::Attached { program: Some(Program::Empty), placement: PlacementMode::CallSites, .. }
+        ));
         let State::Command { argv, .. } = &states[3] else { panic!("budget is a command") };
         assert_eq!(
             argv[1..9],
@@ -209,9 +227,5 @@ mod tests {
         );
         let State::Command { argv, .. } = &states[2] else { panic!("bpftrace is a command") };
         assert_eq!(argv[2], "uprobe:/l.so:_Py_NewReference,uprobe:/l.so:_Py_Dealloc { @[probe] = count(); }");
-        for bad in ["perf", "tracemalloc=0", "tracemalloc=x", "budget=0", "budget=x"] {
-            let err = extra_states(bad, &ProbeSelection::Refs, &specs, paths()).err().unwrap();
-            assert!(matches!(err, BenchError::UnknownSetup { .. }), "{err}");
-        }
     }
 }

@@ -19,6 +19,16 @@ pub enum ElfError {
     Parse { path: PathBuf, cause: object::Error },
 }
 
+impl crate::error::Classify for ElfError {
+    /// A file that cannot be read or parsed: the error that names the
+    /// file's role (the target's image, tracer's own) says whose it is.
+    fn is_bad_input(&self) -> bool {
+        match self {
+            Self::Read { .. } | Self::Parse { .. } => false,
+        }
+    }
+}
+
 /// One defined symbol.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Symbol {

@@ -64,6 +64,13 @@ pub enum ResolveError {
     Elf(#[from] elf::ElfError),
 }
 
+impl crate::error::Classify for ResolveError {
+    /// The target named is not one tracer can trace, or not as found.
+    fn is_bad_input(&self) -> bool {
+        true
+    }
+}
+
 /// A target resolved to its interpreter image, its version and the
 /// modules that may call into it: what attaching, planning and the
 /// benchmarks need.

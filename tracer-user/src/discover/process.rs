@@ -49,6 +49,13 @@ pub enum TargetError {
     Unreachable { pid: u32, path: String },
 }
 
+impl crate::error::Classify for TargetError {
+    /// The PID given, and the process it names.
+    fn is_bad_input(&self) -> bool {
+        true
+    }
+}
+
 /// Where the interpreter's code lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ImageKind {

@@ -47,6 +47,7 @@ use self::{
     types::{Builtins, Context, TypeTable},
 };
 use crate::{
+    error::Classify,
     python::{self, Abi, TypeNameOffsets, VersionError, heap::POOL_SIZE},
     stacks::{Process, StackError},
 };
@@ -78,15 +79,18 @@ pub enum HeapError {
     NoSymbol { pid: u32, image: String, symbol: &'static str },
 }
 
-impl HeapError {
-    /// Whether the user's input is at fault (a PID that is no supported
-    /// CPython, or that went away): exit status 2.
-    #[must_use]
-    pub const fn is_bad_input(&self) -> bool {
+impl Classify for HeapError {
+    /// A PID that is no supported CPython, or that went away: the user's
+    /// to fix.
+    fn is_bad_input(&self) -> bool {
         match self {
             Self::Stack(e) => e.is_bad_input(),
             Self::Version(_) | Self::Exited { .. } | Self::NoSymbol { .. } => true,
-            _ => false,
+            Self::Read { .. }
+            | Self::Proc { .. }
+            | Self::Stop { .. }
+            | Self::Interrupted
+            | Self::OffsetMismatch { .. } => false,
         }
     }
 }

@@ -4,6 +4,7 @@
 //! probe.
 
 pub mod btf;
+mod error;
 pub mod gc;
 mod links;
 pub mod maps;
@@ -12,7 +13,6 @@ pub mod multi;
 use std::{
     collections::HashMap,
     os::fd::{AsFd as _, OwnedFd},
-    path::PathBuf,
 };
 
 use aya::{
@@ -20,7 +20,6 @@ use aya::{
     maps::{Array, Map, MapData, PerCpuArray, PerCpuHashMap},
     programs::{ProgramFd, UProbe, uprobe::UProbeLinkId},
 };
-use thiserror::Error;
 use tracer_common::{
     counter::{Counter, CounterKey},
     live::{LiveCounts, LiveEntry, LiveKey},
@@ -30,52 +29,9 @@ use tracer_common::{
     types::{ObjectKey, TypeCounts, TypeKey},
 };
 
-pub use self::{links::LateSites, maps::Readings};
+pub use self::{error::AttachError, links::LateSites, maps::Readings};
 pub use crate::discover::ALL_PROCESSES;
 use crate::{discover::process::Pidfd, plan::Plan, probe::Program};
-
-/// Failure to load or attach.
-#[derive(Debug, Error)]
-pub enum AttachError {
-    #[error(
-        "this tracer was built without its BPF object (TRACER_EMPTY_BPF was set when it was built); build it with `cargo xtask build`"
-    )]
-    NoObject,
-    #[error("the kernel refused tracer's BPF object: {0}")]
-    Load(Box<aya::EbpfError>),
-    #[error("BPF program {name} is missing from tracer's BPF object (a build problem)")]
-    ProgramMissing { name: &'static str },
-    #[error("BPF program {name} failed to load: {cause}")]
-    ProgramLoad { name: &'static str, cause: Box<aya::programs::ProgramError> },
-    #[error("cannot read the kernel's statistics of BPF program {name}: {cause}")]
-    ProgramInfo { name: &'static str, cause: std::io::Error },
-    #[error("BPF map {name} is missing or has the wrong type: {cause}")]
-    Map { name: &'static str, cause: Box<aya::maps::MapError> },
-    #[error("cannot attach a uprobe to {symbol} in {path} for PID {pid}: {cause}")]
-    Attach { symbol: &'static str, path: PathBuf, pid: u32, cause: Box<aya::programs::ProgramError> },
-    #[error("process {pid} exited while tracer was attaching; start it again and pass its new PID")]
-    TargetExited { pid: u32 },
-    #[error("cannot duplicate the fd of BPF map {name}: {cause}")]
-    MapFd { name: String, cause: std::io::Error },
-    #[error(transparent)]
-    Multi(#[from] multi::MultiError),
-    #[error(
-        "{cause}; the uprobes of inlined copies and call sites need uprobe-multi links (Linux 6.6+), as perf-event uprobes would take minutes to detach: pass --no-inlined (and drop --placement call-sites), or trace on a newer kernel"
-    )]
-    ManySitesNeedMulti { cause: multi::MultiError },
-    #[error("cannot start reading the BPF log: {0}")]
-    Log(String),
-    #[error(transparent)]
-    Gc(#[from] gc::GcAttachError),
-}
-
-impl AttachError {
-    /// Whether the cause is the target rather than tracer.
-    #[must_use]
-    pub const fn is_bad_input(&self) -> bool {
-        matches!(self, Self::TargetExited { .. })
-    }
-}
 
 /// Options of a load beyond the plan.
 #[derive(Clone, Debug)]

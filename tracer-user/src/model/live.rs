@@ -88,7 +88,7 @@ pub struct Leak {
     /// With `--stacks`: the Python stack it was allocated on, innermost
     /// frame first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stack: Option<Vec<super::SiteFrame>>,
+    pub stack: Option<Vec<super::stacks::SiteFrame>>,
     /// Whether that stack was cut at `--depth`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stack_truncated: bool,

@@ -30,7 +30,10 @@ use object::{
     SectionKind,
 };
 
-use super::placement::{KernelVersion, emulated};
+use super::{
+    ImageRef, Plan, PlannedProbe,
+    placement::{self, KernelVersion, Placement, emulated},
+};
 use crate::discover::modules::Module;
 
 /// What one module holds for one function.
@@ -362,6 +365,52 @@ pub fn plan(
             None if s.emulated + s.stepped == 0 => Err("no call to it was found".to_owned()),
             None => Ok(s),
         })
+        .collect()
+}
+
+/// Moves each probe that would be single-stepped to its function's call
+/// sites, where those see every call; the rest keep their placement, with
+/// the reason added.
+pub(super) fn place_at_call_sites(image: ImageRef<'_>, probes: &mut [PlannedProbe], kernel: placement::KernelVersion) {
+    let stepped: Vec<usize> = (0..probes.len()).filter(|&i| !probes[i].placement.emulated).collect();
+    if stepped.is_empty() {
+        return;
+    }
+    let names: Vec<&str> = stepped.iter().map(|&i| probes[i].symbol).collect();
+    let defined: Vec<Option<u64>> = names.iter().map(|n| image.elf.function(n).map(|s| s.address)).collect();
+    let own = Module { display_path: image.display_path.to_owned(), attach_path: image.attach_path.to_owned() };
+    let plans = plan(&own, &names, &defined, image.modules, kernel);
+    for (&i, plan) in stepped.iter().zip(plans) {
+        let probe = &mut probes[i];
+        match plan {
+            Ok(sites) => {
+                probe.placement = Placement {
+                    offset: 0,
+                    instruction: format!("{} calls", sites.emulated + sites.stepped),
+                    emulated: sites.stepped == 0,
+                    reason: sites.describe(),
+                };
+                probe.call_sites = Some(sites);
+            }
+            Err(why) => probe.placement.reason = format!("{}; not at its call sites: {why}", probe.placement.reason),
+        }
+    }
+}
+
+/// The call sites a module mapped after the attach holds for the probes at
+/// their call sites: per such probe's slot, what was found there. A file
+/// that is not ELF holds none.
+#[must_use]
+pub fn late_call_sites(plan: &Plan, data: &[u8]) -> Vec<(u32, Found)> {
+    let moved: Vec<&PlannedProbe> = plan.probes.iter().filter(|p| p.call_sites.is_some()).collect();
+    let names: Vec<&str> = moved.iter().map(|p| p.symbol).collect();
+    let kernel = placement::running_kernel();
+    let Ok(found) = scan(data, &names, &vec![None; names.len()], kernel) else { return Vec::new() };
+    moved
+        .iter()
+        .zip(found)
+        .filter(|(_, f)| !(f.emulated.is_empty() && f.stepped.is_empty() && f.escapes == 0))
+        .map(|(p, f)| (p.slot, f))
         .collect()
 }
 

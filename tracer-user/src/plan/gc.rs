@@ -20,7 +20,7 @@ use crate::{
 };
 
 /// `--gc`: how collections are seen.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum GcMode {
     /// The markers where the build has them, else the collection function
     /// where the version module knows one, else nothing (said so).
@@ -123,13 +123,14 @@ pub enum GcPlanError {
     NotInFile { path: PathBuf, what: String, address: u64 },
 }
 
-impl GcPlanError {
-    /// Whether the cause is what the user asked for (`--gc markers` or
-    /// `function` on a build that lacks it), as opposed to an image tracer
-    /// cannot read.
-    #[must_use]
-    pub const fn is_bad_input(&self) -> bool {
-        matches!(self, Self::NoMarkers { .. } | Self::NoFunction { .. })
+impl crate::error::Classify for GcPlanError {
+    /// What the user asked for (`--gc markers` or `function` on a build
+    /// that lacks it), as opposed to an image tracer cannot read.
+    fn is_bad_input(&self) -> bool {
+        match self {
+            Self::NoMarkers { .. } | Self::NoFunction { .. } => true,
+            Self::Notes(_) | Self::NotInFile { .. } => false,
+        }
     }
 }
 

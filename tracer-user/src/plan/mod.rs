@@ -1,10 +1,16 @@
 //! The attach plan: which functions of the image are probed, where in
 //! each (placement, or at their call sites), and how return values are read.
 //! Planning reads files only; [`crate::kernel`] turns a plan into uprobes.
+//!
+//! The probes' coverage is worked out in [`coverage`](mod@coverage), the
+//! inlined copies probed in `inlined`, `--live`'s part in `live`, and call
+//! sites in [`callsites`].
 
 pub mod callsites;
 pub mod coverage;
 pub mod gc;
+mod inlined;
+mod live;
 pub mod native;
 pub mod placement;
 pub mod returns;
@@ -13,14 +19,16 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
+pub use self::callsites::late_call_sites;
 use self::{
-    callsites::CallSites,
-    coverage::{Completeness, Coverage},
+    callsites::{CallSites, place_at_call_sites},
+    coverage::{Coverage, coverage, live_coverage, types_coverage},
+    inlined::inline_sites,
+    live::{live_fix, live_impls, live_role, place_with_live},
     placement::Placement,
     returns::{ReturnCosts, ReturnPlan},
 };
 pub use crate::discover::{InlineEntry, Inlining};
-use crate::discover::{copies, guards};
 use crate::{
     discover::{elf::ElfImage, modules::Module},
     probe::{ProbeKind, ProbeSpec, Program},
@@ -37,8 +45,16 @@ pub enum PlanError {
     NoProbes { path: PathBuf },
 }
 
-/// Where uprobes go in each function.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+impl crate::error::Classify for PlanError {
+    fn is_bad_input(&self) -> bool {
+        match self {
+            Self::RequiredMissing { .. } | Self::NoProbes { .. } => true,
+        }
+    }
+}
+
+/// Where uprobes go in each function (`--placement`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum PlacementMode {
     /// At the first instruction the kernel emulates, when that counts the
     /// same calls (see [`placement`]).
@@ -424,415 +440,6 @@ fn find<'s>(
         return Err(PlanError::NoProbes { path: image.display_path.to_owned() });
     }
     Ok((found, missing))
-}
-
-/// What gives the allocator implementations where none was found.
-fn live_fix(inlining: Option<&Inlining>) -> String {
-    match inlining {
-        Some(Inlining::Guards { fix, .. }) => format!("the interpreter's debug info ({fix})"),
-        Some(Inlining::Skipped) => "drop --no-inlined, which also skips the debug file".to_owned(),
-        _ => "the interpreter's debug info, or pass its debug file's directory with --debug-dir".to_owned(),
-    }
-}
-
-/// With `--live`, the allocator implementations to probe, in slots after
-/// `probes`'. Every one gets its return probed, frees too: its frame must
-/// end for a later call on the thread to be paired right.
-fn live_impls(
-    image: ImageRef<'_>,
-    probes: &[PlannedProbe],
-    costs: Option<&ReturnCosts>,
-    kernel: placement::KernelVersion,
-) -> Vec<LiveImpl> {
-    let first = u32::try_from(probes.len()).unwrap_or(u32::MAX);
-    (first..)
-        .zip(image.implementations)
-        .map(|(slot, i)| {
-            let len = usize::try_from(i.size.min(MAX_FUNCTION)).unwrap_or(0);
-            let code = image.elf.read_at(i.file_offset, len);
-            let placement = match &code {
-                Ok(code) => placement::place(code, i.address, Program::LiveImpl, kernel),
-                Err(e) => Placement::at_entry(format!("entry: the code could not be read ({e})")),
-            };
-            let returns = match (costs, code) {
-                // A uretprobe goes where live_impl traps, so its
-                // breakpoint is free: as at offset 0 for a counting probe.
-                (Some(costs), Ok(code)) if i.size <= MAX_FUNCTION => {
-                    returns::plan(&code, i.address, 0, costs, (kernel, true))
-                }
-                (None, _) => ReturnPlan::Uretprobe { reason: "no return costs measured".to_owned() },
-                (_, Ok(_)) => ReturnPlan::Uretprobe { reason: format!("the function is over {MAX_FUNCTION} bytes") },
-                (_, Err(e)) => ReturnPlan::Uretprobe { reason: format!("the code could not be read ({e})") },
-            };
-            LiveImpl {
-                name: i.name,
-                slot,
-                file_offset: i.file_offset,
-                role: i.role | tracer_common::live::role::IMPLEMENTATION,
-                returns,
-                placement,
-            }
-        })
-        .collect()
-}
-
-/// The inlined copies of `symbol` that can be probed, and why each of the
-/// others cannot.
-fn inline_sites(image: ImageRef<'_>, symbol: &str, kernel: placement::KernelVersion) -> (Vec<InlineSite>, Vec<String>) {
-    let mut sites: Vec<InlineSite> = Vec::new();
-    let mut unprobed = Vec::new();
-    // Each copy with the points it may be probed at, the first preferred
-    // unless a later one is emulated.
-    let copies: Vec<Vec<InlineEntry>> = match image.inlining {
-        Some(Inlining::Known { entries, .. }) => entries.get(symbol).cloned().unwrap_or_default(),
-        Some(Inlining::Guards { scan, .. }) => match scan.functions.get(symbol) {
-            Some(Ok(found)) => found.sites.iter().map(copies::guard_points).collect(),
-            _ => Vec::new(),
-        },
-        _ => Vec::new(),
-    };
-    for points in copies {
-        let code = |entry: &InlineEntry| {
-            let offset = image.elf.file_offset(entry.address).ok_or("is in no file-backed segment".to_owned())?;
-            let code = image.elf.read_at(offset, 16).map_err(|e| e.to_string())?;
-            placement::probeable(&code)?;
-            Ok::<_, String>(InlineSite {
-                offset,
-                size: entry.size,
-                object: entry.object,
-                emulated: emulated_at(&code, kernel),
-            })
-        };
-        // The first point that can be probed, or a later one the kernel
-        // emulates where the size (if the first has one) is still known.
-        let mut why = None;
-        let mut probeable =
-            points.iter().filter_map(|p| code(p).map_err(|e| why = why.take().or(Some((p.address, e)))).ok());
-        let Some(first) = probeable.next() else {
-            if let Some((address, why)) = why {
-                unprobed.push(format!("{address:#x}: {why}"));
-            }
-            continue;
-        };
-        let better = if first.emulated {
-            None
-        } else {
-            probeable.find(|p| {
-                p.emulated
-                    && (first.size.is_none() || p.size.is_some())
-                    && (first.object.is_none() || p.object.is_some())
-            })
-        };
-        sites.push(better.unwrap_or(first));
-    }
-    sites.sort_unstable_by_key(|s| s.offset);
-    sites.dedup_by_key(|s| s.offset);
-    (sites, unprobed)
-}
-
-/// Whether the kernel emulates the instruction that starts `code`.
-fn emulated_at(code: &[u8], kernel: placement::KernelVersion) -> bool {
-    use iced_x86::{Decoder, DecoderOptions};
-    let len = Decoder::new(64, code, DecoderOptions::NONE).decode().len();
-    code.get(..len).is_some_and(|insn| placement::emulated(insn, kernel).is_some())
-}
-
-/// What `spec`'s probe covers, with `probed` of its inlined copies probed
-/// and `unprobed` saying why the rest are not.
-fn coverage(
-    image: ImageRef<'_>,
-    spec: &ProbeSpec,
-    sites: &[InlineSite],
-    unprobed: &[String],
-    returns: bool,
-) -> Coverage {
-    let probed = sites.len();
-    let sizeless = sites.iter().filter(|s| s.size.is_none()).count();
-    let measures_bytes = spec.program.counts_bytes();
-    let mut c = Coverage {
-        source: "symbols".to_owned(),
-        out_of_line: 1,
-        inlined: None,
-        inlined_probed: probed,
-        other_entries: None,
-        call_sites: 0,
-        calls: Completeness::Complete,
-        bytes: if measures_bytes { Completeness::Complete } else { Completeness::None },
-        types: None,
-        live: None,
-        reason: None,
-        fix: None,
-        cross_check: None,
-    };
-    match image.inlining {
-        // tracer's own code: nothing is inlined that it would count.
-        None => {}
-        Some(Inlining::Skipped) => {
-            c.calls = Completeness::Partial;
-            if measures_bytes {
-                c.bytes = Completeness::Partial;
-            }
-            c.reason = Some(format!("--no-inlined: copies of {} the compiler inlined are not probed", spec.symbol));
-            c.fix = Some("drop --no-inlined".to_owned());
-        }
-        Some(Inlining::Guards { fix, scan }) => guard_coverage(&mut c, (image, spec), (fix, scan), sites, unprobed),
-        Some(Inlining::Known { source, entries, cross_check, entered }) => {
-            c.source.clone_from(source);
-            c.cross_check = cross_check.get(spec.symbol).cloned();
-            let Some(listed) = entries.get(spec.symbol).map(Vec::len) else {
-                // The DWARF does not describe it: copies it may have are
-                // unknown.
-                c.calls = Completeness::Partial;
-                if measures_bytes {
-                    c.bytes = Completeness::Partial;
-                }
-                c.reason =
-                    Some(format!("{source} does not describe {}, so its inlined copies are unknown", spec.symbol));
-                return c;
-            };
-            c.inlined = Some(listed);
-            let entered = entered.get(spec.symbol);
-            c.other_entries = entered.map(|e| e.other).filter(|&n| n > 0);
-            let mut unprobed = unprobed.to_vec();
-            if let Some(starts) = entered.map(|e| &e.ambiguous).filter(|a| !a.is_empty()) {
-                unprobed.push(format!(
-                    "{} places where control enters a copy's code both from an entry and around every entry ({}): a probe there could count a call twice, and the calls that enter there are not counted",
-                    starts.len(),
-                    starts.iter().take(3).map(|a| format!("{a:#x}")).collect::<Vec<_>>().join(", ")
-                ));
-            }
-            if let Some(entries) = entered.map(|e| &e.unchecked).filter(|u| !u.is_empty()) {
-                unprobed.push(format!(
-                    "{} copies lie in no function of the symbol table ({}): their code is not decoded, so places that enter them past their entry, if any, are not counted",
-                    entries.len(),
-                    entries.iter().take(3).map(|a| format!("{a:#x}")).collect::<Vec<_>>().join(", ")
-                ));
-            }
-            if !unprobed.is_empty() {
-                c.calls = Completeness::Partial;
-                if measures_bytes {
-                    c.bytes = Completeness::Partial;
-                }
-                c.reason = Some(format!("inlined copies not probed: {}", unprobed.join("; ")));
-                if unprobed.iter().any(|u| u.contains("--no-inlined")) {
-                    c.fix = Some("drop --no-inlined".to_owned());
-                }
-            }
-            let mut why = Vec::new();
-            if measures_bytes && sizeless > 0 {
-                c.bytes = Completeness::Partial;
-                why.push(format!(
-                    "neither the DWARF nor the code shows where the size is at {sizeless} of the {probed} inlined copies (their calls are counted, their bytes are not)"
-                ));
-            }
-            if measures_bytes && returns && probed > 0 {
-                why.push(format!(
-                    "return values are read at the out-of-line function only, not at its {probed} inlined copies"
-                ));
-            }
-            if !why.is_empty() {
-                let why = why.join("; ");
-                c.reason = Some(c.reason.map_or(why.clone(), |r| format!("{r}; {why}")));
-            }
-        }
-    }
-    c
-}
-
-/// Where `program` goes in the function whose code is `code`; with a live
-/// role (`--live`), `live_alloc` (`live_free`) shares that breakpoint and
-/// reads the call's arguments, so a place where they are gone is the
-/// entry's for both. An allocation's counting program reads the same
-/// arguments (the role follows from it); a free's reads none, and
-/// `live_free` reads the block.
-fn place_with_live(
-    code: &[u8],
-    address: u64,
-    (program, live): (Program, Option<u32>),
-    kernel: placement::KernelVersion,
-) -> Placement {
-    let place = placement::place(code, address, program, kernel);
-    if live.is_none_or(|role| role & 0xff != tracer_common::live::role::FREE) {
-        return place;
-    }
-    let theirs = placement::place(code, address, Program::LiveFree, kernel);
-    if theirs.offset < place.offset { theirs } else { place }
-}
-
-/// With `--live`, what probe `spec` does in the live table
-/// (`tracer_common::live::role`), if anything.
-fn live_role(spec: &ProbeSpec) -> Option<u32> {
-    use tracer_common::live::role;
-    let family = crate::python::family(spec.symbol)?;
-    match spec.program {
-        Program::SizeArg0 => Some(role::MALLOC),
-        Program::Calloc => Some(role::CALLOC),
-        Program::SizeArg1 => Some(role::REALLOC),
-        Program::CountCall if spec.symbol.ends_with("_Free") => Some(role::FREE | (family as u32) << 8),
-        _ => None,
-    }
-}
-
-/// With `--live`, whether the live table sees every call's block. A call
-/// is seen when it calls an allocator implementation, whose return is
-/// probed; without the implementations (no symbols), none is. At an
-/// inlined copy that runs the default allocator inlined (LTO's
-/// devirtualised pymalloc) no implementation is called: their blocks are
-/// predicted from pymalloc's state where it can be, else counted as unseen
-/// while tracer runs, so the coverage can only say that copies may be
-/// missed.
-fn live_coverage(c: &mut Coverage, sites: &[InlineSite], implementations: bool) {
-    let partial = c.calls == Completeness::Partial || !sites.is_empty() || !implementations;
-    c.live = Some(if partial { Completeness::Partial } else { Completeness::Complete });
-    let why = if !implementations {
-        Some("live memory: the allocator implementations (_PyObject_Malloc, ...) are not in the image's symbols and no debug file gives them, so no block is tracked".to_owned())
-    } else if !sites.is_empty() {
-        Some(format!(
-            "live memory: its {} inlined copies are seen where they call an allocator implementation; where they run the default allocator inlined (LTO), their blocks are read from pymalloc's state at the copy where it is found and the copy shows the size (and a realloc's block), else they are not tracked and are counted as unseen",
-            sites.len()
-        ))
-    } else {
-        None
-    };
-    if let Some(why) = why {
-        c.reason = Some(c.reason.take().map_or(why.clone(), |r| format!("{r}; {why}")));
-    }
-}
-
-/// With `--types`, whether every probed call also counts its object's type
-/// (at a new reference: its creation; at the object domain's free: its
-/// destruction): not where calls are partial, nor at copies where neither
-/// the DWARF nor the code shows where the object (`what`) is.
-fn types_coverage(c: &mut Coverage, sites: &[InlineSite], what: &str, counted: &str) {
-    let objectless = sites.iter().filter(|s| s.object.is_none()).count();
-    c.types = Some(if c.calls == Completeness::Partial || objectless > 0 {
-        Completeness::Partial
-    } else {
-        Completeness::Complete
-    });
-    if objectless > 0 {
-        let why = format!(
-            "neither the DWARF nor the code shows where {what} at {objectless} of the {} inlined copies (their calls are counted, their {counted} are not)",
-            sites.len()
-        );
-        c.reason = Some(c.reason.take().map_or(why.clone(), |r| format!("{r}; {why}")));
-    }
-}
-
-/// [`coverage`] of copies found by the reads of their switches, with no
-/// DWARF: `c` starts complete.
-fn guard_coverage(
-    c: &mut Coverage,
-    (image, spec): (ImageRef<'_>, &ProbeSpec),
-    (fix, scan): (&str, &guards::Scan),
-    sites: &[InlineSite],
-    unprobed: &[String],
-) {
-    let probed = sites.len();
-    let measures_bytes = spec.program.counts_bytes();
-    c.source = format!("reads of its guard in {} (no debug info)", scan.path.display());
-    let mut why = Vec::new();
-    match scan.functions.get(spec.symbol) {
-        Some(Ok(found)) => {
-            c.inlined = Some(found.sites.len());
-            if !found.unclassified.is_empty() {
-                c.calls = Completeness::Partial;
-                why.push(format!(
-                    "{} reads of {} could not be told creation or destruction and are not counted",
-                    found.unclassified.len(),
-                    found.guard
-                ));
-            }
-            if !unprobed.is_empty() {
-                c.calls = Completeness::Partial;
-                why.push(format!("copies not probed: {}", unprobed.join("; ")));
-            }
-            if found.undecodable > 0 {
-                c.calls = Completeness::Partial;
-                why.push(format!(
-                    "{} reads of {} are in code tracer could not decode from its start, and are not probed",
-                    found.undecodable, found.guard
-                ));
-            }
-            let sizeless = sites.iter().filter(|s| s.size.is_none()).count();
-            if measures_bytes && (sizeless > 0 || c.calls == Completeness::Partial) {
-                c.bytes = Completeness::Partial;
-                if sizeless > 0 {
-                    why.push(format!(
-                        "the code does not show the size at {sizeless} of the {probed} copies found by their reads of {} (their calls are counted, their bytes are not)",
-                        found.guard
-                    ));
-                }
-            }
-        }
-        not_found => {
-            c.calls = Completeness::Partial;
-            if measures_bytes {
-                c.bytes = Completeness::Partial;
-            }
-            let cause = match not_found {
-                Some(Err(guards::NotFound::Unrecognised(how))) => {
-                    format!("its code is not what tracer knows: {how}")
-                }
-                _ => "no runtime switch guards every copy".to_owned(),
-            };
-            why.push(format!(
-                "no debug info found for {}, so the copies of {} that the compiler inlined (an LTO build inlines it widely) cannot be found ({cause}); calls through them are not counted",
-                image.display_path.display(),
-                spec.symbol
-            ));
-        }
-    }
-    if !why.is_empty() {
-        c.reason = Some(why.join("; "));
-        c.fix = Some(fix.to_owned());
-    }
-}
-
-/// Moves each probe that would be single-stepped to its function's call
-/// sites, where those see every call; the rest keep their placement, with
-/// the reason added.
-fn place_at_call_sites(image: ImageRef<'_>, probes: &mut [PlannedProbe], kernel: placement::KernelVersion) {
-    let stepped: Vec<usize> = (0..probes.len()).filter(|&i| !probes[i].placement.emulated).collect();
-    if stepped.is_empty() {
-        return;
-    }
-    let names: Vec<&str> = stepped.iter().map(|&i| probes[i].symbol).collect();
-    let defined: Vec<Option<u64>> = names.iter().map(|n| image.elf.function(n).map(|s| s.address)).collect();
-    let own = Module { display_path: image.display_path.to_owned(), attach_path: image.attach_path.to_owned() };
-    let plans = callsites::plan(&own, &names, &defined, image.modules, kernel);
-    for (&i, plan) in stepped.iter().zip(plans) {
-        let probe = &mut probes[i];
-        match plan {
-            Ok(sites) => {
-                probe.placement = Placement {
-                    offset: 0,
-                    instruction: format!("{} calls", sites.emulated + sites.stepped),
-                    emulated: sites.stepped == 0,
-                    reason: sites.describe(),
-                };
-                probe.call_sites = Some(sites);
-            }
-            Err(why) => probe.placement.reason = format!("{}; not at its call sites: {why}", probe.placement.reason),
-        }
-    }
-}
-
-/// The call sites a module mapped after the attach holds for the probes at
-/// their call sites: per such probe's slot, what was found there. A file
-/// that is not ELF holds none.
-#[must_use]
-pub fn late_call_sites(plan: &Plan, data: &[u8]) -> Vec<(u32, callsites::Found)> {
-    let moved: Vec<&PlannedProbe> = plan.probes.iter().filter(|p| p.call_sites.is_some()).collect();
-    let names: Vec<&str> = moved.iter().map(|p| p.symbol).collect();
-    let kernel = placement::running_kernel();
-    let Ok(found) = callsites::scan(data, &names, &vec![None; names.len()], kernel) else { return Vec::new() };
-    moved
-        .iter()
-        .zip(found)
-        .filter(|(_, f)| !(f.emulated.is_empty() && f.stepped.is_empty() && f.escapes == 0))
-        .map(|(p, f)| (p.slot, f))
-        .collect()
 }
 
 #[cfg(test)]

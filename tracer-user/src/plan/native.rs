@@ -45,10 +45,11 @@ pub const FUNCTIONS: [ProbeSpec; 8] = [
     native("munmap", Program::NativeReleaseArg1, false),
 ];
 
-/// Adds libc's probes to `plan`, after its own, placed as `options` says
-/// (call sites are for the interpreter's functions only: libc's are
-/// probed in their own code, and never as inlined copies).
-pub fn extend(plan: &mut Plan, libc: &Libc, options: PlanOptions) -> Result<(), PlanError> {
+/// Adds libc's probes to `plan`, after its own, planned with `options`
+/// (the interpreter's, made fit for libc: no call sites, no inlined copies,
+/// no types, no API roles); with `live`, gives them their own roles in the
+/// live table.
+pub fn extend(plan: &mut Plan, libc: &Libc, options: PlanOptions, live: bool) -> Result<(), PlanError> {
     let image = ImageRef {
         elf: &libc.elf,
         display_path: &libc.display_path,
@@ -57,14 +58,6 @@ pub fn extend(plan: &mut Plan, libc: &Libc, options: PlanOptions) -> Result<(), 
         inlining: None,
         implementations: &[],
     };
-    let placement = match options.placement {
-        super::PlacementMode::CallSites => super::PlacementMode::Auto,
-        other => other,
-    };
-    // libc's functions are no API functions of the interpreter's: their
-    // roles in the live table are set below.
-    let live = options.live;
-    let options = PlanOptions { placement, inlined: false, types: false, live: false, ..options };
     let native = super::plan(image, &FUNCTIONS, options)?;
     let first = u32::try_from(plan.probes.len()).unwrap_or(u32::MAX);
     let file = ProbeFile { display_path: libc.display_path.clone(), attach_path: libc.attach_path.clone() };
@@ -219,6 +212,15 @@ fn nested_sites(elf: &ElfImage, probes: &mut [PlannedProbe]) {
 mod tests {
     use super::*;
 
+    /// tracer's own libc is found, and has the functions `--native` probes.
+    #[test]
+    fn finds_its_own_libc() {
+        let libc = crate::discover::libc::find(std::process::id()).expect("tracer's libc");
+        for name in FUNCTIONS.iter().map(|p| p.symbol) {
+            assert!(libc.elf.function(name).is_some(), "{name} in {}", libc.display_path.display());
+        }
+    }
+
     /// On tracer's own glibc, `realloc`'s relays to `malloc` and `free`
     /// are found as nested sites, every function gets a slot after the
     /// interpreter's, and the allocating ones the native domain.
@@ -233,7 +235,7 @@ mod tests {
             live_impls: Vec::new(),
             live_fix: String::new(),
         };
-        extend(&mut plan, &libc, PlanOptions::default()).expect("a plan");
+        extend(&mut plan, &libc, PlanOptions::default(), false).expect("a plan");
         let names: Vec<&str> = plan.probes.iter().map(|p| p.symbol).collect();
         assert_eq!(names, FUNCTIONS.map(|f| f.symbol));
         assert_eq!(plan.probes.iter().map(|p| p.slot).collect::<Vec<_>>(), (0..8).collect::<Vec<_>>());

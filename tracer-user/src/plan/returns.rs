@@ -1,7 +1,7 @@
 //! Where to read an allocator's return value (`--returns`).
 //!
 //! Three ways, all reading rax, compared per function with costs measured
-//! on this machine at start (see [`crate::run::calibrate`]):
+//! on this machine at start (by tracer's calibration, `prepare::calibrate`):
 //! - **`ret` probes:** a uprobe on every `ret` of the function, found by
 //!   decoding the whole symbol. The kernel single-steps a `ret`.
 //! - **placed probes:** where a `ret` can only be reached by direct `jmp`s
@@ -39,7 +39,7 @@ pub struct ReturnCosts {
 }
 
 /// What a return probe costs here, per call, measured by
-/// [`crate::run::calibrate`] on a function of tracer's own.
+/// tracer's calibration (`prepare::calibrate`) on a function of its own.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ReturnMeasurement {
     /// A uretprobe, all told (its entry is an emulated `push`).

@@ -134,7 +134,7 @@ pub fn write_flamegraph(file: &OutputFile, lines: &[String], title: &str, weight
     let out = std::io::BufWriter::new(file.create()?);
     let mut options = inferno::flamegraph::Options::default();
     title.clone_into(&mut options.title);
-    weight.name().clone_into(&mut options.count_name);
+    options.count_name = weight.to_string();
     inferno::flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), out)
         .map_err(|e| OutputError::Create { flag: file.flag, path: file.path.clone(), cause: e.to_string() })
 }

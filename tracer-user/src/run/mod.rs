@@ -1,9 +1,9 @@
-//! The run loop of `tracer attach`: from the resolved target to the final
-//! summary, with `--budget`'s windows ([`duty`]), modules mapped late
-//! ([`late`]) and exited processes ([`readout`]).
+//! The run loop of `tracer attach`: from the prepared target
+//! ([`crate::prepare`]) to the final summary, with `--budget`'s windows
+//! ([`duty`]), modules mapped late ([`late`]) and exited processes
+//! ([`readout`]).
 
 pub mod budget;
-pub mod calibrate;
 pub mod cost;
 mod duty;
 pub mod exit;
@@ -16,7 +16,7 @@ pub mod types;
 
 use std::{io::Write, os::fd::OwnedFd, time::Instant};
 
-use anyhow::Context as _;
+use thiserror::Error;
 use tokio::{
     io::unix::{AsyncFd, AsyncFdReadyGuard},
     signal::unix::{SignalKind, signal},
@@ -31,19 +31,63 @@ use self::{
     readout::Readout,
 };
 use crate::{
-    config::{AttachConfig, LinkMode},
-    discover::{self, Resolved, TargetSpec},
+    config::{AttachConfig, ConfigError, LinkMode},
+    discover::{Resolved, TargetSpec, process::TargetError},
+    error::Classify,
     kernel::{AttachError, LoadOptions, Session},
-    model::{Attached, End, Event, Level, Links, Note, NoteCode, PlanReport, PythonInfo, Snapshot, Summary},
+    model::{Attached, End, Event, Level, Links, Note, NoteCode, PythonInfo, Snapshot, Summary},
     plan::{
-        self, ImageRef, PlacementMode, PlanOptions,
-        gc::{GcMode, GcPlan, GcSource},
-        returns::ReturnCosts,
+        self, PlacementMode,
+        gc::{GcMode, GcSource},
     },
-    privileges,
-    probe::ProbeSelection,
-    report::{self, Reporter},
+    prepare::{self, PrepareError, Prepared},
+    privileges::{self, PrivilegeError},
+    report::{self, Reporter, files::OutputError},
 };
+
+/// Why a run of `tracer attach` failed.
+#[derive(Debug, Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Privileges(#[from] PrivilegeError),
+    #[error("installing the {signal} handler")]
+    Signal { signal: &'static str, source: std::io::Error },
+    #[error(transparent)]
+    Target(#[from] TargetError),
+    #[error(transparent)]
+    Prepare(#[from] PrepareError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Attach(#[from] AttachError),
+    /// Following the BPF log.
+    #[error(transparent)]
+    BpfLog(std::io::Error),
+    /// Writing the report.
+    #[error(transparent)]
+    Output(std::io::Error),
+    #[error(transparent)]
+    Written(#[from] OutputError),
+}
+
+impl Classify for RunError {
+    fn is_bad_input(&self) -> bool {
+        match self {
+            Self::Privileges(e) => e.is_bad_input(),
+            Self::Target(e) => e.is_bad_input(),
+            Self::Prepare(e) => e.is_bad_input(),
+            Self::Config(e) => e.is_bad_input(),
+            Self::Attach(e) => e.is_bad_input(),
+            // The files were checked when the run began; what fails at
+            // its end is the system's.
+            Self::Signal { .. } | Self::BpfLog(_) | Self::Output(_) | Self::Written(_) => false,
+        }
+    }
+
+    fn is_broken_pipe(&self) -> bool {
+        matches!(self, Self::Output(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
+    }
+}
 
 /// Attaches every probe as `mode` says; returns how, when the attach
 /// began once the programs were loaded, and the note to give when `auto`
@@ -106,7 +150,7 @@ fn write_stacks(
     stacks: &crate::config::StacksConfig,
     last: &Snapshot,
     config: &AttachConfig,
-) -> anyhow::Result<Vec<Note>> {
+) -> Result<Vec<Note>, OutputError> {
     let all = last.stacks.as_deref().unwrap_or_default();
     let lines = report::stacks::folded(all, stacks.weight);
     let mut notes = Vec::new();
@@ -120,11 +164,11 @@ fn write_stacks(
         notes.push(Note::new(
             Level::Note,
             NoteCode::Written,
-            format!("wrote {} folded stacks by {} to {}", lines.len(), stacks.weight.name(), file.path.display()),
+            format!("wrote {} folded stacks by {} to {}", lines.len(), stacks.weight, file.path.display()),
         ));
     }
     if let Some(file) = &stacks.flamegraph {
-        let title = format!("tracer: allocations of {what} by {}{sampled}", stacks.weight.name());
+        let title = format!("tracer: allocations of {what} by {}{sampled}", stacks.weight);
         report::stacks::write_flamegraph(file, &lines, &title, stacks.weight)?;
         notes.push(Note::new(
             Level::Note,
@@ -144,7 +188,7 @@ fn stack_slots(
     r: &Resolved,
     plan: &crate::plan::Plan,
     stacks: &crate::config::StacksConfig,
-) -> Result<Vec<u32>, crate::config::ConfigError> {
+) -> Result<Vec<u32>, ConfigError> {
     let wanted = stacks.events.select(r.abi.probes(), &r.version.to_string())?;
     let mut slots = Vec::new();
     for spec in wanted {
@@ -152,66 +196,15 @@ fn stack_slots(
             Some(p) => slots.push(p.slot),
             // Not in this build, or not probed: only a named one is an error.
             None if matches!(stacks.events, crate::probe::ProbeSelection::Names(_)) => {
-                return Err(crate::config::ConfigError::StacksNotProbed { name: spec.symbol.to_owned() });
+                return Err(ConfigError::StacksNotProbed { name: spec.symbol.to_owned() });
             }
             None => {}
         }
     }
     if slots.is_empty() {
-        return Err(crate::config::ConfigError::StacksNothingProbed);
+        return Err(ConfigError::StacksNothingProbed);
     }
     Ok(slots)
-}
-
-/// The probe table rows `selection` picks for the resolved target. With
-/// `types`, every function that creates objects the version has, since
-/// where `_Py_NewReferenceNoTotal` exists (3.12+) the free lists' objects
-/// pass it instead of `_Py_NewReference`, and the object domain's free,
-/// where objects are seen destroyed.
-fn specs(
-    r: &Resolved,
-    selection: &ProbeSelection,
-    types: bool,
-) -> Result<Vec<crate::probe::ProbeSpec>, crate::config::ConfigError> {
-    let mut specs = selection.select(r.abi.probes(), &r.version.to_string())?;
-    if types {
-        for p in r.abi.probes() {
-            let counts_objects = crate::python::object_parameter(p.symbol).is_some()
-                || crate::python::freed_parameter(p.symbol).is_some();
-            if counts_objects && !specs.iter().any(|s| s.symbol == p.symbol) {
-                specs.push(*p);
-            }
-        }
-    }
-    Ok(specs)
-}
-
-/// The GC probes of the resolved target, as `mode` says.
-fn gc_plan(r: &Resolved, mode: GcMode) -> Result<GcPlan, plan::gc::GcPlanError> {
-    let version = r.version.to_string();
-    let debug = match &r.inlining {
-        discover::Inlining::Known { source, .. } => Some(std::path::PathBuf::from(source)),
-        _ => None,
-    };
-    let image = plan::gc::GcImage {
-        elf: &r.elf,
-        display_path: &r.display_path,
-        attach_path: &r.attach_path,
-        version: &version,
-        debug: debug.as_deref(),
-    };
-    plan::gc::plan(image, crate::python::gc_knowledge(r.abi), mode)
-}
-
-/// What the user should know of the GC plan: that collections are not
-/// seen, and why (not with `--gc off`, which asked for it), or what the
-/// function's counts hold that the markers would not count.
-fn gc_note(gc: &GcPlan, mode: GcMode) -> Option<Note> {
-    match (gc.source, &gc.caveat) {
-        (GcSource::None, _) if mode != GcMode::Off => Some(Note::new(Level::Note, NoteCode::Gc, gc.detail.clone())),
-        (GcSource::Function, Some(caveat)) => Some(Note::new(Level::Warning, NoteCode::Gc, caveat.clone())),
-        _ => None,
-    }
 }
 
 /// The attach header of a session.
@@ -248,16 +241,16 @@ struct Output<'a> {
 }
 
 impl Output<'_> {
-    fn emit(&mut self, event: &Event) -> std::io::Result<()> {
-        self.reporter.event(event)
+    fn emit(&mut self, event: &Event) -> Result<(), RunError> {
+        self.reporter.event(event).map_err(RunError::Output)
     }
 
-    fn notes(&mut self, notes: impl IntoIterator<Item = Note>) -> std::io::Result<()> {
+    fn notes(&mut self, notes: impl IntoIterator<Item = Note>) -> Result<(), RunError> {
         notes.into_iter().try_for_each(|n| self.emit(&Event::Note(n)))
     }
 
     /// An interval's snapshot, with its rates over the interval.
-    fn interval(&mut self, mut snapshot: Snapshot) -> std::io::Result<()> {
+    fn interval(&mut self, mut snapshot: Snapshot) -> Result<(), RunError> {
         if let Some(attached) = &self.attached {
             snapshot.compute_rates(attached, self.previous.as_ref());
         }
@@ -267,7 +260,7 @@ impl Output<'_> {
     }
 
     /// The summary, with rates averaged over the run.
-    fn summary(&mut self, mut snapshot: Snapshot, end: End) -> std::io::Result<()> {
+    fn summary(&mut self, mut snapshot: Snapshot, end: End) -> Result<(), RunError> {
         if let Some(attached) = &self.attached {
             snapshot.compute_rates(attached, None);
         }
@@ -338,16 +331,18 @@ impl Run {
 
 /// Attaches as `config` says, reports until the run ends, detaches and
 /// prints the summary. Returns why the run ended.
-pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> anyhow::Result<End> {
+pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> Result<End, RunError> {
     privileges::check()?;
     // With --exe, one pidfd per traced process.
     raise_fd_limit();
     // Handlers go in before anything is attached, so a Ctrl-C at any point
     // after this still detaches cleanly.
-    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-
-    let (mut run, mut output, exit) = start(config, out, err)?;
+    let handler = |signal, kind| self::signal(kind).map_err(|source| RunError::Signal { signal, source });
+    let mut sigint = handler("SIGINT", SignalKind::interrupt())?;
+    let mut sigterm = handler("SIGTERM", SignalKind::terminate())?;
+    let (exit, exits) = watch_exits(&config.target)?;
+    let prepared = prepare::prepare(&config.target, &prepare::Options::attach(config))?;
+    let (mut run, mut output) = start(config, prepared, exits, out, err)?;
     let started = run.started;
     let start = tokio::time::Instant::from_std(started);
     let mut ticker = interval_at(start + config.interval, config.interval);
@@ -362,10 +357,10 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
         }
     };
     tokio::pin!(target_exit);
-    let log_fd = match run.session.bpf_log_fd().transpose()? {
+    let log_fd = match run.session.bpf_log_fd().transpose().map_err(RunError::BpfLog)? {
         // SAFETY: `fd` is a fresh duplicate of the ring buffer's fd, moved
         // into the AsyncFd, which keeps it open until it is dropped.
-        Some(fd) => Some(unsafe { AsyncFd::register(fd) }?),
+        Some(fd) => Some(unsafe { AsyncFd::register(fd) }.map_err(|e| RunError::BpfLog(e.into()))?),
         None => None,
     };
     let toggle_at = run.duty.as_ref().map_or(start, |d| tokio::time::Instant::from_std(d.next));
@@ -453,15 +448,13 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
     Ok(end)
 }
 
-/// Resolves, plans, loads and attaches as `config` says, and reports the
-/// attach: everything before the loop.
 /// The `--types` options, the `--stacks` options, and the probe slots
 /// whose events get stacks.
 type KernelOptions = (Option<crate::kernel::TypesOptions>, Option<crate::kernel::StacksOptions>, Option<Vec<u32>>);
 
 /// What the kernel side is sized and told for `--types` and `--stacks`,
 /// and which probes' events get stacks.
-fn kernel_options(config: &AttachConfig, r: &discover::Resolved, plan: &plan::Plan) -> anyhow::Result<KernelOptions> {
+fn kernel_options(config: &AttachConfig, r: &Resolved, plan: &plan::Plan) -> Result<KernelOptions, ConfigError> {
     let types = config.types.then(|| crate::kernel::TypesOptions {
         entries: TYPE_ENTRIES,
         ob_type_offset: r.abi.objects().ob_type,
@@ -478,61 +471,39 @@ fn kernel_options(config: &AttachConfig, r: &discover::Resolved, plan: &plan::Pl
     Ok((types, stacks, stack_slots))
 }
 
-/// The plan's options for `config`, with the return costs calibrated (for
-/// `--returns`' probes on the API functions, and for `--live`'s on the
-/// implementations, each only when asked for).
-fn plan_options(config: &AttachConfig, return_costs: Option<ReturnCosts>) -> PlanOptions {
-    PlanOptions {
-        placement: config.placement,
-        returns: return_costs.filter(|_| config.returns),
-        inlined: config.inlined,
-        types: config.types,
-        live: config.live.is_some(),
-        live_costs: return_costs.filter(|_| config.live.is_some()),
-        ..PlanOptions::default()
-    }
-}
-
-fn start<'a>(
-    config: &AttachConfig,
-    out: impl Write + 'a,
-    err: impl Write + 'a,
-) -> anyhow::Result<(Run, Output<'a>, Option<ProcessExit>)> {
-    // Calibrated before anything is attached to the target: the child it
-    // times is tracer's own.
-    let returns = config.returns || config.live.is_some();
-    let calibration = (config.budget.is_some() || returns).then(|| calibrate::calibrate(returns)).transpose()?;
-    let costs = calibration.map(|c| c.hit);
-    let return_costs = calibration.and_then(|c| c.returns);
-    let cpu_costs = calibration.map(|c| c.cpu);
-    let (exit, exits) = match &config.target {
+/// Watches the end of the target: its pidfd with `--pid`, every process's
+/// exit record with `--exe`.
+fn watch_exits(target: &TargetSpec) -> Result<(Option<ProcessExit>, Option<exits::ExitListener>), TargetError> {
+    Ok(match target {
         // The pidfd pins the process identity: if the PID is reused after
         // this, we still see the original process's exit.
         TargetSpec::Pid(pid) => (Some(ProcessExit::watch(*pid)?), None),
         // Listening from well before the attach, so that a process started
         // after it has every thread's exit record.
         TargetSpec::Exe(_) => (None, exits::ExitListener::start()),
-    };
-    let r = discover::resolve(
-        &config.target,
-        config.placement == PlacementMode::CallSites,
-        discover::DwarfLookup { enabled: config.inlined, debug_dir: config.debug_dir.as_deref() },
-    )?;
-    let options = plan_options(config, return_costs.map(|r| r.0));
-    let mut plan = plan::plan(ImageRef::from(&r), &specs(&r, &config.probes, config.types)?, options)?;
-    if config.native {
-        native(&mut plan, &r, options)?;
-    }
-    // Before anything is loaded: `--gc markers` on a build without them is
-    // the user's to fix.
-    let gc = gc_plan(&r, config.gc)?;
+    })
+}
+
+/// Loads and attaches the prepared plan as `config` says, and reports the
+/// attach: everything before the loop.
+fn start<'a>(
+    config: &AttachConfig,
+    prepared: Prepared,
+    exits: Option<exits::ExitListener>,
+    out: impl Write + 'a,
+    err: impl Write + 'a,
+) -> Result<(Run, Output<'a>), RunError> {
+    let Prepared { target: r, specs: _, plan, gc, calibration, notes } = prepared;
+    let costs = calibration.map(|c| c.hit);
+    let return_costs = calibration.and_then(|c| c.returns);
+    let cpu_costs = calibration.map(|c| c.cpu);
     let inline_sites: usize = plan.probes.iter().map(|p| p.inline_sites.len()).sum();
     if config.links == LinkMode::Perf && inline_sites > 0 {
-        return Err(crate::config::ConfigError::InlinedNeedMulti { sites: inline_sites }.into());
+        return Err(ConfigError::InlinedNeedMulti { sites: inline_sites }.into());
     }
     if config.budget.is_some() && config.links == LinkMode::Perf && plan.has_many_sites() {
         let sites = plan.probes.iter().map(|p| p.inline_sites.len() + p.coverage.call_sites).sum();
-        return Err(crate::config::ConfigError::BudgetPerfManySites { sites }.into());
+        return Err(ConfigError::BudgetPerfManySites { sites }.into());
     }
     let (types, stacks, stack_slots) = kernel_options(config, &r, &plan)?;
     let live = config.live.as_ref().map(|l| l.max);
@@ -595,7 +566,6 @@ fn start<'a>(
     let cost = CostMeter::new(session.plan(), r.pid(), exits, calibrating, advice);
     let mut info = attached_event(&session, &r, links, &cost);
     info.return_costs_ns = return_costs.map(|r| r.1);
-    let gc_note = gc_note(&gc, config.gc);
     info.gc = Some(gc);
     let mut output = Output {
         reporter: report::reporter(config.format, Box::new(out), Box::new(err)),
@@ -604,26 +574,8 @@ fn start<'a>(
     };
     output.emit(&Event::Attached(info.clone()))?;
     output.attached = Some(info);
-    let mismatch = debug_offsets_note(&r);
-    output.notes(fallback.into_iter().chain(mismatch).chain(gc_note))?;
-    Ok((Run { session, readout, duty, late, started, cost }, output, exit))
-}
-
-/// The warning to give when the interpreter's `_Py_DebugOffsets` disagrees
-/// with what tracer expects of its version.
-#[must_use]
-pub fn debug_offsets_note(r: &Resolved) -> Option<Note> {
-    r.debug_offsets_mismatch.as_ref().map(|why| {
-        Note::new(
-            Level::Warning,
-            NoteCode::DebugOffsets,
-            format!(
-                "{}: {why}; tracer's knowledge of Python {} may not fit this build",
-                r.display_path.display(),
-                r.version
-            ),
-        )
-    })
+    output.notes(fallback.into_iter().chain(notes))?;
+    Ok((Run { session, readout, duty, late, started, cost }, output))
 }
 
 /// Becomes ready when the BPF log has lines to read; never without
@@ -647,72 +599,4 @@ fn raise_fd_limit() {
         // SAFETY: setrlimit reads one valid rlimit.
         let _ = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const limit) };
     }
-}
-
-/// What `tracer probes` is asked to plan, beyond the target and probes.
-#[derive(Clone, Copy, Debug)]
-#[allow(clippy::struct_excessive_bools, reason = "each is one of `tracer probes`' switches")]
-pub struct PlanRequest<'a> {
-    pub placement: PlacementMode,
-    /// Also plan how return values are read (calibrates first).
-    pub returns: bool,
-    pub debug_dir: Option<&'a std::path::Path>,
-    /// Probe inlined copies too.
-    pub inlined: bool,
-    /// How garbage collections would be seen.
-    pub gc: GcMode,
-    /// `--native`: also plan libc's allocator.
-    pub native: bool,
-    /// `--live`: also plan the allocator implementations the live table
-    /// probes, with their returns (calibrates first, as `returns`).
-    pub live: bool,
-}
-
-/// With `--native`, adds the C library's allocator functions of the
-/// target to `plan` (with `--pid` only: the configuration refuses
-/// `--exe`).
-fn native(plan: &mut plan::Plan, r: &Resolved, options: PlanOptions) -> anyhow::Result<()> {
-    let pid = r.pid().ok_or(crate::config::ConfigError::NativeWithExe)?;
-    let libc = discover::libc::find(pid)?;
-    plan::native::extend(plan, &libc, options)?;
-    Ok(())
-}
-
-/// Resolves the target and plans its probes for `tracer probes`, without
-/// touching the target (with `returns`, after timing the ways to read a
-/// return value on tracer's own child).
-pub fn probe_plan(
-    target: &TargetSpec,
-    selection: &ProbeSelection,
-    request: &PlanRequest<'_>,
-) -> anyhow::Result<PlanReport> {
-    let PlanRequest { placement, returns, debug_dir, inlined, gc, native: _, live } = *request;
-    // Which way reads a return value cheapest is measured, which loads BPF.
-    let calibrated = if returns || live {
-        privileges::check()?;
-        calibrate::calibrate(true)?.returns
-    } else {
-        None
-    };
-    let return_costs: Option<ReturnCosts> = calibrated.map(|r| r.0);
-    let options = PlanOptions {
-        placement,
-        returns: return_costs.filter(|_| returns),
-        inlined,
-        live,
-        live_costs: return_costs.filter(|_| live),
-        ..PlanOptions::default()
-    };
-    let dwarf = discover::DwarfLookup { enabled: inlined, debug_dir };
-    let r = discover::resolve(target, placement == PlacementMode::CallSites, dwarf)?;
-    let mut plan = plan::plan(ImageRef::from(&r), &specs(&r, selection, false)?, options)?;
-    if request.native {
-        native(&mut plan, &r, options)?;
-    }
-    let mut report = PlanReport::new(&plan, &r.version.to_string(), calibrated.map(|r| r.1));
-    report.notes.extend(debug_offsets_note(&r));
-    let gc_plan = gc_plan(&r, gc)?;
-    report.notes.extend(gc_note(&gc_plan, gc));
-    report.gc = Some(gc_plan);
-    Ok(report)
 }

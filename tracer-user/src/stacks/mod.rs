@@ -106,14 +106,32 @@ pub enum StackError {
     BadString { pid: u32, what: &'static str, address: u64, reason: String },
     #[error("the line table of the code object at {code:#x} in PID {pid}: {cause}")]
     LineTable { pid: u32, code: u64, cause: linetable::LineTableError },
+    #[error("the frames of {failed} of {threads} threads could not be read (see above)")]
+    Unread { failed: usize, threads: usize },
 }
 
-impl StackError {
-    /// Whether the user's input is at fault (a PID that is not a
-    /// supported CPython): exit status 2.
-    #[must_use]
-    pub const fn is_bad_input(&self) -> bool {
-        matches!(self, Self::Target(_) | Self::VersionRead(_) | Self::Version(_) | Self::NoSymbol { .. })
+impl crate::error::Classify for StackError {
+    /// A PID that is not a supported CPython; what is read from one that
+    /// is can fail for tracer's reasons or the process's.
+    fn is_bad_input(&self) -> bool {
+        match self {
+            Self::Target(_) | Self::VersionRead(_) | Self::Version(_) | Self::NoSymbol { .. } => true,
+            Self::OpenMemory { .. }
+            | Self::Memory { .. }
+            | Self::Exited { .. }
+            | Self::NotMapped { .. }
+            | Self::DebugOffsets { .. }
+            | Self::OffsetMismatch { .. }
+            | Self::FreeThreaded { .. }
+            | Self::NoInterpreter { .. }
+            | Self::Cycle { .. }
+            | Self::TooMany { .. }
+            | Self::WrongType { .. }
+            | Self::NoCode { .. }
+            | Self::BadString { .. }
+            | Self::LineTable { .. }
+            | Self::Unread { .. } => false,
+        }
     }
 }
 

@@ -10,8 +10,8 @@
 //!
 //! Each batch is timed twice: in wall time, which `--budget` weighs
 //! against the time that passes, and in the child thread's CPU time, which
-//! the estimate of tracer's cost weighs against the target's CPU time (see
-//! [`super::cost`]). The two differ where the machine is a VM whose vCPUs
+//! the estimate of tracer's cost weighs against the target's CPU time (the
+//! run's cost meter). The two differ where the machine is a VM whose vCPUs
 //! the host does not always run: wall time then holds that stolen time as
 //! well, and more of it the busier the host.
 
@@ -23,18 +23,18 @@ use std::{
 
 use thiserror::Error;
 
+use super::planning::Planning;
+pub use crate::cli::CHILD_COMMAND;
 use crate::{
     discover::elf::{ElfError, ElfImage},
+    error::Classify,
     kernel::{AttachError, LoadOptions, Session},
     plan::{
-        self, HitCosts, ImageRef, PlacementMode, PlanError, PlanOptions,
+        HitCosts, ImageRef, PlacementMode, PlanError,
         returns::{ReturnCosts, ReturnMeasurement},
     },
     probe::{ProbeSpec, Program},
 };
-
-/// The hidden subcommand that runs the child side.
-pub const CHILD_COMMAND: &str = "__calibration-child";
 
 const SYMBOL: &str = "tracer_calibration_point";
 /// Calls per timed batch: about 50 ms single-stepped, 15 ms emulated.
@@ -101,6 +101,25 @@ pub enum CalibrationError {
     ReturnsWrong { how: &'static str, returns: u64, sum: u64, calls: u64, expected: u64 },
     #[error("calibrating return probes: {RETURN_SYMBOL} does not have the expected instructions")]
     ReturnShape,
+}
+
+impl Classify for CalibrationError {
+    /// Tracer's own image and probes, hardly ever the user's input: only
+    /// as far as a cause is (a plan or an attach that is).
+    fn is_bad_input(&self) -> bool {
+        match self {
+            Self::Elf(e) => e.is_bad_input(),
+            Self::Attach(e) => e.is_bad_input(),
+            Self::Plan(e) => e.is_bad_input(),
+            Self::OwnExe(_)
+            | Self::NoSymbol { .. }
+            | Self::Child(_)
+            | Self::Miscounted { .. }
+            | Self::Placement { .. }
+            | Self::ReturnsWrong { .. }
+            | Self::ReturnShape => false,
+        }
+    }
 }
 
 /// The CPU time the calling thread has used, in nanoseconds: what a probe
@@ -282,7 +301,7 @@ fn hit_costs(image: ImageRef<'_>, child: &mut ChildProcess) -> Result<(HitCosts,
     let spec = [ProbeSpec::function(SYMBOL, Program::CountCall, true, true)];
     let pid = child.child.id();
     let session = |placement| {
-        let plan = plan::plan(image, &spec, PlanOptions { placement, ..PlanOptions::default() })?;
+        let plan = Planning { placement, ..Planning::default() }.plan(image, &spec, None)?;
         Ok::<_, CalibrationError>(Session::load(plan, pid, &LoadOptions::default())?)
     };
     let mut stepped = session(PlacementMode::Entry)?;
@@ -339,9 +358,8 @@ fn return_costs(
     let spec = [ProbeSpec::function(RETURN_SYMBOL, Program::CountCall, true, true)];
     let pid = child.child.id();
     let session = |program, offset| {
-        let options =
-            PlanOptions { placement: PlacementMode::Entry, program_override: Some(program), ..PlanOptions::default() };
-        let mut plan = plan::plan(image, &spec, options)?;
+        let planning = Planning { placement: PlacementMode::Entry, program: Some(program), ..Planning::default() };
+        let mut plan = planning.plan(image, &spec, None)?;
         plan.probes[0].placement.offset = offset;
         Ok::<_, CalibrationError>(Session::load(plan, pid, &LoadOptions::default())?)
     };

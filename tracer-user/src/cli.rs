@@ -1,0 +1,597 @@
+//! The command line, declared once: one clap struct per subcommand, a
+//! [`ValueEnum`] for every closed set of values, and tracer's own parsers
+//! for the values that are more than a closed set (`--probes`, `--also`).
+//! The rules between flags are the configuration's (config.rs).
+#![allow(clippy::doc_markdown, reason = "doc comments here are --help text, where backticks would show")]
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use thiserror::Error;
+
+use crate::{
+    plan::{PlacementMode, gc::GcMode},
+    probe::{ProbeSelection, SelectionError},
+};
+
+/// The hidden subcommand the calibration child runs.
+pub const CHILD_COMMAND: &str = "__calibration-child";
+
+/// The default `--interval`, in seconds.
+pub const DEFAULT_INTERVAL_S: f64 = 1.0;
+
+/// Count CPython reference and allocation events in a live process, from
+/// outside, with eBPF uprobes.
+#[derive(Debug, Parser)]
+#[command(
+    name = "tracer",
+    version,
+    long_about = "Count CPython reference and allocation events in a live process, from outside, with eBPF uprobes.\n\n\
+The traced program needs no flag, hook or restart: tracer attaches uprobes to the interpreter's own \
+functions while it runs, counts hits in per-CPU kernel maps, and removes every probe when it leaves. \
+While nobody is tracing, the target runs exactly the code it was built with.\n\n\
+Needs root (or CAP_BPF and CAP_PERFMON)."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant, reason = "parsed once at start-up: the size of the arguments does not matter")]
+pub enum Command {
+    /// Attach to a running CPython process and count calls and bytes.
+    #[command(
+        long_about = "Attach to a running CPython process and count calls and requested bytes of _Py_NewReference, \
+_Py_Dealloc and the PyObject_/PyMem_/PyMem_Raw allocator functions.\n\n\
+With --pid, the interpreter is found from /proc/PID/maps (a mapped libpython3.X.so, else the \
+executable), its version is read from the process, and probes count only that process (all its \
+threads). With --exe, every process running that interpreter is counted, per PID and in total. \
+Every --interval a table (or with --json, a JSON line) of cumulative counts is printed; a summary \
+follows when the run ends by Ctrl-C, SIGTERM, --duration or the target's exit.",
+        after_help = "Examples:\n  sudo tracer attach --pid 1234\n  sudo tracer attach --pid $(pgrep -n python3) --duration 10 --json"
+    )]
+    Attach(AttachArgs),
+    /// Measure what tracer costs: pyperf timeit with nothing attached, attached, and detached again.
+    #[command(
+        long_about = "Measure what tracer costs a statement, with pyperf.\n\nRuns `pyperf timeit STMT` in the target interpreter in three states, interleaved in rounds so that \
+drift of the machine cancels out: baseline (nothing attached), attached (tracer counting with \
+--probes in every process of that interpreter) and detached (after attaching and detaching again). \
+Each state's runs go to DIR/STATE.json, which `python -m pyperf compare_to` reads. Then prints \
+pyperf's comparison of each state with the baseline, the exact number of probe hits per loop \
+(counted over N and 2N loops in a separate process), and the cost of one probe hit.\n\n\
+pyperf must be importable by the interpreter: `cargo xtask setup` installs it in a venv, which is \
+the default --python.",
+        after_help = "Examples:\n  sudo tracer bench --stmt '[]' --fast\n  sudo tracer bench --python /usr/bin/python3.11 --setup 'import json; d={\"a\": [1, 2]}' --stmt 'json.loads(json.dumps(d))' --json"
+    )]
+    Bench(BenchArgs),
+    /// Show where each probe would go in a process or interpreter, and why (nothing is attached).
+    #[command(
+        long_about = "Show the attach plan: for each probed function, the offset from its entry where the uprobe \
+goes, the instruction there, whether the kernel emulates it (cheap) or single-steps it (several \
+times dearer), and why that instruction was chosen. Nothing is attached to the target.\n\n\
+With --returns it also shows how each allocating function's return value would be read: it \
+first times the three ways on a function of tracer's own (in a child process, which needs root), \
+as `attach --returns` does.",
+        after_help = "Examples:\n  sudo tracer probes --pid 1234\n  tracer probes --exe /usr/bin/python3.11 --json"
+    )]
+    Probes(ProbesArgs),
+    /// Print the Python stack of every thread of a running CPython process (nothing is attached).
+    #[command(
+        long_about = "Print the Python stack of every thread of a running CPython process, innermost frame \
+first: each frame's qualified function name, file and line, read from the process's memory \
+(/proc/PID/mem) without stopping it, attaching anything or running code in it.\n\n\
+The interpreter's version is read from the process (3.11 to 3.14); from 3.13 on, tracer's own \
+table of the interpreter's structures is checked against the _Py_DebugOffsets the interpreter \
+publishes, and a disagreement is an error. A thread that runs while it is read may show a \
+frame that has just returned. Needs root (or ptrace access to the process).",
+        after_help = "Examples:\n  sudo tracer stack --pid 1234\n  sudo tracer stack --pid $(pgrep -n python3) --json"
+    )]
+    Stack(StackArgs),
+    /// The heap of a running CPython process by type, read from outside (nothing is attached).
+    #[command(
+        long_about = "The heap of a running CPython process by type, read from outside: the `jmap -histo` of Python. \
+For each type, its live objects, their bytes and their share; pymalloc's totals; the objects outside \
+pymalloc; and the resident memory the census does not account for.\n\n\
+Nothing is attached and no code runs in the target: its memory is read with process_vm_readv. \
+pymalloc's pools are found by scanning the process's anonymous mappings for their headers (no debug \
+info needed), read in bulk, and each allocated block is classified by its object's type, which must \
+lead to `type`; what is refused is counted by reason. Objects larger than 512 bytes are found on the \
+collector's lists and as what tuples, lists and dicts hold.\n\n\
+By default the target runs while it is read, so the census is an estimate: objects made or freed \
+meanwhile may be seen or missed. --stop pauses every thread with ptrace for an exact census and \
+says for how long; the target is always let go, also on an error, Ctrl-C or SIGTERM, and by the \
+kernel if tracer is killed. Needs root (or ptrace access to the process). See docs/heap.md.",
+        after_help = "Examples:\n  sudo tracer heap --pid 1234\n  sudo tracer heap --pid $(pgrep -n python3) --top 20 --stop\n  sudo tracer heap --pid 1234 --json | jq '.types[:5]'"
+    )]
+    Heap(HeapArgs),
+    /// The child `--budget` calibrates probe costs on (internal).
+    #[command(name = CHILD_COMMAND, hide = true)]
+    CalibrationChild,
+}
+
+/// `tracer stack`.
+#[derive(Clone, Debug, Parser)]
+pub struct StackArgs {
+    /// PID of the CPython process.
+    #[arg(long, short = 'p', value_name = "PID")]
+    pub pid: u32,
+    /// One JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Read at most this many frames per thread; a deeper stack is cut and marked truncated.
+    #[arg(long, value_name = "FRAMES", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_depth: u32,
+    /// Also read each task's thread-local thread state through its fsbase, as the BPF walker will
+    /// (3.12+; stops each task for a moment with ptrace; JSON only).
+    #[arg(long, hide = true)]
+    pub check_tls: bool,
+}
+
+/// `tracer heap`.
+#[derive(Clone, Debug, Parser)]
+pub struct HeapArgs {
+    /// PID of the CPython process.
+    #[arg(long, short = 'p', value_name = "PID")]
+    pub pid: u32,
+    /// Show the N types with the most bytes (the JSON has every type).
+    #[arg(long, value_name = "N", default_value_t = 25)]
+    pub top: usize,
+    /// One JSON object instead of a table: `types` ([{name, count, bytes}], most bytes first),
+    /// `pymalloc`, `outside`, `rss`, `accounted`, `unaccounted`, `rejected`, `partial`, `cost`.
+    #[arg(long)]
+    pub json: bool,
+    /// Pause the target (every thread, with ptrace) while it is read: an exact census. The
+    /// output says how long it was stopped.
+    #[arg(long)]
+    pub stop: bool,
+    /// Also look for the interpreter's debug file here (by build-id or .gnu_debuglink name); on
+    /// 3.11, pymalloc's arena table is found through its symbols, to check the scan.
+    #[arg(long, value_name = "DIR")]
+    pub debug_dir: Option<PathBuf>,
+}
+
+/// `tracer probes`.
+#[derive(Clone, Debug, Parser)]
+pub struct ProbesArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// Also show how each allocating function's return value would be read (as `attach --returns`).
+    #[arg(long)]
+    pub returns: bool,
+    /// Also show the allocator implementations `attach --live` probes: where each is probed and
+    /// how its return is read (calibrates, as --returns).
+    #[arg(long)]
+    pub live: bool,
+    /// One JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `tracer bench`.
+#[derive(Clone, Debug, Parser)]
+pub struct BenchArgs {
+    /// The interpreter to measure (default: the venv `cargo xtask setup` made, else python3 on PATH).
+    #[arg(long, value_name = "PATH")]
+    pub python: Option<PathBuf>,
+    /// The statement to time.
+    #[arg(long, default_value = "[]")]
+    pub stmt: String,
+    /// Code run once before timing.
+    #[arg(long, default_value = "pass")]
+    pub setup: String,
+    /// Which functions to probe while attached (as for `attach`).
+    #[arg(long, value_name = "SET", default_value = "default", value_parser = probe_selection)]
+    pub probes: ProbeSelection,
+    /// Fewer rounds and values: a rough answer in about a minute.
+    #[arg(long, conflicts_with = "rigorous")]
+    pub fast: bool,
+    /// More rounds and values: slower, tighter.
+    #[arg(long)]
+    pub rigorous: bool,
+    /// Print the result as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Where tracer's probes go while attached: auto, entry or call-sites (as for `attach`).
+    #[arg(long, value_name = "WHERE", value_enum, default_value_t = PlacementMode::Auto, hide_possible_values = true)]
+    pub placement: PlacementMode,
+    /// More setups to measure beside the three, comma-separated: entry (tracer's probes at the function
+    /// entries), empty and empty-entry (an empty BPF program at the placed offsets or the entries: the
+    /// cost of the uprobe itself), call-sites (tracer's probes with `--placement
+    /// call-sites`) and empty-call-sites (an empty BPF program there), bpftrace (bpftrace counting the same functions at their entries),
+    /// tracemalloc=FRAMES (PYTHONTRACEMALLOC in the workers), budget=PERCENT (`tracer attach --budget
+    /// PERCENT` on the interpreter), returns (tracer's probes plus return-value probes, as `attach
+    /// --returns`), meta-insert, meta-lookup, meta-pool and meta-chunk (bench-only programs that
+    /// measure reading a block's size from the allocator's metadata against the live table's lookup;
+    /// BENCHMARKS.md).
+    #[arg(long, value_name = "SETUPS", default_value = "", value_parser = setups)]
+    pub also: Setups,
+    /// Directory for the pyperf JSON files (baseline.json, attached.json, detached.json).
+    #[arg(short = 'o', long = "output", value_name = "DIR", default_value = "tracer-bench")]
+    pub out: PathBuf,
+}
+
+/// What to trace and where: shared by `attach` and `probes`.
+#[derive(Clone, Debug, Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["pid", "exe"])))]
+pub struct TargetArgs {
+    /// PID of the CPython process to trace (all its threads).
+    #[arg(long, short = 'p', value_name = "PID")]
+    pub pid: Option<u32>,
+    /// Trace every process that runs this interpreter, those running now and those started later;
+    /// reports per PID and in total. Runs until Ctrl-C, SIGTERM or --duration.
+    #[arg(long, short = 'e', value_name = "PATH")]
+    pub exe: Option<PathBuf>,
+    /// Which functions to probe: default (all), refs (_Py_NewReference, _Py_Dealloc), alloc (the
+    /// allocator API), or a comma-separated list of function names.
+    #[arg(long, value_name = "SET", default_value = "default", value_parser = probe_selection)]
+    pub probes: ProbeSelection,
+    /// Where in each function to probe: auto (the first instruction the kernel emulates rather than
+    /// single-steps, when that counts the same calls; see `tracer probes`), entry, or call-sites (as
+    /// auto, but a function with no such instruction is probed at every call to it, in the image and
+    /// in every module that can call it, when its address never escapes). With call-sites, calls
+    /// through addresses found at run time (ctypes, dlsym) are not seen, and a module mapped after
+    /// the attach (by the target, or with --exe by any of its processes) is probed from the next
+    /// interval on (stderr and the JSON say so). Needs uprobe-multi links; not with --budget.
+    #[arg(long, value_name = "WHERE", value_enum, default_value_t = PlacementMode::Auto, hide_possible_values = true)]
+    pub placement: PlacementMode,
+    /// Also look for the interpreter's debug info (DWARF) here, by build-id
+    /// (DIR/.build-id/xx/rest.debug) and by .gnu_debuglink name; after the image itself,
+    /// /usr/lib/debug/.build-id and the debuglink's standard places inside the target's root.
+    /// With it, every copy of a probed function that the compiler inlined is probed too.
+    #[arg(long, value_name = "DIR")]
+    pub debug_dir: Option<PathBuf>,
+    /// Probe only each function's own code, not the copies the compiler inlined elsewhere (fewer
+    /// uprobes; on an LTO build the counts are then partial, and marked so).
+    #[arg(long)]
+    pub no_inlined: bool,
+    /// Also probe the C library's allocator in the target: malloc, calloc, realloc, free,
+    /// posix_memalign, aligned_alloc, mmap and munmap, found in the process's own libc (inside its
+    /// root: a chroot's or container's). Counts calls and bytes per function and a "native" size
+    /// histogram; the interpreter's raw domain is part of what it counts. With --pid only.
+    #[arg(long)]
+    pub native: bool,
+    /// How garbage collections are seen: auto (CPython's gc__start and gc__done markers where the
+    /// build has them, as USDT probes whose semaphores the kernel raises while attached; else the
+    /// collection function's entry and return where tracer knows that they show the same; else
+    /// not, and the output says why), markers, function, or off. Collections per generation, their
+    /// durations and the objects found unreachable are in the table and the JSON's `gc`.
+    #[arg(long, value_name = "HOW", value_enum, default_value_t = GcMode::Auto, hide_possible_values = true)]
+    pub gc: GcMode,
+}
+
+/// `tracer attach`.
+#[derive(Clone, Debug, Parser)]
+#[allow(clippy::struct_excessive_bools, reason = "one field per on/off command-line flag, as clap gives them")]
+pub struct AttachArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// Stop after this many seconds (default: until Ctrl-C, SIGTERM or the target exits).
+    #[arg(long, short = 'd', value_name = "SECONDS")]
+    pub duration: Option<f64>,
+    /// Seconds between reports.
+    #[arg(long, short = 'i', value_name = "SECONDS", default_value_t = DEFAULT_INTERVAL_S)]
+    pub interval: f64,
+    /// Write JSON Lines (attached, interval, note, summary) instead of a table; see the README for the schema.
+    #[arg(long)]
+    pub json: bool,
+    /// Keep tracer's cost under PERCENT of the target's time: trace in short windows and detach
+    /// between them for as long as the budget needs (the cost of a hit is calibrated at start).
+    /// Counts are then of the traced windows only, and rates are estimates with a 95% confidence
+    /// interval, marked as such in the table and the JSON. Not with --returns or
+    /// --placement call-sites.
+    #[arg(long, value_name = "PERCENT")]
+    pub budget: Option<f64>,
+    /// How probes attach: auto (uprobe-multi links where the kernel has them, Linux 6.6+, else one
+    /// perf-event uprobe per probe), multi, or perf. Multi links detach all at once; perf-event
+    /// uprobes detach about 0.13 s apart each.
+    #[arg(long, value_name = "HOW", value_enum, default_value_t = LinkMode::Auto, hide_possible_values = true)]
+    pub links: LinkMode,
+    /// Also read what each allocating function returns (the new pointer): counts of returns and of
+    /// NULL returns. A probe on every `ret` of a function that always returns through one, else a
+    /// uretprobe; `tracer probes --returns` shows which.
+    #[arg(long)]
+    pub returns: bool,
+    /// Also count the objects each new reference creates by their type (`tp_name`), read at
+    /// `_Py_NewReference` (on 3.12+ also `_Py_NewReferenceNoTotal`, which the free lists call):
+    /// top types in the table, every type in the JSON's `types`. Each new reference then costs one
+    /// read of the target's memory and one map update more. Not with --budget.
+    #[arg(long)]
+    pub types: bool,
+    /// Track live memory: every block the allocator functions hand out since the attach, by address,
+    /// in a kernel table, until it is freed. Each interval gives the blocks outstanding and their
+    /// bytes per domain (object, mem, raw), in the table and the JSON's `live`. Reads each returned
+    /// pointer at the allocator's implementations (calibrating first, as --returns does, whose
+    /// probes on the API functions it does not need). Blocks allocated before the attach are unknown (their
+    /// frees are counted as untracked). Not with --budget or --exe.
+    #[arg(long)]
+    pub live: bool,
+    /// The live table's room, in blocks (turns on --live). A block that finds it full is counted as
+    /// dropped, never as live, and tracer keeps running.
+    #[arg(long, value_name = "BLOCKS")]
+    pub live_max: Option<u32>,
+    /// At the end, list the N oldest blocks still outstanding, with address, size, domain, function
+    /// and age (default 20; turns on --live).
+    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "20")]
+    pub leaks: Option<usize>,
+    /// With --leaks: only blocks at least SECONDS old at the end (turns on --leaks).
+    #[arg(long, value_name = "SECONDS", allow_hyphen_values = true)]
+    pub older: Option<f64>,
+    /// Record the Python stack of each event of EVENTS: `alloc` (the allocating functions; the
+    /// default when the flag is given alone), `refs`, `default`, or function names. The kernel
+    /// walks the current thread's frames and counts calls and bytes per stack; the table and the
+    /// JSON list the top allocation sites (see --top). Not with --budget.
+    #[arg(long, value_name = "EVENTS", num_args = 0..=1, default_missing_value = "", value_parser = stack_events)]
+    pub stacks: Option<ProbeSelection>,
+    /// With stacks: the most Python frames walked per event (1-128); a deeper stack is cut there
+    /// and counted as truncated.
+    #[arg(long, value_name = "FRAMES")]
+    pub depth: Option<u32>,
+    /// With stacks: record the stack of one event in N (per CPU) and scale its counts by N,
+    /// labelled as estimates; the per-function counts stay exact.
+    #[arg(long, value_name = "N")]
+    pub sample: Option<u64>,
+    /// List the N allocation sites (innermost Python frame) with the most calls, in the table and
+    /// the JSON's `sites` (default 10; turns on --stacks).
+    #[arg(long, value_name = "N")]
+    pub top: Option<usize>,
+    /// At the end, write the stacks in folded form (the input of flamegraph.pl and inferno) to FILE,
+    /// weighted as --weight says (turns on --stacks). FILE must not exist unless --force.
+    #[arg(long, value_name = "FILE")]
+    pub folded: Option<PathBuf>,
+    /// At the end, write a flame graph of the stacks as an SVG to FILE (turns on --stacks). FILE
+    /// must not exist unless --force.
+    #[arg(long, value_name = "FILE")]
+    pub flamegraph: Option<PathBuf>,
+    /// What --folded and --flamegraph weigh: calls or bytes.
+    #[arg(long, value_name = "WHAT", value_enum, hide_possible_values = true)]
+    pub weight: Option<Weight>,
+    /// Let --folded and --flamegraph overwrite an existing file (never through a symlink).
+    #[arg(long)]
+    pub force: bool,
+    /// With stacks, also unwind each event's native (C) stack in the kernel, from the modules'
+    /// .eh_frame unwind tables (no frame pointers needed; at most 64 frames), and name its frames
+    /// from ELF symbols and DWARF (inlined functions too). Folded stacks and flame graphs then
+    /// show the process's native root at the bottom, the Python frames where the eval loop runs
+    /// them, and the native callers of the probe on top (turns on --stacks).
+    #[arg(long)]
+    pub native_stacks: bool,
+    /// Pass on what the BPF programs log (each probe's first hit per process, and every miss, with its
+    /// cause), as notes on stderr and in the JSON: for when a probe seems to misbehave. Off by default,
+    /// and then free: the logging code is dead to the kernel's verifier.
+    #[arg(long)]
+    pub bpf_log: bool,
+}
+
+/// clap's multi-line usage error as one line, pointing at the help of the
+/// subcommand it is about (`subcommand`, the first argument, if it names
+/// one): the lines before "Usage:", without clap's own "error: " and help
+/// hint, the possible values and a tip each joined with "; ".
+#[must_use]
+pub fn usage_error(err: &clap::Error, subcommand: Option<&str>) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for line in err.render().to_string().lines().map(str::trim) {
+        if line.starts_with("Usage:") || line.starts_with("For more information") {
+            break;
+        }
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(first) = line.strip_prefix("error: ") {
+            parts.push(first.trim_end_matches(':').to_owned());
+        } else if let Some(tip) = line.strip_prefix("tip: ") {
+            parts.push(tip.to_owned());
+        } else if let Some(values) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            // A closed set's values, as "[possible values: a, b]".
+            parts.push(values.to_owned());
+        } else if let Some(last) = parts.last_mut() {
+            // A continuation line, such as the missing arguments' list.
+            last.push_str(": ");
+            last.push_str(line);
+        } else {
+            parts.push(line.to_owned());
+        }
+    }
+    let cli = <Cli as clap::CommandFactory>::command();
+    let help = match subcommand.and_then(|name| cli.find_subcommand(name)) {
+        Some(sub) if !sub.is_hide_set() => format!("tracer {} --help", sub.get_name()),
+        _ => "tracer --help".to_owned(),
+    };
+    format!("{}; see `{help}`", parts.join("; "))
+}
+
+/// How probes are attached in the kernel (`--links`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum LinkMode {
+    /// uprobe-multi links where the kernel has them, else perf-event
+    /// uprobes.
+    #[default]
+    Auto,
+    /// uprobe-multi links (Linux 6.6+): one per BPF program, detached at
+    /// once (see the kernel module's `multi`).
+    Multi,
+    /// One perf-event uprobe per probe, as aya attaches them.
+    Perf,
+}
+
+/// What a folded stack's count is (`--weight`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Weight {
+    Calls,
+    Bytes,
+}
+
+impl std::fmt::Display for Weight {
+    /// The flag's own word for it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.to_possible_value() {
+            Some(value) => f.write_str(value.get_name()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A setup `tracer bench --also` measures beside its three, by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Setup {
+    /// tracer's probes at the function entries.
+    Entry,
+    /// tracer's probes with `--placement call-sites`.
+    CallSites,
+    /// An empty BPF program at the placed offsets: the uprobe's own cost.
+    Empty,
+    /// An empty BPF program at the entries.
+    EmptyEntry,
+    /// An empty BPF program at the call sites.
+    EmptyCallSites,
+    /// tracer's probes plus return-value probes, as `attach --returns`.
+    Returns,
+    /// The allocator-metadata experiment (tracer-ebpf/src/experiment.rs).
+    MetaInsert,
+    MetaLookup,
+    MetaPool,
+    MetaChunk,
+    /// bpftrace counting the same functions at their entries.
+    Bpftrace,
+}
+
+/// The setups of `--also` that take a value, as `NAME=VALUE`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum SetupWithValue {
+    /// `tracemalloc=FRAMES`: PYTHONTRACEMALLOC in pyperf's workers.
+    Tracemalloc,
+    /// `budget=PERCENT`: `tracer attach --budget PERCENT` on the interpreter.
+    Budget,
+}
+
+/// One item of `--also`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Extra {
+    Setup(Setup),
+    /// PYTHONTRACEMALLOC=FRAMES, as given (a whole number above 0).
+    Tracemalloc(String),
+    /// `--budget PERCENT`, as given (above 0, at most 100).
+    Budget(String),
+}
+
+/// `--also`: the setups in the order given.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Setups(pub Vec<Extra>);
+
+/// A value tracer's own parser refuses; `main` prints it as it is,
+/// without clap's "invalid value" before it, which would say the same
+/// twice. (A closed set's unknown value is clap's to refuse.)
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ValueError {
+    #[error(transparent)]
+    Probes(#[from] SelectionError),
+    #[error(
+        "--also names {item:?}, which is not a setup tracer bench knows; use {}, tracemalloc=FRAMES (e.g. tracemalloc=1) or budget=PERCENT (e.g. budget=1)",
+        setup_names()
+    )]
+    UnknownSetup { item: String },
+}
+
+/// Every setup `--also` names without a value, comma-separated.
+fn setup_names() -> String {
+    let names: Vec<String> =
+        Setup::value_variants().iter().filter_map(|s| Some(s.to_possible_value()?.get_name().to_owned())).collect();
+    names.join(", ")
+}
+
+/// `--probes`: a named set, or function names some supported version has.
+fn probe_selection(value: &str) -> Result<ProbeSelection, ValueError> {
+    Ok(ProbeSelection::parse(value, &crate::python::known_probes())?)
+}
+
+/// `--stacks [EVENTS]`: as `--probes`; alone, the allocating functions.
+fn stack_events(value: &str) -> Result<ProbeSelection, ValueError> {
+    if value.is_empty() { Ok(ProbeSelection::Alloc) } else { probe_selection(value) }
+}
+
+/// `--also`: comma-separated setups, each a [`Setup`] or a
+/// [`SetupWithValue`] with its value.
+fn setups(value: &str) -> Result<Setups, ValueError> {
+    let mut setups = Vec::new();
+    for item in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let unknown = || ValueError::UnknownSetup { item: item.to_owned() };
+        let extra = match item.split_once('=') {
+            None => Extra::Setup(Setup::from_str(item, false).map_err(|_| unknown())?),
+            Some((name, value)) => match SetupWithValue::from_str(name, false).map_err(|_| unknown())? {
+                SetupWithValue::Tracemalloc if value.parse::<u32>().is_ok_and(|f| f > 0) => {
+                    Extra::Tracemalloc(value.to_owned())
+                }
+                SetupWithValue::Budget if value.parse::<f64>().is_ok_and(|p| p > 0.0 && p <= 100.0) => {
+                    Extra::Budget(value.to_owned())
+                }
+                SetupWithValue::Tracemalloc | SetupWithValue::Budget => return Err(unknown()),
+            },
+        };
+        setups.push(extra);
+    }
+    Ok(Setups(setups))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn setups_parse_by_name_and_value() {
+        let Setups(got) = setups("empty, tracemalloc=25,bpftrace,budget=1,returns,call-sites").unwrap();
+        assert_eq!(
+            got,
+            [
+                Extra::Setup(Setup::Empty),
+                Extra::Tracemalloc("25".into()),
+                Extra::Setup(Setup::Bpftrace),
+                Extra::Budget("1".into()),
+                Extra::Setup(Setup::Returns),
+                Extra::Setup(Setup::CallSites),
+            ]
+        );
+        assert_eq!(setups("").unwrap(), Setups::default());
+        for bad in ["perf", "tracemalloc=0", "tracemalloc=x", "budget=0", "budget=x", "entry=1", "perf=1"] {
+            assert_eq!(setups(bad).unwrap_err(), ValueError::UnknownSetup { item: bad.into() }, "{bad}");
+        }
+        assert_eq!(
+            setups("entry,perf").unwrap_err().to_string(),
+            "--also names \"perf\", which is not a setup tracer bench knows; use entry, call-sites, empty, empty-entry, empty-call-sites, returns, meta-insert, meta-lookup, meta-pool, meta-chunk, bpftrace, tracemalloc=FRAMES (e.g. tracemalloc=1) or budget=PERCENT (e.g. budget=1)"
+        );
+    }
+
+    fn usage(args: &[&str]) -> String {
+        let err = Cli::try_parse_from(std::iter::once("tracer").chain(args.iter().copied())).unwrap_err();
+        usage_error(&err, args.first().copied())
+    }
+
+    #[test]
+    fn usage_errors_are_one_line() {
+        assert_eq!(
+            usage(&["attach", "--pid", "1", "--links", "bpf"]),
+            "invalid value 'bpf' for '--links <HOW>'; possible values: auto, multi, perf; a similar value exists: 'perf'; see `tracer attach --help`"
+        );
+        assert_eq!(
+            usage(&["probes"]),
+            "the following required arguments were not provided: <--pid <PID>|--exe <PATH>>; see `tracer probes --help`"
+        );
+        assert_eq!(usage(&["xyzzy"]), "unrecognized subcommand 'xyzzy'; see `tracer --help`");
+        assert_eq!(usage(&["__calibration-child", "x"]), "unexpected argument 'x' found; see `tracer --help`");
+    }
+
+    #[test]
+    fn closed_sets_are_clap_s() {
+        let err = AttachArgs::try_parse_from(["attach", "--pid", "1", "--links", "bpf"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
+        let args = AttachArgs::try_parse_from(["attach", "--pid", "1", "--stacks"]).unwrap();
+        assert_eq!(args.stacks, Some(ProbeSelection::Alloc));
+        let args =
+            AttachArgs::try_parse_from(["attach", "--pid", "1", "--stacks", "refs", "--weight", "bytes"]).unwrap();
+        assert_eq!((args.stacks, args.weight), (Some(ProbeSelection::Refs), Some(Weight::Bytes)));
+        assert_eq!(Weight::Bytes.to_string(), "bytes");
+        let err = ProbesArgs::try_parse_from(["probes", "--pid", "1", "--probes", "nope"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
+        let cause = std::error::Error::source(&err).and_then(|e| e.downcast_ref::<ValueError>());
+        assert!(matches!(cause, Some(ValueError::Probes(SelectionError::Unknown { .. }))), "{err}");
+    }
+}

@@ -1,0 +1,77 @@
+//! Why tracer's BPF object could not be loaded or attached, and whose
+//! fault that is.
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+use crate::error::Classify;
+
+/// Failure to load or attach.
+#[derive(Debug, Error)]
+pub enum AttachError {
+    #[error(
+        "this tracer was built without its BPF object (TRACER_EMPTY_BPF was set when it was built); build it with `cargo xtask build`"
+    )]
+    NoObject,
+    #[error("the kernel refused tracer's BPF object: {0}")]
+    Load(Box<aya::EbpfError>),
+    #[error("BPF program {name} is missing from tracer's BPF object (a build problem)")]
+    ProgramMissing { name: &'static str },
+    #[error("BPF program {name} failed to load: {cause}")]
+    ProgramLoad { name: &'static str, cause: Box<aya::programs::ProgramError> },
+    #[error("cannot read the kernel's statistics of BPF program {name}: {cause}")]
+    ProgramInfo { name: &'static str, cause: std::io::Error },
+    #[error("BPF map {name} is missing or has the wrong type: {cause}")]
+    Map { name: &'static str, cause: Box<aya::maps::MapError> },
+    #[error("cannot attach a uprobe to {symbol} in {path} for PID {pid}: {cause}")]
+    Attach { symbol: &'static str, path: PathBuf, pid: u32, cause: Box<aya::programs::ProgramError> },
+    #[error("process {pid} exited while tracer was attaching; start it again and pass its new PID")]
+    TargetExited { pid: u32 },
+    #[error("cannot duplicate the fd of BPF map {name}: {cause}")]
+    MapFd { name: String, cause: std::io::Error },
+    #[error(transparent)]
+    Multi(#[from] super::multi::MultiError),
+    #[error(
+        "{cause}; the uprobes of inlined copies and call sites need uprobe-multi links (Linux 6.6+), as perf-event uprobes would take minutes to detach: pass --no-inlined (and drop --placement call-sites), or trace on a newer kernel"
+    )]
+    ManySitesNeedMulti { cause: super::multi::MultiError },
+    #[error("cannot start reading the BPF log: {0}")]
+    Log(String),
+    #[error(transparent)]
+    Gc(#[from] super::gc::GcAttachError),
+}
+
+impl Classify for AttachError {
+    /// Only a target that exited meanwhile is the user's; the rest is
+    /// tracer's object or the kernel's.
+    fn is_bad_input(&self) -> bool {
+        match self {
+            Self::TargetExited { .. } => true,
+            Self::NoObject
+            | Self::Load(_)
+            | Self::ProgramMissing { .. }
+            | Self::ProgramLoad { .. }
+            | Self::ProgramInfo { .. }
+            | Self::Map { .. }
+            | Self::Attach { .. }
+            | Self::MapFd { .. }
+            | Self::Multi(_)
+            | Self::ManySitesNeedMulti { .. }
+            | Self::Log(_)
+            | Self::Gc(_) => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::{EXIT_BAD_INPUT, EXIT_FAILURE, Failure};
+
+    #[test]
+    fn only_an_exited_target_is_bad_input() {
+        assert_eq!(Failure::from(AttachError::TargetExited { pid: 7 }).exit_status(), EXIT_BAD_INPUT);
+        assert_eq!(Failure::from(AttachError::Log("x".into())).exit_status(), EXIT_FAILURE);
+    }
+}

@@ -1,0 +1,115 @@
+//! What tracing costs the target, as reported: `--budget`'s windows and
+//! the estimated share of the target's CPU time.
+
+use serde::{Deserialize, Serialize};
+
+use crate::plan::HitCosts;
+
+/// What `--budget` traced.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Budget {
+    /// Always true: the rates are estimates.
+    pub estimates: bool,
+    pub percent: f64,
+    pub windows: u64,
+    /// Time the probes were attached, summed over windows.
+    pub traced_s: f64,
+    pub traced_fraction: f64,
+    /// The probes' estimated cost to the target as a share of the time.
+    pub estimated_overhead_fraction: f64,
+    /// The calibrated cost of one hit.
+    pub hit_cost_ns: HitCosts,
+}
+
+/// tracer's estimated cost to the target over an interval (in a summary,
+/// over the run): its hits times the calibrated cost of a hit where each
+/// sits, against the CPU time the target used meanwhile. The uprobe
+/// handler runs in the target's thread, so that time is charged to the
+/// target.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Cost {
+    /// Always true: hits priced at costs calibrated on tracer's own
+    /// function, not a measurement of the target.
+    pub estimate: bool,
+    /// The share of the target's CPU time spent in tracer's probes, at
+    /// most 1 (the probes run on that time, so more is the estimate's
+    /// error); left out when the target used no measurable CPU time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overhead_fraction: Option<f64>,
+    /// Where a probe has sites of both kinds, whose hits share one counter
+    /// and so cannot be told apart, `overhead_fraction` prices them all as
+    /// single-stepped; this is the share had they all been emulated. Left
+    /// out when no such probe was hit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overhead_fraction_low: Option<f64>,
+    /// The estimated CPU time the probe hits cost the target, in seconds.
+    pub tracer_cpu_s: f64,
+    /// The CPU time (user and system) the traced processes used over the
+    /// same span, in seconds.
+    pub target_cpu_s: f64,
+    /// The hits priced.
+    pub hits: u64,
+    /// Hits over the same span that could not be priced: those of a process
+    /// whose CPU time could not be read with them (it exited between two
+    /// readings, and no exit record gave its CPU time at its end). Where
+    /// every hit is unpriced there is no share to give.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub unpriced_hits: u64,
+    /// The calibrated cost of one hit.
+    pub hit_cost_ns: HitCosts,
+}
+
+impl Cost {
+    /// This cost, knowing that `all` hits happened over its span: those it
+    /// did not price are counted as such, and where it priced none, it has
+    /// no share to give (never a share of 0 for hits unseen).
+    #[must_use]
+    pub fn of_all_hits(mut self, all: u64) -> Self {
+        self.unpriced_hits = all.saturating_sub(self.hits);
+        if self.hits == 0 && self.unpriced_hits > 0 {
+            self.overhead_fraction = None;
+            self.overhead_fraction_low = None;
+        }
+        self
+    }
+
+    /// Above this share of the target's CPU time, tracer warns.
+    pub const HIGH: f64 = 0.10;
+
+    /// Whether the estimate is above [`Self::HIGH`].
+    #[must_use]
+    pub fn is_high(&self) -> bool {
+        self.overhead_fraction.is_some_and(|f| f > Self::HIGH)
+    }
+
+    /// The warning to give for a high cost, pointing to what lowers it:
+    /// `--budget`, which refuses `--returns` and call sites, and which may
+    /// already be on (`budget` as a percentage).
+    #[must_use]
+    pub fn warning(&self, budget: Option<f64>, returns: bool, call_sites: bool) -> Option<String> {
+        let f = self.overhead_fraction.filter(|_| self.is_high())?;
+        // A CPU-bound target does its own work in the share the probes
+        // leave it. Near 1 the estimate's error swamps that ratio.
+        let slowdown = if f <= 0.9 {
+            format!("a CPU-bound target runs about {:.1}× slower", 1.0 / (1.0 - f))
+        } else {
+            "a CPU-bound target runs over 10× slower".to_owned()
+        };
+        let advice = match budget {
+            // Rounded: a percentage made from a fraction, 7 → 0.07 → 7.000000000000001.
+            Some(percent) => format!(
+                "--budget {}% is on; a lower --budget leaves longer gaps between windows",
+                (percent * 1e6).round() / 1e6
+            ),
+            None if returns || call_sites => "--budget PERCENT keeps the cost near PERCENT% by tracing in windows (without --returns and --placement call-sites, which it does not combine with)".to_owned(),
+            None => "--budget PERCENT keeps the cost near PERCENT% by tracing in windows".to_owned(),
+        };
+        Some(format!("tracing costs the target an estimated {:.0}% of its CPU time ({slowdown}); {advice}", f * 100.0))
+    }
+}
+
+/// For `skip_serializing_if`.
+#[allow(clippy::trivially_copy_pass_by_ref, reason = "serde passes a reference")]
+const fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
+}

@@ -1,0 +1,28 @@
+//! One typed model of what tracer reports. The JSON Lines schema (README,
+//! "JSON output") is these types: producers fill them, and every output
+//! (the table, the JSON, later an exporter, a live view, flame graphs)
+//! reads them. Fields are only ever added, as `Option`s or empty lists
+//! that are left out while unset, so that older lines still read.
+
+mod attached;
+mod bench;
+mod cost;
+mod events;
+mod live;
+mod notes;
+mod plan_report;
+mod snapshot;
+mod stacks;
+
+pub use attached::{Attached, Links, PythonInfo, SiteKinds};
+pub use bench::{BenchEntry, BenchPython, BenchReport, BenchState};
+pub use cost::{Budget, Cost};
+pub use events::{End, EndKind, Event, Summary};
+pub use live::{Leak, Leaks, Live, LiveDomain};
+pub use notes::{Level, Note, NoteCode};
+pub use plan_report::{CallSitesReport, LiveImplReport, PlanReport, PlannedProbeReport, SiteFileReport};
+pub use snapshot::{
+    Counts, ExitedProcess, Gc, GcGeneration, KERNEL_MISSES, LateCoverage, LateModule, ProbeCounts, ProbeEstimate,
+    Returned, Sizes, Snapshot, TypeCount,
+};
+pub use stacks::{NativeFrame, NativeModule, Site, SiteFrame, StackCount, StackCoverage};

@@ -1,0 +1,169 @@
+//! `tracer probes --json`: the attach plan as reported, probe by probe.
+
+use serde::{Deserialize, Serialize};
+
+use super::notes::Note;
+use crate::plan::{
+    coverage::Coverage,
+    gc::GcPlan,
+    placement::Placement,
+    returns::{ReturnMeasurement, ReturnPlan},
+};
+
+/// `tracer probes --json`: the attach plan.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PlanReport {
+    pub image: String,
+    pub python: String,
+    pub probes: Vec<PlannedProbeReport>,
+    pub missing: Vec<String>,
+    /// With `--returns`: what each way of reading a return value cost.
+    pub return_costs_ns: Option<ReturnMeasurement>,
+    /// What the user should know about this image (`_Py_DebugOffsets`
+    /// disagreeing with `Py_Version`, say).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<Note>,
+    /// Where garbage collections are seen (see [`Attached::gc`](super::Attached::gc)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gc: Option<GcPlan>,
+    /// With `--live`: the allocator implementations the live table
+    /// probes, and how each one's return is read.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub live_impls: Vec<LiveImplReport>,
+}
+
+/// One allocator implementation of [`PlanReport::live_impls`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiveImplReport {
+    pub symbol: String,
+    /// Offset of its entry in the image file.
+    pub file_offset: u64,
+    /// Where `live_impl` traps, and a uretprobe with it: the first
+    /// emulated instruction before the stack pointer or the arguments
+    /// change, else the entry.
+    pub placement: Placement,
+    pub returns: ReturnPlan,
+}
+
+impl PlanReport {
+    /// The report of `plan` for an image of Python `version`.
+    #[must_use]
+    pub fn new(plan: &crate::plan::Plan, version: &str, return_costs_ns: Option<ReturnMeasurement>) -> Self {
+        let probes = plan
+            .probes
+            .iter()
+            .map(|p| PlannedProbeReport {
+                symbol: p.symbol.to_owned(),
+                file_offset: p.file_offset,
+                offset: p.placement.offset,
+                instruction: p.placement.instruction.clone(),
+                emulated: p.placement.emulated,
+                reason: p.placement.reason.clone(),
+                returns: p.returns.clone(),
+                inline_sites: p.inline_sites.iter().map(|s| s.offset).collect(),
+                inline_sites_emulated: p.inline_sites.iter().filter(|s| s.emulated).count(),
+                coverage: Some(p.coverage.clone()),
+                file: p.file.as_ref().map(|f| f.display_path.display().to_string()),
+                nested_sites: p.nested_sites.clone(),
+                call_sites: p.call_sites.as_ref().map(|c| CallSitesReport {
+                    emulated: c.emulated,
+                    single_stepped: c.stepped,
+                    files: c
+                        .files
+                        .iter()
+                        .map(|f| SiteFileReport { path: f.display_path.clone(), offsets: f.offsets.clone() })
+                        .collect(),
+                }),
+            })
+            .collect();
+        Self {
+            image: plan.display_path.display().to_string(),
+            python: version.to_owned(),
+            probes,
+            missing: plan.missing.iter().map(|m| (*m).to_owned()).collect(),
+            return_costs_ns,
+            notes: Vec::new(),
+            gc: None,
+            live_impls: plan
+                .live_impls
+                .iter()
+                .map(|i| LiveImplReport {
+                    symbol: i.name.to_owned(),
+                    file_offset: i.file_offset,
+                    placement: i.placement.clone(),
+                    returns: i.returns.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// One probe of [`PlanReport`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedProbeReport {
+    pub symbol: String,
+    /// Offset of the function's entry in the image file.
+    pub file_offset: u64,
+    /// Where the probe sits, from the entry.
+    pub offset: u64,
+    pub instruction: String,
+    pub emulated: bool,
+    pub reason: String,
+    pub returns: Option<ReturnPlan>,
+    pub call_sites: Option<CallSitesReport>,
+    /// File offsets in the image of the probed inlined copies (and
+    /// out-of-line clones), each counted as a call.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inline_sites: Vec<u64>,
+    /// How many of those are on an instruction the kernel emulates (the
+    /// rest are single-stepped, at several times the cost of a hit).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub inline_sites_emulated: usize,
+    /// What the counts will cover.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coverage: Option<Coverage>,
+    /// The file the function is in, where it is not `image` (libc, with
+    /// `--native`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// With `--native`: file offsets of the calls of this function by
+    /// another probed libc function, which mark those calls as nested.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nested_sites: Vec<u64>,
+}
+
+/// Where a function probed at its callers is called from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallSitesReport {
+    pub emulated: usize,
+    pub single_stepped: usize,
+    pub files: Vec<SiteFileReport>,
+}
+
+/// The call sites in one file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SiteFileReport {
+    pub path: std::path::PathBuf,
+    pub offsets: Vec<u64>,
+}
+
+/// For `skip_serializing_if`.
+#[allow(clippy::trivially_copy_pass_by_ref, reason = "serde passes a reference")]
+const fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PLAN_SAMPLES: &str = include_str!("../../tests/data/plans.jsonl");
+
+    #[test]
+    fn every_plan_round_trips() {
+        for line in PLAN_SAMPLES.lines().filter(|l| !l.is_empty()) {
+            let plan: PlanReport = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+            assert_eq!(serde_json::to_string(&plan).unwrap(), line);
+        }
+    }
+}

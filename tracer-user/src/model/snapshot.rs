@@ -1,0 +1,321 @@
+//! The counts an interval or the summary reports: per probe and per
+//! process since the attach, with the BPF misses, requested sizes, types,
+//! collections and what `--stacks` and `--live` add, and the rates
+//! between two of them.
+
+use std::time::Duration;
+
+use indexmap::IndexMap;
+use serde::{Deserialize, Serialize};
+use tracer_common::stats::Stat;
+
+use super::{
+    attached::Attached,
+    cost::{Budget, Cost},
+    live::{Leaks, Live},
+    stacks::{NativeModule, Site, StackCount, StackCoverage},
+};
+use crate::plan::gc::GcSource;
+
+/// Calls and requested bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    pub calls: u64,
+    pub bytes: u64,
+}
+
+/// What an allocating function returned (`--returns`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Returned {
+    pub returns: u64,
+    /// Returns of NULL: failed allocations.
+    pub null: u64,
+    /// Wrapping sum of the returned pointers.
+    pub pointer_sum: u64,
+}
+
+/// A `--budget` rate estimate of one probe, while traced.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProbeEstimate {
+    pub calls_per_s: f64,
+    /// The 95% confidence interval, once there are two windows.
+    pub calls_per_s_ci95: Option<[f64; 2]>,
+    pub bytes_per_s: f64,
+    pub bytes_per_s_ci95: Option<[f64; 2]>,
+}
+
+/// One probe's cumulative counts.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProbeCounts {
+    pub calls: u64,
+    /// Requested bytes (0 for a function that requests none).
+    pub bytes: u64,
+    /// With `--native`, for a libc function that another probed one calls
+    /// directly (glibc's `realloc` relaying to `malloc` and `free`): those
+    /// calls, which are not in `calls` and `bytes` (the request is counted
+    /// once, under the function the program called).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nested: Option<Counts>,
+    /// With `--returns`, for an allocating function.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub returned: Option<Returned>,
+    /// With `--budget`: the counts are of the traced windows; these are
+    /// the rates estimated from them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<ProbeEstimate>,
+    /// Calls per second over this interval (in a summary, over the run).
+    /// Left out with `--budget`, whose rates are estimates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls_per_s: Option<f64>,
+    /// Bytes per second likewise; left out too for a function that
+    /// requests no bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_per_s: Option<f64>,
+}
+
+/// A file mapped after the attach whose calls are counted only from
+/// `since_s` on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LateModule {
+    pub path: String,
+    /// When its sites were attached, in seconds since the attach.
+    pub since_s: f64,
+    #[serde(flatten)]
+    pub coverage: LateCoverage,
+}
+
+/// What became of a file mapped after the attach.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum LateCoverage {
+    /// Its direct calls to `symbol` are probed at `sites` call sites; with
+    /// `escape`, its calls through that function's address are not.
+    Sites { symbol: String, sites: usize, escape: Option<String> },
+    /// It could not be probed at all.
+    Failed { error: String },
+}
+
+/// A traced process that exited: its final counts, read before its
+/// entries left the kernel maps.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExitedProcess {
+    pub pid: u32,
+    /// When tracer saw it gone, in seconds since the attach.
+    pub exited_s: f64,
+    pub probes: IndexMap<String, Counts>,
+}
+
+/// Cumulative counts since the attach.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub elapsed_s: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Budget>,
+    /// tracer's estimated cost to the target, over this interval (in a
+    /// summary, over the run); left out until the cost of a hit is
+    /// calibrated, or when it could not be.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<Cost>,
+    /// Totals over every traced process, in report order.
+    pub probes: IndexMap<String, ProbeCounts>,
+    /// The same per process that hit any probe, by PID (processes that
+    /// exited included; a PID used by two processes in turn adds both).
+    pub pids: IndexMap<String, IndexMap<String, Counts>>,
+    /// Every BPF-side miss counter, then [`KERNEL_MISSES`].
+    pub stats: IndexMap<String, u64>,
+    /// With `--placement call-sites`: each file mapped after the attach
+    /// that calls, or lets out the address of, a function at its call
+    /// sites, and what of it is counted.
+    pub late_modules: Vec<LateModule>,
+    /// With `--exe`: each traced process that exited, separately.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exited: Vec<ExitedProcess>,
+    /// Every probe hit so far, return probes included: what tracer's cost
+    /// to the target is made of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hits: Option<u64>,
+    /// Requested sizes by domain; left out when no allocating function is
+    /// probed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sizes: Option<Sizes>,
+    /// With `--stacks`: the allocation sites (innermost Python frames) with
+    /// the most calls, most first, `--top` of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sites: Option<Vec<Site>>,
+    /// With `--stacks`, in the summary only: every stack seen, with its
+    /// counts (what `--folded` and `--flamegraph` are made of).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stacks: Option<Vec<StackCount>>,
+    /// With `--stacks`: how much of the events the stacks cover.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stack_coverage: Option<StackCoverage>,
+    /// With `--native-stacks`: each module the unwinder read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub native_modules: Option<Vec<NativeModule>>,
+    /// With `--types`: objects created by type since the attach, over every
+    /// traced process, most first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub types: Option<Vec<TypeCount>>,
+    /// Garbage collections since the attach, over every traced process;
+    /// left out with `--gc off`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gc: Option<Gc>,
+    /// With `--live`: the blocks outstanding now, per domain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live: Option<Live>,
+    /// With `--leaks`, in the summary only: the oldest outstanding blocks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leaks: Option<Leaks>,
+}
+
+/// Garbage collections since the attach, by generation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Gc {
+    /// Where they are seen from: `markers`, `function` or `none`.
+    pub source: GcSource,
+    /// With `none`, why; with `function`, what its calls count that the
+    /// markers would not (3.13's automatic collections), if anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Generations 0, 1 and 2 always (with `none`, nothing), then any other
+    /// the probes saw, such as the unknown one.
+    pub generations: Vec<GcGeneration>,
+    /// With `--exe`: the same per process that collected, by PID (exited
+    /// ones included).
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub pids: IndexMap<String, Vec<GcGeneration>>,
+}
+
+/// The collections of one generation.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GcGeneration {
+    /// `null` where the generation is not known: the start's argument could
+    /// not be read (`gc_arg_missing`), or it was 3.13's `GENERATION_AUTO`.
+    pub generation: Option<u32>,
+    /// Collections that ended (a start and its done seen on one thread).
+    pub collections: u64,
+    /// Their summed durations, start to done, in seconds.
+    pub duration_s: f64,
+    /// The objects they found unreachable (collected, and uncollectable
+    /// ones, as `gc.collect()` returns them).
+    pub collected: u64,
+    /// Over the interval (in a summary, over the run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collections_per_s: Option<f64>,
+}
+
+/// Requested sizes since the attach, per allocator domain, over every
+/// traced process: `[lo, hi, calls, bytes]` for each log2 bucket that has
+/// calls (sizes `lo` to `hi`), smallest first.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sizes {
+    pub object: Vec<[u64; 4]>,
+    pub mem: Vec<[u64; 4]>,
+    pub raw: Vec<[u64; 4]>,
+    /// With `--native`: libc's `malloc`, `calloc`, `realloc`,
+    /// `posix_memalign` and `aligned_alloc` (not `mmap`, whose lengths are
+    /// pages, not requests); nested calls are not in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub native: Option<Vec<[u64; 4]>>,
+    /// Per domain, calls whose size is not known (inlined copies where
+    /// neither the DWARF nor the code shows it), so in no bucket; left out
+    /// where there are none.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub unsized_calls: IndexMap<String, u64>,
+}
+
+/// Objects of one type created since the attach, and how many of them
+/// died since.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TypeCount {
+    /// Its qualified name (a heap type's module and `__qualname__`, a
+    /// static type's `tp_name`); where that could not be read, its address
+    /// and PID.
+    pub name: String,
+    /// New references to objects of this type (creations, and objects a
+    /// free list gave out again).
+    pub created: u64,
+    /// Of those, the objects whose memory the object domain's free
+    /// (`PyObject_Free`, and its inlined copies) gave back. Objects
+    /// created before the attach are not known, and their frees are not
+    /// counted.
+    pub destroyed: u64,
+    /// Of those, the objects that died without a free: a later new
+    /// reference reused their address (a free list gave the object out
+    /// again, or it was resized in place).
+    pub reused: u64,
+    /// Of those, the objects not seen to die: `created - destroyed -
+    /// reused`. An object a free list holds, dead but not given out again,
+    /// is still counted here.
+    pub live: u64,
+    /// Over the interval (in a summary, over the run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_per_s: Option<f64>,
+    /// Why its name could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unresolved: Option<String>,
+}
+
+/// Name of the kernel's recursion-miss count in `stats`.
+pub const KERNEL_MISSES: &str = "kernel_recursion_misses";
+
+impl Snapshot {
+    /// The stats map from the BPF-side stats (in [`Stat::ALL`] order) and
+    /// the kernel's miss count.
+    #[must_use]
+    pub fn stats_from(bpf: &[u64], kernel_misses: u64) -> IndexMap<String, u64> {
+        Stat::ALL
+            .iter()
+            .zip(bpf)
+            .map(|(s, &value)| (s.name().to_owned(), value))
+            .chain(std::iter::once((KERNEL_MISSES.to_owned(), kernel_misses)))
+            .collect()
+    }
+
+    /// The time since the attach.
+    #[must_use]
+    pub fn elapsed(&self) -> Duration {
+        Duration::try_from_secs_f64(self.elapsed_s).unwrap_or_default()
+    }
+
+    /// Sets every probe's rates: over the time since `since` (the previous
+    /// interval), or over the whole run without it. Not with `--budget`,
+    /// whose counts are of windows only.
+    pub fn compute_rates(&mut self, attached: &Attached, since: Option<&Self>) {
+        if self.budget.is_some() {
+            return;
+        }
+        let secs = self.elapsed_s - since.map_or(0.0, |s| s.elapsed_s);
+        for (name, p) in &mut self.probes {
+            let before = since.and_then(|s| s.probes.get(name)).copied();
+            let dcalls = p.calls - before.map_or(0, |b| b.calls.min(p.calls));
+            let dbytes = p.bytes - before.map_or(0, |b| b.bytes.min(p.bytes));
+            p.calls_per_s = Some(rate(dcalls, secs));
+            p.bytes_per_s = attached.measures_bytes(name).then(|| rate(dbytes, secs));
+        }
+        let before = since.and_then(|s| s.types.as_ref());
+        for t in self.types.iter_mut().flatten() {
+            let was = before.and_then(|b| b.iter().find(|b| b.name == t.name)).map_or(0, |b| b.created.min(t.created));
+            t.created_per_s = Some(rate(t.created - was, secs));
+        }
+        let before = since.and_then(|s| s.gc.as_ref());
+        for g in self.gc.iter_mut().flat_map(|gc| &mut gc.generations) {
+            let was = before
+                .and_then(|b| b.generations.iter().find(|b| b.generation == g.generation))
+                .map_or(0, |b| b.collections.min(g.collections));
+            g.collections_per_s = Some(rate(g.collections - was, secs));
+        }
+    }
+
+    /// Whether a stat's non-zero value means events are missing from the
+    /// counts (as opposed to merely worth knowing).
+    #[must_use]
+    pub fn is_loss(stat: &str) -> bool {
+        Stat::ALL.iter().find(|s| s.name() == stat).is_none_or(|s| s.is_loss())
+    }
+}
+
+#[allow(clippy::cast_precision_loss, reason = "a rate, not a count")]
+fn rate(delta: u64, secs: f64) -> f64 {
+    if secs > 0.0 { delta as f64 / secs } else { 0.0 }
+}

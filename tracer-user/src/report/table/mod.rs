@@ -1,0 +1,323 @@
+//! The human-readable table.
+//!
+//! The header is written in `header`, the blocks each feature adds under
+//! the counts in `blocks`, and the cost in a block's title in `cost`.
+
+mod blocks;
+mod cost;
+mod header;
+
+use std::io::Write;
+
+use self::cost::cost_text;
+use super::{Reporter, group};
+use crate::model::{Attached, Budget, EndKind, Event, LateCoverage, ProbeCounts, Snapshot, Summary};
+
+/// Prints a block per interval with rates over that interval, and a final
+/// block with rates averaged over the whole run; notes go to `err`.
+pub struct TableReporter<W: Write, E: Write> {
+    out: W,
+    err: E,
+    /// The attach header, for which probes measure bytes and whether to
+    /// list processes even when there is only one (`--exe`).
+    attached: Option<Attached>,
+}
+
+impl<W: Write, E: Write> TableReporter<W, E> {
+    pub const fn new(out: W, err: E) -> Self {
+        Self { out, err, attached: None }
+    }
+
+    fn measures_bytes(&self, probe: &str) -> bool {
+        self.attached.as_ref().is_some_and(|a| a.measures_bytes(probe))
+    }
+
+    fn block(&mut self, title: &str, sample: &Snapshot) -> std::io::Result<()> {
+        match sample.cost.as_ref().map(cost_text) {
+            Some(cost) => writeln!(self.out, "{title}  {cost}")?,
+            None => writeln!(self.out, "{title}")?,
+        }
+        let (returns, call_sites) =
+            self.attached.as_ref().map_or((false, false), |a| (!a.returns.is_empty(), !a.call_sites.is_empty()));
+        let warning = sample.cost.and_then(|c| c.warning(sample.budget.map(|b| b.percent), returns, call_sites));
+        if let Some(warning) = warning {
+            writeln!(self.out, "  WARNING: {warning}")?;
+        }
+        if let Some(b) = &sample.budget {
+            return self.estimate_block(sample, b);
+        }
+        let with_returns = sample.probes.values().any(|p| p.returned.is_some());
+        let extra = if with_returns { format!(" {:>14} {:>8}", "returns", "NULL") } else { String::new() };
+        writeln!(
+            self.out,
+            "  {:<20} {:>14} {:>12} {:>16} {:>14}{extra}",
+            "function", "calls", "calls/s", "bytes", "bytes/s"
+        )?;
+        for (name, p) in &sample.probes {
+            let (bytes, bytes_rate) = match p.bytes_per_s {
+                Some(r) if self.measures_bytes(name) => (group(p.bytes), group(round(r))),
+                _ => ("-".to_owned(), "-".to_owned()),
+            };
+            let extra = match (with_returns, p.returned) {
+                (false, _) => String::new(),
+                (true, Some(r)) => format!(" {:>14} {:>8}", group(r.returns), group(r.null)),
+                (true, None) => format!(" {:>14} {:>8}", "-", "-"),
+            };
+            writeln!(
+                self.out,
+                "  {:<20} {:>14} {:>12} {:>16} {:>14}{extra}",
+                name,
+                group(p.calls),
+                group(round(p.calls_per_s.unwrap_or(0.0))),
+                bytes,
+                bytes_rate
+            )?;
+        }
+        self.footer(sample)
+    }
+
+    /// `--budget`: counts of the traced windows, and rates estimated from
+    /// them since attach, marked as estimates.
+    fn estimate_block(&mut self, sample: &Snapshot, b: &Budget) -> std::io::Result<()> {
+        writeln!(
+            self.out,
+            "  {:<20} {:>14} {:>24} {:>16} {:>28}",
+            "function", "calls (traced)", "est. calls/s ±95%", "bytes (traced)", "est. bytes/s ±95%"
+        )?;
+        for (name, p) in &sample.probes {
+            let (calls_rate, b_rate) = estimates(p);
+            let (bytes, b_rate) =
+                if self.measures_bytes(name) { (group(p.bytes), b_rate) } else { ("-".to_owned(), "-".to_owned()) };
+            writeln!(
+                self.out,
+                "  {:<20} {:>14} {:>24} {:>16} {:>28}",
+                name,
+                group(p.calls),
+                calls_rate,
+                bytes,
+                b_rate
+            )?;
+        }
+        writeln!(
+            self.out,
+            "  ESTIMATES (--budget {}%): rates from {} windows that traced {:.2}s of {:.1}s ({:.2}%), as seen while traced; estimated cost to the target {:.2}% (a hit costs {:.0} ns single-stepped, {:.0} ns emulated here)",
+            b.percent,
+            b.windows,
+            b.traced_s,
+            sample.elapsed_s,
+            b.traced_fraction * 100.0,
+            b.estimated_overhead_fraction * 100.0,
+            b.hit_cost_ns.single_stepped_ns,
+            b.hit_cost_ns.emulated_ns,
+        )?;
+        self.footer(sample)
+    }
+
+    fn footer(&mut self, sample: &Snapshot) -> std::io::Result<()> {
+        if let Some(sizes) = &sample.sizes {
+            self.sizes_block(sizes)?;
+        }
+        self.nested_block(sample)?;
+        if let Some(gc) = &sample.gc {
+            self.gc_block(gc)?;
+        }
+        if let Some(live) = &sample.live {
+            super::live::live(&mut self.out, live)?;
+        }
+        if let Some(leaks) = &sample.leaks {
+            super::live::leaks(&mut self.out, leaks)?;
+        }
+        if let Some(types) = &sample.types {
+            self.types_block(types)?;
+        }
+        if let Some(sites) = &sample.sites {
+            self.sites_block(sites, sample.stack_coverage.as_ref())?;
+        }
+        let per_process = self.attached.as_ref().is_some_and(|a| a.pid.is_none());
+        if per_process || sample.pids.len() > 1 {
+            for (pid, probes) in &sample.pids {
+                let calls: u64 = probes.values().map(|c| c.calls).sum();
+                let bytes: u64 = probes.values().map(|c| c.bytes).sum();
+                writeln!(self.out, "  PID {pid:<16} {:>14} calls {:>23} bytes", group(calls), group(bytes))?;
+            }
+        }
+        for l in &sample.late_modules {
+            let since = l.since_s;
+            match &l.coverage {
+                LateCoverage::Sites { symbol, sites, escape } => {
+                    let through =
+                        escape.as_ref().map_or(String::new(), |e| format!("; not its calls through the address ({e})"));
+                    writeln!(
+                        self.out,
+                        "  late: {} (mapped after attaching): {} calls to {symbol} counted from {since:.1} s on{through}",
+                        l.path,
+                        group(*sites as u64),
+                    )?;
+                }
+                LateCoverage::Failed { error } => writeln!(
+                    self.out,
+                    "  late: {} (mapped after attaching): its calls are NOT counted ({error})",
+                    l.path
+                )?,
+            }
+        }
+        let nonzero: Vec<String> =
+            sample.stats.iter().filter(|(_, v)| **v > 0).map(|(name, v)| format!("{name}={v}")).collect();
+        if !nonzero.is_empty() {
+            let lossy = sample.stats.iter().any(|(name, v)| *v > 0 && Snapshot::is_loss(name));
+            let note = if lossy { " (some events were NOT counted)" } else { "" };
+            writeln!(self.out, "  BPF misses: {}{note}", nonzero.join(" "))?;
+        }
+        writeln!(self.out)?;
+        self.out.flush()
+    }
+
+    fn summary(&mut self, s: &Summary) -> std::io::Result<()> {
+        let why = match (s.end, &s.signal) {
+            (EndKind::Duration, _) => "--duration elapsed".to_owned(),
+            (EndKind::Signal, Some(name)) => format!("{name} received"),
+            (EndKind::Signal, None) => "a signal received".to_owned(),
+            (EndKind::TargetExit, _) => "the target exited".to_owned(),
+        };
+        let title = format!("summary after {:.1}s ({why}; probes detached), rates are averages:", s.snapshot.elapsed_s);
+        self.block(&title, &s.snapshot)
+    }
+}
+
+impl<W: Write, E: Write> Reporter for TableReporter<W, E> {
+    fn event(&mut self, event: &Event) -> std::io::Result<()> {
+        match event {
+            Event::Attached(info) => {
+                self.header(info)?;
+                self.attached = Some(info.clone());
+                Ok(())
+            }
+            Event::Interval(sample) => self.block(&format!("[{:>8.1}s]", sample.elapsed_s), sample),
+            Event::Note(note) => super::note_line(&mut self.err, note),
+            Event::Summary(s) => self.summary(s),
+        }
+    }
+}
+
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a displayed rate")]
+fn round(rate: f64) -> u64 {
+    rate.round() as u64
+}
+
+/// The estimated call and byte rates of a `--budget` probe.
+fn estimates(p: &ProbeCounts) -> (String, String) {
+    p.estimate.map_or_else(
+        || ("?".to_owned(), "?".to_owned()),
+        |e| (estimate(e.calls_per_s, e.calls_per_s_ci95), estimate(e.bytes_per_s, e.bytes_per_s_ci95)),
+    )
+}
+
+/// "1,234 ±56", or "1,234 ±?" before there are two windows to compare.
+fn estimate(per_s: f64, ci95: Option<[f64; 2]>) -> String {
+    let value = group(round(per_s));
+    match ci95 {
+        Some([lo, hi]) => format!("{value} ±{}", group(round((hi - lo) / 2.0))),
+        None => format!("{value} ±?"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        model::{End, LateModule},
+        report::examples::{attached, budget_snapshot, snapshot},
+    };
+
+    pub(super) fn render(events: &[Event]) -> String {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let mut r = TableReporter::new(&mut out, &mut err);
+        for e in events {
+            r.event(e).unwrap();
+        }
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn groups_thousands() {
+        assert_eq!(group(0), "0");
+        assert_eq!(group(999), "999");
+        assert_eq!(group(1000), "1,000");
+        assert_eq!(group(1_234_567), "1,234,567");
+    }
+
+    #[test]
+    fn interval_rates_are_per_interval() {
+        // Rates come from the model; the table only prints them.
+        let info = attached(Some(12));
+        let first = snapshot(1000, 1);
+        let mut second = snapshot(2000, 3);
+        second.compute_rates(&info, Some(&first));
+        let mut last = snapshot(4000, 4);
+        last.compute_rates(&info, None);
+        let text = render(&[
+            Event::Attached(info),
+            Event::Interval(first),
+            Event::Interval(second),
+            Event::Summary(Summary::new(last, End::Duration)),
+        ]);
+        let blocks: Vec<&str> = text.split("\n\n").skip(1).collect();
+        // Second interval: 30 - 10 calls over 1 s.
+        let row = blocks[1].lines().find(|l| l.contains("_Py_NewReference")).unwrap();
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cols, ["_Py_NewReference", "30", "20", "-", "-"]);
+        let row = blocks[2].lines().find(|l| l.contains("PyObject_Malloc")).unwrap();
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        // Summary: 16 calls and 16,000 bytes over 4 s.
+        assert_eq!(cols, ["PyObject_Malloc", "16", "4", "16,000", "4,000"]);
+        assert!(blocks[2].starts_with("summary after 4.0s (--duration elapsed"));
+    }
+
+    #[test]
+    fn budget_rates_are_marked_estimates() {
+        let sample = budget_snapshot(4, 0.009, (1234.4, Some([1200.0, 1268.0])));
+        let text = render(&[Event::Attached(attached(Some(12))), Event::Interval(sample)]);
+        assert!(text.contains("est. calls/s ±95%"), "{text}");
+        let row = text.lines().find(|l| l.contains("_Py_NewReference") && !l.contains("attached")).unwrap();
+        assert_eq!(row.split_whitespace().collect::<Vec<_>>(), ["_Py_NewReference", "10", "1,234", "±34", "-", "-"]);
+        let row = text.lines().find(|l| l.contains("PyObject_Malloc") && !l.contains("attached")).unwrap();
+        assert_eq!(
+            row.split_whitespace().collect::<Vec<_>>(),
+            ["PyObject_Malloc", "4", "40", "±?", "4,000", "40,000", "±?"]
+        );
+        assert!(
+            text.contains("ESTIMATES (--budget 1%): rates from 4 windows that traced 0.10s of 10.0s (1.00%), as seen while traced; estimated cost to the target 0.90%"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn late_modules_say_from_when() {
+        let mut sample = snapshot(3000, 1);
+        sample.late_modules = vec![
+            LateModule {
+                path: "/venv/_psutil_linux.abi3.so".into(),
+                since_s: 2.0,
+                coverage: LateCoverage::Sites {
+                    symbol: "_Py_Dealloc".into(),
+                    sites: 1058,
+                    escape: Some("relocation at 0x4010".into()),
+                },
+            },
+            LateModule {
+                path: "/venv/gone.so".into(),
+                since_s: 2.5,
+                coverage: LateCoverage::Failed { error: "cannot read it".into() },
+            },
+        ];
+        let text = render(&[Event::Summary(Summary::new(sample, End::Duration))]);
+        let late: Vec<&str> = text.lines().filter(|l| l.starts_with("  late: ")).collect();
+        assert_eq!(
+            late,
+            [
+                "  late: /venv/_psutil_linux.abi3.so (mapped after attaching): 1,058 calls to _Py_Dealloc counted from 2.0 s on; not its calls through the address (relocation at 0x4010)",
+                "  late: /venv/gone.so (mapped after attaching): its calls are NOT counted (cannot read it)",
+            ]
+        );
+    }
+}

@@ -1,0 +1,367 @@
+//! What tracing costs the target, estimated while it runs: every interval
+//! and the summary carry a [`Cost`], and a note warns once the cost passes
+//! [`Cost::HIGH`].
+//!
+//! A uprobe hit runs in the thread that hit it, so its cost is CPU time the
+//! target is charged for. The estimate is each probe's hits times the
+//! calibrated cost of a hit where its uprobes sit (emulated or
+//! single-stepped, see [`calibrate`]), against the CPU time
+//! (`utime + stime` in `/proc/PID/stat`) the traced processes used over the
+//! same span. The cost of a hit is calibrated on a thread after the probes
+//! are live, so that tracing starts at once; until it is known, the
+//! reports carry no cost at all rather than a wrong one.
+//!
+//! The hits of a process are paired with its CPU time read at the same
+//! moment. A process that exits between two reads is gone from `/proc` by
+//! the next (its parent reaps it), so with `--exe` tracer also listens for
+//! the kernel's exit records ([`super::exits`]): a process started after
+//! tracer began listening has its final CPU time from them, paired with
+//! its hits read after its end. What cannot be paired is left out of both
+//! sides and counted as unpriced: the hits of a process after tracer last
+//! read its CPU time when it has no exit record to go by (it ran before the
+//! attach, or no listener could be registered), and, with `--exe`, those of
+//! a process that ran before the attach from before tracer first saw it
+//! (its CPU time at the attach is unknown).
+//!
+//! Where each probe's hits are priced is in `price`, and the pairing of
+//! each process's hits with its CPU time in `ledger`.
+
+mod ledger;
+mod price;
+
+use std::{thread::JoinHandle, time::Duration};
+
+use indexmap::IndexMap;
+use procfs::Current as _;
+
+use self::ledger::read_cpu;
+pub use self::{
+    ledger::{Ledger, ProcessCpu, Reading},
+    price::{ReturnSites, SitePlan, estimate, hit_range, return_range},
+};
+use super::{
+    exits::{ExitListener, ProcessEnd},
+    readout::Totals,
+};
+pub use crate::prepare::calibrate::Prices;
+use crate::{
+    model::{Cost, Level, Note, NoteCode, SiteKinds},
+    plan::Plan,
+    prepare::calibrate,
+};
+
+/// See [`CostMeter::observe`].
+const START_SLACK_NS: f64 = 0.5e9;
+
+/// How long the end of a run waits for a calibration still running, so
+/// that the summary of a short run has its cost: calibrating takes about a
+/// second, several on a loaded machine (and in a debug build, whose own
+/// ELF is large).
+pub const CALIBRATION_WAIT: Duration = Duration::from_secs(30);
+
+/// The calibration of a hit's cost.
+pub enum Calibration {
+    /// Running on a thread of its own.
+    Running(JoinHandle<Result<Prices, String>>),
+    Known(Prices),
+    /// Failed; why, until told.
+    Failed(Option<String>),
+}
+
+impl Calibration {
+    /// Starts calibrating on a thread of its own: the probes are live by
+    /// now, and tracing does not wait for this.
+    #[must_use]
+    pub fn start() -> Self {
+        let spawned = std::thread::Builder::new().name("calibrate".to_owned()).spawn(|| {
+            // Behind the target and tracer's own work: the figures
+            // used are in CPU time, which waiting for a CPU leaves
+            // alone. The child it starts inherits this. Best effort:
+            // at the usual priority the figures are the same.
+            // SAFETY: setpriority has no memory-safety preconditions;
+            // on Linux PRIO_PROCESS with this thread's ID sets the
+            // nice value of this thread alone.
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::id_t::try_from(libc::gettid()).unwrap_or(0), 10) };
+            calibrate::calibrate(false).map(|c| c.cpu).map_err(|e| chain(&e))
+        });
+        match spawned {
+            Ok(thread) => Self::Running(thread),
+            Err(e) => Self::Failed(Some(format!("cannot start a thread to calibrate on: {e}"))),
+        }
+    }
+
+    /// Takes the result of a finished calibration.
+    fn settle(&mut self) {
+        let Self::Running(thread) = self else { return };
+        if !thread.is_finished() {
+            return;
+        }
+        let Self::Running(thread) = std::mem::replace(self, Self::Failed(None)) else { return };
+        *self = match thread.join() {
+            Ok(Ok(prices)) => Self::Known(prices),
+            Ok(Err(why)) => Self::Failed(Some(why)),
+            Err(_) => Self::Failed(Some("the calibration thread panicked".to_owned())),
+        };
+    }
+}
+
+/// An error with its causes, on one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
+/// What the warning of a high cost points to: whether `--budget` is on (as
+/// a percentage) and whether the run has what it refuses.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Advice {
+    pub budget: Option<f64>,
+    pub returns: bool,
+    pub call_sites: bool,
+}
+
+/// Estimates what tracing costs the target, interval by interval.
+pub struct CostMeter {
+    sites: SitePlan,
+    ledger: Ledger,
+    /// `--pid`'s process, read whether or not it has hit a probe.
+    target: Option<u32>,
+    /// The exit records of processes (with `--exe`, where the kernel lets
+    /// tracer listen), and those taken before the latest read.
+    exits: Option<ExitListener>,
+    ended: Vec<ProcessEnd>,
+    calibration: Calibration,
+    ticks_per_s: f64,
+    /// What was paired at the last interval.
+    mark: Reading,
+    advice: Advice,
+    told_high: bool,
+}
+
+impl CostMeter {
+    /// A meter for `plan`, whose probes just went live, tracing `target`
+    /// (`None` with `--exe`), with `exits` listening since before the
+    /// attach.
+    #[must_use]
+    pub fn new(
+        plan: &Plan,
+        target: Option<u32>,
+        exits: Option<ExitListener>,
+        calibration: Calibration,
+        advice: Advice,
+    ) -> Self {
+        #[allow(clippy::cast_precision_loss, reason = "clock ticks per second")]
+        let ticks_per_s = procfs::ticks_per_second() as f64;
+        // Since boot, as /proc/PID/stat's start times are.
+        let uptime = procfs::Uptime::current().map_or(0.0, |u| u.uptime_duration().as_secs_f64());
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "ticks since boot")]
+        let attach_ticks = (uptime * ticks_per_s) as u64;
+        let slots = plan.probes.len();
+        let mut meter = Self {
+            sites: SitePlan::new(plan),
+            ledger: Ledger::new(slots, attach_ticks),
+            target,
+            exits,
+            ended: Vec::new(),
+            calibration,
+            ticks_per_s,
+            mark: Reading::zero(slots),
+            advice,
+            told_high: false,
+        };
+        // The target's CPU time from the attach on.
+        if let Some(cpu) = target.and_then(read_cpu) {
+            meter.ledger.observe(target.unwrap_or_default(), None, cpu);
+        }
+        meter
+    }
+
+    /// Each probe's counting sites by kind, for the attach header.
+    #[must_use]
+    pub fn sites(&self, plan: &Plan) -> IndexMap<String, SiteKinds> {
+        self.sites.by_probe(plan)
+    }
+
+    /// Takes the processes that ended so far, to pair with the counts
+    /// about to be read: those of a process that had ended are final.
+    pub fn before_read(&mut self) {
+        if let Some(exits) = &self.exits {
+            self.ended.extend(exits.take());
+        }
+    }
+
+    /// Reads the CPU time of every traced process now alive, and takes that
+    /// of those that ended before the read, to pair with `totals`, read
+    /// just before.
+    pub fn observe(&mut self, plan: &Plan, totals: &Totals) {
+        self.sites.refresh(plan);
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "clock ticks")]
+        let ticks = |ns: f64| (ns * self.ticks_per_s / 1e9) as u64;
+        // How much later than the truth an end's start may be: the time
+        // its record took to be read, well under this.
+        let slack = ticks(START_SLACK_NS);
+        for end in std::mem::take(&mut self.ended) {
+            // A process that never hit a probe is none of tracer's.
+            let Some(hits) = totals.per_process.get(&end.tgid) else { continue };
+            #[allow(clippy::cast_precision_loss, reason = "ns since boot and µs of CPU time")]
+            let cpu = ProcessCpu { started: ticks(end.started_ns as f64), cpu_ticks: ticks(end.cpu_us as f64 * 1e3) };
+            match read_cpu(end.tgid) {
+                // Not yet reaped: /proc still says, exactly.
+                Some(now) if now.started <= cpu.started && cpu.started - now.started <= slack => {
+                    self.ledger.observe(end.tgid, Some(hits), now);
+                }
+                _ => self.ledger.ended(end.tgid, Some(hits), cpu, slack),
+            }
+        }
+        let pids: Vec<u32> = match self.target {
+            Some(pid) => vec![pid],
+            None => totals.live.clone(),
+        };
+        for pid in pids {
+            if let Some(cpu) = read_cpu(pid) {
+                self.ledger.observe(pid, totals.per_process.get(&pid).map(Vec::as_slice), cpu);
+            }
+        }
+    }
+
+    /// The warning to give if calibration has failed since the last call.
+    pub fn poll(&mut self) -> Option<Note> {
+        self.calibration.settle();
+        let Calibration::Failed(why) = &mut self.calibration else { return None };
+        why.take().map(|why| {
+            Note::new(
+                Level::Warning,
+                NoteCode::CostUnknown,
+                format!("cannot estimate what tracing costs the target: {why}; the reports carry no cost"),
+            )
+        })
+    }
+
+    /// Whether the calibration is still running.
+    pub fn calibrating(&mut self) -> bool {
+        self.calibration.settle();
+        matches!(self.calibration, Calibration::Running(_))
+    }
+
+    /// Stops waiting for a calibration still running, which is left to
+    /// finish on its own (its child ends with tracer), and goes on without
+    /// a cost: with `why` a warning says so, without (the user asked to
+    /// stop) nothing does.
+    pub fn give_up(&mut self, why: Option<String>) {
+        if let Calibration::Running(_) = self.calibration {
+            self.calibration = Calibration::Failed(why);
+        }
+    }
+
+    /// The cost since the last call (or the attach); `None` until a hit's
+    /// cost is known.
+    pub fn interval(&mut self) -> Option<Cost> {
+        let now = self.ledger.paired();
+        let delta = now.since(&self.mark);
+        self.mark = now;
+        self.cost_of(&delta)
+    }
+
+    /// The cost over the whole run.
+    #[must_use]
+    pub fn total(&self) -> Option<Cost> {
+        self.cost_of(&self.ledger.paired())
+    }
+
+    fn cost_of(&self, delta: &Reading) -> Option<Cost> {
+        let Calibration::Known(prices) = self.calibration else { return None };
+        let (high, low) = self.sites.price(delta, prices);
+        #[allow(clippy::cast_precision_loss, reason = "clock ticks of CPU time")]
+        let cpu_ns = delta.cpu_ticks as f64 * 1e9 / self.ticks_per_s;
+        Some(estimate(high, low, cpu_ns, delta.hits(), prices.hit))
+    }
+
+    /// The warning to give, once, when `cost` is high.
+    pub fn high_cost_note(&mut self, cost: &Cost) -> Option<Note> {
+        if self.told_high {
+            return None;
+        }
+        let Advice { budget, returns, call_sites } = self.advice;
+        let warning = cost.warning(budget, returns, call_sites)?;
+        self.told_high = true;
+        Some(Note::new(Level::Warning, NoteCode::HighCost, warning))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{kernel::maps::ProbeReading, plan::HitCosts};
+
+    pub(super) const HIT: HitCosts = HitCosts { single_stepped_ns: 15_000.0, emulated_ns: 500.0 };
+    pub(super) const PRICES: Prices = Prices { hit: HIT, uretprobe_return_ns: Some(200.0) };
+
+    pub(super) const fn sites(emulated: usize, single_stepped: usize) -> SiteKinds {
+        SiteKinds { emulated, single_stepped }
+    }
+
+    pub(super) fn hits(calls: &[u64], returns: &[u64]) -> Vec<ProbeReading> {
+        calls
+            .iter()
+            .zip(returns)
+            .map(|(&calls, &returns)| ProbeReading {
+                calls,
+                returned: tracer_common::returns::Returned { returns, ..Default::default() },
+                ..ProbeReading::default()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn intervals_pair_hits_with_cpu_time_of_the_same_reading() {
+        let slots = 2;
+        let price = |r: &Reading| {
+            let sites = SitePlan {
+                inline: vec![SiteKinds::default(); slots],
+                counting: vec![sites(1, 0), sites(0, 1)],
+                returns: vec![ReturnSites::None; slots],
+            };
+            sites.price(r, PRICES)
+        };
+        // Attached at tick 1000; process 7 ran before, 8 starts after.
+        let mut ledger = Ledger::new(slots, 1000);
+        ledger.observe(7, None, ProcessCpu { started: 10, cpu_ticks: 500 });
+        ledger.observe(7, Some(&hits(&[100, 10], &[0, 0])), ProcessCpu { started: 10, cpu_ticks: 600 });
+        ledger.observe(8, Some(&hits(&[40, 0], &[0, 0])), ProcessCpu { started: 1200, cpu_ticks: 30 });
+        let first = ledger.paired();
+        assert_eq!(first, Reading { cpu_ticks: 130, calls: vec![140, 10], returns: vec![0, 0] });
+        assert_eq!(price(&first), (140.0 * 500.0 + 10.0 * 15_000.0, 140.0 * 500.0 + 10.0 * 15_000.0));
+        // Process 8 exited unread: its last reading stands. Process 7 goes on.
+        ledger.observe(7, Some(&hits(&[300, 20], &[0, 0])), ProcessCpu { started: 10, cpu_ticks: 700 });
+        let second = ledger.paired();
+        assert_eq!(second.since(&first), Reading { cpu_ticks: 100, calls: vec![200, 10], returns: vec![0, 0] });
+        // A process that ran before the attach and is first seen now adds
+        // nothing until its next reading.
+        ledger.observe(9, Some(&hits(&[1000, 1000], &[0, 0])), ProcessCpu { started: 20, cpu_ticks: 5000 });
+        assert_eq!(ledger.paired(), second);
+        // PID 8 reused by a new process: 8's counts stay, the new one's
+        // start from them.
+        ledger.observe(8, Some(&hits(&[45, 0], &[0, 0])), ProcessCpu { started: 1300, cpu_ticks: 3 });
+        assert_eq!(ledger.paired().since(&second), Reading { cpu_ticks: 3, calls: vec![5, 0], returns: vec![0, 0] });
+    }
+
+    #[test]
+    fn returns_are_hits_too() {
+        let mut ledger = Ledger::new(1, 0);
+        ledger.observe(7, Some(&hits(&[10], &[8])), ProcessCpu { started: 5, cpu_ticks: 1 });
+        let paired = ledger.paired();
+        assert_eq!(paired.hits(), 18);
+        let sites = SitePlan {
+            inline: vec![SiteKinds::default()],
+            counting: vec![sites(1, 0)],
+            returns: vec![ReturnSites::Uretprobe { entry: None }],
+        };
+        assert_eq!(sites.price(&paired, PRICES), (10.0 * 500.0 + 8.0 * 200.0, 10.0 * 500.0 + 8.0 * 200.0));
+    }
+}
