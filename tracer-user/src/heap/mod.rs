@@ -96,7 +96,7 @@ impl Classify for HeapError {
 }
 
 /// How a census is taken.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Options {
     /// Stop every thread of the target while it is read.
     pub stop: bool,
@@ -104,45 +104,86 @@ pub struct Options {
     /// table).
     pub debug_dir: Option<PathBuf>,
     pub limits: outside::Limits,
+    /// Catch `SIGINT`, `SIGTERM` and `SIGHUP` while a census reads, and end
+    /// it with [`HeapError::Interrupted`] (letting a stopped target go):
+    /// for a command of its own. A caller that handles those signals
+    /// itself (the attach loop) leaves it off; a stopped target is then
+    /// let go when the census ends, or by the kernel if tracer dies.
+    pub catch_signals: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self { stop: false, debug_dir: None, limits: outside::Limits::default(), catch_signals: true }
+    }
 }
 
 /// Pools read in one batch: 4 MiB.
 const POOLS_PER_BATCH: usize = 256;
 
-/// Takes a census of the heap of `pid`.
+/// A process whose heap can be read, again and again: its interpreter
+/// found, its version's tables checked, its symbols looked up once. Each
+/// [`Heap::census`] reads the heap anew (types included: a type object
+/// freed since may be something else now).
+#[derive(Debug)]
+pub struct Heap {
+    process: Process,
+    abi: &'static dyn Abi,
+    builtins: Builtins,
+    statics: Option<Result<[u64; 3], String>>,
+    options: Options,
+}
+
+impl Heap {
+    /// Finds `pid`'s interpreter and what a census needs of it.
+    pub fn open(pid: u32, options: &Options) -> Result<Self, HeapError> {
+        let process = Process::open(pid)?;
+        let abi = python::abi_for(pid, process.version)?;
+        let symbol = |symbol: &'static str| {
+            let target = &process.target;
+            let image = || target.image_path.display().to_string();
+            let sym = target.elf.symbol(symbol).ok_or_else(|| HeapError::NoSymbol { pid, image: image(), symbol })?;
+            target
+                .address_of_file_offset(sym.file_offset)
+                .ok_or_else(|| HeapError::NoSymbol { pid, image: image(), symbol })
+        };
+        let builtins = Builtins {
+            type_: symbol("PyType_Type")?,
+            str_: symbol("PyUnicode_Type")?,
+            bytes: symbol("PyBytes_Type")?,
+            bytearray: symbol("PyByteArray_Type")?,
+        };
+        let statics = state::statics_of(&process, abi, options.debug_dir.as_deref());
+        Ok(Self { process, abi, builtins, statics, options: options.clone() })
+    }
+
+    /// Takes a census.
+    pub fn census(&self) -> Result<Census, HeapError> {
+        let _interrupts = self.options.catch_signals.then(Interrupts::catch);
+        let pid = self.process.target.pid;
+        let mut memory = Memory::new(pid);
+        let stopped = if self.options.stop { Some(Stopped::stop(pid)?) } else { None };
+        let started = Instant::now();
+        let read = take(&self.process, self.abi, self.builtins, &mut memory, self.statics.as_ref(), &self.options);
+        let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
+        let stopped_ms = stopped.map(|s| s.resume().as_secs_f64() * 1000.0);
+        let (tally, types, found, scan_notes, rss) = read?;
+        let cost = Cost { elapsed_ms, bytes_read: memory.bytes_read, reads: memory.calls, types_read: types.reads };
+        let mut census = report(&tally, &types, &found, rss, cost);
+        census.pid = pid;
+        census.python = self.process.version.to_string();
+        census.image = self.process.target.image_path.display().to_string();
+        census.exact = stopped_ms.is_some();
+        census.stopped_ms = stopped_ms;
+        census.partial.extend(scan_notes);
+        Ok(census)
+    }
+}
+
+/// Takes one census of the heap of `pid` ([`Heap::open`] then
+/// [`Heap::census`]).
 pub fn census(pid: u32, options: &Options) -> Result<Census, HeapError> {
-    let _interrupts = Interrupts::catch();
-    let process = Process::open(pid)?;
-    let abi = python::abi_for(pid, process.version)?;
-    let symbol = |symbol: &'static str| {
-        let target = &process.target;
-        let image = || target.image_path.display().to_string();
-        let sym = target.elf.symbol(symbol).ok_or_else(|| HeapError::NoSymbol { pid, image: image(), symbol })?;
-        target.address_of_file_offset(sym.file_offset).ok_or_else(|| HeapError::NoSymbol { pid, image: image(), symbol })
-    };
-    let builtins = Builtins {
-        type_: symbol("PyType_Type")?,
-        str_: symbol("PyUnicode_Type")?,
-        bytes: symbol("PyBytes_Type")?,
-        bytearray: symbol("PyByteArray_Type")?,
-    };
-    let statics = state::statics_of(&process, abi, options.debug_dir.as_deref());
-    let mut memory = Memory::new(pid);
-    let stopped = if options.stop { Some(Stopped::stop(pid)?) } else { None };
-    let started = Instant::now();
-    let read = take(&process, abi, builtins, &mut memory, statics.as_ref(), options);
-    let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
-    let stopped_ms = stopped.map(|s| s.resume().as_secs_f64() * 1000.0);
-    let (tally, types, found, scan_notes, rss) = read?;
-    let cost = Cost { elapsed_ms, bytes_read: memory.bytes_read, reads: memory.calls, types_read: types.reads };
-    let mut census = report(&tally, &types, &found, rss, cost);
-    census.pid = pid;
-    census.python = process.version.to_string();
-    census.image = process.target.image_path.display().to_string();
-    census.exact = stopped_ms.is_some();
-    census.stopped_ms = stopped_ms;
-    census.partial.extend(scan_notes);
-    Ok(census)
+    Heap::open(pid, options)?.census()
 }
 
 /// What [`take`] read.

@@ -14,7 +14,9 @@ pub fn table(census: &Census, top: usize) -> String {
         Some(ms) => format!("exact: PID {} was stopped for {}", census.pid, duration(ms)),
         None => "an estimate: the target ran while it was read (--stop for an exact census)".to_owned(),
     };
-    let _ = writeln!(out, "PID {} (Python {}, {}): heap census, {how}", census.pid, census.python, census.image);
+    // The path is the target's to choose.
+    let image = super::names::escape(&census.image, false);
+    let _ = writeln!(out, "PID {} (Python {}, {image}): heap census, {how}", census.pid, census.python);
     let total: u64 = census.types.iter().map(|t| t.bytes).sum();
     let _ = writeln!(out, "{:>12}  {:>11}  {:>6}  type", "objects", "bytes", "share");
     for t in census.types.iter().take(top) {
