@@ -328,7 +328,10 @@ fn a_target_that_exits_during_the_census_is_one_line_and_status_2() {
     let (status, lines, stderr) = tracer.finish();
     assert_eq!(status.code(), Some(2), "{stderr}");
     assert!(lines.is_empty(), "{lines:?}");
-    assert_eq!(stderr, format!("tracer: error: PID {pid} exited during the heap census; take it again while the process runs\n"));
+    assert_eq!(
+        stderr,
+        format!("tracer: error: PID {pid} exited during the heap census; take it again while the process runs\n")
+    );
 }
 
 #[test]

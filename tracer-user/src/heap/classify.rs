@@ -29,7 +29,8 @@ use super::{
 use crate::python::{
     frames::UnicodeOffsets,
     heap::{
-        BYTEARRAY_OB_ALLOC, GC_HEAD, GC_HEAD_SIZE, GC_LINK_FLAGS, LIST_OB_ITEM, OB_SIZE, POOL_OVERHEAD, POOL_SIZE, Refcount,
+        BYTEARRAY_OB_ALLOC, GC_HEAD, GC_HEAD_SIZE, GC_LINK_FLAGS, LIST_OB_ITEM, OB_SIZE, POOL_OVERHEAD, POOL_SIZE,
+        Refcount,
     },
 };
 
@@ -100,7 +101,10 @@ pub fn pool(
 
 /// What a block holds.
 enum Block {
-    Object { offset: usize, index: u32 },
+    Object {
+        offset: usize,
+        index: u32,
+    },
     /// An object the interpreter keeps on a free list.
     FreeListed,
     Other,

@@ -21,8 +21,7 @@ use super::{
     types::Context,
 };
 use crate::python::{
-    DK_INDICES_OFFSET, DK_KIND_OFFSET, DK_LOG2_INDEX_BYTES_OFFSET, DK_NENTRIES_OFFSET, MA_KEYS_OFFSET,
-    MA_VALUES_OFFSET,
+    DK_INDICES_OFFSET, DK_KIND_OFFSET, DK_LOG2_INDEX_BYTES_OFFSET, DK_NENTRIES_OFFSET, MA_KEYS_OFFSET, MA_VALUES_OFFSET,
 };
 
 /// `PyDict_MINSIZE` is 8: a table has at least 2^3 slots.
@@ -62,8 +61,7 @@ impl Table {
     /// entries than `USABLE_FRACTION` of the slots.
     fn parse(keys: u64, head: &[u8]) -> Option<Self> {
         let byte = |at: u64| head.get(usize::try_from(at).ok()?).copied();
-        let (log2_size, log2_index_bytes, kind) =
-            (byte(8)?, byte(DK_LOG2_INDEX_BYTES_OFFSET)?, byte(DK_KIND_OFFSET)?);
+        let (log2_size, log2_index_bytes, kind) = (byte(8)?, byte(DK_LOG2_INDEX_BYTES_OFFSET)?, byte(DK_KIND_OFFSET)?);
         if !(MIN_LOG2_SIZE..=MAX_LOG2_SIZE).contains(&log2_size)
             || !(log2_size..=log2_size + 3).contains(&log2_index_bytes)
             || kind > 1
@@ -136,9 +134,10 @@ pub fn read(
             let len = batch[i].1;
             if ok[i] {
                 let key_at = usize::try_from(entry_size).unwrap_or(16) - 16;
-                for entry in data[at..at + len].chunks_exact(usize::try_from(entry_size).unwrap_or(16)).take(
-                    usize::try_from(n).unwrap_or(usize::MAX),
-                ) {
+                for entry in data[at..at + len]
+                    .chunks_exact(usize::try_from(entry_size).unwrap_or(16))
+                    .take(usize::try_from(n).unwrap_or(usize::MAX))
+                {
                     for object in [word(entry, key_at), word(entry, key_at + 8)] {
                         if object != 0 && object.is_multiple_of(8) && !cx.pools.contains(object) {
                             referenced.insert(object);

@@ -40,7 +40,12 @@ impl Memory {
     ///
     /// # Panics
     /// Where `out` is shorter than the sum of the lengths.
-    pub fn read_ranges(&mut self, ranges: &[(u64, usize)], out: &mut [u8], ok: &mut Vec<bool>) -> Result<(), HeapError> {
+    pub fn read_ranges(
+        &mut self,
+        ranges: &[(u64, usize)],
+        out: &mut [u8],
+        ok: &mut Vec<bool>,
+    ) -> Result<(), HeapError> {
         ok.clear();
         ok.resize(ranges.len(), false);
         let total: usize = ranges.iter().map(|r| r.1).sum();

@@ -75,7 +75,9 @@ pub enum HeapError {
         "_Py_DebugOffsets of PID {pid} ({image}) says {field} is {published}, but tracer's table for Python {version} says {table}"
     )]
     OffsetMismatch { pid: u32, image: String, version: String, field: &'static str, published: u64, table: u64 },
-    #[error("{image} (PID {pid}) defines no {symbol}, which every CPython 3.11+ exports; is it really the interpreter?")]
+    #[error(
+        "{image} (PID {pid}) defines no {symbol}, which every CPython 3.11+ exports; is it really the interpreter?"
+    )]
     NoSymbol { pid: u32, image: String, symbol: &'static str },
 }
 
@@ -143,9 +145,11 @@ impl Heap {
             let target = &process.target;
             let image = || target.image_path.display().to_string();
             let sym = target.elf.symbol(symbol).ok_or_else(|| HeapError::NoSymbol { pid, image: image(), symbol })?;
-            target
-                .address_of_file_offset(sym.file_offset)
-                .ok_or_else(|| HeapError::NoSymbol { pid, image: image(), symbol })
+            target.address_of_file_offset(sym.file_offset).ok_or_else(|| HeapError::NoSymbol {
+                pid,
+                image: image(),
+                symbol,
+            })
         };
         let builtins = Builtins {
             type_: symbol("PyType_Type")?,
@@ -206,7 +210,10 @@ fn take(
     let scan = pools::scan(memory, &regions, &interrupted)?;
     let mut notes: Vec<String> = maps::allocator_note(pid).into_iter().collect();
     if scan.unreadable > 0 {
-        notes.push(format!("{} places in anonymous mappings could not be read (unmapped while scanned)", scan.unreadable));
+        notes.push(format!(
+            "{} places in anonymous mappings could not be read (unmapped while scanned)",
+            scan.unreadable
+        ));
     }
     let pool_set = PoolSet::new(&scan.pools);
     let unicode = abi.frames().unicode;
@@ -233,11 +240,25 @@ fn take(
         );
     }
     if let Some(why) = &state.heads_missing {
-        notes.push(format!("the collector's lists' heads are unknown ({why}); GC objects outside the pools may be missed"));
+        notes.push(format!(
+            "the collector's lists' heads are unknown ({why}); GC objects outside the pools may be missed"
+        ));
     }
-    let found = outside::census(&mut types, &mut cx, &mut tally, &mut leads, &state.heads, options.limits, unicode, &interrupted)?;
+    let found = outside::census(
+        &mut types,
+        &mut cx,
+        &mut tally,
+        &mut leads,
+        &state.heads,
+        options.limits,
+        unicode,
+        &interrupted,
+    )?;
     if found.gc_truncated {
-        notes.push(format!("the walk of the collector's lists stopped at {} objects outside the pools", found.gc_objects));
+        notes.push(format!(
+            "the walk of the collector's lists stopped at {} objects outside the pools",
+            found.gc_objects
+        ));
     }
     if found.items_truncated {
         notes.push(format!("list and tuple items were read up to {} of them", found.items_read));
@@ -344,15 +365,14 @@ fn check(table: &state::ArenaTable, pools: &[Header]) -> ArenaCheck {
 }
 
 /// The census from what was counted.
-fn report(
-    tally: &Tally,
-    types: &TypeTable,
-    found: &outside::Found,
-    rss: Option<u64>,
-    cost: Cost,
-) -> Census {
+fn report(tally: &Tally, types: &TypeTable, found: &outside::Found, rss: Option<u64>, cost: Cost) -> Census {
     let mut rows: indexmap::IndexMap<&str, TypeRow> = indexmap::IndexMap::new();
-    let mut outside = Outside { gc_objects: found.gc_objects, referenced: found.referenced_objects, items_read: found.items_read, ..Outside::default() };
+    let mut outside = Outside {
+        gc_objects: found.gc_objects,
+        referenced: found.referenced_objects,
+        items_read: found.items_read,
+        ..Outside::default()
+    };
     for (i, counts) in tally.types.iter().enumerate() {
         let count = counts.pool_objects + counts.outside_objects;
         if count == 0 {
@@ -361,14 +381,19 @@ fn report(
         let name = types.infos[i].name.as_str();
         let row = rows.entry(name).or_insert_with(|| TypeRow { name: name.to_owned(), count: 0, bytes: 0, outside: 0 });
         row.count += count;
-        row.bytes = row.bytes.saturating_add(counts.pool_bytes).saturating_add(counts.outside_bytes).saturating_add(counts.buffer_bytes);
+        row.bytes = row
+            .bytes
+            .saturating_add(counts.pool_bytes)
+            .saturating_add(counts.outside_bytes)
+            .saturating_add(counts.buffer_bytes);
         row.outside += counts.outside_objects;
         outside.objects += counts.outside_objects;
         outside.bytes = outside.bytes.saturating_add(counts.outside_bytes);
         outside.buffer_bytes = outside.buffer_bytes.saturating_add(counts.buffer_bytes);
     }
     let mut types_out: Vec<TypeRow> = rows.into_values().collect();
-    types_out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| b.count.cmp(&a.count)).then_with(|| a.name.cmp(&b.name)));
+    types_out
+        .sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| b.count.cmp(&a.count)).then_with(|| a.name.cmp(&b.name)));
     let mut pymalloc = Pymalloc {
         arenas: tally.arenas,
         pools_changed: tally.pools_changed,

@@ -325,7 +325,8 @@ mod tests {
 
     #[test]
     fn the_set_knows_every_address_of_its_pools() {
-        let headers = [Header { address: 0x4000, count: 1, freeblock: 0, arena_index: 0, size_class: 0, nextoffset: 80 }];
+        let headers =
+            [Header { address: 0x4000, count: 1, freeblock: 0, arena_index: 0, size_class: 0, nextoffset: 80 }];
         let set = PoolSet::new(&headers);
         assert!(set.contains(0x4000) && set.contains(0x7fff));
         assert!(!set.contains(0x8000) && !set.contains(0x3fff));

@@ -161,7 +161,12 @@ fn arena_table(
         Obmalloc::Embedded { offset } => at_state(memory, interp + offset),
         Obmalloc::Pointer { offset } => match read(memory, interp + offset) {
             Some(state) if state != 0 => at_state(memory, state),
-            _ => return Err(format!("the interpreter's obmalloc pointer (at {:#x}) is unreadable or NULL", interp + offset)),
+            _ => {
+                return Err(format!(
+                    "the interpreter's obmalloc pointer (at {:#x}) is unreadable or NULL",
+                    interp + offset
+                ));
+            }
         },
     };
     let (Some(arenas), Some(maxarenas), Some(raw)) = (arenas, maxarenas, raw) else {

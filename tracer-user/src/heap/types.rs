@@ -24,7 +24,8 @@ use crate::python::{
     TypeNameOffsets, UNICODE_ASCII_BIT, UNICODE_COMPACT_BIT, UNICODE_KIND_SHIFT,
     frames::UnicodeOffsets,
     heap::{
-        BYTES_OB_SVAL, HeapLayout, LONG_DIGIT_BITS, LONG_DIGIT_SIZE, LONG_DIGITS, LongSize, OB_SIZE, tpflags, type_object,
+        BYTES_OB_SVAL, HeapLayout, LONG_DIGIT_BITS, LONG_DIGIT_SIZE, LONG_DIGITS, LongSize, OB_SIZE, tpflags,
+        type_object,
     },
 };
 
