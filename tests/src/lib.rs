@@ -568,6 +568,11 @@ impl Workload {
         stdin.write_all(format!("{line}\n").as_bytes()).expect("workload stdin");
     }
 
+    /// Sends `line` to a script of tests/python that reads commands.
+    pub fn tell(&mut self, line: &str) {
+        self.send(line);
+    }
+
     /// Starts the measured loop of a `once` workload.
     pub fn go(&mut self) {
         self.send("go");

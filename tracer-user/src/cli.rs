@@ -88,6 +88,23 @@ frame that has just returned. Needs root (or ptrace access to the process).",
         after_help = "Examples:\n  sudo tracer stack --pid 1234\n  sudo tracer stack --pid $(pgrep -n python3) --json"
     )]
     Stack(StackArgs),
+    /// The heap of a running CPython process by type, read from outside (nothing is attached).
+    #[command(
+        long_about = "The heap of a running CPython process by type, read from outside: the `jmap -histo` of Python. \
+For each type, its live objects, their bytes and their share; pymalloc's totals; the objects outside \
+pymalloc; and the resident memory the census does not account for.\n\n\
+Nothing is attached and no code runs in the target: its memory is read with process_vm_readv. \
+pymalloc's pools are found by scanning the process's anonymous mappings for their headers (no debug \
+info needed), read in bulk, and each allocated block is classified by its object's type, which must \
+lead to `type`; what is refused is counted by reason. Objects larger than 512 bytes are found on the \
+collector's lists and as what tuples, lists and dicts hold.\n\n\
+By default the target runs while it is read, so the census is an estimate: objects made or freed \
+meanwhile may be seen or missed. --stop pauses every thread with ptrace for an exact census and \
+says for how long; the target is always let go, also on an error, Ctrl-C or SIGTERM, and by the \
+kernel if tracer is killed. Needs root (or ptrace access to the process). See docs/heap.md.",
+        after_help = "Examples:\n  sudo tracer heap --pid 1234\n  sudo tracer heap --pid $(pgrep -n python3) --top 20 --stop\n  sudo tracer heap --pid 1234 --json | jq '.types[:5]'"
+    )]
+    Heap(HeapArgs),
     /// The child `--budget` calibrates probe costs on (internal).
     #[command(name = CHILD_COMMAND, hide = true)]
     CalibrationChild,
@@ -109,6 +126,29 @@ pub struct StackArgs {
     /// (3.12+; stops each task for a moment with ptrace; JSON only).
     #[arg(long, hide = true)]
     pub check_tls: bool,
+}
+
+/// `tracer heap`.
+#[derive(Clone, Debug, Parser)]
+pub struct HeapArgs {
+    /// PID of the CPython process.
+    #[arg(long, short = 'p', value_name = "PID")]
+    pub pid: u32,
+    /// Show the N types with the most bytes (the JSON has every type).
+    #[arg(long, value_name = "N", default_value_t = 25)]
+    pub top: usize,
+    /// One JSON object instead of a table: `types` ([{name, count, bytes}], most bytes first),
+    /// `pymalloc`, `outside`, `rss`, `accounted`, `unaccounted`, `rejected`, `partial`, `cost`.
+    #[arg(long)]
+    pub json: bool,
+    /// Pause the target (every thread, with ptrace) while it is read: an exact census. The
+    /// output says how long it was stopped.
+    #[arg(long)]
+    pub stop: bool,
+    /// Also look for the interpreter's debug file here (by build-id or .gnu_debuglink name); on
+    /// 3.11, pymalloc's arena table is found through its symbols, to check the scan.
+    #[arg(long, value_name = "DIR")]
+    pub debug_dir: Option<PathBuf>,
 }
 
 /// `tracer probes`.

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod config;
 pub mod discover;
 pub mod error;
+pub mod heap;
 pub mod kernel;
 pub mod model;
 pub mod plan;

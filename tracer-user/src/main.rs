@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser as _;
 use tracer_user::{
-    cli::{AttachArgs, BenchArgs, Cli, Command, ProbesArgs, StackArgs, ValueError, usage_error},
+    cli::{AttachArgs, BenchArgs, Cli, Command, HeapArgs, ProbesArgs, StackArgs, ValueError, usage_error},
     config::{AttachConfig, TargetSpec},
     error::{EXIT_BAD_INPUT, Failure},
     prepare, privileges,
@@ -32,6 +32,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench(&args),
         Command::Probes(args) => probes(&args),
         Command::Stack(args) => stack(&args),
+        Command::Heap(args) => heap(&args),
         Command::CalibrationChild => prepare::calibrate::child_main().map_err(Into::into),
     };
     match result {
@@ -72,6 +73,19 @@ fn stack(args: &StackArgs) -> Result<(), Failure> {
     let failed = read.threads.iter().filter(|t| t.frames.is_err()).count();
     if failed > 0 {
         return Err(StackError::Unread { failed, threads: read.threads.len() }.into());
+    }
+    Ok(())
+}
+
+fn heap(args: &HeapArgs) -> Result<(), Failure> {
+    use tracer_user::heap;
+    tracer_user::config::target_spec(Some(args.pid), None)?;
+    let options = heap::Options { stop: args.stop, debug_dir: args.debug_dir.clone(), ..heap::Options::default() };
+    let census = heap::census(args.pid, &options)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&census)?);
+    } else {
+        print!("{}", heap::print::table(&census, args.top));
     }
     Ok(())
 }

@@ -33,15 +33,28 @@ pub fn find(image: &Path, debug: Option<&Path>, names: &PymallocNames) -> Option
 /// The address of the variable `name` in `path`'s symbol table, by its
 /// source name (LTO names a static `usedpools.lto_priv.0`).
 fn variable(path: &Path, name: &str) -> Option<u64> {
-    let data = std::fs::read(path).ok()?;
-    let file = object::File::parse(&*data).ok()?;
-    file.symbols().filter(|s| s.kind() == object::SymbolKind::Data && s.address() != 0).find_map(|s| {
-        let full = s.name().ok()?;
+    variables(path, &[name])[0]
+}
+
+/// The link-time addresses of the variables `names` in `path`'s symbol
+/// table (`.symtab`, where static variables are), by their source names
+/// (LTO names a static `usedpools.lto_priv.0`), the file read once; `None`
+/// for a name it lacks, and for all where it cannot be read.
+#[must_use]
+pub fn variables(path: &Path, names: &[&str]) -> Vec<Option<u64>> {
+    let mut out = vec![None; names.len()];
+    let Ok(data) = std::fs::read(path) else { return out };
+    let Ok(file) = object::File::parse(&*data) else { return out };
+    for s in file.symbols().filter(|s| s.kind() == object::SymbolKind::Data && s.address() != 0) {
+        let Ok(full) = s.name() else { continue };
         let base = match full.split_once(".lto_priv.") {
             Some((base, n)) if n.bytes().all(|b| b.is_ascii_digit()) => base,
-            Some(_) => return None,
+            Some(_) => continue,
             None => full,
         };
-        (base == name).then(|| s.address())
-    })
+        if let Some(i) = names.iter().position(|n| *n == base) {
+            out[i].get_or_insert(s.address());
+        }
+    }
+    out
 }

@@ -9,6 +9,7 @@
 
 pub mod frames;
 pub mod gc;
+pub mod heap;
 mod v3_11;
 mod v3_12;
 mod v3_13;
@@ -114,6 +115,8 @@ pub trait Abi: Sync + fmt::Debug {
     }
     /// `offsetof(PyHeapTypeObject, ht_qualname)`, for `--types`.
     fn ht_qualname(&self) -> u64;
+    /// What `tracer heap` needs of this version's memory layout.
+    fn heap(&self) -> heap::HeapLayout;
 }
 
 /// A runtime switch that a probed function reads on every call, and so

@@ -117,6 +117,41 @@ impl super::Abi for Abi311 {
         864
     }
 
+    fn heap(&self) -> super::heap::HeapLayout {
+        use super::heap::{HeapLayout, LongSize, Obmalloc, Refcount, tpflags};
+        HeapLayout {
+            // Include/internal/pycore_interp.h at v3.11.7: `struct
+            // _gc_runtime_state gc` at 648 in `struct _is`;
+            // Include/internal/pycore_gc.h: `{ trash_delete_later;
+            // int trash_delete_nesting, enabled, debug; struct gc_generation
+            // generations[3] (24); PyGC_Head *generation0 (96); struct
+            // gc_generation permanent_generation (104); struct
+            // gc_generation_stats generation_stats[3]; int collecting (200);
+            // ...}` (DWARF of pyenv's 3.11.7 and Debian's 3.11.2).
+            interp_gc: 648,
+            generation0: 96,
+            permanent: 104,
+            collecting: 200,
+            // Include/cpython/tupleobject.h: `PyObject_VAR_HEAD; PyObject
+            // *ob_item[1];`.
+            tuple_items: 24,
+            // Objects/obmalloc.c at v3.11.2: `static struct arena_object*
+            // arenas; static uint maxarenas; ... static Py_ssize_t
+            // raw_allocated_blocks;`.
+            obmalloc: Obmalloc::Statics {
+                arenas: "arenas",
+                maxarenas: "maxarenas",
+                raw_allocated_blocks: "raw_allocated_blocks",
+            },
+            refcount: Refcount::Plain,
+            // Include/internal/pycore_object.h at v3.11.7,
+            // `_PyType_PreHeaderSize`: the GC head, and two words for
+            // `Py_TPFLAGS_MANAGED_DICT`.
+            preheader_flags: tpflags::MANAGED_DICT,
+            long: LongSize::SignedSize,
+        }
+    }
+
     fn minor(&self) -> u8 {
         11
     }

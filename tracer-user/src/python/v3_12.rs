@@ -122,6 +122,30 @@ impl super::Abi for Abi312 {
         872
     }
 
+    fn heap(&self) -> super::heap::HeapLayout {
+        use super::heap::{HeapLayout, LongSize, Obmalloc, Refcount, tpflags};
+        HeapLayout {
+            // Include/internal/pycore_interp.h at v3.12.1: `struct
+            // _gc_runtime_state gc` at 112 in `struct _is`, laid out as in
+            // 3.11 (Include/internal/pycore_gc.h); `struct _obmalloc_state
+            // obmalloc` at 3960 (DWARF of pyenv's 3.12.1).
+            interp_gc: 112,
+            generation0: 96,
+            permanent: 104,
+            collecting: 200,
+            // Include/cpython/tupleobject.h: `PyObject_VAR_HEAD; PyObject
+            // *ob_item[1];`.
+            tuple_items: 24,
+            obmalloc: Obmalloc::Embedded { offset: 3960 },
+            refcount: Refcount::Plain,
+            // Include/internal/pycore_object.h at v3.12.1,
+            // `_PyType_PreHeaderSize`: two words for `Py_TPFLAGS_PREHEADER`
+            // (`MANAGED_WEAKREF | MANAGED_DICT`).
+            preheader_flags: tpflags::MANAGED_DICT | tpflags::MANAGED_WEAKREF,
+            long: LongSize::Tag,
+        }
+    }
+
     fn minor(&self) -> u8 {
         12
     }

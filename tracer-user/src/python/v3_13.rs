@@ -188,6 +188,30 @@ impl super::Abi for Abi313 {
         872
     }
 
+    fn heap(&self) -> super::heap::HeapLayout {
+        use super::heap::{HeapLayout, LongSize, Obmalloc, Refcount, tpflags};
+        HeapLayout {
+            // Include/internal/pycore_interp.h at v3.13.0: `struct
+            // _gc_runtime_state gc` at 7400 in `struct _is` (also
+            // `_Py_DebugOffsets.interpreter_state.gc`), laid out as in 3.11
+            // (Include/internal/pycore_gc.h); `struct _obmalloc_state
+            // *obmalloc` at 10800 (DWARF of pyenv's 3.13.0 and the forky
+            // root's 3.13.15).
+            interp_gc: 7400,
+            generation0: 96,
+            permanent: 104,
+            collecting: 200,
+            // Include/cpython/tupleobject.h: `PyObject_VAR_HEAD; PyObject
+            // *ob_item[1];`.
+            tuple_items: 24,
+            obmalloc: Obmalloc::Pointer { offset: 10800 },
+            refcount: Refcount::Plain,
+            // As in 3.12 (Include/internal/pycore_object.h at v3.13.0).
+            preheader_flags: tpflags::MANAGED_DICT | tpflags::MANAGED_WEAKREF,
+            long: LongSize::Tag,
+        }
+    }
+
     fn minor(&self) -> u8 {
         13
     }

@@ -222,6 +222,35 @@ impl super::Abi for Abi314 {
         872
     }
 
+    fn heap(&self) -> super::heap::HeapLayout {
+        use super::heap::{HeapLayout, LongSize, Obmalloc, Refcount, tpflags};
+        HeapLayout {
+            // Include/internal/pycore_interp_structs.h at v3.14.8: `struct
+            // _gc_runtime_state gc` at 7408 in `struct _is`, `{
+            // trash_delete_later; int trash_delete_nesting, enabled, debug;
+            // struct gc_generation generations[3] (24); struct gc_generation
+            // permanent_generation (96); generation_stats[3]; int collecting
+            // (192); ...; PyGC_Head *generation0 (256); }`, and `struct
+            // _obmalloc_state *obmalloc` at 10904 (DWARF of the forky root's
+            // 3.14.8). This is the generational collector 3.14.5 went back
+            // to; 3.14.0 to 3.14.4 had an incremental one without
+            // `generation0`, whose lists tracer does not know (the census
+            // then says the heads are unknown).
+            interp_gc: 7408,
+            generation0: 256,
+            permanent: 96,
+            collecting: 192,
+            // Include/cpython/tupleobject.h at v3.14.8: `PyObject_VAR_HEAD;
+            // Py_hash_t ob_hash; PyObject *ob_item[1];`.
+            tuple_items: 32,
+            obmalloc: Obmalloc::Pointer { offset: 10904 },
+            refcount: Refcount::Split,
+            // As in 3.12 (Include/internal/pycore_object.h at v3.14.8).
+            preheader_flags: tpflags::MANAGED_DICT | tpflags::MANAGED_WEAKREF,
+            long: LongSize::Tag,
+        }
+    }
+
     fn minor(&self) -> u8 {
         14
     }

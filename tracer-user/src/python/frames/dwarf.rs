@@ -210,6 +210,7 @@ fn expectations(minor: u8) -> Vec<(&'static str, String, u64)> {
         all.push(m("_PyRuntimeState", "gilstate.tstate_current", tstate_current));
     }
     let abi = abi_for(1, PythonVersion { major: 3, minor, micro: 0, level: 0xF, serial: 0 }).expect("supported");
+    all.extend(crate::python::heap::dwarf_expectations(abi));
     if let Some(layout) = abi.debug_offsets_layout() {
         all.push(m("_Py_DebugOffsets", "sizeof", layout.size() as u64));
         for field in layout.fields {

@@ -1,0 +1,182 @@
+//! The tables of combined dicts: the keys and values they hold that are
+//! objects outside the pools (a cache of large strings), and the table's
+//! own block where it is outside them (dict tables over 512 bytes).
+//!
+//! A combined dict (`ma_values` NULL) keeps its keys and values in one
+//! `PyDictKeysObject` (`Include/internal/pycore_dict.h`, v3.11 to v3.14):
+//! `dk_refcnt` (0), `dk_log2_size` (8), `dk_log2_index_bytes` (9),
+//! `dk_kind` (10), `dk_nentries` (24), the indices (32), then the entries,
+//! `(hash, key, value)` of 24 bytes for `DICT_KEYS_GENERAL` (0) or `(key,
+//! value)` of 16 for `DICT_KEYS_UNICODE` (1). A split dict's keys are its
+//! class's, shared, and its values are elsewhere: not read.
+
+use std::collections::HashSet;
+
+use super::{
+    HeapError,
+    memory::{MAX_RANGES, word},
+    outside::{Found, Limits},
+    pools::BuildIdentity,
+    tally::Tally,
+    types::Context,
+};
+use crate::python::{
+    DK_INDICES_OFFSET, DK_KIND_OFFSET, DK_LOG2_INDEX_BYTES_OFFSET, DK_NENTRIES_OFFSET, MA_KEYS_OFFSET, MA_VALUES_OFFSET,
+};
+
+/// `PyDict_MINSIZE` is 8: a table has at least 2^3 slots.
+const MIN_LOG2_SIZE: u8 = 3;
+/// A table of more than 2^40 slots is no table.
+const MAX_LOG2_SIZE: u8 = 40;
+/// Entries read a call.
+const ENTRIES_PER_RANGE: u64 = 4096;
+
+/// The keys object of the dict whose first bytes are `object`, where the
+/// dict is combined.
+#[must_use]
+pub fn combined(object: &[u8]) -> Option<u64> {
+    let at = |offset: u64| word(object, usize::try_from(offset).unwrap_or(usize::MAX));
+    let keys = at(MA_KEYS_OFFSET);
+    (at(MA_VALUES_OFFSET) == 0 && keys != 0 && keys.is_multiple_of(8)).then_some(keys)
+}
+
+/// A table's shape, from its header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Table {
+    /// Where the entries start.
+    entries: u64,
+    nentries: u64,
+    /// 24 or 16.
+    entry_size: u64,
+    /// The bytes of the whole keys object.
+    size: u64,
+    refcnt: u64,
+}
+
+impl Table {
+    /// The table at `keys` whose header is `head`, if the header is one:
+    /// a size from 8 slots, index bytes for it (`dk_log2_index_bytes` is
+    /// `dk_log2_size` plus 0 to 3, `new_keys_object` in
+    /// Objects/dictobject.c), a kind a combined dict has, and no more
+    /// entries than `USABLE_FRACTION` of the slots.
+    fn parse(keys: u64, head: &[u8]) -> Option<Self> {
+        let byte = |at: u64| head.get(usize::try_from(at).ok()?).copied();
+        let (log2_size, log2_index_bytes, kind) = (byte(8)?, byte(DK_LOG2_INDEX_BYTES_OFFSET)?, byte(DK_KIND_OFFSET)?);
+        if !(MIN_LOG2_SIZE..=MAX_LOG2_SIZE).contains(&log2_size)
+            || !(log2_size..=log2_size + 3).contains(&log2_index_bytes)
+            || kind > 1
+        {
+            return None;
+        }
+        let usable = (2u64 << log2_size) / 3;
+        let nentries = word(head, usize::try_from(DK_NENTRIES_OFFSET).ok()?);
+        if nentries > usable {
+            return None;
+        }
+        let entry_size = if kind == 0 { 24 } else { 16 };
+        let indices = 1u64 << log2_index_bytes;
+        Some(Self {
+            entries: keys.wrapping_add(DK_INDICES_OFFSET).wrapping_add(indices),
+            nentries,
+            entry_size,
+            size: DK_INDICES_OFFSET + indices + usable * entry_size,
+            refcnt: word(head, 0),
+        })
+    }
+}
+
+/// Reads the tables `dicts` ((keys object, the dict's type)): each one
+/// outside the pools that only its dict uses (`dk_refcnt` 1) is added to
+/// its type's buffers, and each key and value outside the pools to
+/// `referenced`.
+pub fn read(
+    dicts: &[(u64, u32)],
+    cx: &mut Context<'_>,
+    tally: &mut Tally,
+    referenced: &mut HashSet<u64, BuildIdentity>,
+    found: &mut Found,
+    limits: Limits,
+) -> Result<(), HeapError> {
+    let header = usize::try_from(DK_INDICES_OFFSET).unwrap_or(32);
+    let mut buf = vec![0u8; MAX_RANGES * header];
+    let mut ok = Vec::new();
+    let mut ranges: Vec<(u64, usize)> = Vec::new();
+    let mut entries: Vec<(u64, u64, u64)> = Vec::new();
+    for batch in dicts.chunks(MAX_RANGES) {
+        let wanted: Vec<&(u64, u32)> = batch.iter().filter(|(keys, _)| cx.regions.in_heap(*keys)).collect();
+        let heads: Vec<(u64, usize)> = wanted.iter().map(|(keys, _)| (*keys, header)).collect();
+        cx.memory.read_ranges(&heads, &mut buf, &mut ok)?;
+        for (i, &&(keys, index)) in wanted.iter().enumerate() {
+            let Some(table) = ok[i].then(|| Table::parse(keys, &buf[i * header..(i + 1) * header])).flatten() else {
+                continue;
+            };
+            if table.refcnt == 1 && !cx.pools.contains(keys) {
+                tally.add_buffer(index, table.size);
+            }
+            let mut done = 0;
+            while done < table.nentries && found.items_read < limits.items {
+                let n = (table.nentries - done).min(ENTRIES_PER_RANGE).min(limits.items - found.items_read);
+                let at = table.entries.wrapping_add(done * table.entry_size);
+                ranges.push((at, usize::try_from(n * table.entry_size).unwrap_or(0)));
+                entries.push((at, n, table.entry_size));
+                found.items_read += n;
+                done += n;
+            }
+            found.items_truncated |= done < table.nentries;
+        }
+    }
+    let mut data = Vec::new();
+    for (batch, shapes) in ranges.chunks(64).zip(entries.chunks(64)) {
+        data.resize(batch.iter().map(|r| r.1).sum(), 0);
+        cx.memory.read_ranges(batch, &mut data, &mut ok)?;
+        let mut at = 0;
+        for (i, &(_, n, entry_size)) in shapes.iter().enumerate() {
+            let len = batch[i].1;
+            if ok[i] {
+                let key_at = usize::try_from(entry_size).unwrap_or(16) - 16;
+                for entry in data[at..at + len]
+                    .chunks_exact(usize::try_from(entry_size).unwrap_or(16))
+                    .take(usize::try_from(n).unwrap_or(usize::MAX))
+                {
+                    for object in [word(entry, key_at), word(entry, key_at + 8)] {
+                        if object != 0 && object.is_multiple_of(8) && !cx.pools.contains(object) {
+                            referenced.insert(object);
+                        }
+                    }
+                }
+            }
+            at += len;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(log2_size: u8, log2_index_bytes: u8, kind: u8, nentries: u64) -> Vec<u8> {
+        let mut h = vec![0u8; 32];
+        h[0] = 1;
+        h[8] = log2_size;
+        h[9] = log2_index_bytes;
+        h[10] = kind;
+        h[24..32].copy_from_slice(&nentries.to_le_bytes());
+        h
+    }
+
+    #[test]
+    fn tables_are_shaped_by_their_headers() {
+        // 10,000 str keys: 2^14 slots, 2-byte indices (2^15 bytes).
+        let t = Table::parse(0x1000, &head(14, 15, 1, 10_000)).expect("a table");
+        assert_eq!(t.entries, 0x1000 + 32 + (1 << 15));
+        assert_eq!((t.nentries, t.entry_size), (10_000, 16));
+        assert_eq!(t.size, 32 + (1 << 15) + (2 << 14) / 3 * 16);
+        // `{1: 1, 2: 2}`: general entries.
+        assert_eq!(Table::parse(0, &head(3, 3, 0, 2)).map(|t| t.entry_size), Some(24));
+        assert!(Table::parse(0, &head(2, 2, 1, 1)).is_none(), "below PyDict_MINSIZE");
+        assert!(Table::parse(0, &head(3, 7, 1, 1)).is_none(), "index bytes for another size");
+        assert!(Table::parse(0, &head(3, 3, 2, 1)).is_none(), "split keys");
+        assert!(Table::parse(0, &head(3, 3, 1, 6)).is_none(), "more entries than usable");
+    }
+}

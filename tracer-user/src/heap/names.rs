@@ -1,0 +1,161 @@
+//! A type's name as `repr(type)` shows it, read from the target: a static
+//! type's `tp_name` (which holds its module: `collections.deque`), a heap
+//! type's `__module__` and `__qualname__` (a class defined in Python has its
+//! bare name in `tp_name`). Names come from an untrusted process: read at
+//! most [`MAX_NAME`] bytes, and control characters escaped, so that a name
+//! cannot reach a terminal as a command.
+
+use super::{HeapError, memory::Memory, memory::word};
+use crate::python::{
+    DK_INDICES_OFFSET, DK_KIND_OFFSET, DK_LOG2_INDEX_BYTES_OFFSET, DK_NENTRIES_OFFSET, MA_KEYS_OFFSET,
+    MA_VALUES_OFFSET, TP_DICT_OFFSET, TypeNameOffsets, UNICODE_ASCII_BIT, UNICODE_COMPACT_BIT, UNICODE_KIND_SHIFT,
+    heap::{tpflags, type_object},
+};
+
+/// The longest name read, in bytes; a longer one is cut and ends in "…".
+pub const MAX_NAME: usize = 256;
+
+/// A class dict with more entries than this is not searched for its
+/// `__module__`.
+const MAX_ENTRIES: u64 = 4096;
+
+/// The name of the type whose first [`type_object::READ`] bytes are
+/// `head`, at `address`.
+pub fn type_name(memory: &mut Memory, address: u64, head: &[u8], names: TypeNameOffsets) -> Result<String, HeapError> {
+    let flags = word(head, type_object::TP_FLAGS);
+    if flags & tpflags::HEAPTYPE == 0 {
+        return c_string(memory, word(head, type_object::TP_NAME));
+    }
+    let Some(qualname) = memory.word(address.wrapping_add(names.ht_qualname))? else {
+        return Ok(format!("<type at {address:#x}>"));
+    };
+    let qualname = py_str(memory, qualname, names)?.unwrap_or_else(|| format!("<type at {address:#x}>"));
+    Ok(match heap_type_module(memory, address, names)? {
+        Some(module) if module != "builtins" => format!("{module}.{qualname}"),
+        _ => qualname,
+    })
+}
+
+/// The `__module__` of the heap type at `address`: the `str` under that
+/// key in its `tp_dict` (a type's dict is never split and holds its keys'
+/// objects in its entries); `None` where it cannot be found.
+fn heap_type_module(memory: &mut Memory, address: u64, names: TypeNameOffsets) -> Result<Option<String>, HeapError> {
+    let Some(dict) = memory.word(address.wrapping_add(TP_DICT_OFFSET))? else { return Ok(None) };
+    if dict == 0 || memory.word(dict.wrapping_add(MA_VALUES_OFFSET))? != Some(0) {
+        return Ok(None);
+    }
+    let Some(keys) = memory.word(dict.wrapping_add(MA_KEYS_OFFSET))? else { return Ok(None) };
+    let Some(head) = memory.read(keys, 32)? else { return Ok(None) };
+    let byte = |at: u64| head.get(usize::try_from(at).unwrap_or(usize::MAX)).copied().unwrap_or(0);
+    let log2_index_bytes = byte(DK_LOG2_INDEX_BYTES_OFFSET);
+    if log2_index_bytes > 32 {
+        return Ok(None);
+    }
+    let (entry_size, key_at): (u64, u64) = if byte(DK_KIND_OFFSET) == 0 { (24, 8) } else { (16, 0) };
+    let nentries = word(&head, usize::try_from(DK_NENTRIES_OFFSET).unwrap_or(24)).min(MAX_ENTRIES);
+    let entries = keys.wrapping_add(DK_INDICES_OFFSET).wrapping_add(1u64 << log2_index_bytes);
+    let Some(bytes) = memory.read(entries, usize::try_from(nentries * entry_size).unwrap_or(0))? else {
+        return Ok(None);
+    };
+    for i in 0..nentries {
+        let at = usize::try_from(i * entry_size + key_at).unwrap_or(usize::MAX);
+        let key = word(&bytes, at);
+        if key == 0 || py_str(memory, key, names)?.as_deref() != Some("__module__") {
+            continue;
+        }
+        return py_str(memory, word(&bytes, at + 8), names);
+    }
+    Ok(None)
+}
+
+/// The text of the compact `str` at `address`, escaped; `None` where it is
+/// not one.
+fn py_str(memory: &mut Memory, address: u64, names: TypeNameOffsets) -> Result<Option<String>, HeapError> {
+    let u = names.unicode;
+    let Some(head) = memory.read(address, usize::try_from(u.state + 4).unwrap_or(36))? else { return Ok(None) };
+    let length = word(&head, usize::try_from(u.length).unwrap_or(16));
+    let state = super::memory::word32(&head, usize::try_from(u.state).unwrap_or(32));
+    let kind = (state >> UNICODE_KIND_SHIFT) & 7;
+    if state & UNICODE_COMPACT_BIT == 0 || !matches!(kind, 1 | 2 | 4) {
+        return Ok(None);
+    }
+    let data = if state & UNICODE_ASCII_BIT != 0 { u.ascii_data } else { u.compact_data };
+    let width = u64::from(kind);
+    let chars = length.min(MAX_NAME as u64);
+    let Some(bytes) = memory.read(address.wrapping_add(data), usize::try_from(chars * width).unwrap_or(0))? else {
+        return Ok(None);
+    };
+    let text: String = bytes
+        .chunks_exact(usize::try_from(width).unwrap_or(1))
+        .map(|c| {
+            let mut unit = [0u8; 4];
+            unit[..c.len()].copy_from_slice(c);
+            char::from_u32(u32::from_le_bytes(unit)).unwrap_or(char::REPLACEMENT_CHARACTER)
+        })
+        .collect();
+    Ok(Some(escape(&text, length > chars)))
+}
+
+/// The NUL-terminated string at `address`, escaped: read a piece at a time
+/// so that a short name at the end of a mapping reads.
+fn c_string(memory: &mut Memory, address: u64) -> Result<String, HeapError> {
+    const PIECE: u64 = 64;
+    let mut bytes = Vec::new();
+    let mut at = address;
+    while bytes.len() < MAX_NAME {
+        let len = usize::try_from(PIECE - at % PIECE).unwrap_or(64).min(MAX_NAME - bytes.len());
+        let Some(chunk) = memory.read(at, len)? else { break };
+        if let Some(end) = chunk.iter().position(|&b| b == 0) {
+            bytes.extend_from_slice(&chunk[..end]);
+            return Ok(escape(&String::from_utf8_lossy(&bytes), false));
+        }
+        bytes.extend_from_slice(&chunk);
+        at = at.wrapping_add(len as u64);
+    }
+    if bytes.is_empty() {
+        return Ok(format!("<name at {address:#x} unreadable>"));
+    }
+    Ok(escape(&String::from_utf8_lossy(&bytes), true))
+}
+
+/// `text` with control characters written as `\u{..}` escapes, and "…"
+/// after it where it was cut.
+#[must_use]
+pub fn escape(text: &str, cut: bool) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(text.len() + usize::from(cut) * 3);
+    for c in text.chars() {
+        if c.is_control() || c == '\u{7f}' {
+            let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
+    if cut {
+        out.push('…');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_are_escaped_and_cuts_marked() {
+        assert_eq!(escape("a\x1b[2Jb\n", false), "a\\u{1b}[2Jb\\u{a}");
+        assert_eq!(escape("deque", true), "deque…");
+        assert_eq!(escape("naïve", false), "naïve");
+    }
+
+    #[test]
+    fn c_strings_are_bounded() {
+        let long = vec![b'x'; 1000];
+        let mut memory = Memory::new(std::process::id());
+        let name = c_string(&mut memory, long.as_ptr() as u64).unwrap();
+        assert_eq!(name, format!("{}…", "x".repeat(MAX_NAME)));
+        let short = b"collections.deque\0";
+        assert_eq!(c_string(&mut memory, short.as_ptr() as u64).unwrap(), "collections.deque");
+        assert_eq!(c_string(&mut memory, 0x10).unwrap(), "<name at 0x10 unreadable>");
+    }
+}

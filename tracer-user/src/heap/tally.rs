@@ -1,0 +1,187 @@
+//! The counts a census keeps while it reads: per type, per size class, and
+//! every candidate it refused, by why.
+
+use crate::python::heap::SIZE_CLASSES;
+
+/// Why a candidate object was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Reason {
+    /// Its `ob_type` is no type object.
+    NotAType,
+    /// Its type puts its instances at another offset in their block.
+    PreHeader,
+    /// Its reference count is 0: freed, kept on a free list (3.11 to 3.13)
+    /// or being destroyed.
+    Freed,
+    /// 3.14: its first word links it into a free list.
+    FreeListLink,
+    /// Its first word is no live object's reference count.
+    Refcount,
+    /// Its size does not fit its block.
+    TooLarge,
+    /// Its contents contradict its type: a string's state, a negative
+    /// size.
+    Contents,
+    /// What precedes it is no GC head, which its type says there is.
+    GcHead,
+    /// A GC link outside the pools leads to no GC object.
+    NotGcObject,
+    /// A GC object outside the pools whose neighbour does not link back.
+    BrokenLink,
+    /// An item of a tuple or list outside the pools that is no object.
+    NotAnObject,
+    /// An item outside the pools in a file's mapping: a static object of
+    /// an image (`None`, small ints), not the heap's.
+    Static,
+}
+
+impl Reason {
+    pub const ALL: [Self; 12] = [
+        Self::NotAType,
+        Self::PreHeader,
+        Self::Freed,
+        Self::FreeListLink,
+        Self::Refcount,
+        Self::TooLarge,
+        Self::Contents,
+        Self::GcHead,
+        Self::NotGcObject,
+        Self::BrokenLink,
+        Self::NotAnObject,
+        Self::Static,
+    ];
+
+    /// Its name in the JSON.
+    #[must_use]
+    pub const fn key(self) -> &'static str {
+        match self {
+            Self::NotAType => "not_a_type",
+            Self::PreHeader => "pre_header",
+            Self::Freed => "refcount_zero",
+            Self::FreeListLink => "free_list_link",
+            Self::Refcount => "bad_refcount",
+            Self::TooLarge => "larger_than_block",
+            Self::Contents => "contents",
+            Self::GcHead => "gc_head",
+            Self::NotGcObject => "gc_link_not_an_object",
+            Self::BrokenLink => "gc_link_broken",
+            Self::NotAnObject => "item_not_an_object",
+            Self::Static => "item_static",
+        }
+    }
+
+    /// What it means, for the table.
+    #[must_use]
+    pub const fn describe(self) -> &'static str {
+        match self {
+            Self::NotAType => "ob_type is no type object",
+            Self::PreHeader => "the type's pre-header puts its objects elsewhere in the block",
+            Self::Freed => "reference count 0 (on a free list, or freed)",
+            Self::FreeListLink => "first word links a free list (3.14)",
+            Self::Refcount => "first word is no reference count",
+            Self::TooLarge => "larger than its block",
+            Self::Contents => "contents contradict the type (a string's end, an int's digits, a negative size)",
+            Self::GcHead => "the type has a GC head, but the words before it are none",
+            Self::NotGcObject => "a GC link outside the pools leads to no GC object",
+            Self::BrokenLink => "a GC object outside the pools is not linked back (changed while read?)",
+            Self::NotAnObject => "an item outside the pools is no object",
+            Self::Static => "an item is a static object of an image, not the heap's",
+        }
+    }
+}
+
+/// One size class's pools and blocks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassCounts {
+    /// Pools in use (at least one block allocated).
+    pub pools: u64,
+    /// Pools with no block allocated, kept for reuse.
+    pub empty_pools: u64,
+    /// Blocks allocated.
+    pub blocks: u64,
+    /// Of them, blocks that hold a live object.
+    pub objects: u64,
+    /// Blocks that hold an object on one of the interpreter's free lists.
+    pub free_listed: u64,
+    /// Blocks that hold no object (item arrays, dict tables, buffers).
+    pub other: u64,
+    /// Bytes of the blocks not allocated in the pools in use.
+    pub free_bytes: u64,
+}
+
+/// One type's objects.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TypeCounts {
+    /// Objects in pymalloc's pools, and their blocks' bytes.
+    pub pool_objects: u64,
+    pub pool_bytes: u64,
+    /// Objects outside the pools, and their sizes.
+    pub outside_objects: u64,
+    pub outside_bytes: u64,
+    /// Item arrays, tables and buffers of its objects that are blocks of
+    /// their own outside the pools (list, dict, bytearray).
+    pub buffer_bytes: u64,
+}
+
+/// Everything counted.
+#[derive(Clone, Debug)]
+pub struct Tally {
+    pub classes: [ClassCounts; SIZE_CLASSES],
+    /// By type index ([`super::types::TypeTable::infos`]).
+    pub types: Vec<TypeCounts>,
+    pub rejected: [u64; Reason::ALL.len()],
+    /// Arenas with a pool found.
+    pub arenas: u64,
+    /// Pools that changed while read, twice.
+    pub pools_changed: u64,
+    /// The scan against pymalloc's arena table, where it was read.
+    pub arena_check: Option<super::model::ArenaCheck>,
+}
+
+impl Default for Tally {
+    fn default() -> Self {
+        Self {
+            classes: [ClassCounts::default(); SIZE_CLASSES],
+            types: Vec::new(),
+            rejected: [0; Reason::ALL.len()],
+            arenas: 0,
+            pools_changed: 0,
+            arena_check: None,
+        }
+    }
+}
+
+impl Tally {
+    pub const fn reject(&mut self, reason: Reason) {
+        self.rejected[reason as usize] += 1;
+    }
+
+    fn of(&mut self, index: u32) -> &mut TypeCounts {
+        let i = index as usize;
+        if self.types.len() <= i {
+            self.types.resize(i + 1, TypeCounts::default());
+        }
+        &mut self.types[i]
+    }
+
+    /// An object of type `index` in a pool block of `size` bytes.
+    pub fn count_in_pool(&mut self, index: u32, size: u64) {
+        let t = self.of(index);
+        t.pool_objects += 1;
+        t.pool_bytes += size;
+    }
+
+    /// An object of type `index` outside the pools, of `size` bytes.
+    pub fn count_outside(&mut self, index: u32, size: u64) {
+        let t = self.of(index);
+        t.outside_objects += 1;
+        t.outside_bytes = t.outside_bytes.saturating_add(size);
+    }
+
+    /// A block of its own outside the pools that an object of type `index`
+    /// owns.
+    pub fn add_buffer(&mut self, index: u32, size: u64) {
+        let t = self.of(index);
+        t.buffer_bytes = t.buffer_bytes.saturating_add(size);
+    }
+}

@@ -1,0 +1,297 @@
+//! What a heap census ([`crate::heap`]) needs to know of CPython's memory:
+//! pymalloc's pools and arenas, the objects' headers and pre-headers, the
+//! collector's generation lists and the shapes of the few built-in types
+//! whose size depends on their contents. What is the same in every
+//! supported version is here, with the CPython source it comes from; what
+//! differs is a [`HeapLayout`] in each version module ([`super::Abi::heap`]).
+//!
+//! Every offset was checked against the DWARF of pyenv's 3.11.7, 3.12.1 and
+//! 3.13.0, Debian's 3.11.2 (python3.11-dbg) and the forky root's 3.13.15 and
+//! 3.14.8 (gdb's `ptype/o`; the unit test `heap_dwarf` repeats it with
+//! gimli on every build of the machine).
+
+/// pymalloc's block alignment and size-class step: `ALIGNMENT 16` on 64-bit
+/// (Objects/obmalloc.c at v3.11.2; `Include/internal/pycore_obmalloc.h` at
+/// v3.12.1, v3.13.0 and v3.14.8). Block size of class `i` is `(i + 1) * 16`.
+pub const ALIGNMENT: u64 = 16;
+/// `NB_SMALL_SIZE_CLASSES`: `SMALL_REQUEST_THRESHOLD` (512) / `ALIGNMENT`.
+/// Larger requests go to `PyMem_RawMalloc` (the C library).
+pub const SIZE_CLASSES: usize = 32;
+/// The largest block pymalloc hands out (`SMALL_REQUEST_THRESHOLD`).
+pub const SMALL_REQUEST_THRESHOLD: u64 = 512;
+/// `POOL_SIZE`: `1 << POOL_BITS`, 14 with `USE_LARGE_POOLS`, which the
+/// default `WITH_PYMALLOC_RADIX_TREE` turns on for 64-bit builds from
+/// v3.10 to v3.14 (same files). Pools are aligned to it.
+pub const POOL_SIZE: u64 = 1 << 14;
+/// `ARENA_SIZE`: `1 << ARENA_BITS`, 20 with `USE_LARGE_ARENAS` (as
+/// [`POOL_SIZE`]). An arena is one `mmap` of this size, aligned to a page
+/// only, so its first pool starts at the next multiple of [`POOL_SIZE`]
+/// and it holds 63 or 64 pools.
+pub const ARENA_SIZE: u64 = 1 << 20;
+/// `POOL_OVERHEAD`: `sizeof(struct pool_header)` rounded up to
+/// [`ALIGNMENT`], 48: the first block of a pool starts there.
+pub const POOL_OVERHEAD: u64 = 48;
+
+/// `struct pool_header` (Objects/obmalloc.c at v3.11.2;
+/// `Include/internal/pycore_obmalloc.h` at v3.12.1, v3.13.0, v3.14.8):
+/// `union { block *_padding; uint count; } ref` (0: blocks allocated),
+/// `block *freeblock` (8: the pool's free list), `nextpool` (16),
+/// `prevpool` (24), `uint arenaindex` (32), `uint szidx` (36: the size
+/// class), `uint nextoffset` (40: the first block never handed out),
+/// `uint maxnextoffset` (44: `POOL_SIZE - block size`).
+pub mod pool_header {
+    pub const COUNT: usize = 0;
+    pub const FREEBLOCK: usize = 8;
+    pub const ARENAINDEX: usize = 32;
+    pub const SZIDX: usize = 36;
+    pub const NEXTOFFSET: usize = 40;
+    pub const MAXNEXTOFFSET: usize = 44;
+}
+
+/// `struct arena_object` (same files as [`pool_header`]), 48 bytes:
+/// `uintptr_t address` (0: the slot has no arena), `block *pool_address`
+/// (8: the next pool to carve; the pools below it have been used).
+pub mod arena_object {
+    pub const SIZE: u64 = 48;
+    pub const ADDRESS: usize = 0;
+    pub const POOL_ADDRESS: usize = 8;
+}
+
+/// `sizeof(PyGC_Head)`: two `uintptr_t`, `_gc_next` then `_gc_prev`
+/// (`Include/internal/pycore_gc.h`, v3.11 to v3.14). `_gc_prev` keeps flags in
+/// its two low bits, and `_gc_next` one during a collection
+/// (`NEXT_MASK_UNREACHABLE`), so those are masked off before following
+/// either. Only two: Debian's 3.13 aligns a `PyGC_Head` to 4 bytes, and
+/// the generation lists' heads there are at 4-byte boundaries.
+pub const GC_HEAD_SIZE: u64 = 16;
+/// [`GC_HEAD_SIZE`], to index a copy.
+pub const GC_HEAD: usize = 16;
+/// The bits of a GC link that are flags, not address.
+pub const GC_LINK_FLAGS: u64 = 3;
+
+/// `PyObject` (Include/object.h, v3.11 to v3.14): the reference count (8
+/// bytes) then `ob_type`; a variable-size object's `ob_size` follows (16).
+pub const OB_TYPE: usize = 8;
+pub const OB_SIZE: usize = 16;
+
+/// `PyTypeObject` (Include/cpython/object.h, v3.11 to v3.14, the same on
+/// every build here): `tp_name` (24), `tp_basicsize` (32), `tp_itemsize`
+/// (40), `tp_flags` (168), `tp_base` (256).
+pub mod type_object {
+    pub const TP_NAME: usize = 24;
+    pub const TP_BASICSIZE: usize = 32;
+    pub const TP_ITEMSIZE: usize = 40;
+    pub const TP_FLAGS: usize = 168;
+    pub const TP_BASE: usize = 256;
+    /// The bytes read of a type object: through `tp_base`.
+    pub const READ: usize = 264;
+}
+
+/// `Py_TPFLAGS_*` (Include/object.h at v3.11.7 and v3.14.8).
+pub mod tpflags {
+    /// 3.12+: the object has a managed weak reference list in its
+    /// pre-header (`1 << 3`).
+    pub const MANAGED_WEAKREF: u64 = 1 << 3;
+    /// The object has a managed dict in its pre-header (`1 << 4`, from 3.11).
+    pub const MANAGED_DICT: u64 = 1 << 4;
+    pub const HEAPTYPE: u64 = 1 << 9;
+    pub const READY: u64 = 1 << 12;
+    pub const HAVE_GC: u64 = 1 << 14;
+    pub const LONG_SUBCLASS: u64 = 1 << 24;
+    pub const LIST_SUBCLASS: u64 = 1 << 25;
+    pub const TUPLE_SUBCLASS: u64 = 1 << 26;
+    pub const BYTES_SUBCLASS: u64 = 1 << 27;
+    pub const UNICODE_SUBCLASS: u64 = 1 << 28;
+    pub const DICT_SUBCLASS: u64 = 1 << 29;
+    pub const TYPE_SUBCLASS: u64 = 1 << 31;
+}
+
+/// `PyListObject` (Include/cpython/listobject.h, v3.11 to v3.14): after
+/// `PyObject_VAR_HEAD` (`ob_size` at 16), `PyObject **ob_item` (24) and
+/// `Py_ssize_t allocated` (32).
+pub const LIST_OB_ITEM: usize = 24;
+/// `PyBytesObject` and `PyLongObject` put their data at 24
+/// (`ob_shash` then `ob_sval` at 32 for bytes; `ob_digit` at 24 for int:
+/// Include/cpython/bytesobject.h, Include/cpython/longintrepr.h, v3.11 to
+/// v3.14). An int's digits are 4 bytes (`PYLONG_BITS_IN_DIGIT` 30).
+pub const LONG_DIGITS: u64 = 24;
+pub const LONG_DIGIT_SIZE: u64 = 4;
+/// `PyLong_SHIFT`: the bits of a digit that are used.
+pub const LONG_DIGIT_BITS: u32 = 30;
+/// `offsetof(PyBytesObject, ob_sval)`, whose `ob_size` bytes end in a NUL.
+pub const BYTES_OB_SVAL: usize = 32;
+/// `PyByteArrayObject` (Include/cpython/bytearrayobject.h, v3.11 to
+/// v3.14): `Py_ssize_t ob_alloc` (24), the buffer `ob_bytes` (32, from
+/// `PyObject_Malloc`).
+pub const BYTEARRAY_OB_ALLOC: usize = 24;
+
+/// Where an interpreter keeps pymalloc's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Obmalloc {
+    /// 3.11: file-static variables of Objects/obmalloc.c, in `.symtab`
+    /// only (`arenas.lto_priv.0` on LTO builds), found where the image or
+    /// its debug file has a symbol table.
+    Statics { arenas: &'static str, maxarenas: &'static str, raw_allocated_blocks: &'static str },
+    /// 3.12: `struct _obmalloc_state` embedded at this offset in
+    /// `PyInterpreterState`.
+    Embedded { offset: u64 },
+    /// 3.13+: a pointer to it at this offset in `PyInterpreterState` (the
+    /// main interpreter's points to the static `obmalloc_state_main`).
+    Pointer { offset: u64 },
+}
+
+/// `struct _obmalloc_state` (`Include/internal/pycore_obmalloc.h` at
+/// v3.12.1, v3.13.0, v3.14.8): `pools.used[64]`, then `mgmt` at 512 with
+/// `arenas` (512), `maxarenas` (520) and `raw_allocated_blocks` (1088).
+pub mod obmalloc_state {
+    pub const ARENAS: u64 = 512;
+    pub const MAXARENAS: u64 = 520;
+    pub const RAW_ALLOCATED_BLOCKS: u64 = 1088;
+}
+
+/// What a live object's first word (`ob_refcnt`) may hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refcount {
+    /// 3.11 to 3.13: a `Py_ssize_t` count; 3.12 and 3.13 saturate the low
+    /// 32 bits at `UINT_MAX` for immortal objects and never carry into the
+    /// high ones (Include/object.h at v3.12.1 and v3.13.0, `Py_INCREF`).
+    /// Anything at or above 2^32 is no count.
+    Plain,
+    /// 3.14: `uint32_t ob_refcnt`, `uint16_t ob_overflow`, `uint16_t
+    /// ob_flags` (Include/object.h at v3.14.8), the count saturating at
+    /// `_Py_IMMORTAL_INITIAL_REFCNT` (3 << 30, Include/refcount.h); the
+    /// flags are `_Py_IMMORTAL_FLAGS` (1) and
+    /// `_Py_STATICALLY_ALLOCATED_FLAG` (4). The free lists
+    /// (`_PyFreeList_Push`, `Include/internal/pycore_freelist.h` at v3.14.8)
+    /// link a freed object through this word, so there it holds a pointer.
+    Split,
+}
+
+impl Refcount {
+    /// Whether `word` is the reference count of a live object.
+    #[must_use]
+    pub const fn is_live(self, word: u64) -> bool {
+        match self {
+            Self::Plain => word != 0 && word >> 32 == 0,
+            Self::Split => word & 0xFFFF_FFFF != 0 && (word >> 32).trailing_zeros() >= 16 && word >> 48 <= 7,
+        }
+    }
+}
+
+/// How an `int` says how many digits it has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LongSize {
+    /// 3.11: `ob_size`, negative for a negative number (Include/cpython/
+    /// longintrepr.h at v3.11.7).
+    SignedSize,
+    /// 3.12+: `uintptr_t lv_tag` at 16, the digit count above its three
+    /// low bits (`_PyLong_NON_SIZE_BITS`, Include/cpython/longintrepr.h at
+    /// v3.12.1, v3.13.0 and v3.14.8).
+    Tag,
+}
+
+/// What differs between versions for a heap census.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeapLayout {
+    /// `offsetof(PyInterpreterState, gc)`.
+    pub interp_gc: u64,
+    /// `offsetof(struct _gc_runtime_state, generation0)`: a pointer to
+    /// `generations[0].head`, the first of three `struct gc_generation {
+    /// PyGC_Head head; int threshold; int count; }` (24 bytes each). The
+    /// census follows it rather than take `generations` at a fixed offset:
+    /// upstream puts them at 24, but Debian's 3.13 gives `PyGC_Head` a
+    /// 4-byte alignment (its patch `gchead-alignment.diff`, a backport of
+    /// gh-127545), which moves them to 20 (DWARF of the forky root's
+    /// 3.13.15); `generation0` and what follows stay where they are.
+    pub generation0: u64,
+    /// `offsetof(struct _gc_runtime_state, permanent_generation)`.
+    pub permanent: u64,
+    /// `offsetof(struct _gc_runtime_state, collecting)`: set while a
+    /// collection rewrites the lists.
+    pub collecting: u64,
+    /// `offsetof(PyTupleObject, ob_item)`.
+    pub tuple_items: u64,
+    pub obmalloc: Obmalloc,
+    pub refcount: Refcount,
+    /// The `tp_flags` that put two words of managed dict or weak references
+    /// before the object (`_PyType_PreHeaderSize`,
+    /// `Include/internal/pycore_object.h`).
+    pub preheader_flags: u64,
+    pub long: LongSize,
+}
+
+/// `sizeof(struct gc_generation)`.
+pub const GC_GENERATION_SIZE: u64 = 24;
+/// `NUM_GENERATIONS` (`Include/internal/pycore_gc.h`, v3.11 to v3.14.8).
+pub const GENERATIONS: u64 = 3;
+
+impl HeapLayout {
+    /// `_PyType_PreHeaderSize`: what comes before an object of a type with
+    /// `flags` in its block: the GC head for a GC type, then two words
+    /// where the type has a managed dict or weak references.
+    #[must_use]
+    pub const fn preheader(&self, flags: u64) -> u64 {
+        let gc = if flags & tpflags::HAVE_GC != 0 { GC_HEAD_SIZE } else { 0 };
+        let managed = if flags & self.preheader_flags != 0 { 16 } else { 0 };
+        gc + managed
+    }
+}
+
+/// What [`HeapLayout`] and the constants here say each offset is, as
+/// (type, member path or "sizeof", value), for the comparison with every
+/// build's DWARF in `frames::dwarf`.
+#[cfg(test)]
+#[must_use]
+pub fn dwarf_expectations(abi: &dyn super::Abi) -> Vec<(&'static str, String, u64)> {
+    let h = abi.heap();
+    let m = |ty, path: &str, value: u64| (ty, path.to_owned(), value);
+    let u = |v: usize| v as u64;
+    let mut all = vec![
+        m("PyInterpreterState", "gc", h.interp_gc),
+        m("_gc_runtime_state", "generation0", h.generation0),
+        m("_gc_runtime_state", "permanent_generation", h.permanent),
+        m("_gc_runtime_state", "collecting", h.collecting),
+        m("gc_generation", "sizeof", GC_GENERATION_SIZE),
+        m("gc_generation", "head", 0),
+        m("PyGC_Head", "sizeof", GC_HEAD_SIZE),
+        m("pool_header", "sizeof", POOL_OVERHEAD),
+        m("pool_header", "ref", u(pool_header::COUNT)),
+        m("pool_header", "freeblock", u(pool_header::FREEBLOCK)),
+        m("pool_header", "arenaindex", u(pool_header::ARENAINDEX)),
+        m("pool_header", "szidx", u(pool_header::SZIDX)),
+        m("pool_header", "nextoffset", u(pool_header::NEXTOFFSET)),
+        m("pool_header", "maxnextoffset", u(pool_header::MAXNEXTOFFSET)),
+        m("arena_object", "sizeof", arena_object::SIZE),
+        m("arena_object", "address", u(arena_object::ADDRESS)),
+        m("arena_object", "pool_address", u(arena_object::POOL_ADDRESS)),
+        m("PyTypeObject", "tp_name", u(type_object::TP_NAME)),
+        m("PyTypeObject", "tp_basicsize", u(type_object::TP_BASICSIZE)),
+        m("PyTypeObject", "tp_itemsize", u(type_object::TP_ITEMSIZE)),
+        m("PyTypeObject", "tp_flags", u(type_object::TP_FLAGS)),
+        m("PyTypeObject", "tp_base", u(type_object::TP_BASE)),
+        m("PyObject", "ob_type", u(OB_TYPE)),
+        m("PyVarObject", "ob_size", u(OB_SIZE)),
+        m("PyListObject", "ob_item", u(LIST_OB_ITEM)),
+        m("PyListObject", "allocated", u(LIST_OB_ITEM) + 8),
+        m("PyTupleObject", "ob_item", h.tuple_items),
+        m("PyByteArrayObject", "ob_alloc", u(BYTEARRAY_OB_ALLOC)),
+        m("PyByteArrayObject", "ob_bytes", u(BYTEARRAY_OB_ALLOC) + 8),
+    ];
+    match h.long {
+        LongSize::SignedSize => all.push(m("PyLongObject", "ob_digit", LONG_DIGITS)),
+        LongSize::Tag => {
+            all.push(m("PyLongObject", "long_value.lv_tag", u(OB_SIZE)));
+            all.push(m("PyLongObject", "long_value.ob_digit", LONG_DIGITS));
+        }
+    }
+    match h.obmalloc {
+        Obmalloc::Statics { .. } => {}
+        Obmalloc::Embedded { offset } | Obmalloc::Pointer { offset } => {
+            all.push(m("PyInterpreterState", "obmalloc", offset));
+            all.push(m("_obmalloc_state", "mgmt.arenas", obmalloc_state::ARENAS));
+            all.push(m("_obmalloc_state", "mgmt.maxarenas", obmalloc_state::MAXARENAS));
+            all.push(m("_obmalloc_state", "mgmt.raw_allocated_blocks", obmalloc_state::RAW_ALLOCATED_BLOCKS));
+        }
+    }
+    all
+}
