@@ -22,7 +22,7 @@ use tracer_common::{
     live::{
         API_FRAME_ROOM, DEFAULT_LIVE_ENTRIES, DOMAIN_SLOTS, FRAME_DEPTH, FRAME_THREADS, Frame, Frames,
         ALIGNMENT_SHIFT, LiveCounts, LiveEntry, LiveKey, POOL_FREEBLOCK, POOL_NEXTPOOL, POOL_SIZE, POOL_SZIDX, Pymalloc, SMALL_REQUEST, kind,
-        role,
+        Role,
     },
     sizes::DEFAULT_SLOTS,
     stack::why,
@@ -57,16 +57,22 @@ static LIVE_COUNTS: PerCpuArray<LiveCounts> = PerCpuArray::with_max_entries(DOMA
 #[map]
 static PYMALLOC: Array<Pymalloc> = Array::with_max_entries(1, 0);
 
-/// Per probe slot, its [`role`]; the loader fills it.
+/// Per probe slot, its [`Role`]; the loader fills it.
 #[map]
-static SLOT_LIVE: Array<u32> = Array::with_max_entries(DEFAULT_SLOTS, 0);
+static SLOT_LIVE: Array<Role> = Array::with_max_entries(DEFAULT_SLOTS, 0);
 
 pub use tracer_common::live::UNKNOWN_BLOCK;
 
 /// Whether probe slot `slot` is a realloc's, with `--live`.
 #[inline(always)]
 pub fn reallocates(slot: u32) -> bool {
-    SLOT_LIVE.get(slot).is_some_and(|r| r & 0xff == role::REALLOC)
+    role_of(slot).api() == Role::REALLOC
+}
+
+/// Probe slot `slot`'s role ([`Role::NONE`] past the loader's slots).
+#[inline(always)]
+fn role_of(slot: u32) -> Role {
+    SLOT_LIVE.get(slot).copied().unwrap_or(Role::NONE)
 }
 
 /// This thread's id and its process's.
@@ -156,13 +162,13 @@ fn try_api_entry(ctx: &ProbeContext) -> Result<(), Stat> {
     crate::check_target()?;
     // SAFETY: the helper reads this run's cookie.
     let slot = u32::try_from(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) }).map_err(|_| Stat::SlotOutOfRange)?;
-    let r = SLOT_LIVE.get(slot).copied().unwrap_or(role::NONE) & 0xff;
+    let r = role_of(slot).api();
     let arg = |n: usize| ctx.arg::<u64>(n).ok_or(Stat::ArgMissing);
     let (size, block) = match r {
-        role::MALLOC => (arg(0)?, 0),
-        role::CALLOC => (product(arg(0)?, arg(1)?), 0),
-        role::REALLOC => (arg(1)?, arg(0)?),
-        role::FREE => (0, arg(0)?),
+        Role::MALLOC => (arg(0)?, 0),
+        Role::CALLOC => (product(arg(0)?, arg(1)?), 0),
+        Role::REALLOC => (arg(1)?, arg(0)?),
+        Role::FREE => (0, arg(0)?),
         _ => return Ok(()),
     };
     api(ctx.regs, slot, size, block)?;
@@ -192,18 +198,18 @@ fn product(n: u64, e: u64) -> u64 {
 /// known.
 #[inline(always)]
 pub fn api(regs: *mut pt_regs, slot: u32, size: u64, block: u64) -> Result<(), Stat> {
-    let kind_of = SLOT_LIVE.get(slot).copied().unwrap_or(role::NONE);
-    let r = kind_of & 0xff;
+    let role = role_of(slot);
+    let r = role.api();
     let domain = match r {
-        role::MALLOC | role::CALLOC | role::REALLOC => crate::SLOT_DOMAINS.get(slot).copied().unwrap_or(0),
-        role::FREE => kind_of >> 8,
+        Role::MALLOC | Role::CALLOC | Role::REALLOC => crate::SLOT_DOMAINS.get(slot).copied().unwrap_or(0),
+        Role::FREE => role.domain(),
         _ => return Ok(()),
     };
     let (tgid, tid) = ids();
     // SAFETY: regs is the context the kernel passed, readable directly.
     let sp = unsafe { (*regs).rsp };
     let mut frame = Frame { size, sp, domain, slot, kind: kind::API, role: r, ..Frame::default() };
-    if r == role::REALLOC {
+    if r == Role::REALLOC {
         frame.old = block;
     }
     let frames = frames_of(tid).ok_or(Stat::LivePendingFull)?;
@@ -223,20 +229,20 @@ pub fn api(regs: *mut pt_regs, slot: u32, size: u64, block: u64) -> Result<(), S
             frame.domain = last.domain;
             frame.slot = last.slot;
             frame.stack = last.stack;
-            frame.old = if r == role::FREE { last.old } else { frame.old };
+            frame.old = if r == Role::FREE { last.old } else { frame.old };
         } else {
             unseen(tgid, *last);
         }
         frames.depth -= 1;
     }
-    if r == role::FREE && frame.old == 0 && block != 0 && block != UNKNOWN_BLOCK {
+    if r == Role::FREE && frame.old == 0 && block != 0 && block != UNKNOWN_BLOCK {
         take(tgid, block, frame.domain);
         frame.old = block;
     }
     if !continued {
         frame.predicted = match r {
-            role::MALLOC | role::CALLOC => predict(tgid, &frame),
-            role::REALLOC => predict_realloc(tgid, &frame),
+            Role::MALLOC | Role::CALLOC => predict(tgid, &frame),
+            Role::REALLOC => predict_realloc(tgid, &frame),
             _ => 0,
         };
     }
@@ -271,7 +277,7 @@ fn predict_realloc(tgid: u32, frame: &Frame) -> u64 {
         return 0;
     }
     // A realloc of NULL is a malloc (`_PyObject_Realloc`).
-    let malloc = Frame { role: role::MALLOC, ..*frame };
+    let malloc = Frame { role: Role::MALLOC, ..*frame };
     if old == 0 {
         return predict_pool(tgid, p, &malloc);
     }
@@ -329,9 +335,9 @@ fn continues(last: &Frame, call: &Frame, block: u64) -> bool {
         return false;
     }
     match call.role {
-        role::MALLOC | role::CALLOC => last.size == call.size,
-        role::REALLOC => last.size == call.size && block != UNKNOWN_BLOCK && block == last.old,
-        role::FREE => block != 0 && block != UNKNOWN_BLOCK && block == last.old,
+        Role::MALLOC | Role::CALLOC => last.size == call.size,
+        Role::REALLOC => last.size == call.size && block != UNKNOWN_BLOCK && block == last.old,
+        Role::FREE => block != 0 && block != UNKNOWN_BLOCK && block == last.old,
         _ => false,
     }
 }
@@ -345,7 +351,7 @@ fn continues(last: &Frame, call: &Frame, block: u64) -> bool {
 #[inline(always)]
 fn predict(tgid: u32, frame: &Frame) -> u64 {
     let Some(p) = PYMALLOC.get(0) else { return 0 };
-    let (field, function) = if frame.role == role::CALLOC { (16, p.calloc) } else { (8, p.malloc) };
+    let (field, function) = if frame.role == Role::CALLOC { (16, p.calloc) } else { (8, p.malloc) };
     if p.usedpools == 0 || frame.domain > 1 || !holds(p, frame.domain, field, function) {
         return 0;
     }
@@ -445,13 +451,13 @@ fn unseen(tgid: u32, frame: Frame) {
         } else {
             take(tgid, frame.old, frame.domain);
         }
-    } else if frame.role == role::REALLOC && frame.predicted != 0 {
+    } else if frame.role == Role::REALLOC && frame.predicted != 0 {
         // Predicted: a block that stays, or one that moved, freeing the
         // old one inline.
         if frame.predicted != frame.old && frame.old != 0 {
             take(tgid, frame.old, frame.domain);
         }
-    } else if frame.role == role::FREE {
+    } else if frame.role == Role::FREE {
         if frame.old == 0 {
             add(frame.domain, field!(unseen_frees), 1);
         }
@@ -476,16 +482,16 @@ fn try_live_impl(ctx: &ProbeContext) -> Result<(), Stat> {
     let tgid = crate::check_target()?;
     // SAFETY: the helper reads this run's cookie.
     let slot = u32::try_from(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) }).map_err(|_| Stat::SlotOutOfRange)?;
-    let r = SLOT_LIVE.get(slot).copied().unwrap_or(role::NONE) & !role::IMPLEMENTATION & 0xff;
+    let r = role_of(slot).kind();
     // The implementation's arguments follow the allocator's context.
     let arg = |n: usize| ctx.arg::<u64>(n).ok_or(Stat::ArgMissing);
     let (size, old) = match r {
-        role::MALLOC => (arg(1)?, 0),
-        role::CALLOC => (product(arg(1)?, arg(2)?), 0),
-        role::REALLOC => (arg(2)?, arg(1)?),
-        role::FREE => (0, arg(1)?),
+        Role::MALLOC => (arg(1)?, 0),
+        Role::CALLOC => (product(arg(1)?, arg(2)?), 0),
+        Role::REALLOC => (arg(2)?, arg(1)?),
+        Role::FREE => (0, arg(1)?),
         // Its argument is a size class: the size is the API call's.
-        role::POOL => (0, 0),
+        Role::POOL => (0, 0),
         _ => return Ok(()),
     };
     let (_, tid) = ids();
@@ -511,7 +517,7 @@ fn try_live_impl(ctx: &ProbeContext) -> Result<(), Stat> {
         frame.domain = api.domain;
         frame.slot = api.slot;
         frame.stack = api.stack;
-        if r == role::POOL {
+        if r == Role::POOL {
             frame.size = api.size;
         }
         // The block it returns replaces the one predicted. A realloc
@@ -520,14 +526,14 @@ fn try_live_impl(ctx: &ProbeContext) -> Result<(), Stat> {
         if api.kind == kind::API && api.predicted != 0 {
             if api.predicted != api.old {
                 unpredict(tgid, &api);
-            } else if r == role::REALLOC {
+            } else if r == Role::REALLOC {
                 add(api.domain, field!(tracked), u64::MAX);
                 add(api.domain, field!(freed), u64::MAX);
             }
         }
         // A free whose API call knew its block took it already; a moving
         // realloc's old block is still in.
-        if r == role::FREE && old != 0 && (api.old == 0 || api.kind == kind::MOVED) {
+        if r == Role::FREE && old != 0 && (api.old == 0 || api.kind == kind::MOVED) {
             take(tgid, old, frame.domain);
         }
     } else {
@@ -545,14 +551,14 @@ fn try_live_impl(ctx: &ProbeContext) -> Result<(), Stat> {
 /// it moves calls `_PyObject_Malloc`), or a new pool for an allocation;
 /// after a moving realloc's malloc, the free of its old block.
 #[inline(always)]
-fn serves(api: &Frame, implementation: u32, old: u64) -> bool {
+fn serves(api: &Frame, implementation: Role, old: u64) -> bool {
     match api.kind {
         kind::API => {
             api.role == implementation
-                || (api.role == role::REALLOC && implementation == role::MALLOC)
-                || (implementation == role::POOL && matches!(api.role, role::MALLOC | role::CALLOC | role::REALLOC))
+                || (api.role == Role::REALLOC && implementation == Role::MALLOC)
+                || (implementation == Role::POOL && matches!(api.role, Role::MALLOC | Role::CALLOC | Role::REALLOC))
         }
-        kind::MOVED => implementation == role::FREE && (api.old == UNKNOWN_BLOCK || api.old == old),
+        kind::MOVED => implementation == Role::FREE && (api.old == UNKNOWN_BLOCK || api.old == old),
         _ => false,
     }
 }
@@ -608,10 +614,10 @@ fn returned(regs: *mut pt_regs, sp_delta: u64) -> Result<(), Stat> {
     if !native && let Some(api) = frames.frames.get_mut(at.wrapping_sub(1)) {
         // (A realloc of NULL is a malloc, and frees nothing.)
         if api.kind == kind::API
-            && api.role == role::REALLOC
+            && api.role == Role::REALLOC
             && api.old != 0
             && frame.kind == kind::OUTER
-            && matches!(frame.role, role::MALLOC | role::POOL)
+            && matches!(frame.role, Role::MALLOC | Role::POOL)
             && address != 0
         {
             // Its new block is the one returned, whatever was predicted.
@@ -631,7 +637,7 @@ fn returned(regs: *mut pt_regs, sp_delta: u64) -> Result<(), Stat> {
         _ => return Ok(()),
     }
     let (address, frame) = if native { native_result(frame, address)? } else { (address, frame) };
-    if frame.role == role::FREE || address == 0 {
+    if frame.role == Role::FREE || address == 0 {
         // A free took its block at its entry; a failed allocation is never
         // live, and a failed realloc keeps the old block.
         return Ok(());
@@ -712,8 +718,8 @@ static WALKED: LruHashMap<u32, Walked> = LruHashMap::with_max_entries(FRAME_THRE
 pub fn walked(slot: u32, stack: u64) {
     // Only an API call's frame takes it (a libc call's entry takes its
     // own walk).
-    let r = SLOT_LIVE.get(slot).copied().unwrap_or(role::NONE);
-    if r == role::NONE || r & (role::NATIVE | role::IMPLEMENTATION) != 0 {
+    let r = role_of(slot);
+    if r.is_none() || r.is_native() || r.is_implementation() {
         return;
     }
     let (_, tid) = ids();
@@ -789,11 +795,11 @@ fn give_walk(tid: u32, slot: u32, stack: u64, unwalked: bool) -> bool {
 /// stack pointer. `stack` is the call's walk (see [`walked`]).
 #[inline(always)]
 pub fn native(ctx: &ProbeContext, tgid: u32, slot: u32, marked: bool, stack: u64) -> Result<(), Stat> {
-    let value = SLOT_LIVE.get(slot).copied().unwrap_or(role::NONE);
-    if value & role::NATIVE == 0 {
+    let role = role_of(slot);
+    if !role.is_native() {
         return Ok(());
     }
-    let r = value & role::MASK;
+    let r = role.kind();
     // The ABI's first three arguments and the stack pointer, each read at
     // its own constant offset: the verifier refuses a context pointer
     // moved by a computed one, which arguments picked per role become.
@@ -835,8 +841,8 @@ pub fn native(ctx: &ProbeContext, tgid: u32, slot: u32, marked: bool, stack: u64
     }
     inside |= jumped;
     let (size, mut old) = match r {
-        role::MALLOC => (a0, 0),
-        role::CALLOC => {
+        Role::MALLOC => (a0, 0),
+        Role::CALLOC => {
             let (n, e) = (a0, a1);
             // As in try_record: BPF has no 128-bit multiply.
             if (n | e) >> 32 != 0 && e != 0 && n > core::hint::black_box(u64::MAX) / e {
@@ -845,21 +851,21 @@ pub fn native(ctx: &ProbeContext, tgid: u32, slot: u32, marked: bool, stack: u64
                 (n.wrapping_mul(e), 0)
             }
         }
-        role::REALLOC => (a1, a0),
-        role::ALIGNED | role::MMAP => (a1, 0),
+        Role::REALLOC => (a1, a0),
+        Role::ALIGNED | Role::MMAP => (a1, 0),
         // `old` is where the block will be written.
-        role::MEMALIGN => (a2, a0),
-        role::FREE | role::MUNMAP => (0, a0),
+        Role::MEMALIGN => (a2, a0),
+        Role::FREE | Role::MUNMAP => (0, a0),
         _ => return Ok(()),
     };
     if !inside && top.kind == kind::API && top.sp.abs_diff(sp) <= API_FRAME_ROOM && implements(&top, r, size, old) {
         // The API call's own allocator, inlined into its caller (LTO),
         // calls libc directly: this call is its implementation, and its
         // block is the API call's domain's.
-        if r == role::FREE && top.old == 0 {
+        if r == Role::FREE && top.old == 0 {
             take(tgid, old, top.domain);
         }
-        let old = if r == role::REALLOC { old } else { 0 };
+        let old = if r == Role::REALLOC { old } else { 0 };
         // The raw allocator asks libc for 1 byte where it was asked for 0.
         let size = if top.size == 0 && size == 1 { 0 } else { size };
         let frame = Frame { size, old, stack: top.stack, sp, domain: top.domain, slot: top.slot, kind: kind::OUTER, role: r, ..Frame::default() };
@@ -868,7 +874,7 @@ pub fn native(ctx: &ProbeContext, tgid: u32, slot: u32, marked: bool, stack: u64
         return push(unsafe { &mut *frames }, frame);
     }
     let domain = tracer_common::sizes::Domain::Native as u32;
-    if !inside && old != 0 && (matches!(r, role::FREE | role::MUNMAP) || (r == role::REALLOC && size == 0)) {
+    if !inside && old != 0 && (matches!(r, Role::FREE | Role::MUNMAP) || (r == Role::REALLOC && size == 0)) {
         // glibc's realloc(p, 0) frees p and returns NULL.
         take(tgid, old, domain);
         old = 0;
@@ -890,19 +896,19 @@ pub fn native(ctx: &ProbeContext, tgid: u32, slot: u32, marked: bool, stack: u64
 /// or a realloc that moves a pymalloc block (or has none) libc's `malloc`.
 /// An allocation pymalloc served inline ([`predict`]) calls nothing.
 #[inline(always)]
-fn implements(api: &Frame, r: u32, size: u64, old: u64) -> bool {
+fn implements(api: &Frame, r: Role, size: u64, old: u64) -> bool {
     match r {
-        role::MALLOC | role::CALLOC => {
-            (api.role == r || (api.role == role::REALLOC && r == role::MALLOC))
+        Role::MALLOC | Role::CALLOC => {
+            (api.role == r || (api.role == Role::REALLOC && r == Role::MALLOC))
                 && api.predicted == 0
                 && (api.size == size || (api.size == 0 && size == 1))
         }
-        role::REALLOC => {
+        Role::REALLOC => {
             api.role == r
                 && (api.size == size || (api.size == 0 && size == 1))
                 && (api.old == UNKNOWN_BLOCK || api.old == old)
         }
-        role::FREE => api.role == role::FREE && old != 0 && (api.old == 0 || api.old == old),
+        Role::FREE => api.role == Role::FREE && old != 0 && (api.old == 0 || api.old == old),
         _ => false,
     }
 }
@@ -913,10 +919,10 @@ fn implements(api: &Frame, r: u32, size: u64, old: u64) -> bool {
 #[inline(always)]
 fn native_result(frame: Frame, rax: u64) -> Result<(u64, Frame), Stat> {
     match frame.role {
-        role::MMAP if rax == u64::MAX => Ok((0, frame)),
+        Role::MMAP if rax == u64::MAX => Ok((0, frame)),
         // Took its block at its entry.
-        role::FREE | role::MUNMAP => Ok((0, frame)),
-        role::MEMALIGN => {
+        Role::FREE | Role::MUNMAP => Ok((0, frame)),
+        Role::MEMALIGN => {
             let at = frame.old;
             let frame = Frame { old: 0, ..frame };
             // An int: the upper half of rax is not the result's.

@@ -283,7 +283,7 @@ impl Session {
         // which the programs aya loads later for perf-event uprobes are
         // relocated against.
         let stack_slots = options.stacks.as_ref().map_or(&[][..], |s| s.slots.as_slice());
-        let mut slot_stacks = borrowed_array(&mut ebpf, names::SLOT_STACKS_MAP)?;
+        let mut slot_stacks = borrowed_array::<u32>(&mut ebpf, names::SLOT_STACKS_MAP)?;
         for &slot in stack_slots {
             slot_stacks
                 .set(slot, 1, 0)
@@ -457,8 +457,11 @@ fn uprobe_mut(ebpf: &mut Ebpf, program: Program) -> Result<&mut UProbe, AttachEr
         .map_err(|cause| AttachError::ProgramLoad { name, cause: Box::new(cause) })
 }
 
-/// The `u32` array map `name` of `ebpf`, borrowed (see [`Session::load`]).
-fn borrowed_array<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<Array<&'a mut MapData, u32>, AttachError> {
+/// The array map `name` of `ebpf`, borrowed (see [`Session::load`]).
+fn borrowed_array<'a, T: aya::Pod>(
+    ebpf: &'a mut Ebpf,
+    name: &'static str,
+) -> Result<Array<&'a mut MapData, T>, AttachError> {
     let map = ebpf.map_mut(name).ok_or_else(|| AttachError::Map {
         name,
         cause: Box::new(aya::maps::MapError::InvalidName { name: name.to_owned() }),

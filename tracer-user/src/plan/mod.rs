@@ -164,10 +164,10 @@ pub struct PlannedProbe {
     /// What the counts cover.
     pub coverage: Coverage,
     /// With `--live`, what it does in the live table
-    /// (`tracer_common::live::role`): an allocating function gets
+    /// (`tracer_common::live::Role`): an allocating function gets
     /// `live_alloc` at its entry beside its return probes, a free
     /// `live_free` at its entry.
-    pub live: Option<u32>,
+    pub live: Option<tracer_common::live::Role>,
     /// The file the function is in, where it is not the plan's image.
     pub file: Option<ProbeFile>,
     /// The size histogram its requests go in; `None` for a function that
@@ -267,8 +267,8 @@ pub struct LiveImpl {
     pub name: &'static str,
     pub slot: u32,
     pub file_offset: u64,
-    /// Its [`tracer_common::live::role`], with the implementation bit.
-    pub role: u32,
+    /// Its [`tracer_common::live::Role`], with the implementation bit.
+    pub role: tracer_common::live::Role,
     pub returns: ReturnPlan,
     /// Where `live_impl` traps, and a uretprobe with it: the first
     /// instruction the kernel emulates before the stack pointer or the
@@ -468,7 +468,7 @@ fn live_impls(
                 name: i.name,
                 slot,
                 file_offset: i.file_offset,
-                role: i.role | tracer_common::live::role::IMPLEMENTATION,
+                role: i.role.implementation(),
                 returns,
                 placement,
             }
@@ -648,11 +648,11 @@ fn coverage(
 fn place_with_live(
     code: &[u8],
     address: u64,
-    (program, live): (Program, Option<u32>),
+    (program, live): (Program, Option<tracer_common::live::Role>),
     kernel: placement::KernelVersion,
 ) -> Placement {
     let place = placement::place(code, address, program, kernel);
-    if live.is_none_or(|role| role & 0xff != tracer_common::live::role::FREE) {
+    if live.is_none_or(|role| role.api() != tracer_common::live::Role::FREE) {
         return place;
     }
     let theirs = placement::place(code, address, Program::LiveFree, kernel);
@@ -660,15 +660,15 @@ fn place_with_live(
 }
 
 /// With `--live`, what probe `spec` does in the live table
-/// (`tracer_common::live::role`), if anything.
-fn live_role(spec: &ProbeSpec) -> Option<u32> {
-    use tracer_common::live::role;
+/// (`tracer_common::live::Role`), if anything.
+fn live_role(spec: &ProbeSpec) -> Option<tracer_common::live::Role> {
+    use tracer_common::live::Role;
     let family = crate::python::family(spec.symbol)?;
     match spec.program {
-        Program::SizeArg0 => Some(role::MALLOC),
-        Program::Calloc => Some(role::CALLOC),
-        Program::SizeArg1 => Some(role::REALLOC),
-        Program::CountCall if spec.symbol.ends_with("_Free") => Some(role::FREE | (family as u32) << 8),
+        Program::SizeArg0 => Some(Role::MALLOC),
+        Program::Calloc => Some(Role::CALLOC),
+        Program::SizeArg1 => Some(Role::REALLOC),
+        Program::CountCall if spec.symbol.ends_with("_Free") => Some(Role::free_of(family as u32)),
         _ => None,
     }
 }
