@@ -150,7 +150,7 @@ impl Session {
     /// Loads `program` for uprobe-multi links, once.
     fn load_multi_program(&mut self, program: Program) -> Result<(), AttachError> {
         if !self.multi_programs.contains_key(&program) {
-            let fd = multi::load(crate::BPF_OBJECT, program.name(), &self.map_fds)?;
+            let fd = multi::load(self.object, program.name(), &self.map_fds)?;
             self.multi_programs.insert(program, fd);
         }
         Ok(())
