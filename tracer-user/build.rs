@@ -1,8 +1,11 @@
-//! Builds the BPF object from `tracer-ebpf` with Debian's rustc-web and
-//! bpf-linker (installed by `cargo xtask setup`) and hands its path to the
-//! crate, which embeds it. A missing toolchain fails the build with the fix.
+//! Builds the BPF objects from `tracer-ebpf` with Debian's rustc-web and
+//! bpf-linker (installed by `cargo xtask setup`) and hands their paths to
+//! the crate, which embeds them: the product's, and the bench object (the
+//! crate's `bench` feature: the product's programs and the bench-only
+//! ones, which only `tracer bench` loads). A missing toolchain fails the
+//! build with the fix.
 //!
-//! `TRACER_EMPTY_BPF=1` embeds an empty object instead and touches no BPF
+//! `TRACER_EMPTY_BPF=1` embeds empty objects instead and touches no BPF
 //! toolchain, so that `cargo check`, `cargo clippy` and rust-analyzer work
 //! on a machine without one. A tracer built so refuses to attach, saying
 //! why; `cargo xtask build` and `cargo xtask test` refuse the switch.
@@ -29,10 +32,13 @@ fn main() {
     }
     let bpf_cargo = env::var("TRACER_BPF_CARGO").unwrap_or_else(|_| BPF_CARGO.to_owned());
     let bpf_rustc = env::var("TRACER_BPF_RUSTC").unwrap_or_else(|_| BPF_RUSTC.to_owned());
-    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("tracer.bpf.o");
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let outputs = [(Some("bench"), out_dir.join("tracer-bench.bpf.o")), (None, out_dir.join("tracer.bpf.o"))];
     if env::var_os(EMPTY_SWITCH).is_some_and(|v| !v.is_empty() && v != "0") {
         println!("cargo::warning={EMPTY_SWITCH} is set: embedding an empty BPF object; this tracer cannot attach");
-        std::fs::write(&out, b"").unwrap_or_else(|e| fail(&format!("writing {} failed: {e}", out.display())));
+        for (_, out) in &outputs {
+            std::fs::write(out, b"").unwrap_or_else(|e| fail(&format!("writing {} failed: {e}", out.display())));
+        }
         return;
     }
     let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
@@ -55,7 +61,17 @@ fn main() {
     }
 
     let target_dir = root.join("target").join("bpf");
-    let mut cmd = Command::new(&bpf_cargo);
+    // The product's last, so that the object under target/bpf is its.
+    for (features, out) in &outputs {
+        let bytes = build(&ebpf, &target_dir, (&bpf_cargo, &bpf_rustc), *features);
+        std::fs::write(out, &bytes).unwrap_or_else(|e| fail(&format!("writing {} failed: {e}", out.display())));
+    }
+}
+
+/// Builds tracer-ebpf with `features` into `target_dir`; the object's
+/// bytes.
+fn build(ebpf: &Path, target_dir: &Path, (bpf_cargo, bpf_rustc): (&str, &str), features: Option<&str>) -> Vec<u8> {
+    let mut cmd = Command::new(bpf_cargo);
     // The outer cargo's variables (RUSTC from rustup, RUSTFLAGS, the target
     // dir, profile settings) would point the inner build at the wrong
     // compiler or directory.
@@ -88,7 +104,7 @@ fn main() {
         .unwrap_or_default();
     let path = env::var("PATH").unwrap_or_default();
     cmd.env("PATH", format!("/usr/bin:{}:{path}", cargo_bin.display()))
-        .env("RUSTC", &bpf_rustc)
+        .env("RUSTC", bpf_rustc)
         // aya-ebpf needs #![feature(asm_experimental_arch)] on a stable rustc.
         .env("RUSTC_BOOTSTRAP", "1")
         .env("CARGO_RESOLVER_INCOMPATIBLE_RUST_VERSIONS", "fallback")
@@ -99,7 +115,10 @@ fn main() {
         .arg("--manifest-path")
         .arg(ebpf.join("Cargo.toml"))
         .arg("--target-dir")
-        .arg(&target_dir);
+        .arg(target_dir);
+    if let Some(features) = features {
+        cmd.args(["--features", features]);
+    }
     let status =
         cmd.status().unwrap_or_else(|e| fail(&format!("cannot run {bpf_cargo}: {e}; run `cargo xtask setup`")));
     if !status.success() {
@@ -117,7 +136,7 @@ fn main() {
             bytes.len()
         ));
     }
-    std::fs::write(&out, &bytes).unwrap_or_else(|e| fail(&format!("writing {} failed: {e}", out.display())));
+    bytes
 }
 
 fn fail(message: &str) -> ! {

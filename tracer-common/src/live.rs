@@ -77,8 +77,8 @@ pub struct Frame {
     pub slot: u32,
     /// A [`kind`].
     pub kind: u32,
-    /// The call's [`role`] (without a domain).
-    pub role: u32,
+    /// The call's [`Role`]: its kind alone ([`Role::kind`]).
+    pub role: Role,
 }
 
 const _: () = assert!(core::mem::size_of::<Frame>() == 56);
@@ -203,46 +203,148 @@ pub const DEFAULT_LIVE_ENTRIES: u32 = 1024;
 /// mid-call is pushed out).
 pub const FRAME_THREADS: u32 = 16_384;
 
-/// What a probe slot does in the live table (the slot-live array's value).
-pub mod role {
+/// What a probe slot does in the live table: the slot-live array's value.
+///
+/// One word: bits 0–3 the kind ([`Role::MALLOC`] … [`Role::POOL`]), bit 4
+/// [`Role::implementation`], bit 5 [`Role::native`], and from bit 8 a
+/// free's family domain ([`Role::free_of`]; a free's slot has no domain in
+/// the slot-domains map, which gives requested sizes). Only this type's
+/// methods take the word apart.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Role(u32);
+
+const _: () = assert!(core::mem::size_of::<Role>() == 4);
+
+impl Role {
     /// Nothing.
-    pub const NONE: u32 = 0;
+    pub const NONE: Self = Self(0);
     /// A malloc: the size is argument 0.
-    pub const MALLOC: u32 = 1;
+    pub const MALLOC: Self = Self(1);
     /// A calloc: the size is argument 0 times argument 1.
-    pub const CALLOC: u32 = 2;
+    pub const CALLOC: Self = Self(2);
     /// A realloc: argument 0 the old block, argument 1 the size.
-    pub const REALLOC: u32 = 3;
-    /// A free: argument 0 the block. The slot-live value is this plus its
-    /// family's domain shifted left by 8 (a free's slot has no domain in
-    /// the slot-domains map, which gives requested sizes).
-    pub const FREE: u32 = 4;
+    pub const REALLOC: Self = Self(3);
+    /// A free: argument 0 the block.
+    pub const FREE: Self = Self(4);
+    /// `aligned_alloc(alignment, size)`.
+    pub const ALIGNED: Self = Self(5);
+    /// `posix_memalign(&ptr, alignment, size)`: the block is `*ptr` where
+    /// it returns 0.
+    pub const MEMALIGN: Self = Self(6);
+    /// `mmap(addr, length, ...)`: `MAP_FAILED` (-1) is a failure.
+    pub const MMAP: Self = Self(7);
+    /// `munmap(addr, length)`: takes out the mapping that starts at
+    /// `addr`, whole.
+    pub const MUNMAP: Self = Self(8);
     /// pymalloc's `allocate_from_new_pool(size class)` (3.11;
     /// `(state, size class)` from 3.13): the block for an API allocation
     /// that found no used pool of its size class; the requested size is
     /// the API call's.
-    pub const POOL: u32 = 9;
-    /// Added to a role for an implementation's slot: its arguments come
-    /// after the allocator's context (`_PyObject_Malloc(void *ctx, size_t
-    /// nbytes)`), one later than the API's.
-    pub const IMPLEMENTATION: u32 = 0x10;
-    /// Added to a role for a libc function's slot (`--native`): its
-    /// entry probe pushes the call's frame itself, with the ABI's
-    /// arguments, and it may be one of the roles below too.
-    pub const NATIVE: u32 = 0x20;
-    /// `aligned_alloc(alignment, size)`.
-    pub const ALIGNED: u32 = 5;
-    /// `posix_memalign(&ptr, alignment, size)`: the block is `*ptr` where
-    /// it returns 0.
-    pub const MEMALIGN: u32 = 6;
-    /// `mmap(addr, length, ...)`: `MAP_FAILED` (-1) is a failure.
-    pub const MMAP: u32 = 7;
-    /// `munmap(addr, length)`: takes out the mapping that starts at
-    /// `addr`, whole.
-    pub const MUNMAP: u32 = 8;
-    /// The bits of a slot-live value that hold the role itself.
-    pub const MASK: u32 = 0x0f;
+    pub const POOL: Self = Self(9);
+
+    /// Every kind, which [`Role::KINDS_DIFFER`] checks.
+    pub const KINDS: [Self; 10] = [
+        Self::NONE,
+        Self::MALLOC,
+        Self::CALLOC,
+        Self::REALLOC,
+        Self::FREE,
+        Self::ALIGNED,
+        Self::MEMALIGN,
+        Self::MMAP,
+        Self::MUNMAP,
+        Self::POOL,
+    ];
+
+    /// The bits that hold the kind.
+    const KIND_BITS: u32 = 0x0f;
+    /// An implementation's slot: its arguments come after the allocator's
+    /// context (`_PyObject_Malloc(void *ctx, size_t nbytes)`), one later
+    /// than the API's.
+    const IMPLEMENTATION_BIT: u32 = 0x10;
+    /// A libc function's slot (`--native`): its entry probe pushes the
+    /// call's frame itself, with the ABI's arguments.
+    const NATIVE_BIT: u32 = 0x20;
+    /// Where a free's family domain starts.
+    const DOMAIN_SHIFT: u32 = 8;
+
+    /// Whether every kind is its own, fits the kind's bits, and none is
+    /// taken for another (`ALIGNED` and `POOL` once shared a value).
+    pub const KINDS_DIFFER: bool = {
+        let mut ok = true;
+        let mut i = 0;
+        while i < Self::KINDS.len() {
+            ok &= Self::KINDS[i].0 & !Self::KIND_BITS == 0;
+            let mut j = i + 1;
+            while j < Self::KINDS.len() {
+                ok &= Self::KINDS[i].0 != Self::KINDS[j].0;
+                j += 1;
+            }
+            i += 1;
+        }
+        ok && Self::KIND_BITS & (Self::IMPLEMENTATION_BIT | Self::NATIVE_BIT) == 0
+            && (Self::IMPLEMENTATION_BIT | Self::NATIVE_BIT) >> Self::DOMAIN_SHIFT == 0
+    };
+
+    /// An API free of the family of `domain` (a [`crate::sizes::Domain`]).
+    #[must_use]
+    pub const fn free_of(domain: u32) -> Self {
+        Self(Self::FREE.0 | domain << Self::DOMAIN_SHIFT)
+    }
+
+    /// This role at an allocator implementation's slot.
+    #[must_use]
+    pub const fn implementation(self) -> Self {
+        Self(self.0 | Self::IMPLEMENTATION_BIT)
+    }
+
+    /// This role at a libc function's slot (`--native`).
+    #[must_use]
+    pub const fn native(self) -> Self {
+        Self(self.0 | Self::NATIVE_BIT)
+    }
+
+    /// The kind alone: no flags, no domain.
+    #[must_use]
+    pub const fn kind(self) -> Self {
+        Self(self.0 & Self::KIND_BITS)
+    }
+
+    /// An allocator API function's kind (a free's domain left out), or
+    /// [`Role::NONE`] for an implementation's or a libc function's role:
+    /// what an API probe does.
+    #[must_use]
+    pub const fn api(self) -> Self {
+        if self.0 & (Self::IMPLEMENTATION_BIT | Self::NATIVE_BIT) == 0 { self.kind() } else { Self::NONE }
+    }
+
+    /// Whether it is an allocator implementation's.
+    #[must_use]
+    pub const fn is_implementation(self) -> bool {
+        self.0 & Self::IMPLEMENTATION_BIT != 0
+    }
+
+    /// Whether it is a libc function's (`--native`).
+    #[must_use]
+    pub const fn is_native(self) -> bool {
+        self.0 & Self::NATIVE_BIT != 0
+    }
+
+    /// A free's family domain (0 for any other role).
+    #[must_use]
+    pub const fn domain(self) -> u32 {
+        self.0 >> Self::DOMAIN_SHIFT
+    }
+
+    /// Whether it is [`Role::NONE`]: the slot does nothing in the table.
+    #[must_use]
+    pub const fn is_none(self) -> bool {
+        self.0 == 0
+    }
 }
+
+const _: () = assert!(Role::KINDS_DIFFER, "two live roles share a value, or a kind overflows its bits");
 
 /// Where the target's pymalloc keeps what decides the block an inlined
 /// allocation gets, for `--live` on builds that inline the allocator API
@@ -299,6 +401,10 @@ pub const POOL_SIZE: u64 = 1 << 14;
 // SAFETY: #[repr(C)], Copy, no padding (asserted above), any bits valid.
 unsafe impl aya::Pod for Pymalloc {}
 #[cfg(feature = "user")]
+// SAFETY: #[repr(transparent)] over a u32 (size asserted above), Copy,
+// any bits valid (an unknown kind does nothing in the table).
+unsafe impl aya::Pod for Role {}
+#[cfg(feature = "user")]
 // SAFETY: #[repr(C)], Copy, no padding (asserted above), any bits valid.
 unsafe impl aya::Pod for LiveKey {}
 #[cfg(feature = "user")]
@@ -307,3 +413,25 @@ unsafe impl aya::Pod for LiveEntry {}
 #[cfg(feature = "user")]
 // SAFETY: as for LiveKey.
 unsafe impl aya::Pod for LiveCounts {}
+
+#[cfg(test)]
+mod tests {
+    use super::Role;
+
+    #[test]
+    fn a_role_keeps_its_kind_flags_and_domain_apart() {
+        let free = Role::free_of(2);
+        assert_eq!((free.kind(), free.api(), free.domain()), (Role::FREE, Role::FREE, 2));
+        let implementation = Role::REALLOC.implementation();
+        assert_eq!((implementation.kind(), implementation.api()), (Role::REALLOC, Role::NONE));
+        assert!(implementation.is_implementation() && !implementation.is_native());
+        let native = Role::MUNMAP.native();
+        assert_eq!((native.kind(), native.api(), native.domain()), (Role::MUNMAP, Role::NONE, 0));
+        assert!(native.is_native() && !native.is_implementation());
+        for kind in Role::KINDS {
+            assert_eq!(kind.kind(), kind, "{kind:?}");
+            assert_eq!(kind.implementation().kind(), kind, "{kind:?}");
+            assert_eq!(Role::KINDS.iter().filter(|&&k| k == kind).count(), 1, "{kind:?}");
+        }
+    }
+}

@@ -36,7 +36,7 @@ static GC_RUNNING: LruHashMap<u32, GcRunning> = LruHashMap::with_max_entries(DEF
 #[uprobe]
 pub fn gc_start(ctx: ProbeContext) -> u32 {
     if let Err(stat) = try_gc_start(&ctx) {
-        crate::bump(&ctx, stat);
+        crate::common::bump(&ctx, stat);
     }
     0
 }
@@ -46,7 +46,7 @@ pub fn gc_start(ctx: ProbeContext) -> u32 {
 #[uprobe]
 pub fn gc_done(ctx: ProbeContext) -> u32 {
     if let Err(stat) = try_gc_done(&ctx) {
-        crate::bump(&ctx, stat);
+        crate::common::bump(&ctx, stat);
     }
     0
 }
@@ -66,7 +66,7 @@ fn now_ns() -> u64 {
 
 #[inline(always)]
 fn try_gc_start(ctx: &ProbeContext) -> Result<(), Stat> {
-    let tgid = crate::check_target()?;
+    let tgid = crate::common::check_target()?;
     let start_ns = now_ns();
     let tid = thread_id();
     // SAFETY: the helper only reads the cookie of this run's attachment;
@@ -77,7 +77,7 @@ fn try_gc_start(ctx: &ProbeContext) -> Result<(), Stat> {
     let generation = match argument(ctx.regs, cookie) {
         Ok(g) => i32::try_from(g).unwrap_or(UNKNOWN_GENERATION),
         Err(stat) => {
-            crate::bump(ctx, stat);
+            crate::common::bump(ctx, stat);
             UNKNOWN_GENERATION
         }
     };
@@ -92,7 +92,7 @@ fn try_gc_start(ctx: &ProbeContext) -> Result<(), Stat> {
         }
         // Left by a thread of another process that had this id and ended
         // mid-collection.
-        crate::bump(ctx, Stat::GcUnmatched);
+        crate::common::bump(ctx, Stat::GcUnmatched);
     }
     let running = GcRunning { start_ns, tgid, generation, depth: 0, reserved: 0 };
     GC_RUNNING.insert(tid, running, 0).map_err(|_| Stat::GcFull)
@@ -100,7 +100,7 @@ fn try_gc_start(ctx: &ProbeContext) -> Result<(), Stat> {
 
 #[inline(always)]
 fn try_gc_done(ctx: &ProbeContext) -> Result<(), Stat> {
-    let tgid = crate::check_target()?;
+    let tgid = crate::common::check_target()?;
     let done_ns = now_ns();
     let tid = thread_id();
     let entry = GC_RUNNING.get_ptr(tid).ok_or(Stat::GcUnmatched)?;
@@ -131,12 +131,12 @@ fn try_gc_done(ctx: &ProbeContext) -> Result<(), Stat> {
     // collection is counted before its objects are read, so that a failed
     // read loses the objects, never the collection.
     unsafe {
-        crate::atomic_add(&raw mut (*totals).collections, 1);
-        crate::atomic_add(&raw mut (*totals).duration_ns, done_ns.saturating_sub(running.start_ns));
+        crate::common::atomic_add(&raw mut (*totals).collections, 1);
+        crate::common::atomic_add(&raw mut (*totals).duration_ns, done_ns.saturating_sub(running.start_ns));
     }
     let collected = u64::try_from(argument(ctx.regs, cookie_of(ctx))?).map_err(|_| Stat::GcArgMissing)?;
     // SAFETY: as above.
-    unsafe { crate::atomic_add(&raw mut (*totals).collected, collected) };
+    unsafe { crate::common::atomic_add(&raw mut (*totals).collected, collected) };
     Ok(())
 }
 
@@ -156,7 +156,7 @@ fn argument(regs: *mut pt_regs, cookie: u64) -> Result<i64, Stat> {
     let raw = match site::first(cookie) {
         site::CONSTANT => return Ok(if signed { site::offset(constant) } else { constant.cast_signed() }),
         kind @ site::MEMORY_FIRST..=site::MEMORY_LAST => {
-            let base = crate::register(regs, kind - site::MEMORY).map_err(|_| Stat::GcArgMissing)?;
+            let base = crate::args::register(regs, kind - site::MEMORY).map_err(|_| Stat::GcArgMissing)?;
             let address = base.wrapping_add(site::offset(constant).cast_unsigned());
             // Exactly the argument's bytes: the next ones may not be mapped.
             // SAFETY: the helper reads the probed thread's memory and fails
@@ -171,7 +171,7 @@ fn argument(regs: *mut pt_regs, cookie: u64) -> Result<i64, Stat> {
             };
             read.map_err(|_| Stat::GcArgMissing)?
         }
-        kind => crate::register(regs, kind).map_err(|_| Stat::GcArgMissing)?,
+        kind => crate::args::register(regs, kind).map_err(|_| Stat::GcArgMissing)?,
     };
     Ok(gc::narrow(raw, size, signed))
 }

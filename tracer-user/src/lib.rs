@@ -27,3 +27,9 @@ pub mod unwind;
 /// with `TRACER_EMPTY_BPF=1`, for checking and linting without the BPF
 /// toolchain; such a tracer refuses to attach).
 pub static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer.bpf.o"));
+
+/// The bench object: [`BPF_OBJECT`]'s programs and the bench-only ones
+/// (`tracer-ebpf`'s `bench` feature), which a plan that attaches one of
+/// those loads instead (see [`probe::Program::bench_only`]); empty as
+/// [`BPF_OBJECT`] is.
+pub static BENCH_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-bench.bpf.o"));

@@ -18,8 +18,9 @@ pub enum Program {
     Calloc,
     /// Does nothing: the bare cost of a uprobe hit, for benchmarks.
     Empty,
-    /// Bench-only: the first argument put in a table shaped as the live
-    /// table and taken out (tracer-ebpf/src/experiment.rs).
+    /// Bench-only (in the bench object alone, as the three below): the
+    /// first argument put in a table shaped as the live table and taken
+    /// out (tracer-ebpf/src/experiment.rs).
     MetaInsert,
     /// Bench-only: the same, looked up 32 times in between.
     MetaLookup,
@@ -72,7 +73,7 @@ pub enum Program {
 }
 
 impl Program {
-    /// Every program in the object.
+    /// Every program in the objects.
     pub const ALL: [Self; 26] = [
         Self::CountCall,
         Self::SizeArg0,
@@ -102,7 +103,8 @@ impl Program {
         Self::FreeObject,
     ];
 
-    /// The function name in tracer-ebpf/src/main.rs.
+    /// The function name in tracer-ebpf/src/programs.rs (or
+    /// experiment.rs).
     #[must_use]
     pub const fn name(self) -> &'static str {
         match self {
@@ -171,6 +173,19 @@ impl Program {
     #[must_use]
     pub const fn is_bench(self) -> bool {
         matches!(self, Self::Empty | Self::MetaInsert | Self::MetaLookup | Self::MetaPool | Self::MetaChunk)
+    }
+
+    /// Whether it is in the bench object alone (`crate::BENCH_OBJECT`),
+    /// not the product's: the allocator-metadata experiment's.
+    #[must_use]
+    pub const fn bench_only(self) -> bool {
+        matches!(self, Self::MetaInsert | Self::MetaLookup | Self::MetaPool | Self::MetaChunk)
+    }
+
+    /// The object it is in, which a plan that attaches it loads.
+    #[must_use]
+    pub fn object(self) -> &'static [u8] {
+        if self.bench_only() { crate::BENCH_OBJECT } else { crate::BPF_OBJECT }
     }
 
     /// Whether it is one of `--native`'s programs.

@@ -20,15 +20,15 @@ pub struct Implementation {
     pub size: u64,
     /// Its entry in the image file.
     pub file_offset: u64,
-    /// What it does (`tracer_common::live::role`, without the
+    /// What it does (`tracer_common::live::Role`, without the
     /// implementation bit).
-    pub role: u32,
+    pub role: tracer_common::live::Role,
 }
 
 /// The implementations of `names` (name, role) in `elf`, or in the symbol
 /// table of `debug` (the image's debug file) where the image lacks them.
 #[must_use]
-pub fn find(elf: &ElfImage, debug: Option<&Path>, names: &[(&'static str, u32)]) -> Vec<Implementation> {
+pub fn find(elf: &ElfImage, debug: Option<&Path>, names: &[(&'static str, tracer_common::live::Role)]) -> Vec<Implementation> {
     let debug_symbols = debug.map(debug_functions).unwrap_or_default();
     names
         .iter()

@@ -138,7 +138,7 @@ impl Session {
         if let Some((_, fd)) = self.gc_programs.iter().find(|(n, _)| *n == name) {
             return fd.try_clone().map_err(|cause| AttachError::MapFd { name: name.to_owned(), cause });
         }
-        let fd = multi::load(crate::BPF_OBJECT, name, &self.map_fds)?;
+        let fd = multi::load(self.object, name, &self.map_fds)?;
         let copy = fd.try_clone().map_err(|cause| AttachError::MapFd { name: name.to_owned(), cause })?;
         self.gc_programs.push((name, fd));
         Ok(copy)

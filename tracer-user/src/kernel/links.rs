@@ -150,7 +150,7 @@ impl Session {
     /// Loads `program` for uprobe-multi links, once.
     fn load_multi_program(&mut self, program: Program) -> Result<(), AttachError> {
         if !self.multi_programs.contains_key(&program) {
-            let fd = multi::load(crate::BPF_OBJECT, program.name(), &self.map_fds)?;
+            let fd = multi::load(self.object, program.name(), &self.map_fds)?;
             self.multi_programs.insert(program, fd);
         }
         Ok(())
@@ -301,7 +301,7 @@ impl Session {
             // size (or object) is read where its DWARF or code says, or not
             // at all.
             points.extend(p.inline_sites.iter().map(|s| {
-                let realloc = p.live.is_some_and(|r| r & 0xff == tracer_common::live::role::REALLOC);
+                let realloc = p.live.is_some_and(|r| r.api() == tracer_common::live::Role::REALLOC);
                 let (program, cookie) = match (p.attach_program, s.size, s.object) {
                     (bench, _, _) if bench.is_bench() => (bench, cookie),
                     // With --live, a realloc's copy leaves its block for the
@@ -336,7 +336,7 @@ impl Session {
                     // With --live, a free's copy takes its block out of the
                     // table: where the block is is its second operand.
                     (Program::CountCall, _, Some((second, constant)))
-                        if p.live.is_some_and(|r| r & 0xff == tracer_common::live::role::FREE) =>
+                        if p.live.is_some_and(|r| r.api() == tracer_common::live::Role::FREE) =>
                     {
                         (Program::CountCall, site::encode(p.slot, site::INLINED, second, constant))
                     }
@@ -397,7 +397,7 @@ impl Session {
                 offset,
                 cookie: u64::from(p.slot),
             };
-            if role & tracer_common::live::role::NATIVE != 0 {
+            if role.is_native() {
                 // A libc function's entry probe pushes its frame itself;
                 // its returns end it.
                 match &p.live_returns {
@@ -410,7 +410,7 @@ impl Session {
                 continue;
             }
             let program =
-                if role & 0xff == tracer_common::live::role::FREE { Program::LiveFree } else { Program::LiveAlloc };
+                if role.api() == tracer_common::live::Role::FREE { Program::LiveFree } else { Program::LiveAlloc };
             let offset = if p.call_sites.is_none() { p.probe_offset() } else { p.file_offset };
             points.push(at(program, offset));
         }

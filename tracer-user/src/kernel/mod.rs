@@ -102,6 +102,9 @@ impl Default for LoadOptions {
 pub struct Session {
     // Owns the programs and their links: dropping it detaches everything.
     ebpf: Ebpf,
+    /// The object loaded: the product's, or the bench object where the
+    /// plan attaches a bench-only program.
+    object: &'static [u8],
     counters: PerCpuHashMap<MapData, CounterKey, Counter>,
     stats: PerCpuArray<MapData, u64>,
     returns: PerCpuHashMap<MapData, CounterKey, Returned>,
@@ -157,7 +160,9 @@ impl Session {
     /// attached, and no program is loaded, until an attach needs it.
     #[allow(clippy::too_many_lines, reason = "one place sizes, fills and takes every map, in the object's order")]
     pub fn load(plan: Plan, target_tgid: u32, options: &LoadOptions) -> Result<Self, AttachError> {
-        if crate::BPF_OBJECT.is_empty() {
+        let bench = plan.probes.iter().any(|p| p.attach_program.bench_only());
+        let object = if bench { crate::BENCH_OBJECT } else { crate::BPF_OBJECT };
+        if object.is_empty() {
             return Err(AttachError::NoObject);
         }
         let slots = u32::try_from(plan.probes.len()).unwrap_or(u32::MAX);
@@ -218,7 +223,7 @@ impl Session {
             .map_max_entries(names::OBJECTS_MAP, object_entries)
             .override_global(names::PRE_HEADERS_GLOBAL, &pre_headers, true)
             .map_max_entries(names::SLOT_DOMAINS_MAP, slots.max(1))
-            .load(crate::BPF_OBJECT)
+            .load(object)
             .map_err(|e| AttachError::Load(Box::new(e)))?;
         let mut map_fds = Vec::new();
         for (name, map) in ebpf.maps() {
@@ -239,7 +244,7 @@ impl Session {
         // which the programs aya loads later for perf-event uprobes are
         // relocated against.
         let stack_slots = options.stacks.as_ref().map_or(&[][..], |s| s.slots.as_slice());
-        let mut slot_stacks = borrowed_array(&mut ebpf, names::SLOT_STACKS_MAP)?;
+        let mut slot_stacks = borrowed_array::<u32>(&mut ebpf, names::SLOT_STACKS_MAP)?;
         for &slot in stack_slots {
             slot_stacks
                 .set(slot, 1, 0)
@@ -273,6 +278,7 @@ impl Session {
         };
         Ok(Self {
             ebpf,
+            object,
             counters,
             stats,
             returns,
@@ -413,8 +419,11 @@ fn uprobe_mut(ebpf: &mut Ebpf, program: Program) -> Result<&mut UProbe, AttachEr
         .map_err(|cause| AttachError::ProgramLoad { name, cause: Box::new(cause) })
 }
 
-/// The `u32` array map `name` of `ebpf`, borrowed (see [`Session::load`]).
-fn borrowed_array<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<Array<&'a mut MapData, u32>, AttachError> {
+/// The array map `name` of `ebpf`, borrowed (see [`Session::load`]).
+fn borrowed_array<'a, T: aya::Pod>(
+    ebpf: &'a mut Ebpf,
+    name: &'static str,
+) -> Result<Array<&'a mut MapData, T>, AttachError> {
     let map = ebpf.map_mut(name).ok_or_else(|| AttachError::Map {
         name,
         cause: Box::new(aya::maps::MapError::InvalidName { name: name.to_owned() }),
@@ -474,7 +483,7 @@ mod tests {
         let names: BTreeSet<&str> = session.map_fds.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names.len(), obj.maps.len(), "every map of the object has an fd for the multi loader: {names:?}");
         let gc = [names::programs::GC_START, names::programs::GC_DONE];
-        for name in Program::ALL.iter().map(|p| p.name()).chain(gc) {
+        for name in Program::ALL.iter().filter(|p| !p.bench_only()).map(|p| p.name()).chain(gc) {
             multi::load(crate::BPF_OBJECT, name, &session.map_fds)
                 .unwrap_or_else(|e| panic!("{name} does not load for uprobe-multi links: {e}"));
         }
@@ -501,9 +510,37 @@ mod tests {
             ..LoadOptions::default()
         };
         let session = Session::load(plan, std::process::id(), &options).expect("the object loads");
-        for program in Program::ALL {
+        for program in Program::ALL.iter().filter(|p| !p.bench_only()) {
             multi::load(crate::BPF_OBJECT, program.name(), &session.map_fds)
                 .unwrap_or_else(|e| panic!("{} does not load with stacks, types and live on: {e}", program.name()));
+        }
+    }
+
+    /// The bench-only programs are in the bench object, which a plan that
+    /// attaches one loads, and not in the product's.
+    #[test]
+    fn bench_programs_load_from_the_bench_object_alone() {
+        assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
+        let product = aya_obj::Object::parse(crate::BPF_OBJECT).expect("the embedded BPF object parses");
+        let bench = aya_obj::Object::parse(crate::BENCH_OBJECT).expect("the bench object parses");
+        let bench_only: Vec<Program> = Program::ALL.into_iter().filter(|p| p.bench_only()).collect();
+        assert_eq!(bench_only.len(), 4, "{bench_only:?}");
+        for program in Program::ALL {
+            let name = program.name();
+            assert_eq!(product.programs.contains_key(name), !program.bench_only(), "{name} in the product's object");
+            assert!(bench.programs.contains_key(name), "{name} is not in the bench object");
+        }
+        let exe = std::env::current_exe().expect("the test binary");
+        let elf = ElfImage::open(&exe).expect("the test binary is ELF");
+        let image = ImageRef::own(&elf, &exe);
+        let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
+        let options = PlanOptions { program_override: Some(Program::MetaLookup), ..PlanOptions::default() };
+        let plan = plan::plan(image, &spec, options).expect("a plan on the test binary");
+        let session = Session::load(plan, std::process::id(), &LoadOptions::default()).expect("the bench object loads");
+        assert!(std::ptr::eq(session.object, crate::BENCH_OBJECT), "a bench plan loads the bench object");
+        for program in bench_only {
+            multi::load(program.object(), program.name(), &session.map_fds)
+                .unwrap_or_else(|e| panic!("{} does not load from the bench object: {e}", program.name()));
         }
     }
 

@@ -52,7 +52,7 @@ pub(super) fn live_impls(
                 name: i.name,
                 slot,
                 file_offset: i.file_offset,
-                role: i.role | tracer_common::live::role::IMPLEMENTATION,
+                role: i.role.implementation(),
                 returns,
                 placement,
             }
@@ -69,11 +69,11 @@ pub(super) fn live_impls(
 pub(super) fn place_with_live(
     code: &[u8],
     address: u64,
-    (program, live): (Program, Option<u32>),
+    (program, live): (Program, Option<tracer_common::live::Role>),
     kernel: placement::KernelVersion,
 ) -> Placement {
     let place = placement::place(code, address, program, kernel);
-    if live.is_none_or(|role| role & 0xff != tracer_common::live::role::FREE) {
+    if live.is_none_or(|role| role.api() != tracer_common::live::Role::FREE) {
         return place;
     }
     let theirs = placement::place(code, address, Program::LiveFree, kernel);
@@ -81,15 +81,15 @@ pub(super) fn place_with_live(
 }
 
 /// With `--live`, what probe `spec` does in the live table
-/// (`tracer_common::live::role`), if anything.
-pub(super) fn live_role(spec: &ProbeSpec) -> Option<u32> {
-    use tracer_common::live::role;
+/// (`tracer_common::live::Role`), if anything.
+pub(super) fn live_role(spec: &ProbeSpec) -> Option<tracer_common::live::Role> {
+    use tracer_common::live::Role;
     let family = crate::python::family(spec.symbol)?;
     match spec.program {
-        Program::SizeArg0 => Some(role::MALLOC),
-        Program::Calloc => Some(role::CALLOC),
-        Program::SizeArg1 => Some(role::REALLOC),
-        Program::CountCall if spec.symbol.ends_with("_Free") => Some(role::FREE | (family as u32) << 8),
+        Program::SizeArg0 => Some(Role::MALLOC),
+        Program::Calloc => Some(Role::CALLOC),
+        Program::SizeArg1 => Some(Role::REALLOC),
+        Program::CountCall if spec.symbol.ends_with("_Free") => Some(Role::free_of(family as u32)),
         _ => None,
     }
 }

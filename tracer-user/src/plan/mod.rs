@@ -180,10 +180,10 @@ pub struct PlannedProbe {
     /// What the counts cover.
     pub coverage: Coverage,
     /// With `--live`, what it does in the live table
-    /// (`tracer_common::live::role`): an allocating function gets
+    /// (`tracer_common::live::Role`): an allocating function gets
     /// `live_alloc` at its entry beside its return probes, a free
     /// `live_free` at its entry.
-    pub live: Option<u32>,
+    pub live: Option<tracer_common::live::Role>,
     /// The file the function is in, where it is not the plan's image.
     pub file: Option<ProbeFile>,
     /// The size histogram its requests go in; `None` for a function that
@@ -283,8 +283,8 @@ pub struct LiveImpl {
     pub name: &'static str,
     pub slot: u32,
     pub file_offset: u64,
-    /// Its [`tracer_common::live::role`], with the implementation bit.
-    pub role: u32,
+    /// Its [`tracer_common::live::Role`], with the implementation bit.
+    pub role: tracer_common::live::Role,
     pub returns: ReturnPlan,
     /// Where `live_impl` traps, and a uretprobe with it: the first
     /// instruction the kernel emulates before the stack pointer or the

@@ -90,16 +90,16 @@ pub fn extend(plan: &mut Plan, libc: &Libc, options: PlanOptions, live: bool) ->
 /// stack pointer, so a probe placed after an instruction that moves the
 /// stack pointer has none, which its coverage says.
 fn live_role(elf: &ElfImage, p: &mut PlannedProbe, costs: Option<&super::returns::ReturnCosts>) {
-    use tracer_common::live::role;
+    use tracer_common::live::Role;
     let r = match p.symbol {
-        "malloc" => role::MALLOC,
-        "calloc" => role::CALLOC,
-        "realloc" => role::REALLOC,
-        "free" => role::FREE,
-        "posix_memalign" => role::MEMALIGN,
-        "aligned_alloc" => role::ALIGNED,
-        "mmap" => role::MMAP,
-        "munmap" => role::MUNMAP,
+        "malloc" => Role::MALLOC,
+        "calloc" => Role::CALLOC,
+        "realloc" => Role::REALLOC,
+        "free" => Role::FREE,
+        "posix_memalign" => Role::MEMALIGN,
+        "aligned_alloc" => Role::ALIGNED,
+        "mmap" => Role::MMAP,
+        "munmap" => Role::MUNMAP,
         _ => return,
     };
     let Some(sym) = elf.function(p.symbol) else { return };
@@ -139,7 +139,7 @@ fn live_role(elf: &ElfImage, p: &mut PlannedProbe, costs: Option<&super::returns
         (_, Err(e)) => super::ReturnPlan::Uretprobe { reason: format!("the code could not be read ({e})") },
     };
     c.live = Some(super::coverage::Completeness::Complete);
-    p.live = Some(r | role::NATIVE);
+    p.live = Some(r.native());
     p.live_returns = Some(returns);
 }
 

@@ -203,44 +203,44 @@ pub fn family(symbol: &str) -> Option<tracer_common::sizes::Domain> {
 
 /// The allocator implementations the API calls through its domains'
 /// tables (`PyObject_Malloc` is `return _PyObject.malloc(_PyObject.ctx,
-/// size);`), each with its [`tracer_common::live::role`]: pymalloc's, the
+/// size);`), each with its [`tracer_common::live::Role`]: pymalloc's, the
 /// raw (libc) ones, the debug hooks (`PYTHONMALLOC=debug`) and, from 3.13,
 /// mimalloc's. All are static functions of Objects/obmalloc.c (v3.11.0 to
 /// v3.14.0; the `Mi` ones from v3.13.0), taking the table's context first
 /// (`_PyObject_Malloc(void *ctx, size_t nbytes)`); checked against the
 /// symbol tables of pyenv's 3.11.7, 3.12.1, 3.13.0, Debian's 3.11 and the
 /// forky root's 3.13 and 3.14.
-pub const IMPLEMENTATIONS: [(&str, u32); 25] = {
-    use tracer_common::live::role::{CALLOC, FREE, MALLOC, POOL, REALLOC};
+pub const IMPLEMENTATIONS: [(&str, tracer_common::live::Role); 25] = {
+    use tracer_common::live::Role;
     [
         // pymalloc's slow path, out of line where the rest is inlined
         // (`static void *allocate_from_new_pool(uint size)`, and
         // `(OMState *state, uint size)` from v3.13.0).
-        ("allocate_from_new_pool", POOL),
-        ("_PyObject_Malloc", MALLOC),
-        ("_PyObject_Calloc", CALLOC),
-        ("_PyObject_Realloc", REALLOC),
-        ("_PyObject_Free", FREE),
-        ("_PyMem_RawMalloc", MALLOC),
-        ("_PyMem_RawCalloc", CALLOC),
-        ("_PyMem_RawRealloc", REALLOC),
-        ("_PyMem_RawFree", FREE),
-        ("_PyMem_DebugMalloc", MALLOC),
-        ("_PyMem_DebugCalloc", CALLOC),
-        ("_PyMem_DebugRealloc", REALLOC),
-        ("_PyMem_DebugFree", FREE),
-        ("_PyMem_DebugRawMalloc", MALLOC),
-        ("_PyMem_DebugRawCalloc", CALLOC),
-        ("_PyMem_DebugRawRealloc", REALLOC),
-        ("_PyMem_DebugRawFree", FREE),
-        ("_PyObject_MiMalloc", MALLOC),
-        ("_PyObject_MiCalloc", CALLOC),
-        ("_PyObject_MiRealloc", REALLOC),
-        ("_PyObject_MiFree", FREE),
-        ("_PyMem_MiMalloc", MALLOC),
-        ("_PyMem_MiCalloc", CALLOC),
-        ("_PyMem_MiRealloc", REALLOC),
-        ("_PyMem_MiFree", FREE),
+        ("allocate_from_new_pool", Role::POOL),
+        ("_PyObject_Malloc", Role::MALLOC),
+        ("_PyObject_Calloc", Role::CALLOC),
+        ("_PyObject_Realloc", Role::REALLOC),
+        ("_PyObject_Free", Role::FREE),
+        ("_PyMem_RawMalloc", Role::MALLOC),
+        ("_PyMem_RawCalloc", Role::CALLOC),
+        ("_PyMem_RawRealloc", Role::REALLOC),
+        ("_PyMem_RawFree", Role::FREE),
+        ("_PyMem_DebugMalloc", Role::MALLOC),
+        ("_PyMem_DebugCalloc", Role::CALLOC),
+        ("_PyMem_DebugRealloc", Role::REALLOC),
+        ("_PyMem_DebugFree", Role::FREE),
+        ("_PyMem_DebugRawMalloc", Role::MALLOC),
+        ("_PyMem_DebugRawCalloc", Role::CALLOC),
+        ("_PyMem_DebugRawRealloc", Role::REALLOC),
+        ("_PyMem_DebugRawFree", Role::FREE),
+        ("_PyObject_MiMalloc", Role::MALLOC),
+        ("_PyObject_MiCalloc", Role::CALLOC),
+        ("_PyObject_MiRealloc", Role::REALLOC),
+        ("_PyObject_MiFree", Role::FREE),
+        ("_PyMem_MiMalloc", Role::MALLOC),
+        ("_PyMem_MiCalloc", Role::CALLOC),
+        ("_PyMem_MiRealloc", Role::REALLOC),
+        ("_PyMem_MiFree", Role::FREE),
     ]
 };
 

@@ -169,11 +169,11 @@ fn site(
 /// the live report says it is partial).
 #[must_use]
 pub fn pymalloc(r: &Resolved, plan: &Plan, pid: u32) -> Option<Pymalloc> {
-    use tracer_common::live::role;
+    use tracer_common::live::Role;
     let inlined = plan
         .probes
         .iter()
-        .any(|p| p.live.is_some_and(|l| matches!(l & 0xff, role::MALLOC | role::CALLOC)) && !p.inline_sites.is_empty());
+        .any(|p| p.live.is_some_and(|l| matches!(l.api(), Role::MALLOC | Role::CALLOC)) && !p.inline_sites.is_empty());
     if !inlined {
         return None;
     }
