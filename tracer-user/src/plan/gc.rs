@@ -44,6 +44,9 @@ pub enum GcSource {
     Function,
     /// Nowhere: the build has neither, or `--gc off`.
     None,
+    /// The interpreter's own statistics, read from its memory (the
+    /// production profile; never a plan's source).
+    Memory,
 }
 
 /// Which end of a collection a probe sees.
