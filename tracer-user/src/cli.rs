@@ -166,7 +166,7 @@ pub struct BenchArgs {
     /// entries), empty and empty-entry (an empty BPF program at the placed offsets or the entries: the
     /// cost of the uprobe itself), call-sites (tracer's probes with `--placement
     /// call-sites`) and empty-call-sites (an empty BPF program there), bpftrace (bpftrace counting the same functions at their entries),
-    /// tracemalloc=FRAMES (PYTHONTRACEMALLOC in the workers), budget=PERCENT (`tracer attach --budget
+    /// tracemalloc=FRAMES (PYTHONTRACEMALLOC in the workers), budget=PERCENT (`tracer attach --exact --budget
     /// PERCENT` on the interpreter), returns (tracer's probes plus return-value probes, as `attach
     /// --returns`), meta-insert, meta-lookup, meta-pool and meta-chunk (bench-only programs that
     /// measure reading a block's size from the allocator's metadata against the live table's lookup;
