@@ -11,7 +11,7 @@ use tracer_common::stats::Stat;
 
 use super::{
     attached::Attached,
-    cost::{Budget, Cost},
+    cost::{Budget, Cost, ProfileCost},
     live::{Leaks, Live},
     stacks::{NativeModule, Site, StackCount, StackCoverage},
 };
@@ -116,6 +116,9 @@ pub struct Snapshot {
     /// calibrated, or when it could not be.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<Cost>,
+    /// In the production profile: every source's cost against the budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<ProfileCost>,
     /// Totals over every traced process, in report order.
     pub probes: IndexMap<String, ProbeCounts>,
     /// The same per process that hit any probe, by PID (processes that

@@ -8,9 +8,11 @@ pub mod cost;
 mod duty;
 pub mod exit;
 pub mod exits;
+pub mod gcmem;
 mod late;
 pub mod live;
 pub mod readout;
+pub mod share;
 pub mod stacks;
 pub mod types;
 
@@ -211,6 +213,9 @@ fn stack_slots(
 fn attached_event(session: &Session, r: &Resolved, links: Links, cost: &CostMeter) -> Attached {
     let probes = &session.plan().probes;
     Attached {
+        mode: None,
+        exact_because: None,
+        estimated_cost: None,
         pid: r.pid(),
         exe: r.exe.as_ref().map(|e| e.display().to_string()),
         python: PythonInfo { version: r.version.to_string(), image: r.display_path.display().to_string() },
