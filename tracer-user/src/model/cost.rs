@@ -139,6 +139,9 @@ pub struct CostEstimate {
     /// Why `fraction` is unknown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Above 10%: what that means for the target, and what lowers it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
 }
 
 /// What one source of the production profile cost over an interval (in a

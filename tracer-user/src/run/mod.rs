@@ -9,6 +9,7 @@ mod duty;
 pub mod exit;
 pub mod exits;
 pub mod gcmem;
+pub mod profile;
 mod late;
 pub mod live;
 pub mod readout;
@@ -30,10 +31,11 @@ use self::{
     duty::DutyCycle,
     exit::ProcessExit,
     late::{LateModules, Watch},
+    profile::Profile,
     readout::Readout,
 };
 use crate::{
-    config::{AttachConfig, ConfigError, LinkMode},
+    config::{AttachConfig, ConfigError, LinkMode, Mode},
     discover::{Resolved, TargetSpec, process::TargetError},
     error::Classify,
     kernel::{AttachError, LoadOptions, Session},
@@ -281,6 +283,8 @@ struct Run {
     late: Option<LateModules>,
     started: Instant,
     cost: CostMeter,
+    /// In the production profile.
+    profile: Option<Profile>,
 }
 
 impl Run {
@@ -346,8 +350,13 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
     let mut sigint = handler("SIGINT", SignalKind::interrupt())?;
     let mut sigterm = handler("SIGTERM", SignalKind::terminate())?;
     let (exit, exits) = watch_exits(&config.target)?;
-    let prepared = prepare::prepare(&config.target, &prepare::Options::attach(config))?;
-    let (mut run, mut output) = start(config, prepared, exits, out, err)?;
+    let options = prepare::Options::attach(config);
+    // The header states the run's cost, which needs a hit's: calibrated on
+    // a thread of its own while the target is prepared, where preparing
+    // does not calibrate it anyway.
+    let early = (!options.hit_costs && !options.planning.reads_returns()).then(Calibration::start);
+    let prepared = prepare::prepare(&config.target, &options)?;
+    let (mut run, mut output) = start(config, prepared, (exits, early), out, err)?;
     let started = run.started;
     let start = tokio::time::Instant::from_std(started);
     let mut ticker = interval_at(start + config.interval, config.interval);
@@ -406,6 +415,9 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
                 let all = snapshot.hits.unwrap_or(0);
                 snapshot.cost = run.cost.interval().map(|c| c.of_all_hits(all.saturating_sub(hits_before)));
                 hits_before = all;
+                if let Some(p) = run.profile.as_mut() {
+                    p.interval(&mut snapshot, run.duty.as_mut());
+                }
                 let high = snapshot.cost.as_ref().and_then(|c| run.cost.high_cost_note(c));
                 output.interval(snapshot)?;
                 output.notes(high)?;
@@ -424,10 +436,13 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
         .as_ref()
         .and_then(|l| l.leaks)
         .map(|l| live::leaks(&run.session, l, run.readout.stack_names.as_mut()));
+    if let Some(p) = run.profile.as_mut() {
+        p.summary(&mut last, run.duty.as_ref());
+    }
     // Notes not told yet (a target that exited before the first interval).
     let mut log = run.notes();
     log.extend(run.bpf_log());
-    let Run { session, readout, duty, late, started: _, mut cost } = run;
+    let Run { session, readout, duty, late, started: _, mut cost, profile: _ } = run;
     drop((session, readout, duty, late));
     output.notes(log)?;
     // Detached, so waiting costs the target nothing: a run shorter than
@@ -494,7 +509,7 @@ fn watch_exits(target: &TargetSpec) -> Result<(Option<ProcessExit>, Option<exits
 fn start<'a>(
     config: &AttachConfig,
     prepared: Prepared,
-    exits: Option<exits::ExitListener>,
+    (exits, early): (Option<exits::ExitListener>, Option<Calibration>),
     out: impl Write + 'a,
     err: impl Write + 'a,
 ) -> Result<(Run, Output<'a>), RunError> {
@@ -534,15 +549,28 @@ fn start<'a>(
         None => Watch::Interpreter(r.attach_path.clone()),
     };
     let late = session.plan().has_call_sites().then(|| LateModules::new(watch, r.known.clone()));
+    // The profile's sources find what they read before anything is live,
+    // so that the first window is no longer than it should be.
+    let gc = profile::gc_probes(config, gc);
+    let (profile, profile_notes) = match (config.mode, config.budget) {
+        (Mode::Profile, Some(budget)) => {
+            let (p, notes) = Profile::new(budget, r.pid(), &gc, cpu_costs);
+            (Some(p), notes)
+        }
+        _ => (None, Vec::new()),
+    };
 
     let (links, attach_began, fallback) = attach_links(&mut session, r.scope, config.links)?;
     if gc.source != GcSource::None {
         session.attach_gc(&gc, r.scope, links == Links::Multi)?;
     }
     let started = Instant::now();
-    // Calibrated now only if nothing before needed it: the probes are
-    // live and the target is not kept waiting.
-    let calibrating = cpu_costs.map_or_else(Calibration::start, Calibration::Known);
+    // Calibrated while preparing where nothing before needed it.
+    let calibrating = match (cpu_costs, early) {
+        (Some(prices), _) => Calibration::Known(prices),
+        (None, Some(early)) => early,
+        (None, None) => Calibration::start(),
+    };
     let mut readout = Readout::new(started, r.pid().is_none(), config.types.then(|| r.abi.objects()));
     readout.stack_names = stack_names;
     readout.live = live;
@@ -568,8 +596,21 @@ fn start<'a>(
         returns: config.returns,
         call_sites: config.placement == PlacementMode::CallSites,
     };
-    let cost = CostMeter::new(session.plan(), r.pid(), exits, calibrating, advice);
+    let mut cost = CostMeter::new(session.plan(), r.pid(), exits, calibrating, advice);
+    // The first window, from which the header's estimate comes: the duty
+    // cycle's first, or exact tracing's first moments.
+    cost.wait_calibrated(cost::CALIBRATION_WAIT);
+    let window = if duty.is_some() { duty::BUDGET_WINDOW } else { profile::FIRST_WINDOW };
+    std::thread::sleep(window.saturating_sub(started.elapsed()));
+    let first = readout.read(&mut session)?;
+    let estimate = profile::estimate(config, &cost, &first, started.elapsed());
+    let profile = profile.map(|p| p.started(started));
     let mut info = attached_event(&session, &r, links, &cost);
+    info.mode = Some(config.mode.name().to_owned());
+    if let Mode::Exact { because } = config.mode {
+        info.exact_because = because.map(str::to_owned);
+    }
+    info.estimated_cost = Some(estimate);
     info.return_costs_ns = return_costs.map(|r| r.1);
     info.gc = Some(gc);
     let mut output = Output {
@@ -579,8 +620,8 @@ fn start<'a>(
     };
     output.emit(&Event::Attached(info.clone()))?;
     output.attached = Some(info);
-    output.notes(fallback.into_iter().chain(notes))?;
-    Ok((Run { session, readout, duty, late, started, cost }, output))
+    output.notes(fallback.into_iter().chain(notes).chain(profile_notes))?;
+    Ok((Run { session, readout, duty, late, started, cost, profile }, output))
 }
 
 /// Becomes ready when the BPF log has lines to read; never without
