@@ -164,10 +164,9 @@ pub fn gc_probes(config: &AttachConfig, plan: GcPlan) -> GcPlan {
     if config.mode != Mode::Profile || plan.source != GcSource::Function || config.gc == GcMode::Function {
         return plan;
     }
-    GcPlan::none(format!(
-        "the production profile times collections by the gc__start and gc__done markers only, which this build lacks ({}); probing the collection function instead would cost each collection a uretprobe's trap: pass --gc function for that, or --exact",
-        plan.detail
-    ))
+    GcPlan::none(
+        "the production profile times collections by the gc__start and gc__done markers only, and this build has none; probing the collection function instead would cost each collection a uretprobe's trap: pass --gc function for that, or --exact",
+    )
 }
 
 /// What one collection's GC probe hits cost: its start and its done, each
