@@ -49,8 +49,8 @@ impl GcStateLayout {
     }
 }
 
-/// The collector's generations (`NUM_GENERATIONS`, Include/internal/pycore_gc.h
-/// v3.11 to v3.13, pycore_interp_structs.h v3.14).
+/// The collector's generations (`NUM_GENERATIONS`, `Include/internal/pycore_gc.h`
+/// v3.11 to v3.13, `pycore_interp_structs.h` v3.14).
 pub const GENERATIONS: usize = 3;
 
 /// `struct gc_generation_stats { Py_ssize_t collections; Py_ssize_t

@@ -163,9 +163,9 @@ pub(super) const GC: super::gc::GcKnowledge = super::gc::markers(
     GC_STATE,
 );
 
-/// The collector's statistics: Include/internal/pycore_interp.h at v3.11.7
+/// The collector's statistics: `Include/internal/pycore_interp.h` at v3.11.7
 /// puts `struct _gc_runtime_state gc` at 648 in `struct _is`;
-/// Include/internal/pycore_gc.h at v3.11.7 (l.131) lays it out as `{
+/// `Include/internal/pycore_gc.h` at v3.11.7 (l.131) lays it out as `{
 /// trash_delete_later (0); int trash_delete_nesting (8), enabled (12),
 /// debug (16); struct gc_generation generations[3] (24, 24 bytes each);
 /// PyGC_Head *generation0 (96); struct gc_generation permanent_generation

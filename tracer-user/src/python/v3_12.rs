@@ -161,9 +161,9 @@ impl super::Abi for Abi312 {
 pub(super) const GC: super::gc::GcKnowledge =
     super::gc::GcKnowledge { state: GC_STATE, ..super::v3_11::GC };
 
-/// The collector's statistics: Include/internal/pycore_interp.h at v3.12.1
+/// The collector's statistics: `Include/internal/pycore_interp.h` at v3.12.1
 /// puts `struct _gc_runtime_state gc` at 112 in `struct _is`, laid out as
-/// in 3.11 (Include/internal/pycore_gc.h at v3.12.1, l.157):
+/// in 3.11 (`Include/internal/pycore_gc.h` at v3.12.1, l.157):
 /// `generation_stats` at 128. Checked against the DWARF of pyenv's 3.12.1,
 /// and live against `gc.get_stats()`.
 pub(super) const GC_STATE: super::gc::GcStateLayout =

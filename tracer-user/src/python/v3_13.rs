@@ -235,10 +235,10 @@ pub(super) const GC: super::gc::GcKnowledge = super::gc::markers(
     GC_STATE,
 );
 
-/// The collector's statistics: Include/internal/pycore_interp.h at v3.13.0
+/// The collector's statistics: `Include/internal/pycore_interp.h` at v3.13.0
 /// puts `struct _gc_runtime_state gc` at 7400 in `struct _is`
 /// (`_Py_DebugOffsets.interpreter_state.gc` says so too), laid out as in
-/// 3.11 (Include/internal/pycore_gc.h at v3.13.0, l.282): `generation_stats`
+/// 3.11 (`Include/internal/pycore_gc.h` at v3.13.0, l.282): `generation_stats`
 /// at 128. Debian's 3.13.15 aligns `PyGC_Head` to 4 bytes
 /// (`gchead-alignment.diff`), which moves `generations` to 20, but its
 /// DWARF still puts `generation_stats` at 128 (the hole before

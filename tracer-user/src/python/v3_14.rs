@@ -262,7 +262,7 @@ pub(super) const GC: super::gc::GcKnowledge = super::gc::markers(
     GC_STATE,
 );
 
-/// The collector's statistics: Include/internal/pycore_interp_structs.h at
+/// The collector's statistics: `Include/internal/pycore_interp_structs.h` at
 /// v3.14.8 (l.203-267) puts `struct _gc_runtime_state gc` at 7408 in
 /// `struct _is` (`_Py_DebugOffsets.interpreter_state.gc` says so too), `{
 /// trash_delete_later; int trash_delete_nesting, enabled, debug; struct
@@ -273,7 +273,7 @@ pub(super) const GC: super::gc::GcKnowledge = super::gc::markers(
 /// removed fields are `dummy1..3`). Checked against the DWARF of the forky
 /// root's 3.14.8, and live against `gc.get_stats()`. 3.14.0 to 3.14.4 had
 /// the incremental collector, `generation_stats` at the same 120 (its
-/// pycore_gc.h: young, old[2], permanent_generation, then the stats; not
+/// `pycore_gc.h`: young, old[2], `permanent_generation`, then the stats; not
 /// checked against a build, none is here), whose index 1 counts
 /// increments of the old generation and 2 full collections.
 pub(super) const GC_STATE: super::gc::GcStateLayout = super::gc::GcStateLayout {

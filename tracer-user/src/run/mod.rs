@@ -304,6 +304,33 @@ impl Run {
         Ok(snapshot)
     }
 
+    /// The summary's counts, read after the end (the last window closed)
+    /// so that they hold every hit up to the target's exit, before the
+    /// detach.
+    fn last(&mut self, config: &AttachConfig) -> Result<Snapshot, AttachError> {
+        if let Some(d) = self.duty.as_mut() {
+            d.close(&mut self.session, &mut self.readout)?;
+        }
+        let mut last = self.snapshot()?;
+        // Before the detach, which frees the table.
+        last.leaks = config
+            .live
+            .as_ref()
+            .and_then(|l| l.leaks)
+            .map(|l| live::leaks(&self.session, l, self.readout.stack_names.as_mut()));
+        if let Some(p) = self.profile.as_mut() {
+            p.summary(&mut last, self.duty.as_ref());
+        }
+        Ok(last)
+    }
+
+    /// The profile's sources and costs in an interval's `snapshot`.
+    fn profile_interval(&mut self, snapshot: &mut Snapshot) {
+        if let Some(p) = self.profile.as_mut() {
+            p.interval(snapshot, self.duty.as_mut());
+        }
+    }
+
     /// Late modules, processes that cannot be watched, a failed
     /// calibration and BPF log lines since the last call.
     fn notes(&mut self) -> Vec<Note> {
@@ -350,12 +377,7 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
     let mut sigint = handler("SIGINT", SignalKind::interrupt())?;
     let mut sigterm = handler("SIGTERM", SignalKind::terminate())?;
     let (exit, exits) = watch_exits(&config.target)?;
-    let options = prepare::Options::attach(config);
-    // The header states the run's cost, which needs a hit's: calibrated on
-    // a thread of its own while the target is prepared, where preparing
-    // does not calibrate it anyway.
-    let early = (!options.hit_costs && !options.planning.reads_returns()).then(Calibration::start);
-    let prepared = prepare::prepare(&config.target, &options)?;
+    let (prepared, early) = prepare_run(config)?;
     let (mut run, mut output) = start(config, prepared, (exits, early), out, err)?;
     let started = run.started;
     let start = tokio::time::Instant::from_std(started);
@@ -415,9 +437,7 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
                 let all = snapshot.hits.unwrap_or(0);
                 snapshot.cost = run.cost.interval().map(|c| c.of_all_hits(all.saturating_sub(hits_before)));
                 hits_before = all;
-                if let Some(p) = run.profile.as_mut() {
-                    p.interval(&mut snapshot, run.duty.as_mut());
-                }
+                run.profile_interval(&mut snapshot);
                 let high = snapshot.cost.as_ref().and_then(|c| run.cost.high_cost_note(c));
                 output.interval(snapshot)?;
                 output.notes(high)?;
@@ -426,19 +446,7 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
     };
     // Read after the end so the summary holds every hit up to the target's
     // exit, then detach before printing.
-    if let Some(d) = run.duty.as_mut() {
-        d.close(&mut run.session, &mut run.readout)?;
-    }
-    let mut last = run.snapshot()?;
-    // Before the detach, which frees the table.
-    last.leaks = config
-        .live
-        .as_ref()
-        .and_then(|l| l.leaks)
-        .map(|l| live::leaks(&run.session, l, run.readout.stack_names.as_mut()));
-    if let Some(p) = run.profile.as_mut() {
-        p.summary(&mut last, run.duty.as_ref());
-    }
+    let mut last = run.last(config)?;
     // Notes not told yet (a target that exited before the first interval).
     let mut log = run.notes();
     log.extend(run.bpf_log());
@@ -489,6 +497,15 @@ fn kernel_options(config: &AttachConfig, r: &Resolved, plan: &plan::Plan) -> Res
         native_rows: s.native.then_some(crate::unwind::ROW_CAPACITY),
     });
     Ok((types, stacks, stack_slots))
+}
+
+/// Prepares `config`'s target. The header states the run's cost, which
+/// needs a hit's: calibrated on a thread of its own meanwhile, where
+/// preparing does not calibrate it anyway.
+fn prepare_run(config: &AttachConfig) -> Result<(Prepared, Option<Calibration>), RunError> {
+    let options = prepare::Options::attach(config);
+    let early = (!options.hit_costs && !options.planning.reads_returns()).then(Calibration::start);
+    Ok((prepare::prepare(&config.target, &options)?, early))
 }
 
 /// Watches the end of the target: its pidfd with `--pid`, every process's

@@ -230,15 +230,12 @@ fn profile_line(p: &crate::model::ProfileCost) -> String {
         .sources
         .iter()
         .map(|(name, s)| {
-            let mut text = format!("{} {:.3}%", name.replace('_', " "), s.fraction * 100.0);
-            if s.tracer_cpu_s > 0.0 || s.bytes_read > 0 {
-                text.push_str(&format!(
-                    " (tracer: {:.2} ms CPU, {} B read)",
-                    s.tracer_cpu_s * 1e3,
-                    group(s.bytes_read)
-                ));
-            }
-            text
+            let tracer = if s.tracer_cpu_s > 0.0 || s.bytes_read > 0 {
+                format!(" (tracer: {:.2} ms CPU, {} B read)", s.tracer_cpu_s * 1e3, group(s.bytes_read))
+            } else {
+                String::new()
+            };
+            format!("{} {:.3}%{tracer}", name.replace('_', " "), s.fraction * 100.0)
         })
         .collect();
     format!(
