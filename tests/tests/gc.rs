@@ -544,7 +544,10 @@ fn the_table_has_a_gc_line() {
     workload.wait_blocked_on_stdin();
     let pid = workload.pid().to_string();
     let tracer = TracerRun::start(&["attach", "--exact", "--pid", &pid, "--interval", "3600"]);
-    // The header is printed once every probe is live.
+    // The mode and its cost first, then the header, once every probe is
+    // live.
+    let mode = tracer.stdout.next_line("the mode line").expect("a mode line");
+    assert!(mode.starts_with("tracer: exact tracing (--exact): estimated cost "), "{mode}");
     let header = tracer.stdout.next_line("the header").expect("a header");
     assert!(header.starts_with("tracer: attached to PID"), "{header}");
     let gc = tracer.stdout.next_line("the gc header").expect("a gc line");

@@ -275,6 +275,8 @@ fn the_table_lists_the_types_most_created() {
     workload.wait_blocked_on_stdin();
     let pid = workload.pid().to_string();
     let tracer = TracerRun::start(&["attach", "--exact", "--pid", &pid, "--types", "--interval", "0.1"]);
+    let mode = tracer.stdout.next_line("the mode line").expect("a mode line");
+    assert!(mode.starts_with("tracer: exact tracing (chosen by --types, which only exact tracing serves): "), "{mode}");
     let header = tracer.stdout.next_line("the attach header").expect("a header");
     assert!(header.starts_with("tracer: attached to PID"), "{header}");
     workload.go();

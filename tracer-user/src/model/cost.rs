@@ -21,8 +21,9 @@ pub struct Budget {
     /// The calibrated cost of one hit.
     pub hit_cost_ns: HitCosts,
     /// Time spent attaching and detaching the probes, summed over windows:
-    /// their hits meanwhile are priced with the windows'.
-    #[serde(default)]
+    /// their hits meanwhile are priced with the windows'. Left out by a
+    /// tracer before it was.
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
     pub switching_s: f64,
 }
 
@@ -111,6 +112,14 @@ impl Cost {
         };
         Some(format!("tracing costs the target an estimated {:.0}% of its CPU time ({slowdown}); {advice}", f * 100.0))
     }
+}
+
+/// For `skip_serializing_if`: exactly zero, as a tracer before the field
+/// wrote nothing.
+#[allow(clippy::trivially_copy_pass_by_ref, reason = "serde passes a reference")]
+#[allow(clippy::float_cmp, reason = "only an exact 0.0 is left out")]
+fn is_zero_f64(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// For `skip_serializing_if`.
