@@ -653,8 +653,8 @@ impl TracerRun {
         Self { child: KillOnDrop(child), stdout, stderr }
     }
 
-    /// Starts `tracer attach --pid PID --json EXTRA...` and waits for the
-    /// "attached" line, which it returns.
+    /// Starts `tracer attach --exact --pid PID --json EXTRA...` and waits
+    /// for the "attached" line, which it returns.
     #[must_use]
     pub fn attach_json(pid: u32, extra: &[&str]) -> (Self, Value) {
         let pid = pid.to_string();
@@ -663,10 +663,31 @@ impl TracerRun {
         Self::attach_json_with(&args)
     }
 
-    /// Starts `tracer attach --json ARGS...` and waits for the "attached"
-    /// line, which it returns.
+    /// Starts `tracer attach --exact --json ARGS...` (exact tracing, whose
+    /// counts the tests check) and waits for the "attached" line, which it
+    /// returns.
     #[must_use]
     pub fn attach_json_with(args: &[&str]) -> (Self, Value) {
+        let mut all = vec!["--exact"];
+        all.extend_from_slice(args);
+        Self::attach_json_as(&all)
+    }
+
+    /// Starts `tracer attach --pid PID --json EXTRA...` in the mode the
+    /// flags choose (the production profile unless one chooses exact
+    /// tracing) and waits for the "attached" line, which it returns.
+    #[must_use]
+    pub fn profile_json(pid: u32, extra: &[&str]) -> (Self, Value) {
+        let pid = pid.to_string();
+        let mut args = vec!["--pid", pid.as_str()];
+        args.extend_from_slice(extra);
+        Self::attach_json_as(&args)
+    }
+
+    /// Starts `tracer attach --json ARGS...` as given and waits for the
+    /// "attached" line, which it returns.
+    #[must_use]
+    pub fn attach_json_as(args: &[&str]) -> (Self, Value) {
         let mut all = vec!["attach", "--json"];
         all.extend_from_slice(args);
         let run = Self::start(&all);

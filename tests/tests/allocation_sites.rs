@@ -277,7 +277,7 @@ fn bad_stack_options_leave_nothing_attached_or_written() {
             ),
         ),
     ] {
-        let mut all = vec!["attach", "--pid", &pid];
+        let mut all = vec!["attach", "--exact", "--pid", &pid];
         all.extend(args.iter().copied());
         let (code, stdout, stderr) = run_tracer(&all);
         assert_eq!((code, stdout.as_str(), stderr), (Some(2), "", format!("tracer: error: {error}\n")), "{args:?}");

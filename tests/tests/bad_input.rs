@@ -312,7 +312,7 @@ fn debug_dir_that_does_not_exist() {
 fn inlined_copies_with_perf_links() {
     require_root();
     let (code, stdout, stderr) =
-        run_tracer(&["attach", "--exe", "/usr/bin/python3.11", "--links", "perf", "--duration", "1"]);
+        run_tracer(&["attach", "--exact", "--exe", "/usr/bin/python3.11", "--links", "perf", "--duration", "1"]);
     assert_eq!(code, Some(2), "{stderr}");
     assert_eq!(stdout, "");
     assert!(

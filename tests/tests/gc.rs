@@ -455,13 +455,13 @@ fn gc_modes_a_build_lacks_are_refused() {
     let image = "/root/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0";
     for (args, line) in [
         (
-            vec!["attach", "--pid", &pid, "--gc", "markers"],
+            vec!["attach", "--exact", "--pid", &pid, "--gc", "markers"],
             format!(
                 "tracer: error: --gc markers: {image} has no python:gc__start and python:gc__done markers (CPython built without --with-dtrace); use --gc auto, which falls back to the collection function where tracer knows one\n"
             ),
         ),
         (
-            vec!["attach", "--pid", &pid, "--gc", "sometimes"],
+            vec!["attach", "--exact", "--pid", &pid, "--gc", "sometimes"],
             "tracer: error: invalid value 'sometimes' for '--gc <HOW>'; possible values: auto, markers, function, off; see `tracer attach --help`\n".to_owned(),
         ),
         (
@@ -484,7 +484,7 @@ fn gc_modes_a_build_lacks_are_refused() {
     let mut workload = Workload::once(&copy, 1, Body::Gc, Exit::Immediate, Aslr::On);
     workload.wait_blocked_on_stdin();
     let pid = workload.pid().to_string();
-    let (code, stdout, stderr) = run_tracer(&["attach", "--pid", &pid, "--gc", "function"]);
+    let (code, stdout, stderr) = run_tracer(&["attach", "--exact", "--pid", &pid, "--gc", "function"]);
     let _ = std::fs::remove_file(&copy);
     assert_eq!(
         (code, stdout.as_str(), stderr.as_str()),
@@ -543,8 +543,11 @@ fn the_table_has_a_gc_line() {
     let mut workload = Workload::once(&shared_python(), runs, Body::Gc, Exit::Immediate, Aslr::On);
     workload.wait_blocked_on_stdin();
     let pid = workload.pid().to_string();
-    let tracer = TracerRun::start(&["attach", "--pid", &pid, "--interval", "3600"]);
-    // The header is printed once every probe is live.
+    let tracer = TracerRun::start(&["attach", "--exact", "--pid", &pid, "--interval", "3600"]);
+    // The mode and its cost first, then the header, once every probe is
+    // live.
+    let mode = tracer.stdout.next_line("the mode line").expect("a mode line");
+    assert!(mode.starts_with("tracer: exact tracing (--exact): estimated cost "), "{mode}");
     let header = tracer.stdout.next_line("the header").expect("a header");
     assert!(header.starts_with("tracer: attached to PID"), "{header}");
     let gc = tracer.stdout.next_line("the gc header").expect("a gc line");

@@ -274,7 +274,9 @@ fn the_table_lists_the_types_most_created() {
     let mut workload = Workload::once(&shared_python(), 5000, Body::Types, Exit::Finalize, tracer_tests::Aslr::On);
     workload.wait_blocked_on_stdin();
     let pid = workload.pid().to_string();
-    let tracer = TracerRun::start(&["attach", "--pid", &pid, "--types", "--interval", "0.1"]);
+    let tracer = TracerRun::start(&["attach", "--exact", "--pid", &pid, "--types", "--interval", "0.1"]);
+    let mode = tracer.stdout.next_line("the mode line").expect("a mode line");
+    assert!(mode.starts_with("tracer: exact tracing (chosen by --types, which only exact tracing serves): "), "{mode}");
     let header = tracer.stdout.next_line("the attach header").expect("a header");
     assert!(header.starts_with("tracer: attached to PID"), "{header}");
     workload.go();

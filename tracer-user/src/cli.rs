@@ -40,16 +40,23 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 #[allow(clippy::large_enum_variant, reason = "parsed once at start-up: the size of the arguments does not matter")]
 pub enum Command {
-    /// Attach to a running CPython process and count calls and bytes.
+    /// Attach to a running CPython process: its production profile by default, or exact counts (--exact).
     #[command(
-        long_about = "Attach to a running CPython process and count calls and requested bytes of _Py_NewReference, \
-_Py_Dealloc and the PyObject_/PyMem_/PyMem_Raw allocator functions.\n\n\
+        long_about = "Attach to a running CPython process and report on it each --interval.\n\n\
+By default tracer runs the production profile, which holds its cost to the target within --budget \
+(1% unless told): garbage collections per generation read from the interpreter's memory, and the \
+rates of new references, allocations and frees estimated from short exact windows. The first line \
+says the mode and its estimated cost.\n\n\
+With --exact (or any flag only exact tracing serves: --types, --live, --leaks, --returns, \
+--stacks, --native, --placement call-sites and their companions), tracer counts every call and \
+requested byte of _Py_NewReference, _Py_Dealloc and the PyObject_/PyMem_/PyMem_Raw allocator \
+functions, at a cost the first line states.\n\n\
 With --pid, the interpreter is found from /proc/PID/maps (a mapped libpython3.X.so, else the \
 executable), its version is read from the process, and probes count only that process (all its \
 threads). With --exe, every process running that interpreter is counted, per PID and in total. \
 Every --interval a table (or with --json, a JSON line) of cumulative counts is printed; a summary \
 follows when the run ends by Ctrl-C, SIGTERM, --duration or the target's exit.",
-        after_help = "Examples:\n  sudo tracer attach --pid 1234\n  sudo tracer attach --pid $(pgrep -n python3) --duration 10 --json"
+        after_help = "Examples:\n  sudo tracer attach --pid 1234\n  sudo tracer attach --pid $(pgrep -n python3) --duration 10 --json\n  sudo tracer attach --pid 1234 --exact --duration 5"
     )]
     Attach(AttachArgs),
     /// Measure what tracer costs: pyperf timeit with nothing attached, attached, and detached again.
@@ -199,7 +206,7 @@ pub struct BenchArgs {
     /// entries), empty and empty-entry (an empty BPF program at the placed offsets or the entries: the
     /// cost of the uprobe itself), call-sites (tracer's probes with `--placement
     /// call-sites`) and empty-call-sites (an empty BPF program there), bpftrace (bpftrace counting the same functions at their entries),
-    /// tracemalloc=FRAMES (PYTHONTRACEMALLOC in the workers), budget=PERCENT (`tracer attach --budget
+    /// tracemalloc=FRAMES (PYTHONTRACEMALLOC in the workers), budget=PERCENT (`tracer attach --exact --budget
     /// PERCENT` on the interpreter), returns (tracer's probes plus return-value probes, as `attach
     /// --returns`), meta-insert, meta-lookup, meta-pool and meta-chunk (bench-only programs that
     /// measure reading a block's size from the allocator's metadata against the live table's lookup;
@@ -275,11 +282,19 @@ pub struct AttachArgs {
     /// Write JSON Lines (attached, interval, note, summary) instead of a table; see the README for the schema.
     #[arg(long)]
     pub json: bool,
-    /// Keep tracer's cost under PERCENT of the target's time: trace in short windows and detach
-    /// between them for as long as the budget needs (the cost of a hit is calibrated at start).
-    /// Counts are then of the traced windows only, and rates are estimates with a 95% confidence
-    /// interval, marked as such in the table and the JSON. Not with --returns or
-    /// --placement call-sites.
+    /// Trace every event, as tracer did before the production profile: exact counts of every
+    /// probed call, at a cost of 8-143x on allocation-heavy code. Without it (and without any flag
+    /// only exact tracing serves: --types, --live, --live-max, --leaks, --older, --returns,
+    /// --stacks and its flags, --native, --placement call-sites), `attach` runs the production
+    /// profile: GC from memory and rates by duty cycle within --budget (default 1%).
+    #[arg(long)]
+    pub exact: bool,
+    /// Keep tracer's cost under PERCENT of the target's time. In the production profile (the
+    /// default) this bounds all its sources together (default 1). With exact tracing: trace in short
+    /// windows and detach between them for as long as the budget needs (the cost of a hit is
+    /// calibrated at start); counts are then of the traced windows only, and rates are estimates
+    /// with a 95% confidence interval, marked as such in the table and the JSON. Not with --returns
+    /// or --placement call-sites.
     #[arg(long, value_name = "PERCENT")]
     pub budget: Option<f64>,
     /// How probes attach: auto (uprobe-multi links where the kernel has them, Linux 6.6+, else one

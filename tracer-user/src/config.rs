@@ -34,10 +34,66 @@ pub enum Format {
     Json,
 }
 
+/// Which of its two modes `tracer attach` runs in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// The production profile: GC from memory and rates by duty cycle,
+    /// every source's cost held within the budget together.
+    Profile,
+    /// Every event traced: asked for with `--exact` (`because` is `None`),
+    /// or chosen by the first flag given that only exact tracing serves.
+    Exact { because: Option<&'static str> },
+}
+
+impl Mode {
+    /// The word the header and the JSON use.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Profile => "profile",
+            Self::Exact { .. } => "exact",
+        }
+    }
+}
+
+/// `--budget` in the production profile when not given, in percent.
+pub const DEFAULT_PROFILE_BUDGET: f64 = 1.0;
+
+/// The flags only exact tracing can serve, each with whether it was given,
+/// in the order `--help` lists them: the profile samples the events they
+/// need every one of (a type, a block, a return, a stack per event; libc's
+/// calls; call sites that take longer to attach than a window lasts).
+/// `--force` is not among them: alone it changes nothing.
+fn exact_only(args: &AttachArgs) -> Option<&'static str> {
+    let t = &args.target;
+    [
+        ("--placement call-sites", t.placement == PlacementMode::CallSites),
+        ("--native", t.native),
+        ("--returns", args.returns),
+        ("--types", args.types),
+        ("--live", args.live),
+        ("--live-max", args.live_max.is_some()),
+        ("--leaks", args.leaks.is_some()),
+        ("--older", args.older.is_some()),
+        ("--stacks", args.stacks.is_some()),
+        ("--depth", args.depth.is_some()),
+        ("--sample", args.sample.is_some()),
+        ("--top", args.top.is_some()),
+        ("--folded", args.folded.is_some()),
+        ("--flamegraph", args.flamegraph.is_some()),
+        ("--weight", args.weight.is_some()),
+        ("--native-stacks", args.native_stacks),
+    ]
+    .into_iter()
+    .find_map(|(flag, given)| given.then_some(flag))
+}
+
 /// Everything `tracer attach` needs to run.
 #[derive(Clone, Debug, PartialEq)]
 #[allow(clippy::struct_excessive_bools, reason = "one field per on/off command-line flag")]
 pub struct AttachConfig {
+    /// The production profile or exact tracing.
+    pub mode: Mode,
     /// What to trace.
     pub target: TargetSpec,
     /// Which probes.
@@ -51,7 +107,9 @@ pub struct AttachConfig {
     /// Output format.
     pub format: Format,
     /// `--budget`: the share of the target's time (a fraction, 0.01 for 1%)
-    /// tracer may cost it; `None` traces all the time.
+    /// tracer may cost it: in the profile always (every source together),
+    /// with exact tracing only when given (its windows); `None` traces all
+    /// the time.
     pub budget: Option<f64>,
     /// How probes are attached.
     pub links: LinkMode,
@@ -241,10 +299,16 @@ impl TryFrom<&AttachArgs> for AttachConfig {
             None => None,
             Some(value) => Some(seconds(value).ok_or(ConfigError::BadDuration { value })?),
         };
-        let budget = match args.budget {
-            None => None,
-            Some(value) if value.is_finite() && value > 0.0 && value <= 100.0 => Some(value / 100.0),
-            Some(value) => return Err(ConfigError::BadBudget { value }),
+        let mode = match exact_only(args) {
+            because @ Some(_) => Mode::Exact { because },
+            None if args.exact => Mode::Exact { because: None },
+            None => Mode::Profile,
+        };
+        let budget = match (args.budget, mode) {
+            (None, Mode::Profile) => Some(DEFAULT_PROFILE_BUDGET / 100.0),
+            (None, Mode::Exact { .. }) => None,
+            (Some(value), _) if value.is_finite() && value > 0.0 && value <= 100.0 => Some(value / 100.0),
+            (Some(value), _) => return Err(ConfigError::BadBudget { value }),
         };
         let (links, placement) = (args.links, t.placement);
         if placement == PlacementMode::CallSites && links == LinkMode::Perf {
@@ -286,6 +350,7 @@ impl TryFrom<&AttachArgs> for AttachConfig {
             return Err(ConfigError::LiveWithExe);
         }
         Ok(Self {
+            mode,
             gc: t.gc,
             live,
             // The live table reads the implementations' returns itself
@@ -511,8 +576,49 @@ mod tests {
     }
 
     #[test]
+    fn modes() {
+        let c = config(&["--pid", "1"]).unwrap();
+        assert_eq!((c.mode, c.budget), (Mode::Profile, Some(0.01)));
+        assert_eq!(config(&["--pid", "1", "--budget", "0.5"]).unwrap().budget, Some(0.005));
+        let c = config(&["--pid", "1", "--exact"]).unwrap();
+        assert_eq!((c.mode, c.budget), (Mode::Exact { because: None }, None));
+        assert_eq!(config(&["--pid", "1", "--exact", "--budget", "2"]).unwrap().budget, Some(0.02));
+        // Each exact-only flag alone switches to exact tracing, named.
+        for (flags, flag) in [
+            (&["--types"][..], "--types"),
+            (&["--live"], "--live"),
+            (&["--live-max", "10"], "--live-max"),
+            (&["--leaks"], "--leaks"),
+            (&["--older", "1"], "--older"),
+            (&["--returns"], "--returns"),
+            (&["--stacks"], "--stacks"),
+            (&["--top", "3"], "--top"),
+            (&["--native-stacks"], "--native-stacks"),
+            (&["--native"], "--native"),
+            (&["--placement", "call-sites"], "--placement call-sites"),
+        ] {
+            let c = config(&[&["--pid", "1"][..], flags].concat()).unwrap();
+            assert_eq!((c.mode, c.budget), (Mode::Exact { because: Some(flag) }, None), "{flags:?}");
+            let c = config(&[&["--pid", "1", "--exact"][..], flags].concat()).unwrap();
+            assert_eq!(c.mode, Mode::Exact { because: Some(flag) }, "{flags:?}");
+        }
+        // A stack flag without stacks is still refused as before.
+        assert_eq!(config(&["--pid", "1", "--depth", "3"]).unwrap_err(), ConfigError::WithoutStacks { flag: "--depth" });
+        // Flags both modes serve leave the profile on.
+        for flags in [&["--placement", "entry"][..], &["--probes", "alloc"], &["--gc", "off"], &["--no-inlined"]] {
+            assert_eq!(config(&[&["--pid", "1"][..], flags].concat()).unwrap().mode, Mode::Profile, "{flags:?}");
+        }
+        assert_eq!(config(&["--exe", "/usr/bin/python3.11"]).unwrap().mode, Mode::Profile);
+        assert_eq!(
+            config(&["--pid", "1", "--exact", "--budget", "0"]).unwrap_err().to_string(),
+            "--budget must be a percentage of the target's time above 0 and at most 100 (got 0); e.g. --budget 1"
+        );
+        assert_eq!((Mode::Profile.name(), Mode::Exact { because: None }.name()), ("profile", "exact"));
+    }
+
+    #[test]
     fn budget_is_a_percentage() {
-        assert_eq!(config(&["--pid", "1"]).unwrap().budget, None);
+        assert_eq!(config(&["--pid", "1", "--exact"]).unwrap().budget, None);
         assert_eq!(config(&["--pid", "1", "--budget", "1"]).unwrap().budget, Some(0.01));
         assert_eq!(config(&["--pid", "1", "--budget", "100"]).unwrap().budget, Some(1.0));
         for bad in [0.0, -1.0, 100.5, f64::NAN, f64::INFINITY] {

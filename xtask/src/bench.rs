@@ -525,7 +525,7 @@ fn footprint(root: &Path, tracer: &Path) -> anyhow::Result<(String, Footprint)> 
         let mut line = String::new();
         BufReader::new(workload.stdout.take().context("stdout")?).read_line(&mut line)?;
         let pid = workload.id().to_string();
-        let args = ["attach", "--pid", &pid, "--interval", "1", "--duration", "10", "--json"];
+        let args = ["attach", "--exact", "--pid", &pid, "--interval", "1", "--duration", "10", "--json"];
         let command = format!("sudo tracer {}", args.join(" ").replace(&pid, "$(pgrep -f demo/workload.py)"));
         eprintln!("xtask: $ {command}");
         let start = Instant::now();
@@ -702,8 +702,8 @@ pub fn budget_accuracy(md: &mut String, tracer: &Path) -> anyhow::Result<()> {
         let mut line = String::new();
         BufReader::new(busy.stdout.take().context("stdout")?).read_line(&mut line)?;
         let pid = busy.id().to_string();
-        let full = ["attach", "--pid", &pid, "--json", "--interval", "3600", "--duration", "10"];
-        let budget = ["attach", "--pid", &pid, "--json", "--interval", "3600", "--duration", "60", "--budget", "1"];
+        let full = ["attach", "--exact", "--pid", &pid, "--json", "--interval", "3600", "--duration", "10"];
+        let budget = ["attach", "--exact", "--pid", &pid, "--json", "--interval", "3600", "--duration", "60", "--budget", "1"];
         let mut runs = Vec::new();
         for round in 0..2 {
             for (kind, args) in [("full", &full[..]), ("budget", &budget[..])] {

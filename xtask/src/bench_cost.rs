@@ -641,7 +641,7 @@ impl TracerRun {
     fn start(tracer: &Path, case: &Case<'_>, keep: &Path) -> anyhow::Result<Self> {
         let python = case.python.exe.to_str().context("a UTF-8 path")?;
         let mut child = Command::new(tracer)
-            .args(["attach", "--exe", python, "--json", "--interval", INTERVAL])
+            .args(["attach", "--exact", "--exe", python, "--json", "--interval", INTERVAL])
             .args(case.flags)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

@@ -167,7 +167,7 @@ pub(crate) fn traced_visit(
 ) -> anyhow::Result<(f64, u64, Value)> {
     let pid = h.pid().to_string();
     let mut child = Command::new(tracer)
-        .args(["attach", "--pid", &pid, "--json", "--interval", "3600"])
+        .args(["attach", "--exact", "--pid", &pid, "--json", "--interval", "3600"])
         .args(flags)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

@@ -204,7 +204,7 @@ fn sites(tracer: &Path, pid: u32) -> anyhow::Result<Sites> {
 fn attach(tracer: &Path, pid: u32) -> anyhow::Result<(Child, Duration, Lines<BufReader<ChildStdout>>, Value)> {
     let start = Instant::now();
     let mut child = Command::new(tracer)
-        .args(["attach", "--pid", &pid.to_string(), "--json", "--interval", "3600"])
+        .args(["attach", "--exact", "--pid", &pid.to_string(), "--json", "--interval", "3600"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()

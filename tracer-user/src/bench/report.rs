@@ -22,7 +22,7 @@ use crate::{
 /// (with return probes), the `meta-*` experiment's programs,
 /// `tracemalloc=N` (PYTHONTRACEMALLOC=N in pyperf's workers), `bpftrace`
 /// (bpftrace counting the same functions, `specs`, at their entries in
-/// `image`), `budget=PERCENT` (`tracer attach --exe EXE --budget PERCENT`
+/// `image`), `budget=PERCENT` (`tracer attach --exact --exe EXE --budget PERCENT`
 /// running through the chunk).
 pub fn extra_states(
     Setups(list): &Setups,
@@ -76,6 +76,7 @@ pub fn extra_states(
                     argv: vec![
                         tracer.display().to_string(),
                         "attach".into(),
+                        "--exact".into(),
                         "--exe".into(),
                         exe.display().to_string(),
                         "--probes".into(),
@@ -222,8 +223,8 @@ mod tests {
         ));
         let State::Command { argv, .. } = &states[3] else { panic!("budget is a command") };
         assert_eq!(
-            argv[1..9],
-            ["attach", "--exe", "/py", "--probes", "_Py_NewReference,_Py_Dealloc", "--budget", "1", "--json"]
+            argv[1..10],
+            ["attach", "--exact", "--exe", "/py", "--probes", "_Py_NewReference,_Py_Dealloc", "--budget", "1", "--json"]
         );
         let State::Command { argv, .. } = &states[2] else { panic!("bpftrace is a command") };
         assert_eq!(argv[2], "uprobe:/l.so:_Py_NewReference,uprobe:/l.so:_Py_Dealloc { @[probe] = count(); }");

@@ -32,6 +32,16 @@ pub enum Links {
 /// What was attached, reported once every probe is live.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Attached {
+    /// `profile` (the production profile) or `exact`; left out by a tracer
+    /// before the profile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// With `exact`: the flag that chose it, where `--exact` did not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exact_because: Option<String>,
+    /// The estimated cost to the target, from the first window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_cost: Option<super::cost::CostEstimate>,
     /// The traced process, or `None` when tracing every process of `exe`.
     pub pid: Option<u32>,
     /// With `--exe`, the executable asked for.

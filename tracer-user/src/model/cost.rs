@@ -1,6 +1,7 @@
 //! What tracing costs the target, as reported: `--budget`'s windows and
 //! the estimated share of the target's CPU time.
 
+use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 
 use crate::plan::HitCosts;
@@ -19,6 +20,11 @@ pub struct Budget {
     pub estimated_overhead_fraction: f64,
     /// The calibrated cost of one hit.
     pub hit_cost_ns: HitCosts,
+    /// Time spent attaching and detaching the probes, summed over windows:
+    /// their hits meanwhile are priced with the windows'. Left out by a
+    /// tracer before it was.
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    pub switching_s: f64,
 }
 
 /// tracer's estimated cost to the target over an interval (in a summary,
@@ -108,8 +114,71 @@ impl Cost {
     }
 }
 
+/// For `skip_serializing_if`: exactly zero, as a tracer before the field
+/// wrote nothing.
+#[allow(clippy::trivially_copy_pass_by_ref, reason = "serde passes a reference")]
+#[allow(clippy::float_cmp, reason = "only an exact 0.0 is left out")]
+fn is_zero_f64(x: &f64) -> bool {
+    *x == 0.0
+}
+
 /// For `skip_serializing_if`.
 #[allow(clippy::trivially_copy_pass_by_ref, reason = "serde passes a reference")]
 const fn is_zero_u64(n: &u64) -> bool {
     *n == 0
+}
+
+/// The estimated cost the header states, from the first window: the hits
+/// it saw priced at the calibrated cost of a hit where each sits, over the
+/// window's wall time.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CostEstimate {
+    /// The estimated share of the target's time the run will cost it: what
+    /// exact tracing costs, or in the profile that held to its budget
+    /// (`None` when no hit's cost is known; `reason` says why).
+    pub fraction: Option<f64>,
+    /// What tracing every event costs at the rate of the first window.
+    pub exact_fraction: Option<f64>,
+    /// With the profile: its budget, as a share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_fraction: Option<f64>,
+    /// The first window: how long, and the probe hits in it.
+    pub window_s: f64,
+    pub hits: u64,
+    /// Why `fraction` is unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Above 10%: what that means for the target, and what lowers it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
+}
+
+/// What one source of the production profile cost over an interval (in a
+/// summary, over the run).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SourceCost {
+    /// The estimated CPU time it cost the target: its probe hits, priced.
+    pub target_s: f64,
+    /// `target_s` as a share of the span's time.
+    pub fraction: f64,
+    /// tracer's own CPU time spent on it (reading the target's memory): a
+    /// cost to the machine, not to the target.
+    pub tracer_cpu_s: f64,
+    /// The bytes of the target's memory it read.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub bytes_read: u64,
+}
+
+/// The production profile's cost over an interval (in a summary, over the
+/// run): every source's against the budget they share.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProfileCost {
+    pub budget_percent: f64,
+    /// The sources' estimated cost to the target together, as a share of
+    /// the span's time.
+    pub fraction: f64,
+    pub span_s: f64,
+    /// By source: `rates` (the duty cycle's windows), `gc_probes` (the
+    /// probes that time collections), `gc_memory` (the statistics read).
+    pub sources: IndexMap<String, SourceCost>,
 }

@@ -16,7 +16,7 @@ mod stacks;
 
 pub use attached::{Attached, Links, PythonInfo, SiteKinds};
 pub use bench::{BenchEntry, BenchPython, BenchReport, BenchState};
-pub use cost::{Budget, Cost};
+pub use cost::{Budget, Cost, CostEstimate, ProfileCost, SourceCost};
 pub use events::{End, EndKind, Event, Summary};
 pub use live::{Leak, Leaks, Live, LiveDomain};
 pub use notes::{Level, Note, NoteCode};

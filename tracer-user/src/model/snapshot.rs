@@ -11,7 +11,7 @@ use tracer_common::stats::Stat;
 
 use super::{
     attached::Attached,
-    cost::{Budget, Cost},
+    cost::{Budget, Cost, ProfileCost},
     live::{Leaks, Live},
     stacks::{NativeModule, Site, StackCount, StackCoverage},
 };
@@ -116,6 +116,9 @@ pub struct Snapshot {
     /// calibrated, or when it could not be.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<Cost>,
+    /// In the production profile: every source's cost against the budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<ProfileCost>,
     /// Totals over every traced process, in report order.
     pub probes: IndexMap<String, ProbeCounts>,
     /// The same per process that hit any probe, by PID (processes that
@@ -171,12 +174,19 @@ pub struct Snapshot {
 /// Garbage collections since the attach, by generation.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Gc {
-    /// Where they are seen from: `markers`, `function` or `none`.
+    /// Where they are seen from: `markers`, `function`, `none`, or in the
+    /// production profile `memory` (the interpreter's own statistics).
     pub source: GcSource,
     /// With `none`, why; with `function`, what its calls count that the
-    /// markers would not (3.13's automatic collections), if anything.
+    /// markers would not (3.13's automatic collections), if anything; with
+    /// `memory`, why the durations are unknown, or what the statistics'
+    /// generations are where they are not generations.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// With `memory`: where the durations come from (`markers`,
+    /// `function`, or `none`, and then each `duration_s` is null).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub durations: Option<GcSource>,
     /// Generations 0, 1 and 2 always (with `none`, nothing), then any other
     /// the probes saw, such as the unknown one.
     pub generations: Vec<GcGeneration>,
@@ -194,11 +204,16 @@ pub struct GcGeneration {
     pub generation: Option<u32>,
     /// Collections that ended (a start and its done seen on one thread).
     pub collections: u64,
-    /// Their summed durations, start to done, in seconds.
-    pub duration_s: f64,
+    /// Their summed durations, start to done, in seconds; null where no
+    /// probe sees them (the profile on a build without markers).
+    pub duration_s: Option<f64>,
     /// The objects they found unreachable (collected, and uncollectable
     /// ones, as `gc.collect()` returns them).
     pub collected: u64,
+    /// With `memory`: of those, the uncollectable ones (`gc.get_stats()`'s
+    /// `uncollectable`; its `collected` is `collected` minus these).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uncollectable: Option<u64>,
     /// Over the interval (in a summary, over the run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub collections_per_s: Option<f64>,

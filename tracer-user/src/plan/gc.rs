@@ -44,6 +44,9 @@ pub enum GcSource {
     Function,
     /// Nowhere: the build has neither, or `--gc off`.
     None,
+    /// The interpreter's own statistics, read from its memory (the
+    /// production profile; never a plan's source).
+    Memory,
 }
 
 /// Which end of a collection a probe sees.
@@ -371,11 +374,14 @@ mod tests {
         GcImage { elf, display_path: path, attach_path: path, version: "3.11.2", debug: None }
     }
 
-    const V311: GcKnowledge = crate::python::gc::markers(Some(crate::python::gc::GcFunction {
-        symbol: "gc_collect_main",
-        generation_register: crate::python::gc::SECOND_ARGUMENT,
-        caveat: None,
-    }));
+    const V311: GcKnowledge = crate::python::gc::markers(
+        Some(crate::python::gc::GcFunction {
+            symbol: "gc_collect_main",
+            generation_register: crate::python::gc::SECOND_ARGUMENT,
+            caveat: None,
+        }),
+        crate::python::gc::GcStateLayout { interp_gc: 648, generation_stats: 128, caveat: None },
+    );
 
     /// Debian's python3.11: one site of each marker, each with its
     /// semaphore, read where its note says.
@@ -417,7 +423,7 @@ mod tests {
         );
         let err = super::plan(image(&elf, &exe), Some(&V311), GcMode::Markers).expect_err("no markers");
         assert!(matches!(err, GcPlanError::NoMarkers { .. }), "{err}");
-        let none = crate::python::gc::markers(None);
+        let none = crate::python::gc::markers(None, V311.state);
         let plan = super::plan(image(&elf, &exe), Some(&none), GcMode::Auto).expect("a plan");
         assert!(plan.detail.contains("tracer knows no collection function of Python 3.11.2"), "{plan:?}");
     }

@@ -16,7 +16,47 @@ pub struct GcKnowledge {
     pub done: &'static str,
     /// For builds without the markers.
     pub function: Option<GcFunction>,
+    /// Where the interpreter keeps its collector's statistics, which the
+    /// production profile reads instead of probing.
+    pub state: GcStateLayout,
 }
+
+/// Where an interpreter's collector statistics are: what `gc.get_stats()`
+/// returns, read from outside (the production profile's GC source).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GcStateLayout {
+    /// `offsetof(PyInterpreterState, gc)`: the `struct _gc_runtime_state`
+    /// embedded in the interpreter. From 3.13 `_Py_DebugOffsets` publishes
+    /// it too (`interpreter_state.gc`), and the two are checked against
+    /// each other in the process.
+    pub interp_gc: u64,
+    /// `offsetof(struct _gc_runtime_state, generation_stats)`: an array of
+    /// [`GENERATIONS`] `struct gc_generation_stats`, each
+    /// [`STATS_FIELDS`] `Py_ssize_t`.
+    pub generation_stats: u64,
+    /// Releases of the minor version (micro below `.0`) whose statistics'
+    /// indices are not generations 0, 1 and 2, and what they are instead
+    /// (`.1`).
+    pub caveat: Option<(u8, &'static str)>,
+}
+
+impl GcStateLayout {
+    /// What the statistics' indices are in release `micro`, where they are
+    /// not the generations.
+    #[must_use]
+    pub fn caveat(&self, micro: u8) -> Option<&'static str> {
+        self.caveat.filter(|(below, _)| micro < *below).map(|(_, what)| what)
+    }
+}
+
+/// The collector's generations (`NUM_GENERATIONS`, `Include/internal/pycore_gc.h`
+/// v3.11 to v3.13, `pycore_interp_structs.h` v3.14).
+pub const GENERATIONS: usize = 3;
+
+/// `struct gc_generation_stats { Py_ssize_t collections; Py_ssize_t
+/// collected; Py_ssize_t uncollectable; }` (the same files), 24 bytes:
+/// the fields in that order.
+pub const STATS_FIELDS: usize = 3;
 
 /// A collection function whose entry and return give what the markers
 /// would: the generation in an argument, the objects found unreachable as
@@ -39,8 +79,8 @@ pub struct GcFunction {
 /// and v3.13.15, Debian's sources; the notes of Debian's 3.11.2, 3.13.15
 /// and 3.14.8 name them so).
 #[must_use]
-pub const fn markers(function: Option<GcFunction>) -> GcKnowledge {
-    GcKnowledge { provider: "python", start: "gc__start", done: "gc__done", function }
+pub const fn markers(function: Option<GcFunction>, state: GcStateLayout) -> GcKnowledge {
+    GcKnowledge { provider: "python", start: "gc__start", done: "gc__done", function, state }
 }
 
 /// The second argument (`int generation`), in `%esi`: DWARF register 4.

@@ -182,4 +182,13 @@ impl super::Abi for Abi312 {
 /// declares it at Modules/gcmodule.c:1194 with those parameters; no 3.12
 /// source is in any Debian suite, so its body was checked by what the
 /// integration tests count on that build).
-pub(super) const GC: super::gc::GcKnowledge = super::v3_11::GC;
+pub(super) const GC: super::gc::GcKnowledge =
+    super::gc::GcKnowledge { state: GC_STATE, ..super::v3_11::GC };
+
+/// The collector's statistics: `Include/internal/pycore_interp.h` at v3.12.1
+/// puts `struct _gc_runtime_state gc` at 112 in `struct _is`, laid out as
+/// in 3.11 (`Include/internal/pycore_gc.h` at v3.12.1, l.157):
+/// `generation_stats` at 128. Checked against the DWARF of pyenv's 3.12.1,
+/// and live against `gc.get_stats()`.
+pub(super) const GC_STATE: super::gc::GcStateLayout =
+    super::gc::GcStateLayout { interp_gc: 112, generation_stats: 128, caveat: None };

@@ -250,11 +250,27 @@ impl super::Abi for Abi313 {
 /// collections pass `GENERATION_AUTO` (-1): it picks the generation itself
 /// (`gc_select_generation`), and returns 0 without collecting when none is
 /// due. The markers fire after both; the function's entry cannot tell.
-pub(super) const GC: super::gc::GcKnowledge = super::gc::markers(Some(super::gc::GcFunction {
-    symbol: "gc_collect_main",
-    generation_register: super::gc::SECOND_ARGUMENT,
-    caveat: GC_CAVEAT,
-}));
+pub(super) const GC: super::gc::GcKnowledge = super::gc::markers(
+    Some(super::gc::GcFunction {
+        symbol: "gc_collect_main",
+        generation_register: super::gc::SECOND_ARGUMENT,
+        caveat: GC_CAVEAT,
+    }),
+    GC_STATE,
+);
+
+/// The collector's statistics: `Include/internal/pycore_interp.h` at v3.13.0
+/// puts `struct _gc_runtime_state gc` at 7400 in `struct _is`
+/// (`_Py_DebugOffsets.interpreter_state.gc` says so too), laid out as in
+/// 3.11 (`Include/internal/pycore_gc.h` at v3.13.0, l.282): `generation_stats`
+/// at 128. Debian's 3.13.15 aligns `PyGC_Head` to 4 bytes
+/// (`gchead-alignment.diff`), which moves `generations` to 20, but its
+/// DWARF still puts `generation_stats` at 128 (the hole before
+/// `generation0` at 96 takes up the difference). Checked against the DWARF
+/// of pyenv's 3.13.0 and the forky root's 3.13.15, and live against
+/// `gc.get_stats()` on both.
+pub(super) const GC_STATE: super::gc::GcStateLayout =
+    super::gc::GcStateLayout { interp_gc: 7400, generation_stats: 128, caveat: None };
 
 /// What `gc_collect_main`'s entry and return do not show (3.13, and 3.14
 /// where it has the function).

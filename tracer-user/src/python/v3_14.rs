@@ -282,8 +282,34 @@ impl super::Abi for Abi314 {
 /// generation 1 is an increment of the old generation, and no
 /// `gc_collect_main` was seen: where the symbol is missing, tracer says it
 /// knows no collection function.
-pub(super) const GC: super::gc::GcKnowledge = super::gc::markers(Some(super::gc::GcFunction {
-    symbol: "gc_collect_main",
-    generation_register: super::gc::SECOND_ARGUMENT,
-    caveat: super::v3_13::GC_CAVEAT,
-}));
+pub(super) const GC: super::gc::GcKnowledge = super::gc::markers(
+    Some(super::gc::GcFunction {
+        symbol: "gc_collect_main",
+        generation_register: super::gc::SECOND_ARGUMENT,
+        caveat: super::v3_13::GC_CAVEAT,
+    }),
+    GC_STATE,
+);
+
+/// The collector's statistics: `Include/internal/pycore_interp_structs.h` at
+/// v3.14.8 (l.203-267) puts `struct _gc_runtime_state gc` at 7408 in
+/// `struct _is` (`_Py_DebugOffsets.interpreter_state.gc` says so too), `{
+/// trash_delete_later; int trash_delete_nesting, enabled, debug; struct
+/// gc_generation generations[3] (24); permanent_generation (96); struct
+/// gc_generation_stats generation_stats[3] (120); int collecting (192);
+/// ...; PyGC_Head *generation0 (256); }`: 3.14.5 went back to the
+/// generational collector, keeping the incremental one's offsets (its
+/// removed fields are `dummy1..3`). Checked against the DWARF of the forky
+/// root's 3.14.8, and live against `gc.get_stats()`. 3.14.0 to 3.14.4 had
+/// the incremental collector, `generation_stats` at the same 120 (its
+/// `pycore_gc.h`: young, old[2], `permanent_generation`, then the stats; not
+/// checked against a build, none is here), whose index 1 counts
+/// increments of the old generation and 2 full collections.
+pub(super) const GC_STATE: super::gc::GcStateLayout = super::gc::GcStateLayout {
+    interp_gc: 7408,
+    generation_stats: 120,
+    caveat: Some((
+        5,
+        "this 3.14 release (before 3.14.5) collects incrementally: its statistics count young collections under generation 0, increments of the old generation under 1 and full collections under 2",
+    )),
+};

@@ -64,6 +64,9 @@ pub(crate) mod examples {
 
     pub fn attached(pid: Option<u32>) -> Attached {
         Attached {
+            mode: None,
+            exact_because: None,
+            estimated_cost: None,
             pid,
             exe: None,
             python: PythonInfo { version: "3.11.7".into(), image: "/lib/libpython3.11.so.1.0".into() },
@@ -128,6 +131,7 @@ pub(crate) mod examples {
             traced_fraction: 0.01,
             estimated_overhead_fraction: overhead,
             hit_cost_ns: HitCosts { single_stepped_ns: 16000.0, emulated_ns: 500.0 },
+            switching_s: 0.0,
         });
         sample.probes["_Py_NewReference"].estimate = Some(ProbeEstimate {
             calls_per_s: calls.0,

@@ -8,9 +8,12 @@ pub mod cost;
 mod duty;
 pub mod exit;
 pub mod exits;
+pub mod gcmem;
+pub mod profile;
 mod late;
 pub mod live;
 pub mod readout;
+pub mod share;
 pub mod stacks;
 pub mod types;
 
@@ -28,10 +31,11 @@ use self::{
     duty::DutyCycle,
     exit::ProcessExit,
     late::{LateModules, Watch},
+    profile::Profile,
     readout::Readout,
 };
 use crate::{
-    config::{AttachConfig, ConfigError, LinkMode},
+    config::{AttachConfig, ConfigError, LinkMode, Mode},
     discover::{Resolved, TargetSpec, process::TargetError},
     error::Classify,
     kernel::{AttachError, LoadOptions, Session},
@@ -211,6 +215,9 @@ fn stack_slots(
 fn attached_event(session: &Session, r: &Resolved, links: Links, cost: &CostMeter) -> Attached {
     let probes = &session.plan().probes;
     Attached {
+        mode: None,
+        exact_because: None,
+        estimated_cost: None,
         pid: r.pid(),
         exe: r.exe.as_ref().map(|e| e.display().to_string()),
         python: PythonInfo { version: r.version.to_string(), image: r.display_path.display().to_string() },
@@ -276,6 +283,8 @@ struct Run {
     late: Option<LateModules>,
     started: Instant,
     cost: CostMeter,
+    /// In the production profile.
+    profile: Option<Profile>,
 }
 
 impl Run {
@@ -293,6 +302,33 @@ impl Run {
             d.fill(self.session.plan(), &mut snapshot);
         }
         Ok(snapshot)
+    }
+
+    /// The summary's counts, read after the end (the last window closed)
+    /// so that they hold every hit up to the target's exit, before the
+    /// detach.
+    fn last(&mut self, config: &AttachConfig) -> Result<Snapshot, AttachError> {
+        if let Some(d) = self.duty.as_mut() {
+            d.close(&mut self.session, &mut self.readout)?;
+        }
+        let mut last = self.snapshot()?;
+        // Before the detach, which frees the table.
+        last.leaks = config
+            .live
+            .as_ref()
+            .and_then(|l| l.leaks)
+            .map(|l| live::leaks(&self.session, l, self.readout.stack_names.as_mut()));
+        if let Some(p) = self.profile.as_mut() {
+            p.summary(&mut last, self.duty.as_ref());
+        }
+        Ok(last)
+    }
+
+    /// The profile's sources and costs in an interval's `snapshot`.
+    fn profile_interval(&mut self, snapshot: &mut Snapshot) {
+        if let Some(p) = self.profile.as_mut() {
+            p.interval(snapshot, self.duty.as_mut());
+        }
     }
 
     /// Late modules, processes that cannot be watched, a failed
@@ -341,8 +377,8 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
     let mut sigint = handler("SIGINT", SignalKind::interrupt())?;
     let mut sigterm = handler("SIGTERM", SignalKind::terminate())?;
     let (exit, exits) = watch_exits(&config.target)?;
-    let prepared = prepare::prepare(&config.target, &prepare::Options::attach(config))?;
-    let (mut run, mut output) = start(config, prepared, exits, out, err)?;
+    let (prepared, early) = prepare_run(config)?;
+    let (mut run, mut output) = start(config, prepared, (exits, early), out, err)?;
     let started = run.started;
     let start = tokio::time::Instant::from_std(started);
     let mut ticker = interval_at(start + config.interval, config.interval);
@@ -401,6 +437,7 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
                 let all = snapshot.hits.unwrap_or(0);
                 snapshot.cost = run.cost.interval().map(|c| c.of_all_hits(all.saturating_sub(hits_before)));
                 hits_before = all;
+                run.profile_interval(&mut snapshot);
                 let high = snapshot.cost.as_ref().and_then(|c| run.cost.high_cost_note(c));
                 output.interval(snapshot)?;
                 output.notes(high)?;
@@ -409,20 +446,11 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
     };
     // Read after the end so the summary holds every hit up to the target's
     // exit, then detach before printing.
-    if let Some(d) = run.duty.as_mut() {
-        d.close(&mut run.session, &mut run.readout)?;
-    }
-    let mut last = run.snapshot()?;
-    // Before the detach, which frees the table.
-    last.leaks = config
-        .live
-        .as_ref()
-        .and_then(|l| l.leaks)
-        .map(|l| live::leaks(&run.session, l, run.readout.stack_names.as_mut()));
+    let mut last = run.last(config)?;
     // Notes not told yet (a target that exited before the first interval).
     let mut log = run.notes();
     log.extend(run.bpf_log());
-    let Run { session, readout, duty, late, started: _, mut cost } = run;
+    let Run { session, readout, duty, late, started: _, mut cost, profile: _ } = run;
     drop((session, readout, duty, late));
     output.notes(log)?;
     // Detached, so waiting costs the target nothing: a run shorter than
@@ -471,6 +499,15 @@ fn kernel_options(config: &AttachConfig, r: &Resolved, plan: &plan::Plan) -> Res
     Ok((types, stacks, stack_slots))
 }
 
+/// Prepares `config`'s target. The header states the run's cost, which
+/// needs a hit's: calibrated on a thread of its own meanwhile, where
+/// preparing does not calibrate it anyway.
+fn prepare_run(config: &AttachConfig) -> Result<(Prepared, Option<Calibration>), RunError> {
+    let options = prepare::Options::attach(config);
+    let early = (!options.hit_costs && !options.planning.reads_returns()).then(Calibration::start);
+    Ok((prepare::prepare(&config.target, &options)?, early))
+}
+
 /// Watches the end of the target: its pidfd with `--pid`, every process's
 /// exit record with `--exe`.
 fn watch_exits(target: &TargetSpec) -> Result<(Option<ProcessExit>, Option<exits::ExitListener>), TargetError> {
@@ -489,7 +526,7 @@ fn watch_exits(target: &TargetSpec) -> Result<(Option<ProcessExit>, Option<exits
 fn start<'a>(
     config: &AttachConfig,
     prepared: Prepared,
-    exits: Option<exits::ExitListener>,
+    (exits, early): (Option<exits::ExitListener>, Option<Calibration>),
     out: impl Write + 'a,
     err: impl Write + 'a,
 ) -> Result<(Run, Output<'a>), RunError> {
@@ -529,15 +566,28 @@ fn start<'a>(
         None => Watch::Interpreter(r.attach_path.clone()),
     };
     let late = session.plan().has_call_sites().then(|| LateModules::new(watch, r.known.clone()));
+    // The profile's sources find what they read before anything is live,
+    // so that the first window is no longer than it should be.
+    let gc = profile::gc_probes(config, gc);
+    let (profile, profile_notes) = match (config.mode, config.budget) {
+        (Mode::Profile, Some(budget)) => {
+            let (p, notes) = Profile::new(budget, r.pid(), &gc, cpu_costs);
+            (Some(p), notes)
+        }
+        _ => (None, Vec::new()),
+    };
 
     let (links, attach_began, fallback) = attach_links(&mut session, r.scope, config.links)?;
     if gc.source != GcSource::None {
         session.attach_gc(&gc, r.scope, links == Links::Multi)?;
     }
     let started = Instant::now();
-    // Calibrated now only if nothing before needed it: the probes are
-    // live and the target is not kept waiting.
-    let calibrating = cpu_costs.map_or_else(Calibration::start, Calibration::Known);
+    // Calibrated while preparing where nothing before needed it.
+    let calibrating = match (cpu_costs, early) {
+        (Some(prices), _) => Calibration::Known(prices),
+        (None, Some(early)) => early,
+        (None, None) => Calibration::start(),
+    };
     let mut readout = Readout::new(started, r.pid().is_none(), config.types.then(|| r.abi.objects()));
     readout.stack_names = stack_names;
     readout.live = live;
@@ -563,8 +613,21 @@ fn start<'a>(
         returns: config.returns,
         call_sites: config.placement == PlacementMode::CallSites,
     };
-    let cost = CostMeter::new(session.plan(), r.pid(), exits, calibrating, advice);
+    let mut cost = CostMeter::new(session.plan(), r.pid(), exits, calibrating, advice);
+    // The first window, from which the header's estimate comes: the duty
+    // cycle's first, or exact tracing's first moments.
+    cost.wait_calibrated(cost::CALIBRATION_WAIT);
+    let window = if duty.is_some() { duty::BUDGET_WINDOW } else { profile::FIRST_WINDOW };
+    std::thread::sleep(window.saturating_sub(started.elapsed()));
+    let first = readout.read(&mut session)?;
+    let estimate = profile::estimate(config, &cost, &first, started.elapsed());
+    let profile = profile.map(|p| p.started(started));
     let mut info = attached_event(&session, &r, links, &cost);
+    info.mode = Some(config.mode.name().to_owned());
+    if let Mode::Exact { because } = config.mode {
+        info.exact_because = because.map(str::to_owned);
+    }
+    info.estimated_cost = Some(estimate);
     info.return_costs_ns = return_costs.map(|r| r.1);
     info.gc = Some(gc);
     let mut output = Output {
@@ -574,8 +637,8 @@ fn start<'a>(
     };
     output.emit(&Event::Attached(info.clone()))?;
     output.attached = Some(info);
-    output.notes(fallback.into_iter().chain(notes))?;
-    Ok((Run { session, readout, duty, late, started, cost }, output))
+    output.notes(fallback.into_iter().chain(notes).chain(profile_notes))?;
+    Ok((Run { session, readout, duty, late, started, cost, profile }, output))
 }
 
 /// Becomes ready when the BPF log has lines to read; never without

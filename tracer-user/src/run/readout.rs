@@ -305,6 +305,7 @@ impl Readout {
                 model::Gc {
                     source: *source,
                     reason: reason.clone(),
+                    durations: None,
                     generations: generations(*source, totals.gc.values()),
                     pids,
                 }
@@ -357,8 +358,9 @@ fn generations<'a>(
             generation: u32::try_from(generation).ok(),
             collections: t.collections,
             #[allow(clippy::cast_precision_loss, reason = "seconds from nanoseconds")]
-            duration_s: t.duration_ns as f64 / 1e9,
+            duration_s: Some(t.duration_ns as f64 / 1e9),
             collected: t.collected,
+            uncollectable: None,
             collections_per_s: None,
         })
         .collect();

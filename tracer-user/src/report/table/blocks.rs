@@ -101,15 +101,20 @@ impl<W: Write, E: Write> TableReporter<W, E> {
             .map(|g| {
                 let which = g.generation.map_or_else(|| "gen ?".to_owned(), |n| format!("gen {n}"));
                 let rate = g.collections_per_s.map_or(String::new(), |r| format!(" ({r:.1}/s)"));
+                let took = g.duration_s.map_or_else(|| "time unknown".to_owned(), |d| format!("in {}", duration(d)));
+                let uncollectable = g.uncollectable.map_or(String::new(), |u| format!(" ({} uncollectable)", group(u)));
                 format!(
-                    "{which}: {}{rate} in {}, {} unreachable",
+                    "{which}: {}{rate} {took}, {} unreachable{uncollectable}",
                     group(g.collections),
-                    duration(g.duration_s),
                     group(g.collected)
                 )
             })
             .collect();
-        writeln!(self.out, "  gc ({}) {}", source_name(gc.source), parts.join(" | "))
+        let source = match gc.durations {
+            Some(durations) => format!("{}, durations: {}", source_name(gc.source), source_name(durations)),
+            None => source_name(gc.source).to_owned(),
+        };
+        writeln!(self.out, "  gc ({source}) {}", parts.join(" | "))
     }
 }
 
@@ -119,6 +124,7 @@ const fn source_name(source: crate::plan::gc::GcSource) -> &'static str {
         crate::plan::gc::GcSource::Markers => "markers",
         crate::plan::gc::GcSource::Function => "function",
         crate::plan::gc::GcSource::None => "none",
+        crate::plan::gc::GcSource::Memory => "memory",
     }
 }
 
@@ -159,8 +165,9 @@ mod tests {
         let generation = |generation, collections, duration_s, collected| GcGeneration {
             generation,
             collections,
-            duration_s,
+            duration_s: Some(duration_s),
             collected,
+            uncollectable: None,
             collections_per_s: Some(2.0),
         };
         let mut info = attached(Some(12));
@@ -169,6 +176,7 @@ mod tests {
         sample.gc = Some(Gc {
             source: GcSource::Markers,
             reason: None,
+            durations: None,
             generations: vec![
                 generation(Some(0), 1234, 0.000_312, 0),
                 generation(Some(2), 2, 0.004_21, 6000),
@@ -187,10 +195,26 @@ mod tests {
         none.gc = Some(Gc {
             source: GcSource::None,
             reason: Some("no markers".into()),
+            durations: None,
             generations: vec![],
             pids: indexmap::IndexMap::new(),
         });
         assert!(!render(&[Event::Interval(none)]).contains("  gc "));
+        let mut memory = snapshot(1000, 1);
+        memory.gc = Some(Gc {
+            source: GcSource::Memory,
+            reason: Some("no markers".into()),
+            durations: Some(GcSource::None),
+            generations: vec![GcGeneration {
+                duration_s: None,
+                uncollectable: Some(3),
+                ..generation(Some(0), 5, 0.0, 40)
+            }],
+            pids: indexmap::IndexMap::new(),
+        });
+        let text = render(&[Event::Interval(memory)]);
+        let line = text.lines().find(|l| l.starts_with("  gc ")).expect("a gc line");
+        assert_eq!(line, "  gc (memory, durations: none) gen 0: 5 (2.0/s) time unknown, 40 unreachable (3 uncollectable)");
         assert_eq!(duration(0.0), "0 s");
     }
 }

@@ -12,6 +12,9 @@ use crate::{
 
 impl<W: Write, E: Write> TableReporter<W, E> {
     pub(super) fn header(&mut self, info: &Attached) -> std::io::Result<()> {
+        if let Some(line) = mode_line(info) {
+            writeln!(self.out, "{line}")?;
+        }
         let what = match (&info.pid, &info.exe) {
             (Some(pid), _) => match info.pid_in_namespace {
                 Some(inner) => format!("PID {pid} (PID {inner} in its namespace)"),
@@ -86,6 +89,35 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         writeln!(self.out)?;
         self.out.flush()
     }
+}
+
+/// The first line: which mode runs, and its estimated cost to the target.
+fn mode_line(info: &Attached) -> Option<String> {
+    let mode = info.mode.as_deref()?;
+    let what = match (mode, &info.exact_because) {
+        ("profile", _) => "production profile".to_owned(),
+        (_, Some(flag)) => format!("exact tracing (chosen by {flag}, which only exact tracing serves)"),
+        _ => "exact tracing (--exact)".to_owned(),
+    };
+    let Some(e) = &info.estimated_cost else { return Some(format!("tracer: {what}")) };
+    let percent = |f: f64| format!("{:.2}%", f * 100.0);
+    let cost = match e.fraction {
+        Some(f) => format!("estimated cost {} of the target's time", percent(f)),
+        None => format!("estimated cost unknown: {}", e.reason.as_deref().unwrap_or("no hit's cost")),
+    };
+    let budget = e.budget_fraction.map_or(String::new(), |b| format!(", budget {}", percent(b)));
+    let basis = match (mode, e.exact_fraction) {
+        ("profile", Some(full)) => format!(
+            "; exact tracing would cost {}, from {} hits in the first {:.2} s",
+            percent(full),
+            e.hits,
+            e.window_s
+        ),
+        (_, Some(_)) => format!("; from {} hits in the first {:.2} s", e.hits, e.window_s),
+        (_, None) => String::new(),
+    };
+    let warning = e.warning.as_ref().map_or(String::new(), |w| format!("; {w}"));
+    Some(format!("tracer: {what}: {cost}{budget}{basis}{warning}"))
 }
 
 #[cfg(test)]

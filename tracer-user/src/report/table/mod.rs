@@ -43,6 +43,9 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         if let Some(warning) = warning {
             writeln!(self.out, "  WARNING: {warning}")?;
         }
+        if let Some(p) = &sample.profile {
+            writeln!(self.out, "{}", profile_line(p))?;
+        }
         if let Some(b) = &sample.budget {
             return self.estimate_block(sample, b);
         }
@@ -219,6 +222,28 @@ fn estimate(per_s: f64, ci95: Option<[f64; 2]>) -> String {
         Some([lo, hi]) => format!("{value} ±{}", group(round((hi - lo) / 2.0))),
         None => format!("{value} ±?"),
     }
+}
+
+/// The production profile's cost, by source, against its budget.
+fn profile_line(p: &crate::model::ProfileCost) -> String {
+    let parts: Vec<String> = p
+        .sources
+        .iter()
+        .map(|(name, s)| {
+            let tracer = if s.tracer_cpu_s > 0.0 || s.bytes_read > 0 {
+                format!(" (tracer: {:.2} ms CPU, {} B read)", s.tracer_cpu_s * 1e3, group(s.bytes_read))
+            } else {
+                String::new()
+            };
+            format!("{} {:.3}%{tracer}", name.replace('_', " "), s.fraction * 100.0)
+        })
+        .collect();
+    format!(
+        "  profile cost ≈{:.3}% of the target's time (budget {}%): {}",
+        p.fraction * 100.0,
+        (p.budget_percent * 1e6).round() / 1e6,
+        parts.join(", ")
+    )
 }
 
 #[cfg(test)]

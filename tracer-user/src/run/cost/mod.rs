@@ -243,6 +243,15 @@ impl CostMeter {
         })
     }
 
+    /// The calibrated prices, once known.
+    #[must_use]
+    pub const fn prices(&self) -> Option<Prices> {
+        match self.calibration {
+            Calibration::Known(prices) => Some(prices),
+            _ => None,
+        }
+    }
+
     /// Whether the calibration is still running.
     pub fn calibrating(&mut self) -> bool {
         self.calibration.settle();
@@ -256,6 +265,28 @@ impl CostMeter {
     pub fn give_up(&mut self, why: Option<String>) {
         if let Calibration::Running(_) = self.calibration {
             self.calibration = Calibration::Failed(why);
+        }
+    }
+
+    /// The (high, low) cost in ns of `calls` and `returns` hits, by slot,
+    /// where this plan's probes sit; `None` until a hit's cost is known.
+    #[must_use]
+    pub fn price_hits(&self, calls: &[u64], returns: &[u64]) -> Option<(f64, f64)> {
+        let Calibration::Known(prices) = self.calibration else { return None };
+        let reading = Reading { cpu_ticks: 0, calls: calls.to_vec(), returns: returns.to_vec() };
+        Some(self.sites.price(&reading, prices))
+    }
+
+    /// Waits, at most `limit`, for the calibration still running; gives up
+    /// with a warning past it.
+    pub fn wait_calibrated(&mut self, limit: Duration) {
+        let until = std::time::Instant::now() + limit;
+        while self.calibrating() {
+            if std::time::Instant::now() >= until {
+                self.give_up(Some(format!("calibrating took over {} s", limit.as_secs())));
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 

@@ -1,0 +1,269 @@
+//! GC from memory, the production profile's GC source: each interval,
+//! every generation's collections, collected and uncollectable objects,
+//! read from the interpreter's own statistics (`generation_stats` in its
+//! `struct _gc_runtime_state`, what `gc.get_stats()` returns) through
+//! `/proc/PID/mem`. No probe: one read of 72 bytes costs tracer a few
+//! microseconds and the target nothing. How long collections took is not
+//! in those statistics; where the GC probes see collections (the markers,
+//! or the collection function), their durations go beside the counts.
+//!
+//! The way there: `_PyRuntime` (exported; found and checked as `tracer
+//! stack` does, [`crate::stacks::Process`]) → `interpreters.main` → the
+//! interpreter's `gc` (from 3.13 the offset `_Py_DebugOffsets` publishes,
+//! checked against the version's table) → `generation_stats`.
+
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::{
+    model::{Gc, GcGeneration},
+    plan::gc::GcSource,
+    python::{
+        self, PythonVersion,
+        gc::{GENERATIONS, STATS_FIELDS},
+    },
+    stacks::{self, StackError, remote::Remote},
+};
+
+/// Why the statistics cannot be read.
+#[derive(Debug, Error)]
+pub enum GcMemoryError {
+    #[error(transparent)]
+    Stack(#[from] StackError),
+    #[error("tracer knows no collector statistics of Python {version}")]
+    Unknown { version: PythonVersion },
+    #[error(
+        "_Py_DebugOffsets of PID {pid} says the interpreter's gc is at {published}, but tracer's table for Python {version} says {table}"
+    )]
+    Mismatch { pid: u32, version: PythonVersion, published: u64, table: u64 },
+    #[error("the collector statistics of PID {pid} at {address:#x} do not look like counts: {values:?}")]
+    Implausible { pid: u32, address: u64, values: Vec<u64> },
+}
+
+/// One generation's statistics, as `gc.get_stats()` gives them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GenStats {
+    pub collections: u64,
+    pub collected: u64,
+    pub uncollectable: u64,
+}
+
+/// The bytes one read takes.
+const STATS_BYTES: usize = GENERATIONS * STATS_FIELDS * 8;
+
+/// A count above this is not one (an address, or memory that is not the
+/// statistics): 2^48 collections would take centuries.
+const MAX_COUNT: u64 = 1 << 48;
+
+/// The statistics of one process, since the attach.
+#[derive(Debug)]
+pub struct GcMemory {
+    remote: Remote,
+    pid: u32,
+    address: u64,
+    at_attach: [GenStats; GENERATIONS],
+    last: [GenStats; GENERATIONS],
+    /// What the indices are, where not generations.
+    caveat: Option<&'static str>,
+    /// Reads refused: a count went back, or did not look like one. The
+    /// last good reading stands.
+    pub rejected: u64,
+    /// Reads made, their bytes and the CPU time tracer spent on them.
+    pub reads: u64,
+    pub cpu: Duration,
+}
+
+impl GcMemory {
+    /// Finds the statistics of `pid`'s main interpreter and reads them
+    /// once, as the base later reads count from.
+    pub fn open(pid: u32) -> Result<Self, GcMemoryError> {
+        let process = stacks::Process::open(pid)?;
+        let version = process.version;
+        let abi = python::abi_for(pid, version).map_err(StackError::from)?;
+        let state = python::gc_knowledge(abi).ok_or(GcMemoryError::Unknown { version })?.state;
+        let remote = Remote::open(pid)?;
+        // `struct pyinterpreters { mutex; head; main; next_id }`: `main`
+        // follows `head` (a pointer, or 3.13's PyMutex padded to 8), in
+        // Include/internal/pycore_runtime.h at v3.11.7, v3.12.1, v3.13.0,
+        // and pycore_runtime_structs.h at v3.14.8.
+        let main_at = process.runtime + abi.frames().runtime.interpreters_head + 8;
+        let main = remote.u64(main_at, "_PyRuntime.interpreters.main")?;
+        if main == 0 {
+            return Err(StackError::NoInterpreter { pid }.into());
+        }
+        let interp_gc = match abi.debug_offsets_layout() {
+            None => state.interp_gc,
+            Some(layout) => {
+                let bytes = remote.bytes(process.runtime, layout.size(), "_Py_DebugOffsets")?;
+                match layout.read(&bytes, "interpreter_state.gc") {
+                    Some(published) if published == state.interp_gc => published,
+                    Some(published) => {
+                        return Err(GcMemoryError::Mismatch { pid, version, published, table: state.interp_gc });
+                    }
+                    None => state.interp_gc,
+                }
+            }
+        };
+        let address = main + interp_gc + state.generation_stats;
+        let mut gc = Self {
+            remote,
+            pid,
+            address,
+            at_attach: [GenStats::default(); GENERATIONS],
+            last: [GenStats::default(); GENERATIONS],
+            caveat: state.caveat(version.micro),
+            rejected: 0,
+            reads: 0,
+            cpu: Duration::ZERO,
+        };
+        let first = gc.read_once()?;
+        (gc.at_attach, gc.last) = (first, first);
+        Ok(gc)
+    }
+
+    /// The process read.
+    #[must_use]
+    pub const fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The bytes read so far.
+    #[must_use]
+    pub const fn bytes_read(&self) -> u64 {
+        self.reads * STATS_BYTES as u64
+    }
+
+    fn read_once(&mut self) -> Result<[GenStats; GENERATIONS], GcMemoryError> {
+        let started = thread_cpu();
+        let bytes = self.remote.bytes(self.address, STATS_BYTES, "the collector's generation_stats");
+        self.reads += 1;
+        self.cpu += thread_cpu().saturating_sub(started);
+        let values: Vec<u64> =
+            bytes?.chunks_exact(8).map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default())).collect();
+        if values.iter().any(|&v| v >= MAX_COUNT) {
+            return Err(GcMemoryError::Implausible { pid: self.pid, address: self.address, values });
+        }
+        let mut out = [GenStats::default(); GENERATIONS];
+        for (g, fields) in out.iter_mut().zip(values.chunks_exact(STATS_FIELDS)) {
+            *g = GenStats { collections: fields[0], collected: fields[1], uncollectable: fields[2] };
+        }
+        Ok(out)
+    }
+
+    /// Reads the statistics now; a reading in which a count went back is
+    /// refused (counted in `rejected`) and the last good one stands. An
+    /// error is the process's end, or memory that is not the statistics.
+    pub fn read(&mut self) -> Result<(), GcMemoryError> {
+        let now = match self.read_once() {
+            Ok(now) => now,
+            Err(e @ GcMemoryError::Implausible { .. }) => {
+                self.rejected += 1;
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
+        let back = now.iter().zip(&self.last).any(|(n, l)| {
+            n.collections < l.collections || n.collected < l.collected || n.uncollectable < l.uncollectable
+        });
+        if back {
+            self.rejected += 1;
+        } else {
+            self.last = now;
+        }
+        Ok(())
+    }
+
+    /// The collections since the attach, by generation, from memory, with
+    /// the durations the GC probes measured (`probes`, their report) where
+    /// they see collections.
+    #[must_use]
+    pub fn report(&self, probes: Option<&Gc>) -> Gc {
+        let durations = probes.map_or(GcSource::None, |p| p.source);
+        let generations = (0..GENERATIONS)
+            .map(|g| {
+                let (now, then) = (self.last[g], self.at_attach[g]);
+                let uncollectable = now.uncollectable - then.uncollectable;
+                let generation = u32::try_from(g).ok();
+                let seen = probes.and_then(|p| p.generations.iter().find(|s| s.generation == generation));
+                GcGeneration {
+                    generation,
+                    collections: now.collections - then.collections,
+                    duration_s: if durations == GcSource::None { None } else { seen.and_then(|s| s.duration_s) },
+                    // Found unreachable, as gc__done and gc.collect() count
+                    // them: gc.get_stats()'s collected and uncollectable.
+                    collected: now.collected - then.collected + uncollectable,
+                    uncollectable: Some(uncollectable),
+                    collections_per_s: None,
+                }
+            })
+            .collect();
+        let why_no_durations = match (durations, probes) {
+            (GcSource::None, Some(p)) => p.reason.clone().map(|r| format!("no durations: {r}")),
+            (GcSource::None, None) => Some("no durations: the GC probes are off (--gc off)".to_owned()),
+            _ => None,
+        };
+        let reason = [self.caveat.map(str::to_owned), why_no_durations].into_iter().flatten().collect::<Vec<_>>();
+        Gc {
+            source: GcSource::Memory,
+            reason: (!reason.is_empty()).then(|| reason.join("; ")),
+            durations: Some(durations),
+            generations,
+            pids: indexmap::IndexMap::new(),
+        }
+    }
+}
+
+/// This thread's CPU time: what a read costs tracer.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec for the call.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut ts) } != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(u64::try_from(ts.tv_sec).unwrap_or(0), u32::try_from(ts.tv_nsec).unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_counts_since_the_attach_with_the_probes_durations() {
+        let stats = |c, d, u| GenStats { collections: c, collected: d, uncollectable: u };
+        let gc = GcMemory {
+            remote: Remote::open(std::process::id()).unwrap(),
+            pid: 1,
+            address: 0,
+            at_attach: [stats(10, 100, 1), stats(2, 5, 0), stats(1, 0, 0)],
+            last: [stats(15, 130, 3), stats(2, 5, 0), stats(4, 70, 0)],
+            caveat: None,
+            rejected: 0,
+            reads: 2,
+            cpu: Duration::ZERO,
+        };
+        let probes = Gc {
+            source: GcSource::Markers,
+            reason: None,
+            durations: None,
+            generations: vec![GcGeneration {
+                generation: Some(2),
+                collections: 3,
+                duration_s: Some(0.5),
+                collected: 70,
+                uncollectable: None,
+                collections_per_s: None,
+            }],
+            pids: indexmap::IndexMap::new(),
+        };
+        let report = gc.report(Some(&probes));
+        assert_eq!((report.source, report.durations, report.reason.as_deref()), (GcSource::Memory, Some(GcSource::Markers), None));
+        let got: Vec<_> =
+            report.generations.iter().map(|g| (g.collections, g.collected, g.uncollectable, g.duration_s)).collect();
+        assert_eq!(got, [(5, 32, Some(2), None), (0, 0, Some(0), None), (3, 70, Some(0), Some(0.5))]);
+        let off = gc.report(None);
+        assert_eq!(off.durations, Some(GcSource::None));
+        assert_eq!(off.reason.as_deref(), Some("no durations: the GC probes are off (--gc off)"));
+        assert_eq!(gc.bytes_read(), 144);
+    }
+}

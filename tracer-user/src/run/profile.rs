@@ -1,0 +1,231 @@
+//! The production profile in the run loop: its sources each interval, what
+//! each cost (the budget's ledger, [`super::share`]), the share the rates'
+//! duty cycle gets of what is left, and the estimated cost the header
+//! states, for both modes, from the first window.
+//!
+//! Sources in this version: the rates by duty cycle ([`super::duty`]), GC
+//! from memory ([`super::gcmem`]) with the GC probes' durations. The heap
+//! census (`tracer heap`'s library API, on its own branch) plugs in at
+//! [`Profile::census`]; growth sampling will report its probe's cost to the
+//! same ledger.
+
+use std::time::{Duration, Instant};
+
+use super::{
+    budget::HEADROOM,
+    cost::{CostMeter, Prices},
+    duty::DutyCycle,
+    gcmem::GcMemory,
+    readout::Totals,
+    share::{self, BudgetLedger},
+};
+use crate::{
+    config::{AttachConfig, Mode},
+    model::{Cost, CostEstimate, Level, Note, NoteCode, Snapshot},
+    plan::gc::{GcMode, GcPlan, GcSource},
+};
+
+/// How long exact tracing's first window lasts, from which the header's
+/// estimate comes; the profile's is its duty cycle's first window.
+pub const FIRST_WINDOW: Duration = Duration::from_millis(100);
+
+/// The profile's state across intervals.
+pub struct Profile {
+    ledger: BudgetLedger,
+    gc: Option<GcMemory>,
+    /// What one collection's GC probe hits cost the target, in ns.
+    gc_collection_ns: f64,
+    /// The collections the GC probes had seen at the last interval.
+    gc_collections: u64,
+    /// The rates' cost, and the statistics' bytes read and CPU time, at
+    /// the last interval.
+    rates_overhead: Duration,
+    gc_read: (u64, Duration),
+    last: Instant,
+}
+
+impl Profile {
+    /// The profile of a run with `budget` (a share), reading `pid`'s GC
+    /// statistics (not with `--exe`, said in the notes returned), its GC
+    /// probes planned as `gc_plan` and priced at `prices`.
+    #[must_use]
+    pub fn new(
+        budget: f64,
+        pid: Option<u32>,
+        gc_plan: &GcPlan,
+        prices: Option<Prices>,
+    ) -> (Self, Vec<Note>) {
+        let mut notes = Vec::new();
+        let gc = match pid {
+            None => {
+                notes.push(Note::new(
+                    Level::Note,
+                    NoteCode::Gc,
+                    "with --exe, the profile reads no process's memory: collections come from the GC probes (as with --exact), the rates from every process's windows; pass --pid for GC from memory".to_owned(),
+                ));
+                None
+            }
+            Some(pid) => match GcMemory::open(pid) {
+                Ok(gc) => Some(gc),
+                Err(e) => {
+                    notes.push(Note::new(
+                        Level::Warning,
+                        NoteCode::Gc,
+                        format!("cannot read the collector's statistics from memory ({e}); collections come from the GC probes, where there are any"),
+                    ));
+                    None
+                }
+            },
+        };
+        let profile = Self {
+            ledger: BudgetLedger::new(budget),
+            gc,
+            gc_collection_ns: prices.map_or(0.0, |p| collection_ns(gc_plan, p)),
+            gc_collections: 0,
+            rates_overhead: Duration::ZERO,
+            gc_read: (0, Duration::ZERO),
+            last: Instant::now(),
+        };
+        (profile, notes)
+    }
+
+    /// The profile of a run whose probes went live at `started`.
+    #[must_use]
+    pub const fn started(mut self, started: Instant) -> Self {
+        self.last = started;
+        self
+    }
+
+    /// One interval: reads the sources, reports their costs to the ledger,
+    /// puts the profile's figures in `snapshot` and gives the duty cycle
+    /// what the others leave of the budget.
+    pub fn interval(&mut self, snapshot: &mut Snapshot, duty: Option<&mut DutyCycle>) {
+        self.sources(snapshot, duty.as_deref());
+        let now = Instant::now();
+        snapshot.profile = Some(self.ledger.close_interval(now - self.last));
+        self.last = now;
+        if let Some(duty) = duty {
+            duty.set_budget(self.ledger.left_for_rates());
+        }
+    }
+
+    /// The summary: the sources read once more, the run's cost.
+    pub fn summary(&mut self, snapshot: &mut Snapshot, duty: Option<&DutyCycle>) {
+        self.sources(snapshot, duty);
+        let _ = self.ledger.close_interval(self.last.elapsed());
+        snapshot.profile = Some(self.ledger.total());
+    }
+
+    fn sources(&mut self, snapshot: &mut Snapshot, duty: Option<&DutyCycle>) {
+        if let Some(duty) = duty {
+            let overhead = duty.overhead();
+            self.ledger.report(share::RATES, overhead.saturating_sub(self.rates_overhead), Duration::ZERO, 0);
+            self.rates_overhead = overhead;
+        }
+        // The GC probes' collections, each priced: they stay attached.
+        let collections: u64 =
+            snapshot.gc.iter().filter(|g| g.source != GcSource::Memory).flat_map(|g| &g.generations).map(|g| g.collections).sum();
+        #[allow(clippy::cast_precision_loss, reason = "collections in an interval")]
+        let probes_ns = collections.saturating_sub(self.gc_collections) as f64 * self.gc_collection_ns;
+        self.gc_collections = collections;
+        self.ledger.report(share::GC_PROBES, Duration::from_secs_f64(probes_ns / 1e9), Duration::ZERO, 0);
+        if let Some(gc) = self.gc.as_mut() {
+            // An error is the target's end, or memory that moved: the last
+            // good reading stands, and `rejected` says so.
+            let _ = gc.read();
+            let (bytes, cpu) = (gc.bytes_read(), gc.cpu);
+            let (bytes_before, cpu_before) = self.gc_read;
+            self.ledger.report(share::GC_MEMORY, Duration::ZERO, cpu.saturating_sub(cpu_before), bytes - bytes_before);
+            self.gc_read = (bytes, cpu);
+            let report = gc.report(snapshot.gc.as_ref());
+            snapshot.stats.insert("gc_memory_rejected".to_owned(), gc.rejected);
+            snapshot.gc = Some(report);
+        }
+        self.census(snapshot);
+    }
+
+    /// The seam for the heap census (`tracer heap`'s library API, on the
+    /// census branch): once merged, it runs here each interval on a
+    /// blocking thread (it reads the whole heap), puts `heap` (each type
+    /// with its change since the previous census) in `snapshot`, and
+    /// reports its CPU time and bytes read to the ledger as `census`, a
+    /// cost to tracer and none to the target; a census that would take
+    /// more than its share of an interval is spaced out, and says so.
+    #[allow(clippy::unused_self, clippy::needless_pass_by_ref_mut, reason = "the census's seam: not built in this branch yet")]
+    fn census(&mut self, _snapshot: &mut Snapshot) {}
+}
+
+/// The GC probes of `config`'s run, planned as `plan`: in the profile,
+/// only the markers time collections (two emulated `nop`s each) unless
+/// `--gc function` asked for the function, whose uretprobe costs each
+/// collection a trap; its counts come from memory anyway.
+#[must_use]
+pub fn gc_probes(config: &AttachConfig, plan: GcPlan) -> GcPlan {
+    if config.mode != Mode::Profile || plan.source != GcSource::Function || config.gc == GcMode::Function {
+        return plan;
+    }
+    GcPlan::none(
+        "the production profile times collections by the gc__start and gc__done markers only, and this build has none; probing the collection function instead would cost each collection a uretprobe's trap: pass --gc function for that, or --exact",
+    )
+}
+
+/// What one collection's GC probe hits cost: its start and its done, each
+/// at the dearest of its sites (one fires per collection), with a
+/// uretprobe's return where the done is one.
+fn collection_ns(plan: &GcPlan, prices: Prices) -> f64 {
+    use crate::plan::gc::GcRole;
+    let role = |role: GcRole| {
+        plan.points
+            .iter()
+            .filter(|p| p.role == role)
+            .map(|p| {
+                let ret = if p.ret { prices.uretprobe_return_ns.unwrap_or(prices.hit.single_stepped_ns) } else { 0.0 };
+                prices.hit.of(p.emulated) + ret
+            })
+            .fold(0.0, f64::max)
+    };
+    role(GcRole::Start) + role(GcRole::Done)
+}
+
+/// The header's estimate, from the first window: `totals` read `window`
+/// after the probes went live, priced by `meter`. Exact tracing costs what
+/// the window's rate of hits costs; the profile holds that to its budget.
+#[must_use]
+pub fn estimate(config: &AttachConfig, meter: &CostMeter, totals: &Totals, window: Duration) -> CostEstimate {
+    let calls: Vec<u64> = totals.probes.iter().map(|p| p.calls).collect();
+    let returns: Vec<u64> = totals.probes.iter().map(|p| p.returned.returns).collect();
+    let hits = calls.iter().chain(&returns).sum();
+    let window_s = window.as_secs_f64();
+    let exact = meter.price_hits(&calls, &returns).map(|(high, _)| if window_s > 0.0 { high / 1e9 / window_s } else { 0.0 });
+    let budget = config.budget;
+    // With a budget (always in the profile) the windows aim at HEADROOM of
+    // it, and a quiet target costs less than that traced in full.
+    let fraction = exact.map(|full| budget.map_or(full, |b| full.min(b * HEADROOM)));
+    let reason = exact.is_none().then(|| "the cost of a probe hit is not known (see the warning)".to_owned());
+    CostEstimate {
+        fraction,
+        exact_fraction: exact,
+        budget_fraction: budget,
+        window_s,
+        hits,
+        reason,
+        warning: fraction.filter(|f| *f > Cost::HIGH).map(|f| warning(f, config)),
+    }
+}
+
+/// What the header says of a cost above [`Cost::HIGH`].
+fn warning(fraction: f64, config: &AttachConfig) -> String {
+    let slowdown = if fraction <= 0.9 {
+        format!("a CPU-bound target runs about {:.1}× slower", 1.0 / (1.0 - fraction))
+    } else {
+        "a CPU-bound target runs over 10× slower".to_owned()
+    };
+    let fix = match config.mode {
+        Mode::Exact { because: None } => "drop --exact for the production profile, which holds its cost within --budget",
+        Mode::Exact { because: Some(_) } => {
+            "the production profile (without exact-only flags) holds its cost within --budget"
+        }
+        Mode::Profile => "a lower --budget lowers it",
+    };
+    format!("ABOVE {:.0}%: {slowdown}; {fix}", Cost::HIGH * 100.0)
+}

@@ -1,0 +1,166 @@
+//! The production profile's budget, shared between its sources: each
+//! reports what it cost over the interval just ended (its probe hits
+//! priced, as CPU time of the target, and what tracer spent reading the
+//! target's memory), and the duty cycle of the rates gets what the others
+//! leave of the budget for the next one.
+//!
+//! Only the target's cost counts against the budget: a read of its memory
+//! runs on tracer's CPU, not the target's, and is shown beside it. A
+//! source added later (growth sampling's probe) reports here like the
+//! others, and the rates give way to it.
+
+use std::time::Duration;
+
+use indexmap::IndexMap;
+
+use crate::model::{ProfileCost, SourceCost};
+
+/// The source whose windows take what the others leave.
+pub const RATES: &str = "rates";
+/// The probes that time collections.
+pub const GC_PROBES: &str = "gc_probes";
+/// The collector's statistics read from memory.
+pub const GC_MEMORY: &str = "gc_memory";
+
+/// The least share of the budget the rates keep when the other sources
+/// took it all: their windows then come rarely, but still come, and the
+/// report says the budget was exceeded.
+pub const RATES_FLOOR: f64 = 0.05;
+
+/// What one source spent: target CPU time, tracer CPU time, bytes read.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Spent {
+    target: Duration,
+    tracer: Duration,
+    bytes: u64,
+}
+
+impl Spent {
+    fn add(&mut self, other: Self) {
+        self.target += other.target;
+        self.tracer += other.tracer;
+        self.bytes += other.bytes;
+    }
+}
+
+/// The budget's ledger.
+#[derive(Clone, Debug)]
+pub struct BudgetLedger {
+    /// The budget, as a share of the target's time.
+    budget: f64,
+    /// This interval's spending, by source, in the order first reported.
+    interval: IndexMap<&'static str, Spent>,
+    /// The run's.
+    total: IndexMap<&'static str, Spent>,
+    total_span: Duration,
+    /// What the other sources cost over the last interval, as a share.
+    others_last: f64,
+}
+
+impl BudgetLedger {
+    #[must_use]
+    pub fn new(budget: f64) -> Self {
+        Self { budget, interval: IndexMap::new(), total: IndexMap::new(), total_span: Duration::ZERO, others_last: 0.0 }
+    }
+
+    /// `source` cost the target `target` of CPU time and tracer `tracer`,
+    /// reading `bytes` of the target's memory, since its last report.
+    pub fn report(&mut self, source: &'static str, target: Duration, tracer: Duration, bytes: u64) {
+        self.interval.entry(source).or_default().add(Spent { target, tracer, bytes });
+    }
+
+    /// Ends the interval, which lasted `span`: its cost by source, and
+    /// what the sources other than the rates took of it, which the rates'
+    /// duty cycle leaves them next time.
+    pub fn close_interval(&mut self, span: Duration) -> ProfileCost {
+        let interval = std::mem::take(&mut self.interval);
+        let span_s = span.as_secs_f64();
+        self.others_last = if span_s > 0.0 {
+            interval.iter().filter(|(name, _)| **name != RATES).map(|(_, s)| s.target.as_secs_f64()).sum::<f64>()
+                / span_s
+        } else {
+            0.0
+        };
+        for (name, spent) in &interval {
+            self.total.entry(name).or_default().add(*spent);
+        }
+        self.total_span += span;
+        self.cost(&interval, span)
+    }
+
+    /// The run's cost so far.
+    #[must_use]
+    pub fn total(&self) -> ProfileCost {
+        self.cost(&self.total, self.total_span)
+    }
+
+    /// The share of the time the rates' windows may cost the target: the
+    /// budget less what the other sources cost over the last interval, and
+    /// at least [`RATES_FLOOR`] of the budget.
+    #[must_use]
+    pub fn left_for_rates(&self) -> f64 {
+        (self.budget - self.others_last).max(self.budget * RATES_FLOOR)
+    }
+
+    /// The budget.
+    #[must_use]
+    pub const fn budget(&self) -> f64 {
+        self.budget
+    }
+
+    fn cost(&self, spent: &IndexMap<&'static str, Spent>, span: Duration) -> ProfileCost {
+        let span_s = span.as_secs_f64();
+        let share = |d: Duration| if span_s > 0.0 { d.as_secs_f64() / span_s } else { 0.0 };
+        let sources: IndexMap<String, SourceCost> = spent
+            .iter()
+            .map(|(name, s)| {
+                let cost = SourceCost {
+                    target_s: s.target.as_secs_f64(),
+                    fraction: share(s.target),
+                    tracer_cpu_s: s.tracer.as_secs_f64(),
+                    bytes_read: s.bytes,
+                };
+                ((*name).to_owned(), cost)
+            })
+            .collect();
+        ProfileCost {
+            budget_percent: self.budget * 100.0,
+            fraction: sources.values().map(|s| s.fraction).sum(),
+            span_s,
+            sources,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    #[test]
+    fn the_rates_get_what_the_others_leave() {
+        let mut ledger = BudgetLedger::new(0.01);
+        assert!((ledger.left_for_rates() - 0.01).abs() < 1e-12);
+        ledger.report(RATES, MS(7), Duration::ZERO, 0);
+        ledger.report(GC_PROBES, MS(2), Duration::ZERO, 0);
+        ledger.report(GC_MEMORY, Duration::ZERO, Duration::from_micros(30), 72);
+        ledger.report(GC_MEMORY, Duration::ZERO, Duration::from_micros(10), 72);
+        let cost = ledger.close_interval(MS(1000));
+        // 2 ms of 1 s to the GC probes: the rates keep 0.8%.
+        assert!((ledger.left_for_rates() - 0.008).abs() < 1e-12, "{}", ledger.left_for_rates());
+        assert!((cost.fraction - 0.009).abs() < 1e-12);
+        assert_eq!(cost.sources.keys().collect::<Vec<_>>(), [RATES, GC_PROBES, GC_MEMORY]);
+        assert_eq!(cost.sources[GC_MEMORY].bytes_read, 144);
+        assert!((cost.sources[GC_MEMORY].tracer_cpu_s - 40e-6).abs() < 1e-12);
+        assert!((cost.budget_percent - 1.0).abs() < 1e-12);
+        // Others over the budget: the rates keep their floor.
+        ledger.report(GC_PROBES, MS(30), Duration::ZERO, 0);
+        let _ = ledger.close_interval(MS(1000));
+        assert!((ledger.left_for_rates() - 0.01 * RATES_FLOOR).abs() < 1e-12);
+        let total = ledger.total();
+        assert!((total.span_s - 2.0).abs() < 1e-12);
+        assert!((total.sources[GC_PROBES].target_s - 0.032).abs() < 1e-12);
+        assert!((total.fraction - 0.0195).abs() < 1e-12, "{}", total.fraction);
+    }
+}
