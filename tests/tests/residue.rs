@@ -228,7 +228,8 @@ fn call_sites_in_a_module_imported_later() {
         module.display(),
         sites.len()
     );
-    assert!(stderr.starts_with(&note), "{stderr}");
+    // The cost warning may come first: the calibration starts early.
+    assert!(stderr.lines().any(|l| l.starts_with(&note)), "{stderr}");
     for (site, bytes) in sites.iter().zip(read_sites(pid, &sites)) {
         assert_eq!(bytes, site.file_bytes, "{} differs from the file after tracer left", site.symbol);
     }

@@ -89,12 +89,12 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Task::Setup => setup::run(),
         Task::Build { release } => {
-            setup::run()?;
+            setup::run_for(setup::Needs { tests: false, bench: false })?;
             build(&root, release).map(drop)
         }
         Task::Demo { seconds } => {
             // The demo needs no test targets (the forky root).
-            setup::run_for(false)?;
+            setup::run_for(setup::Needs { tests: false, bench: false })?;
             let tracer = build(&root, true)?;
             demo(&root, &tracer, seconds)
         }
@@ -132,7 +132,8 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Task::Test { args } => {
-            setup::run()?;
+            // The test targets, not the benchmark's venvs: CI's time.
+            setup::run_for(setup::Needs { tests: true, bench: false })?;
             let tracer = build(&root, false)?;
             test(&root, &tracer, &args)
         }

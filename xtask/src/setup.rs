@@ -65,17 +65,19 @@ pub fn pyperf_venv() -> PathBuf {
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 
-/// Everything, with the test targets (the forky root) when `tests`.
-pub fn run_for(tests: bool) -> anyhow::Result<()> {
-    run_with(tests)
+/// What a task needs beyond the toolchain.
+#[derive(Clone, Copy)]
+pub struct Needs {
+    /// The test targets: the forky root and its interpreters.
+    pub tests: bool,
+    /// The production benchmark's venvs (pyperformance and memray on three
+    /// interpreters): only `bench` and `setup` make them, so that a test
+    /// run (CI) does not spend its time on them.
+    pub bench: bool,
 }
 
-/// Everything the build, the demo, the tests and the benchmarks need.
-pub fn run() -> anyhow::Result<()> {
-    run_with(true)
-}
-
-fn run_with(tests: bool) -> anyhow::Result<()> {
+/// The toolchain, and what `needs` asks for.
+pub fn run_for(needs: Needs) -> anyhow::Result<()> {
     check_os()?;
     apt_packages()?;
     bpf_linker()?;
@@ -90,18 +92,24 @@ fn run_with(tests: bool) -> anyhow::Result<()> {
         }
     }
     pyperf()?;
-    if tests {
+    let mut made = Vec::new();
+    if needs.tests || needs.bench {
         forky_root()?;
         forky_packages()?;
-        crate::bench_venvs::ensure_all()?;
+        made.push(format!("the forky root at {FORKY_ROOT}"));
     }
-    let forky = if tests {
-        format!(", the forky root at {FORKY_ROOT}, the production benchmark's venvs")
-    } else {
-        String::new()
-    };
-    eprintln!("xtask: setup complete (BPF toolchain, bpf-linker {BPF_LINKER_VERSION}, python3.11, pyperf{forky})");
+    if needs.bench {
+        crate::bench_venvs::ensure_all()?;
+        made.push("the production benchmark's venvs".to_owned());
+    }
+    let more: String = made.iter().map(|m| format!(", {m}")).collect();
+    eprintln!("xtask: setup complete (BPF toolchain, bpf-linker {BPF_LINKER_VERSION}, python3.11, pyperf{more})");
     Ok(())
+}
+
+/// Everything the build, the demo, the tests and the benchmarks need.
+pub fn run() -> anyhow::Result<()> {
+    run_for(Needs { tests: true, bench: true })
 }
 
 fn check_os() -> anyhow::Result<()> {

@@ -616,7 +616,7 @@ fn start<'a>(
     let mut cost = CostMeter::new(session.plan(), r.pid(), exits, calibrating, advice);
     // The first window, from which the header's estimate comes: the duty
     // cycle's first, or exact tracing's first moments.
-    cost.wait_calibrated(cost::CALIBRATION_WAIT);
+    cost.wait_calibrated(cost::HEADER_WAIT);
     let window = if duty.is_some() { duty::BUDGET_WINDOW } else { profile::FIRST_WINDOW };
     std::thread::sleep(window.saturating_sub(started.elapsed()));
     let first = readout.read(&mut session)?;

@@ -201,7 +201,10 @@ pub fn estimate(config: &AttachConfig, meter: &CostMeter, totals: &Totals, windo
     // With a budget (always in the profile) the windows aim at HEADROOM of
     // it, and a quiet target costs less than that traced in full.
     let fraction = exact.map(|full| budget.map_or(full, |b| full.min(b * HEADROOM)));
-    let reason = exact.is_none().then(|| "the cost of a probe hit is not known (see the warning)".to_owned());
+    let reason = exact.is_none().then(|| {
+        "the cost of a probe hit is still being measured (the intervals give the cost once it is) or could not be (see the warning)"
+            .to_owned()
+    });
     CostEstimate {
         fraction,
         exact_fraction: exact,

@@ -59,6 +59,10 @@ const START_SLACK_NS: f64 = 0.5e9;
 /// ELF is large).
 pub const CALIBRATION_WAIT: Duration = Duration::from_secs(30);
 
+/// How long the header waits for a calibration still running before it
+/// goes out without a price (the first interval then gives it).
+pub const HEADER_WAIT: Duration = Duration::from_millis(500);
+
 /// The calibration of a hit's cost.
 pub enum Calibration {
     /// Running on a thread of its own.
@@ -277,15 +281,14 @@ impl CostMeter {
         Some(self.sites.price(&reading, prices))
     }
 
-    /// Waits, at most `limit`, for the calibration still running; gives up
-    /// with a warning past it.
+    /// Waits, at most `limit`, for the calibration still running, and
+    /// leaves it running past that: the header's estimate must not hold up
+    /// a run whose probes are already live (under load the calibration's
+    /// child can take seconds), and the intervals price their hits once it
+    /// is done.
     pub fn wait_calibrated(&mut self, limit: Duration) {
         let until = std::time::Instant::now() + limit;
-        while self.calibrating() {
-            if std::time::Instant::now() >= until {
-                self.give_up(Some(format!("calibrating took over {} s", limit.as_secs())));
-                return;
-            }
+        while self.calibrating() && std::time::Instant::now() < until {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
