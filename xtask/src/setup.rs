@@ -102,8 +102,9 @@ pub fn run_for(needs: Needs) -> anyhow::Result<()> {
         crate::bench_venvs::ensure_all()?;
         made.push("the production benchmark's venvs".to_owned());
     }
-    let more: String = made.iter().map(|m| format!(", {m}")).collect();
-    eprintln!("xtask: setup complete (BPF toolchain, bpf-linker {BPF_LINKER_VERSION}, python3.11, pyperf{more})");
+    made.insert(0, "pyperf".to_owned());
+    let made = made.join(", ");
+    eprintln!("xtask: setup complete (BPF toolchain, bpf-linker {BPF_LINKER_VERSION}, python3.11, {made})");
     Ok(())
 }
 
