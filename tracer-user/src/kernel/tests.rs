@@ -1,0 +1,269 @@
+//! The kernel side's tests: every program loads (with each feature on,
+//! for multi links, from the bench object) and the maps read back what the
+//! programs count, on real BPF.
+use std::collections::BTreeSet;
+
+use aya_obj::generated::bpf_map_type;
+
+use super::*;
+use crate::{
+    discover::elf::ElfImage,
+    plan::{self, ImageRef, PlanOptions},
+    probe::ProbeSpec,
+};
+
+/// Every program loads for uprobe-multi links against the object's
+/// maps, whatever their type: a map type the multi loader left out
+/// would fail this load, and `--links auto` would fall back silently.
+#[test]
+fn every_program_loads_for_multi_links_with_every_map_type() {
+    assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
+    let obj = aya_obj::Object::parse(crate::BPF_OBJECT).expect("the embedded BPF object parses");
+    let types: BTreeSet<u32> = obj.maps.values().map(aya_obj::Map::map_type).collect();
+    for (wanted, name) in [
+        (bpf_map_type::BPF_MAP_TYPE_PERCPU_HASH, "per-CPU hash (counters, returns)"),
+        (bpf_map_type::BPF_MAP_TYPE_PERCPU_ARRAY, "per-CPU array (stats)"),
+        (bpf_map_type::BPF_MAP_TYPE_RINGBUF, "ring buffer (aya-log)"),
+        (bpf_map_type::BPF_MAP_TYPE_ARRAY, "array (.rodata globals)"),
+        (bpf_map_type::BPF_MAP_TYPE_LRU_HASH, "LRU hash (GC collections in flight)"),
+    ] {
+        assert!(types.contains(&(wanted as u32)), "the object has no {name} map: {types:?}");
+    }
+    let exe = std::env::current_exe().expect("the test binary");
+    let elf = ElfImage::open(&exe).expect("the test binary is ELF");
+    let image = ImageRef::own(&elf, &exe);
+    let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
+    let plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
+    let options = LoadOptions { bpf_log: true, ..LoadOptions::default() };
+    let session = Session::load(plan, std::process::id(), &options).expect("the object loads");
+    let names: BTreeSet<&str> = session.map_fds.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names.len(), obj.maps.len(), "every map of the object has an fd for the multi loader: {names:?}");
+    let gc = [names::programs::GC_START, names::programs::GC_DONE];
+    for name in Program::ALL.iter().filter(|p| !p.bench_only()).map(|p| p.name()).chain(gc) {
+        multi::load(crate::BPF_OBJECT, name, &session.map_fds)
+            .unwrap_or_else(|e| panic!("{name} does not load for uprobe-multi links: {e}"));
+    }
+}
+
+/// Never called: its immediate holds bytes that decode as no
+/// instruction, for a probe the kernel refuses.
+/// With `--stacks`, `--types` and `--live` on, the stack walk, the type
+/// count and the live table's code are live code, which the verifier
+/// must accept in every program, together (`--types --live` once failed
+/// to load `free_object`: a value spilled where it was undefined).
+#[test]
+fn every_program_loads_with_stacks_types_and_live() {
+    assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
+    let exe = std::env::current_exe().expect("the test binary");
+    let elf = ElfImage::open(&exe).expect("the test binary is ELF");
+    let image = ImageRef::own(&elf, &exe);
+    let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
+    let plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
+    let options = LoadOptions {
+        types: Some(TypesOptions { entries: 16, ob_type_offset: 8, objects: 16, pre_headers: [0, 16, 32] }),
+        stacks: Some(StacksOptions { slots: vec![0], sample: 3, entries: 16, native_rows: Some(1024) }),
+        live: Some(16),
+        ..LoadOptions::default()
+    };
+    let session = Session::load(plan, std::process::id(), &options).expect("the object loads");
+    for program in Program::ALL.iter().filter(|p| !p.bench_only()) {
+        multi::load(crate::BPF_OBJECT, program.name(), &session.map_fds)
+            .unwrap_or_else(|e| panic!("{} does not load with stacks, types and live on: {e}", program.name()));
+    }
+}
+
+/// The bench-only programs are in the bench object, which a plan that
+/// attaches one loads, and not in the product's.
+#[test]
+fn bench_programs_load_from_the_bench_object_alone() {
+    assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
+    let product = aya_obj::Object::parse(crate::BPF_OBJECT).expect("the embedded BPF object parses");
+    let bench = aya_obj::Object::parse(crate::BENCH_OBJECT).expect("the bench object parses");
+    let bench_only: Vec<Program> = Program::ALL.into_iter().filter(|p| p.bench_only()).collect();
+    assert_eq!(bench_only.len(), 4, "{bench_only:?}");
+    for program in Program::ALL {
+        let name = program.name();
+        assert_eq!(product.programs.contains_key(name), !program.bench_only(), "{name} in the product's object");
+        assert!(bench.programs.contains_key(name), "{name} is not in the bench object");
+    }
+    let exe = std::env::current_exe().expect("the test binary");
+    let elf = ElfImage::open(&exe).expect("the test binary is ELF");
+    let image = ImageRef::own(&elf, &exe);
+    let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
+    // Not a literal: the plan's options are built in one place
+    // (prepare::planning), which the kernel does not depend on.
+    #[allow(clippy::field_reassign_with_default, reason = "see the comment above")]
+    let options = {
+        let mut options = PlanOptions::default();
+        options.program_override = Some(Program::MetaLookup);
+        options
+    };
+    let plan = plan::plan(image, &spec, options).expect("a plan on the test binary");
+    let session = Session::load(plan, std::process::id(), &LoadOptions::default()).expect("the bench object loads");
+    assert!(std::ptr::eq(session.object, crate::BENCH_OBJECT), "a bench plan loads the bench object");
+    for program in bench_only {
+        multi::load(program.object(), program.name(), &session.map_fds)
+            .unwrap_or_else(|e| panic!("{} does not load from the bench object: {e}", program.name()));
+    }
+}
+
+#[unsafe(no_mangle)]
+#[inline(never)]
+extern "C" fn tracer_test_never_called() -> u64 {
+    std::hint::black_box(0x0606_0606_0606_0606)
+}
+
+/// One offset the kernel refuses does not fail the link of the hundreds
+/// beside it: the others attach, and the refused one makes its probe's
+/// coverage partial.
+#[test]
+fn a_refused_offset_is_left_out_and_reported() {
+    assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
+    let exe = std::env::current_exe().expect("the test binary");
+    let elf = ElfImage::open(&exe).expect("the test binary is ELF");
+    let image = ImageRef::own(&elf, &exe);
+    let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
+    let mut plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
+    // Its address taken, so that the linker keeps it.
+    std::hint::black_box(tracer_test_never_called as extern "C" fn() -> u64);
+    let never = elf.function("tracer_test_never_called").expect("the never-called function");
+    let code = elf.read_at(never.file_offset, 32).expect("its code");
+    // An 0x06 byte inside its `movabs`: no instruction in 64-bit mode.
+    let inside = code.iter().skip(1).position(|&b| b == 0x06).expect("an 0x06 byte") as u64 + 1;
+    let bad = never.file_offset + inside;
+    let site = |offset| plan::InlineSite { offset, size: None, object: None, emulated: false };
+    plan.probes[0].inline_sites = vec![site(never.file_offset), site(bad)];
+    let mut session = Session::load(plan, std::process::id(), &LoadOptions::default()).expect("the object loads");
+    session.prepare(true).expect("programs load");
+    session.attach_multi(std::process::id()).expect("the other points attach");
+    assert_eq!(session.refused().iter().copied().collect::<Vec<_>>(), [("main", bad)]);
+    let c = &session.plan().probes[0].coverage;
+    assert_eq!(c.calls, crate::plan::coverage::Completeness::Partial, "{c:?}");
+    let reason = c.reason.as_deref().unwrap_or_default();
+    assert!(reason.contains(&format!("the kernel refused the probe at file offset {bad:#x}")), "{reason}");
+    session.detach_multi(std::process::id());
+}
+
+/// Takes its seventh argument on the stack: at its entry, 8 bytes above
+/// the stack pointer.
+#[unsafe(no_mangle)]
+#[inline(never)]
+extern "C" fn tracer_test_seven(a1: u64, a2: u64, a3: u64, a4: u64, a5: u64, a6: u64, on_stack: u64) -> u64 {
+    std::hint::black_box(a1 ^ a2 ^ a3 ^ a4 ^ a5 ^ a6 ^ on_stack)
+}
+
+/// A size in a stack slot (the DWARF's `DW_OP_fbreg` or a register plus
+/// an offset) is read from the thread's memory at each hit.
+#[test]
+fn a_size_in_a_stack_slot_is_read_from_memory() {
+    use tracer_common::site;
+    const N: u64 = 300;
+    assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
+    let exe = std::env::current_exe().expect("the test binary");
+    let elf = ElfImage::open(&exe).expect("the test binary is ELF");
+    let image = ImageRef::own(&elf, &exe);
+    // main's own probe is never hit again; the site is the slot's one.
+    let spec = [ProbeSpec::function("main", Program::SizeArg0, true, true)];
+    let mut plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
+    std::hint::black_box(tracer_test_seven as extern "C" fn(u64, u64, u64, u64, u64, u64, u64) -> u64);
+    let seven = elf.function("tracer_test_seven").expect("the seven-argument function");
+    // DWARF register 7 is %rsp.
+    let (first, offset) = site::memory(7, 8).expect("fits");
+    plan.probes[0].inline_sites = vec![plan::InlineSite {
+        object: None,
+        offset: seven.file_offset,
+        size: Some((first, site::NONE, offset)),
+        emulated: false,
+    }];
+    let mut session = Session::load(plan, std::process::id(), &LoadOptions::default()).expect("the object loads");
+    session.prepare(true).expect("programs load");
+    session.attach_multi(std::process::id()).expect("attached");
+    for i in 0..N {
+        tracer_test_seven(i, 0, 0, 0, 0, 0, 1234);
+    }
+    let readings = session.read().expect("the counters read");
+    session.detach_multi(std::process::id());
+    let probe = readings.probes[0];
+    assert_eq!((probe.calls, probe.bytes), (N, 1234 * N), "{readings:?}");
+    assert!(readings.stats.iter().all(|&v| v == 0), "{readings:?}");
+}
+
+#[unsafe(no_mangle)]
+#[inline(never)]
+extern "C" fn tracer_test_new_reference(op: *const u64) -> u64 {
+    std::hint::black_box(op as u64)
+}
+
+#[unsafe(no_mangle)]
+#[inline(never)]
+extern "C" fn tracer_test_free(ptr: *const u64) -> u64 {
+    std::hint::black_box(ptr as u64)
+}
+
+/// `--types` in the kernel: each new reference keeps its object, a free
+/// of its block (the object, or the object minus a pre-header) counts
+/// it destroyed when its memory still holds its type, a second new
+/// reference at a kept address counts the first object reused, and a
+/// full objects table is counted.
+#[test]
+fn objects_are_kept_destroyed_at_their_block_and_reused() {
+    assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
+    let exe = std::env::current_exe().expect("the test binary");
+    let elf = ElfImage::open(&exe).expect("the test binary is ELF");
+    let image = ImageRef::own(&elf, &exe);
+    std::hint::black_box(tracer_test_new_reference as extern "C" fn(*const u64) -> u64);
+    std::hint::black_box(tracer_test_free as extern "C" fn(*const u64) -> u64);
+    let spec = [
+        ProbeSpec::function("tracer_test_new_reference", Program::CountObject, true, true),
+        ProbeSpec::function("tracer_test_free", Program::FreeObject, true, true),
+    ];
+    let plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
+    // Room for three objects.
+    let types = TypesOptions { entries: 16, ob_type_offset: 8, objects: 3, pre_headers: [0, 16, 32] };
+    let options = LoadOptions { types: Some(types), ..LoadOptions::default() };
+    let mut session = Session::load(plan, std::process::id(), &options).expect("the object loads");
+    session.prepare(true).expect("programs load");
+    session.attach_multi(std::process::id()).expect("attached");
+    // Two type objects, and blocks whose objects' second word is
+    // their type: `a`, `c` and `d` without a pre-header, `b` after 32
+    // bytes of one (a GC header and a managed dict's).
+    let (t1, t2) = (Box::new([0u64; 4]), Box::new([0u64; 4]));
+    let (t1, t2) = (t1.as_ptr() as u64, t2.as_ptr() as u64);
+    let mut a = Box::new([0, t1, 0, 0]);
+    let b = Box::new([0, 0, 0, 0, 0, t2, 0, 0]);
+    let c = Box::new([0, t1, 0, 0]);
+    let d = Box::new([0, t1, 0, 0]);
+    let b_object = b[4..].as_ptr();
+    tracer_test_new_reference(a.as_ptr());
+    tracer_test_new_reference(b_object);
+    tracer_test_new_reference(c.as_ptr());
+    // The table is full: counted, not kept.
+    tracer_test_new_reference(d.as_ptr());
+    tracer_test_free(a.as_ptr());
+    tracer_test_free(b.as_ptr());
+    // A block tracer never saw an object of.
+    tracer_test_free(d[2..].as_ptr());
+    tracer_test_new_reference(b_object);
+    tracer_test_new_reference(b_object);
+    // A block whose memory no longer holds the kept type is not the
+    // kept object's.
+    a[1] = t2;
+    tracer_test_new_reference(a.as_ptr());
+    a[1] = t1;
+    tracer_test_free(a.as_ptr());
+    let readings = session.read().expect("the counters read");
+    session.detach_multi(std::process::id());
+    std::hint::black_box((&a, &b, &c, &d));
+    let calls: Vec<u64> = readings.probes.iter().map(|p| p.calls).collect();
+    assert_eq!(calls, [7, 4], "{readings:?}");
+    let counts = &readings.types[&std::process::id()];
+    let made = |created, destroyed, reused| tracer_common::types::TypeCounts { created, destroyed, reused };
+    // t1: a, c, d created; a destroyed. t2: b twice and a (retyped)
+    // created; b destroyed, then reused by its second new reference.
+    assert_eq!(counts.get(&t1), Some(&made(3, 1, 0)), "{counts:?}");
+    assert_eq!(counts.get(&t2), Some(&made(4, 1, 1)), "{counts:?}");
+    let stat = |s: tracer_common::stats::Stat| readings.stats[s as usize];
+    assert_eq!(stat(tracer_common::stats::Stat::ObjectsFull), 1, "{readings:?}");
+    assert_eq!(stat(tracer_common::stats::Stat::FreeArgMissing), 0, "{readings:?}");
+}
+
