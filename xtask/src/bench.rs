@@ -87,6 +87,10 @@ pub fn run(root: &Path, tracer: &Path, effort: &str, tracer_args: &[String]) -> 
         .unwrap_or_default();
     let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
     writeln!(md, "# Benchmarks\n")?;
+    // The summary is kept by hand, each figure copied from a section: a
+    // full run keeps it as it was, to be brought up to date from the new
+    // sections.
+    md.push_str(&kept_summary(&root.join("BENCHMARKS.md")));
     writeln!(
         md,
         "Written by `cargo xtask bench --effort {effort}` on {date}: Linux {}, {cpu}, {cores} cores. \
@@ -185,6 +189,22 @@ pub fn run(root: &Path, tracer: &Path, effort: &str, tracer_args: &[String]) -> 
     std::fs::write(root.join("BENCHMARKS.md"), md).context("writing BENCHMARKS.md")?;
     eprintln!("xtask: wrote BENCHMARKS.md");
     Ok(())
+}
+
+/// The `## Summary` section of the BENCHMARKS.md at `path`, up to the
+/// next section or the "Written by" paragraph; empty where there is none.
+fn kept_summary(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let Some(start) = text.find("## Summary\n") else { return String::new() };
+    let rest = &text[start..];
+    let end = [rest[1..].find("\n## ").map(|i| i + 2), rest.find("\nWritten by ").map(|i| i + 1)]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(rest.len());
+    let mut summary = rest[..end].trim_end().to_owned();
+    summary.push_str("\n\n");
+    summary
 }
 
 /// Every default probe: placed, at the entry, an empty program at both
@@ -786,4 +806,24 @@ fn wait_rusage(child: &mut std::process::Child) -> anyhow::Result<(Duration, i64
             + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
     };
     Ok((tv(usage.ru_utime) + tv(usage.ru_stime), usage.ru_maxrss))
+}
+
+#[cfg(test)]
+mod tests {
+    /// A full run keeps the hand-kept summary, and only it: not the
+    /// "Written by" paragraph nor the sections after it.
+    #[test]
+    fn the_summary_is_kept_and_nothing_else() {
+        let dir = std::env::temp_dir().join(format!("xtask-summary-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("BENCHMARKS.md");
+        std::fs::write(&path, "# Benchmarks\n\n## Summary\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\nWritten by x.\n\n## Cost\n\nold\n")
+            .unwrap();
+        assert_eq!(super::kept_summary(&path), "## Summary\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n");
+        std::fs::write(&path, "# Benchmarks\n\n## Summary\n\nrow\n## Cost\n").unwrap();
+        assert_eq!(super::kept_summary(&path), "## Summary\n\nrow\n\n");
+        std::fs::write(&path, "# Benchmarks\n\n## Cost\n").unwrap();
+        assert_eq!(super::kept_summary(&path), "");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
