@@ -279,7 +279,7 @@ pub struct AttachArgs {
     /// Seconds between reports.
     #[arg(long, short = 'i', value_name = "SECONDS", default_value_t = DEFAULT_INTERVAL_S)]
     pub interval: f64,
-    /// Write JSON Lines (attached, interval, note, summary) instead of a table; see the README for the schema.
+    /// Write JSON Lines (attached, interval, note, summary) instead of a table; see docs/json.md for the schema.
     #[arg(long)]
     pub json: bool,
     /// Trace every event, as tracer did before the production profile: exact counts of every

@@ -30,7 +30,7 @@ pub fn target_spec(pid: Option<u32>, exe: Option<&std::path::Path>) -> Result<Ta
 pub enum Format {
     /// A human-readable table per interval.
     Table,
-    /// JSON Lines, one object per event (see README "JSON output").
+    /// JSON Lines, one object per event (see docs/json.md).
     Json,
 }
 

@@ -349,7 +349,7 @@ pub fn static_section(md: &mut String, tracer: &Path, out_root: &Path, effort: &
         md,
         "The same measurements on `{STATIC_PYTHON}` (pyperf in a venv of it). LTO inlined the probed \
          functions into their callers, hundreds of times for `_Py_NewReference` and `_Py_Dealloc`; \
-         tracer probes every inlined copy too (README, Limitations; how many, and where, in the next \
+         tracer probes every inlined copy too (docs/limitations.md; how many, and where, in the next \
          section), and the hits per loop are tracer's count, copies included. bpftrace at the entry \
          sees only the calls of the out-of-line function, yet its cell divides by the same count, so \
          it understates bpftrace's cost per hit wherever the statement runs inlined copies. A cell is \
@@ -747,7 +747,7 @@ pub fn budget_accuracy(md: &mut String, tracer: &Path) -> anyhow::Result<()> {
     )?;
     writeln!(
         md,
-        "Rates are calls/s while traced (README, `--budget`). Difference = budget estimate vs the mean of the two full counts.\n"
+        "Rates are calls/s while traced (docs/budget.md). Difference = budget estimate vs the mean of the two full counts.\n"
     )?;
     writeln!(
         md,

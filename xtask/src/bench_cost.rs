@@ -259,7 +259,7 @@ fn heading(md: &mut String) -> anyhow::Result<()> {
     writeln!(
         md,
         "Every interval and the summary carry `cost.overhead_fraction`: hits times the calibrated CPU cost of \
-         a hit where each sits, as a share f of the target's CPU time (README, `tracer attach`). A share f \
+         a hit where each sits, as a share f of the target's CPU time (docs/cost.md). A share f \
          of a CPU-bound loop's time spent in probes predicts it to run 1/(1 − f) times slower. Here \
          `pyperf timeit` runs each statement untraced and under `tracer attach --exe PYTHON --json`, \
          which traces pyperf's runner and its worker from their start, and tracer's summaries are set \
@@ -288,7 +288,7 @@ fn heading(md: &mut String) -> anyhow::Result<()> {
          loop's time that tracing added, to set against f where 1/(1 − f) is ill-conditioned (near a \
          share of 1, where a few percent of f make a factor of several in the prediction). \"Unpriced\" is the share of \
          the traced chunks' hits that tracer could not pair with a CPU time (`cost.unpriced_hits`); a \
-         process started after the attach is priced to its end from the kernel's exit records (README), \
+         process started after the attach is priced to its end from the kernel's exit records (docs/cost.md), \
          so pyperf's runner and worker leave none unless those records were lost. The whole-run share is \
          capped at 1; the timed loops' is a difference of two estimates, and can pass 1 where the \
          estimate's probe time passes the CPU time it ran on.\n"

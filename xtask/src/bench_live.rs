@@ -43,7 +43,7 @@ const TRACED: [(&str, &[&str]); 4] = [
 ];
 
 /// One build: its name, root, interpreter inside the root, environment,
-/// and what the live table sees there (README's `--live`).
+/// and what the live table sees there (docs/live.md).
 struct Build {
     name: &'static str,
     root: Option<&'static str>,

@@ -438,7 +438,7 @@ pub fn lto_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow::Resu
     writeln!(
         md,
         "Debian builds CPython statically with LTO, which inlines the probed functions into hundreds of \
-         callers; tracer probes each inlined copy too (README, Limitations), found by DWARF from the \
+         callers; tracer probes each inlined copy too (docs/limitations.md), found by DWARF from the \
          -dbg packages. 3.11 is the host's `/usr/bin/python3.11`; 3.13 and 3.14 are Debian forky's, run \
          with `chroot {FORKY}` (made by `cargo xtask setup`; tracer traces them by host PID and reads \
          their debug info through /proc/PID/root). pyperf cannot run its workers there, so the timing \

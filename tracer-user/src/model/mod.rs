@@ -1,4 +1,4 @@
-//! One typed model of what tracer reports. The JSON Lines schema (README,
+//! One typed model of what tracer reports. The JSON Lines schema (docs/json.md,
 //! "JSON output") is these types: producers fill them, and every output
 //! (the table, the JSON, later an exporter, a live view, flame graphs)
 //! reads them. Fields are only ever added, as `Option`s or empty lists

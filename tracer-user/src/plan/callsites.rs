@@ -16,7 +16,7 @@
 //! when they are imported later) and refuses the function if its address
 //! escapes in any of them.
 //!
-//! What this cannot see, and the README says so: calls through an address
+//! What this cannot see, and docs/probes.md says so: calls through an address
 //! found at run time (`dlsym`, ctypes), and calls from a module that is
 //! neither mapped at attach time nor in `lib-dynload` (a third-party
 //! extension imported later) until tracer has scanned it at the next

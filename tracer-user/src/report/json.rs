@@ -99,7 +99,7 @@ mod tests {
         assert_eq!(b["traced_fraction"], 0.01);
         assert_eq!(b["estimated_overhead_fraction"], 0.005);
         assert_eq!(b["hit_cost_ns"]["emulated"], 500.0);
-        // Budget comes before the probes, as the README's schema shows.
+        // Budget comes before the probes, as docs/json.md's schema shows.
         let keys: Vec<_> = out[0].as_object().unwrap().keys().cloned().collect();
         assert_eq!(keys, ["type", "elapsed_s", "budget", "probes", "pids", "stats", "late_modules"]);
     }

@@ -40,7 +40,7 @@ pub fn table(stacks: &Stacks) -> String {
     out
 }
 
-/// The JSON form (README, `tracer stack`).
+/// The JSON form (docs/stack.md).
 #[must_use]
 pub fn json(stacks: &Stacks) -> Value {
     let mut v = json!({
