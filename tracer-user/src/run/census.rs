@@ -66,6 +66,8 @@ pub struct CensusSource {
     started: Instant,
     interval: Duration,
     every: u32,
+    /// The spacing the notes last told of.
+    noted: u32,
     /// Intervals since the last census was started.
     since_start: u32,
     first: Option<Done>,
@@ -128,6 +130,7 @@ impl CensusSource {
             started: Instant::now(),
             interval,
             every: 1,
+            noted: 1,
             since_start: 0,
             first: None,
             previous: None,
@@ -229,7 +232,9 @@ impl CensusSource {
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a small count of intervals")]
         let every =
             if interval_ms > 0.0 { (elapsed_ms / (interval_ms * SHARE)).ceil().clamp(1.0, 1e6) as u32 } else { 1 };
-        if every > self.every {
+        // Said when the spacing begins, and again where it doubles.
+        if every > 1 && every >= 2 * self.noted {
+            self.noted = every;
             self.notes.push(Note::new(
                 Level::Note,
                 NoteCode::Heap,
