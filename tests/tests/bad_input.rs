@@ -103,7 +103,7 @@ fn budget_out_of_range() {
         assert_bad_input(
             &["attach", "--pid", &workload.pid().to_string(), &format!("--budget={value}")],
             &format!(
-                "--budget must be a percentage of the target's time above 0 and at most 100 (got {shown}); e.g. --budget 1"
+                "--budget must be a percentage of the target's CPU time above 0 and at most 100 (got {shown}); e.g. --budget 1"
             ),
         );
     }

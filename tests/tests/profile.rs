@@ -1,10 +1,15 @@
 //! The production profile, `tracer attach`'s default: the header's mode
 //! and estimated cost, exact-only flags switching to exact tracing, GC
 //! from memory against `gc.get_stats()` on every build here, rates by duty
-//! cycle against an exact count, and bad input. (`--exact`'s counts are
-//! the other suites': they all pass it.)
+//! cycle against an exact count, the heap census each interval, the cost
+//! as a share of the target's CPU time, and bad input. (`--exact`'s
+//! counts are the other suites': they all pass it.)
 
-use std::{path::PathBuf, process::Command, time::Duration};
+use std::{
+    path::PathBuf,
+    process::Command,
+    time::{Duration, Instant},
+};
 
 use serde_json::Value;
 use tracer_tests::{
@@ -13,6 +18,19 @@ use tracer_tests::{
 
 fn number(v: &Value, what: &str) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("{what} is not a number: {v}"))
+}
+
+/// The header's estimated cost, or where the hit's cost was still being
+/// measured when the header went out (it waits at most half a second; on a
+/// loaded machine the calibration takes longer), `None` with that reason.
+fn estimated_fraction(attached: &Value) -> Option<f64> {
+    let e = &attached["estimated_cost"];
+    if e["fraction"].is_null() {
+        let reason = e["reason"].as_str().unwrap_or_else(|| panic!("no fraction and no reason: {e}"));
+        assert!(reason.starts_with("the cost of a probe hit is still being measured"), "{e}");
+        return None;
+    }
+    Some(number(&e["fraction"], "fraction"))
 }
 
 fn pyenv(version: &str) -> PathBuf {
@@ -55,7 +73,7 @@ fn the_profile_is_the_default_and_says_so_first() {
     assert_eq!(profile["budget_percent"], 1.0, "{profile}");
     let mut sources: Vec<&str> = profile["sources"].as_object().expect("sources").keys().map(String::as_str).collect();
     sources.sort_unstable();
-    assert_eq!(sources, ["gc_memory", "gc_probes", "rates"], "{profile}");
+    assert_eq!(sources, ["census", "gc_memory", "gc_probes", "rates"], "{profile}");
     // The statistics, 72 bytes a read: once at the attach, once an interval.
     let read = profile["sources"]["gc_memory"]["bytes_read"].as_u64().expect("bytes_read");
     assert!(read > 0 && read.is_multiple_of(72), "{profile}");
@@ -87,7 +105,7 @@ fn exact_only_flags_switch_to_exact_and_say_so() {
         assert_eq!(attached["mode"], "exact", "{flags:?}: {attached}");
         assert_eq!(attached["exact_because"].as_str(), because, "{flags:?}: {attached}");
         assert!(attached["estimated_cost"].get("budget_fraction").is_none(), "{attached}");
-        number(&attached["estimated_cost"]["fraction"], "fraction");
+        estimated_fraction(&attached);
         let summary = tracer.summary();
         assert!(summary.get("profile").is_none() && summary.get("budget").is_none(), "{flags:?}");
         assert_ne!(summary["gc"]["source"], "memory", "{flags:?}");
@@ -203,11 +221,11 @@ fn bad_input() {
     for (args, error) in [
         (
             &["attach", "--pid", "1", "--exact", "--budget", "0"][..],
-            "--budget must be a percentage of the target's time above 0 and at most 100 (got 0); e.g. --budget 1",
+            "--budget must be a percentage of the target's CPU time above 0 and at most 100 (got 0); e.g. --budget 1",
         ),
         (
             &["attach", "--pid", "1", "--budget", "101"],
-            "--budget must be a percentage of the target's time above 0 and at most 100 (got 101); e.g. --budget 1",
+            "--budget must be a percentage of the target's CPU time above 0 and at most 100 (got 101); e.g. --budget 1",
         ),
         (
             &["attach", "--pid", "1", "--types", "--budget", "1"],
@@ -217,4 +235,215 @@ fn bad_input() {
         let (code, stdout, stderr) = run_tracer(args);
         assert_eq!((code, stdout.as_str(), stderr), (Some(2), "", format!("tracer: error: {error}\n")), "{args:?}");
     }
+}
+
+/// The next interval of `tracer`, past any notes (kept in `notes`).
+fn next_interval(tracer: &TracerRun, notes: &mut Vec<Value>) -> Value {
+    loop {
+        let line = tracer.stdout.next_line("an interval").expect("an interval");
+        let event: Value = serde_json::from_str(&line).expect("JSON");
+        match event["type"].as_str() {
+            Some("interval") => return event,
+            Some("note") => notes.push(event),
+            _ => panic!("not an interval or a note: {event}"),
+        }
+    }
+}
+
+/// The intervals of `tracer` until one carries census `number`; that one.
+fn census_number(tracer: &TracerRun, number: u64, notes: &mut Vec<Value>) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let interval = next_interval(tracer, notes);
+        let heap = &interval["heap"];
+        if heap["census"].as_u64() == Some(number) {
+            return heap.clone();
+        }
+        assert!(heap["census"].as_u64() < Some(number), "census {number} skipped: {heap}");
+        assert!(Instant::now() < deadline, "no census {number} in 30 s: {heap}");
+    }
+}
+
+/// `heap`'s row of `name`, if it lists one.
+fn heap_row<'a>(heap: &'a Value, name: &str) -> Option<&'a Value> {
+    heap["types"].as_array().expect("types").iter().find(|t| t["name"] == name)
+}
+
+/// Every field of a `heap` as docs/json.md describes it.
+fn check_heap_shape(heap: &Value) {
+    let types = heap["types"].as_array().expect("types");
+    assert!(!types.is_empty() && types.len() <= 220, "{} types", types.len());
+    let changes = heap.get("since_s").is_some();
+    for pair in types.windows(2) {
+        assert!(pair[0]["bytes"].as_u64() >= pair[1]["bytes"].as_u64(), "most bytes first: {pair:?}");
+    }
+    for t in types {
+        assert!(t["name"].is_string() && t["count"].is_u64() && t["bytes"].is_u64(), "{t}");
+        assert_eq!(t.get("count_change").is_some(), changes, "{t}");
+        assert_eq!(t.get("bytes_change").is_some(), changes, "{t}");
+    }
+    assert!(heap["every"].as_u64() >= Some(1), "{heap}");
+    assert!(number(&heap["taken_s"], "taken_s") >= 0.0);
+    let p = &heap["pymalloc"];
+    assert!(p["arenas"].as_u64() > Some(0) && p["pools"].as_u64() > Some(0), "{p}");
+    assert!(heap["rss"].as_u64() > Some(0) && heap["accounted"].as_u64() > Some(0), "{heap}");
+    assert!(heap["unaccounted"].is_i64(), "{heap}");
+    let cost = &heap["cost"];
+    assert!(number(&cost["elapsed_ms"], "elapsed") > 0.0 && number(&cost["cpu_ms"], "cpu") > 0.0, "{cost}");
+    assert!(cost["bytes_read"].as_u64() > Some(0) && cost["reads"].as_u64() > Some(0), "{cost}");
+    assert!(heap["rejected"].is_object(), "{heap}");
+}
+
+/// N instances of a class made between two censuses: the later one's
+/// change for that type is exactly N, and the summary's (since the run's
+/// first census) all of them. The census starts at each interval (every
+/// two seconds here), so the workload grows a second after one, once the
+/// census it started is over (a debug build on a loaded machine takes up
+/// to half a second), and before the next.
+#[test]
+fn the_census_counts_n_new_objects_made_between_two() {
+    require_root();
+    let n: u64 = 25_000;
+    let python = shared_python();
+    let mut workload = Workload::script(None, python.to_str().unwrap(), "census_grow.py", &[&n.to_string()]);
+    let pid = workload.pid();
+    let (tracer, attached) = TracerRun::profile_json(pid, &["--interval", "2"]);
+    assert_eq!(attached["mode"], "profile");
+    let mut notes = Vec::new();
+    let mut grew = 0;
+    let mut paced = None;
+    for _ in 0..3 {
+        let interval = loop {
+            // The first census may take longer than the first interval.
+            let interval = next_interval(&tracer, &mut notes);
+            if interval.get("heap").is_some() {
+                break interval;
+            }
+        };
+        let read = Instant::now();
+        let at = number(&interval["elapsed_s"], "elapsed_s");
+        let before = interval["heap"]["census"].as_u64().expect("a census number");
+        check_heap_shape(&interval["heap"]);
+        let census = &interval["profile"]["sources"]["census"];
+        assert_eq!(number(&census["target_s"], "census target_s"), 0.0, "tracer's CPU, not the target's: {census}");
+        std::thread::sleep(Duration::from_secs(1));
+        workload.tell("grow");
+        grew += n;
+        assert_eq!(workload.next_line("grown"), Some(format!("grown {grew}")));
+        let grown_by = at + read.elapsed().as_secs_f64() + 0.1;
+        // The census that interval started, and the next.
+        let during = census_number(&tracer, before + 1, &mut notes);
+        let after = census_number(&tracer, before + 2, &mut notes);
+        let during_end = number(&during["taken_s"], "taken_s") + number(&during["cost"]["elapsed_ms"], "ms") / 1000.0;
+        if during_end < at + 1.0 && number(&after["taken_s"], "taken_s") > grown_by {
+            paced = Some(after);
+            break;
+        }
+    }
+    let after = paced.expect("could not make the objects between two censuses in three tries (the machine is too slow)");
+    check_heap_shape(&after);
+    let row = heap_row(&after, "__main__.Grown").expect("Grown in the census");
+    assert_eq!(row["count_change"].as_i64(), Some(i64::try_from(n).unwrap()), "{row}");
+    assert_eq!(row["count"].as_u64(), Some(grew), "{row}");
+    assert!(row["bytes_change"].as_i64() >= Some(i64::try_from(n * 16).unwrap()), "{row}");
+    tracer.signal(libc::SIGINT);
+    let summary = tracer.summary();
+    let heap = &summary["heap"];
+    check_heap_shape(heap);
+    let row = heap_row(heap, "__main__.Grown").expect("Grown in the summary");
+    // The run's first census came before any.
+    assert_eq!((row["count"].as_u64(), row["count_change"].as_i64()), (Some(grew), i64::try_from(grew).ok()), "{row}");
+    let census = &summary["profile"]["sources"]["census"];
+    assert!(census["bytes_read"].as_u64() > Some(0) && number(&census["tracer_cpu_s"], "cpu") > 0.0, "{census}");
+    drop(workload);
+}
+
+/// A census that takes longer than half an interval is spaced out (a note
+/// says so), never two at once, and the intervals keep their pace.
+#[test]
+fn a_slow_census_is_spaced_out_and_holds_nothing_up() {
+    require_root();
+    let python = shared_python();
+    // About 32 MB of floats and their list: a census of a few tenths of a
+    // second (its thread runs behind the target: more on a loaded machine).
+    let workload = Workload::script(None, python.to_str().unwrap(), "census_grow.py", &["1", "1000000"]);
+    let pid = workload.pid();
+    let (tracer, attached) = TracerRun::profile_json(pid, &["--interval", "0.2", "--duration", "8"]);
+    assert_eq!(attached["mode"], "profile");
+    let (status, lines, stderr) = tracer.finish();
+    assert!(status.success(), "{status}: {stderr}");
+    let intervals: Vec<&Value> = lines.iter().filter(|l| l["type"] == "interval").collect();
+    // No interval waits for a census: each comes on time (a loaded
+    // machine gets some slack).
+    let times: Vec<f64> = intervals.iter().map(|i| number(&i["elapsed_s"], "elapsed_s")).collect();
+    assert!(times.len() >= 30, "{} intervals in 8 s: {times:?}", times.len());
+    for pair in times.windows(2) {
+        assert!(pair[1] - pair[0] < 0.45, "an interval held up: {times:?}");
+    }
+    let mut censuses: Vec<&Value> = intervals.iter().filter_map(|i| i.get("heap")).collect();
+    censuses.dedup_by_key(|h| h["census"].as_u64());
+    assert!(censuses.len() >= 2, "{censuses:?}: {stderr}");
+    let first_ms = number(&censuses[0]["cost"]["elapsed_ms"], "elapsed_ms");
+    assert!(first_ms > 100.0, "not a slow census: {first_ms} ms");
+    for pair in censuses.windows(2) {
+        let end = number(&pair[0]["taken_s"], "taken_s") + number(&pair[0]["cost"]["elapsed_ms"], "ms") / 1000.0;
+        assert!(number(&pair[1]["taken_s"], "taken_s") >= end, "two censuses at once: {} {}", pair[0], pair[1]);
+        assert!(pair[1]["every"].as_u64() > Some(1), "{}", pair[1]);
+    }
+    let spaced = lines
+        .iter()
+        .filter(|l| l["type"] == "note" && l["code"] == "heap")
+        .find(|l| l["message"].as_str().is_some_and(|m| m.contains("taken every")))
+        .unwrap_or_else(|| panic!("no note that the census was spaced out: {stderr}"));
+    assert!(spaced["message"].as_str().unwrap().starts_with("the heap census took "), "{spaced}");
+    drop(workload);
+}
+
+/// `/proc/PID/stat`'s CPU time of `pid`, in seconds.
+fn cpu_s(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let fields: Vec<&str> = stat.rsplit_once(") ").expect("comm").1.split(' ').collect();
+    // utime and stime: fields 14 and 15, 12 and 13 past the comm.
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    let per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    #[allow(clippy::cast_precision_loss, reason = "clock ticks")]
+    let s = ticks as f64 / per_s as f64;
+    s
+}
+
+/// On a target busy half the time, the profile's cost is a share of its
+/// CPU time (about half the time), the ledger's sources add up to it, the
+/// budget holds, and the header's estimate, the ledger and the hits'
+/// estimate (`cost`) agree.
+#[test]
+fn the_cost_is_a_share_of_the_targets_cpu_time() {
+    require_root();
+    let python = shared_python();
+    let workload = Workload::script(None, python.to_str().unwrap(), "half_idle.py", &[]);
+    let pid = workload.pid();
+    let cpu_before = cpu_s(pid);
+    let (tracer, attached) = TracerRun::profile_json(pid, &["--interval", "1", "--duration", "10"]);
+    let summary = tracer.summary();
+    let cpu_used = cpu_s(pid) - cpu_before;
+    // The budget needs a hit's cost: the profile calibrates before it attaches.
+    let estimate = estimated_fraction(&attached).expect("the profile's estimate");
+    assert!(attached["estimated_cost"]["cpu_s"].as_f64() > Some(0.0), "{}", attached["estimated_cost"]);
+    let profile = &summary["profile"];
+    let target_cpu = number(&profile["target_cpu_s"], "target_cpu_s");
+    let span = number(&profile["span_s"], "span_s");
+    // Busy half the time: its CPU time is far from the time that passed,
+    // and no more than it used while tracer ran.
+    assert!(target_cpu > 0.15 * span && target_cpu < 0.8 * span, "{target_cpu} s of CPU in {span} s");
+    assert!(target_cpu <= cpu_used + 0.02, "{target_cpu} s counted, {cpu_used} s used");
+    let fraction = number(&profile["fraction"], "fraction");
+    let spent: f64 = profile["sources"].as_object().unwrap().values().map(|s| number(&s["target_s"], "target_s")).sum();
+    assert!((fraction - spent / target_cpu).abs() < 1e-9, "{profile}");
+    assert!(fraction <= 0.01, "over the budget of 1% of its CPU time: {profile}");
+    // The windows aim at 0.8% of its CPU time; the header says as much.
+    assert!((estimate - 0.008).abs() < 1e-12 || estimate < 0.008, "{}", attached["estimated_cost"]);
+    assert!(fraction > estimate / 5.0, "the ledger {fraction} against the header's {estimate}: {profile}");
+    let hits = number(&summary["cost"]["overhead_fraction"], "cost");
+    assert!((hits - fraction).abs() <= 0.5 * fraction.max(hits), "the hits' estimate {hits} against the ledger {fraction}");
+    drop(workload);
 }

@@ -286,10 +286,10 @@ pub struct AttachArgs {
     /// probed call, at a cost of 8-143x on allocation-heavy code. Without it (and without any flag
     /// only exact tracing serves: --types, --live, --live-max, --leaks, --older, --returns,
     /// --stacks and its flags, --native, --placement call-sites), `attach` runs the production
-    /// profile: GC from memory and rates by duty cycle within --budget (default 1%).
+    /// profile: GC from memory, the heap by type and rates by duty cycle within --budget (default 1%).
     #[arg(long)]
     pub exact: bool,
-    /// Keep tracer's cost under PERCENT of the target's time. In the production profile (the
+    /// Keep tracer's cost under PERCENT of the target's CPU time. In the production profile (the
     /// default) this bounds all its sources together (default 1). With exact tracing: trace in short
     /// windows and detach between them for as long as the budget needs (the cost of a hit is
     /// calibrated at start); counts are then of the traced windows only, and rates are estimates

@@ -106,7 +106,7 @@ pub struct AttachConfig {
     pub interval: Duration,
     /// Output format.
     pub format: Format,
-    /// `--budget`: the share of the target's time (a fraction, 0.01 for 1%)
+    /// `--budget`: the share of the target's CPU time (a fraction, 0.01 for 1%)
     /// tracer may cost it: in the profile always (every source together),
     /// with exact tracing only when given (its windows); `None` traces all
     /// the time.
@@ -275,7 +275,7 @@ pub enum ConfigError {
     )]
     BudgetWithNative,
     #[error(
-        "--budget must be a percentage of the target's time above 0 and at most 100 (got {value}); e.g. --budget 1"
+        "--budget must be a percentage of the target's CPU time above 0 and at most 100 (got {value}); e.g. --budget 1"
     )]
     BadBudget { value: f64 },
 }
@@ -611,7 +611,7 @@ mod tests {
         assert_eq!(config(&["--exe", "/usr/bin/python3.11"]).unwrap().mode, Mode::Profile);
         assert_eq!(
             config(&["--pid", "1", "--exact", "--budget", "0"]).unwrap_err().to_string(),
-            "--budget must be a percentage of the target's time above 0 and at most 100 (got 0); e.g. --budget 1"
+            "--budget must be a percentage of the target's CPU time above 0 and at most 100 (got 0); e.g. --budget 1"
         );
         assert_eq!((Mode::Profile.name(), Mode::Exact { because: None }.name()), ("profile", "exact"));
     }
@@ -628,7 +628,7 @@ mod tests {
         }
         assert_eq!(
             config(&["--pid", "1", "--budget=0"]).unwrap_err().to_string(),
-            "--budget must be a percentage of the target's time above 0 and at most 100 (got 0); e.g. --budget 1"
+            "--budget must be a percentage of the target's CPU time above 0 and at most 100 (got 0); e.g. --budget 1"
         );
     }
 

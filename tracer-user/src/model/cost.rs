@@ -16,7 +16,9 @@ pub struct Budget {
     /// Time the probes were attached, summed over windows.
     pub traced_s: f64,
     pub traced_fraction: f64,
-    /// The probes' estimated cost to the target as a share of the time.
+    /// The probes' estimated cost to the target as a share of its CPU
+    /// time (`target_cpu_s`; of the time that passed before that field
+    /// was).
     pub estimated_overhead_fraction: f64,
     /// The calibrated cost of one hit.
     pub hit_cost_ns: HitCosts,
@@ -25,6 +27,12 @@ pub struct Budget {
     /// tracer before it was.
     #[serde(default, skip_serializing_if = "is_zero_f64")]
     pub switching_s: f64,
+    /// The CPU time the traced processes used since the windows began
+    /// (`/proc/PID/stat`, at least what the windows cost), which the budget
+    /// and `estimated_overhead_fraction` are shares of. Left out by a
+    /// tracer before it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_cpu_s: Option<f64>,
 }
 
 /// tracer's estimated cost to the target over an interval (in a summary,
@@ -130,20 +138,25 @@ const fn is_zero_u64(n: &u64) -> bool {
 
 /// The estimated cost the header states, from the first window: the hits
 /// it saw priced at the calibrated cost of a hit where each sits, over the
-/// window's wall time.
+/// CPU time the target used in the window (with `--exe`, over the
+/// window's wall time).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CostEstimate {
-    /// The estimated share of the target's time the run will cost it: what
-    /// exact tracing costs, or in the profile that held to its budget
+    /// The estimated share of the target's CPU time the run will cost it:
+    /// what exact tracing costs, or in the profile that held to its budget
     /// (`None` when no hit's cost is known; `reason` says why).
     pub fraction: Option<f64>,
     /// What tracing every event costs at the rate of the first window.
     pub exact_fraction: Option<f64>,
-    /// With the profile: its budget, as a share.
+    /// With the profile: its budget, as a share of the target's CPU time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget_fraction: Option<f64>,
-    /// The first window: how long, and the probe hits in it.
+    /// The first window: how long, the CPU time the target used in it
+    /// (summed over its threads' `schedstat`; left out with `--exe`, and
+    /// the shares are then of `window_s`), and the probe hits in it.
     pub window_s: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_s: Option<f64>,
     pub hits: u64,
     /// Why `fraction` is unknown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -159,7 +172,8 @@ pub struct CostEstimate {
 pub struct SourceCost {
     /// The estimated CPU time it cost the target: its probe hits, priced.
     pub target_s: f64,
-    /// `target_s` as a share of the span's time.
+    /// `target_s` as a share of the target's CPU time over the span
+    /// (`target_cpu_s` of the [`ProfileCost`]).
     pub fraction: f64,
     /// tracer's own CPU time spent on it (reading the target's memory): a
     /// cost to the machine, not to the target.
@@ -173,12 +187,18 @@ pub struct SourceCost {
 /// run): every source's against the budget they share.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ProfileCost {
+    /// The budget, as a percentage of the target's CPU time.
     pub budget_percent: f64,
     /// The sources' estimated cost to the target together, as a share of
-    /// the span's time.
+    /// its CPU time over the span (at least what the sources cost: the
+    /// probes run on it).
     pub fraction: f64,
     pub span_s: f64,
+    /// The CPU time (user and system) the traced processes used over the
+    /// span, from `/proc/PID/stat`.
+    pub target_cpu_s: f64,
     /// By source: `rates` (the duty cycle's windows), `gc_probes` (the
-    /// probes that time collections), `gc_memory` (the statistics read).
+    /// probes that time collections), `gc_memory` (the statistics read),
+    /// `census` (the heap census).
     pub sources: IndexMap<String, SourceCost>,
 }

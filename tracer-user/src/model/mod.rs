@@ -8,6 +8,7 @@ mod attached;
 mod bench;
 mod cost;
 mod events;
+pub mod heap;
 mod live;
 mod notes;
 mod plan_report;

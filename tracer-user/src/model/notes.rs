@@ -49,6 +49,9 @@ pub enum NoteCode {
     /// collection function tracer knows), or the function's counts hold
     /// calls the markers would not count.
     Gc,
+    /// The production profile's heap census: none can be taken (and
+    /// why), one failed, or they are spaced out.
+    Heap,
 }
 
 /// A diagnostic, as an event.

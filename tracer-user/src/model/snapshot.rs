@@ -163,6 +163,10 @@ pub struct Snapshot {
     /// left out with `--gc off`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gc: Option<Gc>,
+    /// In the production profile with `--pid`: the heap by type from the
+    /// latest census, with each type's change (see [`super::heap`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heap: Option<super::heap::Heap>,
     /// With `--live`: the blocks outstanding now, per domain.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub live: Option<Live>,

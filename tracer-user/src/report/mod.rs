@@ -132,6 +132,7 @@ pub(crate) mod examples {
             estimated_overhead_fraction: overhead,
             hit_cost_ns: HitCosts { single_stepped_ns: 16000.0, emulated_ns: 500.0 },
             switching_s: 0.0,
+            target_cpu_s: Some(5.0),
         });
         sample.probes["_Py_NewReference"].estimate = Some(ProbeEstimate {
             calls_per_s: calls.0,

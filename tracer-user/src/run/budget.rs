@@ -1,15 +1,23 @@
 //! `--budget PERCENT`: trace in windows, detaching between them for as long
 //! as it takes to keep tracer's estimated cost under that share of the
-//! time, and estimate rates from what the windows saw.
+//! target's CPU time, and estimate rates from what the windows saw.
 //!
 //! The cost of a window is its hits times the calibrated cost of one hit
-//! (single-stepped or emulated, see [`crate::run::calibrate`]). After a window
-//! that cost `O` in `w` seconds, tracer stays detached for
-//! `O / (budget × HEADROOM) - w` seconds, so over every window and the gap
-//! after it the estimated cost is 80% of the budget, leaving room for what
-//! the estimate misses. A window that stayed within budget on its own is followed by
-//! the next one at once, without detaching: a quiet target is traced in
-//! full.
+//! in the CPU time of the thread hit (single-stepped or emulated, see
+//! [`crate::prepare::calibrate`]), from before its probes begin to go live
+//! to after the last has come down. The budget is a share of the target's
+//! CPU time (`/proc/PID/stat`), because its promise is that the target's
+//! work slows by at most that much: a target busy 30% of the time has 30%
+//! of the time's budget.
+//!
+//! The [`Controller`] keeps a credit: HEADROOM of the budget of every bit
+//! of CPU time the target uses, less what the windows cost. A window
+//! starts only once the credit covers what the next one is expected to
+//! cost (the last one's, its switching and its live time apart), so that
+//! the target has paid for a window before it runs, from the first on.
+//! A window whose successor the credit covers at once is followed without
+//! detaching: a quiet target is traced in full. The credit is capped at
+//! one window's cost, so that a quiet spell does not buy a burst later.
 //!
 //! Rates are ratio estimates: hits in all windows over the time they were
 //! traced, with a 95% confidence interval from the spread between windows.
@@ -24,23 +32,134 @@ use std::time::Duration;
 /// cost the target a little that no hit count shows.
 pub const HEADROOM: f64 = 0.8;
 
-/// Decides how long to stay detached after each window.
+/// The shortest wait before a window, so that a credit just short does not
+/// spin.
+const MIN_WAIT: Duration = Duration::from_millis(10);
+
+/// The longest wait before the credit is looked at again: a target's
+/// CPU time per second changes, and its credit with it.
+pub const MAX_WAIT: Duration = Duration::from_secs(1);
+
+/// What a window is expected to cost, from the last one: its hits while
+/// the probes went live and came down, and per second of live time.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Expected {
+    switching: f64,
+    live_per_s: f64,
+}
+
+/// Decides when a window may start, in the target's CPU time.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Controller {
-    /// The budget as a fraction of time (0.01 for `--budget 1`).
+    /// The budget as a share of the target's CPU time (0.01 for
+    /// `--budget 1`).
     pub budget: f64,
     /// How long a window stays attached.
     pub window: Duration,
+    /// What the windows may still spend, in seconds of the target's CPU
+    /// time; below 0 after a window that cost more than was put by.
+    credit: f64,
+    expected: Expected,
+    /// The target's CPU time at the last reading, in seconds.
+    cpu: f64,
+    /// Its CPU time per second of wall time, over the run so far.
+    rate: f64,
 }
 
 impl Controller {
-    /// After a window traced for `traced` whose hits cost `overhead`, how
-    /// long to stay detached; `None` when the window kept within the budget
-    /// by itself, so the next one may follow without detaching.
+    /// A controller whose target had used `cpu` when it began.
     #[must_use]
-    pub fn gap(&self, traced: Duration, overhead: Duration) -> Option<Duration> {
-        let needed = overhead.as_secs_f64() / (self.budget * HEADROOM) - traced.as_secs_f64();
-        if needed <= 0.0 { None } else { Some(Duration::try_from_secs_f64(needed).unwrap_or(Duration::MAX / 4)) }
+    pub const fn new(budget: f64, window: Duration, cpu: Duration) -> Self {
+        Self {
+            budget,
+            window,
+            credit: 0.0,
+            expected: Expected { switching: 0.0, live_per_s: 0.0 },
+            cpu: cpu.as_secs_f64(),
+            rate: 0.0,
+        }
+    }
+
+    fn aim(&self) -> f64 {
+        self.budget * HEADROOM
+    }
+
+    /// What the next window is expected to cost: with its switching, or
+    /// (`following`) one that follows its predecessor without detaching.
+    fn expected(&self, following: bool) -> f64 {
+        let live = self.expected.live_per_s * self.window.as_secs_f64();
+        if following { live } else { live + self.expected.switching }
+    }
+
+    /// The target has used `cpu` in all, `elapsed` after the controller
+    /// began: the credit grows by the budget's aim of what it used since
+    /// the last reading, up to one window's cost.
+    pub fn observe(&mut self, cpu: Duration, elapsed: Duration) {
+        let cpu = cpu.as_secs_f64();
+        let used = (cpu - self.cpu).max(0.0);
+        self.cpu = self.cpu.max(cpu);
+        let cap = self.expected(false).max(0.0);
+        // Over the cap already: a window cost less than expected. Kept, not
+        // raised.
+        if self.credit < cap {
+            self.credit = (self.credit + self.aim() * used).min(cap);
+        }
+        if elapsed > Duration::ZERO {
+            self.rate = self.cpu / elapsed.as_secs_f64();
+        }
+    }
+
+    /// A window that lived `live` cost `live_cost` while live and `extra`
+    /// besides (while its probes went live, or came down): spent. The next
+    /// is expected to cost as much per second live, and `switching` to
+    /// attach and detach where a whole cycle of the two was priced.
+    pub fn spend(&mut self, live: Duration, live_cost: Duration, extra: Duration, switching: Option<Duration>) {
+        self.credit -= live_cost.as_secs_f64() + extra.as_secs_f64();
+        if live > Duration::ZERO {
+            self.expected.live_per_s = live_cost.as_secs_f64() / live.as_secs_f64();
+        }
+        if let Some(s) = switching {
+            self.expected.switching = s.as_secs_f64();
+        }
+    }
+
+    /// Whether a window that lived `live` and cost `live_cost` while live
+    /// may be followed at once, without detaching, when it and what came
+    /// with it cost `spent` in all: the credit less `spent` covers the
+    /// next one at the same cost per second.
+    #[must_use]
+    pub fn follows(&self, live: Duration, live_cost: Duration, spent: Duration) -> bool {
+        let per_s =
+            if live > Duration::ZERO { live_cost.as_secs_f64() / live.as_secs_f64() } else { self.expected.live_per_s };
+        self.credit - spent.as_secs_f64() >= per_s * self.window.as_secs_f64()
+    }
+
+    /// Whether the credit covers the next window now: one that follows
+    /// without detaching (`following`), or one that attaches.
+    #[must_use]
+    pub fn covers(&self, following: bool) -> bool {
+        self.credit >= self.expected(following)
+    }
+
+    /// How long to wait before looking at the credit again, detached: the
+    /// time the target takes, at its rate so far, to make up what the
+    /// next window lacks, between [`MIN_WAIT`] and [`MAX_WAIT`].
+    #[must_use]
+    pub fn wait(&self) -> Duration {
+        let lacking = self.expected(false) - self.credit;
+        if lacking <= 0.0 {
+            return Duration::ZERO;
+        }
+        let per_s = self.aim() * self.rate;
+        let wait =
+            if per_s > 0.0 { Duration::try_from_secs_f64(lacking / per_s).unwrap_or(MAX_WAIT) } else { MAX_WAIT };
+        wait.clamp(MIN_WAIT, MAX_WAIT)
+    }
+
+    /// The credit, in seconds of the target's CPU time.
+    #[must_use]
+    pub const fn credit(&self) -> f64 {
+        self.credit
     }
 }
 
@@ -173,17 +292,55 @@ mod tests {
     const MS: fn(u64) -> Duration = Duration::from_millis;
 
     #[test]
-    fn gap_keeps_each_window_and_its_gap_within_budget() {
-        let c = Controller { budget: 0.01, window: MS(20) };
-        // 20 ms of window that cost 19 ms: 2.375 s of window + gap in all,
-        // aiming at 0.8% to keep under 1%.
-        let gap = c.gap(MS(20), MS(19)).unwrap();
-        assert_eq!(gap, MS(2355));
-        let share: f64 = 19.0 / (20.0 + 2355.0);
-        assert!((share - 0.01 * HEADROOM).abs() < 1e-12);
-        // A window that cost less than 0.8% of itself needs no gap.
-        assert_eq!(c.gap(MS(20), Duration::from_micros(150)), None);
-        assert_eq!(c.gap(MS(20), Duration::ZERO), None);
+    fn a_window_waits_until_the_target_paid_for_it() {
+        // 1%: the windows aim at 0.8% of the target's CPU time.
+        let mut c = Controller::new(0.01, MS(20), Duration::ZERO);
+        // Nothing known yet: the first window costs nothing expected.
+        assert!(c.covers(false));
+        // It lived 5 ms for 4 ms of hits, and cost 6 ms more going live
+        // and coming down: the next is expected at 16 ms + 6 ms.
+        c.spend(MS(5), MS(4), MS(6), Some(MS(6)));
+        assert!((c.credit() + 0.010).abs() < 1e-12);
+        assert!(!c.covers(false) && !c.covers(true));
+        // A target busy half the time: 1 s of wall time is 0.5 s of CPU
+        // time, which puts by 4 ms.
+        c.observe(MS(500), MS(1000));
+        assert!((c.credit() + 0.006).abs() < 1e-12);
+        // 28 ms lacking at 4 ms a second: 7 s, looked at again within 1 s.
+        assert_eq!(c.wait(), MAX_WAIT);
+        c.observe(MS(4000), MS(8000));
+        assert!((c.credit() - 0.022).abs() < 1e-12, "{}", c.credit());
+        assert!(c.covers(false));
+        // Capped at one window's cost: a quiet spell buys no burst.
+        c.observe(MS(9000), MS(18000));
+        assert!((c.credit() - 0.022).abs() < 1e-12);
+        // Short of it by 0.4 ms at 4 ms/s: 0.1 s.
+        c.spend(MS(20), MS(16), MS(6), Some(MS(6)));
+        c.observe(MS(9000 + 2750 - 50), MS(23_400));
+        assert!(c.wait() > MS(10) && c.wait() < MS(1000), "{:?}", c.wait());
+    }
+
+    #[test]
+    fn a_quiet_target_is_traced_without_a_gap() {
+        let us = Duration::from_micros;
+        let mut c = Controller::new(0.01, MS(20), Duration::ZERO);
+        // 20 ms that cost 0.1 ms, on a target using a whole CPU: its 20 ms
+        // of CPU time put by 0.16 ms. After the first, the credit is short
+        // of the next window's 0.1 ms; after the second it covers it, and
+        // stays there.
+        c.spend(MS(20), us(100), Duration::ZERO, None);
+        c.observe(MS(20), MS(20));
+        assert!(!c.covers(true));
+        for n in 2..10 {
+            c.spend(MS(20), us(100), Duration::ZERO, None);
+            c.observe(MS(20 * n), MS(20 * n));
+            assert!(c.covers(true), "{n}: {}", c.credit());
+        }
+        // One that must attach again (1 ms of switching) is not covered.
+        let mut d = Controller::new(0.01, MS(20), Duration::ZERO);
+        d.spend(MS(20), us(100), MS(1), Some(MS(1)));
+        d.observe(MS(20), MS(20));
+        assert!(!d.covers(false));
     }
 
     #[test]

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::{
     budget::{Controller, Estimator, ProbeWindow, RateEstimate},
+    cost::TargetCpu,
     readout::Readout,
 };
 use crate::{
@@ -17,6 +18,13 @@ use crate::{
 /// Detaching takes the kernel about 0.13 s per probe here, one after
 /// another, so that dominates a window anyway.
 pub const BUDGET_WINDOW: Duration = Duration::from_millis(20);
+
+/// How long the first window stays attached: the one the attach begins,
+/// which the header's estimate comes from. It runs before the target has
+/// paid for anything, so it is kept short: its hits while live are a
+/// quarter of a full window's, and what attaching and detaching cost it is
+/// the same.
+pub const FIRST_WINDOW: Duration = Duration::from_millis(5);
 
 /// The duty cycle of one session.
 pub struct DutyCycle {
@@ -37,8 +45,21 @@ pub struct DutyCycle {
     at_cost_start: Vec<Counts>,
     /// When that was.
     cost_began: Instant,
+    /// What the hits while the probes of the current attach went live
+    /// cost: with those while they come down, what switching costs.
+    attach_cost: Duration,
+    /// Whether the current window followed the last without detaching.
+    followed: bool,
     /// Time spent attaching and detaching, summed over windows.
     switching: Duration,
+    /// The traced processes' CPU time, what the budget is a share of.
+    cpu: TargetCpu,
+    /// The processes seen at the last reading (with `--exe`).
+    live: Vec<u32>,
+    /// When the duty cycle began, and the CPU time then.
+    began: (Instant, Duration),
+    /// The CPU time at the last reading.
+    cpu_used: Duration,
     /// When to toggle next.
     pub next: Instant,
 }
@@ -47,40 +68,53 @@ pub struct DutyCycle {
 fn since(now: &[Counts], then: &[Counts]) -> Vec<Counts> {
     now.iter()
         .zip(then)
-        .map(|(now, then)| Counts { calls: now.calls.saturating_sub(then.calls), bytes: now.bytes.saturating_sub(then.bytes) })
+        .map(|(now, then)| Counts {
+            calls: now.calls.saturating_sub(then.calls),
+            bytes: now.bytes.saturating_sub(then.bytes),
+        })
         .collect()
 }
 
-fn counts(session: &mut Session, readout: &mut Readout) -> Result<Vec<Counts>, AttachError> {
-    Ok(readout.read(session)?.probes.iter().map(|c| Counts { calls: c.calls, bytes: c.bytes }).collect())
-}
-
 impl DutyCycle {
+    /// The duty cycle of `session`, whose probes went live at `attach`
+    /// (when the attach began, and when it completed) for a first window of
+    /// [`FIRST_WINDOW`]; `costs` are a hit's, in the CPU time of the
+    /// thread hit, and `cpu` reads the target's.
     pub fn new(
         (session, readout): (&mut Session, &mut Readout),
         budget: f64,
         costs: HitCosts,
         (scope, multi): (u32, bool),
         attach: (Instant, Instant),
+        mut cpu: TargetCpu,
     ) -> Result<Self, AttachError> {
+        let mut live = Vec::new();
+        let at_window_start = counts(session, readout, &mut live)?;
+        let used = cpu.read(&live);
         Ok(Self {
-            controller: Controller { budget, window: BUDGET_WINDOW },
+            controller: Controller::new(budget, BUDGET_WINDOW, used),
             costs,
             scope,
             multi,
             estimator: Estimator::new(session.plan().probes.len()),
             attached: Some(attach),
-            at_window_start: counts(session, readout)?,
+            at_window_start,
             // The counts began at zero before the first attach.
             at_cost_start: vec![Counts::default(); session.plan().probes.len()],
             cost_began: attach.0,
+            attach_cost: Duration::ZERO,
+            followed: false,
             switching: attach.1 - attach.0,
-            next: attach.1 + BUDGET_WINDOW,
+            cpu,
+            live,
+            began: (attach.1, used),
+            cpu_used: used,
+            next: attach.1 + FIRST_WINDOW,
         })
     }
 
-    /// Sets the share of the time the windows may cost the target (the
-    /// profile's rates get what its other sources leave).
+    /// Sets the share of the target's CPU time the windows may cost it
+    /// (the profile's rates get what its other sources leave).
     pub fn set_budget(&mut self, budget: f64) {
         self.controller.budget = budget;
     }
@@ -91,26 +125,39 @@ impl DutyCycle {
         self.estimator.overhead()
     }
 
-    /// Ends the window if attached, else starts one.
+    /// Reads the target's CPU time, and gives the controller its credit.
+    fn observe_cpu(&mut self) {
+        self.cpu_used = self.cpu.read(&self.live);
+        let elapsed = self.began.0.elapsed();
+        self.controller.observe(self.cpu_used, elapsed);
+    }
+
+    /// Ends the window if attached, else starts one once the target has
+    /// paid for it.
     pub fn toggle(&mut self, session: &mut Session, readout: &mut Readout) -> Result<(), AttachError> {
         let Some((began, live)) = self.attached else {
+            self.observe_cpu();
+            if !self.controller.covers(false) {
+                self.next = Instant::now() + self.controller.wait();
+                return Ok(());
+            }
             if self.multi {
                 // The links go live within the attach; the window starts
                 // once they are and its base is read. Its cost counts from
                 // before: the links go live one site after another, and
                 // with thousands of sites (an LTO build's inlined copies)
                 // that takes as long as a window.
-                self.at_cost_start = counts(session, readout)?;
+                self.at_cost_start = counts(session, readout, &mut self.live)?;
                 self.cost_began = Instant::now();
                 session.attach_multi(self.scope)?;
-                self.at_window_start = counts(session, readout)?;
+                self.at_window_start = counts(session, readout, &mut self.live)?;
                 let live = Instant::now();
                 self.switching += live - self.cost_began;
                 self.attached = Some((live, live));
                 self.next = live + self.controller.window;
             } else {
                 // Counts do not move while detached: this is the base.
-                self.at_window_start = counts(session, readout)?;
+                self.at_window_start = counts(session, readout, &mut self.live)?;
                 self.at_cost_start.clone_from(&self.at_window_start);
                 let began = Instant::now();
                 self.cost_began = began;
@@ -120,51 +167,68 @@ impl DutyCycle {
                 self.attached = Some((began, live));
                 self.next = live + self.controller.window;
             }
+            self.attach_cost = self.cost_of(session, &since(&self.at_window_start, &self.at_cost_start));
+            self.followed = false;
             return Ok(());
         };
-        let counts_now = counts(session, readout)?;
+        let counts_now = counts(session, readout, &mut self.live)?;
         let now = Instant::now();
+        self.observe_cpu();
         let window = self.window_counts(&counts_now);
         // Half the attach counts as live: the probes went live one by one.
         let traced = now - live + (live - began) / 2;
-        let priced = since(&counts_now, &self.at_cost_start);
-        if self.controller.gap(now - self.cost_began, self.cost_of(session, &priced)).is_none() {
-            // Within budget on its own: the next window follows at once.
-            self.record(session, (&window, &priced), &vec![traced; window.len()], traced);
+        let live_cost = self.cost_of(session, &window);
+        let spent = self.cost_of(session, &since(&counts_now, &self.at_cost_start));
+        if self.controller.follows(traced, live_cost, spent) {
+            // Paid for, and the next too: it follows at once, without the
+            // cost of detaching and attaching again.
+            self.record(
+                session,
+                (&window, &since(&counts_now, &self.at_cost_start)),
+                &vec![traced; window.len()],
+                traced,
+            );
+            self.controller.spend(traced, live_cost, spent.saturating_sub(live_cost), None);
             self.at_window_start.clone_from(&counts_now);
             self.at_cost_start = counts_now;
             self.cost_began = now;
             self.attached = Some((now, now));
+            self.followed = true;
             self.next = now + self.controller.window;
             return Ok(());
         }
-        let gap = self.close(session, readout)?;
-        self.next = Instant::now() + gap;
+        self.close(session, readout)?;
+        self.observe_cpu();
+        self.next = Instant::now() + self.controller.wait();
         Ok(())
     }
 
-    /// Detaches and records the window; returns the gap the budget needs.
-    pub fn close(&mut self, session: &mut Session, readout: &mut Readout) -> Result<Duration, AttachError> {
-        let Some((began, live)) = self.attached.take() else { return Ok(Duration::ZERO) };
+    /// Detaches and records the window, and spends its cost from the
+    /// credit.
+    pub fn close(&mut self, session: &mut Session, readout: &mut Readout) -> Result<(), AttachError> {
+        let Some((began, live)) = self.attached.take() else { return Ok(()) };
         if self.multi {
             // The window ends here: hits while the links remove their
             // breakpoints (a moment) count in the totals but not here.
-            let window = self.window_counts(&counts(session, readout)?);
+            let now = counts(session, readout, &mut self.live)?;
+            let window = self.window_counts(&now);
             let ended = Instant::now();
             session.detach_multi(self.scope);
             // Every hit until the last link came down is priced, over the
             // whole span from before the attach.
-            let priced = since(&counts(session, readout)?, &self.at_cost_start);
+            let priced = since(&counts(session, readout, &mut self.live)?, &self.at_cost_start);
             let detached = Instant::now();
             self.switching += detached - ended;
             // (began == live: see toggle.)
             let traced = ended - live + (live - began) / 2;
             let overhead = self.record(session, (&window, &priced), &vec![traced; window.len()], traced);
-            return Ok(self.controller.gap(detached - self.cost_began, overhead).unwrap_or(Duration::ZERO));
+            self.spend_closed(traced, self.cost_of(session, &window), overhead);
+            return Ok(());
         }
         // Each detach holds the next one back (see Session::detach_in_order),
         // so the probes that cost most go first.
-        let so_far = self.window_counts(&counts(session, readout)?);
+        let now = counts(session, readout, &mut self.live)?;
+        let so_far = self.window_counts(&now);
         let mut order: Vec<usize> = (0..so_far.len()).collect();
         order.sort_by(|&a, &b| self.probe_cost(session, &so_far, b).total_cmp(&self.probe_cost(session, &so_far, a)));
         let detaching = Instant::now();
@@ -176,11 +240,23 @@ impl DutyCycle {
             .map(|at| at.map_or(Duration::ZERO, |at| at.saturating_duration_since(live) + (live - began) / 2))
             .collect();
         let traced = lives.iter().copied().max().unwrap_or_default();
-        let counts_now = counts(session, readout)?;
+        let counts_now = counts(session, readout, &mut self.live)?;
         let window = self.window_counts(&counts_now);
         let priced = since(&counts_now, &self.at_cost_start);
         let overhead = self.record(session, (&window, &priced), &lives, traced);
-        Ok(self.controller.gap(done - self.cost_began, overhead).unwrap_or(Duration::ZERO))
+        self.spend_closed(traced, self.cost_of(session, &window), overhead);
+        Ok(())
+    }
+
+    /// Spends a closed window's cost, `overhead` in all and `live_cost`
+    /// while live for `traced`: what its attach and detach cost is what
+    /// the next one's switching is expected to cost.
+    fn spend_closed(&mut self, traced: Duration, live_cost: Duration, overhead: Duration) {
+        // A window that followed others paid for the attach with the first
+        // of them.
+        let attach = if self.followed { Duration::ZERO } else { self.attach_cost };
+        let detach = overhead.saturating_sub(live_cost).saturating_sub(attach);
+        self.controller.spend(traced, live_cost, overhead.saturating_sub(live_cost), Some(self.attach_cost + detach));
     }
 
     fn window_counts(&self, counts_now: &[Counts]) -> Vec<Counts> {
@@ -225,20 +301,26 @@ impl DutyCycle {
 
     /// Marks `snapshot` as estimated: what the windows traced and each
     /// probe's estimated rates.
-    pub fn fill(&self, plan: &Plan, snapshot: &mut Snapshot) {
+    pub fn fill(&mut self, plan: &Plan, snapshot: &mut Snapshot) {
         let elapsed = snapshot.elapsed();
         let ratio = |part: Duration| {
             if elapsed.is_zero() { 0.0 } else { (part.as_secs_f64() / elapsed.as_secs_f64()).min(1.0) }
         };
+        self.observe_cpu();
+        // The windows ran on the target's CPU time: it is at least what
+        // they cost, where /proc's clock ticks show less.
+        let cpu = self.cpu_used.saturating_sub(self.began.1).max(self.estimator.overhead());
+        let of_cpu = if cpu.is_zero() { 0.0 } else { self.estimator.overhead().as_secs_f64() / cpu.as_secs_f64() };
         snapshot.budget = Some(model::Budget {
             estimates: true,
             percent: self.controller.budget * 100.0,
             windows: self.estimator.windows(),
             traced_s: self.estimator.traced().as_secs_f64(),
             traced_fraction: ratio(self.estimator.traced()),
-            estimated_overhead_fraction: ratio(self.estimator.overhead()),
+            estimated_overhead_fraction: of_cpu,
             hit_cost_ns: self.costs,
             switching_s: self.switching.as_secs_f64(),
+            target_cpu_s: Some(cpu.as_secs_f64()),
         });
         let ci = |r: RateEstimate| r.ci95.map(|(lo, hi)| [lo, hi]);
         let rates = self.estimator.rates();
@@ -253,4 +335,12 @@ impl DutyCycle {
             });
         }
     }
+}
+
+/// Each probe's calls and bytes so far, and the processes with entries
+/// (into `live`).
+fn counts(session: &mut Session, readout: &mut Readout, live: &mut Vec<u32>) -> Result<Vec<Counts>, AttachError> {
+    let totals = readout.read(session)?;
+    live.clone_from(&totals.live);
+    Ok(totals.probes.iter().map(|c| Counts { calls: c.calls, bytes: c.bytes }).collect())
 }

@@ -215,7 +215,7 @@ impl GcMemory {
 }
 
 /// This thread's CPU time: what a read costs tracer.
-fn thread_cpu() -> Duration {
+pub(super) fn thread_cpu() -> Duration {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: `ts` is a valid, writable timespec for the call.
     if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut ts) } != 0 {
@@ -257,7 +257,10 @@ mod tests {
             pids: indexmap::IndexMap::new(),
         };
         let report = gc.report(Some(&probes));
-        assert_eq!((report.source, report.durations, report.reason.as_deref()), (GcSource::Memory, Some(GcSource::Markers), None));
+        assert_eq!(
+            (report.source, report.durations, report.reason.as_deref()),
+            (GcSource::Memory, Some(GcSource::Markers), None)
+        );
         let got: Vec<_> =
             report.generations.iter().map(|g| (g.collections, g.collected, g.uncollectable, g.duration_s)).collect();
         assert_eq!(got, [(5, 32, Some(2), None), (0, 0, Some(0), None), (3, 70, Some(0), Some(0.5))]);

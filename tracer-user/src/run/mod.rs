@@ -4,14 +4,16 @@
 //! ([`readout`]).
 
 pub mod budget;
+pub mod census;
 pub mod cost;
 mod duty;
 pub mod exit;
 pub mod exits;
+mod finish;
 pub mod gcmem;
-pub mod profile;
 mod late;
 pub mod live;
+pub mod profile;
 pub mod readout;
 pub mod share;
 pub mod stacks;
@@ -148,41 +150,6 @@ const TYPE_ENTRIES: u32 = 1 << 15;
 /// then too high.
 const OBJECT_ENTRIES: u32 = 1 << 20;
 
-/// Writes `--folded` and `--flamegraph` from the summary's stacks, and
-/// says where.
-fn write_stacks(
-    stacks: &crate::config::StacksConfig,
-    last: &Snapshot,
-    config: &AttachConfig,
-) -> Result<Vec<Note>, OutputError> {
-    let all = last.stacks.as_deref().unwrap_or_default();
-    let lines = report::stacks::folded(all, stacks.weight);
-    let mut notes = Vec::new();
-    let what = match &config.target {
-        TargetSpec::Pid(pid) => format!("PID {pid}"),
-        TargetSpec::Exe(exe) => exe.display().to_string(),
-    };
-    let sampled = if stacks.sample > 1 { format!(", 1 in {} sampled, scaled", stacks.sample) } else { String::new() };
-    if let Some(file) = &stacks.folded {
-        report::stacks::write_folded(file, &lines)?;
-        notes.push(Note::new(
-            Level::Note,
-            NoteCode::Written,
-            format!("wrote {} folded stacks by {} to {}", lines.len(), stacks.weight, file.path.display()),
-        ));
-    }
-    if let Some(file) = &stacks.flamegraph {
-        let title = format!("tracer: allocations of {what} by {}{sampled}", stacks.weight);
-        report::stacks::write_flamegraph(file, &lines, &title, stacks.weight)?;
-        notes.push(Note::new(
-            Level::Note,
-            NoteCode::Written,
-            format!("wrote the flame graph of {} stacks to {}", lines.len(), file.path.display()),
-        ));
-    }
-    Ok(notes)
-}
-
 /// Room for distinct stacks, and for (process, probe, stack) counts: a
 /// stack is 2 KB in the kernel, allocated as it is first seen.
 const STACK_ENTRIES: u32 = 1 << 14;
@@ -298,7 +265,7 @@ impl Run {
         self.cost.observe(self.session.plan(), &totals);
         let late: &[crate::model::LateModule] = self.late.as_ref().map_or(&[], |l| &l.records);
         let mut snapshot = self.readout.snapshot(self.session.plan(), &totals, late);
-        if let Some(d) = &self.duty {
+        if let Some(d) = self.duty.as_mut() {
             d.fill(self.session.plan(), &mut snapshot);
         }
         Ok(snapshot)
@@ -319,7 +286,7 @@ impl Run {
             .and_then(|l| l.leaks)
             .map(|l| live::leaks(&self.session, l, self.readout.stack_names.as_mut()));
         if let Some(p) = self.profile.as_mut() {
-            p.summary(&mut last, self.duty.as_ref());
+            p.summary(&mut last, self.duty.as_ref(), self.cost.target_cpu());
         }
         Ok(last)
     }
@@ -327,8 +294,19 @@ impl Run {
     /// The profile's sources and costs in an interval's `snapshot`.
     fn profile_interval(&mut self, snapshot: &mut Snapshot) {
         if let Some(p) = self.profile.as_mut() {
-            p.interval(snapshot, self.duty.as_mut());
+            p.interval(snapshot, self.duty.as_mut(), self.cost.target_cpu());
         }
+    }
+
+    /// The warning of a high cost, once: in the profile, of its own cost
+    /// (the one figure its table shows), else of the hits' estimate.
+    fn high_cost_note(&mut self, snapshot: &Snapshot) -> Option<Note> {
+        let mut cost = snapshot.cost?;
+        if let Some(p) = &snapshot.profile {
+            cost.overhead_fraction = Some(p.fraction);
+            cost.overhead_fraction_low = None;
+        }
+        self.cost.high_cost_note(&cost)
     }
 
     /// Late modules, processes that cannot be watched, a failed
@@ -346,6 +324,7 @@ impl Run {
             )
         }));
         notes.extend(self.bpf_log());
+        notes.extend(self.profile.as_mut().map(Profile::take_notes).unwrap_or_default());
         let untold = self.readout.stack_names.as_mut().map(crate::run::stacks::StackNames::take_untold);
         notes.extend(untold.unwrap_or_default().into_iter().map(|(pid, why)| {
             Note::new(Level::Warning, NoteCode::NoStacks, format!("no Python stacks for PID {pid}: {why}"))
@@ -438,7 +417,7 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
                 snapshot.cost = run.cost.interval().map(|c| c.of_all_hits(all.saturating_sub(hits_before)));
                 hits_before = all;
                 run.profile_interval(&mut snapshot);
-                let high = snapshot.cost.as_ref().and_then(|c| run.cost.high_cost_note(c));
+                let high = run.high_cost_note(&snapshot);
                 output.interval(snapshot)?;
                 output.notes(high)?;
             }
@@ -450,27 +429,18 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
     // Notes not told yet (a target that exited before the first interval).
     let mut log = run.notes();
     log.extend(run.bpf_log());
-    let Run { session, readout, duty, late, started: _, mut cost, profile: _ } = run;
+    let Run { session, readout, duty, late, started: _, mut cost, mut profile } = run;
     drop((session, readout, duty, late));
     output.notes(log)?;
-    // Detached, so waiting costs the target nothing: a run shorter than
-    // the calibration still ends with its cost.
-    let calibrated_by = tokio::time::Instant::now() + cost::CALIBRATION_WAIT;
-    while cost.calibrating() {
-        tokio::select! {
-            biased;
-            // Asked again to stop: at once, without a cost.
-            _ = sigint.recv() => cost.give_up(None),
-            _ = sigterm.recv() => cost.give_up(None),
-            () = sleep_until(calibrated_by) => {
-                cost.give_up(Some(format!("calibrating took over {} s", cost::CALIBRATION_WAIT.as_secs())));
-            }
-            () = tokio::time::sleep(std::time::Duration::from_millis(10)) => {}
-        }
+    finish::wait_detached(&mut cost, profile.as_mut(), (&mut sigint, &mut sigterm)).await;
+    if let Some(p) = profile.as_mut() {
+        p.summary_heap(&mut last);
+        output.notes(p.take_notes())?;
     }
     output.notes(cost.poll())?;
     last.cost = cost.total().map(|c| c.of_all_hits(last.hits.unwrap_or(0)));
-    let written = config.stacks.as_ref().map(|s| write_stacks(s, &last, config)).transpose()?.unwrap_or_default();
+    let written =
+        config.stacks.as_ref().map(|s| finish::write_stacks(s, &last, config)).transpose()?.unwrap_or_default();
     output.notes(written)?;
     output.summary(last, end)?;
     Ok(end)
@@ -531,7 +501,9 @@ fn start<'a>(
     err: impl Write + 'a,
 ) -> Result<(Run, Output<'a>), RunError> {
     let Prepared { target: r, specs: _, plan, gc, calibration, notes } = prepared;
-    let costs = calibration.map(|c| c.hit);
+    // In the CPU time of the thread hit: the budget is a share of the
+    // target's CPU time.
+    let costs = calibration.map(|c| c.cpu.hit);
     let return_costs = calibration.and_then(|c| c.returns);
     let cpu_costs = calibration.map(|c| c.cpu);
     let inline_sites: usize = plan.probes.iter().map(|p| p.inline_sites.len()).sum();
@@ -571,23 +543,23 @@ fn start<'a>(
     let gc = profile::gc_probes(config, gc);
     let (profile, profile_notes) = match (config.mode, config.budget) {
         (Mode::Profile, Some(budget)) => {
-            let (p, notes) = Profile::new(budget, r.pid(), &gc, cpu_costs);
+            let (p, notes) = Profile::new(config, budget, r.pid(), &gc, cpu_costs);
             (Some(p), notes)
         }
         _ => (None, Vec::new()),
     };
 
+    // Before the attach: this reads the image, which the first window
+    // should not wait for.
+    let mut cost = cost_meter(config, &session, r.pid(), exits, (cpu_costs, early));
     let (links, attach_began, fallback) = attach_links(&mut session, r.scope, config.links)?;
     if gc.source != GcSource::None {
         session.attach_gc(&gc, r.scope, links == Links::Multi)?;
     }
     let started = Instant::now();
-    // Calibrated while preparing where nothing before needed it.
-    let calibrating = match (cpu_costs, early) {
-        (Some(prices), _) => Calibration::Known(prices),
-        (None, Some(early)) => early,
-        (None, None) => Calibration::start(),
-    };
+    // The target's CPU time over the first window, exactly: too short for
+    // /proc/PID/stat's clock ticks.
+    let cpu_began = r.pid().and_then(cost::process_cpu_ns);
     let mut readout = Readout::new(started, r.pid().is_none(), config.types.then(|| r.abi.objects()));
     readout.stack_names = stack_names;
     readout.live = live;
@@ -595,7 +567,7 @@ fn start<'a>(
         let reason = if gc.source == GcSource::None { Some(gc.detail.clone()) } else { gc.caveat.clone() };
         readout.report_gc(gc.source, reason);
     }
-    let duty = match (config.budget, costs) {
+    let mut duty = match (config.budget, costs) {
         (Some(budget), Some(costs)) => Some(DutyCycle::new(
             (&mut session, &mut readout),
             budget,
@@ -604,24 +576,19 @@ fn start<'a>(
             // A multi link goes live at once when made; perf-event uprobes
             // one by one during the attach.
             (if links == Links::Multi { started } else { attach_began }, started),
+            cost::TargetCpu::new(r.pid()),
         )?),
         _ => None,
     };
-    // After the first window has begun: this reads the image.
-    let advice = Advice {
-        budget: config.budget.map(|b| b * 100.0),
-        returns: config.returns,
-        call_sites: config.placement == PlacementMode::CallSites,
-    };
-    let mut cost = CostMeter::new(session.plan(), r.pid(), exits, calibrating, advice);
-    // The first window, from which the header's estimate comes: the duty
-    // cycle's first, or exact tracing's first moments.
-    cost.wait_calibrated(cost::HEADER_WAIT);
-    let window = if duty.is_some() { duty::BUDGET_WINDOW } else { profile::FIRST_WINDOW };
-    std::thread::sleep(window.saturating_sub(started.elapsed()));
-    let first = readout.read(&mut session)?;
-    let estimate = profile::estimate(config, &cost, &first, started.elapsed());
-    let profile = profile.map(|p| p.started(started));
+    let estimate = profile::first_window(
+        config,
+        r.pid(),
+        (&mut session, &mut readout),
+        duty.as_mut(),
+        &mut cost,
+        (started, cpu_began),
+    )?;
+    let profile = profile.map(|p| p.started(started, cost.target_cpu()));
     let mut info = attached_event(&session, &r, links, &cost);
     info.mode = Some(config.mode.name().to_owned());
     if let Mode::Exact { because } = config.mode {
@@ -639,6 +606,28 @@ fn start<'a>(
     output.attached = Some(info);
     output.notes(fallback.into_iter().chain(notes).chain(profile_notes))?;
     Ok((Run { session, readout, duty, late, started, cost, profile }, output))
+}
+
+/// The meter of the run's cost, its hit's cost calibrated while preparing
+/// (`prices`), or on a thread of its own meanwhile (`early`), or from now.
+fn cost_meter(
+    config: &AttachConfig,
+    session: &Session,
+    pid: Option<u32>,
+    exits: Option<exits::ExitListener>,
+    (prices, early): (Option<cost::Prices>, Option<Calibration>),
+) -> CostMeter {
+    let calibrating = match (prices, early) {
+        (Some(prices), _) => Calibration::Known(prices),
+        (None, Some(early)) => early,
+        (None, None) => Calibration::start(),
+    };
+    let advice = Advice {
+        budget: config.budget.map(|b| b * 100.0),
+        returns: config.returns,
+        call_sites: config.placement == PlacementMode::CallSites,
+    };
+    CostMeter::new(session.plan(), pid, exits, calibrating, advice)
 }
 
 /// Becomes ready when the BPF log has lines to read; never without

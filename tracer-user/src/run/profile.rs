@@ -4,23 +4,26 @@
 //! states, for both modes, from the first window.
 //!
 //! Sources in this version: the rates by duty cycle ([`super::duty`]), GC
-//! from memory ([`super::gcmem`]) with the GC probes' durations. The heap
-//! census (`tracer heap`'s library API, on its own branch) plugs in at
-//! [`Profile::census`]; growth sampling will report its probe's cost to the
-//! same ledger.
+//! from memory ([`super::gcmem`]) with the GC probes' durations, the heap
+//! census ([`super::census`]) with `--pid`. Growth sampling will report its
+//! probe's cost to the same ledger.
+//!
+//! Every cost is a share of the target's CPU time, as the budget is.
 
 use std::time::{Duration, Instant};
 
 use super::{
     budget::HEADROOM,
+    census::CensusSource,
     cost::{CostMeter, Prices},
     duty::DutyCycle,
     gcmem::GcMemory,
-    readout::Totals,
+    readout::{Readout, Totals},
     share::{self, BudgetLedger},
 };
 use crate::{
     config::{AttachConfig, Mode},
+    kernel::{AttachError, Session},
     model::{Cost, CostEstimate, Level, Note, NoteCode, Snapshot},
     plan::gc::{GcMode, GcPlan, GcSource},
 };
@@ -33,6 +36,7 @@ pub const FIRST_WINDOW: Duration = Duration::from_millis(100);
 pub struct Profile {
     ledger: BudgetLedger,
     gc: Option<GcMemory>,
+    census: Option<CensusSource>,
     /// What one collection's GC probe hits cost the target, in ns.
     gc_collection_ns: f64,
     /// The collections the GC probes had seen at the last interval.
@@ -42,26 +46,34 @@ pub struct Profile {
     rates_overhead: Duration,
     gc_read: (u64, Duration),
     last: Instant,
+    /// The target's CPU time at the last interval.
+    cpu: Duration,
+    notes: Vec<Note>,
 }
 
 impl Profile {
-    /// The profile of a run with `budget` (a share), reading `pid`'s GC
-    /// statistics (not with `--exe`, said in the notes returned), its GC
-    /// probes planned as `gc_plan` and priced at `prices`.
+    /// The profile of `config`'s run (its budget a share of the target's
+    /// CPU time), reading `pid`'s GC statistics and heap (not with
+    /// `--exe`, said in the notes returned), its GC probes planned as
+    /// `gc_plan` and priced at `prices`.
     #[must_use]
     pub fn new(
+        config: &AttachConfig,
         budget: f64,
         pid: Option<u32>,
         gc_plan: &GcPlan,
         prices: Option<Prices>,
     ) -> (Self, Vec<Note>) {
         let mut notes = Vec::new();
+        let census = pid.and_then(|pid| {
+            CensusSource::start(pid, config.debug_dir.clone(), config.interval).map_err(|n| notes.push(n)).ok()
+        });
         let gc = match pid {
             None => {
                 notes.push(Note::new(
                     Level::Note,
                     NoteCode::Gc,
-                    "with --exe, the profile reads no process's memory: collections come from the GC probes (as with --exact), the rates from every process's windows; pass --pid for GC from memory".to_owned(),
+                    "with --exe, the profile reads no process's memory: collections come from the GC probes (as with --exact), the rates from every process's windows, and there is no heap census; pass --pid for GC from memory and the heap by type".to_owned(),
                 ));
                 None
             }
@@ -80,40 +92,89 @@ impl Profile {
         let profile = Self {
             ledger: BudgetLedger::new(budget),
             gc,
+            census,
             gc_collection_ns: prices.map_or(0.0, |p| collection_ns(gc_plan, p)),
             gc_collections: 0,
             rates_overhead: Duration::ZERO,
             gc_read: (0, Duration::ZERO),
             last: Instant::now(),
+            cpu: Duration::ZERO,
+            notes: Vec::new(),
         };
         (profile, notes)
     }
 
-    /// The profile of a run whose probes went live at `started`.
+    /// The profile of a run whose probes went live at `started`, when the
+    /// target had used `cpu` (as [`CostMeter::target_cpu`] counts it): the
+    /// first census starts now.
     #[must_use]
-    pub const fn started(mut self, started: Instant) -> Self {
+    pub fn started(mut self, started: Instant, cpu: Duration) -> Self {
         self.last = started;
+        self.cpu = cpu;
+        if let Some(c) = self.census.as_mut() {
+            c.started(started);
+        }
         self
     }
 
-    /// One interval: reads the sources, reports their costs to the ledger,
-    /// puts the profile's figures in `snapshot` and gives the duty cycle
-    /// what the others leave of the budget.
-    pub fn interval(&mut self, snapshot: &mut Snapshot, duty: Option<&mut DutyCycle>) {
+    /// One interval, when the target had used `cpu` in all: reads the
+    /// sources, reports their costs to the ledger, puts the profile's
+    /// figures in `snapshot` and gives the duty cycle what the others
+    /// leave of the budget.
+    pub fn interval(&mut self, snapshot: &mut Snapshot, duty: Option<&mut DutyCycle>, cpu: Duration) {
         self.sources(snapshot, duty.as_deref());
+        snapshot.heap = self.census.as_mut().and_then(CensusSource::interval);
+        self.census_cost();
         let now = Instant::now();
-        snapshot.profile = Some(self.ledger.close_interval(now - self.last));
-        self.last = now;
+        snapshot.profile = Some(self.ledger.close_interval(now - self.last, cpu.saturating_sub(self.cpu)));
+        (self.last, self.cpu) = (now, self.cpu.max(cpu));
         if let Some(duty) = duty {
             duty.set_budget(self.ledger.left_for_rates());
         }
     }
 
-    /// The summary: the sources read once more, the run's cost.
-    pub fn summary(&mut self, snapshot: &mut Snapshot, duty: Option<&DutyCycle>) {
+    /// The summary, when the target had used `cpu` in all: the sources
+    /// read once more, the run's cost. The heap comes after the detach
+    /// ([`Self::summary_heap`]).
+    pub fn summary(&mut self, snapshot: &mut Snapshot, duty: Option<&DutyCycle>, cpu: Duration) {
         self.sources(snapshot, duty);
-        let _ = self.ledger.close_interval(self.last.elapsed());
+        let _ = self.ledger.close_interval(self.last.elapsed(), cpu.saturating_sub(self.cpu));
+        (self.last, self.cpu) = (Instant::now(), self.cpu.max(cpu));
         snapshot.profile = Some(self.ledger.total());
+    }
+
+    /// Whether a census is still running, for the summary to wait for:
+    /// one is started if the run has read none yet.
+    pub fn census_pending(&mut self) -> bool {
+        self.census.as_mut().is_some_and(|c| {
+            c.ensure_one();
+            c.pending()
+        })
+    }
+
+    /// The summary's heap (the latest census against the run's first),
+    /// and the run's cost with every census read.
+    pub fn summary_heap(&mut self, snapshot: &mut Snapshot) {
+        snapshot.heap = self.census.as_mut().and_then(CensusSource::summary);
+        self.census_cost();
+        let _ = self.ledger.close_interval(Duration::ZERO, Duration::ZERO);
+        snapshot.profile = Some(self.ledger.total());
+    }
+
+    /// What the profile's sources have to say since the last call.
+    pub fn take_notes(&mut self) -> Vec<Note> {
+        let mut notes = std::mem::take(&mut self.notes);
+        notes.extend(self.census.as_mut().map(CensusSource::take_notes).unwrap_or_default());
+        notes
+    }
+
+    /// The censuses read since the last call, to the ledger: tracer's CPU
+    /// time and bytes read, none of the target's.
+    fn census_cost(&mut self) {
+        if let Some(c) = self.census.as_mut() {
+            let (cpu, bytes) = c.cost();
+            self.ledger.report(share::CENSUS, Duration::ZERO, cpu, bytes);
+        }
     }
 
     fn sources(&mut self, snapshot: &mut Snapshot, duty: Option<&DutyCycle>) {
@@ -123,8 +184,13 @@ impl Profile {
             self.rates_overhead = overhead;
         }
         // The GC probes' collections, each priced: they stay attached.
-        let collections: u64 =
-            snapshot.gc.iter().filter(|g| g.source != GcSource::Memory).flat_map(|g| &g.generations).map(|g| g.collections).sum();
+        let collections: u64 = snapshot
+            .gc
+            .iter()
+            .filter(|g| g.source != GcSource::Memory)
+            .flat_map(|g| &g.generations)
+            .map(|g| g.collections)
+            .sum();
         #[allow(clippy::cast_precision_loss, reason = "collections in an interval")]
         let probes_ns = collections.saturating_sub(self.gc_collections) as f64 * self.gc_collection_ns;
         self.gc_collections = collections;
@@ -141,18 +207,7 @@ impl Profile {
             snapshot.stats.insert("gc_memory_rejected".to_owned(), gc.rejected);
             snapshot.gc = Some(report);
         }
-        self.census(snapshot);
     }
-
-    /// The seam for the heap census (`tracer heap`'s library API, on the
-    /// census branch): once merged, it runs here each interval on a
-    /// blocking thread (it reads the whole heap), puts `heap` (each type
-    /// with its change since the previous census) in `snapshot`, and
-    /// reports its CPU time and bytes read to the ledger as `census`, a
-    /// cost to tracer and none to the target; a census that would take
-    /// more than its share of an interval is spaced out, and says so.
-    #[allow(clippy::unused_self, clippy::needless_pass_by_ref_mut, reason = "the census's seam: not built in this branch yet")]
-    fn census(&mut self, _snapshot: &mut Snapshot) {}
 }
 
 /// The GC probes of `config`'s run, planned as `plan`: in the profile,
@@ -187,16 +242,57 @@ fn collection_ns(plan: &GcPlan, prices: Prices) -> f64 {
     role(GcRole::Start) + role(GcRole::Done)
 }
 
+/// The first window, from which the header's estimate comes: the duty
+/// cycle's first (short: the target has paid for nothing yet), ended at
+/// once, or exact tracing's first moments. The probes went live at
+/// `started`, when `pid` had used `cpu_began` ns of CPU time.
+pub fn first_window(
+    config: &AttachConfig,
+    pid: Option<u32>,
+    (session, readout): (&mut Session, &mut Readout),
+    duty: Option<&mut DutyCycle>,
+    cost: &mut CostMeter,
+    (started, cpu_began): (Instant, Option<u64>),
+) -> Result<CostEstimate, AttachError> {
+    cost.wait_calibrated(super::cost::HEADER_WAIT);
+    let window = if duty.is_some() { super::duty::FIRST_WINDOW } else { FIRST_WINDOW };
+    std::thread::sleep(window.saturating_sub(started.elapsed()));
+    let first = readout.read(session)?;
+    let span = started.elapsed();
+    // Exactly: too short for /proc/PID/stat's clock ticks.
+    let cpu = cpu_began
+        .zip(pid.and_then(super::cost::process_cpu_ns))
+        .map(|(a, b)| Duration::from_nanos(b.saturating_sub(a)));
+    if let Some(d) = duty {
+        // Every moment more is the target's.
+        d.toggle(session, readout)?;
+    }
+    Ok(estimate(config, cost, &first, (span, cpu)))
+}
+
 /// The header's estimate, from the first window: `totals` read `window`
-/// after the probes went live, priced by `meter`. Exact tracing costs what
+/// after the probes went live, in which the target used `cpu`, priced by
+/// `meter`. Exact tracing costs what
 /// the window's rate of hits costs; the profile holds that to its budget.
 #[must_use]
-pub fn estimate(config: &AttachConfig, meter: &CostMeter, totals: &Totals, window: Duration) -> CostEstimate {
+pub fn estimate(
+    config: &AttachConfig,
+    meter: &CostMeter,
+    totals: &Totals,
+    (window, cpu): (Duration, Option<Duration>),
+) -> CostEstimate {
     let calls: Vec<u64> = totals.probes.iter().map(|p| p.calls).collect();
     let returns: Vec<u64> = totals.probes.iter().map(|p| p.returned.returns).collect();
     let hits = calls.iter().chain(&returns).sum();
     let window_s = window.as_secs_f64();
-    let exact = meter.price_hits(&calls, &returns).map(|(high, _)| if window_s > 0.0 { high / 1e9 / window_s } else { 0.0 });
+    // A share of the target's CPU time over the window, which is at least
+    // what the hits cost (they ran on it); without it (`--exe`, whose
+    // processes are not known before their first hit), of the window's.
+    let of = |ns: f64| {
+        let over = cpu.map_or(window_s, |c| c.as_secs_f64().max(ns / 1e9));
+        if over > 0.0 { ns / 1e9 / over } else { 0.0 }
+    };
+    let exact = meter.price_hits(&calls, &returns).map(|(high, _)| of(high));
     let budget = config.budget;
     // With a budget (always in the profile) the windows aim at HEADROOM of
     // it, and a quiet target costs less than that traced in full.
@@ -210,6 +306,7 @@ pub fn estimate(config: &AttachConfig, meter: &CostMeter, totals: &Totals, windo
         exact_fraction: exact,
         budget_fraction: budget,
         window_s,
+        cpu_s: cpu.map(|c| c.as_secs_f64()),
         hits,
         reason,
         warning: fraction.filter(|f| *f > Cost::HIGH).map(|f| warning(f, config)),
@@ -224,7 +321,9 @@ fn warning(fraction: f64, config: &AttachConfig) -> String {
         "a CPU-bound target runs over 10× slower".to_owned()
     };
     let fix = match config.mode {
-        Mode::Exact { because: None } => "drop --exact for the production profile, which holds its cost within --budget",
+        Mode::Exact { because: None } => {
+            "drop --exact for the production profile, which holds its cost within --budget"
+        }
         Mode::Exact { because: Some(_) } => {
             "the production profile (without exact-only flags) holds its cost within --budget"
         }

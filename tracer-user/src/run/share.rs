@@ -4,10 +4,15 @@
 //! target's memory), and the duty cycle of the rates gets what the others
 //! leave of the budget for the next one.
 //!
-//! Only the target's cost counts against the budget: a read of its memory
-//! runs on tracer's CPU, not the target's, and is shown beside it. A
-//! source added later (growth sampling's probe) reports here like the
-//! others, and the rates give way to it.
+//! The budget is a share of the target's CPU time (`utime + stime` in
+//! `/proc/PID/stat`, over every traced process), not of the time that
+//! passes: its promise is that the target's work slows by at most that
+//! much, and a target busy 30% of the time pays for a probe hit out of
+//! that 30%. Only the target's cost counts against it: a read of its
+//! memory (the GC statistics, the heap census) runs on tracer's CPU, not
+//! the target's, and is shown beside it. A source added later (growth
+//! sampling's probe) reports here like the others, and the rates give way
+//! to it.
 
 use std::time::Duration;
 
@@ -21,6 +26,8 @@ pub const RATES: &str = "rates";
 pub const GC_PROBES: &str = "gc_probes";
 /// The collector's statistics read from memory.
 pub const GC_MEMORY: &str = "gc_memory";
+/// The heap census.
+pub const CENSUS: &str = "census";
 
 /// The least share of the budget the rates keep when the other sources
 /// took it all: their windows then come rarely, but still come, and the
@@ -46,13 +53,15 @@ impl Spent {
 /// The budget's ledger.
 #[derive(Clone, Debug)]
 pub struct BudgetLedger {
-    /// The budget, as a share of the target's time.
+    /// The budget, as a share of the target's CPU time.
     budget: f64,
     /// This interval's spending, by source, in the order first reported.
     interval: IndexMap<&'static str, Spent>,
     /// The run's.
     total: IndexMap<&'static str, Spent>,
     total_span: Duration,
+    /// The target's CPU time over the run.
+    total_cpu: Duration,
     /// What the other sources cost over the last interval, as a share.
     others_last: f64,
 }
@@ -60,7 +69,14 @@ pub struct BudgetLedger {
 impl BudgetLedger {
     #[must_use]
     pub fn new(budget: f64) -> Self {
-        Self { budget, interval: IndexMap::new(), total: IndexMap::new(), total_span: Duration::ZERO, others_last: 0.0 }
+        Self {
+            budget,
+            interval: IndexMap::new(),
+            total: IndexMap::new(),
+            total_span: Duration::ZERO,
+            total_cpu: Duration::ZERO,
+            others_last: 0.0,
+        }
     }
 
     /// `source` cost the target `target` of CPU time and tracer `tracer`,
@@ -69,29 +85,26 @@ impl BudgetLedger {
         self.interval.entry(source).or_default().add(Spent { target, tracer, bytes });
     }
 
-    /// Ends the interval, which lasted `span`: its cost by source, and
-    /// what the sources other than the rates took of it, which the rates'
-    /// duty cycle leaves them next time.
-    pub fn close_interval(&mut self, span: Duration) -> ProfileCost {
+    /// Ends the interval, which lasted `span` and in which the target used
+    /// `cpu` of CPU time: its cost by source, and what the sources other
+    /// than the rates took of it, which the rates' duty cycle leaves them
+    /// next time.
+    pub fn close_interval(&mut self, span: Duration, cpu: Duration) -> ProfileCost {
         let interval = std::mem::take(&mut self.interval);
-        let span_s = span.as_secs_f64();
-        self.others_last = if span_s > 0.0 {
-            interval.iter().filter(|(name, _)| **name != RATES).map(|(_, s)| s.target.as_secs_f64()).sum::<f64>()
-                / span_s
-        } else {
-            0.0
-        };
+        let others: Duration = interval.iter().filter(|(name, _)| **name != RATES).map(|(_, s)| s.target).sum();
+        self.others_last = share(others, cpu, &interval);
         for (name, spent) in &interval {
             self.total.entry(name).or_default().add(*spent);
         }
         self.total_span += span;
-        self.cost(&interval, span)
+        self.total_cpu += cpu;
+        self.cost(&interval, span, cpu)
     }
 
     /// The run's cost so far.
     #[must_use]
     pub fn total(&self) -> ProfileCost {
-        self.cost(&self.total, self.total_span)
+        self.cost(&self.total, self.total_span, self.total_cpu)
     }
 
     /// The share of the time the rates' windows may cost the target: the
@@ -108,9 +121,8 @@ impl BudgetLedger {
         self.budget
     }
 
-    fn cost(&self, spent: &IndexMap<&'static str, Spent>, span: Duration) -> ProfileCost {
-        let span_s = span.as_secs_f64();
-        let share = |d: Duration| if span_s > 0.0 { d.as_secs_f64() / span_s } else { 0.0 };
+    fn cost(&self, spent: &IndexMap<&'static str, Spent>, span: Duration, cpu: Duration) -> ProfileCost {
+        let share = |d: Duration| share(d, cpu, spent);
         let sources: IndexMap<String, SourceCost> = spent
             .iter()
             .map(|(name, s)| {
@@ -126,10 +138,22 @@ impl BudgetLedger {
         ProfileCost {
             budget_percent: self.budget * 100.0,
             fraction: sources.values().map(|s| s.fraction).sum(),
-            span_s,
+            span_s: span.as_secs_f64(),
+            target_cpu_s: cpu.as_secs_f64(),
             sources,
         }
     }
+}
+
+/// `cost` as a share of the target's CPU time `cpu`, over a span in
+/// which every source of `spent` cost the target what it says. The probes
+/// run on the target's CPU time, so it is at least what they cost: where
+/// `/proc` counts less (it counts in clock ticks, 10 ms here), the sum of
+/// the costs stands in for it.
+fn share(cost: Duration, cpu: Duration, spent: &IndexMap<&'static str, Spent>) -> f64 {
+    let all: Duration = spent.values().map(|s| s.target).sum();
+    let cpu = cpu.max(all);
+    if cpu.is_zero() { 0.0 } else { cost.as_secs_f64() / cpu.as_secs_f64() }
 }
 
 #[cfg(test)]
@@ -146,7 +170,8 @@ mod tests {
         ledger.report(GC_PROBES, MS(2), Duration::ZERO, 0);
         ledger.report(GC_MEMORY, Duration::ZERO, Duration::from_micros(30), 72);
         ledger.report(GC_MEMORY, Duration::ZERO, Duration::from_micros(10), 72);
-        let cost = ledger.close_interval(MS(1000));
+        // The target used 1 s of CPU time over 2 s: the shares are of that.
+        let cost = ledger.close_interval(MS(2000), MS(1000));
         // 2 ms of 1 s to the GC probes: the rates keep 0.8%.
         assert!((ledger.left_for_rates() - 0.008).abs() < 1e-12, "{}", ledger.left_for_rates());
         assert!((cost.fraction - 0.009).abs() < 1e-12);
@@ -156,11 +181,25 @@ mod tests {
         assert!((cost.budget_percent - 1.0).abs() < 1e-12);
         // Others over the budget: the rates keep their floor.
         ledger.report(GC_PROBES, MS(30), Duration::ZERO, 0);
-        let _ = ledger.close_interval(MS(1000));
+        let _ = ledger.close_interval(MS(1000), MS(1000));
         assert!((ledger.left_for_rates() - 0.01 * RATES_FLOOR).abs() < 1e-12);
         let total = ledger.total();
-        assert!((total.span_s - 2.0).abs() < 1e-12);
+        assert!((total.span_s - 3.0).abs() < 1e-12);
+        assert!((total.target_cpu_s - 2.0).abs() < 1e-12);
         assert!((total.sources[GC_PROBES].target_s - 0.032).abs() < 1e-12);
         assert!((total.fraction - 0.0195).abs() < 1e-12, "{}", total.fraction);
+    }
+
+    #[test]
+    fn a_target_that_used_less_cpu_than_the_probes_cost_pays_at_least_that() {
+        let mut ledger = BudgetLedger::new(0.01);
+        // 4 ms of probe hits while /proc counted no tick: all of the time
+        // the target ran went to them.
+        ledger.report(RATES, MS(4), Duration::ZERO, 0);
+        let cost = ledger.close_interval(MS(1000), Duration::ZERO);
+        assert!((cost.fraction - 1.0).abs() < 1e-12);
+        // An idle target that cost nothing: no share, not a division by 0.
+        let cost = ledger.close_interval(MS(1000), Duration::ZERO);
+        assert!(cost.fraction.abs() < 1e-12);
     }
 }

@@ -102,7 +102,7 @@ fn mode_line(info: &Attached) -> Option<String> {
     let Some(e) = &info.estimated_cost else { return Some(format!("tracer: {what}")) };
     let percent = |f: f64| format!("{:.2}%", f * 100.0);
     let cost = match e.fraction {
-        Some(f) => format!("estimated cost {} of the target's time", percent(f)),
+        Some(f) => format!("estimated cost {} of the target's CPU time", percent(f)),
         None => format!("estimated cost unknown: {}", e.reason.as_deref().unwrap_or("no hit's cost")),
     };
     let budget = e.budget_fraction.map_or(String::new(), |b| format!(", budget {}", percent(b)));

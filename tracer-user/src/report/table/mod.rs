@@ -6,6 +6,7 @@
 mod blocks;
 mod cost;
 mod header;
+mod heap;
 
 use std::io::Write;
 
@@ -33,13 +34,21 @@ impl<W: Write, E: Write> TableReporter<W, E> {
     }
 
     fn block(&mut self, title: &str, sample: &Snapshot) -> std::io::Result<()> {
-        match sample.cost.as_ref().map(cost_text) {
+        // The production profile shows one cost, its ledger's: the hits'
+        // estimate (`cost` in the JSON) prices the same windows.
+        let cost = if sample.profile.is_some() { None } else { sample.cost.as_ref().map(cost_text) };
+        match cost {
             Some(cost) => writeln!(self.out, "{title}  {cost}")?,
             None => writeln!(self.out, "{title}")?,
         }
         let (returns, call_sites) =
             self.attached.as_ref().map_or((false, false), |a| (!a.returns.is_empty(), !a.call_sites.is_empty()));
-        let warning = sample.cost.and_then(|c| c.warning(sample.budget.map(|b| b.percent), returns, call_sites));
+        let mut cost = sample.cost;
+        if let (Some(c), Some(p)) = (cost.as_mut(), &sample.profile) {
+            c.overhead_fraction = Some(p.fraction);
+            c.overhead_fraction_low = None;
+        }
+        let warning = cost.and_then(|c| c.warning(sample.budget.map(|b| b.percent), returns, call_sites));
         if let Some(warning) = warning {
             writeln!(self.out, "  WARNING: {warning}")?;
         }
@@ -101,15 +110,20 @@ impl<W: Write, E: Write> TableReporter<W, E> {
                 b_rate
             )?;
         }
+        // In the profile its cost line above says what the windows cost.
+        let cost = if sample.profile.is_some() {
+            String::new()
+        } else {
+            format!("; estimated cost to the target {:.2}% of its CPU time", b.estimated_overhead_fraction * 100.0)
+        };
         writeln!(
             self.out,
-            "  ESTIMATES (--budget {}%): rates from {} windows that traced {:.2}s of {:.1}s ({:.2}%), as seen while traced; estimated cost to the target {:.2}% (a hit costs {:.0} ns single-stepped, {:.0} ns emulated here)",
+            "  ESTIMATES (--budget {}%): rates from {} windows that traced {:.2}s of {:.1}s ({:.2}%), as seen while traced{cost} (a hit costs {:.0} ns single-stepped, {:.0} ns emulated here, in CPU time)",
             b.percent,
             b.windows,
             b.traced_s,
             sample.elapsed_s,
             b.traced_fraction * 100.0,
-            b.estimated_overhead_fraction * 100.0,
             b.hit_cost_ns.single_stepped_ns,
             b.hit_cost_ns.emulated_ns,
         )?;
@@ -123,6 +137,9 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         self.nested_block(sample)?;
         if let Some(gc) = &sample.gc {
             self.gc_block(gc)?;
+        }
+        if let Some(h) = &sample.heap {
+            heap::heap_block(&mut self.out, h)?;
         }
         if let Some(live) = &sample.live {
             super::live::live(&mut self.out, live)?;
@@ -231,7 +248,11 @@ fn profile_line(p: &crate::model::ProfileCost) -> String {
         .iter()
         .map(|(name, s)| {
             let tracer = if s.tracer_cpu_s > 0.0 || s.bytes_read > 0 {
-                format!(" (tracer: {:.2} ms CPU, {} B read)", s.tracer_cpu_s * 1e3, group(s.bytes_read))
+                format!(
+                    " (tracer: {:.2} ms CPU, {} read)",
+                    s.tracer_cpu_s * 1e3,
+                    crate::heap::print::bytes(s.bytes_read)
+                )
             } else {
                 String::new()
             };
@@ -239,8 +260,9 @@ fn profile_line(p: &crate::model::ProfileCost) -> String {
         })
         .collect();
     format!(
-        "  profile cost ≈{:.3}% of the target's time (budget {}%): {}",
+        "  profile cost ≈{:.3}% of the target's CPU time ({:.2} s of it; budget {}%): {}",
         p.fraction * 100.0,
+        p.target_cpu_s,
         (p.budget_percent * 1e6).round() / 1e6,
         parts.join(", ")
     )
@@ -311,7 +333,7 @@ mod tests {
             ["PyObject_Malloc", "4", "40", "±?", "4,000", "40,000", "±?"]
         );
         assert!(
-            text.contains("ESTIMATES (--budget 1%): rates from 4 windows that traced 0.10s of 10.0s (1.00%), as seen while traced; estimated cost to the target 0.90%"),
+            text.contains("ESTIMATES (--budget 1%): rates from 4 windows that traced 0.10s of 10.0s (1.00%), as seen while traced; estimated cost to the target 0.90% of its CPU time (a hit costs"),
             "{text}"
         );
     }

@@ -53,6 +53,70 @@ use crate::{
 /// See [`CostMeter::observe`].
 const START_SLACK_NS: f64 = 0.5e9;
 
+/// Clock ticks per second, as `/proc/PID/stat` counts CPU time.
+#[allow(clippy::cast_precision_loss, reason = "clock ticks per second")]
+fn ticks_per_s() -> f64 {
+    procfs::ticks_per_second() as f64
+}
+
+/// Clock ticks since boot, as `/proc/PID/stat`'s start times are.
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "ticks since boot")]
+fn ticks_now() -> u64 {
+    let uptime = procfs::Uptime::current().map_or(0.0, |u| u.uptime_duration().as_secs_f64());
+    (uptime * ticks_per_s()) as u64
+}
+
+/// The CPU time the traced processes used from now on (user and system,
+/// `/proc/PID/stat`), summed: what the budget is a share of.
+#[derive(Clone, Debug)]
+pub struct TargetCpu {
+    ledger: Ledger,
+    target: Option<u32>,
+    ticks_per_s: f64,
+}
+
+impl TargetCpu {
+    /// From now on, of `target` (`None` with `--exe`: the processes each
+    /// reading names).
+    #[must_use]
+    pub fn new(target: Option<u32>) -> Self {
+        let mut cpu = Self { ledger: Ledger::new(0, ticks_now()), target, ticks_per_s: ticks_per_s() };
+        let _ = cpu.read(&[]);
+        cpu
+    }
+
+    /// The CPU time so far: of `--pid`'s process, or with `--exe` of the
+    /// processes in `live` (each from when it was first read; one that
+    /// exits between two readings loses what it used since the last).
+    pub fn read(&mut self, live: &[u32]) -> Duration {
+        let target = self.target.map(|t| [t]);
+        let pids = target.as_ref().map_or(live, |t| &t[..]);
+        for &pid in pids {
+            if let Some(cpu) = read_cpu(pid) {
+                self.ledger.observe(pid, None, cpu);
+            }
+        }
+        #[allow(clippy::cast_precision_loss, reason = "clock ticks of CPU time")]
+        Duration::from_secs_f64(self.ledger.paired().cpu_ticks as f64 / self.ticks_per_s)
+    }
+}
+
+/// The CPU time `pid` has used, in nanoseconds, summed over its threads'
+/// `schedstat` (exact, where `/proc/PID/stat` counts clock ticks): for a
+/// window too short for ticks. `None` once it is gone; a thread that ends
+/// between two readings takes its time with it.
+#[must_use]
+pub fn process_cpu_ns(pid: u32) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut sum = 0u64;
+    for task in tasks.flatten() {
+        let Ok(text) = std::fs::read_to_string(task.path().join("schedstat")) else { continue };
+        let ns = text.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
+        sum = sum.saturating_add(ns);
+    }
+    Some(sum)
+}
+
 /// How long the end of a run waits for a calibration still running, so
 /// that the summary of a short run has its cost: calibrating takes about a
 /// second, several on a loaded machine (and in a debug build, whose own
@@ -160,12 +224,8 @@ impl CostMeter {
         calibration: Calibration,
         advice: Advice,
     ) -> Self {
-        #[allow(clippy::cast_precision_loss, reason = "clock ticks per second")]
-        let ticks_per_s = procfs::ticks_per_second() as f64;
-        // Since boot, as /proc/PID/stat's start times are.
-        let uptime = procfs::Uptime::current().map_or(0.0, |u| u.uptime_duration().as_secs_f64());
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "ticks since boot")]
-        let attach_ticks = (uptime * ticks_per_s) as u64;
+        let ticks_per_s = ticks_per_s();
+        let attach_ticks = ticks_now();
         let slots = plan.probes.len();
         let mut meter = Self {
             sites: SitePlan::new(plan),
@@ -300,6 +360,14 @@ impl CostMeter {
         let delta = now.since(&self.mark);
         self.mark = now;
         self.cost_of(&delta)
+    }
+
+    /// The CPU time the traced processes used from the attach to the last
+    /// reading (paired with hits, see [`Self::observe`]).
+    #[must_use]
+    pub fn target_cpu(&self) -> Duration {
+        #[allow(clippy::cast_precision_loss, reason = "clock ticks of CPU time")]
+        Duration::from_secs_f64(self.ledger.paired().cpu_ticks as f64 / self.ticks_per_s)
     }
 
     /// The cost over the whole run.

@@ -1,0 +1,179 @@
+//! The production profile's heap in the table: a compact block of the
+//! types with most bytes and their change, and the ones that grew most
+//! besides (what is growing is the point).
+
+use std::io::Write;
+
+use crate::{
+    heap::print::{bytes, thousands},
+    model::heap::Heap,
+};
+
+/// Rows of the heap block: the types with most bytes.
+pub const ROWS: usize = 8;
+/// Types named on the block's "grew most" line, besides the rows.
+const GROWERS: usize = 3;
+
+/// `+1,234`, `-1,234`, `0`.
+fn signed_count(n: i64) -> String {
+    match n {
+        0 => "0".to_owned(),
+        n if n > 0 => format!("+{}", thousands(n.unsigned_abs())),
+        n => format!("-{}", thousands(n.unsigned_abs())),
+    }
+}
+
+/// `+4.6 MiB`, `-12 B`, `0`.
+fn signed_bytes(n: i64) -> String {
+    match n {
+        0 => "0".to_owned(),
+        n if n > 0 => format!("+{}", bytes(n.unsigned_abs())),
+        n => format!("-{}", bytes(n.unsigned_abs())),
+    }
+}
+
+/// Writes the heap block of `heap`.
+pub fn heap_block(out: &mut impl Write, heap: &Heap) -> std::io::Result<()> {
+    let other = heap.other.unwrap_or_default();
+    let objects = heap.types.iter().fold(other.count, |n, t| n.saturating_add(t.count));
+    let size = heap.types.iter().fold(other.bytes, |n, t| n.saturating_add(t.bytes));
+    let types = heap.types.len() as u64 + other.types;
+    let since = heap.since_s.map_or_else(|| "the run's first".to_owned(), |s| format!("changes since {s:.1} s"));
+    let every = if heap.every > 1 { format!(", taken every {} intervals", heap.every) } else { String::new() };
+    let memory = match (heap.rss, heap.unaccounted) {
+        (Some(rss), Some(u)) => {
+            let sign = if u < 0 { "-" } else { "" };
+            format!("; RSS {}, {sign}{} not accounted for", bytes(rss), bytes(u.unsigned_abs()))
+        }
+        _ => String::new(),
+    };
+    writeln!(
+        out,
+        "  heap (census {} at {:.1} s, {since}{every}; {:.0} ms, {} read): {} objects, {} in {} types{memory}",
+        heap.census,
+        heap.taken_s,
+        heap.cost.elapsed_ms,
+        bytes(heap.cost.bytes_read),
+        thousands(objects),
+        bytes(size),
+        thousands(types),
+    )?;
+    writeln!(out, "  {:>12} {:>10} {:>11} {:>11}  type", "objects", "change", "bytes", "change")?;
+    let dash = || "-".to_owned();
+    for t in heap.types.iter().take(ROWS) {
+        writeln!(
+            out,
+            "  {:>12} {:>10} {:>11} {:>11}  {}",
+            thousands(t.count),
+            t.count_change.map_or_else(dash, signed_count),
+            bytes(t.bytes),
+            t.bytes_change.map_or_else(dash, signed_bytes),
+            t.name
+        )?;
+    }
+    let mut growing: Vec<_> = heap.types.iter().skip(ROWS).filter(|t| t.bytes_change.is_some_and(|c| c > 0)).collect();
+    growing.sort_by_key(|t| std::cmp::Reverse(t.bytes_change));
+    if !growing.is_empty() {
+        let named: Vec<String> = growing
+            .iter()
+            .take(GROWERS)
+            .map(|t| {
+                let count = t.count_change.map_or_else(dash, signed_count);
+                format!("{} {count} ({})", t.name, t.bytes_change.map_or_else(dash, signed_bytes))
+            })
+            .collect();
+        writeln!(out, "  grew most besides: {}", named.join(", "))?;
+    }
+    let p = &heap.pymalloc;
+    writeln!(
+        out,
+        "  pymalloc: {} arenas, {} pools in use and {} empty, {} free in the pools in use",
+        thousands(p.arenas),
+        thousands(p.pools),
+        thousands(p.empty_pools),
+        bytes(p.free_bytes)
+    )?;
+    for note in &heap.partial {
+        writeln!(out, "  heap partial: {note}")?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use indexmap::IndexMap;
+
+    use super::*;
+    use crate::model::heap::{HeapCost, HeapType, OtherTypes, Outside, Pymalloc};
+
+    fn row(name: &str, count: u64, bytes: u64, change: Option<(i64, i64)>) -> HeapType {
+        HeapType {
+            name: name.into(),
+            count,
+            bytes,
+            count_change: change.map(|c| c.0),
+            bytes_change: change.map(|c| c.1),
+        }
+    }
+
+    pub(crate) fn heap(types: Vec<HeapType>, since_s: Option<f64>) -> Heap {
+        Heap {
+            census: 2,
+            taken_s: 2.0,
+            since_s,
+            every: 1,
+            types,
+            other: None,
+            pymalloc: Pymalloc { arenas: 3, pools: 120, free_bytes: 4096, ..Pymalloc::default() },
+            outside: Outside::default(),
+            rss: Some(30 << 20),
+            accounted: 20 << 20,
+            unaccounted: Some(10 << 20),
+            rejected: IndexMap::new(),
+            partial: Vec::new(),
+            cost: HeapCost { elapsed_ms: 12.3, cpu_ms: 11.0, bytes_read: 5 << 20, reads: 40 },
+        }
+    }
+
+    #[test]
+    fn the_block_shows_the_top_types_and_what_grew_besides() {
+        let mut types: Vec<HeapType> =
+            (0..10).map(|i| row(&format!("t{i}"), 100 - i, (100 - i) * 1024, Some((0, 0)))).collect();
+        types[0].count_change = Some(1000);
+        types[0].bytes_change = Some(56_000);
+        types[9].count_change = Some(7);
+        types[9].bytes_change = Some(700);
+        types.push(row("gone", 0, 0, Some((-5, -160))));
+        let mut h = heap(types, Some(1.0));
+        h.other = Some(OtherTypes { types: 4, count: 10, bytes: 320, count_change: Some(0), bytes_change: Some(0) });
+        let mut out = Vec::new();
+        heap_block(&mut out, &h).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "  heap (census 2 at 2.0 s, changes since 1.0 s; 12 ms, 5.0 MiB read): 965 objects, 955.3 KiB in 15 types; RSS 30.0 MiB, 10.0 MiB not accounted for"
+        );
+        assert_eq!(
+            lines[2].split_whitespace().collect::<Vec<_>>(),
+            ["100", "+1,000", "100.0", "KiB", "+54.7", "KiB", "t0"]
+        );
+        assert_eq!(lines.len(), 2 + ROWS + 2, "{text}");
+        assert_eq!(lines[2 + ROWS], "  grew most besides: t9 +7 (+700 B)");
+        assert_eq!(
+            lines[3 + ROWS],
+            "  pymalloc: 3 arenas, 120 pools in use and 0 empty, 4.0 KiB free in the pools in use"
+        );
+    }
+
+    #[test]
+    fn the_first_census_has_no_change() {
+        let h = heap(vec![row("dict", 3, 700, None)], None);
+        let mut out = Vec::new();
+        heap_block(&mut out, &h).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("  heap (census 2 at 2.0 s, the run's first; "), "{text}");
+        let row = text.lines().nth(2).unwrap();
+        assert_eq!(row.split_whitespace().collect::<Vec<_>>(), ["3", "-", "700", "B", "-", "dict"]);
+    }
+}

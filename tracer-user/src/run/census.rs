@@ -1,0 +1,458 @@
+//! The heap census in the production profile: `tracer heap`'s census
+//! ([`crate::heap`]) taken on a thread of its own, started at each interval
+//! and read at the next, so that a census never holds up an interval, a
+//! signal or a window of the rates. Each census is set against the one
+//! before it, type by type ([`heap_of`]).
+//!
+//! A census reads the whole heap: its time grows with the heap (about 2 s
+//! for 1 GiB here). One that takes over [`SHARE`] of an interval is
+//! spaced out, started every K intervals, and a note says so; two never
+//! overlap. Its CPU time and the bytes it read are tracer's, not the
+//! target's: they go to the ledger as tracer's (`census`), and the thread
+//! runs at a lower priority, behind the target.
+
+use std::{
+    sync::mpsc::{self, Receiver, Sender, TryRecvError},
+    time::{Duration, Instant},
+};
+
+use super::gcmem::thread_cpu;
+use crate::{
+    heap::{self, HeapError, model::Census},
+    model::{
+        Level, Note, NoteCode,
+        heap::{Heap, HeapCost, HeapType, OtherTypes, TOP_GROWING, TOP_TYPES},
+    },
+};
+
+/// The most of an interval a census may take before it is spaced out.
+pub const SHARE: f64 = 0.5;
+
+/// How long the end of a run waits for a census still running (or for
+/// one, where the run read none), once the probes are detached: a census
+/// of a 1 GiB heap takes about 2 s here.
+pub const SUMMARY_WAIT: Duration = Duration::from_secs(10);
+
+/// Censuses that fail one after another before the profile stops taking
+/// them.
+const FAILURES: u32 = 3;
+
+/// What the census thread sends back.
+enum Taken {
+    /// The interpreter could not be read at all.
+    Unavailable(HeapError),
+    Census {
+        result: Result<Box<Census>, HeapError>,
+        began: Instant,
+        cpu: Duration,
+    },
+}
+
+/// One census, read.
+struct Done {
+    census: Census,
+    taken_s: f64,
+    cpu: Duration,
+}
+
+/// The census source of one run.
+pub struct CensusSource {
+    pid: u32,
+    requests: Sender<()>,
+    results: Receiver<Taken>,
+    /// A census requested and not read back yet.
+    running: bool,
+    /// When the run's probes went live, which `taken_s` counts from.
+    started: Instant,
+    interval: Duration,
+    every: u32,
+    /// The spacing the notes last told of.
+    noted: u32,
+    /// Intervals since the last census was started.
+    since_start: u32,
+    first: Option<Done>,
+    previous: Option<Done>,
+    latest: Option<Done>,
+    taken: u64,
+    /// The tracer CPU time and bytes read of censuses read since the last
+    /// call of [`Self::cost`].
+    cpu: Duration,
+    bytes: u64,
+    failures: u32,
+    stopped: bool,
+    notes: Vec<Note>,
+}
+
+impl CensusSource {
+    /// Starts the census thread on `pid` and its first census, at once.
+    /// `None`, with a note, where no thread could be started.
+    pub fn start(pid: u32, debug_dir: Option<std::path::PathBuf>, interval: Duration) -> Result<Self, Note> {
+        let (requests, wanted) = mpsc::channel::<()>();
+        let (sent, results) = mpsc::channel();
+        let options = heap::Options { debug_dir, catch_signals: false, ..heap::Options::default() };
+        let spawned = std::thread::Builder::new().name("census".to_owned()).spawn(move || {
+            // Behind the target: its CPU time is the budget's, this is
+            // tracer's. Best effort.
+            // SAFETY: setpriority has no memory-safety preconditions; on
+            // Linux PRIO_PROCESS with this thread's ID sets this thread's
+            // nice value alone.
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::id_t::try_from(libc::gettid()).unwrap_or(0), 10) };
+            // Opened here: what it holds is this thread's alone.
+            let heap = match heap::Heap::open(pid, &options) {
+                Ok(heap) => heap,
+                Err(e) => {
+                    let _ = sent.send(Taken::Unavailable(e));
+                    return;
+                }
+            };
+            while wanted.recv().is_ok() {
+                let began = Instant::now();
+                let cpu = thread_cpu();
+                let result = heap.census().map(Box::new);
+                let cpu = thread_cpu().saturating_sub(cpu);
+                if sent.send(Taken::Census { result, began, cpu }).is_err() {
+                    return;
+                }
+            }
+        });
+        if let Err(e) = spawned {
+            return Err(Note::new(
+                Level::Warning,
+                NoteCode::Heap,
+                format!("no heap census: cannot start a thread to take it on ({e})"),
+            ));
+        }
+        let source = Self {
+            pid,
+            requests,
+            results,
+            running: false,
+            started: Instant::now(),
+            interval,
+            every: 1,
+            noted: 1,
+            since_start: 0,
+            first: None,
+            previous: None,
+            latest: None,
+            taken: 0,
+            cpu: Duration::ZERO,
+            bytes: 0,
+            failures: 0,
+            stopped: false,
+            notes: Vec::new(),
+        };
+        Ok(source)
+    }
+
+    /// The run's probes went live at `started`; the first census starts now.
+    pub fn started(&mut self, started: Instant) {
+        self.started = started;
+        self.request();
+    }
+
+    fn request(&mut self) {
+        if self.stopped || self.running {
+            return;
+        }
+        if self.requests.send(()).is_ok() {
+            self.running = true;
+            self.since_start = 0;
+        } else {
+            self.stop("the census thread ended".to_owned());
+        }
+    }
+
+    fn stop(&mut self, why: String) {
+        if !self.stopped {
+            self.stopped = true;
+            self.notes.push(Note::new(Level::Warning, NoteCode::Heap, why));
+        }
+    }
+
+    /// Reads back a finished census, if there is one.
+    fn poll(&mut self) {
+        loop {
+            match self.results.try_recv() {
+                Ok(taken) => self.read(taken),
+                Err(TryRecvError::Empty) => return,
+                Err(TryRecvError::Disconnected) => {
+                    self.running = false;
+                    if !self.stopped && self.latest.is_none() {
+                        self.stop("no heap census: the census thread ended".to_owned());
+                    }
+                    self.stopped = true;
+                    return;
+                }
+            }
+        }
+    }
+
+    fn read(&mut self, taken: Taken) {
+        self.running = false;
+        match taken {
+            Taken::Unavailable(e) => self.stop(format!("no heap census of PID {}: {e}", self.pid)),
+            Taken::Census { result: Err(e), cpu, .. } => {
+                self.cpu += cpu;
+                self.failures += 1;
+                let what = format!("the heap census of PID {} failed: {e}", self.pid);
+                if matches!(e, HeapError::Exited { .. }) {
+                    // The run ends with the target; nothing to retry.
+                    self.stopped = true;
+                } else if self.failures >= FAILURES {
+                    self.stop(format!("{what}; {FAILURES} in a row, so no more censuses this run"));
+                } else {
+                    self.notes.push(Note::new(
+                        Level::Warning,
+                        NoteCode::Heap,
+                        format!("{what}; the next is taken as usual"),
+                    ));
+                }
+            }
+            Taken::Census { result: Ok(census), began, cpu } => {
+                self.failures = 0;
+                self.cpu += cpu;
+                self.bytes += census.cost.bytes_read;
+                self.taken += 1;
+                self.space(census.cost.elapsed_ms);
+                let taken_s = began.saturating_duration_since(self.started).as_secs_f64();
+                let done = Done { census: *census, taken_s, cpu };
+                if self.first.is_none() {
+                    self.first = Some(Done { census: done.census.clone(), ..done });
+                }
+                self.previous = self.latest.replace(done);
+            }
+        }
+    }
+
+    /// Spaces censuses out so that each takes at most [`SHARE`] of the
+    /// time between them, after one that took `elapsed_ms`.
+    fn space(&mut self, elapsed_ms: f64) {
+        let interval_ms = self.interval.as_secs_f64() * 1000.0;
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a small count of intervals")]
+        let every =
+            if interval_ms > 0.0 { (elapsed_ms / (interval_ms * SHARE)).ceil().clamp(1.0, 1e6) as u32 } else { 1 };
+        // Said when the spacing begins, and again where it doubles.
+        if every > 1 && every >= 2 * self.noted {
+            self.noted = every;
+            self.notes.push(Note::new(
+                Level::Note,
+                NoteCode::Heap,
+                format!(
+                    "the heap census took {:.0} ms, over {:.0}% of the {:.2} s interval: taken every {every} intervals from now on",
+                    elapsed_ms,
+                    SHARE * 100.0,
+                    self.interval.as_secs_f64()
+                ),
+            ));
+        }
+        self.every = every;
+    }
+
+    /// One interval: reads back a finished census, starts the next when
+    /// it is due and none is running, and returns the heap to report.
+    pub fn interval(&mut self) -> Option<Heap> {
+        self.poll();
+        self.since_start = self.since_start.saturating_add(1);
+        if self.since_start >= self.every {
+            self.request();
+        }
+        self.report(false)
+    }
+
+    /// The heap the summary reports: the latest census against the run's
+    /// first.
+    pub fn summary(&mut self) -> Option<Heap> {
+        self.poll();
+        self.report(true)
+    }
+
+    /// Whether a census is running that the summary could wait for.
+    pub fn pending(&mut self) -> bool {
+        self.poll();
+        self.running
+    }
+
+    /// Starts a census for the summary where none was ever read and none
+    /// is running.
+    pub fn ensure_one(&mut self) {
+        self.poll();
+        if self.latest.is_none() {
+            self.request();
+        }
+    }
+
+    /// The tracer CPU time and bytes read since the last call.
+    pub fn cost(&mut self) -> (Duration, u64) {
+        (std::mem::take(&mut self.cpu), std::mem::take(&mut self.bytes))
+    }
+
+    /// Notes since the last call.
+    pub fn take_notes(&mut self) -> Vec<Note> {
+        std::mem::take(&mut self.notes)
+    }
+
+    fn report(&self, summary: bool) -> Option<Heap> {
+        let latest = self.latest.as_ref()?;
+        let since = if summary { self.first.as_ref() } else { self.previous.as_ref() };
+        // The run's first census, in the summary: against nothing.
+        let since = since.filter(|s| s.taken_s < latest.taken_s);
+        Some(heap_of(
+            &latest.census,
+            since.map(|s| (&s.census, s.taken_s)),
+            (self.taken, latest.taken_s, latest.cpu),
+            self.every,
+        ))
+    }
+}
+
+/// The reported heap of `census`, taken at `taken_s` as the run's
+/// `number`th with `cpu` of tracer's time, against `since` where there is
+/// one: the types bounded to the [`TOP_TYPES`] with most bytes and the
+/// [`TOP_GROWING`] that grew most besides, the rest summed.
+#[must_use]
+pub fn heap_of(
+    census: &Census,
+    since: Option<(&Census, f64)>,
+    (number, taken_s, cpu): (u64, f64, Duration),
+    every: u32,
+) -> Heap {
+    let mut rows: Vec<HeapType> = match since {
+        Some((before, _)) => heap::model::diff(before, census)
+            .into_iter()
+            .map(|c| HeapType {
+                name: c.name,
+                count: c.count,
+                bytes: c.bytes,
+                count_change: Some(c.count_change),
+                bytes_change: Some(c.bytes_change),
+            })
+            .collect(),
+        None => census
+            .types
+            .iter()
+            .map(|t| HeapType {
+                name: t.name.clone(),
+                count: t.count,
+                bytes: t.bytes,
+                count_change: None,
+                bytes_change: None,
+            })
+            .collect(),
+    };
+    // Most bytes first; what went (no bytes) by how much it had.
+    rows.sort_by(|a, b| {
+        b.bytes.cmp(&a.bytes).then_with(|| a.bytes_change.cmp(&b.bytes_change)).then_with(|| a.name.cmp(&b.name))
+    });
+    let mut keep = vec![false; rows.len()];
+    keep.iter_mut().take(TOP_TYPES).for_each(|k| *k = true);
+    let mut growing: Vec<usize> =
+        (TOP_TYPES..rows.len()).filter(|&i| rows[i].bytes_change.is_some_and(|c| c > 0)).collect();
+    growing.sort_by_key(|&i| std::cmp::Reverse(rows[i].bytes_change));
+    for i in growing.into_iter().take(TOP_GROWING) {
+        keep[i] = true;
+    }
+    let mut types = Vec::new();
+    let mut other: Option<OtherTypes> = None;
+    for (row, keep) in rows.into_iter().zip(keep) {
+        if keep {
+            types.push(row);
+            continue;
+        }
+        let o = other.get_or_insert_with(|| OtherTypes {
+            count_change: since.map(|_| 0),
+            bytes_change: since.map(|_| 0),
+            ..OtherTypes::default()
+        });
+        o.types += 1;
+        o.count = o.count.saturating_add(row.count);
+        o.bytes = o.bytes.saturating_add(row.bytes);
+        o.count_change = o.count_change.zip(row.count_change).map(|(a, b)| a.saturating_add(b));
+        o.bytes_change = o.bytes_change.zip(row.bytes_change).map(|(a, b)| a.saturating_add(b));
+    }
+    Heap {
+        census: number,
+        taken_s,
+        since_s: since.map(|(_, s)| s),
+        every,
+        types,
+        other,
+        pymalloc: census.pymalloc.clone(),
+        outside: census.outside.clone(),
+        rss: census.rss,
+        accounted: census.accounted,
+        unaccounted: census.unaccounted,
+        rejected: census.rejected.clone(),
+        partial: census.partial.clone(),
+        cost: HeapCost {
+            elapsed_ms: census.cost.elapsed_ms,
+            cpu_ms: cpu.as_secs_f64() * 1000.0,
+            bytes_read: census.cost.bytes_read,
+            reads: census.cost.reads,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use indexmap::IndexMap;
+
+    use super::*;
+    use crate::heap::model::{Cost, Outside, Pymalloc, TypeRow};
+
+    fn census(types: &[(String, u64, u64)]) -> Census {
+        Census {
+            pid: 1,
+            python: "3.11.7".into(),
+            image: "python".into(),
+            exact: false,
+            stopped_ms: None,
+            types: types
+                .iter()
+                .map(|(n, c, b)| TypeRow { name: n.clone(), count: *c, bytes: *b, outside: 0 })
+                .collect(),
+            pymalloc: Pymalloc::default(),
+            outside: Outside::default(),
+            rss: Some(1 << 20),
+            accounted: 1 << 19,
+            unaccounted: Some(1 << 19),
+            rejected: IndexMap::new(),
+            partial: Vec::new(),
+            cost: Cost { elapsed_ms: 5.0, bytes_read: 4096, reads: 2, types_read: 3 },
+        }
+    }
+
+    #[test]
+    fn the_types_are_bounded_and_what_grows_is_kept() {
+        // 300 types of 1,000 bytes and more; then one small one that grew.
+        let mut before: Vec<(String, u64, u64)> = (0..300).map(|i| (format!("t{i:03}"), 10, 1000 + 300 - i)).collect();
+        before.push(("small".into(), 1, 16));
+        let mut after = before.clone();
+        after[300] = ("small".into(), 101, 516);
+        after.push(("new".into(), 2, 32));
+        // One that went.
+        before.push(("gone".into(), 4, 64));
+        let (before, after) = (census(&before), census(&after));
+        let h = heap_of(&after, Some((&before, 1.0)), (2, 2.0, Duration::from_millis(3)), 1);
+        assert_eq!(h.types.len(), TOP_TYPES + 2, "the top by bytes, and the two that grew besides");
+        assert_eq!(h.types[0].name, "t000");
+        let small = h.types.iter().find(|t| t.name == "small").unwrap();
+        assert_eq!((small.count_change, small.bytes_change), (Some(100), Some(500)));
+        let other = h.other.unwrap();
+        // 100 of the 300 big ones, and the one that went.
+        assert_eq!(
+            (other.types, other.count, other.count_change, other.bytes_change),
+            (101, 1000, Some(-4), Some(-64))
+        );
+        let listed: u64 = h.types.iter().map(|t| t.count).sum();
+        assert_eq!(listed + other.count, after.types.iter().map(|t| t.count).sum::<u64>());
+        assert_eq!((h.census, h.since_s, h.cost.bytes_read), (2, Some(1.0), 4096));
+        assert!((h.cost.cpu_ms - 3.0).abs() < 1e-9);
+        // The first census: no changes anywhere.
+        let first = heap_of(&after, None, (1, 0.1, Duration::ZERO), 1);
+        assert!(first.types.iter().all(|t| t.count_change.is_none() && t.bytes_change.is_none()));
+        assert_eq!(first.other.map(|o| (o.types, o.count_change)), Some((102, None)));
+        let json = serde_json::to_string(&first.types[0]).unwrap();
+        assert_eq!(json, r#"{"name":"t000","count":10,"bytes":1300}"#);
+    }
+}

@@ -1,0 +1,92 @@
+//! What the run does once its probes are detached: waits for what the
+//! summary still needs (a calibration, a heap census), and writes the
+//! stacks' files.
+
+use tokio::{signal::unix::Signal, time::sleep_until};
+
+use super::{
+    census,
+    cost::{self, CostMeter},
+    profile::Profile,
+};
+use crate::{
+    config::AttachConfig,
+    discover::TargetSpec,
+    model::{Level, Note, NoteCode, Snapshot},
+    report::{self, files::OutputError},
+};
+
+/// Waits for a calibration still running and a heap census still running
+/// (or a first one), each within its limit; a second `SIGINT` or
+/// `SIGTERM` stops waiting at once.
+pub async fn wait_detached(
+    cost: &mut CostMeter,
+    mut profile: Option<&mut Profile>,
+    (sigint, sigterm): (&mut Signal, &mut Signal),
+) {
+    // Detached, so waiting costs the target nothing: a run shorter than
+    // the calibration still ends with its cost, and one that ended while
+    // a census was running (or before any) with its heap.
+    let calibrated_by = tokio::time::Instant::now() + cost::CALIBRATION_WAIT;
+    let census_by = tokio::time::Instant::now() + census::SUMMARY_WAIT;
+    let mut census_wait = profile.is_some();
+    loop {
+        census_wait = census_wait && profile.as_deref_mut().is_some_and(Profile::census_pending);
+        if !cost.calibrating() && !census_wait {
+            break;
+        }
+        tokio::select! {
+            biased;
+            // Asked again to stop: at once, without a cost or the heap
+            // being read.
+            _ = sigint.recv() => {
+                cost.give_up(None);
+                census_wait = false;
+            }
+            _ = sigterm.recv() => {
+                cost.give_up(None);
+                census_wait = false;
+            }
+            () = sleep_until(calibrated_by), if cost.calibrating() => {
+                cost.give_up(Some(format!("calibrating took over {} s", cost::CALIBRATION_WAIT.as_secs())));
+            }
+            () = sleep_until(census_by), if census_wait => census_wait = false,
+            () = tokio::time::sleep(std::time::Duration::from_millis(10)) => {}
+        }
+    }
+}
+
+/// Writes `--folded` and `--flamegraph` from the summary's stacks, and
+/// says where.
+pub fn write_stacks(
+    stacks: &crate::config::StacksConfig,
+    last: &Snapshot,
+    config: &AttachConfig,
+) -> Result<Vec<Note>, OutputError> {
+    let all = last.stacks.as_deref().unwrap_or_default();
+    let lines = report::stacks::folded(all, stacks.weight);
+    let mut notes = Vec::new();
+    let what = match &config.target {
+        TargetSpec::Pid(pid) => format!("PID {pid}"),
+        TargetSpec::Exe(exe) => exe.display().to_string(),
+    };
+    let sampled = if stacks.sample > 1 { format!(", 1 in {} sampled, scaled", stacks.sample) } else { String::new() };
+    if let Some(file) = &stacks.folded {
+        report::stacks::write_folded(file, &lines)?;
+        notes.push(Note::new(
+            Level::Note,
+            NoteCode::Written,
+            format!("wrote {} folded stacks by {} to {}", lines.len(), stacks.weight, file.path.display()),
+        ));
+    }
+    if let Some(file) = &stacks.flamegraph {
+        let title = format!("tracer: allocations of {what} by {}{sampled}", stacks.weight);
+        report::stacks::write_flamegraph(file, &lines, &title, stacks.weight)?;
+        notes.push(Note::new(
+            Level::Note,
+            NoteCode::Written,
+            format!("wrote the flame graph of {} stacks to {}", lines.len(), file.path.display()),
+        ));
+    }
+    Ok(notes)
+}
