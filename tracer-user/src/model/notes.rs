@@ -49,6 +49,10 @@ pub enum NoteCode {
     /// collection function tracer knows), or the function's counts hold
     /// calls the markers would not count.
     Gc,
+    /// With `--growth`: heap growth cannot be sampled in this target (no
+    /// symbol table with pymalloc's slow path, `--exe`), or what its
+    /// samples miss.
+    Growth,
 }
 
 /// A diagnostic, as an event.

@@ -9,6 +9,7 @@ mod duty;
 pub mod exit;
 pub mod exits;
 pub mod gcmem;
+pub mod growth;
 pub mod profile;
 mod late;
 pub mod live;
@@ -183,6 +184,55 @@ fn write_stacks(
     Ok(notes)
 }
 
+/// With `--growth-folded` and `--growth-flamegraph`, writes the summary's
+/// growth stacks (the pools each holds, in bytes), and says where.
+fn write_growth(
+    growth: &crate::config::GrowthConfig,
+    last: &Snapshot,
+    config: &AttachConfig,
+) -> Result<Vec<Note>, OutputError> {
+    let stacks: Vec<crate::model::StackCount> = last
+        .growth
+        .as_ref()
+        .and_then(|g| g.stacks.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|s| crate::model::StackCount {
+            probe: "[pool taken]".to_owned(),
+            frames: s.frames.clone(),
+            truncated: s.truncated,
+            calls: s.samples,
+            bytes: s.in_use_bytes,
+            ..crate::model::StackCount::default()
+        })
+        .collect();
+    let lines = report::stacks::folded(&stacks, crate::config::Weight::Bytes);
+    let what = match &config.target {
+        TargetSpec::Pid(pid) => format!("PID {pid}"),
+        TargetSpec::Exe(exe) => exe.display().to_string(),
+    };
+    let mut notes = Vec::new();
+    if let Some(file) = &growth.folded {
+        report::stacks::write_folded(file, &lines)?;
+        notes.push(Note::new(
+            Level::Note,
+            NoteCode::Written,
+            format!("wrote {} folded growth stacks by bytes (sampled estimates) to {}", lines.len(), file.path.display()),
+        ));
+    }
+    if let Some(file) = &growth.flamegraph {
+        let every = last.growth.as_ref().map_or(0, |g| g.sample_every);
+        let title = format!("tracer: heap growth of {what} by Python stack, pools in use by taker (1 take in {every} sampled)");
+        report::stacks::write_flamegraph(file, &lines, &title, crate::config::Weight::Bytes)?;
+        notes.push(Note::new(
+            Level::Note,
+            NoteCode::Written,
+            format!("wrote the flame graph of {} growth stacks to {}", lines.len(), file.path.display()),
+        ));
+    }
+    Ok(notes)
+}
+
 /// Room for distinct stacks, and for (process, probe, stack) counts: a
 /// stack is 2 KB in the kernel, allocated as it is first seen.
 const STACK_ENTRIES: u32 = 1 << 14;
@@ -236,6 +286,7 @@ fn attached_event(session: &Session, r: &Resolved, links: Links, cost: &CostMete
         coverage: probes.iter().map(|p| (p.symbol.to_owned(), p.coverage.clone())).collect(),
         sites: cost.sites(session.plan()),
         gc: None,
+        growth: None,
         native: probes.iter().find_map(|p| p.file.as_ref()).map(|f| f.display_path.display().to_string()),
     }
 }
@@ -285,6 +336,8 @@ struct Run {
     cost: CostMeter,
     /// In the production profile.
     profile: Option<Profile>,
+    /// With `--growth`: its samples' readout, or why there is none.
+    growth: Option<Result<growth::Growth, String>>,
 }
 
 impl Run {
@@ -318,10 +371,22 @@ impl Run {
             .as_ref()
             .and_then(|l| l.leaks)
             .map(|l| live::leaks(&self.session, l, self.readout.stack_names.as_mut()));
+        last.growth = self.growth_report(true);
         if let Some(p) = self.profile.as_mut() {
             p.summary(&mut last, self.duty.as_ref());
         }
         Ok(last)
+    }
+
+    /// With `--growth`: its report since the last interval (or with
+    /// `summary`, since the attach), or why there is none.
+    fn growth_report(&mut self, summary: bool) -> Option<crate::model::Growth> {
+        let prices = self.cost.prices();
+        Some(match self.growth.as_mut()? {
+            Ok(g) if summary => g.summary(&mut self.session, prices),
+            Ok(g) => g.interval(&mut self.session, prices),
+            Err(why) => crate::model::Growth { unavailable: Some(why.clone()), ..crate::model::Growth::default() },
+        })
     }
 
     /// The profile's sources and costs in an interval's `snapshot`.
@@ -346,6 +411,11 @@ impl Run {
             )
         }));
         notes.extend(self.bpf_log());
+        if let Some(Ok(g)) = self.growth.as_mut() {
+            notes.extend(g.take_untold().into_iter().map(|(pid, why)| {
+                Note::new(Level::Warning, NoteCode::Growth, format!("growth samples of PID {pid} have no Python stacks: {why}"))
+            }));
+        }
         let untold = self.readout.stack_names.as_mut().map(crate::run::stacks::StackNames::take_untold);
         notes.extend(untold.unwrap_or_default().into_iter().map(|(pid, why)| {
             Note::new(Level::Warning, NoteCode::NoStacks, format!("no Python stacks for PID {pid}: {why}"))
@@ -437,6 +507,7 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
                 let all = snapshot.hits.unwrap_or(0);
                 snapshot.cost = run.cost.interval().map(|c| c.of_all_hits(all.saturating_sub(hits_before)));
                 hits_before = all;
+                snapshot.growth = run.growth_report(false);
                 run.profile_interval(&mut snapshot);
                 let high = snapshot.cost.as_ref().and_then(|c| run.cost.high_cost_note(c));
                 output.interval(snapshot)?;
@@ -450,7 +521,7 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
     // Notes not told yet (a target that exited before the first interval).
     let mut log = run.notes();
     log.extend(run.bpf_log());
-    let Run { session, readout, duty, late, started: _, mut cost, profile: _ } = run;
+    let Run { session, readout, duty, late, started: _, mut cost, profile: _, growth: _ } = run;
     drop((session, readout, duty, late));
     output.notes(log)?;
     // Detached, so waiting costs the target nothing: a run shorter than
@@ -471,6 +542,8 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
     output.notes(cost.poll())?;
     last.cost = cost.total().map(|c| c.of_all_hits(last.hits.unwrap_or(0)));
     let written = config.stacks.as_ref().map(|s| write_stacks(s, &last, config)).transpose()?.unwrap_or_default();
+    output.notes(written)?;
+    let written = config.growth.as_ref().map(|g| write_growth(g, &last, config)).transpose()?.unwrap_or_default();
     output.notes(written)?;
     output.summary(last, end)?;
     Ok(end)
@@ -530,7 +603,7 @@ fn start<'a>(
     out: impl Write + 'a,
     err: impl Write + 'a,
 ) -> Result<(Run, Output<'a>), RunError> {
-    let Prepared { target: r, specs: _, plan, gc, calibration, notes } = prepared;
+    let Prepared { target: r, specs: _, plan, gc, growth: growth_plan, calibration, notes } = prepared;
     let costs = calibration.map(|c| c.hit);
     let return_costs = calibration.and_then(|c| c.returns);
     let cpu_costs = calibration.map(|c| c.cpu);
@@ -544,7 +617,17 @@ fn start<'a>(
     }
     let (types, stacks, stack_slots) = kernel_options(config, &r, &plan)?;
     let live = config.live.as_ref().map(|l| l.max);
-    let load = LoadOptions { bpf_log: config.bpf_log, types, stacks, live, ..LoadOptions::default() };
+    // Growth's plan where it is available, else why not.
+    let growth_plan = growth_plan.map(|g| match g.unavailable {
+        Some(why) => Err(why),
+        None => Ok(g),
+    });
+    let growth = matches!(growth_plan, Some(Ok(_))).then_some(crate::kernel::GrowthOptions {
+        every: tracer_common::growth::DEFAULT_EVERY,
+        pools: tracer_common::growth::DEFAULT_POOL_ENTRIES,
+        stacks: STACK_ENTRIES,
+    });
+    let load = LoadOptions { bpf_log: config.bpf_log, types, stacks, live, growth, ..LoadOptions::default() };
     let mut session = Session::load(plan, r.scope, &load)?;
     if live.is_some()
         && let Some(pid) = r.pid()
@@ -561,6 +644,16 @@ fn start<'a>(
     if let (Some(names), Some(pid)) = (stack_names.as_mut(), r.pid()) {
         names.prepare(&mut session, pid)?;
     }
+    // Likewise growth's samples, with `--stacks`' depth where given.
+    let depth = config.stacks.as_ref().map_or(tracer_common::stack::DEFAULT_DEPTH, |s| s.depth);
+    let mut growth = match (growth_plan, r.pid()) {
+        (Some(Ok(plan)), Some(pid)) => {
+            Some(Ok(growth::Growth::new(&mut session, pid, plan, tracer_common::growth::DEFAULT_EVERY, depth)?))
+        }
+        (Some(Ok(_)), None) => Some(Err("with --exe, no process's memory is read; pass --pid".to_owned())),
+        (Some(Err(why)), _) => Some(Err(why)),
+        (None, _) => None,
+    };
     let watch = match r.pid() {
         Some(pid) => Watch::Process(pid),
         None => Watch::Interpreter(r.attach_path.clone()),
@@ -580,6 +673,9 @@ fn start<'a>(
     let (links, attach_began, fallback) = attach_links(&mut session, r.scope, config.links)?;
     if gc.source != GcSource::None {
         session.attach_gc(&gc, r.scope, links == Links::Multi)?;
+    }
+    if let Some(Ok(g)) = growth.as_mut() {
+        g.attach(&mut session, links == Links::Multi)?;
     }
     let started = Instant::now();
     // Calibrated while preparing where nothing before needed it.
@@ -630,6 +726,11 @@ fn start<'a>(
     info.estimated_cost = Some(estimate);
     info.return_costs_ns = return_costs.map(|r| r.1);
     info.gc = Some(gc);
+    info.growth = match &growth {
+        Some(Ok(g)) => Some(g.plan().clone()),
+        Some(Err(why)) => Some(crate::plan::growth::GrowthPlan::unavailable(why.clone())),
+        None => None,
+    };
     let mut output = Output {
         reporter: report::reporter(config.format, Box::new(out), Box::new(err)),
         attached: None,
@@ -638,7 +739,7 @@ fn start<'a>(
     output.emit(&Event::Attached(info.clone()))?;
     output.attached = Some(info);
     output.notes(fallback.into_iter().chain(notes).chain(profile_notes))?;
-    Ok((Run { session, readout, duty, late, started, cost, profile }, output))
+    Ok((Run { session, readout, duty, late, started, cost, profile, growth }, output))
 }
 
 /// Becomes ready when the BPF log has lines to read; never without

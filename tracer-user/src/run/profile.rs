@@ -4,10 +4,11 @@
 //! states, for both modes, from the first window.
 //!
 //! Sources in this version: the rates by duty cycle ([`super::duty`]), GC
-//! from memory ([`super::gcmem`]) with the GC probes' durations. The heap
-//! census (`tracer heap`'s library API, on its own branch) plugs in at
-//! [`Profile::census`]; growth sampling will report its probe's cost to the
-//! same ledger.
+//! from memory ([`super::gcmem`]) with the GC probes' durations, and with
+//! `--growth` growth sampling's probes ([`super::growth`], read by the run
+//! loop first), whose cost the rates give way to. The heap census
+//! (`tracer heap`'s library API, on its own branch) plugs in at
+//! [`Profile::census`].
 
 use std::time::{Duration, Instant};
 
@@ -41,6 +42,8 @@ pub struct Profile {
     /// the last interval.
     rates_overhead: Duration,
     gc_read: (u64, Duration),
+    /// Growth's cost reported so far: target time, tracer time, bytes.
+    growth_reported: (Duration, Duration, u64),
     last: Instant,
 }
 
@@ -84,6 +87,7 @@ impl Profile {
             gc_collections: 0,
             rates_overhead: Duration::ZERO,
             gc_read: (0, Duration::ZERO),
+            growth_reported: (Duration::ZERO, Duration::ZERO, 0),
             last: Instant::now(),
         };
         (profile, notes)
@@ -101,6 +105,7 @@ impl Profile {
     /// what the others leave of the budget.
     pub fn interval(&mut self, snapshot: &mut Snapshot, duty: Option<&mut DutyCycle>) {
         self.sources(snapshot, duty.as_deref());
+        self.growth(snapshot, false);
         let now = Instant::now();
         snapshot.profile = Some(self.ledger.close_interval(now - self.last));
         self.last = now;
@@ -112,6 +117,7 @@ impl Profile {
     /// The summary: the sources read once more, the run's cost.
     pub fn summary(&mut self, snapshot: &mut Snapshot, duty: Option<&DutyCycle>) {
         self.sources(snapshot, duty);
+        self.growth(snapshot, true);
         let _ = self.ledger.close_interval(self.last.elapsed());
         snapshot.profile = Some(self.ledger.total());
     }
@@ -142,6 +148,27 @@ impl Profile {
             snapshot.gc = Some(report);
         }
         self.census(snapshot);
+    }
+
+    /// Growth's cost (`--growth`, in `snapshot`, read before): an
+    /// interval's, or with `run` the run's, of which what was not reported
+    /// yet is.
+    fn growth(&mut self, snapshot: &Snapshot, run: bool) {
+        let Some(cost) = snapshot.growth.as_ref().and_then(|g| g.cost) else { return };
+        let spent = (
+            Duration::from_secs_f64(cost.target_s.unwrap_or(0.0)),
+            Duration::from_secs_f64(cost.tracer_cpu_s),
+            cost.bytes_read,
+        );
+        let (target, tracer, bytes) = if run {
+            let (t, c, b) = self.growth_reported;
+            (spent.0.saturating_sub(t), spent.1.saturating_sub(c), spent.2.saturating_sub(b))
+        } else {
+            spent
+        };
+        self.ledger.report(share::GROWTH, target, tracer, bytes);
+        let (t, c, b) = &mut self.growth_reported;
+        (*t, *c, *b) = (*t + target, *c + tracer, *b + bytes);
     }
 
     /// The seam for the heap census (`tracer heap`'s library API, on the

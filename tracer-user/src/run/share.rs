@@ -21,6 +21,9 @@ pub const RATES: &str = "rates";
 pub const GC_PROBES: &str = "gc_probes";
 /// The collector's statistics read from memory.
 pub const GC_MEMORY: &str = "gc_memory";
+/// Heap growth sampling's probes (`--growth`), and its reads of the
+/// sampled pools.
+pub const GROWTH: &str = "growth";
 
 /// The least share of the budget the rates keep when the other sources
 /// took it all: their windows then come rarely, but still come, and the
