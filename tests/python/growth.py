@@ -6,8 +6,9 @@ Prints "ready", waits for a line, then ITERATIONS times calls grow(K),
 which appends K new str objects to the global list KEEP, and churn(K),
 which makes ten times as many str objects of the same size and drops them:
 with SHAPE "one", one at a time; with "list", in temporary lists of 10,000
-that are dropped whole. Then prints "done" and the bytes KEEP's strs hold
-(sys.getsizeof of each), and waits in a bare read(2) of 5 bytes.
+that are dropped whole. Then prints "done" and "kept COUNT SIZE", how many
+strs KEEP holds and sys.getsizeof of each (they are all the same length),
+and waits in a bare read(2) of 5 bytes.
 
 str objects, because no free list keeps them: a pool churn empties goes
 back to pymalloc whole (docs/growth.md). The loops are written out, not
@@ -55,5 +56,7 @@ for _ in range(iterations):
     grow(k)
     churn(k)
 print("done", flush=True)
-print(f"kept {sum(sys.getsizeof(s) for s in KEEP)}", flush=True)
+sizes = {sys.getsizeof(s) for s in KEEP}
+assert len(sizes) == 1, sizes
+print(f"kept {len(KEEP)} {sizes.pop()}", flush=True)
 os.read(0, 5)

@@ -21,9 +21,11 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use tracer_common::{
-    growth::{ARENA_FREEPOOLS, ARENA_POOL_ADDRESS, DEFAULT_EVERY, DEFAULT_POOL_ENTRIES, GrowthCounts, POOL_SIZE, PoolKey, PoolSample},
-    site,
-    stack,
+    growth::{
+        ARENA_FREEPOOLS, ARENA_POOL_ADDRESS, DEFAULT_EVERY, DEFAULT_POOL_ENTRIES, GrowthCounts, POOL_SIZE, PoolKey,
+        PoolSample,
+    },
+    site, stack,
     stats::Stat,
 };
 
@@ -101,7 +103,9 @@ fn try_take(ctx: &ProbeContext, counts: *mut GrowthCounts) -> Result<(), ()> {
         count!(counts, new_arena);
         return Ok(());
     }
-    let (Ok(freepools), Ok(pool_address)) = (word(usable.wrapping_add(ARENA_FREEPOOLS)), word(usable.wrapping_add(ARENA_POOL_ADDRESS))) else {
+    let (Ok(freepools), Ok(pool_address)) =
+        (word(usable.wrapping_add(ARENA_FREEPOOLS)), word(usable.wrapping_add(ARENA_POOL_ADDRESS)))
+    else {
         count!(counts, unread);
         return Err(());
     };

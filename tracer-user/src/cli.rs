@@ -160,6 +160,7 @@ pub struct HeapArgs {
 
 /// `tracer probes`.
 #[derive(Clone, Debug, Parser)]
+#[allow(clippy::struct_excessive_bools, reason = "one field per on/off command-line flag, as clap gives them")]
 pub struct ProbesArgs {
     #[command(flatten)]
     pub target: TargetArgs,

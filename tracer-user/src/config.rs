@@ -261,7 +261,9 @@ pub enum ConfigError {
         "--stacks picks no function that --probes probes; use --stacks alloc with the allocators probed, or --stacks refs with _Py_NewReference"
     )]
     StacksNothingProbed,
-    #[error("two of --folded, --flamegraph, --growth-folded and --growth-flamegraph name {path}; give each its own file")]
+    #[error(
+        "two of --folded, --flamegraph, --growth-folded and --growth-flamegraph name {path}; give each its own file"
+    )]
     SameOutput { path: std::path::PathBuf },
     #[error(transparent)]
     Output(#[from] crate::report::files::OutputError),
@@ -289,9 +291,7 @@ pub enum ConfigError {
         "--budget must be a percentage of the target's time above 0 and at most 100 (got {value}); e.g. --budget 1"
     )]
     BadBudget { value: f64 },
-    #[error(
-        "--growth needs --pid: its samples are checked against the process's memory, which --exe does not read"
-    )]
+    #[error("--growth needs --pid: its samples are checked against the process's memory, which --exe does not read")]
     GrowthWithExe,
 }
 
@@ -645,7 +645,10 @@ mod tests {
             assert_eq!(c.mode, Mode::Exact { because: Some(flag) }, "{flags:?}");
         }
         // A stack flag without stacks is still refused as before.
-        assert_eq!(config(&["--pid", "1", "--depth", "3"]).unwrap_err(), ConfigError::WithoutStacks { flag: "--depth" });
+        assert_eq!(
+            config(&["--pid", "1", "--depth", "3"]).unwrap_err(),
+            ConfigError::WithoutStacks { flag: "--depth" }
+        );
         // Flags both modes serve leave the profile on.
         for flags in [&["--placement", "entry"][..], &["--probes", "alloc"], &["--gc", "off"], &["--no-inlined"]] {
             assert_eq!(config(&[&["--pid", "1"][..], flags].concat()).unwrap().mode, Mode::Profile, "{flags:?}");

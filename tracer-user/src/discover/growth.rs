@@ -56,7 +56,9 @@ pub fn find(r: &Resolved, knowledge: &GrowthKnowledge, debug_dir: Option<&Path>)
                 fix(r)
             ));
         }
-        Err(why) => return Err(format!("{}'s debug file cannot be read ({why}); {}", r.display_path.display(), fix(r))),
+        Err(why) => {
+            return Err(format!("{}'s debug file cannot be read ({why}); {}", r.display_path.display(), fix(r)));
+        }
     };
     let table = Table::read(&debug, variable);
     table.into_symbols(format!("the symbol table of its debug file {}", debug.display())).ok_or_else(|| {

@@ -38,17 +38,25 @@ impl Session {
         let mut links = Vec::new();
         for p in &plan.points {
             let name = program_of(p.role);
-            let err = |cause| AttachError::Growth { name, offset: p.file_offset, path: path.clone(), scope: scope(pid), cause };
+            let err = |cause| AttachError::Growth {
+                name,
+                offset: p.file_offset,
+                path: path.clone(),
+                scope: scope(pid),
+                cause,
+            };
             if multi {
                 let program = self.gc_multi_program(name)?;
-                let link = multi::attach(&program, name, &path, (&[(p.file_offset, p.cookie)], false), pid).map_err(
-                    |e| if self.gone(pid) { AttachError::TargetExited { pid } } else { AttachError::Multi(e) },
-                )?;
+                let link =
+                    multi::attach(&program, name, &path, (&[(p.file_offset, p.cookie)], false), pid).map_err(|e| {
+                        if self.gone(pid) { AttachError::TargetExited { pid } } else { AttachError::Multi(e) }
+                    })?;
                 links.push(link);
             } else {
                 let program = self.gc_perf_program(name)?;
                 let pmu = UprobePmu::read()?;
-                let c_path = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| err(std::io::Error::other(e)))?;
+                let c_path =
+                    CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| err(std::io::Error::other(e)))?;
                 let event = perf_uprobe(&pmu, &c_path, (p.file_offset, false, None), pid).map_err(err)?;
                 let mut attr = PerfLinkAttr {
                     prog_fd: u32::try_from(program.as_raw_fd()).unwrap_or(u32::MAX),
@@ -72,9 +80,10 @@ impl Session {
     /// What the growth programs saw, summed over CPUs.
     pub fn growth_counts(&self) -> Result<GrowthCounts, AttachError> {
         let map_err = |cause| AttachError::Map { name: names::GROWTH_COUNTS_MAP, cause: Box::new(cause) };
-        let map = self.ebpf.map(names::GROWTH_COUNTS_MAP).ok_or_else(|| {
-            map_err(aya::maps::MapError::InvalidName { name: names::GROWTH_COUNTS_MAP.to_owned() })
-        })?;
+        let map = self
+            .ebpf
+            .map(names::GROWTH_COUNTS_MAP)
+            .ok_or_else(|| map_err(aya::maps::MapError::InvalidName { name: names::GROWTH_COUNTS_MAP.to_owned() }))?;
         let counts: PerCpuArray<&MapData, GrowthCounts> = PerCpuArray::try_from(map).map_err(map_err)?;
         let per_cpu = counts.get(&0, 0).map_err(map_err)?;
         Ok(per_cpu.iter().fold(GrowthCounts::default(), |sum, c| sum.merged(*c)))
@@ -83,9 +92,10 @@ impl Session {
     /// Every sample the growth programs keep, of every process.
     pub fn growth_samples(&self) -> Result<Vec<(PoolKey, PoolSample)>, AttachError> {
         let map_err = |cause| AttachError::Map { name: names::GROWTH_POOLS_MAP, cause: Box::new(cause) };
-        let map = self.ebpf.map(names::GROWTH_POOLS_MAP).ok_or_else(|| {
-            map_err(aya::maps::MapError::InvalidName { name: names::GROWTH_POOLS_MAP.to_owned() })
-        })?;
+        let map = self
+            .ebpf
+            .map(names::GROWTH_POOLS_MAP)
+            .ok_or_else(|| map_err(aya::maps::MapError::InvalidName { name: names::GROWTH_POOLS_MAP.to_owned() }))?;
         let pools: HashMap<&MapData, PoolKey, PoolSample> = HashMap::try_from(map).map_err(map_err)?;
         // A pool taken again while this runs is read as it is now, or
         // skipped by the iterator: a sample is never read half written.
@@ -100,9 +110,10 @@ impl Session {
     /// seconds a pool stays empty before the sample is removed.
     pub fn remove_growth_sample(&mut self, key: &PoolKey, sample: &PoolSample) -> Result<bool, AttachError> {
         let map_err = |cause| AttachError::Map { name: names::GROWTH_POOLS_MAP, cause: Box::new(cause) };
-        let map = self.ebpf.map_mut(names::GROWTH_POOLS_MAP).ok_or_else(|| {
-            map_err(aya::maps::MapError::InvalidName { name: names::GROWTH_POOLS_MAP.to_owned() })
-        })?;
+        let map = self
+            .ebpf
+            .map_mut(names::GROWTH_POOLS_MAP)
+            .ok_or_else(|| map_err(aya::maps::MapError::InvalidName { name: names::GROWTH_POOLS_MAP.to_owned() }))?;
         let mut pools: HashMap<&mut MapData, PoolKey, PoolSample> = HashMap::try_from(map).map_err(map_err)?;
         match pools.get(key, 0) {
             Ok(now) if now == *sample => {

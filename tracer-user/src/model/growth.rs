@@ -6,59 +6,70 @@ use serde::{Deserialize, Serialize};
 
 use super::stacks::SiteFrame;
 
-/// Heap growth by Python stack, over an interval or the run.
+/// Heap growth by Python stack, over an interval or the run, or why it
+/// is not sampled.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Growth {
+    /// Growth cannot be sampled in this target: why, and nothing else.
+    Unavailable {
+        unavailable: String,
+    },
+    Sampled(Box<GrowthSampled>),
+}
+
+impl Growth {
+    /// What it cost, where sampled.
+    #[must_use]
+    pub fn cost(&self) -> Option<GrowthCost> {
+        match self {
+            Self::Sampled(g) => g.cost,
+            Self::Unavailable { .. } => None,
+        }
+    }
+
+    /// The report, where sampled.
+    #[must_use]
+    pub fn sampled(&self) -> Option<&GrowthSampled> {
+        match self {
+            Self::Sampled(g) => Some(g),
+            Self::Unavailable { .. } => None,
+        }
+    }
+}
+
+/// Heap growth by Python stack, sampled.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Growth {
-    /// Why growth is not sampled in this target; every other field is then
-    /// left out.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub unavailable: Option<String>,
-    /// Every figure is a sampled estimate.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+pub struct GrowthSampled {
+    /// Always true: every figure is a sampled estimate.
     pub estimate: bool,
     /// One pool taken in this many is sampled.
-    #[serde(default, skip_serializing_if = "zero_u32")]
     pub sample_every: u32,
     /// What a sample of a pool still in use stands for: `sample_every`
     /// pools of 16 KiB.
-    #[serde(default, skip_serializing_if = "zero_u64")]
     pub sample_bytes: u64,
     /// The net growth over every stack: the change of `in_use_bytes` over
     /// the interval (in the summary, since the attach).
-    #[serde(default)]
     pub bytes: i64,
     /// Pools taken since the attach and in use now, over every stack.
-    #[serde(default)]
     pub in_use_bytes: u64,
     /// Each site (innermost Python frame of the takers' stacks), most
     /// growth first: every site with a sample in use, or one that had one
     /// at the last reading.
-    #[serde(default)]
     pub sites: Vec<GrowthSite>,
     /// In the summary: every stack with a sample in use at the end, most
-    /// bytes first (what `--growth-folded` and `--growth-flamegraph`
+    /// samples first (what `--growth-folded` and `--growth-flamegraph`
     /// draw).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stacks: Option<Vec<GrowthStack>>,
     /// What the probes saw over the interval (in the summary, the run).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub takes: Option<GrowthTakes>,
+    pub takes: GrowthTakes,
     /// What it cost, over the interval (in the summary, the run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<GrowthCost>,
     /// What the samples miss, where they miss something.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub caveat: Option<String>,
-}
-
-#[allow(clippy::trivially_copy_pass_by_ref, reason = "serde's skip_serializing_if passes a reference")]
-const fn zero_u32(v: &u32) -> bool {
-    *v == 0
-}
-
-#[allow(clippy::trivially_copy_pass_by_ref, reason = "serde's skip_serializing_if passes a reference")]
-const fn zero_u64(v: &u64) -> bool {
-    *v == 0
 }
 
 /// The growth of one site.
@@ -98,6 +109,9 @@ pub struct GrowthTakes {
     pub reused: u64,
     pub carved: u64,
     pub new_arenas: u64,
+    /// Calls of pymalloc's slow path that found no usable arena, so mapped
+    /// a new one (each then marks one used, unless the map failed).
+    pub no_arena: u64,
     /// Takes sampled, and samples ended by a take of their pool.
     pub sampled: u64,
     pub ended: u64,

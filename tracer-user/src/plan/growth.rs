@@ -138,7 +138,11 @@ pub fn plan(elf: &ElfImage, symbols: &GrowthSymbols, knowledge: &GrowthKnowledge
         })
     };
     let Some(take_point) = point(GrowthRole::Take, &take.name, take.address, found) else {
-        return GrowthPlan::unavailable(format!("{} is in no file-backed segment of {}", take.name, elf.path().display()));
+        return GrowthPlan::unavailable(format!(
+            "{} is in no file-backed segment of {}",
+            take.name,
+            elf.path().display()
+        ));
     };
     let mut caveats = Vec::new();
     if !take_point.emulated {
@@ -156,9 +160,8 @@ pub fn plan(elf: &ElfImage, symbols: &GrowthSymbols, knowledge: &GrowthKnowledge
     match arena.map(|found| point(GrowthRole::Arena, &take.name, take.address, found)) {
         Ok(Some(p)) => points.push(p),
         Ok(None) => caveats.push("the call of arena_map_mark_used is in no file-backed segment".to_owned()),
-        Err(why) => caveats.push(format!(
-            "{why}: a new arena's first pool is not sampled (one pool of each new arena's 63 or 64)"
-        )),
+        Err(why) => caveats
+            .push(format!("{why}: a new arena's first pool is not sampled (one pool of each new arena's 63 or 64)")),
     }
     let detail = format!(
         "{}, found in {}: {} probe{}",
@@ -311,7 +314,13 @@ fn take_point(code: &[u8], address: u64, usable: UsableAt, kernel: KernelVersion
 /// The arena's place: the one direct call of `mark_used` in the function
 /// at `address` whose code is `code`, where the arena's address is in
 /// argument register `register` (DWARF number).
-fn arena_point(code: &[u8], address: u64, mark_used: u64, register: u16, kernel: KernelVersion) -> Result<Found, String> {
+fn arena_point(
+    code: &[u8],
+    address: u64,
+    mark_used: u64,
+    register: u16,
+    kernel: KernelVersion,
+) -> Result<Found, String> {
     let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
     let mut formatter = formatter();
     let mut instr = Instruction::default();
@@ -381,13 +390,13 @@ mod tests {
 
     #[test]
     fn the_take_goes_past_the_stack_pointer_move_to_the_je() {
-        let found = take_point(F14, 0x543320, UsableAt::InState(0x218), K618).unwrap();
+        let found = take_point(F14, 0x0054_3320, UsableAt::InState(0x218), K618).unwrap();
         assert_eq!((found.offset, found.emulated), (0x18, true), "{found:?}");
         assert!(found.instruction.starts_with("je "), "{found:?}");
         assert_eq!(found.reads, "usable_arenas in %rcx");
         assert_eq!(site::first(found.cookie), site::register(2).unwrap());
         // placement's own rule stays at the entry, single-stepped.
-        let own = placement::place(F14, 0x543320, crate::probe::Program::CountCall, K618);
+        let own = placement::place(F14, 0x0054_3320, crate::probe::Program::CountCall, K618);
         assert_eq!((own.offset, own.emulated), (0, false));
         assert!(own.reason.contains("moves the stack pointer"), "{own:?}");
     }

@@ -202,7 +202,11 @@ pub fn branch_into(code: &[u8], address: u64, offset: u64) -> Option<String> {
         ) {
             let target = instr.near_branch_target();
             if target > address && target <= address + offset {
-                return Some(format!("a branch at {:#x} lands at +{} inside the prologue", instr.ip(), target - address));
+                return Some(format!(
+                    "a branch at {:#x} lands at +{} inside the prologue",
+                    instr.ip(),
+                    target - address
+                ));
             }
         }
     }

@@ -31,6 +31,7 @@ use crate::{
 
 /// What to prepare, beyond the target.
 #[derive(Clone, Copy, Debug)]
+#[allow(clippy::struct_excessive_bools, reason = "one switch per thing a run may prepare")]
 pub struct Options<'a> {
     /// Which functions to probe.
     pub probes: &'a ProbeSelection,
@@ -178,11 +179,11 @@ pub fn prepare(target: &TargetSpec, options: &Options<'_>) -> Result<Prepared, P
     // the user's to fix.
     let gc = gc_plan(&resolved, options.gc)?;
     let growth = options.growth.then(|| growth_plan(&resolved, options.debug_dir));
-    let growth_note = growth.as_ref().and_then(|g| g.unavailable.as_ref()).map(|why| {
-        Note::new(Level::Warning, NoteCode::Growth, format!("growth unavailable: {why}"))
-    });
-    let notes =
-        debug_offsets_note(&resolved).into_iter().chain(gc_note(&gc, options.gc)).chain(growth_note).collect();
+    let growth_note = growth
+        .as_ref()
+        .and_then(|g| g.unavailable.as_ref())
+        .map(|why| Note::new(Level::Warning, NoteCode::Growth, format!("growth unavailable: {why}")));
+    let notes = debug_offsets_note(&resolved).into_iter().chain(gc_note(&gc, options.gc)).chain(growth_note).collect();
     Ok(Prepared { target: resolved, specs, plan, gc, growth, calibration, notes })
 }
 

@@ -57,10 +57,9 @@ pub fn knowledge(abi: &dyn Abi) -> GrowthKnowledge {
         // `static struct arena_object* usable_arenas` (Objects/obmalloc.c
         // at v3.11.2, l.1257).
         Obmalloc::Statics { .. } => GrowthKnowledge { usable: Usable::Static("usable_arenas"), arena_register: RDI },
-        Obmalloc::Embedded { .. } | Obmalloc::Pointer { .. } => GrowthKnowledge {
-            usable: Usable::InState { offset: obmalloc_state::USABLE_ARENAS },
-            arena_register: RSI,
-        },
+        Obmalloc::Embedded { .. } | Obmalloc::Pointer { .. } => {
+            GrowthKnowledge { usable: Usable::InState { offset: obmalloc_state::USABLE_ARENAS }, arena_register: RSI }
+        }
     }
 }
 

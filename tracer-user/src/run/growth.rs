@@ -20,10 +20,14 @@ use super::{cost::Prices, stacks::StackNames};
 use crate::{
     heap::{memory::Memory, pools::Header},
     kernel::{AttachError, Session},
-    model::{Growth as Report, GrowthCost, GrowthSite, GrowthStack, GrowthTakes, SiteFrame},
+    model::{GrowthCost, GrowthSampled as Report, GrowthSite, GrowthStack, GrowthTakes, SiteFrame},
     plan::growth::{GrowthPlan, GrowthRole},
     python::heap::{POOL_OVERHEAD, POOL_SIZE},
 };
+
+/// A pool header's bytes: [`POOL_OVERHEAD`].
+const HEADER: usize = 48;
+const _: () = assert!(HEADER as u64 == POOL_OVERHEAD);
 
 /// A site: the innermost Python frame of a stack.
 type SiteKey = (String, String, Option<u32>);
@@ -170,7 +174,8 @@ impl Growth {
     /// The frames of the stack `hash`, innermost first, and whether the
     /// walk was cut; a frame that says why where there are none.
     fn frames(&mut self, session: &Session, hash: u64) -> (Vec<SiteFrame>, bool) {
-        let unnamed = |why: String| (vec![SiteFrame { function: format!("<{why}>"), file: String::new(), line: None }], false);
+        let unnamed =
+            |why: String| (vec![SiteFrame { function: format!("<{why}>"), file: String::new(), line: None }], false);
         if hash < FIRST_HASH {
             let stat = hash.checked_sub(stack::why::FAILED).and_then(|i| Stat::ALL.get(usize::try_from(i).ok()?));
             return unnamed(format!("no stack: {}", stat.map_or("the walk failed", |s| s.name())));
@@ -184,16 +189,20 @@ impl Growth {
     /// The samples of the target whose pools are in use, per stack; the
     /// ones dead on two readings in a row dropped from the kernel's map.
     fn read(&mut self, session: &mut Session) -> Result<Reading, String> {
-        let samples: Vec<(PoolKey, PoolSample)> =
-            session.growth_samples().map_err(|e| e.to_string())?.into_iter().filter(|(k, _)| k.tgid == self.pid).collect();
-        let ranges: Vec<(u64, usize)> = samples.iter().map(|(k, _)| (k.pool, POOL_OVERHEAD as usize)).collect();
-        let mut bytes = vec![0u8; ranges.len() * POOL_OVERHEAD as usize];
+        let samples: Vec<(PoolKey, PoolSample)> = session
+            .growth_samples()
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter(|(k, _)| k.tgid == self.pid)
+            .collect();
+        let ranges: Vec<(u64, usize)> = samples.iter().map(|(k, _)| (k.pool, HEADER)).collect();
+        let mut bytes = vec![0u8; ranges.len() * HEADER];
         let mut ok = Vec::new();
         self.memory.read_ranges(&ranges, &mut bytes, &mut ok).map_err(|e| e.to_string())?;
         let mut reading = Reading::default();
         let mut dead = HashMap::new();
         for (i, (key, sample)) in samples.iter().enumerate() {
-            let header = &bytes[i * POOL_OVERHEAD as usize..(i + 1) * POOL_OVERHEAD as usize];
+            let header = &bytes[i * HEADER..(i + 1) * HEADER];
             let in_use = ok[i] && Header::parse(key.pool, header).is_some_and(|h| h.count > 0);
             if in_use {
                 *reading.by_stack.entry(sample.stack).or_default() += 1;
@@ -252,7 +261,6 @@ impl Growth {
             caveats.push(format!("the target's memory could not be read ({why}): the last reading stands"));
         }
         Report {
-            unavailable: None,
             estimate: true,
             sample_every: self.every,
             sample_bytes,
@@ -260,10 +268,11 @@ impl Growth {
             in_use_bytes: in_use(total_now),
             sites,
             stacks: None,
-            takes: Some(GrowthTakes {
+            takes: GrowthTakes {
                 reused: counts.reused,
                 carved: counts.carved,
                 new_arenas: counts.arenas,
+                no_arena: counts.new_arena,
                 sampled: counts.sampled,
                 ended: counts.ended,
                 pruned,
@@ -271,7 +280,7 @@ impl Growth {
                 truncated: counts.truncated,
                 lost: counts.lost,
                 unread: counts.unread,
-            }),
+            },
             cost: Some(self.cost(&counts, span, (tracer_cpu, bytes_read), prices)),
             caveat: (!caveats.is_empty()).then(|| caveats.join("; ")),
         }
@@ -306,6 +315,103 @@ impl Growth {
             bytes_read,
         }
     }
+}
+
+/// How `--growth` samples and keeps its samples in the kernel.
+pub const KERNEL: crate::kernel::GrowthOptions = crate::kernel::GrowthOptions {
+    every: tracer_common::growth::DEFAULT_EVERY,
+    pools: tracer_common::growth::DEFAULT_POOL_ENTRIES,
+    stacks: super::STACK_ENTRIES,
+};
+
+/// With `--growth`, attaches its probes (through uprobe-multi links with
+/// `multi`) where it is available; what the attach header says of it.
+pub fn attach(
+    growth: &mut Option<Result<Growth, String>>,
+    session: &mut Session,
+    multi: bool,
+) -> Result<Option<crate::plan::growth::GrowthPlan>, AttachError> {
+    Ok(match growth {
+        Some(Ok(g)) => {
+            g.attach(session, multi)?;
+            Some(g.plan().clone())
+        }
+        Some(Err(why)) => Some(crate::plan::growth::GrowthPlan::unavailable(why.clone())),
+        None => None,
+    })
+}
+
+/// With `--growth`: its readout (told where the target's frames are, so
+/// that its first samples have stacks), or why there is none.
+pub fn setup(
+    config: &crate::config::AttachConfig,
+    session: &mut Session,
+    plan: Option<crate::plan::growth::GrowthPlan>,
+    pid: Option<u32>,
+) -> Result<Option<Result<Growth, String>>, AttachError> {
+    // `--stacks`' depth where given.
+    let depth = config.stacks.as_ref().map_or(tracer_common::stack::DEFAULT_DEPTH, |s| s.depth);
+    Ok(match (plan, pid) {
+        (None, _) => None,
+        (Some(plan), _) if plan.unavailable.is_some() => plan.unavailable.map(Err),
+        (Some(plan), Some(pid)) => Some(Ok(Growth::new(session, pid, plan, KERNEL.every, depth)?)),
+        (Some(_), None) => Some(Err("with --exe, no process's memory is read; pass --pid".to_owned())),
+    })
+}
+
+/// With `--growth-folded` and `--growth-flamegraph`, writes the summary's
+/// growth stacks (the pools each holds, in bytes), and says where.
+pub fn write(
+    growth: &crate::config::GrowthConfig,
+    last: &crate::model::Snapshot,
+    config: &crate::config::AttachConfig,
+) -> Result<Vec<crate::model::Note>, crate::report::files::OutputError> {
+    let stacks: Vec<crate::model::StackCount> = last
+        .growth
+        .as_ref()
+        .and_then(crate::model::Growth::sampled)
+        .and_then(|g| g.stacks.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|s| crate::model::StackCount {
+            probe: "[pool taken]".to_owned(),
+            frames: s.frames.clone(),
+            truncated: s.truncated,
+            calls: s.samples,
+            bytes: s.in_use_bytes,
+            ..crate::model::StackCount::default()
+        })
+        .collect();
+    let lines = crate::report::stacks::folded(&stacks, crate::config::Weight::Bytes);
+    let what = match &config.target {
+        crate::discover::TargetSpec::Pid(pid) => format!("PID {pid}"),
+        crate::discover::TargetSpec::Exe(exe) => exe.display().to_string(),
+    };
+    let mut notes = Vec::new();
+    if let Some(file) = &growth.folded {
+        crate::report::stacks::write_folded(file, &lines)?;
+        notes.push(crate::model::Note::new(
+            crate::model::Level::Note,
+            crate::model::NoteCode::Written,
+            format!(
+                "wrote {} folded growth stacks by bytes (sampled estimates) to {}",
+                lines.len(),
+                file.path.display()
+            ),
+        ));
+    }
+    if let Some(file) = &growth.flamegraph {
+        let every = last.growth.as_ref().and_then(crate::model::Growth::sampled).map_or(0, |g| g.sample_every);
+        let title =
+            format!("tracer: heap growth of {what} by Python stack, pools in use by taker (1 take in {every} sampled)");
+        crate::report::stacks::write_flamegraph(file, &lines, &title, crate::config::Weight::Bytes)?;
+        notes.push(crate::model::Note::new(
+            crate::model::Level::Note,
+            crate::model::NoteCode::Written,
+            format!("wrote the flame graph of {} growth stacks to {}", lines.len(), file.path.display()),
+        ));
+    }
+    Ok(notes)
 }
 
 /// The counts of `now` since `before`.
@@ -359,6 +465,7 @@ mod tests {
         assert!((lo / 16384.0 - (128.0 - 1.96 * (128.0f64 * 31.0).sqrt()).max(0.0)).abs() < 1e-9, "{lo}");
         assert!((hi / 16384.0 - (128.0 + 1.96 * (128.0f64 * 31.0).sqrt())).abs() < 1e-9, "{hi}");
         // Every take sampled: exact.
-        assert_eq!(ci95(5, 1), [5.0 * 16384.0, 5.0 * 16384.0]);
+        let [lo, hi] = ci95(5, 1);
+        assert!((lo - 5.0 * 16384.0).abs() < 1e-9 && (hi - lo).abs() < 1e-9, "{lo} {hi}");
     }
 }

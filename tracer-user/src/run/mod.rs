@@ -184,55 +184,6 @@ fn write_stacks(
     Ok(notes)
 }
 
-/// With `--growth-folded` and `--growth-flamegraph`, writes the summary's
-/// growth stacks (the pools each holds, in bytes), and says where.
-fn write_growth(
-    growth: &crate::config::GrowthConfig,
-    last: &Snapshot,
-    config: &AttachConfig,
-) -> Result<Vec<Note>, OutputError> {
-    let stacks: Vec<crate::model::StackCount> = last
-        .growth
-        .as_ref()
-        .and_then(|g| g.stacks.as_ref())
-        .into_iter()
-        .flatten()
-        .map(|s| crate::model::StackCount {
-            probe: "[pool taken]".to_owned(),
-            frames: s.frames.clone(),
-            truncated: s.truncated,
-            calls: s.samples,
-            bytes: s.in_use_bytes,
-            ..crate::model::StackCount::default()
-        })
-        .collect();
-    let lines = report::stacks::folded(&stacks, crate::config::Weight::Bytes);
-    let what = match &config.target {
-        TargetSpec::Pid(pid) => format!("PID {pid}"),
-        TargetSpec::Exe(exe) => exe.display().to_string(),
-    };
-    let mut notes = Vec::new();
-    if let Some(file) = &growth.folded {
-        report::stacks::write_folded(file, &lines)?;
-        notes.push(Note::new(
-            Level::Note,
-            NoteCode::Written,
-            format!("wrote {} folded growth stacks by bytes (sampled estimates) to {}", lines.len(), file.path.display()),
-        ));
-    }
-    if let Some(file) = &growth.flamegraph {
-        let every = last.growth.as_ref().map_or(0, |g| g.sample_every);
-        let title = format!("tracer: heap growth of {what} by Python stack, pools in use by taker (1 take in {every} sampled)");
-        report::stacks::write_flamegraph(file, &lines, &title, crate::config::Weight::Bytes)?;
-        notes.push(Note::new(
-            Level::Note,
-            NoteCode::Written,
-            format!("wrote the flame graph of {} growth stacks to {}", lines.len(), file.path.display()),
-        ));
-    }
-    Ok(notes)
-}
-
 /// Room for distinct stacks, and for (process, probe, stack) counts: a
 /// stack is 2 KB in the kernel, allocated as it is first seen.
 const STACK_ENTRIES: u32 = 1 << 14;
@@ -383,9 +334,9 @@ impl Run {
     fn growth_report(&mut self, summary: bool) -> Option<crate::model::Growth> {
         let prices = self.cost.prices();
         Some(match self.growth.as_mut()? {
-            Ok(g) if summary => g.summary(&mut self.session, prices),
-            Ok(g) => g.interval(&mut self.session, prices),
-            Err(why) => crate::model::Growth { unavailable: Some(why.clone()), ..crate::model::Growth::default() },
+            Ok(g) if summary => crate::model::Growth::Sampled(Box::new(g.summary(&mut self.session, prices))),
+            Ok(g) => crate::model::Growth::Sampled(Box::new(g.interval(&mut self.session, prices))),
+            Err(why) => crate::model::Growth::Unavailable { unavailable: why.clone() },
         })
     }
 
@@ -413,7 +364,11 @@ impl Run {
         notes.extend(self.bpf_log());
         if let Some(Ok(g)) = self.growth.as_mut() {
             notes.extend(g.take_untold().into_iter().map(|(pid, why)| {
-                Note::new(Level::Warning, NoteCode::Growth, format!("growth samples of PID {pid} have no Python stacks: {why}"))
+                Note::new(
+                    Level::Warning,
+                    NoteCode::Growth,
+                    format!("growth samples of PID {pid} have no Python stacks: {why}"),
+                )
             }));
         }
         let untold = self.readout.stack_names.as_mut().map(crate::run::stacks::StackNames::take_untold);
@@ -543,7 +498,7 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
     last.cost = cost.total().map(|c| c.of_all_hits(last.hits.unwrap_or(0)));
     let written = config.stacks.as_ref().map(|s| write_stacks(s, &last, config)).transpose()?.unwrap_or_default();
     output.notes(written)?;
-    let written = config.growth.as_ref().map(|g| write_growth(g, &last, config)).transpose()?.unwrap_or_default();
+    let written = config.growth.as_ref().map(|g| growth::write(g, &last, config)).transpose()?.unwrap_or_default();
     output.notes(written)?;
     output.summary(last, end)?;
     Ok(end)
@@ -596,6 +551,7 @@ fn watch_exits(target: &TargetSpec) -> Result<(Option<ProcessExit>, Option<exits
 
 /// Loads and attaches the prepared plan as `config` says, and reports the
 /// attach: everything before the loop.
+#[allow(clippy::too_many_lines, reason = "everything before the loop, in the order it must happen")]
 fn start<'a>(
     config: &AttachConfig,
     prepared: Prepared,
@@ -617,16 +573,7 @@ fn start<'a>(
     }
     let (types, stacks, stack_slots) = kernel_options(config, &r, &plan)?;
     let live = config.live.as_ref().map(|l| l.max);
-    // Growth's plan where it is available, else why not.
-    let growth_plan = growth_plan.map(|g| match g.unavailable {
-        Some(why) => Err(why),
-        None => Ok(g),
-    });
-    let growth = matches!(growth_plan, Some(Ok(_))).then_some(crate::kernel::GrowthOptions {
-        every: tracer_common::growth::DEFAULT_EVERY,
-        pools: tracer_common::growth::DEFAULT_POOL_ENTRIES,
-        stacks: STACK_ENTRIES,
-    });
+    let growth = growth_plan.as_ref().filter(|g| g.unavailable.is_none()).map(|_| growth::KERNEL);
     let load = LoadOptions { bpf_log: config.bpf_log, types, stacks, live, growth, ..LoadOptions::default() };
     let mut session = Session::load(plan, r.scope, &load)?;
     if live.is_some()
@@ -644,16 +591,7 @@ fn start<'a>(
     if let (Some(names), Some(pid)) = (stack_names.as_mut(), r.pid()) {
         names.prepare(&mut session, pid)?;
     }
-    // Likewise growth's samples, with `--stacks`' depth where given.
-    let depth = config.stacks.as_ref().map_or(tracer_common::stack::DEFAULT_DEPTH, |s| s.depth);
-    let mut growth = match (growth_plan, r.pid()) {
-        (Some(Ok(plan)), Some(pid)) => {
-            Some(Ok(growth::Growth::new(&mut session, pid, plan, tracer_common::growth::DEFAULT_EVERY, depth)?))
-        }
-        (Some(Ok(_)), None) => Some(Err("with --exe, no process's memory is read; pass --pid".to_owned())),
-        (Some(Err(why)), _) => Some(Err(why)),
-        (None, _) => None,
-    };
+    let mut growth = growth::setup(config, &mut session, growth_plan, r.pid())?;
     let watch = match r.pid() {
         Some(pid) => Watch::Process(pid),
         None => Watch::Interpreter(r.attach_path.clone()),
@@ -674,9 +612,7 @@ fn start<'a>(
     if gc.source != GcSource::None {
         session.attach_gc(&gc, r.scope, links == Links::Multi)?;
     }
-    if let Some(Ok(g)) = growth.as_mut() {
-        g.attach(&mut session, links == Links::Multi)?;
-    }
+    let growth_header = growth::attach(&mut growth, &mut session, links == Links::Multi)?;
     let started = Instant::now();
     // Calibrated while preparing where nothing before needed it.
     let calibrating = match (cpu_costs, early) {
@@ -726,11 +662,7 @@ fn start<'a>(
     info.estimated_cost = Some(estimate);
     info.return_costs_ns = return_costs.map(|r| r.1);
     info.gc = Some(gc);
-    info.growth = match &growth {
-        Some(Ok(g)) => Some(g.plan().clone()),
-        Some(Err(why)) => Some(crate::plan::growth::GrowthPlan::unavailable(why.clone())),
-        None => None,
-    };
+    info.growth = growth_header;
     let mut output = Output {
         reporter: report::reporter(config.format, Box::new(out), Box::new(err)),
         attached: None,

@@ -154,7 +154,7 @@ impl Profile {
     /// interval's, or with `run` the run's, of which what was not reported
     /// yet is.
     fn growth(&mut self, snapshot: &Snapshot, run: bool) {
-        let Some(cost) = snapshot.growth.as_ref().and_then(|g| g.cost) else { return };
+        let Some(cost) = snapshot.growth.as_ref().and_then(crate::model::Growth::cost) else { return };
         let spent = (
             Duration::from_secs_f64(cost.target_s.unwrap_or(0.0)),
             Duration::from_secs_f64(cost.tracer_cpu_s),

@@ -6,12 +6,7 @@
 use std::io::Write;
 
 use super::TableReporter;
-use crate::{
-    heap::print::bytes,
-    model::Growth,
-    plan::growth::GrowthPlan,
-    report::group,
-};
+use crate::{heap::print::bytes, model::Growth, plan::growth::GrowthPlan, report::group};
 
 /// Sites a block lists (the JSON has every one).
 const TOP: usize = 10;
@@ -37,11 +32,14 @@ impl<W: Write, E: Write> TableReporter<W, E> {
     }
 
     pub(super) fn growth_block(&mut self, g: &Growth) -> std::io::Result<()> {
-        if let Some(why) = &g.unavailable {
-            return writeln!(self.out, "  growth: unavailable: {why}");
-        }
+        let g = match g {
+            Growth::Unavailable { unavailable } => return writeln!(self.out, "  growth: unavailable: {unavailable}"),
+            Growth::Sampled(g) => g,
+        };
         let cost = g.cost.as_ref().map_or(String::new(), |c| {
-            let share = c.per_s.map_or("cost unknown until calibrated".to_owned(), |s| format!("cost ≈{:.3}% of a CPU", s * 100.0));
+            let share = c
+                .per_s
+                .map_or("cost unknown until calibrated".to_owned(), |s| format!("cost ≈{:.3}% of a CPU", s * 100.0));
             format!("; {share} ({} hits)", group(c.hits))
         });
         writeln!(
@@ -66,17 +64,14 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         if g.sites.len() > TOP {
             writeln!(self.out, "  ({} more sites in the JSON)", g.sites.len() - TOP)?;
         }
-        if let Some(t) = &g.takes {
-            let misses: Vec<String> = [
-                ("walk_failed", t.walk_failed),
-                ("truncated", t.truncated),
-                ("lost", t.lost),
-                ("unread", t.unread),
-            ]
-            .into_iter()
-            .filter(|(_, n)| *n > 0)
-            .map(|(name, n)| format!("{name}={n}"))
-            .collect();
+        {
+            let t = &g.takes;
+            let misses: Vec<String> =
+                [("walk_failed", t.walk_failed), ("truncated", t.truncated), ("lost", t.lost), ("unread", t.unread)]
+                    .into_iter()
+                    .filter(|(_, n)| *n > 0)
+                    .map(|(name, n)| format!("{name}={n}"))
+                    .collect();
             let misses = if misses.is_empty() { String::new() } else { format!("; misses: {}", misses.join(" ")) };
             writeln!(
                 self.out,
@@ -108,11 +103,11 @@ fn signed(n: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Event, GrowthSite, GrowthTakes, Snapshot};
+    use crate::model::{Event, GrowthSampled, GrowthSite, GrowthTakes, Snapshot};
 
     #[test]
     fn a_block_lists_sites_as_estimates() {
-        let g = Growth {
+        let g = GrowthSampled {
             estimate: true,
             sample_every: 32,
             sample_bytes: 32 * 16384,
@@ -127,16 +122,20 @@ mod tests {
                 in_use_bytes: 4 * 32 * 16384,
                 in_use_ci95: [0.0, 4.0 * 32.0 * 16384.0],
             }],
-            takes: Some(GrowthTakes { reused: 7, lost: 2, ..GrowthTakes::default() }),
-            ..Growth::default()
+            takes: GrowthTakes { reused: 7, lost: 2, ..GrowthTakes::default() },
+            ..GrowthSampled::default()
         };
-        let snapshot = Snapshot { growth: Some(g), ..crate::report::examples::snapshot(1000, 1) };
+        let snapshot =
+            Snapshot { growth: Some(Growth::Sampled(Box::new(g))), ..crate::report::examples::snapshot(1000, 1) };
         let text = super::super::tests::render(&[Event::Interval(snapshot)]);
         assert!(text.contains("growth (ESTIMATES: 1 pool take in 32 sampled, 512.0 KiB a sample): net +1.5 MiB, pools in use by takers since attach 2.0 MiB"), "{text}");
         let row = text.lines().find(|l| l.trim_start().starts_with("grow ")).unwrap();
-        assert_eq!(row.split_whitespace().collect::<Vec<_>>(), ["grow", "growth.py:12", "+1.5", "MiB", "2.0", "MiB", "±1.0", "MiB"]);
+        assert_eq!(
+            row.split_whitespace().collect::<Vec<_>>(),
+            ["grow", "growth.py:12", "+1.5", "MiB", "2.0", "MiB", "±1.0", "MiB"]
+        );
         assert!(text.contains("pool takes: 7 reused, 0 carved, 0 new arenas; 0 sampled, 0 samples ended by a retake, 0 pruned; misses: lost=2"), "{text}");
-        let unavailable = Growth { unavailable: Some("no symbols".into()), ..Growth::default() };
+        let unavailable = Growth::Unavailable { unavailable: "no symbols".into() };
         let snapshot = Snapshot { growth: Some(unavailable), ..crate::report::examples::snapshot(1000, 1) };
         let text = super::super::tests::render(&[Event::Interval(snapshot)]);
         assert!(text.contains("\n  growth: unavailable: no symbols\n"), "{text}");
