@@ -125,3 +125,136 @@ impl Session {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tracer_common::{growth as g, site, stack, stats::Stat};
+
+    use super::*;
+    use crate::{
+        discover::elf::ElfImage,
+        kernel::{GrowthOptions, LoadOptions},
+        plan::{
+            self, ImageRef, PlanOptions,
+            growth::{GrowthPoint, GrowthRole},
+        },
+        probe::{ProbeSpec, Program},
+    };
+
+    /// `struct arena_object`'s first five words, as pymalloc lays them out:
+    /// `address`, `pool_address`, the pool counts, `freepools`, `nextarena`.
+    #[repr(C)]
+    struct Arena([u64; 5]);
+
+    /// An `allocate_from_new_pool` stand-in: `usable_arenas` in `%rdi`.
+    #[unsafe(no_mangle)]
+    #[inline(never)]
+    extern "C" fn tracer_test_growth_take(usable: *const Arena) -> u64 {
+        std::hint::black_box(usable as u64)
+    }
+
+    /// An `arena_map_mark_used` stand-in: the arena's address in `%rsi`.
+    #[unsafe(no_mangle)]
+    #[inline(never)]
+    extern "C" fn tracer_test_growth_arena(state: u64, base: u64) -> u64 {
+        std::hint::black_box(state ^ base)
+    }
+
+    fn point(elf: &ElfImage, role: GrowthRole, symbol: &str, register: u16) -> GrowthPoint {
+        let f = elf.function(symbol).unwrap_or_else(|| panic!("{symbol} in the test binary"));
+        let operand = site::register(register).unwrap_or(site::NONE);
+        GrowthPoint {
+            role,
+            function: symbol.to_owned(),
+            address: f.address,
+            file_offset: f.file_offset,
+            offset: 0,
+            instruction: String::new(),
+            emulated: false,
+            reason: String::new(),
+            reads: String::new(),
+            cookie: if role == GrowthRole::Take { g::take_cookie(operand, 0) } else { g::arena_cookie(operand) },
+        }
+    }
+
+    /// Every take sampled (one in 1): each outcome counted, each pool's
+    /// sample kept (charged to no stack: this process has no Python frames
+    /// to walk, which is counted), a retake ending the old sample, a new
+    /// arena's first pool its address rounded up to a pool, the samples
+    /// read back and removed only while unchanged.
+    fn takes_are_told_apart_and_sampled(multi: bool) {
+        static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one = ONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
+        std::hint::black_box(tracer_test_growth_take as extern "C" fn(*const Arena) -> u64);
+        std::hint::black_box(tracer_test_growth_arena as extern "C" fn(u64, u64) -> u64);
+        let exe = std::env::current_exe().expect("the test binary");
+        let elf = ElfImage::open(&exe).expect("the test binary is ELF");
+        let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
+        let plan = plan::plan(ImageRef::own(&elf, &exe), &spec, PlanOptions::default()).expect("a plan");
+        let growth = GrowthOptions { every: 1, pools: 16, stacks: 16 };
+        let options = LoadOptions { growth: Some(growth), ..LoadOptions::default() };
+        let mut session = Session::load(plan, std::process::id(), &options).expect("the object loads");
+        let growth_plan = GrowthPlan {
+            points: vec![
+                point(&elf, GrowthRole::Take, "tracer_test_growth_take", 5),
+                point(&elf, GrowthRole::Arena, "tracer_test_growth_arena", 4),
+            ],
+            ..GrowthPlan::default()
+        };
+        session.attach_growth(&growth_plan, std::process::id(), multi).expect("attached");
+        let (reused, carved) = (0x7000_0000_4000_u64, 0x7000_0000_8000_u64);
+        let with_free = Arena([0x7000_0000_0000, carved, 0, reused, 0]);
+        let without = Arena([0x7000_0000_0000, carved, 0, 0, 0]);
+        tracer_test_growth_take(&raw const with_free);
+        tracer_test_growth_take(&raw const without);
+        tracer_test_growth_take(&raw const without);
+        tracer_test_growth_take(std::ptr::null());
+        tracer_test_growth_arena(1, 0x7100_0000_1000);
+        // Memory that cannot be read: not counted as any outcome.
+        tracer_test_growth_take(std::ptr::without_provenance(8));
+        let counts = session.growth_counts().expect("the counts read");
+        let mut samples = session.growth_samples().expect("the samples read");
+        samples.retain(|(k, _)| k.tgid == std::process::id());
+        samples.sort_by_key(|(k, _)| k.pool);
+        let pools: Vec<u64> = samples.iter().map(|(k, _)| k.pool).collect();
+        assert_eq!(pools, [reused, carved, 0x7100_0000_4000], "{samples:?}");
+        let no_config = stack::why::FAILED + Stat::StackNoConfig as u64;
+        assert!(samples.iter().all(|(_, s)| s.stack == no_config), "{samples:?}");
+        let want = g::GrowthCounts {
+            takes: 5,
+            reused: 1,
+            carved: 2,
+            new_arena: 1,
+            arenas: 1,
+            sampled: 4,
+            ended: 1,
+            walk_failed: 4,
+            unread: 1,
+            run_ns: counts.run_ns,
+            ..g::GrowthCounts::default()
+        };
+        assert_eq!(counts, want);
+        assert!(counts.run_ns > 0);
+        // Removed while unchanged; a sample replaced since is left.
+        let (key, sample) = samples[1];
+        let stale = PoolSample { taken_ns: sample.taken_ns.wrapping_sub(1), ..sample };
+        assert!(!session.remove_growth_sample(&key, &stale).expect("a lookup"));
+        assert!(session.remove_growth_sample(&key, &sample).expect("removed"));
+        assert!(!session.remove_growth_sample(&key, &sample).expect("gone"));
+        assert_eq!(
+            session.growth_samples().expect("read").iter().filter(|(k, _)| k.tgid == std::process::id()).count(),
+            2
+        );
+    }
+
+    #[test]
+    fn takes_are_told_apart_and_sampled_through_multi_links() {
+        takes_are_told_apart_and_sampled(true);
+    }
+
+    #[test]
+    fn takes_are_told_apart_and_sampled_through_perf_events() {
+        takes_are_told_apart_and_sampled(false);
+    }
+}
