@@ -5,6 +5,7 @@
 
 pub mod counter;
 pub mod gc;
+pub mod growth;
 pub mod live;
 pub mod returns;
 pub mod site;
@@ -76,6 +77,13 @@ pub mod names {
     /// LRU hash of [`crate::gc::GcRunning`] by thread id: each thread's
     /// collection in flight.
     pub const GC_RUNNING_MAP: &str = "GC_RUNNING";
+    /// Hash of [`crate::growth::PoolSample`] by [`crate::growth::PoolKey`]:
+    /// with `--growth`, each sampled pool's taker.
+    pub const GROWTH_POOLS_MAP: &str = "GROWTH_POOLS";
+    /// Per-CPU array of one [`crate::growth::GrowthCounts`].
+    pub const GROWTH_COUNTS_MAP: &str = "GROWTH_COUNTS";
+    /// BPF global: one take in this many is sampled (`u32`).
+    pub const GROWTH_EVERY_GLOBAL: &str = "GROWTH_EVERY";
     /// Hash of [`crate::live::LiveEntry`] by [`crate::live::LiveKey`]:
     /// the outstanding blocks, with `--live`; `--live-max` sizes it.
     pub const LIVE_MAP: &str = "LIVE";
@@ -159,6 +167,13 @@ pub mod names {
         /// unreachable (where the cookie says: a marker's argument, or rax
         /// at the collection function's return).
         pub const GC_DONE: &str = "gc_done";
+        /// With `--growth`, in pymalloc's `allocate_from_new_pool` where
+        /// `usable_arenas` is where the cookie says: a pool taken from
+        /// empty (see [`crate::growth`]).
+        pub const GROWTH_TAKE: &str = "growth_take";
+        /// With `--growth`, at the call that marks a new arena used, its
+        /// address where the cookie says: the arena's first pool taken.
+        pub const GROWTH_ARENA: &str = "growth_arena";
     }
 }
 

@@ -11,7 +11,8 @@
 //! ([`live`], with `--live`), each switched off as dead code to the
 //! verifier. Nothing is sent to userspace per event. Dependencies go one
 //! way: programs, then the pipeline, then the steps and their maps. The
-//! GC programs ([`gc`]) are a chain of their own.
+//! GC programs ([`gc`]) are a chain of their own, and so are the growth
+//! programs ([`growth`]), which walk stacks with the stacks step's walk.
 //!
 //! With `--bpf-log`, the programs also log each probe's first hit in each
 //! process and every miss, through aya-log. Its level global is 0 unless
@@ -39,6 +40,9 @@ mod experiment;
 // The GC programs (`gc_start`, `gc_done`): collections per generation, from
 // CPython's markers or its collection function.
 mod gc;
+// The growth programs (`growth_take`, `growth_arena`): pymalloc's pools
+// charged to the Python stack that took them, sampled.
+mod growth;
 // The live step (`--live`).
 mod live;
 // With `--native`, the marks of libc calls made inside another.

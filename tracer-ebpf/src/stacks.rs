@@ -117,6 +117,42 @@ fn try_stack<C: EbpfContext>(ctx: &C, regs: *mut pt_regs, tgid: u32, slot: u32, 
     if every > 1 && u64::from(unsafe { aya_ebpf::helpers::generated::bpf_get_prandom_u32() }) % every != 0 {
         return Ok(stack::why::SAMPLED_OUT);
     }
+    let (hash, truncated) = python(tgid)?;
+    // A stack counted before is kept already: its count is made only after
+    // its frames are in STACKS, whose entries are never removed. So the
+    // common case is one lookup, and only a new stack pays for the
+    // insert, which locks a bucket. A full map loses the frames of new
+    // stacks, which is counted.
+    // SAFETY: as above, this CPU's scratch value.
+    let native = crate::unwind::native_stack(ctx, regs, tgid, unsafe { &mut (*scratch).native });
+    let key = StackKey { tgid, slot, stack: hash, native };
+    let counter = match STACK_COUNTS.get_ptr_mut(&key) {
+        Some(c) => c,
+        None => {
+            keep(hash)?;
+            let _ = STACK_COUNTS.insert(&key, &Counter::default(), u64::from(BPF_NOEXIST));
+            STACK_COUNTS.get_ptr_mut(&key).ok_or(Stat::StacksFull)?
+        }
+    };
+    // SAFETY: a valid pointer to this CPU's value, as in [`crate::count`].
+    unsafe {
+        atomic_add(&raw mut (*counter).calls, 1);
+        atomic_add(&raw mut (*counter).bytes, bytes);
+    }
+    if truncated {
+        // Counted under its cut stack, which a block keeps too.
+        bump(ctx, Stat::StackTruncated);
+    }
+    Ok(hash)
+}
+
+/// Walks the current thread's Python stack into this CPU's scratch stack
+/// (see [`keep`]): its hash, and whether the walk stopped at its depth
+/// with frames left. Used by the stacks step and by the growth programs,
+/// which sample on their own.
+#[inline(always)]
+pub fn python(tgid: u32) -> Result<(u64, bool), Stat> {
+    let scratch = SCRATCH.get_ptr_mut(0).ok_or(Stat::StackReadFailed)?;
     // SAFETY: a reference into a map value that stays valid while the
     // program runs.
     let config = unsafe { WALKS.get(&tgid) }.ok_or(Stat::StackNoConfig)?;
@@ -204,39 +240,32 @@ fn try_stack<C: EbpfContext>(ctx: &C, regs: *mut pt_regs, tgid: u32, slot: u32, 
         walk.depth = n as u32;
     }
     walk.truncated = truncated;
-    hash = stack::keyed(stack::mix(hash, u64::from(truncated)));
-    // A stack counted before is kept already: its count is made only after
-    // its frames are in STACKS, whose entries are never removed. So the
-    // common case is one lookup, and only a new stack pays for the
-    // insert, which locks a bucket. A full map loses the frames of new
-    // stacks, which is counted.
-    // SAFETY: as above, this CPU's scratch value.
-    let native = crate::unwind::native_stack(ctx, regs, tgid, unsafe { &mut (*scratch).native });
-    let key = StackKey { tgid, slot, stack: hash, native };
-    let counter = match STACK_COUNTS.get_ptr_mut(&key) {
-        Some(c) => c,
-        None => {
-            if STACKS.insert(&hash, walk, u64::from(BPF_NOEXIST)).is_err() {
-                // Another process, or CPU, may have kept it first.
-                // SAFETY: a lookup of a key, whose value is not used.
-                if unsafe { STACKS.get(&hash) }.is_none() {
-                    return Err(Stat::StacksFull);
-                }
-            }
-            let _ = STACK_COUNTS.insert(&key, &Counter::default(), u64::from(BPF_NOEXIST));
-            STACK_COUNTS.get_ptr_mut(&key).ok_or(Stat::StacksFull)?
+    Ok((stack::keyed(stack::mix(hash, u64::from(truncated))), truncated != 0))
+}
+
+/// Keeps the stack [`python`] walked last on this CPU in [`STACKS`] under
+/// `hash`, unless another walk (of another process, or CPU) kept it first.
+/// A full map loses it, which is an error.
+#[inline(always)]
+pub fn keep(hash: u64) -> Result<(), Stat> {
+    let scratch = SCRATCH.get_ptr_mut(0).ok_or(Stat::StackReadFailed)?;
+    // SAFETY: this CPU's scratch value, valid while the program runs.
+    let walk = unsafe { &(*scratch).stack };
+    if STACKS.insert(&hash, walk, u64::from(BPF_NOEXIST)).is_err() {
+        // Another process, or CPU, may have kept it first.
+        // SAFETY: a lookup of a key, whose value is not used.
+        if unsafe { STACKS.get(&hash) }.is_none() {
+            return Err(Stat::StacksFull);
         }
-    };
-    // SAFETY: a valid pointer to this CPU's value, as in [`crate::count`].
-    unsafe {
-        atomic_add(&raw mut (*counter).calls, 1);
-        atomic_add(&raw mut (*counter).bytes, bytes);
     }
-    if truncated != 0 {
-        // Counted under its cut stack, which a block keeps too.
-        bump(ctx, Stat::StackTruncated);
-    }
-    Ok(hash)
+    Ok(())
+}
+
+/// Whether [`STACKS`] holds `hash`'s frames already.
+#[inline(always)]
+pub fn kept(hash: u64) -> bool {
+    // SAFETY: a lookup of a key, whose value is not used.
+    unsafe { STACKS.get(&hash) }.is_some()
 }
 
 /// The current thread's `PyThreadState *`, as `config` says to find it.

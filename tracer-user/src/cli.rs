@@ -160,6 +160,7 @@ pub struct HeapArgs {
 
 /// `tracer probes`.
 #[derive(Clone, Debug, Parser)]
+#[allow(clippy::struct_excessive_bools, reason = "one field per on/off command-line flag, as clap gives them")]
 pub struct ProbesArgs {
     #[command(flatten)]
     pub target: TargetArgs,
@@ -170,6 +171,10 @@ pub struct ProbesArgs {
     /// how its return is read (calibrates, as --returns).
     #[arg(long)]
     pub live: bool,
+    /// Also show where `attach --growth` samples heap growth (pymalloc's slow path), or why it
+    /// cannot.
+    #[arg(long)]
+    pub growth: bool,
     /// One JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -376,6 +381,23 @@ pub struct AttachArgs {
     /// and then free: the logging code is dead to the kernel's verifier.
     #[arg(long)]
     pub bpf_log: bool,
+    /// Also sample heap growth by Python stack: each pool pymalloc takes from empty (its slow path,
+    /// allocate_from_new_pool, a few thousand times a second at most) ends that pool's old sample, and
+    /// one take in 32 records the taking Python stack. Each interval gives, per site, the pools still
+    /// in use that its stacks took (a sampled estimate, with its 95% interval) and their change: its
+    /// growth. Works in both modes (the production profile will turn it on by default); with --pid
+    /// only. Needs pymalloc's slow path in a symbol table: the image's, or its debug file's (e.g.
+    /// python3.11-dbg); where there is none, the output says growth is unavailable and why.
+    #[arg(long)]
+    pub growth: bool,
+    /// At the end, write the growth stacks in folded form (weighted by the bytes of the pools they
+    /// hold) to FILE (turns on --growth). FILE must not exist unless --force.
+    #[arg(long, value_name = "FILE")]
+    pub growth_folded: Option<PathBuf>,
+    /// At the end, write a flame graph of the growth stacks as an SVG to FILE (turns on --growth).
+    /// FILE must not exist unless --force.
+    #[arg(long, value_name = "FILE")]
+    pub growth_flamegraph: Option<PathBuf>,
 }
 
 /// clap's multi-line usage error as one line, pointing at the help of the

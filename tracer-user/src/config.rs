@@ -131,6 +131,17 @@ pub struct AttachConfig {
     pub gc: GcMode,
     /// `--live` (or `--leaks`): keep the outstanding blocks.
     pub live: Option<LiveConfig>,
+    /// `--growth` and what is made of it.
+    pub growth: Option<GrowthConfig>,
+}
+
+/// `--growth`, `--growth-folded` and `--growth-flamegraph`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GrowthConfig {
+    /// `--growth-folded FILE`.
+    pub folded: Option<crate::report::files::OutputFile>,
+    /// `--growth-flamegraph FILE`.
+    pub flamegraph: Option<crate::report::files::OutputFile>,
 }
 
 /// `--live`, `--live-max` and `--leaks`.
@@ -250,7 +261,9 @@ pub enum ConfigError {
         "--stacks picks no function that --probes probes; use --stacks alloc with the allocators probed, or --stacks refs with _Py_NewReference"
     )]
     StacksNothingProbed,
-    #[error("--folded and --flamegraph both name {path}; give each its own file")]
+    #[error(
+        "two of --folded, --flamegraph, --growth-folded and --growth-flamegraph name {path}; give each its own file"
+    )]
     SameOutput { path: std::path::PathBuf },
     #[error(transparent)]
     Output(#[from] crate::report::files::OutputError),
@@ -278,6 +291,8 @@ pub enum ConfigError {
         "--budget must be a percentage of the target's CPU time above 0 and at most 100 (got {value}); e.g. --budget 1"
     )]
     BadBudget { value: f64 },
+    #[error("--growth needs --pid: its samples are checked against the process's memory, which --exe does not read")]
+    GrowthWithExe,
 }
 
 impl crate::error::Classify for ConfigError {
@@ -349,10 +364,15 @@ impl TryFrom<&AttachArgs> for AttachConfig {
         if live.is_some() && matches!(target, TargetSpec::Exe(_)) {
             return Err(ConfigError::LiveWithExe);
         }
+        let growth = growth_config(args, stacks.as_ref())?;
+        if growth.is_some() && matches!(target, TargetSpec::Exe(_)) {
+            return Err(ConfigError::GrowthWithExe);
+        }
         Ok(Self {
             mode,
             gc: t.gc,
             live,
+            growth,
             // The live table reads the implementations' returns itself
             // (`live_impls`); `--returns`' probes on the API functions
             // would add a breakpoint at each one's entry.
@@ -420,6 +440,28 @@ fn stacks_config(args: &AttachArgs) -> Result<Option<StacksConfig>, ConfigError>
         return Err(ConfigError::SameOutput { path: a.path.clone() });
     }
     Ok(Some(StacksConfig { events, depth, sample, top, folded, flamegraph, weight, native: args.native_stacks }))
+}
+
+/// `--growth` and its outputs, which turn it on; their files must not be
+/// `--folded`'s or `--flamegraph`'s.
+fn growth_config(args: &AttachArgs, stacks: Option<&StacksConfig>) -> Result<Option<GrowthConfig>, ConfigError> {
+    if !(args.growth || args.growth_folded.is_some() || args.growth_flamegraph.is_some()) {
+        return Ok(None);
+    }
+    let file = |flag, path: Option<&std::path::Path>| {
+        path.map(|p| crate::report::files::OutputFile::check(flag, p, args.force)).transpose()
+    };
+    let folded = file("--growth-folded", args.growth_folded.as_deref())?;
+    let flamegraph = file("--growth-flamegraph", args.growth_flamegraph.as_deref())?;
+    let mine: Vec<&crate::report::files::OutputFile> = [&folded, &flamegraph].into_iter().flatten().collect();
+    let theirs: Vec<&crate::report::files::OutputFile> =
+        stacks.into_iter().flat_map(|s| [s.folded.as_ref(), s.flamegraph.as_ref()]).flatten().collect();
+    for (i, a) in mine.iter().enumerate() {
+        if mine[i + 1..].iter().chain(&theirs).any(|b| b.path == a.path) {
+            return Err(ConfigError::SameOutput { path: a.path.clone() });
+        }
+    }
+    Ok(Some(GrowthConfig { folded, flamegraph }))
 }
 
 /// `--live`, `--live-max`, `--leaks` and `--older`; `--leaks` and
@@ -603,7 +645,10 @@ mod tests {
             assert_eq!(c.mode, Mode::Exact { because: Some(flag) }, "{flags:?}");
         }
         // A stack flag without stacks is still refused as before.
-        assert_eq!(config(&["--pid", "1", "--depth", "3"]).unwrap_err(), ConfigError::WithoutStacks { flag: "--depth" });
+        assert_eq!(
+            config(&["--pid", "1", "--depth", "3"]).unwrap_err(),
+            ConfigError::WithoutStacks { flag: "--depth" }
+        );
         // Flags both modes serve leave the profile on.
         for flags in [&["--placement", "entry"][..], &["--probes", "alloc"], &["--gc", "off"], &["--no-inlined"]] {
             assert_eq!(config(&[&["--pid", "1"][..], flags].concat()).unwrap().mode, Mode::Profile, "{flags:?}");

@@ -240,6 +240,7 @@ impl Bench {
             debug_dir: None,
             hit_costs: false,
             callers: true,
+            growth: false,
         };
         let prepared = prepare::prepare(&TargetSpec::Exe(info.executable), &options)?;
         Ok(Self {

@@ -23,17 +23,7 @@ pub(super) fn find(
     abi: &dyn Abi,
     lookup: DwarfLookup<'_>,
 ) -> Result<Inlining, ResolveError> {
-    // The image as the target names it, and its root as tracer reaches it:
-    // a chroot's maps show the host path, below the chroot's directory.
-    let (in_root, root_dir) = match spec {
-        TargetSpec::Pid(pid) => {
-            let root_dir = process::proc_root(*pid);
-            let host_root = std::fs::read_link(format!("/proc/{pid}/root")).unwrap_or_else(|_| PathBuf::from("/"));
-            let inside = image.strip_prefix(&host_root).map_or_else(|_| image.to_owned(), |p| Path::new("/").join(p));
-            (inside, root_dir)
-        }
-        TargetSpec::Exe(_) => (image.to_owned(), PathBuf::from("/")),
-    };
+    let (in_root, root_dir) = in_root(spec, image);
     let guard_scan = |symbols: Option<(&Path, &[u8])>| {
         let wanted: Vec<guards::Wanted<'_>> = abi
             .probes()
@@ -392,9 +382,23 @@ impl<'a> Cfa<'a> {
     }
 }
 
+/// The image as the target names it, and its root as tracer reaches it:
+/// a chroot's maps show the host path, below the chroot's directory.
+pub(super) fn in_root(spec: &TargetSpec, image: &Path) -> (PathBuf, PathBuf) {
+    match spec {
+        TargetSpec::Pid(pid) => {
+            let root_dir = process::proc_root(*pid);
+            let host_root = std::fs::read_link(format!("/proc/{pid}/root")).unwrap_or_else(|_| PathBuf::from("/"));
+            let inside = image.strip_prefix(&host_root).map_or_else(|_| image.to_owned(), |p| Path::new("/").join(p));
+            (inside, root_dir)
+        }
+        TargetSpec::Exe(_) => (image.to_owned(), PathBuf::from("/")),
+    }
+}
+
 /// What to install for the debug info of the interpreter, from the
 /// target's own `/etc/os-release`.
-fn debug_fix(root: process::Root, abi: &dyn Abi) -> String {
+pub(super) fn debug_fix(root: process::Root, abi: &dyn Abi) -> String {
     let release = root.reach(Path::new("/etc/os-release"), None).and_then(|p| std::fs::read_to_string(p).ok());
     debuginfo::debug_package(&release.unwrap_or_default(), (3, abi.minor()))
 }

@@ -7,6 +7,7 @@ pub mod debuginfo;
 pub mod elf;
 pub mod entries;
 pub mod exe;
+pub mod growth;
 pub mod guards;
 pub mod impls;
 pub mod inline;

@@ -40,6 +40,8 @@ pub enum AttachError {
     Log(String),
     #[error(transparent)]
     Gc(#[from] super::gc::GcAttachError),
+    #[error("cannot attach the growth probe {name} at file offset {offset:#x} of {path} for {scope}: {cause}")]
+    Growth { name: &'static str, offset: u64, path: PathBuf, scope: String, cause: std::io::Error },
 }
 
 impl Classify for AttachError {
@@ -59,7 +61,8 @@ impl Classify for AttachError {
             | Self::Multi(_)
             | Self::ManySitesNeedMulti { .. }
             | Self::Log(_)
-            | Self::Gc(_) => false,
+            | Self::Gc(_)
+            | Self::Growth { .. } => false,
         }
     }
 }

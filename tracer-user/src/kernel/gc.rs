@@ -46,14 +46,14 @@ pub enum GcAttachError {
 
 /// The uprobe PMU's type and where its `config` holds the return flag and
 /// the reference counter's offset (`/sys/bus/event_source/devices/uprobe`).
-struct UprobePmu {
+pub(super) struct UprobePmu {
     kind: u32,
     retprobe_bit: u32,
     ref_ctr_shift: u32,
 }
 
 impl UprobePmu {
-    fn read() -> Result<Self, GcAttachError> {
+    pub(super) fn read() -> Result<Self, GcAttachError> {
         let dir = Path::new("/sys/bus/event_source/devices/uprobe");
         let read = |name: &str| {
             let path = dir.join(name);
@@ -88,13 +88,13 @@ const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
 
 /// The `perf_event` part of `link_create` in `union bpf_attr`.
 #[repr(C)]
-struct PerfLinkAttr {
-    prog_fd: u32,
-    target_fd: u32,
-    attach_type: u32,
-    flags: u32,
-    bpf_cookie: u64,
-    tail: [u64; 8],
+pub(super) struct PerfLinkAttr {
+    pub(super) prog_fd: u32,
+    pub(super) target_fd: u32,
+    pub(super) attach_type: u32,
+    pub(super) flags: u32,
+    pub(super) bpf_cookie: u64,
+    pub(super) tail: [u64; 8],
 }
 
 impl Session {
@@ -133,8 +133,9 @@ impl Session {
         Ok(links)
     }
 
-    /// `name` loaded for uprobe-multi links, once.
-    fn gc_multi_program(&mut self, name: &'static str) -> Result<OwnedFd, AttachError> {
+    /// `name` loaded for uprobe-multi links, once (the GC's programs and
+    /// growth's).
+    pub(super) fn gc_multi_program(&mut self, name: &'static str) -> Result<OwnedFd, AttachError> {
         if let Some((_, fd)) = self.gc_programs.iter().find(|(n, _)| *n == name) {
             return fd.try_clone().map_err(|cause| AttachError::MapFd { name: name.to_owned(), cause });
         }
@@ -167,7 +168,7 @@ impl Session {
                 scope: scope(pid),
                 cause,
             };
-            let event = perf_uprobe(&pmu, &c_path, p, pid).map_err(err)?;
+            let event = perf_uprobe(&pmu, &c_path, (p.file_offset, p.ret, p.semaphore), pid).map_err(err)?;
             let mut attr = PerfLinkAttr {
                 prog_fd: u32::try_from(program.as_raw_fd()).unwrap_or(u32::MAX),
                 target_fd: u32::try_from(event.as_raw_fd()).unwrap_or(u32::MAX),
@@ -183,8 +184,9 @@ impl Session {
         Ok(fds)
     }
 
-    /// `name` loaded through aya for perf-event uprobes, once; its fd.
-    fn gc_perf_program(&mut self, name: &'static str) -> Result<OwnedFd, AttachError> {
+    /// `name` loaded through aya for perf-event uprobes, once; its fd (the
+    /// GC's programs and growth's).
+    pub(super) fn gc_perf_program(&mut self, name: &'static str) -> Result<OwnedFd, AttachError> {
         let load_err = |cause| AttachError::Gc(GcAttachError::Load { name, cause: Box::new(cause) });
         let program: &mut UProbe =
             self.ebpf.program_mut(name).ok_or(AttachError::ProgramMissing { name })?.try_into().map_err(load_err)?;
@@ -241,21 +243,27 @@ const fn program_of(role: GcRole) -> &'static str {
 }
 
 /// "PID N", or every process.
-fn scope(pid: u32) -> String {
+pub(super) fn scope(pid: u32) -> String {
     if pid == ALL_PROCESSES { "every process".to_owned() } else { format!("PID {pid}") }
 }
 
-/// A perf-event uprobe at `p` in the file `path`, for `pid` (every process
-/// for [`ALL_PROCESSES`]), with `p`'s semaphore as its reference counter.
-fn perf_uprobe(pmu: &UprobePmu, path: &CString, p: &GcPoint, pid: u32) -> std::io::Result<OwnedFd> {
+/// A perf-event uprobe at `file_offset` in the file `path` (a return
+/// probe with `ret`), for `pid` (every process for [`ALL_PROCESSES`]),
+/// with `semaphore` as its reference counter.
+pub(super) fn perf_uprobe(
+    pmu: &UprobePmu,
+    path: &CString,
+    (file_offset, ret, semaphore): (u64, bool, Option<u64>),
+    pid: u32,
+) -> std::io::Result<OwnedFd> {
     // SAFETY: perf_event_attr is plain integers and unions of integers,
     // for which all-zero is valid (and what the kernel wants unused).
     let mut attr: aya_obj::generated::perf_event_attr = unsafe { std::mem::zeroed() };
     attr.type_ = pmu.kind;
     attr.size = u32::try_from(size_of_val(&attr)).unwrap_or(u32::MAX);
-    attr.config = (u64::from(p.ret) << pmu.retprobe_bit) | (p.semaphore.unwrap_or(0) << pmu.ref_ctr_shift);
+    attr.config = (u64::from(ret) << pmu.retprobe_bit) | (semaphore.unwrap_or(0) << pmu.ref_ctr_shift);
     attr.__bindgen_anon_3.uprobe_path = path.as_ptr() as u64;
-    attr.__bindgen_anon_4.probe_offset = p.file_offset;
+    attr.__bindgen_anon_4.probe_offset = file_offset;
     // One process on any CPU, or every process: then one CPU must be named,
     // and a uprobe event on CPU 0 fires on every CPU.
     let (target, cpu): (libc::pid_t, libc::c_int) = match pid {

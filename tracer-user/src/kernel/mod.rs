@@ -6,6 +6,7 @@
 pub mod btf;
 mod error;
 pub mod gc;
+mod growth;
 mod links;
 pub mod maps;
 pub mod multi;
@@ -48,6 +49,20 @@ pub struct LoadOptions {
     pub stacks: Option<StacksOptions>,
     /// With `--live`: the room of the live table (`--live-max`).
     pub live: Option<u32>,
+    /// With `--growth`: how its samples are taken and kept.
+    pub growth: Option<GrowthOptions>,
+}
+
+/// How `--growth` samples, in the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GrowthOptions {
+    /// One pool taken in this many is sampled.
+    pub every: u32,
+    /// Room for samples.
+    pub pools: u32,
+    /// Room for the distinct stacks the samples walk (with `--stacks`,
+    /// the larger of the two rooms).
+    pub stacks: u32,
 }
 
 /// How `--stacks` walks, in the kernel.
@@ -93,7 +108,7 @@ fn fill_slot_live(ebpf: &mut aya::Ebpf, plan: &Plan) -> Result<(), AttachError> 
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        Self { max_processes: 1024, bpf_log: false, types: None, stacks: None, live: None }
+        Self { max_processes: 1024, bpf_log: false, types: None, stacks: None, live: None, growth: None }
     }
 }
 
@@ -147,10 +162,10 @@ pub struct Session {
     /// it exited says so (without a pidfd, a failed attach is taken for an
     /// exit).
     target: Option<Pidfd>,
-    /// The GC probes' links (see [`gc`]): closing them detaches the probes
-    /// and lowers the markers' semaphores.
+    /// The GC probes' links (see [`gc`]), and growth's: closing them
+    /// detaches the probes and lowers the markers' semaphores.
     gc_links: Vec<OwnedFd>,
-    /// The GC programs loaded, for their miss counts.
+    /// The GC and growth programs loaded, for their miss counts.
     gc_programs: Vec<(&'static str, OwnedFd)>,
 }
 
@@ -179,6 +194,10 @@ impl Session {
         let stacks_on = u32::from(options.stacks.is_some());
         let sample = options.stacks.as_ref().map_or(1, |s| s.sample.max(1));
         let stack_entries = options.stacks.as_ref().map_or(1, |s| s.entries.max(1));
+        // Growth's samples keep their stacks' frames in the same map.
+        let frame_entries = stack_entries.max(options.growth.map_or(1, |g| g.stacks));
+        let growth_every = options.growth.map_or(tracer_common::growth::DEFAULT_EVERY, |g| g.every.max(1));
+        let growth_pools = options.growth.map_or(1, |g| g.pools.max(1));
         // Without --live no program writes the table: one entry is room
         // enough.
         let live_on = u32::from(options.live.is_some());
@@ -208,7 +227,9 @@ impl Session {
             .override_global(names::SAMPLE_EVERY_GLOBAL, &sample, true)
             .map_max_entries(names::SLOT_STACKS_MAP, slots.max(1))
             .map_max_entries(names::WALKS_MAP, processes)
-            .map_max_entries(names::STACKS_MAP, stack_entries)
+            .map_max_entries(names::STACKS_MAP, frame_entries)
+            .override_global(names::GROWTH_EVERY_GLOBAL, &growth_every, true)
+            .map_max_entries(names::GROWTH_POOLS_MAP, growth_pools)
             .map_max_entries(names::STACK_COUNTS_MAP, stack_entries)
             .override_global(names::NATIVE_ON_GLOBAL, &native_on, true)
             .map_max_entries(names::UNWIND_ROWS_MAP, native_rows.unwrap_or(1).max(1))

@@ -38,8 +38,13 @@ fn every_program_loads_for_multi_links_with_every_map_type() {
     let session = Session::load(plan, std::process::id(), &options).expect("the object loads");
     let names: BTreeSet<&str> = session.map_fds.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names.len(), obj.maps.len(), "every map of the object has an fd for the multi loader: {names:?}");
-    let gc = [names::programs::GC_START, names::programs::GC_DONE];
-    for name in Program::ALL.iter().filter(|p| !p.bench_only()).map(|p| p.name()).chain(gc) {
+    let chains = [
+        names::programs::GC_START,
+        names::programs::GC_DONE,
+        names::programs::GROWTH_TAKE,
+        names::programs::GROWTH_ARENA,
+    ];
+    for name in Program::ALL.iter().filter(|p| !p.bench_only()).map(|p| p.name()).chain(chains) {
         multi::load(crate::BPF_OBJECT, name, &session.map_fds)
             .unwrap_or_else(|e| panic!("{name} does not load for uprobe-multi links: {e}"));
     }

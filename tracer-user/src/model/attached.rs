@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::plan::{
     coverage::Coverage,
     gc::GcPlan,
+    growth::GrowthPlan,
     placement::Placement,
     returns::{ReturnMeasurement, ReturnPlan},
 };
@@ -83,6 +84,10 @@ pub struct Attached {
     /// function probed, or why neither is; left out by a tracer before GC.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gc: Option<GcPlan>,
+    /// With `--growth`: where heap growth is sampled (each probe's
+    /// instruction, and whether the kernel emulates it), or why it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub growth: Option<GrowthPlan>,
     /// With `--native`: the C library whose functions are probed, as the
     /// target sees it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -52,6 +52,10 @@ pub enum NoteCode {
     /// The production profile's heap census: none can be taken (and
     /// why), one failed, or they are spaced out.
     Heap,
+    /// With `--growth`: heap growth cannot be sampled in this target (no
+    /// symbol table with pymalloc's slow path, `--exe`), or what its
+    /// samples miss.
+    Growth,
 }
 
 /// A diagnostic, as an event.

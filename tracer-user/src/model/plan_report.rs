@@ -6,6 +6,7 @@ use super::notes::Note;
 use crate::plan::{
     coverage::Coverage,
     gc::GcPlan,
+    growth::GrowthPlan,
     placement::Placement,
     returns::{ReturnMeasurement, ReturnPlan},
 };
@@ -26,6 +27,9 @@ pub struct PlanReport {
     /// Where garbage collections are seen (see [`Attached::gc`](super::Attached::gc)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gc: Option<GcPlan>,
+    /// With `--growth`: where heap growth is sampled, or why it cannot be.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub growth: Option<GrowthPlan>,
     /// With `--live`: the allocator implementations the live table
     /// probes, and how each one's return is read.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -84,6 +88,7 @@ impl PlanReport {
             return_costs_ns,
             notes: Vec::new(),
             gc: None,
+            growth: None,
             live_impls: plan
                 .live_impls
                 .iter()

@@ -173,6 +173,10 @@ pub struct Snapshot {
     /// With `--leaks`, in the summary only: the oldest outstanding blocks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leaks: Option<Leaks>,
+    /// With `--growth`: heap growth by Python stack, sampled, over the
+    /// interval (in the summary, since the attach), or why there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub growth: Option<super::growth::Growth>,
 }
 
 /// Garbage collections since the attach, by generation.

@@ -9,6 +9,7 @@
 pub mod callsites;
 pub mod coverage;
 pub mod gc;
+pub mod growth;
 mod inlined;
 mod live;
 pub mod native;

@@ -24,6 +24,15 @@
 //! entry and the chosen instruction (that path would be counted once more
 //! or once less than calls). Otherwise the probe stays at the entry, and
 //! the reason is reported.
+//!
+//! The stack pointer rule is for programs that read the stack: an
+//! argument passed on it, the live table's frames (paired by the entry's
+//! stack pointer), the native unwinder (which starts from the entry's
+//! CFA rule). A program that reads only registers and the target's
+//! memory through them is indifferent to it; `--growth`'s programs are
+//! such, and `plan::growth` places them past stack-pointer moves with the
+//! same other rules (no branch before, none into, the registers read
+//! intact), using [`branch_into`] and [`emulated`].
 
 use iced_x86::{
     Decoder, DecoderOptions, FlowControl, Formatter as _, GasFormatter, Instruction, InstructionInfoFactory, OpAccess,
@@ -166,29 +175,42 @@ pub fn place(code: &[u8], address: u64, program: Program, kernel: KernelVersion)
     let Some(found) = candidate else {
         return entry(entry_text, "the code could not be decoded");
     };
-    if found.offset > 0 {
-        // Every branch in the function must miss (entry, chosen].
-        let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
-        while decoder.can_decode() {
-            decoder.decode_out(&mut instr);
-            if instr.is_invalid() {
-                break;
-            }
-            if matches!(
-                instr.flow_control(),
-                FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch | FlowControl::Call
-            ) {
-                let target = instr.near_branch_target();
-                if target > address && target <= address + found.offset {
-                    return entry(
-                        entry_text,
-                        &format!("a branch at {:#x} lands at +{} inside the prologue", instr.ip(), target - address),
-                    );
-                }
+    if let Some(why) = branch_into(code, address, found.offset) {
+        return entry(entry_text, &why);
+    }
+    found
+}
+
+/// Why a probe `offset` bytes into the function whose code is `code` (at
+/// `address`) would not count each call once: a branch of the function
+/// that lands in (entry, entry + offset]. `None` where none does.
+#[must_use]
+pub fn branch_into(code: &[u8], address: u64, offset: u64) -> Option<String> {
+    if offset == 0 {
+        return None;
+    }
+    let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
+    let mut instr = Instruction::default();
+    while decoder.can_decode() {
+        decoder.decode_out(&mut instr);
+        if instr.is_invalid() {
+            break;
+        }
+        if matches!(
+            instr.flow_control(),
+            FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch | FlowControl::Call
+        ) {
+            let target = instr.near_branch_target();
+            if target > address && target <= address + offset {
+                return Some(format!(
+                    "a branch at {:#x} lands at +{} inside the prologue",
+                    instr.ip(),
+                    target - address
+                ));
             }
         }
     }
-    found
+    None
 }
 
 fn entry(instruction: Option<String>, why: &str) -> Placement {

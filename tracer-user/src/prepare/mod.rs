@@ -22,6 +22,7 @@ use crate::{
     plan::{
         self, ImageRef, PlacementMode, Plan, PlanError,
         gc::{GcImage, GcMode, GcPlan, GcPlanError, GcSource},
+        growth::GrowthPlan,
         returns::ReturnCosts,
     },
     privileges::{self, PrivilegeError},
@@ -30,6 +31,7 @@ use crate::{
 
 /// What to prepare, beyond the target.
 #[derive(Clone, Copy, Debug)]
+#[allow(clippy::struct_excessive_bools, reason = "one switch per thing a run may prepare")]
 pub struct Options<'a> {
     /// Which functions to probe.
     pub probes: &'a ProbeSelection,
@@ -47,6 +49,8 @@ pub struct Options<'a> {
     /// Find the modules that may call the image even when this plan does
     /// not probe at call sites (`tracer bench` plans such setups later).
     pub callers: bool,
+    /// `--growth`: also plan heap growth sampling's probes.
+    pub growth: bool,
 }
 
 impl<'a> Options<'a> {
@@ -68,6 +72,7 @@ impl<'a> Options<'a> {
             debug_dir: config.debug_dir.as_deref(),
             hit_costs: config.budget.is_some(),
             callers: false,
+            growth: config.growth.is_some(),
         }
     }
 
@@ -90,6 +95,7 @@ impl<'a> Options<'a> {
             debug_dir: t.debug_dir.as_deref(),
             hit_costs: false,
             callers: false,
+            growth: args.growth,
         }
     }
 }
@@ -102,6 +108,8 @@ pub struct Prepared {
     pub specs: Vec<ProbeSpec>,
     pub plan: Plan,
     pub gc: GcPlan,
+    /// With `--growth`: where heap growth is sampled, or why it is not.
+    pub growth: Option<GrowthPlan>,
     /// What was calibrated, if the plan or `--budget` needed it.
     pub calibration: Option<Calibration>,
     /// What the user should know before anything else: the image's
@@ -170,8 +178,13 @@ pub fn prepare(target: &TargetSpec, options: &Options<'_>) -> Result<Prepared, P
     // Before anything is loaded: `--gc markers` on a build without them is
     // the user's to fix.
     let gc = gc_plan(&resolved, options.gc)?;
-    let notes = debug_offsets_note(&resolved).into_iter().chain(gc_note(&gc, options.gc)).collect();
-    Ok(Prepared { target: resolved, specs, plan, gc, calibration, notes })
+    let growth = options.growth.then(|| growth_plan(&resolved, options.debug_dir));
+    let growth_note = growth
+        .as_ref()
+        .and_then(|g| g.unavailable.as_ref())
+        .map(|why| Note::new(Level::Warning, NoteCode::Growth, format!("growth unavailable: {why}")));
+    let notes = debug_offsets_note(&resolved).into_iter().chain(gc_note(&gc, options.gc)).chain(growth_note).collect();
+    Ok(Prepared { target: resolved, specs, plan, gc, growth, calibration, notes })
 }
 
 impl Prepared {
@@ -182,6 +195,7 @@ impl Prepared {
         let mut report = PlanReport::new(&self.plan, &self.target.version.to_string(), measured);
         report.notes.extend(self.notes);
         report.gc = Some(self.gc);
+        report.growth = self.growth;
         report
     }
 }
@@ -230,6 +244,22 @@ fn gc_plan(r: &Resolved, mode: GcMode) -> Result<GcPlan, GcPlanError> {
         debug: debug.as_deref(),
     };
     plan::gc::plan(image, crate::python::gc_knowledge(r.abi), mode)
+}
+
+/// Heap growth sampling's probes in the resolved target (with `--pid`
+/// only: its samples are checked against the process's memory), or why
+/// there are none.
+fn growth_plan(r: &Resolved, debug_dir: Option<&Path>) -> GrowthPlan {
+    if r.pid().is_none() {
+        return GrowthPlan::unavailable(
+            "with --exe, no process's memory is read, which growth's samples are checked against; pass --pid",
+        );
+    }
+    let knowledge = crate::python::growth::knowledge(r.abi);
+    match discover::growth::find(r, &knowledge, debug_dir) {
+        Ok(symbols) => plan::growth::plan(&r.elf, &symbols, &knowledge, plan::placement::running_kernel()),
+        Err(why) => GrowthPlan::unavailable(why),
+    }
 }
 
 /// What the user should know of the GC plan: that collections are not

@@ -55,6 +55,9 @@ pub mod arena_object {
     pub const SIZE: u64 = 48;
     pub const ADDRESS: usize = 0;
     pub const POOL_ADDRESS: usize = 8;
+    /// `struct pool_header *freepools` (24): the arena's emptied pools,
+    /// which `allocate_from_new_pool` takes before carving a new one.
+    pub const FREEPOOLS: usize = 24;
 }
 
 /// `sizeof(PyGC_Head)`: two `uintptr_t`, `_gc_next` then `_gc_prev`
@@ -146,6 +149,9 @@ pub enum Obmalloc {
 pub mod obmalloc_state {
     pub const ARENAS: u64 = 512;
     pub const MAXARENAS: u64 = 520;
+    /// `mgmt.usable_arenas` (536): the arenas with a free pool, the one
+    /// `allocate_from_new_pool` takes a pool from first.
+    pub const USABLE_ARENAS: u64 = 536;
     pub const RAW_ALLOCATED_BLOCKS: u64 = 1088;
 }
 
@@ -264,6 +270,7 @@ pub fn dwarf_expectations(abi: &dyn super::Abi) -> Vec<(&'static str, String, u6
         m("arena_object", "sizeof", arena_object::SIZE),
         m("arena_object", "address", u(arena_object::ADDRESS)),
         m("arena_object", "pool_address", u(arena_object::POOL_ADDRESS)),
+        m("arena_object", "freepools", u(arena_object::FREEPOOLS)),
         m("PyTypeObject", "tp_name", u(type_object::TP_NAME)),
         m("PyTypeObject", "tp_basicsize", u(type_object::TP_BASICSIZE)),
         m("PyTypeObject", "tp_itemsize", u(type_object::TP_ITEMSIZE)),
@@ -290,6 +297,7 @@ pub fn dwarf_expectations(abi: &dyn super::Abi) -> Vec<(&'static str, String, u6
             all.push(m("PyInterpreterState", "obmalloc", offset));
             all.push(m("_obmalloc_state", "mgmt.arenas", obmalloc_state::ARENAS));
             all.push(m("_obmalloc_state", "mgmt.maxarenas", obmalloc_state::MAXARENAS));
+            all.push(m("_obmalloc_state", "mgmt.usable_arenas", obmalloc_state::USABLE_ARENAS));
             all.push(m("_obmalloc_state", "mgmt.raw_allocated_blocks", obmalloc_state::RAW_ALLOCATED_BLOCKS));
         }
     }

@@ -9,6 +9,7 @@
 
 pub mod frames;
 pub mod gc;
+pub mod growth;
 pub mod heap;
 mod v3_11;
 mod v3_12;

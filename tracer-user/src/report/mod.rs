@@ -82,6 +82,7 @@ pub(crate) mod examples {
             coverage: IndexMap::new(),
             sites: IndexMap::new(),
             gc: None,
+            growth: None,
             native: None,
         }
     }

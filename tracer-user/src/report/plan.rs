@@ -109,8 +109,36 @@ pub fn table(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
             )?;
         }
     }
+    if let Some(growth) = &plan.growth {
+        growth_points(out, growth)?;
+    }
     for note in &plan.notes {
         writeln!(out, "  {}: {}", if note.level == Level::Warning { "warning" } else { "note" }, note.message)?;
+    }
+    Ok(())
+}
+
+/// With `--growth`: where each growth probe goes and why, or why there is
+/// none (the notes say that too).
+fn growth_points(out: &mut impl Write, growth: &crate::plan::growth::GrowthPlan) -> std::io::Result<()> {
+    if growth.unavailable.is_some() {
+        return Ok(());
+    }
+    writeln!(out, "  growth: {}", growth.detail)?;
+    for p in &growth.points {
+        let role = match p.role {
+            crate::plan::growth::GrowthRole::Take => "take",
+            crate::plan::growth::GrowthRole::Arena => "arena",
+        };
+        let how = if p.emulated { "emulated" } else { "single-stepped" };
+        writeln!(
+            out,
+            "  growth {role:<5} {} +{} `{}` at file offset {:#x} ({how}), reads {}: {}",
+            p.function, p.offset, p.instruction, p.file_offset, p.reads, p.reason
+        )?;
+    }
+    if let Some(caveat) = &growth.caveat {
+        writeln!(out, "  growth: PARTIAL: {caveat}")?;
     }
     Ok(())
 }

@@ -11,6 +11,7 @@ pub mod exit;
 pub mod exits;
 mod finish;
 pub mod gcmem;
+pub mod growth;
 mod late;
 pub mod live;
 pub mod profile;
@@ -203,6 +204,7 @@ fn attached_event(session: &Session, r: &Resolved, links: Links, cost: &CostMete
         coverage: probes.iter().map(|p| (p.symbol.to_owned(), p.coverage.clone())).collect(),
         sites: cost.sites(session.plan()),
         gc: None,
+        growth: None,
         native: probes.iter().find_map(|p| p.file.as_ref()).map(|f| f.display_path.display().to_string()),
     }
 }
@@ -252,6 +254,8 @@ struct Run {
     cost: CostMeter,
     /// In the production profile.
     profile: Option<Profile>,
+    /// With `--growth`: its samples' readout, or why there is none.
+    growth: Option<Result<growth::Growth, String>>,
 }
 
 impl Run {
@@ -285,10 +289,22 @@ impl Run {
             .as_ref()
             .and_then(|l| l.leaks)
             .map(|l| live::leaks(&self.session, l, self.readout.stack_names.as_mut()));
+        last.growth = self.growth_report(true);
         if let Some(p) = self.profile.as_mut() {
             p.summary(&mut last, self.duty.as_ref(), self.cost.target_cpu());
         }
         Ok(last)
+    }
+
+    /// With `--growth`: its report since the last interval (or with
+    /// `summary`, since the attach), or why there is none.
+    fn growth_report(&mut self, summary: bool) -> Option<crate::model::Growth> {
+        let prices = self.cost.prices();
+        Some(match self.growth.as_mut()? {
+            Ok(g) if summary => crate::model::Growth::Sampled(Box::new(g.summary(&mut self.session, prices))),
+            Ok(g) => crate::model::Growth::Sampled(Box::new(g.interval(&mut self.session, prices))),
+            Err(why) => crate::model::Growth::Unavailable { unavailable: why.clone() },
+        })
     }
 
     /// The profile's sources and costs in an interval's `snapshot`.
@@ -325,6 +341,15 @@ impl Run {
         }));
         notes.extend(self.bpf_log());
         notes.extend(self.profile.as_mut().map(Profile::take_notes).unwrap_or_default());
+        if let Some(Ok(g)) = self.growth.as_mut() {
+            notes.extend(g.take_untold().into_iter().map(|(pid, why)| {
+                Note::new(
+                    Level::Warning,
+                    NoteCode::Growth,
+                    format!("growth samples of PID {pid} have no Python stacks: {why}"),
+                )
+            }));
+        }
         let untold = self.readout.stack_names.as_mut().map(crate::run::stacks::StackNames::take_untold);
         notes.extend(untold.unwrap_or_default().into_iter().map(|(pid, why)| {
             Note::new(Level::Warning, NoteCode::NoStacks, format!("no Python stacks for PID {pid}: {why}"))
@@ -416,6 +441,7 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
                 let all = snapshot.hits.unwrap_or(0);
                 snapshot.cost = run.cost.interval().map(|c| c.of_all_hits(all.saturating_sub(hits_before)));
                 hits_before = all;
+                snapshot.growth = run.growth_report(false);
                 run.profile_interval(&mut snapshot);
                 let high = run.high_cost_note(&snapshot);
                 output.interval(snapshot)?;
@@ -429,7 +455,7 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
     // Notes not told yet (a target that exited before the first interval).
     let mut log = run.notes();
     log.extend(run.bpf_log());
-    let Run { session, readout, duty, late, started: _, mut cost, mut profile } = run;
+    let Run { session, readout, duty, late, started: _, mut cost, mut profile, growth: _ } = run;
     drop((session, readout, duty, late));
     output.notes(log)?;
     finish::wait_detached(&mut cost, profile.as_mut(), (&mut sigint, &mut sigterm)).await;
@@ -441,6 +467,8 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
     last.cost = cost.total().map(|c| c.of_all_hits(last.hits.unwrap_or(0)));
     let written =
         config.stacks.as_ref().map(|s| finish::write_stacks(s, &last, config)).transpose()?.unwrap_or_default();
+    output.notes(written)?;
+    let written = config.growth.as_ref().map(|g| growth::write(g, &last, config)).transpose()?.unwrap_or_default();
     output.notes(written)?;
     output.summary(last, end)?;
     Ok(end)
@@ -493,6 +521,7 @@ fn watch_exits(target: &TargetSpec) -> Result<(Option<ProcessExit>, Option<exits
 
 /// Loads and attaches the prepared plan as `config` says, and reports the
 /// attach: everything before the loop.
+#[allow(clippy::too_many_lines, reason = "everything before the loop, in the order it must happen")]
 fn start<'a>(
     config: &AttachConfig,
     prepared: Prepared,
@@ -500,7 +529,7 @@ fn start<'a>(
     out: impl Write + 'a,
     err: impl Write + 'a,
 ) -> Result<(Run, Output<'a>), RunError> {
-    let Prepared { target: r, specs: _, plan, gc, calibration, notes } = prepared;
+    let Prepared { target: r, specs: _, plan, gc, growth: growth_plan, calibration, notes } = prepared;
     // In the CPU time of the thread hit: the budget is a share of the
     // target's CPU time.
     let costs = calibration.map(|c| c.cpu.hit);
@@ -516,7 +545,8 @@ fn start<'a>(
     }
     let (types, stacks, stack_slots) = kernel_options(config, &r, &plan)?;
     let live = config.live.as_ref().map(|l| l.max);
-    let load = LoadOptions { bpf_log: config.bpf_log, types, stacks, live, ..LoadOptions::default() };
+    let growth = growth_plan.as_ref().filter(|g| g.unavailable.is_none()).map(|_| growth::KERNEL);
+    let load = LoadOptions { bpf_log: config.bpf_log, types, stacks, live, growth, ..LoadOptions::default() };
     let mut session = Session::load(plan, r.scope, &load)?;
     if live.is_some()
         && let Some(pid) = r.pid()
@@ -533,6 +563,7 @@ fn start<'a>(
     if let (Some(names), Some(pid)) = (stack_names.as_mut(), r.pid()) {
         names.prepare(&mut session, pid)?;
     }
+    let mut growth = growth::setup(config, &mut session, growth_plan, r.pid())?;
     let watch = match r.pid() {
         Some(pid) => Watch::Process(pid),
         None => Watch::Interpreter(r.attach_path.clone()),
@@ -556,6 +587,7 @@ fn start<'a>(
     if gc.source != GcSource::None {
         session.attach_gc(&gc, r.scope, links == Links::Multi)?;
     }
+    let growth_header = growth::attach(&mut growth, &mut session, links == Links::Multi)?;
     let started = Instant::now();
     // The target's CPU time over the first window, exactly: too short for
     // /proc/PID/stat's clock ticks.
@@ -597,6 +629,7 @@ fn start<'a>(
     info.estimated_cost = Some(estimate);
     info.return_costs_ns = return_costs.map(|r| r.1);
     info.gc = Some(gc);
+    info.growth = growth_header;
     let mut output = Output {
         reporter: report::reporter(config.format, Box::new(out), Box::new(err)),
         attached: None,
@@ -605,7 +638,7 @@ fn start<'a>(
     output.emit(&Event::Attached(info.clone()))?;
     output.attached = Some(info);
     output.notes(fallback.into_iter().chain(notes).chain(profile_notes))?;
-    Ok((Run { session, readout, duty, late, started, cost, profile }, output))
+    Ok((Run { session, readout, duty, late, started, cost, profile, growth }, output))
 }
 
 /// The meter of the run's cost, its hit's cost calibrated while preparing

@@ -5,8 +5,9 @@
 //!
 //! Sources in this version: the rates by duty cycle ([`super::duty`]), GC
 //! from memory ([`super::gcmem`]) with the GC probes' durations, the heap
-//! census ([`super::census`]) with `--pid`. Growth sampling will report its
-//! probe's cost to the same ledger.
+//! census ([`super::census`]) with `--pid`, and with `--growth` growth
+//! sampling's probes ([`super::growth`], read by the run loop first), whose
+//! cost the rates give way to.
 //!
 //! Every cost is a share of the target's CPU time, as the budget is.
 
@@ -45,6 +46,8 @@ pub struct Profile {
     /// the last interval.
     rates_overhead: Duration,
     gc_read: (u64, Duration),
+    /// Growth's cost reported so far: target time, tracer time, bytes.
+    growth_reported: (Duration, Duration, u64),
     last: Instant,
     /// The target's CPU time at the last interval.
     cpu: Duration,
@@ -97,6 +100,7 @@ impl Profile {
             gc_collections: 0,
             rates_overhead: Duration::ZERO,
             gc_read: (0, Duration::ZERO),
+            growth_reported: (Duration::ZERO, Duration::ZERO, 0),
             last: Instant::now(),
             cpu: Duration::ZERO,
             notes: Vec::new(),
@@ -125,6 +129,7 @@ impl Profile {
         self.sources(snapshot, duty.as_deref());
         snapshot.heap = self.census.as_mut().and_then(CensusSource::interval);
         self.census_cost();
+        self.growth(snapshot, false);
         let now = Instant::now();
         snapshot.profile = Some(self.ledger.close_interval(now - self.last, cpu.saturating_sub(self.cpu)));
         (self.last, self.cpu) = (now, self.cpu.max(cpu));
@@ -138,6 +143,7 @@ impl Profile {
     /// ([`Self::summary_heap`]).
     pub fn summary(&mut self, snapshot: &mut Snapshot, duty: Option<&DutyCycle>, cpu: Duration) {
         self.sources(snapshot, duty);
+        self.growth(snapshot, true);
         let _ = self.ledger.close_interval(self.last.elapsed(), cpu.saturating_sub(self.cpu));
         (self.last, self.cpu) = (Instant::now(), self.cpu.max(cpu));
         snapshot.profile = Some(self.ledger.total());
@@ -207,6 +213,27 @@ impl Profile {
             snapshot.stats.insert("gc_memory_rejected".to_owned(), gc.rejected);
             snapshot.gc = Some(report);
         }
+    }
+
+    /// Growth's cost (`--growth`, in `snapshot`, read before): an
+    /// interval's, or with `run` the run's, of which what was not reported
+    /// yet is.
+    fn growth(&mut self, snapshot: &Snapshot, run: bool) {
+        let Some(cost) = snapshot.growth.as_ref().and_then(crate::model::Growth::cost) else { return };
+        let spent = (
+            Duration::from_secs_f64(cost.target_s.unwrap_or(0.0)),
+            Duration::from_secs_f64(cost.tracer_cpu_s),
+            cost.bytes_read,
+        );
+        let (target, tracer, bytes) = if run {
+            let (t, c, b) = self.growth_reported;
+            (spent.0.saturating_sub(t), spent.1.saturating_sub(c), spent.2.saturating_sub(b))
+        } else {
+            spent
+        };
+        self.ledger.report(share::GROWTH, target, tracer, bytes);
+        let (t, c, b) = &mut self.growth_reported;
+        (*t, *c, *b) = (*t + target, *c + tracer, *b + bytes);
     }
 }
 

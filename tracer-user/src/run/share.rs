@@ -28,6 +28,9 @@ pub const GC_PROBES: &str = "gc_probes";
 pub const GC_MEMORY: &str = "gc_memory";
 /// The heap census.
 pub const CENSUS: &str = "census";
+/// Heap growth sampling's probes (`--growth`), and its reads of the
+/// sampled pools.
+pub const GROWTH: &str = "growth";
 
 /// The least share of the budget the rates keep when the other sources
 /// took it all: their windows then come rarely, but still come, and the

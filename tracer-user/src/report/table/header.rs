@@ -64,6 +64,9 @@ impl<W: Write, E: Write> TableReporter<W, E> {
                 writeln!(self.out, "tracer: gc: PARTIAL: {caveat}")?;
             }
         }
+        if let Some(growth) = &info.growth {
+            self.growth_header(growth)?;
+        }
         // By site where the attach says (inlined copies and call sites each
         // have their own instruction), else by each probe's placement.
         let stepped: Vec<String> = if info.sites.is_empty() {

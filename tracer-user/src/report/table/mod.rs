@@ -5,6 +5,7 @@
 
 mod blocks;
 mod cost;
+mod growth;
 mod header;
 mod heap;
 
@@ -152,6 +153,9 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         }
         if let Some(sites) = &sample.sites {
             self.sites_block(sites, sample.stack_coverage.as_ref())?;
+        }
+        if let Some(growth) = &sample.growth {
+            self.growth_block(growth)?;
         }
         let per_process = self.attached.as_ref().is_some_and(|a| a.pid.is_none());
         if per_process || sample.pids.len() > 1 {

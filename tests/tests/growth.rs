@@ -1,0 +1,326 @@
+//! `--growth`: heap growth by Python stack. The check on every
+//! build here (pyenv's 3.11.7, Debian's LTO 3.11, the forky root's LTO
+//! 3.13 and 3.14): a target whose `grow()` keeps appending str objects to a
+//! global list while `churn()` makes and drops ten times as many, one at a
+//! time or in lists of 10,000 (tests/python/growth.py), has `grow` carry at
+//! least 80% of the growth and `churn` under 10%, and `grow`'s pools in
+//! use are what its strs fill, within the sample's error. Plus: the
+//! probes sit on instructions the kernel emulates on every build, the
+//! folded output, growth in exact mode, and bad input.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use tracer_tests::{
+    STATIC_PYTHON, TracerRun, Workload, forky_root, require_root, run_tracer, shared_python, static_python,
+    without_debug_info,
+};
+
+/// grow/churn pairs, and the strs grow appends in each: 300,000 kept, about
+/// 1,500 pools, which a sample of 1 in 32 sees as about 46 samples.
+const ITERATIONS: &str = "300";
+const K: &str = "1000";
+
+/// pymalloc's pool (`POOL_SIZE`), header (`POOL_OVERHEAD`) and block
+/// alignment (Objects/obmalloc.c, v3.11 to v3.14).
+const POOL: u64 = 16384;
+const POOL_HEADER: u64 = 48;
+const ALIGNMENT: u64 = 16;
+
+/// What a run of growth.py under `tracer attach --growth` gave.
+struct Run {
+    attached: Value,
+    intervals: Vec<Value>,
+    summary: Value,
+    /// The strs grow kept, and the size of each.
+    kept: (u64, u64),
+    stderr: String,
+}
+
+/// growth.py `shape` run by `python` (inside `root` where given) under
+/// `tracer attach --pid PID --json --growth EXTRA`, stopped with SIGINT
+/// once it is done.
+fn traced(root: Option<&Path>, python: &str, shape: &str, extra: &[&str]) -> Run {
+    let mut workload = Workload::script(root, python, "growth.py", &[shape, ITERATIONS, K]);
+    workload.wait_blocked_on_stdin();
+    let pid = workload.pid().to_string();
+    let mut args = vec!["--pid", pid.as_str(), "--growth", "--interval", "1"];
+    args.extend_from_slice(extra);
+    let (tracer, attached) = TracerRun::attach_json_as(&args);
+    workload.go();
+    workload.expect("done");
+    let kept = workload.next_line("kept").expect("the kept line");
+    let kept: Vec<u64> =
+        kept.strip_prefix("kept ").expect("kept COUNT SIZE").split(' ').map(|n| n.parse().expect("a number")).collect();
+    workload.wait_blocked_reading(Some(5));
+    tracer.signal(libc::SIGINT);
+    let (status, lines, stderr) = tracer.finish();
+    assert!(status.success(), "tracer failed: {status}: {stderr}");
+    workload.close();
+    let summary = lines.last().expect("a summary").clone();
+    assert_eq!(summary["type"], "summary", "{lines:?}");
+    let intervals = lines.iter().filter(|l| l["type"] == "interval").cloned().collect();
+    Run { attached, intervals, summary, kept: (kept[0], kept[1]), stderr }
+}
+
+fn u(v: &Value, what: &str) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("{what} is not a whole number: {v}"))
+}
+
+fn i(v: &Value, what: &str) -> i64 {
+    v.as_i64().unwrap_or_else(|| panic!("{what} is not a whole number: {v}"))
+}
+
+fn f(v: &Value, what: &str) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("{what} is not a number: {v}"))
+}
+
+/// The site of `function` in `growth`, if it has one.
+fn site<'a>(growth: &'a Value, function: &str) -> Option<&'a Value> {
+    growth["sites"].as_array().expect("sites").iter().find(|s| s["function"] == function)
+}
+
+/// The check on `run`'s summary: grow carries at least 80% of the
+/// net growth, churn under 10%; and grow's pools in use are the pools its
+/// kept strs fill, within five times the sample's standard error.
+fn grow_carries_the_growth(run: &Run) {
+    let g = &run.summary["growth"];
+    assert_eq!(g["estimate"], true, "{g}");
+    let every = u(&g["sample_every"], "sample_every");
+    assert_eq!(u(&g["sample_bytes"], "sample_bytes"), every * POOL, "{g}");
+    let total = i(&g["bytes"], "bytes");
+    assert!(total > 0, "no growth seen: {g}\n{}", run.stderr);
+    let grow = site(g, "grow").unwrap_or_else(|| panic!("no grow site: {g}"));
+    let churn = site(g, "churn").map_or(0, |s| i(&s["bytes"], "churn bytes"));
+    let grow_bytes = i(&grow["bytes"], "grow bytes");
+    #[allow(clippy::cast_precision_loss, reason = "shares")]
+    let (grow_share, churn_share) = (grow_bytes as f64 / total as f64, churn as f64 / total as f64);
+    assert!(grow_share >= 0.8, "grow carries {:.1}% of the growth: {g}", grow_share * 100.0);
+    assert!(churn_share < 0.1, "churn carries {:.1}% of the growth: {g}", churn_share * 100.0);
+    // Every grow sample counts its pool once, for sample_bytes.
+    let samples = u(&grow["samples"], "samples");
+    assert_eq!(u(&grow["in_use_bytes"], "in_use_bytes"), samples * every * POOL, "{grow}");
+    assert!(u(&g["in_use_bytes"], "in_use_bytes") >= samples * every * POOL, "{g}");
+    // The pools grow's strs fill: the size of each rounded up to a block.
+    let (count, size) = run.kept;
+    let block = size.div_ceil(ALIGNMENT) * ALIGNMENT;
+    let pools = count.div_ceil((POOL - POOL_HEADER) / block);
+    #[allow(clippy::cast_precision_loss, reason = "an estimate against its error")]
+    let (expected, estimate) = ((pools * POOL) as f64, (samples * every * POOL) as f64);
+    let ci = grow["in_use_ci95"].as_array().expect("in_use_ci95");
+    let half = (f(&ci[1], "ci high") - f(&ci[0], "ci low")) / 2.0;
+    assert!(
+        (estimate - expected).abs() <= half * 5.0 / 1.96,
+        "grow holds {estimate} bytes of pools by its samples, its strs fill {expected}: {grow}"
+    );
+    // What the probes saw adds up: each hit is an outcome, or a miss.
+    let t = &g["takes"];
+    let cost = &g["cost"];
+    let outcomes: u64 = ["reused", "carved", "no_arena", "unread", "new_arenas"].iter().map(|k| u(&t[*k], k)).sum();
+    assert_eq!(u(&cost["hits"], "hits"), outcomes, "{g}");
+    assert!(u(&t["sampled"], "sampled") > 0 && u(&t["ended"], "ended") <= u(&t["sampled"], "sampled"), "{t}");
+    for miss in ["walk_failed", "lost", "unread"] {
+        assert_eq!(u(&t[miss], miss), 0, "{t}");
+    }
+    // Its cost: the hits priced, plus the programs' own time.
+    #[allow(clippy::cast_precision_loss, reason = "a cost")]
+    let priced =
+        u(&cost["hits"], "hits") as f64 * f(&cost["hit_ns"], "hit_ns") / 1e9 + f(&cost["programs_s"], "programs");
+    assert!((f(&cost["target_s"], "target_s") - priced).abs() < 1e-9, "{cost}");
+    // Each interval's growth is the change of the pools in use since the
+    // previous one: they add up to the last interval's.
+    let grows: Vec<Option<&Value>> = run.intervals.iter().map(|l| site(&l["growth"], "grow")).collect();
+    let by_intervals: i64 = grows.iter().flatten().map(|s| i(&s["bytes"], "bytes")).sum();
+    let last = grows.last().copied().flatten().map_or(0, |s| u(&s["in_use_bytes"], "in_use_bytes"));
+    assert_eq!(by_intervals, i64::try_from(last).unwrap(), "the intervals' grow growth against its pools in use");
+}
+
+fn pyenv_311() -> String {
+    shared_python().display().to_string()
+}
+
+#[test]
+fn grow_carries_the_growth_on_pyenv_311() {
+    require_root();
+    for shape in ["one", "list"] {
+        grow_carries_the_growth(&traced(None, &pyenv_311(), shape, &[]));
+    }
+}
+
+#[test]
+fn grow_carries_the_growth_on_debian_311() {
+    require_root();
+    for shape in ["one", "list"] {
+        grow_carries_the_growth(&traced(None, STATIC_PYTHON, shape, &[]));
+    }
+}
+
+#[test]
+fn grow_carries_the_growth_on_forky_313() {
+    require_root();
+    let root = forky_root();
+    for shape in ["one", "list"] {
+        grow_carries_the_growth(&traced(Some(&root), "/usr/bin/python3.13", shape, &[]));
+    }
+}
+
+#[test]
+fn grow_carries_the_growth_on_forky_314() {
+    require_root();
+    let root = forky_root();
+    for shape in ["one", "list"] {
+        grow_carries_the_growth(&traced(Some(&root), "/usr/bin/python3.14", shape, &[]));
+    }
+}
+
+/// Growth in exact mode too (here with one cheap probe), and its stacks
+/// folded and drawn: the grow stack's weight is its pools in use.
+#[test]
+fn growth_in_exact_mode_is_folded_and_drawn() {
+    require_root();
+    let dir = std::env::temp_dir().join(format!("tracer-growth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (folded, svg) = (dir.join("growth.folded"), dir.join("growth.svg"));
+    let run = traced(
+        None,
+        &pyenv_311(),
+        "list",
+        &[
+            "--exact",
+            "--probes",
+            "PyMem_RawMalloc",
+            "--growth-folded",
+            folded.to_str().unwrap(),
+            "--growth-flamegraph",
+            svg.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(run.attached["mode"], "exact", "{}", run.attached);
+    grow_carries_the_growth(&run);
+    let g = &run.summary["growth"];
+    let text = std::fs::read_to_string(&folded).unwrap();
+    let weight = |line: &str| line.rsplit_once(' ').and_then(|(_, n)| n.parse::<u64>().ok()).expect("a weight");
+    let grow: u64 = text.lines().filter(|l| l.contains(";grow (growth.py:")).map(weight).sum();
+    let stacks = g["stacks"].as_array().expect("the summary's stacks");
+    let in_grow: u64 = stacks
+        .iter()
+        .filter(|s| s["frames"][0]["function"] == "grow")
+        .map(|s| u(&s["in_use_bytes"], "in_use_bytes"))
+        .sum();
+    assert_eq!(grow, in_grow, "{text}");
+    assert_eq!(grow, u(&site(g, "grow").unwrap()["in_use_bytes"], "in_use_bytes"), "{text}");
+    assert!(text.lines().all(|l| l.ends_with(|c: char| c.is_ascii_digit()) && l.contains("[pool taken]")), "{text}");
+    let drawn = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        drawn.starts_with("<?xml") && drawn.contains("heap growth of PID") && drawn.contains("grow (growth.py:"),
+        "{drawn}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The take's probe is on the instruction each call runs once where
+/// `usable_arenas` is in a register (a `je` the kernel emulates, past the
+/// prologue's stack-pointer moves), and the arena's on the one call of
+/// `arena_map_mark_used`, on every build; `tracer probes` and the attach
+/// header say the same.
+#[test]
+fn the_probes_sit_on_emulated_instructions() {
+    require_root();
+    let root = forky_root();
+    let builds: [(Option<&Path>, String, &str); 4] = [
+        (None, pyenv_311(), "rbp"),
+        (None, STATIC_PYTHON.to_owned(), "rbx"),
+        (Some(&root), "/usr/bin/python3.13".to_owned(), "rcx"),
+        (Some(&root), "/usr/bin/python3.14".to_owned(), "rcx"),
+    ];
+    for (root, python, register) in builds {
+        let mut workload = Workload::script(root, &python, "growth.py", &["one", "1", "1"]);
+        workload.wait_blocked_on_stdin();
+        let pid = workload.pid().to_string();
+        let (code, stdout, stderr) = run_tracer(&["probes", "--pid", &pid, "--growth", "--json"]);
+        assert_eq!(code, Some(0), "{stderr}");
+        let plan: Value = serde_json::from_str(&stdout).expect("JSON");
+        let growth = &plan["growth"];
+        assert!(growth.get("unavailable").is_none() && growth.get("caveat").is_none(), "{python}: {growth}");
+        let points = growth["points"].as_array().expect("points");
+        assert_eq!(points.len(), 2, "{python}: {growth}");
+        let (take, arena) = (&points[0], &points[1]);
+        assert_eq!((&take["role"], &arena["role"]), (&Value::from("take"), &Value::from("arena")), "{growth}");
+        for p in points {
+            assert_eq!(p["emulated"], true, "{python}: {p}");
+            assert!(p["function"].as_str().unwrap().starts_with("allocate_from_new_pool"), "{p}");
+        }
+        assert!(take["instruction"].as_str().unwrap().starts_with("je "), "{python}: {take}");
+        assert_eq!(take["reads"], format!("usable_arenas in %{register}"), "{python}: {take}");
+        assert!(arena["instruction"].as_str().unwrap().starts_with("call "), "{python}: {arena}");
+        let (tracer, attached) = TracerRun::attach_json_as(&["--pid", &pid, "--growth"]);
+        assert_eq!(attached["growth"], *growth, "{python}: the attach header against the plan");
+        tracer.signal(libc::SIGINT);
+        let _ = tracer.finish();
+        workload.go();
+        workload.expect("done");
+        let _ = workload.next_line("kept");
+        workload.close();
+    }
+}
+
+/// An interpreter whose debug info cannot be found (a copy of Debian's
+/// LTO python3.11 without its build-id), which keeps pymalloc's slow path
+/// in no symbol table: growth is unavailable, said in a note with the fix
+/// and in every report, never a silent zero; the rest of the run goes on.
+#[test]
+fn growth_without_symbols_is_unavailable_and_says_why() {
+    require_root();
+    let copy: PathBuf = std::env::temp_dir().join(format!("tracer-growth-nodbg-{}-python3.11", std::process::id()));
+    let copy = without_debug_info(&static_python(), &copy);
+    let python = copy.display().to_string();
+    let mut workload = Workload::script(None, &python, "growth.py", &["one", "1", "1"]);
+    workload.wait_blocked_on_stdin();
+    let pid = workload.pid().to_string();
+    let why = format!(
+        "{python} has no symbol table with allocate_from_new_pool (a static function of pymalloc) and no debug file was found for it; apt-get install python3.11-dbg"
+    );
+    let (tracer, attached) = TracerRun::attach_json_as(&["--pid", &pid, "--growth", "--interval", "0.3"]);
+    assert_eq!(attached["growth"], serde_json::json!({ "unavailable": why }), "{attached}");
+    let note: Value = serde_json::from_str(&tracer.stdout.next_line("the note").expect("a note")).unwrap();
+    assert_eq!(note["type"], "note", "{note}");
+    assert_eq!((&note["level"], &note["code"]), (&Value::from("warning"), &Value::from("growth")), "{note}");
+    assert_eq!(note["message"], format!("growth unavailable: {why}"), "{note}");
+    let interval: Value = serde_json::from_str(&tracer.stdout.next_line("an interval").expect("an interval")).unwrap();
+    assert_eq!(interval["growth"], serde_json::json!({ "unavailable": why }), "{interval}");
+    tracer.signal(libc::SIGINT);
+    let (status, lines, stderr) = tracer.finish();
+    assert!(status.success(), "{stderr}");
+    assert_eq!(lines.last().unwrap()["growth"]["unavailable"], why.as_str());
+    workload.go();
+    workload.expect("done");
+    let _ = workload.next_line("kept");
+    workload.close();
+    std::fs::remove_file(&copy).unwrap();
+}
+
+/// Flags that cannot work: one line, exit status 2, nothing attached.
+#[test]
+fn growth_bad_input() {
+    require_root();
+    let (code, stdout, stderr) = run_tracer(&["attach", "--exe", STATIC_PYTHON, "--growth"]);
+    assert_eq!(
+        stderr,
+        "tracer: error: --growth needs --pid: its samples are checked against the process's memory, which --exe does not read\n"
+    );
+    assert_eq!((code, stdout.as_str()), (Some(2), ""));
+    let (code, stdout, stderr) = run_tracer(&[
+        "attach",
+        "--pid",
+        "1",
+        "--growth-folded",
+        "/tmp/tracer-growth-same.folded",
+        "--folded",
+        "/tmp/tracer-growth-same.folded",
+    ]);
+    assert_eq!(
+        stderr,
+        "tracer: error: two of --folded, --flamegraph, --growth-folded and --growth-flamegraph name /tmp/tracer-growth-same.folded; give each its own file\n"
+    );
+    assert_eq!((code, stdout.as_str()), (Some(2), ""));
+}

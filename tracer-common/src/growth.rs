@@ -1,0 +1,165 @@
+//! Heap growth by Python stack (`--growth`): pymalloc's pools charged to
+//! the stack that took them from empty, sampled.
+//!
+//! pymalloc takes a pool from empty in one function, `allocate_from_new_pool`
+//! (`Objects/obmalloc.c`, v3.11 to v3.14), which runs only when a size
+//! class has no used pool with room: a few thousand times a CPU-second at
+//! most, where the allocator runs millions. `growth_take` sits at one
+//! instruction of it that runs once per call, where `usable_arenas` is
+//! where its cookie says, and tells the call's outcome apart by one read:
+//! no usable arena (a new one is mapped, whose first pool
+//! `growth_arena` sees), an emptied pool reused (`usable_arenas->freepools`)
+//! or a never used one carved (`usable_arenas->pool_address`).
+//!
+//! Every take ends the pool's old sample, if it has one: a pool comes back
+//! into use only through that function, so a take of the same address
+//! proves its last holder let go of it. One take in [`DEFAULT_EVERY`]
+//! (chosen at random, per take) walks the Python stack and keeps a sample
+//! for its pool, with the stack's hash; userspace counts each stack's live
+//! samples (a pool still in use) times the bytes one stands for.
+
+use crate::site;
+
+/// Key of the samples map: a pool of a process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PoolKey {
+    pub tgid: u32,
+    /// Always 0: spells out the padding, so that the key has no
+    /// uninitialised bytes (the kernel hashes every byte).
+    pub reserved: u32,
+    /// The pool's address (its header).
+    pub pool: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<PoolKey>() == 16);
+
+/// A sampled take: the stack that took the pool, and when.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolSample {
+    /// The hash of the taker's Python stack (its key in the stacks map), or
+    /// below [`crate::stack::FIRST_HASH`] why it has none
+    /// ([`crate::stack::why`]: the walk failed, plus the
+    /// [`crate::stats::Stat`]).
+    pub stack: u64,
+    /// `bpf_ktime_get_ns` at the take: tells two samples of one pool apart.
+    pub taken_ns: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<PoolSample>() == 16);
+
+/// What the growth programs saw, summed over CPUs; every miss is here.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GrowthCounts {
+    /// Hits of `growth_take`: calls of `allocate_from_new_pool`.
+    pub takes: u64,
+    /// Of those, reuses of an emptied pool.
+    pub reused: u64,
+    /// Carves of a never used pool in a usable arena.
+    pub carved: u64,
+    /// Calls that found no usable arena (a new arena is mapped).
+    pub new_arena: u64,
+    /// Hits of `growth_arena`: new arenas marked used, whose first pool is
+    /// taken.
+    pub arenas: u64,
+    /// Takes sampled (each walks the stack).
+    pub sampled: u64,
+    /// Takes that ended a sample of the same pool.
+    pub ended: u64,
+    /// Sampled takes whose walk failed: kept, charged to no stack.
+    pub walk_failed: u64,
+    /// Sampled takes whose walk was cut at its depth.
+    pub truncated: u64,
+    /// Sampled takes the samples map had no room for: lost.
+    pub lost: u64,
+    /// Hits whose pool could not be read (the state where the cookie says,
+    /// or the arena's fields): not counted as any outcome.
+    pub unread: u64,
+    /// The programs' own running time, in ns: their cost beyond the hit.
+    pub run_ns: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<GrowthCounts>() == 12 * 8);
+
+impl GrowthCounts {
+    /// Adds another CPU's counts, saturating.
+    #[must_use]
+    pub const fn merged(self, o: Self) -> Self {
+        Self {
+            takes: self.takes.saturating_add(o.takes),
+            reused: self.reused.saturating_add(o.reused),
+            carved: self.carved.saturating_add(o.carved),
+            new_arena: self.new_arena.saturating_add(o.new_arena),
+            arenas: self.arenas.saturating_add(o.arenas),
+            sampled: self.sampled.saturating_add(o.sampled),
+            ended: self.ended.saturating_add(o.ended),
+            walk_failed: self.walk_failed.saturating_add(o.walk_failed),
+            truncated: self.truncated.saturating_add(o.truncated),
+            lost: self.lost.saturating_add(o.lost),
+            unread: self.unread.saturating_add(o.unread),
+            run_ns: self.run_ns.saturating_add(o.run_ns),
+        }
+    }
+}
+
+/// One take in this many is sampled by default: a pool is 16 KiB, so a
+/// sample stands for 512 KiB of pools, the sampling distance of Go's
+/// runtime and jemalloc's profiler.
+pub const DEFAULT_EVERY: u32 = 32;
+
+/// Room for samples by default: a sample per 512 KiB of pools in use, so
+/// 32 GiB of them.
+pub const DEFAULT_POOL_ENTRIES: u32 = 1 << 16;
+
+/// `struct arena_object`'s fields the programs read (`Objects/obmalloc.c`
+/// at v3.11.2, `Include/internal/pycore_obmalloc.h` at v3.12.1, v3.13.0 and
+/// v3.14.8; DWARF of every build the tests run): the next pool to carve,
+/// and the list of emptied pools.
+pub const ARENA_POOL_ADDRESS: u64 = 8;
+pub const ARENA_FREEPOOLS: u64 = 24;
+
+/// `POOL_SIZE`: a new arena's first pool is its address rounded up to it.
+pub const POOL_SIZE: u64 = 1 << 14;
+
+/// The cookie of `growth_take`: where `usable_arenas` is, as an operand of
+/// [`crate::site`] (a register, or memory at a register plus an offset).
+#[must_use]
+pub const fn take_cookie(first: u8, constant: u16) -> u64 {
+    site::encode(0, first, site::NONE, constant)
+}
+
+/// The cookie of `growth_arena`: where the new arena's address is (a
+/// register operand).
+#[must_use]
+pub const fn arena_cookie(first: u8) -> u64 {
+    site::encode(0, first, site::NONE, 0)
+}
+
+#[cfg(feature = "user")]
+// SAFETY: #[repr(C)], Copy, no padding (the padding is the named
+// `reserved`, asserted by the size above), every bit pattern valid.
+unsafe impl aya::Pod for PoolKey {}
+#[cfg(feature = "user")]
+// SAFETY: two u64, every bit pattern valid.
+unsafe impl aya::Pod for PoolSample {}
+#[cfg(feature = "user")]
+// SAFETY: twelve u64, every bit pattern valid.
+unsafe impl aya::Pod for GrowthCounts {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cookies_hold_their_operands() {
+        let (first, constant) = site::memory(5, 0x218).unwrap_or_default();
+        let c = take_cookie(first, constant);
+        assert_eq!((site::first(c), site::offset(site::constant(c))), (site::MEMORY + 6, 0x218));
+        let c = arena_cookie(site::register(4).unwrap_or(site::NONE));
+        assert_eq!((site::first(c), site::second(c)), (5, site::NONE));
+        let one = GrowthCounts { takes: 1, run_ns: u64::MAX, ..GrowthCounts::default() };
+        assert_eq!(one.merged(one), GrowthCounts { takes: 2, run_ns: u64::MAX, ..GrowthCounts::default() });
+    }
+}

@@ -1,0 +1,186 @@
+//! Heap growth by Python stack (`--growth`; see [`tracer_common::growth`]):
+//! `growth_take` in pymalloc's `allocate_from_new_pool`, at an instruction
+//! each call runs once, tells the pool taken from `usable_arenas`;
+//! `growth_arena`, at the call that marks a new arena used, the first pool
+//! of that arena. Either take ends the pool's sample, if it has one, and
+//! one take in [`GROWTH_EVERY`] walks the Python stack (the stacks step's
+//! walk, [`crate::stacks::python`]) and keeps a sample for the pool.
+//!
+//! Neither reads the stack pointer or the thread's stack: only registers,
+//! the interpreter's memory and the Python frames, which is what lets the
+//! plan put `growth_take` past the function's stack-pointer moves, on an
+//! instruction the kernel emulates.
+
+use aya_ebpf::{
+    helpers::{
+        bpf_probe_read_user,
+        generated::{bpf_get_prandom_u32, bpf_ktime_get_ns},
+    },
+    macros::{map, uprobe},
+    maps::{HashMap, PerCpuArray},
+    programs::ProbeContext,
+};
+use tracer_common::{
+    growth::{
+        ARENA_FREEPOOLS, ARENA_POOL_ADDRESS, DEFAULT_EVERY, DEFAULT_POOL_ENTRIES, GrowthCounts, POOL_SIZE, PoolKey,
+        PoolSample,
+    },
+    site, stack,
+    stats::Stat,
+};
+
+use crate::{args, common::atomic_add, stacks};
+
+/// One take in this many is sampled. Set by the loader.
+#[unsafe(no_mangle)]
+static GROWTH_EVERY: u32 = DEFAULT_EVERY;
+
+/// Each sampled pool's taker, until the pool is taken again. Not
+/// preallocated: most runs hold a fraction of the room.
+#[map]
+static GROWTH_POOLS: HashMap<PoolKey, PoolSample> =
+    HashMap::with_max_entries(DEFAULT_POOL_ENTRIES, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
+
+/// What the programs saw, per CPU.
+#[map]
+static GROWTH_COUNTS: PerCpuArray<GrowthCounts> = PerCpuArray::with_max_entries(1, 0);
+
+/// A pool taken: what `allocate_from_new_pool` found in `usable_arenas`.
+#[uprobe]
+pub fn growth_take(ctx: ProbeContext) -> u32 {
+    let start = now_ns();
+    let Some(counts) = GROWTH_COUNTS.get_ptr_mut(0) else { return 0 };
+    let _ = try_take(&ctx, counts);
+    ran(counts, start);
+    0
+}
+
+/// A new arena marked used: its first pool taken.
+#[uprobe]
+pub fn growth_arena(ctx: ProbeContext) -> u32 {
+    let start = now_ns();
+    let Some(counts) = GROWTH_COUNTS.get_ptr_mut(0) else { return 0 };
+    let _ = try_arena(&ctx, counts);
+    ran(counts, start);
+    0
+}
+
+#[inline(always)]
+fn now_ns() -> u64 {
+    // SAFETY: the helper takes no arguments and only reads the clock.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+/// Adds the time since `start` to the programs' running time in `counts`.
+#[inline(always)]
+fn ran(counts: *mut GrowthCounts, start: u64) {
+    // SAFETY: a valid pointer to this CPU's value, which stays valid while
+    // the program runs; atomic, as in `count!`.
+    unsafe { atomic_add(&raw mut (*counts).run_ns, now_ns().saturating_sub(start)) };
+}
+
+/// Adds one to the field `field` of `counts`.
+macro_rules! count {
+    ($counts:expr, $field:ident) => {
+        // SAFETY: a valid pointer to this CPU's value (see `timed`); the
+        // add is atomic because a preempted program on this CPU may be
+        // updating the same value.
+        unsafe { atomic_add(&raw mut (*$counts).$field, 1) }
+    };
+}
+
+#[inline(always)]
+fn try_take(ctx: &ProbeContext, counts: *mut GrowthCounts) -> Result<(), ()> {
+    let tgid = crate::common::check_target().map_err(|_| ())?;
+    count!(counts, takes);
+    let cookie = args::cookie(ctx);
+    let Ok(usable) = args::operand(ctx.regs, site::first(cookie), site::constant(cookie)) else {
+        count!(counts, unread);
+        return Err(());
+    };
+    if usable == 0 {
+        // `new_arena` maps one; `growth_arena` sees its first pool.
+        count!(counts, new_arena);
+        return Ok(());
+    }
+    let (Ok(freepools), Ok(pool_address)) =
+        (word(usable.wrapping_add(ARENA_FREEPOOLS)), word(usable.wrapping_add(ARENA_POOL_ADDRESS)))
+    else {
+        count!(counts, unread);
+        return Err(());
+    };
+    let pool = if freepools != 0 {
+        count!(counts, reused);
+        freepools
+    } else {
+        count!(counts, carved);
+        pool_address
+    };
+    take(tgid, pool, counts);
+    Ok(())
+}
+
+#[inline(always)]
+fn try_arena(ctx: &ProbeContext, counts: *mut GrowthCounts) -> Result<(), ()> {
+    let tgid = crate::common::check_target().map_err(|_| ())?;
+    count!(counts, arenas);
+    let cookie = args::cookie(ctx);
+    let Ok(arena) = args::operand(ctx.regs, site::first(cookie), site::constant(cookie)) else {
+        count!(counts, unread);
+        return Err(());
+    };
+    // `new_arena`: the first pool is the arena's address rounded up to a
+    // pool (an mmap is page-aligned only).
+    take(tgid, arena.wrapping_add(POOL_SIZE - 1) & !(POOL_SIZE - 1), counts);
+    Ok(())
+}
+
+/// `pool` taken by the current thread of `tgid`: its old sample ended, and
+/// maybe a new one kept.
+#[inline(always)]
+fn take(tgid: u32, pool: u64, counts: *mut GrowthCounts) {
+    let key = PoolKey { tgid, reserved: 0, pool };
+    // A lookup first: most pools have no sample, and a lookup takes no
+    // lock where a delete does.
+    // SAFETY: a lookup of a key, whose value is not used.
+    if unsafe { GROWTH_POOLS.get(&key) }.is_some() && GROWTH_POOLS.remove(&key).is_ok() {
+        count!(counts, ended);
+    }
+    // SAFETY: a plain global the loader patches before load.
+    let every = unsafe { core::ptr::read_volatile(&raw const GROWTH_EVERY) };
+    // Each take independently, with probability 1/N: a stack's sample
+    // count is then binomial, whose error userspace states.
+    // SAFETY: the helper has no arguments and no side effects.
+    if every > 1 && unsafe { bpf_get_prandom_u32() } % every != 0 {
+        return;
+    }
+    count!(counts, sampled);
+    let stack = match stacks::python(tgid) {
+        Ok((hash, truncated)) => {
+            if truncated {
+                count!(counts, truncated);
+            }
+            if stacks::kept(hash) || stacks::keep(hash).is_ok() {
+                hash
+            } else {
+                count!(counts, walk_failed);
+                stack::why::FAILED + Stat::StacksFull as u64
+            }
+        }
+        Err(stat) => {
+            count!(counts, walk_failed);
+            stack::why::FAILED + stat as u64
+        }
+    };
+    if GROWTH_POOLS.insert(&key, &PoolSample { stack, taken_ns: now_ns() }, 0).is_err() {
+        count!(counts, lost);
+    }
+}
+
+/// The 8 bytes of the target's memory at `address`.
+#[inline(always)]
+fn word(address: u64) -> Result<u64, ()> {
+    // SAFETY: the helper reads the probed thread's memory and fails
+    // (counted by the caller) rather than fault.
+    unsafe { bpf_probe_read_user(address as *const u64) }.map_err(|_| ())
+}

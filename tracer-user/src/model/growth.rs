@@ -1,0 +1,149 @@
+//! With `--growth`: heap growth by Python stack, a sampled estimate (see
+//! docs/growth.md). Each interval says how the pools held by each stack's
+//! takers changed since the previous one; the summary, since the attach.
+
+use serde::{Deserialize, Serialize};
+
+use super::stacks::SiteFrame;
+
+/// Heap growth by Python stack, over an interval or the run, or why it
+/// is not sampled.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Growth {
+    /// Growth cannot be sampled in this target: why, and nothing else.
+    Unavailable {
+        unavailable: String,
+    },
+    Sampled(Box<GrowthSampled>),
+}
+
+impl Growth {
+    /// What it cost, where sampled.
+    #[must_use]
+    pub fn cost(&self) -> Option<GrowthCost> {
+        match self {
+            Self::Sampled(g) => g.cost,
+            Self::Unavailable { .. } => None,
+        }
+    }
+
+    /// The report, where sampled.
+    #[must_use]
+    pub fn sampled(&self) -> Option<&GrowthSampled> {
+        match self {
+            Self::Sampled(g) => Some(g),
+            Self::Unavailable { .. } => None,
+        }
+    }
+}
+
+/// Heap growth by Python stack, sampled.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GrowthSampled {
+    /// Always true: every figure is a sampled estimate.
+    pub estimate: bool,
+    /// One pool taken in this many is sampled.
+    pub sample_every: u32,
+    /// What a sample of a pool still in use stands for: `sample_every`
+    /// pools of 16 KiB.
+    pub sample_bytes: u64,
+    /// The net growth over every stack: the change of `in_use_bytes` over
+    /// the interval (in the summary, since the attach).
+    pub bytes: i64,
+    /// Pools taken since the attach and in use now, over every stack.
+    pub in_use_bytes: u64,
+    /// Each site (innermost Python frame of the takers' stacks), most
+    /// growth first: every site with a sample in use, or one that had one
+    /// at the last reading.
+    pub sites: Vec<GrowthSite>,
+    /// In the summary: every stack with a sample in use at the end, most
+    /// samples first (what `--growth-folded` and `--growth-flamegraph`
+    /// draw).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stacks: Option<Vec<GrowthStack>>,
+    /// What the probes saw over the interval (in the summary, the run).
+    pub takes: GrowthTakes,
+    /// What it cost, over the interval (in the summary, the run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<GrowthCost>,
+    /// What the samples miss, where they miss something.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caveat: Option<String>,
+}
+
+/// The growth of one site.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GrowthSite {
+    pub function: String,
+    pub file: String,
+    pub line: Option<u32>,
+    /// The change of `in_use_bytes` over the interval (in the summary,
+    /// since the attach): negative where pools it held were let go.
+    pub bytes: i64,
+    /// Its samples of pools in use now.
+    pub samples: u64,
+    /// `samples` × the bytes one stands for.
+    pub in_use_bytes: u64,
+    /// The 95% confidence interval of `in_use_bytes` (each take sampled
+    /// with probability 1/`sample_every`: binomial).
+    pub in_use_ci95: [f64; 2],
+}
+
+/// One stack with samples in use.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GrowthStack {
+    /// Innermost first.
+    pub frames: Vec<SiteFrame>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+    pub samples: u64,
+    pub in_use_bytes: u64,
+}
+
+/// What the growth probes saw.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrowthTakes {
+    /// Pools taken: reused (emptied before), carved (never used), and the
+    /// first pools of new arenas.
+    pub reused: u64,
+    pub carved: u64,
+    pub new_arenas: u64,
+    /// Calls of pymalloc's slow path that found no usable arena, so mapped
+    /// a new one (each then marks one used, unless the map failed).
+    pub no_arena: u64,
+    /// Takes sampled, and samples ended by a take of their pool.
+    pub sampled: u64,
+    pub ended: u64,
+    /// Samples whose pool was found empty, or gone, on two readings in a
+    /// row, and dropped.
+    pub pruned: u64,
+    /// Misses: a sampled take whose stack could not be walked (charged to
+    /// no stack), cut at its depth, or with no room to be kept; a take
+    /// whose arena could not be read.
+    pub walk_failed: u64,
+    pub truncated: u64,
+    pub lost: u64,
+    pub unread: u64,
+}
+
+/// What growth sampling cost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GrowthCost {
+    /// Probe hits.
+    pub hits: u64,
+    /// What a hit costs where the probes sit (calibrated), in ns; `None`
+    /// until calibrated.
+    pub hit_ns: Option<f64>,
+    /// The programs' own running time, measured in the kernel, in s.
+    pub programs_s: f64,
+    /// The target's CPU time it took: hits priced plus the programs'
+    /// time beyond what a hit's price holds; `None` until calibrated.
+    pub target_s: Option<f64>,
+    /// `target_s` per second of the span (the share of one CPU).
+    pub per_s: Option<f64>,
+    /// tracer's own CPU time reading the samples' pools and naming their
+    /// stacks, and the bytes it read of the target.
+    pub tracer_cpu_s: f64,
+    pub bytes_read: u64,
+}

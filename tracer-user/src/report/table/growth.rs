@@ -1,0 +1,144 @@
+//! `--growth` in the table: where it samples (in the header), and each
+//! interval's block: the sites whose takers' pools in use grew most, all
+//! marked as sampled estimates with their 95% interval, what the probes
+//! saw and what they cost.
+
+use std::io::Write;
+
+use super::TableReporter;
+use crate::{heap::print::bytes, model::Growth, plan::growth::GrowthPlan, report::group};
+
+/// Sites a block lists (the JSON has every one).
+const TOP: usize = 10;
+
+impl<W: Write, E: Write> TableReporter<W, E> {
+    pub(super) fn growth_header(&mut self, plan: &GrowthPlan) -> std::io::Result<()> {
+        if let Some(why) = &plan.unavailable {
+            return writeln!(self.out, "tracer: growth: unavailable: {why}");
+        }
+        let points: Vec<String> = plan
+            .points
+            .iter()
+            .map(|p| {
+                let kind = if p.emulated { "emulated" } else { "SINGLE-STEPPED" };
+                format!("{} +{:#x} `{}` ({kind}; {})", p.function, p.offset, p.instruction, p.reads)
+            })
+            .collect();
+        writeln!(self.out, "tracer: growth: {}", points.join(", "))?;
+        if let Some(caveat) = &plan.caveat {
+            writeln!(self.out, "tracer: growth: PARTIAL: {caveat}")?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn growth_block(&mut self, g: &Growth) -> std::io::Result<()> {
+        let g = match g {
+            Growth::Unavailable { unavailable } => return writeln!(self.out, "  growth: unavailable: {unavailable}"),
+            Growth::Sampled(g) => g,
+        };
+        let cost = g.cost.as_ref().map_or(String::new(), |c| {
+            let share = c
+                .per_s
+                .map_or("cost unknown until calibrated".to_owned(), |s| format!("cost ≈{:.3}% of a CPU", s * 100.0));
+            format!("; {share} ({} hits)", group(c.hits))
+        });
+        writeln!(
+            self.out,
+            "  growth (ESTIMATES: 1 pool take in {} sampled, {} a sample): net {}, pools in use by takers since attach {}{cost}",
+            g.sample_every,
+            bytes(g.sample_bytes),
+            signed(g.bytes),
+            bytes(g.in_use_bytes),
+        )?;
+        if !g.sites.is_empty() {
+            writeln!(self.out, "  {:<28} {:<32} {:>12} {:>26}", "growth site", "file:line", "growth", "in use ±95%")?;
+        }
+        for s in g.sites.iter().take(TOP) {
+            let file = s.file.rsplit('/').next().unwrap_or(&s.file);
+            let at = s.line.map_or_else(|| file.to_owned(), |l| format!("{file}:{l}"));
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a displayed interval")]
+            let half = ((s.in_use_ci95[1] - s.in_use_ci95[0]) / 2.0).round() as u64;
+            let in_use = format!("{} ±{}", bytes(s.in_use_bytes), bytes(half));
+            writeln!(self.out, "  {:<28} {:<32} {:>12} {:>26}", s.function, at, signed(s.bytes), in_use)?;
+        }
+        if g.sites.len() > TOP {
+            writeln!(self.out, "  ({} more sites in the JSON)", g.sites.len() - TOP)?;
+        }
+        {
+            let t = &g.takes;
+            let misses: Vec<String> =
+                [("walk_failed", t.walk_failed), ("truncated", t.truncated), ("lost", t.lost), ("unread", t.unread)]
+                    .into_iter()
+                    .filter(|(_, n)| *n > 0)
+                    .map(|(name, n)| format!("{name}={n}"))
+                    .collect();
+            let misses = if misses.is_empty() { String::new() } else { format!("; misses: {}", misses.join(" ")) };
+            writeln!(
+                self.out,
+                "  pool takes: {} reused, {} carved, {} new arenas; {} sampled, {} samples ended by a retake, {} pruned{misses}",
+                group(t.reused),
+                group(t.carved),
+                group(t.new_arenas),
+                group(t.sampled),
+                group(t.ended),
+                group(t.pruned),
+            )?;
+        }
+        if let Some(caveat) = &g.caveat {
+            writeln!(self.out, "  growth: PARTIAL: {caveat}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Bytes with their sign: `+1.5 MiB`, `-16.0 KiB`, `0 B`.
+fn signed(n: i64) -> String {
+    match n {
+        0 => "0 B".to_owned(),
+        n if n > 0 => format!("+{}", bytes(n.unsigned_abs())),
+        n => format!("-{}", bytes(n.unsigned_abs())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Event, GrowthSampled, GrowthSite, GrowthTakes, Snapshot};
+
+    #[test]
+    fn a_block_lists_sites_as_estimates() {
+        let g = GrowthSampled {
+            estimate: true,
+            sample_every: 32,
+            sample_bytes: 32 * 16384,
+            bytes: 3 * 32 * 16384,
+            in_use_bytes: 4 * 32 * 16384,
+            sites: vec![GrowthSite {
+                function: "grow".into(),
+                file: "/srv/growth.py".into(),
+                line: Some(12),
+                bytes: 3 * 32 * 16384,
+                samples: 4,
+                in_use_bytes: 4 * 32 * 16384,
+                in_use_ci95: [0.0, 4.0 * 32.0 * 16384.0],
+            }],
+            takes: GrowthTakes { reused: 7, lost: 2, ..GrowthTakes::default() },
+            ..GrowthSampled::default()
+        };
+        let snapshot =
+            Snapshot { growth: Some(Growth::Sampled(Box::new(g))), ..crate::report::examples::snapshot(1000, 1) };
+        let text = super::super::tests::render(&[Event::Interval(snapshot)]);
+        assert!(text.contains("growth (ESTIMATES: 1 pool take in 32 sampled, 512.0 KiB a sample): net +1.5 MiB, pools in use by takers since attach 2.0 MiB"), "{text}");
+        let row = text.lines().find(|l| l.trim_start().starts_with("grow ")).unwrap();
+        assert_eq!(
+            row.split_whitespace().collect::<Vec<_>>(),
+            ["grow", "growth.py:12", "+1.5", "MiB", "2.0", "MiB", "±1.0", "MiB"]
+        );
+        assert!(text.contains("pool takes: 7 reused, 0 carved, 0 new arenas; 0 sampled, 0 samples ended by a retake, 0 pruned; misses: lost=2"), "{text}");
+        let unavailable = Growth::Unavailable { unavailable: "no symbols".into() };
+        let snapshot = Snapshot { growth: Some(unavailable), ..crate::report::examples::snapshot(1000, 1) };
+        let text = super::super::tests::render(&[Event::Interval(snapshot)]);
+        assert!(text.contains("\n  growth: unavailable: no symbols\n"), "{text}");
+        assert_eq!(signed(-16384), "-16.0 KiB");
+    }
+}

@@ -1,0 +1,471 @@
+//! `--growth` in the run loop: each interval, the samples the kernel keeps
+//! (see [`tracer_common::growth`]) are checked against the target's memory
+//! (a sample's pool must still be a pool in use: its 48-byte header read,
+//! valid, with blocks allocated), counted per stack, named, and turned into
+//! each site's pools in use and their change since the previous interval:
+//! its growth. What the probes saw and what they cost come with it.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::{Duration, Instant},
+};
+
+use tracer_common::{
+    growth::{GrowthCounts, PoolKey, PoolSample},
+    stack::{self, FIRST_HASH},
+    stats::Stat,
+};
+
+use super::{cost::Prices, stacks::StackNames};
+use crate::{
+    heap::{memory::Memory, pools::Header},
+    kernel::{AttachError, Session},
+    model::{GrowthCost, GrowthSampled as Report, GrowthSite, GrowthStack, GrowthTakes, SiteFrame},
+    plan::growth::{GrowthPlan, GrowthRole},
+    python::heap::{POOL_OVERHEAD, POOL_SIZE},
+};
+
+/// A pool header's bytes: [`POOL_OVERHEAD`].
+const HEADER: usize = 48;
+const _: () = assert!(HEADER as u64 == POOL_OVERHEAD);
+
+/// A site: the innermost Python frame of a stack.
+type SiteKey = (String, String, Option<u32>);
+
+/// One reading of the samples: the live ones per stack.
+#[derive(Clone, Debug, Default)]
+struct Reading {
+    by_stack: BTreeMap<u64, u64>,
+}
+
+/// `--growth`'s state across intervals.
+pub struct Growth {
+    pid: u32,
+    plan: GrowthPlan,
+    every: u32,
+    names: StackNames,
+    memory: Memory,
+    /// Each site's samples in use at the last interval.
+    previous: BTreeMap<SiteKey, u64>,
+    /// The samples found dead at the last reading.
+    dead: HashMap<PoolKey, PoolSample>,
+    /// The last reading that could be made (the target's memory may be
+    /// gone at the end).
+    last: Reading,
+    /// Why the last reading failed, where it did.
+    stale: Option<String>,
+    counts_before: GrowthCounts,
+    pruned: u64,
+    pruned_before: u64,
+    tracer_cpu: Duration,
+    read_before: (Duration, u64),
+    started: Instant,
+    last_interval: Instant,
+}
+
+impl Growth {
+    /// Growth for `pid`, sampled as `plan` says at one take in `every`,
+    /// its stacks walked `depth` frames deep. Tells the kernel where the
+    /// target's frames are (before the probes go live).
+    pub fn new(session: &mut Session, pid: u32, plan: GrowthPlan, every: u32, depth: u32) -> Result<Self, AttachError> {
+        let mut names = StackNames::new(Vec::new(), depth, 1, usize::MAX, None);
+        names.prepare(session, pid)?;
+        let now = Instant::now();
+        Ok(Self {
+            pid,
+            plan,
+            every,
+            names,
+            memory: Memory::new(pid),
+            previous: BTreeMap::new(),
+            dead: HashMap::new(),
+            last: Reading::default(),
+            stale: None,
+            counts_before: GrowthCounts::default(),
+            pruned: 0,
+            pruned_before: 0,
+            tracer_cpu: Duration::ZERO,
+            read_before: (Duration::ZERO, 0),
+            started: now,
+            last_interval: now,
+        })
+    }
+
+    /// Attaches the probes (through uprobe-multi links with `multi`); the
+    /// growth reported is from here on.
+    pub fn attach(&mut self, session: &mut Session, multi: bool) -> Result<(), AttachError> {
+        session.attach_growth(&self.plan, self.pid, multi)?;
+        (self.started, self.last_interval) = (Instant::now(), Instant::now());
+        Ok(())
+    }
+
+    /// The plan, for the attach header.
+    #[must_use]
+    pub const fn plan(&self) -> &GrowthPlan {
+        &self.plan
+    }
+
+    /// Why the target's frames cannot be read, if they cannot: its samples
+    /// then have no stacks (told once, by the caller).
+    pub fn take_untold(&mut self) -> Vec<(u32, String)> {
+        self.names.take_untold()
+    }
+
+    /// The growth since the last interval.
+    pub fn interval(&mut self, session: &mut Session, prices: Option<Prices>) -> Report {
+        let (now, _) = self.read_sites(session);
+        let previous = std::mem::replace(&mut self.previous, now.clone());
+        let counts = session.growth_counts().unwrap_or(self.counts_before);
+        let takes = diff(counts, self.counts_before);
+        self.counts_before = counts;
+        let pruned = self.pruned - self.pruned_before;
+        self.pruned_before = self.pruned;
+        let at = Instant::now();
+        let span = at - self.last_interval;
+        self.last_interval = at;
+        let (cpu, bytes) = (self.tracer_cpu, self.memory.bytes_read);
+        let read = (cpu.saturating_sub(self.read_before.0), bytes - self.read_before.1);
+        self.read_before = (cpu, bytes);
+        self.report(&now, &previous, (takes, pruned), (span, read), prices)
+    }
+
+    /// The growth since the attach, with every stack in use.
+    pub fn summary(&mut self, session: &mut Session, prices: Option<Prices>) -> Report {
+        let (now, stacks) = self.read_sites(session);
+        let counts = session.growth_counts().unwrap_or(self.counts_before);
+        let read = (self.tracer_cpu, self.memory.bytes_read);
+        let mut report =
+            self.report(&now, &BTreeMap::new(), (counts, self.pruned), (self.started.elapsed(), read), prices);
+        report.stacks = Some(stacks);
+        report
+    }
+
+    /// Each site's samples in use, and every stack in use, most samples
+    /// first: read now, or as last read where the target's memory
+    /// cannot be read any more.
+    fn read_sites(&mut self, session: &mut Session) -> (BTreeMap<SiteKey, u64>, Vec<GrowthStack>) {
+        let began = thread_cpu();
+        match self.read(session) {
+            Ok(reading) => {
+                self.last = reading;
+                self.stale = None;
+            }
+            Err(why) => self.stale = Some(why),
+        }
+        let sample_bytes = self.sample_bytes();
+        let mut sites: BTreeMap<SiteKey, u64> = BTreeMap::new();
+        let mut stacks = Vec::new();
+        let by_stack: Vec<(u64, u64)> = self.last.by_stack.iter().map(|(h, n)| (*h, *n)).collect();
+        for (hash, samples) in by_stack {
+            let (frames, truncated) = self.frames(session, hash);
+            let inner = frames.first().cloned().unwrap_or_else(|| SiteFrame {
+                function: "<no Python frame>".to_owned(),
+                file: String::new(),
+                line: None,
+            });
+            *sites.entry((inner.function, inner.file, inner.line)).or_default() += samples;
+            stacks.push(GrowthStack { frames, truncated, samples, in_use_bytes: samples.saturating_mul(sample_bytes) });
+        }
+        stacks.sort_by(|a, b| b.samples.cmp(&a.samples).then_with(|| a.frames.len().cmp(&b.frames.len())));
+        self.tracer_cpu += thread_cpu().saturating_sub(began);
+        (sites, stacks)
+    }
+
+    /// The frames of the stack `hash`, innermost first, and whether the
+    /// walk was cut; a frame that says why where there are none.
+    fn frames(&mut self, session: &Session, hash: u64) -> (Vec<SiteFrame>, bool) {
+        let unnamed =
+            |why: String| (vec![SiteFrame { function: format!("<{why}>"), file: String::new(), line: None }], false);
+        if hash < FIRST_HASH {
+            let stat = hash.checked_sub(stack::why::FAILED).and_then(|i| Stat::ALL.get(usize::try_from(i).ok()?));
+            return unnamed(format!("no stack: {}", stat.map_or("the walk failed", |s| s.name())));
+        }
+        match self.names.site(session, self.pid, hash) {
+            Ok(found) => found,
+            Err(why) => unnamed(format!("unresolved: {why}")),
+        }
+    }
+
+    /// The samples of the target whose pools are in use, per stack; the
+    /// ones dead on two readings in a row dropped from the kernel's map.
+    fn read(&mut self, session: &mut Session) -> Result<Reading, String> {
+        let samples: Vec<(PoolKey, PoolSample)> = session
+            .growth_samples()
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter(|(k, _)| k.tgid == self.pid)
+            .collect();
+        let ranges: Vec<(u64, usize)> = samples.iter().map(|(k, _)| (k.pool, HEADER)).collect();
+        let mut bytes = vec![0u8; ranges.len() * HEADER];
+        let mut ok = Vec::new();
+        self.memory.read_ranges(&ranges, &mut bytes, &mut ok).map_err(|e| e.to_string())?;
+        let mut reading = Reading::default();
+        let mut dead = HashMap::new();
+        for (i, (key, sample)) in samples.iter().enumerate() {
+            let header = &bytes[i * HEADER..(i + 1) * HEADER];
+            let in_use = ok[i] && Header::parse(key.pool, header).is_some_and(|h| h.count > 0);
+            if in_use {
+                *reading.by_stack.entry(sample.stack).or_default() += 1;
+            } else if self.dead.get(key) == Some(sample) {
+                if session.remove_growth_sample(key, sample).map_err(|e| e.to_string())? {
+                    self.pruned += 1;
+                }
+            } else {
+                dead.insert(*key, *sample);
+            }
+        }
+        self.dead = dead;
+        Ok(reading)
+    }
+
+    fn sample_bytes(&self) -> u64 {
+        u64::from(self.every).saturating_mul(POOL_SIZE)
+    }
+
+    /// The report of sites `now` against `previous` (samples per site),
+    /// with what the probes saw and what tracer read over `span`.
+    fn report(
+        &self,
+        now: &BTreeMap<SiteKey, u64>,
+        previous: &BTreeMap<SiteKey, u64>,
+        (counts, pruned): (GrowthCounts, u64),
+        (span, (tracer_cpu, bytes_read)): (Duration, (Duration, u64)),
+        prices: Option<Prices>,
+    ) -> Report {
+        let sample_bytes = self.sample_bytes();
+        let in_use = |samples: u64| samples.saturating_mul(sample_bytes);
+        let signed = |bytes: u64| i64::try_from(bytes).unwrap_or(i64::MAX);
+        let mut sites: Vec<GrowthSite> = now
+            .iter()
+            .map(|(k, samples)| (k, *samples))
+            .chain(previous.iter().filter(|(k, _)| !now.contains_key(*k)).map(|(k, _)| (k, 0)))
+            .map(|((function, file, line), samples)| {
+                let before = previous.get(&(function.clone(), file.clone(), *line)).copied().unwrap_or(0);
+                GrowthSite {
+                    function: function.clone(),
+                    file: file.clone(),
+                    line: *line,
+                    bytes: signed(in_use(samples)) - signed(in_use(before)),
+                    samples,
+                    in_use_bytes: in_use(samples),
+                    in_use_ci95: ci95(samples, self.every),
+                }
+            })
+            .filter(|s| s.samples > 0 || s.bytes != 0)
+            .collect();
+        sites.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| b.in_use_bytes.cmp(&a.in_use_bytes)));
+        let total_now: u64 = now.values().sum();
+        let total_before: u64 = previous.values().sum();
+        let mut caveats: Vec<String> = self.plan.caveat.iter().cloned().collect();
+        if let Some(why) = &self.stale {
+            caveats.push(format!("the target's memory could not be read ({why}): the last reading stands"));
+        }
+        Report {
+            estimate: true,
+            sample_every: self.every,
+            sample_bytes,
+            bytes: signed(in_use(total_now)) - signed(in_use(total_before)),
+            in_use_bytes: in_use(total_now),
+            sites,
+            stacks: None,
+            takes: GrowthTakes {
+                reused: counts.reused,
+                carved: counts.carved,
+                new_arenas: counts.arenas,
+                no_arena: counts.new_arena,
+                sampled: counts.sampled,
+                ended: counts.ended,
+                pruned,
+                walk_failed: counts.walk_failed,
+                truncated: counts.truncated,
+                lost: counts.lost,
+                unread: counts.unread,
+            },
+            cost: Some(self.cost(&counts, span, (tracer_cpu, bytes_read), prices)),
+            caveat: (!caveats.is_empty()).then(|| caveats.join("; ")),
+        }
+    }
+
+    /// What `counts` cost the target over `span`, priced at `prices`.
+    fn cost(
+        &self,
+        counts: &GrowthCounts,
+        span: Duration,
+        (tracer_cpu, bytes_read): (Duration, u64),
+        prices: Option<Prices>,
+    ) -> GrowthCost {
+        let emulated = |role| self.plan.points.iter().find(|p| p.role == role).is_none_or(|p| p.emulated);
+        let hits = counts.takes.saturating_add(counts.arenas);
+        #[allow(clippy::cast_precision_loss, reason = "hits and ns in an interval")]
+        let target_ns = prices.map(|p| {
+            counts.takes as f64 * p.hit.of(emulated(GrowthRole::Take))
+                + counts.arenas as f64 * p.hit.of(emulated(GrowthRole::Arena))
+                + counts.run_ns as f64
+        });
+        let hit_ns = prices.map(|p| p.hit.of(emulated(GrowthRole::Take)));
+        let span_s = span.as_secs_f64();
+        #[allow(clippy::cast_precision_loss, reason = "ns in an interval")]
+        GrowthCost {
+            hits,
+            hit_ns,
+            programs_s: counts.run_ns as f64 / 1e9,
+            target_s: target_ns.map(|ns| ns / 1e9),
+            per_s: target_ns.filter(|_| span_s > 0.0).map(|ns| ns / 1e9 / span_s),
+            tracer_cpu_s: tracer_cpu.as_secs_f64(),
+            bytes_read,
+        }
+    }
+}
+
+/// How `--growth` samples and keeps its samples in the kernel.
+pub const KERNEL: crate::kernel::GrowthOptions = crate::kernel::GrowthOptions {
+    every: tracer_common::growth::DEFAULT_EVERY,
+    pools: tracer_common::growth::DEFAULT_POOL_ENTRIES,
+    stacks: super::STACK_ENTRIES,
+};
+
+/// With `--growth`, attaches its probes (through uprobe-multi links with
+/// `multi`) where it is available; what the attach header says of it.
+pub fn attach(
+    growth: &mut Option<Result<Growth, String>>,
+    session: &mut Session,
+    multi: bool,
+) -> Result<Option<crate::plan::growth::GrowthPlan>, AttachError> {
+    Ok(match growth {
+        Some(Ok(g)) => {
+            g.attach(session, multi)?;
+            Some(g.plan().clone())
+        }
+        Some(Err(why)) => Some(crate::plan::growth::GrowthPlan::unavailable(why.clone())),
+        None => None,
+    })
+}
+
+/// With `--growth`: its readout (told where the target's frames are, so
+/// that its first samples have stacks), or why there is none.
+pub fn setup(
+    config: &crate::config::AttachConfig,
+    session: &mut Session,
+    plan: Option<crate::plan::growth::GrowthPlan>,
+    pid: Option<u32>,
+) -> Result<Option<Result<Growth, String>>, AttachError> {
+    // `--stacks`' depth where given.
+    let depth = config.stacks.as_ref().map_or(tracer_common::stack::DEFAULT_DEPTH, |s| s.depth);
+    Ok(match (plan, pid) {
+        (None, _) => None,
+        (Some(plan), _) if plan.unavailable.is_some() => plan.unavailable.map(Err),
+        (Some(plan), Some(pid)) => Some(Ok(Growth::new(session, pid, plan, KERNEL.every, depth)?)),
+        (Some(_), None) => Some(Err("with --exe, no process's memory is read; pass --pid".to_owned())),
+    })
+}
+
+/// With `--growth-folded` and `--growth-flamegraph`, writes the summary's
+/// growth stacks (the pools each holds, in bytes), and says where.
+pub fn write(
+    growth: &crate::config::GrowthConfig,
+    last: &crate::model::Snapshot,
+    config: &crate::config::AttachConfig,
+) -> Result<Vec<crate::model::Note>, crate::report::files::OutputError> {
+    let stacks: Vec<crate::model::StackCount> = last
+        .growth
+        .as_ref()
+        .and_then(crate::model::Growth::sampled)
+        .and_then(|g| g.stacks.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|s| crate::model::StackCount {
+            probe: "[pool taken]".to_owned(),
+            frames: s.frames.clone(),
+            truncated: s.truncated,
+            calls: s.samples,
+            bytes: s.in_use_bytes,
+            ..crate::model::StackCount::default()
+        })
+        .collect();
+    let lines = crate::report::stacks::folded(&stacks, crate::config::Weight::Bytes);
+    let what = match &config.target {
+        crate::discover::TargetSpec::Pid(pid) => format!("PID {pid}"),
+        crate::discover::TargetSpec::Exe(exe) => exe.display().to_string(),
+    };
+    let mut notes = Vec::new();
+    if let Some(file) = &growth.folded {
+        crate::report::stacks::write_folded(file, &lines)?;
+        notes.push(crate::model::Note::new(
+            crate::model::Level::Note,
+            crate::model::NoteCode::Written,
+            format!(
+                "wrote {} folded growth stacks by bytes (sampled estimates) to {}",
+                lines.len(),
+                file.path.display()
+            ),
+        ));
+    }
+    if let Some(file) = &growth.flamegraph {
+        let every = last.growth.as_ref().and_then(crate::model::Growth::sampled).map_or(0, |g| g.sample_every);
+        let title =
+            format!("tracer: heap growth of {what} by Python stack, pools in use by taker (1 take in {every} sampled)");
+        crate::report::stacks::write_flamegraph(file, &lines, &title, crate::config::Weight::Bytes)?;
+        notes.push(crate::model::Note::new(
+            crate::model::Level::Note,
+            crate::model::NoteCode::Written,
+            format!("wrote the flame graph of {} growth stacks to {}", lines.len(), file.path.display()),
+        ));
+    }
+    Ok(notes)
+}
+
+/// The counts of `now` since `before`.
+fn diff(now: GrowthCounts, before: GrowthCounts) -> GrowthCounts {
+    GrowthCounts {
+        takes: now.takes.saturating_sub(before.takes),
+        reused: now.reused.saturating_sub(before.reused),
+        carved: now.carved.saturating_sub(before.carved),
+        new_arena: now.new_arena.saturating_sub(before.new_arena),
+        arenas: now.arenas.saturating_sub(before.arenas),
+        sampled: now.sampled.saturating_sub(before.sampled),
+        ended: now.ended.saturating_sub(before.ended),
+        walk_failed: now.walk_failed.saturating_sub(before.walk_failed),
+        truncated: now.truncated.saturating_sub(before.truncated),
+        lost: now.lost.saturating_sub(before.lost),
+        unread: now.unread.saturating_sub(before.unread),
+        run_ns: now.run_ns.saturating_sub(before.run_ns),
+    }
+}
+
+/// The 95% confidence interval of the bytes `samples` samples stand for,
+/// each take sampled with probability 1/`every`: the number of pools is
+/// estimated as `samples` × `every`, whose variance is about that times
+/// (`every` − 1) (binomial, normal approximation), in pools of 16 KiB.
+#[allow(clippy::cast_precision_loss, reason = "an interval, not a count")]
+fn ci95(samples: u64, every: u32) -> [f64; 2] {
+    let (pools, n) = (samples as f64 * f64::from(every), f64::from(every));
+    let half = 1.96 * (pools * (n - 1.0)).sqrt();
+    let size = POOL_SIZE as f64;
+    [((pools - half) * size).max(0.0), (pools + half) * size]
+}
+
+/// This thread's CPU time: what reading the samples costs tracer.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec for the call.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut ts) } != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(u64::try_from(ts.tv_sec).unwrap_or(0), u32::try_from(ts.tv_nsec).unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_interval_is_binomial_in_pools() {
+        // 4 samples at 1 in 32: 128 pools ± 1.96 × √(128 × 31) ≈ 123.5.
+        let [lo, hi] = ci95(4, 32);
+        assert!((lo / 16384.0 - (128.0 - 1.96 * (128.0f64 * 31.0).sqrt()).max(0.0)).abs() < 1e-9, "{lo}");
+        assert!((hi / 16384.0 - (128.0 + 1.96 * (128.0f64 * 31.0).sqrt())).abs() < 1e-9, "{hi}");
+        // Every take sampled: exact.
+        let [lo, hi] = ci95(5, 1);
+        assert!((lo - 5.0 * 16384.0).abs() < 1e-9 && (hi - lo).abs() < 1e-9, "{lo} {hi}");
+    }
+}
