@@ -3,9 +3,9 @@ against an exact count.
 
     paced.py PER_TICK
 
-Prints "ready", then every 10 ms (on absolute deadlines, so that a late
+Prints "ready", then every millisecond (on absolute deadlines, so that a late
 tick is made up) creates PER_TICK empty lists, which it drops at once,
-until stdin closes. The rate of new references is then PER_TICK * 100 per
+until stdin closes. The rate of new references is then PER_TICK * 1000 per
 second plus the loop's own, whatever tracing costs, as long as the CPU
 keeps up.
 """
@@ -24,7 +24,7 @@ r = range(per_tick)
 while not stop.is_set():
     for _ in r:
         []
-    deadline += 0.01
+    deadline += 0.001
     pause = deadline - time.monotonic()
     if pause > 0:
         time.sleep(pause)

@@ -61,6 +61,9 @@ pub struct Growth {
     read_before: (Duration, u64),
     started: Instant,
     last_interval: Instant,
+    /// What the summary priced, kept to price it again once the
+    /// calibration ends (exact tracing's runs end before it may).
+    summary_basis: Option<(GrowthCounts, Duration, (Duration, u64))>,
 }
 
 impl Growth {
@@ -88,6 +91,7 @@ impl Growth {
             read_before: (Duration::ZERO, 0),
             started: now,
             last_interval: now,
+            summary_basis: None,
         })
     }
 
@@ -134,10 +138,20 @@ impl Growth {
         let (now, stacks) = self.read_sites(session);
         let counts = session.growth_counts().unwrap_or(self.counts_before);
         let read = (self.tracer_cpu, self.memory.bytes_read);
-        let mut report =
-            self.report(&now, &BTreeMap::new(), (counts, self.pruned), (self.started.elapsed(), read), prices);
+        let span = self.started.elapsed();
+        self.summary_basis = Some((counts, span, read));
+        let mut report = self.report(&now, &BTreeMap::new(), (counts, self.pruned), (span, read), prices);
         report.stacks = Some(stacks);
         report
+    }
+
+    /// The summary's `report`, priced at `prices` where it was not (the
+    /// calibration ended after it was read).
+    pub fn price_summary(&self, report: &mut Report, prices: Prices) {
+        let Some((counts, span, read)) = self.summary_basis else { return };
+        if report.cost.as_ref().is_some_and(|c| c.hit_ns.is_none()) {
+            report.cost = Some(self.cost(&counts, span, read, Some(prices)));
+        }
     }
 
     /// Each site's samples in use, and every stack in use, most samples

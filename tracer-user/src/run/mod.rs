@@ -455,7 +455,7 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
     // Notes not told yet (a target that exited before the first interval).
     let mut log = run.notes();
     log.extend(run.bpf_log());
-    let Run { session, readout, duty, late, started: _, mut cost, mut profile, growth: _ } = run;
+    let Run { session, readout, duty, late, started: _, mut cost, mut profile, growth } = run;
     drop((session, readout, duty, late));
     output.notes(log)?;
     finish::wait_detached(&mut cost, profile.as_mut(), (&mut sigint, &mut sigterm)).await;
@@ -464,6 +464,11 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
         output.notes(p.take_notes())?;
     }
     output.notes(cost.poll())?;
+    if let (Some(Ok(g)), Some(crate::model::Growth::Sampled(report)), Some(prices)) =
+        (&growth, last.growth.as_mut(), cost.prices())
+    {
+        g.price_summary(report, prices);
+    }
     last.cost = cost.total().map(|c| c.of_all_hits(last.hits.unwrap_or(0)));
     let written =
         config.stacks.as_ref().map(|s| finish::write_stacks(s, &last, config)).transpose()?.unwrap_or_default();

@@ -101,12 +101,26 @@ impl TargetCpu {
     }
 }
 
-/// The CPU time `pid` has used, in nanoseconds, summed over its threads'
-/// `schedstat` (exact, where `/proc/PID/stat` counts clock ticks): for a
-/// window too short for ticks. `None` once it is gone; a thread that ends
-/// between two readings takes its time with it.
+/// The CPU time `pid` has used, in nanoseconds, exactly: its process
+/// CPU clock, which the kernel brings up to date for a thread running at
+/// that moment (`/proc/PID/stat` counts clock ticks, and `schedstat` lags a
+/// running thread by up to a tick: a window of a few milliseconds read
+/// 0 ns on a target that ran through it). Falls back to the threads'
+/// `schedstat` where the clock cannot be had. `None` once it is gone.
 #[must_use]
 pub fn process_cpu_ns(pid: u32) -> Option<u64> {
+    let Ok(id) = libc::pid_t::try_from(pid) else { return None };
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: `clock` is a valid place for the clock id.
+    if unsafe { libc::clock_getcpuclockid(id, &raw mut clock) } == 0 {
+        let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: `now` is a valid place for the time.
+        if unsafe { libc::clock_gettime(clock, &raw mut now) } == 0 {
+            let secs = u64::try_from(now.tv_sec).ok()?;
+            let nanos = u64::try_from(now.tv_nsec).ok()?;
+            return Some(secs.saturating_mul(1_000_000_000).saturating_add(nanos));
+        }
+    }
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
     let mut sum = 0u64;
     for task in tasks.flatten() {
@@ -115,6 +129,28 @@ pub fn process_cpu_ns(pid: u32) -> Option<u64> {
         sum = sum.saturating_add(ns);
     }
     Some(sum)
+}
+
+#[cfg(test)]
+mod cpu_tests {
+    /// A busy child's clock moves by what it ran, to the millisecond
+    /// (ticks would show 0 or 4 ms).
+    #[test]
+    fn the_process_clock_is_exact_for_another_process() {
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .expect("a busy shell");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let a = super::process_cpu_ns(child.id()).expect("its clock");
+        std::thread::sleep(std::time::Duration::from_millis(3));
+        let b = super::process_cpu_ns(child.id()).expect("its clock");
+        child.kill().expect("kill");
+        child.wait().expect("reaped");
+        assert!(a > 0 && b > a, "{a} then {b}");
+        assert!(b - a < 200_000_000, "{a} then {b}");
+        assert_ne!((b - a) % 4_000_000, 0, "a multiple of a tick: {a} then {b}");
+    }
 }
 
 /// How long the end of a run waits for a calibration still running, so
