@@ -23,10 +23,10 @@ use crate::{
     production_procs::{HARNESS_PATH, Round, Tracer, Worker, install_harness, tracer_words, twin_round, worker_words},
 };
 
-/// What `--tracer-args` defaults to: today's stand-in for the production
-/// profile. When that profile lands as `tracer attach`'s default, this line
-/// becomes "attach --pid PID".
-pub const DEFAULT_TRACER_ARGS: &str = "attach --pid PID --budget 1";
+/// What `--tracer-args` defaults to: the production profile, as a user
+/// runs it (`tracer attach`'s default: every source, 1% of the target's
+/// CPU time).
+pub const DEFAULT_TRACER_ARGS: &str = "attach --pid PID";
 
 /// (pyperformance benchmark, its own arguments, as the table names it).
 /// `xml_etree`'s loop is its `process` part alone: one loop of all four parts
@@ -231,6 +231,9 @@ struct Measured {
     tracer: Twins,
     /// tracer's own CPU over the measured rounds, in cores.
     tracer_cpu: f64,
+    /// tracer's own estimate of its cost to the target (the profile's last
+    /// `profile cost ≈` line), per block, where it printed one.
+    estimates: Vec<f64>,
     /// Per tool: the on/off ratios, or None where the tool is absent.
     tools: Vec<Option<Vec<f64>>>,
 }
@@ -291,6 +294,7 @@ fn measure(
     let walls: Vec<f64> = nothing.rounds.iter().flatten().flat_map(|(t, u)| [t.wall, u.wall]).collect();
     let mut tracer = Twins::default();
     let (mut tracer_cpu, mut tracer_wall) = (0.0, 0.0);
+    let mut estimates = Vec::new();
     for (block, &traced) in plan.blocks.iter().enumerate() {
         let words = tracer_words(cx.tracer, cx.tracer_args, workers[traced].pid(), workers[traced].cpu);
         say(&format!("$ {}", words.join(" ")));
@@ -301,6 +305,8 @@ fn measure(
         tracer_cpu += t.cpu_seconds()? - c0;
         tracer_wall += started.elapsed().as_secs_f64();
         t.detach()?;
+        let out = std::fs::read_to_string(format!("{stem}-{block}.out")).unwrap_or_default();
+        estimates.extend(own_estimate(&out));
     }
     let no_memray = python.no_memray().is_some();
     let mut tools = Vec::new();
@@ -328,13 +334,32 @@ fn measure(
         nothing,
         tracer,
         tracer_cpu: tracer_cpu / tracer_wall,
+        estimates,
         tools,
     })
+}
+
+/// The production profile's own estimate of its cost to the target over
+/// the run, as a fraction: the summary's (the last) `profile cost ≈X%`
+/// line of its table output.
+fn own_estimate(out: &str) -> Option<f64> {
+    let line = out.lines().rev().find_map(|l| l.trim_start().strip_prefix("profile cost ≈"))?;
+    let percent: f64 = line.split('%').next()?.parse().ok()?;
+    Some(percent / 100.0)
 }
 
 fn ratio_cell(v: &[f64]) -> String {
     let (lo, hi) = bootstrap(&[v.len()], |idx| median(&idx[0].iter().map(|&i| v[i]).collect::<Vec<_>>()));
     format!("{:.2}x ({lo:.2}–{hi:.2})", median(v))
+}
+
+/// The blocks' own estimates, as percentages of the target's CPU time;
+/// "—" where tracer printed none (exact tracing, or JSON output).
+fn estimate_cell(v: &[f64]) -> String {
+    if v.is_empty() {
+        return "—".to_owned();
+    }
+    v.iter().map(|e| format!("{:.2}%", e * 100.0)).collect::<Vec<_>>().join(", ")
 }
 
 fn pct(x: f64) -> String {
@@ -347,16 +372,16 @@ fn table(md: &mut String, p: &BenchPython, rows: &[Measured]) -> anyhow::Result<
     writeln!(
         md,
         "| benchmark | loops per round | nothing: median | nothing: total | nothing: kernel | tracer: median | \
-         tracer: total | tracer: kernel | tracer's own CPU | {} |",
+         tracer: total | tracer: kernel | tracer's own estimate | tracer's own CPU | {} |",
         TOOLS.map(|t| t.1).join(" | ")
     )?;
-    writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|")?;
+    writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|")?;
     for m in rows {
         let tools: Vec<String> =
             m.tools.iter().map(|t| t.as_deref().map_or_else(|| "—".to_owned(), ratio_cell)).collect();
         writeln!(
             md,
-            "| {} | {} ({:.2} s) | {} | {} | {} | {} | {} | {} | {:.1}% of a core | {} |",
+            "| {} | {} ({:.2} s) | {} | {} | {} | {} | {} | {} | {} | {:.1}% of a core | {} |",
             m.label,
             m.loops,
             m.round_wall,
@@ -366,6 +391,7 @@ fn table(md: &mut String, p: &BenchPython, rows: &[Measured]) -> anyhow::Result<
             twin_cell(m.tracer.median()),
             twin_cell(m.tracer.total()),
             pct(m.tracer.kernel()),
+            estimate_cell(&m.estimates),
             m.tracer_cpu * 100.0,
             tools.join(" | ")
         )?;
@@ -378,7 +404,7 @@ fn table(md: &mut String, p: &BenchPython, rows: &[Measured]) -> anyhow::Result<
     };
     writeln!(
         md,
-        "| **geometric mean** (kernel, own CPU: mean) | | {:.3}x | {:.3}x | {} | {:.3}x | {:.3}x | {} | {:.1}% of a core | {} |\n",
+        "| **geometric mean** (kernel, own CPU: mean) | | {:.3}x | {:.3}x | {} | {:.3}x | {:.3}x | {} | | {:.1}% of a core | {} |\n",
         gm(&|m| m.nothing.median().0),
         gm(&|m| m.nothing.total().0),
         pct(mean(&|m| m.nothing.kernel())),
@@ -506,8 +532,18 @@ mod tests {
     }
 
     #[test]
+    fn own_estimate_is_the_last_profile_cost_line() {
+        let out = "[     1.0s]\n  profile cost ≈3.111% of the target's CPU time (0.96 s of it; budget 1%): rates 3.111%\n\
+                   summary\n  profile cost ≈0.703% of the target's CPU time (9.8 s of it; budget 1%): rates 0.703%\n";
+        assert_eq!(own_estimate(out), Some(0.007_03));
+        assert_eq!(own_estimate("tracer: exact tracing\n"), None);
+        assert_eq!(estimate_cell(&[0.007_03, 0.01]), "0.70%, 1.00%");
+    }
+
+    #[test]
     fn tracer_args() {
-        assert_eq!(parse_tracer_args(DEFAULT_TRACER_ARGS).unwrap(), ["attach", "--pid", "PID", "--budget", "1"]);
+        assert_eq!(parse_tracer_args(DEFAULT_TRACER_ARGS).unwrap(), ["attach", "--pid", "PID"]);
+        assert_eq!(parse_tracer_args("attach --pid PID --budget 1").unwrap(), ["attach", "--pid", "PID", "--budget", "1"]);
         assert_eq!(parse_tracer_args("tracer attach --pid PID").unwrap(), ["attach", "--pid", "PID"]);
         assert_eq!(
             parse_tracer_args("attach --pid 12").unwrap_err().to_string(),
