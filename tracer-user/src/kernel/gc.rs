@@ -13,7 +13,7 @@
 use std::{
     collections::BTreeMap,
     ffi::CString,
-    os::fd::{AsFd as _, AsRawFd as _, FromRawFd as _, OwnedFd},
+    os::fd::{AsFd as _, AsRawFd, FromRawFd as _, OwnedFd},
     path::{Path, PathBuf},
 };
 
@@ -88,13 +88,26 @@ const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
 
 /// The `perf_event` part of `link_create` in `union bpf_attr`.
 #[repr(C)]
-pub(super) struct PerfLinkAttr {
-    pub(super) prog_fd: u32,
-    pub(super) target_fd: u32,
-    pub(super) attach_type: u32,
-    pub(super) flags: u32,
-    pub(super) bpf_cookie: u64,
-    pub(super) tail: [u64; 8],
+struct PerfLinkAttr {
+    prog_fd: u32,
+    target_fd: u32,
+    attach_type: u32,
+    flags: u32,
+    bpf_cookie: u64,
+    tail: [u64; 8],
+}
+
+/// A BPF link of `program` to the perf event `event`, with `cookie`.
+pub(super) fn perf_link(program: &impl AsRawFd, event: &impl AsRawFd, cookie: u64) -> std::io::Result<OwnedFd> {
+    let mut attr = PerfLinkAttr {
+        prog_fd: u32::try_from(program.as_raw_fd()).unwrap_or(u32::MAX),
+        target_fd: u32::try_from(event.as_raw_fd()).unwrap_or(u32::MAX),
+        attach_type: bpf_attach_type::BPF_PERF_EVENT as u32,
+        flags: 0,
+        bpf_cookie: cookie,
+        tail: [0; 8],
+    };
+    multi::bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr)
 }
 
 impl Session {
@@ -169,15 +182,7 @@ impl Session {
                 cause,
             };
             let event = perf_uprobe(&pmu, &c_path, (p.file_offset, p.ret, p.semaphore), pid).map_err(err)?;
-            let mut attr = PerfLinkAttr {
-                prog_fd: u32::try_from(program.as_raw_fd()).unwrap_or(u32::MAX),
-                target_fd: u32::try_from(event.as_raw_fd()).unwrap_or(u32::MAX),
-                attach_type: bpf_attach_type::BPF_PERF_EVENT as u32,
-                flags: 0,
-                bpf_cookie: p.cookie,
-                tail: [0; 8],
-            };
-            let link = multi::bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr).map_err(err)?;
+            let link = perf_link(&program, &event, p.cookie).map_err(err)?;
             // The link holds the event; both go when dropped.
             fds.extend([link, event]);
         }

@@ -4,10 +4,9 @@
 //! to whoever took it before), through uprobe-multi links or perf-event
 //! uprobes; and their maps read: the samples, and what the programs saw.
 
-use std::{ffi::CString, os::fd::AsRawFd as _};
+use std::ffi::CString;
 
 use aya::maps::{HashMap, MapData, PerCpuArray};
-use aya_obj::generated::{bpf_attach_type, bpf_cmd};
 use tracer_common::{
     growth::{GrowthCounts, PoolKey, PoolSample},
     names,
@@ -15,7 +14,7 @@ use tracer_common::{
 
 use super::{
     AttachError, Session,
-    gc::{PerfLinkAttr, UprobePmu, perf_uprobe, scope},
+    gc::{UprobePmu, perf_link, perf_uprobe, scope},
     multi,
 };
 use crate::plan::growth::{GrowthPlan, GrowthRole};
@@ -58,15 +57,7 @@ impl Session {
                 let c_path =
                     CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| err(std::io::Error::other(e)))?;
                 let event = perf_uprobe(&pmu, &c_path, (p.file_offset, false, None), pid).map_err(err)?;
-                let mut attr = PerfLinkAttr {
-                    prog_fd: u32::try_from(program.as_raw_fd()).unwrap_or(u32::MAX),
-                    target_fd: u32::try_from(event.as_raw_fd()).unwrap_or(u32::MAX),
-                    attach_type: bpf_attach_type::BPF_PERF_EVENT as u32,
-                    flags: 0,
-                    bpf_cookie: p.cookie,
-                    tail: [0; 8],
-                };
-                let link = multi::bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr).map_err(err)?;
+                let link = perf_link(&program, &event, p.cookie).map_err(err)?;
                 // The link holds the event; both go when dropped.
                 links.extend([link, event]);
             }

@@ -16,7 +16,7 @@ use tracer_common::{
     stats::Stat,
 };
 
-use super::{cost::Prices, stacks::StackNames};
+use super::{cost::Prices, gcmem::thread_cpu, stacks::StackNames};
 use crate::{
     heap::{memory::Memory, pools::Header},
     kernel::{AttachError, Session},
@@ -456,16 +456,6 @@ fn ci95(samples: u64, every: u32) -> [f64; 2] {
     let half = 1.96 * (pools * (n - 1.0)).sqrt();
     let size = POOL_SIZE as f64;
     [((pools - half) * size).max(0.0), (pools + half) * size]
-}
-
-/// This thread's CPU time: what reading the samples costs tracer.
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec for the call.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut ts) } != 0 {
-        return Duration::ZERO;
-    }
-    Duration::new(u64::try_from(ts.tv_sec).unwrap_or(0), u32::try_from(ts.tv_nsec).unwrap_or(0))
 }
 
 #[cfg(test)]
