@@ -44,9 +44,11 @@ pub enum Command {
     #[command(
         long_about = "Attach to a running CPython process and report on it each --interval.\n\n\
 By default tracer runs the production profile, which holds its cost to the target within --budget \
-(1% unless told): garbage collections per generation read from the interpreter's memory, and the \
-rates of new references, allocations and frees estimated from short exact windows. The first line \
-says the mode and its estimated cost.\n\n\
+(1% of the target's CPU time unless told): garbage collections per generation read from the \
+interpreter's memory, the heap by type from a census each interval (on tracer's CPU, none of the \
+target's), and the rates of new references, allocations and frees estimated from short exact \
+windows. The first line says the mode and its estimated cost. --growth adds heap growth by Python \
+stack, sampled (off by default: a churny target pays more than 1% for it).\n\n\
 With --exact (or any flag only exact tracing serves: --types, --live, --leaks, --returns, \
 --stacks, --native, --placement call-sites and their companions), tracer counts every call and \
 requested byte of _Py_NewReference, _Py_Dealloc and the PyObject_/PyMem_/PyMem_Raw allocator \
@@ -382,11 +384,12 @@ pub struct AttachArgs {
     #[arg(long)]
     pub bpf_log: bool,
     /// Also sample heap growth by Python stack: each pool pymalloc takes from empty (its slow path,
-    /// allocate_from_new_pool, a few thousand times a second at most) ends that pool's old sample, and
-    /// one take in 32 records the taking Python stack. Each interval gives, per site, the pools still
-    /// in use that its stacks took (a sampled estimate, with its 95% interval) and their change: its
-    /// growth. Works in both modes (the production profile will turn it on by default); with --pid
-    /// only. Needs pymalloc's slow path in a symbol table: the image's, or its debug file's (e.g.
+    /// allocate_from_new_pool) ends that pool's old sample, and one take in 32 records the taking
+    /// Python stack. Each interval gives, per site, the pools still in use that its stacks took (a
+    /// sampled estimate, with its 95% interval) and their change: its growth. Works in both modes;
+    /// off by default, because each take is a probe hit: a churny target (tens of thousands of takes
+    /// a second) pays about 2% of its CPU time, shown in the output (growth's cost, and the profile's
+    /// `growth` source). With --pid only. Needs pymalloc's slow path in a symbol table: the image's, or its debug file's (e.g.
     /// python3.11-dbg); where there is none, the output says growth is unavailable and why.
     #[arg(long)]
     pub growth: bool,
