@@ -152,7 +152,7 @@ pub struct CostEstimate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget_fraction: Option<f64>,
     /// The first window: how long, the CPU time the target used in it
-    /// (summed over its threads' `schedstat`; left out with `--exe`, and
+    /// (its process CPU clock, exact; left out with `--exe`, and
     /// the shares are then of `window_s`), and the probe hits in it.
     pub window_s: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]

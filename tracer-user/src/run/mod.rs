@@ -588,11 +588,27 @@ fn start<'a>(
     // Before the attach: this reads the image, which the first window
     // should not wait for.
     let mut cost = cost_meter(config, &session, r.pid(), exits, (cpu_costs, early));
-    let (links, attach_began, fallback) = attach_links(&mut session, r.scope, config.links)?;
+    let (links, mut attach_began, fallback) = attach_links(&mut session, r.scope, config.links)?;
+    // The duty cycle's first window must not hold its probes live while
+    // the GC's and growth's attach (growth's uprobes took tens of
+    // milliseconds: the first window then cost a fifth of the target's CPU
+    // time): they come down, and go live again after. Their hits
+    // meanwhile are counted and priced with the window's.
+    let pause = config.budget.is_some()
+        && costs.is_some()
+        && links == Links::Multi
+        && (gc.source != GcSource::None || growth.as_ref().is_some_and(Result::is_ok));
+    if pause {
+        session.detach_multi(r.scope);
+    }
     if gc.source != GcSource::None {
         session.attach_gc(&gc, r.scope, links == Links::Multi)?;
     }
     let growth_header = growth::attach(&mut growth, &mut session, links == Links::Multi)?;
+    if pause {
+        attach_began = Instant::now();
+        session.attach_multi(r.scope)?;
+    }
     let started = Instant::now();
     // The target's CPU time over the first window, exactly: too short for
     // /proc/PID/stat's clock ticks.

@@ -49,7 +49,10 @@ impl<W: Write, E: Write> TableReporter<W, E> {
             c.overhead_fraction = Some(p.fraction);
             c.overhead_fraction_low = None;
         }
-        let warning = cost.and_then(|c| c.warning(sample.budget.map(|b| b.percent), returns, call_sites));
+        // The user's budget: in the profile, `budget.percent` is the rates'
+        // share of it.
+        let budget = sample.profile.as_ref().map(|p| p.budget_percent).or(sample.budget.map(|b| b.percent));
+        let warning = cost.and_then(|c| c.warning(budget, returns, call_sites));
         if let Some(warning) = warning {
             writeln!(self.out, "  WARNING: {warning}")?;
         }
@@ -117,10 +120,13 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         } else {
             format!("; estimated cost to the target {:.2}% of its CPU time", b.estimated_overhead_fraction * 100.0)
         };
+        let budget = match &sample.profile {
+            Some(p) => format!("--budget {}%, of which the rates' share {:.2}%", p.budget_percent, b.percent),
+            None => format!("--budget {}%", (b.percent * 1e6).round() / 1e6),
+        };
         writeln!(
             self.out,
-            "  ESTIMATES (--budget {}%): rates from {} windows that traced {:.2}s of {:.1}s ({:.2}%), as seen while traced{cost} (a hit costs {:.0} ns single-stepped, {:.0} ns emulated here, in CPU time)",
-            b.percent,
+            "  ESTIMATES ({budget}): rates from {} windows that traced {:.2}s of {:.1}s ({:.2}%), as seen while traced{cost} (a hit costs {:.0} ns single-stepped, {:.0} ns emulated here, in CPU time)",
             b.windows,
             b.traced_s,
             sample.elapsed_s,
