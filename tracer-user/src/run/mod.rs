@@ -13,6 +13,7 @@ mod finish;
 pub mod gcmem;
 pub mod growth;
 mod late;
+mod links;
 pub mod live;
 pub mod profile;
 pub mod readout;
@@ -34,6 +35,7 @@ use self::{
     duty::DutyCycle,
     exit::ProcessExit,
     late::{LateModules, Watch},
+    links::attach_links,
     profile::Profile,
     readout::Readout,
 };
@@ -93,51 +95,6 @@ impl Classify for RunError {
 
     fn is_broken_pipe(&self) -> bool {
         matches!(self, Self::Output(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
-    }
-}
-
-/// Attaches every probe as `mode` says; returns how, when the attach
-/// began once the programs were loaded, and the note to give when `auto`
-/// fell back.
-fn attach_links(
-    session: &mut Session,
-    scope: u32,
-    mode: LinkMode,
-) -> Result<(Links, Instant, Option<Note>), AttachError> {
-    let perf = |session: &mut Session, note| {
-        session.prepare(false)?;
-        let began = Instant::now();
-        session.attach_perf(scope).map(|()| (Links::Perf, began, note))
-    };
-    let multi = |session: &mut Session| {
-        session.prepare(true)?;
-        let began = Instant::now();
-        session.attach_multi(scope).map(|()| (Links::Multi, began, None))
-    };
-    match mode {
-        LinkMode::Perf => perf(session, None),
-        LinkMode::Multi => multi(session),
-        LinkMode::Auto => match multi(session) {
-            Ok(done) => Ok(done),
-            // Thousands of perf-event uprobes would take minutes to detach.
-            Err(AttachError::Multi(e)) if session.plan().has_many_sites() && e.is_unsupported() => {
-                Err(AttachError::ManySitesNeedMulti { cause: e })
-            }
-            Err(e @ AttachError::Multi(_)) if session.plan().has_many_sites() => Err(e),
-            // Only a kernel without multi links is a reason to fall back; a
-            // failure of tracer's own is reported as it is.
-            Err(AttachError::Multi(e)) if e.is_unsupported() => {
-                let note = Note::new(
-                    Level::Note,
-                    NoteCode::LinkFallback,
-                    format!(
-                        "{e}; attaching one perf-event uprobe per probe instead, which the kernel detaches about 0.13 s apart"
-                    ),
-                );
-                perf(session, Some(note))
-            }
-            Err(e) => Err(e),
-        },
     }
 }
 

@@ -1,0 +1,55 @@
+//! Attaching a session's probes, through uprobe-multi links where the
+//! kernel has them, else perf-event uprobes (`--links`).
+
+use std::time::Instant;
+
+use crate::{
+    config::LinkMode,
+    kernel::{AttachError, Session},
+    model::{Level, Links, Note, NoteCode},
+};
+
+/// Attaches every probe as `mode` says; returns how, when the attach
+/// began once the programs were loaded, and the note to give when `auto`
+/// fell back.
+pub(super) fn attach_links(
+    session: &mut Session,
+    scope: u32,
+    mode: LinkMode,
+) -> Result<(Links, Instant, Option<Note>), AttachError> {
+    let perf = |session: &mut Session, note| {
+        session.prepare(false)?;
+        let began = Instant::now();
+        session.attach_perf(scope).map(|()| (Links::Perf, began, note))
+    };
+    let multi = |session: &mut Session| {
+        session.prepare(true)?;
+        let began = Instant::now();
+        session.attach_multi(scope).map(|()| (Links::Multi, began, None))
+    };
+    match mode {
+        LinkMode::Perf => perf(session, None),
+        LinkMode::Multi => multi(session),
+        LinkMode::Auto => match multi(session) {
+            Ok(done) => Ok(done),
+            // Thousands of perf-event uprobes would take minutes to detach.
+            Err(AttachError::Multi(e)) if session.plan().has_many_sites() && e.is_unsupported() => {
+                Err(AttachError::ManySitesNeedMulti { cause: e })
+            }
+            Err(e @ AttachError::Multi(_)) if session.plan().has_many_sites() => Err(e),
+            // Only a kernel without multi links is a reason to fall back; a
+            // failure of tracer's own is reported as it is.
+            Err(AttachError::Multi(e)) if e.is_unsupported() => {
+                let note = Note::new(
+                    Level::Note,
+                    NoteCode::LinkFallback,
+                    format!(
+                        "{e}; attaching one perf-event uprobe per probe instead, which the kernel detaches about 0.13 s apart"
+                    ),
+                );
+                perf(session, Some(note))
+            }
+            Err(e) => Err(e),
+        },
+    }
+}
