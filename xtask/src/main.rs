@@ -83,18 +83,28 @@ enum Task {
     },
 }
 
+/// Everything the build, the demo, the tests and the benchmarks need: the
+/// toolchain and the test targets, then the production benchmark's venvs
+/// (pyperformance and memray on three interpreters).
+fn setup_everything() -> anyhow::Result<()> {
+    setup::run_for(setup::Needs { tests: true })?;
+    bench_venvs::ensure_all()?;
+    eprintln!("xtask: the production benchmark's venvs are ready");
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let root = workspace_root();
     match cli.command {
-        Task::Setup => setup::run(),
+        Task::Setup => setup_everything(),
         Task::Build { release } => {
-            setup::run_for(setup::Needs { tests: false, bench: false })?;
+            setup::run_for(setup::Needs { tests: false })?;
             build(&root, release).map(drop)
         }
         Task::Demo { seconds } => {
             // The demo needs no test targets (the forky root).
-            setup::run_for(setup::Needs { tests: false, bench: false })?;
+            setup::run_for(setup::Needs { tests: false })?;
             let tracer = build(&root, true)?;
             demo(&root, &tracer, seconds)
         }
@@ -103,7 +113,7 @@ fn main() -> anyhow::Result<()> {
                 bail!("--versus goes with --only stacks or --only live");
             }
             let tracer_args = bench_production::parse_tracer_args(&tracer_args)?;
-            setup::run()?;
+            setup_everything()?;
             require_root("the benchmarks")?;
             let tracer = build(&root, true)?;
             let mut md = String::new();
@@ -133,7 +143,7 @@ fn main() -> anyhow::Result<()> {
         }
         Task::Test { args } => {
             // The test targets, not the benchmark's venvs: CI's time.
-            setup::run_for(setup::Needs { tests: true, bench: false })?;
+            setup::run_for(setup::Needs { tests: true })?;
             let tracer = build(&root, false)?;
             test(&root, &tracer, &args)
         }

@@ -68,12 +68,11 @@ const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 /// What a task needs beyond the toolchain.
 #[derive(Clone, Copy)]
 pub struct Needs {
-    /// The test targets: the forky root and its interpreters.
+    /// The test targets: the forky root and its interpreters (which the
+    /// production benchmark's venvs need too: main.rs makes those after,
+    /// for `bench` and `setup` alone, so that a test run (CI) does not
+    /// spend its time on them).
     pub tests: bool,
-    /// The production benchmark's venvs (pyperformance and memray on three
-    /// interpreters): only `bench` and `setup` make them, so that a test
-    /// run (CI) does not spend its time on them.
-    pub bench: bool,
 }
 
 /// The toolchain, and what `needs` asks for.
@@ -93,14 +92,10 @@ pub fn run_for(needs: Needs) -> anyhow::Result<()> {
     }
     pyperf()?;
     let mut made = Vec::new();
-    if needs.tests || needs.bench {
+    if needs.tests {
         forky_root()?;
         forky_packages()?;
         made.push(format!("the forky root at {FORKY_ROOT}"));
-    }
-    if needs.bench {
-        crate::bench_venvs::ensure_all()?;
-        made.push("the production benchmark's venvs".to_owned());
     }
     made.insert(0, "pyperf".to_owned());
     let made = made.join(", ");
@@ -108,10 +103,6 @@ pub fn run_for(needs: Needs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Everything the build, the demo, the tests and the benchmarks need.
-pub fn run() -> anyhow::Result<()> {
-    run_for(Needs { tests: true, bench: true })
-}
 
 fn check_os() -> anyhow::Result<()> {
     let release = std::fs::read_to_string("/etc/os-release").unwrap_or_default();
