@@ -110,8 +110,14 @@ fn mode_line(info: &Attached) -> Option<String> {
     };
     let budget = e.budget_fraction.map_or(String::new(), |b| format!(", budget {}", percent(b)));
     let basis = match (mode, e.exact_fraction) {
+        // A share of the CPU time the probes run on is at most all of it:
+        // near that, the hits would take many times the target's own time.
+        ("profile", Some(full)) if full >= 0.995 => format!(
+            "; exact tracing would cost over 99% of it (its probes would take many times its own time), from {} hits in the first {:.3} s",
+            e.hits, e.window_s
+        ),
         ("profile", Some(full)) => format!(
-            "; exact tracing would cost {}, from {} hits in the first {:.2} s",
+            "; exact tracing would cost {}, from {} hits in the first {:.3} s",
             percent(full),
             e.hits,
             e.window_s
