@@ -111,7 +111,7 @@ pub fn allocator_note(pid: u32) -> Option<String> {
     let variable = |name: &str| {
         environ.split(|&b| b == 0).find_map(|kv| kv.strip_prefix(name.as_bytes())?.strip_prefix(b"=")).map(|v| {
             let v = String::from_utf8_lossy(v);
-            super::names::escape(&v.chars().take(64).collect::<String>(), v.chars().count() > 64)
+            crate::text::display(&v)
         })
     };
     if let Some(value) = variable("PYTHONMALLOC").filter(|v| !v.is_empty() && v != "pymalloc") {

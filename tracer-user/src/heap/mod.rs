@@ -23,7 +23,7 @@ pub mod dicts;
 pub mod maps;
 pub mod memory;
 pub mod model;
-mod names;
+pub mod names;
 pub mod outside;
 pub mod pools;
 pub mod print;

@@ -5,6 +5,7 @@
 use std::fmt::Write as _;
 
 use super::{model::Census, tally::Reason};
+use crate::text::display;
 
 /// The table for `census`, with its `top` types.
 #[must_use]
@@ -15,13 +16,13 @@ pub fn table(census: &Census, top: usize) -> String {
         None => "an estimate: the target ran while it was read (--stop for an exact census)".to_owned(),
     };
     // The path is the target's to choose.
-    let image = super::names::escape(&census.image, false);
+    let image = crate::text::display(&census.image);
     let _ = writeln!(out, "PID {} (Python {}, {image}): heap census, {how}", census.pid, census.python);
     let total: u64 = census.types.iter().map(|t| t.bytes).sum();
     let _ = writeln!(out, "{:>12}  {:>11}  {:>6}  type", "objects", "bytes", "share");
     for t in census.types.iter().take(top) {
         let share = if total == 0 { 0.0 } else { ratio(t.bytes, total) * 100.0 };
-        let _ = writeln!(out, "{:>12}  {:>11}  {share:>5.1}%  {}", thousands(t.count), bytes(t.bytes), t.name);
+        let _ = writeln!(out, "{:>12}  {:>11}  {share:>5.1}%  {}", thousands(t.count), bytes(t.bytes), display(&t.name));
     }
     if census.types.len() > top {
         let rest = &census.types[top..];

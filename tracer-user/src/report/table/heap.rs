@@ -68,7 +68,7 @@ pub fn heap_block(out: &mut impl Write, heap: &Heap) -> std::io::Result<()> {
             t.count_change.map_or_else(dash, signed_count),
             bytes(t.bytes),
             t.bytes_change.map_or_else(dash, signed_bytes),
-            t.name
+            crate::text::display(&t.name)
         )?;
     }
     let mut growing: Vec<_> = heap.types.iter().skip(ROWS).filter(|t| t.bytes_change.is_some_and(|c| c > 0)).collect();
@@ -79,7 +79,7 @@ pub fn heap_block(out: &mut impl Write, heap: &Heap) -> std::io::Result<()> {
             .take(GROWERS)
             .map(|t| {
                 let count = t.count_change.map_or_else(dash, signed_count);
-                format!("{} {count} ({})", t.name, t.bytes_change.map_or_else(dash, signed_bytes))
+                format!("{} {count} ({})", crate::text::display(&t.name), t.bytes_change.map_or_else(dash, signed_bytes))
             })
             .collect();
         writeln!(out, "  grew most besides: {}", named.join(", "))?;
