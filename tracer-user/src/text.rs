@@ -20,12 +20,16 @@ pub const CUT: char = '…';
 
 /// `text` cut to [`MAX_NAME`] characters, with [`CUT`] after it where it
 /// was longer.
+///
+/// A name cut already (its [`MAX_NAME`] characters then [`CUT`]) is kept
+/// as it is, so that bounding twice loses nothing more.
 #[must_use]
 pub fn bound(text: &str) -> String {
-    match text.char_indices().nth(MAX_NAME) {
-        Some((end, _)) => cut(&text[..end]),
-        None => text.to_owned(),
+    let Some((end, _)) = text.char_indices().nth(MAX_NAME) else { return text.to_owned() };
+    if &text[end..] == CUT.encode_utf8(&mut [0; 4]) {
+        return text.to_owned();
     }
+    cut(&text[..end])
 }
 
 /// `text` (already cut by the reader) marked as cut.
@@ -88,6 +92,8 @@ mod tests {
         assert_eq!(bounded.chars().count(), MAX_NAME + 1);
         assert!(bounded.ends_with(CUT));
         assert_eq!(bound(&"x".repeat(MAX_NAME)), "x".repeat(MAX_NAME));
+        assert_eq!(bound(&bounded), bounded);
+        assert_eq!(bound(&format!("{}{CUT}", "x".repeat(MAX_NAME + 1))), format!("{}{CUT}", "x".repeat(MAX_NAME)));
         let shown = display(&format!("{}\x1b", "y".repeat(20_000)));
         assert_eq!(shown, format!("{}{CUT}", "y".repeat(MAX_NAME)));
         // Escaped, a name stays bounded: `\x1b` for each control.

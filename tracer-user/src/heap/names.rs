@@ -32,7 +32,7 @@ pub fn type_name(memory: &mut Memory, address: u64, head: &[u8], names: TypeName
     };
     let qualname = py_str(memory, qualname, names)?.unwrap_or_else(|| format!("<type at {address:#x}>"));
     Ok(match heap_type_module(memory, address, names)? {
-        Some(module) if module != "builtins" => format!("{module}.{qualname}"),
+        Some(module) if module != "builtins" => crate::text::bound(&format!("{module}.{qualname}")),
         _ => qualname,
     })
 }

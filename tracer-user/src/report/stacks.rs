@@ -150,6 +150,20 @@ mod tests {
     }
 
     #[test]
+    fn the_targets_names_are_escaped_in_labels() {
+        let frame = SiteFrame {
+            function: format!("f\x1b]0;title\x07\u{202e}{}", "g".repeat(5000)),
+            file: "/tmp/e\u{2067}vil;.py".into(),
+            line: Some(3),
+        };
+        let shown = label(&frame);
+        assert!(shown.starts_with("f\\x1b]0:title\\x07\\u{202e}ggg"), "{shown}");
+        assert!(shown.ends_with("g… (e\\u{2067}vil:.py:3)"), "{shown}");
+        assert!(!shown.contains(['\x1b', '\x07', '\u{202e}', '\u{2067}']), "{shown}");
+        assert!(shown.chars().count() < 300, "{shown}");
+    }
+
+    #[test]
     fn folds_outermost_first_and_merges_equal_stacks() {
         let a = StackCount {
             probe: "PyObject_Malloc".into(),
