@@ -172,7 +172,7 @@ impl Heap {
         let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
         let stopped_ms = stopped.map(|s| s.resume().as_secs_f64() * 1000.0);
         let (tally, types, found, scan_notes, rss) = read?;
-        let cost = Cost { elapsed_ms, bytes_read: memory.bytes_read, reads: memory.calls, types_read: types.reads };
+        let cost = Cost { elapsed_ms, bytes_read: memory.bytes_read, reads: memory.calls, types_read: types.reads, failed_reads: memory.failed_ranges };
         let mut census = report(&tally, &types, &found, rss, cost);
         census.pid = pid;
         census.python = self.process.version.to_string();
@@ -219,6 +219,8 @@ fn take(
     let unicode = abi.frames().unicode;
     let mut types = TypeTable::new(abi.heap(), TypeNameOffsets { ht_qualname: abi.ht_qualname(), unicode }, builtins);
     let mut tally = Tally::default();
+    tally.rejected[Reason::StateUnreadable as usize] += state.unreadable;
+    tally.rejected[Reason::InterpretersCut as usize] += state.interpreters_cut;
     let mut leads = Leads::default();
     let mut cx = Context { memory, regions: &regions, pools: &pool_set };
     let changed = read_pools(&scan.pools, &mut types, &mut cx, &mut tally, &mut leads, unicode)?;

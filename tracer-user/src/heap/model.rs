@@ -157,6 +157,11 @@ pub struct Cost {
     pub reads: u64,
     /// Type objects read.
     pub types_read: u64,
+    /// Ranges that could not be read (unmapped, or never mapped: a
+    /// candidate's guess at an address); what each skip meant is in
+    /// `rejected` and `partial`.
+    #[serde(default)]
+    pub failed_reads: u64,
 }
 
 /// A type's objects now and their change since a previous census.

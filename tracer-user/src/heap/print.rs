@@ -75,10 +75,19 @@ pub fn table(census: &Census, top: usize) -> String {
             bytes(unaccounted.unsigned_abs())
         );
     }
-    if !census.rejected.is_empty() {
-        let _ = writeln!(out, "candidates refused (each block is tried at +0, +16 and +32):");
-        for (key, n) in &census.rejected {
-            let what = Reason::ALL.iter().find(|r| r.key() == key).map_or("", |r| r.describe());
+    let reason = |key: &str| Reason::ALL.iter().copied().find(|r| r.key() == key);
+    let (refused, skipped): (Vec<_>, Vec<_>) =
+        census.rejected.iter().partition(|(key, _)| reason(key).is_none_or(Reason::is_candidate));
+    for (title, rows) in [
+        ("candidates refused (each block is tried at +0, +16 and +32):", refused),
+        ("leads not followed:", skipped),
+    ] {
+        if rows.is_empty() {
+            continue;
+        }
+        let _ = writeln!(out, "{title}");
+        for (key, n) in rows {
+            let what = reason(key).map_or("", Reason::describe);
             let _ = writeln!(out, "{:>12}  {key}: {what}", thousands(*n));
         }
     }
@@ -88,11 +97,12 @@ pub fn table(census: &Census, top: usize) -> String {
     let c = &census.cost;
     let _ = writeln!(
         out,
-        "census: {}, {} read in {} system calls, {} type objects read",
+        "census: {}, {} read in {} system calls, {} type objects read{}",
         duration(c.elapsed_ms),
         bytes(c.bytes_read),
         thousands(c.reads),
-        thousands(c.types_read)
+        thousands(c.types_read),
+        if c.failed_reads > 0 { format!(", {} ranges unreadable", thousands(c.failed_reads)) } else { String::new() }
     );
     out
 }
