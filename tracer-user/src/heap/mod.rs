@@ -268,6 +268,14 @@ fn take(
     if found.referenced_truncated {
         notes.push(format!("objects held by lists and tuples were read up to {} of them", found.referenced_objects));
     }
+    tally.rejected[Reason::TypesCut as usize] += types.cut_objects;
+    if types.cut_types > 0 {
+        notes.push(format!(
+            "{} types past the most tracked ({}): their objects are left out of the census (types_cut)",
+            types.cut_types,
+            types::MAX_TYPES
+        ));
+    }
     Ok((tally, types, found, notes, rss))
 }
 

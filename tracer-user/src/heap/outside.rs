@@ -221,7 +221,15 @@ fn count(
     unicode: UnicodeOffsets,
 ) {
     let info = types.info(index);
-    tally.count_outside(index, info.preheader.saturating_add(types.object_size(index, body, unicode)));
+    // The size comes from the target's words: it is bounded by what the
+    // object's mapping can hold.
+    let mut size = types.object_size(index, body, unicode);
+    let room = cx.regions.room(object);
+    if size > room {
+        tally.reject(Reason::SizeBeyondMapping);
+        size = room;
+    }
+    tally.count_outside(index, info.preheader.saturating_add(size));
     let items = word(body, OB_SIZE);
     match info.shape {
         Shape::Tuple if items > 0 => queue.arrays.push((object.wrapping_add(types.layout().tuple_items), items)),

@@ -59,13 +59,17 @@ pub enum Reason {
     StateUnreadable,
     /// Interpreters past the most followed.
     InterpretersCut,
-    /// Type objects past the most tracked (`TypeTable`'s limit): their
-    /// objects are counted as other.
+    /// A candidate whose type is past the most tracked (`TypeTable`'s
+    /// limit): left out, and counted here.
     TypesCut,
+    /// An object outside the pools whose size (from its type and its own
+    /// words) runs past its mapping's end: counted at what the mapping
+    /// holds.
+    SizeBeyondMapping,
 }
 
 impl Reason {
-    pub const ALL: [Self; 23] = [
+    pub const ALL: [Self; 24] = [
         Self::NotAType,
         Self::PreHeader,
         Self::Freed,
@@ -89,13 +93,14 @@ impl Reason {
         Self::StateUnreadable,
         Self::InterpretersCut,
         Self::TypesCut,
+        Self::SizeBeyondMapping,
     ];
 
     /// Whether it is a candidate object refused (else a lead not
     /// followed).
     #[must_use]
     pub const fn is_candidate(self) -> bool {
-        (self as usize) <= Self::Static as usize
+        (self as usize) <= Self::Static as usize || matches!(self, Self::TypesCut)
     }
 
     /// Its name in the JSON.
@@ -125,6 +130,7 @@ impl Reason {
             Self::StateUnreadable => "interpreter_state_unreadable",
             Self::InterpretersCut => "interpreters_cut",
             Self::TypesCut => "types_cut",
+            Self::SizeBeyondMapping => "size_beyond_mapping",
         }
     }
 
@@ -154,7 +160,8 @@ impl Reason {
             Self::DictEntriesUnreadable => "a dict's entries could not be read; not followed",
             Self::StateUnreadable => "a word of an interpreter's state could not be read",
             Self::InterpretersCut => "interpreters past the most followed (256)",
-            Self::TypesCut => "objects of types past the most tracked, not counted by type",
+            Self::TypesCut => "candidates of types past the most tracked, left out (see partial)",
+            Self::SizeBeyondMapping => "an object's size runs past its mapping; counted at what the mapping holds",
         }
     }
 }
