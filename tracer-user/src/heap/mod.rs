@@ -120,6 +120,9 @@ impl Default for Options {
     }
 }
 
+/// What the census cannot follow outside the pools, in every census.
+pub const OUTSIDE_PARTIAL: &str = "outside pymalloc's pools, only GC objects and what tuples, lists and combined dicts hold are found: a large object held only by an instance's attributes (its values, a split dict or a slot), a set, a closure cell or a C extension is not counted (in unaccounted)";
+
 /// Pools read in one batch: 4 MiB.
 const POOLS_PER_BATCH: usize = 256;
 
@@ -180,6 +183,9 @@ impl Heap {
         census.exact = stopped_ms.is_some();
         census.stopped_ms = stopped_ms;
         census.partial.extend(scan_notes);
+        // Stopped, the pools are read exactly; outside them the census
+        // finds only what leads there, which it says, stopped or not.
+        census.partial.push(OUTSIDE_PARTIAL.to_owned());
         Ok(census)
     }
 }

@@ -12,7 +12,11 @@ use crate::text::display;
 pub fn table(census: &Census, top: usize) -> String {
     let mut out = String::new();
     let how = match census.stopped_ms {
-        Some(ms) => format!("exact: PID {} was stopped for {}", census.pid, duration(ms)),
+        Some(ms) => format!(
+            "PID {} was stopped for {}: pymalloc's pools exact, objects outside them partial (see partial)",
+            census.pid,
+            duration(ms)
+        ),
         None => "an estimate: the target ran while it was read (--stop for an exact census)".to_owned(),
     };
     // The path is the target's to choose.
