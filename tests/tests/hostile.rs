@@ -79,3 +79,41 @@ fn a_hostile_type_name_is_escaped_and_bounded_in_the_census() {
 fn a_hostile_type_name_is_escaped_and_bounded_in_the_census_3_13() {
     census_of(Path::new("/root/.pyenv/versions/3.13.0/bin/python3"));
 }
+
+/// `tracer attach --types --stacks --folded`: the type's name in the
+/// `--types` table, the function's in the sites table and the folded
+/// lines, escaped and bounded.
+#[test]
+fn hostile_names_are_escaped_in_the_types_and_stacks_tables_and_folded_lines() {
+    require_root();
+    let python = shared_python();
+    let workload = Workload::script(None, &python.display().to_string(), "hostile.py", &["loop"]);
+    let pid = workload.pid().to_string();
+    let folded = std::env::temp_dir().join(format!("tracer-hostile-{}.folded", std::process::id()));
+    let folded_arg = folded.display().to_string();
+    let args = ["attach", "--exact", "--pid", &pid, "--types", "--stacks", "--duration", "2", "--folded", &folded_arg];
+    let (code, table, stderr) = run_tracer(&args);
+    let lines = std::fs::read_to_string(&folded);
+    let _ = std::fs::remove_file(&folded);
+    drop(workload);
+    assert_eq!(code, Some(0), "tracer {args:?}: {stderr}");
+    let lines = lines.expect("the folded file");
+    for (what, text) in [("table", &table), ("folded lines", &lines)] {
+        for bad in ['\x1b', '\u{202e}', '\u{2066}'] {
+            assert!(!text.contains(bad), "the {what} hold {bad:?} raw");
+        }
+        assert!(text.lines().all(|l| l.chars().count() < 4 * MAX_NAME), "every line of the {what} is bounded");
+    }
+    let escaped = "Evil\\x1b[31mRED\\u{202e}evil\\u{2066}xxx";
+    // The type, by its qualified name; the function, by its own.
+    let type_row = format!("__main__.{escaped}");
+    assert!(table.lines().any(|l| l.contains(&type_row)), "no --types row names {type_row}:\n{table}");
+    let site = table.lines().find(|l| l.trim_start().starts_with(escaped) && l.contains("hostile.py:"));
+    assert!(site.is_some(), "no site row names {escaped}:\n{table}");
+    let cut =
+        format!("{}{CUT} (hostile.py:", "x".repeat(MAX_NAME - "Evil\x1b[31mRED\u{202e}evil\u{2066}".chars().count()));
+    assert!(
+        lines.lines().any(|l| l.contains(escaped) && l.contains(&cut)),
+        "no folded frame {escaped}…{cut}:\n{lines}"
+    );
+}

@@ -210,12 +210,8 @@ mod tests {
         let mut found = Found::default();
         // A table in the C library's heap, which the regions do not list.
         let elsewhere = head(3, 3, 1, 2);
-        let dicts = [
-            (base + PAGE as u64 - 32, 0),
-            (base, 0),
-            (base + PAGE as u64 + 64, 0),
-            (elsewhere.as_ptr() as u64, 0),
-        ];
+        let dicts =
+            [(base + PAGE as u64 - 32, 0), (base, 0), (base + PAGE as u64 + 64, 0), (elsewhere.as_ptr() as u64, 0)];
         read(&dicts, &mut cx, &mut tally, &mut HashSet::default(), &mut found, Limits::default()).unwrap();
         let n = |r: Reason| tally.rejected[r as usize];
         assert_eq!(n(Reason::DictEntriesUnreadable), 1);

@@ -175,7 +175,13 @@ impl Heap {
         let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
         let stopped_ms = stopped.map(|s| s.resume().as_secs_f64() * 1000.0);
         let (tally, types, found, scan_notes, rss) = read?;
-        let cost = Cost { elapsed_ms, bytes_read: memory.bytes_read, reads: memory.calls, types_read: types.reads, failed_reads: memory.failed_ranges };
+        let cost = Cost {
+            elapsed_ms,
+            bytes_read: memory.bytes_read,
+            reads: memory.calls,
+            types_read: types.reads,
+            failed_reads: memory.failed_ranges,
+        };
         let mut census = report(&tally, &types, &found, rss, cost);
         census.pid = pid;
         census.python = self.process.version.to_string();

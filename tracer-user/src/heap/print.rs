@@ -26,7 +26,8 @@ pub fn table(census: &Census, top: usize) -> String {
     let _ = writeln!(out, "{:>12}  {:>11}  {:>6}  type", "objects", "bytes", "share");
     for t in census.types.iter().take(top) {
         let share = if total == 0 { 0.0 } else { ratio(t.bytes, total) * 100.0 };
-        let _ = writeln!(out, "{:>12}  {:>11}  {share:>5.1}%  {}", thousands(t.count), bytes(t.bytes), display(&t.name));
+        let _ =
+            writeln!(out, "{:>12}  {:>11}  {share:>5.1}%  {}", thousands(t.count), bytes(t.bytes), display(&t.name));
     }
     if census.types.len() > top {
         let rest = &census.types[top..];
@@ -82,10 +83,9 @@ pub fn table(census: &Census, top: usize) -> String {
     let reason = |key: &str| Reason::ALL.iter().copied().find(|r| r.key() == key);
     let (refused, skipped): (Vec<_>, Vec<_>) =
         census.rejected.iter().partition(|(key, _)| reason(key).is_none_or(Reason::is_candidate));
-    for (title, rows) in [
-        ("candidates refused (each block is tried at +0, +16 and +32):", refused),
-        ("leads not followed:", skipped),
-    ] {
+    for (title, rows) in
+        [("candidates refused (each block is tried at +0, +16 and +32):", refused), ("leads not followed:", skipped)]
+    {
         if rows.is_empty() {
             continue;
         }

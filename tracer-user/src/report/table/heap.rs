@@ -82,7 +82,11 @@ pub fn heap_block(out: &mut impl Write, heap: &Heap) -> std::io::Result<()> {
             .take(GROWERS)
             .map(|t| {
                 let count = t.count_change.map_or_else(dash, signed_count);
-                format!("{} {count} ({})", crate::text::display(&t.name), t.bytes_change.map_or_else(dash, signed_bytes))
+                format!(
+                    "{} {count} ({})",
+                    crate::text::display(&t.name),
+                    t.bytes_change.map_or_else(dash, signed_bytes)
+                )
             })
             .collect();
         writeln!(out, "  grew most besides: {}", named.join(", "))?;
