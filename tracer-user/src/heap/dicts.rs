@@ -119,7 +119,7 @@ pub fn read(
                 continue;
             };
             if table.refcnt == 1 && !cx.pools.contains(keys) {
-                tally.add_buffer(index, table.size);
+                tally.add_buffer_within(index, table.size, cx.regions.room(keys));
             }
             let mut done = 0;
             while done < table.nentries && found.items_read < limits.items {

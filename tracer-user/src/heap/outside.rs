@@ -242,7 +242,7 @@ fn count(
                 tally.reject(Reason::ListBadSize);
             }
             if array != 0 && !cx.pools.contains(array) {
-                tally.add_buffer(index, allocated.saturating_mul(8));
+                tally.add_buffer_within(index, allocated.saturating_mul(8), cx.regions.room(array));
             }
         }
         Shape::Dict => {

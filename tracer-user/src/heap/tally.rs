@@ -255,6 +255,19 @@ impl Tally {
     }
 
     /// A block of its own outside the pools that an object of type `index`
+    /// owns, of `size` bytes as the object says, at most `room` (what its
+    /// mapping holds from its start: the size is the target's word).
+    pub fn add_buffer_within(&mut self, index: u32, size: u64, room: u64) {
+        let size = if size > room {
+            self.reject(Reason::SizeBeyondMapping);
+            room
+        } else {
+            size
+        };
+        self.add_buffer(index, size);
+    }
+
+    /// A block of its own outside the pools that an object of type `index`
     /// owns.
     pub fn add_buffer(&mut self, index: u32, size: u64) {
         let t = self.of(index);
