@@ -21,6 +21,7 @@ pub mod python;
 pub mod report;
 pub mod run;
 pub mod stacks;
+pub mod text;
 pub mod unwind;
 
 /// The BPF object built from `tracer-ebpf` by build.rs (empty when built

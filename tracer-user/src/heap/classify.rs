@@ -232,16 +232,18 @@ fn follow(
             let allocated = word(object, LIST_OB_ITEM + 8);
             if items > 0 && array != 0 && items <= allocated {
                 leads.lists.push((array, items));
+            } else if items > 0 {
+                tally.reject(Reason::ListBadSize);
             }
             if array != 0 && !cx.pools.contains(array) {
-                tally.add_buffer(index, allocated.saturating_mul(8));
+                tally.add_buffer_within(index, allocated.saturating_mul(8), cx.regions.room(array));
             }
         }
         Shape::ByteArray => {
             let alloc = word(object, BYTEARRAY_OB_ALLOC);
             let buffer = word(object, BYTEARRAY_OB_ALLOC + 8);
             if buffer != 0 && !cx.pools.contains(buffer) {
-                tally.add_buffer(index, alloc);
+                tally.add_buffer_within(index, alloc, cx.regions.room(buffer));
             }
         }
         Shape::Dict => {

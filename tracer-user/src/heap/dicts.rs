@@ -17,7 +17,7 @@ use super::{
     memory::{MAX_RANGES, word},
     outside::{Found, Limits},
     pools::BuildIdentity,
-    tally::Tally,
+    tally::{Reason, Tally},
     types::Context,
 };
 use crate::python::{
@@ -104,14 +104,22 @@ pub fn read(
     let mut entries: Vec<(u64, u64, u64)> = Vec::new();
     for batch in dicts.chunks(MAX_RANGES) {
         let wanted: Vec<&(u64, u32)> = batch.iter().filter(|(keys, _)| cx.regions.in_heap(*keys)).collect();
+        for _ in wanted.len()..batch.len() {
+            tally.reject(Reason::DictNotInHeap);
+        }
         let heads: Vec<(u64, usize)> = wanted.iter().map(|(keys, _)| (*keys, header)).collect();
         cx.memory.read_ranges(&heads, &mut buf, &mut ok)?;
         for (i, &&(keys, index)) in wanted.iter().enumerate() {
-            let Some(table) = ok[i].then(|| Table::parse(keys, &buf[i * header..(i + 1) * header])).flatten() else {
+            if !ok[i] {
+                tally.reject(Reason::DictUnreadable);
+                continue;
+            }
+            let Some(table) = Table::parse(keys, &buf[i * header..(i + 1) * header]) else {
+                tally.reject(Reason::DictNotATable);
                 continue;
             };
             if table.refcnt == 1 && !cx.pools.contains(keys) {
-                tally.add_buffer(index, table.size);
+                tally.add_buffer_within(index, table.size, cx.regions.room(keys));
             }
             let mut done = 0;
             while done < table.nentries && found.items_read < limits.items {
@@ -144,6 +152,8 @@ pub fn read(
                         }
                     }
                 }
+            } else {
+                tally.reject(Reason::DictEntriesUnreadable);
             }
             at += len;
         }
@@ -163,6 +173,53 @@ mod tests {
         h[10] = kind;
         h[24..32].copy_from_slice(&nentries.to_le_bytes());
         h
+    }
+
+    #[test]
+    fn every_table_not_followed_is_counted() {
+        use crate::heap::{maps::Regions, memory::Memory, pools::PoolSet};
+        const PAGE: usize = 4096;
+        // Two pages, the second unmapped again: a table whose header ends
+        // the first page has its entries in the second.
+        // SAFETY: a fresh private anonymous mapping, unmapped in part and
+        // only read through `process_vm_readv` (which checks) and the
+        // slice below, within the first page, which stays mapped.
+        let first = unsafe {
+            let at = libc::mmap(
+                std::ptr::null_mut(),
+                2 * PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(at, libc::MAP_FAILED);
+            assert_eq!(libc::munmap(at.cast::<u8>().add(PAGE).cast(), PAGE), 0);
+            std::slice::from_raw_parts_mut(at.cast::<u8>(), PAGE)
+        };
+        let base = first.as_ptr() as u64;
+        first[PAGE - 32..].copy_from_slice(&head(3, 3, 1, 2));
+        first[..32].copy_from_slice(&head(3, 9, 1, 2));
+        // The tracer sees both pages as one anonymous mapping (as a
+        // mapping that changed while read).
+        let regions = Regions::parse(&format!("{base:x}-{:x} rw-p 00000000 00:00 0\n", base + 2 * PAGE as u64));
+        let pools = PoolSet::new(&[]);
+        let mut memory = Memory::new(std::process::id());
+        let mut cx = Context { memory: &mut memory, regions: &regions, pools: &pools };
+        let mut tally = Tally::default();
+        let mut found = Found::default();
+        // A table in the C library's heap, which the regions do not list.
+        let elsewhere = head(3, 3, 1, 2);
+        let dicts =
+            [(base + PAGE as u64 - 32, 0), (base, 0), (base + PAGE as u64 + 64, 0), (elsewhere.as_ptr() as u64, 0)];
+        read(&dicts, &mut cx, &mut tally, &mut HashSet::default(), &mut found, Limits::default()).unwrap();
+        let n = |r: Reason| tally.rejected[r as usize];
+        assert_eq!(n(Reason::DictEntriesUnreadable), 1);
+        assert_eq!(n(Reason::DictNotATable), 1);
+        assert_eq!(n(Reason::DictUnreadable), 1);
+        assert_eq!(n(Reason::DictNotInHeap), 1);
+        // SAFETY: the first page, mapped above and no longer borrowed.
+        assert_eq!(unsafe { libc::munmap(base as *mut libc::c_void, PAGE) }, 0);
     }
 
     #[test]

@@ -62,6 +62,14 @@ impl Regions {
         self.regions.get(i).is_some_and(|r| r.readable && r.start <= address && (r.anonymous || r.brk))
     }
 
+    /// The bytes from `address` to the end of the mapping it is in (0
+    /// outside every mapping): the most an object there can hold.
+    #[must_use]
+    pub fn room(&self, address: u64) -> u64 {
+        let i = self.regions.partition_point(|r| r.end <= address);
+        self.regions.get(i).filter(|r| r.start <= address).map_or(0, |r| r.end - address)
+    }
+
     /// Whether `len` bytes at `address` lie in one readable mapping.
     #[must_use]
     pub fn readable(&self, address: u64, len: u64) -> bool {
@@ -111,7 +119,7 @@ pub fn allocator_note(pid: u32) -> Option<String> {
     let variable = |name: &str| {
         environ.split(|&b| b == 0).find_map(|kv| kv.strip_prefix(name.as_bytes())?.strip_prefix(b"=")).map(|v| {
             let v = String::from_utf8_lossy(v);
-            super::names::escape(&v.chars().take(64).collect::<String>(), v.chars().count() > 64)
+            crate::text::display(&v)
         })
     };
     if let Some(value) = variable("PYTHONMALLOC").filter(|v| !v.is_empty() && v != "pymalloc") {
@@ -174,6 +182,9 @@ mod tests {
         assert!(!regions.readable(u64::MAX - 4, 8));
         assert!(regions.in_heap(0x0100_0010) && regions.in_heap(0x7f00_0000_0010));
         assert!(!regions.in_heap(0x40_0010) && !regions.in_heap(0x7ffc_0000_0010), "a file's, the stack");
+        assert_eq!(regions.room(0x7f00_002f_fff8), 8);
+        assert_eq!(regions.room(0x10), 0);
+        assert_eq!(regions.room(u64::MAX - 4), 0);
     }
 
     #[test]

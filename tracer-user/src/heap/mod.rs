@@ -23,7 +23,7 @@ pub mod dicts;
 pub mod maps;
 pub mod memory;
 pub mod model;
-mod names;
+pub mod names;
 pub mod outside;
 pub mod pools;
 pub mod print;
@@ -120,6 +120,9 @@ impl Default for Options {
     }
 }
 
+/// What the census cannot follow outside the pools, in every census.
+pub const OUTSIDE_PARTIAL: &str = "outside pymalloc's pools, only GC objects and what tuples, lists and combined dicts hold are found: a large object held only by an instance's attributes (its values, a split dict or a slot), a set, a closure cell or a C extension is not counted (in unaccounted)";
+
 /// Pools read in one batch: 4 MiB.
 const POOLS_PER_BATCH: usize = 256;
 
@@ -172,7 +175,13 @@ impl Heap {
         let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
         let stopped_ms = stopped.map(|s| s.resume().as_secs_f64() * 1000.0);
         let (tally, types, found, scan_notes, rss) = read?;
-        let cost = Cost { elapsed_ms, bytes_read: memory.bytes_read, reads: memory.calls, types_read: types.reads };
+        let cost = Cost {
+            elapsed_ms,
+            bytes_read: memory.bytes_read,
+            reads: memory.calls,
+            types_read: types.reads,
+            failed_reads: memory.failed_ranges,
+        };
         let mut census = report(&tally, &types, &found, rss, cost);
         census.pid = pid;
         census.python = self.process.version.to_string();
@@ -180,6 +189,9 @@ impl Heap {
         census.exact = stopped_ms.is_some();
         census.stopped_ms = stopped_ms;
         census.partial.extend(scan_notes);
+        // Stopped, the pools are read exactly; outside them the census
+        // finds only what leads there, which it says, stopped or not.
+        census.partial.push(OUTSIDE_PARTIAL.to_owned());
         Ok(census)
     }
 }
@@ -219,6 +231,8 @@ fn take(
     let unicode = abi.frames().unicode;
     let mut types = TypeTable::new(abi.heap(), TypeNameOffsets { ht_qualname: abi.ht_qualname(), unicode }, builtins);
     let mut tally = Tally::default();
+    tally.rejected[Reason::StateUnreadable as usize] += state.unreadable;
+    tally.rejected[Reason::InterpretersCut as usize] += state.interpreters_cut;
     let mut leads = Leads::default();
     let mut cx = Context { memory, regions: &regions, pools: &pool_set };
     let changed = read_pools(&scan.pools, &mut types, &mut cx, &mut tally, &mut leads, unicode)?;
@@ -265,6 +279,14 @@ fn take(
     }
     if found.referenced_truncated {
         notes.push(format!("objects held by lists and tuples were read up to {} of them", found.referenced_objects));
+    }
+    tally.rejected[Reason::TypesCut as usize] += types.cut_objects;
+    if types.cut_types > 0 {
+        notes.push(format!(
+            "{} types past the most tracked ({}): their objects are left out of the census (types_cut)",
+            types.cut_types,
+            types::MAX_TYPES
+        ));
     }
     Ok((tally, types, found, notes, rss))
 }

@@ -14,9 +14,11 @@ pub struct Census {
     pub python: String,
     /// Its image, as the process's maps name it.
     pub image: String,
-    /// Whether the target was stopped while it was read (`--stop`); a
-    /// census of a running target is an estimate: objects made and freed
-    /// while it reads are seen or missed.
+    /// Whether the target was stopped while it was read (`--stop`): its
+    /// pools are then read exactly (what lies outside them is partial in
+    /// every census, as `partial` says); a census of a running target is
+    /// an estimate: objects made and freed while it reads are seen or
+    /// missed.
     pub exact: bool,
     /// How long the target was stopped, in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -157,6 +159,11 @@ pub struct Cost {
     pub reads: u64,
     /// Type objects read.
     pub types_read: u64,
+    /// Ranges that could not be read (unmapped, or never mapped: a
+    /// candidate's guess at an address); what each skip meant is in
+    /// `rejected` and `partial`.
+    #[serde(default)]
+    pub failed_reads: u64,
 }
 
 /// A type's objects now and their change since a previous census.

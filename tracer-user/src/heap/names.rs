@@ -1,9 +1,11 @@
 //! A type's name as `repr(type)` shows it, read from the target: a static
 //! type's `tp_name` (which holds its module: `collections.deque`), a heap
 //! type's `__module__` and `__qualname__` (a class defined in Python has its
-//! bare name in `tp_name`). Names come from an untrusted process: read at
-//! most [`MAX_NAME`] bytes, and control characters escaped, so that a name
-//! cannot reach a terminal as a command.
+//! bare name in `tp_name`). Names come from an untrusted process: at most
+//! [`MAX_NAME`] characters are read and a longer name is marked as cut
+//! ([`crate::text`]); they are kept raw, and escaped where they are shown
+//! ([`crate::text::display`]). `tracer heap` and `--types` both read names
+//! here.
 
 use super::{HeapError, memory::Memory, memory::word};
 use crate::python::{
@@ -12,8 +14,7 @@ use crate::python::{
     heap::{tpflags, type_object},
 };
 
-/// The longest name read, in bytes; a longer one is cut and ends in "…".
-pub const MAX_NAME: usize = 256;
+use crate::text::{MAX_NAME, cut};
 
 /// A class dict with more entries than this is not searched for its
 /// `__module__`.
@@ -31,7 +32,7 @@ pub fn type_name(memory: &mut Memory, address: u64, head: &[u8], names: TypeName
     };
     let qualname = py_str(memory, qualname, names)?.unwrap_or_else(|| format!("<type at {address:#x}>"));
     Ok(match heap_type_module(memory, address, names)? {
-        Some(module) if module != "builtins" => format!("{module}.{qualname}"),
+        Some(module) if module != "builtins" => crate::text::bound(&format!("{module}.{qualname}")),
         _ => qualname,
     })
 }
@@ -93,7 +94,7 @@ fn py_str(memory: &mut Memory, address: u64, names: TypeNameOffsets) -> Result<O
             char::from_u32(u32::from_le_bytes(unit)).unwrap_or(char::REPLACEMENT_CHARACTER)
         })
         .collect();
-    Ok(Some(escape(&text, length > chars)))
+    Ok(Some(if length > chars { cut(&text) } else { text }))
 }
 
 /// The NUL-terminated string at `address`, escaped: read a piece at a time
@@ -107,7 +108,7 @@ fn c_string(memory: &mut Memory, address: u64) -> Result<String, HeapError> {
         let Some(chunk) = memory.read(at, len)? else { break };
         if let Some(end) = chunk.iter().position(|&b| b == 0) {
             bytes.extend_from_slice(&chunk[..end]);
-            return Ok(escape(&String::from_utf8_lossy(&bytes), false));
+            return Ok(String::from_utf8_lossy(&bytes).into_owned());
         }
         bytes.extend_from_slice(&chunk);
         at = at.wrapping_add(len as u64);
@@ -115,38 +116,12 @@ fn c_string(memory: &mut Memory, address: u64) -> Result<String, HeapError> {
     if bytes.is_empty() {
         return Ok(format!("<name at {address:#x} unreadable>"));
     }
-    Ok(escape(&String::from_utf8_lossy(&bytes), true))
-}
-
-/// `text` with control characters written as `\u{..}` escapes, and "…"
-/// after it where it was cut.
-#[must_use]
-pub fn escape(text: &str, cut: bool) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::with_capacity(text.len() + usize::from(cut) * 3);
-    for c in text.chars() {
-        if c.is_control() || c == '\u{7f}' {
-            let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
-        } else {
-            out.push(c);
-        }
-    }
-    if cut {
-        out.push('…');
-    }
-    out
+    Ok(cut(&String::from_utf8_lossy(&bytes)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn control_characters_are_escaped_and_cuts_marked() {
-        assert_eq!(escape("a\x1b[2Jb\n", false), "a\\u{1b}[2Jb\\u{a}");
-        assert_eq!(escape("deque", true), "deque…");
-        assert_eq!(escape("naïve", false), "naïve");
-    }
 
     #[test]
     fn c_strings_are_bounded() {

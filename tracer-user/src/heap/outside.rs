@@ -109,7 +109,7 @@ pub fn census(
         if interrupted() {
             return Err(HeapError::Interrupted);
         }
-        read_items(&queue.arrays, cx, &mut leads.referenced, &mut found, limits)?;
+        read_items(&queue.arrays, cx, tally, &mut leads.referenced, &mut found, limits)?;
         super::dicts::read(&queue.dicts, cx, tally, &mut leads.referenced, &mut found, limits)?;
         queue.arrays.clear();
         queue.dicts.clear();
@@ -156,13 +156,20 @@ impl Walk<'_> {
                 if !self.seen_heads.insert(at) {
                     return Ok(());
                 }
-                let Some(next) = cx.memory.word(at)? else { return Ok(()) };
+                let Some(next) = cx.memory.word(at)? else {
+                    tally.reject(Reason::GcUnreadable);
+                    return Ok(());
+                };
                 previous = Some(at);
                 at = next & !GC_LINK_FLAGS;
                 continue;
             }
             let object = at.wrapping_add(GC_HEAD_SIZE);
-            if at == 0 || cx.pools.contains(at) || self.counted.contains(&object) {
+            if at == 0 {
+                tally.reject(Reason::GcLinkNull);
+                return Ok(());
+            }
+            if cx.pools.contains(at) || self.counted.contains(&object) {
                 return Ok(());
             }
             if self.found.gc_objects >= self.limits.gc_objects {
@@ -170,7 +177,7 @@ impl Walk<'_> {
                 return Ok(());
             }
             let Some(bytes) = cx.memory.read(at, HEAD_READ)? else {
-                tally.reject(Reason::NotGcObject);
+                tally.reject(Reason::GcUnreadable);
                 return Ok(());
             };
             let body = &bytes[GC_HEAD..];
@@ -214,7 +221,15 @@ fn count(
     unicode: UnicodeOffsets,
 ) {
     let info = types.info(index);
-    tally.count_outside(index, info.preheader.saturating_add(types.object_size(index, body, unicode)));
+    // The size comes from the target's words: it is bounded by what the
+    // object's mapping can hold.
+    let mut size = types.object_size(index, body, unicode);
+    let room = cx.regions.room(object);
+    if size > room {
+        tally.reject(Reason::SizeBeyondMapping);
+        size = room;
+    }
+    tally.count_outside(index, info.preheader.saturating_add(size));
     let items = word(body, OB_SIZE);
     match info.shape {
         Shape::Tuple if items > 0 => queue.arrays.push((object.wrapping_add(types.layout().tuple_items), items)),
@@ -223,9 +238,11 @@ fn count(
             let allocated = word(body, LIST_OB_ITEM + 8);
             if items > 0 && array != 0 && items <= allocated {
                 queue.arrays.push((array, items));
+            } else if items > 0 {
+                tally.reject(Reason::ListBadSize);
             }
             if array != 0 && !cx.pools.contains(array) {
-                tally.add_buffer(index, allocated.saturating_mul(8));
+                tally.add_buffer_within(index, allocated.saturating_mul(8), cx.regions.room(array));
             }
         }
         Shape::Dict => {
@@ -242,6 +259,7 @@ fn count(
 fn read_items(
     arrays: &[(u64, u64)],
     cx: &mut Context<'_>,
+    tally: &mut Tally,
     referenced: &mut HashSet<u64, BuildIdentity>,
     found: &mut Found,
     limits: Limits,
@@ -276,6 +294,8 @@ fn read_items(
                         last = item;
                     }
                 }
+            } else {
+                tally.reject(Reason::ItemsUnreadable);
             }
             at += len;
         }

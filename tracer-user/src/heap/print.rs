@@ -5,23 +5,29 @@
 use std::fmt::Write as _;
 
 use super::{model::Census, tally::Reason};
+use crate::text::display;
 
 /// The table for `census`, with its `top` types.
 #[must_use]
 pub fn table(census: &Census, top: usize) -> String {
     let mut out = String::new();
     let how = match census.stopped_ms {
-        Some(ms) => format!("exact: PID {} was stopped for {}", census.pid, duration(ms)),
+        Some(ms) => format!(
+            "PID {} was stopped for {}: pymalloc's pools exact, objects outside them partial (see partial)",
+            census.pid,
+            duration(ms)
+        ),
         None => "an estimate: the target ran while it was read (--stop for an exact census)".to_owned(),
     };
     // The path is the target's to choose.
-    let image = super::names::escape(&census.image, false);
+    let image = crate::text::display(&census.image);
     let _ = writeln!(out, "PID {} (Python {}, {image}): heap census, {how}", census.pid, census.python);
     let total: u64 = census.types.iter().map(|t| t.bytes).sum();
     let _ = writeln!(out, "{:>12}  {:>11}  {:>6}  type", "objects", "bytes", "share");
     for t in census.types.iter().take(top) {
         let share = if total == 0 { 0.0 } else { ratio(t.bytes, total) * 100.0 };
-        let _ = writeln!(out, "{:>12}  {:>11}  {share:>5.1}%  {}", thousands(t.count), bytes(t.bytes), t.name);
+        let _ =
+            writeln!(out, "{:>12}  {:>11}  {share:>5.1}%  {}", thousands(t.count), bytes(t.bytes), display(&t.name));
     }
     if census.types.len() > top {
         let rest = &census.types[top..];
@@ -74,10 +80,18 @@ pub fn table(census: &Census, top: usize) -> String {
             bytes(unaccounted.unsigned_abs())
         );
     }
-    if !census.rejected.is_empty() {
-        let _ = writeln!(out, "candidates refused (each block is tried at +0, +16 and +32):");
-        for (key, n) in &census.rejected {
-            let what = Reason::ALL.iter().find(|r| r.key() == key).map_or("", |r| r.describe());
+    let reason = |key: &str| Reason::ALL.iter().copied().find(|r| r.key() == key);
+    let (refused, skipped): (Vec<_>, Vec<_>) =
+        census.rejected.iter().partition(|(key, _)| reason(key).is_none_or(Reason::is_candidate));
+    for (title, rows) in
+        [("candidates refused (each block is tried at +0, +16 and +32):", refused), ("leads not followed:", skipped)]
+    {
+        if rows.is_empty() {
+            continue;
+        }
+        let _ = writeln!(out, "{title}");
+        for (key, n) in rows {
+            let what = reason(key).map_or("", Reason::describe);
             let _ = writeln!(out, "{:>12}  {key}: {what}", thousands(*n));
         }
     }
@@ -87,11 +101,12 @@ pub fn table(census: &Census, top: usize) -> String {
     let c = &census.cost;
     let _ = writeln!(
         out,
-        "census: {}, {} read in {} system calls, {} type objects read",
+        "census: {}, {} read in {} system calls, {} type objects read{}",
         duration(c.elapsed_ms),
         bytes(c.bytes_read),
         thousands(c.reads),
-        thousands(c.types_read)
+        thousands(c.types_read),
+        if c.failed_reads > 0 { format!(", {} ranges unreadable", thousands(c.failed_reads)) } else { String::new() }
     );
     out
 }

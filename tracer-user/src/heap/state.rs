@@ -32,6 +32,11 @@ use crate::{
 /// and `debug` (`Include/internal/pycore_gc.h`, v3.11.7 to v3.14.8).
 const FIRST_GENERATION: u64 = 20;
 
+/// `_PyRuntime.interpreters.main` is this many bytes after
+/// `interpreters.head` (`Include/internal/pycore_runtime.h`, v3.11.7 to
+/// v3.14.8, `struct pyinterpreters`).
+const INTERPRETERS_MAIN_AFTER_HEAD: u64 = 8;
+
 /// Interpreters followed at most.
 const MAX_INTERPRETERS: usize = 256;
 /// Arena table slots read at most: 2^20 arenas are 1 TiB.
@@ -58,6 +63,10 @@ pub struct State {
     pub heads_missing: Option<String>,
     /// Whether an interpreter's collector was running when read.
     pub collecting: bool,
+    /// Words of the interpreters' states that could not be read.
+    pub unreadable: u64,
+    /// Interpreters not followed past [`MAX_INTERPRETERS`].
+    pub interpreters_cut: u64,
     /// The main interpreter's arena table, or why it was not found.
     pub arenas: Option<Result<ArenaTable, String>>,
 }
@@ -88,23 +97,34 @@ pub fn read(
     check_debug_offsets(process, memory, abi)?;
     let mut state = State::default();
     let offsets = process.offsets();
-    let mut interp = memory.word(process.runtime + offsets.runtime.interpreters_head)?.unwrap_or(0);
-    while interp != 0 && state.interpreters.len() < MAX_INTERPRETERS && !state.interpreters.contains(&interp) {
+    let head = process.runtime.wrapping_add(offsets.runtime.interpreters_head);
+    let mut interp = memory.word(head)?.unwrap_or_else(|| {
+        state.unreadable += 1;
+        0
+    });
+    while interp != 0 && !state.interpreters.contains(&interp) {
+        if state.interpreters.len() >= MAX_INTERPRETERS {
+            state.interpreters_cut += 1;
+            break;
+        }
         state.interpreters.push(interp);
-        interp = memory.word(interp + offsets.interpreter.next)?.unwrap_or(0);
+        interp = memory.word(interp.wrapping_add(offsets.interpreter.next))?.unwrap_or_else(|| {
+            state.unreadable += 1;
+            0
+        });
     }
     let generations_end = layout.generation0.min(layout.permanent);
     for &interp in &state.interpreters {
-        let gc = interp + layout.interp_gc;
+        let gc = interp.wrapping_add(layout.interp_gc);
         let span = GENERATIONS * GC_GENERATION_SIZE;
-        match memory.word(gc + layout.generation0)? {
+        match memory.word(gc.wrapping_add(layout.generation0))? {
             Some(first)
-                if first >= gc + FIRST_GENERATION
-                    && first.saturating_add(span) <= gc + generations_end
+                if first >= gc.saturating_add(FIRST_GENERATION)
+                    && first.saturating_add(span) <= gc.saturating_add(generations_end)
                     && first.is_multiple_of(4) =>
             {
                 state.heads.extend((0..GENERATIONS).map(|i| first + i * GC_GENERATION_SIZE));
-                state.heads.insert(gc + layout.permanent);
+                state.heads.insert(gc.wrapping_add(layout.permanent));
             }
             found => {
                 state.heads_missing = Some(format!(
@@ -114,14 +134,35 @@ pub fn read(
                 ));
             }
         }
-        if memory.read(gc + layout.collecting, 4)?.is_some_and(|b| word32(&b, 0) != 0) {
-            state.collecting = true;
+        match memory.read(gc.wrapping_add(layout.collecting), 4)? {
+            Some(b) if word32(&b, 0) != 0 => state.collecting = true,
+            Some(_) => {}
+            None => state.unreadable += 1,
         }
     }
     if state.interpreters.is_empty() {
         state.heads_missing = Some(format!("PID {pid} has no interpreter state (not initialised, or finalised)"));
     }
-    state.arenas = state.interpreters.first().map(|&main| arena_table(memory, layout.obmalloc, main, statics));
+    // pymalloc's arena table is the main interpreter's (an isolated
+    // subinterpreter has its own, 3.12+): `interpreters.main`, the word
+    // after `interpreters.head` (`struct pyinterpreters`,
+    // Include/internal/pycore_runtime.h, v3.11.7 to v3.14.8: a mutex, then
+    // `head`, then `main`). `head` is the newest interpreter, not the main
+    // one, once a subinterpreter exists.
+    let main = memory.word(head.wrapping_add(INTERPRETERS_MAIN_AFTER_HEAD))?;
+    state.arenas = match main {
+        Some(main) if main != 0 && state.interpreters.contains(&main) => {
+            Some(arena_table(memory, layout.obmalloc, main, statics))
+        }
+        Some(main) if main != 0 => Some(Err(format!(
+            "the main interpreter ({main:#x}) is not on the interpreters' list; the list changed while read?"
+        ))),
+        Some(_) => None,
+        None => {
+            state.unreadable += 1;
+            Some(Err("the main interpreter's address could not be read".to_owned()))
+        }
+    };
     Ok(state)
 }
 

@@ -1,9 +1,11 @@
 //! The counts a census keeps while it reads: per type, per size class, and
-//! every candidate it refused, by why.
+//! every candidate it refused or lead it did not follow, by why.
 
 use crate::python::heap::SIZE_CLASSES;
 
-/// Why a candidate object was refused.
+/// Why a candidate object was refused, or a lead not followed (a read
+/// that failed, a header that is none, a limit reached): each is counted,
+/// so that no skip is silent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Reason {
     /// Its `ob_type` is no type object.
@@ -33,10 +35,41 @@ pub enum Reason {
     /// An item outside the pools in a file's mapping: a static object of
     /// an image (`None`, small ints), not the heap's.
     Static,
+    /// A generation's head or a GC link outside the pools that could not
+    /// be read.
+    GcUnreadable,
+    /// A GC link outside the pools that is NULL: a list is circular.
+    GcLinkNull,
+    /// An item array (of a tuple or list outside the pools, or any list)
+    /// that could not be read.
+    ItemsUnreadable,
+    /// A list whose size exceeds its allocation, or with items and no
+    /// array: its items are not read.
+    ListBadSize,
+    /// A dict's table outside every heap mapping: not read.
+    DictNotInHeap,
+    /// A dict's table whose header could not be read.
+    DictUnreadable,
+    /// A dict's table whose header is no table's.
+    DictNotATable,
+    /// A dict's entries that could not be read.
+    DictEntriesUnreadable,
+    /// A word of an interpreter's state (its link to the next, its
+    /// collector's state) that could not be read.
+    StateUnreadable,
+    /// Interpreters past the most followed.
+    InterpretersCut,
+    /// A candidate whose type is past the most tracked (`TypeTable`'s
+    /// limit): left out, and counted here.
+    TypesCut,
+    /// An object outside the pools whose size (from its type and its own
+    /// words) runs past its mapping's end: counted at what the mapping
+    /// holds.
+    SizeBeyondMapping,
 }
 
 impl Reason {
-    pub const ALL: [Self; 12] = [
+    pub const ALL: [Self; 24] = [
         Self::NotAType,
         Self::PreHeader,
         Self::Freed,
@@ -49,7 +82,26 @@ impl Reason {
         Self::BrokenLink,
         Self::NotAnObject,
         Self::Static,
+        Self::GcUnreadable,
+        Self::GcLinkNull,
+        Self::ItemsUnreadable,
+        Self::ListBadSize,
+        Self::DictNotInHeap,
+        Self::DictUnreadable,
+        Self::DictNotATable,
+        Self::DictEntriesUnreadable,
+        Self::StateUnreadable,
+        Self::InterpretersCut,
+        Self::TypesCut,
+        Self::SizeBeyondMapping,
     ];
+
+    /// Whether it is a candidate object refused (else a lead not
+    /// followed).
+    #[must_use]
+    pub const fn is_candidate(self) -> bool {
+        (self as usize) <= Self::Static as usize || matches!(self, Self::TypesCut)
+    }
 
     /// Its name in the JSON.
     #[must_use]
@@ -67,6 +119,18 @@ impl Reason {
             Self::BrokenLink => "gc_link_broken",
             Self::NotAnObject => "item_not_an_object",
             Self::Static => "item_static",
+            Self::GcUnreadable => "gc_link_unreadable",
+            Self::GcLinkNull => "gc_link_null",
+            Self::ItemsUnreadable => "items_unreadable",
+            Self::ListBadSize => "list_bad_size",
+            Self::DictNotInHeap => "dict_table_not_in_heap",
+            Self::DictUnreadable => "dict_table_unreadable",
+            Self::DictNotATable => "dict_table_invalid",
+            Self::DictEntriesUnreadable => "dict_entries_unreadable",
+            Self::StateUnreadable => "interpreter_state_unreadable",
+            Self::InterpretersCut => "interpreters_cut",
+            Self::TypesCut => "types_cut",
+            Self::SizeBeyondMapping => "size_beyond_mapping",
         }
     }
 
@@ -86,6 +150,18 @@ impl Reason {
             Self::BrokenLink => "a GC object outside the pools is not linked back (changed while read?)",
             Self::NotAnObject => "an item outside the pools is no object",
             Self::Static => "an item is a static object of an image, not the heap's",
+            Self::GcUnreadable => "a generation's head or a GC link outside the pools could not be read",
+            Self::GcLinkNull => "a GC link outside the pools is NULL (the list changed while read?)",
+            Self::ItemsUnreadable => "an item array could not be read; its items were not followed",
+            Self::ListBadSize => "a list's size exceeds its allocation; its items were not followed",
+            Self::DictNotInHeap => "a dict's table is in no heap mapping; not read",
+            Self::DictUnreadable => "a dict's table header could not be read",
+            Self::DictNotATable => "a dict's table header is no table's; not followed",
+            Self::DictEntriesUnreadable => "a dict's entries could not be read; not followed",
+            Self::StateUnreadable => "a word of an interpreter's state could not be read",
+            Self::InterpretersCut => "interpreters past the most followed (256)",
+            Self::TypesCut => "candidates of types past the most tracked, left out (see partial)",
+            Self::SizeBeyondMapping => "an object's size runs past its mapping; counted at what the mapping holds",
         }
     }
 }
@@ -176,6 +252,19 @@ impl Tally {
         let t = self.of(index);
         t.outside_objects += 1;
         t.outside_bytes = t.outside_bytes.saturating_add(size);
+    }
+
+    /// A block of its own outside the pools that an object of type `index`
+    /// owns, of `size` bytes as the object says, at most `room` (what its
+    /// mapping holds from its start: the size is the target's word).
+    pub fn add_buffer_within(&mut self, index: u32, size: u64, room: u64) {
+        let size = if size > room {
+            self.reject(Reason::SizeBeyondMapping);
+            room
+        } else {
+            size
+        };
+        self.add_buffer(index, size);
     }
 
     /// A block of its own outside the pools that an object of type `index`

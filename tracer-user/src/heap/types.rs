@@ -95,6 +95,15 @@ pub struct Context<'a> {
 const RECENT: usize = 1024;
 /// A cached verdict: no type.
 const NOT_A_TYPE: u32 = u32::MAX;
+/// A cached verdict: a type past [`MAX_TYPES`], not tracked.
+const CUT: u32 = u32::MAX - 1;
+/// Types tracked at most: tracer's memory is bounded whatever the target
+/// holds (a program has hundreds to a few thousand types); the objects of
+/// the types past it are counted as cut ([`TypeTable::cut_objects`]).
+pub const MAX_TYPES: usize = 1 << 16;
+/// Verdicts kept at most (16 bytes each); past it pointers are judged
+/// again each time (only the cost grows).
+const MAX_VERDICTS: usize = 1 << 20;
 
 /// Every type pointer judged so far.
 #[derive(Debug)]
@@ -107,6 +116,12 @@ pub struct TypeTable {
     pub infos: Vec<TypeInfo>,
     /// Pointers read to be judged.
     pub reads: u64,
+    /// Types found past [`MAX_TYPES`], and the candidates that pointed to
+    /// one of them.
+    pub cut_types: u64,
+    pub cut_objects: u64,
+    /// [`MAX_TYPES`], but in tests.
+    max_types: usize,
 }
 
 impl TypeTable {
@@ -120,6 +135,9 @@ impl TypeTable {
             recent: vec![(0, NOT_A_TYPE); RECENT],
             infos: Vec::new(),
             reads: 0,
+            cut_types: 0,
+            cut_objects: 0,
+            max_types: MAX_TYPES,
         }
     }
 
@@ -132,28 +150,54 @@ impl TypeTable {
         let slot = usize::try_from((pointer >> 3) % RECENT as u64).unwrap_or(0);
         let (key, verdict) = self.recent[slot];
         if key == pointer {
-            return Ok((verdict != NOT_A_TYPE).then_some(verdict));
+            return Ok(self.verdict(verdict));
         }
         if cx.pools.contains(pointer) {
             return Ok(None);
         }
         let verdict = self.judge(pointer, cx, 0)?;
-        self.recent[slot] = (pointer, verdict.unwrap_or(NOT_A_TYPE));
-        Ok(verdict)
+        self.recent[slot] = (pointer, verdict);
+        Ok(self.verdict(verdict))
+    }
+
+    /// A cached verdict as [`Self::lookup`] returns it, counting the
+    /// candidates of types cut.
+    const fn verdict(&mut self, verdict: u32) -> Option<u32> {
+        match verdict {
+            NOT_A_TYPE => None,
+            CUT => {
+                self.cut_objects += 1;
+                None
+            }
+            index => Some(index),
+        }
     }
 
     /// [`Self::lookup`] past the direct-mapped cache.
-    fn judge(&mut self, pointer: u64, cx: &mut Context<'_>, depth: u32) -> Result<Option<u32>, HeapError> {
+    /// The verdict is an index, [`NOT_A_TYPE`] or [`CUT`].
+    fn judge(&mut self, pointer: u64, cx: &mut Context<'_>, depth: u32) -> Result<u32, HeapError> {
         if let Some(&verdict) = self.verdicts.get(&pointer) {
-            return Ok((verdict != NOT_A_TYPE).then_some(verdict));
+            return Ok(verdict);
         }
-        let verdict = self.read_type(pointer, cx, depth)?;
-        self.verdicts.insert(pointer, verdict.unwrap_or(NOT_A_TYPE));
+        let verdict = match self.read_type(pointer, cx, depth)? {
+            Some(info) if self.infos.len() < self.max_types => {
+                self.infos.push(info);
+                u32::try_from(self.infos.len() - 1).unwrap_or(CUT)
+            }
+            Some(_) => {
+                self.cut_types += 1;
+                CUT
+            }
+            None => NOT_A_TYPE,
+        };
+        if self.verdicts.len() < MAX_VERDICTS {
+            self.verdicts.insert(pointer, verdict);
+        }
         Ok(verdict)
     }
 
     /// Reads the would-be type at `pointer` and judges it.
-    fn read_type(&mut self, pointer: u64, cx: &mut Context<'_>, depth: u32) -> Result<Option<u32>, HeapError> {
+    fn read_type(&mut self, pointer: u64, cx: &mut Context<'_>, depth: u32) -> Result<Option<TypeInfo>, HeapError> {
         if pointer == 0 || !pointer.is_multiple_of(8) || cx.pools.contains(pointer) {
             return Ok(None);
         }
@@ -167,8 +211,10 @@ impl TypeTable {
             if depth >= MAX_META_DEPTH || meta == pointer {
                 return Ok(None);
             }
-            let Some(meta) = self.judge(meta, cx, depth + 1)? else { return Ok(None) };
-            if self.infos[meta as usize].flags & tpflags::TYPE_SUBCLASS == 0 {
+            let meta = self.judge(meta, cx, depth + 1)?;
+            // A metaclass cut is not known to be one: its instances are
+            // not judged types.
+            if self.infos.get(meta as usize).is_none_or(|m| m.flags & tpflags::TYPE_SUBCLASS == 0) {
                 return Ok(None);
             }
         }
@@ -203,9 +249,7 @@ impl TypeTable {
             Shape::Fixed
         };
         let preheader = self.layout.preheader(flags);
-        let index = u32::try_from(self.infos.len()).unwrap_or(NOT_A_TYPE - 1);
-        self.infos.push(TypeInfo { address: pointer, name, basicsize, itemsize, flags, preheader, shape });
-        Ok(Some(index))
+        Ok(Some(TypeInfo { address: pointer, name, basicsize, itemsize, flags, preheader, shape }))
     }
 
     /// The bytes an instance of type `index` needs, its pre-header not
@@ -323,6 +367,41 @@ pub fn var_size(basicsize: u64, items: u64, itemsize: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn types_past_the_most_tracked_are_cut_and_counted() {
+        use crate::heap::{maps::Regions, pools::PoolSet};
+        let name = b"Cut\0";
+        // Two static type objects in this process; the metatype's address
+        // is only compared.
+        let meta = 0x7777_0000u64;
+        let mut objects = [[0u64; 34]; 2];
+        for o in &mut objects {
+            o[1] = meta;
+            o[type_object::TP_NAME / 8] = name.as_ptr() as u64;
+            o[type_object::TP_BASICSIZE / 8] = 16;
+            o[type_object::TP_FLAGS / 8] = tpflags::READY;
+        }
+        let (a, b) = (objects[0].as_ptr() as u64, objects[1].as_ptr() as u64);
+        let pid = std::process::id();
+        let abi = crate::python::abi_for(pid, crate::python::PythonVersion::from_hex(0x030C_01F0)).expect("3.12");
+        let names = TypeNameOffsets { ht_qualname: abi.ht_qualname(), unicode: abi.frames().unicode };
+        let builtins = Builtins { type_: meta, str_: 1, bytes: 1, bytearray: 1 };
+        let mut table = TypeTable::new(abi.heap(), names, builtins);
+        table.max_types = 1;
+        let (low, high) = (a.min(b), a.max(b) + 34 * 8);
+        let regions = Regions::parse(&format!("{low:x}-{high:x} rw-p 00000000 00:00 0\n"));
+        let pools = PoolSet::new(&[]);
+        let mut memory = Memory::new(pid);
+        let mut cx = Context { memory: &mut memory, regions: &regions, pools: &pools };
+        assert_eq!(table.lookup(a, &mut cx).unwrap(), Some(0));
+        assert_eq!(table.info(0).name, "Cut");
+        assert_eq!(table.lookup(b, &mut cx).unwrap(), None);
+        assert_eq!(table.lookup(b, &mut cx).unwrap(), None);
+        assert_eq!(table.lookup(a, &mut cx).unwrap(), Some(0));
+        assert_eq!((table.infos.len(), table.cut_types, table.cut_objects), (1, 1, 2));
+        std::hint::black_box(&objects);
+    }
 
     /// A compact ASCII `str` of 3.12+ (state at 32, characters at 40), as
     /// the bytes of a 64-byte block.

@@ -8,15 +8,17 @@ use crate::{
     config::Weight,
     model::{NativeFrame, SiteFrame, StackCount},
     report::files::{OutputError, OutputFile},
+    text::display,
 };
 
 /// A frame as a flame graph shows it: `function (file:line)`, as py-spy
-/// writes them, with `;` (the separator) kept out; the count is after the
+/// writes them, the target's names escaped ([`display`]: a folded file is
+/// read on a terminal too), with `;` (the separator) kept out; the count is after the
 /// last space, so spaces inside are fine.
 pub(super) fn label(f: &SiteFrame) -> String {
-    let file = f.file.rsplit('/').next().unwrap_or(&f.file);
-    let at = f.line.map_or_else(|| file.to_owned(), |l| format!("{file}:{l}"));
-    format!("{} ({at})", f.function).replace(';', ":")
+    let file = display(f.file.rsplit('/').next().unwrap_or(&f.file));
+    let at = f.line.map_or_else(|| file.clone(), |l| format!("{file}:{l}"));
+    format!("{} ({at})", display(&f.function)).replace(';', ":")
 }
 
 /// A native frame as a flame graph shows it: `function [module]`, with
@@ -24,7 +26,7 @@ pub(super) fn label(f: &SiteFrame) -> String {
 /// brackets, where Python frames have parentheses.
 fn native_label(f: &NativeFrame) -> String {
     let inlined = if f.inlined { ", inlined" } else { "" };
-    format!("{} [{}{inlined}]", f.function, f.module).replace(';', ":")
+    format!("{} [{}{inlined}]", display(&f.function), display(&f.module)).replace(';', ":")
 }
 
 /// The C function that runs Python frames: where the native stack shows
@@ -145,6 +147,20 @@ mod tests {
 
     fn frame(function: &str, line: u32) -> SiteFrame {
         SiteFrame { function: function.into(), file: "/srv/app/sites.py".into(), line: Some(line) }
+    }
+
+    #[test]
+    fn the_targets_names_are_escaped_in_labels() {
+        let frame = SiteFrame {
+            function: format!("f\x1b]0;title\x07\u{202e}{}", "g".repeat(5000)),
+            file: "/tmp/e\u{2067}vil;.py".into(),
+            line: Some(3),
+        };
+        let shown = label(&frame);
+        assert!(shown.starts_with("f\\x1b]0:title\\x07\\u{202e}ggg"), "{shown}");
+        assert!(shown.ends_with("g… (e\\u{2067}vil:.py:3)"), "{shown}");
+        assert!(!shown.contains(['\x1b', '\x07', '\u{202e}', '\u{2067}']), "{shown}");
+        assert!(shown.chars().count() < 300, "{shown}");
     }
 
     #[test]

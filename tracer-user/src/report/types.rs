@@ -3,7 +3,7 @@
 
 use std::io::Write;
 
-use crate::model::TypeCount;
+use crate::{model::TypeCount, text::display};
 
 /// How the table writes counts and rates.
 type Formats = (fn(u64) -> String, fn(f64) -> u64);
@@ -28,7 +28,7 @@ pub(super) fn block(
         writeln!(
             out,
             "  {:<32} {:>14} {:>12} {:>14} {:>12} {:>14}",
-            t.name,
+            display(&t.name),
             group(t.created),
             rate,
             group(t.destroyed),
@@ -53,7 +53,7 @@ pub(super) fn block(
         writeln!(out, "  ({} more types, {} created; every type is in --json)", types.len() - top, group(rest))?;
     }
     if let Some(t) = types.iter().find(|t| t.unresolved.is_some()) {
-        writeln!(out, "  {}: name not read ({})", t.name, t.unresolved.as_deref().unwrap_or_default())?;
+        writeln!(out, "  {}: name not read ({})", display(&t.name), t.unresolved.as_deref().unwrap_or_default())?;
     }
     Ok(())
 }

@@ -418,7 +418,7 @@ mod tests {
             unaccounted: Some(1 << 19),
             rejected: IndexMap::new(),
             partial: Vec::new(),
-            cost: Cost { elapsed_ms: 5.0, bytes_read: 4096, reads: 2, types_read: 3 },
+            cost: Cost { elapsed_ms: 5.0, bytes_read: 4096, reads: 2, types_read: 3, failed_reads: 0 },
         }
     }
 

@@ -69,6 +69,9 @@ pub struct GcMemory {
     /// Reads refused: a count went back, or did not look like one. The
     /// last good reading stands.
     pub rejected: u64,
+    /// Reads that failed (the memory unreadable: the process ending, or
+    /// unmapped), each counted; the last good reading stands.
+    pub failed: u64,
     /// Reads made, their bytes and the CPU time tracer spent on them.
     pub reads: u64,
     pub cpu: Duration,
@@ -114,6 +117,7 @@ impl GcMemory {
             last: [GenStats::default(); GENERATIONS],
             caveat: state.caveat(version.micro),
             rejected: 0,
+            failed: 0,
             reads: 0,
             cpu: Duration::ZERO,
         };
@@ -161,7 +165,10 @@ impl GcMemory {
                 self.rejected += 1;
                 return Err(e);
             }
-            Err(e) => return Err(e),
+            Err(e) => {
+                self.failed += 1;
+                return Err(e);
+            }
         };
         let back = now.iter().zip(&self.last).any(|(n, l)| {
             n.collections < l.collections || n.collected < l.collected || n.uncollectable < l.uncollectable
@@ -229,6 +236,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_failed_read_is_counted_and_the_last_reading_stands() {
+        let stats = |c| GenStats { collections: c, collected: 0, uncollectable: 0 };
+        let mut gc = GcMemory {
+            remote: Remote::open(std::process::id()).unwrap(),
+            pid: std::process::id(),
+            // The first page: never mapped.
+            address: 0x10,
+            at_attach: [stats(1); GENERATIONS],
+            last: [stats(2); GENERATIONS],
+            caveat: None,
+            rejected: 0,
+            failed: 0,
+            reads: 0,
+            cpu: Duration::ZERO,
+        };
+        assert!(gc.read().is_err());
+        assert!(gc.read().is_err());
+        assert_eq!((gc.failed, gc.rejected, gc.reads), (2, 0, 2));
+        assert_eq!(gc.last, [stats(2); GENERATIONS]);
+    }
+
+    #[test]
     fn report_counts_since_the_attach_with_the_probes_durations() {
         let stats = |c, d, u| GenStats { collections: c, collected: d, uncollectable: u };
         let gc = GcMemory {
@@ -239,6 +268,7 @@ mod tests {
             last: [stats(15, 130, 3), stats(2, 5, 0), stats(4, 70, 0)],
             caveat: None,
             rejected: 0,
+            failed: 0,
             reads: 2,
             cpu: Duration::ZERO,
         };

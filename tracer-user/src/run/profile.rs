@@ -211,6 +211,7 @@ impl Profile {
             self.gc_read = (bytes, cpu);
             let report = gc.report(snapshot.gc.as_ref());
             snapshot.stats.insert("gc_memory_rejected".to_owned(), gc.rejected);
+            snapshot.stats.insert("gc_memory_failed".to_owned(), gc.failed);
             snapshot.gc = Some(report);
         }
     }

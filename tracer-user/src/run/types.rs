@@ -8,13 +8,10 @@ use std::collections::{BTreeMap, HashMap};
 use tracer_common::types::TypeCounts;
 
 use crate::{
-    discover::process::{TargetError, read_memory},
+    heap::{memory::Memory, names},
     model::TypeCount,
-    python::{ObjectOffsets, TypeNameOffsets},
+    python::{ObjectOffsets, heap::type_object},
 };
-
-/// The longest type name read; a longer one is cut there, marked with "…".
-const MAX_NAME: usize = 256;
 
 /// Type names by (process, type address), as read or why not.
 #[derive(Debug)]
@@ -37,7 +34,7 @@ impl TypeNames {
                 if let Some(Ok(_)) = self.names.get(&(pid, address)) {
                     continue;
                 }
-                let name = type_name(pid, address, self.offsets).map_err(|e| e.to_string());
+                let name = type_name(pid, address, self.offsets);
                 self.names.insert((pid, address), name);
             }
         }
@@ -81,118 +78,15 @@ impl TypeNames {
 }
 
 /// The qualified name of the type object at `address` in process `pid`,
-/// as `type.__repr__` shows it (Objects/typeobject.c, `type_repr`): a heap
-/// type's `__module__` and `__qualname__` (a class defined in Python has
-/// only its bare name in `tp_name`), a static type's `tp_name`, which holds
-/// its module already (`collections.deque`, or none for builtins). A heap
-/// type whose module cannot be read (not a `str` in its dict) is named by
-/// its qualified name alone.
-fn type_name(pid: u32, address: u64, offsets: ObjectOffsets) -> Result<String, TargetError> {
-    use crate::python::{TP_FLAGS_OFFSET, TPFLAGS_HEAPTYPE};
-    let flags = word(pid, address.wrapping_add(TP_FLAGS_OFFSET))?;
-    if flags & TPFLAGS_HEAPTYPE == 0 {
-        return c_string(pid, word(pid, address.wrapping_add(offsets.tp_name))?);
-    }
-    let names = offsets.names;
-    let qualname = py_str(pid, word(pid, address.wrapping_add(names.ht_qualname))?, names)?;
-    match heap_type_module(pid, address, names) {
-        Ok(Some(module)) if module != "builtins" => Ok(format!("{module}.{qualname}")),
-        _ => Ok(qualname),
-    }
-}
-
-/// The `__module__` of the heap type at `address`: the `str` under that
-/// key in its `tp_dict`, found by a walk of the dict's entries (a type's
-/// dict is never split, and has its keys' objects in its entries).
-fn heap_type_module(pid: u32, address: u64, names: TypeNameOffsets) -> Result<Option<String>, TargetError> {
-    use crate::python::{
-        DK_INDICES_OFFSET, DK_KIND_OFFSET, DK_LOG2_INDEX_BYTES_OFFSET, DK_NENTRIES_OFFSET, MA_KEYS_OFFSET,
-        MA_VALUES_OFFSET, TP_DICT_OFFSET,
-    };
-    /// A class dict with more entries than this is not walked.
-    const MAX_ENTRIES: u64 = 4096;
-    let dict = word(pid, address.wrapping_add(TP_DICT_OFFSET))?;
-    if dict == 0 || word(pid, dict.wrapping_add(MA_VALUES_OFFSET))? != 0 {
-        return Ok(None);
-    }
-    let keys = word(pid, dict.wrapping_add(MA_KEYS_OFFSET))?;
-    let head = read_memory(pid, keys, usize::try_from(DK_INDICES_OFFSET).unwrap_or(32))?;
-    let byte = |at: u64| head.get(usize::try_from(at).unwrap_or(usize::MAX)).copied().unwrap_or(0);
-    let log2_index_bytes = byte(DK_LOG2_INDEX_BYTES_OFFSET);
-    let entry_size: u64 = if byte(DK_KIND_OFFSET) == 0 { 24 } else { 16 };
-    let key_at: u64 = if entry_size == 24 { 8 } else { 0 };
-    let nentries = word_of(&head, DK_NENTRIES_OFFSET).min(MAX_ENTRIES);
-    if log2_index_bytes > 32 {
-        return Ok(None);
-    }
-    let entries = keys.wrapping_add(DK_INDICES_OFFSET).wrapping_add(1u64 << log2_index_bytes);
-    let bytes = read_memory(pid, entries, usize::try_from(nentries * entry_size).unwrap_or(0))?;
-    for i in 0..nentries {
-        let key = word_of(&bytes, i * entry_size + key_at);
-        // A deleted entry has a NULL key; a key that is not a compact
-        // string is not `__module__`.
-        if key == 0 || py_str(pid, key, names).ok().as_deref() != Some("__module__") {
-            continue;
-        }
-        let value = word_of(&bytes, i * entry_size + key_at + 8);
-        return Ok(py_str(pid, value, names).ok());
-    }
-    Ok(None)
-}
-
-/// The 8 bytes at `at` in `bytes`, or 0 past its end.
-fn word_of(bytes: &[u8], at: u64) -> u64 {
-    let at = usize::try_from(at).unwrap_or(usize::MAX);
-    bytes.get(at..at.saturating_add(8)).and_then(|w| w.try_into().ok()).map_or(0, u64::from_le_bytes)
-}
-
-/// The 8 bytes at `address` in process `pid`.
-fn word(pid: u32, address: u64) -> Result<u64, TargetError> {
-    Ok(word_of(&read_memory(pid, address, 8)?, 0))
-}
-
-/// The text of the compact `str` object at `address` (the only kind a
-/// type's name and a dict's string keys are since 3.12, and in practice in
-/// 3.11): its characters follow the header, one, two or four bytes each.
-fn py_str(pid: u32, address: u64, names: TypeNameOffsets) -> Result<String, TargetError> {
-    use crate::python::{UNICODE_ASCII_BIT, UNICODE_COMPACT_BIT, UNICODE_KIND_SHIFT};
-    let u = names.unicode;
-    let head = read_memory(pid, address, usize::try_from(u.state + 4).unwrap_or(36))?;
-    let length = word_of(&head, u.length).min(MAX_NAME as u64);
-    let state = u32::try_from(word_of(&head, u.state - 4) >> 32).unwrap_or(0);
-    let kind = (state >> UNICODE_KIND_SHIFT) & 7;
-    if state & UNICODE_COMPACT_BIT == 0 || !matches!(kind, 1 | 2 | 4) {
-        return Ok(format!("<str at {address:#x} that is not compact>"));
-    }
-    let data = if state & UNICODE_ASCII_BIT != 0 { u.ascii_data } else { u.compact_data };
-    let width = u64::from(kind);
-    let bytes = read_memory(pid, address.wrapping_add(data), usize::try_from(length * width).unwrap_or(0))?;
-    let chars = bytes.chunks_exact(usize::try_from(width).unwrap_or(1)).map(|c| {
-        let mut unit = [0u8; 4];
-        unit[..c.len()].copy_from_slice(c);
-        char::from_u32(u32::from_le_bytes(unit)).unwrap_or(char::REPLACEMENT_CHARACTER)
-    });
-    Ok(chars.collect())
-}
-
-/// The NUL-terminated string at `address`, read a page at a time so that
-/// a short string near the end of a mapping reads.
-fn c_string(pid: u32, address: u64) -> Result<String, TargetError> {
-    const PAGE: u64 = 4096;
-    let mut bytes = Vec::new();
-    let mut at = address;
-    while bytes.len() < MAX_NAME {
-        let to_page_end = PAGE - at % PAGE;
-        let len = usize::try_from(to_page_end).unwrap_or(MAX_NAME).min(MAX_NAME - bytes.len());
-        let chunk = read_memory(pid, at, len)?;
-        if let Some(end) = chunk.iter().position(|&b| b == 0) {
-            bytes.extend_from_slice(&chunk[..end]);
-            return Ok(String::from_utf8_lossy(&bytes).into_owned());
-        }
-        bytes.extend_from_slice(&chunk);
-        at = at.wrapping_add(len as u64);
-    }
-    Ok(format!("{}…", String::from_utf8_lossy(&bytes)))
+/// as `type.__repr__` shows it (Objects/typeobject.c, `type_repr`), read
+/// as the heap census reads it ([`crate::heap::names`]): bounded, raw.
+fn type_name(pid: u32, address: u64, offsets: ObjectOffsets) -> Result<String, String> {
+    let mut memory = Memory::new(pid);
+    let head = memory
+        .read(address, type_object::READ)
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("the type object at {address:#x} is not mapped"))?;
+    names::type_name(&mut memory, address, &head, offsets.names).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -227,10 +121,9 @@ mod tests {
             listed[0],
             TypeCount { name: "Leaky".into(), created: 7, destroyed: 2, reused: 1, live: 4, ..TypeCount::default() }
         );
-        // An address that is not mapped (its tp_flags at 0xb0), and a
-        // process never read.
+        // An address that is not mapped, and a process never read.
         let unread = listed.iter().find(|t| t.name == format!("<type at 0x8 in PID {pid}>")).expect("listed");
-        assert!(unread.unresolved.as_deref().is_some_and(|w| w.contains("at 0xb0")), "{unread:?}");
+        assert_eq!(unread.unresolved.as_deref(), Some("the type object at 0x8 is not mapped"), "{unread:?}");
         let exited = listed.iter().find(|t| t.name == format!("<type at {address:#x} in PID 1>")).expect("listed");
         assert_eq!(exited.created, 3);
         std::hint::black_box(&object);

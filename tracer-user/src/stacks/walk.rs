@@ -339,7 +339,11 @@ impl Walker {
             2 => raw.chunks_exact(2).map(|c| char::from_u32(u32::from(u16::from_le_bytes([c[0], c[1]])))).collect(),
             _ => raw.chunks_exact(4).map(|c| char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect(),
         };
-        chars.ok_or_else(|| bad("it holds a surrogate or a code point beyond U+10FFFF".to_owned()))
+        // Kept bounded: the name is the target's to choose, and every
+        // report keeps it ([`crate::text`]).
+        chars
+            .map(|text| crate::text::bound(&text))
+            .ok_or_else(|| bad("it holds a surrogate or a code point beyond U+10FFFF".to_owned()))
     }
 
     /// The `bytes` object at `address`'s contents.

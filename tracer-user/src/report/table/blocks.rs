@@ -42,9 +42,10 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         let mark = if estimated { " (estimates)" } else { "" };
         writeln!(self.out, "  {:<28} {:<32} {:>12} {:>14}", format!("site{mark}"), "file:line", "calls", "bytes")?;
         for s in sites {
-            let file = s.file.rsplit('/').next().unwrap_or(&s.file);
-            let at = s.line.map_or_else(|| file.to_owned(), |l| format!("{file}:{l}"));
-            writeln!(self.out, "  {:<28} {:<32} {:>12} {:>14}", s.function, at, group(s.calls), group(s.bytes))?;
+            let file = crate::text::display(s.file.rsplit('/').next().unwrap_or(&s.file));
+            let at = s.line.map_or_else(|| file.clone(), |l| format!("{file}:{l}"));
+            let function = crate::text::display(&s.function);
+            writeln!(self.out, "  {:<28} {:<32} {:>12} {:>14}", function, at, group(s.calls), group(s.bytes))?;
         }
         if let Some(c) = coverage {
             let about = if c.estimate { format!(", 1 in {} sampled", c.sample) } else { String::new() };

@@ -54,12 +54,13 @@ impl<W: Write, E: Write> TableReporter<W, E> {
             writeln!(self.out, "  {:<28} {:<32} {:>12} {:>26}", "growth site", "file:line", "growth", "in use ±95%")?;
         }
         for s in g.sites.iter().take(TOP) {
-            let file = s.file.rsplit('/').next().unwrap_or(&s.file);
-            let at = s.line.map_or_else(|| file.to_owned(), |l| format!("{file}:{l}"));
+            let file = crate::text::display(s.file.rsplit('/').next().unwrap_or(&s.file));
+            let at = s.line.map_or_else(|| file.clone(), |l| format!("{file}:{l}"));
+            let function = crate::text::display(&s.function);
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a displayed interval")]
             let half = ((s.in_use_ci95[1] - s.in_use_ci95[0]) / 2.0).round() as u64;
             let in_use = format!("{} ±{}", bytes(s.in_use_bytes), bytes(half));
-            writeln!(self.out, "  {:<28} {:<32} {:>12} {:>26}", s.function, at, signed(s.bytes), in_use)?;
+            writeln!(self.out, "  {:<28} {:<32} {:>12} {:>26}", function, at, signed(s.bytes), in_use)?;
         }
         if g.sites.len() > TOP {
             writeln!(self.out, "  ({} more sites in the JSON)", g.sites.len() - TOP)?;

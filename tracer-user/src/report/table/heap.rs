@@ -5,7 +5,10 @@
 use std::io::Write;
 
 use crate::{
-    heap::print::{bytes, thousands},
+    heap::{
+        print::{bytes, thousands},
+        tally::Reason,
+    },
     model::heap::Heap,
 };
 
@@ -68,7 +71,7 @@ pub fn heap_block(out: &mut impl Write, heap: &Heap) -> std::io::Result<()> {
             t.count_change.map_or_else(dash, signed_count),
             bytes(t.bytes),
             t.bytes_change.map_or_else(dash, signed_bytes),
-            t.name
+            crate::text::display(&t.name)
         )?;
     }
     let mut growing: Vec<_> = heap.types.iter().skip(ROWS).filter(|t| t.bytes_change.is_some_and(|c| c > 0)).collect();
@@ -79,7 +82,11 @@ pub fn heap_block(out: &mut impl Write, heap: &Heap) -> std::io::Result<()> {
             .take(GROWERS)
             .map(|t| {
                 let count = t.count_change.map_or_else(dash, signed_count);
-                format!("{} {count} ({})", t.name, t.bytes_change.map_or_else(dash, signed_bytes))
+                format!(
+                    "{} {count} ({})",
+                    crate::text::display(&t.name),
+                    t.bytes_change.map_or_else(dash, signed_bytes)
+                )
             })
             .collect();
         writeln!(out, "  grew most besides: {}", named.join(", "))?;
@@ -93,6 +100,17 @@ pub fn heap_block(out: &mut impl Write, heap: &Heap) -> std::io::Result<()> {
         thousands(p.empty_pools),
         bytes(p.free_bytes)
     )?;
+    // Refused candidates are the scan's routine (most blocks are tried at
+    // three offsets); the leads not followed are each a gap, shown.
+    let skipped: Vec<String> = heap
+        .rejected
+        .iter()
+        .filter(|(key, n)| **n > 0 && Reason::ALL.iter().any(|r| r.key() == key.as_str() && !r.is_candidate()))
+        .map(|(key, n)| format!("{key}={n}"))
+        .collect();
+    if !skipped.is_empty() {
+        writeln!(out, "  heap leads not followed: {}", skipped.join(" "))?;
+    }
     for note in &heap.partial {
         writeln!(out, "  heap partial: {note}")?;
     }
@@ -145,6 +163,7 @@ mod tests {
         types[9].bytes_change = Some(700);
         types.push(row("gone", 0, 0, Some((-5, -160))));
         let mut h = heap(types, Some(1.0));
+        h.rejected = [("not_a_type".to_owned(), 40_000), ("dict_table_unreadable".to_owned(), 2)].into_iter().collect();
         h.other = Some(OtherTypes { types: 4, count: 10, bytes: 320, count_change: Some(0), bytes_change: Some(0) });
         let mut out = Vec::new();
         heap_block(&mut out, &h).unwrap();
@@ -158,12 +177,13 @@ mod tests {
             lines[2].split_whitespace().collect::<Vec<_>>(),
             ["100", "+1,000", "100.0", "KiB", "+54.7", "KiB", "t0"]
         );
-        assert_eq!(lines.len(), 2 + ROWS + 2, "{text}");
+        assert_eq!(lines.len(), 2 + ROWS + 3, "{text}");
         assert_eq!(lines[2 + ROWS], "  grew most besides: t9 +7 (+700 B)");
         assert_eq!(
             lines[3 + ROWS],
             "  pymalloc: 3 arenas, 120 pools in use and 0 empty, 4.0 KiB free in the pools in use"
         );
+        assert_eq!(lines[4 + ROWS], "  heap leads not followed: dict_table_unreadable=2");
     }
 
     #[test]

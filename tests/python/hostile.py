@@ -1,0 +1,44 @@
+"""A target that names things to attack the terminal that shows them
+(tests/tests/hostile.rs).
+
+Defines a class whose name (and qualified name) is NAME: an ANSI colour
+escape, a right-to-left override and LONG more characters; keeps N
+instances of it; prints "ready".
+
+Without arguments it then waits on stdin and exits when it closes or a
+line arrives. With "loop", a function whose code is named NAME (its
+co_name and co_qualname) makes BATCH instances and drops them, again and
+again, until stdin closes.
+"""
+
+import gc
+import os
+import sys
+import threading
+import time
+
+N = 20_000
+LONG = 10_000
+BATCH = 100
+NAME = "Evil\x1b[31mRED\u202eevil\u2066" + "x" * LONG
+
+Hostile = type(NAME, (), {"__slots__": ()})
+held = [Hostile() for _ in range(N)]
+
+
+def make():
+    return [Hostile() for _ in range(BATCH)]
+
+
+make.__code__ = make.__code__.replace(co_name=NAME, co_qualname=NAME)
+
+gc.collect()
+gc.disable()
+print("ready", flush=True)
+if sys.argv[1:] == ["loop"]:
+    threading.Thread(target=lambda: (os.read(0, 6), os._exit(0)), daemon=True).start()
+    while True:
+        make()
+        time.sleep(0.001)
+os.read(0, 6)
+os._exit(0)

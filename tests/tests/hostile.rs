@@ -1,0 +1,119 @@
+//! A hostile target: tests/python/hostile.py names a class with an ANSI
+//! colour escape, a right-to-left override and 10,000 more characters, and
+//! holds instances of it. What tracer prints of that name must reach a
+//! terminal escaped and bounded; its JSON keeps the name raw but bounded.
+
+use std::path::Path;
+
+use serde_json::Value;
+use tracer_tests::{Workload, require_root, run_tracer, shared_python};
+
+/// As tests/python/hostile.py.
+const N: u64 = 20_000;
+const LONG: usize = 10_000;
+fn name() -> String {
+    format!("Evil\x1b[31mRED\u{202e}evil\u{2066}{}", "x".repeat(LONG))
+}
+
+/// tracer's bound on a name, in characters, and its mark for a cut one
+/// (tracer-user/src/text.rs).
+const MAX_NAME: usize = 256;
+const CUT: char = '…';
+
+fn start(python: &Path) -> Workload {
+    assert!(python.is_file(), "{} is missing: it is part of this machine kind", python.display());
+    // It has printed "ready" when this returns.
+    Workload::script(None, &python.display().to_string(), "hostile.py", &[])
+}
+
+fn census_of(python: &Path) {
+    require_root();
+    let workload = start(python);
+    let pid = workload.pid().to_string();
+
+    // The JSON: the raw name, bounded, and marked as cut.
+    let (code, stdout, stderr) = run_tracer(&["heap", "--pid", &pid, "--stop", "--json"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let census: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON: {e}: {stdout}"));
+    let full = format!("__main__.{}", name());
+    let bounded: String = full.chars().take(MAX_NAME).chain([CUT]).collect();
+    let types = census["types"].as_array().expect("types");
+    let row = types.iter().find(|t| t["name"] == bounded.as_str()).unwrap_or_else(|| {
+        let names: Vec<String> =
+            types.iter().map(|t| t["name"].as_str().unwrap_or_default().chars().take(40).collect()).collect();
+        panic!("no row named {bounded:?} among {names:?}")
+    });
+    assert_eq!(row["count"], N, "{row}");
+    assert!(
+        types.iter().all(|t| t["name"].as_str().is_some_and(|n| n.chars().count() <= MAX_NAME + 1)),
+        "every name is bounded"
+    );
+
+    // The table: no escape character, no bidi control, and the escaped
+    // form, bounded.
+    let (code, table, stderr) = run_tracer(&["heap", "--pid", &pid, "--stop", "--top", "1000"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    for bad in ['\x1b', '\u{202e}', '\u{2066}', '\u{9b}'] {
+        assert!(!table.contains(bad), "the table holds {bad:?} raw:\n{table}");
+    }
+    let shown: String = bounded
+        .replace('\\', "\\\\")
+        .replace('\x1b', "\\x1b")
+        .replace('\u{202e}', "\\u{202e}")
+        .replace('\u{2066}', "\\u{2066}");
+    let line = table.lines().find(|l| l.ends_with(&format!("  {shown}"))).unwrap_or_else(|| {
+        panic!("no line ends with the escaped name {shown:?}:\n{}", table.chars().take(4000).collect::<String>())
+    });
+    assert!(line.contains("\\x1b[31mRED\\u{202e}evil\\u{2066}xxx"), "{line}");
+    assert!(line.chars().count() < MAX_NAME + 60, "a bounded line: {} characters", line.chars().count());
+    assert!(table.lines().all(|l| l.chars().count() < 2 * MAX_NAME), "every line is bounded");
+    drop(workload);
+}
+
+#[test]
+fn a_hostile_type_name_is_escaped_and_bounded_in_the_census() {
+    census_of(&shared_python());
+}
+
+#[test]
+fn a_hostile_type_name_is_escaped_and_bounded_in_the_census_3_13() {
+    census_of(Path::new("/root/.pyenv/versions/3.13.0/bin/python3"));
+}
+
+/// `tracer attach --types --stacks --folded`: the type's name in the
+/// `--types` table, the function's in the sites table and the folded
+/// lines, escaped and bounded.
+#[test]
+fn hostile_names_are_escaped_in_the_types_and_stacks_tables_and_folded_lines() {
+    require_root();
+    let python = shared_python();
+    let workload = Workload::script(None, &python.display().to_string(), "hostile.py", &["loop"]);
+    let pid = workload.pid().to_string();
+    let folded = std::env::temp_dir().join(format!("tracer-hostile-{}.folded", std::process::id()));
+    let folded_arg = folded.display().to_string();
+    let args = ["attach", "--exact", "--pid", &pid, "--types", "--stacks", "--duration", "2", "--folded", &folded_arg];
+    let (code, table, stderr) = run_tracer(&args);
+    let lines = std::fs::read_to_string(&folded);
+    let _ = std::fs::remove_file(&folded);
+    drop(workload);
+    assert_eq!(code, Some(0), "tracer {args:?}: {stderr}");
+    let lines = lines.expect("the folded file");
+    for (what, text) in [("table", &table), ("folded lines", &lines)] {
+        for bad in ['\x1b', '\u{202e}', '\u{2066}'] {
+            assert!(!text.contains(bad), "the {what} hold {bad:?} raw");
+        }
+        assert!(text.lines().all(|l| l.chars().count() < 4 * MAX_NAME), "every line of the {what} is bounded");
+    }
+    let escaped = "Evil\\x1b[31mRED\\u{202e}evil\\u{2066}xxx";
+    // The type, by its qualified name; the function, by its own.
+    let type_row = format!("__main__.{escaped}");
+    assert!(table.lines().any(|l| l.contains(&type_row)), "no --types row names {type_row}:\n{table}");
+    let site = table.lines().find(|l| l.trim_start().starts_with(escaped) && l.contains("hostile.py:"));
+    assert!(site.is_some(), "no site row names {escaped}:\n{table}");
+    let cut =
+        format!("{}{CUT} (hostile.py:", "x".repeat(MAX_NAME - "Evil\x1b[31mRED\u{202e}evil\u{2066}".chars().count()));
+    assert!(
+        lines.lines().any(|l| l.contains(escaped) && l.contains(&cut)),
+        "no folded frame {escaped}…{cut}:\n{lines}"
+    );
+}
