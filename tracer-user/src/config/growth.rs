@@ -59,3 +59,43 @@ pub(super) fn growth_config(
     }
     Ok(Some(GrowthConfig { auto: false, folded, flamegraph }))
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+    use crate::config::AttachConfig;
+
+    fn config(flags: &[&str]) -> Result<AttachConfig, ConfigError> {
+        let args = AttachArgs::try_parse_from(std::iter::once("attach").chain(flags.iter().copied())).unwrap();
+        AttachConfig::try_from(&args)
+    }
+
+    fn auto(flags: &[&str]) -> Option<bool> {
+        config(flags).unwrap().growth.map(|g| g.auto)
+    }
+
+    #[test]
+    fn the_profile_samples_growth_unless_told_not_to() {
+        assert_eq!(auto(&["--pid", "1"]), Some(true));
+        // Unavailable with --exe, which the run says: not an error.
+        assert_eq!(auto(&["--exe", "/usr/bin/python3"]), Some(true));
+        assert_eq!(auto(&["--pid", "1", "--no-growth"]), None);
+        assert_eq!(auto(&["--pid", "1", "--growth"]), Some(false));
+        assert_eq!(auto(&["--pid", "1", "--growth-folded", "/tmp/tracer-unit-g.folded", "--force"]), Some(false));
+        // Exact tracing only where asked.
+        assert_eq!(auto(&["--pid", "1", "--exact"]), None);
+        assert_eq!(auto(&["--pid", "1", "--types"]), None);
+        assert_eq!(auto(&["--pid", "1", "--exact", "--growth"]), Some(false));
+        assert_eq!(auto(&["--pid", "1", "--exact", "--no-growth"]), None);
+        for flags in [&["--growth"][..], &["--growth-flamegraph", "/tmp/tracer-unit-g.svg"]] {
+            let flag = flags[0];
+            assert_eq!(
+                config(&[&["--pid", "1", "--no-growth"][..], flags].concat()).unwrap_err(),
+                ConfigError::NoGrowthWithGrowth { flag }
+            );
+        }
+        assert_eq!(config(&["--exe", "/usr/bin/python3", "--growth"]).unwrap_err(), ConfigError::GrowthWithExe);
+    }
+}
