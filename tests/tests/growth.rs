@@ -433,20 +433,31 @@ fn auto_growth_stops_over_half_the_budget() {
     assert_eq!(g["stopped"], stopped, "{g}");
     assert_eq!((&note["level"], &note["code"]), (&Value::from("note"), &Value::from("growth")), "{note}");
     assert_eq!(note["message"], format!("{reason}; the samples taken stay reported, as of the stop"), "{note}");
-    // After the stop: no hit, no cost, nothing read; the samples as they
-    // were at the stop, grown by nothing.
+    // After the stop: the samples as they were then, grown by nothing,
+    // and nothing read. The first interval after it holds the hits
+    // between the stop's reading and the detach, priced in the ledger;
+    // from the next on, no hit and no cost.
     let summary = rest.last().expect("a summary");
     assert_eq!(summary["type"], "summary", "{rest:?}");
-    for later in after.iter().chain(rest.iter().filter(|l| l["type"] == "interval")) {
+    let later: Vec<&Value> = after.iter().chain(rest.iter().filter(|l| l["type"] == "interval")).collect();
+    for (n, later) in later.iter().enumerate() {
         let lg = &later["growth"];
         assert_eq!(lg["stopped"], stopped, "{lg}");
-        assert_eq!((u(&lg["cost"]["hits"], "hits"), i(&lg["bytes"], "bytes")), (0, 0), "{lg}");
-        assert_eq!(lg["in_use_bytes"], g["in_use_bytes"], "{lg}");
+        assert_eq!((i(&lg["bytes"], "bytes"), &lg["in_use_bytes"]), (0, &g["in_use_bytes"]), "{lg}");
         let ledger = &later["profile"]["sources"]["growth"];
-        assert_eq!((f(&ledger["target_s"], "target_s"), f(&ledger["tracer_cpu_s"], "tracer")), (0.0, 0.0), "{ledger}");
+        assert_eq!(f(&ledger["tracer_cpu_s"], "tracer"), 0.0, "{ledger}");
+        let target = f(&ledger["target_s"], "target_s");
+        assert!((target - f(&lg["cost"]["target_s"], "target_s")).abs() < 1e-6, "{ledger} {lg}");
+        if n > 0 {
+            assert_eq!((u(&lg["cost"]["hits"], "hits"), target), (0, 0.0), "{lg}");
+        }
     }
     let sg = &summary["growth"];
     assert_eq!((&sg["stopped"], &sg["in_use_bytes"]), (&stopped, &g["in_use_bytes"]), "{sg}");
+    // Every hit of the run is in an interval: none after the detach.
+    let all: Vec<&Value> = intervals.iter().copied().chain(later.iter().copied()).collect();
+    let hits: u64 = all.iter().map(|l| u(&l["growth"]["cost"]["hits"], "hits")).sum();
+    assert_eq!(u(&sg["cost"]["hits"], "hits"), hits, "{sg}");
 }
 
 /// `--no-growth`: no growth at all, in the header, the intervals, the
