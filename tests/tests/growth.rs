@@ -299,6 +299,16 @@ fn growth_without_symbols_is_unavailable_and_says_why() {
     let (status, lines, stderr) = tracer.finish();
     assert!(status.success(), "{stderr}");
     assert_eq!(lines.last().unwrap()["growth"]["unavailable"], why.as_str());
+    // The profile's default: the same reason, as a note, and the run goes on.
+    let (tracer, attached) = TracerRun::attach_json_as(&["--pid", &pid, "--interval", "0.3"]);
+    assert_eq!((&attached["mode"], &attached["growth"]), (&Value::from("profile"), &serde_json::json!({ "unavailable": why })));
+    let note: Value = serde_json::from_str(&tracer.stdout.next_line("the note").expect("a note")).unwrap();
+    assert_eq!((&note["level"], &note["code"]), (&Value::from("note"), &Value::from("growth")), "{note}");
+    assert_eq!(note["message"], format!("growth unavailable: {why}; the profile goes on without it"), "{note}");
+    tracer.signal(libc::SIGINT);
+    let (status, lines, stderr) = tracer.finish();
+    assert!(status.success(), "{stderr}");
+    assert_eq!(lines.last().unwrap()["growth"]["unavailable"], why.as_str());
     workload.go();
     workload.expect("done");
     let _ = workload.next_line("kept");
@@ -345,12 +355,14 @@ fn growth_bad_input() {
 
 /// The production profile samples growth without being asked where the
 /// build allows it ("auto"), on pyenv's 3.11 with growth.py: grow carries
-/// the growth, nothing stops it (steady code costs well under half the
-/// budget), and the profile's ledger carries its cost.
+/// the growth, nothing stops it (steady code, whose pool takes cost well
+/// under half the budget: "one"'s churn, which empties and retakes a
+/// pool tens of thousands of times a second, is stopped), and the
+/// profile's ledger carries its cost.
 #[test]
 fn the_profile_samples_growth_by_default() {
     require_root();
-    let run = traced_as(None, &pyenv_311(), "one", &[]);
+    let run = traced_as(None, &pyenv_311(), "steady", &[]);
     assert_eq!(run.attached["mode"], "profile", "{}", run.attached);
     let points = run.attached["growth"]["points"].as_array().unwrap_or_else(|| panic!("{}", run.attached));
     assert_eq!(points.len(), 2, "{}", run.attached);

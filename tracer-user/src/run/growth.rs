@@ -4,6 +4,11 @@
 //! valid, with blocks allocated), counted per stack, named, and turned into
 //! each site's pools in use and their change since the previous interval:
 //! its growth. What the probes saw and what they cost come with it.
+//!
+//! Growth runs with `--growth`, or by default in the production profile
+//! with `--pid` ("auto"), which goes without it where it is unavailable
+//! and stops it where it costs more than half the budget
+//! ([`hold_budget`]).
 
 use std::{
     collections::{BTreeMap, HashMap},
