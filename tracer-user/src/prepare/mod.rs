@@ -185,17 +185,14 @@ pub fn prepare(target: &TargetSpec, options: &Options<'_>) -> Result<Prepared, P
     // the user's to fix.
     let gc = gc_plan(&resolved, options.gc)?;
     let growth = options.growth.then(|| growth_plan(&resolved, options.debug_dir));
-    let growth_note = growth
-        .as_ref()
-        .and_then(|g| g.unavailable.as_ref())
-        .map(|why| {
-            if options.growth_auto {
-                let text = format!("growth unavailable: {why}; the profile goes on without it");
-                Note::new(Level::Note, NoteCode::Growth, text)
-            } else {
-                Note::new(Level::Warning, NoteCode::Growth, format!("growth unavailable: {why}"))
-            }
-        });
+    let growth_note = growth.as_ref().and_then(|g| g.unavailable.as_ref()).map(|why| {
+        if options.growth_auto {
+            let text = format!("growth unavailable: {why}; the profile goes on without it");
+            Note::new(Level::Note, NoteCode::Growth, text)
+        } else {
+            Note::new(Level::Warning, NoteCode::Growth, format!("growth unavailable: {why}"))
+        }
+    });
     let notes = debug_offsets_note(&resolved).into_iter().chain(gc_note(&gc, options.gc)).chain(growth_note).collect();
     Ok(Prepared { target: resolved, specs, plan, gc, growth, calibration, notes })
 }

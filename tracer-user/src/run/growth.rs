@@ -26,8 +26,8 @@ use crate::{
     heap::{memory::Memory, pools::Header},
     kernel::{AttachError, Session},
     model::{
-        GrowthCost, GrowthSampled as Report, GrowthSite, GrowthStack, GrowthStopped, GrowthTakes, Level, Note, NoteCode,
-        SiteFrame, Snapshot,
+        GrowthCost, GrowthSampled as Report, GrowthSite, GrowthStack, GrowthStopped, GrowthTakes, Level, Note,
+        NoteCode, SiteFrame, Snapshot,
     },
     plan::growth::{GrowthPlan, GrowthRole},
     python::heap::{POOL_OVERHEAD, POOL_SIZE},
@@ -426,7 +426,11 @@ pub fn report(
 /// GC's; its samples stay reported as they were at the stop; and its
 /// report, this interval's and every later one, says when and why, as the
 /// note returned does.
-pub fn hold_budget(growth: &mut Option<Result<Growth, String>>, session: &mut Session, snapshot: &mut Snapshot) -> Option<Note> {
+pub fn hold_budget(
+    growth: &mut Option<Result<Growth, String>>,
+    session: &mut Session,
+    snapshot: &mut Snapshot,
+) -> Option<Note> {
     let Some(Ok(g)) = growth.as_mut() else { return None };
     if !g.auto || g.stopped.is_some() {
         return None;
@@ -442,7 +446,12 @@ pub fn hold_budget(growth: &mut Option<Result<Growth, String>>, session: &mut Se
         crate::model::Growth::Unavailable { .. } => return None,
     };
     let takes = report.cost.map_or(0, |c| c.hits).saturating_sub(report.takes.new_arenas);
-    #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a rate shown")]
+    #[allow(
+        clippy::cast_precision_loss,
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "a rate shown"
+    )]
     let per_s = if profile.span_s > 0.0 { (takes as f64 / profile.span_s).round() as u64 } else { 0 };
     let at_s = snapshot.elapsed_s;
     let reason = format!(
