@@ -6,7 +6,8 @@ Prints "ready", waits for a line, then ITERATIONS times calls grow(K),
 which appends K new str objects to the global list KEEP, and churn(K),
 which makes ten times as many str objects of the same size and drops them:
 with SHAPE "one", one at a time; with "list", in temporary lists of 10,000
-that are dropped whole. Then prints "done" and "kept COUNT SIZE", how many
+that are dropped whole; with "steady", churn makes no str but spins over a
+range, so that pool takes are rare against the target's CPU time. Then prints "done" and "kept COUNT SIZE", how many
 strs KEEP holds and sys.getsizeof of each (they are all the same length),
 and waits in a bare read(2) of 5 bytes.
 
@@ -34,6 +35,13 @@ def grow(k):
 
 
 def churn(k):
+    if shape == "steady":
+        # Work that allocates no pool: the target's CPU time goes to
+        # something else than growth.
+        total = 0
+        for i in range(100 * k):
+            total += i & 7
+        return total
     if shape == "one":
         for i in range(10 * k):
             s = str(i).rjust(24, "c")

@@ -41,11 +41,18 @@ struct Run {
 /// `tracer attach --pid PID --json --growth EXTRA`, stopped with SIGINT
 /// once it is done.
 fn traced(root: Option<&Path>, python: &str, shape: &str, extra: &[&str]) -> Run {
+    traced_as(root, python, shape, &[&["--growth"][..], extra].concat())
+}
+
+/// growth.py `shape` run by `python` (inside `root` where given) under
+/// `tracer attach --pid PID --json FLAGS`, stopped with SIGINT once it is
+/// done.
+fn traced_as(root: Option<&Path>, python: &str, shape: &str, flags: &[&str]) -> Run {
     let mut workload = Workload::script(root, python, "growth.py", &[shape, ITERATIONS, K]);
     workload.wait_blocked_on_stdin();
     let pid = workload.pid().to_string();
-    let mut args = vec!["--pid", pid.as_str(), "--growth", "--interval", "1"];
-    args.extend_from_slice(extra);
+    let mut args = vec!["--pid", pid.as_str(), "--interval", "1"];
+    args.extend_from_slice(flags);
     let (tracer, attached) = TracerRun::attach_json_as(&args);
     workload.go();
     workload.expect("done");
@@ -292,6 +299,19 @@ fn growth_without_symbols_is_unavailable_and_says_why() {
     let (status, lines, stderr) = tracer.finish();
     assert!(status.success(), "{stderr}");
     assert_eq!(lines.last().unwrap()["growth"]["unavailable"], why.as_str());
+    // The profile's default: the same reason, as a note, and the run goes on.
+    let (tracer, attached) = TracerRun::attach_json_as(&["--pid", &pid, "--interval", "0.3"]);
+    assert_eq!(
+        (&attached["mode"], &attached["growth"]),
+        (&Value::from("profile"), &serde_json::json!({ "unavailable": why }))
+    );
+    let note: Value = serde_json::from_str(&tracer.stdout.next_line("the note").expect("a note")).unwrap();
+    assert_eq!((&note["level"], &note["code"]), (&Value::from("note"), &Value::from("growth")), "{note}");
+    assert_eq!(note["message"], format!("growth unavailable: {why}; the profile goes on without it"), "{note}");
+    tracer.signal(libc::SIGINT);
+    let (status, lines, stderr) = tracer.finish();
+    assert!(status.success(), "{stderr}");
+    assert_eq!(lines.last().unwrap()["growth"]["unavailable"], why.as_str());
     workload.go();
     workload.expect("done");
     let _ = workload.next_line("kept");
@@ -309,6 +329,17 @@ fn growth_bad_input() {
         "tracer: error: --growth needs --pid: its samples are checked against the process's memory, which --exe does not read\n"
     );
     assert_eq!((code, stdout.as_str()), (Some(2), ""));
+    for flag in ["--growth", "--growth-folded=/tmp/tracer-growth-no.folded"] {
+        let (code, stdout, stderr) = run_tracer(&["attach", "--pid", "1", flag, "--no-growth"]);
+        let named = flag.split('=').next().unwrap();
+        assert_eq!(
+            stderr,
+            format!(
+                "tracer: error: {named} turns growth sampling on and --no-growth turns it off; give one: --growth keeps it on whatever it costs, --no-growth leaves it off\n"
+            )
+        );
+        assert_eq!((code, stdout.as_str()), (Some(2), ""));
+    }
     let (code, stdout, stderr) = run_tracer(&[
         "attach",
         "--pid",
@@ -323,4 +354,138 @@ fn growth_bad_input() {
         "tracer: error: two of --folded, --flamegraph, --growth-folded and --growth-flamegraph name /tmp/tracer-growth-same.folded; give each its own file\n"
     );
     assert_eq!((code, stdout.as_str()), (Some(2), ""));
+}
+
+/// The production profile samples growth without being asked where the
+/// build allows it ("auto"), on pyenv's 3.11 with growth.py: grow carries
+/// the growth, nothing stops it (steady code, whose pool takes cost well
+/// under half the budget: "one"'s churn, which empties and retakes a
+/// pool tens of thousands of times a second, is stopped), and the
+/// profile's ledger carries its cost.
+#[test]
+fn the_profile_samples_growth_by_default() {
+    require_root();
+    let run = traced_as(None, &pyenv_311(), "steady", &[]);
+    assert_eq!(run.attached["mode"], "profile", "{}", run.attached);
+    let points = run.attached["growth"]["points"].as_array().unwrap_or_else(|| panic!("{}", run.attached));
+    assert_eq!(points.len(), 2, "{}", run.attached);
+    let g = &run.summary["growth"];
+    assert!(g.get("stopped").is_none(), "{g}");
+    grow_carries_the_growth(&run);
+    let ledger = &run.summary["profile"]["sources"]["growth"];
+    let target = f(&g["cost"]["target_s"], "target_s");
+    assert!(target > 0.0 && (f(&ledger["target_s"], "ledger target_s") - target).abs() < 1e-6, "{ledger} {g}");
+}
+
+/// `n` with its thousands grouped: 24,000.
+fn group(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Auto growth holds the budget: on a target that keeps pymalloc taking
+/// pools (`tests/python/growth_churn.py`) under a budget of 0.1%, the first
+/// interval in which growth costs more than half of it stops growth. The
+/// interval and the note say so with that interval's figures; every later
+/// report keeps the samples as of the stop and costs nothing more.
+#[test]
+fn auto_growth_stops_over_half_the_budget() {
+    require_root();
+    let mut workload = Workload::script(None, &pyenv_311(), "growth_churn.py", &[]);
+    workload.wait_blocked_on_stdin();
+    workload.go();
+    let pid = workload.pid().to_string();
+    let (tracer, attached) = TracerRun::attach_json_as(&["--pid", &pid, "--budget", "0.1", "--interval", "0.5"]);
+    assert!(attached["growth"]["points"].is_array(), "{attached}");
+    let mut lines: Vec<Value> = Vec::new();
+    let note = loop {
+        let line = tracer.stdout.next_line("a line").expect("tracer goes on");
+        let line: Value = serde_json::from_str(&line).expect("JSON");
+        assert!(lines.len() < 40, "growth never stopped: {lines:?}");
+        if line["type"] == "note" && line["code"] == "growth" {
+            break line;
+        }
+        lines.push(line);
+    };
+    // Two intervals more, to see what a stopped growth reports.
+    let mut after = Vec::new();
+    while after.len() < 2 {
+        let line: Value = serde_json::from_str(&tracer.stdout.next_line("an interval").expect("an interval")).unwrap();
+        if line["type"] == "interval" {
+            after.push(line);
+        }
+    }
+    tracer.signal(libc::SIGINT);
+    let (status, rest, stderr) = tracer.finish();
+    assert!(status.success(), "{status}: {stderr}");
+    workload.close();
+    let intervals: Vec<&Value> = lines.iter().filter(|l| l["type"] == "interval").collect();
+    let stop = *intervals.last().expect("the interval that stopped growth");
+    for earlier in &intervals[..intervals.len() - 1] {
+        assert!(earlier["growth"].get("stopped").is_none(), "{earlier}");
+    }
+    // The reason, from the stopping interval's own figures.
+    let (g, profile) = (&stop["growth"], &stop["profile"]);
+    let fraction = f(&profile["sources"]["growth"]["fraction"], "growth fraction");
+    assert!(fraction * 100.0 > 0.05, "stopped at {fraction}: {profile}");
+    let takes = u(&g["cost"]["hits"], "hits") - u(&g["takes"]["new_arenas"], "new arenas");
+    #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a rate")]
+    let per_s = (takes as f64 / f(&profile["span_s"], "span_s")).round() as u64;
+    let at_s = f(&stop["elapsed_s"], "elapsed_s");
+    let reason = format!(
+        "growth sampling cost {:.2}% of the target's CPU time ({} pool takes/s), over half the 0.1% budget: stopped at {at_s:.1} s; --growth keeps it on",
+        fraction * 100.0,
+        group(per_s)
+    );
+    let stopped = serde_json::json!({ "at_s": at_s, "reason": reason });
+    assert_eq!(g["stopped"], stopped, "{g}");
+    assert_eq!((&note["level"], &note["code"]), (&Value::from("note"), &Value::from("growth")), "{note}");
+    assert_eq!(note["message"], format!("{reason}; the samples taken stay reported, as of the stop"), "{note}");
+    // After the stop: the samples as they were then, grown by nothing,
+    // and nothing read. The first interval after it holds the hits
+    // between the stop's reading and the detach, priced in the ledger;
+    // from the next on, no hit and no cost.
+    let summary = rest.last().expect("a summary");
+    assert_eq!(summary["type"], "summary", "{rest:?}");
+    let later: Vec<&Value> = after.iter().chain(rest.iter().filter(|l| l["type"] == "interval")).collect();
+    for (n, later) in later.iter().enumerate() {
+        let lg = &later["growth"];
+        assert_eq!(lg["stopped"], stopped, "{lg}");
+        assert_eq!((i(&lg["bytes"], "bytes"), &lg["in_use_bytes"]), (0, &g["in_use_bytes"]), "{lg}");
+        let ledger = &later["profile"]["sources"]["growth"];
+        assert_eq!(ledger["tracer_cpu_s"], 0.0, "{ledger}");
+        let target = f(&ledger["target_s"], "target_s");
+        assert!((target - f(&lg["cost"]["target_s"], "target_s")).abs() < 1e-6, "{ledger} {lg}");
+        if n > 0 {
+            assert_eq!((u(&lg["cost"]["hits"], "hits"), &ledger["target_s"]), (0, &Value::from(0.0)), "{lg}");
+        }
+    }
+    let sg = &summary["growth"];
+    assert_eq!((&sg["stopped"], &sg["in_use_bytes"]), (&stopped, &g["in_use_bytes"]), "{sg}");
+    // Every hit of the run is in an interval: none after the detach.
+    let all: Vec<&Value> = intervals.iter().copied().chain(later.iter().copied()).collect();
+    let hits: u64 = all.iter().map(|l| u(&l["growth"]["cost"]["hits"], "hits")).sum();
+    assert_eq!(u(&sg["cost"]["hits"], "hits"), hits, "{sg}");
+}
+
+/// `--no-growth`: no growth at all, in the header, the intervals, the
+/// summary or the ledger.
+#[test]
+fn no_growth_leaves_growth_off() {
+    require_root();
+    let run = traced_as(None, &pyenv_311(), "one", &["--no-growth"]);
+    assert_eq!(run.attached["mode"], "profile", "{}", run.attached);
+    assert!(run.attached.get("growth").is_none(), "{}", run.attached);
+    assert!(!run.intervals.is_empty());
+    for line in run.intervals.iter().chain([&run.summary]) {
+        assert!(line.get("growth").is_none(), "{line}");
+        assert!(line["profile"]["sources"].get("growth").is_none(), "{}", line["profile"]);
+    }
 }

@@ -73,7 +73,7 @@ fn the_profile_is_the_default_and_says_so_first() {
     assert_eq!(profile["budget_percent"], 1.0, "{profile}");
     let mut sources: Vec<&str> = profile["sources"].as_object().expect("sources").keys().map(String::as_str).collect();
     sources.sort_unstable();
-    assert_eq!(sources, ["census", "gc_memory", "gc_probes", "rates"], "{profile}");
+    assert_eq!(sources, ["census", "gc_memory", "gc_probes", "growth", "rates"], "{profile}");
     // The statistics, 72 bytes a read: once at the attach, once an interval.
     let read = profile["sources"]["gc_memory"]["bytes_read"].as_u64().expect("bytes_read");
     assert!(read > 0 && read.is_multiple_of(72), "{profile}");

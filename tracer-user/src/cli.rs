@@ -47,8 +47,10 @@ By default tracer runs the production profile, which holds its cost to the targe
 (1% of the target's CPU time unless told): garbage collections per generation read from the \
 interpreter's memory, the heap by type from a census each interval (on tracer's CPU, none of the \
 target's), and the rates of new references, allocations and frees estimated from short exact \
-windows. The first line says the mode and its estimated cost. --growth adds heap growth by Python \
-stack, sampled (off by default: a churny target pays more than 1% for it).\n\n\
+windows. The first line says the mode and its estimated cost. With --pid the profile also samples \
+heap growth by Python stack where the build allows it (auto): if that costs the target more than \
+half the budget in an interval, growth stops for the rest of the run and the output says so; \
+--growth keeps it on whatever it costs, --no-growth leaves it off.\n\n\
 With --exact (or any flag only exact tracing serves: --types, --live, --leaks, --returns, \
 --stacks, --native, --placement call-sites and their companions), tracer counts every call and \
 requested byte of _Py_NewReference, _Py_Dealloc and the PyObject_/PyMem_/PyMem_Raw allocator \
@@ -383,16 +385,23 @@ pub struct AttachArgs {
     /// and then free: the logging code is dead to the kernel's verifier.
     #[arg(long)]
     pub bpf_log: bool,
-    /// Also sample heap growth by Python stack: each pool pymalloc takes from empty (its slow path,
-    /// allocate_from_new_pool) ends that pool's old sample, and one take in 32 records the taking
-    /// Python stack. Each interval gives, per site, the pools still in use that its stacks took (a
-    /// sampled estimate, with its 95% interval) and their change: its growth. Works in both modes;
-    /// off by default, because each take is a probe hit: a churny target (tens of thousands of takes
-    /// a second) pays about 2% of its CPU time, shown in the output (growth's cost, and the profile's
-    /// `growth` source). With --pid only. Needs pymalloc's slow path in a symbol table: the image's, or its debug file's (e.g.
-    /// python3.11-dbg); where there is none, the output says growth is unavailable and why.
+    /// Sample heap growth by Python stack, and keep sampling whatever it costs: each pool pymalloc
+    /// takes from empty (its slow path, allocate_from_new_pool) ends that pool's old sample, and one
+    /// take in 32 records the taking Python stack. Each interval gives, per site, the pools still in
+    /// use that its stacks took (a sampled estimate, with its 95% interval) and their change: its
+    /// growth. Each take is a probe hit: a churny target (tens of thousands of takes a second) pays
+    /// about 2% of its CPU time, shown in the output (growth's cost, and the profile's `growth`
+    /// source). The production profile with --pid samples growth without this flag too, but stops
+    /// once it costs more than half of --budget; in exact mode only this flag turns it on. With
+    /// --pid only. Needs pymalloc's slow path in a symbol table: the image's, or its debug file's
+    /// (e.g. python3.11-dbg); where there is none, the output says growth is unavailable and why.
     #[arg(long)]
     pub growth: bool,
+    /// Leave heap growth sampling off in the production profile, which otherwise samples it with
+    /// --pid (and stops it if it costs more than half of --budget): for a target where every
+    /// fraction of a percent counts. Cannot be combined with --growth or its outputs.
+    #[arg(long)]
+    pub no_growth: bool,
     /// At the end, write the growth stacks in folded form (weighted by the bytes of the pools they
     /// hold) to FILE (turns on --growth). FILE must not exist unless --force.
     #[arg(long, value_name = "FILE")]

@@ -241,6 +241,7 @@ impl Bench {
             hit_costs: false,
             callers: true,
             growth: false,
+            growth_auto: false,
         };
         let prepared = prepare::prepare(&TargetSpec::Exe(info.executable), &options)?;
         Ok(Self {

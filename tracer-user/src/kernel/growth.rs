@@ -62,10 +62,16 @@ impl Session {
                 links.extend([link, event]);
             }
         }
-        // Kept with the GC's: the programs stay attached for the run, and
-        // go with the session.
-        self.gc_links.extend(links);
+        // Attached until the session goes, or until the profile stops
+        // growth ([`Self::detach_growth`]).
+        self.growth_links.extend(links);
         Ok(())
+    }
+
+    /// Detaches the growth probes, and only them: their maps (the counts
+    /// and the samples taken) stay readable.
+    pub fn detach_growth(&mut self) {
+        self.growth_links.clear();
     }
 
     /// What the growth programs saw, summed over CPUs.
@@ -233,6 +239,15 @@ mod tests {
         assert!(!session.remove_growth_sample(&key, &stale).expect("a lookup"));
         assert!(session.remove_growth_sample(&key, &sample).expect("removed"));
         assert!(!session.remove_growth_sample(&key, &sample).expect("gone"));
+        assert_eq!(
+            session.growth_samples().expect("read").iter().filter(|(k, _)| k.tgid == std::process::id()).count(),
+            2
+        );
+        // Detached alone: a take after counts nothing, and the samples
+        // taken stay to be read.
+        session.detach_growth();
+        tracer_test_growth_take(&raw const without);
+        assert_eq!(session.growth_counts().expect("the counts read"), counts);
         assert_eq!(
             session.growth_samples().expect("read").iter().filter(|(k, _)| k.tgid == std::process::id()).count(),
             2

@@ -162,9 +162,12 @@ pub struct Session {
     /// it exited says so (without a pidfd, a failed attach is taken for an
     /// exit).
     target: Option<Pidfd>,
-    /// The GC probes' links (see [`gc`]), and growth's: closing them
-    /// detaches the probes and lowers the markers' semaphores.
+    /// The GC probes' links (see [`gc`]): closing them detaches the
+    /// probes and lowers the markers' semaphores.
     gc_links: Vec<OwnedFd>,
+    /// Growth's links (see [`growth`]), apart from the GC's: the profile
+    /// drops them alone when growth costs too much.
+    growth_links: Vec<OwnedFd>,
     /// The GC and growth programs loaded, for their miss counts.
     gc_programs: Vec<(&'static str, OwnedFd)>,
 }
@@ -326,6 +329,7 @@ impl Session {
             refused: std::collections::BTreeSet::new(),
             target: (target_tgid != ALL_PROCESSES).then(|| Pidfd::open(target_tgid).ok().flatten()).flatten(),
             gc_links: Vec::new(),
+            growth_links: Vec::new(),
             gc_programs: Vec::new(),
         })
     }

@@ -70,6 +70,19 @@ pub struct GrowthSampled {
     /// What the samples miss, where they miss something.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub caveat: Option<String>,
+    /// Where the profile stopped sampling (its default growth cost more
+    /// than half the budget): every figure is then up to the stop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<GrowthStopped>,
+}
+
+/// When and why growth sampling stopped.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GrowthStopped {
+    /// Seconds since the probes went live.
+    pub at_s: f64,
+    /// Why, with the figures, and how to keep it on.
+    pub reason: String,
 }
 
 /// The growth of one site.

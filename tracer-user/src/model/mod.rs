@@ -20,7 +20,7 @@ pub use attached::{Attached, Links, PythonInfo, SiteKinds};
 pub use bench::{BenchEntry, BenchPython, BenchReport, BenchState};
 pub use cost::{Budget, Cost, CostEstimate, ProfileCost, SourceCost};
 pub use events::{End, EndKind, Event, Summary};
-pub use growth::{Growth, GrowthCost, GrowthSampled, GrowthSite, GrowthStack, GrowthTakes};
+pub use growth::{Growth, GrowthCost, GrowthSampled, GrowthSite, GrowthStack, GrowthStopped, GrowthTakes};
 pub use live::{Leak, Leaks, Live, LiveDomain};
 pub use notes::{Level, Note, NoteCode};
 pub use plan_report::{CallSitesReport, LiveImplReport, PlanReport, PlannedProbeReport, SiteFileReport};

@@ -49,8 +49,12 @@ pub struct Options<'a> {
     /// Find the modules that may call the image even when this plan does
     /// not probe at call sites (`tracer bench` plans such setups later).
     pub callers: bool,
-    /// `--growth`: also plan heap growth sampling's probes.
+    /// `--growth` or the profile's default: also plan heap growth
+    /// sampling's probes.
     pub growth: bool,
+    /// Growth is the profile's default, not asked for: where it is
+    /// unavailable, a note says so rather than a warning.
+    pub growth_auto: bool,
 }
 
 impl<'a> Options<'a> {
@@ -73,6 +77,7 @@ impl<'a> Options<'a> {
             hit_costs: config.budget.is_some(),
             callers: false,
             growth: config.growth.is_some(),
+            growth_auto: config.growth.as_ref().is_some_and(|g| g.auto),
         }
     }
 
@@ -96,6 +101,7 @@ impl<'a> Options<'a> {
             hit_costs: false,
             callers: false,
             growth: args.growth,
+            growth_auto: false,
         }
     }
 }
@@ -179,10 +185,14 @@ pub fn prepare(target: &TargetSpec, options: &Options<'_>) -> Result<Prepared, P
     // the user's to fix.
     let gc = gc_plan(&resolved, options.gc)?;
     let growth = options.growth.then(|| growth_plan(&resolved, options.debug_dir));
-    let growth_note = growth
-        .as_ref()
-        .and_then(|g| g.unavailable.as_ref())
-        .map(|why| Note::new(Level::Warning, NoteCode::Growth, format!("growth unavailable: {why}")));
+    let growth_note = growth.as_ref().and_then(|g| g.unavailable.as_ref()).map(|why| {
+        if options.growth_auto {
+            let text = format!("growth unavailable: {why}; the profile goes on without it");
+            Note::new(Level::Note, NoteCode::Growth, text)
+        } else {
+            Note::new(Level::Warning, NoteCode::Growth, format!("growth unavailable: {why}"))
+        }
+    });
     let notes = debug_offsets_note(&resolved).into_iter().chain(gc_note(&gc, options.gc)).chain(growth_note).collect();
     Ok(Prepared { target: resolved, specs, plan, gc, growth, calibration, notes })
 }

@@ -44,7 +44,7 @@ fn note_line(err: &mut dyn Write, note: &crate::model::Note) -> std::io::Result<
 }
 
 /// 1234567 -> "1,234,567": exact, and readable at a glance.
-fn group(n: u64) -> String {
+pub(crate) fn group(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {

@@ -4,6 +4,11 @@
 //! valid, with blocks allocated), counted per stack, named, and turned into
 //! each site's pools in use and their change since the previous interval:
 //! its growth. What the probes saw and what they cost come with it.
+//!
+//! Growth runs with `--growth`, or by default in the production profile
+//! with `--pid` ("auto"), which goes without it where it is unavailable
+//! and stops it where it costs more than half the budget
+//! ([`hold_budget`]).
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -20,7 +25,10 @@ use super::{cost::Prices, gcmem::thread_cpu, stacks::StackNames};
 use crate::{
     heap::{memory::Memory, pools::Header},
     kernel::{AttachError, Session},
-    model::{GrowthCost, GrowthSampled as Report, GrowthSite, GrowthStack, GrowthTakes, SiteFrame},
+    model::{
+        GrowthCost, GrowthSampled as Report, GrowthSite, GrowthStack, GrowthStopped, GrowthTakes, Level, Note,
+        NoteCode, SiteFrame, Snapshot,
+    },
     plan::growth::{GrowthPlan, GrowthRole},
     python::heap::{POOL_OVERHEAD, POOL_SIZE},
 };
@@ -64,13 +72,33 @@ pub struct Growth {
     /// What the summary priced, kept to price it again once the
     /// calibration ends (exact tracing's runs end before it may).
     summary_basis: Option<(GrowthCounts, Duration, (Duration, u64))>,
+    /// The profile's default, not `--growth`: stopped where it costs more
+    /// than half the budget ([`hold_budget`]).
+    auto: bool,
+    /// Where it stopped: when, why, and the sites and stacks as they were
+    /// then, which every later report gives.
+    stopped: Option<Stopped>,
+}
+
+/// Growth stopped.
+struct Stopped {
+    at: Instant,
+    why: GrowthStopped,
+    sites: BTreeMap<SiteKey, u64>,
+    stacks: Vec<GrowthStack>,
 }
 
 impl Growth {
     /// Growth for `pid`, sampled as `plan` says at one take in `every`,
     /// its stacks walked `depth` frames deep. Tells the kernel where the
     /// target's frames are (before the probes go live).
-    pub fn new(session: &mut Session, pid: u32, plan: GrowthPlan, every: u32, depth: u32) -> Result<Self, AttachError> {
+    pub fn new(
+        session: &mut Session,
+        pid: u32,
+        plan: GrowthPlan,
+        (every, depth): (u32, u32),
+        auto: bool,
+    ) -> Result<Self, AttachError> {
         let mut names = StackNames::new(Vec::new(), depth, 1, usize::MAX, None);
         names.prepare(session, pid)?;
         let now = Instant::now();
@@ -92,6 +120,8 @@ impl Growth {
             started: now,
             last_interval: now,
             summary_basis: None,
+            auto,
+            stopped: None,
         })
     }
 
@@ -138,7 +168,7 @@ impl Growth {
         let (now, stacks) = self.read_sites(session);
         let counts = session.growth_counts().unwrap_or(self.counts_before);
         let read = (self.tracer_cpu, self.memory.bytes_read);
-        let span = self.started.elapsed();
+        let span = self.stopped.as_ref().map_or_else(|| self.started.elapsed(), |s| s.at - self.started);
         self.summary_basis = Some((counts, span, read));
         let mut report = self.report(&now, &BTreeMap::new(), (counts, self.pruned), (span, read), prices);
         report.stacks = Some(stacks);
@@ -158,6 +188,9 @@ impl Growth {
     /// first: read now, or as last read where the target's memory
     /// cannot be read any more.
     fn read_sites(&mut self, session: &mut Session) -> (BTreeMap<SiteKey, u64>, Vec<GrowthStack>) {
+        if let Some(s) = &self.stopped {
+            return (s.sites.clone(), s.stacks.clone());
+        }
         let began = thread_cpu();
         match self.read(session) {
             Ok(reading) => {
@@ -166,6 +199,14 @@ impl Growth {
             }
             Err(why) => self.stale = Some(why),
         }
+        let named = self.name_sites(session);
+        self.tracer_cpu += thread_cpu().saturating_sub(began);
+        named
+    }
+
+    /// Each site's samples in use, and every stack in use, most samples
+    /// first, as last read.
+    fn name_sites(&mut self, session: &Session) -> (BTreeMap<SiteKey, u64>, Vec<GrowthStack>) {
         let sample_bytes = self.sample_bytes();
         let mut sites: BTreeMap<SiteKey, u64> = BTreeMap::new();
         let mut stacks = Vec::new();
@@ -181,7 +222,6 @@ impl Growth {
             stacks.push(GrowthStack { frames, truncated, samples, in_use_bytes: samples.saturating_mul(sample_bytes) });
         }
         stacks.sort_by(|a, b| b.samples.cmp(&a.samples).then_with(|| a.frames.len().cmp(&b.frames.len())));
-        self.tracer_cpu += thread_cpu().saturating_sub(began);
         (sites, stacks)
     }
 
@@ -297,6 +337,7 @@ impl Growth {
             },
             cost: Some(self.cost(&counts, span, (tracer_cpu, bytes_read), prices)),
             caveat: (!caveats.is_empty()).then(|| caveats.join("; ")),
+            stopped: self.stopped.as_ref().map(|s| s.why.clone()),
         }
     }
 
@@ -346,13 +387,86 @@ pub fn attach(
     multi: bool,
 ) -> Result<Option<crate::plan::growth::GrowthPlan>, AttachError> {
     Ok(match growth {
-        Some(Ok(g)) => {
-            g.attach(session, multi)?;
-            Some(g.plan().clone())
-        }
+        Some(Ok(g)) => match g.attach(session, multi) {
+            Ok(()) => Some(g.plan().clone()),
+            // The profile's default goes without where the kernel refuses
+            // its probes (nothing of them stays attached); --growth fails.
+            Err(e) if g.auto && !matches!(e, AttachError::TargetExited { .. }) => {
+                let why = format!("its probes could not be attached: {e}");
+                let plan = crate::plan::growth::GrowthPlan::unavailable(why.clone());
+                *growth = Some(Err(why));
+                Some(plan)
+            }
+            Err(e) => return Err(e),
+        },
         Some(Err(why)) => Some(crate::plan::growth::GrowthPlan::unavailable(why.clone())),
         None => None,
     })
+}
+
+/// Growth's report since the last interval (or with `summary`, since the
+/// attach), or why there is none; `None` without growth.
+pub fn report(
+    growth: Option<&mut Result<Growth, String>>,
+    session: &mut Session,
+    prices: Option<Prices>,
+    summary: bool,
+) -> Option<crate::model::Growth> {
+    Some(match growth? {
+        Ok(g) if summary => crate::model::Growth::Sampled(Box::new(g.summary(session, prices))),
+        Ok(g) => crate::model::Growth::Sampled(Box::new(g.interval(session, prices))),
+        Err(why) => crate::model::Growth::Unavailable { unavailable: why.clone() },
+    })
+}
+
+/// The profile's rule for its default growth (not `--growth`, which keeps
+/// sampling whatever it costs): an interval in which growth cost the
+/// target more than half the budget (the ledger's `growth` source, in
+/// `snapshot`'s profile) stops it. Its probes come down, apart from the
+/// GC's; its samples stay reported as they were at the stop; and its
+/// report, this interval's and every later one, says when and why, as the
+/// note returned does.
+pub fn hold_budget(
+    growth: &mut Option<Result<Growth, String>>,
+    session: &mut Session,
+    snapshot: &mut Snapshot,
+) -> Option<Note> {
+    let Some(Ok(g)) = growth.as_mut() else { return None };
+    if !g.auto || g.stopped.is_some() {
+        return None;
+    }
+    let profile = snapshot.profile.as_ref()?;
+    let fraction = profile.sources.get(super::share::GROWTH)?.fraction;
+    let budget = profile.budget_percent;
+    if fraction * 100.0 <= budget / 2.0 {
+        return None;
+    }
+    let report = match snapshot.growth.as_mut()? {
+        crate::model::Growth::Sampled(r) => r,
+        crate::model::Growth::Unavailable { .. } => return None,
+    };
+    let takes = report.cost.map_or(0, |c| c.hits).saturating_sub(report.takes.new_arenas);
+    #[allow(
+        clippy::cast_precision_loss,
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "a rate shown"
+    )]
+    let per_s = if profile.span_s > 0.0 { (takes as f64 / profile.span_s).round() as u64 } else { 0 };
+    let at_s = snapshot.elapsed_s;
+    let reason = format!(
+        "growth sampling cost {:.2}% of the target's CPU time ({} pool takes/s), over half the {budget}% budget: stopped at {at_s:.1} s; --growth keeps it on",
+        fraction * 100.0,
+        crate::report::group(per_s),
+    );
+    session.detach_growth();
+    let why = GrowthStopped { at_s, reason: reason.clone() };
+    // The sites and stacks as this interval read them: every later report
+    // is up to the stop.
+    let (sites, stacks) = g.name_sites(session);
+    g.stopped = Some(Stopped { at: Instant::now(), why: why.clone(), sites, stacks });
+    report.stopped = Some(why);
+    Some(Note::new(Level::Note, NoteCode::Growth, format!("{reason}; the samples taken stay reported, as of the stop")))
 }
 
 /// With `--growth`: its readout (told where the target's frames are, so
@@ -365,10 +479,21 @@ pub fn setup(
 ) -> Result<Option<Result<Growth, String>>, AttachError> {
     // `--stacks`' depth where given.
     let depth = config.stacks.as_ref().map_or(tracer_common::stack::DEFAULT_DEPTH, |s| s.depth);
+    let auto = config.growth.as_ref().is_some_and(|g| g.auto);
     Ok(match (plan, pid) {
         (None, _) => None,
         (Some(plan), _) if plan.unavailable.is_some() => plan.unavailable.map(Err),
-        (Some(plan), Some(pid)) => Some(Ok(Growth::new(session, pid, plan, KERNEL.every, depth)?)),
+        (Some(plan), Some(pid)) => {
+            match Growth::new(session, pid, plan, (KERNEL.every, depth), auto) {
+                Ok(g) => Some(Ok(g)),
+                // The profile's default goes without where the target's
+                // frames cannot be found; --growth fails as it always did.
+                Err(e) if auto && !matches!(e, AttachError::TargetExited { .. }) => {
+                    Some(Err(format!("the target's frames cannot be found for growth's stacks: {e}")))
+                }
+                Err(e) => return Err(e),
+            }
+        }
         (Some(_), None) => Some(Err("with --exe, no process's memory is read; pass --pid".to_owned())),
     })
 }

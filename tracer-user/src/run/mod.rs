@@ -211,7 +211,8 @@ struct Run {
     cost: CostMeter,
     /// In the production profile.
     profile: Option<Profile>,
-    /// With `--growth`: its samples' readout, or why there is none.
+    /// With growth (`--growth`, or the profile's default): its samples'
+    /// readout, or why there is none.
     growth: Option<Result<growth::Growth, String>>,
 }
 
@@ -246,22 +247,11 @@ impl Run {
             .as_ref()
             .and_then(|l| l.leaks)
             .map(|l| live::leaks(&self.session, l, self.readout.stack_names.as_mut()));
-        last.growth = self.growth_report(true);
+        last.growth = growth::report(self.growth.as_mut(), &mut self.session, self.cost.prices(), true);
         if let Some(p) = self.profile.as_mut() {
             p.summary(&mut last, self.duty.as_ref(), self.cost.target_cpu());
         }
         Ok(last)
-    }
-
-    /// With `--growth`: its report since the last interval (or with
-    /// `summary`, since the attach), or why there is none.
-    fn growth_report(&mut self, summary: bool) -> Option<crate::model::Growth> {
-        let prices = self.cost.prices();
-        Some(match self.growth.as_mut()? {
-            Ok(g) if summary => crate::model::Growth::Sampled(Box::new(g.summary(&mut self.session, prices))),
-            Ok(g) => crate::model::Growth::Sampled(Box::new(g.interval(&mut self.session, prices))),
-            Err(why) => crate::model::Growth::Unavailable { unavailable: why.clone() },
-        })
     }
 
     /// The profile's sources and costs in an interval's `snapshot`.
@@ -398,11 +388,12 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
                 let all = snapshot.hits.unwrap_or(0);
                 snapshot.cost = run.cost.interval().map(|c| c.of_all_hits(all.saturating_sub(hits_before)));
                 hits_before = all;
-                snapshot.growth = run.growth_report(false);
+                snapshot.growth = growth::report(run.growth.as_mut(), &mut run.session, run.cost.prices(), false);
                 run.profile_interval(&mut snapshot);
+                let stopped = growth::hold_budget(&mut run.growth, &mut run.session, &mut snapshot);
                 let high = run.high_cost_note(&snapshot);
                 output.interval(snapshot)?;
-                output.notes(high)?;
+                output.notes(stopped.into_iter().chain(high))?;
             }
         }
     };

@@ -5,9 +5,10 @@
 //!
 //! Sources in this version: the rates by duty cycle ([`super::duty`]), GC
 //! from memory ([`super::gcmem`]) with the GC probes' durations, the heap
-//! census ([`super::census`]) with `--pid`, and with `--growth` growth
-//! sampling's probes ([`super::growth`], read by the run loop first), whose
-//! cost the rates give way to.
+//! census ([`super::census`]) with `--pid`, and growth sampling's probes
+//! (`--growth`, or by default with `--pid`: [`super::growth`], read by the
+//! run loop first, which stops the default's once they cost more than half
+//! the budget in an interval), whose cost the rates give way to.
 //!
 //! Every cost is a share of the target's CPU time, as the budget is.
 
@@ -216,7 +217,7 @@ impl Profile {
         }
     }
 
-    /// Growth's cost (`--growth`, in `snapshot`, read before): an
+    /// Growth's cost (in `snapshot`, read before): an
     /// interval's, or with `run` the run's, of which what was not reported
     /// yet is.
     fn growth(&mut self, snapshot: &Snapshot, run: bool) {

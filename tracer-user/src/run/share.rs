@@ -28,8 +28,8 @@ pub const GC_PROBES: &str = "gc_probes";
 pub const GC_MEMORY: &str = "gc_memory";
 /// The heap census.
 pub const CENSUS: &str = "census";
-/// Heap growth sampling's probes (`--growth`), and its reads of the
-/// sampled pools.
+/// Heap growth sampling's probes (`--growth`, or the profile's default),
+/// and its reads of the sampled pools.
 pub const GROWTH: &str = "growth";
 
 /// The least share of the budget the rates keep when the other sources

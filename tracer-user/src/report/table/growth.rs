@@ -88,6 +88,9 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         if let Some(caveat) = &g.caveat {
             writeln!(self.out, "  growth: PARTIAL: {caveat}")?;
         }
+        if let Some(stopped) = &g.stopped {
+            writeln!(self.out, "  growth: STOPPED (figures up to {:.1} s): {}", stopped.at_s, stopped.reason)?;
+        }
         Ok(())
     }
 }
@@ -104,7 +107,7 @@ fn signed(n: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Event, GrowthSampled, GrowthSite, GrowthTakes, Snapshot};
+    use crate::model::{Event, GrowthSampled, GrowthSite, GrowthStopped, GrowthTakes, Snapshot};
 
     #[test]
     fn a_block_lists_sites_as_estimates() {
@@ -136,6 +139,15 @@ mod tests {
             ["grow", "growth.py:12", "+1.5", "MiB", "2.0", "MiB", "±1.0", "MiB"]
         );
         assert!(text.contains("pool takes: 7 reused, 0 carved, 0 new arenas; 0 sampled, 0 samples ended by a retake, 0 pruned; misses: lost=2"), "{text}");
+        assert!(!text.contains("STOPPED"), "{text}");
+        let stopped = GrowthSampled {
+            stopped: Some(GrowthStopped { at_s: 2.04, reason: "too dear".into() }),
+            ..GrowthSampled::default()
+        };
+        let snapshot =
+            Snapshot { growth: Some(Growth::Sampled(Box::new(stopped))), ..crate::report::examples::snapshot(1000, 1) };
+        let text = super::super::tests::render(&[Event::Interval(snapshot)]);
+        assert!(text.contains("\n  growth: STOPPED (figures up to 2.0 s): too dear\n"), "{text}");
         let unavailable = Growth::Unavailable { unavailable: "no symbols".into() };
         let snapshot = Snapshot { growth: Some(unavailable), ..crate::report::examples::snapshot(1000, 1) };
         let text = super::super::tests::render(&[Event::Interval(snapshot)]);

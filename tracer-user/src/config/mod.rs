@@ -5,6 +5,11 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+mod growth;
+
+pub use growth::GrowthConfig;
+use growth::growth_config;
+
 use crate::{
     cli::AttachArgs,
     plan::{PlacementMode, gc::GcMode},
@@ -131,17 +136,9 @@ pub struct AttachConfig {
     pub gc: GcMode,
     /// `--live` (or `--leaks`): keep the outstanding blocks.
     pub live: Option<LiveConfig>,
-    /// `--growth` and what is made of it.
+    /// Growth sampling, asked for (`--growth` and what is made of it) or
+    /// the profile's auto default; `None` where off.
     pub growth: Option<GrowthConfig>,
-}
-
-/// `--growth`, `--growth-folded` and `--growth-flamegraph`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GrowthConfig {
-    /// `--growth-folded FILE`.
-    pub folded: Option<crate::report::files::OutputFile>,
-    /// `--growth-flamegraph FILE`.
-    pub flamegraph: Option<crate::report::files::OutputFile>,
 }
 
 /// `--live`, `--live-max` and `--leaks`.
@@ -293,6 +290,10 @@ pub enum ConfigError {
     BadBudget { value: f64 },
     #[error("--growth needs --pid: its samples are checked against the process's memory, which --exe does not read")]
     GrowthWithExe,
+    #[error(
+        "{flag} turns growth sampling on and --no-growth turns it off; give one: --growth keeps it on whatever it costs, --no-growth leaves it off"
+    )]
+    NoGrowthWithGrowth { flag: &'static str },
 }
 
 impl crate::error::Classify for ConfigError {
@@ -364,10 +365,7 @@ impl TryFrom<&AttachArgs> for AttachConfig {
         if live.is_some() && matches!(target, TargetSpec::Exe(_)) {
             return Err(ConfigError::LiveWithExe);
         }
-        let growth = growth_config(args, stacks.as_ref())?;
-        if growth.is_some() && matches!(target, TargetSpec::Exe(_)) {
-            return Err(ConfigError::GrowthWithExe);
-        }
+        let growth = growth_config(args, stacks.as_ref(), mode, &target)?;
         Ok(Self {
             mode,
             gc: t.gc,
@@ -440,28 +438,6 @@ fn stacks_config(args: &AttachArgs) -> Result<Option<StacksConfig>, ConfigError>
         return Err(ConfigError::SameOutput { path: a.path.clone() });
     }
     Ok(Some(StacksConfig { events, depth, sample, top, folded, flamegraph, weight, native: args.native_stacks }))
-}
-
-/// `--growth` and its outputs, which turn it on; their files must not be
-/// `--folded`'s or `--flamegraph`'s.
-fn growth_config(args: &AttachArgs, stacks: Option<&StacksConfig>) -> Result<Option<GrowthConfig>, ConfigError> {
-    if !(args.growth || args.growth_folded.is_some() || args.growth_flamegraph.is_some()) {
-        return Ok(None);
-    }
-    let file = |flag, path: Option<&std::path::Path>| {
-        path.map(|p| crate::report::files::OutputFile::check(flag, p, args.force)).transpose()
-    };
-    let folded = file("--growth-folded", args.growth_folded.as_deref())?;
-    let flamegraph = file("--growth-flamegraph", args.growth_flamegraph.as_deref())?;
-    let mine: Vec<&crate::report::files::OutputFile> = [&folded, &flamegraph].into_iter().flatten().collect();
-    let theirs: Vec<&crate::report::files::OutputFile> =
-        stacks.into_iter().flat_map(|s| [s.folded.as_ref(), s.flamegraph.as_ref()]).flatten().collect();
-    for (i, a) in mine.iter().enumerate() {
-        if mine[i + 1..].iter().chain(&theirs).any(|b| b.path == a.path) {
-            return Err(ConfigError::SameOutput { path: a.path.clone() });
-        }
-    }
-    Ok(Some(GrowthConfig { folded, flamegraph }))
 }
 
 /// `--live`, `--live-max`, `--leaks` and `--older`; `--leaks` and
