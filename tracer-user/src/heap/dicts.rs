@@ -13,9 +13,9 @@
 use std::collections::HashSet;
 
 use super::{
+    bounds::{Found, Limits},
     HeapError,
     memory::{MAX_RANGES, word},
-    outside::{Found, Limits},
     pools::BuildIdentity,
     tally::{Reason, Tally},
     types::Context,

@@ -18,6 +18,7 @@
 //!    collector's lists, and what tuples, lists and dicts hold.
 //! 4. [`model`] is what is reported; [`print`] draws the table.
 
+pub mod bounds;
 pub mod classify;
 pub mod dicts;
 pub mod maps;
@@ -105,7 +106,7 @@ pub struct Options {
     /// Also look for the interpreter's debug file here (for 3.11's arena
     /// table).
     pub debug_dir: Option<PathBuf>,
-    pub limits: outside::Limits,
+    pub limits: bounds::Limits,
     /// Catch `SIGINT`, `SIGTERM` and `SIGHUP` while a census reads, and end
     /// it with [`HeapError::Interrupted`] (letting a stopped target go):
     /// for a command of its own. A caller that handles those signals
@@ -116,7 +117,7 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Self { stop: false, debug_dir: None, limits: outside::Limits::default(), catch_signals: true }
+        Self { stop: false, debug_dir: None, limits: bounds::Limits::default(), catch_signals: true }
     }
 }
 
@@ -203,7 +204,7 @@ pub fn census(pid: u32, options: &Options) -> Result<Census, HeapError> {
 }
 
 /// What [`take`] read.
-type Read = (Tally, TypeTable, outside::Found, Vec<String>, Option<u64>);
+type Read = (Tally, TypeTable, bounds::Found, Vec<String>, Option<u64>);
 
 /// Everything a census reads, while the target is stopped if it is.
 fn take(
@@ -387,7 +388,7 @@ fn check(table: &state::ArenaTable, pools: &[Header]) -> ArenaCheck {
 }
 
 /// The census from what was counted.
-fn report(tally: &Tally, types: &TypeTable, found: &outside::Found, rss: Option<u64>, cost: Cost) -> Census {
+fn report(tally: &Tally, types: &TypeTable, found: &bounds::Found, rss: Option<u64>, cost: Cost) -> Census {
     let mut rows: indexmap::IndexMap<&str, TypeRow> = indexmap::IndexMap::new();
     let mut outside = Outside {
         gc_objects: found.gc_objects,

@@ -21,6 +21,7 @@
 use std::collections::HashSet;
 
 use super::{
+    bounds::{Found, Limits},
     HeapError,
     classify::{Leads, is_address},
     memory::word,
@@ -32,38 +33,6 @@ use crate::python::{
     frames::UnicodeOffsets,
     heap::{GC_HEAD, GC_HEAD_SIZE, GC_LINK_FLAGS, LIST_OB_ITEM, OB_SIZE, tpflags},
 };
-
-/// How far the census goes outside the pools.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Limits {
-    /// GC heads read at most.
-    pub gc_objects: u64,
-    /// Items of item arrays read at most.
-    pub items: u64,
-    /// Objects outside the pools read at most.
-    pub referenced: u64,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self { gc_objects: 10_000_000, items: 200_000_000, referenced: 10_000_000 }
-    }
-}
-
-/// What the census found outside the pools.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Found {
-    /// GC objects found on the collector's lists.
-    pub gc_objects: u64,
-    /// Objects found as items of tuples and lists and in dicts.
-    pub referenced_objects: u64,
-    /// Items of item arrays read.
-    pub items_read: u64,
-    /// Which limit was reached, if one was.
-    pub gc_truncated: bool,
-    pub items_truncated: bool,
-    pub referenced_truncated: bool,
-}
 
 /// Bytes read of an object outside the pools: its GC head and the start
 /// of the object, enough for any size formula.
