@@ -8,7 +8,10 @@
 //! probes sit on instructions the kernel emulates on every build, the
 //! folded output, growth in exact mode, and bad input.
 
-use std::path::{Path, PathBuf};
+use std::{
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
 
 use serde_json::Value;
 use tracer_tests::{
@@ -54,12 +57,16 @@ fn traced_as(root: Option<&Path>, python: &str, shape: &str, flags: &[&str]) -> 
     let mut args = vec!["--pid", pid.as_str(), "--interval", "1"];
     args.extend_from_slice(flags);
     let (tracer, attached) = TracerRun::attach_json_as(&args);
+    let attached_at = Instant::now();
     workload.go();
     workload.expect("done");
     let kept = workload.next_line("kept").expect("the kept line");
     let kept: Vec<u64> =
         kept.strip_prefix("kept ").expect("kept COUNT SIZE").split(' ').map(|n| n.parse().expect("a number")).collect();
     workload.wait_blocked_reading(Some(5));
+    // At least one interval (a second): a fast machine runs the workload
+    // in less.
+    std::thread::sleep(Duration::from_millis(1300).saturating_sub(attached_at.elapsed()));
     tracer.signal(libc::SIGINT);
     let (status, lines, stderr) = tracer.finish();
     assert!(status.success(), "tracer failed: {status}: {stderr}");
