@@ -22,12 +22,17 @@ fn number(v: &Value, what: &str) -> f64 {
 
 /// The header's estimated cost, or where the hit's cost was still being
 /// measured when the header went out (it waits at most half a second; on a
-/// loaded machine the calibration takes longer), `None` with that reason.
+/// loaded machine the calibration takes longer), or where the first window
+/// saw no hit (an idle moment of the target), `None` with that reason.
 fn estimated_fraction(attached: &Value) -> Option<f64> {
     let e = &attached["estimated_cost"];
     if e["fraction"].is_null() {
         let reason = e["reason"].as_str().unwrap_or_else(|| panic!("no fraction and no reason: {e}"));
-        assert!(reason.starts_with("the cost of a probe hit is still being measured"), "{e}");
+        if e["hits"] == 0 {
+            assert!(reason.starts_with("no probe hit in the first "), "{e}");
+        } else {
+            assert!(reason.starts_with("the cost of a probe hit is still being measured"), "{e}");
+        }
         return None;
     }
     Some(number(&e["fraction"], "fraction"))
@@ -432,9 +437,13 @@ fn the_cost_is_a_share_of_the_targets_cpu_time() {
     let (tracer, attached) = TracerRun::profile_json(pid, &["--interval", "1", "--duration", "10"]);
     let summary = tracer.summary();
     let cpu_used = cpu_s(pid) - cpu_before;
-    // The budget needs a hit's cost: the profile calibrates before it attaches.
-    let estimate = estimated_fraction(&attached).expect("the profile's estimate");
-    assert!(attached["estimated_cost"]["cpu_s"].as_f64() > Some(0.0), "{}", attached["estimated_cost"]);
+    // The budget needs a hit's cost: the profile calibrates before it
+    // attaches. The first window (5 ms) may fall in one of the target's
+    // 10 ms sleeps: then there is no estimate, and no CPU time in it.
+    let estimate = estimated_fraction(&attached);
+    if estimate.is_some() {
+        assert!(attached["estimated_cost"]["cpu_s"].as_f64() > Some(0.0), "{}", attached["estimated_cost"]);
+    }
     let profile = &summary["profile"];
     let target_cpu = number(&profile["target_cpu_s"], "target_cpu_s");
     let span = number(&profile["span_s"], "span_s");
@@ -447,8 +456,10 @@ fn the_cost_is_a_share_of_the_targets_cpu_time() {
     assert!((fraction - spent / target_cpu).abs() < 1e-9, "{profile}");
     assert!(fraction <= 0.01, "over the budget of 1% of its CPU time: {profile}");
     // The windows aim at 0.8% of its CPU time; the header says as much.
-    assert!((estimate - 0.008).abs() < 1e-12 || estimate < 0.008, "{}", attached["estimated_cost"]);
-    assert!(fraction > estimate / 5.0, "the ledger {fraction} against the header's {estimate}: {profile}");
+    if let Some(estimate) = estimate {
+        assert!((estimate - 0.008).abs() < 1e-12 || estimate < 0.008, "{}", attached["estimated_cost"]);
+        assert!(fraction > estimate / 5.0, "the ledger {fraction} against the header's {estimate}: {profile}");
+    }
     let hits = number(&summary["cost"]["overhead_fraction"], "cost");
     assert!((hits - fraction).abs() <= 0.5 * fraction.max(hits), "the hits' estimate {hits} against the ledger {fraction}");
     drop(workload);

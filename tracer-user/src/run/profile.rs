@@ -321,15 +321,24 @@ pub fn estimate(
         let over = cpu.map_or(window_s, |c| c.as_secs_f64().max(ns / 1e9));
         if over > 0.0 { ns / 1e9 / over } else { 0.0 }
     };
-    let exact = meter.price_hits(&calls, &returns).map(|(high, _)| of(high));
+    // No hit in the window says nothing of the cost (the target was idle
+    // then, or between bursts): not a cost of 0.
+    let exact = meter.price_hits(&calls, &returns).map(|(high, _)| of(high)).filter(|_| hits > 0);
     let budget = config.budget;
     // With a budget (always in the profile) the windows aim at HEADROOM of
     // it, and a quiet target costs less than that traced in full.
     let fraction = exact.map(|full| budget.map_or(full, |b| full.min(b * HEADROOM)));
-    let reason = exact.is_none().then(|| {
-        "the cost of a probe hit is still being measured (the intervals give the cost once it is) or could not be (see the warning)"
-            .to_owned()
-    });
+    let reason = match (exact, hits) {
+        (Some(_), _) => None,
+        (None, 0) => Some(format!(
+            "no probe hit in the first {:.1} ms (the target ran no traced code then): the intervals give the cost",
+            window_s * 1e3
+        )),
+        (None, _) => Some(
+            "the cost of a probe hit is still being measured (the intervals give the cost once it is) or could not be (see the warning)"
+                .to_owned(),
+        ),
+    };
     CostEstimate {
         fraction,
         exact_fraction: exact,
