@@ -548,7 +548,7 @@ mod tests {
         assert_eq!(
             parse_tracer_args("attach --pid 12").unwrap_err().to_string(),
             "--tracer-args \"attach --pid 12\" has no PID word; write the target's PID as PID, e.g. \
-             --tracer-args 'attach --pid PID --budget 1'"
+             --tracer-args 'attach --pid PID'"
         );
         let words = crate::production_procs::tracer_words(
             Path::new("/t"),
