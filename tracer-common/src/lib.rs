@@ -91,7 +91,7 @@ pub mod names {
     pub const FRAMES_MAP: &str = "FRAMES";
     /// Per-CPU array of [`crate::live::LiveCounts`] by domain.
     pub const LIVE_COUNTS_MAP: &str = "LIVE_COUNTS";
-    /// Array of `u32` by probe slot: its [`crate::live::role`].
+    /// Array of [`crate::live::Role`] by probe slot.
     pub const SLOT_LIVE_MAP: &str = "SLOT_LIVE";
     /// Array of one [`crate::live::Pymalloc`]: where the target's pymalloc
     /// state is, for `--live` on builds that inline the allocator API.
