@@ -114,7 +114,8 @@ fn uses_the_dwarf_of(plan: &Value, source: &Path) -> Vec<u64> {
 /// and status 2, before attaching anything (no "attached" line).
 fn refused(pid: u32, debug_dir: &Path, expected: &str) {
     let pid = pid.to_string();
-    let args = ["attach", "--exact", "--pid", &pid, "--debug-dir", debug_dir.to_str().unwrap(), "--duration", "1", "--json"];
+    let args =
+        ["attach", "--exact", "--pid", &pid, "--debug-dir", debug_dir.to_str().unwrap(), "--duration", "1", "--json"];
     let (code, stdout, stderr) = run_tracer(&args);
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(stderr, format!("tracer: error: {expected}\n"));

@@ -110,7 +110,18 @@ fn single_stepped_probes_on_a_busy_target_warn_of_a_high_cost() {
 
     // The table says it in every block's title, and warns under it.
     let out = Command::new(tracer_bin())
-        .args(["attach", "--exact", "--pid", &pid.to_string(), "--placement", "entry", "--interval", "0.5", "--duration", "3"])
+        .args([
+            "attach",
+            "--exact",
+            "--pid",
+            &pid.to_string(),
+            "--placement",
+            "entry",
+            "--interval",
+            "0.5",
+            "--duration",
+            "3",
+        ])
         .stdin(Stdio::null())
         .output()
         .expect("run tracer");

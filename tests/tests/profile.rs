@@ -102,7 +102,8 @@ fn exact_only_flags_switch_to_exact_and_say_so() {
     require_root();
     let mut workload = Workload::serve(&shared_python());
     let pid = workload.pid();
-    for (flags, because) in [(&["--exact"][..], None), (&["--types"], Some("--types")), (&["--returns"], Some("--returns"))]
+    for (flags, because) in
+        [(&["--exact"][..], None), (&["--types"], Some("--types")), (&["--returns"], Some("--returns"))]
     {
         let mut args = flags.to_vec();
         args.extend(["--duration", "0.5"]);
@@ -122,7 +123,8 @@ fn exact_only_flags_switch_to_exact_and_say_so() {
     let first = table(pid, &["--types"]);
     let first = first.lines().next().expect("a line");
     assert!(
-        first.starts_with("tracer: exact tracing (chosen by --types, which only exact tracing serves): estimated cost "),
+        first
+            .starts_with("tracer: exact tracing (chosen by --types, which only exact tracing serves): estimated cost "),
         "{first}"
     );
     workload.ping();
@@ -216,14 +218,19 @@ fn rates_within_five_percent_of_an_exact_count() {
     #[allow(clippy::cast_precision_loss, reason = "a count of calls")]
     let calls = exact["probes"]["_Py_NewReference"]["calls"].as_u64().expect("calls") as f64;
     let exact_rate = calls / number(&exact["elapsed_s"], "elapsed");
-    let (tracer, attached) =
-        TracerRun::profile_json(pid, &[&probes[..], &["--duration", "12", "--interval", "3600", "--budget", "20"]].concat());
+    let (tracer, attached) = TracerRun::profile_json(
+        pid,
+        &[&probes[..], &["--duration", "12", "--interval", "3600", "--budget", "20"]].concat(),
+    );
     assert_eq!(attached["mode"], "profile");
     let profile = tracer.summary();
     let estimate = &profile["probes"]["_Py_NewReference"]["estimate"];
     let rate = number(&estimate["calls_per_s"], "calls_per_s");
     assert!(profile["budget"]["windows"].as_u64().expect("windows") >= 10, "{}", profile["budget"]);
-    assert!((rate - exact_rate).abs() <= 0.05 * exact_rate, "estimated {rate}/s against {exact_rate}/s exactly: {estimate}");
+    assert!(
+        (rate - exact_rate).abs() <= 0.05 * exact_rate,
+        "estimated {rate}/s against {exact_rate}/s exactly: {estimate}"
+    );
     drop(workload);
 }
 
@@ -336,7 +343,10 @@ fn the_census_counts_n_new_objects_made_between_two() {
         let before = interval["heap"]["census"].as_u64().expect("a census number");
         check_heap_shape(&interval["heap"]);
         let census = &interval["profile"]["sources"]["census"];
-        assert!(number(&census["target_s"], "census target_s").abs() < f64::EPSILON, "tracer's CPU, not the target's: {census}");
+        assert!(
+            number(&census["target_s"], "census target_s").abs() < f64::EPSILON,
+            "tracer's CPU, not the target's: {census}"
+        );
         std::thread::sleep(Duration::from_secs(1));
         workload.tell("grow");
         grew += n;
@@ -351,7 +361,8 @@ fn the_census_counts_n_new_objects_made_between_two() {
             break;
         }
     }
-    let after = paced.expect("could not make the objects between two censuses in three tries (the machine is too slow)");
+    let after =
+        paced.expect("could not make the objects between two censuses in three tries (the machine is too slow)");
     check_heap_shape(&after);
     let row = heap_row(&after, "__main__.Grown").expect("Grown in the census");
     assert_eq!(row["count_change"].as_i64(), Some(i64::try_from(n).unwrap()), "{row}");
@@ -461,6 +472,9 @@ fn the_cost_is_a_share_of_the_targets_cpu_time() {
         assert!(fraction > estimate / 5.0, "the ledger {fraction} against the header's {estimate}: {profile}");
     }
     let hits = number(&summary["cost"]["overhead_fraction"], "cost");
-    assert!((hits - fraction).abs() <= 0.5 * fraction.max(hits), "the hits' estimate {hits} against the ledger {fraction}");
+    assert!(
+        (hits - fraction).abs() <= 0.5 * fraction.max(hits),
+        "the hits' estimate {hits} against the ledger {fraction}"
+    );
     drop(workload);
 }

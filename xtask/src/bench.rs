@@ -723,7 +723,8 @@ pub fn budget_accuracy(md: &mut String, tracer: &Path) -> anyhow::Result<()> {
         BufReader::new(busy.stdout.take().context("stdout")?).read_line(&mut line)?;
         let pid = busy.id().to_string();
         let full = ["attach", "--exact", "--pid", &pid, "--json", "--interval", "3600", "--duration", "10"];
-        let budget = ["attach", "--exact", "--pid", &pid, "--json", "--interval", "3600", "--duration", "60", "--budget", "1"];
+        let budget =
+            ["attach", "--exact", "--pid", &pid, "--json", "--interval", "3600", "--duration", "60", "--budget", "1"];
         let mut runs = Vec::new();
         for round in 0..2 {
             for (kind, args) in [("full", &full[..]), ("budget", &budget[..])] {
@@ -817,8 +818,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("xtask-summary-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("BENCHMARKS.md");
-        std::fs::write(&path, "# Benchmarks\n\n## Summary\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\nWritten by x.\n\n## Cost\n\nold\n")
-            .unwrap();
+        std::fs::write(
+            &path,
+            "# Benchmarks\n\n## Summary\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\nWritten by x.\n\n## Cost\n\nold\n",
+        )
+        .unwrap();
         assert_eq!(super::kept_summary(&path), "## Summary\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n");
         std::fs::write(&path, "# Benchmarks\n\n## Summary\n\nrow\n## Cost\n").unwrap();
         assert_eq!(super::kept_summary(&path), "## Summary\n\nrow\n\n");

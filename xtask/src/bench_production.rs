@@ -543,7 +543,10 @@ mod tests {
     #[test]
     fn tracer_args() {
         assert_eq!(parse_tracer_args(DEFAULT_TRACER_ARGS).unwrap(), ["attach", "--pid", "PID"]);
-        assert_eq!(parse_tracer_args("attach --pid PID --budget 1").unwrap(), ["attach", "--pid", "PID", "--budget", "1"]);
+        assert_eq!(
+            parse_tracer_args("attach --pid PID --budget 1").unwrap(),
+            ["attach", "--pid", "PID", "--budget", "1"]
+        );
         assert_eq!(parse_tracer_args("tracer attach --pid PID").unwrap(), ["attach", "--pid", "PID"]);
         assert_eq!(
             parse_tracer_args("attach --pid 12").unwrap_err().to_string(),

@@ -103,7 +103,6 @@ pub fn run_for(needs: Needs) -> anyhow::Result<()> {
     Ok(())
 }
 
-
 fn check_os() -> anyhow::Result<()> {
     let release = std::fs::read_to_string("/etc/os-release").unwrap_or_default();
     let field = |k: &str| {

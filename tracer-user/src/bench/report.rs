@@ -224,7 +224,17 @@ mod tests {
         let State::Command { argv, .. } = &states[3] else { panic!("budget is a command") };
         assert_eq!(
             argv[1..10],
-            ["attach", "--exact", "--exe", "/py", "--probes", "_Py_NewReference,_Py_Dealloc", "--budget", "1", "--json"]
+            [
+                "attach",
+                "--exact",
+                "--exe",
+                "/py",
+                "--probes",
+                "_Py_NewReference,_Py_Dealloc",
+                "--budget",
+                "1",
+                "--json"
+            ]
         );
         let State::Command { argv, .. } = &states[2] else { panic!("bpftrace is a command") };
         assert_eq!(argv[2], "uprobe:/l.so:_Py_NewReference,uprobe:/l.so:_Py_Dealloc { @[probe] = count(); }");

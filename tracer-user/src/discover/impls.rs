@@ -28,7 +28,11 @@ pub struct Implementation {
 /// The implementations of `names` (name, role) in `elf`, or in the symbol
 /// table of `debug` (the image's debug file) where the image lacks them.
 #[must_use]
-pub fn find(elf: &ElfImage, debug: Option<&Path>, names: &[(&'static str, tracer_common::live::Role)]) -> Vec<Implementation> {
+pub fn find(
+    elf: &ElfImage,
+    debug: Option<&Path>,
+    names: &[(&'static str, tracer_common::live::Role)],
+) -> Vec<Implementation> {
     let debug_symbols = debug.map(debug_functions).unwrap_or_default();
     names
         .iter()

@@ -13,8 +13,8 @@
 use std::collections::HashSet;
 
 use super::{
-    bounds::{Found, Limits},
     HeapError,
+    bounds::{Found, Limits},
     memory::{MAX_RANGES, word},
     pools::BuildIdentity,
     tally::{Reason, Tally},

@@ -21,8 +21,8 @@
 use std::collections::HashSet;
 
 use super::{
-    bounds::{Found, Limits},
     HeapError,
+    bounds::{Found, Limits},
     classify::{Leads, is_address},
     memory::word,
     pools::BuildIdentity,

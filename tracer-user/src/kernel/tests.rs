@@ -271,4 +271,3 @@ fn objects_are_kept_destroyed_at_their_block_and_reused() {
     assert_eq!(stat(tracer_common::stats::Stat::ObjectsFull), 1, "{readings:?}");
     assert_eq!(stat(tracer_common::stats::Stat::FreeArgMissing), 0, "{readings:?}");
 }
-

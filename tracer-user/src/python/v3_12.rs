@@ -182,8 +182,7 @@ impl super::Abi for Abi312 {
 /// declares it at Modules/gcmodule.c:1194 with those parameters; no 3.12
 /// source is in any Debian suite, so its body was checked by what the
 /// integration tests count on that build).
-pub(super) const GC: super::gc::GcKnowledge =
-    super::gc::GcKnowledge { state: GC_STATE, ..super::v3_11::GC };
+pub(super) const GC: super::gc::GcKnowledge = super::gc::GcKnowledge { state: GC_STATE, ..super::v3_11::GC };
 
 /// The collector's statistics: `Include/internal/pycore_interp.h` at v3.12.1
 /// puts `struct _gc_runtime_state gc` at 112 in `struct _is`, laid out as

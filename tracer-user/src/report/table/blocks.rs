@@ -215,7 +215,10 @@ mod tests {
         });
         let text = render(&[Event::Interval(memory)]);
         let line = text.lines().find(|l| l.starts_with("  gc ")).expect("a gc line");
-        assert_eq!(line, "  gc (memory, durations: none) gen 0: 5 (2.0/s) time unknown, 40 unreachable (3 uncollectable)");
+        assert_eq!(
+            line,
+            "  gc (memory, durations: none) gen 0: 5 (2.0/s) time unknown, 40 unreachable (3 uncollectable)"
+        );
         assert_eq!(duration(0.0), "0 s");
     }
 }

@@ -137,10 +137,8 @@ mod cpu_tests {
     /// (ticks would show 0 or 4 ms).
     #[test]
     fn the_process_clock_is_exact_for_another_process() {
-        let mut child = std::process::Command::new("sh")
-            .args(["-c", "while :; do :; done"])
-            .spawn()
-            .expect("a busy shell");
+        let mut child =
+            std::process::Command::new("sh").args(["-c", "while :; do :; done"]).spawn().expect("a busy shell");
         std::thread::sleep(std::time::Duration::from_millis(50));
         let a = super::process_cpu_ns(child.id()).expect("its clock");
         std::thread::sleep(std::time::Duration::from_millis(3));
