@@ -172,11 +172,16 @@ pub struct CostEstimate {
 pub struct SourceCost {
     /// The estimated CPU time it cost the target: its probe hits, priced.
     pub target_s: f64,
-    /// `target_s` as a share of the target's CPU time over the span
-    /// (`target_cpu_s` of the [`ProfileCost`]).
+    /// What it cost against the budget: `target_s` as a share of the
+    /// target's CPU time over the span (`target_cpu_s` of the
+    /// [`ProfileCost`]), plus `tracer_fraction`.
     pub fraction: f64,
-    /// tracer's own CPU time spent on it (reading the target's memory): a
-    /// cost to the machine, not to the target.
+    /// tracer's own CPU time spent on it, as a share of the target's CPU
+    /// time or of one CPU's time over the span, whichever is more.
+    #[serde(default)]
+    pub tracer_fraction: f64,
+    /// tracer's own CPU time spent on it (reading the target's memory,
+    /// attaching and detaching).
     pub tracer_cpu_s: f64,
     /// The bytes of the target's memory it read.
     #[serde(default, skip_serializing_if = "is_zero_u64")]
@@ -199,6 +204,7 @@ pub struct ProfileCost {
     pub target_cpu_s: f64,
     /// By source: `rates` (the duty cycle's windows), `gc_probes` (the
     /// probes that time collections), `gc_memory` (the statistics read),
-    /// `census` (the heap census).
+    /// `census` (the heap census), `growth` (its probes and reads),
+    /// `tracer` (the run loop's own CPU time).
     pub sources: IndexMap<String, SourceCost>,
 }

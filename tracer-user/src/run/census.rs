@@ -1,15 +1,18 @@
 //! The heap census in the production profile: `tracer heap`'s census
-//! ([`crate::heap`]) taken on a thread of its own, started at each interval
-//! and read at the next, so that a census never holds up an interval, a
+//! ([`crate::heap`]) taken on a thread of its own, started at an interval
+//! and read at a later one, so that a census never holds up an interval, a
 //! signal or a window of the rates. Each census is set against the one
 //! before it, type by type ([`heap_of`]).
 //!
-//! A census reads the whole heap: its time grows with the heap (about 2 s
-//! for 1 GiB here). One that takes over [`SHARE`] of an interval is
-//! spaced out, started every K intervals, and a note says so; two never
-//! overlap. Its CPU time and the bytes it read are tracer's, not the
-//! target's: they go to the ledger as tracer's (`census`), and the thread
-//! runs at a lower priority, behind the target.
+//! A census reads the whole heap: its CPU time grows with the heap (about
+//! 3 ms per MiB read here). It is tracer's CPU time, and the budget covers
+//! it ([`super::share`]): the census keeps a credit of [`CENSUS_SHARE`] of
+//! the budget of the target's CPU time (or of one CPU's time, whichever is
+//! more) and starts one only once the credit covers what the last cost, so
+//! that the target has paid for a census before it runs, from the first
+//! on (priced before it from the target's resident size,
+//! [`PRIOR_NS_PER_BYTE`]). A note says how often that is. Two never
+//! overlap, and the thread runs at a lower priority, behind the target.
 
 use std::{
     sync::mpsc::{self, Receiver, Sender, TryRecvError},
@@ -25,8 +28,14 @@ use crate::{
     },
 };
 
-/// The most of an interval a census may take before it is spaced out.
-pub const SHARE: f64 = 0.5;
+/// The share of the budget the census may take.
+pub const CENSUS_SHARE: f64 = 0.5;
+
+/// What a census costs per byte of the target's resident set, before the
+/// first has measured it: a census read 8 to 21 MiB of 19 to 33 MiB
+/// resident in 28 to 37 ms of CPU time here (pyperformance's benchmarks on
+/// Debian's 3.11), about 1.1 to 1.5 ns per resident byte; rounded up.
+pub const PRIOR_NS_PER_BYTE: f64 = 1.5;
 
 /// How long the end of a run waits for a census still running (or for
 /// one, where the run read none), once the probes are detached: a census
@@ -58,6 +67,8 @@ struct Done {
 /// The census source of one run.
 pub struct CensusSource {
     pid: u32,
+    /// The census thread's CPU clock, read live.
+    clock: Option<libc::clockid_t>,
     requests: Sender<()>,
     results: Receiver<Taken>,
     /// A census requested and not read back yet.
@@ -65,6 +76,18 @@ pub struct CensusSource {
     /// When the run's probes went live, which `taken_s` counts from.
     started: Instant,
     interval: Duration,
+    /// The census's share of the target's CPU time (or of one CPU's).
+    allowance: f64,
+    /// What the census may still spend of tracer's CPU time, in seconds.
+    credit: f64,
+    /// What the next census is expected to cost, in seconds: the last
+    /// one's, or before the first, the prior.
+    expected: f64,
+    /// Whether `expected` was measured.
+    measured: bool,
+    /// Whether the spacing a measured census leads to was told.
+    told: bool,
+    /// A census is expected to start every this many intervals.
     every: u32,
     /// The spacing the notes last told of.
     noted: u32,
@@ -84,9 +107,16 @@ pub struct CensusSource {
 }
 
 impl CensusSource {
-    /// Starts the census thread on `pid` and its first census, at once.
-    /// `None`, with a note, where no thread could be started.
-    pub fn start(pid: u32, debug_dir: Option<std::path::PathBuf>, interval: Duration) -> Result<Self, Note> {
+    /// Starts the census thread on `pid`, whose censuses may take `budget`
+    /// times [`CENSUS_SHARE`] of its CPU time (or of one CPU's); the first
+    /// census comes once the target has paid for it. `None`, with a note,
+    /// where no thread could be started.
+    pub fn start(
+        pid: u32,
+        debug_dir: Option<std::path::PathBuf>,
+        interval: Duration,
+        budget: f64,
+    ) -> Result<Self, Note> {
         let (requests, wanted) = mpsc::channel::<()>();
         let (sent, results) = mpsc::channel();
         let options = heap::Options { debug_dir, catch_signals: false, ..heap::Options::default() };
@@ -115,20 +145,29 @@ impl CensusSource {
                 }
             }
         });
-        if let Err(e) = spawned {
-            return Err(Note::new(
-                Level::Warning,
-                NoteCode::Heap,
-                format!("no heap census: cannot start a thread to take it on ({e})"),
-            ));
-        }
+        let thread = match spawned {
+            Ok(thread) => thread,
+            Err(e) => {
+                return Err(Note::new(
+                    Level::Warning,
+                    NoteCode::Heap,
+                    format!("no heap census: cannot start a thread to take it on ({e})"),
+                ));
+            }
+        };
         let source = Self {
             pid,
+            clock: cpu_clock(&thread),
             requests,
             results,
             running: false,
             started: Instant::now(),
             interval,
+            allowance: budget * CENSUS_SHARE,
+            credit: 0.0,
+            expected: prior(pid),
+            measured: false,
+            told: false,
             every: 1,
             noted: 1,
             since_start: 0,
@@ -145,10 +184,26 @@ impl CensusSource {
         Ok(source)
     }
 
-    /// The run's probes went live at `started`; the first census starts now.
+    /// The run's probes went live at `started`: its first census waits
+    /// for the credit, as every other, and a note says for how long at
+    /// most.
     pub fn started(&mut self, started: Instant) {
         self.started = started;
-        self.request();
+        let wait = self.expected / self.allowance.max(f64::MIN_POSITIVE);
+        if wait > self.interval.as_secs_f64() {
+            self.notes.push(Note::new(
+                Level::Note,
+                NoteCode::Heap,
+                format!(
+                    "the first heap census comes once the target has paid for it: in at most {wait:.0} s (a census of this process is priced at {:.0} ms of tracer's CPU from its resident size, and may take {:.2}% of the target's CPU time, half the budget); `tracer heap --pid {}` takes one at once",
+                    self.expected * 1e3,
+                    self.allowance * 100.0,
+                    self.pid
+                ),
+            ));
+        }
+        self.every = intervals(wait, self.interval);
+        self.noted = self.every.max(1);
     }
 
     fn request(&mut self) {
@@ -214,7 +269,7 @@ impl CensusSource {
                 self.cpu += cpu;
                 self.bytes += census.cost.bytes_read;
                 self.taken += 1;
-                self.space(census.cost.elapsed_ms);
+                self.space(cpu);
                 let taken_s = began.saturating_duration_since(self.started).as_secs_f64();
                 let done = Done { census: *census, taken_s, cpu };
                 if self.first.is_none() {
@@ -225,23 +280,33 @@ impl CensusSource {
         }
     }
 
-    /// Spaces censuses out so that each takes at most [`SHARE`] of the
-    /// time between them, after one that took `elapsed_ms`.
-    fn space(&mut self, elapsed_ms: f64) {
-        let interval_ms = self.interval.as_secs_f64() * 1000.0;
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a small count of intervals")]
-        let every =
-            if interval_ms > 0.0 { (elapsed_ms / (interval_ms * SHARE)).ceil().clamp(1.0, 1e6) as u32 } else { 1 };
-        // Said when the spacing begins, and again where it doubles.
-        if every > 1 && every >= 2 * self.noted {
-            self.noted = every;
+    /// Spends the credit on a census that cost `cpu`, which the next is
+    /// expected to cost too; a note says when the spacing it leads to
+    /// begins, and again where it doubles.
+    fn space(&mut self, cpu: Duration) {
+        self.credit -= cpu.as_secs_f64();
+        self.expected = cpu.as_secs_f64();
+        self.measured = true;
+    }
+
+    /// Tells the spacing a census that costs `expected` leads to when the
+    /// credit grows by `per_interval` an interval: once measured (where it
+    /// is over one interval), and again where it doubles.
+    fn tell_spacing(&mut self, per_interval: f64) {
+        if !self.measured || per_interval <= 0.0 {
+            return;
+        }
+        let every = intervals(self.expected / per_interval * self.interval.as_secs_f64(), self.interval);
+        // Said once measured, and again where it doubles.
+        if every > 1 && (!self.told || every >= 2 * self.noted) {
+            (self.noted, self.told) = (every, true);
             self.notes.push(Note::new(
                 Level::Note,
                 NoteCode::Heap,
                 format!(
-                    "the heap census took {:.0} ms, over {:.0}% of the {:.2} s interval: taken every {every} intervals from now on",
-                    elapsed_ms,
-                    SHARE * 100.0,
+                    "the heap census costs {:.0} ms of tracer's CPU, and may take {:.2}% of the target's CPU time (half the budget): taken about every {every} intervals of {:.2} s from now on; a higher --budget takes it more often",
+                    self.expected * 1e3,
+                    self.allowance * 100.0,
                     self.interval.as_secs_f64()
                 ),
             ));
@@ -249,12 +314,20 @@ impl CensusSource {
         self.every = every;
     }
 
-    /// One interval: reads back a finished census, starts the next when
-    /// it is due and none is running, and returns the heap to report.
-    pub fn interval(&mut self) -> Option<Heap> {
+    /// One interval, which lasted `span` and in which the target used
+    /// `cpu`: reads back a finished census, adds the census's share of
+    /// the interval to its credit, starts the next census when the credit
+    /// covers it and none is running, and returns the heap to report.
+    pub fn interval(&mut self, span: Duration, cpu: Duration) -> Option<Heap> {
         self.poll();
         self.since_start = self.since_start.saturating_add(1);
-        if self.since_start >= self.every {
+        let earned = self.allowance * cpu.max(span).as_secs_f64();
+        // Capped at one census: a quiet spell does not buy a burst.
+        if self.credit < self.expected {
+            self.credit = (self.credit + earned).min(self.expected);
+        }
+        self.tell_spacing(earned);
+        if !self.running && self.credit >= self.expected {
             self.request();
         }
         self.report(false)
@@ -274,12 +347,20 @@ impl CensusSource {
     }
 
     /// Starts a census for the summary where none was ever read and none
-    /// is running.
+    /// is running: a run shorter than the first census's wait takes one
+    /// at its end, once its probes are down, over the budget.
     pub fn ensure_one(&mut self) {
         self.poll();
         if self.latest.is_none() {
             self.request();
         }
+    }
+
+    /// The CPU time the census thread has used so far: the census's part
+    /// of tracer's, which the run loop's is told from.
+    #[must_use]
+    pub fn thread_cpu(&self) -> Duration {
+        self.clock.map_or(Duration::ZERO, super::gcmem::clock_cpu)
     }
 
     /// The tracer CPU time and bytes read since the last call.
@@ -304,6 +385,31 @@ impl CensusSource {
             self.every,
         ))
     }
+}
+
+/// The CPU clock of `thread`, which the thread exiting invalidates (a read
+/// then fails, and counts as nothing).
+fn cpu_clock(thread: &std::thread::JoinHandle<()>) -> Option<libc::clockid_t> {
+    use std::os::unix::thread::JoinHandleExt;
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: the pthread_t is of a thread this process started and has
+    // not joined, and `clock` is a valid place for the result.
+    (unsafe { libc::pthread_getcpuclockid(thread.as_pthread_t(), &raw mut clock) } == 0).then_some(clock)
+}
+
+/// What a census of `pid` is priced at before the first is measured, in
+/// seconds of tracer's CPU time: [`PRIOR_NS_PER_BYTE`] of its resident
+/// set (10 ms where that cannot be read).
+fn prior(pid: u32) -> f64 {
+    #[allow(clippy::cast_precision_loss, reason = "a size priced")]
+    crate::heap::maps::rss(pid).ok().flatten().map_or(0.01, |rss| rss as f64 * PRIOR_NS_PER_BYTE / 1e9)
+}
+
+/// `wait` seconds in intervals of `interval`, rounded up, at least 1.
+fn intervals(wait: f64, interval: Duration) -> u32 {
+    let i = interval.as_secs_f64();
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a small count of intervals")]
+    if i > 0.0 { (wait / i).ceil().clamp(1.0, 1e6) as u32 } else { 1 }
 }
 
 /// The reported heap of `census`, taken at `taken_s` as the run's

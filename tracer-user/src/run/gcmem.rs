@@ -223,9 +223,19 @@ impl GcMemory {
 
 /// This thread's CPU time: what a read costs tracer.
 pub(super) fn thread_cpu() -> Duration {
+    clock_cpu(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+/// tracer's CPU time, every thread's.
+pub(super) fn process_cpu() -> Duration {
+    clock_cpu(libc::CLOCK_PROCESS_CPUTIME_ID)
+}
+
+/// The time of the CPU clock `clock`; 0 where it cannot be read.
+pub(super) fn clock_cpu(clock: libc::clockid_t) -> Duration {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: `ts` is a valid, writable timespec for the call.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut ts) } != 0 {
+    if unsafe { libc::clock_gettime(clock, &raw mut ts) } != 0 {
         return Duration::ZERO;
     }
     Duration::new(u64::try_from(ts.tv_sec).unwrap_or(0), u32::try_from(ts.tv_nsec).unwrap_or(0))

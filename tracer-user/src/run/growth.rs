@@ -63,6 +63,9 @@ pub struct Growth {
     /// Why the last reading failed, where it did.
     stale: Option<String>,
     counts_before: GrowthCounts,
+    /// The target's CPU time when the probes went live, in ns, for the
+    /// [`TRIAL`].
+    cpu_at_attach: Option<u64>,
     pruned: u64,
     pruned_before: u64,
     tracer_cpu: Duration,
@@ -113,6 +116,7 @@ impl Growth {
             last: Reading::default(),
             stale: None,
             counts_before: GrowthCounts::default(),
+            cpu_at_attach: None,
             pruned: 0,
             pruned_before: 0,
             tracer_cpu: Duration::ZERO,
@@ -130,6 +134,7 @@ impl Growth {
     pub fn attach(&mut self, session: &mut Session, multi: bool) -> Result<(), AttachError> {
         session.attach_growth(&self.plan, self.pid, multi)?;
         (self.started, self.last_interval) = (Instant::now(), Instant::now());
+        self.cpu_at_attach = super::cost::process_cpu_ns(self.pid);
         Ok(())
     }
 
@@ -446,27 +451,82 @@ pub fn hold_budget(
         crate::model::Growth::Unavailable { .. } => return None,
     };
     let takes = report.cost.map_or(0, |c| c.hits).saturating_sub(report.takes.new_arenas);
-    #[allow(
-        clippy::cast_precision_loss,
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        reason = "a rate shown"
-    )]
-    let per_s = if profile.span_s > 0.0 { (takes as f64 / profile.span_s).round() as u64 } else { 0 };
-    let at_s = snapshot.elapsed_s;
-    let reason = format!(
-        "growth sampling cost {:.2}% of the target's CPU time ({} pool takes/s), over half the {budget}% budget: stopped at {at_s:.1} s; --growth keeps it on",
-        fraction * 100.0,
-        crate::report::group(per_s),
-    );
-    session.detach_growth();
-    let why = GrowthStopped { at_s, reason: reason.clone() };
-    // The sites and stacks as this interval read them: every later report
-    // is up to the stop.
-    let (sites, stacks) = g.name_sites(session);
-    g.stopped = Some(Stopped { at: Instant::now(), why: why.clone(), sites, stacks });
+    let (note, why) = g.stop(session, (fraction, budget), (takes, profile.span_s), snapshot.elapsed_s);
     report.stopped = Some(why);
-    Some(Note::new(Level::Note, NoteCode::Growth, format!("{reason}; the samples taken stay reported, as of the stop")))
+    Some(note)
+}
+
+/// How long the profile's default growth runs before it is first priced:
+/// where its pool takes come at tens of thousands a second (pymalloc
+/// freeing and mapping arenas each loop), a whole interval of them cost
+/// the target 1 to 13% of its CPU time here.
+pub const TRIAL: Duration = Duration::from_millis(50);
+
+/// The profile's default growth after its [`TRIAL`]: stopped, with the
+/// note returned, where its hits so far cost more than half of `budget`
+/// (a share) of the target's CPU time meanwhile.
+pub fn trial(
+    growth: &mut Option<Result<Growth, String>>,
+    session: &mut Session,
+    prices: Option<Prices>,
+    budget: f64,
+) -> Option<Note> {
+    let Some(Ok(g)) = growth.as_mut() else { return None };
+    if !g.auto || g.stopped.is_some() {
+        return None;
+    }
+    // Exactly: the trial is too short for /proc/PID/stat's clock ticks.
+    let now = super::cost::process_cpu_ns(g.pid)?;
+    let cpu = Duration::from_nanos(now.saturating_sub(g.cpu_at_attach?));
+    let counts = session.growth_counts().ok()?;
+    let span = g.started.elapsed();
+    let cost = g.cost(&counts, span, (Duration::ZERO, 0), prices);
+    let target = cost.target_s?;
+    // The hits ran on the target's CPU: at least what they cost.
+    let fraction = target / cpu.as_secs_f64().max(target).max(f64::MIN_POSITIVE);
+    if fraction <= budget / 2.0 {
+        return None;
+    }
+    let takes = counts.takes;
+    let (note, _) = g.stop(session, (fraction, budget * 100.0), (takes, span.as_secs_f64()), span.as_secs_f64());
+    Some(note)
+}
+
+impl Growth {
+    /// Stops the profile's default growth at `at_s` because it cost
+    /// `fraction` of the target's CPU time against a budget of
+    /// `budget_percent`, from `takes` pool takes in `span_s`: its probes
+    /// detached, the sites and stacks kept as they are now. The note to
+    /// give, and why, for the report.
+    fn stop(
+        &mut self,
+        session: &mut Session,
+        (fraction, budget_percent): (f64, f64),
+        (takes, span_s): (u64, f64),
+        at_s: f64,
+    ) -> (Note, GrowthStopped) {
+        #[allow(
+            clippy::cast_precision_loss,
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "a rate shown"
+        )]
+        let per_s = if span_s > 0.0 { (takes as f64 / span_s).round() as u64 } else { 0 };
+        let reason = format!(
+            "growth sampling cost {:.2}% of the target's CPU time ({} pool takes/s), over half the {budget_percent}% budget: stopped at {at_s:.2} s; --growth keeps it on",
+            fraction * 100.0,
+            crate::report::group(per_s),
+        );
+        session.detach_growth();
+        let why = GrowthStopped { at_s, reason: reason.clone() };
+        // The sites and stacks as they are now: every later report is up
+        // to the stop.
+        let (sites, stacks) = self.name_sites(session);
+        self.stopped = Some(Stopped { at: Instant::now(), why: why.clone(), sites, stacks });
+        let note =
+            Note::new(Level::Note, NoteCode::Growth, format!("{reason}; the samples taken stay reported, as of the stop"));
+        (note, why)
+    }
 }
 
 /// With `--growth`: its readout (told where the target's frames are, so

@@ -3,11 +3,46 @@
 
 use std::time::Instant;
 
+use super::growth::{self, Growth};
 use crate::{
     config::LinkMode,
     kernel::{AttachError, Session},
     model::{Level, Links, Note, NoteCode},
+    plan::{
+        gc::{GcPlan, GcSource},
+        growth::GrowthPlan,
+    },
 };
+
+/// Attaches the probes that stay attached, the GC's (`gc`) and growth's,
+/// as `mode` says: through uprobe-multi links, falling back with `auto`
+/// to perf-event uprobes where the kernel has none (as the rates' then
+/// do). Returns growth's plan for the header.
+pub(super) fn always_on(
+    mode: LinkMode,
+    session: &mut Session,
+    scope: u32,
+    (gc, growth): (&GcPlan, &mut Option<Result<Growth, String>>),
+) -> Result<Option<GrowthPlan>, AttachError> {
+    let attach = |session: &mut Session, growth: &mut Option<Result<Growth, String>>, multi| {
+        if gc.source != GcSource::None {
+            session.attach_gc(gc, scope, multi)?;
+        }
+        growth::attach(growth, session, multi)
+    };
+    match mode {
+        LinkMode::Perf => attach(session, growth, false),
+        LinkMode::Multi => attach(session, growth, true),
+        LinkMode::Auto => match attach(session, growth, true) {
+            Err(AttachError::Multi(e)) if e.is_unsupported() => {
+                session.detach_gc();
+                session.detach_growth();
+                attach(session, growth, false)
+            }
+            other => other,
+        },
+    }
+}
 
 /// Attaches every probe as `mode` says; returns how, when the attach
 /// began once the programs were loaded, and the note to give when `auto`

@@ -351,6 +351,11 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
         None => None,
     };
     let toggle_at = run.duty.as_ref().map_or(start, |d| tokio::time::Instant::from_std(d.next));
+    // The profile's default growth is priced once early, before a whole
+    // interval of it may cost the target several times the budget.
+    let trial = sleep_until(start + growth::TRIAL);
+    tokio::pin!(trial);
+    let mut trial_due = config.budget.is_some() && matches!(run.growth, Some(Ok(_)));
     let toggle = sleep_until(toggle_at);
     tokio::pin!(toggle);
 
@@ -371,6 +376,12 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
                     Err(AttachError::TargetExited { .. }) => break End::TargetExit,
                     Err(e) => return Err(e.into()),
                 }
+            }
+            () = &mut trial, if trial_due => {
+                trial_due = false;
+                let budget = config.budget.unwrap_or(0.0);
+                let stopped = growth::trial(&mut run.growth, &mut run.session, run.cost.prices(), budget);
+                output.notes(stopped)?;
             }
             ready = log_ready(log_fd.as_ref()) => {
                 if let Ok(mut guard) = ready {
@@ -536,27 +547,14 @@ fn start<'a>(
     // Before the attach: this reads the image, which the first window
     // should not wait for.
     let mut cost = cost_meter(config, &session, r.pid(), exits, (cpu_costs, early));
-    let (links, mut attach_began, fallback) = attach_links(&mut session, r.scope, config.links)?;
-    // The duty cycle's first window must not hold its probes live while
-    // the GC's and growth's attach (growth's uprobes took tens of
-    // milliseconds: the first window then cost a fifth of the target's CPU
-    // time): they come down, and go live again after. Their hits
-    // meanwhile are counted and priced with the window's.
-    let pause = config.budget.is_some()
-        && costs.is_some()
-        && links == Links::Multi
-        && (gc.source != GcSource::None || growth.as_ref().is_some_and(Result::is_ok));
-    if pause {
-        session.detach_multi(r.scope);
-    }
-    if gc.source != GcSource::None {
-        session.attach_gc(&gc, r.scope, links == Links::Multi)?;
-    }
-    let growth_header = growth::attach(&mut growth, &mut session, links == Links::Multi)?;
-    if pause {
-        attach_began = Instant::now();
-        session.attach_multi(r.scope)?;
-    }
+    // The probes that stay attached (the GC's, growth's) go live first:
+    // the rates' first window then goes live once, after them, and is no
+    // longer than it should be (attaching growth's took tens of
+    // milliseconds, which the window's probes would have been live for).
+    // Through uprobe-multi links unless told otherwise; where the kernel
+    // has none, `--links auto` falls back for these as for the rates.
+    let growth_header = links::always_on(config.links, &mut session, r.scope, (&gc, &mut growth))?;
+    let (links, attach_began, fallback) = attach_links(&mut session, r.scope, config.links)?;
     let started = Instant::now();
     // The target's CPU time over the first window, exactly: too short for
     // /proc/PID/stat's clock ticks.

@@ -52,6 +52,8 @@ pub struct Profile {
     last: Instant,
     /// The target's CPU time at the last interval.
     cpu: Duration,
+    /// tracer's CPU time, and its census thread's, at the last interval.
+    own: (Duration, Duration),
     notes: Vec<Note>,
 }
 
@@ -70,7 +72,9 @@ impl Profile {
     ) -> (Self, Vec<Note>) {
         let mut notes = Vec::new();
         let census = pid.and_then(|pid| {
-            CensusSource::start(pid, config.debug_dir.clone(), config.interval).map_err(|n| notes.push(n)).ok()
+            CensusSource::start(pid, config.debug_dir.clone(), config.interval, budget)
+                .map_err(|n| notes.push(n))
+                .ok()
         });
         let gc = match pid {
             None => {
@@ -104,6 +108,7 @@ impl Profile {
             growth_reported: (Duration::ZERO, Duration::ZERO, 0),
             last: Instant::now(),
             cpu: Duration::ZERO,
+            own: (Duration::ZERO, Duration::ZERO),
             notes: Vec::new(),
         };
         (profile, notes)
@@ -119,6 +124,7 @@ impl Profile {
         if let Some(c) = self.census.as_mut() {
             c.started(started);
         }
+        self.own = self.own_cpu();
         self
     }
 
@@ -127,12 +133,14 @@ impl Profile {
     /// figures in `snapshot` and gives the duty cycle what the others
     /// leave of the budget.
     pub fn interval(&mut self, snapshot: &mut Snapshot, duty: Option<&mut DutyCycle>, cpu: Duration) {
+        let now = Instant::now();
+        let (span, used) = (now - self.last, cpu.saturating_sub(self.cpu));
         self.sources(snapshot, duty.as_deref());
-        snapshot.heap = self.census.as_mut().and_then(CensusSource::interval);
+        snapshot.heap = self.census.as_mut().and_then(|c| c.interval(span, used));
         self.census_cost();
         self.growth(snapshot, false);
-        let now = Instant::now();
-        snapshot.profile = Some(self.ledger.close_interval(now - self.last, cpu.saturating_sub(self.cpu)));
+        self.loop_cost();
+        snapshot.profile = Some(self.ledger.close_interval(span, used));
         (self.last, self.cpu) = (now, self.cpu.max(cpu));
         if let Some(duty) = duty {
             duty.set_budget(self.ledger.left_for_rates());
@@ -145,6 +153,7 @@ impl Profile {
     pub fn summary(&mut self, snapshot: &mut Snapshot, duty: Option<&DutyCycle>, cpu: Duration) {
         self.sources(snapshot, duty);
         self.growth(snapshot, true);
+        self.loop_cost();
         let _ = self.ledger.close_interval(self.last.elapsed(), cpu.saturating_sub(self.cpu));
         (self.last, self.cpu) = (Instant::now(), self.cpu.max(cpu));
         snapshot.profile = Some(self.ledger.total());
@@ -173,6 +182,22 @@ impl Profile {
         let mut notes = std::mem::take(&mut self.notes);
         notes.extend(self.census.as_mut().map(CensusSource::take_notes).unwrap_or_default());
         notes
+    }
+
+    /// tracer's CPU time so far, and its census thread's.
+    fn own_cpu(&self) -> (Duration, Duration) {
+        (super::gcmem::process_cpu(), self.census.as_ref().map_or(Duration::ZERO, CensusSource::thread_cpu))
+    }
+
+    /// The run loop's CPU time since the last call, to the ledger: tracer's
+    /// less the census thread's and what the other sources reported of
+    /// theirs this interval.
+    fn loop_cost(&mut self) {
+        let (process, census) = self.own_cpu();
+        let (process_before, census_before) = std::mem::replace(&mut self.own, (process, census));
+        let sources = self.ledger.tracer_spent(share::GC_MEMORY) + self.ledger.tracer_spent(share::GROWTH);
+        let own = process.saturating_sub(process_before).saturating_sub(census.saturating_sub(census_before));
+        self.ledger.report(share::LOOP, Duration::ZERO, own.saturating_sub(sources), 0);
     }
 
     /// The censuses read since the last call, to the ledger: tracer's CPU

@@ -8,11 +8,13 @@
 //! `/proc/PID/stat`, over every traced process), not of the time that
 //! passes: its promise is that the target's work slows by at most that
 //! much, and a target busy 30% of the time pays for a probe hit out of
-//! that 30%. Only the target's cost counts against it: a read of its
-//! memory (the GC statistics, the heap census) runs on tracer's CPU, not
-//! the target's, and is shown beside it. A source added later (growth
-//! sampling's probe) reports here like the others, and the rates give way
-//! to it.
+//! that 30%. tracer's own CPU time (the heap census, the statistics read,
+//! the run loop attaching and detaching windows) counts against it too,
+//! as a share of the target's CPU time or of one CPU's time, whichever is
+//! more: on a host whose CPUs are all busy it comes out of someone's work,
+//! the target's where tracer shares its CPU, and an idle target still
+//! lets tracer use its budget's share of one CPU. Every source reports
+//! here, and the rates' windows get what the others leave, over the run.
 
 use std::time::Duration;
 
@@ -31,6 +33,10 @@ pub const CENSUS: &str = "census";
 /// Heap growth sampling's probes (`--growth`, or the profile's default),
 /// and its reads of the sampled pools.
 pub const GROWTH: &str = "growth";
+/// tracer's run loop: attaching and detaching the windows, reading the
+/// counts, writing the report (tracer's CPU time not spent by a source
+/// above).
+pub const LOOP: &str = "tracer";
 
 /// The least share of the budget the rates keep when the other sources
 /// took it all: their windows then come rarely, but still come, and the
@@ -65,8 +71,8 @@ pub struct BudgetLedger {
     total_span: Duration,
     /// The target's CPU time over the run.
     total_cpu: Duration,
-    /// What the other sources cost over the last interval, as a share.
-    others_last: f64,
+    /// What the other sources cost over the run, as a share.
+    others: f64,
 }
 
 impl BudgetLedger {
@@ -78,7 +84,7 @@ impl BudgetLedger {
             total: IndexMap::new(),
             total_span: Duration::ZERO,
             total_cpu: Duration::ZERO,
-            others_last: 0.0,
+            others: 0.0,
         }
     }
 
@@ -88,19 +94,26 @@ impl BudgetLedger {
         self.interval.entry(source).or_default().add(Spent { target, tracer, bytes });
     }
 
+    /// tracer's CPU time reported by `source` this interval so far.
+    #[must_use]
+    pub fn tracer_spent(&self, source: &str) -> Duration {
+        self.interval.get(source).map_or(Duration::ZERO, |s| s.tracer)
+    }
+
     /// Ends the interval, which lasted `span` and in which the target used
-    /// `cpu` of CPU time: its cost by source, and what the sources other
-    /// than the rates took of it, which the rates' duty cycle leaves them
-    /// next time.
+    /// `cpu` of CPU time: its cost by source. What the sources other than
+    /// the rates took over the run so far, the rates' duty cycle leaves
+    /// them from now on: over the run, because a census comes every few
+    /// intervals, and the rates' windows catch up after one.
     pub fn close_interval(&mut self, span: Duration, cpu: Duration) -> ProfileCost {
         let interval = std::mem::take(&mut self.interval);
-        let others: Duration = interval.iter().filter(|(name, _)| **name != RATES).map(|(_, s)| s.target).sum();
-        self.others_last = share(others, cpu, &interval);
         for (name, spent) in &interval {
             self.total.entry(name).or_default().add(*spent);
         }
         self.total_span += span;
         self.total_cpu += cpu;
+        let total = self.total();
+        self.others = total.sources.iter().filter(|(name, _)| *name != RATES).map(|(_, s)| s.fraction).sum();
         self.cost(&interval, span, cpu)
     }
 
@@ -111,11 +124,11 @@ impl BudgetLedger {
     }
 
     /// The share of the time the rates' windows may cost the target: the
-    /// budget less what the other sources cost over the last interval, and
-    /// at least [`RATES_FLOOR`] of the budget.
+    /// budget less what the other sources cost over the run, and at least
+    /// [`RATES_FLOOR`] of the budget.
     #[must_use]
     pub fn left_for_rates(&self) -> f64 {
-        (self.budget - self.others_last).max(self.budget * RATES_FLOOR)
+        (self.budget - self.others).max(self.budget * RATES_FLOOR)
     }
 
     /// The budget.
@@ -126,12 +139,15 @@ impl BudgetLedger {
 
     fn cost(&self, spent: &IndexMap<&'static str, Spent>, span: Duration, cpu: Duration) -> ProfileCost {
         let share = |d: Duration| share(d, cpu, spent);
+        let own = own_share(span, cpu);
         let sources: IndexMap<String, SourceCost> = spent
             .iter()
             .map(|(name, s)| {
+                let tracer_fraction = own(s.tracer);
                 let cost = SourceCost {
                     target_s: s.target.as_secs_f64(),
-                    fraction: share(s.target),
+                    fraction: share(s.target) + tracer_fraction,
+                    tracer_fraction,
                     tracer_cpu_s: s.tracer.as_secs_f64(),
                     bytes_read: s.bytes,
                 };
@@ -159,6 +175,15 @@ fn share(cost: Duration, cpu: Duration, spent: &IndexMap<&'static str, Spent>) -
     if cpu.is_zero() { 0.0 } else { cost.as_secs_f64() / cpu.as_secs_f64() }
 }
 
+/// tracer's own CPU time as a share of the target's CPU time `cpu` over
+/// `span`, or of one CPU's time over it, whichever is more: see the
+/// module's comment.
+#[must_use]
+pub fn own_share(span: Duration, cpu: Duration) -> impl Fn(Duration) -> f64 {
+    let over = cpu.max(span).as_secs_f64();
+    move |d: Duration| if over > 0.0 { d.as_secs_f64() / over } else { 0.0 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,9 +200,12 @@ mod tests {
         ledger.report(GC_MEMORY, Duration::ZERO, Duration::from_micros(10), 72);
         // The target used 1 s of CPU time over 2 s: the shares are of that.
         let cost = ledger.close_interval(MS(2000), MS(1000));
-        // 2 ms of 1 s to the GC probes: the rates keep 0.8%.
-        assert!((ledger.left_for_rates() - 0.008).abs() < 1e-12, "{}", ledger.left_for_rates());
-        assert!((cost.fraction - 0.009).abs() < 1e-12);
+        // 2 ms of 1 s to the GC probes, and 40 µs of tracer's CPU over
+        // 2 s (more than the target's 1 s): the rates keep the rest.
+        let own = 40e-6 / 2.0;
+        assert!((ledger.left_for_rates() - (0.008 - own)).abs() < 1e-12, "{}", ledger.left_for_rates());
+        assert!((cost.fraction - (0.009 + own)).abs() < 1e-12);
+        assert!((cost.sources[GC_MEMORY].tracer_fraction - own).abs() < 1e-12);
         assert_eq!(cost.sources.keys().collect::<Vec<_>>(), [RATES, GC_PROBES, GC_MEMORY]);
         assert_eq!(cost.sources[GC_MEMORY].bytes_read, 144);
         assert!((cost.sources[GC_MEMORY].tracer_cpu_s - 40e-6).abs() < 1e-12);
@@ -190,7 +218,7 @@ mod tests {
         assert!((total.span_s - 3.0).abs() < 1e-12);
         assert!((total.target_cpu_s - 2.0).abs() < 1e-12);
         assert!((total.sources[GC_PROBES].target_s - 0.032).abs() < 1e-12);
-        assert!((total.fraction - 0.0195).abs() < 1e-12, "{}", total.fraction);
+        assert!((total.fraction - (0.0195 + 40e-6 / 3.0)).abs() < 1e-12, "{}", total.fraction);
     }
 
     #[test]
