@@ -300,7 +300,14 @@ fn growth_without_symbols_is_unavailable_and_says_why() {
     assert_eq!(note["type"], "note", "{note}");
     assert_eq!((&note["level"], &note["code"]), (&Value::from("warning"), &Value::from("growth")), "{note}");
     assert_eq!(note["message"], format!("growth unavailable: {why}"), "{note}");
-    let interval: Value = serde_json::from_str(&tracer.stdout.next_line("an interval").expect("an interval")).unwrap();
+    // Past the note of when the first heap census comes.
+    let interval = loop {
+        let line: Value = serde_json::from_str(&tracer.stdout.next_line("an interval").expect("an interval")).unwrap();
+        if line["type"] == "interval" {
+            break line;
+        }
+        assert_eq!((&line["type"], &line["code"]), (&Value::from("note"), &Value::from("heap")), "{line}");
+    };
     assert_eq!(interval["growth"], serde_json::json!({ "unavailable": why }), "{interval}");
     tracer.signal(libc::SIGINT);
     let (status, lines, stderr) = tracer.finish();

@@ -66,9 +66,12 @@ fn plan(effort: &str) -> Plan {
     let all = BENCHMARKS.to_vec();
     match effort {
         "rigorous" => {
-            Plan { benchmarks: all, blocks: &[0, 1, 1, 0], twin: 20, in_process: 10, seconds: 0.2, settle: 3 }
+            Plan { benchmarks: all, blocks: &[0, 1, 1, 0], twin: 60, in_process: 10, seconds: 0.2, settle: 3 }
         }
-        "normal" => Plan { benchmarks: all, blocks: &[0, 1, 1, 0], twin: 10, in_process: 5, seconds: 0.2, settle: 2 },
+        // Blocks of 30 rounds (about 7 s): the profile's census and rates
+        // windows come every few seconds, as the budget pays for them, so a
+        // shorter block would see some of them or none.
+        "normal" => Plan { benchmarks: all, blocks: &[0, 1, 1, 0], twin: 30, in_process: 5, seconds: 0.2, settle: 2 },
         _ => Plan {
             benchmarks: vec![BENCHMARKS[0], BENCHMARKS[3]],
             blocks: &[0, 1],
