@@ -390,8 +390,6 @@ pub fn heap_of(
 
 #[cfg(test)]
 mod tests {
-    use indexmap::IndexMap;
-
     use super::*;
     use crate::heap::model::{Cost, Totals, TypeRow};
 

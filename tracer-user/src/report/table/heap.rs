@@ -120,8 +120,6 @@ pub fn heap_block(out: &mut impl Write, heap: &Heap) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use indexmap::IndexMap;
-
     use super::*;
     use crate::{
         heap::model::Blocks,
