@@ -19,7 +19,7 @@ use serde_json::Value;
 use crate::{
     bench_budget::budget_accuracy,
     bench_measure::{STATEMENTS, added_time, bench, probe_plans, row, statement_head},
-    bench_per_hit::{per_hit_section, per_probe, static_section},
+    bench_per_hit::{per_hit, static_section},
     bench_returns::returns_section,
 };
 
@@ -57,8 +57,7 @@ pub fn run(root: &Path, tracer: &Path, effort: &str, tracer_args: &[String]) -> 
     )?;
 
     // 1. The cost of one probe hit.
-    per_hit_section(&mut md, tracer, &python, &out_root, effort)?;
-    per_probe(&mut md, tracer, &python, &out_root, effort)?;
+    per_hit(&mut md, tracer, &python, &out_root, effort)?;
 
     // 2. Statements under tracer, tracemalloc and after detaching.
     let defaults = probe_plans(tracer, &python, "default", "auto")?.len();

@@ -11,14 +11,15 @@ use crate::bench_measure::{
     statement_head,
 };
 
+/// Section 1 of a full run: one hit on `_Py_NewReference`, then each
+/// default probe five ways, on pyenv's `python`.
+pub fn per_hit(md: &mut String, tracer: &Path, python: &Path, out_root: &Path, effort: &str) -> anyhow::Result<()> {
+    per_hit_section(md, tracer, python, out_root, effort)?;
+    per_probe(md, tracer, python, out_root, effort)
+}
+
 /// The cost of one hit on `_Py_NewReference`, in every setup.
-pub fn per_hit_section(
-    md: &mut String,
-    tracer: &Path,
-    python: &Path,
-    out_root: &Path,
-    effort: &str,
-) -> anyhow::Result<()> {
+fn per_hit_section(md: &mut String, tracer: &Path, python: &Path, out_root: &Path, effort: &str) -> anyhow::Result<()> {
     let m =
         bench(tracer, python, &out_root.join("per-hit"), "pass", "[]", "_Py_NewReference", "empty,bpftrace", effort)?;
     writeln!(md, "## Cost of one probe hit on `_Py_NewReference`\n")?;
@@ -45,7 +46,7 @@ pub fn per_hit_section(
 /// Every default probe: placed, at the entry, an empty program at both
 /// places, bpftrace at the entry; and at its call sites, for a probe that
 /// `--placement call-sites` moves there.
-pub fn per_probe(md: &mut String, tracer: &Path, python: &Path, out_root: &Path, effort: &str) -> anyhow::Result<()> {
+fn per_probe(md: &mut String, tracer: &Path, python: &Path, out_root: &Path, effort: &str) -> anyhow::Result<()> {
     writeln!(md, "## Cost per hit of each default probe, five ways (six with call sites)\n")?;
     writeln!(
         md,
