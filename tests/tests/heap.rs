@@ -281,12 +281,15 @@ fn state(pid: u32) -> char {
     stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next()).unwrap_or('?')
 }
 
-/// Starts `tracer heap --stop` on a large heap and waits until it has
-/// stopped the target.
-fn stopping(workload: &mut Workload) -> tracer_tests::TracerRun {
+/// Starts heap.py on pyenv's `version`, then `tracer heap --stop` on a
+/// large heap of it, and waits until tracer has stopped it.
+fn stopping(version: &str) -> (Workload, tracer_tests::TracerRun) {
+    require_root();
+    let mut workload = pyenv(version).start();
+    at_rest(&workload);
     workload.tell("big");
     workload.expect("big");
-    at_rest(workload);
+    at_rest(&workload);
     let pid = workload.pid().to_string();
     let tracer = tracer_tests::TracerRun::start(&["heap", "--pid", &pid, "--stop", "--json"]);
     let deadline = Instant::now() + LINE_TIMEOUT;
@@ -294,46 +297,40 @@ fn stopping(workload: &mut Workload) -> tracer_tests::TracerRun {
         assert!(Instant::now() < deadline, "tracer never stopped PID {pid}");
         std::thread::sleep(Duration::from_millis(1));
     }
-    tracer
+    (workload, tracer)
+}
+
+/// The workload runs again: it answers a command.
+fn answers(workload: &mut Workload) {
+    workload.tell("count");
+    let _ = said(workload);
 }
 
 #[test]
 fn a_signal_during_a_stopped_census_lets_the_target_go() {
-    require_root();
     for signal in [libc::SIGTERM, libc::SIGINT] {
-        let mut workload = pyenv("3.12.1").start();
-        at_rest(&workload);
-        let tracer = stopping(&mut workload);
+        let (mut workload, tracer) = stopping("3.12.1");
         tracer.signal(signal);
         let (status, lines, stderr) = tracer.finish();
         assert_eq!(status.code(), Some(1), "{stderr}");
         assert!(lines.is_empty(), "{lines:?}");
         assert_eq!(stderr, "tracer: error: the heap census was interrupted by a signal; the target was let go\n");
-        // It runs: it answers.
-        workload.tell("count");
-        let _ = said(&workload);
+        answers(&mut workload);
     }
 }
 
 #[test]
 fn a_killed_tracer_lets_the_target_go() {
-    require_root();
-    let mut workload = pyenv("3.13.0").start();
-    at_rest(&workload);
-    let mut tracer = stopping(&mut workload);
+    let (mut workload, mut tracer) = stopping("3.13.0");
     tracer.child.kill().expect("kill tracer");
     let _ = tracer.child.wait();
-    workload.tell("count");
-    let _ = said(&workload);
+    answers(&mut workload);
 }
 
 #[test]
 fn a_target_that_exits_during_the_census_is_one_line_and_status_2() {
-    require_root();
-    let mut workload = pyenv("3.11.7").start();
-    at_rest(&workload);
+    let (mut workload, tracer) = stopping("3.11.7");
     let pid = workload.pid();
-    let tracer = stopping(&mut workload);
     workload.child.kill().expect("kill the target");
     let (status, lines, stderr) = tracer.finish();
     assert_eq!(status.code(), Some(2), "{stderr}");

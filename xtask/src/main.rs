@@ -8,10 +8,15 @@
 //! - `test`: setup, build, lint, then every unit and integration test
 
 mod bench;
+mod bench_budget;
 mod bench_cost;
+mod bench_cost_measure;
 mod bench_features;
 mod bench_live;
+mod bench_measure;
+mod bench_per_hit;
 mod bench_production;
+mod bench_returns;
 mod bench_stacks;
 mod bench_venvs;
 mod lto;
@@ -118,7 +123,7 @@ fn main() -> anyhow::Result<()> {
             let tracer = build(&root, true)?;
             let mut md = String::new();
             match only.as_deref() {
-                Some("budget") => bench::budget_accuracy(&mut md, &tracer)?,
+                Some("budget") => bench_budget::budget_accuracy(&mut md, &tracer)?,
                 Some("lto") => lto::lto_section(&mut md, &tracer, &effort)?,
                 Some("cost") => bench_cost::cost_section(&mut md, &tracer, &root.join("target").join("bench"))?,
                 Some("stacks") => bench_stacks::stacks_section(&mut md, &tracer, &effort, &versus)?,
@@ -131,10 +136,18 @@ fn main() -> anyhow::Result<()> {
                     &tracer_args,
                     &root.join("target").join("bench"),
                 )?,
-                Some("static") => bench::static_section(&mut md, &tracer, &root.join("target").join("bench"), &effort)?,
+                Some("static") => {
+                    bench_per_hit::static_section(&mut md, &tracer, &root.join("target").join("bench"), &effort)?;
+                }
                 Some(_) => {
                     let python = setup::pyperf_venv().join("bin").join("python");
-                    bench::returns_section(&mut md, &tracer, &python, &root.join("target").join("bench"), &effort)?;
+                    bench_returns::returns_section(
+                        &mut md,
+                        &tracer,
+                        &python,
+                        &root.join("target").join("bench"),
+                        &effort,
+                    )?;
                 }
                 None => return bench::run(&root, &tracer, &effort, &tracer_args),
             }

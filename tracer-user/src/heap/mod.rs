@@ -41,7 +41,7 @@ use self::{
     classify::Leads,
     maps::Regions,
     memory::Memory,
-    model::{ArenaCheck, Census, Cost, Outside, Pymalloc, SizeClass, TypeRow},
+    model::{ArenaCheck, Census, Cost, Outside, Pymalloc, SizeClass, Totals, TypeRow},
     pools::{BuildIdentity, Header, PoolSet},
     stop::{Interrupts, Stopped},
     tally::{Reason, Tally},
@@ -427,25 +427,10 @@ fn report(tally: &Tally, types: &TypeTable, found: &bounds::Found, rss: Option<u
         if c.pools + c.empty_pools == 0 {
             continue;
         }
-        pymalloc.pools += c.pools;
-        pymalloc.empty_pools += c.empty_pools;
-        pymalloc.blocks += c.blocks;
-        pymalloc.objects += c.objects;
-        pymalloc.free_listed += c.free_listed;
-        pymalloc.other += c.other;
-        pymalloc.free_bytes += c.free_bytes;
-        pymalloc.size_classes.push(SizeClass {
-            size: (i as u64 + 1) * 16,
-            pools: c.pools,
-            empty_pools: c.empty_pools,
-            blocks: c.blocks,
-            objects: c.objects,
-            free_listed: c.free_listed,
-            other: c.other,
-            free_bytes: c.free_bytes,
-        });
+        pymalloc.blocks += *c;
+        pymalloc.size_classes.push(SizeClass { size: (i as u64 + 1) * 16, blocks: *c });
     }
-    let accounted = (pymalloc.pools + pymalloc.empty_pools)
+    let accounted = (pymalloc.blocks.pools + pymalloc.blocks.empty_pools)
         .saturating_mul(POOL_SIZE)
         .saturating_add(outside.bytes)
         .saturating_add(outside.buffer_bytes);
@@ -462,12 +447,7 @@ fn report(tally: &Tally, types: &TypeTable, found: &bounds::Found, rss: Option<u
         exact: false,
         stopped_ms: None,
         types: types_out,
-        pymalloc,
-        outside,
-        rss,
-        accounted,
-        unaccounted,
-        rejected,
+        totals: Totals { pymalloc, outside, rss, accounted, unaccounted, rejected },
         partial: Vec::new(),
         cost,
     }

@@ -25,6 +25,18 @@ pub struct Census {
     pub stopped_ms: Option<f64>,
     /// Every type with a live object, most bytes first.
     pub types: Vec<TypeRow>,
+    #[serde(flatten)]
+    pub totals: Totals,
+    /// What the census could not cover, and why; empty when it covered
+    /// everything it looks at.
+    pub partial: Vec<String>,
+    pub cost: Cost,
+}
+
+/// The census's figures besides its types, which the production
+/// profile's heap (`crate::model::heap::Heap`) reports as they are.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Totals {
     pub pymalloc: Pymalloc,
     pub outside: Outside,
     /// The target's resident set size.
@@ -41,10 +53,6 @@ pub struct Census {
     pub unaccounted: Option<i64>,
     /// Candidates refused, by reason (see the docs), with a count.
     pub rejected: IndexMap<String, u64>,
-    /// What the census could not cover, and why; empty when it covered
-    /// everything it looks at.
-    pub partial: Vec<String>,
-    pub cost: Cost,
 }
 
 /// One type's live objects.
@@ -74,20 +82,9 @@ const fn is_zero(n: &u64) -> bool {
 pub struct Pymalloc {
     /// Arenas with at least one pool found.
     pub arenas: u64,
-    /// Pools with at least one block allocated.
-    pub pools: u64,
-    /// Pools with none, kept in their arena for reuse.
-    pub empty_pools: u64,
-    /// Blocks allocated: `objects + free_listed + other`.
-    pub blocks: u64,
-    /// Blocks holding a live object.
-    pub objects: u64,
-    /// Blocks holding an object kept on one of the interpreter's free lists.
-    pub free_listed: u64,
-    /// Blocks holding no object: item arrays, dict tables, buffers.
-    pub other: u64,
-    /// Bytes of the blocks free in the pools in use.
-    pub free_bytes: u64,
+    /// Its pools and blocks, all size classes together.
+    #[serde(flatten)]
+    pub blocks: Blocks,
     /// Pools that changed while they were read, twice: their blocks were
     /// judged one by one, without the pool's free list, and `blocks` counts
     /// their free ones too.
@@ -105,13 +102,40 @@ pub struct Pymalloc {
 pub struct SizeClass {
     /// Its block size.
     pub size: u64,
+    #[serde(flatten)]
+    pub blocks: Blocks,
+}
+
+/// Pools and blocks, of one size class (as the scan counts them) or of
+/// all.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Blocks {
+    /// Pools with at least one block allocated.
     pub pools: u64,
+    /// Pools with none, kept in their arena for reuse.
     pub empty_pools: u64,
+    /// Blocks allocated: `objects + free_listed + other`.
     pub blocks: u64,
+    /// Blocks holding a live object.
     pub objects: u64,
+    /// Blocks holding an object kept on one of the interpreter's free lists.
     pub free_listed: u64,
+    /// Blocks holding no object: item arrays, dict tables, buffers.
     pub other: u64,
+    /// Bytes of the blocks free in the pools in use.
     pub free_bytes: u64,
+}
+
+impl std::ops::AddAssign for Blocks {
+    fn add_assign(&mut self, other: Self) {
+        self.pools += other.pools;
+        self.empty_pools += other.empty_pools;
+        self.blocks += other.blocks;
+        self.objects += other.objects;
+        self.free_listed += other.free_listed;
+        self.other += other.other;
+        self.free_bytes += other.free_bytes;
+    }
 }
 
 /// The scan against pymalloc's arena table.
@@ -220,12 +244,7 @@ mod tests {
             exact: true,
             stopped_ms: None,
             types: types.iter().map(|&(n, c, b)| TypeRow { name: n.into(), count: c, bytes: b, outside: 0 }).collect(),
-            pymalloc: Pymalloc::default(),
-            outside: Outside::default(),
-            rss: None,
-            accounted: 0,
-            unaccounted: None,
-            rejected: IndexMap::new(),
+            totals: Totals::default(),
             partial: Vec::new(),
             cost: Cost::default(),
         }

@@ -36,18 +36,18 @@ pub fn table(census: &Census, top: usize) -> String {
     }
     let objects: u64 = census.types.iter().map(|t| t.count).sum();
     let _ = writeln!(out, "{:>12}  {:>11}          in all", thousands(objects), bytes(total));
-    let p = &census.pymalloc;
+    let p = &census.totals.pymalloc;
     let _ = writeln!(
         out,
         "pymalloc: {} arenas, {} pools in use and {} empty; {} blocks allocated: {} objects, {} on free lists, {} other (item arrays, dict tables, buffers); {} free in the pools in use",
         thousands(p.arenas),
-        thousands(p.pools),
-        thousands(p.empty_pools),
-        thousands(p.blocks),
-        thousands(p.objects),
-        thousands(p.free_listed),
-        thousands(p.other),
-        bytes(p.free_bytes)
+        thousands(p.blocks.pools),
+        thousands(p.blocks.empty_pools),
+        thousands(p.blocks.blocks),
+        thousands(p.blocks.objects),
+        thousands(p.blocks.free_listed),
+        thousands(p.blocks.other),
+        bytes(p.blocks.free_bytes)
     );
     if let Some(t) = &p.arena_table {
         let _ = writeln!(
@@ -60,7 +60,7 @@ pub fn table(census: &Census, top: usize) -> String {
             thousands(t.raw_allocated_blocks.unsigned_abs())
         );
     }
-    let o = &census.outside;
+    let o = &census.totals.outside;
     let _ = writeln!(
         out,
         "outside pymalloc: {} objects, {} ({} on the collector's lists, {} held by tuples, lists and dicts); item arrays, dict tables and buffers {}",
@@ -70,19 +70,19 @@ pub fn table(census: &Census, top: usize) -> String {
         thousands(o.referenced),
         bytes(o.buffer_bytes)
     );
-    if let (Some(rss), Some(unaccounted)) = (census.rss, census.unaccounted) {
+    if let (Some(rss), Some(unaccounted)) = (census.totals.rss, census.totals.unaccounted) {
         let sign = if unaccounted < 0 { "-" } else { "" };
         let _ = writeln!(
             out,
             "memory: RSS {}, accounted {}, unaccounted {sign}{}",
             bytes(rss),
-            bytes(census.accounted),
+            bytes(census.totals.accounted),
             bytes(unaccounted.unsigned_abs())
         );
     }
     let reason = |key: &str| Reason::ALL.iter().copied().find(|r| r.key() == key);
     let (refused, skipped): (Vec<_>, Vec<_>) =
-        census.rejected.iter().partition(|(key, _)| reason(key).is_none_or(Reason::is_candidate));
+        census.totals.rejected.iter().partition(|(key, _)| reason(key).is_none_or(Reason::is_candidate));
     for (title, rows) in
         [("candidates refused (each block is tried at +0, +16 and +32):", refused), ("leads not followed:", skipped)]
     {

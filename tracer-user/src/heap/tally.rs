@@ -1,6 +1,7 @@
 //! The counts a census keeps while it reads: per type, per size class, and
 //! every candidate it refused or lead it did not follow, by why.
 
+use super::model::Blocks;
 use crate::python::heap::SIZE_CLASSES;
 
 /// Why a candidate object was refused, or a lead not followed (a read
@@ -166,25 +167,6 @@ impl Reason {
     }
 }
 
-/// One size class's pools and blocks.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ClassCounts {
-    /// Pools in use (at least one block allocated).
-    pub pools: u64,
-    /// Pools with no block allocated, kept for reuse.
-    pub empty_pools: u64,
-    /// Blocks allocated.
-    pub blocks: u64,
-    /// Of them, blocks that hold a live object.
-    pub objects: u64,
-    /// Blocks that hold an object on one of the interpreter's free lists.
-    pub free_listed: u64,
-    /// Blocks that hold no object (item arrays, dict tables, buffers).
-    pub other: u64,
-    /// Bytes of the blocks not allocated in the pools in use.
-    pub free_bytes: u64,
-}
-
 /// One type's objects.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TypeCounts {
@@ -202,7 +184,7 @@ pub struct TypeCounts {
 /// Everything counted.
 #[derive(Clone, Debug)]
 pub struct Tally {
-    pub classes: [ClassCounts; SIZE_CLASSES],
+    pub classes: [Blocks; SIZE_CLASSES],
     /// By type index ([`super::types::TypeTable::infos`]).
     pub types: Vec<TypeCounts>,
     pub rejected: [u64; Reason::ALL.len()],
@@ -217,7 +199,7 @@ pub struct Tally {
 impl Default for Tally {
     fn default() -> Self {
         Self {
-            classes: [ClassCounts::default(); SIZE_CLASSES],
+            classes: [Blocks::default(); SIZE_CLASSES],
             types: Vec::new(),
             rejected: [0; Reason::ALL.len()],
             arenas: 0,

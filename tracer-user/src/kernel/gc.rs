@@ -302,12 +302,7 @@ mod tests {
     use tracer_common::{gc::arg_cookie, site, stats::Stat};
 
     use super::*;
-    use crate::{
-        discover::elf::ElfImage,
-        kernel::LoadOptions,
-        plan::{self, ImageRef, PlanOptions, gc::GcSource},
-        probe::{ProbeSpec, Program},
-    };
+    use crate::{discover::elf::ElfImage, kernel::LoadOptions, plan::gc::GcSource};
 
     /// Semaphores as sys/sdt.h makes them: two bytes in a writable section
     /// of the file (not .bss, which no file backs), which only the kernel
@@ -342,12 +337,7 @@ mod tests {
     }
 
     fn session() -> (Session, ElfImage) {
-        assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
-        let exe = std::env::current_exe().expect("the test binary");
-        let elf = ElfImage::open(&exe).expect("the test binary is ELF");
-        let image = ImageRef::own(&elf, &exe);
-        let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
-        let plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
+        let (plan, elf) = crate::kernel::tests::main_plan();
         (Session::load(plan, std::process::id(), &LoadOptions::default()).expect("the object loads"), elf)
     }
 

@@ -131,11 +131,7 @@ mod tests {
     use crate::{
         discover::elf::ElfImage,
         kernel::{GrowthOptions, LoadOptions},
-        plan::{
-            self, ImageRef, PlanOptions,
-            growth::{GrowthPoint, GrowthRole},
-        },
-        probe::{ProbeSpec, Program},
+        plan::growth::{GrowthPoint, GrowthRole},
     };
 
     /// `struct arena_object`'s first five words, as pymalloc lays them out:
@@ -182,13 +178,9 @@ mod tests {
     fn takes_are_told_apart_and_sampled(multi: bool) {
         static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let _one = ONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
         std::hint::black_box(tracer_test_growth_take as extern "C" fn(*const Arena) -> u64);
         std::hint::black_box(tracer_test_growth_arena as extern "C" fn(u64, u64) -> u64);
-        let exe = std::env::current_exe().expect("the test binary");
-        let elf = ElfImage::open(&exe).expect("the test binary is ELF");
-        let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
-        let plan = plan::plan(ImageRef::own(&elf, &exe), &spec, PlanOptions::default()).expect("a plan");
+        let (plan, elf) = crate::kernel::tests::main_plan();
         let growth = GrowthOptions { every: 1, pools: 16, stacks: 16 };
         let options = LoadOptions { growth: Some(growth), ..LoadOptions::default() };
         let mut session = Session::load(plan, std::process::id(), &options).expect("the object loads");

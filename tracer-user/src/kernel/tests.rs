@@ -12,12 +12,29 @@ use crate::{
     probe::ProbeSpec,
 };
 
+/// A plan of `spec` against this test binary (tracer's own code, with the
+/// `tracer_test_*` functions the tests probe), and its ELF image, for the
+/// tests of every kernel module. The tests load BPF, so they need root.
+pub(super) fn own_plan(spec: &[ProbeSpec], options: PlanOptions) -> (Plan, ElfImage) {
+    assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
+    let exe = std::env::current_exe().expect("the test binary");
+    let elf = ElfImage::open(&exe).expect("the test binary is ELF");
+    let plan = plan::plan(ImageRef::own(&elf, &exe), spec, options).expect("a plan on the test binary");
+    (plan, elf)
+}
+
+/// [`own_plan`] with one probe counting calls of `main`, which is never
+/// hit again: a plan to load the object with, whose tests probe other
+/// points.
+pub(super) fn main_plan() -> (Plan, ElfImage) {
+    own_plan(&[ProbeSpec::function("main", Program::CountCall, true, true)], PlanOptions::default())
+}
+
 /// Every program loads for uprobe-multi links against the object's
 /// maps, whatever their type: a map type the multi loader left out
 /// would fail this load, and `--links auto` would fall back silently.
 #[test]
 fn every_program_loads_for_multi_links_with_every_map_type() {
-    assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
     let obj = aya_obj::Object::parse(crate::BPF_OBJECT).expect("the embedded BPF object parses");
     let types: BTreeSet<u32> = obj.maps.values().map(aya_obj::Map::map_type).collect();
     for (wanted, name) in [
@@ -29,11 +46,7 @@ fn every_program_loads_for_multi_links_with_every_map_type() {
     ] {
         assert!(types.contains(&(wanted as u32)), "the object has no {name} map: {types:?}");
     }
-    let exe = std::env::current_exe().expect("the test binary");
-    let elf = ElfImage::open(&exe).expect("the test binary is ELF");
-    let image = ImageRef::own(&elf, &exe);
-    let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
-    let plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
+    let (plan, _) = main_plan();
     let options = LoadOptions { bpf_log: true, ..LoadOptions::default() };
     let session = Session::load(plan, std::process::id(), &options).expect("the object loads");
     let names: BTreeSet<&str> = session.map_fds.iter().map(|(n, _)| n.as_str()).collect();
@@ -58,12 +71,7 @@ fn every_program_loads_for_multi_links_with_every_map_type() {
 /// to load `free_object`: a value spilled where it was undefined).
 #[test]
 fn every_program_loads_with_stacks_types_and_live() {
-    assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
-    let exe = std::env::current_exe().expect("the test binary");
-    let elf = ElfImage::open(&exe).expect("the test binary is ELF");
-    let image = ImageRef::own(&elf, &exe);
-    let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
-    let plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
+    let (plan, _) = main_plan();
     let options = LoadOptions {
         types: Some(TypesOptions { entries: 16, ob_type_offset: 8, objects: 16, pre_headers: [0, 16, 32] }),
         stacks: Some(StacksOptions { slots: vec![0], sample: 3, entries: 16, native_rows: Some(1024) }),
@@ -81,7 +89,6 @@ fn every_program_loads_with_stacks_types_and_live() {
 /// attaches one loads, and not in the product's.
 #[test]
 fn bench_programs_load_from_the_bench_object_alone() {
-    assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
     let product = aya_obj::Object::parse(crate::BPF_OBJECT).expect("the embedded BPF object parses");
     let bench = aya_obj::Object::parse(crate::BENCH_OBJECT).expect("the bench object parses");
     let bench_only: Vec<Program> = Program::ALL.into_iter().filter(|p| p.bench_only()).collect();
@@ -91,9 +98,6 @@ fn bench_programs_load_from_the_bench_object_alone() {
         assert_eq!(product.programs.contains_key(name), !program.bench_only(), "{name} in the product's object");
         assert!(bench.programs.contains_key(name), "{name} is not in the bench object");
     }
-    let exe = std::env::current_exe().expect("the test binary");
-    let elf = ElfImage::open(&exe).expect("the test binary is ELF");
-    let image = ImageRef::own(&elf, &exe);
     let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
     // Not a literal: the plan's options are built in one place
     // (prepare::planning), which the kernel does not depend on.
@@ -103,7 +107,7 @@ fn bench_programs_load_from_the_bench_object_alone() {
         options.program_override = Some(Program::MetaLookup);
         options
     };
-    let plan = plan::plan(image, &spec, options).expect("a plan on the test binary");
+    let (plan, _) = own_plan(&spec, options);
     let session = Session::load(plan, std::process::id(), &LoadOptions::default()).expect("the bench object loads");
     assert!(std::ptr::eq(session.object, crate::BENCH_OBJECT), "a bench plan loads the bench object");
     for program in bench_only {
@@ -123,12 +127,7 @@ extern "C" fn tracer_test_never_called() -> u64 {
 /// coverage partial.
 #[test]
 fn a_refused_offset_is_left_out_and_reported() {
-    assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
-    let exe = std::env::current_exe().expect("the test binary");
-    let elf = ElfImage::open(&exe).expect("the test binary is ELF");
-    let image = ImageRef::own(&elf, &exe);
-    let spec = [ProbeSpec::function("main", Program::CountCall, true, true)];
-    let mut plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
+    let (mut plan, elf) = main_plan();
     // Its address taken, so that the linker keeps it.
     std::hint::black_box(tracer_test_never_called as extern "C" fn() -> u64);
     let never = elf.function("tracer_test_never_called").expect("the never-called function");
@@ -163,13 +162,9 @@ extern "C" fn tracer_test_seven(a1: u64, a2: u64, a3: u64, a4: u64, a5: u64, a6:
 fn a_size_in_a_stack_slot_is_read_from_memory() {
     use tracer_common::site;
     const N: u64 = 300;
-    assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
-    let exe = std::env::current_exe().expect("the test binary");
-    let elf = ElfImage::open(&exe).expect("the test binary is ELF");
-    let image = ImageRef::own(&elf, &exe);
     // main's own probe is never hit again; the site is the slot's one.
     let spec = [ProbeSpec::function("main", Program::SizeArg0, true, true)];
-    let mut plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
+    let (mut plan, elf) = own_plan(&spec, PlanOptions::default());
     std::hint::black_box(tracer_test_seven as extern "C" fn(u64, u64, u64, u64, u64, u64, u64) -> u64);
     let seven = elf.function("tracer_test_seven").expect("the seven-argument function");
     // DWARF register 7 is %rsp.
@@ -212,17 +207,13 @@ extern "C" fn tracer_test_free(ptr: *const u64) -> u64 {
 /// full objects table is counted.
 #[test]
 fn objects_are_kept_destroyed_at_their_block_and_reused() {
-    assert!(crate::privileges::is_root(), "this test loads BPF: run it as root (cargo xtask test)");
-    let exe = std::env::current_exe().expect("the test binary");
-    let elf = ElfImage::open(&exe).expect("the test binary is ELF");
-    let image = ImageRef::own(&elf, &exe);
     std::hint::black_box(tracer_test_new_reference as extern "C" fn(*const u64) -> u64);
     std::hint::black_box(tracer_test_free as extern "C" fn(*const u64) -> u64);
     let spec = [
         ProbeSpec::function("tracer_test_new_reference", Program::CountObject, true, true),
         ProbeSpec::function("tracer_test_free", Program::FreeObject, true, true),
     ];
-    let plan = plan::plan(image, &spec, PlanOptions::default()).expect("a plan on the test binary");
+    let (plan, _) = own_plan(&spec, PlanOptions::default());
     // Room for three objects.
     let types = TypesOptions { entries: 16, ob_type_offset: 8, objects: 3, pre_headers: [0, 16, 32] };
     let options = LoadOptions { types: Some(types), ..LoadOptions::default() };

@@ -2,10 +2,9 @@
 //! in the summary: `tracer heap`'s census ([`crate::heap::model::Census`]),
 //! each type with its change since an earlier census, bounded.
 
-use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 
-pub use crate::heap::model::{Outside, Pymalloc};
+pub use crate::heap::model::{Outside, Pymalloc, Totals};
 
 /// The latest census of the run, and what changed since an earlier one.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -31,18 +30,11 @@ pub struct Heap {
     /// Every other type, summed; left out when there is none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub other: Option<OtherTypes>,
-    pub pymalloc: Pymalloc,
-    pub outside: Outside,
-    /// The target's resident set size.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rss: Option<u64>,
-    /// Bytes the census accounts for (`tracer heap`'s `accounted`).
-    pub accounted: u64,
-    /// `rss` minus `accounted`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub unaccounted: Option<i64>,
-    /// Candidates refused, by reason (`tracer heap`'s `rejected`).
-    pub rejected: IndexMap<String, u64>,
+    /// pymalloc's and the outside objects' figures, the resident set,
+    /// what the census accounts for and the candidates it refused, as
+    /// `tracer heap` reports them.
+    #[serde(flatten)]
+    pub totals: Totals,
     /// What the census could not cover, and why.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub partial: Vec<String>,

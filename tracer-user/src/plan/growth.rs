@@ -18,13 +18,13 @@
 //! where the new arena's address is an argument register.
 
 use iced_x86::{
-    Decoder, DecoderOptions, FlowControl, Formatter as _, GasFormatter, Instruction, InstructionInfoFactory, Mnemonic,
-    OpAccess, OpKind, Register,
+    Decoder, DecoderOptions, FlowControl, Formatter as _, Instruction, InstructionInfoFactory, Mnemonic, OpKind,
+    Register,
 };
 use serde::{Deserialize, Serialize};
 use tracer_common::{growth, site};
 
-use super::placement::{self, KernelVersion};
+use super::placement::{self, KernelVersion, Step};
 use crate::{
     discover::{elf::ElfImage, growth::GrowthSymbols},
     python::growth::{GrowthKnowledge, RDI, TAKE_FUNCTION, Usable},
@@ -201,13 +201,6 @@ struct Found {
     cookie: u64,
 }
 
-fn formatter() -> GasFormatter {
-    let mut formatter = GasFormatter::new();
-    // Show rip-relative operands as objdump does: what the bytes say.
-    formatter.options_mut().set_rip_relative_addresses(true);
-    formatter
-}
-
 /// Whether `instr` loads `usable_arenas` whole into a register.
 fn loads(instr: &Instruction, usable: UsableAt) -> bool {
     let into_register = instr.mnemonic() == Mnemonic::Mov
@@ -229,24 +222,11 @@ fn loads(instr: &Instruction, usable: UsableAt) -> bool {
 /// The take's place in the function whose code (from its entry) is `code`
 /// at `address` (see the module's comment).
 fn take_point(code: &[u8], address: u64, usable: UsableAt, kernel: KernelVersion) -> Result<Found, String> {
-    let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
-    let mut formatter = formatter();
     let mut info = InstructionInfoFactory::new();
-    let mut instr = Instruction::default();
     let mut held: Option<Register> = None;
     let mut skipped: Vec<String> = Vec::new();
     let mut why = "the code could not be decoded".to_owned();
-    while decoder.can_decode() {
-        let at = decoder.ip();
-        decoder.decode_out(&mut instr);
-        if instr.is_invalid() {
-            break;
-        }
-        let offset = at - address;
-        let start = usize::try_from(offset).unwrap_or(usize::MAX);
-        let bytes = code.get(start..start + instr.len()).unwrap_or(&[]);
-        let mut shown = String::new();
-        formatter.format(&instr, &mut shown);
+    for Step { offset, bytes, instr, shown } in placement::instructions(code, address) {
         if let (Some(register), Some(kind)) = (held, placement::emulated(bytes, kernel)) {
             if let Some(branch) = placement::branch_into(code, address, offset) {
                 why = branch;
@@ -278,15 +258,8 @@ fn take_point(code: &[u8], address: u64, usable: UsableAt, kernel: KernelVersion
             skipped.push(shown);
             continue;
         }
-        let overwrites = info.info(&instr).used_registers().iter().find_map(|r| {
-            let writes = matches!(
-                r.access(),
-                OpAccess::Write | OpAccess::CondWrite | OpAccess::ReadWrite | OpAccess::ReadCondWrite
-            );
-            let full = r.register().full_register();
-            let read = held.or(matches!(usable, UsableAt::InState(_)).then_some(Register::RDI));
-            (writes && Some(full) == read).then_some(full)
-        });
+        let read = held.or(matches!(usable, UsableAt::InState(_)).then_some(Register::RDI));
+        let overwrites = placement::written(&mut info, &instr).into_iter().find(|full| Some(*full) == read);
         if let Some(register) = overwrites {
             why = format!("`{shown}` at +{offset} overwrites {register:?}, which the probe reads");
             break;
@@ -322,7 +295,7 @@ fn arena_point(
     kernel: KernelVersion,
 ) -> Result<Found, String> {
     let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
-    let mut formatter = formatter();
+    let mut formatter = placement::formatter();
     let mut instr = Instruction::default();
     let mut calls = Vec::new();
     while decoder.can_decode() {

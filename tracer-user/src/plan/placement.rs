@@ -32,7 +32,8 @@
 //! memory through them is indifferent to it; `--growth`'s programs are
 //! such, and `plan::growth` places them past stack-pointer moves with the
 //! same other rules (no branch before, none into, the registers read
-//! intact), using [`branch_into`] and [`emulated`].
+//! intact), using [`instructions`], [`written`], [`branch_into`] and
+//! [`emulated`].
 
 use iced_x86::{
     Decoder, DecoderOptions, FlowControl, Formatter as _, GasFormatter, Instruction, InstructionInfoFactory, OpAccess,
@@ -111,30 +112,11 @@ fn reads(program: Program) -> &'static [Register] {
 /// `address`.
 #[must_use]
 pub fn place(code: &[u8], address: u64, program: Program, kernel: KernelVersion) -> Placement {
-    let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
-    let mut formatter = GasFormatter::new();
-    // Show rip-relative operands as objdump does: what the bytes say.
-    formatter.options_mut().set_rip_relative_addresses(true);
     let mut info = InstructionInfoFactory::new();
-    let mut instr = Instruction::default();
-    let mut text = |i: &Instruction| {
-        let mut s = String::new();
-        formatter.format(i, &mut s);
-        s
-    };
     let mut skipped: Vec<String> = Vec::new();
     let mut entry_text = None;
     let mut candidate: Option<Placement> = None;
-    while decoder.can_decode() {
-        let at = decoder.ip();
-        decoder.decode_out(&mut instr);
-        if instr.is_invalid() {
-            break;
-        }
-        let offset = at - address;
-        let start = usize::try_from(offset).unwrap_or(usize::MAX);
-        let bytes = code.get(start..start + instr.len()).unwrap_or(&[]);
-        let shown = text(&instr);
+    for Step { offset, bytes, instr, shown } in instructions(code, address) {
         if offset == 0 {
             entry_text = Some(shown.clone());
         }
@@ -153,17 +135,11 @@ pub fn place(code: &[u8], address: u64, program: Program, kernel: KernelVersion)
         if instr.flow_control() != FlowControl::Next {
             return entry(entry_text, &format!("`{shown}` at +{offset} changes control flow first"));
         }
-        let used = info.info(&instr);
-        for r in used.used_registers() {
-            let writes = matches!(
-                r.access(),
-                OpAccess::Write | OpAccess::CondWrite | OpAccess::ReadWrite | OpAccess::ReadCondWrite
-            );
-            let full = r.register().full_register();
-            if writes && full == Register::RSP {
+        for full in written(&mut info, &instr) {
+            if full == Register::RSP {
                 return entry(entry_text, &format!("`{shown}` at +{offset} moves the stack pointer first"));
             }
-            if writes && reads(program).contains(&full) {
+            if reads(program).contains(&full) {
                 return entry(
                     entry_text,
                     &format!("`{shown}` at +{offset} overwrites {full:?}, which the probe reads"),
@@ -179,6 +155,62 @@ pub fn place(code: &[u8], address: u64, program: Program, kernel: KernelVersion)
         return entry(entry_text, &why);
     }
     found
+}
+
+/// One instruction of a function, as the prologue walks of [`place`] and
+/// `plan::growth` see it.
+pub struct Step<'c> {
+    /// Bytes from the function's entry.
+    pub offset: u64,
+    pub bytes: &'c [u8],
+    pub instr: Instruction,
+    /// AT&T syntax, as [`formatter`] shows it.
+    pub shown: String,
+}
+
+/// The instructions of the function whose code is `code` (at `address`),
+/// from its entry up to the first that does not decode.
+pub fn instructions(code: &[u8], address: u64) -> impl Iterator<Item = Step<'_>> {
+    let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
+    let mut formatter = formatter();
+    std::iter::from_fn(move || {
+        if !decoder.can_decode() {
+            return None;
+        }
+        let at = decoder.ip();
+        let instr = decoder.decode();
+        if instr.is_invalid() {
+            return None;
+        }
+        let offset = at - address;
+        let start = usize::try_from(offset).unwrap_or(usize::MAX);
+        let bytes = code.get(start..start + instr.len()).unwrap_or(&[]);
+        let mut shown = String::new();
+        formatter.format(&instr, &mut shown);
+        Some(Step { offset, bytes, instr, shown })
+    })
+}
+
+/// The registers `instr` writes (or may write), whole, in the order its
+/// operands name them.
+pub fn written(info: &mut InstructionInfoFactory, instr: &Instruction) -> Vec<Register> {
+    info.info(instr)
+        .used_registers()
+        .iter()
+        .filter(|r| {
+            matches!(r.access(), OpAccess::Write | OpAccess::CondWrite | OpAccess::ReadWrite | OpAccess::ReadCondWrite)
+        })
+        .map(|r| r.register().full_register())
+        .collect()
+}
+
+/// The plan's formatter: AT&T syntax, with rip-relative operands shown as
+/// objdump does, as the bytes say.
+#[must_use]
+pub fn formatter() -> GasFormatter {
+    let mut formatter = GasFormatter::new();
+    formatter.options_mut().set_rip_relative_addresses(true);
+    formatter
 }
 
 /// Why a probe `offset` bytes into the function whose code is `code` (at
@@ -229,10 +261,8 @@ pub fn at_entry_of(code: &[u8], address: u64, kernel: KernelVersion, reason: &st
     if instr.is_invalid() {
         return Placement::at_entry(reason.to_owned());
     }
-    let mut formatter = GasFormatter::new();
-    formatter.options_mut().set_rip_relative_addresses(true);
     let mut instruction = String::new();
-    formatter.format(&instr, &mut instruction);
+    formatter().format(&instr, &mut instruction);
     let emulated = code.get(..instr.len()).is_some_and(|b| emulated(b, kernel).is_some());
     Placement { offset: 0, instruction, emulated, reason: reason.to_owned() }
 }

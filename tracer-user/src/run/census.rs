@@ -483,12 +483,7 @@ pub fn heap_of(
         every,
         types,
         other,
-        pymalloc: census.pymalloc.clone(),
-        outside: census.outside.clone(),
-        rss: census.rss,
-        accounted: census.accounted,
-        unaccounted: census.unaccounted,
-        rejected: census.rejected.clone(),
+        totals: census.totals.clone(),
         partial: census.partial.clone(),
         cost: HeapCost {
             elapsed_ms: census.cost.elapsed_ms,
@@ -501,10 +496,8 @@ pub fn heap_of(
 
 #[cfg(test)]
 mod tests {
-    use indexmap::IndexMap;
-
     use super::*;
-    use crate::heap::model::{Cost, Outside, Pymalloc, TypeRow};
+    use crate::heap::model::{Cost, Totals, TypeRow};
 
     fn census(types: &[(String, u64, u64)]) -> Census {
         Census {
@@ -517,12 +510,7 @@ mod tests {
                 .iter()
                 .map(|(n, c, b)| TypeRow { name: n.clone(), count: *c, bytes: *b, outside: 0 })
                 .collect(),
-            pymalloc: Pymalloc::default(),
-            outside: Outside::default(),
-            rss: Some(1 << 20),
-            accounted: 1 << 19,
-            unaccounted: Some(1 << 19),
-            rejected: IndexMap::new(),
+            totals: Totals { rss: Some(1 << 20), accounted: 1 << 19, unaccounted: Some(1 << 19), ..Totals::default() },
             partial: Vec::new(),
             cost: Cost { elapsed_ms: 5.0, bytes_read: 4096, reads: 2, types_read: 3, failed_reads: 0 },
         }

@@ -43,7 +43,7 @@ pub fn heap_block(out: &mut impl Write, heap: &Heap) -> std::io::Result<()> {
     let types = heap.types.len() as u64 + other.types;
     let since = heap.since_s.map_or_else(|| "the run's first".to_owned(), |s| format!("changes since {s:.1} s"));
     let every = if heap.every > 1 { format!(", taken every {} intervals", heap.every) } else { String::new() };
-    let memory = match (heap.rss, heap.unaccounted) {
+    let memory = match (heap.totals.rss, heap.totals.unaccounted) {
         (Some(rss), Some(u)) => {
             let sign = if u < 0 { "-" } else { "" };
             format!("; RSS {}, {sign}{} not accounted for", bytes(rss), bytes(u.unsigned_abs()))
@@ -91,18 +91,19 @@ pub fn heap_block(out: &mut impl Write, heap: &Heap) -> std::io::Result<()> {
             .collect();
         writeln!(out, "  grew most besides: {}", named.join(", "))?;
     }
-    let p = &heap.pymalloc;
+    let p = &heap.totals.pymalloc;
     writeln!(
         out,
         "  pymalloc: {} arenas, {} pools in use and {} empty, {} free in the pools in use",
         thousands(p.arenas),
-        thousands(p.pools),
-        thousands(p.empty_pools),
-        bytes(p.free_bytes)
+        thousands(p.blocks.pools),
+        thousands(p.blocks.empty_pools),
+        bytes(p.blocks.free_bytes)
     )?;
     // Refused candidates are the scan's routine (most blocks are tried at
     // three offsets); the leads not followed are each a gap, shown.
     let skipped: Vec<String> = heap
+        .totals
         .rejected
         .iter()
         .filter(|(key, n)| **n > 0 && Reason::ALL.iter().any(|r| r.key() == key.as_str() && !r.is_candidate()))
@@ -119,10 +120,11 @@ pub fn heap_block(out: &mut impl Write, heap: &Heap) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use indexmap::IndexMap;
-
     use super::*;
-    use crate::model::heap::{HeapCost, HeapType, OtherTypes, Outside, Pymalloc};
+    use crate::{
+        heap::model::Blocks,
+        model::heap::{HeapCost, HeapType, OtherTypes, Pymalloc, Totals},
+    };
 
     fn row(name: &str, count: u64, bytes: u64, change: Option<(i64, i64)>) -> HeapType {
         HeapType {
@@ -142,12 +144,17 @@ mod tests {
             every: 1,
             types,
             other: None,
-            pymalloc: Pymalloc { arenas: 3, pools: 120, free_bytes: 4096, ..Pymalloc::default() },
-            outside: Outside::default(),
-            rss: Some(30 << 20),
-            accounted: 20 << 20,
-            unaccounted: Some(10 << 20),
-            rejected: IndexMap::new(),
+            totals: Totals {
+                pymalloc: Pymalloc {
+                    arenas: 3,
+                    blocks: Blocks { pools: 120, free_bytes: 4096, ..Blocks::default() },
+                    ..Pymalloc::default()
+                },
+                rss: Some(30 << 20),
+                accounted: 20 << 20,
+                unaccounted: Some(10 << 20),
+                ..Totals::default()
+            },
             partial: Vec::new(),
             cost: HeapCost { elapsed_ms: 12.3, cpu_ms: 11.0, bytes_read: 5 << 20, reads: 40 },
         }
@@ -163,7 +170,8 @@ mod tests {
         types[9].bytes_change = Some(700);
         types.push(row("gone", 0, 0, Some((-5, -160))));
         let mut h = heap(types, Some(1.0));
-        h.rejected = [("not_a_type".to_owned(), 40_000), ("dict_table_unreadable".to_owned(), 2)].into_iter().collect();
+        h.totals.rejected =
+            [("not_a_type".to_owned(), 40_000), ("dict_table_unreadable".to_owned(), 2)].into_iter().collect();
         h.other = Some(OtherTypes { types: 4, count: 10, bytes: 320, count_change: Some(0), bytes_change: Some(0) });
         let mut out = Vec::new();
         heap_block(&mut out, &h).unwrap();
