@@ -452,7 +452,8 @@ fn auto_growth_stops_over_half_the_budget() {
     let cost: f64 = cost.parse().unwrap_or_else(|_| panic!("{reason}"));
     assert!(cost > 0.05, "stopped at {cost}%: {reason}");
     let (per_s, tail) = rest_of.split_once(" pool takes/s), ").unwrap_or_else(|| panic!("{reason}"));
-    assert!(per_s.replace(',', "").parse::<u64>().is_ok_and(|n| n > 0), "{reason}");
+    let takes: u64 = per_s.replace(',', "").parse().unwrap_or_else(|_| panic!("{reason}"));
+    assert!(takes > 0 && per_s == group(takes), "{reason}");
     assert_eq!(tail, format!("over half the 0.1% budget: stopped at {at_s:.2} s; --growth keeps it on"), "{reason}");
     assert_eq!((&note["level"], &note["code"]), (&Value::from("note"), &Value::from("growth")), "{note}");
     assert_eq!(note["message"], format!("{reason}; the samples taken stay reported, as of the stop"), "{note}");

@@ -83,8 +83,6 @@ pub struct CensusSource {
     /// What the next census is expected to cost, in seconds: the last
     /// one's, or before the first, the prior.
     expected: f64,
-    /// Whether `expected` was measured.
-    measured: bool,
     /// Whether the spacing a measured census leads to was told.
     told: bool,
     /// A census is expected to start every this many intervals.
@@ -166,7 +164,6 @@ impl CensusSource {
             allowance: budget * CENSUS_SHARE,
             credit: 0.0,
             expected: prior(pid),
-            measured: false,
             told: false,
             every: 1,
             noted: 1,
@@ -286,14 +283,14 @@ impl CensusSource {
     fn space(&mut self, cpu: Duration) {
         self.credit -= cpu.as_secs_f64();
         self.expected = cpu.as_secs_f64();
-        self.measured = true;
     }
 
     /// Tells the spacing a census that costs `expected` leads to when the
     /// credit grows by `per_interval` an interval: once measured (where it
     /// is over one interval), and again where it doubles.
     fn tell_spacing(&mut self, per_interval: f64) {
-        if !self.measured || per_interval <= 0.0 {
+        // Not before a census has measured what one costs.
+        if self.taken == 0 || per_interval <= 0.0 {
             return;
         }
         let every = intervals(self.expected / per_interval * self.interval.as_secs_f64(), self.interval);

@@ -523,8 +523,11 @@ impl Growth {
         // to the stop.
         let (sites, stacks) = self.name_sites(session);
         self.stopped = Some(Stopped { at: Instant::now(), why: why.clone(), sites, stacks });
-        let note =
-            Note::new(Level::Note, NoteCode::Growth, format!("{reason}; the samples taken stay reported, as of the stop"));
+        let note = Note::new(
+            Level::Note,
+            NoteCode::Growth,
+            format!("{reason}; the samples taken stay reported, as of the stop"),
+        );
         (note, why)
     }
 }

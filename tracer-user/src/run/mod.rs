@@ -318,6 +318,7 @@ impl Run {
 
 /// Attaches as `config` says, reports until the run ends, detaches and
 /// prints the summary. Returns why the run ended.
+#[allow(clippy::too_many_lines, reason = "the run loop: one select! arm per event, each a few lines")]
 pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> Result<End, RunError> {
     privileges::check()?;
     // With --exe, one pidfd per traced process.
@@ -380,8 +381,7 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
             () = &mut trial, if trial_due => {
                 trial_due = false;
                 let budget = config.budget.unwrap_or(0.0);
-                let stopped = growth::trial(&mut run.growth, &mut run.session, run.cost.prices(), budget);
-                output.notes(stopped)?;
+                output.notes(growth::trial(&mut run.growth, &mut run.session, run.cost.prices(), budget))?;
             }
             ready = log_ready(log_fd.as_ref()) => {
                 if let Ok(mut guard) = ready {

@@ -72,9 +72,7 @@ impl Profile {
     ) -> (Self, Vec<Note>) {
         let mut notes = Vec::new();
         let census = pid.and_then(|pid| {
-            CensusSource::start(pid, config.debug_dir.clone(), config.interval, budget)
-                .map_err(|n| notes.push(n))
-                .ok()
+            CensusSource::start(pid, config.debug_dir.clone(), config.interval, budget).map_err(|n| notes.push(n)).ok()
         });
         let gc = match pid {
             None => {

@@ -178,7 +178,6 @@ fn share(cost: Duration, cpu: Duration, spent: &IndexMap<&'static str, Spent>) -
 /// tracer's own CPU time as a share of the target's CPU time `cpu` over
 /// `span`, or of one CPU's time over it, whichever is more: see the
 /// module's comment.
-#[must_use]
 pub fn own_share(span: Duration, cpu: Duration) -> impl Fn(Duration) -> f64 {
     let over = cpu.max(span).as_secs_f64();
     move |d: Duration| if over > 0.0 { d.as_secs_f64() / over } else { 0.0 }
