@@ -45,6 +45,13 @@ pub struct DutyCycle {
     at_cost_start: Vec<Counts>,
     /// When that was.
     cost_began: Instant,
+    /// The target's CPU time then, in ns (`--pid` only): what a window's
+    /// hits can have cost it at most.
+    cpu_cost_began: Option<u64>,
+    /// What the last window's ceiling took off its price (1: nothing):
+    /// the same share comes off what its live part cost, and off the
+    /// next window's price while it runs.
+    scale: f64,
     /// What the hits while the probes of the current attach went live
     /// cost: with those while they come down, what switching costs.
     attach_cost: Duration,
@@ -77,15 +84,16 @@ fn since(now: &[Counts], then: &[Counts]) -> Vec<Counts> {
 
 impl DutyCycle {
     /// The duty cycle of `session`, whose probes went live at `attach`
-    /// (when the attach began, and when it completed) for a first window of
-    /// [`FIRST_WINDOW`]; `costs` are a hit's, in the CPU time of the
-    /// thread hit, and `cpu` reads the target's.
+    /// (when the attach began, and when it completed; and the target's CPU
+    /// time in ns before it began) for a first window of [`FIRST_WINDOW`];
+    /// `costs` are a hit's, in the CPU time of the thread hit, and `cpu`
+    /// reads the target's.
     pub fn new(
         (session, readout): (&mut Session, &mut Readout),
         budget: f64,
         costs: HitCosts,
         (scope, multi): (u32, bool),
-        attach: (Instant, Instant),
+        attach: (Instant, Instant, Option<u64>),
         mut cpu: TargetCpu,
     ) -> Result<Self, AttachError> {
         let mut live = Vec::new();
@@ -97,11 +105,13 @@ impl DutyCycle {
             scope,
             multi,
             estimator: Estimator::new(session.plan().probes.len()),
-            attached: Some(attach),
+            attached: Some((attach.0, attach.1)),
             at_window_start,
             // The counts began at zero before the first attach.
             at_cost_start: vec![Counts::default(); session.plan().probes.len()],
             cost_began: attach.0,
+            cpu_cost_began: attach.2,
+            scale: 1.0,
             attach_cost: Duration::ZERO,
             followed: false,
             switching: attach.1 - attach.0,
@@ -149,6 +159,7 @@ impl DutyCycle {
                 // that takes as long as a window.
                 self.at_cost_start = counts(session, readout, &mut self.live)?;
                 self.cost_began = Instant::now();
+                self.cpu_cost_began = self.target_cpu_ns();
                 session.attach_multi(self.scope)?;
                 self.at_window_start = counts(session, readout, &mut self.live)?;
                 let live = Instant::now();
@@ -161,6 +172,7 @@ impl DutyCycle {
                 self.at_cost_start.clone_from(&self.at_window_start);
                 let began = Instant::now();
                 self.cost_began = began;
+                self.cpu_cost_began = self.target_cpu_ns();
                 session.attach_perf(self.scope)?;
                 let live = Instant::now();
                 self.switching += live - began;
@@ -192,6 +204,7 @@ impl DutyCycle {
             self.at_window_start.clone_from(&counts_now);
             self.at_cost_start = counts_now;
             self.cost_began = now;
+            self.cpu_cost_began = self.target_cpu_ns();
             self.attached = Some((now, now));
             self.followed = true;
             self.next = now + self.controller.window;
@@ -277,7 +290,19 @@ impl DutyCycle {
         window.get(slot).map_or(0.0, |c| c.calls as f64) * cost
     }
 
+    /// The target's CPU time in ns, exactly, with `--pid`.
+    fn target_cpu_ns(&self) -> Option<u64> {
+        (self.scope != crate::kernel::ALL_PROCESSES).then(|| super::cost::process_cpu_ns(self.scope)).flatten()
+    }
+
+    /// What `window`'s hits cost, priced, less what the last ceiling took
+    /// off (`scale`).
     fn cost_of(&self, session: &Session, window: &[Counts]) -> Duration {
+        self.priced(session, window).mul_f64(self.scale)
+    }
+
+    /// What `window`'s hits cost, priced.
+    fn priced(&self, session: &Session, window: &[Counts]) -> Duration {
         let ns: f64 = (0..window.len()).map(|slot| self.probe_cost(session, window, slot)).sum();
         Duration::from_secs_f64(ns / 1e9)
     }
@@ -292,7 +317,16 @@ impl DutyCycle {
         lives: &[Duration],
         traced: Duration,
     ) -> Duration {
-        let overhead = self.cost_of(session, priced);
+        // Priced high (see probe_cost), but the hits ran on the target's
+        // CPU time since the cost began: at most that (an LTO build whose
+        // hot copies are emulated was priced at many times its CPU time).
+        let ceiling = self
+            .cpu_cost_began
+            .zip(self.target_cpu_ns())
+            .map(|(then, now)| Duration::from_nanos(now.saturating_sub(then)));
+        let priced_cost = self.priced(session, priced);
+        let overhead = ceiling.map_or(priced_cost, |c| priced_cost.min(c));
+        self.scale = if priced_cost.is_zero() { 1.0 } else { overhead.as_secs_f64() / priced_cost.as_secs_f64() };
         let probes: Vec<ProbeWindow> =
             window.iter().zip(lives).map(|(c, &live)| ProbeWindow { live, calls: c.calls, bytes: c.bytes }).collect();
         self.estimator.add(&probes, traced, overhead);

@@ -554,6 +554,8 @@ fn start<'a>(
     // Through uprobe-multi links unless told otherwise; where the kernel
     // has none, `--links auto` falls back for these as for the rates.
     let growth_header = links::always_on(config.links, &mut session, r.scope, (&gc, &mut growth))?;
+    // What the first window's hits can have cost the target at most.
+    let cpu_before_attach = r.pid().and_then(cost::process_cpu_ns);
     let (links, attach_began, fallback) = attach_links(&mut session, r.scope, config.links)?;
     let started = Instant::now();
     // The target's CPU time over the first window, exactly: too short for
@@ -574,7 +576,7 @@ fn start<'a>(
             (r.scope, links == Links::Multi),
             // A multi link goes live at once when made; perf-event uprobes
             // one by one during the attach.
-            (if links == Links::Multi { started } else { attach_began }, started),
+            (if links == Links::Multi { started } else { attach_began }, started, cpu_before_attach),
             cost::TargetCpu::new(r.pid()),
         )?),
         _ => None,

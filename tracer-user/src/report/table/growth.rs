@@ -31,15 +31,20 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         Ok(())
     }
 
-    pub(super) fn growth_block(&mut self, g: &Growth) -> std::io::Result<()> {
+    /// Growth's block; `share`, in the profile, its cost as a share of the
+    /// target's CPU time (the ledger's), else it is shown as a share of
+    /// one CPU's time.
+    pub(super) fn growth_block(&mut self, g: &Growth, share: Option<f64>) -> std::io::Result<()> {
         let g = match g {
             Growth::Unavailable { unavailable } => return writeln!(self.out, "  growth: unavailable: {unavailable}"),
             Growth::Sampled(g) => g,
         };
         let cost = g.cost.as_ref().map_or(String::new(), |c| {
-            let share = c
-                .per_s
-                .map_or("cost unknown until calibrated".to_owned(), |s| format!("cost ≈{:.3}% of a CPU", s * 100.0));
+            let share = match (share, c.per_s) {
+                (Some(f), Some(_)) => format!("cost ≈{:.3}% of the target's CPU time", f * 100.0),
+                (_, Some(s)) => format!("cost ≈{:.3}% of a CPU", s * 100.0),
+                (_, None) => "cost unknown until calibrated".to_owned(),
+            };
             format!("; {share} ({} hits)", group(c.hits))
         });
         writeln!(

@@ -36,7 +36,9 @@ fn signed_bytes(n: i64) -> String {
 }
 
 /// Writes the heap block of `heap`.
-pub fn heap_block(out: &mut impl Write, heap: &Heap) -> std::io::Result<()> {
+/// The heap's block; `told_partial`, the census's gaps printed in full
+/// already, which it adds to.
+pub fn heap_block(out: &mut impl Write, heap: &Heap, told_partial: &mut Vec<String>) -> std::io::Result<()> {
     let other = heap.other.unwrap_or_default();
     let objects = heap.types.iter().fold(other.count, |n, t| n.saturating_add(t.count));
     let size = heap.types.iter().fold(other.bytes, |n, t| n.saturating_add(t.bytes));
@@ -112,9 +114,16 @@ pub fn heap_block(out: &mut impl Write, heap: &Heap) -> std::io::Result<()> {
     if !skipped.is_empty() {
         writeln!(out, "  heap leads not followed: {}", skipped.join(" "))?;
     }
-    for note in &heap.partial {
+    // Each gap in full once; after that, that it is still there.
+    let (new, told): (Vec<&String>, Vec<&String>) = heap.partial.iter().partition(|n| !told_partial.contains(n));
+    for note in &new {
         writeln!(out, "  heap partial: {note}")?;
     }
+    if !told.is_empty() {
+        let n = told.len();
+        writeln!(out, "  heap partial: as above ({n} gap{})", if n == 1 { "" } else { "s" })?;
+    }
+    told_partial.extend(new.into_iter().cloned());
     Ok(())
 }
 
@@ -174,7 +183,7 @@ mod tests {
             [("not_a_type".to_owned(), 40_000), ("dict_table_unreadable".to_owned(), 2)].into_iter().collect();
         h.other = Some(OtherTypes { types: 4, count: 10, bytes: 320, count_change: Some(0), bytes_change: Some(0) });
         let mut out = Vec::new();
-        heap_block(&mut out, &h).unwrap();
+        heap_block(&mut out, &h, &mut Vec::new()).unwrap();
         let text = String::from_utf8(out).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
@@ -194,11 +203,35 @@ mod tests {
         assert_eq!(lines[4 + ROWS], "  heap leads not followed: dict_table_unreadable=2");
     }
 
+    /// A gap of the census's is printed in full once; the next intervals
+    /// say it is still there, and a new one is printed in full.
+    #[test]
+    fn a_gap_is_told_in_full_once() {
+        let mut h = heap(vec![row("dict", 3, 700, None)], None);
+        h.partial = vec!["sets are not followed".to_owned()];
+        let mut told = Vec::new();
+        let partial = |h: &Heap, told: &mut Vec<String>| {
+            let mut out = Vec::new();
+            heap_block(&mut out, h, told).unwrap();
+            String::from_utf8(out)
+                .unwrap()
+                .lines()
+                .filter(|l| l.starts_with("  heap partial:"))
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(partial(&h, &mut told), ["  heap partial: sets are not followed"]);
+        assert_eq!(partial(&h, &mut told), ["  heap partial: as above (1 gap)"]);
+        h.partial.push("a collection ran".to_owned());
+        assert_eq!(partial(&h, &mut told), ["  heap partial: a collection ran", "  heap partial: as above (1 gap)"]);
+        assert_eq!(partial(&h, &mut told), ["  heap partial: as above (2 gaps)"]);
+    }
+
     #[test]
     fn the_first_census_has_no_change() {
         let h = heap(vec![row("dict", 3, 700, None)], None);
         let mut out = Vec::new();
-        heap_block(&mut out, &h).unwrap();
+        heap_block(&mut out, &h, &mut Vec::new()).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(text.starts_with("  heap (census 2 at 2.0 s, the run's first; "), "{text}");
         let row = text.lines().nth(2).unwrap();

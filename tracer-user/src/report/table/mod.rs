@@ -23,11 +23,13 @@ pub struct TableReporter<W: Write, E: Write> {
     /// The attach header, for which probes measure bytes and whether to
     /// list processes even when there is only one (`--exe`).
     attached: Option<Attached>,
+    /// The heap census's gaps (`partial`) already printed in full.
+    told_partial: Vec<String>,
 }
 
 impl<W: Write, E: Write> TableReporter<W, E> {
     pub const fn new(out: W, err: E) -> Self {
-        Self { out, err, attached: None }
+        Self { out, err, attached: None, told_partial: Vec::new() }
     }
 
     fn measures_bytes(&self, probe: &str) -> bool {
@@ -146,7 +148,7 @@ impl<W: Write, E: Write> TableReporter<W, E> {
             self.gc_block(gc)?;
         }
         if let Some(h) = &sample.heap {
-            heap::heap_block(&mut self.out, h)?;
+            heap::heap_block(&mut self.out, h, &mut self.told_partial)?;
         }
         if let Some(live) = &sample.live {
             super::live::live(&mut self.out, live)?;
@@ -161,7 +163,11 @@ impl<W: Write, E: Write> TableReporter<W, E> {
             self.sites_block(sites, sample.stack_coverage.as_ref())?;
         }
         if let Some(growth) = &sample.growth {
-            self.growth_block(growth)?;
+            // In the profile, its cost as the ledger has it: a share of the
+            // target's CPU time, as every other cost there.
+            let share =
+                sample.profile.as_ref().and_then(|p| p.sources.get(crate::run::share::GROWTH)).map(|s| s.fraction);
+            self.growth_block(growth, share)?;
         }
         let per_process = self.attached.as_ref().is_some_and(|a| a.pid.is_none());
         if per_process || sample.pids.len() > 1 {
