@@ -166,6 +166,10 @@ pub struct CostEstimate {
     pub warning: Option<String>,
 }
 
+/// The ledger's name for heap growth sampling's cost (a key of
+/// [`ProfileCost::sources`]).
+pub const GROWTH_SOURCE: &str = "growth";
+
 /// What one source of the production profile cost over an interval (in a
 /// summary, over the run).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]

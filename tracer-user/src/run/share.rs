@@ -32,7 +32,7 @@ pub const GC_MEMORY: &str = "gc_memory";
 pub const CENSUS: &str = "census";
 /// Heap growth sampling's probes (`--growth`, or the profile's default),
 /// and its reads of the sampled pools.
-pub const GROWTH: &str = "growth";
+pub const GROWTH: &str = crate::model::GROWTH_SOURCE;
 /// tracer's run loop: attaching and detaching the windows, reading the
 /// counts, writing the report (tracer's CPU time not spent by a source
 /// above).

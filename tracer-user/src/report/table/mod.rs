@@ -166,7 +166,7 @@ impl<W: Write, E: Write> TableReporter<W, E> {
             // In the profile, its cost as the ledger has it: a share of the
             // target's CPU time, as every other cost there.
             let share =
-                sample.profile.as_ref().and_then(|p| p.sources.get(crate::run::share::GROWTH)).map(|s| s.fraction);
+                sample.profile.as_ref().and_then(|p| p.sources.get(crate::model::GROWTH_SOURCE)).map(|s| s.fraction);
             self.growth_block(growth, share)?;
         }
         let per_process = self.attached.as_ref().is_some_and(|a| a.pid.is_none());
