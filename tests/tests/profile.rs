@@ -395,8 +395,11 @@ fn a_census_is_spaced_by_its_cost_and_holds_nothing_up() {
     // second (its thread runs behind the target: more on a loaded machine).
     let workload = Workload::script(None, python.to_str().unwrap(), "census_grow.py", &["1", "1000000"]);
     let pid = workload.pid();
-    let duration = 8.0;
-    let (tracer, attached) = TracerRun::profile_json(pid, &["--interval", "0.2", "--duration", "8", "--budget", "10"]);
+    // At --budget 20 the census may take 10% of one CPU (the target is
+    // idle): a debug build's census of this heap (about 0.2 s of CPU)
+    // every 2 to 4 s.
+    let duration = 10.0;
+    let (tracer, attached) = TracerRun::profile_json(pid, &["--interval", "0.2", "--duration", "10", "--budget", "20"]);
     assert_eq!(attached["mode"], "profile");
     let (status, lines, stderr) = tracer.finish();
     assert!(status.success(), "{status}: {stderr}");
@@ -404,7 +407,7 @@ fn a_census_is_spaced_by_its_cost_and_holds_nothing_up() {
     // No interval waits for a census: each comes on time (a loaded
     // machine gets some slack).
     let times: Vec<f64> = intervals.iter().map(|i| number(&i["elapsed_s"], "elapsed_s")).collect();
-    assert!(times.len() >= 30, "{} intervals in 8 s: {times:?}", times.len());
+    assert!(times.len() >= 40, "{} intervals in 10 s: {times:?}", times.len());
     for pair in times.windows(2) {
         assert!(pair[1] - pair[0] < 0.45, "an interval held up: {times:?}");
     }
@@ -424,17 +427,17 @@ fn a_census_is_spaced_by_its_cost_and_holds_nothing_up() {
     let message = spaced["message"].as_str().unwrap();
     assert!(
         message.contains(
-            " of tracer's CPU, and may take 5.00% of the target's CPU time (half the budget): taken about every "
+            " of tracer's CPU, and may take 10.00% of the target's CPU time (half the budget): taken about every "
         ),
         "{spaced}"
     );
-    // The censuses' CPU time: within 5% of the run's time, and the one
+    // The censuses' CPU time: within 10% of the run's time, and the one
     // census the first's price (from the resident size) may have missed.
     let summary = lines.last().expect("a summary");
     let census = &summary["profile"]["sources"]["census"];
     let cpu = number(&census["tracer_cpu_s"], "census cpu");
     let one = number(&censuses[0]["cost"]["cpu_ms"], "a census's cpu") / 1000.0;
-    assert!(cpu <= 0.05 * duration + one, "{cpu} s of census CPU in {duration} s: {census}");
+    assert!(cpu <= 0.10 * duration + one, "{cpu} s of census CPU in {duration} s: {census}");
     drop(workload);
 }
 
