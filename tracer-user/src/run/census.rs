@@ -89,8 +89,6 @@ pub struct CensusSource {
     every: u32,
     /// The spacing the notes last told of.
     noted: u32,
-    /// Intervals since the last census was started.
-    since_start: u32,
     first: Option<Done>,
     previous: Option<Done>,
     latest: Option<Done>,
@@ -167,7 +165,6 @@ impl CensusSource {
             told: false,
             every: 1,
             noted: 1,
-            since_start: 0,
             first: None,
             previous: None,
             latest: None,
@@ -200,7 +197,6 @@ impl CensusSource {
             ));
         }
         self.every = intervals(wait, self.interval);
-        self.noted = self.every.max(1);
     }
 
     fn request(&mut self) {
@@ -209,7 +205,6 @@ impl CensusSource {
         }
         if self.requests.send(()).is_ok() {
             self.running = true;
-            self.since_start = 0;
         } else {
             self.stop("the census thread ended".to_owned());
         }
@@ -317,7 +312,6 @@ impl CensusSource {
     /// covers it and none is running, and returns the heap to report.
     pub fn interval(&mut self, span: Duration, cpu: Duration) -> Option<Heap> {
         self.poll();
-        self.since_start = self.since_start.saturating_add(1);
         let earned = self.allowance * cpu.max(span).as_secs_f64();
         // Capped at one census: a quiet spell does not buy a burst.
         if self.credit < self.expected {
