@@ -111,16 +111,20 @@ fn grow_carries_the_growth(run: &Run) {
     let (grow_share, churn_share) = (grow_bytes as f64 / total as f64, churn as f64 / total as f64);
     assert!(grow_share >= 0.8, "grow carries {:.1}% of the growth: {g}", grow_share * 100.0);
     assert!(churn_share < 0.1, "churn carries {:.1}% of the growth: {g}", churn_share * 100.0);
-    // Every grow sample counts its pool once, for sample_bytes.
-    let samples = u(&grow["samples"], "samples");
-    assert_eq!(u(&grow["in_use_bytes"], "in_use_bytes"), samples * every * POOL, "{grow}");
-    assert!(u(&g["in_use_bytes"], "in_use_bytes") >= samples * every * POOL, "{g}");
+    // Every grow sample of a pool counts it once, for sample_bytes; the
+    // rest are the C library's heap (KEEP's item array, resized).
+    let samples = u(&grow["samples"], "samples") - u(&grow["libc_samples"], "libc_samples");
+    let libc = u(&grow["libc_bytes"], "libc_bytes");
+    assert_eq!(u(&grow["in_use_bytes"], "in_use_bytes"), samples * every * POOL + libc, "{grow}");
+    assert!(u(&g["in_use_bytes"], "in_use_bytes") >= samples * every * POOL + libc, "{g}");
     // The pools grow's strs fill: the size of each rounded up to a block.
     let (count, size) = run.kept;
     let block = size.div_ceil(ALIGNMENT) * ALIGNMENT;
     let pools = count.div_ceil((POOL - POOL_HEADER) / block);
     #[allow(clippy::cast_precision_loss, reason = "an estimate against its error")]
     let (expected, estimate) = ((pools * POOL) as f64, (samples * every * POOL) as f64);
+    // The interval holds the libc samples' error too (KEEP's item array,
+    // sampled by bytes): wider, never narrower, than the pools' alone.
     let ci = grow["in_use_ci95"].as_array().expect("in_use_ci95");
     let half = (f(&ci[1], "ci high") - f(&ci[0], "ci low")) / 2.0;
     assert!(
@@ -496,4 +500,73 @@ fn no_growth_leaves_growth_off() {
         assert!(line.get("growth").is_none(), "{line}");
         assert!(line["profile"]["sources"].get("growth").is_none(), "{}", line["profile"]);
     }
+}
+
+/// What growth_libc.py (N grows of a SIZE-byte bytearray, each with ten
+/// made and dropped) gave under `tracer attach --growth`, its glibc tuned
+/// by `env`: the summary's growth.
+fn libc_run(python: &str, n: u64, size: u64, env: &[(&str, &str)]) -> Value {
+    let (n, size) = (n.to_string(), size.to_string());
+    let mut workload = Workload::script_env(None, python, "growth_libc.py", &[&n, &size], env);
+    workload.wait_blocked_on_stdin();
+    let pid = workload.pid().to_string();
+    let (tracer, attached) = TracerRun::attach_json_as(&["--pid", &pid, "--interval", "1", "--growth"]);
+    assert!(attached["growth"]["points"].is_array(), "{attached}");
+    workload.go();
+    workload.expect("done");
+    workload.wait_blocked_reading(Some(5));
+    tracer.signal(libc::SIGINT);
+    let (status, lines, stderr) = tracer.finish();
+    assert!(status.success(), "tracer failed: {status}: {stderr}");
+    workload.close();
+    let summary = lines.last().expect("a summary");
+    assert_eq!(summary["type"], "summary", "{lines:?}");
+    let g = summary["growth"].clone();
+    assert!(g.get("caveat").is_none_or(|c| !c.to_string().contains("C library")), "{g}");
+    g
+}
+
+/// The C library's heap grown by mappings (glibc's mmap threshold pinned
+/// below the bytearrays, so that each is a mapping of its own): every one
+/// of grow's 50 is sampled (a mapping of 1 MiB is over the sampling
+/// distance) and still held, exactly its mapping's bytes (the request
+/// and malloc's header rounded up to a page); churn's 500 were each
+/// unmapped, so churn holds nothing. Every growth seen is one of the 550.
+#[test]
+fn the_c_librarys_mappings_are_charged_to_their_holder() {
+    require_root();
+    let (n, size) = (50, 1 << 20);
+    let g = libc_run(&pyenv_311(), n, size, &[("MALLOC_MMAP_THRESHOLD_", "131072")]);
+    let grow = site(&g, "grow").unwrap_or_else(|| panic!("no grow site: {g}"));
+    assert_eq!(u(&grow["libc_samples"], "libc_samples"), n, "{grow}");
+    // bytearray(SIZE) asks for SIZE + 1 bytes; glibc adds its 8-byte
+    // header and maps whole pages.
+    let mapping = (size + 1 + 8).div_ceil(4096) * 4096;
+    assert_eq!(u(&grow["libc_bytes"], "libc_bytes"), n * mapping, "{grow}");
+    assert_eq!(u(&g["libc_bytes"], "libc_bytes"), n * mapping, "{g}");
+    assert!(site(&g, "churn").is_none_or(|c| u(&c["libc_bytes"], "libc_bytes") == 0), "{g}");
+    let t = &g["takes"];
+    assert_eq!(u(&t["grown"], "grown"), n * 11, "{t}");
+    assert_eq!(u(&t["grown_sampled"], "grown_sampled"), n * 11, "{t}");
+    assert_eq!(u(&t["unmapped"], "unmapped"), n * 10, "{t}");
+    assert_eq!(u(&t["grown_lost"], "grown_lost"), 0, "{t}");
+}
+
+/// The C library's heap grown by the break (no mapping: the threshold
+/// pinned above the bytearrays; no top pad): grow's 50 each raise it and
+/// keep what they raised; churn's raise it and their frees trim it back,
+/// so churn holds nothing. grow holds its bytearrays' bytes within a page
+/// each (the top chunk's slack).
+#[test]
+fn the_c_librarys_break_is_charged_to_its_holder() {
+    require_root();
+    let (n, size) = (50, 1 << 20);
+    let env = [("MALLOC_MMAP_THRESHOLD_", "67108864"), ("MALLOC_TOP_PAD_", "0")];
+    let g = libc_run(&pyenv_311(), n, size, &env);
+    let grow = site(&g, "grow").unwrap_or_else(|| panic!("no grow site: {g}"));
+    assert_eq!(u(&grow["libc_samples"], "libc_samples"), n, "{grow}");
+    let bytes = u(&grow["libc_bytes"], "libc_bytes");
+    assert!(bytes.abs_diff(n * size) <= n * 4096, "grow holds {bytes} bytes of the break for {n} × {size}: {grow}");
+    assert!(site(&g, "churn").is_none_or(|c| u(&c["libc_bytes"], "libc_bytes") == 0), "{g}");
+    assert_eq!(u(&g["takes"]["grown_lost"], "grown_lost"), 0, "{g}");
 }

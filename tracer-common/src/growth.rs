@@ -79,9 +79,23 @@ pub struct GrowthCounts {
     pub unread: u64,
     /// The programs' own running time, in ns: their cost beyond the hit.
     pub run_ns: u64,
+    /// The target's calls of the mapping syscalls the C library's heap
+    /// grows and shrinks by (`mmap`, `munmap`, `mremap`, `brk`), seen at
+    /// their return: the `growth_mapped` programs' hits.
+    pub syscalls: u64,
+    /// Of those, growths of the C library's heap: an anonymous mapping
+    /// made (other than a pymalloc arena), one grown by `mremap`, or the
+    /// break raised.
+    pub grown: u64,
+    /// Growths sampled (each walks the stack).
+    pub grown_sampled: u64,
+    /// Samples ended by an `munmap` or `mremap` of their address.
+    pub unmapped: u64,
+    /// Sampled growths the mapped samples map had no room for: lost.
+    pub grown_lost: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<GrowthCounts>() == 12 * 8);
+const _: () = assert!(core::mem::size_of::<GrowthCounts>() == 17 * 8);
 
 impl GrowthCounts {
     /// Adds another CPU's counts, saturating.
@@ -100,6 +114,11 @@ impl GrowthCounts {
             lost: self.lost.saturating_add(o.lost),
             unread: self.unread.saturating_add(o.unread),
             run_ns: self.run_ns.saturating_add(o.run_ns),
+            syscalls: self.syscalls.saturating_add(o.syscalls),
+            grown: self.grown.saturating_add(o.grown),
+            grown_sampled: self.grown_sampled.saturating_add(o.grown_sampled),
+            unmapped: self.unmapped.saturating_add(o.unmapped),
+            grown_lost: self.grown_lost.saturating_add(o.grown_lost),
         }
     }
 }
@@ -112,6 +131,66 @@ pub const DEFAULT_EVERY: u32 = 32;
 /// Room for samples by default: a sample per 512 KiB of pools in use, so
 /// 32 GiB of them.
 pub const DEFAULT_POOL_ENTRIES: u32 = 1 << 16;
+
+/// The C library's heap, seen at its syscalls' tracepoints (`mmap`,
+/// `munmap`, `mremap`, `brk`: no uprobe, and only these syscalls run a
+/// program). A growth of `bytes` is sampled with probability
+/// `bytes` / [`MAPPED_SAMPLE_BYTES`] (every growth of that size or more),
+/// standing for `max(bytes, MAPPED_SAMPLE_BYTES)`: Go's and jemalloc's
+/// rule, unbiased. A sample is kept by the address where the growth
+/// begins: the mapping's, or the break's before it was raised.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MappedKey {
+    pub tgid: u32,
+    /// [`MAPPED_MMAP`] or [`MAPPED_BRK`].
+    pub kind: u32,
+    pub address: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<MappedKey>() == 16);
+
+/// A sampled growth of the C library's heap.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MappedSample {
+    /// As [`PoolSample::stack`].
+    pub stack: u64,
+    /// `bpf_ktime_get_ns` at the growth: the later of two overlapping
+    /// samples holds the bytes.
+    pub taken_ns: u64,
+    /// The bytes grown.
+    pub len: u64,
+    /// The bytes the sample stands for.
+    pub weight: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<MappedSample>() == 32);
+
+/// A mapping, kept by its address.
+pub const MAPPED_MMAP: u32 = 1;
+/// The break raised, kept by where it was.
+pub const MAPPED_BRK: u32 = 2;
+
+/// The sampling distance of the C library's heap: as a pymalloc sample's
+/// by default (32 pools of 16 KiB).
+pub const MAPPED_SAMPLE_BYTES: u64 = DEFAULT_EVERY as u64 * POOL_SIZE;
+
+/// Room for mapped samples by default.
+pub const DEFAULT_MAPPED_ENTRIES: u32 = 1 << 14;
+
+/// `ARENA_SIZE` (`Objects/obmalloc.c` at v3.11.2: `ARENA_BITS` 20 with
+/// `USE_LARGE_ARENAS`; `Include/internal/pycore_obmalloc.h` at v3.12.1,
+/// v3.13.0, v3.14.8): pymalloc's arenas are mappings of exactly this
+/// size, accounted by their pools, not as the C library's heap.
+pub const ARENA_SIZE: u64 = 1 << 20;
+
+/// `mmap`'s flags and protection the programs read (`<sys/mman.h>`, Linux
+/// x86-64): anonymous mappings only (files are not the heap), never a
+/// thread's stack, never an address range reserved with no access.
+pub const MAP_ANONYMOUS: u64 = 0x20;
+pub const MAP_STACK: u64 = 0x2_0000;
+pub const PROT_NONE: u64 = 0;
 
 /// `struct arena_object`'s fields the programs read (`Objects/obmalloc.c`
 /// at v3.11.2, `Include/internal/pycore_obmalloc.h` at v3.12.1, v3.13.0 and
@@ -145,8 +224,15 @@ unsafe impl aya::Pod for PoolKey {}
 // SAFETY: two u64, every bit pattern valid.
 unsafe impl aya::Pod for PoolSample {}
 #[cfg(feature = "user")]
-// SAFETY: twelve u64, every bit pattern valid.
+// SAFETY: seventeen u64, every bit pattern valid.
 unsafe impl aya::Pod for GrowthCounts {}
+#[cfg(feature = "user")]
+// SAFETY: #[repr(C)], Copy, a u32 pair and a u64 (no padding, asserted by
+// the size above), every bit pattern valid.
+unsafe impl aya::Pod for MappedKey {}
+#[cfg(feature = "user")]
+// SAFETY: four u64, every bit pattern valid.
+unsafe impl aya::Pod for MappedSample {}
 
 #[cfg(test)]
 mod tests {

@@ -80,6 +80,12 @@ pub mod names {
     /// Hash of [`crate::growth::PoolSample`] by [`crate::growth::PoolKey`]:
     /// with `--growth`, each sampled pool's taker.
     pub const GROWTH_POOLS_MAP: &str = "GROWTH_POOLS";
+    /// Hash of [`crate::growth::MappedSample`] by
+    /// [`crate::growth::MappedKey`]: the C library's heap growth sampled.
+    pub const GROWTH_MAPPED_MAP: &str = "GROWTH_MAPPED";
+    /// Hash of each target's program break (`u64`) by its tgid (`u32`), as
+    /// the last `brk` left it; the loader seeds it.
+    pub const GROWTH_BRK_MAP: &str = "GROWTH_BRK";
     /// Per-CPU array of one [`crate::growth::GrowthCounts`].
     pub const GROWTH_COUNTS_MAP: &str = "GROWTH_COUNTS";
     /// BPF global: one take in this many is sampled (`u32`).
@@ -174,6 +180,17 @@ pub mod names {
         /// With `--growth`, at the call that marks a new arena used, its
         /// address where the cookie says: the arena's first pool taken.
         pub const GROWTH_ARENA: &str = "growth_arena";
+        /// The C library's heap (see [`crate::growth::MappedKey`]):
+        /// programs on syscall tracepoints, each with its tracepoint (in
+        /// the `syscalls` group).
+        pub const GROWTH_MAPPED: [(&str, &str); 6] = [
+            ("growth_mmap_enter", "sys_enter_mmap"),
+            ("growth_mmap_exit", "sys_exit_mmap"),
+            ("growth_munmap_enter", "sys_enter_munmap"),
+            ("growth_mremap_enter", "sys_enter_mremap"),
+            ("growth_mremap_exit", "sys_exit_mremap"),
+            ("growth_brk_exit", "sys_exit_brk"),
+        ];
     }
 }
 

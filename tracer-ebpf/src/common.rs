@@ -34,6 +34,21 @@ pub fn check_target() -> Result<u32, Stat> {
     Ok(tgid)
 }
 
+/// The thread-group id of this hit, if it is the target's: for programs
+/// that every process runs (no per-process uprobe filter), which count
+/// nothing without a target.
+#[inline(always)]
+pub fn only_target() -> Result<u32, Stat> {
+    // SAFETY: as in `check_target`.
+    let target = unsafe { core::ptr::read_volatile(&raw const TARGET_TGID) };
+    #[allow(clippy::cast_possible_truncation, reason = "the upper half of pid_tgid")]
+    let tgid = (aya_ebpf::helpers::bpf_get_current_pid_tgid() >> 32) as u32;
+    if target == 0 || tgid != target {
+        return Err(Stat::OtherProcess);
+    }
+    Ok(tgid)
+}
+
 /// Counts a miss (and, with `--bpf-log`, logs it).
 #[inline(always)]
 pub fn bump<C: EbpfContext>(ctx: &C, stat: Stat) {

@@ -43,7 +43,7 @@ static GROWTH_POOLS: HashMap<PoolKey, PoolSample> =
 
 /// What the programs saw, per CPU.
 #[map]
-static GROWTH_COUNTS: PerCpuArray<GrowthCounts> = PerCpuArray::with_max_entries(1, 0);
+pub static GROWTH_COUNTS: PerCpuArray<GrowthCounts> = PerCpuArray::with_max_entries(1, 0);
 
 /// A pool taken: what `allocate_from_new_pool` found in `usable_arenas`.
 #[uprobe]
@@ -66,14 +66,14 @@ pub fn growth_arena(ctx: ProbeContext) -> u32 {
 }
 
 #[inline(always)]
-fn now_ns() -> u64 {
+pub fn now_ns() -> u64 {
     // SAFETY: the helper takes no arguments and only reads the clock.
     unsafe { bpf_ktime_get_ns() }
 }
 
 /// Adds the time since `start` to the programs' running time in `counts`.
 #[inline(always)]
-fn ran(counts: *mut GrowthCounts, start: u64) {
+pub fn ran(counts: *mut GrowthCounts, start: u64) {
     // SAFETY: a valid pointer to this CPU's value, which stays valid while
     // the program runs; atomic, as in `count!`.
     unsafe { atomic_add(&raw mut (*counts).run_ns, now_ns().saturating_sub(start)) };
@@ -85,9 +85,10 @@ macro_rules! count {
         // SAFETY: a valid pointer to this CPU's value (see `timed`); the
         // add is atomic because a preempted program on this CPU may be
         // updating the same value.
-        unsafe { atomic_add(&raw mut (*$counts).$field, 1) }
+        unsafe { $crate::common::atomic_add(&raw mut (*$counts).$field, 1) }
     };
 }
+pub(crate) use count;
 
 #[inline(always)]
 fn try_take(ctx: &ProbeContext, counts: *mut GrowthCounts) -> Result<(), ()> {
@@ -155,7 +156,17 @@ fn take(tgid: u32, pool: u64, counts: *mut GrowthCounts) {
         return;
     }
     count!(counts, sampled);
-    let stack = match stacks::python(tgid) {
+    let stack = walk(tgid, counts);
+    if GROWTH_POOLS.insert(&key, &PoolSample { stack, taken_ns: now_ns() }, 0).is_err() {
+        count!(counts, lost);
+    }
+}
+
+/// The current thread's Python stack, kept in the stacks map: its hash,
+/// or below [`tracer_common::stack::FIRST_HASH`] why it has none.
+#[inline(always)]
+pub fn walk(tgid: u32, counts: *mut GrowthCounts) -> u64 {
+    match stacks::python(tgid) {
         Ok((hash, truncated)) => {
             if truncated {
                 count!(counts, truncated);
@@ -171,9 +182,6 @@ fn take(tgid: u32, pool: u64, counts: *mut GrowthCounts) {
             count!(counts, walk_failed);
             stack::why::FAILED + stat as u64
         }
-    };
-    if GROWTH_POOLS.insert(&key, &PoolSample { stack, taken_ns: now_ns() }, 0).is_err() {
-        count!(counts, lost);
     }
 }
 

@@ -12,7 +12,8 @@
 //! verifier. Nothing is sent to userspace per event. Dependencies go one
 //! way: programs, then the pipeline, then the steps and their maps. The
 //! GC programs ([`gc`]) are a chain of their own, and so are the growth
-//! programs ([`growth`]), which walk stacks with the stacks step's walk.
+//! programs ([`growth`], and [`mapped`] for the C library's heap), which
+//! walk stacks with the stacks step's walk.
 //!
 //! With `--bpf-log`, the programs also log each probe's first hit in each
 //! process and every miss, through aya-log. Its level global is 0 unless
@@ -45,6 +46,9 @@ mod gc;
 mod growth;
 // The live step (`--live`).
 mod live;
+// The C library's heap growth (`growth_mmap`, `growth_munmap`,
+// `growth_mremap`, `growth_brk`): fexit programs on the mapping syscalls.
+mod mapped;
 // With `--native`, the marks of libc calls made inside another.
 mod nested;
 // The event pipeline.

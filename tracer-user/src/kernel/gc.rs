@@ -84,7 +84,7 @@ impl UprobePmu {
 }
 
 /// `PERF_FLAG_FD_CLOEXEC` (`include/uapi/linux/perf_event.h`).
-const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
+pub(super) const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
 
 /// The `perf_event` part of `link_create` in `union bpf_attr`.
 #[repr(C)]

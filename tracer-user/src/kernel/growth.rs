@@ -72,6 +72,7 @@ impl Session {
     /// and the samples taken) stay readable.
     pub fn detach_growth(&mut self) {
         self.growth_links.clear();
+        self.detach_mapped();
     }
 
     /// What the growth programs saw, summed over CPUs.

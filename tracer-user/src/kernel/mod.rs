@@ -8,6 +8,7 @@ mod error;
 pub mod gc;
 mod growth;
 mod links;
+mod mapped;
 pub mod maps;
 pub mod multi;
 
@@ -168,6 +169,9 @@ pub struct Session {
     /// Growth's links (see [`growth`]), apart from the GC's: the profile
     /// drops them alone when growth costs too much.
     growth_links: Vec<OwnedFd>,
+    /// Growth's links on the mapping syscalls' tracepoints, and their
+    /// perf events (see [`mapped`]).
+    mapped_links: Vec<OwnedFd>,
     /// The GC and growth programs loaded, for their miss counts.
     gc_programs: Vec<(&'static str, OwnedFd)>,
 }
@@ -330,6 +334,7 @@ impl Session {
             target: (target_tgid != ALL_PROCESSES).then(|| Pidfd::open(target_tgid).ok().flatten()).flatten(),
             gc_links: Vec::new(),
             growth_links: Vec::new(),
+            mapped_links: Vec::new(),
             gc_programs: Vec::new(),
         })
     }

@@ -51,8 +51,13 @@ pub struct GrowthSampled {
     /// The net growth over every stack: the change of `in_use_bytes` over
     /// the interval (in the summary, since the attach).
     pub bytes: i64,
-    /// Pools taken since the attach and in use now, over every stack.
+    /// Pools taken since the attach and in use now, and the C library's
+    /// heap grown since and still held, over every stack.
     pub in_use_bytes: u64,
+    /// Of `in_use_bytes`, the C library's heap (malloc's mappings and its
+    /// break), sampled by bytes.
+    #[serde(default)]
+    pub libc_bytes: u64,
     /// Each site (innermost Python frame of the takers' stacks), most
     /// growth first: every site with a sample in use, or one that had one
     /// at the last reading.
@@ -94,12 +99,22 @@ pub struct GrowthSite {
     /// The change of `in_use_bytes` over the interval (in the summary,
     /// since the attach): negative where pools it held were let go.
     pub bytes: i64,
-    /// Its samples of pools in use now.
+    /// Its samples still held: of pools in use, and of the C library's
+    /// heap.
     pub samples: u64,
-    /// `samples` × the bytes one stands for.
+    /// The bytes its samples stand for: a pool sample `sample_bytes`, a
+    /// growth of the C library's heap its bytes (at least
+    /// `sample_bytes`).
     pub in_use_bytes: u64,
+    /// Of `in_use_bytes`, the C library's heap, and of `samples` its
+    /// samples.
+    #[serde(default)]
+    pub libc_bytes: u64,
+    #[serde(default)]
+    pub libc_samples: u64,
     /// The 95% confidence interval of `in_use_bytes` (each take sampled
-    /// with probability 1/`sample_every`: binomial).
+    /// with probability 1/`sample_every`: binomial; each growth of the C
+    /// library's heap with probability its bytes / `sample_bytes`).
     pub in_use_ci95: [f64; 2],
 }
 
@@ -138,6 +153,23 @@ pub struct GrowthTakes {
     pub truncated: u64,
     pub lost: u64,
     pub unread: u64,
+    /// The C library's heap: the target's mapping syscalls seen (`mmap`,
+    /// `munmap`, `mremap`, `brk`), the growths among them, those sampled,
+    /// samples ended by an unmap or a later growth at their address,
+    /// samples found no longer held and dropped (since the attach), and
+    /// sampled growths with no room to be kept.
+    #[serde(default)]
+    pub syscalls: u64,
+    #[serde(default)]
+    pub grown: u64,
+    #[serde(default)]
+    pub grown_sampled: u64,
+    #[serde(default)]
+    pub unmapped: u64,
+    #[serde(default)]
+    pub mapped_pruned: u64,
+    #[serde(default)]
+    pub grown_lost: u64,
 }
 
 /// What growth sampling cost.

@@ -21,7 +21,12 @@ use tracer_common::{
     stats::Stat,
 };
 
-use super::{cost::Prices, gcmem::thread_cpu, stacks::StackNames};
+use super::{
+    cost::Prices,
+    gcmem::thread_cpu,
+    mapped::{Held, Mapped},
+    stacks::StackNames,
+};
 use crate::{
     heap::{memory::Memory, pools::Header},
     kernel::{AttachError, Session},
@@ -43,7 +48,7 @@ type SiteKey = (String, String, Option<u32>);
 /// One reading of the samples: the live ones per stack.
 #[derive(Clone, Debug, Default)]
 struct Reading {
-    by_stack: BTreeMap<u64, u64>,
+    by_stack: BTreeMap<u64, Held>,
 }
 
 /// `--growth`'s state across intervals.
@@ -54,7 +59,9 @@ pub struct Growth {
     names: StackNames,
     memory: Memory,
     /// Each site's samples in use at the last interval.
-    previous: BTreeMap<SiteKey, u64>,
+    previous: BTreeMap<SiteKey, Held>,
+    /// The C library's heap.
+    mapped: Mapped,
     /// The samples found dead at the last reading.
     dead: HashMap<PoolKey, PoolSample>,
     /// The last reading that could be made (the target's memory may be
@@ -87,7 +94,7 @@ pub struct Growth {
 struct Stopped {
     at: Instant,
     why: GrowthStopped,
-    sites: BTreeMap<SiteKey, u64>,
+    sites: BTreeMap<SiteKey, Held>,
     stacks: Vec<GrowthStack>,
 }
 
@@ -112,6 +119,7 @@ impl Growth {
             names,
             memory: Memory::new(pid),
             previous: BTreeMap::new(),
+            mapped: Mapped::off(pid),
             dead: HashMap::new(),
             last: Reading::default(),
             stale: None,
@@ -133,6 +141,7 @@ impl Growth {
     /// growth reported is from here on.
     pub fn attach(&mut self, session: &mut Session, multi: bool) -> Result<(), AttachError> {
         session.attach_growth(&self.plan, self.pid, multi)?;
+        self.mapped = Mapped::attach(session, self.pid);
         (self.started, self.last_interval) = (Instant::now(), Instant::now());
         self.cpu_at_attach = super::cost::process_cpu_ns(self.pid);
         Ok(())
@@ -192,7 +201,7 @@ impl Growth {
     /// Each site's samples in use, and every stack in use, most samples
     /// first: read now, or as last read where the target's memory
     /// cannot be read any more.
-    fn read_sites(&mut self, session: &mut Session) -> (BTreeMap<SiteKey, u64>, Vec<GrowthStack>) {
+    fn read_sites(&mut self, session: &mut Session) -> (BTreeMap<SiteKey, Held>, Vec<GrowthStack>) {
         if let Some(s) = &self.stopped {
             return (s.sites.clone(), s.stacks.clone());
         }
@@ -211,22 +220,27 @@ impl Growth {
 
     /// Each site's samples in use, and every stack in use, most samples
     /// first, as last read.
-    fn name_sites(&mut self, session: &Session) -> (BTreeMap<SiteKey, u64>, Vec<GrowthStack>) {
+    fn name_sites(&mut self, session: &Session) -> (BTreeMap<SiteKey, Held>, Vec<GrowthStack>) {
         let sample_bytes = self.sample_bytes();
-        let mut sites: BTreeMap<SiteKey, u64> = BTreeMap::new();
+        let mut sites: BTreeMap<SiteKey, Held> = BTreeMap::new();
         let mut stacks = Vec::new();
-        let by_stack: Vec<(u64, u64)> = self.last.by_stack.iter().map(|(h, n)| (*h, *n)).collect();
-        for (hash, samples) in by_stack {
+        let by_stack: Vec<(u64, Held)> = self.last.by_stack.iter().map(|(h, n)| (*h, *n)).collect();
+        for (hash, held) in by_stack {
             let (frames, truncated) = self.frames(session, hash);
             let inner = frames.first().cloned().unwrap_or_else(|| SiteFrame {
                 function: "<no Python frame>".to_owned(),
                 file: String::new(),
                 line: None,
             });
-            *sites.entry((inner.function, inner.file, inner.line)).or_default() += samples;
-            stacks.push(GrowthStack { frames, truncated, samples, in_use_bytes: samples.saturating_mul(sample_bytes) });
+            sites.entry((inner.function, inner.file, inner.line)).or_default().add(&held);
+            stacks.push(GrowthStack {
+                frames,
+                truncated,
+                samples: held.samples(),
+                in_use_bytes: held.bytes(sample_bytes),
+            });
         }
-        stacks.sort_by(|a, b| b.samples.cmp(&a.samples).then_with(|| a.frames.len().cmp(&b.frames.len())));
+        stacks.sort_by(|a, b| b.in_use_bytes.cmp(&a.in_use_bytes).then_with(|| a.frames.len().cmp(&b.frames.len())));
         (sites, stacks)
     }
 
@@ -264,7 +278,7 @@ impl Growth {
             let header = &bytes[i * HEADER..(i + 1) * HEADER];
             let in_use = ok[i] && Header::parse(key.pool, header).is_some_and(|h| h.count > 0);
             if in_use {
-                *reading.by_stack.entry(sample.stack).or_default() += 1;
+                reading.by_stack.entry(sample.stack).or_default().pools += 1;
             } else if self.dead.get(key) == Some(sample) {
                 if session.remove_growth_sample(key, sample).map_err(|e| e.to_string())? {
                     self.pruned += 1;
@@ -274,6 +288,9 @@ impl Growth {
             }
         }
         self.dead = dead;
+        for (stack, held) in self.mapped.read(session)? {
+            reading.by_stack.entry(stack).or_default().add(&held);
+        }
         Ok(reading)
     }
 
@@ -285,37 +302,41 @@ impl Growth {
     /// with what the probes saw and what tracer read over `span`.
     fn report(
         &self,
-        now: &BTreeMap<SiteKey, u64>,
-        previous: &BTreeMap<SiteKey, u64>,
+        now: &BTreeMap<SiteKey, Held>,
+        previous: &BTreeMap<SiteKey, Held>,
         (counts, pruned): (GrowthCounts, u64),
         (span, (tracer_cpu, bytes_read)): (Duration, (Duration, u64)),
         prices: Option<Prices>,
     ) -> Report {
         let sample_bytes = self.sample_bytes();
-        let in_use = |samples: u64| samples.saturating_mul(sample_bytes);
+        let in_use = |held: &Held| held.bytes(sample_bytes);
         let signed = |bytes: u64| i64::try_from(bytes).unwrap_or(i64::MAX);
         let mut sites: Vec<GrowthSite> = now
             .iter()
-            .map(|(k, samples)| (k, *samples))
-            .chain(previous.iter().filter(|(k, _)| !now.contains_key(*k)).map(|(k, _)| (k, 0)))
-            .map(|((function, file, line), samples)| {
-                let before = previous.get(&(function.clone(), file.clone(), *line)).copied().unwrap_or(0);
+            .map(|(k, held)| (k, *held))
+            .chain(previous.iter().filter(|(k, _)| !now.contains_key(*k)).map(|(k, _)| (k, Held::default())))
+            .map(|((function, file, line), held)| {
+                let before = previous.get(&(function.clone(), file.clone(), *line)).copied().unwrap_or_default();
                 GrowthSite {
                     function: function.clone(),
                     file: file.clone(),
                     line: *line,
-                    bytes: signed(in_use(samples)) - signed(in_use(before)),
-                    samples,
-                    in_use_bytes: in_use(samples),
-                    in_use_ci95: ci95(samples, self.every),
+                    bytes: signed(in_use(&held)) - signed(in_use(&before)),
+                    samples: held.samples(),
+                    in_use_bytes: in_use(&held),
+                    libc_bytes: held.mapped_bytes,
+                    libc_samples: held.mapped,
+                    in_use_ci95: held.ci95(self.every, POOL_SIZE),
                 }
             })
             .filter(|s| s.samples > 0 || s.bytes != 0)
             .collect();
         sites.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| b.in_use_bytes.cmp(&a.in_use_bytes)));
-        let total_now: u64 = now.values().sum();
-        let total_before: u64 = previous.values().sum();
+        let total = |sites: &BTreeMap<SiteKey, Held>| sites.values().map(in_use).fold(0u64, u64::saturating_add);
+        let (total_now, total_before) = (total(now), total(previous));
+        let libc_bytes = now.values().map(|h| h.mapped_bytes).fold(0u64, u64::saturating_add);
         let mut caveats: Vec<String> = self.plan.caveat.iter().cloned().collect();
+        caveats.extend(self.mapped.caveat());
         if let Some(why) = &self.stale {
             caveats.push(format!("the target's memory could not be read ({why}): the last reading stands"));
         }
@@ -323,8 +344,9 @@ impl Growth {
             estimate: true,
             sample_every: self.every,
             sample_bytes,
-            bytes: signed(in_use(total_now)) - signed(in_use(total_before)),
-            in_use_bytes: in_use(total_now),
+            bytes: signed(total_now) - signed(total_before),
+            in_use_bytes: total_now,
+            libc_bytes,
             sites,
             stacks: None,
             takes: GrowthTakes {
@@ -339,6 +361,12 @@ impl Growth {
                 truncated: counts.truncated,
                 lost: counts.lost,
                 unread: counts.unread,
+                syscalls: counts.syscalls,
+                grown: counts.grown,
+                grown_sampled: counts.grown_sampled,
+                unmapped: counts.unmapped,
+                mapped_pruned: self.mapped.pruned,
+                grown_lost: counts.grown_lost,
             },
             cost: Some(self.cost(&counts, span, (tracer_cpu, bytes_read), prices)),
             caveat: (!caveats.is_empty()).then(|| caveats.join("; ")),
@@ -631,33 +659,10 @@ fn diff(now: GrowthCounts, before: GrowthCounts) -> GrowthCounts {
         lost: now.lost.saturating_sub(before.lost),
         unread: now.unread.saturating_sub(before.unread),
         run_ns: now.run_ns.saturating_sub(before.run_ns),
-    }
-}
-
-/// The 95% confidence interval of the bytes `samples` samples stand for,
-/// each take sampled with probability 1/`every`: the number of pools is
-/// estimated as `samples` × `every`, whose variance is about that times
-/// (`every` − 1) (binomial, normal approximation), in pools of 16 KiB.
-#[allow(clippy::cast_precision_loss, reason = "an interval, not a count")]
-fn ci95(samples: u64, every: u32) -> [f64; 2] {
-    let (pools, n) = (samples as f64 * f64::from(every), f64::from(every));
-    let half = 1.96 * (pools * (n - 1.0)).sqrt();
-    let size = POOL_SIZE as f64;
-    [((pools - half) * size).max(0.0), (pools + half) * size]
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_interval_is_binomial_in_pools() {
-        // 4 samples at 1 in 32: 128 pools ± 1.96 × √(128 × 31) ≈ 123.5.
-        let [lo, hi] = ci95(4, 32);
-        assert!((lo / 16384.0 - (128.0 - 1.96 * (128.0f64 * 31.0).sqrt()).max(0.0)).abs() < 1e-9, "{lo}");
-        assert!((hi / 16384.0 - (128.0 + 1.96 * (128.0f64 * 31.0).sqrt())).abs() < 1e-9, "{hi}");
-        // Every take sampled: exact.
-        let [lo, hi] = ci95(5, 1);
-        assert!((lo - 5.0 * 16384.0).abs() < 1e-9 && (hi - lo).abs() < 1e-9, "{lo} {hi}");
+        syscalls: now.syscalls.saturating_sub(before.syscalls),
+        grown: now.grown.saturating_sub(before.grown),
+        grown_sampled: now.grown_sampled.saturating_sub(before.grown_sampled),
+        unmapped: now.unmapped.saturating_sub(before.unmapped),
+        grown_lost: now.grown_lost.saturating_sub(before.grown_lost),
     }
 }

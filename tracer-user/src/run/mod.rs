@@ -15,6 +15,7 @@ pub mod growth;
 mod late;
 mod links;
 pub mod live;
+mod mapped;
 pub mod profile;
 pub mod readout;
 pub mod share;

@@ -1,0 +1,253 @@
+//! Growth of the C library's heap in growth's readings (see
+//! [`tracer_common::growth::MappedKey`]): each interval, the samples the
+//! kernel keeps are checked against the target's mappings and its break
+//! (a mapping's sample must still start inside a mapping; a break's must
+//! lie below the break, and is cut to it), and the later of two samples
+//! over the same bytes holds them. What a stack holds, pymalloc's pools
+//! and the C library's bytes together, is a [`Held`].
+
+use std::collections::BTreeMap;
+
+use tracer_common::growth::{MAPPED_BRK, MAPPED_MMAP, MappedKey, MappedSample};
+
+use crate::kernel::Session;
+
+/// What a stack (or a site) holds: sampled pools in use, and sampled
+/// growths of the C library's heap still mapped.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Held {
+    pub pools: u64,
+    pub mapped: u64,
+    /// The bytes the mapped samples stand for.
+    pub mapped_bytes: u64,
+    /// Their variance (Horvitz-Thompson: a growth of `len` bytes sampled
+    /// with probability `len` / W stands for W, with variance W(W − len)).
+    pub mapped_var: f64,
+}
+
+impl Held {
+    /// Adds `other`'s.
+    pub fn add(&mut self, other: &Self) {
+        self.pools += other.pools;
+        self.mapped += other.mapped;
+        self.mapped_bytes = self.mapped_bytes.saturating_add(other.mapped_bytes);
+        self.mapped_var += other.mapped_var;
+    }
+
+    /// Samples of either kind.
+    #[must_use]
+    pub const fn samples(&self) -> u64 {
+        self.pools.saturating_add(self.mapped)
+    }
+
+    /// The bytes held, a pool sample standing for `pool_sample` bytes.
+    #[must_use]
+    pub const fn bytes(&self, pool_sample: u64) -> u64 {
+        self.pools.saturating_mul(pool_sample).saturating_add(self.mapped_bytes)
+    }
+
+    /// The 95% confidence interval of [`Self::bytes`]: each pool take
+    /// sampled with probability 1/`every` (binomial, normal
+    /// approximation, pools of `pool_size` bytes), plus the mapped
+    /// samples' variance.
+    #[must_use]
+    #[allow(clippy::cast_precision_loss, reason = "an interval, not a count")]
+    pub fn ci95(&self, every: u32, pool_size: u64) -> [f64; 2] {
+        let (pools, n, size) = (self.pools as f64 * f64::from(every), f64::from(every), pool_size as f64);
+        let variance = pools * (n - 1.0) * size * size + self.mapped_var;
+        let (mid, half) = (pools * size + self.mapped_bytes as f64, 1.96 * variance.sqrt());
+        [(mid - half).max(0.0), mid + half]
+    }
+}
+
+/// The C library's heap, watched or not.
+pub struct Mapped {
+    pid: u32,
+    /// Why it is not watched, where it is not.
+    pub unavailable: Option<String>,
+    /// Samples ended here (unmapped, below the break, or covered by a
+    /// later one) rather than by the programs.
+    pub pruned: u64,
+}
+
+impl Mapped {
+    /// Attaches the programs for `pid`; where they cannot be, says why in
+    /// every report from now on (the pools are still sampled).
+    pub fn attach(session: &mut Session, pid: u32) -> Self {
+        let unavailable = match brk_now(pid) {
+            Some(brk) => session.attach_mapped(pid, brk).err().map(|e| e.to_string()),
+            None => Some(format!("the break of PID {pid} cannot be read from /proc")),
+        };
+        Self { pid, unavailable, pruned: 0 }
+    }
+
+    /// Not attached (growth is not attached yet, or went without).
+    #[must_use]
+    pub const fn off(pid: u32) -> Self {
+        Self { pid, unavailable: None, pruned: 0 }
+    }
+
+    /// What the samples miss, in words, where they miss it.
+    #[must_use]
+    pub fn caveat(&self) -> Option<String> {
+        self.unavailable.as_ref().map(|why| {
+            format!("the C library's heap (malloc's mappings and break) is not seen: {why}; only pymalloc's pools are")
+        })
+    }
+
+    /// The samples still holding bytes, per stack; the rest removed from
+    /// the kernel's map.
+    pub fn read(&mut self, session: &mut Session) -> Result<BTreeMap<u64, Held>, String> {
+        if self.unavailable.is_some() {
+            return Ok(BTreeMap::new());
+        }
+        // The samples first: a mapping a sample was taken for is in the
+        // maps read after it, unless unmapped since (and then its sample
+        // is gone from the kernel's map too, or ends here).
+        let samples: Vec<(MappedKey, MappedSample)> = session
+            .mapped_samples()
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter(|(k, _)| k.tgid == self.pid)
+            .collect();
+        let maps = std::fs::read_to_string(format!("/proc/{}/maps", self.pid)).map_err(|e| e.to_string())?;
+        let ranges = ranges(&maps);
+        let top = session.brk_top(self.pid).map_err(|e| e.to_string())?;
+        let (live, dead) = judge(&samples, &ranges, top);
+        for (key, sample) in dead {
+            if session.remove_mapped_sample(&key, &sample).map_err(|e| e.to_string())? {
+                self.pruned += 1;
+            }
+        }
+        let mut by_stack: BTreeMap<u64, Held> = BTreeMap::new();
+        for (sample, bytes) in live {
+            #[allow(clippy::cast_precision_loss, reason = "a variance")]
+            let var = sample.weight as f64 * sample.weight.saturating_sub(sample.len) as f64;
+            by_stack.entry(sample.stack).or_default().add(&Held {
+                pools: 0,
+                mapped: 1,
+                mapped_bytes: bytes,
+                mapped_var: var,
+            });
+        }
+        Ok(by_stack)
+    }
+}
+
+/// The samples that still hold bytes, each with the bytes it stands for
+/// now, and the ones that hold none. A mapping's sample holds while its
+/// address is inside a mapping; a break's, below `top`, cut to it (its
+/// weight scaled down alike). Of two samples over the same bytes the
+/// later holds them.
+#[must_use]
+pub fn judge(
+    samples: &[(MappedKey, MappedSample)],
+    ranges: &[(u64, u64)],
+    top: Option<u64>,
+) -> (Vec<(MappedSample, u64)>, Vec<(MappedKey, MappedSample)>) {
+    let mut sorted: Vec<&(MappedKey, MappedSample)> = samples.iter().collect();
+    sorted.sort_by_key(|(k, _)| (k.kind, k.address));
+    let mut live = Vec::new();
+    let mut dead = Vec::new();
+    let overlaps = |a: &(MappedKey, MappedSample), b: &(MappedKey, MappedSample)| {
+        a.0.kind == b.0.kind
+            && a.0.address < b.0.address.saturating_add(b.1.len)
+            && b.0.address < a.0.address.saturating_add(a.1.len)
+    };
+    for (i, entry) in sorted.iter().enumerate() {
+        let (key, sample) = **entry;
+        let covered = sorted
+            .iter()
+            .enumerate()
+            .any(|(j, other)| j != i && overlaps(entry, other) && other.1.taken_ns > sample.taken_ns);
+        let end = key.address.saturating_add(sample.len);
+        let held = match key.kind {
+            MAPPED_MMAP => ranges.iter().any(|(s, e)| (*s..*e).contains(&key.address)).then_some(sample.len),
+            MAPPED_BRK => top.filter(|t| *t > key.address).map(|t| t.min(end) - key.address),
+            _ => None,
+        };
+        match held {
+            Some(len) if !covered && len > 0 => {
+                let weight = if len == sample.len {
+                    sample.weight
+                } else {
+                    u64::try_from(u128::from(sample.weight) * u128::from(len) / u128::from(sample.len.max(1)))
+                        .unwrap_or(u64::MAX)
+                };
+                live.push((sample, weight));
+            }
+            _ => dead.push((key, sample)),
+        }
+    }
+    (live, dead)
+}
+
+/// Every mapping's address range in a `/proc/PID/maps` text.
+#[must_use]
+pub fn ranges(maps: &str) -> Vec<(u64, u64)> {
+    maps.lines()
+        .filter_map(|line| {
+            let (start, end) = line.split_whitespace().next()?.split_once('-')?;
+            Some((u64::from_str_radix(start, 16).ok()?, u64::from_str_radix(end, 16).ok()?))
+        })
+        .collect()
+}
+
+/// `pid`'s break now: the end of its `[heap]` mapping, or where the heap
+/// would start (`start_brk`, field 47 of `/proc/PID/stat`) if it has none.
+fn brk_now(pid: u32) -> Option<u64> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    if let Some(end) = maps.lines().find(|l| l.ends_with("[heap]")).and_then(|l| {
+        let (_, end) = l.split_whitespace().next()?.split_once('-')?;
+        u64::from_str_radix(end, 16).ok()
+    }) {
+        return Some(end);
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields from the third on follow the command's closing parenthesis.
+    stat.rsplit_once(')')?.1.split_whitespace().nth(47 - 3)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(kind: u32, address: u64, len: u64, taken_ns: u64) -> (MappedKey, MappedSample) {
+        (MappedKey { tgid: 1, kind, address }, MappedSample { stack: 9, taken_ns, len, weight: len.max(512 << 10) })
+    }
+
+    /// A mapping's sample holds while mapped; a break's below the break,
+    /// cut to it with its weight; the later of two over the same bytes.
+    #[test]
+    fn samples_hold_what_is_still_theirs() {
+        let maps = "7f0000000000-7f0000200000 rw-p 00000000 00:00 0 \n55aa00000000-55aa00100000 rw-p 00000000 00:00 0   [heap]\n";
+        let ranges = ranges(maps);
+        assert_eq!(ranges, [(0x7f00_0000_0000, 0x7f00_0020_0000), (0x55aa_0000_0000, 0x55aa_0010_0000)]);
+        let mapped = sample(MAPPED_MMAP, 0x7f00_0000_0000, 2 << 20, 5);
+        let unmapped = sample(MAPPED_MMAP, 0x7e00_0000_0000, 2 << 20, 5);
+        let low = sample(MAPPED_BRK, 0x55aa_0000_0000, 1 << 20, 1);
+        // Raised after the break had been lowered below it: covers `low`.
+        let later = sample(MAPPED_BRK, 0x55aa_0008_0000, 1 << 20, 2);
+        let above = sample(MAPPED_BRK, 0x55ab_0000_0000, 1 << 20, 3);
+        let samples = [mapped, unmapped, low, later, above];
+        let (live, dead) = judge(&samples, &ranges, Some(0x55aa_0010_0000));
+        // `later` is cut to the break: half its bytes, half its weight.
+        assert_eq!(live, [(mapped.1, 2 << 20), (later.1, 512 << 10)]);
+        let mut dead: Vec<u64> = dead.iter().map(|(k, _)| k.address).collect();
+        dead.sort_unstable();
+        assert_eq!(dead, [0x55aa_0000_0000, 0x55ab_0000_0000, 0x7e00_0000_0000]);
+        // No break known: every break sample is dead.
+        assert_eq!(judge(&[low], &ranges, None).0, []);
+    }
+
+    #[test]
+    fn the_interval_adds_the_mapped_variance() {
+        let held = Held { pools: 4, mapped: 1, mapped_bytes: 512 << 10, mapped_var: 512.0 * 1024.0 * 384.0 * 1024.0 };
+        let [lo, hi] = held.ci95(32, 16384);
+        let mid = 128.0 * 16384.0 + 512.0 * 1024.0;
+        let half = 1.96 * (128.0 * 31.0 * 16384.0f64 * 16384.0 + held.mapped_var).sqrt();
+        assert!((lo - (mid - half)).abs() < 1e-6 && (hi - (mid + half)).abs() < 1e-6, "{lo} {hi}");
+        assert_eq!(held.bytes(512 << 10), 5 * (512 << 10));
+        assert_eq!(held.samples(), 5);
+    }
+}
