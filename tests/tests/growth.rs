@@ -502,7 +502,7 @@ fn no_growth_leaves_growth_off() {
     }
 }
 
-/// What growth_libc.py (N grows of a SIZE-byte bytearray, each with ten
+/// What `growth_libc.py` (N grows of a SIZE-byte bytearray, each with ten
 /// made and dropped) gave under `tracer attach --growth`, its glibc tuned
 /// by `env`: the summary's growth.
 fn libc_run(python: &str, n: u64, size: u64, env: &[(&str, &str)]) -> Value {

@@ -134,6 +134,10 @@ impl Mapped {
     }
 }
 
+/// The samples that still hold bytes, each with the bytes it stands for;
+/// and the ones that hold none.
+type Judged = (Vec<(MappedSample, u64)>, Vec<(MappedKey, MappedSample)>);
+
 /// The samples that still hold bytes, each with the bytes it stands for
 /// now, and the ones that hold none. A mapping's sample holds while its
 /// address is inside a mapping; a break's, below `top`, cut to it (its
@@ -144,7 +148,7 @@ pub fn judge(
     samples: &[(MappedKey, MappedSample)],
     ranges: &[(u64, u64)],
     top: Option<u64>,
-) -> (Vec<(MappedSample, u64)>, Vec<(MappedKey, MappedSample)>) {
+) -> Judged {
     let mut sorted: Vec<&(MappedKey, MappedSample)> = samples.iter().collect();
     sorted.sort_by_key(|(k, _)| (k.kind, k.address));
     let mut live = Vec::new();

@@ -49,11 +49,12 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         });
         writeln!(
             self.out,
-            "  growth (ESTIMATES: 1 pool take in {} sampled, {} a sample): net {}, pools in use by takers since attach {}{cost}",
+            "  growth (ESTIMATES: 1 pool take in {} sampled, {} a sample): net {}, in use by takers since attach {} ({} of it the C library's heap){cost}",
             g.sample_every,
             bytes(g.sample_bytes),
             signed(g.bytes),
             bytes(g.in_use_bytes),
+            bytes(g.libc_bytes),
         )?;
         if !g.sites.is_empty() {
             writeln!(self.out, "  {:<28} {:<32} {:>12} {:>26}", "growth site", "file:line", "growth", "in use ±95%")?;
@@ -72,8 +73,13 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         }
         {
             let t = &g.takes;
-            let misses: Vec<String> =
-                [("walk_failed", t.walk_failed), ("truncated", t.truncated), ("lost", t.lost), ("unread", t.unread)]
+            let misses: Vec<String> = [
+                ("walk_failed", t.walk_failed),
+                ("truncated", t.truncated),
+                ("lost", t.lost),
+                ("unread", t.unread),
+                ("grown_lost", t.grown_lost),
+            ]
                     .into_iter()
                     .filter(|(_, n)| *n > 0)
                     .map(|(name, n)| format!("{name}={n}"))
@@ -88,6 +94,15 @@ impl<W: Write, E: Write> TableReporter<W, E> {
                 group(t.sampled),
                 group(t.ended),
                 group(t.pruned),
+            )?;
+            writeln!(
+                self.out,
+                "  the C library's heap: {} mapping syscalls, {} growths; {} sampled, {} samples ended by an unmap, {} pruned",
+                group(t.syscalls),
+                group(t.grown),
+                group(t.grown_sampled),
+                group(t.unmapped),
+                group(t.mapped_pruned),
             )?;
         }
         if let Some(caveat) = &g.caveat {
@@ -129,6 +144,8 @@ mod tests {
                 bytes: 3 * 32 * 16384,
                 samples: 4,
                 in_use_bytes: 4 * 32 * 16384,
+                libc_bytes: 0,
+                libc_samples: 0,
                 in_use_ci95: [0.0, 4.0 * 32.0 * 16384.0],
             }],
             takes: GrowthTakes { reused: 7, lost: 2, ..GrowthTakes::default() },
@@ -137,7 +154,7 @@ mod tests {
         let snapshot =
             Snapshot { growth: Some(Growth::Sampled(Box::new(g))), ..crate::report::examples::snapshot(1000, 1) };
         let text = super::super::tests::render(&[Event::Interval(snapshot)]);
-        assert!(text.contains("growth (ESTIMATES: 1 pool take in 32 sampled, 512.0 KiB a sample): net +1.5 MiB, pools in use by takers since attach 2.0 MiB"), "{text}");
+        assert!(text.contains("growth (ESTIMATES: 1 pool take in 32 sampled, 512.0 KiB a sample): net +1.5 MiB, in use by takers since attach 2.0 MiB (0 B of it the C library's heap)"), "{text}");
         let row = text.lines().find(|l| l.trim_start().starts_with("grow ")).unwrap();
         assert_eq!(
             row.split_whitespace().collect::<Vec<_>>(),
