@@ -227,7 +227,7 @@ fn growth_in_exact_mode_is_folded_and_drawn() {
         .sum();
     assert_eq!(grow, in_grow, "{text}");
     assert_eq!(grow, u(&site(g, "grow").unwrap()["in_use_bytes"], "in_use_bytes"), "{text}");
-    assert!(text.lines().all(|l| l.ends_with(|c: char| c.is_ascii_digit()) && l.contains("[pool taken]")), "{text}");
+    assert!(text.lines().all(|l| l.ends_with(|c: char| c.is_ascii_digit()) && l.contains("[heap grown]")), "{text}");
     let drawn = std::fs::read_to_string(&svg).unwrap();
     assert!(
         drawn.starts_with("<?xml") && drawn.contains("heap growth of PID") && drawn.contains("grow (growth.py:"),

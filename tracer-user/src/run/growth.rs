@@ -604,7 +604,7 @@ pub fn write(
         .into_iter()
         .flatten()
         .map(|s| crate::model::StackCount {
-            probe: "[pool taken]".to_owned(),
+            probe: "[heap grown]".to_owned(),
             frames: s.frames.clone(),
             truncated: s.truncated,
             calls: s.samples,

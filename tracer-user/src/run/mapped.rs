@@ -144,11 +144,7 @@ type Judged = (Vec<(MappedSample, u64)>, Vec<(MappedKey, MappedSample)>);
 /// weight scaled down alike). Of two samples over the same bytes the
 /// later holds them.
 #[must_use]
-pub fn judge(
-    samples: &[(MappedKey, MappedSample)],
-    ranges: &[(u64, u64)],
-    top: Option<u64>,
-) -> Judged {
+pub fn judge(samples: &[(MappedKey, MappedSample)], ranges: &[(u64, u64)], top: Option<u64>) -> Judged {
     let mut sorted: Vec<&(MappedKey, MappedSample)> = samples.iter().collect();
     sorted.sort_by_key(|(k, _)| (k.kind, k.address));
     let mut live = Vec::new();

@@ -80,10 +80,10 @@ impl<W: Write, E: Write> TableReporter<W, E> {
                 ("unread", t.unread),
                 ("grown_lost", t.grown_lost),
             ]
-                    .into_iter()
-                    .filter(|(_, n)| *n > 0)
-                    .map(|(name, n)| format!("{name}={n}"))
-                    .collect();
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(name, n)| format!("{name}={n}"))
+            .collect();
             let misses = if misses.is_empty() { String::new() } else { format!("; misses: {}", misses.join(" ")) };
             writeln!(
                 self.out,
