@@ -111,6 +111,7 @@ pub fn run(root: &Path, tracer: &Path, effort: &str, tracer_args: &[String]) -> 
 
     // 3g. What tracer, tracemalloc and memray cost pyperformance's benchmarks.
     crate::bench_production::production_section(&mut md, tracer, effort, tracer_args, &out_root)?;
+    crate::bench_census::census_section(&mut md, tracer, effort)?;
 
     // 4. --budget estimates against full counts of the same process.
     budget_accuracy(&mut md, tracer)?;
@@ -203,7 +204,7 @@ fn footprint(root: &Path, tracer: &Path) -> anyhow::Result<(String, Footprint)> 
 }
 
 /// Waits for the child and returns its CPU time and peak RSS.
-fn wait_rusage(child: &mut std::process::Child) -> anyhow::Result<(Duration, i64)> {
+pub fn wait_rusage(child: &mut std::process::Child) -> anyhow::Result<(Duration, i64)> {
     let pid = libc::pid_t::try_from(child.id())?;
     let mut status = 0;
     // SAFETY: rusage is plain integers; all-zero is valid.

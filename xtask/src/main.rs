@@ -9,6 +9,7 @@
 
 mod bench;
 mod bench_budget;
+mod bench_census;
 mod bench_cost;
 mod bench_cost_measure;
 mod bench_features;
@@ -67,8 +68,9 @@ enum Task {
         /// while it runs, against the slowdown measured) or stacks (what `--stacks` adds per event)
         /// or features (what `--types`, `--native` and the GC markers add per event) or live (what
         /// `--live` adds per allocator call, apart from its return probes) or production (what tracer,
-        /// tracemalloc and memray cost pyperformance's benchmarks, by twins and alternate rounds).
-        #[arg(long, value_parser = ["budget", "returns", "static", "lto", "cost", "stacks", "features", "live", "production"])]
+        /// tracemalloc and memray cost pyperformance's benchmarks, by twins and alternate rounds)
+        /// or census (`tracer heap` on a 1 GiB heap of small objects: time and memory).
+        #[arg(long, value_parser = ["budget", "returns", "static", "lto", "cost", "stacks", "features", "live", "production", "census"])]
         only: Option<String>,
         /// The tracer command line the production section measures (after `tracer`), with PID for
         /// the target's PID.
@@ -129,6 +131,7 @@ fn main() -> anyhow::Result<()> {
                 Some("stacks") => bench_stacks::stacks_section(&mut md, &tracer, &effort, &versus)?,
                 Some("features") => bench_features::features_section(&mut md, &tracer, &effort)?,
                 Some("live") => bench_live::live_section(&mut md, &tracer, &effort, &versus)?,
+                Some("census") => bench_census::census_section(&mut md, &tracer, &effort)?,
                 Some("production") => bench_production::production_section(
                     &mut md,
                     &tracer,

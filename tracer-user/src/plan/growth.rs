@@ -164,11 +164,12 @@ pub fn plan(elf: &ElfImage, symbols: &GrowthSymbols, knowledge: &GrowthKnowledge
             .push(format!("{why}: a new arena's first pool is not sampled (one pool of each new arena's 63 or 64)")),
     }
     let detail = format!(
-        "{}, found in {}: {} probe{}",
+        "{}, found in {}: {} probe{}; the C library's heap at the syscalls:{} tracepoints",
         take.name,
         symbols.table,
         points.len(),
-        if points.len() == 1 { "" } else { "s" }
+        if points.len() == 1 { "" } else { "s" },
+        tracer_common::names::programs::GROWTH_MAPPED.map(|(_, t)| t).join(",")
     );
     GrowthPlan { points, detail, caveat: (!caveats.is_empty()).then(|| caveats.join("; ")), unavailable: None }
 }

@@ -24,7 +24,11 @@ impl<W: Write, E: Write> TableReporter<W, E> {
                 format!("{} +{:#x} `{}` ({kind}; {})", p.function, p.offset, p.instruction, p.reads)
             })
             .collect();
-        writeln!(self.out, "tracer: growth: {}", points.join(", "))?;
+        writeln!(
+            self.out,
+            "tracer: growth: {}; the C library's heap at its mapping syscalls' tracepoints",
+            points.join(", ")
+        )?;
         if let Some(caveat) = &plan.caveat {
             writeln!(self.out, "tracer: growth: PARTIAL: {caveat}")?;
         }
