@@ -1,0 +1,199 @@
+//! Faults (issue 26): tracer killed with SIGKILL in the production profile
+//! leaves no byte of the target's code changed; killed mid-census with the
+//! target stopped (`tracer heap --stop`), it lets the target go; 8 threads
+//! allocating at once are counted exactly; two tracers on one target both
+//! count every event.
+
+use std::{
+    os::unix::{fs::FileExt as _, process::ExitStatusExt as _},
+    thread::sleep,
+    time::{Duration, Instant},
+};
+
+use tracer_tests::{TracerRun, Workload, counts, require_root, shared_python, tracer_bin};
+
+/// Where `pid`'s code differs from its files: every file-backed executable
+/// mapping read from its memory and compared with the file it maps (through
+/// `/proc/PID/map_files`, whatever root the process has), as (path,
+/// address) of each differing byte, at most 20.
+fn code_changes(pid: u32) -> Vec<(String, u64)> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("the target's maps");
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).expect("the target's memory");
+    let mut changes = Vec::new();
+    let mut mappings = 0;
+    for line in maps.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [range, perms, offset, _, _, path, ..] = fields[..] else { continue };
+        if !perms.contains('x') || !path.starts_with('/') {
+            continue;
+        }
+        let (start, end) = range.split_once('-').expect("START-END");
+        let (start, end) = (u64::from_str_radix(start, 16).unwrap(), u64::from_str_radix(end, 16).unwrap());
+        let offset = u64::from_str_radix(offset, 16).unwrap();
+        let file = std::fs::File::open(format!("/proc/{pid}/map_files/{range}")).expect("the mapped file");
+        let len = usize::try_from(end - start).unwrap();
+        let mut on_disk = vec![0u8; len];
+        // The mapping's last page may run past the file's end.
+        let mut read = 0;
+        while read < len {
+            match file.read_at(&mut on_disk[read..], offset + read as u64) {
+                Ok(0) => break,
+                Ok(n) => read += n,
+                Err(e) => panic!("reading {path}: {e}"),
+            }
+        }
+        let mut in_memory = vec![0u8; read];
+        mem.read_exact_at(&mut in_memory, start).unwrap_or_else(|e| panic!("reading {path} in memory: {e}"));
+        mappings += 1;
+        for (i, (a, b)) in in_memory.iter().zip(&on_disk).enumerate() {
+            if a != b && changes.len() < 20 {
+                changes.push((path.to_owned(), start + i as u64));
+            }
+        }
+    }
+    assert!(mappings > 0, "no executable file-backed mapping in PID {pid}:\n{maps}");
+    changes
+}
+
+/// Waits up to 3 s for `pid`'s code to equal its files (the kernel
+/// removes a uprobe as the last reference to it closes, during the
+/// killed process's exit); the changes left.
+fn settled_code_changes(pid: u32) -> Vec<(String, u64)> {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let changes = code_changes(pid);
+        if changes.is_empty() || Instant::now() > deadline {
+            return changes;
+        }
+        sleep(Duration::from_millis(50));
+    }
+}
+
+/// The production profile (rates' windows, the GC's and growth's probes,
+/// the census) killed with SIGKILL a second into its run: while it runs
+/// the target's code holds its breakpoints; after, not one byte of any
+/// executable mapping differs from its file, and the target still
+/// answers.
+#[test]
+fn a_killed_profile_leaves_the_code_as_it_was() {
+    require_root();
+    let python = shared_python();
+    let mut workload = Workload::serve(&python);
+    let pid = workload.pid();
+    assert_eq!(code_changes(pid), [], "the target's code differs from its files before any attach");
+    let (tracer, attached) = TracerRun::profile_json(pid, &["--interval", "0.3"]);
+    assert_eq!(attached["mode"], "profile", "{attached}");
+    sleep(Duration::from_secs(1));
+    // Growth's and the GC's probes stay attached for the whole run.
+    assert!(!code_changes(pid).is_empty(), "no breakpoint while the profile runs: {attached}");
+    tracer.signal(libc::SIGKILL);
+    let (status, _, _) = tracer.finish();
+    assert_eq!(status.signal(), Some(libc::SIGKILL));
+    assert_eq!(settled_code_changes(pid), [], "the target's code after tracer was killed");
+    workload.ping();
+}
+
+/// The state letter of `pid` in /proc/PID/stat (`t`: stopped by a tracer).
+fn state(pid: u32) -> char {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next()).expect("a state")
+}
+
+/// `tracer heap --stop` killed with SIGKILL while the target is stopped for
+/// its census: the kernel detaches the target, which goes on (not stopped
+/// a moment later, and it answers a ping).
+#[test]
+fn a_census_killed_while_the_target_is_stopped_lets_it_go() {
+    require_root();
+    let python = shared_python();
+    // About 400 MB of small objects: a census of a few tenths of a second.
+    let mut workload = Workload::script(None, python.to_str().unwrap(), "big_heap.py", &["3000000"]);
+    let pid = workload.pid();
+    let mut heap = std::process::Command::new(tracer_bin())
+        .args(["heap", "--pid", &pid.to_string(), "--stop", "--json"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("tracer heap");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state(pid) != 't' {
+        assert!(heap.try_wait().expect("wait").is_none(), "tracer heap ended before the target was seen stopped");
+        assert!(Instant::now() < deadline, "the target was never stopped");
+        sleep(Duration::from_micros(200));
+    }
+    heap.kill().expect("SIGKILL");
+    let status = heap.wait().expect("wait");
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "tracer heap finished before it was killed");
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while matches!(state(pid), 't' | 'T') {
+        assert!(Instant::now() < deadline, "the target stayed stopped after tracer was killed: {}", state(pid));
+        sleep(Duration::from_millis(10));
+    }
+    workload.ping();
+    workload.close();
+}
+
+/// threads.py T N under `tracer attach --exact` ([`TracerRun::attach_json`]; with `second`, a second
+/// tracer attached at once): each tracer's counts of the run.
+fn threads_run(t: u64, n: u64, second: bool) -> Vec<std::collections::HashMap<String, (u64, u64)>> {
+    let python = shared_python();
+    let (t, n) = (t.to_string(), n.to_string());
+    let mut workload = Workload::script(None, python.to_str().unwrap(), "threads.py", &[&t, &n]);
+    workload.wait_blocked_on_stdin();
+    let pid = workload.pid();
+    let args = ["--interval", "3600", "--probes", "_Py_NewReference,PyObject_Malloc,PyObject_Free"];
+    let tracers: Vec<TracerRun> =
+        (0..if second { 2 } else { 1 }).map(|_| TracerRun::attach_json(pid, &args).0).collect();
+    workload.go();
+    workload.expect("done");
+    workload.wait_blocked_reading(Some(5));
+    tracers
+        .into_iter()
+        .map(|tracer| {
+            tracer.signal(libc::SIGINT);
+            let (status, lines, stderr) = tracer.finish();
+            assert!(status.success(), "tracer failed: {status}: {stderr}");
+            let summary = lines.last().expect("a summary");
+            for (name, value) in summary["stats"].as_object().expect("stats") {
+                assert_eq!(value, 0, "BPF stat {name} is non-zero: {summary}");
+            }
+            counts(summary)
+        })
+        .collect()
+}
+
+/// Each probe's calls of `more` beyond `fewer`.
+fn extra(
+    more: &std::collections::HashMap<String, (u64, u64)>,
+    fewer: &std::collections::HashMap<String, (u64, u64)>,
+) -> Vec<(String, u64)> {
+    let mut out: Vec<(String, u64)> =
+        more.iter().map(|(name, (calls, _))| (name.clone(), calls - fewer.get(name).map_or(0, |c| c.0))).collect();
+    out.sort();
+    out
+}
+
+/// 8 threads making and dropping bytearrays at once, counted in --exact:
+/// N more each gives exactly 8 times the events N more in one thread
+/// gives, for every probe (no event lost to a race between CPUs).
+#[test]
+fn eight_threads_at_once_are_counted_exactly() {
+    require_root();
+    let n = 20_000;
+    let one = extra(&threads_run(1, 2 * n, false)[0], &threads_run(1, n, false)[0]);
+    let eight = extra(&threads_run(8, 2 * n, false)[0], &threads_run(8, n, false)[0]);
+    assert!(one.iter().all(|(_, calls)| *calls >= n), "{one:?}");
+    let times_eight: Vec<(String, u64)> = one.iter().map(|(name, calls)| (name.clone(), calls * 8)).collect();
+    assert_eq!(eight, times_eight, "N more in 8 threads against 8 × N more in one");
+}
+
+/// Two tracers attached to one target at once, both before the loop and
+/// both after it: each counts every event, the same counts.
+#[test]
+fn two_tracers_on_one_target_both_count_everything() {
+    require_root();
+    let runs = threads_run(2, 10_000, true);
+    assert_eq!(runs.len(), 2);
+    assert!(runs[0].values().all(|(calls, _)| *calls >= 10_000), "{:?}", runs[0]);
+    assert_eq!(runs[0], runs[1], "two tracers on one target");
+}
