@@ -197,3 +197,40 @@ fn two_tracers_on_one_target_both_count_everything() {
     assert!(runs[0].values().all(|(calls, _)| *calls >= 10_000), "{:?}", runs[0]);
     assert_eq!(runs[0], runs[1], "two tracers on one target");
 }
+
+/// The target exec's another program mid-run: the run ends there
+/// (`"end":"target-exec"`, exit status 0, "detached from PID N
+/// (target-exec)"), with no census or growth read from the new program's
+/// memory (the summary's heap, if any, is from before, and growth says its
+/// last reading stands).
+#[test]
+fn a_target_that_execs_ends_the_run() {
+    require_root();
+    let python = shared_python();
+    let mut workload = Workload::script(None, python.to_str().unwrap(), "execs.py", &[]);
+    workload.wait_blocked_on_stdin();
+    let pid = workload.pid();
+    let (tracer, attached) = TracerRun::profile_json(pid, &["--interval", "0.2"]);
+    assert_eq!(attached["mode"], "profile", "{attached}");
+    workload.go();
+    let started = Instant::now();
+    let (status, lines, stderr) = tracer.finish();
+    assert!(status.success(), "tracer failed: {status}: {stderr}");
+    assert!(started.elapsed() < Duration::from_secs(10), "the run went on after the exec");
+    let summary = lines.last().expect("a summary");
+    assert_eq!(summary["type"], "summary", "{lines:?}");
+    assert_eq!(summary["end"], "target-exec", "{summary}");
+    assert!(stderr.contains(&format!("tracer: detached from PID {pid} (target-exec)")), "{stderr}");
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).expect("the target's program");
+    assert!(exe.ends_with("sleep"), "{}", exe.display());
+    // Nothing read of the new program: growth's summary says its last
+    // reading stands, and a census at the end is refused.
+    let g = &summary["growth"];
+    if g.get("unavailable").is_none() && g.get("stopped").is_none() {
+        assert!(g["caveat"].as_str().is_some_and(|c| c.contains("now runs another program")), "{g}");
+    }
+    for line in stderr.lines().filter(|l| l.contains("heap census") && l.contains("failed")) {
+        assert!(line.contains("called exec"), "{line}");
+    }
+    drop(workload);
+}

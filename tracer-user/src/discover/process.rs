@@ -263,6 +263,37 @@ pub fn pidfd_open(pid: u32) -> std::io::Result<Option<OwnedFd>> {
     Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) }))
 }
 
+/// What tells one program a process runs from the next it may `exec`
+/// (same PID, new memory): its executable file (device and inode) and where
+/// its code, stack, arguments and heap began (`/proc/PID/stat` fields 26,
+/// 28, 48 and 47, placed anew by every exec).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProgramStamp {
+    exe: (u64, u64),
+    starts: [u64; 4],
+}
+
+impl ProgramStamp {
+    /// `pid`'s stamp now, if it can be read (the process exists).
+    #[must_use]
+    pub fn of(pid: u32) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt as _;
+        let exe = std::fs::metadata(format!("/proc/{pid}/exe")).ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Fields from the third on follow the command's closing parenthesis.
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        let field = |n: usize| fields.get(n - 3)?.parse::<u64>().ok();
+        Some(Self { exe: (exe.dev(), exe.ino()), starts: [field(26)?, field(28)?, field(48)?, field(47)?] })
+    }
+
+    /// Whether `pid` now runs another program than the one stamped: it
+    /// exec'd. A process gone (or unreadable) has not.
+    #[must_use]
+    pub fn changed(&self, pid: u32) -> bool {
+        Self::of(pid).is_some_and(|now| now != *self)
+    }
+}
+
 /// A process's pidfd, polled without waiting.
 #[derive(Debug)]
 pub struct Pidfd(OwnedFd);

@@ -62,6 +62,8 @@ pub enum HeapError {
     Version(#[from] VersionError),
     #[error("PID {pid} exited during the heap census; take it again while the process runs")]
     Exited { pid: u32 },
+    #[error("PID {pid} called exec during the heap census: it runs another program, whose heap is not this one's")]
+    Exec { pid: u32 },
     #[error("cannot read the memory of PID {pid}: {cause}")]
     Read { pid: u32, cause: std::io::Error },
     #[error("cannot read {path} of PID {pid}: {cause}")]
@@ -88,7 +90,7 @@ impl Classify for HeapError {
     fn is_bad_input(&self) -> bool {
         match self {
             Self::Stack(e) => e.is_bad_input(),
-            Self::Version(_) | Self::Exited { .. } | Self::NoSymbol { .. } => true,
+            Self::Version(_) | Self::Exited { .. } | Self::Exec { .. } | Self::NoSymbol { .. } => true,
             Self::Read { .. }
             | Self::Proc { .. }
             | Self::Stop { .. }
@@ -138,11 +140,14 @@ pub struct Heap {
     builtins: Builtins,
     statics: Option<Result<[u64; 3], String>>,
     options: Options,
+    /// The program opened: a census of another one exec'd is refused.
+    stamp: Option<crate::discover::process::ProgramStamp>,
 }
 
 impl Heap {
     /// Finds `pid`'s interpreter and what a census needs of it.
     pub fn open(pid: u32, options: &Options) -> Result<Self, HeapError> {
+        let stamp = crate::discover::process::ProgramStamp::of(pid);
         let process = Process::open(pid)?;
         let abi = python::abi_for(pid, process.version)?;
         let symbol = |symbol: &'static str| {
@@ -162,7 +167,7 @@ impl Heap {
             bytearray: symbol("PyByteArray_Type")?,
         };
         let statics = state::statics_of(&process, abi, options.debug_dir.as_deref());
-        Ok(Self { process, abi, builtins, statics, options: options.clone() })
+        Ok(Self { process, abi, builtins, statics, options: options.clone(), stamp })
     }
 
     /// Takes a census.
@@ -170,11 +175,18 @@ impl Heap {
         let _interrupts = self.options.catch_signals.then(Interrupts::catch);
         let pid = self.process.target.pid;
         let mut memory = Memory::new(pid);
+        if self.stamp.is_some_and(|s| s.changed(pid)) {
+            return Err(HeapError::Exec { pid });
+        }
         let stopped = if self.options.stop { Some(Stopped::stop(pid)?) } else { None };
         let started = Instant::now();
         let read = take(&self.process, self.abi, self.builtins, &mut memory, self.statics.as_ref(), &self.options);
         let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
         let stopped_ms = stopped.map(|s| s.resume().as_secs_f64() * 1000.0);
+        // Read from another program's memory, from its start or since.
+        if self.stamp.is_some_and(|s| s.changed(pid)) {
+            return Err(HeapError::Exec { pid });
+        }
         let (tally, types, found, scan_notes, rss) = read?;
         let cost = Cost {
             elapsed_ms,

@@ -29,6 +29,8 @@ pub enum End {
     Signal(&'static str),
     /// The target process exited.
     TargetExit,
+    /// The target process called exec: it runs another program.
+    TargetExec,
 }
 
 impl End {
@@ -39,6 +41,7 @@ impl End {
             Self::Duration => "duration",
             Self::Signal(_) => "signal",
             Self::TargetExit => "target-exit",
+            Self::TargetExec => "target-exec",
         }
     }
 }
@@ -50,6 +53,7 @@ pub enum EndKind {
     Duration,
     Signal,
     TargetExit,
+    TargetExec,
 }
 
 /// The last counts, once every probe is detached.
@@ -57,7 +61,7 @@ pub enum EndKind {
 pub struct Summary {
     #[serde(flatten)]
     pub snapshot: Snapshot,
-    /// `duration`, `signal` or `target-exit`.
+    /// `duration`, `signal`, `target-exit` or `target-exec`.
     pub end: EndKind,
     /// With `end` `signal`: which.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -69,12 +73,13 @@ impl Summary {
     pub fn new(snapshot: Snapshot, end: End) -> Self {
         let signal = match end {
             End::Signal(name) => Some(name.to_owned()),
-            End::Duration | End::TargetExit => None,
+            End::Duration | End::TargetExit | End::TargetExec => None,
         };
         let kind = match end {
             End::Duration => EndKind::Duration,
             End::Signal(_) => EndKind::Signal,
             End::TargetExit => EndKind::TargetExit,
+            End::TargetExec => EndKind::TargetExec,
         };
         Self { snapshot, end: kind, signal }
     }

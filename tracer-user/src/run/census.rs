@@ -246,6 +246,9 @@ impl CensusSource {
                 if matches!(e, HeapError::Exited { .. }) {
                     // The run ends with the target; nothing to retry.
                     self.stopped = true;
+                } else if matches!(e, HeapError::Exec { .. }) {
+                    // The run ends with the program; its heap is gone.
+                    self.stop(what);
                 } else if self.failures >= FAILURES {
                     self.stop(format!("{what}; {FAILURES} in a row, so no more censuses this run"));
                 } else {

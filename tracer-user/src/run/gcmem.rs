@@ -17,6 +17,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 use crate::{
+    discover::process::ProgramStamp,
     model::{Gc, GcGeneration},
     plan::gc::GcSource,
     python::{
@@ -39,6 +40,8 @@ pub enum GcMemoryError {
     Mismatch { pid: u32, version: PythonVersion, published: u64, table: u64 },
     #[error("the collector statistics of PID {pid} at {address:#x} do not look like counts: {values:?}")]
     Implausible { pid: u32, address: u64, values: Vec<u64> },
+    #[error("PID {pid} now runs another program (it called exec): its collector is not read")]
+    Exec { pid: u32 },
 }
 
 /// One generation's statistics, as `gc.get_stats()` gives them.
@@ -61,6 +64,8 @@ const MAX_COUNT: u64 = 1 << 48;
 pub struct GcMemory {
     remote: Remote,
     pid: u32,
+    /// The program the address is of: another one exec'd is not read.
+    stamp: Option<ProgramStamp>,
     address: u64,
     at_attach: [GenStats; GENERATIONS],
     last: [GenStats; GENERATIONS],
@@ -81,6 +86,7 @@ impl GcMemory {
     /// Finds the statistics of `pid`'s main interpreter and reads them
     /// once, as the base later reads count from.
     pub fn open(pid: u32) -> Result<Self, GcMemoryError> {
+        let stamp = ProgramStamp::of(pid);
         let process = stacks::Process::open(pid)?;
         let version = process.version;
         let abi = python::abi_for(pid, version).map_err(StackError::from)?;
@@ -112,6 +118,7 @@ impl GcMemory {
         let mut gc = Self {
             remote,
             pid,
+            stamp,
             address,
             at_attach: [GenStats::default(); GENERATIONS],
             last: [GenStats::default(); GENERATIONS],
@@ -139,6 +146,9 @@ impl GcMemory {
     }
 
     fn read_once(&mut self) -> Result<[GenStats; GENERATIONS], GcMemoryError> {
+        if self.stamp.is_some_and(|s| s.changed(self.pid)) {
+            return Err(GcMemoryError::Exec { pid: self.pid });
+        }
         let started = thread_cpu();
         let bytes = self.remote.bytes(self.address, STATS_BYTES, "the collector's generation_stats");
         self.reads += 1;
@@ -249,6 +259,7 @@ mod tests {
     fn a_failed_read_is_counted_and_the_last_reading_stands() {
         let stats = |c| GenStats { collections: c, collected: 0, uncollectable: 0 };
         let mut gc = GcMemory {
+            stamp: None,
             remote: Remote::open(std::process::id()).unwrap(),
             pid: std::process::id(),
             // The first page: never mapped.
@@ -271,6 +282,7 @@ mod tests {
     fn report_counts_since_the_attach_with_the_probes_durations() {
         let stats = |c, d, u| GenStats { collections: c, collected: d, uncollectable: u };
         let gc = GcMemory {
+            stamp: None,
             remote: Remote::open(std::process::id()).unwrap(),
             pid: 1,
             address: 0,

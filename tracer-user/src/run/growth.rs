@@ -54,6 +54,9 @@ struct Reading {
 /// `--growth`'s state across intervals.
 pub struct Growth {
     pid: u32,
+    /// The program whose pools are sampled: another one exec'd is not
+    /// read.
+    stamp: Option<crate::discover::process::ProgramStamp>,
     plan: GrowthPlan,
     every: u32,
     names: StackNames,
@@ -114,6 +117,7 @@ impl Growth {
         let now = Instant::now();
         Ok(Self {
             pid,
+            stamp: crate::discover::process::ProgramStamp::of(pid),
             plan,
             every,
             names,
@@ -145,6 +149,12 @@ impl Growth {
         (self.started, self.last_interval) = (Instant::now(), Instant::now());
         self.cpu_at_attach = super::cost::process_cpu_ns(self.pid);
         Ok(())
+    }
+
+    /// When its probes went live.
+    #[must_use]
+    pub const fn live_since(&self) -> Instant {
+        self.started
     }
 
     /// The plan, for the attach header.
@@ -262,6 +272,9 @@ impl Growth {
     /// The samples of the target whose pools are in use, per stack; the
     /// ones dead on two readings in a row dropped from the kernel's map.
     fn read(&mut self, session: &mut Session) -> Result<Reading, String> {
+        if self.stamp.is_some_and(|s| s.changed(self.pid)) {
+            return Err(format!("PID {} now runs another program (it called exec)", self.pid));
+        }
         let samples: Vec<(PoolKey, PoolSample)> = session
             .growth_samples()
             .map_err(|e| e.to_string())?
@@ -506,8 +519,12 @@ pub fn trial(
     // Exactly: the trial is too short for /proc/PID/stat's clock ticks.
     let now = super::cost::process_cpu_ns(g.pid)?;
     let cpu = Duration::from_nanos(now.saturating_sub(g.cpu_at_attach?));
-    let counts = session.growth_counts().ok()?;
     let span = g.started.elapsed();
+    // Priced over less than the trial (woken early): not yet.
+    if span < TRIAL {
+        return None;
+    }
+    let counts = session.growth_counts().ok()?;
     let cost = g.cost(&counts, span, (Duration::ZERO, 0), prices);
     let target = cost.target_s?;
     // The hits ran on the target's CPU: at least what they cost.

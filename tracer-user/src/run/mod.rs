@@ -42,7 +42,10 @@ use self::{
 };
 use crate::{
     config::{AttachConfig, ConfigError, LinkMode, Mode},
-    discover::{Resolved, TargetSpec, process::TargetError},
+    discover::{
+        Resolved, TargetSpec,
+        process::{ProgramStamp, TargetError},
+    },
     error::Classify,
     kernel::{AttachError, LoadOptions, Session},
     model::{Attached, End, Event, Level, Links, Note, NoteCode, PythonInfo, Snapshot, Summary},
@@ -330,6 +333,13 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
     let mut sigint = handler("SIGINT", SignalKind::interrupt())?;
     let mut sigterm = handler("SIGTERM", SignalKind::terminate())?;
     let (exit, exits) = watch_exits(&config.target)?;
+    // The program `--pid` runs: one it exec's ends the run, as an exit
+    // does (its memory and code are another's).
+    let program = match &config.target {
+        TargetSpec::Pid(pid) => ProgramStamp::of(*pid).map(|s| (*pid, s)),
+        TargetSpec::Exe(_) => None,
+    };
+    let execed = || program.is_some_and(|(pid, s)| s.changed(pid));
     let (prepared, early) = prepare_run(config)?;
     let (mut run, mut output) = start(config, prepared, (exits, early), out, err)?;
     let started = run.started;
@@ -355,7 +365,13 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
     let toggle_at = run.duty.as_ref().map_or(start, |d| tokio::time::Instant::from_std(d.next));
     // The profile's default growth is priced once early, before a whole
     // interval of it may cost the target several times the budget.
-    let trial = sleep_until(start + growth::TRIAL);
+    // From when its probes went live, which may be well after the run
+    // began (the C library's programs load after the attach).
+    let growth_live = match &run.growth {
+        Some(Ok(g)) => tokio::time::Instant::from_std(g.live_since()),
+        _ => start,
+    };
+    let trial = sleep_until(growth_live + growth::TRIAL);
     tokio::pin!(trial);
     let mut trial_due = config.budget.is_some() && matches!(run.growth, Some(Ok(_)));
     let toggle = sleep_until(toggle_at);
@@ -392,6 +408,9 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
                 output.notes(notes)?;
             }
             _ = ticker.tick() => {
+                if execed() {
+                    break End::TargetExec;
+                }
                 let notes = run.notes();
                 output.notes(notes)?;
                 let mut snapshot = run.snapshot()?;
@@ -409,6 +428,7 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
             }
         }
     };
+    let end = if end != End::TargetExit && execed() { End::TargetExec } else { end };
     // Read after the end so the summary holds every hit up to the target's
     // exit, then detach before printing.
     let mut last = run.last(config)?;

@@ -66,13 +66,18 @@ fn ticks_now() -> u64 {
     (uptime * ticks_per_s()) as u64
 }
 
-/// The CPU time the traced processes used from now on (user and system,
-/// `/proc/PID/stat`), summed: what the budget is a share of.
+/// The CPU time the traced processes used from now on, summed: what the
+/// budget is a share of. With `--pid`, exactly (its process CPU clock:
+/// [`process_cpu_ns`]); with `--exe`, in clock ticks (user and system,
+/// `/proc/PID/stat`).
 #[derive(Clone, Debug)]
 pub struct TargetCpu {
     ledger: Ledger,
     target: Option<u32>,
     ticks_per_s: f64,
+    /// With `--pid`: its clock at the start, and at the last reading (which
+    /// stands once it is gone).
+    exact: Option<(u64, u64)>,
 }
 
 impl TargetCpu {
@@ -80,7 +85,8 @@ impl TargetCpu {
     /// reading names).
     #[must_use]
     pub fn new(target: Option<u32>) -> Self {
-        let mut cpu = Self { ledger: Ledger::new(0, ticks_now()), target, ticks_per_s: ticks_per_s() };
+        let exact = target.and_then(process_cpu_ns).map(|ns| (ns, ns));
+        let mut cpu = Self { ledger: Ledger::new(0, ticks_now()), target, ticks_per_s: ticks_per_s(), exact };
         let _ = cpu.read(&[]);
         cpu
     }
@@ -89,6 +95,14 @@ impl TargetCpu {
     /// processes in `live` (each from when it was first read; one that
     /// exits between two readings loses what it used since the last).
     pub fn read(&mut self, live: &[u32]) -> Duration {
+        // A clock tick is 4 ms here: an interval of a nearly idle target
+        // reads 0 or a tick, against probes' costs of microseconds.
+        if let (Some(pid), Some((base, last))) = (self.target, self.exact.as_mut()) {
+            if let Some(now) = process_cpu_ns(pid) {
+                *last = now.max(*last);
+            }
+            return Duration::from_nanos(last.saturating_sub(*base));
+        }
         let target = self.target.map(|t| [t]);
         let pids = target.as_ref().map_or(live, |t| &t[..]);
         for &pid in pids {
