@@ -49,7 +49,9 @@ pub fn tracer_bin() -> PathBuf {
     path
 }
 
-fn workspace_root() -> PathBuf {
+/// The repository's root.
+#[must_use]
+pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ is in the workspace").to_path_buf()
 }
 

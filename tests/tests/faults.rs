@@ -234,3 +234,112 @@ fn a_target_that_execs_ends_the_run() {
     }
     drop(workload);
 }
+
+/// A memory cgroup of its own with a limit of `bytes` (v1's memory
+/// controller where mounted, else v2's): removed when dropped.
+struct MemoryCgroup(std::path::PathBuf);
+
+impl MemoryCgroup {
+    fn new(name: &str, bytes: u64) -> Self {
+        let v1 = std::path::Path::new("/sys/fs/cgroup/memory");
+        let (dir, limit) = if v1.join("memory.limit_in_bytes").exists() {
+            (v1.join(name), "memory.limit_in_bytes")
+        } else {
+            (std::path::Path::new("/sys/fs/cgroup").join(name), "memory.max")
+        };
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("creating the cgroup {}: {e}", dir.display()));
+        std::fs::write(dir.join(limit), bytes.to_string()).expect("the memory limit");
+        Self(dir)
+    }
+
+    fn add(&self, pid: u32) {
+        std::fs::write(self.0.join("cgroup.procs"), pid.to_string()).expect("moving the target into the cgroup");
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// A target in a memory cgroup of 256 MiB that grows until the kernel's
+/// OOM killer ends it, traced by the profile: the run ends with the target
+/// (exit status 0, `"end":"target-exit"`), and the summary keeps the last
+/// interval's figures and the heap of a census taken before the death.
+#[test]
+fn a_target_killed_by_oom_keeps_its_last_census() {
+    require_root();
+    let python = shared_python();
+    let cgroup = MemoryCgroup::new("tracer-test-oom", 256 << 20);
+    let mut child = std::process::Command::new(&python)
+        .arg(tracer_tests::workspace_root().join("tests/python/oom.py"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("oom.py");
+    let pid = child.id();
+    cgroup.add(pid);
+    let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).expect("ready");
+    assert_eq!(line, "ready\n");
+    // A census may take half of 50% of the target's time, or of one CPU's.
+    let (tracer, attached) = TracerRun::profile_json(pid, &["--interval", "0.3", "--budget", "50"]);
+    assert_eq!(attached["mode"], "profile", "{attached}");
+    std::io::Write::write_all(child.stdin.as_mut().expect("stdin"), b"go\n").expect("go");
+    let status = child.wait().expect("the target's end");
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "the target was not killed by the OOM killer: {status}");
+    let (status, lines, stderr) = tracer.finish();
+    assert!(status.success(), "tracer failed: {status}: {stderr}");
+    let summary = lines.last().expect("a summary");
+    assert_eq!(summary["end"], "target-exit", "{summary}");
+    let intervals: Vec<&serde_json::Value> = lines.iter().filter(|l| l["type"] == "interval").collect();
+    assert!(!intervals.is_empty(), "no interval before the OOM kill: {stderr}");
+    let heap = &summary["heap"];
+    assert!(heap["census"].as_u64().is_some_and(|n| n >= 1), "no census before the OOM kill: {heap}\n{stderr}");
+    let bytes: u64 = heap["types"].as_array().expect("types").iter().filter_map(|t| t["bytes"].as_u64()).sum();
+    assert!(bytes > 16 << 20, "the census before the kill saw {bytes} bytes: {heap}");
+}
+
+/// tracer attached to targets that exit while it attaches, at moments
+/// spread over the attach: every run either ends with the target (exit
+/// status 0, `"end":"target-exit"`) or is refused with one line naming the
+/// PID (exit status 2); none crashes, hangs, or leaves a probe behind (the
+/// next target on the same interpreter holds none).
+#[test]
+fn attaching_while_the_target_exits() {
+    require_root();
+    let python = shared_python();
+    for delay_ms in [0u32, 20, 60, 120, 250, 500] {
+        let script = format!("import time; time.sleep({})", f64::from(delay_ms) / 1000.0);
+        let mut child = std::process::Command::new(&python).args(["-c", &script]).spawn().expect("python");
+        let pid = child.id().to_string();
+        let started = Instant::now();
+        let out = std::process::Command::new(tracer_bin())
+            .args(["attach", "--pid", &pid, "--json", "--interval", "0.2"])
+            .output()
+            .expect("tracer");
+        let _ = child.wait();
+        assert!(started.elapsed() < Duration::from_secs(30), "tracer took {:?}", started.elapsed());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        match out.status.code() {
+            Some(0) => {
+                let stdout = String::from_utf8_lossy(&out.stdout);
+                let last: serde_json::Value =
+                    serde_json::from_str(stdout.lines().last().expect("a summary")).expect("JSON");
+                assert_eq!(last["end"], "target-exit", "{delay_ms} ms: {last}");
+            }
+            Some(2) => {
+                let lines: Vec<&str> = stderr.lines().collect();
+                assert_eq!(lines.len(), 1, "{delay_ms} ms: not one line: {stderr}");
+                assert!(lines[0].starts_with("tracer: error: ") && lines[0].contains(&pid), "{delay_ms} ms: {stderr}");
+            }
+            other => panic!("{delay_ms} ms: exit status {other:?}: {stderr}"),
+        }
+    }
+    let mut workload = Workload::serve(&python);
+    assert_eq!(code_changes(workload.pid()), [], "a probe left behind in the next target");
+    workload.ping();
+}
