@@ -410,6 +410,12 @@ pub struct AttachArgs {
     /// FILE must not exist unless --force.
     #[arg(long, value_name = "FILE")]
     pub growth_flamegraph: Option<PathBuf>,
+    /// At the end, write a pprof profile (gzipped profile.proto) to FILE, for go tool pprof,
+    /// speedscope or Pyroscope: --stacks' events as alloc_objects and alloc_space (exact), growth's
+    /// stacks as inuse_objects and inuse_space (a sampled estimate). Needs --stacks (exact) or
+    /// growth (the profile's default with --pid, or --growth). FILE must not exist unless --force.
+    #[arg(long, value_name = "FILE")]
+    pub pprof: Option<PathBuf>,
 }
 
 /// clap's multi-line usage error as one line, pointing at the help of the

@@ -6,9 +6,11 @@ use std::time::Duration;
 use thiserror::Error;
 
 mod growth;
+mod pprof;
 
 pub use growth::GrowthConfig;
 use growth::growth_config;
+use pprof::pprof_config;
 
 use crate::{
     cli::AttachArgs,
@@ -139,6 +141,8 @@ pub struct AttachConfig {
     /// Growth sampling, asked for (`--growth` and what is made of it) or
     /// the profile's auto default; `None` where off.
     pub growth: Option<GrowthConfig>,
+    /// `--pprof FILE`.
+    pub pprof: Option<crate::report::files::OutputFile>,
 }
 
 /// `--live`, `--live-max` and `--leaks`.
@@ -259,7 +263,7 @@ pub enum ConfigError {
     )]
     StacksNothingProbed,
     #[error(
-        "two of --folded, --flamegraph, --growth-folded and --growth-flamegraph name {path}; give each its own file"
+        "two of --folded, --flamegraph, --growth-folded, --growth-flamegraph and --pprof name {path}; give each its own file"
     )]
     SameOutput { path: std::path::PathBuf },
     #[error(transparent)]
@@ -294,6 +298,10 @@ pub enum ConfigError {
         "{flag} turns growth sampling on and --no-growth turns it off; give one: --growth keeps it on whatever it costs, --no-growth leaves it off"
     )]
     NoGrowthWithGrowth { flag: &'static str },
+    #[error(
+        "--pprof writes stacks, and this run records none: add --stacks (exact), or trace with --pid in the profile (its growth stacks); --no-growth and --exe have none"
+    )]
+    PprofWithoutStacks,
 }
 
 impl crate::error::Classify for ConfigError {
@@ -366,7 +374,9 @@ impl TryFrom<&AttachArgs> for AttachConfig {
             return Err(ConfigError::LiveWithExe);
         }
         let growth = growth_config(args, stacks.as_ref(), mode, &target)?;
+        let pprof = pprof_config(args, stacks.as_ref(), growth.as_ref())?;
         Ok(Self {
+            pprof,
             mode,
             gc: t.gc,
             live,

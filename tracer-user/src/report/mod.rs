@@ -5,6 +5,7 @@ pub mod files;
 mod json;
 mod live;
 pub mod plan;
+pub mod pprof;
 pub mod stacks;
 mod table;
 mod types;

@@ -90,3 +90,33 @@ pub fn write_stacks(
     }
     Ok(notes)
 }
+
+/// Writes `--pprof` from the summary's stacks, and says where and what.
+pub fn write_pprof(file: &report::files::OutputFile, last: &Snapshot) -> Result<Note, OutputError> {
+    let profile = report::pprof::profile(last);
+    let samples = report::pprof::write(file, &profile)?;
+    let what = match (last.stacks.is_some(), last.growth.as_ref().and_then(crate::model::Growth::sampled)) {
+        (true, Some(_)) => "the stacks' events (alloc_*) and growth's stacks (inuse_*, sampled estimates)",
+        (true, None) => "the stacks' events (alloc_*)",
+        (false, _) => "growth's stacks (inuse_*, sampled estimates)",
+    };
+    if samples == 0 {
+        let why = match &last.growth {
+            Some(crate::model::Growth::Unavailable { unavailable }) => format!("growth is unavailable: {unavailable}"),
+            Some(crate::model::Growth::Sampled(g)) if g.stopped.is_some() => {
+                format!("growth stopped before it held a sample ({})", g.stopped.as_ref().map_or("", |s| &s.reason))
+            }
+            _ => "no stack was recorded in the run".to_owned(),
+        };
+        return Ok(Note::new(
+            Level::Warning,
+            NoteCode::Written,
+            format!("wrote a pprof profile with no sample to {}: {why}", file.path.display()),
+        ));
+    }
+    Ok(Note::new(
+        Level::Note,
+        NoteCode::Written,
+        format!("wrote a pprof profile of {samples} samples, {what}, to {}", file.path.display()),
+    ))
+}

@@ -455,6 +455,7 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
     output.notes(written)?;
     let written = config.growth.as_ref().map(|g| growth::write(g, &last, config)).transpose()?.unwrap_or_default();
     output.notes(written)?;
+    output.notes(config.pprof.as_ref().map(|f| finish::write_pprof(f, &last)).transpose()?)?;
     output.summary(last, end)?;
     Ok(end)
 }

@@ -1,0 +1,219 @@
+//! `--pprof FILE`: a gzipped profile.proto, read back here by a decoder of
+//! the protobuf wire format written from pprof's published
+//! `proto/profile.proto` (not tracer's own types): `--stacks`' events are
+//! `alloc_objects`/`alloc_space` samples whose frames and values are the
+//! summary's stacks exactly; growth's stacks are `inuse_objects`/
+//! `inuse_space` samples that add up to the summary's growth stacks.
+
+use std::{collections::HashMap, io::Read as _};
+
+use serde_json::Value;
+use tracer_tests::{TracerRun, Workload, require_root, shared_python};
+
+/// One field of a protobuf message: its number and its payload (a varint,
+/// or the bytes of a length-delimited field).
+enum Field<'a> {
+    Varint(u64),
+    Bytes(&'a [u8]),
+}
+
+fn varint(bytes: &[u8], at: &mut usize) -> u64 {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let b = bytes[*at];
+        *at += 1;
+        v |= u64::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            return v;
+        }
+    }
+    panic!("a varint longer than 10 bytes");
+}
+
+/// The fields of `bytes`, in order.
+fn fields(bytes: &[u8]) -> Vec<(u64, Field<'_>)> {
+    let mut at = 0;
+    let mut out = Vec::new();
+    while at < bytes.len() {
+        let key = varint(bytes, &mut at);
+        let field = match key & 7 {
+            0 => Field::Varint(varint(bytes, &mut at)),
+            2 => {
+                let len = usize::try_from(varint(bytes, &mut at)).unwrap();
+                at += len;
+                Field::Bytes(&bytes[at - len..at])
+            }
+            wire => panic!("wire type {wire} is in no field profile.proto gives these messages"),
+        };
+        out.push((key >> 3, field));
+    }
+    out
+}
+
+/// The numbers of field `n` (repeated: packed, or one by one).
+fn numbers(msg: &[u8], n: u64) -> Vec<u64> {
+    let mut out = Vec::new();
+    for (number, f) in fields(msg) {
+        match f {
+            Field::Varint(v) if number == n => out.push(v),
+            Field::Bytes(packed) if number == n => {
+                let mut at = 0;
+                while at < packed.len() {
+                    out.push(varint(packed, &mut at));
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The embedded messages (or strings) of field `n`.
+fn messages(msg: &[u8], n: u64) -> Vec<&[u8]> {
+    fields(msg)
+        .into_iter()
+        .filter_map(|(number, f)| match f {
+            Field::Bytes(b) if number == n => Some(b),
+            _ => None,
+        })
+        .collect()
+}
+
+fn one(msg: &[u8], n: u64) -> u64 {
+    numbers(msg, n).first().copied().unwrap_or(0)
+}
+
+/// A decoded profile: the sample types' names, and each sample's frames
+/// (leaf first, as `function file:line`) and values.
+struct Decoded {
+    types: Vec<String>,
+    default_type: String,
+    samples: Vec<(Vec<String>, Vec<u64>)>,
+}
+
+/// `Profile`: `sample_type` 1, `sample` 2, `location` 4, `function` 5,
+/// `string_table` 6, `default_sample_type` 14; `ValueType`: `type` 1;
+/// `Sample`: `location_id` 1, `value` 2; `Location`: `id` 1, `line` 4;
+/// `Line`: `function_id` 1, `line` 2; `Function`: `id` 1, `name` 2,
+/// `filename` 4.
+fn decode(path: &std::path::Path) -> Decoded {
+    let mut bytes = Vec::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(path).expect("the profile"))
+        .read_to_end(&mut bytes)
+        .expect("gzipped");
+    let strings: Vec<String> =
+        messages(&bytes, 6).iter().map(|s| String::from_utf8(s.to_vec()).expect("UTF-8")).collect();
+    let s = |i: u64| strings[usize::try_from(i).unwrap()].clone();
+    let functions: HashMap<u64, String> =
+        messages(&bytes, 5).iter().map(|f| (one(f, 1), format!("{} {}", s(one(f, 2)), s(one(f, 4))))).collect();
+    let locations: HashMap<u64, String> = messages(&bytes, 4)
+        .iter()
+        .map(|l| {
+            let line = messages(l, 4)[0];
+            (one(l, 1), format!("{}:{}", functions[&one(line, 1)], one(line, 2)))
+        })
+        .collect();
+    let types = messages(&bytes, 1).iter().map(|t| s(one(t, 1))).collect();
+    let samples = messages(&bytes, 2)
+        .iter()
+        .map(|m| (numbers(m, 1).iter().map(|id| locations[id].clone()).collect(), numbers(m, 2)))
+        .collect();
+    Decoded { types, default_type: s(one(&bytes, 14)), samples }
+}
+
+/// A stack of the summary's JSON as the decoder shows frames.
+fn frames(stack: &Value) -> Vec<String> {
+    stack["frames"]
+        .as_array()
+        .expect("frames")
+        .iter()
+        .map(|f| {
+            format!(
+                "{} {}:{}",
+                f["function"].as_str().unwrap(),
+                f["file"].as_str().unwrap(),
+                f["line"].as_u64().unwrap_or(0)
+            )
+        })
+        .collect()
+}
+
+fn path(name: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("tracer-test-{name}-{}.pb.gz", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    path
+}
+
+/// Exact tracing with `--stacks`: one sample per stack of the summary,
+/// with its frames and its calls and bytes as `alloc_objects` and
+/// `alloc_space`.
+#[test]
+fn stacks_are_alloc_samples() {
+    require_root();
+    let python = shared_python();
+    let mut workload = Workload::script(None, python.to_str().unwrap(), "sites.py", &["300", "flat"]);
+    let file = path("stacks");
+    let (tracer, _) =
+        TracerRun::attach_json(workload.pid(), &["--stacks", "--interval", "3600", "--pprof", file.to_str().unwrap()]);
+    workload.go();
+    workload.expect("done");
+    tracer.signal(libc::SIGINT);
+    let (status, lines, stderr) = tracer.finish();
+    workload.close();
+    assert!(status.success(), "tracer failed: {status}: {stderr}");
+    assert!(stderr.contains("wrote a pprof profile of ") && stderr.contains(file.to_str().unwrap()), "{stderr}");
+    let summary = lines.last().expect("a summary");
+    let stacks = summary["stacks"].as_array().expect("the summary's stacks");
+    let p = decode(&file);
+    assert_eq!(p.types, ["alloc_objects", "alloc_space", "inuse_objects", "inuse_space"]);
+    assert_eq!(p.default_type, "alloc_space");
+    assert_eq!(p.samples.len(), stacks.len());
+    let mut want: Vec<(Vec<String>, Vec<u64>)> = stacks
+        .iter()
+        .map(|s| (frames(s), vec![s["calls"].as_u64().unwrap(), s["bytes"].as_u64().unwrap(), 0, 0]))
+        .collect();
+    let mut got = p.samples;
+    want.sort();
+    got.sort();
+    assert_eq!(got, want);
+    assert!(got.iter().any(|(f, _)| f[0].starts_with("make_b ")), "{got:?}");
+    let _ = std::fs::remove_file(&file);
+}
+
+/// The production profile with growth: growth's stacks as inuse samples
+/// adding up to the summary's growth stacks, and the default type
+/// `inuse_space`.
+#[test]
+fn growth_stacks_are_inuse_samples() {
+    require_root();
+    let python = shared_python();
+    let mut workload = Workload::script(None, python.to_str().unwrap(), "growth.py", &["steady", "300", "1000"]);
+    workload.wait_blocked_on_stdin();
+    let file = path("growth");
+    let pid = workload.pid().to_string();
+    let (tracer, _) =
+        TracerRun::attach_json_as(&["--pid", &pid, "--growth", "--interval", "1", "--pprof", file.to_str().unwrap()]);
+    workload.go();
+    workload.expect("done");
+    let _kept = workload.next_line("kept");
+    workload.wait_blocked_reading(Some(5));
+    tracer.signal(libc::SIGINT);
+    let (status, lines, stderr) = tracer.finish();
+    workload.close();
+    assert!(status.success(), "tracer failed: {status}: {stderr}");
+    let summary = lines.last().expect("a summary");
+    let stacks = summary["growth"]["stacks"].as_array().expect("growth's stacks");
+    assert!(!stacks.is_empty(), "{summary}");
+    let p = decode(&file);
+    assert_eq!(p.default_type, "inuse_space");
+    let mut want: Vec<(Vec<String>, Vec<u64>)> = stacks
+        .iter()
+        .map(|s| (frames(s), vec![0, 0, s["samples"].as_u64().unwrap(), s["in_use_bytes"].as_u64().unwrap()]))
+        .collect();
+    let mut got = p.samples;
+    want.sort();
+    got.sort();
+    assert_eq!(got, want);
+    assert!(got.iter().any(|(f, _)| f[0].starts_with("grow ")), "{got:?}");
+    let _ = std::fs::remove_file(&file);
+}
