@@ -80,8 +80,8 @@ pub struct GrowthCounts {
     /// The programs' own running time, in ns: their cost beyond the hit.
     pub run_ns: u64,
     /// The target's calls of the mapping syscalls the C library's heap
-    /// grows and shrinks by (`mmap`, `munmap`, `mremap`, `brk`), seen at
-    /// their return: the `growth_mapped` programs' hits.
+    /// grows and shrinks by (`mmap`, `munmap`, `mremap`, `brk`): each
+    /// seen once (an exit, or `munmap`'s entry).
     pub syscalls: u64,
     /// Of those, growths of the C library's heap: an anonymous mapping
     /// made (other than a pymalloc arena), one grown by `mremap`, or the
@@ -89,13 +89,19 @@ pub struct GrowthCounts {
     pub grown: u64,
     /// Growths sampled (each walks the stack).
     pub grown_sampled: u64,
-    /// Samples ended by an `munmap` or `mremap` of their address.
+    /// Samples ended by an `munmap` or `mremap` of their address, or by a
+    /// later mapping at it.
     pub unmapped: u64,
-    /// Sampled growths the mapped samples map had no room for: lost.
+    /// Sampled growths (or lowerings of the break) the mapped samples map
+    /// had no room for: lost.
     pub grown_lost: u64,
+    /// The target's mapping calls that could not be judged: their
+    /// arguments or outcome unread, or an exit whose entry was not kept
+    /// (before the attach, or no room).
+    pub mapped_missed: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<GrowthCounts>() == 17 * 8);
+const _: () = assert!(core::mem::size_of::<GrowthCounts>() == 18 * 8);
 
 impl GrowthCounts {
     /// Adds another CPU's counts, saturating.
@@ -119,6 +125,7 @@ impl GrowthCounts {
             grown_sampled: self.grown_sampled.saturating_add(o.grown_sampled),
             unmapped: self.unmapped.saturating_add(o.unmapped),
             grown_lost: self.grown_lost.saturating_add(o.grown_lost),
+            mapped_missed: self.mapped_missed.saturating_add(o.mapped_missed),
         }
     }
 }
@@ -171,6 +178,9 @@ const _: () = assert!(core::mem::size_of::<MappedSample>() == 32);
 pub const MAPPED_MMAP: u32 = 1;
 /// The break raised, kept by where it was.
 pub const MAPPED_BRK: u32 = 2;
+/// The break lowered, kept by where it went (`taken_ns` when; `len` by
+/// how much): no sample, a cut of the break samples taken before.
+pub const MAPPED_LOW: u32 = 3;
 
 /// The sampling distance of the C library's heap: as a pymalloc sample's
 /// by default (32 pools of 16 KiB).
@@ -224,7 +234,7 @@ unsafe impl aya::Pod for PoolKey {}
 // SAFETY: two u64, every bit pattern valid.
 unsafe impl aya::Pod for PoolSample {}
 #[cfg(feature = "user")]
-// SAFETY: seventeen u64, every bit pattern valid.
+// SAFETY: eighteen u64, every bit pattern valid.
 unsafe impl aya::Pod for GrowthCounts {}
 #[cfg(feature = "user")]
 // SAFETY: #[repr(C)], Copy, a u32 pair and a u64 (no padding, asserted by

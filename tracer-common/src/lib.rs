@@ -86,6 +86,9 @@ pub mod names {
     /// Hash of each target's program break (`u64`) by its tgid (`u32`), as
     /// the last `brk` left it; the loader seeds it.
     pub const GROWTH_BRK_MAP: &str = "GROWTH_BRK";
+    /// Array of one `u32`: whether `growth_arena` ends each new arena's
+    /// mapped sample (see [`crate::growth::ARENA_SIZE`]).
+    pub const GROWTH_ARENAS_SEEN_MAP: &str = "GROWTH_ARENAS_SEEN";
     /// Per-CPU array of one [`crate::growth::GrowthCounts`].
     pub const GROWTH_COUNTS_MAP: &str = "GROWTH_COUNTS";
     /// BPF global: one take in this many is sampled (`u32`).

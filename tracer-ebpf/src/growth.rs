@@ -130,6 +130,8 @@ fn try_arena(ctx: &ProbeContext, counts: *mut GrowthCounts) -> Result<(), ()> {
         count!(counts, unread);
         return Err(());
     };
+    // Its mapping is pymalloc's: its pools are sampled, not the mapping.
+    crate::mapped::end(&tracer_common::growth::MappedKey { tgid, kind: tracer_common::growth::MAPPED_MMAP, address: arena });
     // `new_arena`: the first pool is the arena's address rounded up to a
     // pool (an mmap is page-aligned only).
     take(tgid, arena.wrapping_add(POOL_SIZE - 1) & !(POOL_SIZE - 1), counts);

@@ -46,8 +46,9 @@ mod gc;
 mod growth;
 // The live step (`--live`).
 mod live;
-// The C library's heap growth (`growth_mmap`, `growth_munmap`,
-// `growth_mremap`, `growth_brk`): fexit programs on the mapping syscalls.
+// The C library's heap growth (`growth_mmap_enter`, `growth_mmap_exit`,
+// `growth_munmap_enter`, `growth_mremap_enter`, `growth_mremap_exit`,
+// `growth_brk_exit`): programs on the mapping syscalls' tracepoints.
 mod mapped;
 // With `--native`, the marks of libc calls made inside another.
 mod nested;

@@ -1,10 +1,12 @@
 //! The C library's heap growth by Python stack (with growth; see
 //! [`tracer_common::growth::MappedKey`]): programs on the mapping
-//! syscalls' tracepoints. malloc grows its heap only by these (large
-//! chunks are mappings of their own; the main arena is the break), so a
-//! growth is seen whichever allocator path took it, at no cost to the
-//! target's other calls: a syscall tracepoint runs its program for that
-//! syscall only.
+//! syscalls' tracepoints. malloc's main arena grows by these (large
+//! chunks are mappings of their own; the rest is the break; its other
+//! arenas grow inside a reservation by `mprotect`, not seen), so a growth
+//! is seen whichever allocator path took it, without a trap: a syscall
+//! tracepoint runs its program for that syscall only (though while one is
+//! enabled, the kernel takes every task's syscalls through its slower
+//! tracing path).
 //!
 //! A program runs for every process's call: it returns at once unless the
 //! caller is the target (a loader-set tgid, never 0 here). An entry keeps
@@ -18,7 +20,7 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use tracer_common::growth::{
-    ARENA_SIZE, DEFAULT_MAPPED_ENTRIES, GrowthCounts, MAP_ANONYMOUS, MAP_STACK, MAPPED_BRK, MAPPED_MMAP,
+    ARENA_SIZE, DEFAULT_MAPPED_ENTRIES, GrowthCounts, MAP_ANONYMOUS, MAP_STACK, MAPPED_BRK, MAPPED_LOW, MAPPED_MMAP,
     MAPPED_SAMPLE_BYTES, MappedKey, MappedSample, PROT_NONE,
 };
 
@@ -32,6 +34,12 @@ static GROWTH_MAPPED: HashMap<MappedKey, MappedSample> =
 /// Each target's break as its last `brk` left it (seeded by the loader).
 #[map]
 static GROWTH_BRK: HashMap<u32, u64> = HashMap::with_max_entries(64, 0);
+
+/// Whether `growth_arena` ends the sample of each new arena's mapping
+/// (set by the loader where it is attached): else the programs leave
+/// mappings of pymalloc's arena size alone.
+#[map]
+pub static GROWTH_ARENAS_SEEN: aya_ebpf::maps::Array<u32> = aya_ebpf::maps::Array::with_max_entries(1, 0);
 
 /// Each thread's call in flight: the arguments its exit needs.
 #[map]
@@ -49,20 +57,22 @@ const RET_AT: usize = 16;
 /// and flags kept.
 #[tracepoint]
 pub fn growth_mmap_enter(ctx: TracePointContext) -> u32 {
-    run(&ctx, |ctx, _, _| keep(ctx, [arg(ctx, 1)?, arg(ctx, 2)?, arg(ctx, 3)?]))
+    run(&ctx, false, |ctx, _, _| keep([arg(ctx, 1)?, arg(ctx, 2)?, arg(ctx, 3)?]))
 }
 
 /// `mmap` returned.
 #[tracepoint]
 pub fn growth_mmap_exit(ctx: TracePointContext) -> u32 {
-    run(&ctx, try_mmap)
+    run(&ctx, true, try_mmap)
 }
 
-/// `munmap(addr, len)` called.
+/// `munmap(addr, len)` called: the sample at its address ends.
 #[tracepoint]
 pub fn growth_munmap_enter(ctx: TracePointContext) -> u32 {
-    run(&ctx, |ctx, tgid, counts| {
-        end(&MappedKey { tgid, kind: MAPPED_MMAP, address: arg(ctx, 0)? }, counts);
+    run(&ctx, true, |ctx, tgid, counts| {
+        if end(&MappedKey { tgid, kind: MAPPED_MMAP, address: arg(ctx, 0)? }) {
+            count!(counts, unmapped);
+        }
         Ok(())
     })
 }
@@ -70,29 +80,38 @@ pub fn growth_munmap_enter(ctx: TracePointContext) -> u32 {
 /// `mremap(old, old_len, new_len, flags, new)` called: the three kept.
 #[tracepoint]
 pub fn growth_mremap_enter(ctx: TracePointContext) -> u32 {
-    run(&ctx, |ctx, _, _| keep(ctx, [arg(ctx, 0)?, arg(ctx, 1)?, arg(ctx, 2)?]))
+    run(&ctx, false, |ctx, _, _| keep([arg(ctx, 0)?, arg(ctx, 1)?, arg(ctx, 2)?]))
 }
 
 /// `mremap` returned.
 #[tracepoint]
 pub fn growth_mremap_exit(ctx: TracePointContext) -> u32 {
-    run(&ctx, try_mremap)
+    run(&ctx, true, try_mremap)
 }
 
 /// `brk(addr)` returned: the break now (the old one where it failed).
 #[tracepoint]
 pub fn growth_brk_exit(ctx: TracePointContext) -> u32 {
-    run(&ctx, try_brk)
+    run(&ctx, true, try_brk)
 }
 
-/// Runs `f` for the target's calls only, counted and timed.
+/// Runs `f` for the target's calls only, timed; with `exit`, one of its
+/// syscalls counted. An `Err` of `f` is a miss: counted.
 #[inline(always)]
-fn run(ctx: &TracePointContext, f: impl Fn(&TracePointContext, u32, *mut GrowthCounts) -> Result<(), ()>) -> u32 {
+fn run(
+    ctx: &TracePointContext,
+    exit: bool,
+    f: impl Fn(&TracePointContext, u32, *mut GrowthCounts) -> Result<(), ()>,
+) -> u32 {
     let Ok(tgid) = crate::common::only_target() else { return 0 };
     let start = now_ns();
     let Some(counts) = GROWTH_COUNTS.get_ptr_mut(0) else { return 0 };
-    count!(counts, syscalls);
-    let _ = f(ctx, tgid, counts);
+    if exit {
+        count!(counts, syscalls);
+    }
+    if f(ctx, tgid, counts).is_err() {
+        count!(counts, mapped_missed);
+    }
     ran(counts, start);
     0
 }
@@ -105,13 +124,13 @@ fn arg(ctx: &TracePointContext, n: usize) -> Result<u64, ()> {
     unsafe { ctx.read_at::<u64>(arg_at(n)) }.map_err(|_| ())
 }
 
-/// A `sys_exit_*` record's return value, or `Err` where the call failed.
+/// A `sys_exit_*` record's return value, `None` where the call failed.
 #[inline(always)]
-fn returned(ctx: &TracePointContext) -> Result<u64, ()> {
+fn returned(ctx: &TracePointContext) -> Result<Option<u64>, ()> {
     // SAFETY: as in `arg`.
     let ret = unsafe { ctx.read_at::<u64>(RET_AT) }.map_err(|_| ())?;
     // -4095..-1 are errors, as the C library tells them.
-    if ret > u64::MAX - 4095 { Err(()) } else { Ok(ret) }
+    Ok((ret <= u64::MAX - 4095).then_some(ret))
 }
 
 /// The current thread's id.
@@ -124,11 +143,12 @@ fn thread() -> u32 {
 
 /// Keeps `args` for the thread's exit from the call.
 #[inline(always)]
-fn keep(_ctx: &TracePointContext, args: [u64; 3]) -> Result<(), ()> {
+fn keep(args: [u64; 3]) -> Result<(), ()> {
     GROWTH_CALLS.insert(&thread(), &args, 0).map_err(|_| ())
 }
 
-/// The arguments the thread's entry kept, taken.
+/// The arguments the thread's entry kept, taken: `Err` where there are
+/// none (the entry came before the attach, or its room was taken).
 #[inline(always)]
 fn kept() -> Result<[u64; 3], ()> {
     let tid = thread();
@@ -141,30 +161,39 @@ fn kept() -> Result<[u64; 3], ()> {
 #[inline(always)]
 fn try_mmap(ctx: &TracePointContext, tgid: u32, counts: *mut GrowthCounts) -> Result<(), ()> {
     let [len, prot, flags] = kept()?;
-    let address = returned(ctx)?;
-    if flags & MAP_ANONYMOUS == 0 || flags & MAP_STACK != 0 || prot == PROT_NONE || len == ARENA_SIZE {
+    let Some(address) = returned(ctx)? else { return Ok(()) };
+    if flags & MAP_ANONYMOUS == 0 || flags & MAP_STACK != 0 || prot == PROT_NONE {
         return Ok(());
     }
-    grown(MappedKey { tgid, kind: MAPPED_MMAP, address }, len, counts);
+    // A pymalloc arena: its pools are sampled. Where `growth_arena` sees
+    // each new arena, it ends the sample of its mapping (a malloc chunk of
+    // the same size stays); else every mapping of that size is left.
+    let arenas_seen = GROWTH_ARENAS_SEEN.get(0).is_some_and(|v| *v != 0);
+    if len == ARENA_SIZE && !arenas_seen {
+        return Ok(());
+    }
+    grown(MappedKey { tgid, kind: MAPPED_MMAP, address }, len, true, counts);
     Ok(())
 }
 
 #[inline(always)]
 fn try_mremap(ctx: &TracePointContext, tgid: u32, counts: *mut GrowthCounts) -> Result<(), ()> {
     let [old, old_len, len] = kept()?;
-    let address = returned(ctx)?;
-    end(&MappedKey { tgid, kind: MAPPED_MMAP, address: old }, counts);
-    // The mapping as it is now is held by whoever resized it: a list's
-    // items grown in place are its appender's.
-    if len > old_len {
-        grown(MappedKey { tgid, kind: MAPPED_MMAP, address }, len, counts);
+    let Some(address) = returned(ctx)? else { return Ok(()) };
+    if end(&MappedKey { tgid, kind: MAPPED_MMAP, address: old }) {
+        count!(counts, unmapped);
     }
+    // The mapping as it is now, sampled anew and held by whoever resized
+    // it (a list's items grown in place are its appender's); a growth
+    // only where it grew.
+    grown(MappedKey { tgid, kind: MAPPED_MMAP, address }, len, len > old_len, counts);
     Ok(())
 }
 
 #[inline(always)]
 fn try_brk(ctx: &TracePointContext, tgid: u32, counts: *mut GrowthCounts) -> Result<(), ()> {
-    let now = returned(ctx)?;
+    // brk returns the break, the old one where it failed.
+    let Some(now) = returned(ctx)? else { return Ok(()) };
     // 0: none seen yet (a break is never 0). Kept as a plain word: an
     // `Option` here once compiled to a read of an unset register.
     // SAFETY: a lookup whose value is copied at once.
@@ -172,19 +201,32 @@ fn try_brk(ctx: &TracePointContext, tgid: u32, counts: *mut GrowthCounts) -> Res
     if top != now {
         GROWTH_BRK.insert(&tgid, &now, 0).map_err(|_| ())?;
     }
-    // Lowered, userspace ends the samples above it.
     if top != 0 && now > top {
-        grown(MappedKey { tgid, kind: MAPPED_BRK, address: top }, now - top, counts);
+        grown(MappedKey { tgid, kind: MAPPED_BRK, address: top }, now - top, true, counts);
+    } else if top != 0 && now < top {
+        // Lowered: every break sample taken before now loses what lies
+        // above it (userspace cuts them, even if the break is raised again
+        // before it reads them).
+        let key = MappedKey { tgid, kind: MAPPED_LOW, address: now };
+        let low = MappedSample { stack: 0, taken_ns: now_ns(), len: top - now, weight: 0 };
+        if GROWTH_MAPPED.insert(&key, &low, 0).is_err() {
+            count!(counts, grown_lost);
+        }
     }
     Ok(())
 }
 
-/// `len` bytes grown at `key`: the old sample there ended, and a new one
-/// kept with probability `len` / [`MAPPED_SAMPLE_BYTES`].
+/// `len` bytes mapped at `key` (with `growth`, a growth of the heap): the
+/// old sample there ended, and a new one kept with probability `len` /
+/// [`MAPPED_SAMPLE_BYTES`].
 #[inline(always)]
-fn grown(key: MappedKey, len: u64, counts: *mut GrowthCounts) {
-    count!(counts, grown);
-    end(&key, counts);
+fn grown(key: MappedKey, len: u64, growth: bool, counts: *mut GrowthCounts) {
+    if growth {
+        count!(counts, grown);
+    }
+    if end(&key) {
+        count!(counts, unmapped);
+    }
     if len < MAPPED_SAMPLE_BYTES {
         // SAFETY: the helper has no arguments and no side effects.
         let draw = u64::from(unsafe { bpf_get_prandom_u32() }) % MAPPED_SAMPLE_BYTES;
@@ -200,12 +242,10 @@ fn grown(key: MappedKey, len: u64, counts: *mut GrowthCounts) {
     }
 }
 
-/// The sample at `key` ended, if there is one.
+/// Ends the sample at `key`, if there is one: whether there was.
 #[inline(always)]
-fn end(key: &MappedKey, counts: *mut GrowthCounts) {
+pub fn end(key: &MappedKey) -> bool {
     // A lookup first: most addresses have no sample (see `growth::take`).
     // SAFETY: a lookup of a key, whose value is not used.
-    if unsafe { GROWTH_MAPPED.get(key) }.is_some() && GROWTH_MAPPED.remove(key).is_ok() {
-        count!(counts, unmapped);
-    }
+    unsafe { GROWTH_MAPPED.get(key) }.is_some() && GROWTH_MAPPED.remove(key).is_ok()
 }

@@ -65,6 +65,16 @@ impl Session {
         // Attached until the session goes, or until the profile stops
         // growth ([`Self::detach_growth`]).
         self.growth_links.extend(links);
+        // The arena's probe ends each new arena's mapped sample: the
+        // mapped programs need not leave mappings of an arena's size.
+        if plan.points.iter().any(|p| p.role == GrowthRole::Arena) {
+            let map_err = |cause| AttachError::Map { name: names::GROWTH_ARENAS_SEEN_MAP, cause: Box::new(cause) };
+            let map = self.ebpf.map_mut(names::GROWTH_ARENAS_SEEN_MAP).ok_or_else(|| {
+                map_err(aya::maps::MapError::InvalidName { name: names::GROWTH_ARENAS_SEEN_MAP.to_owned() })
+            })?;
+            let mut seen: aya::maps::Array<&mut MapData, u32> = aya::maps::Array::try_from(map).map_err(map_err)?;
+            seen.set(0, 1, 0).map_err(map_err)?;
+        }
         Ok(())
     }
 

@@ -43,18 +43,11 @@ pub enum MappedError {
 }
 
 impl Session {
-    /// Attaches the programs for `pid` (the session's target), its break
-    /// `brk` seeded first. On failure nothing of them stays attached.
-    pub fn attach_mapped(&mut self, pid: u32, brk: u64) -> Result<(), MappedError> {
-        {
-            let map = self
-                .ebpf
-                .map_mut(names::GROWTH_BRK_MAP)
-                .ok_or_else(|| MappedError::Seed { pid, cause: format!("no map {}", names::GROWTH_BRK_MAP) })?;
-            let mut tops: HashMap<&mut MapData, u32, u64> =
-                HashMap::try_from(map).map_err(|e| MappedError::Seed { pid, cause: e.to_string() })?;
-            tops.insert(pid, brk, 0).map_err(|e| MappedError::Seed { pid, cause: e.to_string() })?;
-        }
+    /// Attaches the programs for `pid` (the session's target), then seeds
+    /// its break from `brk` (read after the attach, so that no growth falls
+    /// between; a `brk` seen meanwhile keeps its own). On failure nothing
+    /// of them stays attached.
+    pub fn attach_mapped(&mut self, pid: u32, brk: impl FnOnce() -> Option<u64>) -> Result<(), MappedError> {
         let tracepoints: Vec<&str> = names::programs::GROWTH_MAPPED.iter().map(|(_, t)| *t).collect();
         let ids = tracepoint_ids(&tracepoints)?;
         // A tracepoint runs its programs on every CPU once one perf event
@@ -84,6 +77,18 @@ impl Session {
             let event = tracepoint_event(id, cpu).map_err(|e| err("open its perf event", &e))?;
             let link = perf_link(&fd, &event, 0).map_err(|e| err("attach", &e))?;
             links.extend([link, event]);
+        }
+        let brk = brk().ok_or_else(|| MappedError::Seed { pid, cause: "it is not in /proc".to_owned() })?;
+        let map = self
+            .ebpf
+            .map_mut(names::GROWTH_BRK_MAP)
+            .ok_or_else(|| MappedError::Seed { pid, cause: format!("no map {}", names::GROWTH_BRK_MAP) })?;
+        let mut tops: HashMap<&mut MapData, u32, u64> =
+            HashMap::try_from(map).map_err(|e| MappedError::Seed { pid, cause: e.to_string() })?;
+        match tops.insert(pid, brk, u64::from(aya_obj::generated::BPF_NOEXIST)) {
+            Ok(()) => {}
+            Err(aya::maps::MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(e) => return Err(MappedError::Seed { pid, cause: e.to_string() }),
         }
         self.mapped_links = links;
         Ok(())

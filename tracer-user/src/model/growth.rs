@@ -170,6 +170,10 @@ pub struct GrowthTakes {
     pub mapped_pruned: u64,
     #[serde(default)]
     pub grown_lost: u64,
+    /// Misses: the target's mapping calls that could not be judged (their
+    /// arguments or outcome unread, or an exit whose entry was not kept).
+    #[serde(default)]
+    pub mapped_missed: u64,
 }
 
 /// What growth sampling cost.

@@ -380,6 +380,7 @@ impl Growth {
                 unmapped: counts.unmapped,
                 mapped_pruned: self.mapped.pruned,
                 grown_lost: counts.grown_lost,
+                mapped_missed: counts.mapped_missed,
             },
             cost: Some(self.cost(&counts, span, (tracer_cpu, bytes_read), prices)),
             caveat: (!caveats.is_empty()).then(|| caveats.join("; ")),
@@ -681,5 +682,6 @@ fn diff(now: GrowthCounts, before: GrowthCounts) -> GrowthCounts {
         grown_sampled: now.grown_sampled.saturating_sub(before.grown_sampled),
         unmapped: now.unmapped.saturating_sub(before.unmapped),
         grown_lost: now.grown_lost.saturating_sub(before.grown_lost),
+        mapped_missed: now.mapped_missed.saturating_sub(before.mapped_missed),
     }
 }

@@ -6,9 +6,9 @@
 //! over the same bytes holds them. What a stack holds, pymalloc's pools
 //! and the C library's bytes together, is a [`Held`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
-use tracer_common::growth::{MAPPED_BRK, MAPPED_MMAP, MappedKey, MappedSample};
+use tracer_common::growth::{MAPPED_BRK, MAPPED_LOW, MAPPED_MMAP, MappedKey, MappedSample};
 
 use crate::kernel::Session;
 
@@ -68,23 +68,24 @@ pub struct Mapped {
     /// Samples ended here (unmapped, below the break, or covered by a
     /// later one) rather than by the programs.
     pub pruned: u64,
+    /// What each break sample (by its key and when it was taken) still
+    /// holds at most: cuts by lowerings of the break and by later samples
+    /// over its top, which outlast the lowerings' records.
+    cuts: HashMap<(MappedKey, u64), u64>,
 }
 
 impl Mapped {
     /// Attaches the programs for `pid`; where they cannot be, says why in
     /// every report from now on (the pools are still sampled).
     pub fn attach(session: &mut Session, pid: u32) -> Self {
-        let unavailable = match brk_now(pid) {
-            Some(brk) => session.attach_mapped(pid, brk).err().map(|e| e.to_string()),
-            None => Some(format!("the break of PID {pid} cannot be read from /proc")),
-        };
-        Self { pid, unavailable, pruned: 0 }
+        let unavailable = session.attach_mapped(pid, || brk_now(pid)).err().map(|e| e.to_string());
+        Self { pid, unavailable, pruned: 0, cuts: HashMap::new() }
     }
 
     /// Not attached (growth is not attached yet, or went without).
     #[must_use]
-    pub const fn off(pid: u32) -> Self {
-        Self { pid, unavailable: None, pruned: 0 }
+    pub fn off(pid: u32) -> Self {
+        Self { pid, unavailable: None, pruned: 0, cuts: HashMap::new() }
     }
 
     /// What the samples miss, in words, where they miss it.
@@ -96,7 +97,7 @@ impl Mapped {
     }
 
     /// The samples still holding bytes, per stack; the rest removed from
-    /// the kernel's map.
+    /// the kernel's map, and the break's lowerings applied and removed.
     pub fn read(&mut self, session: &mut Session) -> Result<BTreeMap<u64, Held>, String> {
         if self.unavailable.is_some() {
             return Ok(BTreeMap::new());
@@ -104,29 +105,32 @@ impl Mapped {
         // The samples first: a mapping a sample was taken for is in the
         // maps read after it, unless unmapped since (and then its sample
         // is gone from the kernel's map too, or ends here).
-        let samples: Vec<(MappedKey, MappedSample)> = session
+        let all: Vec<(MappedKey, MappedSample)> = session
             .mapped_samples()
             .map_err(|e| e.to_string())?
             .into_iter()
             .filter(|(k, _)| k.tgid == self.pid)
             .collect();
+        let (lowerings, samples): (Vec<_>, Vec<_>) = all.into_iter().partition(|(k, _)| k.kind == MAPPED_LOW);
         let maps = std::fs::read_to_string(format!("/proc/{}/maps", self.pid)).map_err(|e| e.to_string())?;
         let ranges = ranges(&maps);
         let top = session.brk_top(self.pid).map_err(|e| e.to_string())?;
-        let (live, dead) = judge(&samples, &ranges, top);
-        for (key, sample) in dead {
-            if session.remove_mapped_sample(&key, &sample).map_err(|e| e.to_string())? {
+        let lows: Vec<(u64, u64)> = lowerings.iter().map(|(k, s)| (k.address, s.taken_ns)).collect();
+        let judged = judge(&samples, &ranges, top, &lows, &mut self.cuts);
+        for (key, sample) in judged.dead.iter().chain(&lowerings) {
+            let removed = session.remove_mapped_sample(key, sample).map_err(|e| e.to_string())?;
+            if removed && key.kind != MAPPED_LOW {
                 self.pruned += 1;
             }
         }
         let mut by_stack: BTreeMap<u64, Held> = BTreeMap::new();
-        for (sample, bytes) in live {
+        for (sample, bytes, weight) in judged.live {
             #[allow(clippy::cast_precision_loss, reason = "a variance")]
-            let var = sample.weight as f64 * sample.weight.saturating_sub(sample.len) as f64;
+            let var = weight as f64 * weight.saturating_sub(bytes) as f64;
             by_stack.entry(sample.stack).or_default().add(&Held {
                 pools: 0,
                 mapped: 1,
-                mapped_bytes: bytes,
+                mapped_bytes: weight,
                 mapped_var: var,
             });
         }
@@ -134,52 +138,102 @@ impl Mapped {
     }
 }
 
-/// The samples that still hold bytes, each with the bytes it stands for;
-/// and the ones that hold none.
-type Judged = (Vec<(MappedSample, u64)>, Vec<(MappedKey, MappedSample)>);
+/// What [`judge`] found.
+#[derive(Debug, Default)]
+pub struct Judged {
+    /// Each sample still holding bytes: the bytes it holds and the bytes
+    /// it stands for now.
+    pub live: Vec<(MappedSample, u64, u64)>,
+    /// The samples that hold nothing.
+    pub dead: Vec<(MappedKey, MappedSample)>,
+}
 
-/// The samples that still hold bytes, each with the bytes it stands for
-/// now, and the ones that hold none. A mapping's sample holds while its
-/// address is inside a mapping; a break's, below `top`, cut to it (its
-/// weight scaled down alike). Of two samples over the same bytes the
-/// later holds them.
-#[must_use]
-pub fn judge(samples: &[(MappedKey, MappedSample)], ranges: &[(u64, u64)], top: Option<u64>) -> Judged {
+/// Judges the samples: a mapping's holds while its address is inside a
+/// mapping (`ranges`). A break's holds what lies below the break (`top`)
+/// and below every lowering (`lows`: where to, and when) made after it was
+/// taken, and what no later sample (of either kind, over the same bytes)
+/// holds; those cuts are kept in `cuts`, since a lowering is recorded
+/// once. A cut sample stands for its weight in proportion.
+pub fn judge(
+    samples: &[(MappedKey, MappedSample)],
+    ranges: &[(u64, u64)],
+    top: Option<u64>,
+    lows: &[(u64, u64)],
+    cuts: &mut HashMap<(MappedKey, u64), u64>,
+) -> Judged {
     let mut sorted: Vec<&(MappedKey, MappedSample)> = samples.iter().collect();
     sorted.sort_by_key(|(k, _)| (k.kind, k.address));
-    let mut live = Vec::new();
-    let mut dead = Vec::new();
-    let overlaps = |a: &(MappedKey, MappedSample), b: &(MappedKey, MappedSample)| {
-        a.0.kind == b.0.kind
-            && a.0.address < b.0.address.saturating_add(b.1.len)
-            && b.0.address < a.0.address.saturating_add(a.1.len)
-    };
-    for (i, entry) in sorted.iter().enumerate() {
-        let (key, sample) = **entry;
-        let covered = sorted
-            .iter()
-            .enumerate()
-            .any(|(j, other)| j != i && overlaps(entry, other) && other.1.taken_ns > sample.taken_ns);
-        let end = key.address.saturating_add(sample.len);
+    // The highest end of the samples of the same kind before each (by
+    // address): where to stop looking down for one over its start.
+    let mut reach_below = Vec::with_capacity(sorted.len());
+    let mut highest: (u32, u64) = (0, 0);
+    for (k, s) in &sorted {
+        reach_below.push(if highest.0 == k.kind { highest.1 } else { 0 });
+        let end = k.address.saturating_add(s.len);
+        highest = if highest.0 == k.kind { (k.kind, highest.1.max(end)) } else { (k.kind, end) };
+    }
+    let mut out = Judged::default();
+    let mut seen = std::collections::HashSet::new();
+    for (i, (key, sample)) in sorted.iter().enumerate() {
+        let id = (*key, sample.taken_ns);
+        seen.insert(id);
+        let (mut start, mut end) = (key.address, key.address.saturating_add(sample.len));
+        if let Some(cut) = cuts.get(&id) {
+            end = end.min(*cut);
+        }
+        if key.kind == MAPPED_BRK {
+            for (low, when) in lows {
+                if *when > sample.taken_ns {
+                    end = end.min(*low);
+                }
+            }
+            end = end.min(top.unwrap_or(0));
+        }
+        // Later samples over its bytes: above its start they cut its top;
+        // one over its start moves its start up past them.
+        let later = |j: usize| sorted[j].0.kind == key.kind && sorted[j].1.taken_ns > sample.taken_ns;
+        for j in (i + 1)..sorted.len() {
+            if sorted[j].0.kind != key.kind || sorted[j].0.address >= end {
+                break;
+            }
+            if later(j) {
+                end = end.min(sorted[j].0.address.max(start));
+            }
+        }
+        for j in (0..i).rev() {
+            if sorted[j].0.kind != key.kind || reach_below[j + 1] <= start {
+                break;
+            }
+            let reach = sorted[j].0.address.saturating_add(sorted[j].1.len);
+            if later(j) && reach > start {
+                start = start.max(reach);
+            }
+        }
+        if key.kind == MAPPED_BRK && end < key.address.saturating_add(sample.len) {
+            cuts.insert(id, end);
+        }
         let held = match key.kind {
-            MAPPED_MMAP => ranges.iter().any(|(s, e)| (*s..*e).contains(&key.address)).then_some(sample.len),
-            MAPPED_BRK => top.filter(|t| *t > key.address).map(|t| t.min(end) - key.address),
+            MAPPED_MMAP => {
+                ranges.iter().any(|(s, e)| (*s..*e).contains(&key.address)).then_some(end.saturating_sub(start))
+            }
+            MAPPED_BRK => Some(end.saturating_sub(start)),
             _ => None,
         };
         match held {
-            Some(len) if !covered && len > 0 => {
-                let weight = if len == sample.len {
+            Some(bytes) if bytes > 0 => {
+                let weight = if bytes == sample.len {
                     sample.weight
                 } else {
-                    u64::try_from(u128::from(sample.weight) * u128::from(len) / u128::from(sample.len.max(1)))
+                    u64::try_from(u128::from(sample.weight) * u128::from(bytes) / u128::from(sample.len.max(1)))
                         .unwrap_or(u64::MAX)
                 };
-                live.push((sample, weight));
+                out.live.push((*sample, bytes, weight));
             }
-            _ => dead.push((key, sample)),
+            _ => out.dead.push((*key, *sample)),
         }
     }
-    (live, dead)
+    cuts.retain(|id, _| seen.contains(id));
+    out
 }
 
 /// Every mapping's address range in a `/proc/PID/maps` text.
@@ -217,27 +271,41 @@ mod tests {
     }
 
     /// A mapping's sample holds while mapped; a break's below the break,
-    /// cut to it with its weight; the later of two over the same bytes.
+    /// below every lowering made after it, and below a later sample over
+    /// its top, cut with its weight; the cuts outlast the lowerings.
     #[test]
     fn samples_hold_what_is_still_theirs() {
         let maps = "7f0000000000-7f0000200000 rw-p 00000000 00:00 0 \n55aa00000000-55aa00100000 rw-p 00000000 00:00 0   [heap]\n";
         let ranges = ranges(maps);
         assert_eq!(ranges, [(0x7f00_0000_0000, 0x7f00_0020_0000), (0x55aa_0000_0000, 0x55aa_0010_0000)]);
-        let mapped = sample(MAPPED_MMAP, 0x7f00_0000_0000, 2 << 20, 5);
-        let unmapped = sample(MAPPED_MMAP, 0x7e00_0000_0000, 2 << 20, 5);
-        let low = sample(MAPPED_BRK, 0x55aa_0000_0000, 1 << 20, 1);
-        // Raised after the break had been lowered below it: covers `low`.
-        let later = sample(MAPPED_BRK, 0x55aa_0008_0000, 1 << 20, 2);
-        let above = sample(MAPPED_BRK, 0x55ab_0000_0000, 1 << 20, 3);
+        let mib = 1u64 << 20;
+        let mapped = sample(MAPPED_MMAP, 0x7f00_0000_0000, 2 * mib, 5);
+        let unmapped = sample(MAPPED_MMAP, 0x7e00_0000_0000, 2 * mib, 5);
+        let base = 0x55aa_0000_0000;
+        // Raised by 1 MiB, then (lowered by half and raised again) from
+        // half way by `later`: `low` keeps its lower half.
+        let low = sample(MAPPED_BRK, base, mib, 1);
+        let later = sample(MAPPED_BRK, base + mib / 2, mib, 2);
+        let above = sample(MAPPED_BRK, base + 0x100_0000, mib, 3);
         let samples = [mapped, unmapped, low, later, above];
-        let (live, dead) = judge(&samples, &ranges, Some(0x55aa_0010_0000));
-        // `later` is cut to the break: half its bytes, half its weight.
-        assert_eq!(live, [(mapped.1, 2 << 20), (later.1, 512 << 10)]);
-        let mut dead: Vec<u64> = dead.iter().map(|(k, _)| k.address).collect();
+        let mut cuts = HashMap::new();
+        let judged = judge(&samples, &ranges, Some(base + mib), &[], &mut cuts);
+        assert_eq!(
+            judged.live,
+            [(mapped.1, 2 * mib, 2 * mib), (low.1, mib / 2, 512 << 10), (later.1, mib / 2, 512 << 10)]
+        );
+        let mut dead: Vec<u64> = judged.dead.iter().map(|(k, _)| k.address).collect();
         dead.sort_unstable();
-        assert_eq!(dead, [0x55aa_0000_0000, 0x55ab_0000_0000, 0x7e00_0000_0000]);
+        assert_eq!(dead, [base + 0x100_0000, 0x7e00_0000_0000]);
+        // The break lowered to a quarter after both were taken (at 4),
+        // then raised again past them: the lowering's record cuts both
+        // once, and the cut stays after the record is gone.
+        let judged = judge(&[low, later], &ranges, Some(base + 2 * mib), &[(base + mib / 4, 4)], &mut cuts);
+        assert_eq!(judged.live, [(low.1, mib / 4, 256 << 10)]);
+        let judged = judge(&[low, later], &ranges, Some(base + 2 * mib), &[], &mut cuts);
+        assert_eq!(judged.live, [(low.1, mib / 4, 256 << 10)]);
         // No break known: every break sample is dead.
-        assert_eq!(judge(&[low], &ranges, None).0, []);
+        assert!(judge(&[low], &ranges, None, &[], &mut HashMap::new()).live.is_empty());
     }
 
     #[test]

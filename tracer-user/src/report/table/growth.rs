@@ -83,6 +83,7 @@ impl<W: Write, E: Write> TableReporter<W, E> {
                 ("lost", t.lost),
                 ("unread", t.unread),
                 ("grown_lost", t.grown_lost),
+                ("mapped_missed", t.mapped_missed),
             ]
             .into_iter()
             .filter(|(_, n)| *n > 0)
@@ -101,7 +102,7 @@ impl<W: Write, E: Write> TableReporter<W, E> {
             )?;
             writeln!(
                 self.out,
-                "  the C library's heap: {} mapping syscalls, {} growths; {} sampled, {} samples ended by an unmap, {} pruned",
+                "  the C library's heap: {} mapping syscalls, {} growths; {} sampled, {} samples ended by an unmap or a later mapping, {} pruned",
                 group(t.syscalls),
                 group(t.grown),
                 group(t.grown_sampled),
