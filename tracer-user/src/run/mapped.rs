@@ -192,12 +192,12 @@ pub fn judge(
         // Later samples over its bytes: above its start they cut its top;
         // one over its start moves its start up past them.
         let later = |j: usize| sorted[j].0.kind == key.kind && sorted[j].1.taken_ns > sample.taken_ns;
-        for j in (i + 1)..sorted.len() {
-            if sorted[j].0.kind != key.kind || sorted[j].0.address >= end {
+        for (j, (other, _)) in sorted.iter().enumerate().skip(i + 1) {
+            if other.kind != key.kind || other.address >= end {
                 break;
             }
             if later(j) {
-                end = end.min(sorted[j].0.address.max(start));
+                end = end.min(other.address.max(start));
             }
         }
         for j in (0..i).rev() {
