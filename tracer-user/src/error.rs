@@ -75,6 +75,20 @@ impl std::fmt::Display for Failure {
     }
 }
 
+/// `e` and its causes on one line, joined with ": " (for an error held in
+/// a field that is not its source).
+#[must_use]
+pub fn chain(e: &dyn Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
 /// Reading and writing files and pipes: the system's, not the input's
 /// (the errors that are the input's say so in their own types).
 impl Classify for std::io::Error {

@@ -18,13 +18,13 @@ pub enum AttachError {
     Load(Box<aya::EbpfError>),
     #[error("BPF program {name} is missing from tracer's BPF object (a build problem)")]
     ProgramMissing { name: &'static str },
-    #[error("BPF program {name} failed to load: {cause}")]
+    #[error("BPF program {name} failed to load: {}", crate::error::chain(&**cause))]
     ProgramLoad { name: &'static str, cause: Box<aya::programs::ProgramError> },
     #[error("cannot read the kernel's statistics of BPF program {name}: {cause}")]
     ProgramInfo { name: &'static str, cause: std::io::Error },
     #[error("BPF map {name} is missing or has the wrong type: {cause}")]
     Map { name: &'static str, cause: Box<aya::maps::MapError> },
-    #[error("cannot attach a uprobe to {symbol} in {path} for PID {pid}: {cause}")]
+    #[error("cannot attach a uprobe to {symbol} in {path} for PID {pid}: {}", crate::error::chain(&**cause))]
     Attach { symbol: &'static str, path: PathBuf, pid: u32, cause: Box<aya::programs::ProgramError> },
     #[error("process {pid} exited while tracer was attaching; start it again and pass its new PID")]
     TargetExited { pid: u32 },

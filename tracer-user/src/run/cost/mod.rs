@@ -221,17 +221,7 @@ impl Calibration {
     }
 }
 
-/// An error with its causes, on one line.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
-}
+use crate::error::chain;
 
 /// What the warning of a high cost points to: whether `--budget` is on (as
 /// a percentage) and whether the run has what it refuses.

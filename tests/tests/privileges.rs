@@ -1,0 +1,58 @@
+//! Least privilege (issue 26): tracer as an unprivileged user, with the
+//! capabilities docs/attach.md lists and nothing more (`setpriv`, the
+//! target a root process as usual): `tracer heap` with `CAP_BPF`,
+//! `CAP_PERFMON`, `CAP_SYS_PTRACE` and `CAP_DAC_READ_SEARCH`; `tracer
+//! attach` with `CAP_SYS_ADMIN` too; with none, the one-line error and exit
+//! status 2.
+
+use std::process::{Command, Output};
+
+use tracer_tests::{Workload, require_root, shared_python, tracer_bin};
+
+/// `tracer ARGS` as uid and gid 65534 (nobody) holding `caps` (setpriv's
+/// names, e.g. `bpf,perfmon`; empty: none).
+fn as_nobody(caps: &str, args: &[&str]) -> Output {
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"]);
+    if caps.is_empty() {
+        cmd.arg("--inh-caps=-all");
+    } else {
+        let list: Vec<String> = caps.split(',').map(|c| format!("+{c}")).collect();
+        let list = list.join(",");
+        cmd.arg(format!("--inh-caps={list}")).arg(format!("--ambient-caps={list}"));
+    }
+    cmd.arg(tracer_bin()).args(args).output().expect("setpriv (util-linux) runs tracer")
+}
+
+const HEAP_CAPS: &str = "bpf,perfmon,sys_ptrace,dac_read_search";
+const ATTACH_CAPS: &str = "bpf,perfmon,sys_ptrace,dac_read_search,sys_admin";
+
+#[test]
+fn tracer_runs_with_the_capabilities_the_docs_list() {
+    require_root();
+    let python = shared_python();
+    let mut workload = Workload::serve(&python);
+    let pid = workload.pid().to_string();
+
+    let none = as_nobody("", &["attach", "--pid", &pid, "--duration", "1"]);
+    let stderr = String::from_utf8_lossy(&none.stderr);
+    assert_eq!(none.status.code(), Some(2), "{stderr}");
+    assert_eq!(
+        stderr,
+        "tracer: error: tracer needs root (or CAP_BPF and CAP_PERFMON) to load BPF programs and attach uprobes, and uid 65534 has neither; run it with sudo\n"
+    );
+
+    let heap = as_nobody(HEAP_CAPS, &["heap", "--pid", &pid, "--json"]);
+    let stderr = String::from_utf8_lossy(&heap.stderr);
+    assert!(heap.status.success(), "tracer heap with {HEAP_CAPS}: {stderr}");
+    let census: serde_json::Value = serde_json::from_slice(&heap.stdout).expect("the census as JSON");
+    assert!(census["types"].as_array().is_some_and(|t| !t.is_empty()), "{census}");
+
+    let attach = as_nobody(ATTACH_CAPS, &["attach", "--pid", &pid, "--duration", "1", "--json"]);
+    let stderr = String::from_utf8_lossy(&attach.stderr);
+    assert!(attach.status.success(), "tracer attach with {ATTACH_CAPS}: {stderr}");
+    let stdout = String::from_utf8_lossy(&attach.stdout);
+    let summary: serde_json::Value = serde_json::from_str(stdout.lines().last().expect("a summary")).expect("JSON");
+    assert_eq!(summary["end"], "duration", "{summary}");
+    workload.ping();
+}
