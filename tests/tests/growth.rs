@@ -447,7 +447,15 @@ fn auto_growth_stops_over_half_the_budget() {
     workload.close();
     let g = &after[0]["growth"];
     let stopped = g["stopped"].clone();
-    let (at_s, reason) = (f(&stopped["at_s"], "at_s"), stopped["reason"].as_str().expect("a reason"));
+    let at_s = f(&stopped["at_s"], "at_s");
+    // The pools' stop; the C library's part may stop later too (its own
+    // clause follows), where it alone costs over half the budget: this
+    // target maps and unmaps an arena hundreds of times a second.
+    let reason = note["message"]
+        .as_str()
+        .and_then(|m| m.strip_suffix("; the pools' samples taken stay reported, as of the stop"))
+        .unwrap_or_else(|| panic!("{note}"));
+    assert!(stopped["reason"].as_str().is_some_and(|r| r.starts_with(reason)), "{stopped} {note}");
     assert!((0.05..0.5).contains(&at_s), "{stopped}");
     let (cost, rest_of) = reason
         .strip_prefix("growth sampling cost ")
@@ -458,30 +466,37 @@ fn auto_growth_stops_over_half_the_budget() {
     let (per_s, tail) = rest_of.split_once(" pool takes/s), ").unwrap_or_else(|| panic!("{reason}"));
     let takes: u64 = per_s.replace(',', "").parse().unwrap_or_else(|_| panic!("{reason}"));
     assert!(takes > 0 && per_s == group(takes), "{reason}");
-    assert_eq!(tail, format!("over half the 0.1% budget: stopped at {at_s:.2} s; --growth keeps it on"), "{reason}");
+    assert_eq!(
+        tail,
+        format!(
+            "over half the 0.1% budget: stopped at {at_s:.2} s; --growth keeps it on; the C library's heap is still sampled (its syscalls' tracepoints cost no trap)"
+        ),
+        "{reason}"
+    );
     assert_eq!((&note["level"], &note["code"]), (&Value::from("note"), &Value::from("growth")), "{note}");
-    assert_eq!(note["message"], format!("{reason}; the samples taken stay reported, as of the stop"), "{note}");
-    // After the stop: the samples as they were then, and nothing read.
-    // The first interval holds the trial's hits and those between its
-    // reading and the detach, priced in the ledger, and the growth up to
-    // the stop; from the next on, no hit, no cost and no growth.
+    // After the stop: the pools' samples as they were then. The first
+    // interval holds the trial's hits and those between its reading and
+    // the detach, priced in the ledger, and the growth up to the stop; from
+    // the next on, no pool hit, and no cost but the C library's programs'
+    // own time.
     let summary = rest.last().expect("a summary");
     assert_eq!(summary["type"], "summary", "{rest:?}");
+    let pools = |g: &Value| u(&g["in_use_bytes"], "in_use_bytes") - u(&g["libc_bytes"], "libc_bytes");
     let later: Vec<&Value> = after.iter().chain(rest.iter().filter(|l| l["type"] == "interval")).collect();
     for (n, later) in later.iter().enumerate() {
         let lg = &later["growth"];
-        assert_eq!((&lg["stopped"], &lg["in_use_bytes"]), (&stopped, &g["in_use_bytes"]), "{lg}");
+        assert_eq!((&lg["stopped"]["at_s"], pools(lg)), (&stopped["at_s"], pools(g)), "{lg}");
+        assert!(lg["stopped"]["reason"].as_str().is_some_and(|r| r.starts_with(reason)), "{lg}");
         let ledger = &later["profile"]["sources"]["growth"];
-        assert_eq!(ledger["tracer_cpu_s"], 0.0, "{ledger}");
         let target = f(&ledger["target_s"], "target_s");
         assert!((target - f(&lg["cost"]["target_s"], "target_s")).abs() < 1e-6, "{ledger} {lg}");
         if n > 0 {
-            assert_eq!((u(&lg["cost"]["hits"], "hits"), &ledger["target_s"]), (0, &Value::from(0.0)), "{lg}");
-            assert_eq!(i(&lg["bytes"], "bytes"), 0, "{lg}");
+            assert_eq!(u(&lg["cost"]["hits"], "hits"), 0, "{lg}");
+            assert!((target - f(&lg["cost"]["programs_s"], "programs_s")).abs() < 1e-9, "{lg}");
         }
     }
     let sg = &summary["growth"];
-    assert_eq!((&sg["stopped"], &sg["in_use_bytes"]), (&stopped, &g["in_use_bytes"]), "{sg}");
+    assert_eq!((&sg["stopped"]["at_s"], pools(sg)), (&stopped["at_s"], pools(g)), "{sg}");
     // Every hit of the run is in an interval: none after the detach.
     let hits: u64 = later.iter().map(|l| u(&l["growth"]["cost"]["hits"], "hits")).sum();
     assert_eq!(u(&sg["cost"]["hits"], "hits"), hits, "{sg}");

@@ -68,12 +68,7 @@ impl Session {
         // The arena's probe ends each new arena's mapped sample: the
         // mapped programs need not leave mappings of an arena's size.
         if plan.points.iter().any(|p| p.role == GrowthRole::Arena) {
-            let map_err = |cause| AttachError::Map { name: names::GROWTH_ARENAS_SEEN_MAP, cause: Box::new(cause) };
-            let map = self.ebpf.map_mut(names::GROWTH_ARENAS_SEEN_MAP).ok_or_else(|| {
-                map_err(aya::maps::MapError::InvalidName { name: names::GROWTH_ARENAS_SEEN_MAP.to_owned() })
-            })?;
-            let mut seen: aya::maps::Array<&mut MapData, u32> = aya::maps::Array::try_from(map).map_err(map_err)?;
-            seen.set(0, 1, 0).map_err(map_err)?;
+            self.arenas_seen(true)?;
         }
         Ok(())
     }
@@ -83,6 +78,25 @@ impl Session {
     pub fn detach_growth(&mut self) {
         self.growth_links.clear();
         self.detach_mapped();
+    }
+
+    /// Detaches pymalloc's growth probes only: the C library's programs
+    /// stay (see [`super::mapped`]), and leave arenas' mappings alone again
+    /// (no probe ends them now).
+    pub fn detach_growth_pools(&mut self) -> Result<(), AttachError> {
+        self.growth_links.clear();
+        self.arenas_seen(false)
+    }
+
+    /// Tells the mapped programs whether the arena probe ends each new
+    /// arena's mapped sample.
+    fn arenas_seen(&mut self, seen: bool) -> Result<(), AttachError> {
+        let map_err = |cause| AttachError::Map { name: names::GROWTH_ARENAS_SEEN_MAP, cause: Box::new(cause) };
+        let map = self.ebpf.map_mut(names::GROWTH_ARENAS_SEEN_MAP).ok_or_else(|| {
+            map_err(aya::maps::MapError::InvalidName { name: names::GROWTH_ARENAS_SEEN_MAP.to_owned() })
+        })?;
+        let mut flag: aya::maps::Array<&mut MapData, u32> = aya::maps::Array::try_from(map).map_err(map_err)?;
+        flag.set(0, u32::from(seen), 0).map_err(map_err)
     }
 
     /// What the growth programs saw, summed over CPUs.

@@ -94,8 +94,8 @@ impl Session {
         Ok(())
     }
 
-    /// Detaches them (with the rest of growth's probes).
-    pub(super) fn detach_mapped(&mut self) {
+    /// Detaches them (with the rest of growth's probes, or alone).
+    pub fn detach_mapped(&mut self) {
         self.mapped_links.clear();
     }
 

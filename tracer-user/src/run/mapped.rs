@@ -111,9 +111,18 @@ impl Mapped {
             .into_iter()
             .filter(|(k, _)| k.tgid == self.pid)
             .collect();
+        if all.is_empty() {
+            self.cuts.clear();
+            return Ok(BTreeMap::new());
+        }
         let (lowerings, samples): (Vec<_>, Vec<_>) = all.into_iter().partition(|(k, _)| k.kind == MAPPED_LOW);
-        let maps = std::fs::read_to_string(format!("/proc/{}/maps", self.pid)).map_err(|e| e.to_string())?;
-        let ranges = ranges(&maps);
+        // The maps only where a mapping's sample is to be judged: reading
+        // them is most of what a reading costs tracer.
+        let ranges = if samples.iter().any(|(k, _)| k.kind == MAPPED_MMAP) {
+            ranges(&std::fs::read_to_string(format!("/proc/{}/maps", self.pid)).map_err(|e| e.to_string())?)
+        } else {
+            Vec::new()
+        };
         let top = session.brk_top(self.pid).map_err(|e| e.to_string())?;
         let lows: Vec<(u64, u64)> = lowerings.iter().map(|(k, s)| (k.address, s.taken_ns)).collect();
         let judged = judge(&samples, &ranges, top, &lows, &mut self.cuts);

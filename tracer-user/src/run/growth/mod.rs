@@ -10,6 +10,10 @@
 //! and stops it where it costs more than half the budget
 //! ([`hold_budget`]).
 
+// The profile's hold on growth's cost: the trial, each interval, the stops.
+mod hold;
+pub use hold::{TRIAL, hold_budget, trial};
+
 use std::{
     collections::{BTreeMap, HashMap},
     time::{Duration, Instant},
@@ -30,10 +34,7 @@ use super::{
 use crate::{
     heap::{memory::Memory, pools::Header},
     kernel::{AttachError, Session},
-    model::{
-        GrowthCost, GrowthSampled as Report, GrowthSite, GrowthStack, GrowthStopped, GrowthTakes, Level, Note,
-        NoteCode, SiteFrame, Snapshot,
-    },
+    model::{GrowthCost, GrowthSampled as Report, GrowthSite, GrowthStack, GrowthStopped, GrowthTakes, SiteFrame},
     plan::growth::{GrowthPlan, GrowthRole},
     python::heap::{POOL_OVERHEAD, POOL_SIZE},
 };
@@ -99,6 +100,10 @@ struct Stopped {
     why: GrowthStopped,
     sites: BTreeMap<SiteKey, Held>,
     stacks: Vec<GrowthStack>,
+    /// The pools each stack held at the stop; while the C library's heap
+    /// is still sampled (`libc`), each reading adds its samples to them.
+    pools: BTreeMap<u64, u64>,
+    libc: bool,
 }
 
 impl Growth {
@@ -212,11 +217,21 @@ impl Growth {
     /// first: read now, or as last read where the target's memory
     /// cannot be read any more.
     fn read_sites(&mut self, session: &mut Session) -> (BTreeMap<SiteKey, Held>, Vec<GrowthStack>) {
-        if let Some(s) = &self.stopped {
-            return (s.sites.clone(), s.stacks.clone());
-        }
         let began = thread_cpu();
-        match self.read(session) {
+        let reading = match &self.stopped {
+            Some(s) if s.libc => {
+                let pools = s.pools.clone();
+                self.read_libc(session).map(|mut by_stack| {
+                    for (stack, n) in pools {
+                        by_stack.entry(stack).or_default().pools += n;
+                    }
+                    Reading { by_stack }
+                })
+            }
+            Some(s) => return (s.sites.clone(), s.stacks.clone()),
+            None => self.read(session),
+        };
+        match reading {
             Ok(reading) => {
                 self.last = reading;
                 self.stale = None;
@@ -267,6 +282,15 @@ impl Growth {
             Ok(found) => found,
             Err(why) => unnamed(format!("unresolved: {why}")),
         }
+    }
+
+    /// The C library's samples alone, per stack (pymalloc's probes are
+    /// down).
+    fn read_libc(&mut self, session: &mut Session) -> Result<BTreeMap<u64, Held>, String> {
+        if self.stamp.is_some_and(|s| s.changed(self.pid)) {
+            return Err(format!("PID {} now runs another program (it called exec)", self.pid));
+        }
+        self.mapped.read(session)
     }
 
     /// The samples of the target whose pools are in use, per stack; the
@@ -464,118 +488,6 @@ pub fn report(
         Ok(g) => crate::model::Growth::Sampled(Box::new(g.interval(session, prices))),
         Err(why) => crate::model::Growth::Unavailable { unavailable: why.clone() },
     })
-}
-
-/// The profile's rule for its default growth (not `--growth`, which keeps
-/// sampling whatever it costs): an interval in which growth cost the
-/// target more than half the budget (the ledger's `growth` source, in
-/// `snapshot`'s profile) stops it. Its probes come down, apart from the
-/// GC's; its samples stay reported as they were at the stop; and its
-/// report, this interval's and every later one, says when and why, as the
-/// note returned does.
-pub fn hold_budget(
-    growth: &mut Option<Result<Growth, String>>,
-    session: &mut Session,
-    snapshot: &mut Snapshot,
-) -> Option<Note> {
-    let Some(Ok(g)) = growth.as_mut() else { return None };
-    if !g.auto || g.stopped.is_some() {
-        return None;
-    }
-    let profile = snapshot.profile.as_ref()?;
-    let fraction = profile.sources.get(super::share::GROWTH)?.fraction;
-    let budget = profile.budget_percent;
-    if fraction * 100.0 <= budget / 2.0 {
-        return None;
-    }
-    let report = match snapshot.growth.as_mut()? {
-        crate::model::Growth::Sampled(r) => r,
-        crate::model::Growth::Unavailable { .. } => return None,
-    };
-    let takes = report.cost.map_or(0, |c| c.hits).saturating_sub(report.takes.new_arenas);
-    let (note, why) = g.stop(session, (fraction, budget), (takes, profile.span_s), snapshot.elapsed_s);
-    report.stopped = Some(why);
-    Some(note)
-}
-
-/// How long the profile's default growth runs before it is first priced:
-/// where its pool takes come at tens of thousands a second (pymalloc
-/// freeing and mapping arenas each loop), a whole interval of them cost
-/// the target 1 to 13% of its CPU time here.
-pub const TRIAL: Duration = Duration::from_millis(50);
-
-/// The profile's default growth after its [`TRIAL`]: stopped, with the
-/// note returned, where its hits so far cost more than half of `budget`
-/// (a share) of the target's CPU time meanwhile.
-pub fn trial(
-    growth: &mut Option<Result<Growth, String>>,
-    session: &mut Session,
-    prices: Option<Prices>,
-    budget: f64,
-) -> Option<Note> {
-    let Some(Ok(g)) = growth.as_mut() else { return None };
-    if !g.auto || g.stopped.is_some() {
-        return None;
-    }
-    // Exactly: the trial is too short for /proc/PID/stat's clock ticks.
-    let now = super::cost::process_cpu_ns(g.pid)?;
-    let cpu = Duration::from_nanos(now.saturating_sub(g.cpu_at_attach?));
-    let span = g.started.elapsed();
-    // Priced over less than the trial (woken early): not yet.
-    if span < TRIAL {
-        return None;
-    }
-    let counts = session.growth_counts().ok()?;
-    let cost = g.cost(&counts, span, (Duration::ZERO, 0), prices);
-    let target = cost.target_s?;
-    // The hits ran on the target's CPU: at least what they cost.
-    let fraction = target / cpu.as_secs_f64().max(target).max(f64::MIN_POSITIVE);
-    if fraction <= budget / 2.0 {
-        return None;
-    }
-    let takes = counts.takes;
-    let (note, _) = g.stop(session, (fraction, budget * 100.0), (takes, span.as_secs_f64()), span.as_secs_f64());
-    Some(note)
-}
-
-impl Growth {
-    /// Stops the profile's default growth at `at_s` because it cost
-    /// `fraction` of the target's CPU time against a budget of
-    /// `budget_percent`, from `takes` pool takes in `span_s`: its probes
-    /// detached, the sites and stacks kept as they are now. The note to
-    /// give, and why, for the report.
-    fn stop(
-        &mut self,
-        session: &mut Session,
-        (fraction, budget_percent): (f64, f64),
-        (takes, span_s): (u64, f64),
-        at_s: f64,
-    ) -> (Note, GrowthStopped) {
-        #[allow(
-            clippy::cast_precision_loss,
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss,
-            reason = "a rate shown"
-        )]
-        let per_s = if span_s > 0.0 { (takes as f64 / span_s).round() as u64 } else { 0 };
-        let reason = format!(
-            "growth sampling cost {:.2}% of the target's CPU time ({} pool takes/s), over half the {budget_percent}% budget: stopped at {at_s:.2} s; --growth keeps it on",
-            fraction * 100.0,
-            crate::report::group(per_s),
-        );
-        session.detach_growth();
-        let why = GrowthStopped { at_s, reason: reason.clone() };
-        // The sites and stacks as they are now: every later report is up
-        // to the stop.
-        let (sites, stacks) = self.name_sites(session);
-        self.stopped = Some(Stopped { at: Instant::now(), why: why.clone(), sites, stacks });
-        let note = Note::new(
-            Level::Note,
-            NoteCode::Growth,
-            format!("{reason}; the samples taken stay reported, as of the stop"),
-        );
-        (note, why)
-    }
 }
 
 /// With `--growth`: its readout (told where the target's frames are, so
