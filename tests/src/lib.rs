@@ -753,9 +753,20 @@ pub fn traced_to_the_end(mut workload: Workload, args: &[&str]) -> (Value, Value
 /// read(2) of 5 bytes, stops tracer with SIGINT: tracer's attached line
 /// and summary, after checking that tracer succeeded.
 #[must_use]
-pub fn traced_until_done(mut workload: Workload, args: &[&str]) -> (Value, Value) {
+pub fn traced_until_done(workload: Workload, args: &[&str]) -> (Value, Value) {
+    until_done(workload, args, TracerRun::attach_json)
+}
+
+/// [`traced_until_done`] in the mode the flags choose (the production
+/// profile unless one chooses exact tracing).
+#[must_use]
+pub fn profiled_until_done(workload: Workload, args: &[&str]) -> (Value, Value) {
+    until_done(workload, args, TracerRun::profile_json)
+}
+
+fn until_done(mut workload: Workload, args: &[&str], attach: fn(u32, &[&str]) -> (TracerRun, Value)) -> (Value, Value) {
     workload.wait_blocked_on_stdin();
-    let (tracer, attached) = TracerRun::attach_json(workload.pid(), args);
+    let (tracer, attached) = attach(workload.pid(), args);
     workload.go();
     workload.expect("done");
     workload.wait_blocked_reading(Some(5));

@@ -522,20 +522,9 @@ fn no_growth_leaves_growth_off() {
 /// by `env`: the summary's growth.
 fn libc_run(python: &str, n: u64, size: u64, env: &[(&str, &str)]) -> Value {
     let (n, size) = (n.to_string(), size.to_string());
-    let mut workload = Workload::script_env(None, python, "growth_libc.py", &[&n, &size], env);
-    workload.wait_blocked_on_stdin();
-    let pid = workload.pid().to_string();
-    let (tracer, attached) = TracerRun::attach_json_as(&["--pid", &pid, "--interval", "1", "--growth"]);
+    let workload = Workload::script_env(None, python, "growth_libc.py", &[&n, &size], env);
+    let (attached, summary) = tracer_tests::profiled_until_done(workload, &["--interval", "1", "--growth"]);
     assert!(attached["growth"]["points"].is_array(), "{attached}");
-    workload.go();
-    workload.expect("done");
-    workload.wait_blocked_reading(Some(5));
-    tracer.signal(libc::SIGINT);
-    let (status, lines, stderr) = tracer.finish();
-    assert!(status.success(), "tracer failed: {status}: {stderr}");
-    workload.close();
-    let summary = lines.last().expect("a summary");
-    assert_eq!(summary["type"], "summary", "{lines:?}");
     let g = summary["growth"].clone();
     assert!(g.get("caveat").is_none_or(|c| !c.to_string().contains("C library")), "{g}");
     g

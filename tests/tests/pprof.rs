@@ -138,6 +138,17 @@ fn frames(stack: &Value) -> Vec<String> {
         .collect()
 }
 
+/// `p`'s samples are `stacks`, each with the values `values` gives it, in
+/// any order; one has its leaf in the function `leaf` names.
+fn same_samples(p: Decoded, stacks: &[Value], values: impl Fn(&Value) -> [u64; 4], leaf: &str) {
+    let mut want: Vec<(Vec<String>, Vec<u64>)> = stacks.iter().map(|s| (frames(s), values(s).to_vec())).collect();
+    let mut got = p.samples;
+    want.sort();
+    got.sort();
+    assert_eq!(got, want);
+    assert!(got.iter().any(|(f, _)| f[0].starts_with(leaf)), "{got:?}");
+}
+
 fn path(name: &str) -> std::path::PathBuf {
     let path = std::env::temp_dir().join(format!("tracer-test-{name}-{}.pb.gz", std::process::id()));
     let _ = std::fs::remove_file(&path);
@@ -168,15 +179,7 @@ fn stacks_are_alloc_samples() {
     assert_eq!(p.types, ["alloc_objects", "alloc_space", "inuse_objects", "inuse_space"]);
     assert_eq!(p.default_type, "alloc_space");
     assert_eq!(p.samples.len(), stacks.len());
-    let mut want: Vec<(Vec<String>, Vec<u64>)> = stacks
-        .iter()
-        .map(|s| (frames(s), vec![s["calls"].as_u64().unwrap(), s["bytes"].as_u64().unwrap(), 0, 0]))
-        .collect();
-    let mut got = p.samples;
-    want.sort();
-    got.sort();
-    assert_eq!(got, want);
-    assert!(got.iter().any(|(f, _)| f[0].starts_with("make_b ")), "{got:?}");
+    same_samples(p, stacks, |s| [s["calls"].as_u64().unwrap(), s["bytes"].as_u64().unwrap(), 0, 0], "make_b ");
     let _ = std::fs::remove_file(&file);
 }
 
@@ -206,14 +209,6 @@ fn growth_stacks_are_inuse_samples() {
     assert!(!stacks.is_empty(), "{summary}");
     let p = decode(&file);
     assert_eq!(p.default_type, "inuse_space");
-    let mut want: Vec<(Vec<String>, Vec<u64>)> = stacks
-        .iter()
-        .map(|s| (frames(s), vec![0, 0, s["samples"].as_u64().unwrap(), s["in_use_bytes"].as_u64().unwrap()]))
-        .collect();
-    let mut got = p.samples;
-    want.sort();
-    got.sort();
-    assert_eq!(got, want);
-    assert!(got.iter().any(|(f, _)| f[0].starts_with("grow ")), "{got:?}");
+    same_samples(p, stacks, |s| [0, 0, s["samples"].as_u64().unwrap(), s["in_use_bytes"].as_u64().unwrap()], "grow ");
     let _ = std::fs::remove_file(&file);
 }

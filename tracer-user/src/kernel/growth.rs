@@ -6,7 +6,7 @@
 
 use std::ffi::CString;
 
-use aya::maps::{HashMap, MapData, PerCpuArray};
+use aya::maps::{MapData, PerCpuArray};
 use tracer_common::{
     growth::{GrowthCounts, PoolKey, PoolSample},
     names,
@@ -113,38 +113,16 @@ impl Session {
 
     /// Every sample the growth programs keep, of every process.
     pub fn growth_samples(&self) -> Result<Vec<(PoolKey, PoolSample)>, AttachError> {
-        let map_err = |cause| AttachError::Map { name: names::GROWTH_POOLS_MAP, cause: Box::new(cause) };
-        let map = self
-            .ebpf
-            .map(names::GROWTH_POOLS_MAP)
-            .ok_or_else(|| map_err(aya::maps::MapError::InvalidName { name: names::GROWTH_POOLS_MAP.to_owned() }))?;
-        let pools: HashMap<&MapData, PoolKey, PoolSample> = HashMap::try_from(map).map_err(map_err)?;
-        // A pool taken again while this runs is read as it is now, or
-        // skipped by the iterator: a sample is never read half written.
-        Ok(pools.iter().filter_map(Result::ok).collect())
+        self.hash_entries(names::GROWTH_POOLS_MAP)
     }
 
     /// Removes the sample of `key` if it is still `sample` (a take since it
-    /// was read has replaced it, and stays). Returns whether it removed it.
-    ///
-    /// Between the check and the removal a take can still replace it: that
-    /// new sample is then lost, a window of microseconds against the
-    /// seconds a pool stays empty before the sample is removed.
+    /// was read has replaced it, and stays). Returns whether it removed it:
+    /// a take between the check and the removal is lost, a window of
+    /// microseconds against the seconds a pool stays empty before the
+    /// sample is removed.
     pub fn remove_growth_sample(&mut self, key: &PoolKey, sample: &PoolSample) -> Result<bool, AttachError> {
-        let map_err = |cause| AttachError::Map { name: names::GROWTH_POOLS_MAP, cause: Box::new(cause) };
-        let map = self
-            .ebpf
-            .map_mut(names::GROWTH_POOLS_MAP)
-            .ok_or_else(|| map_err(aya::maps::MapError::InvalidName { name: names::GROWTH_POOLS_MAP.to_owned() }))?;
-        let mut pools: HashMap<&mut MapData, PoolKey, PoolSample> = HashMap::try_from(map).map_err(map_err)?;
-        match pools.get(key, 0) {
-            Ok(now) if now == *sample => {
-                pools.remove(key).or_else(super::maps::absent).map_err(map_err)?;
-                Ok(true)
-            }
-            Ok(_) | Err(aya::maps::MapError::KeyNotFound) => Ok(false),
-            Err(cause) => Err(map_err(cause)),
-        }
+        self.remove_unchanged(names::GROWTH_POOLS_MAP, key, sample)
     }
 }
 

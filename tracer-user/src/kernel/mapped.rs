@@ -99,49 +99,20 @@ impl Session {
         self.mapped_links.clear();
     }
 
-    /// Every mapped sample the programs keep.
+    /// Every mapped sample the programs keep (and lowering of a break).
     pub fn mapped_samples(&self) -> Result<Vec<(MappedKey, MappedSample)>, AttachError> {
-        let map_err = |cause| AttachError::Map { name: names::GROWTH_MAPPED_MAP, cause: Box::new(cause) };
-        let map = self
-            .ebpf
-            .map(names::GROWTH_MAPPED_MAP)
-            .ok_or_else(|| map_err(aya::maps::MapError::InvalidName { name: names::GROWTH_MAPPED_MAP.to_owned() }))?;
-        let samples: HashMap<&MapData, MappedKey, MappedSample> = HashMap::try_from(map).map_err(map_err)?;
-        Ok(samples.iter().filter_map(Result::ok).collect())
+        self.hash_entries(names::GROWTH_MAPPED_MAP)
     }
 
     /// `pid`'s break as its last `brk` left it.
     pub fn brk_top(&self, pid: u32) -> Result<Option<u64>, AttachError> {
-        let map_err = |cause| AttachError::Map { name: names::GROWTH_BRK_MAP, cause: Box::new(cause) };
-        let map = self
-            .ebpf
-            .map(names::GROWTH_BRK_MAP)
-            .ok_or_else(|| map_err(aya::maps::MapError::InvalidName { name: names::GROWTH_BRK_MAP.to_owned() }))?;
-        let tops: HashMap<&MapData, u32, u64> = HashMap::try_from(map).map_err(map_err)?;
-        match tops.get(&pid, 0) {
-            Ok(top) => Ok(Some(top)),
-            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
-            Err(cause) => Err(map_err(cause)),
-        }
+        self.hash_get(names::GROWTH_BRK_MAP, &pid)
     }
 
-    /// Removes the sample of `key` if it is still `sample`, as
-    /// [`Self::remove_growth_sample`] does. Returns whether it removed it.
+    /// Removes the sample of `key` if it is still `sample`. Returns whether
+    /// it removed it.
     pub fn remove_mapped_sample(&mut self, key: &MappedKey, sample: &MappedSample) -> Result<bool, AttachError> {
-        let map_err = |cause| AttachError::Map { name: names::GROWTH_MAPPED_MAP, cause: Box::new(cause) };
-        let map = self
-            .ebpf
-            .map_mut(names::GROWTH_MAPPED_MAP)
-            .ok_or_else(|| map_err(aya::maps::MapError::InvalidName { name: names::GROWTH_MAPPED_MAP.to_owned() }))?;
-        let mut samples: HashMap<&mut MapData, MappedKey, MappedSample> = HashMap::try_from(map).map_err(map_err)?;
-        match samples.get(key, 0) {
-            Ok(now) if now == *sample => {
-                samples.remove(key).or_else(super::maps::absent).map_err(map_err)?;
-                Ok(true)
-            }
-            Ok(_) | Err(aya::maps::MapError::KeyNotFound) => Ok(false),
-            Err(cause) => Err(map_err(cause)),
-        }
+        self.remove_unchanged(names::GROWTH_MAPPED_MAP, key, sample)
     }
 }
 

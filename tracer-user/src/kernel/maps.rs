@@ -327,3 +327,66 @@ fn recursion_misses(fd: BorrowedFd<'_>) -> std::io::Result<u64> {
     }
     Ok(info.recursion_misses)
 }
+
+impl Session {
+    /// Every entry of the hash map `name` (one rewritten while read is read
+    /// as it is now, or skipped: never half written).
+    pub(super) fn hash_entries<K: aya::Pod, V: aya::Pod>(
+        &self,
+        name: &'static str,
+    ) -> Result<Vec<(K, V)>, AttachError> {
+        let map_err = |cause| AttachError::Map { name, cause: Box::new(cause) };
+        let map =
+            self.ebpf.map(name).ok_or_else(|| map_err(aya::maps::MapError::InvalidName { name: name.to_owned() }))?;
+        let entries: aya::maps::HashMap<&aya::maps::MapData, K, V> =
+            aya::maps::HashMap::try_from(map).map_err(map_err)?;
+        Ok(entries.iter().filter_map(Result::ok).collect())
+    }
+
+    /// The value of `key` in the hash map `name`, if it has one.
+    pub(super) fn hash_get<K: aya::Pod, V: aya::Pod>(
+        &self,
+        name: &'static str,
+        key: &K,
+    ) -> Result<Option<V>, AttachError> {
+        let map_err = |cause| AttachError::Map { name, cause: Box::new(cause) };
+        let map =
+            self.ebpf.map(name).ok_or_else(|| map_err(aya::maps::MapError::InvalidName { name: name.to_owned() }))?;
+        let entries: aya::maps::HashMap<&aya::maps::MapData, K, V> =
+            aya::maps::HashMap::try_from(map).map_err(map_err)?;
+        match entries.get(key, 0) {
+            Ok(value) => Ok(Some(value)),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+            Err(cause) => Err(map_err(cause)),
+        }
+    }
+
+    /// Removes `key` from the hash map `name` if its value is still
+    /// `value` (the programs may have replaced it since it was read, and
+    /// the new one stays). Whether it removed it.
+    ///
+    /// Between the check and the removal the programs can still replace
+    /// it: that new value is then lost, a window of microseconds.
+    pub(super) fn remove_unchanged<K: aya::Pod, V: aya::Pod + PartialEq>(
+        &mut self,
+        name: &'static str,
+        key: &K,
+        value: &V,
+    ) -> Result<bool, AttachError> {
+        let map_err = |cause| AttachError::Map { name, cause: Box::new(cause) };
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or_else(|| map_err(aya::maps::MapError::InvalidName { name: name.to_owned() }))?;
+        let mut entries: aya::maps::HashMap<&mut aya::maps::MapData, K, V> =
+            aya::maps::HashMap::try_from(map).map_err(map_err)?;
+        match entries.get(key, 0) {
+            Ok(now) if now == *value => {
+                entries.remove(key).or_else(absent).map_err(map_err)?;
+                Ok(true)
+            }
+            Ok(_) | Err(aya::maps::MapError::KeyNotFound) => Ok(false),
+            Err(cause) => Err(map_err(cause)),
+        }
+    }
+}
