@@ -12,12 +12,9 @@
 //! instruction the kernel emulates.
 
 use aya_ebpf::{
-    helpers::{
-        bpf_probe_read_user,
-        generated::{bpf_get_prandom_u32, bpf_ktime_get_ns},
-    },
+    helpers::{bpf_probe_read_user, generated::bpf_get_prandom_u32},
     macros::{map, uprobe},
-    maps::{HashMap, PerCpuArray},
+    maps::HashMap,
     programs::ProbeContext,
 };
 use tracer_common::{
@@ -25,11 +22,13 @@ use tracer_common::{
         ARENA_FREEPOOLS, ARENA_POOL_ADDRESS, DEFAULT_EVERY, DEFAULT_POOL_ENTRIES, GrowthCounts, POOL_SIZE, PoolKey,
         PoolSample,
     },
-    site, stack,
-    stats::Stat,
+    site,
 };
 
-use crate::{args, common::atomic_add, stacks};
+use crate::{
+    args,
+    sampled::{GROWTH_COUNTS, count, now_ns, ran, walk},
+};
 
 /// One take in this many is sampled. Set by the loader.
 #[unsafe(no_mangle)]
@@ -40,10 +39,6 @@ static GROWTH_EVERY: u32 = DEFAULT_EVERY;
 #[map]
 static GROWTH_POOLS: HashMap<PoolKey, PoolSample> =
     HashMap::with_max_entries(DEFAULT_POOL_ENTRIES, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
-
-/// What the programs saw, per CPU.
-#[map]
-pub static GROWTH_COUNTS: PerCpuArray<GrowthCounts> = PerCpuArray::with_max_entries(1, 0);
 
 /// A pool taken: what `allocate_from_new_pool` found in `usable_arenas`.
 #[uprobe]
@@ -64,31 +59,6 @@ pub fn growth_arena(ctx: ProbeContext) -> u32 {
     ran(counts, start);
     0
 }
-
-#[inline(always)]
-pub fn now_ns() -> u64 {
-    // SAFETY: the helper takes no arguments and only reads the clock.
-    unsafe { bpf_ktime_get_ns() }
-}
-
-/// Adds the time since `start` to the programs' running time in `counts`.
-#[inline(always)]
-pub fn ran(counts: *mut GrowthCounts, start: u64) {
-    // SAFETY: a valid pointer to this CPU's value, which stays valid while
-    // the program runs; atomic, as in `count!`.
-    unsafe { atomic_add(&raw mut (*counts).run_ns, now_ns().saturating_sub(start)) };
-}
-
-/// Adds one to the field `field` of `counts`.
-macro_rules! count {
-    ($counts:expr, $field:ident) => {
-        // SAFETY: a valid pointer to this CPU's value (see `timed`); the
-        // add is atomic because a preempted program on this CPU may be
-        // updating the same value.
-        unsafe { $crate::common::atomic_add(&raw mut (*$counts).$field, 1) }
-    };
-}
-pub(crate) use count;
 
 #[inline(always)]
 fn try_take(ctx: &ProbeContext, counts: *mut GrowthCounts) -> Result<(), ()> {
@@ -131,7 +101,11 @@ fn try_arena(ctx: &ProbeContext, counts: *mut GrowthCounts) -> Result<(), ()> {
         return Err(());
     };
     // Its mapping is pymalloc's: its pools are sampled, not the mapping.
-    crate::mapped::end(&tracer_common::growth::MappedKey { tgid, kind: tracer_common::growth::MAPPED_MMAP, address: arena });
+    crate::mapped::end(&tracer_common::growth::MappedKey {
+        tgid,
+        kind: tracer_common::growth::MAPPED_MMAP,
+        address: arena,
+    });
     // `new_arena`: the first pool is the arena's address rounded up to a
     // pool (an mmap is page-aligned only).
     take(tgid, arena.wrapping_add(POOL_SIZE - 1) & !(POOL_SIZE - 1), counts);
@@ -161,29 +135,6 @@ fn take(tgid: u32, pool: u64, counts: *mut GrowthCounts) {
     let stack = walk(tgid, counts);
     if GROWTH_POOLS.insert(&key, &PoolSample { stack, taken_ns: now_ns() }, 0).is_err() {
         count!(counts, lost);
-    }
-}
-
-/// The current thread's Python stack, kept in the stacks map: its hash,
-/// or below [`tracer_common::stack::FIRST_HASH`] why it has none.
-#[inline(always)]
-pub fn walk(tgid: u32, counts: *mut GrowthCounts) -> u64 {
-    match stacks::python(tgid) {
-        Ok((hash, truncated)) => {
-            if truncated {
-                count!(counts, truncated);
-            }
-            if stacks::kept(hash) || stacks::keep(hash).is_ok() {
-                hash
-            } else {
-                count!(counts, walk_failed);
-                stack::why::FAILED + Stat::StacksFull as u64
-            }
-        }
-        Err(stat) => {
-            count!(counts, walk_failed);
-            stack::why::FAILED + stat as u64
-        }
     }
 }
 

@@ -58,6 +58,8 @@ mod pipeline;
 mod programs;
 // The returns step (`--returns`).
 mod returns;
+// What the growth programs share: counts, running time, the walk.
+mod sampled;
 // The sizes step.
 mod sizes;
 // The stacks step (`--stacks`).

@@ -24,7 +24,7 @@ use tracer_common::growth::{
     MAPPED_SAMPLE_BYTES, MappedKey, MappedSample, PROT_NONE,
 };
 
-use crate::growth::{GROWTH_COUNTS, count, now_ns, ran, walk};
+use crate::sampled::{GROWTH_COUNTS, count, now_ns, ran, walk};
 
 /// Each sampled growth, by where it begins, until unmapped or replaced.
 #[map]

@@ -195,7 +195,7 @@ fn footprint(root: &Path, tracer: &Path) -> anyhow::Result<(String, Footprint)> 
         let last = lines.map_while(Result::ok).last().context("no summary")?;
         let summary: Value = serde_json::from_str(&last)?;
         let hits = summary["probes"].as_object().map_or(0, |p| p.values().filter_map(|v| v["calls"].as_u64()).sum());
-        let (cpu, max_rss_kib) = wait_rusage(&mut child)?;
+        let (cpu, max_rss_kib) = crate::bench_census::wait_rusage(&mut child)?;
         Ok((command, Footprint { wall: start.elapsed(), to_attached, cpu, max_rss_kib, hits }))
     })();
     let _ = workload.kill();
@@ -203,23 +203,6 @@ fn footprint(root: &Path, tracer: &Path) -> anyhow::Result<(String, Footprint)> 
     result
 }
 
-/// Waits for the child and returns its CPU time and peak RSS.
-pub fn wait_rusage(child: &mut std::process::Child) -> anyhow::Result<(Duration, i64)> {
-    let pid = libc::pid_t::try_from(child.id())?;
-    let mut status = 0;
-    // SAFETY: rusage is plain integers; all-zero is valid.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: pid is our unreaped child; status and usage are valid for writes.
-    let rc = unsafe { libc::wait4(pid, &raw mut status, 0, &raw mut usage) };
-    if rc != pid {
-        bail!("wait4 failed: {}", std::io::Error::last_os_error());
-    }
-    let tv = |t: libc::timeval| {
-        Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
-            + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
-    };
-    Ok((tv(usage.ru_utime) + tv(usage.ru_stime), usage.ru_maxrss))
-}
 
 #[cfg(test)]
 mod tests {

@@ -67,7 +67,7 @@ fn census(tracer: &std::path::Path, pid: u32) -> anyhow::Result<Census> {
         .context("starting tracer heap")?;
     let mut out = String::new();
     std::io::Read::read_to_string(&mut child.stdout.take().context("stdout")?, &mut out)?;
-    let (cpu, rss_kib) = crate::bench::wait_rusage(&mut child)?;
+    let (cpu, rss_kib) = wait_rusage(&mut child)?;
     let wall = started.elapsed();
     let json: Value = serde_json::from_str(&out).with_context(|| format!("tracer heap printed no JSON: {out}"))?;
     Ok(Census { wall, cpu, rss_kib, json })
@@ -260,4 +260,23 @@ pub fn census_section(md: &mut String, tracer: &std::path::Path, effort: &str) -
     }
     writeln!(md)?;
     Ok(())
+}
+
+/// Waits for the child and returns its CPU time and peak RSS (KiB), from
+/// `wait4`.
+pub fn wait_rusage(child: &mut std::process::Child) -> anyhow::Result<(Duration, i64)> {
+    let pid = libc::pid_t::try_from(child.id())?;
+    let mut status = 0;
+    // SAFETY: rusage is plain integers; all-zero is valid.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: pid is our unreaped child; status and usage are valid for writes.
+    let rc = unsafe { libc::wait4(pid, &raw mut status, 0, &raw mut usage) };
+    if rc != pid {
+        anyhow::bail!("wait4 failed: {}", std::io::Error::last_os_error());
+    }
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
+            + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
+    };
+    Ok((tv(usage.ru_utime) + tv(usage.ru_stime), usage.ru_maxrss))
 }
