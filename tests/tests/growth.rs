@@ -369,7 +369,7 @@ fn growth_bad_input() {
     ]);
     assert_eq!(
         stderr,
-        "tracer: error: two of --folded, --flamegraph, --growth-folded and --growth-flamegraph name /tmp/tracer-growth-same.folded; give each its own file\n"
+        "tracer: error: two of --folded, --flamegraph, --growth-folded, --growth-flamegraph and --pprof name /tmp/tracer-growth-same.folded; give each its own file\n"
     );
     assert_eq!((code, stdout.as_str()), (Some(2), ""));
 }
