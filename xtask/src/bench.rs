@@ -203,7 +203,6 @@ fn footprint(root: &Path, tracer: &Path) -> anyhow::Result<(String, Footprint)> 
     result
 }
 
-
 #[cfg(test)]
 mod tests {
     /// A full run keeps the hand-kept summary, and only it: not the
