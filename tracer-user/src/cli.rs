@@ -63,6 +63,22 @@ follows when the run ends by Ctrl-C, SIGTERM, --duration or the target's exit.",
         after_help = "Examples:\n  sudo tracer attach --pid 1234\n  sudo tracer attach --pid $(pgrep -n python3) --duration 10 --json\n  sudo tracer attach --pid 1234 --exact --duration 5"
     )]
     Attach(AttachArgs),
+    /// Start a program traced from its interpreter's first instruction, and report at its exit.
+    #[command(
+        long_about = "Start a program and trace the CPython interpreter it runs from its first instruction: \
+the probes are live before the interpreter starts. Takes attach's flags (the production profile by \
+default, --exact, --json, ...) and reports as attach does, on stderr (or --output FILE), so that the \
+program's stdout stays its own.\n\n\
+The program gets tracer's stdin, stdout, stderr and environment. tracer follows its process \
+through exec (a shell script, env, a pyenv shim) to the first CPython interpreter it runs, holds \
+it there with ptrace until the probes are attached, then lets it go. SIGTERM, SIGHUP, SIGQUIT, \
+SIGUSR1 and SIGUSR2 sent to tracer are passed on to the program, and SIGINT too unless the \
+terminal sent it to both (Ctrl-C); the run ends when the program exits, and tracer exits with \
+its status (128 + the signal's number if a signal killed it). Processes the program starts are \
+not traced. See docs/run.md.",
+        after_help = "Examples:\n  sudo tracer run -- python3 app.py --port 8000\n  sudo tracer run --exact --json --output counts.jsonl -- python3 -c 'import json'"
+    )]
+    Run(RunArgs),
     /// Measure what tracer costs: pyperf timeit with nothing attached, attached, and detached again.
     #[command(
         long_about = "Measure what tracer costs a statement, with pyperf.\n\nRuns `pyperf timeit STMT` in the target interpreter in three states, interleaved in rounds so that \
@@ -119,6 +135,24 @@ kernel if tracer is killed. Needs root (or ptrace access to the process). See do
     /// The child `--budget` calibrates probe costs on (internal).
     #[command(name = CHILD_COMMAND, hide = true)]
     CalibrationChild,
+}
+
+/// `tracer run`: attach's flags, without a target, and the command.
+#[derive(Clone, Debug, Parser)]
+#[command(
+    mut_group("target", |g| g.required(false)),
+    mut_arg("pid", |a| a.hide(true).conflicts_with("command")),
+    mut_arg("exe", |a| a.hide(true).conflicts_with("command"))
+)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub attach: AttachArgs,
+    /// Write the report (the table, or with --json its lines) to FILE instead of stderr.
+    #[arg(long, short = 'o', value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// The program to run and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<std::ffi::OsString>,
 }
 
 /// `tracer stack`.

@@ -1,7 +1,8 @@
 //! tracer's userspace: the command line ([`cli`], checked by [`config`]),
 //! find the CPython image in a live process ([`discover`]), plan where each
 //! probe goes ([`plan`]), both once per command ([`prepare`]), load and
-//! attach the BPF programs ([`kernel`]), run until the end ([`run`]), and
+//! attach the BPF programs ([`kernel`]), run until the end ([`run`]; with
+//! `tracer run`, of a program it starts, [`launch`]), and
 //! report what was counted ([`model`], [`report`]); read Python stacks from
 //! outside ([`stacks`]).
 
@@ -12,6 +13,7 @@ pub mod discover;
 pub mod error;
 pub mod heap;
 pub mod kernel;
+pub mod launch;
 pub mod model;
 pub mod plan;
 pub mod prepare;

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 
 use clap::Parser as _;
 use tracer_user::{
-    cli::{AttachArgs, BenchArgs, Cli, Command, HeapArgs, ProbesArgs, StackArgs, ValueError, usage_error},
-    config::{AttachConfig, TargetSpec},
+    cli::{AttachArgs, BenchArgs, Cli, Command, HeapArgs, ProbesArgs, RunArgs, StackArgs, ValueError, usage_error},
+    config::{AttachConfig, ConfigError, TargetSpec},
     error::{EXIT_BAD_INPUT, Failure},
     prepare, privileges,
 };
@@ -28,15 +28,16 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Attach(args) => attach(&args),
-        Command::Bench(args) => bench(&args),
-        Command::Probes(args) => probes(&args),
-        Command::Stack(args) => stack(&args),
-        Command::Heap(args) => heap(&args),
-        Command::CalibrationChild => prepare::calibrate::child_main().map_err(Into::into),
+        Command::Attach(args) => attach(&args).map(|()| ExitCode::SUCCESS),
+        Command::Run(args) => run(&args),
+        Command::Bench(args) => bench(&args).map(|()| ExitCode::SUCCESS),
+        Command::Probes(args) => probes(&args).map(|()| ExitCode::SUCCESS),
+        Command::Stack(args) => stack(&args).map(|()| ExitCode::SUCCESS),
+        Command::Heap(args) => heap(&args).map(|()| ExitCode::SUCCESS),
+        Command::CalibrationChild => prepare::calibrate::child_main().map(|()| ExitCode::SUCCESS).map_err(Into::into),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         // The reader went away (`tracer ... | head`): the probes are already
         // detached by then, and there is nobody left to tell.
         Err(failure) if failure.is_broken_pipe() => ExitCode::SUCCESS,
@@ -51,13 +52,48 @@ fn main() -> ExitCode {
 fn attach(args: &AttachArgs) -> Result<(), Failure> {
     let config = AttachConfig::try_from(args)?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let end = runtime.block_on(tracer_user::run::attach(&config, std::io::stdout().lock(), std::io::stderr()))?;
+    let end = runtime.block_on(tracer_user::run::attach(&config, None, std::io::stdout().lock(), std::io::stderr()))?;
     let what = match &config.target {
         TargetSpec::Pid(pid) => format!("PID {pid}"),
         TargetSpec::Exe(exe) => exe.display().to_string(),
     };
     eprintln!("tracer: detached from {what} ({})", end.as_str());
     Ok(())
+}
+
+/// `tracer run`: starts the program held, attaches, lets it go, reports
+/// on stderr or `--output` until it exits, and exits with its status.
+fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
+    use tracer_user::{launch::Child, report::files::OutputFile};
+    let mut config = AttachConfig::for_command(&args.attach)?;
+    privileges::check()?;
+    // Checked and made before the program starts: a bad path starts
+    // nothing.
+    let check = |p| OutputFile::check("--output", p, args.attach.force).map_err(ConfigError::from);
+    let file = args.output.as_deref().map(check).transpose()?;
+    let out: Box<dyn std::io::Write> = match &file {
+        Some(f) => Box::new(std::io::LineWriter::new(f.create().map_err(ConfigError::from)?)),
+        None => Box::new(std::io::stderr()),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let mut child = Child::start(&args.command)?;
+    config.target = TargetSpec::Pid(child.pid());
+    let ended = runtime.block_on(async {
+        let end = tracer_user::run::attach(&config, Some(&mut child), out, std::io::stderr()).await?;
+        // Reported, and detached: the program may still run (--duration).
+        tracer_user::launch::signals::wait_exit(&child).await?;
+        Ok::<_, Failure>(end)
+    });
+    // On an error before the probes went live, dropping the child kills it.
+    let end = ended?;
+    let status = child.reap()?;
+    eprintln!(
+        "tracer: PID {} ({}) {status}; the run ended: {}",
+        child.pid(),
+        child.interpreter.display(),
+        end.as_str()
+    );
+    Ok(ExitCode::from(status.code()))
 }
 
 fn stack(args: &StackArgs) -> Result<(), Failure> {

@@ -316,8 +316,20 @@ impl TryFrom<&AttachArgs> for AttachConfig {
 
     /// Checks the flags against each other: what clap cannot see alone.
     fn try_from(args: &AttachArgs) -> Result<Self, ConfigError> {
+        Self::build(args, target_spec(args.target.pid, args.target.exe.as_deref())?)
+    }
+}
+
+impl AttachConfig {
+    /// `tracer run`'s: the flags checked as for a `--pid` target, whose
+    /// PID (`target`) is set once the program has started; it is 0 until
+    /// then.
+    pub fn for_command(args: &AttachArgs) -> Result<Self, ConfigError> {
+        Self::build(args, TargetSpec::Pid(0))
+    }
+
+    fn build(args: &AttachArgs, target: TargetSpec) -> Result<Self, ConfigError> {
         let t = &args.target;
-        let target = target_spec(t.pid, t.exe.as_deref())?;
         let interval = seconds(args.interval).ok_or(ConfigError::BadInterval { value: args.interval })?;
         let duration = match args.duration {
             None => None,

@@ -399,6 +399,20 @@ fn thread_exit(stats: &[u8]) -> Result<ThreadExit, NoThreadGroup> {
     })
 }
 
+/// Raises the soft limit on open files to the hard one: `--exe` holds a
+/// pidfd per traced process, and the default soft limit (1024) is the
+/// counter map's room for processes. A failure leaves the limit as it was,
+/// and a process that then cannot be watched is reported.
+pub fn raise_fd_limit() {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes one rlimit through a valid pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) } == 0 && limit.rlim_cur < limit.rlim_max {
+        limit.rlim_cur = limit.rlim_max;
+        // SAFETY: setrlimit reads one valid rlimit.
+        let _ = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const limit) };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -133,6 +133,21 @@ impl GcMemory {
         Ok(gc)
     }
 
+    /// As [`Self::open`], for an interpreter that was not initialised yet
+    /// when the probes went live (`tracer run`'s): every collection it
+    /// made is since then.
+    pub fn open_initialised_since(pid: u32) -> Result<Self, GcMemoryError> {
+        let mut gc = Self::open(pid)?;
+        gc.at_attach = [GenStats::default(); GENERATIONS];
+        Ok(gc)
+    }
+
+    /// Whether `e` says the interpreter is not initialised (yet).
+    #[must_use]
+    pub const fn not_initialised(e: &GcMemoryError) -> bool {
+        matches!(e, GcMemoryError::Stack(StackError::NoInterpreter { .. }))
+    }
+
     /// The process read.
     #[must_use]
     pub const fn pid(&self) -> u32 {

@@ -48,6 +48,7 @@ use crate::{
     },
     error::Classify,
     kernel::{AttachError, LoadOptions, Session},
+    launch::{Child, LaunchError, signals::Forward},
     model::{Attached, End, Event, Level, Links, Note, NoteCode, PythonInfo, Snapshot, Summary},
     plan::{
         self, PlacementMode,
@@ -81,6 +82,8 @@ pub enum RunError {
     Output(std::io::Error),
     #[error(transparent)]
     Written(#[from] OutputError),
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
 }
 
 impl Classify for RunError {
@@ -91,6 +94,7 @@ impl Classify for RunError {
             Self::Prepare(e) => e.is_bad_input(),
             Self::Config(e) => e.is_bad_input(),
             Self::Attach(e) => e.is_bad_input(),
+            Self::Launch(e) => e.is_bad_input(),
             // The files were checked when the run began; what fails at
             // its end is the system's.
             Self::Signal { .. } | Self::BpfLog(_) | Self::Output(_) | Self::Written(_) => false,
@@ -321,17 +325,26 @@ impl Run {
 }
 
 /// Attaches as `config` says, reports until the run ends, detaches and
-/// prints the summary. Returns why the run ended.
+/// prints the summary. Returns why the run ended. With `child` (`tracer
+/// run`'s, held before its interpreter's first instruction), lets it go
+/// once the probes are live, and passes signals on to it rather than
+/// ending: the run ends when it exits.
 #[allow(clippy::too_many_lines, reason = "the run loop: one select! arm per event, each a few lines")]
-pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> Result<End, RunError> {
+pub async fn attach(
+    config: &AttachConfig,
+    mut child: Option<&mut Child>,
+    out: impl Write,
+    err: impl Write,
+) -> Result<End, RunError> {
     privileges::check()?;
     // With --exe, one pidfd per traced process.
-    raise_fd_limit();
+    exits::raise_fd_limit();
     // Handlers go in before anything is attached, so a Ctrl-C at any point
     // after this still detaches cleanly.
     let handler = |signal, kind| self::signal(kind).map_err(|source| RunError::Signal { signal, source });
     let mut sigint = handler("SIGINT", SignalKind::interrupt())?;
     let mut sigterm = handler("SIGTERM", SignalKind::terminate())?;
+    let mut forward = Forward::new(child.is_some()).map_err(|source| RunError::Signal { signal: "SIGHUP", source })?;
     let (exit, exits) = watch_exits(&config.target)?;
     // The program `--pid` runs: one it exec's ends the run, as an exit
     // does (its memory and code are another's).
@@ -341,7 +354,7 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
     };
     let execed = || program.is_some_and(|(pid, s)| s.changed(pid));
     let (prepared, early) = prepare_run(config)?;
-    let (mut run, mut output) = start(config, prepared, (exits, early), out, err)?;
+    let (mut run, mut output) = start(config, prepared, (exits, early), child.as_deref_mut(), (out, err))?;
     let started = run.started;
     let start = tokio::time::Instant::from_std(started);
     let mut ticker = interval_at(start + config.interval, config.interval);
@@ -383,8 +396,15 @@ pub async fn attach(config: &AttachConfig, out: impl Write, err: impl Write) -> 
     let end = loop {
         tokio::select! {
             biased;
-            _ = sigint.recv() => break End::Signal("SIGINT"),
-            _ = sigterm.recv() => break End::Signal("SIGTERM"),
+            _ = sigint.recv() => match child.as_deref() {
+                Some(c) => c.interrupt(),
+                None => break End::Signal("SIGINT"),
+            },
+            _ = sigterm.recv() => match child.as_deref() {
+                Some(c) => c.signal(libc::SIGTERM),
+                None => break End::Signal("SIGTERM"),
+            },
+            signal = forward.recv() => if let Some(c) = child.as_deref() { c.signal(signal) },
             () = &mut target_exit => break End::TargetExit,
             () = &mut deadline, if config.duration.is_some() => break End::Duration,
             () = &mut toggle, if run.duty.is_some() => {
@@ -512,8 +532,8 @@ fn start<'a>(
     config: &AttachConfig,
     prepared: Prepared,
     (exits, early): (Option<exits::ExitListener>, Option<Calibration>),
-    out: impl Write + 'a,
-    err: impl Write + 'a,
+    child: Option<&mut Child>,
+    (out, err): (impl Write + 'a, impl Write + 'a),
 ) -> Result<(Run, Output<'a>), RunError> {
     let Prepared { target: r, specs: _, plan, gc, growth: growth_plan, calibration, notes } = prepared;
     // In the CPU time of the thread hit: the budget is a share of the
@@ -579,6 +599,9 @@ fn start<'a>(
     // What the first window's hits can have cost the target at most.
     let cpu_before_attach = r.pid().and_then(cost::process_cpu_ns);
     let (links, attach_began, fallback) = attach_links(&mut session, r.scope, config.links)?;
+    if let Some(c) = child {
+        c.release()?;
+    }
     let started = Instant::now();
     // The target's CPU time over the first window, exactly: too short for
     // /proc/PID/stat's clock ticks.
@@ -660,19 +683,5 @@ async fn log_ready(fd: Option<&AsyncFd<OwnedFd>>) -> std::io::Result<AsyncFdRead
     match fd {
         Some(fd) => fd.readable().await,
         None => std::future::pending().await,
-    }
-}
-
-/// Raises the soft limit on open files to the hard one: `--exe` holds a
-/// pidfd per traced process, and the default soft limit (1024) is the
-/// counter map's room for processes. A failure leaves the limit as it was,
-/// and a process that then cannot be watched is reported.
-fn raise_fd_limit() {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit writes one rlimit through a valid pointer.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) } == 0 && limit.rlim_cur < limit.rlim_max {
-        limit.rlim_cur = limit.rlim_max;
-        // SAFETY: setrlimit reads one valid rlimit.
-        let _ = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const limit) };
     }
 }

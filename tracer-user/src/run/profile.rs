@@ -38,6 +38,10 @@ pub const FIRST_WINDOW: Duration = Duration::from_millis(100);
 pub struct Profile {
     ledger: BudgetLedger,
     gc: Option<GcMemory>,
+    /// The process whose interpreter was not initialised when the probes
+    /// went live (`tracer run`'s): its statistics are looked for again
+    /// each interval.
+    gc_waiting: Option<u32>,
     census: Option<CensusSource>,
     /// What one collection's GC probe hits cost the target, in ns.
     gc_collection_ns: f64,
@@ -74,6 +78,7 @@ impl Profile {
         let census = pid.and_then(|pid| {
             CensusSource::start(pid, config.debug_dir.clone(), config.interval, budget).map_err(|n| notes.push(n)).ok()
         });
+        let mut gc_waiting = None;
         let gc = match pid {
             None => {
                 notes.push(Note::new(
@@ -85,12 +90,12 @@ impl Profile {
             }
             Some(pid) => match GcMemory::open(pid) {
                 Ok(gc) => Some(gc),
+                Err(e) if GcMemory::not_initialised(&e) => {
+                    gc_waiting = Some(pid);
+                    None
+                }
                 Err(e) => {
-                    notes.push(Note::new(
-                        Level::Warning,
-                        NoteCode::Gc,
-                        format!("cannot read the collector's statistics from memory ({e}); collections come from the GC probes, where there are any"),
-                    ));
+                    notes.push(gc_unread(&e));
                     None
                 }
             },
@@ -98,6 +103,7 @@ impl Profile {
         let profile = Self {
             ledger: BudgetLedger::new(budget),
             gc,
+            gc_waiting,
             census,
             gc_collection_ns: prices.map_or(0.0, |p| collection_ns(gc_plan, p)),
             gc_collections: 0,
@@ -225,6 +231,16 @@ impl Profile {
         let probes_ns = collections.saturating_sub(self.gc_collections) as f64 * self.gc_collection_ns;
         self.gc_collections = collections;
         self.ledger.report(share::GC_PROBES, Duration::from_secs_f64(probes_ns / 1e9), Duration::ZERO, 0);
+        if let Some(pid) = self.gc_waiting {
+            match GcMemory::open_initialised_since(pid) {
+                Ok(gc) => (self.gc, self.gc_waiting) = (Some(gc), None),
+                Err(e) if GcMemory::not_initialised(&e) => {}
+                Err(e) => {
+                    self.gc_waiting = None;
+                    self.notes.push(gc_unread(&e));
+                }
+            }
+        }
         if let Some(gc) = self.gc.as_mut() {
             // An error is the target's end, or memory that moved: the last
             // good reading stands, and `rejected` says so.
@@ -391,4 +407,15 @@ fn warning(fraction: f64, config: &AttachConfig) -> String {
         Mode::Profile => "a lower --budget lowers it",
     };
     format!("ABOVE {:.0}%: {slowdown}; {fix}", Cost::HIGH * 100.0)
+}
+
+/// Why the collector's statistics are not read from memory.
+fn gc_unread(e: &super::gcmem::GcMemoryError) -> Note {
+    Note::new(
+        Level::Warning,
+        NoteCode::Gc,
+        format!(
+            "cannot read the collector's statistics from memory ({e}); collections come from the GC probes, where there are any"
+        ),
+    )
 }
