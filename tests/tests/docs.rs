@@ -369,7 +369,8 @@ fn every_flag_in_an_example_is_one_its_subcommand_accepts() {
                 if page_name == "README.md" && page.code.iter().any(|(l, _)| l == line) {
                     readme_examples.insert(sub);
                 }
-                for arg in args.iter().filter(|a| a.starts_with("--")) {
+                // A bare `--` ends tracer's options (`tracer run -- COMMAND`).
+                for arg in args.iter().take_while(|a| *a != "--").filter(|a| a.starts_with("--")) {
                     let flag = arg.split('=').next().unwrap_or(arg);
                     if !flags[sub].contains(flag) {
                         unknown.push(format!("{page_name}:{line}: `tracer {sub}` has no {flag}: {}", text.trim()));

@@ -237,7 +237,17 @@ impl Profile {
                 Err(e) if GcMemory::not_initialised(&e) => {}
                 Err(e) => {
                     self.gc_waiting = None;
-                    self.notes.push(gc_unread(&e));
+                    let ended =
+                        crate::discover::process::Pidfd::open(pid).ok().is_none_or(|p| p.is_none_or(|p| p.exited()));
+                    self.notes.push(if ended {
+                        Note::new(
+                            Level::Warning,
+                            NoteCode::Gc,
+                            format!("the collector's statistics were not read: PID {pid}'s interpreter was not initialised when the probes went live, and the process ended before the next interval (a shorter --interval reads it sooner); collections come from the GC probes, where there are any"),
+                        )
+                    } else {
+                        gc_unread(&e)
+                    });
                 }
             }
         }
