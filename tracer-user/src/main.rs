@@ -79,7 +79,7 @@ fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
     let mut child = Child::start(&args.command)?;
     config.target = TargetSpec::Pid(child.pid());
     let ended = runtime.block_on(async {
-        let end = tracer_user::run::attach(&config, Some(&mut child), out, std::io::stderr()).await?;
+        let end = Box::pin(tracer_user::run::attach(&config, Some(&mut child), out, std::io::stderr())).await?;
         // Reported, and detached: the program may still run (--duration).
         tracer_user::launch::signals::wait_exit(&child).await?;
         Ok::<_, Failure>(end)

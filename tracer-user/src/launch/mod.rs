@@ -176,7 +176,7 @@ impl Child {
                     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
                     awaited = None;
                     if let Ok(found) = Interpreter::from_executable(&exe) {
-                        self.interpreter = found.exe.clone();
+                        self.interpreter.clone_from(&found.exe);
                         if same_file(&found.image, &found.exe) {
                             return Ok(());
                         }
