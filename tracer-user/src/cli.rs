@@ -450,6 +450,12 @@ pub struct AttachArgs {
     /// growth (the profile's default with --pid, or --growth). FILE must not exist unless --force.
     #[arg(long, value_name = "FILE")]
     pub pprof: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://[ADDR:]PORT/metrics while attached: calls and bytes
+    /// per function (or the profile's estimated rates), the heap by type, collections per
+    /// generation, growth sites and tracer's own cost, labelled by pid and container. A bare PORT
+    /// listens on 127.0.0.1 only; another address only when given. See docs/prometheus.md.
+    #[arg(long, value_name = "[ADDR:]PORT", value_parser = listen_addr)]
+    pub listen: Option<std::net::SocketAddr>,
 }
 
 /// clap's multi-line usage error as one line, pointing at the help of the
@@ -579,6 +585,10 @@ pub enum ValueError {
         setup_names()
     )]
     UnknownSetup { item: String },
+    #[error(
+        "--listen {value:?} is neither a port nor an address and port; pass e.g. 9464 (127.0.0.1 only) or 0.0.0.0:9464"
+    )]
+    Listen { value: String },
 }
 
 /// Every setup `--also` names without a value, comma-separated.
@@ -591,6 +601,14 @@ fn setup_names() -> String {
 /// `--probes`: a named set, or function names some supported version has.
 fn probe_selection(value: &str) -> Result<ProbeSelection, ValueError> {
     Ok(ProbeSelection::parse(value, &crate::python::known_probes())?)
+}
+
+/// `--listen`: a port on the loopback address, or an address and port.
+fn listen_addr(value: &str) -> Result<std::net::SocketAddr, ValueError> {
+    if let Ok(port) = value.parse::<u16>() {
+        return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    value.parse().map_err(|_| ValueError::Listen { value: value.to_owned() })
 }
 
 /// `--stacks [EVENTS]`: as `--probes`; alone, the allocating functions.

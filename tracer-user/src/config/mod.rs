@@ -143,6 +143,8 @@ pub struct AttachConfig {
     pub growth: Option<GrowthConfig>,
     /// `--pprof FILE`.
     pub pprof: Option<crate::report::files::OutputFile>,
+    /// `--listen`: where the Prometheus endpoint listens.
+    pub listen: Option<std::net::SocketAddr>,
 }
 
 /// `--live`, `--live-max` and `--leaks`.
@@ -388,6 +390,7 @@ impl AttachConfig {
         let growth = growth_config(args, stacks.as_ref(), mode, &target)?;
         let pprof = pprof_config(args, stacks.as_ref(), growth.as_ref())?;
         Ok(Self {
+            listen: args.listen,
             pprof,
             mode,
             gc: t.gc,

@@ -56,6 +56,8 @@ pub enum NoteCode {
     /// symbol table with pymalloc's slow path, `--exe`), or what its
     /// samples miss.
     Growth,
+    /// With `--listen`: where the Prometheus metrics are served.
+    Metrics,
 }
 
 /// A diagnostic, as an event.

@@ -1,11 +1,13 @@
 //! Outputs. Each reads the events of [`crate::model`] and nothing else;
 //! the run loop only ever talks to [`Reporter`].
 
+pub mod exporter;
 pub mod files;
 mod json;
 mod live;
 pub mod plan;
 pub mod pprof;
+pub mod prometheus;
 pub mod stacks;
 mod table;
 mod types;

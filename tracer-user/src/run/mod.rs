@@ -12,6 +12,7 @@ pub mod exits;
 mod finish;
 pub mod gcmem;
 pub mod growth;
+mod header;
 mod late;
 mod links;
 pub mod live;
@@ -49,14 +50,18 @@ use crate::{
     error::Classify,
     kernel::{AttachError, LoadOptions, Session},
     launch::{Child, LaunchError, signals::Forward},
-    model::{Attached, End, Event, Level, Links, Note, NoteCode, PythonInfo, Snapshot, Summary},
+    model::{Attached, End, Event, Level, Links, Note, NoteCode, Snapshot, Summary},
     plan::{
         self, PlacementMode,
         gc::{GcMode, GcSource},
     },
     prepare::{self, PrepareError, Prepared},
     privileges::{self, PrivilegeError},
-    report::{self, Reporter, files::OutputError},
+    report::{
+        self, Reporter,
+        exporter::{self, ListenError, MetricsReporter},
+        files::OutputError,
+    },
 };
 
 /// Why a run of `tracer attach` failed.
@@ -84,6 +89,8 @@ pub enum RunError {
     Written(#[from] OutputError),
     #[error(transparent)]
     Launch(#[from] LaunchError),
+    #[error(transparent)]
+    Listen(#[from] ListenError),
 }
 
 impl Classify for RunError {
@@ -95,6 +102,7 @@ impl Classify for RunError {
             Self::Config(e) => e.is_bad_input(),
             Self::Attach(e) => e.is_bad_input(),
             Self::Launch(e) => e.is_bad_input(),
+            Self::Listen(e) => e.is_bad_input(),
             // The files were checked when the run began; what fails at
             // its end is the system's.
             Self::Signal { .. } | Self::BpfLog(_) | Self::Output(_) | Self::Written(_) => false,
@@ -142,36 +150,6 @@ fn stack_slots(
         return Err(ConfigError::StacksNothingProbed);
     }
     Ok(slots)
-}
-
-/// The attach header of a session.
-fn attached_event(session: &Session, r: &Resolved, links: Links, cost: &CostMeter) -> Attached {
-    let probes = &session.plan().probes;
-    Attached {
-        mode: None,
-        exact_because: None,
-        estimated_cost: None,
-        pid: r.pid(),
-        exe: r.exe.as_ref().map(|e| e.display().to_string()),
-        python: PythonInfo { version: r.version.to_string(), image: r.display_path.display().to_string() },
-        pid_in_namespace: r.ns_pid,
-        probes: probes.iter().map(|p| p.symbol.to_owned()).collect(),
-        missing: session.plan().missing.iter().map(|m| (*m).to_owned()).collect(),
-        links,
-        returns: probes.iter().filter_map(|p| Some((p.symbol.to_owned(), p.returns.clone()?))).collect(),
-        return_costs_ns: None,
-        call_sites: probes
-            .iter()
-            .filter_map(|p| Some((p.symbol.to_owned(), p.call_sites.as_ref().map(|c| c.emulated + c.stepped)?)))
-            .collect(),
-        placements: probes.iter().map(|p| (p.symbol.to_owned(), p.placement.clone())).collect(),
-        measures_bytes: probes.iter().filter(|p| p.program.counts_bytes()).map(|p| p.symbol.to_owned()).collect(),
-        coverage: probes.iter().map(|p| (p.symbol.to_owned(), p.coverage.clone())).collect(),
-        sites: cost.sites(session.plan()),
-        gc: None,
-        growth: None,
-        native: probes.iter().find_map(|p| p.file.as_ref()).map(|f| f.display_path.display().to_string()),
-    }
 }
 
 /// Everything a run reports through, in order.
@@ -353,8 +331,21 @@ pub async fn attach(
         TargetSpec::Exe(_) => None,
     };
     let execed = || program.is_some_and(|(pid, s)| s.changed(pid));
+    // Bound before anything is attached: a port in use is the user's.
+    let listener = config.listen.map(exporter::bind).transpose()?;
     let (prepared, early) = prepare_run(config)?;
-    let (mut run, mut output) = start(config, prepared, (exits, early), child.as_deref_mut(), (out, err))?;
+    let mut reporter = report::reporter(config.format, Box::new(out), Box::new(err));
+    // As bound: `--listen 127.0.0.1:0` takes a free port.
+    let serving = listener.as_ref().and_then(|l| l.local_addr().ok()).map(|addr| {
+        Note::new(Level::Note, NoteCode::Metrics, format!("serving Prometheus metrics at http://{addr}/metrics"))
+    });
+    if let Some(listener) = listener {
+        let page = exporter::Page::default();
+        exporter::serve(listener, std::sync::Arc::clone(&page)).map_err(RunError::Output)?;
+        reporter = Box::new(MetricsReporter::new(reporter, page));
+    }
+    let (mut run, mut output) = start(config, prepared, (exits, early), child.as_deref_mut(), reporter)?;
+    output.notes(serving)?;
     let started = run.started;
     let start = tokio::time::Instant::from_std(started);
     let mut ticker = interval_at(start + config.interval, config.interval);
@@ -533,7 +524,7 @@ fn start<'a>(
     prepared: Prepared,
     (exits, early): (Option<exits::ExitListener>, Option<Calibration>),
     child: Option<&mut Child>,
-    (out, err): (impl Write + 'a, impl Write + 'a),
+    reporter: Box<dyn Reporter + 'a>,
 ) -> Result<(Run, Output<'a>), RunError> {
     let Prepared { target: r, specs: _, plan, gc, growth: growth_plan, calibration, notes } = prepared;
     // In the CPU time of the thread hit: the budget is a share of the
@@ -635,7 +626,7 @@ fn start<'a>(
         (started, cpu_began),
     )?;
     let profile = profile.map(|p| p.started(started, cost.target_cpu()));
-    let mut info = attached_event(&session, &r, links, &cost);
+    let mut info = header::attached_event(&session, &r, links, &cost);
     info.mode = Some(config.mode.name().to_owned());
     if let Mode::Exact { because } = config.mode {
         info.exact_because = because.map(str::to_owned);
@@ -644,11 +635,7 @@ fn start<'a>(
     info.return_costs_ns = return_costs.map(|r| r.1);
     info.gc = Some(gc);
     info.growth = growth_header;
-    let mut output = Output {
-        reporter: report::reporter(config.format, Box::new(out), Box::new(err)),
-        attached: None,
-        previous: None,
-    };
+    let mut output = Output { reporter, attached: None, previous: None };
     output.emit(&Event::Attached(info.clone()))?;
     output.attached = Some(info);
     output.notes(fallback.into_iter().chain(notes).chain(profile_notes))?;

@@ -1,0 +1,153 @@
+//! `--listen ADDR:PORT`: a Prometheus endpoint. [`MetricsReporter`] is a
+//! sink beside the table or the JSON: it renders each interval (and the
+//! summary) into the page that [`serve`] hands out at `/metrics`, plain
+//! HTTP/1.x, one response per connection.
+
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use thiserror::Error;
+use tokio::net::{TcpListener, TcpStream};
+
+use super::{Reporter, prometheus};
+use crate::{error::Classify, model::Event};
+
+/// The address could not be listened on.
+#[derive(Debug, Error)]
+#[error("cannot listen on {addr} for --listen: {cause}; pick a free port (e.g. --listen 127.0.0.1:9464)")]
+pub struct ListenError {
+    pub addr: SocketAddr,
+    pub cause: std::io::Error,
+}
+
+impl Classify for ListenError {
+    fn is_bad_input(&self) -> bool {
+        true
+    }
+}
+
+/// The page served, shared between the reporter and the server.
+pub type Page = Arc<Mutex<String>>;
+
+/// Binds `addr` now, before anything is attached, so that a port in use is
+/// the user's error and nothing is left attached.
+pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, ListenError> {
+    let listener = std::net::TcpListener::bind(addr).map_err(|cause| ListenError { addr, cause })?;
+    listener.set_nonblocking(true).map_err(|cause| ListenError { addr, cause })?;
+    Ok(listener)
+}
+
+/// Serves `page` on `listener` until the runtime ends (tracer's exit).
+pub fn serve(listener: std::net::TcpListener, page: Page) -> std::io::Result<()> {
+    let listener = TcpListener::from_std(listener)?;
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { continue };
+            let page = Arc::clone(&page);
+            tokio::spawn(async move {
+                // A slow or silent client is dropped, not waited for.
+                let _ = tokio::time::timeout(Duration::from_secs(5), respond(stream, &page)).await;
+            });
+        }
+    });
+    Ok(())
+}
+
+/// The longest request head read.
+const MAX_REQUEST: usize = 8 * 1024;
+
+async fn respond(stream: TcpStream, page: &Page) -> std::io::Result<()> {
+    let mut request = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !request.windows(4).any(|w| w == b"\r\n\r\n") && !request.windows(2).any(|w| w == b"\n\n") {
+        stream.readable().await?;
+        let n = match stream.try_read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        };
+        if n == 0 || request.len() + n > MAX_REQUEST {
+            break;
+        }
+        request.extend_from_slice(&buf[..n]);
+    }
+    let head = String::from_utf8_lossy(&request);
+    let mut words = head.lines().next().unwrap_or_default().split_whitespace();
+    let (method, path) = (words.next().unwrap_or_default(), words.next().unwrap_or_default());
+    let path = path.split('?').next().unwrap_or_default();
+    let (status, kind, body) = match (method, path) {
+        ("GET" | "HEAD", "/metrics") => {
+            let text = page.lock().map(|p| p.clone()).unwrap_or_default();
+            ("200 OK", "text/plain; version=0.0.4; charset=utf-8", text)
+        }
+        ("GET" | "HEAD", _) => ("404 Not Found", "text/plain; charset=utf-8", "tracer serves /metrics only\n".to_owned()),
+        _ => ("405 Method Not Allowed", "text/plain; charset=utf-8", "GET /metrics\n".to_owned()),
+    };
+    let mut response = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    if method != "HEAD" {
+        response.push_str(&body);
+    }
+    let mut rest = response.as_bytes();
+    while !rest.is_empty() {
+        stream.writable().await?;
+        match stream.try_write(rest) {
+            Ok(n) => rest = &rest[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    // Dropping the stream closes it: the client reads to the end.
+    Ok(())
+}
+
+/// The sink that keeps the page up to date, passing every event on to the
+/// report it stands beside.
+pub struct MetricsReporter<'a> {
+    inner: Box<dyn Reporter + 'a>,
+    page: Page,
+    attached: Option<crate::model::Attached>,
+    /// Each process's cgroup, read once.
+    containers: HashMap<u32, String>,
+}
+
+impl<'a> MetricsReporter<'a> {
+    #[must_use]
+    pub fn new(inner: Box<dyn Reporter + 'a>, page: Page) -> Self {
+        Self { inner, page, attached: None, containers: HashMap::new() }
+    }
+
+    fn update(&mut self, snapshot: &crate::model::Snapshot) {
+        let Some(attached) = &self.attached else { return };
+        let containers = &mut self.containers;
+        for pid in attached.pid.into_iter().chain(snapshot.pids.keys().filter_map(|p| p.parse().ok())) {
+            containers.entry(pid).or_insert_with(|| prometheus::cgroup_of(pid));
+        }
+        let text = prometheus::render(attached, snapshot, &|pid| containers.get(&pid).cloned().unwrap_or_default());
+        if let Ok(mut page) = self.page.lock() {
+            *page = text;
+        }
+    }
+}
+
+impl Reporter for MetricsReporter<'_> {
+    fn event(&mut self, event: &Event) -> std::io::Result<()> {
+        self.inner.event(event)?;
+        match event {
+            Event::Attached(a) => {
+                self.attached = Some(a.clone());
+                self.update(&crate::model::Snapshot::default());
+            }
+            Event::Interval(s) => self.update(s),
+            Event::Summary(s) => self.update(&s.snapshot),
+            Event::Note(_) => {}
+        }
+        Ok(())
+    }
+}

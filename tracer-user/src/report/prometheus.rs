@@ -1,0 +1,286 @@
+//! The Prometheus text exposition format (version 0.0.4) of the latest
+//! interval: what `--listen` serves at `/metrics`. Reads the model only.
+//!
+//! Names are stable: `tracer_` and what is counted. Labels are `pid`,
+//! `container` (the process's cgroup), `function`, `type`, `generation`,
+//! `site`. Label values come from the target (type and function names):
+//! they are cut to [`MAX_LABEL`] characters and escaped. Types and growth
+//! sites are capped at [`TOP`] series per process, the rest summed under
+//! `other`, so that a target with many types cannot grow the scraper's
+//! storage without bound.
+
+use std::{collections::BTreeMap, fmt::Write as _};
+
+use crate::model::{Attached, Snapshot};
+
+/// The most types, and growth sites, given a series of their own.
+pub const TOP: usize = 30;
+/// The longest label value kept, in characters.
+pub const MAX_LABEL: usize = 200;
+
+/// A label value as the format requires it: backslash, double quote and
+/// newline escaped; other control characters (which a hostile target's
+/// names may hold) replaced by `?`; cut to [`MAX_LABEL`] characters.
+#[must_use]
+pub fn escape(value: &str) -> String {
+    let mut out = String::with_capacity(value.len().min(MAX_LABEL) + 2);
+    for (i, c) in value.chars().enumerate() {
+        if i == MAX_LABEL {
+            out.push('…');
+            break;
+        }
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c if c.is_control() => out.push('?'),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `{a="x",b="y"}` from label pairs, escaped.
+fn labels(pairs: &[(&str, &str)]) -> String {
+    let inner: Vec<String> = pairs.iter().map(|(k, v)| format!("{k}=\"{}\"", escape(v))).collect();
+    format!("{{{}}}", inner.join(","))
+}
+
+/// The exposition, metric by metric: each family's HELP and TYPE once,
+/// then its samples.
+#[derive(Default)]
+struct Families {
+    /// name -> (help, type, samples), in name order.
+    families: BTreeMap<&'static str, (&'static str, &'static str, Vec<String>)>,
+}
+
+impl Families {
+    #[allow(clippy::cast_precision_loss, reason = "the format's values are floats")]
+    fn add(&mut self, name: &'static str, (kind, help): (&'static str, &'static str), labels: &str, value: f64) {
+        let family = self.families.entry(name).or_insert_with(|| (help, kind, Vec::new()));
+        family.2.push(format!("{name}{labels} {}", number(value)));
+    }
+
+    fn render(&self) -> String {
+        let mut out = String::new();
+        for (name, (help, kind, samples)) in &self.families {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            for s in samples {
+                out.push_str(s);
+                out.push('\n');
+            }
+        }
+        out
+    }
+}
+
+/// A sample value: integers without a fraction, NaN and infinities as the
+/// format spells them.
+fn number(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".to_owned()
+    } else if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.to_owned()
+    } else if v.fract() == 0.0 && v.abs() < 9e15 {
+        format!("{v:.0}")
+    } else {
+        format!("{v}")
+    }
+}
+
+const CALLS: (&str, &str) = ("counter", "Calls of the probed function since the attach, exact (exact tracing).");
+const BYTES: (&str, &str) =
+    ("counter", "Bytes requested from the probed allocating function since the attach, exact (exact tracing).");
+const TRACED_CALLS: (&str, &str) = (
+    "counter",
+    "Calls of the probed function seen in the production profile's traced windows only: not the process's total; see tracer_estimated_calls_per_second.",
+);
+const EST_CALLS: (&str, &str) =
+    ("gauge", "Calls per second of the probed function, estimated from the traced windows (an ESTIMATE).");
+const EST_BYTES: (&str, &str) =
+    ("gauge", "Bytes requested per second from the probed function, estimated from the traced windows (an ESTIMATE).");
+const HEAP_OBJECTS: (&str, &str) = (
+    "gauge",
+    "Live objects of the type at the latest heap census, read from outside; the 30 types with the most bytes, the rest as type=\"other\".",
+);
+const HEAP_BYTES: (&str, &str) = ("gauge", "Bytes of the type's live objects at the latest heap census (as tracer_heap_objects).");
+const HEAP_RSS: (&str, &str) = ("gauge", "The process's resident set at the latest heap census.");
+const HEAP_ACCOUNTED: (&str, &str) = ("gauge", "Bytes the latest heap census accounts for.");
+const HEAP_CENSUS: (&str, &str) = ("gauge", "The number of the latest heap census in the run, from 1.");
+const GC_COLLECTIONS: (&str, &str) = ("counter", "Garbage collections of the generation since the attach.");
+const GC_COLLECTED: (&str, &str) =
+    ("counter", "Objects found unreachable by the generation's collections since the attach.");
+const GC_UNCOLLECTABLE: (&str, &str) =
+    ("counter", "Of those, uncollectable objects (read from the interpreter's memory only).");
+const GROWTH_IN_USE: (&str, &str) = (
+    "gauge",
+    "Heap grown since the attach and still in use, by the Python frame that grew it: a SAMPLED ESTIMATE; the 30 largest sites, the rest as site=\"other\".",
+);
+const COST: (&str, &str) = (
+    "gauge",
+    "tracer's estimated cost to the target, as a share of its CPU time, over the latest interval (NaN until known).",
+);
+const BUDGET: (&str, &str) = ("gauge", "The production profile's budget, as a share of the target's CPU time.");
+const ELAPSED: (&str, &str) = ("gauge", "Seconds since tracer attached.");
+const INFO: (&str, &str) = ("gauge", "The traced interpreter; always 1.");
+const STATS: (&str, &str) = (
+    "counter",
+    "tracer's miss and drop counters (BPF misses, truncated walks, rejected candidates): events NOT counted, by cause.",
+);
+
+/// The exposition of `snapshot`, the latest interval (or the summary) of
+/// the run `attached` began; `container` gives a process's cgroup.
+#[must_use]
+pub fn render(attached: &Attached, snapshot: &Snapshot, container: &dyn Fn(u32) -> String) -> String {
+    let mut f = Families::default();
+    let mode = attached.mode.as_deref().unwrap_or("exact");
+    let pid = attached.pid.map(|p| p.to_string()).unwrap_or_default();
+    let container_of = |pid: &str| pid.parse().map(container).unwrap_or_default();
+    let own = container_of(&pid);
+    let base = [("pid", pid.as_str()), ("container", own.as_str())];
+    let info = [
+        ("pid", pid.as_str()),
+        ("container", own.as_str()),
+        ("python", attached.python.version.as_str()),
+        ("image", attached.python.image.as_str()),
+        ("mode", mode),
+    ];
+    f.add("tracer_info", INFO, &labels(&info), 1.0);
+    f.add("tracer_elapsed_seconds", ELAPSED, &labels(&base), snapshot.elapsed_s);
+    // Exact counts per process (`--exe` has many), or the windows' with
+    // their estimated rates.
+    #[allow(clippy::cast_precision_loss, reason = "counts as the format's floats")]
+    if snapshot.probes.values().any(|p| p.estimate.is_some()) {
+        for (function, p) in &snapshot.probes {
+            let l = labels(&[base[0], base[1], ("function", function)]);
+            f.add("tracer_traced_calls_total", TRACED_CALLS, &l, p.calls as f64);
+            if let Some(e) = &p.estimate {
+                f.add("tracer_estimated_calls_per_second", EST_CALLS, &l, e.calls_per_s);
+                f.add("tracer_estimated_bytes_per_second", EST_BYTES, &l, e.bytes_per_s);
+            }
+        }
+    } else if snapshot.pids.is_empty() || attached.pid.is_some() {
+        for (function, p) in &snapshot.probes {
+            let l = labels(&[base[0], base[1], ("function", function)]);
+            f.add("tracer_calls_total", CALLS, &l, p.calls as f64);
+            f.add("tracer_requested_bytes_total", BYTES, &l, p.bytes as f64);
+        }
+    } else {
+        for (pid, probes) in &snapshot.pids {
+            let container = container_of(pid);
+            for (function, c) in probes {
+                let l = labels(&[("pid", pid), ("container", &container), ("function", function)]);
+                f.add("tracer_calls_total", CALLS, &l, c.calls as f64);
+                f.add("tracer_requested_bytes_total", BYTES, &l, c.bytes as f64);
+            }
+        }
+    }
+    heap(&mut f, snapshot, &base);
+    gc(&mut f, snapshot, &base);
+    growth(&mut f, snapshot, &base);
+    let cost = snapshot.profile.as_ref().map(|p| p.fraction).or_else(|| snapshot.cost.and_then(|c| c.overhead_fraction));
+    f.add("tracer_cost_ratio", COST, &labels(&base), cost.unwrap_or(f64::NAN));
+    if let Some(p) = &snapshot.profile {
+        f.add("tracer_budget_ratio", BUDGET, &labels(&base), p.budget_percent / 100.0);
+    }
+    #[allow(clippy::cast_precision_loss, reason = "counts as the format's floats")]
+    for (name, value) in &snapshot.stats {
+        f.add("tracer_missed_total", STATS, &labels(&[base[0], base[1], ("cause", name)]), *value as f64);
+    }
+    f.render()
+}
+
+#[allow(clippy::cast_precision_loss, reason = "counts and bytes as the format's floats")]
+fn heap(f: &mut Families, snapshot: &Snapshot, base: &[(&str, &str); 2]) {
+    let Some(heap) = &snapshot.heap else { return };
+    let (mut other_count, mut other_bytes) = heap.other.map_or((0, 0), |o| (o.count, o.bytes));
+    for (i, t) in heap.types.iter().enumerate() {
+        if i >= TOP {
+            other_count += t.count;
+            other_bytes += t.bytes;
+            continue;
+        }
+        let l = labels(&[base[0], base[1], ("type", &t.name)]);
+        f.add("tracer_heap_objects", HEAP_OBJECTS, &l, t.count as f64);
+        f.add("tracer_heap_bytes", HEAP_BYTES, &l, t.bytes as f64);
+    }
+    if other_count > 0 || other_bytes > 0 {
+        let l = labels(&[base[0], base[1], ("type", "other")]);
+        f.add("tracer_heap_objects", HEAP_OBJECTS, &l, other_count as f64);
+        f.add("tracer_heap_bytes", HEAP_BYTES, &l, other_bytes as f64);
+    }
+    let l = labels(base);
+    if let Some(rss) = heap.totals.rss {
+        f.add("tracer_heap_resident_bytes", HEAP_RSS, &l, rss as f64);
+    }
+    f.add("tracer_heap_accounted_bytes", HEAP_ACCOUNTED, &l, heap.totals.accounted as f64);
+    f.add("tracer_heap_census", HEAP_CENSUS, &l, heap.census as f64);
+}
+
+#[allow(clippy::cast_precision_loss, reason = "counts as the format's floats")]
+fn gc(f: &mut Families, snapshot: &Snapshot, base: &[(&str, &str); 2]) {
+    let Some(gc) = &snapshot.gc else { return };
+    for g in &gc.generations {
+        let generation = g.generation.map_or_else(|| "unknown".to_owned(), |n| n.to_string());
+        let l = labels(&[base[0], base[1], ("generation", &generation)]);
+        f.add("tracer_gc_collections_total", GC_COLLECTIONS, &l, g.collections as f64);
+        f.add("tracer_gc_collected_total", GC_COLLECTED, &l, g.collected as f64);
+        if let Some(u) = g.uncollectable {
+            f.add("tracer_gc_uncollectable_total", GC_UNCOLLECTABLE, &l, u as f64);
+        }
+    }
+}
+
+#[allow(clippy::cast_precision_loss, reason = "bytes as the format's floats")]
+fn growth(f: &mut Families, snapshot: &Snapshot, base: &[(&str, &str); 2]) {
+    let Some(g) = snapshot.growth.as_ref().and_then(crate::model::Growth::sampled) else { return };
+    let mut other = 0;
+    for (i, s) in g.sites.iter().enumerate() {
+        if i >= TOP {
+            other += s.in_use_bytes;
+            continue;
+        }
+        let site = match s.line {
+            Some(line) => format!("{} ({}:{line})", s.function, s.file),
+            None => s.function.clone(),
+        };
+        let l = labels(&[base[0], base[1], ("site", &site)]);
+        f.add("tracer_growth_in_use_bytes", GROWTH_IN_USE, &l, s.in_use_bytes as f64);
+    }
+    if other > 0 {
+        f.add("tracer_growth_in_use_bytes", GROWTH_IN_USE, &labels(&[base[0], base[1], ("site", "other")]), other as f64);
+    }
+}
+
+/// A process's cgroup (the unified hierarchy's path, else the first
+/// line's), as `/proc/PID/cgroup` gives it: what a container is.
+#[must_use]
+pub fn cgroup_of(pid: u32) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let line = text.lines().find(|l| l.starts_with("0::")).or_else(|| text.lines().next()).unwrap_or_default();
+    line.splitn(3, ':').nth(2).unwrap_or_default().to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped_and_bounded() {
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+        assert_eq!(escape("\x1b[31mred\x07"), "?[31mred?");
+        let long = "x".repeat(10_000);
+        let cut = escape(&long);
+        assert_eq!(cut.chars().count(), MAX_LABEL + 1);
+        assert!(cut.ends_with('…'));
+    }
+
+    #[test]
+    fn numbers_are_the_format_s() {
+        assert_eq!(number(3.0), "3");
+        assert_eq!(number(0.25), "0.25");
+        assert_eq!(number(f64::NAN), "NaN");
+        assert_eq!(number(f64::INFINITY), "+Inf");
+    }
+}
