@@ -84,7 +84,9 @@ async fn respond(stream: TcpStream, page: &Page) -> std::io::Result<()> {
             let text = page.lock().map(|p| p.clone()).unwrap_or_default();
             ("200 OK", "text/plain; version=0.0.4; charset=utf-8", text)
         }
-        ("GET" | "HEAD", _) => ("404 Not Found", "text/plain; charset=utf-8", "tracer serves /metrics only\n".to_owned()),
+        ("GET" | "HEAD", _) => {
+            ("404 Not Found", "text/plain; charset=utf-8", "tracer serves /metrics only\n".to_owned())
+        }
         _ => ("405 Method Not Allowed", "text/plain; charset=utf-8", "GET /metrics\n".to_owned()),
     };
     let mut response = format!(

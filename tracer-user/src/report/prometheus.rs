@@ -104,7 +104,8 @@ const HEAP_OBJECTS: (&str, &str) = (
     "gauge",
     "Live objects of the type at the latest heap census, read from outside; the 30 types with the most bytes, the rest as type=\"other\".",
 );
-const HEAP_BYTES: (&str, &str) = ("gauge", "Bytes of the type's live objects at the latest heap census (as tracer_heap_objects).");
+const HEAP_BYTES: (&str, &str) =
+    ("gauge", "Bytes of the type's live objects at the latest heap census (as tracer_heap_objects).");
 const HEAP_RSS: (&str, &str) = ("gauge", "The process's resident set at the latest heap census.");
 const HEAP_ACCOUNTED: (&str, &str) = ("gauge", "Bytes the latest heap census accounts for.");
 const HEAP_CENSUS: (&str, &str) = ("gauge", "The number of the latest heap census in the run, from 1.");
@@ -179,7 +180,8 @@ pub fn render(attached: &Attached, snapshot: &Snapshot, container: &dyn Fn(u32) 
     heap(&mut f, snapshot, &base);
     gc(&mut f, snapshot, &base);
     growth(&mut f, snapshot, &base);
-    let cost = snapshot.profile.as_ref().map(|p| p.fraction).or_else(|| snapshot.cost.and_then(|c| c.overhead_fraction));
+    let cost =
+        snapshot.profile.as_ref().map(|p| p.fraction).or_else(|| snapshot.cost.and_then(|c| c.overhead_fraction));
     f.add("tracer_cost_ratio", COST, &labels(&base), cost.unwrap_or(f64::NAN));
     if let Some(p) = &snapshot.profile {
         f.add("tracer_budget_ratio", BUDGET, &labels(&base), p.budget_percent / 100.0);
@@ -249,7 +251,12 @@ fn growth(f: &mut Families, snapshot: &Snapshot, base: &[(&str, &str); 2]) {
         f.add("tracer_growth_in_use_bytes", GROWTH_IN_USE, &l, s.in_use_bytes as f64);
     }
     if other > 0 {
-        f.add("tracer_growth_in_use_bytes", GROWTH_IN_USE, &labels(&[base[0], base[1], ("site", "other")]), other as f64);
+        f.add(
+            "tracer_growth_in_use_bytes",
+            GROWTH_IN_USE,
+            &labels(&[base[0], base[1], ("site", "other")]),
+            other as f64,
+        );
     }
 }
 

@@ -36,4 +36,3 @@ pub fn attached_event(session: &Session, r: &Resolved, links: Links, cost: &Cost
         native: probes.iter().find_map(|p| p.file.as_ref()).map(|f| f.display_path.display().to_string()),
     }
 }
-

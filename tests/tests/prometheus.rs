@@ -1,0 +1,201 @@
+//! `--listen`: the Prometheus endpoint serves the model's figures, exactly
+//! those of the interval it last reported, names from the target escaped.
+
+use std::{
+    collections::HashMap,
+    io::{Read as _, Write as _},
+    net::TcpStream,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+use tracer_tests::{TracerRun, Workload, counts, require_root, run_tracer, shared_python};
+
+/// Reads tracer's JSON lines up to its note of where it serves, and
+/// returns that address.
+fn serving(tracer: &TracerRun) -> String {
+    loop {
+        let line = tracer.stdout.next_line("the --listen note").expect("tracer ended before serving");
+        let v: Value = serde_json::from_str(&line).expect("JSON");
+        if v["type"] == "note" && v["code"] == "metrics" {
+            let message = v["message"].as_str().expect("message");
+            let url = message.rsplit(' ').next().expect("a URL");
+            return url.trim_start_matches("http://").trim_end_matches("/metrics").to_owned();
+        }
+    }
+}
+
+/// `GET path` from `addr`: the status line and the body.
+fn get(addr: &str, path: &str) -> (String, String) {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").expect("request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("response");
+    let (head, body) = response.split_once("\r\n\r\n").expect("a head and a body");
+    (head.lines().next().unwrap_or_default().to_owned(), body.to_owned())
+}
+
+/// The samples of a page: `name{labels}` -> value as written; and every
+/// line must be a comment or a sample of tracer's, its value a number.
+fn samples(page: &str) -> HashMap<String, String> {
+    let mut out = HashMap::new();
+    for line in page.lines() {
+        if line.starts_with("# HELP tracer_") || line.starts_with("# TYPE tracer_") {
+            continue;
+        }
+        assert!(line.starts_with("tracer_"), "not a sample of tracer's: {line:?}");
+        let (series, value) = line.rsplit_once(' ').expect("a value");
+        assert!(value == "NaN" || value.parse::<f64>().is_ok(), "not a number: {line}");
+        out.insert(series.to_owned(), value.to_owned());
+    }
+    out
+}
+
+/// A sample's value as a number.
+fn value(scraped: &HashMap<String, String>, series: &str) -> Option<f64> {
+    scraped.get(series).map(|v| v.parse().unwrap_or(f64::NAN))
+}
+
+#[test]
+fn the_endpoint_serves_the_interval_it_reported_exactly() {
+    require_root();
+    let python = shared_python();
+    let mut workload = Workload::script(None, python.to_str().unwrap(), "threads.py", &["2", "10000"]);
+    workload.wait_blocked_on_stdin();
+    let pid = workload.pid();
+    let base = format!("pid=\"{pid}\",container=\"{}\"", cgroup(pid));
+    let (tracer, attached) = TracerRun::attach_json(pid, &["--interval", "0.2", "--listen", "127.0.0.1:0"]);
+    assert_eq!(attached["mode"], "exact");
+    let addr = serving(&tracer);
+    assert!(addr.starts_with("127.0.0.1:"), "{addr}");
+    workload.go();
+    workload.expect("done");
+    workload.wait_blocked_reading(Some(5));
+    // Intervals after the work: the counts no longer move.
+    std::thread::sleep(Duration::from_millis(700));
+    let (status, page) = get(&addr, "/metrics");
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    let scraped = samples(&page);
+    assert_eq!(get(&addr, "/other").0, "HTTP/1.1 404 Not Found");
+    tracer.signal(libc::SIGINT);
+    let (status, lines, stderr) = tracer.finish();
+    assert!(status.success(), "{stderr}");
+    workload.close();
+    let elapsed = value(&scraped, &format!("tracer_elapsed_seconds{{{base}}}")).expect("elapsed");
+    // The interval the page was rendered from, by its time.
+    let interval = lines
+        .iter()
+        .find(|l| l["type"] == "interval" && l["elapsed_s"].as_f64() == Some(elapsed))
+        .unwrap_or_else(|| panic!("no interval at {elapsed} s"));
+    let summary = lines.last().expect("summary");
+    for (function, (calls, bytes)) in counts(interval) {
+        let series = |name: &str| format!("{name}{{{base},function=\"{function}\"}}");
+        // The page's values are the counts, written as integers.
+        assert_eq!(scraped[&series("tracer_calls_total")], calls.to_string(), "{function}");
+        assert_eq!(scraped[&series("tracer_requested_bytes_total")], bytes.to_string(), "{function}");
+        // Nothing moved after the work: the summary says the same.
+        assert_eq!(calls, counts(summary)[&function].0, "{function}");
+    }
+    // Two threads made 10,000 bytearrays each.
+    let malloc = value(&scraped, &format!("tracer_calls_total{{{base},function=\"PyObject_Malloc\"}}"));
+    assert!(malloc.is_some_and(|m| m >= 20_000.0), "{malloc:?}");
+    for g in ["0", "1", "2"] {
+        assert!(scraped.contains_key(&format!("tracer_gc_collections_total{{{base},generation=\"{g}\"}}")), "{page}");
+    }
+    assert!(page.contains("# TYPE tracer_calls_total counter\n"), "{page}");
+    assert_eq!(
+        scraped.get(&format!("tracer_missed_total{{{base},cause=\"map_full\"}}")).map(String::as_str),
+        Some("0")
+    );
+}
+
+/// The format's escaping of a label value, written again here.
+fn escaped(value: &str) -> String {
+    value
+        .chars()
+        .map(|c| match c {
+            '\\' => "\\\\".to_owned(),
+            '"' => "\\\"".to_owned(),
+            '\n' => "\\n".to_owned(),
+            c if c.is_control() => "?".to_owned(),
+            c => c.to_string(),
+        })
+        .collect()
+}
+
+fn cgroup(pid: u32) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
+    let line = text.lines().find(|l| l.starts_with("0::")).or_else(|| text.lines().next()).expect("a line");
+    line.splitn(3, ':').nth(2).expect("a path").to_owned()
+}
+
+#[test]
+fn the_heap_census_is_served_with_names_escaped() {
+    require_root();
+    let n = 5_000;
+    let python = shared_python();
+    let mut workload = Workload::script(None, python.to_str().unwrap(), "metrics.py", &[&n.to_string()]);
+    workload.wait_blocked_on_stdin();
+    let pid = workload.pid();
+    let (tracer, attached) =
+        TracerRun::profile_json(pid, &["--interval", "0.5", "--listen", "127.0.0.1:0", "--budget", "20"]);
+    assert_eq!(attached["mode"], "profile");
+    let addr = serving(&tracer);
+    let base = format!("pid=\"{pid}\",container=\"{}\"", cgroup(pid));
+    let deadline = Instant::now() + Duration::from_mins(1);
+    let (page, scraped) = loop {
+        let (_, page) = get(&addr, "/metrics");
+        let scraped = samples(&page);
+        if value(&scraped, &format!("tracer_heap_census{{{base}}}")).is_some_and(|c| c >= 1.0) {
+            break (page, scraped);
+        }
+        assert!(Instant::now() < deadline, "no census served: {page}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    tracer.signal(libc::SIGINT);
+    let (status, lines, stderr) = tracer.finish();
+    assert!(status.success(), "{stderr}");
+    workload.go();
+    // The census's own name for the class, from the JSON.
+    let census = lines.iter().find_map(|l| l["heap"]["types"].as_array()).expect("a census in the JSON");
+    let weird = census
+        .iter()
+        .find(|t| t["name"].as_str().is_some_and(|n| n.contains("ird")))
+        .unwrap_or_else(|| panic!("no weird type: {census:?}"));
+    let name = weird["name"].as_str().expect("name");
+    assert_eq!(weird["count"], n, "{weird}");
+    let series = format!("tracer_heap_objects{{{base},type=\"{}\"}}", escaped(name));
+    assert_eq!(scraped.get(&series), Some(&n.to_string()), "{series} in {page}");
+    assert!(!page.contains('\x1b'), "a raw escape in the page");
+    // Capped: at most 30 types and `other`.
+    let types = scraped.keys().filter(|k| k.starts_with("tracer_heap_objects{")).count();
+    assert!(types <= 31, "{types} type series");
+    assert!(scraped.contains_key(&format!("tracer_heap_objects{{{base},type=\"other\"}}")), "{page}");
+}
+
+#[test]
+fn a_bad_or_busy_address_is_refused_before_anything_is_attached() {
+    require_root();
+    let (code, _, err) = run_tracer(&["attach", "--pid", "1", "--listen", "nope"]);
+    assert_eq!(code, Some(2));
+    assert_eq!(
+        err,
+        "tracer: error: --listen \"nope\" is neither a port nor an address and port; pass e.g. 9464 (127.0.0.1 only) or 0.0.0.0:9464\n"
+    );
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = busy.local_addr().expect("addr").port();
+    let python = shared_python();
+    let mut workload = Workload::script(None, python.to_str().unwrap(), "metrics.py", &["10"]);
+    let pid = workload.pid().to_string();
+    let (code, out, err) = run_tracer(&["attach", "--pid", &pid, "--listen", &port.to_string()]);
+    assert_eq!((code, out.as_str()), (Some(2), ""));
+    assert_eq!(
+        err,
+        format!(
+            "tracer: error: cannot listen on 127.0.0.1:{port} for --listen: Address already in use (os error 98); pick a free port (e.g. --listen 127.0.0.1:9464)\n"
+        )
+    );
+    workload.go();
+}
