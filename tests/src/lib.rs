@@ -140,7 +140,7 @@ pub struct Lines {
 }
 
 impl Lines {
-    fn new(stream: impl std::io::Read + Send + 'static) -> Self {
+    pub fn new(stream: impl std::io::Read + Send + 'static) -> Self {
         let (tx, rx) = channel();
         let reader = std::thread::spawn(move || {
             for line in BufReader::new(stream).lines() {

@@ -3,7 +3,7 @@
 //! and the report at its exit.
 
 use std::{
-    io::Write as _,
+    io::{Read as _, Write as _},
     path::{Path, PathBuf},
     process::{Command, Output, Stdio},
     time::{Duration, Instant},
@@ -11,7 +11,7 @@ use std::{
 
 use serde_json::Value;
 
-use tracer_tests::{counts, require_root, shared_python, static_python, tracer_bin};
+use tracer_tests::{KillOnDrop, Lines, counts, require_root, shared_python, static_python, tracer_bin};
 
 /// A fresh directory for one test's files.
 fn scratch(name: &str) -> PathBuf {
@@ -87,7 +87,7 @@ fn objects(n: u64) -> String {
 }
 
 /// The summary's counts of `tracer run --exact` on `objects(n)`.
-fn run_objects(python: &Path, n: u64, dir: &Path) -> std::collections::HashMap<String, (u64, u64)> {
+fn run_objects(python: &Path, n: u64, dir: &Path) -> (std::collections::HashMap<String, (u64, u64)>, String) {
     let file = dir.join(format!("objects-{n}.jsonl"));
     let code = objects(n);
     // Without address randomisation (setarch execs the interpreter, which
@@ -115,20 +115,23 @@ fn run_objects(python: &Path, n: u64, dir: &Path) -> std::collections::HashMap<S
     for (name, value) in summary["stats"].as_object().expect("stats") {
         assert_eq!(value, 0, "BPF stat {name} is non-zero: {summary}");
     }
-    counts(summary)
+    (counts(summary), lines[0]["python"]["image"].as_str().expect("image").to_owned())
 }
 
 /// Every event from the interpreter's first instruction: the same program
 /// with N more objects counts exactly N more of each event an object
 /// makes, and its startup (which an attach to a running process never
 /// sees) is counted too.
-fn counted_from_the_start(python: &Path, name: &str) {
+fn counted_from_the_start(python: &Path, name: &str, libpython: bool) {
     require_root();
     let dir = scratch(name);
     let n = 10_000;
-    let one = run_objects(python, n, &dir);
-    let two = run_objects(python, 2 * n, &dir);
-    let three = run_objects(python, 3 * n, &dir);
+    let (one, image) = run_objects(python, n, &dir);
+    // The build asked for: held after the loader mapped a libpython, or
+    // at the exec of an executable that holds the interpreter.
+    assert_eq!(image.contains("/libpython3."), libpython, "{image}");
+    let (two, _) = run_objects(python, 2 * n, &dir);
+    let (three, _) = run_objects(python, 3 * n, &dir);
     // An object() is one new reference, one PyObject_Malloc of its basic
     // size (16 bytes) and one PyObject_Free. The loop frees it without the
     // exported _Py_Dealloc on 3.11 (pinned by running, as exact_counts.rs
@@ -154,12 +157,12 @@ fn counted_from_the_start(python: &Path, name: &str) {
 
 #[test]
 fn counted_from_the_first_instruction_shared_libpython() {
-    counted_from_the_start(&shared_python(), "shared");
+    counted_from_the_start(&shared_python(), "shared", true);
 }
 
 #[test]
 fn counted_from_the_first_instruction_static_lto() {
-    counted_from_the_start(&static_python(), "static");
+    counted_from_the_start(&static_python(), "static", false);
 }
 
 #[test]
@@ -199,11 +202,15 @@ fn the_profile_reads_the_collector_of_a_started_interpreter() {
     require_root();
     let dir = scratch("profile");
     let file = dir.join("report.jsonl");
-    let script = "import gc, json, time\n\
+    // os._exit: no collection at finalisation after the statistics.
+    let script = "import gc, json, os, sys, time\n\
                   junk = [[] for _ in range(50000)]\n\
                   for _ in range(3): gc.collect()\n\
                   time.sleep(1.5)\n\
-                  print(json.dumps([g['collections'] for g in gc.get_stats()]))\n";
+                  print(json.dumps([g['collections'] for g in gc.get_stats()]))\n\
+                  sys.stdout.flush()\n\
+                  time.sleep(0.6)\n\
+                  os._exit(0)\n";
     let python = static_python();
     let out = tracer_run(
         &[
@@ -239,9 +246,36 @@ fn the_profile_reads_the_collector_of_a_started_interpreter() {
 /// A child that reports the signals it gets, then exits 0 on SIGTERM.
 const SIGNALLED: &str = "import signal, sys, time\n\
     def show(n, _):\n    print('got', n, flush=True)\n    if n == signal.SIGTERM: sys.exit(0)\n\
-    for s in (signal.SIGUSR1, signal.SIGHUP, signal.SIGTERM): signal.signal(s, show)\n\
+    for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGQUIT, signal.SIGTERM): signal.signal(s, show)\n\
     print('ready', flush=True)\n\
     while True: time.sleep(0.05)\n";
+
+/// `tracer run ARGS` with its stdout read line by line (with a timeout),
+/// killed if the test ends first.
+fn spawn_run(args: &[&str]) -> (KillOnDrop, Lines) {
+    let mut child = Command::new(tracer_bin())
+        .arg("run")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("tracer run");
+    let lines = Lines::new(child.stdout.take().expect("stdout"));
+    (KillOnDrop(child), lines)
+}
+
+fn send(tracer: &KillOnDrop, signal: i32) {
+    // SAFETY: kill takes two integers; the PID is our unreaped child.
+    assert_eq!(unsafe { libc::kill(i32::try_from(tracer.id()).expect("pid"), signal) }, 0);
+}
+
+/// The rest of a killed-on-drop tracer: its status and stderr.
+fn finish(mut tracer: KillOnDrop) -> (std::process::ExitStatus, String) {
+    let mut stderr = String::new();
+    tracer.0.stderr.take().expect("stderr").read_to_string(&mut stderr).expect("stderr");
+    (tracer.0.wait().expect("wait"), stderr)
+}
 
 #[test]
 fn signals_sent_to_tracer_reach_the_program() {
@@ -249,32 +283,17 @@ fn signals_sent_to_tracer_reach_the_program() {
     let dir = scratch("signals");
     let file = dir.join("report.txt");
     let python = shared_python();
-    let mut child = Command::new(tracer_bin())
-        .args(["run", "--output", file.to_str().unwrap(), "--", python.to_str().unwrap(), "-c", SIGNALLED])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("tracer run");
-    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    let mut next = |line: &mut String| {
-        line.clear();
-        std::io::BufRead::read_line(&mut stdout, line).expect("read");
-        line.trim_end().to_owned()
-    };
-    assert_eq!(next(&mut line), "ready");
-    let tracer = i32::try_from(child.id()).expect("pid");
-    for (signal, number) in [(libc::SIGUSR1, libc::SIGUSR1), (libc::SIGHUP, libc::SIGHUP)] {
-        // SAFETY: kill takes two integers.
-        unsafe { libc::kill(tracer, signal) };
-        assert_eq!(next(&mut line), format!("got {number}"));
+    let (tracer, lines) =
+        spawn_run(&["--output", file.to_str().unwrap(), "--", python.to_str().unwrap(), "-c", SIGNALLED]);
+    assert_eq!(lines.next_line("ready").as_deref(), Some("ready"));
+    for signal in [libc::SIGUSR1, libc::SIGUSR2, libc::SIGHUP, libc::SIGQUIT] {
+        send(&tracer, signal);
+        assert_eq!(lines.next_line("the signal").as_deref(), Some(format!("got {signal}").as_str()));
     }
-    // SAFETY: as above.
-    unsafe { libc::kill(tracer, libc::SIGTERM) };
-    assert_eq!(next(&mut line), format!("got {}", libc::SIGTERM));
-    let out = child.wait_with_output().expect("tracer");
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    send(&tracer, libc::SIGTERM);
+    assert_eq!(lines.next_line("SIGTERM").as_deref(), Some(format!("got {}", libc::SIGTERM).as_str()));
+    let (status, stderr) = finish(tracer);
+    assert_eq!(status.code(), Some(0), "{stderr}");
     let report = std::fs::read_to_string(&file).expect("report");
     assert!(report.contains("summary after"), "{report}");
     assert!(report.contains("the target exited"), "{report}");
@@ -284,39 +303,95 @@ fn signals_sent_to_tracer_reach_the_program() {
 fn an_interrupt_from_outside_a_terminal_is_passed_on() {
     require_root();
     let python = shared_python();
-    let mut child = Command::new(tracer_bin())
-        .args([
-            "run",
-            "--exact",
-            "--",
-            python.to_str().unwrap(),
-            "-c",
-            "import time\nprint('ready', flush=True)\ntime.sleep(60)",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("tracer run");
-    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut stdout, &mut line).expect("read");
-    assert_eq!(line, "ready\n");
+    let script = "import time\nprint('ready', flush=True)\ntime.sleep(60)";
+    let (tracer, lines) = spawn_run(&["--exact", "--", python.to_str().unwrap(), "-c", script]);
+    assert_eq!(lines.next_line("ready").as_deref(), Some("ready"));
     let began = Instant::now();
-    // SAFETY: kill takes two integers.
-    unsafe { libc::kill(i32::try_from(child.id()).expect("pid"), libc::SIGINT) };
-    let out = child.wait_with_output().expect("tracer");
+    send(&tracer, libc::SIGINT);
+    let (status, stderr) = finish(tracer);
     // KeyboardInterrupt uncaught: Python exits killed by SIGINT, as a
     // shell reports it.
-    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
+    assert_eq!(status.code(), Some(130), "{stderr}");
     assert!(began.elapsed() < Duration::from_secs(30));
-    let stderr = text(&out.stderr);
     assert!(stderr.contains("summary after"), "{stderr}");
     assert!(stderr.lines().last().unwrap_or_default().contains("was killed by signal 2 (SIGINT)"), "{stderr}");
 }
 
+/// `--duration` ends the report, not the program: tracer waits for it and
+/// exits with its status.
 #[test]
-fn bad_commands_are_one_line_errors_and_leave_nothing_running() {
+fn the_report_ends_at_duration_and_the_program_runs_on() {
+    require_root();
+    let dir = scratch("duration");
+    let file = dir.join("report.jsonl");
+    let python = shared_python();
+    let script = "import sys, time\ntime.sleep(2.5)\nprint('still here', flush=True)\nsys.exit(5)";
+    let (tracer, lines) = spawn_run(&[
+        "--exact",
+        "--json",
+        "--duration",
+        "0.5",
+        "--output",
+        file.to_str().unwrap(),
+        "--",
+        python.to_str().unwrap(),
+        "-c",
+        script,
+    ]);
+    assert_eq!(lines.next_line("its line").as_deref(), Some("still here"));
+    let (status, stderr) = finish(tracer);
+    assert_eq!(status.code(), Some(5), "{stderr}");
+    let summary = report(&file).last().cloned().expect("summary");
+    assert_eq!(summary["end"], "duration", "{summary}");
+    assert!(stderr.trim_end().ends_with("exited with status 5; the run ended: duration"), "{stderr}");
+}
+
+/// An error before the probes are live kills the held program: it never
+/// runs untraced.
+#[test]
+fn a_failure_before_the_probes_are_live_runs_nothing() {
+    require_root();
+    let dir = scratch("held");
+    let marker = dir.join("ran");
+    let file = dir.join("report.txt");
+    let script = format!("open('{}', 'w')", marker.display());
+    // Debian's LTO build has inlined copies, which perf-event links cannot
+    // probe: refused once the plan is made, with the program held.
+    let python = static_python();
+    let out = tracer_run(
+        &[
+            "--exact",
+            "--links",
+            "perf",
+            "--output",
+            file.to_str().unwrap(),
+            "--",
+            python.to_str().unwrap(),
+            "-c",
+            &script,
+        ],
+        b"",
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.starts_with("tracer: error: "), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(!marker.exists(), "the program ran");
+    assert!(!file.exists(), "the report file of a program that never ran was left");
+    // An interpreter tracer cannot trace (3.10 has no Py_Version) is
+    // refused the same way, not run untraced.
+    let old = PathBuf::from("/root/.pyenv/versions/3.10.13/bin/python3.10");
+    if old.exists() {
+        let out = tracer_run(&["--", old.to_str().unwrap(), "-c", &script], b"");
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains("has no Py_Version symbol"), "{stderr}");
+        assert!(!marker.exists(), "3.10 ran");
+    }
+}
+
+#[test]
+fn bad_commands_are_one_line_errors() {
     require_root();
     let run = |args: &[&str]| {
         let out = Command::new(tracer_bin()).arg("run").args(args).stdin(Stdio::null()).output().expect("tracer");

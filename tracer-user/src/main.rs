@@ -8,7 +8,9 @@ use tracer_user::{
     cli::{AttachArgs, BenchArgs, Cli, Command, HeapArgs, ProbesArgs, RunArgs, StackArgs, ValueError, usage_error},
     config::{AttachConfig, ConfigError, TargetSpec},
     error::{EXIT_BAD_INPUT, Failure},
+    launch::signals::Signals,
     prepare, privileges,
+    run::RunError,
 };
 
 fn main() -> ExitCode {
@@ -52,13 +54,21 @@ fn main() -> ExitCode {
 fn attach(args: &AttachArgs) -> Result<(), Failure> {
     let config = AttachConfig::try_from(args)?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let end = runtime.block_on(tracer_user::run::attach(&config, None, std::io::stdout().lock(), std::io::stderr()))?;
+    let _entered = runtime.enter();
+    let mut signals = handlers(false)?;
+    let out = std::io::stdout().lock();
+    let end = runtime.block_on(tracer_user::run::attach(&config, None, &mut signals, out, std::io::stderr()))?;
     let what = match &config.target {
         TargetSpec::Pid(pid) => format!("PID {pid}"),
         TargetSpec::Exe(exe) => exe.display().to_string(),
     };
     eprintln!("tracer: detached from {what} ({})", end.as_str());
     Ok(())
+}
+
+/// The run's signal handlers, before anything starts.
+fn handlers(pass_on: bool) -> Result<Signals, RunError> {
+    Signals::new(pass_on).map_err(|source| RunError::Signal { signal: "SIGINT and SIGTERM", source })
 }
 
 /// `tracer run`: starts the program held, attaches, lets it go, reports
@@ -75,25 +85,40 @@ fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
         Some(f) => Box::new(std::io::LineWriter::new(f.create().map_err(ConfigError::from)?)),
         None => Box::new(std::io::stderr()),
     };
+    // A report file of a program that never ran is not left behind.
+    let remove = || {
+        if let Some(f) = &file {
+            let _ = std::fs::remove_file(&f.path);
+        }
+    };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let mut child = Child::start(&args.command)?;
+    let _entered = runtime.enter();
+    let mut signals = handlers(true)?;
+    // SAFETY: restores SIGCHLD's default disposition, a plain call: were it
+    // inherited as ignored, the kernel would reap the child itself.
+    unsafe { libc::signal(libc::SIGCHLD, libc::SIG_DFL) };
+    let mut child = Child::start(&args.command).inspect_err(|_| remove())?;
     config.target = TargetSpec::Pid(child.pid());
-    let ended = runtime.block_on(async {
-        let end = Box::pin(tracer_user::run::attach(&config, Some(&mut child), out, std::io::stderr())).await?;
-        // Reported, and detached: the program may still run (--duration).
-        tracer_user::launch::signals::wait_exit(&child).await?;
-        Ok::<_, Failure>(end)
-    });
-    // On an error before the probes went live, dropping the child kills it.
-    let end = ended?;
+    let attached = Box::pin(tracer_user::run::attach(&config, Some(&mut child), &mut signals, out, std::io::stderr()));
+    let ended = runtime.block_on(attached);
+    let (end, failure) = match ended {
+        Ok(end) => (Some(end), None),
+        // Dropping the child, never let go, kills it.
+        Err(e) if !child.released() => {
+            remove();
+            return Err(e.into());
+        }
+        // Detached: the program runs on, and is waited for.
+        Err(e) => (None, Some(Failure::from(e))),
+    };
+    if let Some(f) = &failure {
+        eprintln!("tracer: error: {f}");
+    }
+    runtime.block_on(tracer_user::launch::signals::wait_exit(&child, &mut signals))?;
     let status = child.reap()?;
-    eprintln!(
-        "tracer: PID {} ({}) {status}; the run ended: {}",
-        child.pid(),
-        child.interpreter.display(),
-        end.as_str()
-    );
-    Ok(ExitCode::from(status.code()))
+    let ended = end.map(|e| format!("; the run ended: {}", e.as_str())).unwrap_or_default();
+    eprintln!("tracer: PID {} ({}) {status}{ended}", child.pid(), child.interpreter.display());
+    Ok(ExitCode::from(failure.map_or_else(|| status.code(), |f| f.exit_status())))
 }
 
 fn stack(args: &StackArgs) -> Result<(), Failure> {

@@ -1,9 +1,9 @@
 //! `tracer run`: starts a program under ptrace, follows its process
 //! through its execs (a shell script, `env`, a pyenv shim) to the first
-//! CPython interpreter it runs, and holds it there before the
-//! interpreter's first instruction, its image mapped, for the probes to
-//! go live; then lets it go ([`Child::release`]), passes signals on to it
-//! ([`signals`]) and its exit status back.
+//! CPython interpreter it runs, and holds it at that program's entry point
+//! (every library mapped and relocated, none of the program's code run)
+//! for the probes to go live; then lets it go ([`Child::release`]), passes
+//! signals on to it ([`signals`]) and its exit status back.
 //!
 //! Only the command's own process is followed: a process it starts is not
 //! (a wrapper that forks the interpreter rather than exec'ing it is told
@@ -14,14 +14,17 @@ pub mod signals;
 use std::{
     ffi::OsString,
     io,
-    os::unix::process::CommandExt as _,
-    path::{Path, PathBuf},
+    os::unix::{fs::FileExt as _, process::CommandExt as _},
+    path::PathBuf,
     process::Command,
 };
 
 use thiserror::Error;
 
-use crate::{discover::exe::Interpreter, error::Classify};
+use crate::{
+    discover::process::{Target, TargetError},
+    error::Classify,
+};
 
 /// Why the command could not be started and held.
 #[derive(Debug, Error)]
@@ -32,6 +35,9 @@ pub enum LaunchError {
         "{program} (PID {pid}) {status} before it ran a CPython interpreter; tracer run follows the command's own process through exec, not the processes it starts: run the interpreter itself (e.g. `tracer run -- python3 app.py`)"
     )]
     NoPython { program: String, pid: u32, status: ExitStatus },
+    /// The interpreter it runs cannot be traced (its version, its image).
+    #[error(transparent)]
+    Target(#[from] TargetError),
     #[error("following PID {pid} to its interpreter with ptrace ({what})")]
     Ptrace { pid: u32, what: &'static str, source: io::Error },
 }
@@ -39,7 +45,14 @@ pub enum LaunchError {
 impl Classify for LaunchError {
     fn is_bad_input(&self) -> bool {
         match self {
-            Self::Spawn { .. } | Self::NoPython { .. } => true,
+            // A program that is not there or not executable; not a
+            // refused ptrace or a failed fork.
+            Self::Spawn { cause, .. } => {
+                matches!(cause.kind(), io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied)
+                    || cause.raw_os_error() == Some(libc::ENOEXEC)
+            }
+            Self::NoPython { .. } => true,
+            Self::Target(e) => e.is_bad_input(),
             Self::Ptrace { .. } => false,
         }
     }
@@ -117,8 +130,6 @@ pub struct Child {
 enum Stop {
     /// It exec'd a program.
     Exec,
-    /// It entered or left a system call.
-    Syscall,
     /// A signal is about to be delivered to it.
     Signal(i32),
 }
@@ -157,48 +168,114 @@ impl Child {
         self.pid
     }
 
-    /// Follows the child from its first exec to an interpreter it runs.
+    /// Follows the child from its first exec to an interpreter it runs,
+    /// and holds it at that program's entry point: the loader has mapped
+    /// and relocated every library it needs (libpython, the C library)
+    /// and set up thread-local storage, and no instruction of the program
+    /// itself has run.
     fn follow(&mut self, program: &str) -> Result<(), LaunchError> {
         let pid = self.pid;
         let err = |what| move |source| LaunchError::Ptrace { pid, what, source };
-        let mut stop = match self.wait_stop().map_err(err("waiting for its exec"))? {
-            Ok(_) => Stop::Exec,
-            Err(status) => return Err(LaunchError::NoPython { program: program.to_owned(), pid, status }),
-        };
-        let options = libc::PTRACE_O_TRACEEXEC | libc::PTRACE_O_TRACESYSGOOD;
-        self.ptrace(libc::PTRACE_SETOPTIONS, options).map_err(err("setting its options"))?;
-        // The libpython whose mapping is awaited, syscall by syscall.
-        let mut awaited: Option<PathBuf> = None;
+        let no_python = |status| LaunchError::NoPython { program: program.to_owned(), pid, status };
+        // The first stop is the exec's SIGTRAP, unless a signal came
+        // between the fork and the exec: that one is delivered.
         loop {
-            let mut signal = 0;
-            match stop {
-                Stop::Exec => {
-                    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
-                    awaited = None;
-                    if let Ok(found) = Interpreter::from_executable(&exe) {
-                        self.interpreter.clone_from(&found.exe);
-                        if same_file(&found.image, &found.exe) {
-                            return Ok(());
-                        }
-                        awaited = Some(std::fs::canonicalize(&found.image).unwrap_or(found.image));
-                    }
-                }
-                Stop::Syscall => {
-                    if awaited.as_deref().is_some_and(|image| mapped_whole(pid, image)) {
-                        return Ok(());
-                    }
-                }
-                Stop::Signal(s) => signal = s,
+            match self.wait_stop().map_err(err("waiting for its exec"))? {
+                Err(status) => return Err(no_python(status)),
+                Ok(Stop::Signal(libc::SIGTRAP)) => break,
+                Ok(Stop::Signal(signal)) => self.ptrace(libc::PTRACE_CONT, signal).map_err(err("resuming it"))?,
+                Ok(_) => break,
             }
-            // Syscall by syscall while the loader maps libpython; else to
-            // the next exec.
-            let request = if awaited.is_some() { libc::PTRACE_SYSCALL } else { libc::PTRACE_CONT };
-            self.ptrace(request, signal).map_err(err("resuming it"))?;
-            stop = match self.wait_stop().map_err(err("waiting for it"))? {
-                Ok(stop) => stop,
-                Err(status) => return Err(LaunchError::NoPython { program: program.to_owned(), pid, status }),
-            };
         }
+        // EXITKILL: should tracer die while it holds the program, the
+        // program dies too rather than run untraced.
+        let options = libc::PTRACE_O_TRACEEXEC | libc::PTRACE_O_EXITKILL;
+        self.ptrace(libc::PTRACE_SETOPTIONS, options).map_err(err("setting its options"))?;
+        loop {
+            // At an exec: on to its entry point, unless it execs again or
+            // ends first.
+            match self.run_to_entry().map_err(err("running it to its entry point"))? {
+                Err(status) => return Err(no_python(status)),
+                Ok(false) => continue,
+                Ok(true) => {}
+            }
+            match Target::inspect(pid) {
+                Ok(_) => {
+                    self.interpreter = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+                    return Ok(());
+                }
+                // A shell, env, a wrapper: on to its next exec.
+                Err(TargetError::NotPython { .. }) => {}
+                // An interpreter tracer cannot trace runs not at all.
+                Err(e) => return Err(e.into()),
+            }
+            self.ptrace(libc::PTRACE_CONT, 0).map_err(err("resuming it"))?;
+            loop {
+                match self.wait_stop().map_err(err("waiting for its next exec"))? {
+                    Err(status) => return Err(no_python(status)),
+                    Ok(Stop::Exec) => break,
+                    Ok(Stop::Signal(signal)) => {
+                        self.ptrace(libc::PTRACE_CONT, signal).map_err(err("resuming it"))?;
+                    }
+                }
+            }
+        }
+    }
+
+    /// From an exec stop, runs the child to its program's entry point (a
+    /// breakpoint there, removed once hit): `Ok(true)` held there,
+    /// `Ok(false)` at another exec first, `Err` ended first.
+    fn run_to_entry(&mut self) -> io::Result<Result<bool, ExitStatus>> {
+        let entry = auxv_entry(self.pid)?;
+        let mem = std::fs::OpenOptions::new().read(true).write(true).open(format!("/proc/{}/mem", self.pid))?;
+        let mut original = [0u8; 1];
+        mem.read_exact_at(&mut original, entry)?;
+        mem.write_all_at(&[0xcc], entry)?;
+        self.ptrace(libc::PTRACE_CONT, 0)?;
+        loop {
+            match self.wait_stop()? {
+                Err(status) => return Ok(Err(status)),
+                // The breakpoint went with the image it was in.
+                Ok(Stop::Exec) => return Ok(Ok(false)),
+                Ok(Stop::Signal(libc::SIGTRAP)) => {
+                    let mut regs = self.registers()?;
+                    if regs.rip == entry + 1 {
+                        mem.write_all_at(&original, entry)?;
+                        regs.rip = entry;
+                        self.set_registers(&regs)?;
+                        return Ok(Ok(true));
+                    }
+                    // The program's own SIGTRAP.
+                    self.ptrace(libc::PTRACE_CONT, libc::SIGTRAP)?;
+                }
+                Ok(Stop::Signal(signal)) => self.ptrace(libc::PTRACE_CONT, signal)?,
+            }
+        }
+    }
+
+    fn registers(&self) -> io::Result<libc::user_regs_struct> {
+        // SAFETY: user_regs_struct is plain integers; zeroes are valid.
+        let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+        // SAFETY: PTRACE_GETREGS writes one user_regs_struct through the
+        // valid pointer; the PID is our stopped tracee.
+        let r = unsafe {
+            libc::ptrace(libc::PTRACE_GETREGS, self.pid_t(), std::ptr::null_mut::<libc::c_void>(), &raw mut regs)
+        };
+        if r == -1 { Err(io::Error::last_os_error()) } else { Ok(regs) }
+    }
+
+    fn set_registers(&self, regs: &libc::user_regs_struct) -> io::Result<()> {
+        // SAFETY: PTRACE_SETREGS reads one user_regs_struct from the valid
+        // pointer; the PID is our stopped tracee.
+        let r = unsafe {
+            libc::ptrace(
+                libc::PTRACE_SETREGS,
+                self.pid_t(),
+                std::ptr::null_mut::<libc::c_void>(),
+                std::ptr::from_ref(regs),
+            )
+        };
+        if r == -1 { Err(io::Error::last_os_error()) } else { Ok(()) }
     }
 
     /// The child's next stop, or how it ended.
@@ -212,8 +289,6 @@ impl Child {
         let signal = libc::WSTOPSIG(status);
         Ok(Ok(if status >> 16 == libc::PTRACE_EVENT_EXEC {
             Stop::Exec
-        } else if signal == libc::SIGTRAP | 0x80 {
-            Stop::Syscall
         } else if self.group_stop() {
             // Stopped (SIGSTOP, SIGTSTP) while followed: delivering the
             // signal again would stop it again; it is let go instead.
@@ -288,12 +363,19 @@ impl Child {
         }
     }
 
-    /// Passes on a SIGINT tracer got, unless the terminal sent it to the
+    /// Passes on a signal tracer got, unless the terminal sent it to the
     /// child too.
-    pub fn interrupt(&self) {
-        if !signals::interrupt_reached_child() {
-            self.signal(libc::SIGINT);
+    pub fn pass_on(&self, signal: i32) {
+        let terminal = matches!(signal, libc::SIGINT | libc::SIGQUIT | libc::SIGHUP);
+        if !(terminal && signals::terminal_reached_child()) {
+            self.signal(signal);
         }
+    }
+
+    /// Whether it was let go.
+    #[must_use]
+    pub const fn released(&self) -> bool {
+        self.released
     }
 
     /// Waits for the child to end (it has, when its pidfd said so) and
@@ -319,23 +401,15 @@ impl Drop for Child {
     }
 }
 
-/// Whether `a` and `b` name the same file.
-fn same_file(a: &Path, b: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt as _;
-    match (std::fs::metadata(a), std::fs::metadata(b)) {
-        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
-        _ => a == b,
-    }
-}
-
-/// Whether `image` is mapped whole in `pid`: the loader maps a library's
-/// segments in order, its writable data last.
-fn mapped_whole(pid: u32, image: &Path) -> bool {
-    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else { return false };
-    maps.lines().any(|line| {
-        let mut fields = line.split_whitespace();
-        let perms = fields.nth(1).unwrap_or_default();
-        let path = fields.nth(3).unwrap_or_default();
-        perms.starts_with("rw") && Path::new(path) == image
-    })
+/// The entry point of the program `pid` runs, from its auxiliary vector
+/// (`AT_ENTRY`).
+fn auxv_entry(pid: u32) -> io::Result<u64> {
+    let auxv = std::fs::read(format!("/proc/{pid}/auxv"))?;
+    auxv.chunks_exact(16)
+        .find_map(|pair| {
+            let key = u64::from_ne_bytes(pair[..8].try_into().ok()?);
+            let value = u64::from_ne_bytes(pair[8..].try_into().ok()?);
+            (key == libc::AT_ENTRY).then_some(value)
+        })
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no AT_ENTRY in its auxiliary vector"))
 }

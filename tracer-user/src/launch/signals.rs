@@ -1,54 +1,65 @@
-//! The signals `tracer run` passes on to its child, which keeps tracer
-//! running until the child exits: SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and
-//! SIGUSR2 always, SIGINT unless the terminal sent it to both.
+//! The signals a run handles: SIGINT and SIGTERM end `tracer attach`; with
+//! `tracer run` they and SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are passed on
+//! to the program, and the run ends when it exits. The handlers go in
+//! before anything starts, so that a signal that comes while the program
+//! is followed to its interpreter is passed on once it runs.
 
 use std::io;
 
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
-/// The signals passed on besides SIGINT and SIGTERM (which the run loop
-/// has handlers for anyway).
-pub struct Forward {
-    streams: Option<[(i32, Signal); 4]>,
+/// The run's signal handlers.
+pub struct Signals {
+    sigint: Signal,
+    sigterm: Signal,
+    others: Option<[(i32, Signal); 4]>,
 }
 
-impl Forward {
-    /// With `active`, handlers for the signals passed on (tracer no longer
-    /// dies of them); without, none.
-    pub fn new(active: bool) -> io::Result<Self> {
-        if !active {
-            return Ok(Self { streams: None });
-        }
-        Ok(Self {
-            streams: Some([
+impl Signals {
+    /// SIGINT's and SIGTERM's handlers; with `pass_on` (`tracer run`)
+    /// those of the other signals passed on too (tracer no longer dies of
+    /// them). Within a tokio runtime.
+    pub fn new(pass_on: bool) -> io::Result<Self> {
+        let others = if pass_on {
+            Some([
                 (libc::SIGHUP, signal(SignalKind::hangup())?),
                 (libc::SIGQUIT, signal(SignalKind::quit())?),
                 (libc::SIGUSR1, signal(SignalKind::user_defined1())?),
                 (libc::SIGUSR2, signal(SignalKind::user_defined2())?),
-            ]),
-        })
+            ])
+        } else {
+            None
+        };
+        Ok(Self { sigint: signal(SignalKind::interrupt())?, sigterm: signal(SignalKind::terminate())?, others })
     }
 
-    /// The next signal to pass on; never without handlers.
+    /// The next signal that came.
     pub async fn recv(&mut self) -> i32 {
-        let Some([(hup, a), (quit, b), (usr1, c), (usr2, d)]) = self.streams.as_mut() else {
-            return std::future::pending().await;
+        let others = async {
+            let Some([(hup, a), (quit, b), (usr1, c), (usr2, d)]) = self.others.as_mut() else {
+                return std::future::pending().await;
+            };
+            tokio::select! {
+                _ = a.recv() => *hup,
+                _ = b.recv() => *quit,
+                _ = c.recv() => *usr1,
+                _ = d.recv() => *usr2,
+            }
         };
         tokio::select! {
-            _ = a.recv() => *hup,
-            _ = b.recv() => *quit,
-            _ = c.recv() => *usr1,
-            _ = d.recv() => *usr2,
+            _ = self.sigint.recv() => libc::SIGINT,
+            _ = self.sigterm.recv() => libc::SIGTERM,
+            signal = others => signal,
         }
     }
 }
 
-/// Whether a SIGINT that reached tracer reached its child as well: tracer
-/// runs in the foreground process group of its terminal, to which Ctrl-C
-/// sends it (the child is in that group too). Otherwise (`kill -INT`, no
-/// terminal) tracer passes it on.
+/// Whether a signal the terminal sends its foreground process group
+/// (SIGINT on Ctrl-C, SIGQUIT on Ctrl-\, SIGHUP on hangup) reached tracer's
+/// child as well: tracer runs in that group, where the child is too.
+/// Otherwise (`kill -INT`, no terminal) tracer passes it on.
 #[must_use]
-pub fn interrupt_reached_child() -> bool {
+pub fn terminal_reached_child() -> bool {
     // SAFETY: getpgrp takes nothing and cannot fail.
     let group = unsafe { libc::getpgrp() };
     [libc::STDIN_FILENO, libc::STDOUT_FILENO, libc::STDERR_FILENO].into_iter().any(|fd| {
@@ -60,20 +71,13 @@ pub fn interrupt_reached_child() -> bool {
 }
 
 /// Waits for `child` to exit, passing signals on meanwhile: after a run
-/// that ended before it did (`--duration`).
-pub async fn wait_exit(child: &super::Child) -> Result<(), crate::run::RunError> {
-    use crate::run::RunError;
+/// that ended before it did (`--duration`, an error).
+pub async fn wait_exit(child: &super::Child, signals: &mut Signals) -> Result<(), crate::run::RunError> {
     let exit = crate::run::exit::ProcessExit::watch(child.pid())?;
-    let handler = |signal, kind| self::signal(kind).map_err(|source| RunError::Signal { signal, source });
-    let mut sigint = handler("SIGINT", SignalKind::interrupt())?;
-    let mut sigterm = handler("SIGTERM", SignalKind::terminate())?;
-    let mut others = Forward::new(true).map_err(|source| RunError::Signal { signal: "SIGHUP", source })?;
     loop {
         tokio::select! {
             () = exit.exited() => return Ok(()),
-            _ = sigint.recv() => child.interrupt(),
-            _ = sigterm.recv() => child.signal(libc::SIGTERM),
-            signal = others.recv() => child.signal(signal),
+            signal = signals.recv() => child.pass_on(signal),
         }
     }
 }

@@ -2,7 +2,7 @@
 //! summary still needs (a calibration, a heap census), and writes the
 //! stacks' files.
 
-use tokio::{signal::unix::Signal, time::sleep_until};
+use tokio::time::sleep_until;
 
 use super::{
     census,
@@ -12,17 +12,20 @@ use super::{
 use crate::{
     config::AttachConfig,
     discover::TargetSpec,
+    launch::{Child, signals::Signals},
     model::{Level, Note, NoteCode, Snapshot},
     report::{self, files::OutputError},
 };
 
 /// Waits for a calibration still running and a heap census still running
 /// (or a first one), each within its limit; a second `SIGINT` or
-/// `SIGTERM` stops waiting at once.
+/// `SIGTERM` stops waiting at once, or with `child` (`tracer run`'s) is
+/// passed on to it, as every signal is.
 pub async fn wait_detached(
     cost: &mut CostMeter,
     mut profile: Option<&mut Profile>,
-    (sigint, sigterm): (&mut Signal, &mut Signal),
+    signals: &mut Signals,
+    child: Option<&Child>,
 ) {
     // Detached, so waiting costs the target nothing: a run shorter than
     // the calibration still ends with its cost, and one that ended while
@@ -37,15 +40,15 @@ pub async fn wait_detached(
         }
         tokio::select! {
             biased;
-            // Asked again to stop: at once, without a cost or the heap
-            // being read.
-            _ = sigint.recv() => {
-                cost.give_up(None);
-                census_wait = false;
-            }
-            _ = sigterm.recv() => {
-                cost.give_up(None);
-                census_wait = false;
+            signal = signals.recv() => {
+                if let Some(c) = child {
+                    c.pass_on(signal);
+                } else {
+                    // Asked again to stop: at once, without a cost or the
+                    // heap being read.
+                    cost.give_up(None);
+                    census_wait = false;
+                }
             }
             () = sleep_until(calibrated_by), if cost.calibrating() => {
                 cost.give_up(Some(format!("calibrating took over {} s", cost::CALIBRATION_WAIT.as_secs())));

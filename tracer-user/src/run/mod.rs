@@ -28,7 +28,6 @@ use std::{io::Write, os::fd::OwnedFd, time::Instant};
 use thiserror::Error;
 use tokio::{
     io::unix::{AsyncFd, AsyncFdReadyGuard},
-    signal::unix::{SignalKind, signal},
     time::{MissedTickBehavior, interval_at, sleep_until},
 };
 
@@ -49,7 +48,7 @@ use crate::{
     },
     error::Classify,
     kernel::{AttachError, LoadOptions, Session},
-    launch::{Child, LaunchError, signals::Forward},
+    launch::{Child, LaunchError, signal_name, signals::Signals},
     model::{Attached, End, Event, Level, Links, Note, NoteCode, Snapshot, Summary},
     plan::{
         self, PlacementMode,
@@ -311,18 +310,15 @@ impl Run {
 pub async fn attach(
     config: &AttachConfig,
     mut child: Option<&mut Child>,
+    signals: &mut Signals,
     out: impl Write,
     err: impl Write,
 ) -> Result<End, RunError> {
     privileges::check()?;
     // With --exe, one pidfd per traced process.
     exits::raise_fd_limit();
-    // Handlers go in before anything is attached, so a Ctrl-C at any point
-    // after this still detaches cleanly.
-    let handler = |signal, kind| self::signal(kind).map_err(|source| RunError::Signal { signal, source });
-    let mut sigint = handler("SIGINT", SignalKind::interrupt())?;
-    let mut sigterm = handler("SIGTERM", SignalKind::terminate())?;
-    let mut forward = Forward::new(child.is_some()).map_err(|source| RunError::Signal { signal: "SIGHUP", source })?;
+    // The handlers (`signals`) went in before anything is attached, so a
+    // Ctrl-C at any point after this still detaches cleanly.
     let (exit, exits) = watch_exits(&config.target)?;
     // The program `--pid` runs: one it exec's ends the run, as an exit
     // does (its memory and code are another's).
@@ -387,15 +383,10 @@ pub async fn attach(
     let end = loop {
         tokio::select! {
             biased;
-            _ = sigint.recv() => match child.as_deref() {
-                Some(c) => c.interrupt(),
-                None => break End::Signal("SIGINT"),
+            signal = signals.recv() => match child.as_deref() {
+                Some(c) => c.pass_on(signal),
+                None => break End::Signal(signal_name(signal)),
             },
-            _ = sigterm.recv() => match child.as_deref() {
-                Some(c) => c.signal(libc::SIGTERM),
-                None => break End::Signal("SIGTERM"),
-            },
-            signal = forward.recv() => if let Some(c) = child.as_deref() { c.signal(signal) },
             () = &mut target_exit => break End::TargetExit,
             () = &mut deadline, if config.duration.is_some() => break End::Duration,
             () = &mut toggle, if run.duty.is_some() => {
@@ -449,7 +440,7 @@ pub async fn attach(
     let Run { session, readout, duty, late, started: _, mut cost, mut profile, growth } = run;
     drop((session, readout, duty, late));
     output.notes(log)?;
-    finish::wait_detached(&mut cost, profile.as_mut(), (&mut sigint, &mut sigterm)).await;
+    finish::wait_detached(&mut cost, profile.as_mut(), signals, child.as_deref()).await;
     if let Some(p) = profile.as_mut() {
         p.summary_heap(&mut last);
         output.notes(p.take_notes())?;
@@ -591,6 +582,9 @@ fn start<'a>(
     let cpu_before_attach = r.pid().and_then(cost::process_cpu_ns);
     let (links, attach_began, fallback) = attach_links(&mut session, r.scope, config.links)?;
     if let Some(c) = child {
+        // Calibrated while it is held, not while its startup runs traced:
+        // the header's first window is then as short as it should be.
+        cost.wait_calibrated(cost::HEADER_WAIT);
         c.release()?;
     }
     let started = Instant::now();
