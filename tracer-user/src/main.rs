@@ -3,12 +3,18 @@
 
 use std::process::ExitCode;
 
+use std::io::Write as _;
+
 use clap::Parser as _;
 use tracer_user::{
-    cli::{AttachArgs, BenchArgs, Cli, Command, HeapArgs, ProbesArgs, RunArgs, StackArgs, ValueError, usage_error},
-    config::{AttachConfig, ConfigError, TargetSpec},
+    cli::{
+        AttachArgs, BenchArgs, Cli, Command, HeapArgs, ProbesArgs, ReportArgs, RunArgs, StackArgs, ValueError,
+        usage_error,
+    },
+    config::{AttachConfig, ConfigError, Format, TargetSpec},
     error::{EXIT_BAD_INPUT, Failure},
     launch::signals::Signals,
+    model::Level,
     prepare, privileges,
     run::RunError,
 };
@@ -36,6 +42,7 @@ fn main() -> ExitCode {
         Command::Probes(args) => probes(&args).map(|()| ExitCode::SUCCESS),
         Command::Stack(args) => stack(&args).map(|()| ExitCode::SUCCESS),
         Command::Heap(args) => heap(&args).map(|()| ExitCode::SUCCESS),
+        Command::Report(args) => report(&args).map(|()| ExitCode::SUCCESS),
         Command::CalibrationChild => prepare::calibrate::child_main().map(|()| ExitCode::SUCCESS).map_err(Into::into),
     };
     match result {
@@ -119,6 +126,54 @@ fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
     let ended = end.map(|e| format!("; the run ended: {}", e.as_str())).unwrap_or_default();
     eprintln!("tracer: PID {} ({}) {status}{ended}", child.pid(), child.interpreter.display());
     Ok(ExitCode::from(failure.map_or_else(|| status.code(), |f| f.exit_status())))
+}
+
+/// `tracer report`: a record turned into the table, JSON, files or a diff.
+fn report(args: &ReportArgs) -> Result<(), Failure> {
+    use tracer_user::report::{self, files::OutputFile, replay::Record, written};
+    let file = |flag, path: &Option<std::path::PathBuf>| {
+        path.as_deref().map(|p| OutputFile::check(flag, p, args.force).map_err(ConfigError::from)).transpose()
+    };
+    let (folded, flamegraph) = (file("--folded", &args.folded)?, file("--flamegraph", &args.flamegraph)?);
+    let (growth_folded, growth_flamegraph) =
+        (file("--growth-folded", &args.growth_folded)?, file("--growth-flamegraph", &args.growth_flamegraph)?);
+    let pprof = file("--pprof", &args.pprof)?;
+    let record = Record::read(args.file.clone())?;
+    let mut out = std::io::stdout().lock();
+    if let Some([from, to]) = args.diff.as_deref() {
+        let diff = record.diff(*from, *to)?;
+        if args.json {
+            serde_json::to_writer(&mut out, &diff)?;
+            writeln!(out)?;
+        } else {
+            diff.table(&mut out, args.top)?;
+        }
+        return Ok(());
+    }
+    let files = [&folded, &flamegraph, &growth_folded, &growth_flamegraph, &pprof];
+    if files.iter().all(|f| f.is_none()) {
+        let format = if args.json { Format::Json } else { Format::Table };
+        let mut reporter = report::reporter(format, Box::new(out), Box::new(std::io::stderr()));
+        for event in &record.events {
+            reporter.event(event)?;
+        }
+        return Ok(());
+    }
+    let last = &record.summary()?.snapshot;
+    let what = record.target();
+    let mut notes = written::stacks(
+        written::StackFiles { folded: folded.as_ref(), flamegraph: flamegraph.as_ref() },
+        (args.weight, 1),
+        &what,
+        last,
+    )?;
+    let growth = written::StackFiles { folded: growth_folded.as_ref(), flamegraph: growth_flamegraph.as_ref() };
+    notes.extend(written::growth(growth, &what, last)?);
+    notes.extend(pprof.as_ref().map(|f| written::pprof(f, last)).transpose()?);
+    for note in notes {
+        eprintln!("tracer: {}: {}", if note.level == Level::Warning { "warning" } else { "note" }, note.message);
+    }
+    Ok(())
 }
 
 fn stack(args: &StackArgs) -> Result<(), Failure> {

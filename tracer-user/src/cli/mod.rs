@@ -136,6 +136,19 @@ kernel if tracer is killed. Needs root (or ptrace access to the process). See do
         after_help = "Examples:\n  sudo tracer heap --pid 1234\n  sudo tracer heap --pid $(pgrep -n python3) --top 20 --stop\n  sudo tracer heap --pid 1234 --json | jq '.types[:5]'"
     )]
     Heap(HeapArgs),
+    /// Turn a run's record (`--record FILE`) into the table, JSON, stacks' files or a heap diff.
+    #[command(
+        long_about = "Turn a run's record into a report, without the target: the record is the file \
+`tracer attach --record FILE` (or `tracer run --record FILE`) wrote, or `attach --json`'s output saved, \
+one event per line, every name already read.\n\n\
+By default the run's table is printed as it was shown live. --json prints the events again. \
+--folded, --flamegraph, --growth-folded, --growth-flamegraph and --pprof write the summary's \
+stacks as attach does at the end of a run (the record must hold the summary). --diff FROM TO \
+prints the heap's change by type between the census taken at or after FROM seconds and the one \
+at or after TO (both from the attach). See docs/report.md.",
+        after_help = "Examples:\n  tracer report run.jsonl\n  tracer report run.jsonl --flamegraph allocs.svg\n  tracer report run.jsonl --diff 10 60"
+    )]
+    Report(ReportArgs),
     /// The child `--budget` calibrates probe costs on (internal).
     #[command(name = CHILD_COMMAND, hide = true)]
     CalibrationChild,
@@ -157,6 +170,45 @@ pub struct RunArgs {
     /// The program to run and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<std::ffi::OsString>,
+}
+
+/// `tracer report`.
+#[derive(Clone, Debug, Parser)]
+pub struct ReportArgs {
+    /// The record: the file `--record` wrote, or `attach --json`'s lines.
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    /// JSON Lines instead of the table; with --diff, one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// The heap's change by type between the census at or after FROM seconds and the one at or
+    /// after TO.
+    #[arg(long, num_args = 2, value_names = ["FROM", "TO"], allow_negative_numbers = true)]
+    pub diff: Option<Vec<f64>>,
+    /// With --diff: the types listed, most bytes gained first (the JSON has every type).
+    #[arg(long, value_name = "N", default_value_t = 25)]
+    pub top: usize,
+    /// Write the summary's stacks, folded, to FILE (a run with --stacks).
+    #[arg(long, value_name = "FILE")]
+    pub folded: Option<PathBuf>,
+    /// Write the summary's stacks as a flame graph (SVG) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub flamegraph: Option<PathBuf>,
+    /// What the folded stacks and the flame graph weigh: calls or bytes.
+    #[arg(long, value_name = "WHAT", value_enum, default_value_t = Weight::Calls, hide_possible_values = true)]
+    pub weight: Weight,
+    /// Write growth's stacks, folded, to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub growth_folded: Option<PathBuf>,
+    /// Write growth's stacks as a flame graph (SVG) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub growth_flamegraph: Option<PathBuf>,
+    /// Write the summary's stacks as a gzipped pprof profile to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub pprof: Option<PathBuf>,
+    /// Overwrite output files that exist.
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// `tracer stack`.
@@ -460,6 +512,11 @@ pub struct AttachArgs {
     /// listens on 127.0.0.1 only; another address only when given. See docs/prometheus.md.
     #[arg(long, value_name = "[ADDR:]PORT", value_parser = listen_addr)]
     pub listen: Option<std::net::SocketAddr>,
+    /// Also write every event (the attach, each interval, the notes, the summary) to FILE as JSON
+    /// Lines, whatever stdout shows: `tracer report FILE` turns it later into the table, JSON,
+    /// folded stacks, a flame graph, pprof or a heap diff, without the target. See docs/report.md.
+    #[arg(long, value_name = "FILE")]
+    pub record: Option<PathBuf>,
 }
 
 /// clap's multi-line usage error as one line, pointing at the help of the

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use crate::report::files::OutputFile;
+
 mod growth;
 mod pprof;
 
@@ -149,6 +151,8 @@ pub struct AttachConfig {
     pub pprof: Option<crate::report::files::OutputFile>,
     /// `--listen`: where the Prometheus endpoint listens.
     pub listen: Option<std::net::SocketAddr>,
+    /// `--record FILE`: every event as JSON Lines, checked.
+    pub record: Option<crate::report::files::OutputFile>,
 }
 
 /// `--live`, `--live-max` and `--leaks`.
@@ -366,8 +370,15 @@ impl AttachConfig {
         }
         let growth = growth_config(args, stacks.as_ref(), mode, &target)?;
         let pprof = pprof_config(args, stacks.as_ref(), growth.as_ref())?;
+        let record = args.record.as_deref().map(|p| OutputFile::check("--record", p, args.force)).transpose()?;
+        if let (Some(r), Some(p)) = (&record, &pprof)
+            && r.path == p.path
+        {
+            return Err(ConfigError::SameOutput { path: r.path.clone() });
+        }
         Ok(Self {
             listen: args.listen,
+            record,
             pprof,
             mode,
             gc: t.gc,

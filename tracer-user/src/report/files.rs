@@ -25,6 +25,14 @@ pub enum OutputError {
     Create { flag: &'static str, path: PathBuf, cause: String },
 }
 
+/// A file that could not be written when the output came: the system's
+/// (the check before the run is the configuration's, and the user's).
+impl crate::error::Classify for OutputError {
+    fn is_bad_input(&self) -> bool {
+        false
+    }
+}
+
 /// An output file to write at the end of the run, checked now.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OutputFile {

@@ -8,9 +8,11 @@ mod live;
 pub mod plan;
 pub mod pprof;
 pub mod prometheus;
+pub mod replay;
 pub mod stacks;
 mod table;
 mod types;
+pub mod written;
 
 use std::io::Write;
 
@@ -57,6 +59,17 @@ pub(crate) fn group(n: u64) -> String {
         out.push(c);
     }
     out
+}
+
+/// Two reporters fed the same events: the one a person reads and a record
+/// (`--record`), the first's error first.
+pub struct Tee<'a>(pub Box<dyn Reporter + 'a>, pub Box<dyn Reporter + 'a>);
+
+impl Reporter for Tee<'_> {
+    fn event(&mut self, event: &Event) -> std::io::Result<()> {
+        self.0.event(event)?;
+        self.1.event(event)
+    }
 }
 
 #[cfg(test)]

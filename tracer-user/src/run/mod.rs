@@ -57,7 +57,7 @@ use crate::{
     prepare::{self, PrepareError, Prepared},
     privileges::{self, PrivilegeError},
     report::{
-        self, Reporter,
+        self, JsonReporter, Reporter,
         exporter::{self, ListenError, MetricsReporter},
         files::OutputError,
     },
@@ -335,6 +335,11 @@ pub async fn attach(
     let serving = listener.as_ref().and_then(|l| l.local_addr().ok()).map(|addr| {
         Note::new(Level::Note, NoteCode::Metrics, format!("serving Prometheus metrics at http://{addr}/metrics"))
     });
+    if let Some(file) = &config.record {
+        // Notes go to stderr once, from the report a person reads.
+        let record = JsonReporter::new(std::io::LineWriter::new(file.create()?), std::io::sink());
+        reporter = Box::new(report::Tee(reporter, Box::new(record)));
+    }
     if let Some(listener) = listener {
         let page = exporter::Page::default();
         exporter::serve(listener, std::sync::Arc::clone(&page)).map_err(RunError::Output)?;
@@ -452,12 +457,25 @@ pub async fn attach(
         g.price_summary(report, prices);
     }
     last.cost = cost.total().map(|c| c.of_all_hits(last.hits.unwrap_or(0)));
-    let written =
-        config.stacks.as_ref().map(|s| finish::write_stacks(s, &last, config)).transpose()?.unwrap_or_default();
-    output.notes(written)?;
-    let written = config.growth.as_ref().map(|g| growth::write(g, &last, config)).transpose()?.unwrap_or_default();
-    output.notes(written)?;
-    output.notes(config.pprof.as_ref().map(|f| finish::write_pprof(f, &last)).transpose()?)?;
+    let what = match &config.target {
+        TargetSpec::Pid(pid) => format!("PID {pid}"),
+        TargetSpec::Exe(exe) => exe.display().to_string(),
+    };
+    for (folded, flamegraph, stacks) in [
+        config.stacks.as_ref().map(|s| (s.folded.as_ref(), s.flamegraph.as_ref(), Some((s.weight, s.sample)))),
+        config.growth.as_ref().map(|g| (g.folded.as_ref(), g.flamegraph.as_ref(), None)),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        let files = report::written::StackFiles { folded, flamegraph };
+        let notes = match stacks {
+            Some(weight) => report::written::stacks(files, weight, &what, &last)?,
+            None => report::written::growth(files, &what, &last)?,
+        };
+        output.notes(notes)?;
+    }
+    output.notes(config.pprof.as_ref().map(|f| report::written::pprof(f, &last)).transpose()?)?;
     output.summary(last, end)?;
     Ok(end)
 }

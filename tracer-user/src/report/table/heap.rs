@@ -18,7 +18,7 @@ pub const ROWS: usize = 8;
 const GROWERS: usize = 3;
 
 /// `+1,234`, `-1,234`, `0`.
-fn signed_count(n: i64) -> String {
+pub(crate) fn signed_count(n: i64) -> String {
     match n {
         0 => "0".to_owned(),
         n if n > 0 => format!("+{}", thousands(n.unsigned_abs())),
@@ -27,7 +27,7 @@ fn signed_count(n: i64) -> String {
 }
 
 /// `+4.6 MiB`, `-12 B`, `0`.
-fn signed_bytes(n: i64) -> String {
+pub(crate) fn signed_bytes(n: i64) -> String {
     match n {
         0 => "0".to_owned(),
         n if n > 0 => format!("+{}", bytes(n.unsigned_abs())),

@@ -7,7 +7,7 @@ mod blocks;
 mod cost;
 mod growth;
 mod header;
-mod heap;
+pub(crate) mod heap;
 
 use std::io::Write;
 

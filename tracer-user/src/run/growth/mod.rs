@@ -519,61 +519,6 @@ pub fn setup(
     })
 }
 
-/// With `--growth-folded` and `--growth-flamegraph`, writes the summary's
-/// growth stacks (the pools each holds, in bytes), and says where.
-pub fn write(
-    growth: &crate::config::GrowthConfig,
-    last: &crate::model::Snapshot,
-    config: &crate::config::AttachConfig,
-) -> Result<Vec<crate::model::Note>, crate::report::files::OutputError> {
-    let stacks: Vec<crate::model::StackCount> = last
-        .growth
-        .as_ref()
-        .and_then(crate::model::Growth::sampled)
-        .and_then(|g| g.stacks.as_ref())
-        .into_iter()
-        .flatten()
-        .map(|s| crate::model::StackCount {
-            probe: "[heap grown]".to_owned(),
-            frames: s.frames.clone(),
-            truncated: s.truncated,
-            calls: s.samples,
-            bytes: s.in_use_bytes,
-            ..crate::model::StackCount::default()
-        })
-        .collect();
-    let lines = crate::report::stacks::folded(&stacks, crate::config::Weight::Bytes);
-    let what = match &config.target {
-        crate::discover::TargetSpec::Pid(pid) => format!("PID {pid}"),
-        crate::discover::TargetSpec::Exe(exe) => exe.display().to_string(),
-    };
-    let mut notes = Vec::new();
-    if let Some(file) = &growth.folded {
-        crate::report::stacks::write_folded(file, &lines)?;
-        notes.push(crate::model::Note::new(
-            crate::model::Level::Note,
-            crate::model::NoteCode::Written,
-            format!(
-                "wrote {} folded growth stacks by bytes (sampled estimates) to {}",
-                lines.len(),
-                file.path.display()
-            ),
-        ));
-    }
-    if let Some(file) = &growth.flamegraph {
-        let every = last.growth.as_ref().and_then(crate::model::Growth::sampled).map_or(0, |g| g.sample_every);
-        let title =
-            format!("tracer: heap growth of {what} by Python stack, pools in use by taker (1 take in {every} sampled)");
-        crate::report::stacks::write_flamegraph(file, &lines, &title, crate::config::Weight::Bytes)?;
-        notes.push(crate::model::Note::new(
-            crate::model::Level::Note,
-            crate::model::NoteCode::Written,
-            format!("wrote the flame graph of {} growth stacks to {}", lines.len(), file.path.display()),
-        ));
-    }
-    Ok(notes)
-}
-
 /// The counts of `now` since `before`.
 fn diff(now: GrowthCounts, before: GrowthCounts) -> GrowthCounts {
     GrowthCounts {

@@ -1,0 +1,195 @@
+//! `--record FILE` and `tracer report FILE`: the run's events recorded,
+//! and turned later, without the target, into exactly what the live run
+//! showed and wrote, or into the heap's change between two censuses.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use serde_json::Value;
+
+use tracer_tests::{
+    Body, Exit, KillOnDrop, Lines, TracerRun, Workload, require_root, run_tracer, shared_python, tracer_bin,
+};
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tracer-report-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+fn read(path: &Path) -> Vec<u8> {
+    std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// `tracer report ARGS`: its status, stdout and stderr.
+fn report(args: &[&str]) -> (Option<i32>, String, String) {
+    let mut all = vec!["report"];
+    all.extend_from_slice(args);
+    run_tracer(&all)
+}
+
+#[test]
+fn a_record_replays_the_live_table_and_files_exactly() {
+    require_root();
+    let dir = scratch("replay");
+    let (record, live_folded, replay_folded) =
+        (dir.join("run.jsonl"), dir.join("live.folded"), dir.join("replay.folded"));
+    let mut workload = Workload::once(&shared_python(), 3_000, Body::Objects, Exit::Finalize, tracer_tests::Aslr::On);
+    workload.wait_blocked_on_stdin();
+    let pid = workload.pid().to_string();
+    // The table on stdout, as a person runs it.
+    let mut child = Command::new(tracer_bin())
+        .args(["attach", "--pid", &pid, "--exact", "--stacks", "--interval", "0.3"])
+        .args(["--record", record.to_str().unwrap(), "--folded", live_folded.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("tracer");
+    let lines = Lines::new(child.stdout.take().expect("stdout"));
+    let tracer = KillOnDrop(child);
+    // Its first line: the probes are live.
+    let first = lines.next_line("the attach").expect("a first line");
+    workload.go();
+    workload.finish();
+    let mut live = vec![first];
+    live.extend(lines.rest("the live table"));
+    let mut tracer = tracer;
+    assert!(tracer.0.wait().expect("wait").success());
+    let live = live.join("\n") + "\n";
+    assert!(live.contains("summary after"), "{live}");
+    // The table, line for line.
+    let (code, replayed, err) = report(&[record.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(replayed, live);
+    // The JSON, event for event: the record itself.
+    let (code, json, err) = report(&[record.to_str().unwrap(), "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(json.as_bytes(), read(&record));
+    // The summary's files, byte for byte.
+    let (code, out, err) = report(&[record.to_str().unwrap(), "--folded", replay_folded.to_str().unwrap()]);
+    assert_eq!((code, out.as_str()), (Some(0), ""), "{err}");
+    assert!(err.starts_with("tracer: note: wrote "), "{err}");
+    let folded = read(&replay_folded);
+    assert!(!folded.is_empty());
+    assert_eq!(folded, read(&live_folded));
+    // Asked again, the file is there: refused unless --force.
+    let (code, _, err) = report(&[record.to_str().unwrap(), "--folded", replay_folded.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{err}");
+    let (code, _, err) = report(&[record.to_str().unwrap(), "--folded", replay_folded.to_str().unwrap(), "--force"]);
+    assert_eq!(code, Some(0), "{err}");
+    // A record cut short (tracer killed): its attach and first interval.
+    let cut = dir.join("cut.jsonl");
+    let text = String::from_utf8(read(&record)).expect("utf-8");
+    let first_two: Vec<&str> = text.lines().take(2).collect();
+    std::fs::write(&cut, first_two.join("\n") + "\n").expect("write");
+    let (code, _, err) = report(&[cut.to_str().unwrap(), "--flamegraph", dir.join("f.svg").to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{err}");
+    assert_eq!(
+        err,
+        format!(
+            "tracer: error: {} has no summary (the run was cut short): its stacks, written only in the summary, are not in the record\n",
+            cut.display()
+        )
+    );
+    // Exact tracing takes no census.
+    let (code, _, err) = report(&[cut.to_str().unwrap(), "--diff", "0", "5"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert_eq!(
+        err,
+        format!(
+            "tracer: error: {} has no heap census at or after 0 s (its censuses: none); pick times within the run\n",
+            cut.display()
+        )
+    );
+}
+
+/// The next interval line of a profile run that has a heap census.
+fn next_census(tracer: &TracerRun) -> Value {
+    loop {
+        let line = tracer.stdout.next_line("an interval with a census").expect("tracer ended");
+        let v: Value = serde_json::from_str(&line).expect("JSON");
+        if v["type"] == "interval" && v["heap"].is_object() {
+            return v;
+        }
+    }
+}
+
+#[test]
+fn the_diff_of_two_censuses_counts_the_objects_made_between() {
+    require_root();
+    let n: u64 = 20_000;
+    let dir = scratch("diff");
+    let record = dir.join("run.jsonl");
+    let python = shared_python();
+    let mut workload = Workload::script(None, python.to_str().unwrap(), "census_grow.py", &[&n.to_string()]);
+    let pid = workload.pid();
+    let (tracer, _) =
+        TracerRun::profile_json(pid, &["--interval", "0.5", "--budget", "50", "--record", record.to_str().unwrap()]);
+    let before = next_census(&tracer);
+    let first = before["heap"]["census"].as_u64().expect("census");
+    let from = before["heap"]["taken_s"].as_f64().expect("taken_s");
+    workload.tell("grow");
+    assert_eq!(workload.next_line("grown"), Some(format!("grown {n}")));
+    // A census begun after the objects were made: two censuses on.
+    let after = loop {
+        let v = next_census(&tracer);
+        if v["heap"]["census"].as_u64() >= Some(first + 2) {
+            break v;
+        }
+    };
+    let to = after["heap"]["taken_s"].as_f64().expect("taken_s");
+    tracer.signal(libc::SIGINT);
+    let _ = tracer.summary();
+    drop(workload);
+    let (code, out, err) = report(&[record.to_str().unwrap(), "--diff", &from.to_string(), &to.to_string(), "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let diff: Value = serde_json::from_str(&out).expect("one JSON object");
+    assert_eq!(diff["from_census"], first);
+    let grown = diff["types"]
+        .as_array()
+        .expect("types")
+        .iter()
+        .find(|t| t["name"] == "__main__.Grown")
+        .unwrap_or_else(|| panic!("no Grown: {diff}"));
+    // Not there at the first census, which listed every type; n at the
+    // second, the target idle meanwhile.
+    assert_eq!(grown["from"]["count"], 0, "{grown}");
+    assert_eq!(grown["to"]["count"], n, "{grown}");
+    let (code, table, err) = report(&[record.to_str().unwrap(), "--diff", &from.to_string(), &to.to_string()]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(table.lines().next().is_some_and(|l| l.starts_with("heap change from census ")), "{table}");
+    let row = table.lines().find(|l| l.ends_with(" __main__.Grown")).expect("a Grown row");
+    assert!(row.contains(" +20,000 "), "{row}");
+    // Both times on one census.
+    let (code, _, err) = report(&[record.to_str().unwrap(), "--diff", &from.to_string(), &from.to_string()]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("FROM must come before TO"), "{err}");
+}
+
+#[test]
+fn bad_records_are_one_line_errors() {
+    let dir = scratch("bad");
+    let missing = dir.join("missing.jsonl");
+    let (code, _, err) = report(&[missing.to_str().unwrap()]);
+    assert_eq!(code, Some(2));
+    assert_eq!(
+        err,
+        format!(
+            "tracer: error: cannot read {}: No such file or directory (os error 2); pass the file `tracer attach --record FILE` wrote\n",
+            missing.display()
+        )
+    );
+    let junk = dir.join("junk.jsonl");
+    std::fs::write(&junk, "{\"type\":\"attached\"\nnot json\n").expect("write");
+    let (code, _, err) = report(&[junk.to_str().unwrap()]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.starts_with(&format!("tracer: error: {}, line 1, is not an event tracer writes (", junk.display())),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+}

@@ -1,0 +1,294 @@
+//! `tracer report FILE`: a run's record (`--record`, or `attach --json`'s
+//! lines saved) read back into the model's events, and turned into the
+//! table, JSON, the summary's files, or the heap's change between two
+//! censuses. Nothing here reads the target: the record holds every name.
+
+use std::{io::Write, path::PathBuf};
+
+use indexmap::IndexMap;
+use serde::Serialize;
+use thiserror::Error;
+
+use crate::{
+    error::Classify,
+    heap::print::{bytes, thousands},
+    model::{Attached, Event, Snapshot, Summary, heap::Heap},
+    report::table::heap::{signed_bytes, signed_count},
+};
+
+/// A record that cannot be read, or asked what it does not hold.
+#[derive(Debug, Error)]
+pub enum ReplayError {
+    #[error("cannot read {path}: {cause}; pass the file `tracer attach --record FILE` wrote")]
+    Read { path: PathBuf, cause: std::io::Error },
+    #[error(
+        "{path}, line {line}, is not an event tracer writes ({cause}); pass the file `--record` wrote, or `attach --json`'s output"
+    )]
+    Line { path: PathBuf, line: usize, cause: serde_json::Error },
+    #[error("{path} has no attached event first: it is not a whole record of a run")]
+    NoAttach { path: PathBuf },
+    #[error(
+        "{path} has no summary (the run was cut short): its stacks, written only in the summary, are not in the record"
+    )]
+    NoSummary { path: PathBuf },
+    #[error("{path} has no heap census at or after {at} s (its censuses: {taken}); pick times within the run")]
+    NoCensus { path: PathBuf, at: f64, taken: String },
+    #[error(
+        "--diff {from} {to}: both fall on census {census} (taken at {taken_s:.1} s); pick times further apart, or later"
+    )]
+    SameCensus { from: f64, to: f64, census: u64, taken_s: f64 },
+    #[error("--diff {from} {to}: FROM must come before TO, both at 0 s or later")]
+    BadDiff { from: f64, to: f64 },
+}
+
+impl Classify for ReplayError {
+    fn is_bad_input(&self) -> bool {
+        true
+    }
+}
+
+/// A run's events, as recorded.
+pub struct Record {
+    pub path: PathBuf,
+    pub events: Vec<Event>,
+}
+
+impl Record {
+    /// Reads `path`: one event per line, the first the attach.
+    pub fn read(path: PathBuf) -> Result<Self, ReplayError> {
+        let text = std::fs::read_to_string(&path).map_err(|cause| ReplayError::Read { path: path.clone(), cause })?;
+        let mut events = Vec::new();
+        for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            let event = serde_json::from_str(line).map_err(|cause| ReplayError::Line {
+                path: path.clone(),
+                line: i + 1,
+                cause,
+            })?;
+            events.push(event);
+        }
+        if !matches!(events.first(), Some(Event::Attached(_))) {
+            return Err(ReplayError::NoAttach { path });
+        }
+        Ok(Self { path, events })
+    }
+
+    /// The attach.
+    #[must_use]
+    pub fn attached(&self) -> Option<&Attached> {
+        self.events.iter().find_map(|e| match e {
+            Event::Attached(a) => Some(a),
+            _ => None,
+        })
+    }
+
+    /// The summary, which the files are written from.
+    pub fn summary(&self) -> Result<&Summary, ReplayError> {
+        self.events
+            .iter()
+            .find_map(|e| match e {
+                Event::Summary(s) => Some(s),
+                _ => None,
+            })
+            .ok_or_else(|| ReplayError::NoSummary { path: self.path.clone() })
+    }
+
+    /// The target as titles name it: `PID N`, or the executable.
+    #[must_use]
+    pub fn target(&self) -> String {
+        match self.attached() {
+            Some(Attached { pid: Some(pid), .. }) => format!("PID {pid}"),
+            Some(a) => a.exe.clone().unwrap_or_else(|| a.python.image.clone()),
+            None => String::new(),
+        }
+    }
+
+    /// Every census, in order, with the snapshot it came in.
+    fn censuses(&self) -> Vec<&Heap> {
+        let snapshots = self.events.iter().filter_map(|e| match e {
+            Event::Interval(s) => Some(s),
+            Event::Summary(s) => Some(&s.snapshot),
+            _ => None,
+        });
+        let mut out: Vec<&Heap> = Vec::new();
+        for heap in snapshots.filter_map(|s: &Snapshot| s.heap.as_ref()) {
+            if out.last().is_none_or(|h| h.census != heap.census) {
+                out.push(heap);
+            }
+        }
+        out
+    }
+
+    /// The heap's change from the census at or after `from` seconds to the
+    /// one at or after `to`.
+    pub fn diff(&self, from: f64, to: f64) -> Result<HeapDiff, ReplayError> {
+        if !(from >= 0.0 && to > from) {
+            return Err(ReplayError::BadDiff { from, to });
+        }
+        let censuses = self.censuses();
+        let at = |t: f64| {
+            censuses.iter().copied().find(|h| h.taken_s >= t).ok_or_else(|| ReplayError::NoCensus {
+                path: self.path.clone(),
+                at: t,
+                taken: if censuses.is_empty() {
+                    "none".to_owned()
+                } else {
+                    censuses.iter().map(|h| format!("{:.1} s", h.taken_s)).collect::<Vec<_>>().join(", ")
+                },
+            })
+        };
+        let (a, b) = (at(from)?, at(to)?);
+        if a.census == b.census {
+            return Err(ReplayError::SameCensus { from, to, census: a.census, taken_s: a.taken_s });
+        }
+        Ok(HeapDiff::between(a, b))
+    }
+}
+
+/// One census's figures of a type, where its listing has the type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Listed {
+    pub count: u64,
+    pub bytes: u64,
+}
+
+/// A type's figures in the two censuses.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TypeDiff {
+    pub name: String,
+    /// `null` where that census did not list the type while it summed
+    /// others under `other` (it was not among its top types by bytes or
+    /// fastest-growing); 0 where it listed every type but this one.
+    pub from: Option<Listed>,
+    pub to: Option<Listed>,
+}
+
+impl TypeDiff {
+    /// The change, where both censuses list the type.
+    fn change(&self) -> Option<(i64, i64)> {
+        let (a, b) = (self.from?, self.to?);
+        Some((signed(b.count) - signed(a.count), signed(b.bytes) - signed(a.bytes)))
+    }
+}
+
+fn signed(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// The heap's change between two censuses.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HeapDiff {
+    pub from_census: u64,
+    pub from_s: f64,
+    pub to_census: u64,
+    pub to_s: f64,
+    /// Objects and bytes the two censuses account for in all.
+    pub from_total: Listed,
+    pub to_total: Listed,
+    /// Every type either lists, most bytes gained first; types that only
+    /// one lists last.
+    pub types: Vec<TypeDiff>,
+}
+
+impl HeapDiff {
+    fn between(a: &Heap, b: &Heap) -> Self {
+        // A census that lists every type (nothing under `other`) says that
+        // a type it does not list had no object then.
+        let whole = |h: &Heap| h.other.is_none_or(|o| o.types == 0);
+        let zero = Listed { count: 0, bytes: 0 };
+        let mut types: IndexMap<&str, TypeDiff> = IndexMap::new();
+        for (heap, is_to) in [(a, false), (b, true)] {
+            for t in &heap.types {
+                let entry = types.entry(t.name.as_str()).or_insert_with(|| TypeDiff {
+                    name: t.name.clone(),
+                    from: None,
+                    to: None,
+                });
+                let listed = Some(Listed { count: t.count, bytes: t.bytes });
+                if is_to {
+                    entry.to = listed;
+                } else {
+                    entry.from = listed;
+                }
+            }
+        }
+        for t in types.values_mut() {
+            if t.from.is_none() && whole(a) {
+                t.from = Some(zero);
+            }
+            if t.to.is_none() && whole(b) {
+                t.to = Some(zero);
+            }
+        }
+        let mut types: Vec<TypeDiff> = types.into_values().collect();
+        types.sort_by_key(|t| (t.change().is_none(), std::cmp::Reverse(t.change().map_or(0, |c| c.1))));
+        let total = |h: &Heap| {
+            let other = h.other.unwrap_or_default();
+            Listed {
+                count: h.types.iter().map(|t| t.count).sum::<u64>() + other.count,
+                bytes: h.types.iter().map(|t| t.bytes).sum::<u64>() + other.bytes,
+            }
+        };
+        Self {
+            from_census: a.census,
+            from_s: a.taken_s,
+            to_census: b.census,
+            to_s: b.taken_s,
+            from_total: total(a),
+            to_total: total(b),
+            types,
+        }
+    }
+
+    /// The table: the change in all, then the `top` types that changed
+    /// most in bytes, then those only one census lists.
+    pub fn table(&self, out: &mut impl Write, top: usize) -> std::io::Result<()> {
+        let (a, b) = (self.from_total, self.to_total);
+        writeln!(
+            out,
+            "heap change from census {} ({:.1} s) to census {} ({:.1} s): {} objects, {} ({} objects, {} then)",
+            self.from_census,
+            self.from_s,
+            self.to_census,
+            self.to_s,
+            signed_count(signed(b.count) - signed(a.count)),
+            signed_bytes(signed(b.bytes) - signed(a.bytes)),
+            thousands(b.count),
+            bytes(b.bytes),
+        )?;
+        writeln!(out, "{:>12} {:>11} {:>11} {:>11}  type", "objects", "change", "bytes", "change")?;
+        let mut unlisted = 0;
+        for t in self.types.iter().take(top) {
+            let shown = crate::text::display(&t.name);
+            match (t.to, t.change()) {
+                (Some(to), Some((count, size))) => writeln!(
+                    out,
+                    "{:>12} {:>11} {:>11} {:>11}  {shown}",
+                    thousands(to.count),
+                    signed_count(count),
+                    bytes(to.bytes),
+                    signed_bytes(size)
+                )?,
+                (to, _) => {
+                    unlisted += 1;
+                    let (count, size) =
+                        to.map_or(("-".to_owned(), "-".to_owned()), |l| (thousands(l.count), bytes(l.bytes)));
+                    writeln!(
+                        out,
+                        "{count:>12} {:>11} {size:>11} {:>11}  {shown} (listed by one census only)",
+                        "?", "?"
+                    )?;
+                }
+            }
+        }
+        if unlisted > 0 {
+            writeln!(
+                out,
+                "  ?: a census lists its types with the most bytes and the fastest-growing; a type it did not list is in its `other`, so its change is not known"
+            )?;
+        }
+        if self.types.len() > top {
+            writeln!(out, "  ({} more types in --json)", self.types.len() - top)?;
+        }
+        Ok(())
+    }
+}
