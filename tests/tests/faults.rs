@@ -346,3 +346,68 @@ fn attaching_while_the_target_exits() {
     assert_eq!(code_changes(workload.pid()), [], "a probe left behind in the next target");
     workload.ping();
 }
+
+/// forks.py M N under `tracer attach --exact` with `args` (`--pid` or
+/// `--exe`): the summary, and the child's PID.
+fn forked_run(m: u64, n: u64, args: &[&str]) -> (serde_json::Value, u32) {
+    let python = shared_python();
+    let (m, n) = (m.to_string(), n.to_string());
+    let mut workload = Workload::script(None, python.to_str().unwrap(), "forks.py", &[&m, &n]);
+    workload.wait_blocked_on_stdin();
+    let pid = workload.pid().to_string();
+    let mut all: Vec<&str> = args.iter().map(|a| if *a == "PID" { pid.as_str() } else { a }).collect();
+    all.extend(["--interval", "3600", "--probes", "_Py_NewReference,PyObject_Malloc"]);
+    let (tracer, _) = TracerRun::attach_json_with(&all);
+    workload.go();
+    let child = workload.next_line("the child's PID").expect("a line");
+    let child: u32 = child.strip_prefix("child ").and_then(|c| c.parse().ok()).expect("child PID");
+    workload.expect("done");
+    workload.wait_blocked_reading(Some(5));
+    tracer.signal(libc::SIGINT);
+    let summary = tracer.summary();
+    workload.close();
+    (summary, child)
+}
+
+/// A target that forks mid-run: with `--pid` its child is not traced (the
+/// counts are the parent's alone: N more objects in the child change
+/// nothing, M more in the parent add a whole multiple of M); with `--exe`
+/// the child is traced as another process of the interpreter, per PID.
+#[test]
+fn a_fork_mid_run_is_traced_as_documented() {
+    require_root();
+    let (m, n) = (20_000, 30_000);
+    let count = |s: &serde_json::Value| {
+        let c = counts(s);
+        (c["_Py_NewReference"].0, c["PyObject_Malloc"].0)
+    };
+    // The child's objects change nothing with --pid, to the last call.
+    let (base, _) = forked_run(m, n, &["--pid", "PID"]);
+    let (more_child, _) = forked_run(m, 2 * n, &["--pid", "PID"]);
+    let (more_parent, _) = forked_run(2 * m, n, &["--pid", "PID"]);
+    assert_eq!(count(&more_child), count(&base), "the child's objects were counted with --pid");
+    // New references are whole per object; the allocations also hold
+    // the loop's ints past the small ones, and what the interpreter does
+    // meanwhile.
+    let (before, after) = (count(&base).0, count(&more_parent).0);
+    let more = after - before;
+    assert!(more >= m && more % m == 0, "_Py_NewReference: {before} then {after} with {m} more objects");
+    let exe = shared_python();
+    let exe = std::fs::canonicalize(exe).expect("python");
+    let (one, child_one) = forked_run(m, n, &["--exe", exe.to_str().unwrap()]);
+    let (two, child_two) = forked_run(m, 2 * n, &["--exe", exe.to_str().unwrap()]);
+    let per = |s: &serde_json::Value, pid: u32| {
+        let p = tracer_tests::per_pid(s);
+        let c = p.get(&pid).unwrap_or_else(|| panic!("no PID {pid} in {s}"));
+        (c["_Py_NewReference"].0, c["PyObject_Malloc"].0)
+    };
+    let (before, after) = (per(&one, child_one).0, per(&two, child_two).0);
+    let more = after - before;
+    assert!(more >= n && more % n == 0, "_Py_NewReference of the child: {before} then {after} with {n} more objects");
+    // The parent, the same in both.
+    let parent = |s: &serde_json::Value, child: u32| {
+        let p = tracer_tests::per_pid(s);
+        p.iter().filter(|(pid, _)| **pid != child).map(|(_, c)| c["_Py_NewReference"].0).sum::<u64>()
+    };
+    assert_eq!(parent(&one, child_one), parent(&two, child_two));
+}
