@@ -57,3 +57,24 @@ pub(super) fn block(
     }
     Ok(())
 }
+
+/// What the full kernel tables left out of the block: `types_full` new
+/// objects not under their type, `objects_full` objects whose destruction
+/// cannot be matched to their type.
+pub(super) fn full(out: &mut dyn Write, (types, objects): (u64, u64), group: fn(u64) -> String) -> std::io::Result<()> {
+    if types > 0 {
+        writeln!(
+            out,
+            "  types PARTIAL: {} new objects found the type table full: they are under no type above (types_full)",
+            group(types)
+        )?;
+    }
+    if objects > 0 {
+        writeln!(
+            out,
+            "  types' destroyed, reused and live PARTIAL: {} objects found the object table full: their destruction is not matched to their type, so live counts are too high and reuses unseen (objects_full)",
+            group(objects)
+        )?;
+    }
+    Ok(())
+}

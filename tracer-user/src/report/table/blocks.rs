@@ -63,8 +63,9 @@ impl<W: Write, E: Write> TableReporter<W, E> {
 
     /// `--types`: the types most created, then those with the most live
     /// objects (see [`crate::report::types`]).
-    pub(super) fn types_block(&mut self, types: &[crate::model::TypeCount]) -> std::io::Result<()> {
-        crate::report::types::block(&mut self.out, types, TOP_TYPES, (group, round))
+    pub(super) fn types_block(&mut self, types: &[crate::model::TypeCount], full: (u64, u64)) -> std::io::Result<()> {
+        crate::report::types::block(&mut self.out, types, TOP_TYPES, (group, round))?;
+        crate::report::types::full(&mut self.out, full, group)
     }
 
     /// With `--native`: the calls one probed libc function made of another

@@ -157,7 +157,8 @@ impl<W: Write, E: Write> TableReporter<W, E> {
             super::live::leaks(&mut self.out, leaks)?;
         }
         if let Some(types) = &sample.types {
-            self.types_block(types)?;
+            let missed = |name| sample.stats.get(name).copied().unwrap_or(0);
+            self.types_block(types, (missed("types_full"), missed("objects_full")))?;
         }
         if let Some(sites) = &sample.sites {
             self.sites_block(sites, sample.stack_coverage.as_ref())?;
