@@ -6,7 +6,7 @@
 use tracer_tests::{TracerRun, Workload, require_root, shared_python, traced_until_done};
 
 /// Room for (process, type) pairs (tracer-user/src/run/mod.rs,
-/// TYPE_ENTRIES).
+/// `TYPE_ENTRIES`).
 const TYPE_ENTRIES: u64 = 1 << 15;
 
 #[test]
@@ -52,7 +52,7 @@ fn the_table_marks_what_a_full_table_cut() {
 }
 
 /// Room for objects `--types` saw created and not yet destroyed
-/// (tracer-user/src/run/mod.rs, OBJECT_ENTRIES).
+/// (tracer-user/src/run/mod.rs, `OBJECT_ENTRIES`).
 const OBJECT_ENTRIES: u64 = 1 << 20;
 
 #[test]

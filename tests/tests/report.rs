@@ -164,10 +164,15 @@ fn the_diff_of_two_censuses_counts_the_objects_made_between() {
     assert!(table.lines().next().is_some_and(|l| l.starts_with("heap change from census ")), "{table}");
     let row = table.lines().find(|l| l.ends_with(" __main__.Grown")).expect("a Grown row");
     assert!(row.contains(" +20,000 "), "{row}");
-    // Both times on one census.
+    // TO before FROM.
     let (code, _, err) = report(&[record.to_str().unwrap(), "--diff", &from.to_string(), &from.to_string()]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("FROM must come before TO"), "{err}");
+    // Both times on one census: the first at or after FROM is the last at
+    // or before TO.
+    let (code, _, err) = report(&[record.to_str().unwrap(), "--diff", &from.to_string(), &(from + 0.001).to_string()]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains(&format!(": both pick census {first} (taken at ")), "{err}");
 }
 
 #[test]

@@ -88,6 +88,16 @@ fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
     // nothing.
     let check = |p| OutputFile::check("--output", p, args.attach.force).map_err(ConfigError::from);
     let file = args.output.as_deref().map(check).transpose()?;
+    if let (Some(f), Some(r)) = (&file, &config.record)
+        && f.path == r.path
+    {
+        return Err(ConfigError::SameOutput { path: f.path.clone() }.into());
+    }
+    // The port is tried before the program starts (and bound again, for
+    // good, before the attach): a port in use starts nothing.
+    if let Some(addr) = config.listen {
+        drop(tracer_user::report::exporter::bind(addr)?);
+    }
     let out: Box<dyn std::io::Write> = match &file {
         Some(f) => Box::new(std::io::LineWriter::new(f.create().map_err(ConfigError::from)?)),
         None => Box::new(std::io::stderr()),
@@ -163,7 +173,7 @@ fn report(args: &ReportArgs) -> Result<(), Failure> {
     let what = record.target();
     let mut notes = written::stacks(
         written::StackFiles { folded: folded.as_ref(), flamegraph: flamegraph.as_ref() },
-        (args.weight, 1),
+        (args.weight, last.stack_coverage.as_ref().map_or(1, |c| c.sample)),
         &what,
         last,
     )?;

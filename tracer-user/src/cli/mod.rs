@@ -179,14 +179,20 @@ pub struct ReportArgs {
     #[arg(value_name = "FILE")]
     pub file: PathBuf,
     /// JSON Lines instead of the table; with --diff, one JSON object.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["folded", "flamegraph", "growth_folded", "growth_flamegraph", "pprof"])]
     pub json: bool,
-    /// The heap's change by type between the census at or after FROM seconds and the one at or
-    /// after TO.
-    #[arg(long, num_args = 2, value_names = ["FROM", "TO"], allow_negative_numbers = true)]
+    /// The heap's change by type from the first census taken at or after FROM seconds (from the
+    /// attach) to the last taken at or before TO.
+    #[arg(
+        long,
+        num_args = 2,
+        value_names = ["FROM", "TO"],
+        allow_negative_numbers = true,
+        conflicts_with_all = ["folded", "flamegraph", "growth_folded", "growth_flamegraph", "pprof"]
+    )]
     pub diff: Option<Vec<f64>>,
     /// With --diff: the types listed, most bytes gained first (the JSON has every type).
-    #[arg(long, value_name = "N", default_value_t = 25)]
+    #[arg(long, value_name = "N", default_value_t = 25, requires = "diff")]
     pub top: usize,
     /// Write the summary's stacks, folded, to FILE (a run with --stacks).
     #[arg(long, value_name = "FILE")]

@@ -371,10 +371,15 @@ impl AttachConfig {
         let growth = growth_config(args, stacks.as_ref(), mode, &target)?;
         let pprof = pprof_config(args, stacks.as_ref(), growth.as_ref())?;
         let record = args.record.as_deref().map(|p| OutputFile::check("--record", p, args.force)).transpose()?;
-        if let (Some(r), Some(p)) = (&record, &pprof)
-            && r.path == p.path
-        {
-            return Err(ConfigError::SameOutput { path: r.path.clone() });
+        if let Some(r) = &record {
+            let files = [
+                stacks.as_ref().map(|s| [&s.folded, &s.flamegraph]),
+                growth.as_ref().map(|g| [&g.folded, &g.flamegraph]),
+            ];
+            let mut others = files.into_iter().flatten().flatten().flatten().chain(pprof.as_ref());
+            if others.any(|o| o.path == r.path) {
+                return Err(ConfigError::SameOutput { path: r.path.clone() });
+            }
         }
         Ok(Self {
             listen: args.listen,

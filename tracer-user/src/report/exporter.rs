@@ -6,7 +6,10 @@
 use std::{
     collections::HashMap,
     net::SocketAddr,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::Duration,
 };
 
@@ -18,10 +21,19 @@ use crate::{error::Classify, model::Event};
 
 /// The address could not be listened on.
 #[derive(Debug, Error)]
-#[error("cannot listen on {addr} for --listen: {cause}; pick a free port (e.g. --listen 127.0.0.1:9464)")]
+#[error("cannot listen on {addr} for --listen: {cause}; {}", hint(cause))]
 pub struct ListenError {
     pub addr: SocketAddr,
     pub cause: std::io::Error,
+}
+
+/// The fix for a failed bind.
+fn hint(cause: &std::io::Error) -> &'static str {
+    match cause.kind() {
+        std::io::ErrorKind::AddrNotAvailable => "pass an address of this host, or a bare port for 127.0.0.1",
+        std::io::ErrorKind::PermissionDenied => "pick a port above 1023",
+        _ => "pick a free port (e.g. --listen 127.0.0.1:9464)",
+    }
 }
 
 impl Classify for ListenError {
@@ -41,16 +53,33 @@ pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, ListenError> {
     Ok(listener)
 }
 
+/// The most connections served at once: more are closed at once, so that
+/// a flood of them cannot take tracer's file descriptors or its run loop
+/// (which shares this thread).
+const MAX_CONNECTIONS: usize = 16;
+
 /// Serves `page` on `listener` until the runtime ends (tracer's exit).
 pub fn serve(listener: std::net::TcpListener, page: Page) -> std::io::Result<()> {
     let listener = TcpListener::from_std(listener)?;
+    let open = Arc::new(AtomicUsize::new(0));
     tokio::spawn(async move {
         loop {
-            let Ok((stream, _)) = listener.accept().await else { continue };
-            let page = Arc::clone(&page);
+            let Ok((stream, _)) = listener.accept().await else {
+                // Out of descriptors, say: not a busy loop on the run
+                // loop's thread.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            };
+            if open.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+                open.fetch_sub(1, Ordering::SeqCst);
+                drop(stream);
+                continue;
+            }
+            let (page, open) = (Arc::clone(&page), Arc::clone(&open));
             tokio::spawn(async move {
                 // A slow or silent client is dropped, not waited for.
                 let _ = tokio::time::timeout(Duration::from_secs(5), respond(stream, &page)).await;
+                open.fetch_sub(1, Ordering::SeqCst);
             });
         }
     });

@@ -88,6 +88,38 @@ impl OutputFile {
     }
 }
 
+/// A file made at its first write, line-buffered: a record (`--record`)
+/// of a run that failed before its first event leaves no file behind.
+pub struct LazyFile {
+    file: OutputFile,
+    open: Option<std::io::LineWriter<File>>,
+}
+
+impl LazyFile {
+    #[must_use]
+    pub const fn new(file: OutputFile) -> Self {
+        Self { file, open: None }
+    }
+
+    fn writer(&mut self) -> std::io::Result<&mut std::io::LineWriter<File>> {
+        if self.open.is_none() {
+            let file = self.file.create().map_err(std::io::Error::other)?;
+            self.open = Some(std::io::LineWriter::new(file));
+        }
+        self.open.as_mut().ok_or_else(|| std::io::Error::other("not open"))
+    }
+}
+
+impl std::io::Write for LazyFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.writer()?.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.open.as_mut().map_or(Ok(()), std::io::Write::flush)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

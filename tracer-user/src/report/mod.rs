@@ -66,9 +66,12 @@ pub(crate) fn group(n: u64) -> String {
 pub struct Tee<'a>(pub Box<dyn Reporter + 'a>, pub Box<dyn Reporter + 'a>);
 
 impl Reporter for Tee<'_> {
+    /// Both are fed even when the first fails (`| head` gone): the record
+    /// keeps every event.
     fn event(&mut self, event: &Event) -> std::io::Result<()> {
-        self.0.event(event)?;
-        self.1.event(event)
+        let first = self.0.event(event);
+        let second = self.1.event(event);
+        first.and(second)
     }
 }
 

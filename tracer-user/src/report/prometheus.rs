@@ -2,14 +2,16 @@
 //! interval: what `--listen` serves at `/metrics`. Reads the model only.
 //!
 //! Names are stable: `tracer_` and what is counted. Labels are `pid`,
-//! `container` (the process's cgroup), `function`, `type`, `generation`,
-//! `site`. Label values come from the target (type and function names):
-//! they are cut to [`MAX_LABEL`] characters and escaped. Types and growth
-//! sites are capped at [`TOP`] series per process, the rest summed under
-//! `other`, so that a target with many types cannot grow the scraper's
-//! storage without bound.
+//! `container` (the process's cgroup), `function`, `file`, `line`, `type`,
+//! `generation`, `cause`. Label values come from the target (type and
+//! function names): they are cut to [`MAX_LABEL`] characters and escaped.
+//! Types and growth sites are capped at [`TOP`] series per process per
+//! page, the rest summed in families of their own (`…_other_…`), so that
+//! one scrape of a target with many types stays small.
 
 use std::{collections::BTreeMap, fmt::Write as _};
+
+use indexmap::IndexMap;
 
 use crate::model::{Attached, Snapshot};
 
@@ -47,28 +49,28 @@ fn labels(pairs: &[(&str, &str)]) -> String {
 }
 
 /// The exposition, metric by metric: each family's HELP and TYPE once,
-/// then its samples.
+/// then its series, each once: series whose labels came out the same
+/// (names that differ only in what escaping replaced or cut) are one,
+/// their values summed, as the objects they count are distinct.
 #[derive(Default)]
 struct Families {
-    /// name -> (help, type, samples), in name order.
-    families: BTreeMap<&'static str, (&'static str, &'static str, Vec<String>)>,
+    /// name -> (help, type, labels -> value), in name order.
+    families: BTreeMap<&'static str, (&'static str, &'static str, IndexMap<String, f64>)>,
 }
 
 impl Families {
-    #[allow(clippy::cast_precision_loss, reason = "the format's values are floats")]
     fn add(&mut self, name: &'static str, (kind, help): (&'static str, &'static str), labels: &str, value: f64) {
-        let family = self.families.entry(name).or_insert_with(|| (help, kind, Vec::new()));
-        family.2.push(format!("{name}{labels} {}", number(value)));
+        let family = self.families.entry(name).or_insert_with(|| (help, kind, IndexMap::new()));
+        *family.2.entry(labels.to_owned()).or_insert(0.0) += value;
     }
 
     fn render(&self) -> String {
         let mut out = String::new();
-        for (name, (help, kind, samples)) in &self.families {
+        for (name, (help, kind, series)) in &self.families {
             let _ = writeln!(out, "# HELP {name} {help}");
             let _ = writeln!(out, "# TYPE {name} {kind}");
-            for s in samples {
-                out.push_str(s);
-                out.push('\n');
+            for (labels, value) in series {
+                let _ = writeln!(out, "{name}{labels} {}", number(*value));
             }
         }
         out
@@ -102,8 +104,11 @@ const EST_BYTES: (&str, &str) =
     ("gauge", "Bytes requested per second from the probed function, estimated from the traced windows (an ESTIMATE).");
 const HEAP_OBJECTS: (&str, &str) = (
     "gauge",
-    "Live objects of the type at the latest heap census, read from outside; the 30 types with the most bytes, the rest as type=\"other\".",
+    "Live objects of the type at the latest heap census, read from outside; the 30 types with the most bytes (the rest in tracer_heap_other_objects).",
 );
+const HEAP_OTHER_OBJECTS: (&str, &str) =
+    ("gauge", "Live objects of every type tracer_heap_objects does not list, at the latest heap census.");
+const HEAP_OTHER_BYTES: (&str, &str) = ("gauge", "Their bytes.");
 const HEAP_BYTES: (&str, &str) =
     ("gauge", "Bytes of the type's live objects at the latest heap census (as tracer_heap_objects).");
 const HEAP_RSS: (&str, &str) = ("gauge", "The process's resident set at the latest heap census.");
@@ -116,7 +121,11 @@ const GC_UNCOLLECTABLE: (&str, &str) =
     ("counter", "Of those, uncollectable objects (read from the interpreter's memory only).");
 const GROWTH_IN_USE: (&str, &str) = (
     "gauge",
-    "Heap grown since the attach and still in use, by the Python frame that grew it: a SAMPLED ESTIMATE; the 30 largest sites, the rest as site=\"other\".",
+    "Heap grown since the attach and still in use, by the Python frame that grew it: a SAMPLED ESTIMATE; the 30 largest sites (the rest in tracer_growth_other_in_use_bytes).",
+);
+const GROWTH_OTHER: (&str, &str) = (
+    "gauge",
+    "Heap grown since the attach and still in use by the sites tracer_growth_in_use_bytes does not list (a SAMPLED ESTIMATE).",
 );
 const COST: (&str, &str) = (
     "gauge",
@@ -125,9 +134,13 @@ const COST: (&str, &str) = (
 const BUDGET: (&str, &str) = ("gauge", "The production profile's budget, as a share of the target's CPU time.");
 const ELAPSED: (&str, &str) = ("gauge", "Seconds since tracer attached.");
 const INFO: (&str, &str) = ("gauge", "The traced interpreter; always 1.");
+const MISSED: (&str, &str) = (
+    "counter",
+    "Events NOT counted, by cause (full tables, unread arguments): where this grows, the counts are partial.",
+);
 const STATS: (&str, &str) = (
     "counter",
-    "tracer's miss and drop counters (BPF misses, truncated walks, rejected candidates): events NOT counted, by cause.",
+    "tracer's other counters of what it could not do (stacks not walked, other processes' hits): the counts are whole, what they add is partial.",
 );
 
 /// The exposition of `snapshot`, the latest interval (or the summary) of
@@ -151,21 +164,26 @@ pub fn render(attached: &Attached, snapshot: &Snapshot, container: &dyn Fn(u32) 
     f.add("tracer_elapsed_seconds", ELAPSED, &labels(&base), snapshot.elapsed_s);
     // Exact counts per process (`--exe` has many), or the windows' with
     // their estimated rates.
+    let bytes = |function: &str| attached.measures_bytes(function);
     #[allow(clippy::cast_precision_loss, reason = "counts as the format's floats")]
-    if snapshot.probes.values().any(|p| p.estimate.is_some()) {
+    if mode == "profile" {
         for (function, p) in &snapshot.probes {
             let l = labels(&[base[0], base[1], ("function", function)]);
             f.add("tracer_traced_calls_total", TRACED_CALLS, &l, p.calls as f64);
             if let Some(e) = &p.estimate {
                 f.add("tracer_estimated_calls_per_second", EST_CALLS, &l, e.calls_per_s);
-                f.add("tracer_estimated_bytes_per_second", EST_BYTES, &l, e.bytes_per_s);
+                if bytes(function) {
+                    f.add("tracer_estimated_bytes_per_second", EST_BYTES, &l, e.bytes_per_s);
+                }
             }
         }
     } else if snapshot.pids.is_empty() || attached.pid.is_some() {
         for (function, p) in &snapshot.probes {
             let l = labels(&[base[0], base[1], ("function", function)]);
             f.add("tracer_calls_total", CALLS, &l, p.calls as f64);
-            f.add("tracer_requested_bytes_total", BYTES, &l, p.bytes as f64);
+            if bytes(function) {
+                f.add("tracer_requested_bytes_total", BYTES, &l, p.bytes as f64);
+            }
         }
     } else {
         for (pid, probes) in &snapshot.pids {
@@ -173,7 +191,9 @@ pub fn render(attached: &Attached, snapshot: &Snapshot, container: &dyn Fn(u32) 
             for (function, c) in probes {
                 let l = labels(&[("pid", pid), ("container", &container), ("function", function)]);
                 f.add("tracer_calls_total", CALLS, &l, c.calls as f64);
-                f.add("tracer_requested_bytes_total", BYTES, &l, c.bytes as f64);
+                if bytes(function) {
+                    f.add("tracer_requested_bytes_total", BYTES, &l, c.bytes as f64);
+                }
             }
         }
     }
@@ -188,7 +208,12 @@ pub fn render(attached: &Attached, snapshot: &Snapshot, container: &dyn Fn(u32) 
     }
     #[allow(clippy::cast_precision_loss, reason = "counts as the format's floats")]
     for (name, value) in &snapshot.stats {
-        f.add("tracer_missed_total", STATS, &labels(&[base[0], base[1], ("cause", name)]), *value as f64);
+        let l = labels(&[base[0], base[1], ("cause", name)]);
+        if Snapshot::is_loss(name) {
+            f.add("tracer_missed_total", MISSED, &l, *value as f64);
+        } else {
+            f.add("tracer_stat_total", STATS, &l, *value as f64);
+        }
     }
     f.render()
 }
@@ -207,12 +232,9 @@ fn heap(f: &mut Families, snapshot: &Snapshot, base: &[(&str, &str); 2]) {
         f.add("tracer_heap_objects", HEAP_OBJECTS, &l, t.count as f64);
         f.add("tracer_heap_bytes", HEAP_BYTES, &l, t.bytes as f64);
     }
-    if other_count > 0 || other_bytes > 0 {
-        let l = labels(&[base[0], base[1], ("type", "other")]);
-        f.add("tracer_heap_objects", HEAP_OBJECTS, &l, other_count as f64);
-        f.add("tracer_heap_bytes", HEAP_BYTES, &l, other_bytes as f64);
-    }
     let l = labels(base);
+    f.add("tracer_heap_other_objects", HEAP_OTHER_OBJECTS, &l, other_count as f64);
+    f.add("tracer_heap_other_bytes", HEAP_OTHER_BYTES, &l, other_bytes as f64);
     if let Some(rss) = heap.totals.rss {
         f.add("tracer_heap_resident_bytes", HEAP_RSS, &l, rss as f64);
     }
@@ -237,27 +259,21 @@ fn gc(f: &mut Families, snapshot: &Snapshot, base: &[(&str, &str); 2]) {
 #[allow(clippy::cast_precision_loss, reason = "bytes as the format's floats")]
 fn growth(f: &mut Families, snapshot: &Snapshot, base: &[(&str, &str); 2]) {
     let Some(g) = snapshot.growth.as_ref().and_then(crate::model::Growth::sampled) else { return };
+    // The largest in use, not those that moved most this interval: the
+    // same sites keep their series from one scrape to the next.
+    let mut sites: Vec<&crate::model::GrowthSite> = g.sites.iter().collect();
+    sites.sort_by_key(|s| std::cmp::Reverse(s.in_use_bytes));
     let mut other = 0;
-    for (i, s) in g.sites.iter().enumerate() {
+    for (i, s) in sites.iter().enumerate() {
         if i >= TOP {
             other += s.in_use_bytes;
             continue;
         }
-        let site = match s.line {
-            Some(line) => format!("{} ({}:{line})", s.function, s.file),
-            None => s.function.clone(),
-        };
-        let l = labels(&[base[0], base[1], ("site", &site)]);
+        let line = s.line.map(|l| l.to_string()).unwrap_or_default();
+        let l = labels(&[base[0], base[1], ("function", &s.function), ("file", &s.file), ("line", &line)]);
         f.add("tracer_growth_in_use_bytes", GROWTH_IN_USE, &l, s.in_use_bytes as f64);
     }
-    if other > 0 {
-        f.add(
-            "tracer_growth_in_use_bytes",
-            GROWTH_IN_USE,
-            &labels(&[base[0], base[1], ("site", "other")]),
-            other as f64,
-        );
-    }
+    f.add("tracer_growth_other_in_use_bytes", GROWTH_OTHER, &labels(base), other as f64);
 }
 
 /// A process's cgroup (the unified hierarchy's path, else the first

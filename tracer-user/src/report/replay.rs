@@ -31,10 +31,12 @@ pub enum ReplayError {
         "{path} has no summary (the run was cut short): its stacks, written only in the summary, are not in the record"
     )]
     NoSummary { path: PathBuf },
-    #[error("{path} has no heap census at or after {at} s (its censuses: {taken}); pick times within the run")]
+    #[error(
+        "{path} has no heap census to compare at {at} s (its censuses: {taken}); FROM picks the first census at or after it, TO the last at or before it"
+    )]
     NoCensus { path: PathBuf, at: f64, taken: String },
     #[error(
-        "--diff {from} {to}: both fall on census {census} (taken at {taken_s:.1} s); pick times further apart, or later"
+        "--diff {from} {to}: both pick census {census} (taken at {taken_s:.1} s), or TO a census before FROM's; pick times further apart"
     )]
     SameCensus { from: f64, to: f64, census: u64, taken_s: f64 },
     #[error("--diff {from} {to}: FROM must come before TO, both at 0 s or later")]
@@ -118,26 +120,24 @@ impl Record {
         out
     }
 
-    /// The heap's change from the census at or after `from` seconds to the
-    /// one at or after `to`.
+    /// The heap's change from the first census taken at or after `from`
+    /// seconds to the last taken at or before `to`.
     pub fn diff(&self, from: f64, to: f64) -> Result<HeapDiff, ReplayError> {
         if !(from >= 0.0 && to > from) {
             return Err(ReplayError::BadDiff { from, to });
         }
         let censuses = self.censuses();
-        let at = |t: f64| {
-            censuses.iter().copied().find(|h| h.taken_s >= t).ok_or_else(|| ReplayError::NoCensus {
-                path: self.path.clone(),
-                at: t,
-                taken: if censuses.is_empty() {
-                    "none".to_owned()
-                } else {
-                    censuses.iter().map(|h| format!("{:.1} s", h.taken_s)).collect::<Vec<_>>().join(", ")
-                },
-            })
+        let taken = || match (censuses.first(), censuses.last()) {
+            (Some(first), Some(last)) => {
+                format!("{} from {:.1} s to {:.1} s", censuses.len(), first.taken_s, last.taken_s)
+            }
+            _ => "none".to_owned(),
         };
-        let (a, b) = (at(from)?, at(to)?);
-        if a.census == b.census {
+        let a = censuses.iter().copied().find(|h| h.taken_s >= from);
+        let a = a.ok_or_else(|| ReplayError::NoCensus { path: self.path.clone(), at: from, taken: taken() })?;
+        let b = censuses.iter().copied().rev().find(|h| h.taken_s <= to);
+        let b = b.ok_or_else(|| ReplayError::NoCensus { path: self.path.clone(), at: to, taken: taken() })?;
+        if a.census >= b.census {
             return Err(ReplayError::SameCensus { from, to, census: a.census, taken_s: a.taken_s });
         }
         Ok(HeapDiff::between(a, b))
@@ -193,7 +193,7 @@ impl HeapDiff {
     fn between(a: &Heap, b: &Heap) -> Self {
         // A census that lists every type (nothing under `other`) says that
         // a type it does not list had no object then.
-        let whole = |h: &Heap| h.other.is_none_or(|o| o.types == 0);
+        let whole = |h: &Heap| h.other.is_none_or(|o| o.types == 0) && h.partial.is_empty();
         let zero = Listed { count: 0, bytes: 0 };
         let mut types: IndexMap<&str, TypeDiff> = IndexMap::new();
         for (heap, is_to) in [(a, false), (b, true)] {

@@ -337,7 +337,7 @@ pub async fn attach(
     });
     if let Some(file) = &config.record {
         // Notes go to stderr once, from the report a person reads.
-        let record = JsonReporter::new(std::io::LineWriter::new(file.create()?), std::io::sink());
+        let record = JsonReporter::new(report::files::LazyFile::new(file.clone()), std::io::sink());
         reporter = Box::new(report::Tee(reporter, Box::new(record)));
     }
     if let Some(listener) = listener {
