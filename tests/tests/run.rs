@@ -21,16 +21,21 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// `tracer run ARGS`, fed `stdin`, to its end.
-fn tracer_run(args: &[&str], stdin: &[u8]) -> Output {
-    let mut child = Command::new(tracer_bin())
+/// `tracer run ARGS`, its stdout and stderr piped, its stdin `stdin`.
+fn started(args: &[&str], stdin: Stdio) -> std::process::Child {
+    Command::new(tracer_bin())
         .arg("run")
         .args(args)
-        .stdin(Stdio::piped())
+        .stdin(stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("start tracer");
+        .expect("start tracer")
+}
+
+/// `tracer run ARGS`, fed `stdin`, to its end.
+fn tracer_run(args: &[&str], stdin: &[u8]) -> Output {
+    let mut child = started(args, Stdio::piped());
     child.stdin.take().expect("stdin").write_all(stdin).expect("write stdin");
     child.wait_with_output().expect("tracer run")
 }
@@ -253,14 +258,7 @@ const SIGNALLED: &str = "import signal, sys, time\n\
 /// `tracer run ARGS` with its stdout read line by line (with a timeout),
 /// killed if the test ends first.
 fn spawn_run(args: &[&str]) -> (KillOnDrop, Lines) {
-    let mut child = Command::new(tracer_bin())
-        .arg("run")
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("tracer run");
+    let mut child = started(args, Stdio::null());
     let lines = Lines::new(child.stdout.take().expect("stdout"));
     (KillOnDrop(child), lines)
 }

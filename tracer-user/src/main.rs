@@ -131,7 +131,7 @@ fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
     if let Some(f) = &failure {
         eprintln!("tracer: error: {f}");
     }
-    runtime.block_on(tracer_user::launch::signals::wait_exit(&child, &mut signals))?;
+    runtime.block_on(tracer_user::run::wait_exit(&child, &mut signals))?;
     let status = child.reap()?;
     let ended = end.map(|e| format!("; the run ended: {}", e.as_str())).unwrap_or_default();
     eprintln!("tracer: PID {} ({}) {status}{ended}", child.pid(), child.interpreter.display());

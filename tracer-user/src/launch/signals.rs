@@ -69,15 +69,3 @@ pub fn terminal_reached_child() -> bool {
         foreground != -1 && foreground == group
     })
 }
-
-/// Waits for `child` to exit, passing signals on meanwhile: after a run
-/// that ended before it did (`--duration`, an error).
-pub async fn wait_exit(child: &super::Child, signals: &mut Signals) -> Result<(), crate::run::RunError> {
-    let exit = crate::run::exit::ProcessExit::watch(child.pid())?;
-    loop {
-        tokio::select! {
-            () = exit.exited() => return Ok(()),
-            signal = signals.recv() => child.pass_on(signal),
-        }
-    }
-}

@@ -52,3 +52,16 @@ pub async fn wait_detached(
         }
     }
 }
+
+/// Waits for `child` (`tracer run`'s) to exit, passing signals on
+/// meanwhile: after a run that ended before it did (`--duration`, an
+/// error).
+pub async fn wait_exit(child: &Child, signals: &mut Signals) -> Result<(), super::RunError> {
+    let exit = super::exit::ProcessExit::watch(child.pid())?;
+    loop {
+        tokio::select! {
+            () = exit.exited() => return Ok(()),
+            signal = signals.recv() => child.pass_on(signal),
+        }
+    }
+}

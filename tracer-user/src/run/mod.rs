@@ -10,6 +10,7 @@ mod duty;
 pub mod exit;
 pub mod exits;
 mod finish;
+pub use finish::wait_exit;
 pub mod gcmem;
 pub mod growth;
 mod header;
