@@ -8,6 +8,7 @@ objects of one more class, kept; prints "done" and waits in a bare read(2)
 of 5 bytes.
 """
 
+import itertools
 import os
 import sys
 
@@ -22,6 +23,7 @@ class Many:
     __slots__ = ()
 
 
-kept = [Many() for _ in range(n)]
+# itertools.repeat: no int object per iteration, only the Many.
+kept = [Many() for _ in itertools.repeat(None, n)]
 print("done", flush=True)
 os.read(0, 5)

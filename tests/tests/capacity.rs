@@ -58,7 +58,7 @@ const OBJECT_ENTRIES: u64 = 1 << 20;
 #[test]
 fn more_live_objects_than_the_table_holds_are_counted_as_missed() {
     require_root();
-    let n: u64 = 1_100_000;
+    let n: u64 = 1_060_000;
     let python = shared_python();
     let workload = Workload::script(None, python.to_str().unwrap(), "many_types.py", &["0", &n.to_string()]);
     let (_, summary) = traced_until_done(workload, &["--types", "--interval", "3600"]);

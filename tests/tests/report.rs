@@ -101,7 +101,7 @@ fn a_record_replays_the_live_table_and_files_exactly() {
     assert_eq!(
         err,
         format!(
-            "tracer: error: {} has no heap census at or after 0 s (its censuses: none); pick times within the run\n",
+            "tracer: error: {} has no heap census to compare at 0 s (its censuses: none); FROM picks the first census at or after it, TO the last at or before it\n",
             cut.display()
         )
     );
@@ -129,18 +129,23 @@ fn the_diff_of_two_censuses_counts_the_objects_made_between() {
     let pid = workload.pid();
     let (tracer, _) =
         TracerRun::profile_json(pid, &["--interval", "0.5", "--budget", "50", "--record", record.to_str().unwrap()]);
-    let before = next_census(&tracer);
-    let first = before["heap"]["census"].as_u64().expect("census");
-    let from = before["heap"]["taken_s"].as_f64().expect("taken_s");
+    // A census with N Grown (two censuses after the first growth), then
+    // another N, and a census two later.
+    let start = next_census(&tracer)["heap"]["census"].as_u64().expect("census");
     workload.tell("grow");
     assert_eq!(workload.next_line("grown"), Some(format!("grown {n}")));
-    // A census begun after the objects were made: two censuses on.
-    let after = loop {
+    let census_from = |c: u64| loop {
         let v = next_census(&tracer);
-        if v["heap"]["census"].as_u64() >= Some(first + 2) {
+        if v["heap"]["census"].as_u64() >= Some(c) {
             break v;
         }
     };
+    let before = census_from(start + 2);
+    let first = before["heap"]["census"].as_u64().expect("census");
+    let from = before["heap"]["taken_s"].as_f64().expect("taken_s");
+    workload.tell("grow");
+    assert_eq!(workload.next_line("grown"), Some(format!("grown {}", 2 * n)));
+    let after = census_from(first + 2);
     let to = after["heap"]["taken_s"].as_f64().expect("taken_s");
     tracer.signal(libc::SIGINT);
     let _ = tracer.summary();
@@ -155,10 +160,9 @@ fn the_diff_of_two_censuses_counts_the_objects_made_between() {
         .iter()
         .find(|t| t["name"] == "__main__.Grown")
         .unwrap_or_else(|| panic!("no Grown: {diff}"));
-    // Not there at the first census, which listed every type; n at the
-    // second, the target idle meanwhile.
-    assert_eq!(grown["from"]["count"], 0, "{grown}");
-    assert_eq!(grown["to"]["count"], n, "{grown}");
+    // N at the first census, 2N at the second, the target idle between.
+    assert_eq!(grown["from"]["count"], n, "{grown}");
+    assert_eq!(grown["to"]["count"], 2 * n, "{grown}");
     let (code, table, err) = report(&[record.to_str().unwrap(), "--diff", &from.to_string(), &to.to_string()]);
     assert_eq!(code, Some(0), "{err}");
     assert!(table.lines().next().is_some_and(|l| l.starts_with("heap change from census ")), "{table}");
