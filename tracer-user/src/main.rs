@@ -65,10 +65,7 @@ fn attach(args: &AttachArgs) -> Result<(), Failure> {
     let mut signals = handlers(false)?;
     let out = std::io::stdout().lock();
     let end = runtime.block_on(tracer_user::run::attach(&config, None, &mut signals, out, std::io::stderr()))?;
-    let what = match &config.target {
-        TargetSpec::Pid(pid) => format!("PID {pid}"),
-        TargetSpec::Exe(exe) => exe.display().to_string(),
-    };
+    let what = config.target.to_string();
     eprintln!("tracer: detached from {what} ({})", end.as_str());
     Ok(())
 }

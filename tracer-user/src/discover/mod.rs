@@ -46,6 +46,16 @@ pub enum TargetSpec {
     Exe(PathBuf),
 }
 
+impl std::fmt::Display for TargetSpec {
+    /// As messages and titles name it: `PID 1234`, or the executable.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Pid(pid) => write!(f, "PID {pid}"),
+            Self::Exe(exe) => write!(f, "{}", exe.display()),
+        }
+    }
+}
+
 /// A target that cannot be traced: always the user's input.
 #[derive(Debug, Error)]
 pub enum ResolveError {

@@ -458,10 +458,7 @@ pub async fn attach(
         g.price_summary(report, prices);
     }
     last.cost = cost.total().map(|c| c.of_all_hits(last.hits.unwrap_or(0)));
-    let what = match &config.target {
-        TargetSpec::Pid(pid) => format!("PID {pid}"),
-        TargetSpec::Exe(exe) => exe.display().to_string(),
-    };
+    let what = config.target.to_string();
     for (folded, flamegraph, stacks) in [
         config.stacks.as_ref().map(|s| (s.folded.as_ref(), s.flamegraph.as_ref(), Some((s.weight, s.sample)))),
         config.growth.as_ref().map(|g| (g.folded.as_ref(), g.flamegraph.as_ref(), None)),
