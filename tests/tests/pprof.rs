@@ -180,7 +180,58 @@ fn stacks_are_alloc_samples() {
     assert_eq!(p.default_type, "alloc_space");
     assert_eq!(p.samples.len(), stacks.len());
     same_samples(p, stacks, |s| [s["calls"].as_u64().unwrap(), s["bytes"].as_u64().unwrap(), 0, 0], "make_b ");
+    // pprof itself reads it: its total is the summary's calls, and its top
+    // function (by calls at the leaf) the summary's.
+    let top = go_pprof_top(&file, "alloc_objects");
+    let calls: u64 = stacks.iter().map(|s| s["calls"].as_u64().unwrap()).sum();
+    assert_eq!(top.total, calls.to_string(), "{}", top.text);
+    let mut leaves: HashMap<String, u64> = HashMap::new();
+    for s in stacks {
+        *leaves.entry(s["frames"][0]["function"].as_str().unwrap().to_owned()).or_default() +=
+            s["calls"].as_u64().unwrap();
+    }
+    let most = leaves.iter().max_by_key(|(name, calls)| (**calls, std::cmp::Reverse((*name).clone()))).unwrap();
+    assert_eq!(
+        (top.first.as_str(), top.first_flat.as_str()),
+        (most.0.as_str(), most.1.to_string().as_str()),
+        "{}",
+        top.text
+    );
     let _ = std::fs::remove_file(&file);
+}
+
+/// What `go tool pprof -top -sample_index=INDEX` prints of a profile: the
+/// total, and the first row's function and flat value.
+struct Top {
+    text: String,
+    total: String,
+    first: String,
+    first_flat: String,
+}
+
+fn go_pprof_top(file: &std::path::Path, index: &str) -> Top {
+    let out = std::process::Command::new("go")
+        .args(["tool", "pprof", "-top", &format!("-sample_index={index}")])
+        .arg(file)
+        .env("HOME", std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+        .output()
+        .expect("go: run `cargo xtask setup` (Debian's golang-go)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "go tool pprof: {}{text}", String::from_utf8_lossy(&out.stderr));
+    // "Showing nodes accounting for 300, 100% of 300 total"
+    let total = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Showing nodes accounting for ")?.split(" of ").nth(1)?.strip_suffix(" total"))
+        .unwrap_or_else(|| panic!("no total: {text}"))
+        .to_owned();
+    // The rows after the heading: flat flat% sum% cum cum% function.
+    let row = text
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("flat"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no rows: {text}"));
+    let words: Vec<&str> = row.split_whitespace().collect();
+    Top { first: words[5..].join(" "), first_flat: words[0].to_owned(), total, text }
 }
 
 /// The production profile with growth: growth's stacks as inuse samples

@@ -56,6 +56,51 @@ fn samples(page: &str) -> HashMap<String, String> {
     out
 }
 
+/// The page as the `prometheus_client` package's text-format parser reads
+/// it (Debian's python3-prometheus-client, which `cargo xtask setup`
+/// installs): every sample as (name, labels, value). A page it rejects
+/// fails the test with its error.
+fn parsed(page: &str) -> Vec<(String, HashMap<String, String>, f64)> {
+    const PARSE: &str = "import json, sys\n\
+        from prometheus_client.parser import text_string_to_metric_families as families\n\
+        print(json.dumps([[s.name, s.labels, repr(s.value)] for f in families(sys.stdin.read()) for s in f.samples]))";
+    let mut child = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", PARSE])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("/usr/bin/python3: run `cargo xtask setup`");
+    child.stdin.take().expect("stdin").write_all(page.as_bytes()).expect("the page to the parser");
+    let out = child.wait_with_output().expect("the parser");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !err.contains("No module named 'prometheus_client'"),
+        "prometheus_client is missing: run `cargo xtask setup`"
+    );
+    assert!(out.status.success(), "prometheus_client rejects the page: {err}\n{page}");
+    // Each value as Python's repr, its shortest exact form, which Rust's
+    // parser reads back exactly (serde_json's own may miss by a unit).
+    let all: Vec<(String, HashMap<String, String>, String)> =
+        serde_json::from_slice(&out.stdout).expect("the parser's JSON");
+    all.into_iter()
+        .map(|(name, labels, value)| {
+            let value = value.parse().unwrap_or_else(|_| panic!("{name}: {value} is not a number"));
+            (name, labels, value)
+        })
+        .collect()
+}
+
+/// The value `prometheus_client` read for `name` with `labels` (and no
+/// other label).
+fn parsed_value(parsed: &[(String, HashMap<String, String>, f64)], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let want: HashMap<String, String> = labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+    let mut found = parsed.iter().filter(|(n, l, _)| n == name && *l == want);
+    let value = found.next().map(|(_, _, v)| *v);
+    assert!(found.next().is_none(), "{name} {labels:?} twice");
+    value
+}
+
 /// A sample's value as a number (a HELP or TYPE line has none).
 fn value(scraped: &HashMap<String, String>, series: &str) -> Option<f64> {
     scraped.get(series).map(|v| v.parse().unwrap_or(f64::NAN))
@@ -68,7 +113,8 @@ fn the_endpoint_serves_the_interval_it_reported_exactly() {
     let mut workload = Workload::script(None, python.to_str().unwrap(), "threads.py", &["2", "10000"]);
     workload.wait_blocked_on_stdin();
     let pid = workload.pid();
-    let base = format!("pid=\"{pid}\",container=\"{}\"", cgroup(pid));
+    let container = cgroup(pid);
+    let base = format!("pid=\"{pid}\",container=\"{container}\"");
     let (tracer, attached) = TracerRun::attach_json(pid, &["--interval", "0.2", "--listen", "127.0.0.1:0"]);
     assert_eq!(attached["mode"], "exact");
     assert!(attached["measures_bytes"].as_array().is_some_and(|m| !m.is_empty()), "{attached}");
@@ -87,7 +133,13 @@ fn the_endpoint_serves_the_interval_it_reported_exactly() {
     let (status, lines, stderr) = tracer.finish();
     assert!(status.success(), "{stderr}");
     workload.close();
+    // A real client's parser reads as many samples, and the same values.
+    let by_client = parsed(&page);
+    assert_eq!(by_client.len(), scraped.values().filter(|v| !v.is_empty()).count(), "{page}");
+    let pid_s = pid.to_string();
+    let labels = [("pid", pid_s.as_str()), ("container", container.as_str())];
     let elapsed = value(&scraped, &format!("tracer_elapsed_seconds{{{base}}}")).expect("elapsed");
+    assert_eq!(parsed_value(&by_client, "tracer_elapsed_seconds", &labels), Some(elapsed));
     // The interval the page was rendered from, by its time.
     let interval = lines
         .iter()
@@ -103,6 +155,11 @@ fn the_endpoint_serves_the_interval_it_reported_exactly() {
         let measured = attached["measures_bytes"].as_array().is_some_and(|m| m.iter().any(|f| f == &function));
         let bytes = measured.then(|| bytes.to_string());
         assert_eq!(scraped.get(&series("tracer_requested_bytes_total")), bytes.as_ref(), "{function}");
+        let mut with_function = labels.to_vec();
+        with_function.push(("function", function.as_str()));
+        #[allow(clippy::cast_precision_loss, reason = "the counts here are far below 2^53")]
+        let calls_f = calls as f64;
+        assert_eq!(parsed_value(&by_client, "tracer_calls_total", &with_function), Some(calls_f), "{function}");
         // Nothing moved after the work: the summary says the same.
         assert_eq!(calls, counts(summary)[&function].0, "{function}");
     }
@@ -137,7 +194,8 @@ fn the_heap_census_is_served_with_names_escaped() {
         TracerRun::profile_json(pid, &["--interval", "0.5", "--listen", "127.0.0.1:0", "--budget", "20"]);
     assert_eq!(attached["mode"], "profile");
     let addr = serving(&tracer);
-    let base = format!("pid=\"{pid}\",container=\"{}\"", cgroup(pid));
+    let container = cgroup(pid);
+    let base = format!("pid=\"{pid}\",container=\"{container}\"");
     let deadline = Instant::now() + Duration::from_mins(1);
     let (page, scraped) = loop {
         let (_, page) = get(&addr, "/metrics");
@@ -165,6 +223,12 @@ fn the_heap_census_is_served_with_names_escaped() {
     let series = format!("tracer_heap_objects{{{base},type=\"__main__.we\\\"ird\\\\x\\n?[31mname\"}}");
     assert_eq!(scraped.get(&series), Some(&n.to_string()), "{series} in {page}");
     assert!(!page.contains('\x1b'), "a raw escape in the page");
+    // A real client's parser unescapes it to the name with the terminal
+    // escape replaced, and reads the same count.
+    let pid_s = pid.to_string();
+    let labels =
+        [("pid", pid_s.as_str()), ("container", container.as_str()), ("type", "__main__.we\"ird\\x\n?[31mname")];
+    assert_eq!(parsed_value(&parsed(&page), "tracer_heap_objects", &labels), Some(f64::from(n)), "{page}");
     // Capped: at most 30 types, the rest in a family of their own.
     let types = scraped.keys().filter(|k| k.starts_with("tracer_heap_objects{")).count();
     assert!(types <= 30, "{types} type series");

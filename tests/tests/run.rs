@@ -286,7 +286,14 @@ fn signals_sent_to_tracer_reach_the_program() {
     assert_eq!(lines.next_line("ready").as_deref(), Some("ready"));
     for signal in [libc::SIGUSR1, libc::SIGUSR2, libc::SIGHUP, libc::SIGQUIT] {
         send(&tracer, signal);
-        assert_eq!(lines.next_line("the signal").as_deref(), Some(format!("got {signal}").as_str()));
+        let got = lines.next_line("the signal");
+        if got.as_deref() != Some(format!("got {signal}").as_str()) {
+            // Once seen in CI (SIGHUP: the program's stdout closed): how
+            // tracer ended, and what it said, for the next look.
+            let (status, stderr) = finish(tracer);
+            let report = std::fs::read_to_string(&file).unwrap_or_default();
+            panic!("after signal {signal} the program printed {got:?}; tracer: {status}: {stderr}\nreport:\n{report}");
+        }
     }
     send(&tracer, libc::SIGTERM);
     assert_eq!(lines.next_line("SIGTERM").as_deref(), Some(format!("got {}", libc::SIGTERM).as_str()));

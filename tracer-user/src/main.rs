@@ -8,7 +8,7 @@ use std::io::Write as _;
 use clap::Parser as _;
 use tracer_user::{
     cli::{
-        AttachArgs, BenchArgs, Cli, Command, HeapArgs, ProbesArgs, ReportArgs, RunArgs, StackArgs, ValueError,
+        AttachArgs, BenchArgs, Cli, Command, HeapArgs, ProbesArgs, ReportArgs, RunArgs, StackArgs, TopArgs, ValueError,
         usage_error,
     },
     config::{AttachConfig, ConfigError, Format, TargetSpec},
@@ -38,6 +38,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Attach(args) => attach(&args).map(|()| ExitCode::SUCCESS),
         Command::Run(args) => run(&args),
+        Command::Top(args) => top(&args).map(|()| ExitCode::SUCCESS),
         Command::Bench(args) => bench(&args).map(|()| ExitCode::SUCCESS),
         Command::Probes(args) => probes(&args).map(|()| ExitCode::SUCCESS),
         Command::Stack(args) => stack(&args).map(|()| ExitCode::SUCCESS),
@@ -67,6 +68,21 @@ fn attach(args: &AttachArgs) -> Result<(), Failure> {
     let end = runtime.block_on(tracer_user::run::attach(&config, None, &mut signals, out, std::io::stderr()))?;
     let what = config.target.to_string();
     eprintln!("tracer: detached from {what} ({})", end.as_str());
+    Ok(())
+}
+
+/// `tracer top`: attach, drawn full-screen until q, Ctrl-C or the end.
+fn top(args: &TopArgs) -> Result<(), Failure> {
+    use std::io::IsTerminal as _;
+    let config = AttachConfig::for_top(&args.attach, std::io::stdout().is_terminal())?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let _entered = runtime.enter();
+    let mut signals = handlers(false)?;
+    // The screen's thread writes to the terminal itself: stdout is not
+    // locked here.
+    let end =
+        runtime.block_on(tracer_user::run::attach(&config, None, &mut signals, std::io::sink(), std::io::stderr()))?;
+    eprintln!("tracer: detached from {} ({})", config.target, end.as_str());
     Ok(())
 }
 
@@ -263,7 +279,7 @@ fn bench(args: &BenchArgs) -> Result<(), Failure> {
 }
 
 fn probes(args: &ProbesArgs) -> Result<(), Failure> {
-    let target = tracer_user::config::target_spec(args.target.pid, args.target.exe.as_deref())?;
+    let target = tracer_user::config::target_of(&args.target)?;
     let report = prepare::prepare(&target, &prepare::Options::probes(args))?.into_report();
     let mut out = std::io::stdout().lock();
     if args.json {

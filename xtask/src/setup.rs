@@ -34,6 +34,14 @@ const APT_PACKAGES: &[&str] = &[
     // objcopy: the tests make copies of the interpreters that no debug info
     // can be found for.
     "binutils",
+    // `tracer top`'s test runs it in a terminal of tmux's.
+    "tmux",
+    // The exporter's tests read its page with the Prometheus client
+    // library's own text-format parser.
+    "python3-prometheus-client",
+    // `go tool pprof`: the pprof tests read tracer's profiles with pprof
+    // itself (Go 1.19's; about 60 s to install here, 330 MB).
+    "golang-go",
     // The flame-graph test screenshots tracer's SVG in headless Chromium
     // (about 50 s to install here, 290 MB).
     "chromium",

@@ -83,6 +83,18 @@ not traced. See docs/run.md.",
         after_help = "Examples:\n  sudo tracer run -- python3 app.py --port 8000\n  sudo tracer run --exact --json --output counts.jsonl -- python3 -c 'import json'"
     )]
     Run(RunArgs),
+    /// Watch a CPython process live, full-screen: the heap by type, growth by site, rates.
+    #[command(
+        long_about = "Attach as `tracer attach` does (the production profile by default, or --exact) and \
+draw what it reports full-screen in the terminal, redrawn each --interval: the heap by type from the \
+latest census, heap growth by Python site, and each probed function's rate, with the cost to the \
+target and the collections per generation on top. Estimates are marked ~ with their 95% interval.\n\n\
+Keys: Tab moves between the tables, the left and right arrows (or 1-5) pick the column the table \
+sorts by, r reverses it, q or Ctrl-C detaches and restores the terminal. stdout must be a \
+terminal; for a report to read later or to pipe, use `tracer attach`. See docs/top.md.",
+        after_help = "Examples:\n  sudo tracer top --pid 1234\n  sudo tracer top --pid $(pgrep -n python3) --interval 2"
+    )]
+    Top(TopArgs),
     /// Measure what tracer costs: pyperf timeit with nothing attached, attached, and detached again.
     #[command(
         long_about = "Measure what tracer costs a statement, with pyperf.\n\nRuns `pyperf timeit STMT` in the target interpreter in three states, interleaved in rounds so that \
@@ -159,7 +171,8 @@ at or after TO (both from the attach). See docs/report.md.",
 #[command(
     mut_group("target", |g| g.required(false)),
     mut_arg("pid", |a| a.hide(true).conflicts_with("command")),
-    mut_arg("exe", |a| a.hide(true).conflicts_with("command"))
+    mut_arg("exe", |a| a.hide(true).conflicts_with("command")),
+    mut_arg("name", |a| a.hide(true).conflicts_with("command"))
 )]
 pub struct RunArgs {
     #[command(flatten)]
@@ -170,6 +183,14 @@ pub struct RunArgs {
     /// The program to run and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<std::ffi::OsString>,
+}
+
+/// `tracer top`: attach's flags; its output is the screen.
+#[derive(Clone, Debug, Parser)]
+#[command(mut_arg("json", |a| a.hide(true)))]
+pub struct TopArgs {
+    #[command(flatten)]
+    pub attach: AttachArgs,
 }
 
 /// `tracer report`.
@@ -325,7 +346,7 @@ pub struct BenchArgs {
 
 /// What to trace and where: shared by `attach` and `probes`.
 #[derive(Clone, Debug, Args)]
-#[command(group(clap::ArgGroup::new("target").required(true).args(["pid", "exe"])))]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["pid", "exe", "name"])))]
 pub struct TargetArgs {
     /// PID of the CPython process to trace (all its threads).
     #[arg(long, short = 'p', value_name = "PID")]
@@ -334,6 +355,11 @@ pub struct TargetArgs {
     /// reports per PID and in total. Runs until Ctrl-C, SIGTERM or --duration.
     #[arg(long, short = 'e', value_name = "PATH")]
     pub exe: Option<PathBuf>,
+    /// Trace the CPython process whose command line matches PATTERN, a regular expression, as
+    /// `pgrep -f PATTERN` matches; a matching wrapper (a shell, sudo, a pyenv shim) is followed to
+    /// the CPython process it started. Exactly one must match.
+    #[arg(long, short = 'n', value_name = "PATTERN")]
+    pub name: Option<String>,
     /// Which functions to probe: default (all), refs (_Py_NewReference, _Py_Dealloc), alloc (the
     /// allocator API), or a comma-separated list of function names.
     #[arg(long, value_name = "SET", default_value = "default", value_parser = probe_selection)]
@@ -618,7 +644,7 @@ mod tests {
         );
         assert_eq!(
             usage(&["probes"]),
-            "the following required arguments were not provided: <--pid <PID>|--exe <PATH>>; see `tracer probes --help`"
+            "the following required arguments were not provided: <--pid <PID>|--exe <PATH>|--name <PATTERN>>; see `tracer probes --help`"
         );
         assert_eq!(usage(&["xyzzy"]), "unrecognized subcommand 'xyzzy'; see `tracer --help`");
         assert_eq!(usage(&["__calibration-child", "x"]), "unexpected argument 'x' found; see `tracer --help`");

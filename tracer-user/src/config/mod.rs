@@ -38,6 +38,15 @@ pub fn target_spec(pid: Option<u32>, exe: Option<&std::path::Path>) -> Result<Ta
     }
 }
 
+/// `--pid`, `--exe` or `--name` (resolved here to the one PID it selects).
+pub fn target_of(t: &crate::cli::TargetArgs) -> Result<TargetSpec, ConfigError> {
+    match (&t.name, t.pid, &t.exe) {
+        (Some(pattern), None, None) => Ok(TargetSpec::Pid(crate::discover::name::select(pattern)?)),
+        (None, pid, exe) => target_spec(pid, exe.as_deref()),
+        _ => Err(ConfigError::NoTarget),
+    }
+}
+
 /// How results are written to stdout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
@@ -45,6 +54,8 @@ pub enum Format {
     Table,
     /// JSON Lines, one object per event (see docs/json.md).
     Json,
+    /// `tracer top`'s full-screen view in the terminal.
+    Top,
 }
 
 /// Which of its two modes `tracer attach` runs in.
@@ -191,8 +202,18 @@ pub enum ConfigError {
     BadDuration { value: f64 },
     #[error("--pid 0 is not a process; pass the PID of a running CPython process (e.g. from `pgrep python`)")]
     PidZero,
-    #[error("pass exactly one of --pid PID or --exe PATH")]
+    #[error("pass exactly one of --pid PID, --exe PATH or --name PATTERN")]
     NoTarget,
+    #[error(transparent)]
+    Name(#[from] crate::discover::name::NameError),
+    #[error(
+        "tracer top draws on the terminal and writes no JSON; for JSON Lines use `tracer attach --json` with the same flags"
+    )]
+    TopJson,
+    #[error(
+        "tracer top draws on a terminal, and its stdout is not one; run it in a terminal, or use `tracer attach` (a table, or --json) to save or pipe the report"
+    )]
+    TopNotATerminal,
     #[error("--older must be a number of seconds, 0 or more and at most {MAX_SECONDS} (got {value}); try --older 10")]
     BadOlder { value: f64 },
     #[error(
@@ -299,7 +320,7 @@ impl TryFrom<&AttachArgs> for AttachConfig {
 
     /// Checks the flags against each other: what clap cannot see alone.
     fn try_from(args: &AttachArgs) -> Result<Self, ConfigError> {
-        Self::build(args, target_spec(args.target.pid, args.target.exe.as_deref())?)
+        Self::build(args, target_of(&args.target)?)
     }
 }
 
@@ -309,6 +330,20 @@ impl AttachConfig {
     /// then.
     pub fn for_command(args: &AttachArgs) -> Result<Self, ConfigError> {
         Self::build(args, TargetSpec::Pid(0))
+    }
+
+    /// `tracer top`'s: attach's, drawn on the terminal, which stdout must
+    /// be (`terminal`).
+    pub fn for_top(args: &AttachArgs, terminal: bool) -> Result<Self, ConfigError> {
+        if args.json {
+            return Err(ConfigError::TopJson);
+        }
+        if !terminal {
+            return Err(ConfigError::TopNotATerminal);
+        }
+        let mut config = Self::try_from(args)?;
+        config.format = Format::Top;
+        Ok(config)
     }
 
     fn build(args: &AttachArgs, target: TargetSpec) -> Result<Self, ConfigError> {

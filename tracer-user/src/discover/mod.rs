@@ -13,6 +13,7 @@ pub mod impls;
 pub mod inline;
 pub mod libc;
 pub mod modules;
+pub mod name;
 pub mod process;
 pub mod pymalloc;
 pub mod usdt;

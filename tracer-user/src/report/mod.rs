@@ -11,6 +11,7 @@ pub mod prometheus;
 pub mod replay;
 pub mod stacks;
 mod table;
+pub mod top;
 mod types;
 pub mod written;
 
@@ -34,6 +35,7 @@ pub fn reporter<'a>(format: Format, out: Box<dyn Write + 'a>, err: Box<dyn Write
     match format {
         Format::Table => Box::new(TableReporter::new(out, err)),
         Format::Json => Box::new(JsonReporter::new(out, err)),
+        Format::Top => Box::new(top::TopReporter::new(err)),
     }
 }
 

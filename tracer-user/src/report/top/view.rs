@@ -1,0 +1,485 @@
+//! What `tracer top` shows, and how its keys change it: three tables (the
+//! heap by type, growth by site, the probed functions' rates) built from
+//! the latest interval of the model, each sortable by any of its columns.
+//! Names come from the target: they are shown through
+//! [`crate::text::display`], escaped, as the table report shows them.
+
+use ratatui::{
+    Frame,
+    crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers},
+    layout::{Constraint, Layout, Rect},
+    style::Stylize,
+    text::Line,
+    widgets::{Block, Paragraph, Row, Table},
+};
+
+use crate::{
+    heap::print::{bytes, thousands},
+    model::{Attached, Snapshot},
+    report::table::heap::{signed_bytes, signed_count},
+    text::display,
+};
+
+/// The tables, in the order Tab visits them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pane {
+    Heap,
+    Growth,
+    Rates,
+}
+
+impl Pane {
+    const ALL: [Self; 3] = [Self::Heap, Self::Growth, Self::Rates];
+
+    const fn index(self) -> usize {
+        match self {
+            Self::Heap => 0,
+            Self::Growth => 1,
+            Self::Rates => 2,
+        }
+    }
+
+    const fn columns(self) -> &'static [Column] {
+        match self {
+            Self::Heap => HEAP,
+            Self::Growth => GROWTH,
+            Self::Rates => RATES,
+        }
+    }
+}
+
+/// A column: its heading, whether it holds numbers (sorted largest
+/// first), and its width.
+pub struct Column {
+    pub title: &'static str,
+    numeric: bool,
+    width: Constraint,
+}
+
+const fn column(title: &'static str, numeric: bool, width: Constraint) -> Column {
+    Column { title, numeric, width }
+}
+
+const HEAP: &[Column] = &[
+    column("type", false, Constraint::Min(24)),
+    column("objects", true, Constraint::Length(13)),
+    column("change", true, Constraint::Length(11)),
+    column("bytes", true, Constraint::Length(11)),
+    column("change", true, Constraint::Length(11)),
+];
+const GROWTH: &[Column] = &[
+    column("function", false, Constraint::Min(20)),
+    column("file:line", false, Constraint::Min(24)),
+    column("in use", true, Constraint::Length(11)),
+    column("growth", true, Constraint::Length(11)),
+    column("samples", true, Constraint::Length(9)),
+];
+const RATES: &[Column] = &[
+    column("function", false, Constraint::Min(20)),
+    column("calls/s", true, Constraint::Length(22)),
+    column("bytes/s", true, Constraint::Length(24)),
+    column("calls traced", true, Constraint::Length(14)),
+];
+
+/// A cell: what is shown, and what it sorts by (`None`, unknown, sorts
+/// last either way).
+struct Cell {
+    text: String,
+    key: Key,
+}
+
+#[derive(Clone, Debug, PartialEq, PartialOrd)]
+enum Key {
+    Number(f64),
+    Text(String),
+    Unknown,
+}
+
+#[allow(clippy::cast_precision_loss, reason = "a sort key: 2^53 and more sort close enough")]
+fn count(n: u64) -> Cell {
+    Cell { text: thousands(n), key: Key::Number(n as f64) }
+}
+
+#[allow(clippy::cast_precision_loss, reason = "a sort key")]
+fn size(n: u64) -> Cell {
+    Cell { text: bytes(n), key: Key::Number(n as f64) }
+}
+
+#[allow(clippy::cast_precision_loss, reason = "a sort key")]
+fn change(n: Option<i64>, show: fn(i64) -> String) -> Cell {
+    n.map_or(Cell { text: "-".to_owned(), key: Key::Unknown }, |n| Cell { text: show(n), key: Key::Number(n as f64) })
+}
+
+fn text(s: String) -> Cell {
+    Cell { key: Key::Text(s.to_lowercase()), text: s }
+}
+
+/// A rate, with `~` and its 95% interval where it is an estimate.
+fn rate(per_s: Option<f64>, ci95: Option<[f64; 2]>, estimate: bool, unit: fn(f64) -> String) -> Cell {
+    let Some(per_s) = per_s else { return Cell { text: "-".to_owned(), key: Key::Unknown } };
+    let text = match (estimate, ci95) {
+        (true, Some([lo, hi])) if per_s > 0.0 => {
+            format!("~{} ±{:.0}%", unit(per_s), 100.0 * (hi - lo) / 2.0 / per_s)
+        }
+        (true, _) => format!("~{}", unit(per_s)),
+        (false, _) => unit(per_s),
+    };
+    Cell { text, key: Key::Number(per_s) }
+}
+
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "shown rounded; rates are not negative")]
+fn per_second(n: f64) -> String {
+    thousands(n.round() as u64)
+}
+
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "shown rounded; rates are not negative")]
+fn bytes_per_second(n: f64) -> String {
+    format!("{}/s", bytes(n.round() as u64))
+}
+
+/// One table's sort: by which column, and which way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Sort {
+    column: usize,
+    descending: bool,
+}
+
+/// What a key asks of the screen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Draw again.
+    Redraw,
+    /// Detach and leave.
+    Quit,
+    /// Nothing changed.
+    None,
+}
+
+/// The screen's state.
+pub struct View {
+    /// The first lines: the target and the mode.
+    title: String,
+    /// Whether the figures are estimates (the production profile).
+    estimates: bool,
+    snapshot: Option<Snapshot>,
+    /// The latest note tracer gave, shown at the bottom.
+    note: Option<String>,
+    focus: Pane,
+    sorts: [Sort; 3],
+    /// Set once q or Ctrl-C was pressed.
+    pub quitting: bool,
+}
+
+impl View {
+    #[must_use]
+    pub fn new(attached: &Attached) -> Self {
+        let target = match (attached.pid, &attached.exe) {
+            (Some(pid), _) => format!("PID {pid}"),
+            (None, Some(exe)) => display(exe),
+            (None, None) => "the target".to_owned(),
+        };
+        let estimates = attached.mode.as_deref() == Some("profile");
+        let mode = if estimates { "production profile: figures marked ~ are estimates" } else { "exact tracing" };
+        Self {
+            title: format!("tracer top · {target} · CPython {} · {mode}", display(&attached.python.version)),
+            estimates,
+            snapshot: None,
+            note: None,
+            focus: Pane::Heap,
+            sorts: [
+                Sort { column: 3, descending: true },
+                Sort { column: 2, descending: true },
+                Sort { column: 1, descending: true },
+            ],
+            quitting: false,
+        }
+    }
+
+    /// The interval just reported.
+    pub fn update(&mut self, snapshot: Snapshot) {
+        self.snapshot = Some(snapshot);
+    }
+
+    /// A note tracer gave.
+    pub fn note(&mut self, message: &str) {
+        self.note = Some(display(message));
+    }
+
+    /// What `key` does: q or Ctrl-C quits, Tab moves between the tables,
+    /// the arrows (or `<` and `>`) pick the column the focused one sorts
+    /// by, a digit picks it by number, `r` reverses the order.
+    pub fn key(&mut self, key: KeyEvent) -> Action {
+        if key.kind == KeyEventKind::Release {
+            return Action::None;
+        }
+        let sort = &mut self.sorts[self.focus.index()];
+        let columns = self.focus.columns().len();
+        let pick = |sort: &mut Sort, column: usize, pane: Pane| {
+            *sort = Sort { column, descending: pane.columns()[column].numeric };
+        };
+        match key.code {
+            KeyCode::Char('c') if key.modifiers.contains(KeyModifiers::CONTROL) => return Action::Quit,
+            KeyCode::Char('q') | KeyCode::Esc => return Action::Quit,
+            KeyCode::Tab => {
+                self.focus = Pane::ALL[(self.focus.index() + 1) % Pane::ALL.len()];
+            }
+            KeyCode::BackTab => {
+                self.focus = Pane::ALL[(self.focus.index() + Pane::ALL.len() - 1) % Pane::ALL.len()];
+            }
+            KeyCode::Right | KeyCode::Char('>') => pick(sort, (sort.column + 1) % columns, self.focus),
+            KeyCode::Left | KeyCode::Char('<') => pick(sort, (sort.column + columns - 1) % columns, self.focus),
+            KeyCode::Char(c @ '1'..='9') => {
+                let column = c.to_digit(10).and_then(|d| usize::try_from(d).ok()).unwrap_or(0).saturating_sub(1);
+                if column >= columns {
+                    return Action::None;
+                }
+                pick(sort, column, self.focus);
+            }
+            KeyCode::Char('r') => sort.descending = !sort.descending,
+            _ => return Action::None,
+        }
+        Action::Redraw
+    }
+
+    /// Draws the whole screen.
+    pub fn draw(&self, frame: &mut Frame<'_>) {
+        let [top, heap, growth, rates, foot] = Layout::vertical([
+            Constraint::Length(2),
+            Constraint::Fill(3),
+            Constraint::Fill(2),
+            Constraint::Fill(2),
+            Constraint::Length(2),
+        ])
+        .areas(frame.area());
+        frame
+            .render_widget(Paragraph::new(vec![Line::from(self.title.clone().bold()), Line::from(self.status())]), top);
+        let snapshot = self.snapshot.as_ref();
+        self.table(frame, heap, Pane::Heap, snapshot.map_or_else(|| waiting("the first interval"), heap_rows));
+        self.table(frame, growth, Pane::Growth, snapshot.map_or_else(|| waiting("the first interval"), growth_rows));
+        let estimates = self.estimates;
+        self.table(
+            frame,
+            rates,
+            Pane::Rates,
+            snapshot.map_or_else(|| waiting("the first interval"), |s| rates_rows(s, estimates)),
+        );
+        let keys = if self.quitting {
+            "detaching…".to_owned()
+        } else {
+            "q quit · Tab next table · ←/→ or 1-5 sort column · r reverse".to_owned()
+        };
+        let mut lines = vec![Line::from(keys.dim())];
+        if let Some(note) = &self.note {
+            lines.push(Line::from(note.clone()));
+        }
+        frame.render_widget(Paragraph::new(lines), foot);
+    }
+
+    /// The second line: time, cost, collections.
+    fn status(&self) -> String {
+        let Some(s) = &self.snapshot else { return "attached; the first interval is coming".to_owned() };
+        let mut parts = vec![format!("{:.1} s", s.elapsed_s)];
+        if let Some(p) = &s.profile {
+            parts.push(format!(
+                "cost {:.2}% of the target's CPU time (budget {}%)",
+                p.fraction * 100.0,
+                p.budget_percent
+            ));
+        } else if let Some(f) = s.cost.as_ref().and_then(|c| c.overhead_fraction) {
+            parts.push(format!("estimated cost {:.1}% of the target's CPU time", f * 100.0));
+        }
+        if let Some(gc) = &s.gc {
+            let generations: Vec<String> = gc
+                .generations
+                .iter()
+                .map(|g| match g.generation {
+                    Some(n) => format!("gen{n} {}", thousands(g.collections)),
+                    None => format!("unknown {}", thousands(g.collections)),
+                })
+                .collect();
+            if !generations.is_empty() {
+                parts.push(format!("GC {}", generations.join(" ")));
+            }
+        }
+        parts.join(" · ")
+    }
+
+    /// One table, its rows sorted as its pane's sort says.
+    fn table(&self, frame: &mut Frame<'_>, area: Rect, pane: Pane, rows: Rows) {
+        let sort = self.sorts[pane.index()];
+        let columns = pane.columns();
+        let header = Row::new(columns.iter().enumerate().map(|(i, c)| {
+            let mark = match (i == sort.column, sort.descending) {
+                (false, _) => "",
+                (true, true) => " ▼",
+                (true, false) => " ▲",
+            };
+            format!("{}{mark}", c.title)
+        }))
+        .bold();
+        let mut body = rows.body;
+        body.sort_by(|a, b| order(&a[sort.column].key, &b[sort.column].key, sort.descending));
+        let mut lines: Vec<Row<'_>> =
+            body.into_iter().map(|cells| Row::new(cells.into_iter().map(|c| c.text))).collect();
+        lines.extend(rows.last.map(|l| Row::new(vec![l]).dim()));
+        let focused = pane == self.focus;
+        let title = if focused {
+            Line::from(format!(" {} ", rows.title).bold())
+        } else {
+            Line::from(format!(" {} ", rows.title))
+        };
+        let block = Block::bordered().title(title);
+        let block = if focused { block } else { block.dim() };
+        frame.render_widget(
+            Table::new(lines, columns.iter().map(|c| c.width)).header(header).block(block).column_spacing(2),
+            area,
+        );
+    }
+}
+
+/// How two rows' keys sort: numbers and text either way, unknown last
+/// either way.
+fn order(a: &Key, b: &Key, descending: bool) -> std::cmp::Ordering {
+    use std::cmp::Ordering;
+    let order = match (a, b) {
+        (Key::Unknown, Key::Unknown) => Ordering::Equal,
+        (Key::Unknown, _) => return Ordering::Greater,
+        (_, Key::Unknown) => return Ordering::Less,
+        _ => a.partial_cmp(b).unwrap_or(Ordering::Equal),
+    };
+    if descending { order.reverse() } else { order }
+}
+
+/// A table's rows (unsorted), its title, and a line after them.
+struct Rows {
+    title: String,
+    body: Vec<Vec<Cell>>,
+    last: Option<String>,
+}
+
+fn waiting(what: &str) -> Rows {
+    Rows { title: format!("waiting for {what}"), body: Vec::new(), last: None }
+}
+
+fn heap_rows(s: &Snapshot) -> Rows {
+    let Some(heap) = &s.heap else {
+        return Rows {
+            title: "heap by type".to_owned(),
+            body: Vec::new(),
+            last: Some("no census yet (the production profile with --pid takes one as its budget allows)".to_owned()),
+        };
+    };
+    let partial = if heap.partial.is_empty() { String::new() } else { ", PARTIAL".to_owned() };
+    let since = heap.since_s.map_or_else(String::new, |s| format!(", changes since {s:.1} s"));
+    let body = heap
+        .types
+        .iter()
+        .map(|t| {
+            vec![
+                text(display(&t.name)),
+                count(t.count),
+                change(t.count_change, signed_count),
+                size(t.bytes),
+                change(t.bytes_change, signed_bytes),
+            ]
+        })
+        .collect();
+    let last = heap
+        .other
+        .filter(|o| o.types > 0)
+        .map(|o| format!("and {} other types: {} objects, {}", thousands(o.types), thousands(o.count), bytes(o.bytes)));
+    Rows {
+        title: format!(
+            "heap by type · census {} at {:.1} s{since}, read while running{partial}",
+            heap.census, heap.taken_s
+        ),
+        body,
+        last,
+    }
+}
+
+fn growth_rows(s: &Snapshot) -> Rows {
+    let title = "growth by site".to_owned();
+    let Some(growth) = &s.growth else {
+        return Rows { title, body: Vec::new(), last: Some("growth is not sampled in this run".to_owned()) };
+    };
+    let Some(g) = growth.sampled() else {
+        let crate::model::Growth::Unavailable { unavailable } = growth else { unreachable!() };
+        return Rows { title, body: Vec::new(), last: Some(format!("unavailable: {}", display(unavailable))) };
+    };
+    let body = g
+        .sites
+        .iter()
+        .map(|site| {
+            let at = site.line.map_or_else(|| display(&site.file), |l| format!("{}:{l}", display(&site.file)));
+            vec![
+                text(display(&site.function)),
+                text(at),
+                size(site.in_use_bytes),
+                change(Some(site.bytes), signed_bytes),
+                count(site.samples),
+            ]
+        })
+        .collect();
+    let stopped = g.stopped.as_ref().map(|s| format!("stopped at {:.1} s: {}", s.at_s, display(&s.reason)));
+    Rows {
+        title: format!(
+            "growth by site · ~estimates, one pool in {} sampled · {} in use, {} over the interval",
+            thousands(u64::from(g.sample_every)),
+            bytes(g.in_use_bytes),
+            signed_bytes(g.bytes)
+        ),
+        body,
+        last: stopped,
+    }
+}
+
+fn rates_rows(s: &Snapshot, estimates: bool) -> Rows {
+    let body = s
+        .probes
+        .iter()
+        .map(|(name, p)| {
+            let (calls, calls_ci, bytes_s, bytes_ci) = match p.estimate {
+                Some(e) => (Some(e.calls_per_s), e.calls_per_s_ci95, Some(e.bytes_per_s), e.bytes_per_s_ci95),
+                None => (p.calls_per_s, None, p.bytes_per_s, None),
+            };
+            let marked = estimates || p.estimate.is_some();
+            vec![
+                text(display(name)),
+                rate(calls, calls_ci, marked, per_second),
+                rate(bytes_s, bytes_ci, marked, bytes_per_second),
+                count(p.calls),
+            ]
+        })
+        .collect();
+    let title = if estimates {
+        "rates · ~estimates from the traced windows, with their 95% interval".to_owned()
+    } else {
+        "rates · exact, over the last interval".to_owned()
+    };
+    Rows { title, body, last: None }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_sorts_last_both_ways() {
+        let keys = [Key::Number(1.0), Key::Unknown, Key::Number(3.0), Key::Number(-2.0)];
+        for (descending, want) in [(true, ["3", "1", "-2", "?"]), (false, ["-2", "1", "3", "?"])] {
+            let mut sorted = keys.to_vec();
+            sorted.sort_by(|a, b| order(a, b, descending));
+            let shown: Vec<String> =
+                sorted.iter().map(|k| if let Key::Number(n) = k { n.to_string() } else { "?".to_owned() }).collect();
+            assert_eq!(shown, want, "descending {descending}");
+        }
+    }
+
+    #[test]
+    fn text_sorts_alphabetically() {
+        let (a, b) = (Key::Text("alpha".to_owned()), Key::Text("beta".to_owned()));
+        assert_eq!(order(&a, &b, false), std::cmp::Ordering::Less);
+        assert_eq!(order(&a, &b, true), std::cmp::Ordering::Greater);
+    }
+}
