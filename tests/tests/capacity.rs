@@ -77,3 +77,34 @@ fn more_live_objects_than_the_table_holds_are_counted_as_missed() {
     assert_eq!(made, n, "every Many counted by type");
     assert!(full <= made + OBJECT_ENTRIES, "{full}");
 }
+
+/// Room for distinct Python stacks (tracer-user/src/run/mod.rs,
+/// `STACK_ENTRIES`).
+const STACK_ENTRIES: u64 = 1 << 14;
+
+/// 20,000 functions each called once: more distinct stacks than the stack
+/// table holds. Each call's events past the room keep their counts and
+/// lose their stack, counted in `stacks_full` (at least one per stack
+/// past the room); no more stacks are listed than there is room for.
+#[test]
+fn more_stacks_than_the_table_holds_are_counted_as_missed() {
+    require_root();
+    let k: u64 = 20_000;
+    let python = shared_python();
+    let workload = Workload::script(None, python.to_str().unwrap(), "many_stacks.py", &[&k.to_string()]);
+    let (_, summary) = traced_until_done(workload, &["--stacks", "--interval", "3600"]);
+    let stats = &summary["stats"];
+    let full = stats["stacks_full"].as_u64().expect("stacks_full");
+    assert!(full >= k - STACK_ENTRIES, "stacks_full {full}: {stats}");
+    let stacks = summary["stacks"].as_array().expect("stacks");
+    let listed = u64::try_from(stacks.len()).expect("len");
+    assert!(listed <= STACK_ENTRIES, "{listed} stacks listed");
+    // The coverage says so: the events without a stack are those the full
+    // table turned away, or missed for another reason the stats count.
+    let coverage = &summary["stack_coverage"];
+    let (events, stacked) =
+        (coverage["events"].as_u64().expect("events"), coverage["stacked"].as_u64().expect("stacked"));
+    assert!(events - stacked >= full, "{coverage} against stacks_full {full}");
+    let listed_events: u64 = stacks.iter().map(|s| s["calls"].as_u64().expect("calls")).sum();
+    assert_eq!(listed_events, stacked, "the stacks listed hold the events counted under a stack");
+}
