@@ -129,6 +129,13 @@ fn the_endpoint_serves_the_interval_it_reported_exactly() {
     assert_eq!(status, "HTTP/1.1 200 OK");
     let scraped = samples(&page);
     assert_eq!(get(&addr, "/other").0, "HTTP/1.1 404 Not Found");
+    // A request head over 8 KiB is refused, not read on.
+    let mut stream = TcpStream::connect(&addr).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let _ = write!(stream, "GET /metrics HTTP/1.1\r\nX-Long: {}\r\n\r\n", "a".repeat(9000));
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    assert!(response.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"), "{response}");
     tracer.signal(libc::SIGINT);
     let (status, lines, stderr) = tracer.finish();
     assert!(status.success(), "{stderr}");

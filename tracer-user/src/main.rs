@@ -192,7 +192,9 @@ fn report(args: &ReportArgs) -> Result<(), Failure> {
     )?;
     let growth = written::StackFiles { folded: growth_folded.as_ref(), flamegraph: growth_flamegraph.as_ref() };
     notes.extend(written::growth(growth, &what, last)?);
-    notes.extend(pprof.as_ref().map(|f| written::pprof(f, last)).transpose()?);
+    // Dated by the record's attach, not by now.
+    let started = record.attached().and_then(|a| a.started_unix_s);
+    notes.extend(pprof.as_ref().map(|f| written::pprof(f, last, started)).transpose()?);
     for note in notes {
         eprintln!("tracer: {}: {}", if note.level == Level::Warning { "warning" } else { "note" }, note.message);
     }

@@ -43,6 +43,10 @@ pub struct Attached {
     /// The estimated cost to the target, from the first window.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimated_cost: Option<super::cost::CostEstimate>,
+    /// When the probes went live, by the wall clock, in seconds since
+    /// 1970 (UTC): what a report made later from a record dates itself by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_unix_s: Option<f64>,
     /// The traced process, or `None` when tracing every process of `exe`.
     pub pid: Option<u32>,
     /// With `--exe`, the executable asked for.

@@ -89,9 +89,29 @@ pub fn serve(listener: std::net::TcpListener, page: Page) -> std::io::Result<()>
 /// The longest request head read.
 const MAX_REQUEST: usize = 8 * 1024;
 
-async fn respond(stream: TcpStream, page: &Page) -> std::io::Result<()> {
-    let mut request = Vec::new();
+/// How long a client may take to send its request head: a connection that
+/// sends nothing holds one of the [`MAX_CONNECTIONS`] until then.
+const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How a request head ended.
+enum Head {
+    /// Read whole (or the client stopped sending).
+    Read,
+    /// Longer than [`MAX_REQUEST`].
+    TooLong,
+    /// Not whole within [`REQUEST_TIMEOUT`].
+    TimedOut,
+}
+
+/// How much of a head over [`MAX_REQUEST`] is read and dropped before the
+/// refusal: a client that sent it whole then reads the answer (closing
+/// with its bytes unread would reset the connection under it).
+const MAX_DRAIN: usize = 64 * 1024;
+
+/// Reads a request head into `request`.
+async fn read_head(stream: &TcpStream, request: &mut Vec<u8>) -> std::io::Result<Head> {
     let mut buf = [0u8; 1024];
+    let mut drained: Option<usize> = None;
     while !request.windows(4).any(|w| w == b"\r\n\r\n") && !request.windows(2).any(|w| w == b"\n\n") {
         stream.readable().await?;
         let n = match stream.try_read(&mut buf) {
@@ -99,24 +119,45 @@ async fn respond(stream: TcpStream, page: &Page) -> std::io::Result<()> {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),
         };
-        if n == 0 || request.len() + n > MAX_REQUEST {
+        if n == 0 {
             break;
+        }
+        if drained.is_none() && request.len() + n > MAX_REQUEST {
+            drained = Some(0);
+        }
+        if let Some(so_far) = drained.as_mut() {
+            // Only the last bytes are kept, to see where the head ends.
+            *so_far += n;
+            request.drain(..request.len().saturating_sub(3));
+            if *so_far > MAX_DRAIN {
+                break;
+            }
         }
         request.extend_from_slice(&buf[..n]);
     }
-    let head = String::from_utf8_lossy(&request);
-    let mut words = head.lines().next().unwrap_or_default().split_whitespace();
+    Ok(if drained.is_some() { Head::TooLong } else { Head::Read })
+}
+
+async fn respond(stream: TcpStream, page: &Page) -> std::io::Result<()> {
+    let mut request = Vec::new();
+    let head =
+        tokio::time::timeout(REQUEST_TIMEOUT, read_head(&stream, &mut request)).await.unwrap_or(Ok(Head::TimedOut))?;
+    let text = String::from_utf8_lossy(&request);
+    let mut words = text.lines().next().unwrap_or_default().split_whitespace();
     let (method, path) = (words.next().unwrap_or_default(), words.next().unwrap_or_default());
     let path = path.split('?').next().unwrap_or_default();
-    let (status, kind, body) = match (method, path) {
-        ("GET" | "HEAD", "/metrics") => {
+    let plain = "text/plain; charset=utf-8";
+    let (status, kind, body) = match (head, method, path) {
+        (Head::TooLong, ..) => {
+            ("431 Request Header Fields Too Large", plain, format!("a request head is at most {MAX_REQUEST} bytes\n"))
+        }
+        (Head::TimedOut, ..) => ("408 Request Timeout", plain, "no request head within 10 s\n".to_owned()),
+        (Head::Read, "GET" | "HEAD", "/metrics") => {
             let text = page.lock().map(|p| p.clone()).unwrap_or_default();
             ("200 OK", "text/plain; version=0.0.4; charset=utf-8", text)
         }
-        ("GET" | "HEAD", _) => {
-            ("404 Not Found", "text/plain; charset=utf-8", "tracer serves /metrics only\n".to_owned())
-        }
-        _ => ("405 Method Not Allowed", "text/plain; charset=utf-8", "GET /metrics\n".to_owned()),
+        (Head::Read, "GET" | "HEAD", _) => ("404 Not Found", plain, "tracer serves /metrics only\n".to_owned()),
+        (Head::Read, ..) => ("405 Method Not Allowed", plain, "GET /metrics\n".to_owned()),
     };
     let mut response = format!(
         "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",

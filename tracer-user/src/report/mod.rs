@@ -88,6 +88,7 @@ pub(crate) mod examples {
             mode: None,
             exact_because: None,
             estimated_cost: None,
+            started_unix_s: None,
             pid,
             exe: None,
             python: PythonInfo { version: "3.11.7".into(), image: "/lib/libpython3.11.so.1.0".into() },

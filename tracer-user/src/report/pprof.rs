@@ -159,9 +159,10 @@ impl Builder {
 }
 
 /// The profile of `last` (the summary): its stacks' events and growth's
-/// stacks, over `elapsed_s` up to now.
+/// stacks, over `elapsed_s` from `started_unix_s` (the attach, by the wall
+/// clock), or up to now where that is not known (a live run's summary).
 #[must_use]
-pub fn profile(last: &Snapshot) -> Profile {
+pub fn profile(last: &Snapshot, started_unix_s: Option<f64>) -> Profile {
     let mut b = Builder::new();
     for s in last.stacks.iter().flatten() {
         b.sample(&s.frames, [s.calls, s.bytes, 0, 0], ("probe", &s.probe));
@@ -185,7 +186,10 @@ pub fn profile(last: &Snapshot) -> Profile {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     #[allow(clippy::cast_possible_truncation, reason = "ns since 1970 fit an i64 until 2262")]
     let duration = (last.elapsed_s * 1e9) as i64;
-    b.profile.time_nanos = i64::try_from(now.as_nanos()).unwrap_or(i64::MAX).saturating_sub(duration);
+    #[allow(clippy::cast_possible_truncation, reason = "ns since 1970 fit an i64 until 2262")]
+    let started = started_unix_s.filter(|s| s.is_finite() && *s > 0.0).map(|s| (s * 1e9) as i64);
+    b.profile.time_nanos =
+        started.unwrap_or_else(|| i64::try_from(now.as_nanos()).unwrap_or(i64::MAX).saturating_sub(duration));
     b.profile.duration_nanos = duration;
     b.profile
 }
@@ -237,7 +241,7 @@ mod tests {
             elapsed_s: 2.0,
             ..Snapshot::default()
         };
-        let p = profile(&last);
+        let p = profile(&last, Some(1_700_000_000.5));
         let back = Profile::decode(&p.encode_to_vec()[..]).expect("decodes");
         assert_eq!(back, p);
         assert_eq!(p.sample.len(), 2);
@@ -253,6 +257,8 @@ mod tests {
         assert_eq!(s(p.default_sample_type), "inuse_space");
         assert_eq!((s(p.sample[0].label[0].key), s(p.sample[0].label[0].str)), ("probe", "PyObject_Malloc"));
         assert_eq!(p.duration_nanos, 2_000_000_000);
+        // Dated by the attach where it is known (a record's replay).
+        assert_eq!(p.time_nanos, 1_700_000_000_500_000_000);
         assert_eq!(p.string_table[0], "");
     }
 }

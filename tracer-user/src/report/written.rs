@@ -82,8 +82,8 @@ pub fn growth(files: StackFiles<'_>, what: &str, last: &Snapshot) -> Result<Vec<
 }
 
 /// Writes `--pprof` from the summary's stacks, and says where and what.
-pub fn pprof(file: &OutputFile, last: &Snapshot) -> Result<Note, OutputError> {
-    let profile = super::pprof::profile(last);
+pub fn pprof(file: &OutputFile, last: &Snapshot, started_unix_s: Option<f64>) -> Result<Note, OutputError> {
+    let profile = super::pprof::profile(last, started_unix_s);
     let samples = super::pprof::write(file, &profile)?;
     let what = match (last.stacks.is_some(), last.growth.as_ref().and_then(Growth::sampled)) {
         (true, Some(_)) => "the stacks' events (alloc_*) and growth's stacks (inuse_*, sampled estimates)",

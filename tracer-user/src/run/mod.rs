@@ -473,7 +473,8 @@ pub async fn attach(
         };
         output.notes(notes)?;
     }
-    output.notes(config.pprof.as_ref().map(|f| report::written::pprof(f, &last)).transpose()?)?;
+    // Live, the profile ends now: its start is now less its duration.
+    output.notes(config.pprof.as_ref().map(|f| report::written::pprof(f, &last, None)).transpose()?)?;
     output.summary(last, end)?;
     Ok(end)
 }
