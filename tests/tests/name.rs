@@ -50,11 +50,12 @@ fn name_reaches_the_interpreter_below_a_matching_wrapper() {
     require_root();
     let marker = format!("name-marker-{}", std::process::id());
     let (shell, python) = wrapped(&marker);
-    // The shell's command line matches too: the interpreter it started is
-    // the one selected, and counted.
+    // Only the shell's command line matches (the interpreter's has no
+    // "; true"): the interpreter it started is the one selected, and
+    // counted.
     let (tracer, attached) = TracerRun::attach_json_as(&[
         "--name",
-        &format!("top\\.py {marker}$"),
+        &format!("{marker}; true"),
         "--exact",
         "--probes",
         "_Py_NewReference",
@@ -86,12 +87,14 @@ fn name_matching_none_or_several_is_refused() {
         );
         if command.chars().count() > 80 { command.chars().take(80).chain(['…']).collect() } else { command }
     };
+    // Listed by PID.
+    let mut listed = [(first, shown("a")), (second, shown("b"))];
+    listed.sort();
     assert_eq!(
         err,
         format!(
-            "tracer: error: --name \"{marker}\" matches 2 CPython processes: {first} ({}), {second} ({}); pass one with --pid, narrow the pattern, or use --exe PATH to trace every process of one interpreter\n",
-            shown("a"),
-            shown("b")
+            "tracer: error: --name \"{marker}\" matches 2 CPython processes: {} ({}), {} ({}); pass one with --pid, narrow the pattern, or use --exe PATH to trace every process of one interpreter\n",
+            listed[0].0, listed[0].1, listed[1].0, listed[1].1
         )
     );
     stop(one);

@@ -511,9 +511,9 @@ fn the_cost_is_a_share_of_the_targets_cpu_time() {
     if let Some(estimate) = estimate {
         assert!((estimate - 0.008).abs() < 1e-12 || estimate < 0.008, "{}", attached["estimated_cost"]);
         assert!(fraction > estimate / 2.0, "the ledger {fraction} against the header's {estimate}: {profile}");
-        let others = fraction - number(&sources["rates"]["fraction"], "rates fraction");
-        let left = (estimate - others).max(0.05 * 0.01);
-        assert!(target_part > left / 5.0, "the rates {target_part} against the {left} the others left: {profile}");
+        let rates = number(&sources["rates"]["fraction"], "rates fraction");
+        let left = (estimate - (fraction - rates)).max(0.05 * 0.01);
+        assert!(rates > left / 5.0, "the rates {rates} against the {left} the others left: {profile}");
     }
     // The probes' part of the ledger, against the hits' estimate.
     let hits = number(&summary["cost"]["overhead_fraction"], "cost");

@@ -136,6 +136,12 @@ fn the_endpoint_serves_the_interval_it_reported_exactly() {
     let mut response = String::new();
     let _ = stream.read_to_string(&mut response);
     assert!(response.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"), "{response}");
+    // A client that sends nothing is answered 408 (after 3 s), not waited for.
+    let mut silent = TcpStream::connect(&addr).expect("connect");
+    silent.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+    let mut response = String::new();
+    let _ = silent.read_to_string(&mut response);
+    assert!(response.starts_with("HTTP/1.1 408 Request Timeout\r\n"), "{response}");
     tracer.signal(libc::SIGINT);
     let (status, lines, stderr) = tracer.finish();
     assert!(status.success(), "{stderr}");

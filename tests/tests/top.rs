@@ -21,8 +21,9 @@ impl Tmux {
     }
 
     fn run(&self, args: &[&str]) -> String {
+        // No configuration file: the test sees tmux's defaults.
         let out = Command::new("tmux")
-            .arg("-L")
+            .args(["-f", "/dev/null", "-L"])
             .arg(&self.socket)
             .args(args)
             .output()
@@ -95,6 +96,12 @@ fn top_draws_the_census_sorts_on_a_key_and_quits_on_q_restoring_the_terminal() {
     assert!(cells(big_line).any(|w| w == "6,000"), "{big_line}");
     assert!(cells(many_line).any(|w| w == "50,000"), "{many_line}");
     assert!(big < many, "by bytes, Big first:\n{screen}");
+    // The class named with a backslash, a newline and a terminal escape,
+    // shown escaped (a raw escape would have coloured the pane, and
+    // capture-pane would show no "\x1b"), with its count.
+    let weird = r"__main__.we\\x\x0a\x1b[31mname";
+    let (_, weird_line) = row(&screen, weird).unwrap_or_else(|| panic!("no {weird}:\n{screen}"));
+    assert!(cells(weird_line).any(|w| w == "3,000"), "{weird_line}");
     // 2 sorts the heap table by objects: Many (50,000) above Big (6,000).
     tmux.run(&["send-keys", "-t", "top", "2"]);
     let sorted = tmux.wait_for("the table sorted by objects", 10, |s| {
@@ -132,6 +139,13 @@ fn top_needs_a_terminal_and_writes_no_json() {
     assert_eq!(
         err,
         "tracer: error: tracer top draws on a terminal, and its stdout is not one; run it in a terminal, or use `tracer attach` (a table, or --json) to save or pipe the report\n"
+    );
+    // A flag whose report the screen has no table for, unless recorded.
+    let (code, _, err) = run_tracer(&["top", "--pid", "1", "--leaks"]);
+    assert_eq!(code, Some(2));
+    assert_eq!(
+        err,
+        "tracer: error: tracer top has no table for what --live or --leaks reports; use `tracer attach` with it, or keep it with --record FILE and read it later with `tracer report FILE`\n"
     );
     let (code, _, err) = run_tracer(&["top", "--pid", "1", "--json"]);
     assert_eq!(code, Some(2));

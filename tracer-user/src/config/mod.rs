@@ -214,6 +214,10 @@ pub enum ConfigError {
         "tracer top draws on a terminal, and its stdout is not one; run it in a terminal, or use `tracer attach` (a table, or --json) to save or pipe the report"
     )]
     TopNotATerminal,
+    #[error(
+        "tracer top has no table for what {flag} reports; use `tracer attach` with it, or keep it with --record FILE and read it later with `tracer report FILE`"
+    )]
+    TopHidden { flag: &'static str },
     #[error("--older must be a number of seconds, 0 or more and at most {MAX_SECONDS} (got {value}); try --older 10")]
     BadOlder { value: f64 },
     #[error(
@@ -338,10 +342,23 @@ impl AttachConfig {
         if args.json {
             return Err(ConfigError::TopJson);
         }
+        let mut config = Self::try_from(args)?;
+        // What the screen has no table for would be thrown away, unless
+        // the run's record keeps it.
+        if config.record.is_none() {
+            let kept = |s: &StacksConfig| s.folded.is_some() || s.flamegraph.is_some() || config.pprof.is_some();
+            let hidden = [
+                (config.types, "--types"),
+                (config.live.is_some(), "--live or --leaks"),
+                (config.stacks.as_ref().is_some_and(|s| !kept(s)), "--stacks"),
+            ];
+            if let Some((_, flag)) = hidden.into_iter().find(|(on, _)| *on) {
+                return Err(ConfigError::TopHidden { flag });
+            }
+        }
         if !terminal {
             return Err(ConfigError::TopNotATerminal);
         }
-        let mut config = Self::try_from(args)?;
         config.format = Format::Top;
         Ok(config)
     }

@@ -5,13 +5,15 @@
 //! processes it started, so that the pattern of a command line reaches its
 //! interpreter; one that is CPython is taken as it is (its CPython
 //! children, `multiprocessing`'s workers, match on their own or not at
-//! all). tracer itself is never a candidate.
+//! all). tracer itself and the processes that started it (`sudo`, the
+//! shell, a script that runs tracer with the pattern in its own
+//! arguments) are never candidates.
 
 use std::collections::{BTreeSet, HashMap};
 
 use thiserror::Error;
 
-use super::process::Target;
+use super::process::{Target, TargetError};
 
 /// The most candidates an error lists.
 const LISTED: usize = 5;
@@ -29,6 +31,8 @@ pub enum NameError {
         "--name {pattern:?} matches {count} CPython processes: {listed}; pass one with --pid, narrow the pattern, or use --exe PATH to trace every process of one interpreter"
     )]
     Several { pattern: String, count: usize, listed: String },
+    #[error("--name {pattern:?} matches PID {pid}, which tracer cannot inspect: {cause}")]
+    Inspect { pattern: String, pid: u32, cause: String },
 }
 
 impl crate::error::Classify for NameError {
@@ -71,22 +75,39 @@ pub fn select(pattern: &str) -> Result<u32, NameError> {
     let regex = regex::Regex::new(pattern)
         .map_err(|e| NameError::BadPattern { pattern: pattern.to_owned(), reason: first_line(&e.to_string()) })?;
     let all = processes();
-    let own = std::process::id();
     let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
     for (pid, entry) in &all {
         children.entry(entry.ppid).or_default().push(*pid);
     }
-    let is_python = |pid: u32| pid != own && Target::inspect(pid).is_ok();
+    // tracer and the chain of processes that started it.
+    let mut excluded = BTreeSet::new();
+    let mut up = std::process::id();
+    while up > 1 && excluded.insert(up) {
+        up = all.get(&up).map_or(0, |e| e.ppid);
+    }
+    let is_python = |pid: u32| match Target::inspect(pid) {
+        Ok(_) => Ok(true),
+        // Not CPython, or gone since the listing.
+        Err(
+            TargetError::NotPython { .. }
+            | TargetError::KernelThread { .. }
+            | TargetError::OwnProcess { .. }
+            | TargetError::Exited { .. }
+            | TargetError::NoSuchProcess { .. }
+            | TargetError::Thread { .. },
+        ) => Ok(false),
+        Err(e) => Err(NameError::Inspect { pattern: pattern.to_owned(), pid, cause: e.to_string() }),
+    };
     let mut found = BTreeSet::new();
     let mut others = Vec::new();
     let mut matching: Vec<u32> = all
         .iter()
-        .filter(|(pid, e)| **pid != own && !e.command.is_empty() && regex.is_match(&e.command))
+        .filter(|(pid, e)| !excluded.contains(*pid) && !e.command.is_empty() && regex.is_match(&e.command))
         .map(|(p, _)| *p)
         .collect();
     matching.sort_unstable();
     for pid in matching {
-        if is_python(pid) {
+        if is_python(pid)? {
             found.insert(pid);
             continue;
         }
@@ -94,10 +115,10 @@ pub fn select(pattern: &str) -> Result<u32, NameError> {
         let mut below = children.get(&pid).cloned().unwrap_or_default();
         let mut reached = false;
         while let Some(child) = below.pop() {
-            if child == own {
+            if excluded.contains(&child) {
                 continue;
             }
-            if is_python(child) {
+            if is_python(child)? {
                 found.insert(child);
                 reached = true;
             } else {

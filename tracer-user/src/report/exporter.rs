@@ -77,8 +77,10 @@ pub fn serve(listener: std::net::TcpListener, page: Page) -> std::io::Result<()>
             }
             let (page, open) = (Arc::clone(&page), Arc::clone(&open));
             tokio::spawn(async move {
-                // A slow or silent client is dropped, not waited for.
-                let _ = tokio::time::timeout(Duration::from_secs(5), respond(stream, &page)).await;
+                // A slow or silent client is answered 408 after
+                // REQUEST_TIMEOUT, and one that will not read its answer
+                // dropped after this.
+                let _ = tokio::time::timeout(REQUEST_TIMEOUT + Duration::from_secs(5), respond(stream, &page)).await;
                 open.fetch_sub(1, Ordering::SeqCst);
             });
         }
@@ -91,7 +93,7 @@ const MAX_REQUEST: usize = 8 * 1024;
 
 /// How long a client may take to send its request head: a connection that
 /// sends nothing holds one of the [`MAX_CONNECTIONS`] until then.
-const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// How a request head ended.
 enum Head {
@@ -108,11 +110,20 @@ enum Head {
 /// with its bytes unread would reset the connection under it).
 const MAX_DRAIN: usize = 64 * 1024;
 
+/// Where the head in `request` ends (after its blank line), if it does.
+fn head_end(request: &[u8]) -> Option<usize> {
+    let crlf = request.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4);
+    let lf = request.windows(2).position(|w| w == b"\n\n").map(|i| i + 2);
+    crlf.into_iter().chain(lf).min()
+}
+
 /// Reads a request head into `request`.
 async fn read_head(stream: &TcpStream, request: &mut Vec<u8>) -> std::io::Result<Head> {
     let mut buf = [0u8; 1024];
+    // Once the head is over MAX_REQUEST: how much more was read and
+    // dropped.
     let mut drained: Option<usize> = None;
-    while !request.windows(4).any(|w| w == b"\r\n\r\n") && !request.windows(2).any(|w| w == b"\n\n") {
+    loop {
         stream.readable().await?;
         let n = match stream.try_read(&mut buf) {
             Ok(n) => n,
@@ -120,22 +131,23 @@ async fn read_head(stream: &TcpStream, request: &mut Vec<u8>) -> std::io::Result
             Err(e) => return Err(e),
         };
         if n == 0 {
-            break;
-        }
-        if drained.is_none() && request.len() + n > MAX_REQUEST {
-            drained = Some(0);
-        }
-        if let Some(so_far) = drained.as_mut() {
-            // Only the last bytes are kept, to see where the head ends.
-            *so_far += n;
-            request.drain(..request.len().saturating_sub(3));
-            if *so_far > MAX_DRAIN {
-                break;
-            }
+            // The client stopped sending: what came is the head.
+            return Ok(if drained.is_some() { Head::TooLong } else { Head::Read });
         }
         request.extend_from_slice(&buf[..n]);
+        match (drained.as_mut(), head_end(request)) {
+            (None, Some(end)) => return Ok(if end <= MAX_REQUEST { Head::Read } else { Head::TooLong }),
+            (None, None) if request.len() > MAX_REQUEST => drained = Some(n),
+            (None, None) => continue,
+            (Some(_), Some(_)) => return Ok(Head::TooLong),
+            (Some(so_far), None) => *so_far += n,
+        }
+        // Only the last bytes are kept, to see where the head ends.
+        request.drain(..request.len().saturating_sub(3));
+        if drained.is_some_and(|so_far| so_far > MAX_DRAIN) {
+            return Ok(Head::TooLong);
+        }
     }
-    Ok(if drained.is_some() { Head::TooLong } else { Head::Read })
 }
 
 async fn respond(stream: TcpStream, page: &Page) -> std::io::Result<()> {
@@ -151,7 +163,9 @@ async fn respond(stream: TcpStream, page: &Page) -> std::io::Result<()> {
         (Head::TooLong, ..) => {
             ("431 Request Header Fields Too Large", plain, format!("a request head is at most {MAX_REQUEST} bytes\n"))
         }
-        (Head::TimedOut, ..) => ("408 Request Timeout", plain, "no request head within 10 s\n".to_owned()),
+        (Head::TimedOut, ..) => {
+            ("408 Request Timeout", plain, format!("no request head within {} s\n", REQUEST_TIMEOUT.as_secs()))
+        }
         (Head::Read, "GET" | "HEAD", "/metrics") => {
             let text = page.lock().map(|p| p.clone()).unwrap_or_default();
             ("200 OK", "text/plain; version=0.0.4; charset=utf-8", text)

@@ -14,10 +14,8 @@ pub fn attached_event(session: &Session, r: &Resolved, links: Links, cost: &Cost
         mode: None,
         exact_because: None,
         estimated_cost: None,
-        started_unix_s: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .ok()
-            .map(|d| d.as_secs_f64()),
+        // Set by the run, from when it started.
+        started_unix_s: None,
         pid: r.pid(),
         exe: r.exe.as_ref().map(|e| e.display().to_string()),
         python: PythonInfo { version: r.version.to_string(), image: r.display_path.display().to_string() },

@@ -605,6 +605,10 @@ fn start<'a>(
         c.release()?;
     }
     let started = Instant::now();
+    // The same moment by the wall clock, for the header: what a report
+    // made later dates itself by (live, now less the elapsed time is it).
+    let started_unix_s =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_secs_f64());
     // The target's CPU time over the first window, exactly: too short for
     // /proc/PID/stat's clock ticks.
     let cpu_began = r.pid().and_then(cost::process_cpu_ns);
@@ -638,6 +642,7 @@ fn start<'a>(
     )?;
     let profile = profile.map(|p| p.started(started, cost.target_cpu()));
     let mut info = header::attached_event(&session, &r, links, &cost);
+    info.started_unix_s = started_unix_s;
     info.mode = Some(config.mode.name().to_owned());
     if let Mode::Exact { because } = config.mode {
         info.exact_because = because.map(str::to_owned);

@@ -6,14 +6,14 @@
 //! as `tracer attach` does; the summary (or the reporter dropped on an
 //! error) ends the thread, which restores the terminal before tracer
 //! prints anything else. Notes given while the screen is up are shown on
-//! its last line, and the warnings among them printed again once it is
-//! gone.
+//! its last line, and every one of them printed on stderr once it is gone
+//! (the files written at the end, the port `--listen` took).
 
 mod view;
 
 use std::{
     io::{self, Write},
-    sync::mpsc::{self, Receiver, RecvTimeoutError, Sender},
+    sync::mpsc::{self, Receiver, Sender, TryRecvError},
     thread::JoinHandle,
     time::Duration,
 };
@@ -22,7 +22,7 @@ use ratatui::crossterm::event::{self, Event as TermEvent};
 
 use self::view::{Action, View};
 use super::Reporter;
-use crate::model::{Event, Level, Note};
+use crate::model::{Event, Note};
 
 /// What the run loop sends the screen.
 enum Message {
@@ -40,32 +40,36 @@ struct Screen {
 
 /// The reporter of `tracer top`.
 pub struct TopReporter<'a> {
-    /// stderr: notes before the screen is up, and the warnings given while
-    /// it was, once it is gone.
+    /// stderr: notes before the screen is up, and those given while it
+    /// was, once it is gone.
     err: Box<dyn Write + 'a>,
     screen: Option<Screen>,
-    /// Warnings given while the screen was up.
-    warnings: Vec<Note>,
+    /// Notes given while the screen was up.
+    notes: Vec<Note>,
 }
 
 impl<'a> TopReporter<'a> {
     #[must_use]
     pub fn new(err: Box<dyn Write + 'a>) -> Self {
-        Self { err, screen: None, warnings: Vec::new() }
+        Self { err, screen: None, notes: Vec::new() }
     }
 
     /// Ends the screen's thread (the terminal restored), then prints the
-    /// warnings it showed.
+    /// notes it showed.
     fn close(&mut self) -> io::Result<()> {
         let Some(screen) = self.screen.take() else { return Ok(()) };
         // The thread may have ended already (a terminal error): then the
         // send fails, and its result says why.
         let _ = screen.sender.send(Message::Done);
-        let drawn = screen.thread.join().unwrap_or_else(|_| Err(io::Error::other("the screen's thread panicked")));
-        for note in std::mem::take(&mut self.warnings) {
+        let drawn = screen.thread.join().unwrap_or_else(|_| Err(io::Error::other("its thread panicked")));
+        for note in std::mem::take(&mut self.notes) {
             super::note_line(&mut self.err, &note)?;
         }
-        drawn
+        drawn.map_err(|e| {
+            io::Error::other(format!(
+                "tracer top's screen failed ({e}); the run ended and nothing is attached: use `tracer attach` with the same flags for a report that needs no terminal"
+            ))
+        })
     }
 }
 
@@ -84,9 +88,7 @@ impl Reporter for TopReporter<'_> {
                 if self.screen.is_none() {
                     return super::note_line(&mut self.err, note);
                 }
-                if note.level == Level::Warning {
-                    self.warnings.push(note.clone());
-                }
+                self.notes.push(note.clone());
                 self.send(Message::Note(note.message.clone()))?;
             }
             Event::Summary(_) => self.close()?,
@@ -100,8 +102,10 @@ impl TopReporter<'_> {
     fn send(&mut self, message: Message) -> io::Result<()> {
         let Some(screen) = &self.screen else { return Ok(()) };
         if screen.sender.send(message).is_err() {
-            // Only an error ends the thread before `Done`.
-            return self.close().and(Err(io::Error::other("the terminal screen ended")));
+            // Only an error ends the thread before `Done`: close says which.
+            return self.close().and(Err(io::Error::other(
+                "tracer top's screen ended; the run ended and nothing is attached: use `tracer attach` with the same flags for a report that needs no terminal",
+            )));
         }
         Ok(())
     }
@@ -115,13 +119,22 @@ impl Drop for TopReporter<'_> {
     }
 }
 
-/// How often the screen looks for keys and for the run's messages.
-const TICK: Duration = Duration::from_millis(50);
+/// How long the screen waits for a key before it looks for the run's
+/// messages again: ten wake-ups a second, each a few microseconds.
+const TICK: Duration = Duration::from_millis(100);
 
 /// The screen's thread: takes the terminal, draws `view` as messages and
 /// keys change it, and restores the terminal when the run ends.
 fn draw(mut view: View, messages: &Receiver<Message>) -> io::Result<()> {
-    let mut terminal = ratatui::try_init()?;
+    // try_init takes raw mode before the alternate screen: where a later
+    // step fails, what it took is given back.
+    let mut terminal = match ratatui::try_init() {
+        Ok(terminal) => terminal,
+        Err(e) => {
+            let _ = ratatui::try_restore();
+            return Err(e);
+        }
+    };
     let drawn = (|| {
         let mut dirty = true;
         loop {
@@ -129,19 +142,22 @@ fn draw(mut view: View, messages: &Receiver<Message>) -> io::Result<()> {
                 terminal.draw(|frame| view.draw(frame))?;
                 dirty = false;
             }
-            match messages.recv_timeout(TICK) {
-                Ok(Message::Snapshot(s)) => {
-                    view.update(*s);
-                    dirty = true;
+            loop {
+                match messages.try_recv() {
+                    Ok(Message::Snapshot(s)) => view.update(*s),
+                    Ok(Message::Note(n)) => view.note(&n),
+                    Ok(Message::Done) | Err(TryRecvError::Disconnected) => return Ok(()),
+                    Err(TryRecvError::Empty) => break,
                 }
-                Ok(Message::Note(n)) => {
-                    view.note(&n);
-                    dirty = true;
-                }
-                Ok(Message::Done) | Err(RecvTimeoutError::Disconnected) => return Ok(()),
-                Err(RecvTimeoutError::Timeout) => {}
+                dirty = true;
             }
-            while event::poll(Duration::ZERO)? {
+            if dirty {
+                continue;
+            }
+            // A key wakes the screen at once; then every key waiting.
+            let mut waited = TICK;
+            while event::poll(waited)? {
+                waited = Duration::ZERO;
                 match event::read()? {
                     TermEvent::Key(key) => match view.key(key) {
                         Action::Quit if !view.quitting => {

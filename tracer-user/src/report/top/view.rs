@@ -63,9 +63,9 @@ const fn column(title: &'static str, numeric: bool, width: Constraint) -> Column
 const HEAP: &[Column] = &[
     column("type", false, Constraint::Min(24)),
     column("objects", true, Constraint::Length(13)),
-    column("change", true, Constraint::Length(11)),
+    column("objects Δ", true, Constraint::Length(12)),
     column("bytes", true, Constraint::Length(11)),
-    column("change", true, Constraint::Length(11)),
+    column("bytes Δ", true, Constraint::Length(12)),
 ];
 const GROWTH: &[Column] = &[
     column("function", false, Constraint::Min(20)),
@@ -116,7 +116,7 @@ fn text(s: String) -> Cell {
 
 /// A rate, with `~` and its 95% interval where it is an estimate.
 fn rate(per_s: Option<f64>, ci95: Option<[f64; 2]>, estimate: bool, unit: fn(f64) -> String) -> Cell {
-    let Some(per_s) = per_s else { return Cell { text: "-".to_owned(), key: Key::Unknown } };
+    let Some(per_s) = per_s.filter(|r| r.is_finite()) else { return Cell { text: "-".to_owned(), key: Key::Unknown } };
     let text = match (estimate, ci95) {
         (true, Some([lo, hi])) if per_s > 0.0 => {
             format!("~{} ±{:.0}%", unit(per_s), 100.0 * (hi - lo) / 2.0 / per_s)
@@ -127,9 +127,11 @@ fn rate(per_s: Option<f64>, ci95: Option<[f64; 2]>, estimate: bool, unit: fn(f64
     Cell { text, key: Key::Number(per_s) }
 }
 
+/// Calls per second: whole above 10, with a decimal below (a rare call
+/// is not shown as none).
 #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "shown rounded; rates are not negative")]
 fn per_second(n: f64) -> String {
-    thousands(n.round() as u64)
+    if n < 10.0 { format!("{n:.1}") } else { thousands(n.round() as u64) }
 }
 
 #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "shown rounded; rates are not negative")]
@@ -161,6 +163,8 @@ pub struct View {
     title: String,
     /// Whether the figures are estimates (the production profile).
     estimates: bool,
+    /// Whether the run takes heap censuses (the profile with `--pid`).
+    census: bool,
     snapshot: Option<Snapshot>,
     /// The latest note tracer gave, shown at the bottom.
     note: Option<String>,
@@ -183,6 +187,7 @@ impl View {
         Self {
             title: format!("tracer top · {target} · CPython {} · {mode}", display(&attached.python.version)),
             estimates,
+            census: estimates && attached.pid.is_some(),
             snapshot: None,
             note: None,
             focus: Pane::Heap,
@@ -254,7 +259,13 @@ impl View {
         frame
             .render_widget(Paragraph::new(vec![Line::from(self.title.clone().bold()), Line::from(self.status())]), top);
         let snapshot = self.snapshot.as_ref();
-        self.table(frame, heap, Pane::Heap, snapshot.map_or_else(|| waiting("the first interval"), heap_rows));
+        let census = self.census;
+        self.table(
+            frame,
+            heap,
+            Pane::Heap,
+            snapshot.map_or_else(|| waiting("the first interval"), |s| heap_rows(s, census)),
+        );
         self.table(frame, growth, Pane::Growth, snapshot.map_or_else(|| waiting("the first interval"), growth_rows));
         let estimates = self.estimates;
         self.table(
@@ -281,7 +292,7 @@ impl View {
         let mut parts = vec![format!("{:.1} s", s.elapsed_s)];
         if let Some(p) = &s.profile {
             parts.push(format!(
-                "cost {:.2}% of the target's CPU time (budget {}%)",
+                "cost ≈{:.2}% of the target's CPU time (estimated; budget {}%)",
                 p.fraction * 100.0,
                 p.budget_percent
             ));
@@ -345,6 +356,7 @@ fn order(a: &Key, b: &Key, descending: bool) -> std::cmp::Ordering {
         (Key::Unknown, Key::Unknown) => Ordering::Equal,
         (Key::Unknown, _) => return Ordering::Greater,
         (_, Key::Unknown) => return Ordering::Less,
+        (Key::Number(a), Key::Number(b)) => a.total_cmp(b),
         _ => a.partial_cmp(b).unwrap_or(Ordering::Equal),
     };
     if descending { order.reverse() } else { order }
@@ -361,13 +373,14 @@ fn waiting(what: &str) -> Rows {
     Rows { title: format!("waiting for {what}"), body: Vec::new(), last: None }
 }
 
-fn heap_rows(s: &Snapshot) -> Rows {
+fn heap_rows(s: &Snapshot, census: bool) -> Rows {
     let Some(heap) = &s.heap else {
-        return Rows {
-            title: "heap by type".to_owned(),
-            body: Vec::new(),
-            last: Some("no census yet (the production profile with --pid takes one as its budget allows)".to_owned()),
+        let why = if census {
+            "no census yet: the production profile takes one as its budget allows"
+        } else {
+            "no census in this run: the heap is read in the production profile with --pid (not with --exact or --exe)"
         };
+        return Rows { title: "heap by type".to_owned(), body: Vec::new(), last: Some(why.to_owned()) };
     };
     let partial = if heap.partial.is_empty() { String::new() } else { ", PARTIAL".to_owned() };
     let since = heap.since_s.map_or_else(String::new, |s| format!(", changes since {s:.1} s"));
@@ -403,9 +416,11 @@ fn growth_rows(s: &Snapshot) -> Rows {
     let Some(growth) = &s.growth else {
         return Rows { title, body: Vec::new(), last: Some("growth is not sampled in this run".to_owned()) };
     };
-    let Some(g) = growth.sampled() else {
-        let crate::model::Growth::Unavailable { unavailable } = growth else { unreachable!() };
-        return Rows { title, body: Vec::new(), last: Some(format!("unavailable: {}", display(unavailable))) };
+    let g = match growth {
+        crate::model::Growth::Sampled(g) => g,
+        crate::model::Growth::Unavailable { unavailable } => {
+            return Rows { title, body: Vec::new(), last: Some(format!("unavailable: {}", display(unavailable))) };
+        }
     };
     let body = g
         .sites
