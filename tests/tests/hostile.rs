@@ -117,3 +117,41 @@ fn hostile_names_are_escaped_in_the_types_and_stacks_tables_and_folded_lines() {
         "no folded frame {escaped}…{cut}:\n{lines}"
     );
 }
+
+/// Objects forged with ctypes: blocks naming a wild type pointer, and a
+/// type object copied with its name pointing at 100,000 bytes with no end
+/// and an instance size of 2^40, with blocks naming it. The census reads
+/// all of it and stops where it should: it exits 0, every forged block is
+/// refused and counted (at least one refusal per block), no listed type
+/// holds more bytes than the process has, every name is bounded, and the
+/// target goes on, unharmed.
+#[test]
+fn forged_headers_and_types_are_refused_and_counted() {
+    require_root();
+    let n: u64 = 1_000;
+    let python = shared_python();
+    let mut workload = Workload::script(None, &python.display().to_string(), "forged.py", &[&n.to_string()]);
+    let pid = workload.pid().to_string();
+    for stop in [false, true] {
+        let mut args = vec!["heap", "--pid", &pid, "--json"];
+        if stop {
+            args.push("--stop");
+        }
+        let (code, stdout, stderr) = run_tracer(&args);
+        assert_eq!(code, Some(0), "{stderr}");
+        let census: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON: {e}: {stdout}"));
+        let rejected: u64 = census["rejected"].as_object().expect("rejected").values().filter_map(Value::as_u64).sum();
+        assert!(rejected >= 2 * n, "{} refusals for {} forged blocks: {}", rejected, 2 * n, census["rejected"]);
+        assert!(census["rejected"]["not_a_type"].as_u64().is_some_and(|r| r >= n), "{}", census["rejected"]);
+        let rss = census["rss"].as_u64().expect("rss");
+        let types = census["types"].as_array().expect("types");
+        for t in types {
+            let name = t["name"].as_str().expect("name");
+            assert!(name.chars().count() <= MAX_NAME + 1, "an unbounded name: {} characters", name.chars().count());
+            assert!(t["bytes"].as_u64().is_some_and(|b| b <= rss), "{t} holds more than the RSS {rss}");
+            assert!(!name.starts_with("AAAAAAAA"), "the forged type counted: {}", &name[..40]);
+        }
+    }
+    workload.ping();
+    workload.close();
+}
