@@ -249,9 +249,9 @@ fn the_profile_reads_the_collector_of_a_started_interpreter() {
 }
 
 /// A child that reports the signals it gets, then exits 0 on SIGTERM. It
-/// writes with os.write: a handler that prints can run inside the last
+/// writes with `os.write`: a handler that prints can run inside the last
 /// handler's print (the next signal comes as soon as its line is read)
-/// and die of "reentrant call inside BufferedWriter", as it once did in
+/// and die of "reentrant call inside `BufferedWriter`", as it once did in
 /// CI.
 const SIGNALLED: &str = "import os, signal, sys, time\n\
     def show(n, _):\n    os.write(1, b'got %d\\n' % n)\n    if n == signal.SIGTERM: sys.exit(0)\n\
