@@ -11,6 +11,7 @@ pub mod cli;
 pub mod config;
 pub mod discover;
 pub mod error;
+pub mod fleet;
 pub mod heap;
 pub mod kernel;
 pub mod launch;

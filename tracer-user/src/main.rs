@@ -60,6 +60,9 @@ fn main() -> ExitCode {
 }
 
 fn attach(args: &AttachArgs) -> Result<(), Failure> {
+    if args.all {
+        return attach_all(args);
+    }
     let config = AttachConfig::try_from(args)?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let _entered = runtime.enter();
@@ -68,6 +71,19 @@ fn attach(args: &AttachArgs) -> Result<(), Failure> {
     let end = runtime.block_on(tracer_user::run::attach(&config, None, &mut signals, out, std::io::stderr()))?;
     let what = config.target.to_string();
     eprintln!("tracer: detached from {what} ({})", end.as_str());
+    Ok(())
+}
+
+/// `tracer attach --all`: one `attach --exe` per interpreter on the host,
+/// summed.
+fn attach_all(args: &AttachArgs) -> Result<(), Failure> {
+    let config = tracer_user::fleet::AllConfig::try_from(args)?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let _entered = runtime.enter();
+    let mut signals = handlers(false)?;
+    let out = std::io::stdout().lock();
+    let end = runtime.block_on(tracer_user::fleet::attach_all(&config, &mut signals, out, std::io::stderr()))?;
+    eprintln!("tracer: detached from every interpreter ({})", end.as_str());
     Ok(())
 }
 

@@ -172,7 +172,8 @@ at or after TO (both from the attach). See docs/report.md.",
     mut_group("target", |g| g.required(false)),
     mut_arg("pid", |a| a.hide(true).conflicts_with("command")),
     mut_arg("exe", |a| a.hide(true).conflicts_with("command")),
-    mut_arg("name", |a| a.hide(true).conflicts_with("command"))
+    mut_arg("name", |a| a.hide(true).conflicts_with("command")),
+    mut_arg("all", |a| a.hide(true).conflicts_with("command"))
 )]
 pub struct RunArgs {
     #[command(flatten)]
@@ -404,6 +405,13 @@ pub struct TargetArgs {
 pub struct AttachArgs {
     #[command(flatten)]
     pub target: TargetArgs,
+    /// Trace every CPython process on the host, those running and those started later, in any
+    /// chroot or PID namespace: one `attach --exe` per interpreter image, summed, with each
+    /// process's host PID, namespace PID, container (cgroup) and command line. Takes the flags
+    /// that count, cost and collect (--exact, --budget, --probes, --placement, --gc, --links,
+    /// --no-inlined, --debug-dir); see docs/attach.md.
+    #[arg(long, group = "target")]
+    pub all: bool,
     /// Stop after this many seconds (default: until Ctrl-C, SIGTERM or the target exits).
     #[arg(long, short = 'd', value_name = "SECONDS")]
     pub duration: Option<f64>,

@@ -56,6 +56,10 @@ pub struct Attached {
     /// where that differs from `pid`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid_in_namespace: Option<u32>,
+    /// With `--all`: every interpreter traced, each by a `tracer attach
+    /// --exe` of its own; `python` then names the first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interpreters: Vec<super::InterpreterInfo>,
     /// The probed functions, in report order.
     pub probes: Vec<String>,
     /// Optional probes this build lacks.

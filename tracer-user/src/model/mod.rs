@@ -13,6 +13,7 @@ pub mod heap;
 mod live;
 mod notes;
 mod plan_report;
+mod processes;
 mod snapshot;
 mod stacks;
 
@@ -24,6 +25,7 @@ pub use growth::{Growth, GrowthCost, GrowthSampled, GrowthSite, GrowthStack, Gro
 pub use live::{Leak, Leaks, Live, LiveDomain};
 pub use notes::{Level, Note, NoteCode};
 pub use plan_report::{CallSitesReport, LiveImplReport, PlanReport, PlannedProbeReport, SiteFileReport};
+pub use processes::{InterpreterInfo, ProcessInfo};
 pub use snapshot::{
     Counts, ExitedProcess, Gc, GcGeneration, KERNEL_MISSES, LateCoverage, LateModule, ProbeCounts, ProbeEstimate,
     Returned, Sizes, Snapshot, TypeCount,

@@ -58,6 +58,9 @@ pub enum NoteCode {
     Growth,
     /// With `--listen`: where the Prometheus metrics are served.
     Metrics,
+    /// `--all`: an interpreter added, or a process or interpreter not
+    /// traced.
+    Interpreter,
 }
 
 /// A diagnostic, as an event.

@@ -124,6 +124,10 @@ pub struct Snapshot {
     /// The same per process that hit any probe, by PID (processes that
     /// exited included; a PID used by two processes in turn adds both).
     pub pids: IndexMap<String, IndexMap<String, Counts>>,
+    /// With `--all`: what each process in `pids` is (its namespace PID,
+    /// container, command line and interpreter), by host PID.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub processes: IndexMap<String, super::ProcessInfo>,
     /// Every BPF-side miss counter, then [`KERNEL_MISSES`].
     pub stats: IndexMap<String, u64>,
     /// With `--placement call-sites`: each file mapped after the attach

@@ -93,6 +93,7 @@ pub(crate) mod examples {
             exe: None,
             python: PythonInfo { version: "3.11.7".into(), image: "/lib/libpython3.11.so.1.0".into() },
             pid_in_namespace: None,
+            interpreters: Vec::new(),
             probes: vec!["_Py_NewReference".into(), "PyObject_Malloc".into()],
             missing: vec!["PyMem_RawCalloc".into()],
             links: Links::Multi,

@@ -20,6 +20,7 @@ pub fn attached_event(session: &Session, r: &Resolved, links: Links, cost: &Cost
         exe: r.exe.as_ref().map(|e| e.display().to_string()),
         python: PythonInfo { version: r.version.to_string(), image: r.display_path.display().to_string() },
         pid_in_namespace: r.ns_pid,
+        interpreters: Vec::new(),
         probes: probes.iter().map(|p| p.symbol.to_owned()).collect(),
         missing: session.plan().missing.iter().map(|m| (*m).to_owned()).collect(),
         links,

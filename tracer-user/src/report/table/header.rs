@@ -42,6 +42,20 @@ impl<W: Write, E: Write> TableReporter<W, E> {
                 format!("; not in this build: {}", info.missing.join(", "))
             }
         )?;
+        for i in &info.interpreters {
+            let missing = if i.missing.is_empty() {
+                String::new()
+            } else {
+                format!("; not in this build: {}", i.missing.join(", "))
+            };
+            writeln!(
+                self.out,
+                "tracer: interpreter: {} (Python {}): {} probes{missing}",
+                crate::text::display(&i.image),
+                i.version,
+                i.probes.len()
+            )?;
+        }
         for (name, c) in info.coverage.iter().filter(|(_, c)| c.is_partial()) {
             let mut parts = Vec::new();
             if c.calls == Completeness::Partial {

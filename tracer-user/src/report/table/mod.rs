@@ -176,7 +176,14 @@ impl<W: Write, E: Write> TableReporter<W, E> {
                 let calls: u64 = probes.values().map(|c| c.calls).sum();
                 let bytes: u64 = probes.values().map(|c| c.bytes).sum();
                 writeln!(self.out, "  PID {pid:<16} {:>14} calls {:>23} bytes", group(calls), group(bytes))?;
+                if let Some(info) = sample.processes.get(pid) {
+                    writeln!(self.out, "      {}", process_line(info))?;
+                }
             }
+        }
+        for (pid, info) in sample.processes.iter().filter(|(_, i)| i.skipped.is_some()) {
+            writeln!(self.out, "  PID {pid:<16} NOT traced: {}", info.skipped.as_deref().unwrap_or_default())?;
+            writeln!(self.out, "      {}", process_line(info))?;
         }
         for l in &sample.late_modules {
             let since = l.since_s;
@@ -284,6 +291,24 @@ fn profile_line(p: &crate::model::ProfileCost) -> String {
         (p.budget_percent * 1e6).round() / 1e6,
         parts.join(", ")
     )
+}
+
+/// What `--all` knows of a process, on one line, escaped: its namespace
+/// PID, command line, container and root.
+fn process_line(info: &crate::model::ProcessInfo) -> String {
+    use crate::text::display;
+    let mut parts = Vec::new();
+    if let Some(inner) = info.pid_in_namespace {
+        parts.push(format!("PID {inner} in its namespace"));
+    }
+    parts.push(if info.command.is_empty() { "(exited before it was read)".to_owned() } else { display(&info.command) });
+    if let Some(c) = &info.container {
+        parts.push(format!("cgroup {}", display(c)));
+    }
+    if let Some(r) = &info.root {
+        parts.push(format!("root {}", display(r)));
+    }
+    parts.join(" · ")
 }
 
 #[cfg(test)]

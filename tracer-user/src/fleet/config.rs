@@ -1,0 +1,121 @@
+//! What `tracer attach --all` takes: the flags it passes on to each
+//! interpreter's `tracer attach --exe`, checked once here; the rest are
+//! refused by name.
+
+use std::{ffi::OsString, time::Duration};
+
+use thiserror::Error;
+
+use crate::{
+    cli::AttachArgs,
+    config::{AttachConfig, ConfigError, Format},
+    probe::ProbeSelection,
+};
+
+/// `--all` with something it does not do.
+#[derive(Debug, Error)]
+pub enum AllError {
+    #[error(
+        "--all does not take {flag}: it traces every interpreter's counts, costs and collections; for {flag}, trace one interpreter with --exe PATH or one process with --pid PID"
+    )]
+    Unsupported { flag: &'static str },
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+impl crate::error::Classify for AllError {
+    fn is_bad_input(&self) -> bool {
+        match self {
+            Self::Unsupported { .. } => true,
+            Self::Config(e) => e.is_bad_input(),
+        }
+    }
+}
+
+/// `tracer attach --all`, checked.
+#[derive(Clone, Debug)]
+pub struct AllConfig {
+    /// The flags each child gets after `attach --exe IMAGE --json`.
+    pub passed_on: Vec<OsString>,
+    /// Whether the user gave `--debug-dir` (a chroot's own debug files are
+    /// then not added).
+    pub debug_dir: bool,
+    pub interval: Duration,
+    pub duration: Option<Duration>,
+    pub format: Format,
+}
+
+impl TryFrom<&AttachArgs> for AllConfig {
+    type Error = AllError;
+
+    fn try_from(a: &AttachArgs) -> Result<Self, AllError> {
+        let refused = [
+            (a.target.native, "--native"),
+            (a.returns, "--returns"),
+            (a.types, "--types"),
+            (a.live || a.live_max.is_some(), "--live"),
+            (a.leaks.is_some() || a.older.is_some(), "--leaks"),
+            (
+                a.stacks.is_some()
+                    || a.depth.is_some()
+                    || a.sample.is_some()
+                    || a.top.is_some()
+                    || a.folded.is_some()
+                    || a.flamegraph.is_some()
+                    || a.weight.is_some()
+                    || a.native_stacks,
+                "--stacks",
+            ),
+            (a.growth || a.growth_folded.is_some() || a.growth_flamegraph.is_some(), "--growth"),
+            (a.pprof.is_some(), "--pprof"),
+            (a.listen.is_some(), "--listen"),
+            (a.record.is_some(), "--record"),
+        ];
+        if let Some((_, flag)) = refused.iter().find(|(given, _)| *given) {
+            return Err(AllError::Unsupported { flag });
+        }
+        // The cross-flag rules every child would apply, once here, with a
+        // stand-in interpreter.
+        let mut one = a.clone();
+        one.all = false;
+        one.target.exe = Some(std::path::PathBuf::from("/"));
+        let checked = AttachConfig::try_from(&one)?;
+        let mut passed_on: Vec<OsString> = vec!["--interval".into(), a.interval.to_string().into()];
+        if a.exact {
+            passed_on.push("--exact".into());
+        }
+        if let Some(budget) = a.budget {
+            passed_on.extend(["--budget".into(), budget.to_string().into()]);
+        }
+        if a.target.probes != ProbeSelection::Default {
+            passed_on.extend(["--probes".into(), a.target.probes.to_string().into()]);
+        }
+        passed_on.extend(["--placement".into(), value_name(&a.target.placement).into()]);
+        passed_on.extend(["--gc".into(), value_name(&a.target.gc).into()]);
+        passed_on.extend(["--links".into(), value_name(&a.links).into()]);
+        if a.target.no_inlined {
+            passed_on.push("--no-inlined".into());
+        }
+        if let Some(dir) = &a.target.debug_dir {
+            passed_on.extend(["--debug-dir".into(), dir.clone().into_os_string()]);
+        }
+        if a.bpf_log {
+            passed_on.push("--bpf-log".into());
+        }
+        if a.no_growth {
+            passed_on.push("--no-growth".into());
+        }
+        Ok(Self {
+            passed_on,
+            debug_dir: a.target.debug_dir.is_some(),
+            interval: checked.interval,
+            duration: checked.duration,
+            format: if a.json { Format::Json } else { Format::Table },
+        })
+    }
+}
+
+/// A closed set's value as its flag takes it.
+fn value_name<V: clap::ValueEnum>(v: &V) -> String {
+    v.to_possible_value().map(|p| p.get_name().to_owned()).unwrap_or_default()
+}
