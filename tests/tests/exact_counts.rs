@@ -142,6 +142,65 @@ fn check_api_body(per: &Counts, exclusive: &[&str]) {
     }
 }
 
+/// pyenv's `version` (3.9.18, 3.10.13), which this machine kind has.
+fn pyenv(version: &str) -> std::path::PathBuf {
+    let python = Path::new("/root/.pyenv/versions").join(version).join("bin/python3");
+    assert!(python.is_file(), "{} is missing: pyenv's {version} is part of this machine kind", python.display());
+    python
+}
+
+/// The `[]` + `bytearray(1000)` body on pyenv's 3.9.18 or 3.10.13, whose
+/// version is read from `Py_GetVersion`'s `PY_VERSION` (they have no
+/// `Py_Version`): exact as on 3.11, with the same allocator calls and
+/// bytes, in the same exact checks.
+fn objects_body_before_3_11(version: &str) {
+    require_root();
+    let per = per_iteration(&pyenv(version), 1000, Body::Objects, Exit::Immediate, Aslr::On);
+    check_objects_body(&per);
+}
+
+#[test]
+fn pyenv_3_9_objects_body_is_exact() {
+    objects_body_before_3_11("3.9.18");
+}
+
+#[test]
+fn pyenv_3_10_objects_body_is_exact() {
+    objects_body_before_3_11("3.10.13");
+}
+
+/// The ctypes body on pyenv's 3.9.18 and 3.10.13, as
+/// [`shared_api_body_is_exact_in_bytes`] on 3.11: every function only the
+/// body calls counts exactly its calls and bytes.
+fn api_body_before_3_11(version: &str) {
+    require_root();
+    let per = per_iteration(&pyenv(version), 200, Body::Api, Exit::Immediate, Aslr::Off);
+    assert_eq!(per.len(), 14, "{version}: every default probe attaches: {per:?}");
+    check_api_body(
+        &per,
+        &[
+            "PyObject_Calloc",
+            "PyObject_Realloc",
+            "PyMem_Malloc",
+            "PyMem_Calloc",
+            "PyMem_Realloc",
+            "PyMem_Free",
+            "PyMem_RawCalloc",
+            "PyMem_RawRealloc",
+        ],
+    );
+}
+
+#[test]
+fn pyenv_3_9_api_body_is_exact_in_bytes() {
+    api_body_before_3_11("3.9.18");
+}
+
+#[test]
+fn pyenv_3_10_api_body_is_exact_in_bytes() {
+    api_body_before_3_11("3.10.13");
+}
+
 /// The measured region ends with os._exit: no finalization, so this holds
 /// with ASLR on, as in production.
 #[test]

@@ -303,3 +303,48 @@ pub fn dwarf_expectations(abi: &dyn super::Abi) -> Vec<(&'static str, String, u6
     }
     all
 }
+
+/// The [`HeapLayout`] of 3.9 and 3.10, as far as it is 3.11's: the
+/// collector's state at `interp_gc` in the interpreter (Include/internal/
+/// pycore_interp.h at v3.9.18 and v3.10.13: 616) and laid out as 3.11's
+/// (Include/internal/pycore_gc.h, checked with gdb's `ptype /o` on pyenv's
+/// builds), pymalloc's state in file statics (Objects/obmalloc.c), no
+/// pre-header but the GC head (no managed dicts before 3.11), and `int`'s
+/// digit count in a signed `ob_size`. The census itself refuses these
+/// versions ([`census_refusal`]); the GC statistics read from memory use
+/// the collector's part.
+#[must_use]
+pub const fn before_3_11(interp_gc: u64) -> HeapLayout {
+    HeapLayout {
+        interp_gc,
+        generation0: 96,
+        permanent: 104,
+        collecting: 200,
+        tuple_items: 24,
+        obmalloc: Obmalloc::Statics {
+            arenas: "arenas",
+            maxarenas: "maxarenas",
+            raw_allocated_blocks: "raw_allocated_blocks",
+        },
+        refcount: Refcount::Plain,
+        preheader_flags: 0,
+        long: LongSize::SignedSize,
+    }
+}
+
+/// Why a heap census cannot read `abi`'s version, where it cannot: what
+/// differs from 3.11 and the census does not read yet.
+#[must_use]
+pub fn census_refusal(abi: &dyn super::Abi) -> Option<&'static str> {
+    match abi.minor() {
+        // Objects/obmalloc.c at v3.9.18: no `USE_LARGE_POOLS` (4 KiB pools,
+        // 256 KiB arenas); Objects/dict-common.h: `dk_size`, `dk_lookup`
+        // and no `dk_kind`.
+        9 => Some(
+            "its pools are 4 KiB and its arenas 256 KiB, and its dict keys (dk_size, dk_lookup) are not laid out as 3.11's",
+        ),
+        // Objects/dict-common.h at v3.10.13, as 3.9's.
+        10 => Some("its dict keys (dk_size, dk_lookup, no dk_kind) are not laid out as 3.11's"),
+        _ => None,
+    }
+}

@@ -73,7 +73,7 @@ pub enum StackError {
     #[error("cannot read {what} of PID {pid}: the process has exited")]
     Exited { pid: u32, what: &'static str },
     #[error(
-        "{image} (PID {pid}) defines no {symbol}, which every CPython 3.11+ exports; is it really the interpreter?"
+        "{image} (PID {pid}) defines no {symbol}, which every supported CPython exports; is it really the interpreter?"
     )]
     NoSymbol { pid: u32, image: String, symbol: &'static str },
     #[error("{what} of PID {pid} (link-time address {address:#x}) is not mapped in its memory")]
