@@ -149,17 +149,21 @@ fn read_py_version(source: Source<'_>) -> Result<PythonVersion, VersionReadError
         }
     };
     if let Some(soname) = soname(elf.path()) {
-        // `libpython3.10.so.1.0`, `libpython3.9d.so`: the digits after
-        // `libpython` up to the first character that is neither.
-        let named = soname.strip_prefix("libpython").map(|rest| {
-            rest.split(|c: char| !c.is_ascii_digit() && c != '.').next().unwrap_or("").trim_end_matches('.')
-        });
         let ours = format!("{}.{}", version.major, version.minor);
-        if named.is_some_and(|n| n != ours) {
+        if soname_version(&soname).is_some_and(|named| named != ours) {
             return Err(VersionReadError::SonameMismatch { image, version, soname });
         }
     }
     Ok(version)
+}
+
+/// The `X.Y` a libpython's soname names (`libpython3.10.so.1.0`,
+/// `libpython3.9d.so`): the digits and dots after `libpython`, up to the
+/// first character that is neither. `None` for another library's.
+fn soname_version(soname: &str) -> Option<&str> {
+    let rest = soname.strip_prefix("libpython")?;
+    let named = rest.split(|c: char| !c.is_ascii_digit() && c != '.').next()?.trim_end_matches('.');
+    (!named.is_empty()).then_some(named)
 }
 
 /// `PY_VERSION` in `bytes` (NUL-terminated within them): `M.m.p`, then an
@@ -251,6 +255,35 @@ mod tests {
     fn version_hex_inverts_from_hex() {
         for hex in [0x030B_07F0, 0x030E_00A2, 0x030D_00C1] {
             assert_eq!(version_hex(PythonVersion::from_hex(hex)), hex);
+        }
+    }
+
+    #[test]
+    fn sonames_name_their_version() {
+        assert_eq!(soname_version("libpython3.10.so.1.0"), Some("3.10"));
+        assert_eq!(soname_version("libpython3.9d.so"), Some("3.9"));
+        assert_eq!(soname_version("libpython3.so"), Some("3"));
+        assert_eq!(soname_version("libc.so.6"), None);
+        assert_eq!(soname_version("libpython.so"), None);
+    }
+
+    /// pyenv's 3.8.18, 3.9.18 and 3.10.13 have no `Py_Version`: each reads
+    /// as the version it is from its `PY_VERSION`; 3.11.7's `Py_Version`
+    /// agrees with what its `Py_GetVersion` loads.
+    #[test]
+    fn pyenv_builds_before_3_11_read_as_their_version() {
+        for (version, lib, hex) in [
+            ("3.8.18", "libpython3.8.so.1.0", 0x0308_12F0),
+            ("3.9.18", "libpython3.9.so.1.0", 0x0309_12F0),
+            ("3.10.13", "libpython3.10.so.1.0", 0x030A_0DF0),
+            ("3.11.7", "libpython3.11.so.1.0", 0x030B_07F0),
+        ] {
+            let path = std::path::PathBuf::from(format!("/root/.pyenv/versions/{version}/lib/{lib}"));
+            assert!(path.is_file(), "{} is missing: pyenv's {version} is part of this machine kind", path.display());
+            let elf = ElfImage::open(&path).expect("an ELF file");
+            let source = Source::File(&elf, &path);
+            assert_eq!(read(source).expect("a version").hex(), hex, "{version}");
+            assert_eq!(read_py_version(source).expect("PY_VERSION").hex(), hex, "{version}");
         }
     }
 

@@ -82,7 +82,7 @@ pub enum HeapError {
         "{image} (PID {pid}) defines no {symbol}, which every supported CPython exports; is it really the interpreter?"
     )]
     NoSymbol { pid: u32, image: String, symbol: &'static str },
-    #[error("the heap census does not read Python {version} (PID {pid}) yet: {why}; it reads 3.11 to 3.14")]
+    #[error("the heap census does not read Python {version} (PID {pid}) yet: {why}; it reads 3.10 to 3.14")]
     Unsupported { pid: u32, version: String, why: &'static str },
 }
 
@@ -251,7 +251,8 @@ fn take(
     }
     let pool_set = PoolSet::new(&scan.pools);
     let unicode = abi.frames().unicode;
-    let mut types = TypeTable::new(abi.heap(), TypeNameOffsets { ht_qualname: abi.ht_qualname(), unicode }, builtins);
+    let names = TypeNameOffsets { ht_qualname: abi.ht_qualname(), unicode, dict_keys: abi.heap().dict_keys };
+    let mut types = TypeTable::new(abi.heap(), names, builtins);
     let mut tally = Tally::default();
     tally.rejected[Reason::StateUnreadable as usize] += state.unreadable;
     tally.rejected[Reason::InterpretersCut as usize] += state.interpreters_cut;

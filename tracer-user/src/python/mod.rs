@@ -113,7 +113,11 @@ pub trait Abi: Sync + fmt::Debug {
             ob_type: self.frames().ob_type,
             tp_name: TP_NAME_OFFSET,
             pre_headers: PRE_HEADERS,
-            names: TypeNameOffsets { ht_qualname: self.ht_qualname(), unicode: self.frames().unicode },
+            names: TypeNameOffsets {
+                ht_qualname: self.ht_qualname(),
+                unicode: self.frames().unicode,
+                dict_keys: self.heap().dict_keys,
+            },
         }
     }
     /// `offsetof(PyHeapTypeObject, ht_qualname)`, for `--types`.
@@ -434,6 +438,8 @@ pub struct TypeNameOffsets {
     /// table's, which the stack walker reads names with too (and checks
     /// against `_Py_DebugOffsets` on 3.13+).
     pub unicode: frames::UnicodeOffsets,
+    /// How the type dict's keys are laid out.
+    pub dict_keys: heap::DictKeys,
 }
 
 /// `offsetof(PyTypeObject, tp_flags)`: 168 in Include/cpython/object.h

@@ -151,6 +151,7 @@ impl super::Abi for Abi311 {
             // `Py_TPFLAGS_MANAGED_DICT`.
             preheader_flags: tpflags::MANAGED_DICT,
             long: LongSize::SignedSize,
+            dict_keys: super::heap::DictKeys::Log2,
         }
     }
 

@@ -145,6 +145,7 @@ impl super::Abi for Abi312 {
             // (`MANAGED_WEAKREF | MANAGED_DICT`).
             preheader_flags: tpflags::MANAGED_DICT | tpflags::MANAGED_WEAKREF,
             long: LongSize::Tag,
+            dict_keys: super::heap::DictKeys::Log2,
         }
     }
 

@@ -211,6 +211,7 @@ impl super::Abi for Abi313 {
             // As in 3.12 (Include/internal/pycore_object.h at v3.13.0).
             preheader_flags: tpflags::MANAGED_DICT | tpflags::MANAGED_WEAKREF,
             long: LongSize::Tag,
+            dict_keys: super::heap::DictKeys::Log2,
         }
     }
 
