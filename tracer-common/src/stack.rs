@@ -36,6 +36,8 @@ pub mod frame_kind {
     pub const LASTI: u32 = 1;
 }
 
+const _: () = assert!(frame_kind::INTERPRETER == 0 && frame_kind::LASTI == 1, "the BPF walk masks by the kind");
+
 /// How the walk makes sure the thread state it found is the event's
 /// thread's.
 pub mod thread_check {
@@ -125,7 +127,8 @@ pub struct FrameHead {
     /// The word holding the owner byte, and the owner's shift in it.
     pub owner: u64,
     pub owner_shift: u64,
-    /// 0xff, or 0 where frames have no owner (every owner then 0).
+    /// 0xff, or 0 for a frame object, which has no owner (every owner
+    /// then 0).
     pub owner_mask: u64,
 }
 
@@ -136,17 +139,22 @@ impl WalkConfig {
     /// four: the helper call, not the bytes copied, is most of a read's
     /// cost. None when a pointer field is not 8-aligned (`f_lasti`, an
     /// int, 4-aligned) or the fields reach past [`FRAME_HEAD`], which no
-    /// supported version does. An owner at [`NO_OFFSET`] is not read.
+    /// supported version does. A frame object has no owner: its
+    /// `frame_owner` is any byte of the head (0), masked off.
+    ///
+    /// The BPF walk computes this from the map's values, which the
+    /// verifier does not know: each branch on them would double the paths
+    /// it walks through the frame loop after it, so what depends on the
+    /// kind is arithmetic, not a branch.
     #[must_use]
     pub const fn frame_head(&self) -> Option<FrameHead> {
         let (code, previous, instr, owner) = (self.frame_code, self.frame_previous, self.frame_instr, self.frame_owner);
-        let lasti = self.frame_kind == frame_kind::LASTI;
-        let instr_align = if lasti { 4 } else { 8 };
-        if code % 8 != 0 || previous % 8 != 0 || instr % instr_align != 0 {
+        // 1 for a frame object, 0 for an interpreter frame.
+        let lasti = (self.frame_kind & 1) as u64;
+        if code % 8 != 0 || previous % 8 != 0 || instr % (8 >> lasti) != 0 {
             return None;
         }
-        let has_owner = owner != NO_OFFSET;
-        let mut bytes = if has_owner { owner.saturating_add(1) } else { 0 };
+        let mut bytes = owner.saturating_add(1);
         // The whole word holding the instruction is read, `f_lasti` too.
         let pointers = [code, previous, instr - instr % 8];
         let mut i = 0;
@@ -166,9 +174,9 @@ impl WalkConfig {
             previous: previous / 8,
             instr: instr / 8,
             instr_shift: (instr % 8) * 8,
-            owner: if has_owner { owner / 8 } else { 0 },
-            owner_shift: if has_owner { (owner % 8) * 8 } else { 0 },
-            owner_mask: if has_owner { 0xff } else { 0 },
+            owner: owner / 8,
+            owner_shift: (owner % 8) * 8,
+            owner_mask: 0xff & lasti.wrapping_sub(1),
         })
     }
 }
@@ -315,7 +323,7 @@ mod tests {
     fn a_frame_object_s_head_reads_f_lasti_s_word_and_no_owner() {
         // 3.9's `PyFrameObject`: f_back at 24, f_code at 32, f_lasti at 104;
         // 3.10's f_lasti at 96.
-        let lasti = |instr| WalkConfig { frame_kind: frame_kind::LASTI, ..config(32, 24, instr, NO_OFFSET) };
+        let lasti = |instr| WalkConfig { frame_kind: frame_kind::LASTI, ..config(32, 24, instr, 0) };
         let head = lasti(104).frame_head().expect("fits");
         assert_eq!(
             head,

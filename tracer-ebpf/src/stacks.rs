@@ -222,15 +222,17 @@ pub fn python(tgid: u32) -> Result<(u64, bool), Stat> {
         let previous = word(head.previous)?;
         let code = word(head.code)? & !config.code_tag_mask;
         let instr = word(head.instr)?;
-        let offset = if config.frame_kind == stack::frame_kind::LASTI {
-            // `int f_lasti` (3.9, 3.10): an index, -1 before the first
-            // instruction, sign-extended and scaled to bytes.
-            #[allow(clippy::cast_possible_truncation, reason = "f_lasti is the C int at its shift")]
-            let lasti = i64::from((instr >> (head.instr_shift & 63)) as u32 as i32);
-            lasti.wrapping_mul(i64::from(config.lasti_unit)).cast_unsigned()
-        } else {
-            instr.wrapping_sub(code.wrapping_add(config.code_adaptive))
-        };
+        // Without a branch, which would double the paths the verifier
+        // walks at every frame: an interpreter frame's pointer difference
+        // (masked off for a frame object: `frame_kind` 1 makes the mask 0)
+        // plus a frame object's `int f_lasti` (3.9, 3.10: an index, -1
+        // before the first instruction, sign-extended and scaled to bytes;
+        // `lasti_unit` is 0 for an interpreter frame).
+        let pointer_mask = u64::from(config.frame_kind).wrapping_sub(1);
+        #[allow(clippy::cast_possible_truncation, reason = "f_lasti is the C int at its shift")]
+        let lasti = i64::from((instr >> (head.instr_shift & 63)) as u32 as i32);
+        let offset = (instr.wrapping_sub(code.wrapping_add(config.code_adaptive)) & pointer_mask)
+            .wrapping_add(lasti.wrapping_mul(i64::from(config.lasti_unit)).cast_unsigned());
         // Masked so that the verifier sees the index bounded.
         if let Some(f) = walk.frames.get_mut(n & (MAX_DEPTH - 1)) {
             #[allow(clippy::cast_possible_truncation, reason = "an instruction's offset in its code fits 32 bits")]

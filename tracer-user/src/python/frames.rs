@@ -463,7 +463,7 @@ mod tests {
                 frame_code: f.code,
                 frame_previous: f.previous,
                 frame_instr: f.instr,
-                frame_owner: f.owner.unwrap_or(tracer_common::stack::NO_OFFSET),
+                frame_owner: f.owner.unwrap_or(0),
                 frame_kind: match f.instr_kind {
                     InstrKind::Pointer => tracer_common::stack::frame_kind::INTERPRETER,
                     InstrKind::LastI { .. } => tracer_common::stack::frame_kind::LASTI,
@@ -471,7 +471,9 @@ mod tests {
                 ..Default::default()
             };
             let head = config.frame_head().unwrap_or_else(|| panic!("3.{minor}: {f:?} do not fit one read"));
-            assert!(head.bytes <= 80, "3.{minor} reads {} bytes of each frame", head.bytes);
+            // 3.9 and 3.10's frame objects reach `f_lasti` at 104 and 96.
+            let most = if minor < 11 { 112 } else { 80 };
+            assert!(head.bytes <= most, "3.{minor} reads {} bytes of each frame", head.bytes);
         }
     }
 

@@ -345,7 +345,9 @@ fn walk_config(process: &Process, pid: u32, depth: u32) -> Result<WalkConfig, St
     config.frame_code = table.frame.code;
     config.frame_previous = table.frame.previous;
     config.frame_instr = table.frame.instr;
-    config.frame_owner = table.frame.owner.unwrap_or(NO_OFFSET);
+    // A frame object has no owner: the walk masks off whatever byte it
+    // reads (`WalkConfig::frame_head`), so any byte of the head will do.
+    config.frame_owner = table.frame.owner.unwrap_or(0);
     (config.frame_kind, config.lasti_unit) = match table.frame.instr_kind {
         InstrKind::Pointer => (stack::frame_kind::INTERPRETER, 0),
         InstrKind::LastI { unit } => (stack::frame_kind::LASTI, u32::from(unit)),

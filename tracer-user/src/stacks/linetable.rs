@@ -326,7 +326,8 @@ for co in walk(compile(src, inspect.__file__, 'exec')):
                     units += 1;
                 }
             }
-            assert!(units > 10_000, "{version}: only {units} instructions compared");
+            // inspect.py compiles to about 9,400 instructions on 3.9.
+            assert!(units > 5_000, "{version}: only {units} instructions compared");
         }
     }
 

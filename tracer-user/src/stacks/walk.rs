@@ -84,8 +84,10 @@ struct Code {
     function: String,
     file: String,
     first_line: i32,
-    /// `_co_firsttraceable` in code units (0 before 3.11).
-    first_traceable: i64,
+    /// `_co_firsttraceable` in code units; `None` before 3.11, where every
+    /// linked frame is shown, one at `f_lasti` -1 (not started) at its
+    /// first line, as `PyCode_Addr2Line` gives it.
+    first_traceable: Option<i64>,
     linetable: Vec<u8>,
 }
 
@@ -260,12 +262,13 @@ impl Walker {
             return Ok(None);
         }
         let pid = self.pid();
+        let format = self.table.code.lines;
         let info = self.code(code)?;
         // `_co_firsttraceable` is in code units.
-        if owner != OWNED_BY_GENERATOR && offset < 2 * info.first_traceable {
+        if owner != OWNED_BY_GENERATOR && info.first_traceable.is_some_and(|first| offset < 2 * first) {
             return Ok(None);
         }
-        let line = match self.table.code.lines {
+        let line = match format {
             LineTableFormat::Locations => linetable::line_at(&info.linetable, info.first_line, offset),
             LineTableFormat::Pep626 => linetable::line_at_pep626(&info.linetable, info.first_line, offset),
             LineTableFormat::Lnotab => linetable::line_at_lnotab(&info.linetable, info.first_line, offset),
@@ -289,8 +292,8 @@ impl Walker {
         self.expect_type(address, "code object", self.types.code, "code object")?;
         let first_line = r.u32(address.wrapping_add(c.firstlineno), "a code object's co_firstlineno")?;
         let first_traceable = match c.first_traceable {
-            Some(at) => r.u32(address.wrapping_add(at), "a code object's _co_firsttraceable")?,
-            None => 0,
+            Some(at) => Some(r.u32(address.wrapping_add(at), "a code object's _co_firsttraceable")?),
+            None => None,
         };
         // Before 3.11 a code object has no qualified name: its `co_name`.
         let (name_at, name_field, name_what) = match c.qualname {
@@ -303,7 +306,7 @@ impl Walker {
                 .string(r.u64(address.wrapping_add(c.filename), "a code object's co_filename")?, "co_filename")?,
             // Both are C ints.
             first_line: i32::from_le_bytes(first_line.to_le_bytes()),
-            first_traceable: i64::from(i32::from_le_bytes(first_traceable.to_le_bytes())),
+            first_traceable: first_traceable.map(|f| i64::from(i32::from_le_bytes(f.to_le_bytes()))),
             linetable: self
                 .bytes(r.u64(address.wrapping_add(c.linetable), "a code object's co_linetable")?, "co_linetable")?,
         })
