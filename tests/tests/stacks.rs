@@ -152,7 +152,8 @@ impl Running {
     }
 
     /// Waits until every task of the interpreter is in a system call:
-    /// `clock_nanosleep` (`time.sleep`) or `futex` (a thread waiting on a lock).
+    /// `clock_nanosleep` (`time.sleep` from 3.11), `pselect6` (its
+    /// `select()` before 3.11) or `futex` (a thread waiting on a lock).
     fn wait_all_blocked(&self) {
         let deadline = Instant::now() + LINE_TIMEOUT;
         loop {
@@ -161,7 +162,7 @@ impl Running {
                 .filter_map(Result::ok)
                 .map(|t| std::fs::read_to_string(t.path().join("syscall")).unwrap_or_default())
                 .collect();
-            if syscalls.iter().all(|s| matches!(s.split_whitespace().next(), Some("230" | "202"))) {
+            if syscalls.iter().all(|s| matches!(s.split_whitespace().next(), Some("230" | "270" | "202"))) {
                 return;
             }
             assert!(Instant::now() < deadline, "PID {} never settled: {syscalls:?}", self.pid);

@@ -337,6 +337,15 @@ fn runtime_address(target: &Target, address: u64) -> Option<u64> {
 /// The target's address of the image's exported `symbol`.
 fn symbol_address(target: &Target, symbol: &'static str) -> Result<u64, StackError> {
     let image = || target.image_path.display().to_string();
+    if let Some(address) = target.elf.zero_filled(symbol) {
+        // In .bss (3.9's `_PyRuntime`): where the file's first segment is
+        // mapped gives the load bias.
+        let bias = target
+            .elf
+            .anchor()
+            .and_then(|(vaddr, offset)| Some(target.address_of_file_offset(offset)?.wrapping_sub(vaddr)));
+        return bias.map(|b| address.wrapping_add(b)).ok_or(StackError::NotMapped { pid: target.pid, what: symbol, address });
+    }
     let sym =
         target.elf.symbol(symbol).ok_or_else(|| StackError::NoSymbol { pid: target.pid, image: image(), symbol })?;
     target.address_of_file_offset(sym.file_offset).ok_or(StackError::NotMapped {
