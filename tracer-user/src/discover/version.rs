@@ -61,9 +61,11 @@ impl Source<'_> {
         match self {
             Self::Process(t) => {
                 let image = t.image_path.display().to_string();
-                let address = t
-                    .address_of_file_offset(offset)
-                    .ok_or(VersionReadError::NotMapped { pid: t.pid, image, symbol })?;
+                let address = t.address_of_file_offset(offset).ok_or(VersionReadError::NotMapped {
+                    pid: t.pid,
+                    image,
+                    symbol,
+                })?;
                 t.read_memory(address, len).map_err(|cause| VersionReadError::Memory { pid: t.pid, symbol, cause })
             }
             Self::File(elf, _) => Ok(elf.read_at(offset, len)?),
@@ -174,7 +176,8 @@ fn parse_py_version(bytes: &[u8]) -> Option<PythonVersion> {
     let text = std::str::from_utf8(bytes.get(..end)?).ok()?;
     let text = text.strip_suffix('+').unwrap_or(text);
     let mut parts = text.splitn(3, '.');
-    let number = |s: &str| if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) { None } else { s.parse::<u8>().ok() };
+    let number =
+        |s: &str| if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) { None } else { s.parse::<u8>().ok() };
     let major = number(parts.next()?)?;
     let minor = number(parts.next()?)?;
     let rest = parts.next()?;
@@ -289,13 +292,15 @@ mod tests {
 
     #[test]
     fn py_version_strings_parse_as_patchlevel_h_writes_them() {
-        let v = |s: &str| parse_py_version(s.as_bytes()).map(|v| v.hex());
+        let v = |s: &str| parse_py_version(s.as_bytes()).map(PythonVersion::hex);
         assert_eq!(v("3.10.13\0python3.10"), Some(0x030A_0DF0));
         assert_eq!(v("3.9.18\0"), Some(0x0309_12F0));
         assert_eq!(v("3.10.0rc2\0"), Some(0x030A_00C2));
         assert_eq!(v("3.9.0a1+\0"), Some(0x0309_00A1));
         assert_eq!(v("3.9.0b5\0"), Some(0x0309_00B5));
-        for bad in ["3.10.13", "%.80s (%.80s) %.80s\0", "3.10\0", "3.10.x\0", "3.10.1z\0", "2.7.18\0", "3.10.1rc\0", "\0"] {
+        for bad in
+            ["3.10.13", "%.80s (%.80s) %.80s\0", "3.10\0", "3.10.x\0", "3.10.1z\0", "2.7.18\0", "3.10.1rc\0", "\0"]
+        {
             assert_eq!(v(bad), None, "{bad:?}");
         }
     }

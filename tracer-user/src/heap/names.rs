@@ -9,7 +9,8 @@
 
 use super::{HeapError, memory::Memory, memory::word};
 use crate::python::{
-    MA_KEYS_OFFSET, MA_VALUES_OFFSET, TP_DICT_OFFSET, TypeNameOffsets, UNICODE_ASCII_BIT, UNICODE_COMPACT_BIT, UNICODE_KIND_SHIFT,
+    MA_KEYS_OFFSET, MA_VALUES_OFFSET, TP_DICT_OFFSET, TypeNameOffsets, UNICODE_ASCII_BIT, UNICODE_COMPACT_BIT,
+    UNICODE_KIND_SHIFT,
     heap::{tpflags, type_object},
 };
 

@@ -68,11 +68,11 @@ impl InstrKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LineTableFormat {
     /// 3.9's `co_lnotab`: (bytecode increment, signed line increment)
-    /// byte pairs (Objects/lnotab_notes.txt at v3.9.18).
+    /// byte pairs (`Objects/lnotab_notes.txt` at v3.9.18).
     Lnotab,
     /// 3.10's `co_linetable` (PEP 626): (bytecode delta, signed line delta)
     /// byte pairs, a line delta of -128 meaning no line
-    /// (Objects/lnotab_notes.txt at v3.10.13).
+    /// (`Objects/lnotab_notes.txt` at v3.10.13).
     Pep626,
     /// 3.11+'s location table (see [`crate::stacks::linetable`]).
     Locations,

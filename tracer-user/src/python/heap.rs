@@ -324,7 +324,14 @@ impl DictKeys {
             return None;
         }
         let start = self.header() as u64 + index_bytes;
-        Some(KeysShape { refcnt: word(0)?, entries: start, nentries, entry_size, key_at, size: start + usable * entry_size })
+        Some(KeysShape {
+            refcnt: word(0)?,
+            entries: start,
+            nentries,
+            entry_size,
+            key_at,
+            size: start + usable * entry_size,
+        })
     }
 }
 
@@ -414,9 +421,10 @@ pub fn dwarf_expectations(abi: &dyn super::Abi) -> Vec<(&'static str, String, u6
 }
 
 /// The [`HeapLayout`] of 3.9 and 3.10, as far as it is 3.11's: the
-/// collector's state at `interp_gc` in the interpreter (Include/internal/
-/// pycore_interp.h at v3.9.18 and v3.10.13: 616) and laid out as 3.11's
-/// (Include/internal/pycore_gc.h, checked with gdb's `ptype /o` on pyenv's
+/// collector's state at `interp_gc` in the interpreter
+/// (`Include/internal/pycore_interp.h` at v3.9.18 and v3.10.13: 616) and
+/// laid out as 3.11's
+/// (`Include/internal/pycore_gc.h`, checked with gdb's `ptype /o` on pyenv's
 /// builds), pymalloc's state in file statics (Objects/obmalloc.c), no
 /// pre-header but the GC head (no managed dicts before 3.11), and `int`'s
 /// digit count in a signed `ob_size`, dict keys [`DictKeys::Sized`]. The

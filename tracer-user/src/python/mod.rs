@@ -325,7 +325,9 @@ pub fn abi_for_image(image: &std::path::Path, version: PythonVersion) -> Result<
 #[must_use]
 pub fn known_probes() -> Vec<&'static str> {
     let mut names: Vec<&'static str> = Vec::new();
-    for abi in [&v3_11::Abi311 as &dyn Abi, &v3_12::Abi312, &v3_13::Abi313, &v3_14::Abi314, &v3_10::Abi310, &v3_9::Abi39] {
+    for abi in
+        [&v3_11::Abi311 as &dyn Abi, &v3_12::Abi312, &v3_13::Abi313, &v3_14::Abi314, &v3_10::Abi310, &v3_9::Abi39]
+    {
         for p in abi.probes() {
             if !names.contains(&p.symbol) {
                 names.push(p.symbol);

@@ -163,9 +163,9 @@ pub(super) const GC: super::gc::GcKnowledge = super::gc::markers(
     GC_STATE,
 );
 
-/// The collector's statistics: Include/internal/pycore_interp.h at v3.10.13
+/// The collector's statistics: `Include/internal/pycore_interp.h` at v3.10.13
 /// puts `struct _gc_runtime_state gc` at 616 in `struct _is`;
-/// Include/internal/pycore_gc.h lays it out as 3.11 does (`generation0`
+/// `Include/internal/pycore_gc.h` lays it out as 3.11 does (`generation0`
 /// at 96, `permanent_generation` at 104, `generation_stats[3]` at 128,
 /// `collecting` at 200: gdb's `ptype /o` on pyenv's 3.10.13).
 pub(super) const GC_STATE: super::gc::GcStateLayout =

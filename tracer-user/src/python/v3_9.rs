@@ -157,17 +157,13 @@ impl super::Abi for Abi39 {
 /// (`collect_with_callback`, `_PyGC_CollectNoFail`) are 3.10's, each call
 /// one collection.
 pub(super) const GC: super::gc::GcKnowledge = super::gc::markers(
-    Some(super::gc::GcFunction {
-        symbol: "collect",
-        generation_register: super::gc::SECOND_ARGUMENT,
-        caveat: None,
-    }),
+    Some(super::gc::GcFunction { symbol: "collect", generation_register: super::gc::SECOND_ARGUMENT, caveat: None }),
     GC_STATE,
 );
 
-/// The collector's statistics: Include/internal/pycore_interp.h at v3.9.18
+/// The collector's statistics: `Include/internal/pycore_interp.h` at v3.9.18
 /// puts `struct _gc_runtime_state gc` at 616 in `struct _is`;
-/// Include/internal/pycore_gc.h lays it out as 3.11 does (`generation0`
+/// `Include/internal/pycore_gc.h` lays it out as 3.11 does (`generation0`
 /// at 96, `permanent_generation` at 104, `generation_stats[3]` at 128,
 /// `collecting` at 200: gdb's `ptype /o` on pyenv's 3.9.18).
 pub(super) const GC_STATE: super::gc::GcStateLayout =

@@ -97,7 +97,7 @@ pub fn line_at(table: &[u8], first_line: i32, offset: i64) -> Result<Option<u32>
 }
 
 /// The line of the instruction at byte `offset` of `co_code` from 3.10's
-/// `co_linetable` (PEP 626; Objects/lnotab_notes.txt and
+/// `co_linetable` (PEP 626; `Objects/lnotab_notes.txt` and
 /// Objects/codeobject.c at v3.10.13, `PyCode_Addr2Line`): byte pairs, an
 /// unsigned length in bytes of code and a signed line delta, -128 for a
 /// range without a line; the delta of every pair counts, a range of
@@ -124,7 +124,7 @@ pub fn line_at_pep626(table: &[u8], first_line: i32, offset: i64) -> Result<Opti
 }
 
 /// The line of the instruction at byte `offset` of `co_code` from 3.9's
-/// `co_lnotab` (Objects/lnotab_notes.txt and Objects/codeobject.c at
+/// `co_lnotab` (`Objects/lnotab_notes.txt` and Objects/codeobject.c at
 /// v3.9.18, `PyCode_Addr2Line`): byte pairs, an unsigned bytecode
 /// increment and a signed line increment, the line moving by each pair
 /// whose address is at or before the offset. Every offset has a line (past
@@ -136,7 +136,8 @@ pub fn line_at_lnotab(table: &[u8], first_line: i32, offset: i64) -> Result<Opti
         if address > offset {
             break;
         }
-        line = line.checked_add(i64::from(i8::from_le_bytes([pair[1]]))).ok_or(LineTableError::Overflow { at: 2 * i })?;
+        line =
+            line.checked_add(i64::from(i8::from_le_bytes([pair[1]]))).ok_or(LineTableError::Overflow { at: 2 * i })?;
     }
     let at = u64::try_from(offset).unwrap_or(0);
     u32::try_from(line).map(Some).map_err(|_| LineTableError::BadLine { offset: at, line })

@@ -344,7 +344,11 @@ fn symbol_address(target: &Target, symbol: &'static str) -> Result<u64, StackErr
             .elf
             .anchor()
             .and_then(|(vaddr, offset)| Some(target.address_of_file_offset(offset)?.wrapping_sub(vaddr)));
-        return bias.map(|b| address.wrapping_add(b)).ok_or(StackError::NotMapped { pid: target.pid, what: symbol, address });
+        return bias.map(|b| address.wrapping_add(b)).ok_or(StackError::NotMapped {
+            pid: target.pid,
+            what: symbol,
+            address,
+        });
     }
     let sym =
         target.elf.symbol(symbol).ok_or_else(|| StackError::NoSymbol { pid: target.pid, image: image(), symbol })?;
