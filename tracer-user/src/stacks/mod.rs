@@ -14,10 +14,11 @@
 //!
 //! For the BPF step, [`Process`] gives what a walker at events needs: the
 //! current thread's state by [`Process::current_thread_state`] (an address
-//! for 3.11, fsbase plus an offset, or a DTV module and offset; `NULL` on a
-//! thread without the GIL, and 3.11's is the GIL holder's, so check the
-//! state's `native_thread_id` against the event's TID in the target's PID
-//! namespace); from [`Process::offsets`] the way to the innermost frame
+//! for 3.9 to 3.11, fsbase plus an offset, or a DTV module and offset;
+//! `NULL` on a thread without the GIL, and 3.9 to 3.11's is the GIL
+//! holder's, so check the state's `native_thread_id` against the event's
+//! TID in the target's PID namespace, or before 3.11, which records no TID,
+//! its `thread_id` against the event thread's fsbase); from [`Process::offsets`] the way to the innermost frame
 //! (`thread.frame`: the `_PyCFrame` hop before 3.13), the frame's `code`,
 //! `previous`, `instr` and `owner`, the tag mask of 3.14's `_PyStackRef`,
 //! and `code.code_adaptive`, from which an instruction's offset counts;
