@@ -146,6 +146,21 @@ fn known_sites_on_pyenv_311() {
     known_sites(Python::Host(&shared_python()));
 }
 
+/// 3.9 and 3.10: no `_PyInterpreterFrame`, the BPF walk follows the frame
+/// objects' `f_back` and reads `f_lasti`, and checks the thread by its
+/// `pthread_t` against the event thread's fsbase.
+#[test]
+fn known_sites_on_pyenv_39() {
+    require_root();
+    known_sites(Python::Host(&pyenv("3.9.18")));
+}
+
+#[test]
+fn known_sites_on_pyenv_310() {
+    require_root();
+    known_sites(Python::Host(&pyenv("3.10.13")));
+}
+
 #[test]
 fn known_sites_on_pyenv_312() {
     require_root();

@@ -164,6 +164,20 @@ fn pyenv_311_counts_collections_at_gc_collect_main() {
     exact("function", &["--links", "perf"], once(&python));
 }
 
+/// 3.9's collection function is `collect` (3.10 renamed it
+/// `gc_collect_main`): both count every collection exactly.
+#[test]
+fn pyenv_39_and_310_count_collections_at_their_collection_function() {
+    require_root();
+    for (version, function) in [("3.9.18", "collect"), ("3.10.13", "gc_collect_main")] {
+        let attached = exact("function", &[], once(&pyenv(version)));
+        let points = attached["gc"]["points"].as_array().expect("points");
+        let names: Vec<&str> = points.iter().map(|p| p["name"].as_str().expect("name")).collect();
+        assert_eq!(names, [function, function], "{version}: {}", attached["gc"]);
+        assert!(attached["gc"].get("caveat").is_none(), "{version}: {}", attached["gc"]);
+    }
+}
+
 #[test]
 fn pyenv_312_counts_collections_at_gc_collect_main() {
     require_root();

@@ -1,5 +1,5 @@
 //! `tracer heap`: a census of a live CPython heap by type, read from
-//! outside, on every build here: pyenv's 3.11.7, 3.12.1 and 3.13.0 (shared
+//! outside, on every build here: pyenv's 3.10.13, 3.11.7, 3.12.1 and 3.13.0 (shared
 //! libpython, their own symbols), Debian's LTO 3.11 with python3.11-dbg and
 //! a copy of it without findable debug info, and the forky root's LTO 3.13
 //! and 3.14 with and without debug info (chrooted).
@@ -220,6 +220,30 @@ fn pyenv_311() {
     exact_counts(&pyenv("3.11.7"), true);
 }
 
+/// 3.10: dict keys laid out by `dk_size` (before 3.11's logarithms), no
+/// managed dicts; pymalloc as 3.11's.
+#[test]
+fn pyenv_310() {
+    exact_counts(&pyenv("3.10.13"), true);
+}
+
+/// 3.9's 4 KiB pools are not read: one line naming the version and why.
+#[test]
+fn pyenv_39_is_refused_in_one_line() {
+    require_root();
+    let workload = pyenv("3.9.18").start();
+    at_rest(&workload);
+    let pid = workload.pid();
+    let (code, stdout, stderr) = run_tracer(&["heap", "--pid", &pid.to_string()]);
+    assert_eq!((code, stdout.as_str()), (Some(2), ""), "{stderr}");
+    assert_eq!(
+        stderr,
+        format!(
+            "tracer: error: the heap census does not read Python 3.9.18 (PID {pid}) yet: its pools are 4 KiB and its arenas 256 KiB, not 16 KiB and 1 MiB as from 3.10; it reads 3.10 to 3.14\n"
+        )
+    );
+}
+
 #[test]
 fn pyenv_312() {
     exact_counts(&pyenv("3.12.1"), true);
@@ -362,7 +386,7 @@ fn a_process_that_is_not_python_is_one_line_and_status_2() {
 #[test]
 fn a_python_of_an_unknown_version_is_one_line_and_status_2() {
     require_root();
-    let python = Path::new("/root/.pyenv/versions/3.10.13/bin/python3");
+    let python = Path::new("/root/.pyenv/versions/3.8.18/bin/python3");
     assert!(python.is_file(), "{} is missing: it is part of this machine kind", python.display());
     let workload = Workload::script(None, &python.display().to_string(), "heap.py", &[]);
     let pid = workload.pid();
@@ -372,7 +396,7 @@ fn a_python_of_an_unknown_version_is_one_line_and_status_2() {
     assert_eq!(
         stderr,
         format!(
-            "tracer: error: cannot tell the Python version of PID {pid}: /root/.pyenv/versions/3.10.13/lib/libpython3.10.so.1.0 has no Py_Version symbol (CPython before 3.11?); supported: 3.11, 3.12, 3.13, 3.14\n"
+            "tracer: error: PID {pid} runs Python 3.8.18, which tracer does not support; supported: 3.9, 3.10, 3.11, 3.12, 3.13, 3.14\n"
         )
     );
 }

@@ -176,6 +176,16 @@ fn gc_from_memory_pyenv_311() {
 }
 
 #[test]
+fn gc_from_memory_pyenv_39() {
+    gc_matches_get_stats(None, pyenv("3.9.18").to_str().unwrap());
+}
+
+#[test]
+fn gc_from_memory_pyenv_310() {
+    gc_matches_get_stats(None, pyenv("3.10.13").to_str().unwrap());
+}
+
+#[test]
 fn gc_from_memory_pyenv_312() {
     gc_matches_get_stats(None, pyenv("3.12.1").to_str().unwrap());
 }

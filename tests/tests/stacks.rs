@@ -1,6 +1,6 @@
 //! `tracer stack`: the Python stacks of live processes, read from outside,
-//! on every build here: pyenv's 3.11.7, 3.12.1 and 3.13.0 (shared
-//! libpython), Debian's LTO 3.11 and the forky root's LTO 3.13 and 3.14
+//! on every build here: pyenv's 3.9.18, 3.10.13, 3.11.7, 3.12.1 and 3.13.0
+//! (shared libpython), Debian's LTO 3.11 and the forky root's LTO 3.13 and 3.14
 //! (static, no `.symtab`, run under chroot). Each must read back exactly
 //! the stack tests/python/stacks.py sits in, at the lines it marks.
 
@@ -32,7 +32,7 @@ enum Python {
 /// stack` reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Current {
-    /// 3.11: `_PyRuntime.gilstate.tstate_current`.
+    /// 3.9 to 3.11: `_PyRuntime.gilstate.tstate_current`.
     Gilstate,
     /// 3.12+ in a shared libpython: through the DTV.
     Dtv,
@@ -41,6 +41,8 @@ enum Current {
     FsMinus24,
 }
 
+const PYENV_39: Python = Python::Host("/root/.pyenv/versions/3.9.18/bin/python3");
+const PYENV_310: Python = Python::Host("/root/.pyenv/versions/3.10.13/bin/python3");
 const PYENV_311: Python = Python::Host("/root/.pyenv/versions/3.11.7/bin/python3");
 const PYENV_312: Python = Python::Host("/root/.pyenv/versions/3.12.1/bin/python3");
 const PYENV_313: Python = Python::Host("/root/.pyenv/versions/3.13.0/bin/python3");
@@ -150,7 +152,8 @@ impl Running {
     }
 
     /// Waits until every task of the interpreter is in a system call:
-    /// `clock_nanosleep` (`time.sleep`) or `futex` (a thread waiting on a lock).
+    /// `clock_nanosleep` (`time.sleep` from 3.11), `pselect6` (its
+    /// `select()` before 3.11) or `futex` (a thread waiting on a lock).
     fn wait_all_blocked(&self) {
         let deadline = Instant::now() + LINE_TIMEOUT;
         loop {
@@ -159,7 +162,7 @@ impl Running {
                 .filter_map(Result::ok)
                 .map(|t| std::fs::read_to_string(t.path().join("syscall")).unwrap_or_default())
                 .collect();
-            if syscalls.iter().all(|s| matches!(s.split_whitespace().next(), Some("230" | "202"))) {
+            if syscalls.iter().all(|s| matches!(s.split_whitespace().next(), Some("230" | "270" | "202"))) {
                 return;
             }
             assert!(Instant::now() < deadline, "PID {} never settled: {syscalls:?}", self.pid);
@@ -229,7 +232,14 @@ fn check(python: Python, version: &str, current: Current) {
     let helper = threads.iter().find(|t| t["main"] == false).expect("the helper thread");
     let helper_frames = frames(helper);
     assert!(helper_frames.contains(&("helper_wait".to_owned(), sleeping.path.clone(), marks()["helper"])), "{helper}");
-    assert_eq!(helper_frames.last().map(|f| f.0.as_str()), Some("Thread._bootstrap"), "{helper}");
+    // Before 3.11 a code object has no qualified name: its `co_name`.
+    let old = version == "3.9." || version == "3.10.";
+    let bootstrap = if old { "_bootstrap" } else { "Thread._bootstrap" };
+    assert_eq!(helper_frames.last().map(|f| f.0.as_str()), Some(bootstrap), "{helper}");
+    if old {
+        // No TID in a thread state before 3.11: the pthread_t only.
+        assert!(threads.iter().all(|t| t["tid"].is_null() && t["pthread"].is_string()), "{read}");
+    }
     assert!(threads.iter().all(|t| t["holds_gil"] == false), "both threads sleep without the GIL: {read}");
     let via = &read["current_thread_state"];
     match current {
@@ -269,6 +279,16 @@ fn check(python: Python, version: &str, current: Current) {
         let own = tasks.iter().find(|t| t["tid"] == spinning.pid).unwrap_or_else(|| panic!("the main task: {read}"));
         assert_eq!(own["thread_state"], tstate, "_Py_tss_tstate through the fsbase is the main thread's: {read}");
     }
+}
+
+#[test]
+fn pyenv_3_9() {
+    check(PYENV_39, "3.9.", Current::Gilstate);
+}
+
+#[test]
+fn pyenv_3_10() {
+    check(PYENV_310, "3.10.", Current::Gilstate);
 }
 
 #[test]
@@ -405,22 +425,24 @@ fn bad_input_is_one_line_and_exit_status_2() {
     );
     bad(&["stack"], "the following required arguments were not provided", "--pid");
     // A CPython outside the supported range: the error names the range.
-    let old = "/root/.pyenv/versions/3.10.13/bin/python3";
-    assert!(Path::new(old).is_file(), "{old} is missing: pyenv's 3.10.13 is part of this machine kind");
+    let old = "/root/.pyenv/versions/3.8.18/bin/python3";
+    assert!(Path::new(old).is_file(), "{old} is missing: pyenv's 3.8.18 is part of this machine kind");
     let mut child = KillOnDrop(
         Command::new(old)
             .args(["-c", "print('ready', flush=True); import time; time.sleep(3600)"])
             .stdout(Stdio::piped())
             .spawn()
-            .expect("python 3.10"),
+            .expect("python 3.8"),
     );
     let mut line = String::new();
     BufReader::new(child.0.stdout.take().expect("stdout")).read_line(&mut line).expect("ready");
     assert_eq!(line, "ready\n");
     let pid = child.id();
+    // 3.8 has no Py_Version: its version is read from Py_GetVersion's
+    // PY_VERSION, and refused by name.
     bad(
         &["stack", "--pid", &pid.to_string()],
-        &format!("cannot tell the Python version of PID {pid}:"),
-        "supported: 3.11, 3.12, 3.13, 3.14",
+        &format!("PID {pid} runs Python 3.8.18, which tracer does not support"),
+        "supported: 3.9, 3.10, 3.11, 3.12, 3.13, 3.14",
     );
 }

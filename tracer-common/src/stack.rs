@@ -24,6 +24,33 @@ pub mod current {
     pub const TLS_MODULE: u32 = 2;
 }
 
+/// What kind of frame the walk follows.
+pub mod frame_kind {
+    /// `_PyInterpreterFrame` (3.11+): the instruction is a pointer into the
+    /// code object (from [`super::WalkConfig::code_adaptive`]), and the
+    /// owner a byte.
+    pub const INTERPRETER: u32 = 0;
+    /// `PyFrameObject` (3.9, 3.10): the instruction is `int f_lasti`, an
+    /// index in units of [`super::WalkConfig::lasti_unit`] bytes, and there
+    /// is no owner (every frame is a Python function's: recorded as 0).
+    pub const LASTI: u32 = 1;
+}
+
+const _: () = assert!(frame_kind::INTERPRETER == 0 && frame_kind::LASTI == 1, "the BPF walk masks by the kind");
+
+/// How the walk makes sure the thread state it found is the event's
+/// thread's.
+pub mod thread_check {
+    /// Its `native_thread_id` against the event's TID in the target's PID
+    /// namespace (3.11+).
+    pub const NATIVE_TID: u32 = 0;
+    /// Its `thread_id`, the thread's `pthread_t`, against the event
+    /// thread's fsbase (3.9, 3.10, whose thread states hold no TID): on
+    /// x86-64 a `pthread_t` is the address of the thread's control block,
+    /// which the thread pointer (fsbase) points to, in glibc and musl.
+    pub const PTHREAD_FSBASE: u32 = 1;
+}
+
 /// Where the frames are, for one traced process. All offsets in bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -41,8 +68,10 @@ pub struct WalkConfig {
     /// `offsetof(struct task_struct, thread.fsbase)` in the running
     /// kernel, from its BTF.
     pub task_fsbase: u64,
-    /// `PyThreadState.native_thread_id`: checked against the event's
-    /// thread, so that a GIL holder's stack is never taken for another's.
+    /// `PyThreadState.native_thread_id` (or, with
+    /// [`thread_check::PTHREAD_FSBASE`], `thread_id`): checked against the
+    /// event's thread, so that a GIL holder's stack is never taken for
+    /// another's.
     pub native_thread_id: u64,
     /// `PyThreadState.cframe` (3.11, 3.12), or [`NO_OFFSET`].
     pub cframe: u64,
@@ -62,13 +91,23 @@ pub struct WalkConfig {
     /// namespace).
     pub pid_ns_dev: u64,
     pub pid_ns_ino: u64,
+    /// One of [`frame_kind`].
+    pub frame_kind: u32,
+    /// [`frame_kind::LASTI`]: the bytes an `f_lasti` of 1 is (1 in 3.9,
+    /// 2 in 3.10).
+    pub lasti_unit: u32,
+    /// One of [`thread_check`].
+    pub thread_check: u32,
+    /// Unused: the struct has no implicit padding.
+    pub reserved: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<WalkConfig>() == 8 + 14 * 8);
+const _: () = assert!(core::mem::size_of::<WalkConfig>() == 8 + 16 * 8);
 
 /// The most bytes of a frame the walk reads in one go: every field it
 /// needs (code, previous, instruction pointer, owner) is within the first
-/// 80 bytes of `_PyInterpreterFrame` in 3.11 to 3.14.
+/// 80 bytes of `_PyInterpreterFrame` in 3.11 to 3.14, and of the first 112
+/// of `PyFrameObject` in 3.9 and 3.10.
 pub const FRAME_HEAD: u64 = 128;
 
 /// Where the walk finds a frame's fields in the bytes it read from the
@@ -79,13 +118,18 @@ pub struct FrameHead {
     /// field, at most [`FRAME_HEAD`].
     pub bytes: u64,
     /// Word indices of the code reference, the previous frame and the
-    /// instruction pointer.
+    /// instruction pointer (or the word holding `f_lasti`).
     pub code: u64,
     pub previous: u64,
     pub instr: u64,
+    /// `f_lasti`'s shift in its word (0 for a pointer).
+    pub instr_shift: u64,
     /// The word holding the owner byte, and the owner's shift in it.
     pub owner: u64,
     pub owner_shift: u64,
+    /// 0xff, or 0 for a frame object, which has no owner (every owner
+    /// then 0).
+    pub owner_mask: u64,
 }
 
 impl WalkConfig {
@@ -93,16 +137,26 @@ impl WalkConfig {
     /// needs, so that one read serves a frame (or, on the data stack,
     /// the frames that share its page), where a read per field would cost
     /// four: the helper call, not the bytes copied, is most of a read's
-    /// cost. None when a pointer field is not 8-aligned or the fields
-    /// reach past [`FRAME_HEAD`], which no supported version does.
+    /// cost. None when a pointer field is not 8-aligned (`f_lasti`, an
+    /// int, 4-aligned) or the fields reach past [`FRAME_HEAD`], which no
+    /// supported version does. A frame object has no owner: its
+    /// `frame_owner` is any byte of the head (0), masked off.
+    ///
+    /// The BPF walk computes this from the map's values, which the
+    /// verifier does not know: each branch on them would double the paths
+    /// it walks through the frame loop after it, so what depends on the
+    /// kind is arithmetic, not a branch.
     #[must_use]
     pub const fn frame_head(&self) -> Option<FrameHead> {
         let (code, previous, instr, owner) = (self.frame_code, self.frame_previous, self.frame_instr, self.frame_owner);
-        if code % 8 != 0 || previous % 8 != 0 || instr % 8 != 0 {
+        // 1 for a frame object, 0 for an interpreter frame.
+        let lasti = (self.frame_kind & 1) as u64;
+        if code % 8 != 0 || previous % 8 != 0 || instr % (8 >> lasti) != 0 {
             return None;
         }
         let mut bytes = owner.saturating_add(1);
-        let pointers = [code, previous, instr];
+        // The whole word holding the instruction is read, `f_lasti` too.
+        let pointers = [code, previous, instr - instr % 8];
         let mut i = 0;
         while i < pointers.len() {
             let end = pointers[i].saturating_add(8);
@@ -119,8 +173,10 @@ impl WalkConfig {
             code: code / 8,
             previous: previous / 8,
             instr: instr / 8,
+            instr_shift: (instr % 8) * 8,
             owner: owner / 8,
             owner_shift: (owner % 8) * 8,
+            owner_mask: 0xff & lasti.wrapping_sub(1),
         })
     }
 }
@@ -246,9 +302,46 @@ mod tests {
         // 3.11's `_PyInterpreterFrame`: f_code at 32, previous at 48,
         // prev_instr at 56, owner at 69.
         let head = config(32, 48, 56, 69).frame_head().expect("fits");
-        assert_eq!(head, FrameHead { bytes: 70, code: 4, previous: 6, instr: 7, owner: 8, owner_shift: 40 });
+        assert_eq!(
+            head,
+            FrameHead {
+                bytes: 70,
+                code: 4,
+                previous: 6,
+                instr: 7,
+                instr_shift: 0,
+                owner: 8,
+                owner_shift: 40,
+                owner_mask: 0xff
+            }
+        );
         // A pointer last.
         assert_eq!(config(0, 8, 120, 70).frame_head().map(|h| h.bytes), Some(128));
+    }
+
+    #[test]
+    fn a_frame_object_s_head_reads_f_lasti_s_word_and_no_owner() {
+        // 3.9's `PyFrameObject`: f_back at 24, f_code at 32, f_lasti at 104;
+        // 3.10's f_lasti at 96.
+        let lasti = |instr| WalkConfig { frame_kind: frame_kind::LASTI, ..config(32, 24, instr, 0) };
+        let head = lasti(104).frame_head().expect("fits");
+        assert_eq!(
+            head,
+            FrameHead {
+                bytes: 112,
+                code: 4,
+                previous: 3,
+                instr: 13,
+                instr_shift: 0,
+                owner: 0,
+                owner_shift: 0,
+                owner_mask: 0
+            }
+        );
+        assert_eq!(lasti(100).frame_head().map(|h| (h.bytes, h.instr, h.instr_shift)), Some((104, 12, 32)));
+        assert_eq!(lasti(102).frame_head(), None);
+        // An interpreter frame's instruction pointer stays 8-aligned.
+        assert_eq!(config(32, 24, 100, 69).frame_head(), None);
     }
 
     #[test]

@@ -218,11 +218,21 @@ pub fn python(tgid: u32) -> Result<(u64, bool), Stat> {
         #[allow(clippy::cast_possible_truncation, reason = "word indices within the window")]
         let word = |field: u64| window.get(((at / 8) + field) as usize).copied().ok_or(Stat::StackNoConfig);
         #[allow(clippy::cast_possible_truncation, reason = "the owner is the byte at its shift")]
-        let owner = (word(head.owner)? >> (head.owner_shift & 63)) as u8;
+        let owner = ((word(head.owner)? >> (head.owner_shift & 63)) & head.owner_mask) as u8;
         let previous = word(head.previous)?;
         let code = word(head.code)? & !config.code_tag_mask;
         let instr = word(head.instr)?;
-        let offset = instr.wrapping_sub(code.wrapping_add(config.code_adaptive));
+        // Without a branch, which would double the paths the verifier
+        // walks at every frame: an interpreter frame's pointer difference
+        // (masked off for a frame object: `frame_kind` 1 makes the mask 0)
+        // plus a frame object's `int f_lasti` (3.9, 3.10: an index, -1
+        // before the first instruction, sign-extended and scaled to bytes;
+        // `lasti_unit` is 0 for an interpreter frame).
+        let pointer_mask = u64::from(config.frame_kind).wrapping_sub(1);
+        #[allow(clippy::cast_possible_truncation, reason = "f_lasti is the C int at its shift")]
+        let lasti = i64::from((instr >> (head.instr_shift & 63)) as u32 as i32);
+        let offset = (instr.wrapping_sub(code.wrapping_add(config.code_adaptive)) & pointer_mask)
+            .wrapping_add(lasti.wrapping_mul(i64::from(config.lasti_unit)).cast_unsigned());
         // Masked so that the verifier sees the index bounded.
         if let Some(f) = walk.frames.get_mut(n & (MAX_DEPTH - 1)) {
             #[allow(clippy::cast_possible_truncation, reason = "an instruction's offset in its code fits 32 bits")]
@@ -302,6 +312,11 @@ fn fsbase(config: &WalkConfig) -> Result<u64, Stat> {
 #[inline(always)]
 fn check_thread(config: &WalkConfig, tstate: u64) -> Result<(), Stat> {
     let native = read(tstate.wrapping_add(config.native_thread_id))?;
+    if config.thread_check == stack::thread_check::PTHREAD_FSBASE {
+        // 3.9, 3.10: the state's `pthread_t` is the thread's control block,
+        // where its fsbase points.
+        return if native == fsbase(config)? { Ok(()) } else { Err(Stat::StackOtherThread) };
+    }
     let mut ns = aya_ebpf::bindings::bpf_pidns_info { pid: 0, tgid: 0 };
     // SAFETY: ns is a valid, writable bpf_pidns_info of the size passed.
     let rc = unsafe {

@@ -47,6 +47,9 @@ pub struct Symbol {
 pub struct ElfImage {
     path: PathBuf,
     symbols: HashMap<String, Symbol>,
+    /// Defined data symbols with no bytes in the file (.bss), by name: their
+    /// link-time addresses (3.9's `_PyRuntime` is one).
+    zero_filled: HashMap<String, u64>,
     /// (vaddr, memsz, file offset, filesz) of every `PT_LOAD`.
     segments: Vec<(u64, u64, u64, u64)>,
 }
@@ -63,6 +66,7 @@ impl ElfImage {
         let file = object::File::parse(data).map_err(|cause| ElfError::Parse { path: path.to_owned(), cause })?;
         let segments = load_segments(&file);
         let mut symbols = HashMap::new();
+        let mut zero_filled = HashMap::new();
         // .symtab first, then .dynsym: a name in both is the same symbol, and
         // .dynsym is the one that survives `strip`.
         for sym in file.symbols().chain(file.dynamic_symbols()) {
@@ -83,10 +87,15 @@ impl ElfImage {
             let address = sym.address();
             // Zero-initialised data (.bss) has no bytes in the file and
             // nothing tracer could probe or read there.
-            let Some(file_offset) = file_offset_of(&segments, address) else { continue };
+            let Some(file_offset) = file_offset_of(&segments, address) else {
+                if !is_function {
+                    zero_filled.entry(name.to_owned()).or_insert(address);
+                }
+                continue;
+            };
             symbols.insert(name.to_owned(), Symbol { address, size: sym.size(), file_offset, is_function });
         }
-        Ok(Self { path: path.to_owned(), symbols, segments })
+        Ok(Self { path: path.to_owned(), symbols, zero_filled, segments })
     }
 
     /// The file this image was read from.
@@ -116,6 +125,21 @@ impl ElfImage {
     #[must_use]
     pub fn symbol(&self, name: &str) -> Option<&Symbol> {
         self.symbols.get(name)
+    }
+
+    /// The link-time address of a defined data symbol that has no bytes in
+    /// the file (.bss): it can be read in a process, not in the file.
+    #[must_use]
+    pub fn zero_filled(&self, name: &str) -> Option<u64> {
+        self.zero_filled.get(name).copied()
+    }
+
+    /// A link-time address with bytes in the file, and their file offset:
+    /// the start of the first file-backed `PT_LOAD`, by which a process's
+    /// mapping of the file gives its load bias.
+    #[must_use]
+    pub fn anchor(&self) -> Option<(u64, u64)> {
+        self.segments.iter().find(|s| s.3 > 0).map(|&(vaddr, _, offset, _)| (vaddr, offset))
     }
 
     /// A defined function by exact name.

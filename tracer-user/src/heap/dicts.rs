@@ -7,8 +7,9 @@
 //! `dk_refcnt` (0), `dk_log2_size` (8), `dk_log2_index_bytes` (9),
 //! `dk_kind` (10), `dk_nentries` (24), the indices (32), then the entries,
 //! `(hash, key, value)` of 24 bytes for `DICT_KEYS_GENERAL` (0) or `(key,
-//! value)` of 16 for `DICT_KEYS_UNICODE` (1). A split dict's keys are its
-//! class's, shared, and its values are elsewhere: not read.
+//! value)` of 16 for `DICT_KEYS_UNICODE` (1); 3.10's is laid out as
+//! [`DictKeys::Sized`] says. A split dict's keys are its class's, shared,
+//! and its values are elsewhere: not read.
 
 use std::collections::HashSet;
 
@@ -20,14 +21,8 @@ use super::{
     tally::{Reason, Tally},
     types::Context,
 };
-use crate::python::{
-    DK_INDICES_OFFSET, DK_KIND_OFFSET, DK_LOG2_INDEX_BYTES_OFFSET, DK_NENTRIES_OFFSET, MA_KEYS_OFFSET, MA_VALUES_OFFSET,
-};
+use crate::python::{MA_KEYS_OFFSET, MA_VALUES_OFFSET, heap::DictKeys};
 
-/// `PyDict_MINSIZE` is 8: a table has at least 2^3 slots.
-const MIN_LOG2_SIZE: u8 = 3;
-/// A table of more than 2^40 slots is no table.
-const MAX_LOG2_SIZE: u8 = 40;
 /// Entries read a call.
 const ENTRIES_PER_RANGE: u64 = 4096;
 
@@ -40,56 +35,13 @@ pub fn combined(object: &[u8]) -> Option<u64> {
     (at(MA_VALUES_OFFSET) == 0 && keys != 0 && keys.is_multiple_of(8)).then_some(keys)
 }
 
-/// A table's shape, from its header.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Table {
-    /// Where the entries start.
-    entries: u64,
-    nentries: u64,
-    /// 24 or 16.
-    entry_size: u64,
-    /// The bytes of the whole keys object.
-    size: u64,
-    refcnt: u64,
-}
-
-impl Table {
-    /// The table at `keys` whose header is `head`, if the header is one:
-    /// a size from 8 slots, index bytes for it (`dk_log2_index_bytes` is
-    /// `dk_log2_size` plus 0 to 3, `new_keys_object` in
-    /// Objects/dictobject.c), a kind a combined dict has, and no more
-    /// entries than `USABLE_FRACTION` of the slots.
-    fn parse(keys: u64, head: &[u8]) -> Option<Self> {
-        let byte = |at: u64| head.get(usize::try_from(at).ok()?).copied();
-        let (log2_size, log2_index_bytes, kind) = (byte(8)?, byte(DK_LOG2_INDEX_BYTES_OFFSET)?, byte(DK_KIND_OFFSET)?);
-        if !(MIN_LOG2_SIZE..=MAX_LOG2_SIZE).contains(&log2_size)
-            || !(log2_size..=log2_size + 3).contains(&log2_index_bytes)
-            || kind > 1
-        {
-            return None;
-        }
-        let usable = (2u64 << log2_size) / 3;
-        let nentries = word(head, usize::try_from(DK_NENTRIES_OFFSET).ok()?);
-        if nentries > usable {
-            return None;
-        }
-        let entry_size = if kind == 0 { 24 } else { 16 };
-        let indices = 1u64 << log2_index_bytes;
-        Some(Self {
-            entries: keys.wrapping_add(DK_INDICES_OFFSET).wrapping_add(indices),
-            nentries,
-            entry_size,
-            size: DK_INDICES_OFFSET + indices + usable * entry_size,
-            refcnt: word(head, 0),
-        })
-    }
-}
-
-/// Reads the tables `dicts` ((keys object, the dict's type)): each one
+/// Reads the tables `dicts` ((keys object, the dict's type)), laid out as
+/// `layout` says: each one
 /// outside the pools that only its dict uses (`dk_refcnt` 1) is added to
 /// its type's buffers, and each key and value outside the pools to
 /// `referenced`.
 pub fn read(
+    layout: DictKeys,
     dicts: &[(u64, u32)],
     cx: &mut Context<'_>,
     tally: &mut Tally,
@@ -97,11 +49,11 @@ pub fn read(
     found: &mut Found,
     limits: Limits,
 ) -> Result<(), HeapError> {
-    let header = usize::try_from(DK_INDICES_OFFSET).unwrap_or(32);
+    let header = layout.header();
     let mut buf = vec![0u8; MAX_RANGES * header];
     let mut ok = Vec::new();
     let mut ranges: Vec<(u64, usize)> = Vec::new();
-    let mut entries: Vec<(u64, u64, u64)> = Vec::new();
+    let mut entries: Vec<(u64, u64, u64, u64)> = Vec::new();
     for batch in dicts.chunks(MAX_RANGES) {
         let wanted: Vec<&(u64, u32)> = batch.iter().filter(|(keys, _)| cx.regions.in_heap(*keys)).collect();
         for _ in wanted.len()..batch.len() {
@@ -114,7 +66,7 @@ pub fn read(
                 tally.reject(Reason::DictUnreadable);
                 continue;
             }
-            let Some(table) = Table::parse(keys, &buf[i * header..(i + 1) * header]) else {
+            let Some(table) = layout.parse(&buf[i * header..(i + 1) * header]) else {
                 tally.reject(Reason::DictNotATable);
                 continue;
             };
@@ -124,9 +76,9 @@ pub fn read(
             let mut done = 0;
             while done < table.nentries && found.items_read < limits.items {
                 let n = (table.nentries - done).min(ENTRIES_PER_RANGE).min(limits.items - found.items_read);
-                let at = table.entries.wrapping_add(done * table.entry_size);
+                let at = keys.wrapping_add(table.entries).wrapping_add(done * table.entry_size);
                 ranges.push((at, usize::try_from(n * table.entry_size).unwrap_or(0)));
-                entries.push((at, n, table.entry_size));
+                entries.push((at, n, table.entry_size, table.key_at));
                 found.items_read += n;
                 done += n;
             }
@@ -138,10 +90,10 @@ pub fn read(
         data.resize(batch.iter().map(|r| r.1).sum(), 0);
         cx.memory.read_ranges(batch, &mut data, &mut ok)?;
         let mut at = 0;
-        for (i, &(_, n, entry_size)) in shapes.iter().enumerate() {
+        for (i, &(_, n, entry_size, key_at)) in shapes.iter().enumerate() {
             let len = batch[i].1;
             if ok[i] {
-                let key_at = usize::try_from(entry_size).unwrap_or(16) - 16;
+                let key_at = usize::try_from(key_at).unwrap_or(0);
                 for entry in data[at..at + len]
                     .chunks_exact(usize::try_from(entry_size).unwrap_or(16))
                     .take(usize::try_from(n).unwrap_or(usize::MAX))
@@ -212,7 +164,8 @@ mod tests {
         let elsewhere = head(3, 3, 1, 2);
         let dicts =
             [(base + PAGE as u64 - 32, 0), (base, 0), (base + PAGE as u64 + 64, 0), (elsewhere.as_ptr() as u64, 0)];
-        read(&dicts, &mut cx, &mut tally, &mut HashSet::default(), &mut found, Limits::default()).unwrap();
+        read(DictKeys::Log2, &dicts, &mut cx, &mut tally, &mut HashSet::default(), &mut found, Limits::default())
+            .unwrap();
         let n = |r: Reason| tally.rejected[r as usize];
         assert_eq!(n(Reason::DictEntriesUnreadable), 1);
         assert_eq!(n(Reason::DictNotATable), 1);
@@ -224,16 +177,43 @@ mod tests {
 
     #[test]
     fn tables_are_shaped_by_their_headers() {
+        let parse = |h: &[u8]| DictKeys::Log2.parse(h);
         // 10,000 str keys: 2^14 slots, 2-byte indices (2^15 bytes).
-        let t = Table::parse(0x1000, &head(14, 15, 1, 10_000)).expect("a table");
-        assert_eq!(t.entries, 0x1000 + 32 + (1 << 15));
-        assert_eq!((t.nentries, t.entry_size), (10_000, 16));
+        let t = parse(&head(14, 15, 1, 10_000)).expect("a table");
+        assert_eq!(t.entries, 32 + (1 << 15));
+        assert_eq!((t.nentries, t.entry_size, t.key_at, t.refcnt), (10_000, 16, 0, 1));
         assert_eq!(t.size, 32 + (1 << 15) + (2 << 14) / 3 * 16);
         // `{1: 1, 2: 2}`: general entries.
-        assert_eq!(Table::parse(0, &head(3, 3, 0, 2)).map(|t| t.entry_size), Some(24));
-        assert!(Table::parse(0, &head(2, 2, 1, 1)).is_none(), "below PyDict_MINSIZE");
-        assert!(Table::parse(0, &head(3, 7, 1, 1)).is_none(), "index bytes for another size");
-        assert!(Table::parse(0, &head(3, 3, 2, 1)).is_none(), "split keys");
-        assert!(Table::parse(0, &head(3, 3, 1, 6)).is_none(), "more entries than usable");
+        assert_eq!(parse(&head(3, 3, 0, 2)).map(|t| (t.entry_size, t.key_at)), Some((24, 8)));
+        assert!(parse(&head(2, 2, 1, 1)).is_none(), "below PyDict_MINSIZE");
+        assert!(parse(&head(3, 7, 1, 1)).is_none(), "index bytes for another size");
+        assert!(parse(&head(3, 3, 2, 1)).is_none(), "split keys");
+        assert!(parse(&head(3, 3, 1, 6)).is_none(), "more entries than usable");
+    }
+
+    /// 3.9 and 3.10: `dk_size` slots, 1 to 8 index bytes each by size,
+    /// general entries only.
+    #[test]
+    fn tables_before_3_11_are_shaped_by_dk_size() {
+        let head = |size: u64, nentries: u64| {
+            let mut h = vec![0u8; 40];
+            h[0] = 1;
+            h[8..16].copy_from_slice(&size.to_le_bytes());
+            h[32..40].copy_from_slice(&nentries.to_le_bytes());
+            h
+        };
+        let parse = |h: &[u8]| DictKeys::Sized.parse(h);
+        let t = parse(&head(8, 5)).expect("a table");
+        assert_eq!((t.entries, t.nentries, t.entry_size, t.key_at), (40 + 8, 5, 24, 8));
+        assert_eq!(t.size, 40 + 8 + 5 * 24);
+        // 2^16 slots: 4-byte indices.
+        let t = parse(&head(1 << 16, 40_000)).expect("a table");
+        assert_eq!(t.entries, 40 + (4 << 16));
+        assert_eq!(parse(&head(256, 1)).map(|t| t.entries), Some(40 + 512));
+        assert!(parse(&head(4, 1)).is_none(), "below PyDict_MINSIZE");
+        assert!(parse(&head(12, 1)).is_none(), "not a power of two");
+        assert!(parse(&head(8, 6)).is_none(), "more entries than usable");
+        assert!(parse(&head(1 << 41, 1)).is_none(), "too large");
+        assert!(parse(&head(8, 1)[..39]).is_none(), "a short header");
     }
 }

@@ -79,9 +79,11 @@ pub enum HeapError {
     )]
     OffsetMismatch { pid: u32, image: String, version: String, field: &'static str, published: u64, table: u64 },
     #[error(
-        "{image} (PID {pid}) defines no {symbol}, which every CPython 3.11+ exports; is it really the interpreter?"
+        "{image} (PID {pid}) defines no {symbol}, which every supported CPython exports; is it really the interpreter?"
     )]
     NoSymbol { pid: u32, image: String, symbol: &'static str },
+    #[error("the heap census does not read Python {version} (PID {pid}) yet: {why}; it reads 3.10 to 3.14")]
+    Unsupported { pid: u32, version: String, why: &'static str },
 }
 
 impl Classify for HeapError {
@@ -90,7 +92,11 @@ impl Classify for HeapError {
     fn is_bad_input(&self) -> bool {
         match self {
             Self::Stack(e) => e.is_bad_input(),
-            Self::Version(_) | Self::Exited { .. } | Self::Exec { .. } | Self::NoSymbol { .. } => true,
+            Self::Version(_)
+            | Self::Exited { .. }
+            | Self::Exec { .. }
+            | Self::NoSymbol { .. }
+            | Self::Unsupported { .. } => true,
             Self::Read { .. }
             | Self::Proc { .. }
             | Self::Stop { .. }
@@ -150,6 +156,9 @@ impl Heap {
         let stamp = crate::discover::process::ProgramStamp::of(pid);
         let process = Process::open(pid)?;
         let abi = python::abi_for(pid, process.version)?;
+        if let Some(why) = python::heap::census_refusal(abi) {
+            return Err(HeapError::Unsupported { pid, version: process.version.to_string(), why });
+        }
         let symbol = |symbol: &'static str| {
             let target = &process.target;
             let image = || target.image_path.display().to_string();
@@ -242,7 +251,8 @@ fn take(
     }
     let pool_set = PoolSet::new(&scan.pools);
     let unicode = abi.frames().unicode;
-    let mut types = TypeTable::new(abi.heap(), TypeNameOffsets { ht_qualname: abi.ht_qualname(), unicode }, builtins);
+    let names = TypeNameOffsets { ht_qualname: abi.ht_qualname(), unicode, dict_keys: abi.heap().dict_keys };
+    let mut types = TypeTable::new(abi.heap(), names, builtins);
     let mut tally = Tally::default();
     tally.rejected[Reason::StateUnreadable as usize] += state.unreadable;
     tally.rejected[Reason::InterpretersCut as usize] += state.interpreters_cut;

@@ -9,8 +9,8 @@
 
 use super::{HeapError, memory::Memory, memory::word};
 use crate::python::{
-    DK_INDICES_OFFSET, DK_KIND_OFFSET, DK_LOG2_INDEX_BYTES_OFFSET, DK_NENTRIES_OFFSET, MA_KEYS_OFFSET,
-    MA_VALUES_OFFSET, TP_DICT_OFFSET, TypeNameOffsets, UNICODE_ASCII_BIT, UNICODE_COMPACT_BIT, UNICODE_KIND_SHIFT,
+    MA_KEYS_OFFSET, MA_VALUES_OFFSET, TP_DICT_OFFSET, TypeNameOffsets, UNICODE_ASCII_BIT, UNICODE_COMPACT_BIT,
+    UNICODE_KIND_SHIFT,
     heap::{tpflags, type_object},
 };
 
@@ -46,15 +46,11 @@ fn heap_type_module(memory: &mut Memory, address: u64, names: TypeNameOffsets) -
         return Ok(None);
     }
     let Some(keys) = memory.word(dict.wrapping_add(MA_KEYS_OFFSET))? else { return Ok(None) };
-    let Some(head) = memory.read(keys, 32)? else { return Ok(None) };
-    let byte = |at: u64| head.get(usize::try_from(at).unwrap_or(usize::MAX)).copied().unwrap_or(0);
-    let log2_index_bytes = byte(DK_LOG2_INDEX_BYTES_OFFSET);
-    if log2_index_bytes > 32 {
-        return Ok(None);
-    }
-    let (entry_size, key_at): (u64, u64) = if byte(DK_KIND_OFFSET) == 0 { (24, 8) } else { (16, 0) };
-    let nentries = word(&head, usize::try_from(DK_NENTRIES_OFFSET).unwrap_or(24)).min(MAX_ENTRIES);
-    let entries = keys.wrapping_add(DK_INDICES_OFFSET).wrapping_add(1u64 << log2_index_bytes);
+    let Some(head) = memory.read(keys, names.dict_keys.header())? else { return Ok(None) };
+    let Some(shape) = names.dict_keys.parse(&head) else { return Ok(None) };
+    let (entry_size, key_at) = (shape.entry_size, shape.key_at);
+    let nentries = shape.nentries.min(MAX_ENTRIES);
+    let entries = keys.wrapping_add(shape.entries);
     let Some(bytes) = memory.read(entries, usize::try_from(nentries * entry_size).unwrap_or(0))? else {
         return Ok(None);
     };

@@ -79,7 +79,8 @@ pub fn census(
             return Err(HeapError::Interrupted);
         }
         read_items(&queue.arrays, cx, tally, &mut leads.referenced, &mut found, limits)?;
-        super::dicts::read(&queue.dicts, cx, tally, &mut leads.referenced, &mut found, limits)?;
+        let keys = types.layout().dict_keys;
+        super::dicts::read(keys, &queue.dicts, cx, tally, &mut leads.referenced, &mut found, limits)?;
         queue.arrays.clear();
         queue.dicts.clear();
         let mut candidates: Vec<u64> = leads.referenced.drain().filter(|a| !counted.contains(a)).collect();

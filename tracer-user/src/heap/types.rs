@@ -385,7 +385,11 @@ mod tests {
         let (a, b) = (objects[0].as_ptr() as u64, objects[1].as_ptr() as u64);
         let pid = std::process::id();
         let abi = crate::python::abi_for(pid, crate::python::PythonVersion::from_hex(0x030C_01F0)).expect("3.12");
-        let names = TypeNameOffsets { ht_qualname: abi.ht_qualname(), unicode: abi.frames().unicode };
+        let names = TypeNameOffsets {
+            ht_qualname: abi.ht_qualname(),
+            unicode: abi.frames().unicode,
+            dict_keys: abi.heap().dict_keys,
+        };
         let builtins = Builtins { type_: meta, str_: 1, bytes: 1, bytearray: 1 };
         let mut table = TypeTable::new(abi.heap(), names, builtins);
         table.max_types = 1;

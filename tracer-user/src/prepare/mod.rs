@@ -265,6 +265,9 @@ fn growth_plan(r: &Resolved, debug_dir: Option<&Path>) -> GrowthPlan {
             "with --exe, no process's memory is read, which growth's samples are checked against; pass --pid",
         );
     }
+    if let Some(why) = crate::python::growth::refusal(r.abi) {
+        return GrowthPlan::unavailable(why);
+    }
     let knowledge = crate::python::growth::knowledge(r.abi);
     match discover::growth::find(r, &knowledge, debug_dir) {
         Ok(symbols) => plan::growth::plan(&r.elf, &symbols, &knowledge, plan::placement::running_kernel()),

@@ -5,8 +5,8 @@
 //!
 //! The path a walker takes is the same in every supported version:
 //! `_PyRuntime` (an exported symbol) → `interpreters.head` → the
-//! interpreter's `threads.head` → each thread state's innermost frame →
-//! `previous` until NULL; each frame names its code object and the
+//! interpreter's `threads.head` (`tstate_head` before 3.11) → each thread
+//! state's innermost frame → `previous` (`f_back` before 3.11) until NULL; each frame names its code object and the
 //! instruction it is at, and the code object its qualified name, file,
 //! first line and line table. What differs is where the fields are, how the
 //! thread state reaches its frame, how the frame refers to its code, and
@@ -25,6 +25,57 @@ pub enum FrameLink {
     ViaCFrame { cframe: u64, current_frame: u64 },
     /// 3.13+: `tstate->current_frame`.
     Direct { current_frame: u64 },
+    /// 3.9, 3.10: `tstate->frame`, the innermost `PyFrameObject *` (there
+    /// is no `_PyInterpreterFrame` before 3.11: every frame is a frame
+    /// object, linked to its caller by `f_back`).
+    FrameObject { frame: u64 },
+}
+
+/// How a frame says which instruction it is at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InstrKind {
+    /// 3.11+: a pointer into the code object's own `co_code_adaptive`
+    /// ([`CodeOffsets::code_adaptive`]).
+    Pointer,
+    /// 3.9, 3.10: `int f_lasti`, the index of the last instruction started
+    /// (-1 before the first), in units of `unit` bytes: 1 in 3.9 (a byte
+    /// offset into `co_code`), 2 in 3.10 (code units: Objects/frameobject.c
+    /// at v3.10.13, `frame_getlasti` returns `f_lasti * sizeof(_Py_CODEUNIT)`,
+    /// and `PyFrame_GetLineNumber` passes `f_lasti*sizeof(_Py_CODEUNIT)` to
+    /// `PyCode_Addr2Line`).
+    LastI { unit: u8 },
+}
+
+impl InstrKind {
+    /// The byte offset of the instruction a frame is at, from the raw
+    /// 8 bytes at its instruction field and its code object's address
+    /// (and, for [`Self::Pointer`], where the code's instructions start in
+    /// it): what `PyCode_Addr2Line` is given.
+    #[must_use]
+    pub fn offset(self, raw: u64, code: u64, code_adaptive: u64) -> i64 {
+        match self {
+            Self::Pointer => raw.wrapping_sub(code.wrapping_add(code_adaptive)).cast_signed(),
+            Self::LastI { unit } => {
+                #[allow(clippy::cast_possible_truncation, reason = "f_lasti is the C int in the low 4 bytes")]
+                let lasti = (raw as u32).cast_signed();
+                i64::from(lasti) * i64::from(unit)
+            }
+        }
+    }
+}
+
+/// The format of a code object's line table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LineTableFormat {
+    /// 3.9's `co_lnotab`: (bytecode increment, signed line increment)
+    /// byte pairs (`Objects/lnotab_notes.txt` at v3.9.18).
+    Lnotab,
+    /// 3.10's `co_linetable` (PEP 626): (bytecode delta, signed line delta)
+    /// byte pairs, a line delta of -128 meaning no line
+    /// (`Objects/lnotab_notes.txt` at v3.10.13).
+    Pep626,
+    /// 3.11+'s location table (see [`crate::stacks::linetable`]).
+    Locations,
 }
 
 /// How an interpreter frame holds its code object.
@@ -134,27 +185,34 @@ pub struct ThreadOffsets {
     /// `thread_id`: the creating thread's `pthread_t`.
     pub thread_id: u64,
     /// `native_thread_id`: its TID (`gettid()`, in the process's own PID
-    /// namespace).
-    pub native_thread_id: u64,
+    /// namespace), from 3.11; before it a thread state holds only its
+    /// `pthread_t` ([`Self::thread_id`]).
+    pub native_thread_id: Option<u64>,
 }
 
-/// Offsets inside `_PyInterpreterFrame`.
+/// Offsets inside `_PyInterpreterFrame` (3.11+) or `PyFrameObject` (3.9,
+/// 3.10).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct InterpreterFrameOffsets {
-    /// `f_code` (3.11, 3.12) or `f_executable` (3.13+).
+    /// `f_code` (3.9 to 3.12) or `f_executable` (3.13+).
     pub code: u64,
     /// How [`Self::code`] holds the code object.
     pub code_ref: CodeRef,
-    /// `previous`: the calling frame, NULL at the bottom.
+    /// `previous` (`f_back` before 3.11): the calling frame, NULL at the
+    /// bottom.
     pub previous: u64,
     /// `prev_instr` (3.11, 3.12: the code unit before the next
     /// instruction, which for a calling frame is inside its call
     /// instruction) or `instr_ptr` (3.13+: the instruction running). Either
     /// way its byte offset from the code's first instruction is what
-    /// `PyCode_Addr2Line` is given.
+    /// `PyCode_Addr2Line` is given. Before 3.11, `f_lasti` (see
+    /// [`Self::instr_kind`]).
     pub instr: u64,
-    /// `owner`, a `char` (`enum _frameowner`).
-    pub owner: u64,
+    /// What [`Self::instr`] holds.
+    pub instr_kind: InstrKind,
+    /// `owner`, a `char` (`enum _frameowner`); `None` before 3.11, where
+    /// every frame is a Python function's.
+    pub owner: Option<u64>,
     /// The first `owner` value that is not a Python function's frame: the
     /// C stack's entry frames (`FRAME_OWNED_BY_CSTACK`, 3 in 3.12 and 3.13,
     /// 4 in 3.14) and 3.14's interpreter-owned base frame
@@ -172,19 +230,25 @@ pub const OWNED_BY_GENERATOR: u8 = 1;
 pub struct CodeOffsets {
     pub filename: u64,
     pub name: u64,
-    pub qualname: u64,
-    /// `co_linetable`, a bytes object in the location table format
-    /// (Objects/locations.md, `InternalDocs/code_objects.md`).
+    /// `co_qualname`, from 3.11; before it a frame is named by `co_name`
+    /// (`Class.method` shows as `method`).
+    pub qualname: Option<u64>,
+    /// `co_linetable` (3.10+) or `co_lnotab` (3.9), a bytes object in the
+    /// format [`Self::lines`] says.
     pub linetable: u64,
+    /// The format of [`Self::linetable`].
+    pub lines: LineTableFormat,
     /// `co_firstlineno`, an `int`: where the line deltas start.
     pub firstlineno: u64,
     /// `co_code_adaptive`: the first instruction (the code units are in the
-    /// code object itself since 3.11).
-    pub code_adaptive: u64,
+    /// code object itself since 3.11); `None` before 3.11, where frames
+    /// count instructions by index ([`InstrKind::LastI`]).
+    pub code_adaptive: Option<u64>,
     /// `_co_firsttraceable`, an `int`: a frame whose instruction is before
     /// this code unit is still setting up (`_PyFrame_IsIncomplete`), and
-    /// tracebacks leave it out.
-    pub first_traceable: u64,
+    /// tracebacks leave it out; `None` before 3.11, which has no such
+    /// frames (a frame object is linked only once it runs).
+    pub first_traceable: Option<u64>,
 }
 
 /// The compact `str` layout (`Include/cpython/unicodeobject.h`): `length` (a
@@ -254,17 +318,13 @@ impl FrameOffsets {
             p("thread_state.next", self.thread.next),
             p("thread_state.interp", self.thread.interp),
             p("thread_state.thread_id", self.thread.thread_id),
-            p("thread_state.native_thread_id", self.thread.native_thread_id),
             p("interpreter_frame.previous", self.frame.previous),
             p("interpreter_frame.executable", self.frame.code),
             p("interpreter_frame.instr_ptr", self.frame.instr),
-            p("interpreter_frame.owner", self.frame.owner),
             p("code_object.filename", self.code.filename),
             p("code_object.name", self.code.name),
-            p("code_object.qualname", self.code.qualname),
             p("code_object.linetable", self.code.linetable),
             p("code_object.firstlineno", self.code.firstlineno),
-            p("code_object.co_code_adaptive", self.code.code_adaptive),
             p("pyobject.ob_type", self.ob_type),
             p("bytes_object.ob_size", self.bytes.size),
             p("bytes_object.ob_sval", self.bytes.data),
@@ -272,6 +332,14 @@ impl FrameOffsets {
             p("unicode_object.length", self.unicode.length),
             p("unicode_object.asciiobject_size", self.unicode.ascii_data),
         ];
+        // Every version that publishes `_Py_DebugOffsets` (3.13+) has these.
+        let optional = [
+            ("thread_state.native_thread_id", self.thread.native_thread_id),
+            ("interpreter_frame.owner", self.frame.owner),
+            ("code_object.qualname", self.code.qualname),
+            ("code_object.co_code_adaptive", self.code.code_adaptive),
+        ];
+        out.extend(optional.into_iter().filter_map(|(field, value)| Some(p(field, value?))));
         if let FrameLink::Direct { current_frame } = self.thread.frame {
             out.push(p("thread_state.current_frame", current_frame));
         }
@@ -359,14 +427,28 @@ mod tests {
     /// thread-local current thread from 3.12.
     #[test]
     fn each_version_takes_its_own_path() {
+        for minor in [9, 10] {
+            let t = abi(minor).frames();
+            assert_eq!(t.thread.frame, FrameLink::FrameObject { frame: 24 }, "3.{minor}");
+            assert_eq!(t.frame.instr_kind, InstrKind::LastI { unit: if minor == 9 { 1 } else { 2 } }, "3.{minor}");
+            assert_eq!((t.frame.owner, t.code.qualname, t.code.code_adaptive), (None, None, None), "3.{minor}");
+            assert_eq!(t.thread.native_thread_id, None, "3.{minor}");
+            assert!(matches!(t.current_thread, CurrentThread::GilstateCurrent { .. }), "3.{minor}");
+            assert!(matches!(t.gil, GilHolder::Runtime { .. }), "3.{minor}");
+            let lines = if minor == 9 { LineTableFormat::Lnotab } else { LineTableFormat::Pep626 };
+            assert_eq!(t.code.lines, lines, "3.{minor}");
+        }
         for minor in [11, 12, 13, 14] {
             let t = abi(minor).frames();
+            assert_eq!(t.frame.instr_kind, InstrKind::Pointer, "3.{minor}");
+            assert_eq!(t.code.lines, LineTableFormat::Locations, "3.{minor}");
             assert_eq!(matches!(t.thread.frame, FrameLink::ViaCFrame { .. }), minor < 13, "3.{minor}");
             assert_eq!(matches!(t.frame.code_ref, CodeRef::Tagged { mask: 3 }), minor == 14, "3.{minor}");
             assert_eq!(matches!(t.current_thread, CurrentThread::ThreadLocal), minor >= 12, "3.{minor}");
             assert_eq!(matches!(t.gil, GilHolder::Interpreter { .. }), minor >= 12, "3.{minor}");
             // The code units follow the fixed fields.
             assert!(t.code.code_adaptive > t.code.first_traceable, "3.{minor}");
+            assert!(t.code.first_traceable.is_some() && t.frame.owner.is_some(), "3.{minor}");
             assert_eq!(t.frame.first_non_python_owner, 3, "3.{minor}");
         }
     }
@@ -375,18 +457,36 @@ mod tests {
     /// bytes; every version's fields must fit it.
     #[test]
     fn every_version_s_frame_fields_fit_one_read() {
-        for minor in [11, 12, 13, 14] {
+        for minor in [9, 10, 11, 12, 13, 14] {
             let f = abi(minor).frames().frame;
             let config = tracer_common::stack::WalkConfig {
                 frame_code: f.code,
                 frame_previous: f.previous,
                 frame_instr: f.instr,
-                frame_owner: f.owner,
+                frame_owner: f.owner.unwrap_or(0),
+                frame_kind: match f.instr_kind {
+                    InstrKind::Pointer => tracer_common::stack::frame_kind::INTERPRETER,
+                    InstrKind::LastI { .. } => tracer_common::stack::frame_kind::LASTI,
+                },
                 ..Default::default()
             };
             let head = config.frame_head().unwrap_or_else(|| panic!("3.{minor}: {f:?} do not fit one read"));
-            assert!(head.bytes <= 80, "3.{minor} reads {} bytes of each frame", head.bytes);
+            // 3.9 and 3.10's frame objects reach `f_lasti` at 104 and 96.
+            let most = if minor < 11 { 112 } else { 80 };
+            assert!(head.bytes <= most, "3.{minor} reads {} bytes of each frame", head.bytes);
         }
+    }
+
+    #[test]
+    fn instruction_offsets_are_bytes_in_every_version() {
+        assert_eq!(InstrKind::Pointer.offset(0x1000 + 184 + 10, 0x1000, 184), 10);
+        assert_eq!(InstrKind::Pointer.offset(0x1000 + 184 - 2, 0x1000, 184), -2);
+        // f_lasti 7 in 3.10 is the code unit at byte 14; -1 is "not
+        // started"; the high 4 bytes (the next field) are ignored.
+        assert_eq!(InstrKind::LastI { unit: 2 }.offset(0xdead_0000_0007, 0x1000, 0), 14);
+        assert_eq!(InstrKind::LastI { unit: 2 }.offset(0x0000_0001_ffff_ffff, 0x1000, 0), -2);
+        assert_eq!(InstrKind::LastI { unit: 1 }.offset(0xffff_ffff, 0, 0), -1);
+        assert_eq!(InstrKind::LastI { unit: 1 }.offset(30, 0, 0), 30);
     }
 
     #[test]

@@ -50,6 +50,14 @@ pub struct GrowthKnowledge {
     pub arena_register: u16,
 }
 
+/// Why growth sampling cannot serve `abi`'s version, where it cannot: its
+/// samples are pools of [`super::heap::POOL_SIZE`] bytes, which 3.9's
+/// 4 KiB pools are not (see [`super::heap::census_refusal`]).
+#[must_use]
+pub fn refusal(abi: &dyn Abi) -> Option<String> {
+    super::heap::census_refusal(abi).map(|why| format!("Python 3.{} is not sampled: {why}", abi.minor()))
+}
+
 /// What growth sampling needs of `abi`'s version.
 #[must_use]
 pub fn knowledge(abi: &dyn Abi) -> GrowthKnowledge {

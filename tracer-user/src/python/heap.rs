@@ -224,6 +224,115 @@ pub struct HeapLayout {
     /// `Include/internal/pycore_object.h`).
     pub preheader_flags: u64,
     pub long: LongSize,
+    /// How a dict's keys object is laid out.
+    pub dict_keys: DictKeys,
+}
+
+/// How a dict's keys object (`PyDictKeysObject`) is laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DictKeys {
+    /// 3.11+: the sizes as logarithms and a kind (`struct _dictkeysobject`
+    /// in `Include/internal/pycore_dict.h`, see
+    /// [`super::DK_KIND_OFFSET`] and its neighbours).
+    Log2,
+    /// 3.9, 3.10: `Py_ssize_t dk_refcnt` (0), `Py_ssize_t dk_size` (8),
+    /// `dict_lookup_func dk_lookup` (16), `dk_usable` (24), `dk_nentries`
+    /// (32), `char dk_indices[]` (40) of `DK_IXSIZE` bytes each (1 for up
+    /// to 0xff slots, 2 to 0xffff, 4 to 0xffffffff, else 8), then the
+    /// entries, always `PyDictKeyEntry` (`me_hash`, `me_key`, `me_value`):
+    /// Objects/dict-common.h at v3.9.18 and v3.10.13 (gdb's `ptype /o` on
+    /// pyenv's builds). `new_keys_object` (Objects/dictobject.c) allocates
+    /// `sizeof(PyDictKeysObject) + es * size + sizeof(PyDictKeyEntry) *
+    /// usable`.
+    Sized,
+}
+
+/// A keys object's shape, read from its header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeysShape {
+    /// `dk_refcnt`: 1 where only its dict uses it.
+    pub refcnt: u64,
+    /// Where the entries start, from the keys object's start.
+    pub entries: u64,
+    pub nentries: u64,
+    /// 24 (`(hash, key, value)`) or 16 (3.11+'s `(key, value)` of a
+    /// `str`-keyed table).
+    pub entry_size: u64,
+    /// Where an entry's key is in it (its value follows).
+    pub key_at: u64,
+    /// The bytes of the whole keys object.
+    pub size: u64,
+}
+
+/// `PyDict_MINSIZE` is 8: a table has at least 2^3 slots.
+const DICT_MIN_LOG2_SIZE: u32 = 3;
+/// A table of more than 2^40 slots is no table.
+const DICT_MAX_LOG2_SIZE: u32 = 40;
+
+impl DictKeys {
+    /// The bytes of a keys object's header: what [`Self::parse`] reads.
+    #[must_use]
+    pub const fn header(self) -> usize {
+        match self {
+            Self::Log2 => 32,
+            Self::Sized => 40,
+        }
+    }
+
+    /// The shape of the keys object whose header is `head`, if the header
+    /// is one of a combined dict: a size from 8 slots, a power of two up
+    /// to 2^40; 3.11+: index bytes for it (`dk_log2_index_bytes` is
+    /// `dk_log2_size` plus 0 to 3, `new_keys_object` in
+    /// Objects/dictobject.c) and a kind that is not split; no more entries
+    /// than `USABLE_FRACTION` (2/3) of the slots.
+    #[must_use]
+    pub fn parse(self, head: &[u8]) -> Option<KeysShape> {
+        let byte = |at: u64| head.get(usize::try_from(at).ok()?).copied().map(u32::from);
+        let word = |at: u64| {
+            let at = usize::try_from(at).ok()?;
+            head.get(at..at.checked_add(8)?).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes)
+        };
+        let (log2_size, index_bytes, entry_size, key_at, nentries) = match self {
+            Self::Log2 => {
+                let (log2_size, log2_index_bytes, kind) =
+                    (byte(8)?, byte(super::DK_LOG2_INDEX_BYTES_OFFSET)?, byte(super::DK_KIND_OFFSET)?);
+                if !(log2_size..=log2_size + 3).contains(&log2_index_bytes) || kind > 1 || log2_index_bytes > 63 {
+                    return None;
+                }
+                let (entry_size, key_at) = if kind == 0 { (24, 8) } else { (16, 0) };
+                (log2_size, 1u64 << log2_index_bytes, entry_size, key_at, word(super::DK_NENTRIES_OFFSET)?)
+            }
+            Self::Sized => {
+                let size = word(8)?;
+                if !size.is_power_of_two() {
+                    return None;
+                }
+                let ixsize = match size {
+                    0..=0xff => 1,
+                    0x100..=0xffff => 2,
+                    0x1_0000..=0xffff_ffff => 4,
+                    _ => 8,
+                };
+                (size.trailing_zeros(), size.checked_mul(ixsize)?, 24, 8, word(32)?)
+            }
+        };
+        if !(DICT_MIN_LOG2_SIZE..=DICT_MAX_LOG2_SIZE).contains(&log2_size) {
+            return None;
+        }
+        let usable = (2u64 << log2_size) / 3;
+        if nentries > usable {
+            return None;
+        }
+        let start = self.header() as u64 + index_bytes;
+        Some(KeysShape {
+            refcnt: word(0)?,
+            entries: start,
+            nentries,
+            entry_size,
+            key_at,
+            size: start + usable * entry_size,
+        })
+    }
 }
 
 /// `sizeof(struct gc_generation)`.
@@ -291,6 +400,13 @@ pub fn dwarf_expectations(abi: &dyn super::Abi) -> Vec<(&'static str, String, u6
             all.push(m("PyLongObject", "long_value.ob_digit", LONG_DIGITS));
         }
     }
+    if h.dict_keys == DictKeys::Sized {
+        all.push(m("PyDictKeysObject", "dk_size", 8));
+        all.push(m("PyDictKeysObject", "dk_nentries", 32));
+        all.push(m("PyDictKeysObject", "dk_indices", u(DictKeys::Sized.header())));
+        all.push(m("PyDictKeyEntry", "sizeof", 24));
+        all.push(m("PyDictKeyEntry", "me_key", 8));
+    }
     match h.obmalloc {
         Obmalloc::Statics { .. } => {}
         Obmalloc::Embedded { offset } | Obmalloc::Pointer { offset } => {
@@ -302,4 +418,47 @@ pub fn dwarf_expectations(abi: &dyn super::Abi) -> Vec<(&'static str, String, u6
         }
     }
     all
+}
+
+/// The [`HeapLayout`] of 3.9 and 3.10, as far as it is 3.11's: the
+/// collector's state at `interp_gc` in the interpreter
+/// (`Include/internal/pycore_interp.h` at v3.9.18 and v3.10.13: 616) and
+/// laid out as 3.11's
+/// (`Include/internal/pycore_gc.h`, checked with gdb's `ptype /o` on pyenv's
+/// builds), pymalloc's state in file statics (Objects/obmalloc.c), no
+/// pre-header but the GC head (no managed dicts before 3.11), and `int`'s
+/// digit count in a signed `ob_size`, dict keys [`DictKeys::Sized`]. The
+/// census refuses 3.9 ([`census_refusal`]).
+#[must_use]
+pub const fn before_3_11(interp_gc: u64) -> HeapLayout {
+    HeapLayout {
+        interp_gc,
+        generation0: 96,
+        permanent: 104,
+        collecting: 200,
+        tuple_items: 24,
+        obmalloc: Obmalloc::Statics {
+            arenas: "arenas",
+            maxarenas: "maxarenas",
+            raw_allocated_blocks: "raw_allocated_blocks",
+        },
+        refcount: Refcount::Plain,
+        preheader_flags: 0,
+        long: LongSize::SignedSize,
+        dict_keys: DictKeys::Sized,
+    }
+}
+
+/// Why a heap census cannot read `abi`'s version, where it cannot: what
+/// differs from 3.11 and the census does not read yet.
+#[must_use]
+pub fn census_refusal(abi: &dyn super::Abi) -> Option<&'static str> {
+    match abi.minor() {
+        // Objects/obmalloc.c at v3.9.18: no `USE_LARGE_POOLS` nor
+        // `USE_LARGE_ARENAS` (4 KiB pools, 256 KiB arenas, as
+        // `sys._debugmallocstats()` of pyenv's 3.9.18 says), where the
+        // census knows 3.10's and later sizes only ([`POOL_SIZE`]).
+        9 => Some("its pools are 4 KiB and its arenas 256 KiB, not 16 KiB and 1 MiB as from 3.10"),
+        _ => None,
+    }
 }

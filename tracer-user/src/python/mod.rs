@@ -11,10 +11,12 @@ pub mod frames;
 pub mod gc;
 pub mod growth;
 pub mod heap;
+mod v3_10;
 mod v3_11;
 mod v3_12;
 mod v3_13;
 mod v3_14;
+mod v3_9;
 
 use std::fmt;
 
@@ -32,7 +34,7 @@ pub enum VersionError {
 }
 
 /// Minor versions with an [`Abi`] module.
-pub const SUPPORTED: &str = "3.11, 3.12, 3.13, 3.14";
+pub const SUPPORTED: &str = "3.9, 3.10, 3.11, 3.12, 3.13, 3.14";
 
 /// A CPython version, decoded from `PY_VERSION_HEX`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,7 +113,11 @@ pub trait Abi: Sync + fmt::Debug {
             ob_type: self.frames().ob_type,
             tp_name: TP_NAME_OFFSET,
             pre_headers: PRE_HEADERS,
-            names: TypeNameOffsets { ht_qualname: self.ht_qualname(), unicode: self.frames().unicode },
+            names: TypeNameOffsets {
+                ht_qualname: self.ht_qualname(),
+                unicode: self.frames().unicode,
+                dict_keys: self.heap().dict_keys,
+            },
         }
     }
     /// `offsetof(PyHeapTypeObject, ht_qualname)`, for `--types`.
@@ -263,9 +269,12 @@ pub struct PymallocNames {
 pub fn pymalloc_names(abi: &dyn Abi) -> Option<PymallocNames> {
     #[allow(clippy::match_same_arms, reason = "3.12 is checked and has no such symbol; other versions are not checked")]
     match abi.minor() {
-        // Objects/obmalloc.c v3.11.0: `static poolp usedpools[...]`, and
-        // the tables `static PyMemAllocatorEx _PyMem, _PyObject`.
-        11 => Some(PymallocNames { usedpools: "usedpools", tables: [Some("_PyObject"), Some("_PyMem")] }),
+        // Objects/obmalloc.c v3.11.0 (and v3.10.13, whose pools and arenas
+        // are 3.11's size): `static poolp usedpools[...]`, and the tables
+        // `static PyMemAllocatorEx _PyMem, _PyObject` (local symbols of
+        // pyenv's 3.10.13 too). 3.9's pools are 4 KiB, which the
+        // prediction does not know.
+        10 | 11 => Some(PymallocNames { usedpools: "usedpools", tables: [Some("_PyObject"), Some("_PyMem")] }),
         // v3.12.0: the state is in each interpreter
         // (`_PyRuntime._main_interpreter.obmalloc`), which no symbol names.
         12 => None,
@@ -282,6 +291,8 @@ pub fn pymalloc_names(abi: &dyn Abi) -> Option<PymallocNames> {
 /// The [`Abi`] for `version`, or an error for versions nobody has checked.
 pub fn abi_for(pid: u32, version: PythonVersion) -> Result<&'static dyn Abi, VersionError> {
     match (version.major, version.minor) {
+        (3, 9) => Ok(&v3_9::Abi39),
+        (3, 10) => Ok(&v3_10::Abi310),
         (3, 11) => Ok(&v3_11::Abi311),
         (3, 12) => Ok(&v3_12::Abi312),
         (3, 13) => Ok(&v3_13::Abi313),
@@ -294,6 +305,8 @@ pub fn abi_for(pid: u32, version: PythonVersion) -> Result<&'static dyn Abi, Ver
 #[must_use]
 pub fn gc_knowledge(abi: &dyn Abi) -> Option<&'static gc::GcKnowledge> {
     match abi.minor() {
+        9 => Some(&v3_9::GC),
+        10 => Some(&v3_10::GC),
         11 => Some(&v3_11::GC),
         12 => Some(&v3_12::GC),
         13 => Some(&v3_13::GC),
@@ -312,7 +325,9 @@ pub fn abi_for_image(image: &std::path::Path, version: PythonVersion) -> Result<
 #[must_use]
 pub fn known_probes() -> Vec<&'static str> {
     let mut names: Vec<&'static str> = Vec::new();
-    for abi in [&v3_11::Abi311 as &dyn Abi, &v3_12::Abi312, &v3_13::Abi313, &v3_14::Abi314] {
+    for abi in
+        [&v3_11::Abi311 as &dyn Abi, &v3_12::Abi312, &v3_13::Abi313, &v3_14::Abi314, &v3_10::Abi310, &v3_9::Abi39]
+    {
         for p in abi.probes() {
             if !names.contains(&p.symbol) {
                 names.push(p.symbol);
@@ -425,6 +440,8 @@ pub struct TypeNameOffsets {
     /// table's, which the stack walker reads names with too (and checks
     /// against `_Py_DebugOffsets` on 3.13+).
     pub unicode: frames::UnicodeOffsets,
+    /// How the type dict's keys are laid out.
+    pub dict_keys: heap::DictKeys,
 }
 
 /// `offsetof(PyTypeObject, tp_flags)`: 168 in Include/cpython/object.h
@@ -535,11 +552,11 @@ mod tests {
 
     #[test]
     fn dispatch_is_exact() {
-        for minor in [11, 12, 13, 14] {
+        for minor in [9, 10, 11, 12, 13, 14] {
             let v = PythonVersion { major: 3, minor, micro: 0, level: 0xF, serial: 0 };
             assert_eq!(abi_for(1, v).unwrap().minor(), minor);
         }
-        for (major, minor) in [(3, 10), (3, 15), (2, 7), (4, 0)] {
+        for (major, minor) in [(3, 8), (3, 15), (2, 7), (4, 0)] {
             let v = PythonVersion { major, minor, micro: 0, level: 0xF, serial: 0 };
             let err = abi_for(9, v).expect_err("unknown versions are refused");
             assert_eq!(
@@ -551,7 +568,7 @@ mod tests {
 
     #[test]
     fn every_version_probes_the_common_functions_by_default() {
-        for minor in [11, 12, 13, 14] {
+        for minor in [9, 10, 11, 12, 13, 14] {
             let v = PythonVersion { major: 3, minor, micro: 0, level: 0xF, serial: 0 };
             let abi = abi_for(1, v).unwrap();
             let defaults: Vec<ProbeSpec> = abi.probes().iter().copied().filter(|p| p.in_default).collect();

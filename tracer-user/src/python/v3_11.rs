@@ -47,7 +47,7 @@ const FRAMES: super::frames::FrameOffsets = super::frames::FrameOffsets {
         interp: 16,
         frame: super::frames::FrameLink::ViaCFrame { cframe: 56, current_frame: 8 },
         thread_id: 152,
-        native_thread_id: 160,
+        native_thread_id: Some(160),
     },
     // Include/internal/pycore_frame.h at v3.11.7: `typedef struct
     // _PyInterpreterFrame { PyFunctionObject *f_func; PyObject *f_globals,
@@ -60,7 +60,8 @@ const FRAMES: super::frames::FrameOffsets = super::frames::FrameOffsets {
         code_ref: super::frames::CodeRef::Pointer,
         previous: 48,
         instr: 56,
-        owner: 69,
+        instr_kind: super::frames::InstrKind::Pointer,
+        owner: Some(69),
         first_non_python_owner: 3,
     },
     // Include/cpython/code.h at v3.11.7, `_PyCode_DEF`: after
@@ -74,11 +75,12 @@ const FRAMES: super::frames::FrameOffsets = super::frames::FrameOffsets {
     code: super::frames::CodeOffsets {
         filename: 112,
         name: 120,
-        qualname: 128,
+        qualname: Some(128),
         linetable: 136,
+        lines: super::frames::LineTableFormat::Locations,
         firstlineno: 72,
-        code_adaptive: 184,
-        first_traceable: 168,
+        code_adaptive: Some(184),
+        first_traceable: Some(168),
     },
     // Include/cpython/unicodeobject.h at v3.11.7: `PyASCIIObject {
     // PyObject_HEAD; Py_ssize_t length (16); Py_hash_t hash; struct {...}
@@ -149,6 +151,7 @@ impl super::Abi for Abi311 {
             // `Py_TPFLAGS_MANAGED_DICT`.
             preheader_flags: tpflags::MANAGED_DICT,
             long: LongSize::SignedSize,
+            dict_keys: super::heap::DictKeys::Log2,
         }
     }
 

@@ -54,7 +54,7 @@ const FRAMES: super::frames::FrameOffsets = super::frames::FrameOffsets {
         interp: 16,
         frame: super::frames::FrameLink::ViaCFrame { cframe: 56, current_frame: 0 },
         thread_id: 136,
-        native_thread_id: 144,
+        native_thread_id: Some(144),
     },
     // Include/internal/pycore_frame.h at v3.12.1: `typedef struct
     // _PyInterpreterFrame { PyCodeObject *f_code (0); struct
@@ -68,7 +68,8 @@ const FRAMES: super::frames::FrameOffsets = super::frames::FrameOffsets {
         code_ref: super::frames::CodeRef::Pointer,
         previous: 8,
         instr: 56,
-        owner: 70,
+        instr_kind: super::frames::InstrKind::Pointer,
+        owner: Some(70),
         first_non_python_owner: 3,
     },
     // Include/cpython/code.h at v3.12.1, `_PyCode_DEF`: after
@@ -84,11 +85,12 @@ const FRAMES: super::frames::FrameOffsets = super::frames::FrameOffsets {
     code: super::frames::CodeOffsets {
         filename: 112,
         name: 120,
-        qualname: 128,
+        qualname: Some(128),
         linetable: 136,
+        lines: super::frames::LineTableFormat::Locations,
         firstlineno: 68,
-        code_adaptive: 192,
-        first_traceable: 176,
+        code_adaptive: Some(192),
+        first_traceable: Some(176),
     },
     // Include/cpython/unicodeobject.h at v3.12.1: `PyASCIIObject {
     // PyObject_HEAD; Py_ssize_t length (16); Py_hash_t hash; struct {...}
@@ -143,6 +145,7 @@ impl super::Abi for Abi312 {
             // (`MANAGED_WEAKREF | MANAGED_DICT`).
             preheader_flags: tpflags::MANAGED_DICT | tpflags::MANAGED_WEAKREF,
             long: LongSize::Tag,
+            dict_keys: super::heap::DictKeys::Log2,
         }
     }
 

@@ -47,7 +47,7 @@ const FRAMES: super::frames::FrameOffsets = super::frames::FrameOffsets {
         interp: 16,
         frame: super::frames::FrameLink::Direct { current_frame: 72 },
         thread_id: 152,
-        native_thread_id: 160,
+        native_thread_id: Some(160),
     },
     // Include/internal/pycore_frame.h at v3.13.0: `typedef struct
     // _PyInterpreterFrame { PyObject *f_executable (0, a code object or
@@ -60,7 +60,8 @@ const FRAMES: super::frames::FrameOffsets = super::frames::FrameOffsets {
         code_ref: super::frames::CodeRef::Pointer,
         previous: 8,
         instr: 56,
-        owner: 70,
+        instr_kind: super::frames::InstrKind::Pointer,
+        owner: Some(70),
         first_non_python_owner: 3,
     },
     // Include/cpython/code.h at v3.13.0, `_PyCode_DEF`: as 3.12's up to
@@ -72,11 +73,12 @@ const FRAMES: super::frames::FrameOffsets = super::frames::FrameOffsets {
     code: super::frames::CodeOffsets {
         filename: 112,
         name: 120,
-        qualname: 128,
+        qualname: Some(128),
         linetable: 136,
+        lines: super::frames::LineTableFormat::Locations,
         firstlineno: 68,
-        code_adaptive: 200,
-        first_traceable: 184,
+        code_adaptive: Some(200),
+        first_traceable: Some(184),
     },
     // Include/cpython/unicodeobject.h at v3.13.0: as 3.12 (40 and 56).
     unicode: super::frames::UnicodeOffsets { length: 16, state: 32, ascii_data: 40, compact_data: 56 },
@@ -209,6 +211,7 @@ impl super::Abi for Abi313 {
             // As in 3.12 (Include/internal/pycore_object.h at v3.13.0).
             preheader_flags: tpflags::MANAGED_DICT | tpflags::MANAGED_WEAKREF,
             long: LongSize::Tag,
+            dict_keys: super::heap::DictKeys::Log2,
         }
     }
 

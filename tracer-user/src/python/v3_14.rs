@@ -48,7 +48,7 @@ const FRAMES: super::frames::FrameOffsets = super::frames::FrameOffsets {
         interp: 16,
         frame: super::frames::FrameLink::Direct { current_frame: 72 },
         thread_id: 152,
-        native_thread_id: 160,
+        native_thread_id: Some(160),
     },
     // Include/internal/pycore_interpframe_structs.h at v3.14.8: `struct
     // _PyInterpreterFrame { _PyStackRef f_executable (0); struct
@@ -66,7 +66,8 @@ const FRAMES: super::frames::FrameOffsets = super::frames::FrameOffsets {
         code_ref: super::frames::CodeRef::Tagged { mask: 3 },
         previous: 8,
         instr: 56,
-        owner: 74,
+        instr_kind: super::frames::InstrKind::Pointer,
+        owner: Some(74),
         first_non_python_owner: 3,
     },
     // Include/cpython/code.h at v3.14.8, `_PyCode_DEF`: as 3.13's up to
@@ -77,11 +78,12 @@ const FRAMES: super::frames::FrameOffsets = super::frames::FrameOffsets {
     code: super::frames::CodeOffsets {
         filename: 112,
         name: 120,
-        qualname: 128,
+        qualname: Some(128),
         linetable: 136,
+        lines: super::frames::LineTableFormat::Locations,
         firstlineno: 68,
-        code_adaptive: 208,
-        first_traceable: 192,
+        code_adaptive: Some(208),
+        first_traceable: Some(192),
     },
     // Include/cpython/unicodeobject.h at v3.14.8: `PyASCIIObject {
     // PyObject_HEAD; Py_ssize_t length (16); Py_hash_t hash; state (32,
@@ -248,6 +250,7 @@ impl super::Abi for Abi314 {
             // As in 3.12 (Include/internal/pycore_object.h at v3.14.8).
             preheader_flags: tpflags::MANAGED_DICT | tpflags::MANAGED_WEAKREF,
             long: LongSize::Tag,
+            dict_keys: super::heap::DictKeys::Log2,
         }
     }
 

@@ -18,7 +18,7 @@ use crate::{
     kernel::{AttachError, Session},
     model::{Site, SiteFrame, StackCount, StackCoverage},
     plan::Plan,
-    python::frames::{CodeRef, FrameLink},
+    python::frames::{CodeRef, FrameLink, InstrKind},
     stacks::{CurrentThreadState, Process},
     unwind::Native,
 };
@@ -327,20 +327,36 @@ fn walk_config(process: &Process, pid: u32, depth: u32) -> Result<WalkConfig, St
             config.task_fsbase = crate::kernel::btf::task_fsbase().map_err(|e| e.to_string())?;
         }
     }
-    config.native_thread_id = table.thread.native_thread_id;
+    if let Some(native) = table.thread.native_thread_id {
+        config.native_thread_id = native;
+        config.thread_check = stack::thread_check::NATIVE_TID;
+    } else {
+        // 3.9, 3.10: the state's pthread_t, against the thread's fsbase.
+        config.native_thread_id = table.thread.thread_id;
+        config.thread_check = stack::thread_check::PTHREAD_FSBASE;
+        config.task_fsbase = crate::kernel::btf::task_fsbase().map_err(|e| e.to_string())?;
+    }
     (config.cframe, config.current_frame) = match table.thread.frame {
         FrameLink::ViaCFrame { cframe, current_frame } => (cframe, current_frame),
-        FrameLink::Direct { current_frame } => (NO_OFFSET, current_frame),
+        FrameLink::Direct { current_frame } | FrameLink::FrameObject { frame: current_frame } => {
+            (NO_OFFSET, current_frame)
+        }
     };
     config.frame_code = table.frame.code;
     config.frame_previous = table.frame.previous;
     config.frame_instr = table.frame.instr;
-    config.frame_owner = table.frame.owner;
+    // A frame object has no owner: the walk masks off whatever byte it
+    // reads (`WalkConfig::frame_head`), so any byte of the head will do.
+    config.frame_owner = table.frame.owner.unwrap_or(0);
+    (config.frame_kind, config.lasti_unit) = match table.frame.instr_kind {
+        InstrKind::Pointer => (stack::frame_kind::INTERPRETER, 0),
+        InstrKind::LastI { unit } => (stack::frame_kind::LASTI, u32::from(unit)),
+    };
     config.code_tag_mask = match table.frame.code_ref {
         CodeRef::Pointer => 0,
         CodeRef::Tagged { mask } => mask,
     };
-    config.code_adaptive = table.code.code_adaptive;
+    config.code_adaptive = table.code.code_adaptive.unwrap_or(0);
     // The thread ids the target's thread states hold are in its own PID
     // namespace.
     let ns = std::fs::metadata(format!("/proc/{pid}/ns/pid"))
@@ -349,11 +365,11 @@ fn walk_config(process: &Process, pid: u32, depth: u32) -> Result<WalkConfig, St
     config.pid_ns_ino = ns.ino();
     if config.frame_head().is_none() {
         return Err(format!(
-            "this version's frame fields (code at {}, previous at {}, instruction at {}, owner at {}) are not within the first {} bytes the BPF walk reads of each frame",
+            "this version's frame fields (code at {}, previous at {}, instruction at {}, owner at {:?}) are not within the first {} bytes the BPF walk reads of each frame",
             config.frame_code,
             config.frame_previous,
             config.frame_instr,
-            config.frame_owner,
+            table.frame.owner,
             stack::FRAME_HEAD
         ));
     }

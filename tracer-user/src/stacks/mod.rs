@@ -14,10 +14,11 @@
 //!
 //! For the BPF step, [`Process`] gives what a walker at events needs: the
 //! current thread's state by [`Process::current_thread_state`] (an address
-//! for 3.11, fsbase plus an offset, or a DTV module and offset; `NULL` on a
-//! thread without the GIL, and 3.11's is the GIL holder's, so check the
-//! state's `native_thread_id` against the event's TID in the target's PID
-//! namespace); from [`Process::offsets`] the way to the innermost frame
+//! for 3.9 to 3.11, fsbase plus an offset, or a DTV module and offset;
+//! `NULL` on a thread without the GIL, and 3.9 to 3.11's is the GIL
+//! holder's, so check the state's `native_thread_id` against the event's
+//! TID in the target's PID namespace, or before 3.11, which records no TID,
+//! its `thread_id` against the event thread's fsbase); from [`Process::offsets`] the way to the innermost frame
 //! (`thread.frame`: the `_PyCFrame` hop before 3.13), the frame's `code`,
 //! `previous`, `instr` and `owner`, the tag mask of 3.14's `_PyStackRef`,
 //! and `code.code_adaptive`, from which an instruction's offset counts;
@@ -73,7 +74,7 @@ pub enum StackError {
     #[error("cannot read {what} of PID {pid}: the process has exited")]
     Exited { pid: u32, what: &'static str },
     #[error(
-        "{image} (PID {pid}) defines no {symbol}, which every CPython 3.11+ exports; is it really the interpreter?"
+        "{image} (PID {pid}) defines no {symbol}, which every supported CPython exports; is it really the interpreter?"
     )]
     NoSymbol { pid: u32, image: String, symbol: &'static str },
     #[error("{what} of PID {pid} (link-time address {address:#x}) is not mapped in its memory")]
@@ -337,6 +338,19 @@ fn runtime_address(target: &Target, address: u64) -> Option<u64> {
 /// The target's address of the image's exported `symbol`.
 fn symbol_address(target: &Target, symbol: &'static str) -> Result<u64, StackError> {
     let image = || target.image_path.display().to_string();
+    if let Some(address) = target.elf.zero_filled(symbol) {
+        // In .bss (3.9's `_PyRuntime`): where the file's first segment is
+        // mapped gives the load bias.
+        let bias = target
+            .elf
+            .anchor()
+            .and_then(|(vaddr, offset)| Some(target.address_of_file_offset(offset)?.wrapping_sub(vaddr)));
+        return bias.map(|b| address.wrapping_add(b)).ok_or(StackError::NotMapped {
+            pid: target.pid,
+            what: symbol,
+            address,
+        });
+    }
     let sym =
         target.elf.symbol(symbol).ok_or_else(|| StackError::NoSymbol { pid: target.pid, image: image(), symbol })?;
     target.address_of_file_offset(sym.file_offset).ok_or(StackError::NotMapped {

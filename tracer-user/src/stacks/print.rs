@@ -20,7 +20,9 @@ pub fn table(stacks: &Stacks) -> String {
             marks.push("holds the GIL");
         }
         let marks = if marks.is_empty() { String::new() } else { format!(" ({})", marks.join(", ")) };
-        let _ = writeln!(out, "Thread {}{marks}:", thread.native_thread_id);
+        // Before 3.11 a thread state records its pthread_t only.
+        let id = thread.native_thread_id.map_or_else(|| format!("pthread {:#x}", thread.thread_id), |t| t.to_string());
+        let _ = writeln!(out, "Thread {id}{marks}:");
         match &thread.frames {
             Ok(frames) if frames.frames.is_empty() => out.push_str("    (no Python frames)\n"),
             Ok(frames) => {

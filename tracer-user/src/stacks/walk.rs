@@ -7,7 +7,7 @@ use std::{
 };
 
 use super::{StackError, linetable, remote::Remote};
-use crate::python::frames::{FrameLink, FrameOffsets, GilHolder, OWNED_BY_GENERATOR};
+use crate::python::frames::{FrameLink, FrameOffsets, GilHolder, LineTableFormat, OWNED_BY_GENERATOR};
 
 /// At most this many interpreters and thread states are followed: more is
 /// a list read from the wrong place.
@@ -66,8 +66,9 @@ pub struct ThreadStack {
     pub tstate: u64,
     /// `thread_id`: its `pthread_t`.
     pub thread_id: u64,
-    /// `native_thread_id`: its TID in the process's PID namespace.
-    pub native_thread_id: u64,
+    /// `native_thread_id`: its TID in the process's PID namespace; `None`
+    /// before 3.11, whose thread states do not record it.
+    pub native_thread_id: Option<u64>,
     /// Whether it is the thread that initialised Python
     /// (`_PyRuntime.main_thread`).
     pub main: bool,
@@ -83,7 +84,10 @@ struct Code {
     function: String,
     file: String,
     first_line: i32,
-    first_traceable: i64,
+    /// `_co_firsttraceable` in code units; `None` before 3.11, where every
+    /// linked frame is shown, one at `f_lasti` -1 (not started) at its
+    /// first line, as `PyCode_Addr2Line` gives it.
+    first_traceable: Option<i64>,
     linetable: Vec<u8>,
 }
 
@@ -152,8 +156,10 @@ impl Walker {
                 threads.push(ThreadStack {
                     tstate,
                     thread_id,
-                    native_thread_id: r
-                        .u64(tstate.wrapping_add(t.thread.native_thread_id), "a thread state's native_thread_id")?,
+                    native_thread_id: match t.thread.native_thread_id {
+                        Some(at) => Some(r.u64(tstate.wrapping_add(at), "a thread state's native_thread_id")?),
+                        None => None,
+                    },
                     main: thread_id == main_thread,
                     holds_gil: holder == Some(tstate),
                     frames: self.frames_of_a_moment(tstate, max_depth),
@@ -197,8 +203,12 @@ impl Walker {
             FrameLink::Direct { current_frame } => {
                 r.u64(tstate.wrapping_add(current_frame), "a thread state's current_frame")?
             }
+            FrameLink::FrameObject { frame } => r.u64(tstate.wrapping_add(frame), "a thread state's frame")?,
         };
-        let span = usize_of([f.code + 8, f.previous + 8, f.instr + 8, f.owner + 1].into_iter().max().unwrap_or(0));
+        // `f_lasti` (3.9, 3.10) is a 4-byte int: reading 8 bytes from it
+        // stays inside the frame object, whose `f_lineno` follows it.
+        let owner_end = f.owner.map_or(0, |o| o + 1);
+        let span = usize_of([f.code + 8, f.previous + 8, f.instr + 8, owner_end].into_iter().max().unwrap_or(0));
         let mut seen = HashSet::new();
         let mut frames = Vec::new();
         while frame != 0 {
@@ -211,7 +221,8 @@ impl Walker {
             // One read for the fields of the frame, as the BPF walker will
             // do: they are then at least of one moment.
             let bytes = r.bytes(frame, span, "a frame")?;
-            let owner = bytes.get(usize_of(f.owner)).copied().unwrap_or(u8::MAX);
+            // Before 3.11 every frame is a Python function's: owner 0.
+            let owner = f.owner.map_or(0, |o| bytes.get(usize_of(o)).copied().unwrap_or(u8::MAX));
             let previous = word(&bytes, f.previous);
             if owner < f.first_non_python_owner
                 && let Some(found) = self.python_frame(frame, owner, &bytes)?
@@ -233,8 +244,7 @@ impl Walker {
         } else {
             f.code_ref.object(raw).ok_or(StackError::NoCode { pid: self.pid(), frame, raw })?
         };
-        let first = code.wrapping_add(self.table.code.code_adaptive);
-        let offset = i64::from_le_bytes(word(bytes, f.instr).wrapping_sub(first).to_le_bytes());
+        let offset = f.instr_kind.offset(word(bytes, f.instr), code, self.table.code.code_adaptive.unwrap_or(0));
         self.resolve(code, offset, owner)
     }
 
@@ -252,13 +262,18 @@ impl Walker {
             return Ok(None);
         }
         let pid = self.pid();
+        let format = self.table.code.lines;
         let info = self.code(code)?;
         // `_co_firsttraceable` is in code units.
-        if owner != OWNED_BY_GENERATOR && offset < 2 * info.first_traceable {
+        if owner != OWNED_BY_GENERATOR && info.first_traceable.is_some_and(|first| offset < 2 * first) {
             return Ok(None);
         }
-        let line = linetable::line_at(&info.linetable, info.first_line, offset)
-            .map_err(|cause| StackError::LineTable { pid, code, cause })?;
+        let line = match format {
+            LineTableFormat::Locations => linetable::line_at(&info.linetable, info.first_line, offset),
+            LineTableFormat::Pep626 => linetable::line_at_pep626(&info.linetable, info.first_line, offset),
+            LineTableFormat::Lnotab => linetable::line_at_lnotab(&info.linetable, info.first_line, offset),
+        }
+        .map_err(|cause| StackError::LineTable { pid, code, cause })?;
         Ok(Some(Frame { function: info.function.clone(), file: info.file.clone(), line, code, offset }))
     }
 
@@ -276,15 +291,22 @@ impl Walker {
         let c = self.table.code;
         self.expect_type(address, "code object", self.types.code, "code object")?;
         let first_line = r.u32(address.wrapping_add(c.firstlineno), "a code object's co_firstlineno")?;
-        let first_traceable = r.u32(address.wrapping_add(c.first_traceable), "a code object's _co_firsttraceable")?;
+        let first_traceable = match c.first_traceable {
+            Some(at) => Some(r.u32(address.wrapping_add(at), "a code object's _co_firsttraceable")?),
+            None => None,
+        };
+        // Before 3.11 a code object has no qualified name: its `co_name`.
+        let (name_at, name_field, name_what) = match c.qualname {
+            Some(at) => (at, "a code object's co_qualname", "co_qualname"),
+            None => (c.name, "a code object's co_name", "co_name"),
+        };
         Ok(Code {
-            function: self
-                .string(r.u64(address.wrapping_add(c.qualname), "a code object's co_qualname")?, "co_qualname")?,
+            function: self.string(r.u64(address.wrapping_add(name_at), name_field)?, name_what)?,
             file: self
                 .string(r.u64(address.wrapping_add(c.filename), "a code object's co_filename")?, "co_filename")?,
             // Both are C ints.
             first_line: i32::from_le_bytes(first_line.to_le_bytes()),
-            first_traceable: i64::from(i32::from_le_bytes(first_traceable.to_le_bytes())),
+            first_traceable: first_traceable.map(|f| i64::from(i32::from_le_bytes(f.to_le_bytes()))),
             linetable: self
                 .bytes(r.u64(address.wrapping_add(c.linetable), "a code object's co_linetable")?, "co_linetable")?,
         })

@@ -1,6 +1,7 @@
 //! Every offset of every version's frame table, and every field's place in
 //! the `_Py_DebugOffsets` layouts, compared with the DWARF of each build on
-//! this machine kind: pyenv's 3.11.7, 3.12.1 and 3.13.0 (their own DWARF),
+//! this machine kind: pyenv's 3.9.18, 3.10.13, 3.11.7, 3.12.1 and 3.13.0
+//! (their own DWARF),
 //! Debian's LTO 3.11 (python3.11-dbg), and the forky root's LTO 3.13 and
 //! 3.14 (their -dbg packages). A build that is missing fails the test with
 //! what to install.
@@ -10,7 +11,7 @@ use std::{borrow::Cow, collections::HashMap, path::Path};
 use gimli::{AttributeValue, EndianSlice, RunTimeEndian, UnitOffset, constants as dw};
 use object::{Object as _, ObjectSection as _};
 
-use super::{CurrentThread, FrameLink, GilHolder};
+use super::{CurrentThread, FrameLink, GilHolder, LineTableFormat};
 use crate::{
     discover::debuginfo,
     python::{PythonVersion, abi_for},
@@ -159,28 +160,29 @@ impl<'a> Layouts<'a> {
 fn expectations(minor: u8) -> Vec<(&'static str, String, u64)> {
     let t = abi_for(1, PythonVersion { major: 3, minor, micro: 0, level: 0xF, serial: 0 }).expect("supported").frames();
     let m = |ty, path: &str, value| (ty, path.to_owned(), value);
-    let (code, instr) = if minor < 13 { ("f_code", "prev_instr") } else { ("f_executable", "instr_ptr") };
+    let (frame, code, previous, instr) = match minor {
+        9 | 10 => ("PyFrameObject", "f_code", "f_back", "f_lasti"),
+        11 | 12 => ("_PyInterpreterFrame", "f_code", "previous", "prev_instr"),
+        _ => ("_PyInterpreterFrame", "f_executable", "previous", "instr_ptr"),
+    };
+    let threads_head = if minor < 11 { "tstate_head" } else { "threads.head" };
+    let linetable = if t.code.lines == LineTableFormat::Lnotab { "co_lnotab" } else { "co_linetable" };
     let mut all = vec![
         m("_PyRuntimeState", "interpreters.head", t.runtime.interpreters_head),
         m("_PyRuntimeState", "main_thread", t.runtime.main_thread),
         m("PyInterpreterState", "next", t.interpreter.next),
-        m("PyInterpreterState", "threads.head", t.interpreter.threads_head),
+        m("PyInterpreterState", threads_head, t.interpreter.threads_head),
         m("PyThreadState", "prev", t.thread.prev),
         m("PyThreadState", "next", t.thread.next),
         m("PyThreadState", "interp", t.thread.interp),
         m("PyThreadState", "thread_id", t.thread.thread_id),
-        m("PyThreadState", "native_thread_id", t.thread.native_thread_id),
-        m("_PyInterpreterFrame", code, t.frame.code),
-        m("_PyInterpreterFrame", "previous", t.frame.previous),
-        m("_PyInterpreterFrame", instr, t.frame.instr),
-        m("_PyInterpreterFrame", "owner", t.frame.owner),
+        m(frame, code, t.frame.code),
+        m(frame, previous, t.frame.previous),
+        m(frame, instr, t.frame.instr),
         m("PyCodeObject", "co_filename", t.code.filename),
         m("PyCodeObject", "co_name", t.code.name),
-        m("PyCodeObject", "co_qualname", t.code.qualname),
-        m("PyCodeObject", "co_linetable", t.code.linetable),
+        m("PyCodeObject", linetable, t.code.linetable),
         m("PyCodeObject", "co_firstlineno", t.code.firstlineno),
-        m("PyCodeObject", "co_code_adaptive", t.code.code_adaptive),
-        m("PyCodeObject", "_co_firsttraceable", t.code.first_traceable),
         m("PyASCIIObject", "length", t.unicode.length),
         m("PyASCIIObject", "state", t.unicode.state),
         m("PyASCIIObject", "sizeof", t.unicode.ascii_data),
@@ -189,12 +191,21 @@ fn expectations(minor: u8) -> Vec<(&'static str, String, u64)> {
         m("PyBytesObject", "ob_sval", t.bytes.data),
         m("PyObject", "ob_type", t.ob_type),
     ];
+    let optional = [
+        ("PyThreadState", "native_thread_id", t.thread.native_thread_id),
+        ("_PyInterpreterFrame", "owner", t.frame.owner),
+        ("PyCodeObject", "co_qualname", t.code.qualname),
+        ("PyCodeObject", "co_code_adaptive", t.code.code_adaptive),
+        ("PyCodeObject", "_co_firsttraceable", t.code.first_traceable),
+    ];
+    all.extend(optional.into_iter().filter_map(|(ty, path, value)| Some(m(ty, path, value?))));
     match t.thread.frame {
         FrameLink::ViaCFrame { cframe, current_frame } => {
             all.push(m("PyThreadState", "cframe", cframe));
             all.push(m("_PyCFrame", "current_frame", current_frame));
         }
         FrameLink::Direct { current_frame } => all.push(m("PyThreadState", "current_frame", current_frame)),
+        FrameLink::FrameObject { frame } => all.push(m("PyThreadState", "frame", frame)),
     }
     match t.gil {
         GilHolder::Runtime { last_holder, locked } => {
@@ -234,6 +245,8 @@ fn builds() -> Vec<(&'static str, u8, std::path::PathBuf)> {
         dwarf(&path, "/")
     };
     vec![
+        ("pyenv 3.9.18", 9, pyenv("3.9.18", "libpython3.9.so.1.0")),
+        ("pyenv 3.10.13", 10, pyenv("3.10.13", "libpython3.10.so.1.0")),
         ("pyenv 3.11.7", 11, pyenv("3.11.7", "libpython3.11.so.1.0")),
         ("pyenv 3.12.1", 12, pyenv("3.12.1", "libpython3.12.so.1.0")),
         ("pyenv 3.13.0", 13, pyenv("3.13.0", "libpython3.13.so.1.0")),
