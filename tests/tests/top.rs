@@ -154,3 +154,37 @@ fn top_needs_a_terminal_and_writes_no_json() {
         "tracer: error: tracer top draws on the terminal and writes no JSON; for JSON Lines use `tracer attach --json` with the same flags\n"
     );
 }
+
+#[test]
+fn top_all_shows_every_python_and_quits_on_q() {
+    require_root();
+    let mut workload = Workload::serve(&shared_python());
+    let tmux = Tmux::new("top-all");
+    let script = format!("{} top --all --exact --interval 0.5; echo EXIT=$?; sleep 600", tracer_bin().display());
+    tmux.run(&["new-session", "-d", "-s", "top", "-x", "200", "-y", "80", "sh", "-c", &script]);
+    let screen = tmux.wait_for("the title", 120, |s| s.contains("tracer top · every Python on the host ("));
+    assert!(screen.contains("exact tracing"), "{screen}");
+    // The rates' table: the serving loop's new references, counted.
+    tmux.run(&["send-keys", "-t", "top", "3"]);
+    tmux.wait_for("_Py_NewReference counted", 30, |s| {
+        row(s, "_Py_NewReference")
+            .is_some_and(|(_, l)| cells(l).any(|w| w.chars().next().is_some_and(|c| c.is_ascii_digit() && c != '0')))
+    });
+    tmux.run(&["send-keys", "-t", "top", "q"]);
+    let after = tmux.wait_for("tracer's exit", 60, |s| s.contains("EXIT="));
+    assert!(after.contains("EXIT=0"), "{after}");
+    assert!(after.contains("tracer: detached from every interpreter (signal)"), "{after}");
+    workload.ping();
+    workload.close();
+}
+
+#[test]
+fn top_all_needs_a_terminal() {
+    require_root();
+    let (code, out, err) = run_tracer(&["top", "--all"]);
+    assert_eq!((code, out.as_str()), (Some(2), ""));
+    assert_eq!(
+        err,
+        "tracer: error: tracer top draws on a terminal, and its stdout is not one; run it in a terminal, or use `tracer attach` (a table, or --json) to save or pipe the report\n"
+    );
+}

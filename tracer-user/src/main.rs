@@ -90,6 +90,16 @@ fn attach_all(args: &AttachArgs) -> Result<(), Failure> {
 /// `tracer top`: attach, drawn full-screen until q, Ctrl-C or the end.
 fn top(args: &TopArgs) -> Result<(), Failure> {
     use std::io::IsTerminal as _;
+    if args.attach.all {
+        let config = tracer_user::fleet::AllConfig::for_top(&args.attach, std::io::stdout().is_terminal())?;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let _entered = runtime.enter();
+        let mut signals = handlers(false)?;
+        let all = tracer_user::fleet::attach_all(&config, &mut signals, std::io::sink(), std::io::stderr());
+        let end = runtime.block_on(all)?;
+        eprintln!("tracer: detached from every interpreter ({})", end.as_str());
+        return Ok(());
+    }
     let config = AttachConfig::for_top(&args.attach, std::io::stdout().is_terminal())?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let _entered = runtime.enter();

@@ -115,6 +115,21 @@ impl TryFrom<&AttachArgs> for AllConfig {
     }
 }
 
+impl AllConfig {
+    /// `tracer top --all`: as `attach --all`, drawn on the terminal.
+    pub fn for_top(args: &AttachArgs, terminal: bool) -> Result<Self, AllError> {
+        if args.json {
+            return Err(ConfigError::TopJson.into());
+        }
+        let mut config = Self::try_from(args)?;
+        if !terminal {
+            return Err(ConfigError::TopNotATerminal.into());
+        }
+        config.format = Format::Top;
+        Ok(config)
+    }
+}
+
 /// A closed set's value as its flag takes it.
 fn value_name<V: clap::ValueEnum>(v: &V) -> String {
     v.to_possible_value().map(|p| p.get_name().to_owned()).unwrap_or_default()

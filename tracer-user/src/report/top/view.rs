@@ -180,6 +180,9 @@ impl View {
         let target = match (attached.pid, &attached.exe) {
             (Some(pid), _) => format!("PID {pid}"),
             (None, Some(exe)) => display(exe),
+            (None, None) if !attached.interpreters.is_empty() => {
+                format!("every Python on the host ({})", display(&attached.python.image))
+            }
             (None, None) => "the target".to_owned(),
         };
         let estimates = attached.mode.as_deref() == Some("profile");
