@@ -26,7 +26,7 @@ pub const CARGO_FUZZ_VERSION: &str = "0.13.2";
 
 /// How cargo-fuzz builds the targets, the same for `build` and `run` (a
 /// difference would rebuild). No sanitizer: the code is safe Rust, whose
-/// bugs here are panics, which need none, and AddressSanitizer would halve
+/// bugs here are panics, which need none, and the address sanitizer would halve
 /// the executions and need a nightly compiler's flags. Debug assertions
 /// (and so overflow checks) on, as in the tests: an overflow on hostile
 /// input is a crash. The dev profile with the optimisation fuzz/Cargo.toml

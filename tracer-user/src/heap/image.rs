@@ -271,9 +271,9 @@ time.sleep(60)
             .stdout(std::process::Stdio::piped())
             .spawn()
             .expect("python3 runs");
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "ready");
+        let mut said = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut said).unwrap();
+        assert_eq!(said.trim(), "ready");
         let limits = Limits { gc_objects: 2000, items: 20_000, referenced: 2000 };
         let captured = capture(child.id(), 6, limits);
         let _ = child.kill();
