@@ -107,7 +107,7 @@ enum Task {
 
 /// How long `cargo xtask test` fuzzes each target: CI's whole run must
 /// stay within its time (docs/fuzzing.md has the figures).
-const TEST_FUZZ_SECONDS: u64 = 15;
+const TEST_FUZZ_SECONDS: u64 = 10;
 
 /// Everything the build, the demo, the tests and the benchmarks need: the
 /// toolchain and the test targets, then the production benchmark's venvs
