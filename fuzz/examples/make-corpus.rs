@@ -117,7 +117,7 @@ fn put(corpus: &Path, target: &str, name: &str, bytes: &[u8]) -> Result<()> {
 }
 
 /// The x86 input for `function` of Python 3.`minor` in the image at
-/// `path`: the function, PyRefTracer_GetTracer, and the code around its
+/// `path`: the function, `PyRefTracer_GetTracer`, and the code around its
 /// first `sites` inlined copies (each from the start of the function that
 /// holds it where that is short, else from the copy's read).
 fn x86(corpus: &Path, name: &str, path: &Path, minor: u8, function: &str, sites: usize) -> Result<()> {

@@ -306,6 +306,7 @@ pub fn x86(data: &[u8]) {
     // The function's code as a copy entered at its start, in the graph of
     // all the chunks as the parts of one function.
     let graph = Graph::decode_parts(&sections);
+    #[allow(clippy::single_range_in_vec_init, reason = "one range of code, as a copy's ranges are listed")]
     let ranges: [Range<u64>; 1] = [entry..entry.saturating_add(u64::from(input.size))];
     let _ = entries::other_entries(&graph, &reads, &[entries::Copy { entry, ranges: &ranges }]);
 }
