@@ -5,7 +5,9 @@
 //! - `build`: setup, then build `tracer` (the BPF object is built and
 //!   embedded by tracer-user/build.rs)
 //! - `demo`: setup, build, then trace the bundled demo workload
-//! - `test`: setup, build, lint, then every unit and integration test
+//! - `test`: setup, build, lint, then every unit and integration test,
+//!   then each fuzz target for a short while
+//! - `fuzz`: each fuzz target over its corpus (docs/fuzzing.md)
 
 mod bench;
 mod bench_budget;
@@ -20,6 +22,7 @@ mod bench_production;
 mod bench_returns;
 mod bench_stacks;
 mod bench_venvs;
+mod fuzz;
 mod lto;
 mod markdown;
 mod production_procs;
@@ -82,13 +85,29 @@ enum Task {
         #[arg(long, requires = "only")]
         versus: Vec<PathBuf>,
     },
-    /// Set up, build, run clippy, then run every test (needs root).
+    /// Set up, build, run clippy, then run every test (needs root), then fuzz each target for a
+    /// short while (not with a test filter).
     Test {
         /// Extra arguments for `cargo test` (e.g. a test name filter).
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
+    /// Build the fuzz targets (fuzz/) and run each over its corpus; fails naming the target and
+    /// the input when one crashes.
+    Fuzz {
+        /// How long to run each target, in seconds.
+        #[arg(long, default_value_t = 60)]
+        time: u64,
+        /// Run only these targets (repeatable): elf, maps, version, dwarf, x86, heap, or canary
+        /// (which crashes on one input only, to check that a crash fails the run).
+        #[arg(long, value_parser = ["elf", "maps", "version", "dwarf", "x86", "heap", "canary"])]
+        only: Vec<String>,
+    },
 }
+
+/// How long `cargo xtask test` fuzzes each target: CI's whole run must
+/// stay within its time (docs/fuzzing.md has the figures).
+const TEST_FUZZ_SECONDS: u64 = 10;
 
 /// Everything the build, the demo, the tests and the benchmarks need: the
 /// toolchain and the test targets, then the production benchmark's venvs
@@ -161,7 +180,17 @@ fn main() -> anyhow::Result<()> {
             // The test targets, not the benchmark's venvs: CI's time.
             setup::run_for(setup::Needs { tests: true })?;
             let tracer = build(&root, false)?;
-            test(&root, &tracer, &args)
+            let totals = test(&root, &tracer, &args)?;
+            // A filtered run is for a few tests; the fuzzing is the whole
+            // run's.
+            let fuzzed = if args.is_empty() { fuzz::run(&root, TEST_FUZZ_SECONDS, fuzz::TARGETS) } else { Ok(()) };
+            // The plain closing line CI reads, last: "tests: N passed, N failed".
+            println!("tests: {} passed, {} failed", totals.passed, totals.failed);
+            fuzzed
+        }
+        Task::Fuzz { time, only } => {
+            let only: Vec<&str> = only.iter().map(String::as_str).collect();
+            fuzz::run(&root, time, if only.is_empty() { fuzz::TARGETS } else { only.as_slice() })
         }
     }
 }
@@ -303,7 +332,8 @@ fn clippy_without_bpf_toolchain(root: &Path) -> anyhow::Result<()> {
     run(&mut cmd)
 }
 
-fn test(root: &Path, tracer: &Path, args: &[String]) -> anyhow::Result<()> {
+/// Lints, then runs every test; their totals, when all passed.
+fn test(root: &Path, tracer: &Path, args: &[String]) -> anyhow::Result<Totals> {
     require_root("the integration tests (they load BPF programs and attach uprobes)")?;
     run(cargo().current_dir(root).args(CLIPPY))?;
     clippy_without_bpf_toolchain(root)?;
@@ -326,8 +356,11 @@ fn test(root: &Path, tracer: &Path, args: &[String]) -> anyhow::Result<()> {
         totals.add(&line);
     }
     let status = child.wait()?;
-    // The plain closing line CI reads: "tests: N passed, N failed".
-    println!("tests: {} passed, {} failed", totals.passed, totals.failed);
+    let failed = !status.success() || totals.failed > 0 || totals.passed == 0 || totals.ignored > 0;
+    if failed {
+        // The plain closing line CI reads: "tests: N passed, N failed".
+        println!("tests: {} passed, {} failed", totals.passed, totals.failed);
+    }
     if !status.success() || totals.failed > 0 {
         bail!("tests failed ({status})");
     }
@@ -337,7 +370,7 @@ fn test(root: &Path, tracer: &Path, args: &[String]) -> anyhow::Result<()> {
     if totals.ignored > 0 {
         bail!("{} tests were ignored; every test must run", totals.ignored);
     }
-    Ok(())
+    Ok(totals)
 }
 
 #[derive(Default)]

@@ -104,6 +104,9 @@ pub fn run_for(needs: Needs) -> anyhow::Result<()> {
         forky_root()?;
         forky_packages()?;
         made.push(format!("the forky root at {FORKY_ROOT}"));
+        // The test run fuzzes too.
+        crate::fuzz::ensure_cargo_fuzz()?;
+        made.push(format!("cargo-fuzz {}", crate::fuzz::CARGO_FUZZ_VERSION));
     }
     made.insert(0, "pyperf".to_owned());
     let made = made.join(", ");
@@ -152,7 +155,7 @@ fn apt_packages() -> anyhow::Result<()> {
     )
 }
 
-fn cargo_bin_dir() -> PathBuf {
+pub fn cargo_bin_dir() -> PathBuf {
     std::env::var_os("CARGO_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))

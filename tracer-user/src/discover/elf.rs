@@ -178,7 +178,9 @@ pub(crate) fn load_segments(file: &object::File<'_>) -> Vec<(u64, u64, u64, u64)
 pub(crate) fn file_offset_of(segments: &[(u64, u64, u64, u64)], address: u64) -> Option<u64> {
     segments.iter().find_map(|&(vaddr, memsz, offset, filesz)| {
         let delta = address.checked_sub(vaddr)?;
-        (delta < memsz && delta < filesz).then_some(offset + delta)
+        // A segment's offset comes from the file: one past the end of
+        // the address space maps nothing.
+        if delta < memsz && delta < filesz { offset.checked_add(delta) } else { None }
     })
 }
 

@@ -73,7 +73,8 @@ impl Graph {
     /// back from within the same call.
     #[must_use]
     pub fn decode_parts(parts: &[(u64, &[u8])]) -> Self {
-        let bounds: Vec<Range<u64>> = parts.iter().map(|&(at, code)| at..at + code.len() as u64).collect();
+        let bounds: Vec<Range<u64>> =
+            parts.iter().map(|&(at, code)| at..at.saturating_add(code.len() as u64)).collect();
         let inside = |a: u64| bounds.iter().any(|b| b.contains(&a));
         let mut at = Vec::new();
         let mut targets: Vec<Vec<u64>> = Vec::new();

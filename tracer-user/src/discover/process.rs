@@ -5,7 +5,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use procfs::process::{MMapPath, Process};
+use procfs::process::{MMapPath, MemoryMaps, Process};
 use thiserror::Error;
 
 use super::elf::{ElfError, ElfImage, defines_cpython};
@@ -181,7 +181,7 @@ impl Root {
 /// well as ptrace access.
 fn map_files_entry(pid: u32, path: &Path, id: FileId) -> Option<(PathBuf, FileId)> {
     let process = Process::new(i32::try_from(pid).ok()?).ok()?;
-    let maps = process.maps().ok()?;
+    let maps = maps_of(&process).ok()?;
     let of_path: Vec<_> = maps.iter().filter(|m| matches!(&m.pathname, MMapPath::Path(p) if p == path)).collect();
     let mapping = of_path.iter().find(|m| mapping_id(m) == id).or_else(|| of_path.first())?;
     // The kernel names each entry by its range, as `%lx-%lx`.
@@ -195,7 +195,40 @@ pub fn code_files(pid: u32) -> Result<Vec<MappedFile>, TargetError> {
     let proc_err = |what| move |cause| map_proc_error(pid, what, cause);
     let process = Process::new(i32::try_from(pid).map_err(|_| TargetError::NoSuchProcess { pid })?)
         .map_err(proc_err("the /proc entry"))?;
-    Ok(executable_files(&process.maps().map_err(proc_err("memory map"))?))
+    Ok(executable_files(&maps_of(&process).map_err(proc_err("memory map"))?))
+}
+
+/// `process`'s memory map, as procfs's `Process::maps` reads it, through
+/// [`parse_maps`].
+pub fn maps_of(process: &Process) -> procfs::ProcResult<MemoryMaps> {
+    use std::io::Read as _;
+    let mut text = Vec::new();
+    process.open_relative("maps")?.read_to_end(&mut text).map_err(|_| {
+        // What procfs says of a maps file it cannot read to the end.
+        procfs::ProcError::Incomplete(Some(PathBuf::from(format!("/proc/{}/maps", process.pid))))
+    })?;
+    parse_maps(&text)
+}
+
+/// A `/proc/PID/maps` text, parsed by procfs. procfs 0.18 panics on a path
+/// that starts with `/SYSV` (how the kernel names System V shared memory:
+/// `/SYSV` and 8 hex digits) but is shorter than that, and a process in a
+/// container can name a file so: such a line is an error here instead
+/// (fuzz/corpus/maps/regression-sysv-short).
+pub fn parse_maps(text: &[u8]) -> procfs::ProcResult<MemoryMaps> {
+    use procfs::FromBufRead as _;
+    for line in text.split(|&b| b == b'\n') {
+        let line = String::from_utf8_lossy(line);
+        // The path is what follows the fifth space, as procfs splits it.
+        let Some(path) = line.splitn(6, ' ').nth(5).map(str::trim) else { continue };
+        if path.starts_with("/SYSV") && path.get(5..13).is_none() {
+            return Err(procfs::ProcError::Other(format!(
+                "a mapping's path, {}, starts as System V shared memory's do (/SYSV and 8 hex digits) but is not one",
+                crate::text::display(path)
+            )));
+        }
+    }
+    MemoryMaps::from_buf_read(text)
 }
 
 /// `path` as `pid` sees it, reached from tracer's mount namespace through
@@ -236,7 +269,7 @@ pub fn processes_mapping(image: &Path) -> Vec<(u32, Vec<MappedFile>)> {
     all.filter_map(Result::ok)
         .filter_map(|process| {
             let pid = u32::try_from(process.pid).ok().filter(|&p| p != me)?;
-            let maps = process.maps().ok()?;
+            let maps = maps_of(&process).ok()?;
             maps.iter()
                 .any(|m| {
                     m.inode == ino && (i64::from(m.dev.0), i64::from(m.dev.1)) == want
@@ -335,7 +368,7 @@ impl Target {
         if matches!(stat.state, 'Z' | 'X') {
             return Err(TargetError::Exited { pid });
         }
-        let maps = process.maps().map_err(proc_err("memory map"))?;
+        let maps = maps_of(&process).map_err(proc_err("memory map"))?;
         let code_files = executable_files(&maps);
         let ids: Vec<(PathBuf, FileId)> = maps
             .iter()

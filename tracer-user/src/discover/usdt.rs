@@ -163,7 +163,8 @@ fn integer(text: &str) -> Result<i64, String> {
         None => digits.parse::<i64>(),
     }
     .map_err(|e| format!("{text:?} is not an integer ({e})"))?;
-    Ok(if negative { -magnitude } else { magnitude })
+    // `--9223372036854775808` parses to a magnitude with no negation.
+    if negative { magnitude.checked_neg().ok_or_else(|| format!("{text:?} is out of range")) } else { Ok(magnitude) }
 }
 
 /// Parses one argument spec, `SIZE@OPERAND`, where a negative size is a
@@ -245,6 +246,9 @@ mod tests {
             let err = parse_arg(bad).expect_err(bad);
             assert!(err.contains(why), "{bad}: {err}");
         }
+        // A spec from a hostile image, whose offset negates to no i64.
+        assert!(parse_arg("8@--9223372036854775808(%rax)").unwrap_err().contains("out of range"));
+        assert!(parse_arg("8@$--9223372036854775808").unwrap_err().contains("out of range"));
         assert_eq!(parse_args("8@%rbx 8@%r15").map(|a| a.len()), Ok(2));
         assert_eq!(parse_args("8@%rbx 3@%r15").unwrap_err().0, "3@%r15");
     }

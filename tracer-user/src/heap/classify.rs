@@ -158,7 +158,8 @@ fn block_object(
             tally.reject(Reason::Contents);
             continue;
         }
-        if offset as u64 + types.object_size(index, object, unicode) > size {
+        // The size comes from the block's words, and saturates.
+        if (offset as u64).saturating_add(types.object_size(index, object, unicode)) > size {
             tally.reject(Reason::TooLarge);
             continue;
         }

@@ -59,7 +59,9 @@ impl Regions {
     #[must_use]
     pub fn in_heap(&self, address: u64) -> bool {
         let i = self.regions.partition_point(|r| r.end <= address);
-        self.regions.get(i).is_some_and(|r| r.readable && r.start <= address && (r.anonymous || r.brk))
+        self.regions
+            .get(i)
+            .is_some_and(|r| r.readable && r.start <= address && address < r.end && (r.anonymous || r.brk))
     }
 
     /// The bytes from `address` to the end of the mapping it is in (0
@@ -67,7 +69,9 @@ impl Regions {
     #[must_use]
     pub fn room(&self, address: u64) -> u64 {
         let i = self.regions.partition_point(|r| r.end <= address);
-        self.regions.get(i).filter(|r| r.start <= address).map_or(0, |r| r.end - address)
+        // Mappings that overlap (in a maps text no kernel wrote) are not
+        // ordered by their ends, and the one found may end below `address`.
+        self.regions.get(i).filter(|r| r.start <= address).map_or(0, |r| r.end.saturating_sub(address))
     }
 
     /// Whether `len` bytes at `address` lie in one readable mapping.

@@ -2,6 +2,12 @@
 //! `IOV_MAX` ranges a call, each range read whole or reported missing, so
 //! that one unmapped page costs one range, not the batch. Every byte and
 //! call is counted: the census reports what it read.
+//!
+//! The same reads can be served from a memory image instead (a few
+//! segments of bytes at their addresses, see [`super::image`]), so that
+//! the census's decoding runs, fuzzed and tested, on memory no process
+//! holds; and the reads from a process can be recorded, to make such an
+//! image.
 
 use std::io;
 
@@ -15,6 +21,10 @@ pub const MAX_RANGES: usize = 1024;
 #[derive(Debug)]
 pub struct Memory {
     pid: u32,
+    /// Where the bytes come from instead of the process, for an image.
+    image: Option<Segments>,
+    /// Every range read whole, in the order read, when recording.
+    recorded: Option<Vec<(u64, Vec<u8>)>>,
     /// Bytes read whole.
     pub bytes_read: u64,
     /// System calls made.
@@ -26,7 +36,29 @@ pub struct Memory {
 impl Memory {
     #[must_use]
     pub const fn new(pid: u32) -> Self {
-        Self { pid, bytes_read: 0, calls: 0, failed_ranges: 0 }
+        Self { pid, image: None, recorded: None, bytes_read: 0, calls: 0, failed_ranges: 0 }
+    }
+
+    /// Memory that holds `segments` (each its address and bytes) and
+    /// nothing else: a range is read whole where one segment holds all of
+    /// it, and is missing otherwise, as an unmapped one is. Its PID is 0.
+    #[must_use]
+    pub fn of_image(segments: Vec<(u64, Vec<u8>)>) -> Self {
+        Self { image: Some(Segments::new(segments)), ..Self::new(0) }
+    }
+
+    /// Records every range read whole from now on (see [`Self::recorded`]).
+    #[must_use]
+    pub fn recording(mut self) -> Self {
+        self.recorded = Some(Vec::new());
+        self
+    }
+
+    /// The ranges read whole since [`Self::recording`], each its address
+    /// and bytes, in the order read (repeats included).
+    #[must_use]
+    pub fn recorded(&self) -> &[(u64, Vec<u8>)] {
+        self.recorded.as_deref().unwrap_or(&[])
     }
 
     #[must_use]
@@ -50,6 +82,31 @@ impl Memory {
         ok.resize(ranges.len(), false);
         let total: usize = ranges.iter().map(|r| r.1).sum();
         assert!(out.len() >= total, "the buffer holds the ranges");
+        if let Some(image) = &self.image {
+            image.read_ranges(ranges, out, ok);
+            self.calls += 1;
+            let (done, failed) = ranges.iter().zip(ok.iter()).fold((0, 0), |(done, failed), (r, &ok)| {
+                if ok { (done + r.1 as u64, failed) } else { (done, failed + 1) }
+            });
+            self.bytes_read += done;
+            self.failed_ranges += failed;
+        } else {
+            self.read_process(ranges, out, ok)?;
+        }
+        if let Some(recorded) = &mut self.recorded {
+            let mut at = 0;
+            for (&(address, len), &whole) in ranges.iter().zip(ok.iter()) {
+                if whole {
+                    recorded.push((address, out[at..at + len].to_vec()));
+                }
+                at += len;
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Self::read_ranges`] from the process.
+    fn read_process(&mut self, ranges: &[(u64, usize)], out: &mut [u8], ok: &mut [bool]) -> Result<(), HeapError> {
         let mut first = 0;
         let mut at = 0;
         while first < ranges.len() {
@@ -128,6 +185,39 @@ impl Memory {
     /// The 8-byte word at `address`, or `None` where it is not mapped.
     pub fn word(&mut self, address: u64) -> Result<Option<u64>, HeapError> {
         Ok(self.read(address, 8)?.map(|b| word(&b, 0)))
+    }
+}
+
+/// The segments of a memory image, sorted by address.
+#[derive(Debug)]
+struct Segments(Vec<(u64, Vec<u8>)>);
+
+impl Segments {
+    fn new(mut segments: Vec<(u64, Vec<u8>)>) -> Self {
+        segments.sort_by_key(|s| s.0);
+        Self(segments)
+    }
+
+    /// The `len` bytes at `address`, where one segment holds them all.
+    /// Segments may overlap (an image is input like any other): the last
+    /// one that starts at or below `address` is asked.
+    fn get(&self, address: u64, len: usize) -> Option<&[u8]> {
+        let i = self.0.partition_point(|s| s.0 <= address).checked_sub(1)?;
+        let (start, bytes) = &self.0[i];
+        let offset = usize::try_from(address - start).ok()?;
+        bytes.get(offset..offset.checked_add(len)?)
+    }
+
+    /// As [`Memory::read_ranges`], from the segments.
+    fn read_ranges(&self, ranges: &[(u64, usize)], out: &mut [u8], ok: &mut [bool]) {
+        let mut at = 0;
+        for (i, &(address, len)) in ranges.iter().enumerate() {
+            if let Some(bytes) = self.get(address, len) {
+                out[at..at + len].copy_from_slice(bytes);
+                ok[i] = true;
+            }
+            at += len;
+        }
     }
 }
 

@@ -21,6 +21,7 @@
 pub mod bounds;
 pub mod classify;
 pub mod dicts;
+pub mod image;
 pub mod maps;
 pub mod memory;
 pub mod model;
@@ -249,23 +250,17 @@ fn take(
             scan.unreadable
         ));
     }
-    let pool_set = PoolSet::new(&scan.pools);
-    let unicode = abi.frames().unicode;
-    let names = TypeNameOffsets { ht_qualname: abi.ht_qualname(), unicode, dict_keys: abi.heap().dict_keys };
-    let mut types = TypeTable::new(abi.heap(), names, builtins);
-    let mut tally = Tally::default();
+    let mut cx = Context { memory, regions: &regions, pools: &PoolSet::new(&scan.pools) };
+    let (mut tally, types, found) =
+        decode(&scan.pools, abi, builtins, &mut cx, &state.heads, options.limits, &interrupted)?;
     tally.rejected[Reason::StateUnreadable as usize] += state.unreadable;
     tally.rejected[Reason::InterpretersCut as usize] += state.interpreters_cut;
-    let mut leads = Leads::default();
-    let mut cx = Context { memory, regions: &regions, pools: &pool_set };
-    let changed = read_pools(&scan.pools, &mut types, &mut cx, &mut tally, &mut leads, unicode)?;
+    let changed = tally.pools_changed;
     if changed > 0 {
         notes.push(format!(
             "{changed} pools changed while they were read, twice; their blocks were judged one by one, without the pools' free lists (--stop for an exact census)"
         ));
     }
-    tally.pools_changed = changed;
-    tally.arenas = scan.pools.iter().map(|p| p.arena_index).collect::<HashSet<u32>>().len() as u64;
     tally.arena_check = state.arenas.as_ref().and_then(|a| a.as_ref().ok()).map(|table| check(table, &scan.pools));
     if let Some(Err(why)) = &state.arenas {
         notes.push(format!("pymalloc's arena table was not read, so the scan is unchecked: {why}"));
@@ -281,16 +276,6 @@ fn take(
             "the collector's lists' heads are unknown ({why}); GC objects outside the pools may be missed"
         ));
     }
-    let found = outside::census(
-        &mut types,
-        &mut cx,
-        &mut tally,
-        &mut leads,
-        &state.heads,
-        options.limits,
-        unicode,
-        &interrupted,
-    )?;
     if found.gc_truncated {
         notes.push(format!(
             "the walk of the collector's lists stopped at {} objects outside the pools",
@@ -303,7 +288,6 @@ fn take(
     if found.referenced_truncated {
         notes.push(format!("objects held by lists and tuples were read up to {} of them", found.referenced_objects));
     }
-    tally.rejected[Reason::TypesCut as usize] += types.cut_objects;
     if types.cut_types > 0 {
         notes.push(format!(
             "{} types past the most tracked ({}): their objects are left out of the census (types_cut)",
@@ -312,6 +296,31 @@ fn take(
         ));
     }
     Ok((tally, types, found, notes, rss))
+}
+
+/// The census proper, from whatever memory `cx` reads (a process's, or an
+/// image's: see [`image`]): the blocks of `pools` classified, and the
+/// objects outside them that those blocks and the generation lists' `heads`
+/// lead to.
+fn decode(
+    pools: &[Header],
+    abi: &dyn Abi,
+    builtins: Builtins,
+    cx: &mut Context<'_>,
+    heads: &HashSet<u64, BuildIdentity>,
+    limits: bounds::Limits,
+    interrupted: &dyn Fn() -> bool,
+) -> Result<(Tally, TypeTable, bounds::Found), HeapError> {
+    let unicode = abi.frames().unicode;
+    let names = TypeNameOffsets { ht_qualname: abi.ht_qualname(), unicode, dict_keys: abi.heap().dict_keys };
+    let mut types = TypeTable::new(abi.heap(), names, builtins);
+    let mut tally = Tally::default();
+    let mut leads = Leads::default();
+    tally.pools_changed = read_pools(pools, &mut types, cx, &mut tally, &mut leads, unicode)?;
+    tally.arenas = pools.iter().map(|p| p.arena_index).collect::<HashSet<u32>>().len() as u64;
+    let found = outside::census(&mut types, cx, &mut tally, &mut leads, heads, limits, unicode, interrupted)?;
+    tally.rejected[Reason::TypesCut as usize] += types.cut_objects;
+    Ok((tally, types, found))
 }
 
 /// Reads the pools in batches and classifies their blocks. A pool whose

@@ -160,13 +160,17 @@ pub fn scan(memory: &mut Memory, regions: &Regions, interrupted: &dyn Fn() -> bo
         Ok(())
     };
     for region in regions.arena_candidates() {
-        let mut at = region.start.next_multiple_of(POOL_SIZE);
-        while at.saturating_add(POOL_SIZE) <= region.end {
+        // A mapping at the top of the address space (in a maps text no
+        // kernel wrote) has no pool-aligned place, or none after its last.
+        let Some(mut at) = region.start.checked_next_multiple_of(POOL_SIZE) else { continue };
+        while let Some(end) = at.checked_add(POOL_SIZE)
+            && end <= region.end
+        {
             places.push((at, 48));
             if places.len() == MAX_RANGES {
                 flush(&mut places, &mut scan)?;
             }
-            at += POOL_SIZE;
+            at = end;
         }
     }
     if !places.is_empty() {

@@ -113,7 +113,8 @@ impl Native {
     pub fn prepare(&mut self, session: &mut Session, pid: u32) -> Result<(), String> {
         let proc = procfs::process::Process::new(i32::try_from(pid).map_err(|e| e.to_string())?)
             .map_err(|e| format!("cannot read /proc/{pid}: {e}"))?;
-        let maps = proc.maps().map_err(|e| format!("cannot read the memory map of PID {pid}: {e}"))?;
+        let maps = crate::discover::process::maps_of(&proc)
+            .map_err(|e| format!("cannot read the memory map of PID {pid}: {e}"))?;
         let host_root = std::fs::read_link(format!("/proc/{pid}/root")).unwrap_or_else(|_| PathBuf::from("/"));
         let mut mapped = Vec::new();
         let mut pages = Vec::new();

@@ -67,7 +67,7 @@ impl Code<'_> {
             // this one (`PyObject_Malloc.cold`).
             let own_part =
                 self.containing(at).all(|f| f.strip_prefix(wanted.function).is_some_and(|r| r.starts_with('.')));
-            if (entry..entry + size.max(1)).contains(&at)
+            if (entry..entry.saturating_add(size.max(1))).contains(&at)
                 || (own_part && own.contains(&at))
                 || callees.contains(&at)
                 || self.containing(at).any(|f| guard.manages(f))
@@ -115,8 +115,11 @@ impl Code<'_> {
                     && let Some(&(start, size)) = self.data.get(within)
                 {
                     let expected = match offset {
-                        Some(offset) => (first != start + offset).then(|| format!("{within}+{offset}")),
-                        None => (!(start..start + size.max(1)).contains(&first)).then(|| format!("inside {within}")),
+                        Some(offset) => {
+                            (Some(first) != start.checked_add(offset)).then(|| format!("{within}+{offset}"))
+                        }
+                        None => (!(start..start.saturating_add(size.max(1))).contains(&first))
+                            .then(|| format!("inside {within}")),
                     };
                     if let Some(expected) = expected {
                         return Err(unrecognised(format!("its first read ({first:#x}) is not {expected}")));

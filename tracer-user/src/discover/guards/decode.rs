@@ -79,7 +79,7 @@ impl<'a> Code<'a> {
             let start = fde.initial_address();
             let on_boundary = self.instructions.binary_search_by_key(&start, Instruction::ip).is_ok();
             if !on_boundary && self.at(start).is_some() {
-                out.push(start..start + fde.len());
+                out.push(start..start.saturating_add(fde.len()));
             }
         }
         out
@@ -137,8 +137,11 @@ impl<'a> Code<'a> {
 
     /// Sorts the named functions' ranges, for [`Code::containing`].
     pub(super) fn index_ranges(&mut self) {
-        self.ranges =
-            self.symbols.iter().filter(|(_, (_, size))| *size > 0).map(|(n, &(a, s))| (a, a + s, n.clone())).collect();
+        // Addresses and sizes come from the image: one that runs past the
+        // address space ends at its end.
+        self.ranges = (self.symbols.iter().filter(|(_, (_, size))| *size > 0))
+            .map(|(n, &(a, s))| (a, a.saturating_add(s), n.clone()))
+            .collect();
         self.ranges.sort_unstable();
     }
 
@@ -147,7 +150,8 @@ impl<'a> Code<'a> {
         if let Ok(i) = self.instructions.binary_search_by_key(&address, Instruction::ip) {
             return Some(self.instructions[i]);
         }
-        let &(start, bytes) = self.sections.iter().find(|(s, b)| (*s..*s + b.len() as u64).contains(&address))?;
+        let &(start, bytes) =
+            self.sections.iter().find(|(s, b)| (*s..s.saturating_add(b.len() as u64)).contains(&address))?;
         let offset = usize::try_from(address - start).ok()?;
         let mut decoder = Decoder::with_ip(64, &bytes[offset..], address, DecoderOptions::NONE);
         let insn = decoder.decode();

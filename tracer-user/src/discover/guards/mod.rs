@@ -229,7 +229,17 @@ impl SizeArgs {
 /// `symbols`, a debug file's, also names its static functions.
 pub fn scan(path: &Path, wanted: &[Wanted<'_>], symbols: Option<(&Path, &[u8])>) -> Result<Scan, ElfError> {
     let data = std::fs::read(path).map_err(|cause| ElfError::Read { path: path.to_owned(), cause })?;
-    let mut code = Code::parse(path, &data)?;
+    scan_image(path, &data, wanted, symbols)
+}
+
+/// [`scan`] of the image `data`, read from `path`.
+pub fn scan_image(
+    path: &Path,
+    data: &[u8],
+    wanted: &[Wanted<'_>],
+    symbols: Option<(&Path, &[u8])>,
+) -> Result<Scan, ElfError> {
+    let mut code = Code::parse(path, data)?;
     if let Some((debug_path, debug)) = symbols {
         let file =
             object::File::parse(debug).map_err(|cause| ElfError::Parse { path: debug_path.to_owned(), cause })?;
@@ -237,6 +247,31 @@ pub fn scan(path: &Path, wanted: &[Wanted<'_>], symbols: Option<(&Path, &[u8])>)
     }
     let functions = wanted.iter().map(|w| (w.function.to_owned(), code.find(w))).collect();
     Ok(Scan { path: path.to_owned(), functions })
+}
+
+/// A named function or data symbol: name, address, size.
+pub type Named<'a> = (&'a str, u64, u64);
+
+/// The scan of code with no ELF file around it: `sections` (each its
+/// address and bytes) decoded, `functions` and `data` its named symbols.
+/// What [`scan`] does past the file's sections and symbols, for the fuzz
+/// target that feeds it raw x86 code.
+#[must_use]
+pub fn scan_code(
+    sections: Vec<(u64, &[u8])>,
+    functions: &[Named<'_>],
+    data: &[Named<'_>],
+    wanted: &[Wanted<'_>],
+) -> HashMap<String, Result<Found, NotFound>> {
+    let mut code = Code::decode(sections);
+    for &(name, address, size) in functions {
+        code.symbols.entry(name.to_owned()).or_insert((address, size));
+    }
+    for &(name, address, size) in data {
+        code.data.entry(name.to_owned()).or_insert((address, size));
+    }
+    code.index_ranges();
+    wanted.iter().map(|w| (w.function.to_owned(), code.find(w))).collect()
 }
 
 #[cfg(test)]

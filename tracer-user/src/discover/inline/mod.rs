@@ -32,9 +32,17 @@ pub enum InlineError {
     Parse { path: PathBuf, cause: object::Error },
     #[error("{path}: cannot read its {section} section (truncated or corrupt?): {cause}; {BAD_FILE_FIX}")]
     Section { path: PathBuf, section: &'static str, cause: object::Error },
+    #[error(
+        "{path}: its {section} section says it decompresses to {size} bytes from {compressed}, more than any compressor makes of them (corrupt?); {BAD_FILE_FIX}"
+    )]
+    Inflated { path: PathBuf, section: &'static str, size: u64, compressed: usize },
     #[error("{path}: malformed DWARF near .debug_info offset {offset:#x}: {cause}; {BAD_FILE_FIX}")]
     Dwarf { path: PathBuf, offset: u64, cause: gimli::Error },
 }
+
+/// The most a compressed section may grow when decompressed: deflate's
+/// limit is about 1032 to 1, and debug info compresses a few times.
+const MAX_RATIO: u64 = 2048;
 
 /// One function to look for, and the parameters whose locations are wanted
 /// (by their names in the source: `size` for `PyObject_Malloc`).
@@ -134,11 +142,21 @@ pub fn find(path: &Path, data: &[u8], wanted: &[Wanted<'_>]) -> Result<Vec<Funct
     let endian = if file.is_little_endian() { RunTimeEndian::Little } else { RunTimeEndian::Big };
     let sections = gimli::DwarfSections::load(|id| -> Result<Cow<'_, [u8]>, InlineError> {
         file.section_by_name(id.name()).map_or(Ok(Cow::Borrowed(&[][..])), |s| {
-            s.uncompressed_data().map_err(|cause| InlineError::Section {
-                path: path.to_owned(),
-                section: id.name(),
-                cause,
-            })
+            let err = |cause| InlineError::Section { path: path.to_owned(), section: id.name(), cause };
+            // A compressed section says how large it is once decompressed,
+            // and that much is allocated first: a size no compressor
+            // reaches from these bytes is refused before it is.
+            let compressed = s.compressed_data().map_err(err)?;
+            let most = (compressed.data.len() as u64).saturating_mul(MAX_RATIO).saturating_add(1 << 20);
+            if compressed.format != object::CompressionFormat::None && compressed.uncompressed_size > most {
+                return Err(InlineError::Inflated {
+                    path: path.to_owned(),
+                    section: id.name(),
+                    size: compressed.uncompressed_size,
+                    compressed: compressed.data.len(),
+                });
+            }
+            s.uncompressed_data().map_err(err)
         })
     })?;
     let dwarf = sections.borrow(|s| EndianSlice::new(s, endian));
