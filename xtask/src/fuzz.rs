@@ -86,6 +86,45 @@ fn cargo_fuzz(root: &Path, subcommand: &str) -> Command {
     cmd
 }
 
+/// Starts building every target at the lowest CPU priority, its output
+/// to a log, for [`finish_build`] to wait for.
+pub fn start_build(root: &Path) -> anyhow::Result<(std::process::Child, PathBuf, Instant)> {
+    ensure_cargo_fuzz()?;
+    let dir = fuzz_target_dir(root);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let log = dir.join("build.log");
+    let file = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+    let mut cmd = cargo_fuzz(root, "build");
+    cmd.stdout(file.try_clone()?).stderr(file);
+    // SAFETY: setpriority is async-signal-safe and touches no lock
+    // between fork and exec.
+    unsafe {
+        use std::os::unix::process::CommandExt as _;
+        cmd.pre_exec(|| {
+            if libc::setpriority(libc::PRIO_PROCESS, 0, 19) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    eprintln!("xtask: fuzz: building the targets in the background, at nice 19 (log: {})", log.display());
+    let child = cmd.spawn().context("starting cargo fuzz build")?;
+    Ok((child, log, Instant::now()))
+}
+
+/// Waits for [`start_build`]'s build; fails with its log's last lines.
+pub fn finish_build((mut child, log, started): (std::process::Child, PathBuf, Instant)) -> anyhow::Result<()> {
+    let status = child.wait().context("waiting for cargo fuzz build")?;
+    eprintln!("xtask: fuzz: the background build ended after {:.0} s ({status})", started.elapsed().as_secs_f64());
+    if !status.success() {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(20).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        bail!("building the fuzz targets failed ({status}):\n{}", tail.join("\n"));
+    }
+    Ok(())
+}
+
 /// Builds every target, then runs the canary and each of `targets` for
 /// `seconds`.
 pub fn run(root: &Path, seconds: u64, targets: &[&str]) -> anyhow::Result<()> {
