@@ -13,7 +13,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use thiserror::Error;
 
-use super::process::{Target, TargetError};
+use super::process::Target;
 
 /// The most candidates an error lists.
 const LISTED: usize = 5;
@@ -88,14 +88,7 @@ pub fn select(pattern: &str) -> Result<u32, NameError> {
     let is_python = |pid: u32| match Target::inspect(pid) {
         Ok(_) => Ok(true),
         // Not CPython, or gone since the listing.
-        Err(
-            TargetError::NotPython { .. }
-            | TargetError::KernelThread { .. }
-            | TargetError::OwnProcess { .. }
-            | TargetError::Exited { .. }
-            | TargetError::NoSuchProcess { .. }
-            | TargetError::Thread { .. },
-        ) => Ok(false),
+        Err(e) if e.is_not_a_target() => Ok(false),
         Err(e) => Err(NameError::Inspect { pattern: pattern.to_owned(), pid, cause: e.to_string() }),
     };
     let mut found = BTreeSet::new();

@@ -49,6 +49,24 @@ pub enum TargetError {
     Unreachable { pid: u32, path: String },
 }
 
+impl TargetError {
+    /// Whether the process is no CPython one to trace: not Python, a
+    /// kernel thread, tracer itself, a thread, or gone since it was listed
+    /// (what `--name` and `--all` pass over without a word).
+    #[must_use]
+    pub const fn is_not_a_target(&self) -> bool {
+        matches!(
+            self,
+            Self::NotPython { .. }
+                | Self::KernelThread { .. }
+                | Self::OwnProcess { .. }
+                | Self::Exited { .. }
+                | Self::NoSuchProcess { .. }
+                | Self::Thread { .. }
+        )
+    }
+}
+
 impl crate::error::Classify for TargetError {
     /// The PID given, and the process it names.
     fn is_bad_input(&self) -> bool {

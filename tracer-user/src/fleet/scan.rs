@@ -105,14 +105,7 @@ impl Scanner {
         }
         let target = match Target::inspect(pid) {
             Ok(t) => t,
-            Err(
-                TargetError::NotPython { .. }
-                | TargetError::KernelThread { .. }
-                | TargetError::OwnProcess { .. }
-                | TargetError::Exited { .. }
-                | TargetError::NoSuchProcess { .. }
-                | TargetError::Thread { .. },
-            ) => return Verdict::NotPython,
+            Err(e) if e.is_not_a_target() => return Verdict::NotPython,
             // Its image found, and named as an interpreter's, but not
             // reached.
             Err(e @ TargetError::Unreachable { .. }) if e.to_string().contains("python") => {
