@@ -21,9 +21,6 @@ const CANARY: &str = "canary";
 /// fuzz/src/lib.rs's `CANARY`.
 const CANARY_INPUT: &[u8] = b"tracer fuzz canary: this input crashes the canary target";
 
-/// cargo-fuzz's version, installed by `cargo xtask setup`.
-pub const CARGO_FUZZ_VERSION: &str = "0.13.2";
-
 /// How cargo-fuzz builds the targets, the same for `build` and `run` (a
 /// difference would rebuild). No sanitizer: the code is safe Rust, whose
 /// bugs here are panics, which need none, and the address sanitizer would halve
@@ -53,21 +50,6 @@ fn fuzz_target_dir(root: &Path) -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from).join("fuzz")
 }
 
-/// Installs cargo-fuzz unless this version is there.
-pub fn ensure_cargo_fuzz() -> anyhow::Result<()> {
-    let bin = crate::setup::cargo_bin_dir().join("cargo-fuzz");
-    let current = Command::new(&bin).arg("--version").output().ok().filter(|o| o.status.success());
-    if current.is_some_and(|o| String::from_utf8_lossy(&o.stdout).contains(CARGO_FUZZ_VERSION)) {
-        return Ok(());
-    }
-    crate::run(crate::cargo().args(["install", "cargo-fuzz", "--version", CARGO_FUZZ_VERSION, "--locked"]))
-        .context("installing cargo-fuzz")?;
-    if !bin.is_file() {
-        bail!("cargo-fuzz was installed but {} does not exist", bin.display());
-    }
-    Ok(())
-}
-
 /// `cargo fuzz SUBCOMMAND` in fuzz/'s parent, with the build's settings.
 fn cargo_fuzz(root: &Path, subcommand: &str) -> Command {
     let mut cmd = crate::cargo();
@@ -89,7 +71,7 @@ fn cargo_fuzz(root: &Path, subcommand: &str) -> Command {
 /// Starts building every target at the lowest CPU priority, its output
 /// to a log, for [`finish_build`] to wait for.
 pub fn start_build(root: &Path) -> anyhow::Result<(std::process::Child, PathBuf, Instant)> {
-    ensure_cargo_fuzz()?;
+    crate::setup::ensure_cargo_fuzz()?;
     let dir = fuzz_target_dir(root);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let log = dir.join("build.log");
@@ -128,7 +110,7 @@ pub fn finish_build((mut child, log, started): (std::process::Child, PathBuf, In
 /// Builds every target, then runs the canary and each of `targets` for
 /// `seconds`.
 pub fn run(root: &Path, seconds: u64, targets: &[&str]) -> anyhow::Result<()> {
-    ensure_cargo_fuzz()?;
+    crate::setup::ensure_cargo_fuzz()?;
     let started = Instant::now();
     crate::run(&mut cargo_fuzz(root, "build"))?;
     eprintln!("xtask: fuzz: the targets built in {:.0} s", started.elapsed().as_secs_f64());

@@ -105,8 +105,8 @@ pub fn run_for(needs: Needs) -> anyhow::Result<()> {
         forky_packages()?;
         made.push(format!("the forky root at {FORKY_ROOT}"));
         // The test run fuzzes too.
-        crate::fuzz::ensure_cargo_fuzz()?;
-        made.push(format!("cargo-fuzz {}", crate::fuzz::CARGO_FUZZ_VERSION));
+        ensure_cargo_fuzz()?;
+        made.push(format!("cargo-fuzz {CARGO_FUZZ_VERSION}"));
     }
     made.insert(0, "pyperf".to_owned());
     let made = made.join(", ");
@@ -153,6 +153,24 @@ fn apt_packages() -> anyhow::Result<()> {
     crate::run(
         Command::new("apt-get").env("DEBIAN_FRONTEND", "noninteractive").args(["install", "-y", "-q"]).args(&missing),
     )
+}
+
+/// cargo-fuzz's version, installed by `cargo xtask setup`.
+pub const CARGO_FUZZ_VERSION: &str = "0.13.2";
+
+/// Installs cargo-fuzz unless this version is there.
+pub fn ensure_cargo_fuzz() -> anyhow::Result<()> {
+    let bin = cargo_bin_dir().join("cargo-fuzz");
+    let current = Command::new(&bin).arg("--version").output().ok().filter(|o| o.status.success());
+    if current.is_some_and(|o| String::from_utf8_lossy(&o.stdout).contains(CARGO_FUZZ_VERSION)) {
+        return Ok(());
+    }
+    crate::run(crate::cargo().args(["install", "cargo-fuzz", "--version", CARGO_FUZZ_VERSION, "--locked"]))
+        .context("installing cargo-fuzz")?;
+    if !bin.is_file() {
+        bail!("cargo-fuzz was installed but {} does not exist", bin.display());
+    }
+    Ok(())
 }
 
 pub fn cargo_bin_dir() -> PathBuf {
