@@ -148,7 +148,7 @@ fn usage_errors() {
     );
     assert_bad_input(
         &["attach"],
-        "the following required arguments were not provided: <--pid <PID>|--exe <PATH>|--name <PATTERN>>; see `tracer attach --help`",
+        "the following required arguments were not provided: <--pid <PID>|--exe <PATH>|--name <PATTERN>|--all>; see `tracer attach --help`",
     );
     assert_bad_input(
         &["probes", "--pid", "1", "--exe", "/usr/bin/python3"],
