@@ -366,13 +366,18 @@ pub fn estimate(
     // A share of the target's CPU time over the window, which is at least
     // what the hits cost (they ran on it); without it (`--exe`, whose
     // processes are not known before their first hit), of the window's.
+    // The hits counted may have come a little before the window (during
+    // the attach, or of the probes that went live first) while the target
+    // then slept through it: its clock then shows less than they cost.
+    let high_ns = meter.price_hits(&calls, &returns).map(|(high, _)| high).filter(|_| hits > 0);
+    let over = cpu.map(|c| c.as_secs_f64().max(high_ns.unwrap_or(0.0) / 1e9));
     let of = |ns: f64| {
-        let over = cpu.map_or(window_s, |c| c.as_secs_f64().max(ns / 1e9));
+        let over = over.unwrap_or(window_s);
         if over > 0.0 { ns / 1e9 / over } else { 0.0 }
     };
     // No hit in the window says nothing of the cost (the target was idle
     // then, or between bursts): not a cost of 0.
-    let exact = meter.price_hits(&calls, &returns).map(|(high, _)| of(high)).filter(|_| hits > 0);
+    let exact = high_ns.map(of);
     let budget = config.budget;
     // With a budget (always in the profile) the windows aim at HEADROOM of
     // it, and a quiet target costs less than that traced in full.
@@ -393,7 +398,7 @@ pub fn estimate(
         exact_fraction: exact,
         budget_fraction: budget,
         window_s,
-        cpu_s: cpu.map(|c| c.as_secs_f64()),
+        cpu_s: over,
         hits,
         reason,
         warning: fraction.filter(|f| *f > Cost::HIGH).map(|f| warning(f, config)),
