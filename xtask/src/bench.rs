@@ -119,6 +119,9 @@ pub fn run(root: &Path, tracer: &Path, effort: &str, tracer_args: &[String]) -> 
     // 5. Reading allocators' return values.
     returns_section(&mut md, tracer, &python, &out_root, effort)?;
 
+    // 5b. The soak is `cargo xtask soak`'s (20 minutes): kept as it was.
+    md.push_str(&crate::soak::kept(&root.join("BENCHMARKS.md")));
+
     // 6. tracer's own footprint.
     let (command, own) = footprint(root, tracer)?;
     writeln!(md, "## tracer's own cost while attached\n")?;

@@ -8,6 +8,7 @@
 //! - `test`: setup, build, lint, then every unit and integration test,
 //!   then each fuzz target for a short while
 //! - `fuzz`: each fuzz target over its corpus (docs/fuzzing.md)
+//! - `soak`: tracer attached for minutes to a busy target, in each mode
 
 mod bench;
 mod bench_budget;
@@ -27,6 +28,7 @@ mod lto;
 mod markdown;
 mod production_procs;
 mod setup;
+mod soak;
 
 use std::{
     io::{BufRead as _, BufReader},
@@ -91,6 +93,15 @@ enum Task {
         /// Extra arguments for `cargo test` (e.g. a test name filter).
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
+    },
+    /// Set up, build (release), and attach tracer for MINUTES to a busy 8-thread target in each
+    /// mode, reading its memory and CPU time and the target's rate every minute; writes
+    /// BENCHMARKS.md's soak section, and fails where tracer's memory grew over 5% after the first
+    /// minute or `--exact` lost a count (needs root).
+    Soak {
+        /// How long each mode is attached, in minutes (at least 2).
+        #[arg(long, default_value_t = 10)]
+        minutes: u32,
     },
     /// Build the fuzz targets (fuzz/) and run each over its corpus; fails naming the target and
     /// the input when one crashes.
@@ -196,6 +207,12 @@ fn main() -> anyhow::Result<()> {
             // The plain closing line CI reads, last: "tests: N passed, N failed".
             println!("tests: {} passed, {} failed", totals.passed, totals.failed);
             fuzzed
+        }
+        Task::Soak { minutes } => {
+            setup::run_for(setup::Needs { tests: false })?;
+            require_root("the soak")?;
+            let tracer = build(&root, true)?;
+            soak::run(&root, &tracer, minutes)
         }
         Task::Fuzz { time, only } => {
             let only: Vec<&str> = only.iter().map(String::as_str).collect();
