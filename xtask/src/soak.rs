@@ -265,8 +265,9 @@ fn soak(tracer: &Path, script: &Path, mode: &Mode, minutes: u32, out: &Path) -> 
             let cpu = cpu_s(tracer_pid)?;
             #[allow(clippy::cast_precision_loss, reason = "a count")]
             let rate = (tally - tally_before) as f64 / 60.0;
-            readings.push(Minute { rss_kib: rss_kib(tracer_pid)?, cpu_s: cpu - cpu_before, rate });
-            eprintln!("xtask: soak, {}, minute {minute}: {} KiB, tally {tally}", mode.name, readings[readings.len() - 1].rss_kib);
+            let reading = Minute { rss_kib: rss_kib(tracer_pid)?, cpu_s: cpu - cpu_before, rate };
+            eprintln!("xtask: soak, {}, minute {minute}: {} KiB, tally {tally}", mode.name, reading.rss_kib);
+            readings.push(reading);
             (cpu_before, tally_before) = (cpu, tally);
         }
         go(&mut stdin)?;
