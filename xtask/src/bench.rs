@@ -151,17 +151,7 @@ pub fn run(root: &Path, tracer: &Path, effort: &str, tracer_args: &[String]) -> 
 /// The `## Summary` section of the BENCHMARKS.md at `path`, up to the
 /// next section or the "Written by" paragraph; empty where there is none.
 fn kept_summary(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let Some(start) = text.find("## Summary\n") else { return String::new() };
-    let rest = &text[start..];
-    let end = [rest[1..].find("\n## ").map(|i| i + 2), rest.find("\nWritten by ").map(|i| i + 1)]
-        .into_iter()
-        .flatten()
-        .min()
-        .unwrap_or(rest.len());
-    let mut summary = rest[..end].trim_end().to_owned();
-    summary.push_str("\n\n");
-    summary
+    crate::markdown::kept_section(path, "## Summary\n", Some("\nWritten by "))
 }
 
 struct Footprint {

@@ -66,3 +66,21 @@ pub fn rounds(effort: &str) -> (usize, f64) {
         _ => (5, 0.05),
     }
 }
+
+/// The section of the BENCHMARKS.md at `path` that starts with `heading`,
+/// up to the next `## ` heading or `also_ends` (whichever comes first),
+/// with one blank line after it; empty where there is none. What a full
+/// `cargo xtask bench` keeps of sections it does not write.
+pub fn kept_section(path: &std::path::Path, heading: &str, also_ends: Option<&str>) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let Some(start) = text.find(heading) else { return String::new() };
+    let rest = &text[start..];
+    let end = [rest[1..].find("\n## ").map(|i| i + 2), also_ends.and_then(|e| rest.find(e).map(|i| i + 1))]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(rest.len());
+    let mut kept = rest[..end].trim_end().to_owned();
+    kept.push_str("\n\n");
+    kept
+}

@@ -116,13 +116,7 @@ fn replace_section(text: &str, section: &str) -> String {
 /// The soak section of the BENCHMARKS.md at `path`, to keep across a full
 /// `cargo xtask bench`; empty where there is none.
 pub fn kept(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let Some(start) = text.find(HEADING) else { return String::new() };
-    let rest = &text[start..];
-    let end = rest[1..].find("\n## ").map_or(rest.len(), |i| i + 2);
-    let mut kept = rest[..end].trim_end().to_owned();
-    kept.push_str("\n\n");
-    kept
+    crate::markdown::kept_section(path, HEADING, None)
 }
 
 /// Writes one mode's table; returns what failed.
