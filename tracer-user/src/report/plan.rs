@@ -32,11 +32,16 @@ pub fn table(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
     for p in plan.probes.iter().filter(|p| !p.inline_sites.is_empty()) {
         writeln!(
             out,
-            "  {:<20} also at {} inlined copies (counted as calls; {} on an emulated instruction)",
+            "  {:<20} also at {} inlined copies (counted as calls; {} on an emulated instruction, {} of them moved past the copy's first point; {} single-stepped)",
             p.symbol,
             p.inline_sites.len(),
-            p.inline_sites_emulated
+            p.inline_sites_emulated,
+            p.inline_sites_moved,
+            p.inline_sites_single_stepped,
         )?;
+        for (why, n) in &p.inline_sites_stepped_why {
+            writeln!(out, "  {:<20}   {n} single-stepped: {why}", "")?;
+        }
     }
     for (symbol, c) in plan.probes.iter().filter_map(|p| Some((&p.symbol, p.coverage.as_ref()?))) {
         if c.is_partial() {
