@@ -102,6 +102,7 @@ impl Landings {
 /// The points after `start` on its straight line, each with where `start`'s
 /// size and object are there, and why the line ends. `decode` gives the
 /// instruction at an address.
+#[must_use]
 pub fn follow(
     start: &InlineEntry,
     decode: impl Fn(u64) -> Option<Instruction>,

@@ -65,7 +65,7 @@ pub(super) fn inline_sites(
 ) -> (Vec<InlineSite>, Vec<String>) {
     let mut sites: Vec<InlineSite> = Vec::new();
     let mut unprobed = Vec::new();
-    let copies: Vec<Points> = match image.inlining {
+    let mut copies: Vec<Points> = match image.inlining {
         Some(Inlining::Known { entries, .. }) => entries.get(symbol).cloned().unwrap_or_default(),
         Some(Inlining::Guards { scan, .. }) => match scan.functions.get(symbol) {
             Some(Ok(found)) => found.sites.iter().map(copies::guard_points).collect(),
@@ -73,6 +73,12 @@ pub(super) fn inline_sites(
         },
         _ => Vec::new(),
     };
+    // Copies found twice at one first point (a DWARF entry outside its
+    // copy's ranges that is also a read of the switch in no DWARF copy, as
+    // once in forky's 3.14) are one copy: probed once, with what either
+    // shows of the size and object there.
+    copies.sort_by_key(|p| p.at.first().map(|e| (e.address, e.size.is_none(), e.object.is_none())));
+    copies.dedup_by_key(|p| p.at.first().map(|e| e.address));
     // Where each copy starts: another copy's line stops there, so that no
     // two copies share a probe.
     let origins: HashSet<u64> = copies.iter().filter_map(|p| p.at.first()).map(|p| p.address).collect();
