@@ -53,8 +53,7 @@ pub fn in_data(file: &object::File<'_>, code: &[(u64, u64)], leas: &[u64]) -> Ve
     }
     // A `switch`'s table of offsets from its own start.
     for &base in leas {
-        let Some(&(start, bytes)) =
-            data.iter().find(|(a, b)| (*a..a.saturating_add(b.len() as u64)).contains(&base))
+        let Some(&(start, bytes)) = data.iter().find(|(a, b)| (*a..a.saturating_add(b.len() as u64)).contains(&base))
         else {
             continue;
         };

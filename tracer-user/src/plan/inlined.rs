@@ -41,7 +41,10 @@ impl std::fmt::Display for Stay {
         match self {
             Self::Entry => write!(f, "--placement entry"),
             Self::NoneEmulated(LineEnd::Branch) => {
-                write!(f, "its first basic block has no emulated instruction (it ends in an indirect branch, call or return)")
+                write!(
+                    f,
+                    "its first basic block has no emulated instruction (it ends in an indirect branch, call or return)"
+                )
             }
             Self::NoneEmulated(end) => write!(f, "no emulated instruction before the line ends: {end}"),
             Self::Lost => write!(

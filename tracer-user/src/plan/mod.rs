@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 pub use self::callsites::late_call_sites;
+pub use self::inlined::Stay;
 use self::{
     callsites::{CallSites, place_at_call_sites},
     coverage::{Coverage, coverage, live_coverage, types_coverage},
@@ -29,7 +30,6 @@ use self::{
     placement::Placement,
     returns::{ReturnCosts, ReturnPlan},
 };
-pub use self::inlined::Stay;
 pub use crate::discover::{InlineEntry, Inlining};
 use crate::{
     discover::{elf::ElfImage, modules::Module},
