@@ -137,15 +137,10 @@ pub(super) fn inline_sites(
             }
             stay = Stay::Lost;
         }
-        sites.push(match better {
-            // An operand the program does not read may be lost there: it
-            // is `None` then, never a wrong place.
-            Some(p) => InlineSite { moved: true, ..p },
-            None => {
-                first.stay = Some(stay);
-                first
-            }
-        });
+        // An operand the program does not read may be lost where a copy
+        // moved: it is `None` then, never a wrong place.
+        first.stay = Some(stay);
+        sites.push(better.map_or(first, |p| InlineSite { moved: true, ..p }));
     }
     sites.sort_unstable_by_key(|s| s.offset);
     sites.dedup_by_key(|s| s.offset);
