@@ -7,7 +7,10 @@ use std::{
 };
 
 use super::{
-    DwarfLookup, InlineEntry, Inlining, Points, ResolveError, TargetSpec, debuginfo, elf::ElfImage, guards, inline,
+    DwarfLookup, InlineEntry, Inlining, Points, ResolveError, TargetSpec, debuginfo,
+    elf::ElfImage,
+    guards, inline,
+    line::{self, LineEnd},
     process,
 };
 use crate::python::{self, Abi};
@@ -61,6 +64,14 @@ pub(super) fn find(
         std::fs::read(elf.path()).map_err(|cause| super::elf::ElfError::Read { path: elf.path().to_owned(), cause })?;
     let mut cfa = Cfa::of(&image);
     let functions = Functions::of(&data);
+    // The instruction at a link-time address of the image.
+    let decode = |address: u64| {
+        use iced_x86::{Decoder, DecoderOptions};
+        let offset = usize::try_from(elf.file_offset(address)?).ok()?;
+        let bytes = image.get(offset..image.len().min(offset.saturating_add(16)))?;
+        let insn = Decoder::with_ip(64, bytes, address, DecoderOptions::NONE).decode();
+        (!insn.is_invalid()).then_some(insn)
+    };
     let mut graphs = HashMap::new();
     let mut entered = HashMap::new();
     let entries = found
@@ -87,14 +98,14 @@ pub(super) fn find(
             let all: Vec<u64> = copies
                 .iter()
                 .map(|c| c.entry)
-                .chain(points.iter().chain(&guarded).flat_map(|p| p.iter().map(|e| e.address)))
+                .chain(points.iter().chain(&guarded).flat_map(|p| p.at.iter().map(|e| e.address)))
                 .collect();
             // Copies probed elsewhere than their entry (at the read of a
             // switch) are passed there by every path into them.
             let at_entry: Vec<&inline::Site> = copies
                 .iter()
                 .zip(&points)
-                .filter(|(site, p)| p.len() == 1 && p[0].address == site.entry)
+                .filter(|(site, p)| p.at.len() == 1 && p.at[0].address == site.entry)
                 .map(|(site, _)| *site)
                 .collect();
             let (found, unchecked) = other_entries(&at_entry, (&functions, &all), elf, &image, &mut graphs);
@@ -105,12 +116,19 @@ pub(super) fn find(
                 for address in found.entries {
                     let there = site.entered_at(address);
                     let object = object_operand(&there, &mut cfa);
-                    points.push(vec![InlineEntry { address, size: size_operands(&there, &mut cfa), object }]);
+                    points.push(Points::one(InlineEntry { address, size: size_operands(&there, &mut cfa), object }));
                     other.other += 1;
                 }
                 other.ambiguous.extend(found.ambiguous);
             }
             points.extend(guarded);
+            // The copies probed at an entry, each with the straight line
+            // after it (those probed at a read have theirs).
+            for p in points.iter_mut().filter(|p| p.end == LineEnd::NotFollowed) {
+                let (line, end) = line::follow(&p.at[0], decode, &scan.landings);
+                p.at.extend(line);
+                p.end = end;
+            }
             if other != super::Entered::default() {
                 entered.insert(f.function.clone(), other);
             }
@@ -240,17 +258,17 @@ fn copy_points(
     let entry = InlineEntry { address: site.entry, size: size_operands(site, cfa), object: object_operand(site, cfa) };
     let inside = |s: &inline::Site, a: u64| s.ranges.iter().any(|r| r.contains(&a));
     let mut held = reads.iter().filter(|r| inside(site, r.read.address));
-    let (Some(read), None) = (held.next(), held.next()) else { return vec![entry] };
+    let (Some(read), None) = (held.next(), held.next()) else { return Points::one(entry) };
     let shared = copies.iter().any(|c| !std::ptr::eq(*c, site) && inside(c, read.read.address));
     // The read is taken unless it loses what the entry shows.
     let loses =
         (read.read.size.is_none() && entry.size.is_some()) || (read.read.object.is_none() && entry.object.is_some());
     if shared || loses {
-        return vec![entry];
+        return Points::one(entry);
     }
     // The entry stays the last resort, should no read point be probeable.
     let mut points = guard_points(read);
-    points.push(entry);
+    points.at.push(entry);
     points
 }
 
@@ -258,7 +276,7 @@ fn copy_points(
 /// read, then the instructions on the straight line after it.
 #[must_use]
 pub fn guard_points(site: &guards::GuardSite) -> Points {
-    std::iter::once(site.read).chain(site.later.iter().copied()).collect()
+    Points { at: std::iter::once(site.read).chain(site.later.iter().copied()).collect(), end: site.end }
 }
 
 /// The names of the functions in an ELF file's symbol table, by address.

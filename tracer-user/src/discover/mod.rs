@@ -11,7 +11,9 @@ pub mod growth;
 pub mod guards;
 pub mod impls;
 pub mod inline;
+pub mod landings;
 pub mod libc;
+pub mod line;
 pub mod modules;
 pub mod name;
 pub mod process;
@@ -165,7 +167,23 @@ pub struct Entered {
 /// Where one copy of a function may be probed: each point counts every
 /// call of the copy once; the first is preferred unless a later one is an
 /// instruction the kernel emulates.
-pub type Points = Vec<InlineEntry>;
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Points {
+    /// The first point (the copy's entry, the read of its switch), then
+    /// the later ones on the straight line after it (see [`line`]), then,
+    /// for a copy first probed at its read, its entry as a last resort.
+    pub at: Vec<InlineEntry>,
+    /// Why the line after the first point ends.
+    pub end: line::LineEnd,
+}
+
+impl Points {
+    /// A copy's one point, its line not yet followed.
+    #[must_use]
+    pub fn one(point: InlineEntry) -> Self {
+        Self { at: vec![point], end: line::LineEnd::NotFollowed }
+    }
+}
 
 /// One inlined copy (or out-of-line clone) of a function, or a point in it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -135,7 +135,8 @@ fn a_refused_offset_is_left_out_and_reported() {
     // An 0x06 byte inside its `movabs`: no instruction in 64-bit mode.
     let inside = code.iter().skip(1).position(|&b| b == 0x06).expect("an 0x06 byte") as u64 + 1;
     let bad = never.file_offset + inside;
-    let site = |offset| plan::InlineSite { offset, size: None, object: None, emulated: false };
+    let site =
+        |offset| plan::InlineSite { offset, size: None, object: None, emulated: false, moved: false, stay: None };
     plan.probes[0].inline_sites = vec![site(never.file_offset), site(bad)];
     let mut session = Session::load(plan, std::process::id(), &LoadOptions::default()).expect("the object loads");
     session.prepare(true).expect("programs load");
@@ -174,6 +175,8 @@ fn a_size_in_a_stack_slot_is_read_from_memory() {
         offset: seven.file_offset,
         size: Some((first, site::NONE, offset)),
         emulated: false,
+        moved: false,
+        stay: None,
     }];
     let mut session = Session::load(plan, std::process::id(), &LoadOptions::default()).expect("the object loads");
     session.prepare(true).expect("programs load");

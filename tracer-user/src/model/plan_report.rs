@@ -66,6 +66,15 @@ impl PlanReport {
                 returns: p.returns.clone(),
                 inline_sites: p.inline_sites.iter().map(|s| s.offset).collect(),
                 inline_sites_emulated: p.inline_sites.iter().filter(|s| s.emulated).count(),
+                inline_sites_single_stepped: p.inline_sites.iter().filter(|s| !s.emulated).count(),
+                inline_sites_moved: p.inline_sites.iter().filter(|s| s.moved).count(),
+                inline_sites_stepped_why: p.inline_sites.iter().filter_map(|s| s.stay).fold(
+                    std::collections::BTreeMap::new(),
+                    |mut why, stay| {
+                        *why.entry(stay.to_string()).or_default() += 1;
+                        why
+                    },
+                ),
                 coverage: Some(p.coverage.clone()),
                 file: p.file.as_ref().map(|f| f.display_path.display().to_string()),
                 nested_sites: p.nested_sites.clone(),
@@ -124,6 +133,18 @@ pub struct PlannedProbeReport {
     /// rest are single-stepped, at several times the cost of a hit).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub inline_sites_emulated: usize,
+    /// How many are single-stepped.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub inline_sites_single_stepped: usize,
+    /// How many of the emulated ones are probed past the copy's first
+    /// point, on the straight line after it, where what the probe reads
+    /// was followed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub inline_sites_moved: usize,
+    /// Why the single-stepped ones are not moved: each reason, with how
+    /// many copies it holds back.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub inline_sites_stepped_why: std::collections::BTreeMap<String, usize>,
     /// What the counts will cover.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub coverage: Option<Coverage>,

@@ -1,23 +1,74 @@
-//! Which inlined copies of a function are probed: for each copy the
-//! DWARF or the reads of its switch give, the first point that can take a
-//! probe, or a later one the kernel emulates where the size and object are
-//! still known there; and, for each copy left out, why.
+//! Which inlined copies of a function are probed, and where: for each copy
+//! the DWARF or the reads of its switch give, its first point that can
+//! take a probe, or, when the kernel would single-step that one, the first
+//! later point on the straight line after it (see
+//! [`line`](crate::discover::line)) that the kernel emulates and where
+//! what the probe's program reads is still known; and, for each copy left
+//! out, why. A copy that stays single-stepped says why.
+
+use std::collections::HashSet;
 
 use super::{ImageRef, InlineEntry, InlineSite, Inlining, placement};
-use crate::discover::copies;
+use crate::discover::{Points, copies, line::LineEnd};
+
+/// What a copy's program reads, which a moved probe must still find.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reads {
+    /// The size (a program that counts bytes).
+    pub size: bool,
+    /// The object or block (`--types`, `--live`'s frees and reallocs).
+    pub object: bool,
+}
+
+/// Why a copy is probed at an instruction the kernel single-steps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stay {
+    /// `--placement entry`.
+    Entry,
+    /// No instruction on its straight line is emulated; the line ends as
+    /// said.
+    NoneEmulated(LineEnd),
+    /// The line's emulated instructions come after what the program reads
+    /// is overwritten (or moved where tracer does not follow it).
+    Lost,
+    /// Another copy of the function starts on the line before any
+    /// emulated instruction (the two would share a probe).
+    OtherCopy,
+}
+
+impl std::fmt::Display for Stay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Entry => write!(f, "--placement entry"),
+            Self::NoneEmulated(LineEnd::Branch) => {
+                write!(
+                    f,
+                    "its first basic block has no emulated instruction (it ends in an indirect branch, call or return)"
+                )
+            }
+            Self::NoneEmulated(end) => write!(f, "no emulated instruction before the line ends: {end}"),
+            Self::Lost => write!(
+                f,
+                "what its program reads is overwritten before the first emulated instruction (or kept where tracer does not follow it)"
+            ),
+            Self::OtherCopy => write!(f, "another copy starts on its line before an emulated instruction"),
+        }
+    }
+}
 
 /// The inlined copies of `symbol` that can be probed, and why each of the
-/// others cannot.
+/// others cannot. With `moving` false (`--placement entry`), each at its
+/// first probeable point; else moved as the module says, keeping what
+/// `reads` says the program reads.
 pub(super) fn inline_sites(
     image: ImageRef<'_>,
     symbol: &str,
     kernel: placement::KernelVersion,
+    (moving, reads): (bool, Reads),
 ) -> (Vec<InlineSite>, Vec<String>) {
     let mut sites: Vec<InlineSite> = Vec::new();
     let mut unprobed = Vec::new();
-    // Each copy with the points it may be probed at, the first preferred
-    // unless a later one is emulated.
-    let copies: Vec<Vec<InlineEntry>> = match image.inlining {
+    let mut copies: Vec<Points> = match image.inlining {
         Some(Inlining::Known { entries, .. }) => entries.get(symbol).cloned().unwrap_or_default(),
         Some(Inlining::Guards { scan, .. }) => match scan.functions.get(symbol) {
             Some(Ok(found)) => found.sites.iter().map(copies::guard_points).collect(),
@@ -25,6 +76,15 @@ pub(super) fn inline_sites(
         },
         _ => Vec::new(),
     };
+    // Copies found twice at one first point (a DWARF entry outside its
+    // copy's ranges that is also a read of the switch in no DWARF copy, as
+    // once in forky's 3.14) are one copy: probed once, with what either
+    // shows of the size and object there.
+    copies.sort_by_key(|p| p.at.first().map(|e| (e.address, e.size.is_none(), e.object.is_none())));
+    copies.dedup_by_key(|p| p.at.first().map(|e| e.address));
+    // Where each copy starts: another copy's line stops there, so that no
+    // two copies share a probe.
+    let origins: HashSet<u64> = copies.iter().filter_map(|p| p.at.first()).map(|p| p.address).collect();
     for points in copies {
         let code = |entry: &InlineEntry| {
             let offset = image.elf.file_offset(entry.address).ok_or("is in no file-backed segment".to_owned())?;
@@ -35,29 +95,52 @@ pub(super) fn inline_sites(
                 size: entry.size,
                 object: entry.object,
                 emulated: emulated_at(&code, kernel),
+                moved: false,
+                stay: None,
             })
         };
-        // The first point that can be probed, or a later one the kernel
-        // emulates where the size (if the first has one) is still known.
         let mut why = None;
-        let mut probeable =
-            points.iter().filter_map(|p| code(p).map_err(|e| why = why.take().or(Some((p.address, e)))).ok());
-        let Some(first) = probeable.next() else {
+        let mut probeable = points.at.iter().filter_map(|p| {
+            code(p).map(|site| (p.address, site)).map_err(|e| why = why.take().or(Some((p.address, e)))).ok()
+        });
+        let Some((start, mut first)) = probeable.next() else {
             if let Some((address, why)) = why {
                 unprobed.push(format!("{address:#x}: {why}"));
             }
             continue;
         };
-        let better = if first.emulated {
-            None
-        } else {
-            probeable.find(|p| {
-                p.emulated
-                    && (first.size.is_none() || p.size.is_some())
-                    && (first.object.is_none() || p.object.is_some())
-            })
+        if first.emulated {
+            sites.push(first);
+            continue;
+        }
+        if !moving {
+            sites.push(InlineSite { stay: Some(Stay::Entry), ..first });
+            continue;
+        }
+        let keeps = |p: &InlineSite| {
+            (!reads.size || first.size.is_none() || p.size.is_some())
+                && (!reads.object || first.object.is_none() || p.object.is_some())
         };
-        sites.push(better.unwrap_or(first));
+        let mut stay = Stay::NoneEmulated(points.end);
+        let mut better = None;
+        for (address, p) in probeable {
+            if address != start && origins.contains(&address) {
+                stay = Stay::OtherCopy;
+                break;
+            }
+            if !p.emulated {
+                continue;
+            }
+            if keeps(&p) {
+                better = Some(p);
+                break;
+            }
+            stay = Stay::Lost;
+        }
+        // An operand the program does not read may be lost where a copy
+        // moved: it is `None` then, never a wrong place.
+        first.stay = Some(stay);
+        sites.push(better.map_or(first, |p| InlineSite { moved: true, ..p }));
     }
     sites.sort_unstable_by_key(|s| s.offset);
     sites.dedup_by_key(|s| s.offset);

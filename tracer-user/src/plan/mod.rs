@@ -10,7 +10,7 @@ pub mod callsites;
 pub mod coverage;
 pub mod gc;
 pub mod growth;
-mod inlined;
+pub mod inlined;
 mod live;
 pub mod native;
 pub mod placement;
@@ -21,10 +21,11 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 pub use self::callsites::late_call_sites;
+pub use self::inlined::Stay;
 use self::{
     callsites::{CallSites, place_at_call_sites},
     coverage::{Coverage, coverage, live_coverage, types_coverage},
-    inlined::inline_sites,
+    inlined::{Reads, inline_sites},
     live::{live_fix, live_impls, live_role, place_with_live},
     placement::Placement,
     returns::{ReturnCosts, ReturnPlan},
@@ -61,7 +62,8 @@ pub enum PlacementMode {
     /// same calls (see [`placement`]).
     #[default]
     Auto,
-    /// At the function's first instruction.
+    /// At the function's first instruction, and each inlined copy at its
+    /// first point (its entry, or the read of its switch).
     Entry,
     /// As `Auto`, except that a function whose probe would be
     /// single-stepped is probed at every call to it, when that sees every
@@ -101,6 +103,12 @@ pub struct InlineSite {
     /// Whether the kernel emulates the probed instruction (else it
     /// single-steps it).
     pub emulated: bool,
+    /// Whether it is probed past its first point, on the straight line
+    /// after it (see `discover::line`), to be at an emulated instruction.
+    pub moved: bool,
+    /// Where single-stepped, why it is not moved to an emulated
+    /// instruction.
+    pub stay: Option<Stay>,
 }
 
 /// The interpreter image to plan for.
@@ -359,7 +367,19 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
                 Err(e) => ReturnPlan::Uretprobe { reason: format!("the code could not be read ({e})") },
             }
         });
-        let (mut inline_sites, mut unprobed) = inline_sites(image, spec.symbol, kernel);
+        // What the copies' programs read (as `kernel::links` gives them
+        // their programs): the size where bytes are counted, the object or
+        // block with --types and for --live's frees and reallocs.
+        let live = options.live.then(|| live_role(spec)).flatten();
+        let reads = Reads {
+            size: own.counts_bytes(),
+            object: matches!(own, Program::CountObject | Program::FreeObject)
+                || live.is_some_and(|r| {
+                    matches!(r.api(), tracer_common::live::Role::FREE | tracer_common::live::Role::REALLOC)
+                }),
+        };
+        let moving = options.placement != PlacementMode::Entry;
+        let (mut inline_sites, mut unprobed) = inline_sites(image, spec.symbol, kernel, (moving, reads));
         // pyenv's 3.13.0 has no DWARF for `_Py_NewReferenceNoTotal`'s
         // code, whose read of the reference tracer is then taken for a copy
         // of `_Py_NewReference`: counted there, unless it is probed itself.
@@ -384,7 +404,6 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
             }
             _ => {}
         }
-        let live = options.live.then(|| live_role(spec)).flatten();
         if live.is_some() {
             live_coverage(&mut coverage, &inline_sites, !image.implementations.is_empty());
         }

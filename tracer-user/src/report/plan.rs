@@ -14,6 +14,27 @@ pub fn json(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
     writeln!(out)
 }
 
+/// Per probe with inlined copies: how many are on an emulated instruction,
+/// how many of those were moved there, how many are single-stepped and
+/// why.
+fn inlined_copies(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
+    for p in plan.probes.iter().filter(|p| !p.inline_sites.is_empty()) {
+        writeln!(
+            out,
+            "  {:<20} also at {} inlined copies (counted as calls; {} on an emulated instruction, {} of them moved past the copy's first point; {} single-stepped)",
+            p.symbol,
+            p.inline_sites.len(),
+            p.inline_sites_emulated,
+            p.inline_sites_moved,
+            p.inline_sites_single_stepped,
+        )?;
+        for (why, n) in &p.inline_sites_stepped_why {
+            writeln!(out, "  {:<20}   {n} single-stepped: {why}", "")?;
+        }
+    }
+    Ok(())
+}
+
 /// Writes `plan` as a table.
 pub fn table(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
     writeln!(out, "{} (Python {})", plan.image, plan.python)?;
@@ -29,15 +50,7 @@ pub fn table(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
             p.reason
         )?;
     }
-    for p in plan.probes.iter().filter(|p| !p.inline_sites.is_empty()) {
-        writeln!(
-            out,
-            "  {:<20} also at {} inlined copies (counted as calls; {} on an emulated instruction)",
-            p.symbol,
-            p.inline_sites.len(),
-            p.inline_sites_emulated
-        )?;
-    }
+    inlined_copies(out, plan)?;
     for (symbol, c) in plan.probes.iter().filter_map(|p| Some((&p.symbol, p.coverage.as_ref()?))) {
         if c.is_partial() {
             let fix = c.fix.as_ref().map_or(String::new(), |f| format!("; fix: {f}"));

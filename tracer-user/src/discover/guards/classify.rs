@@ -19,8 +19,6 @@ use crate::{discover::InlineEntry, python::Guard};
 const MAX_PATH: usize = 96;
 /// Instructions all walks from one site follow together.
 const MAX_WALK: usize = 600;
-/// How many instructions past a site a probe may move.
-const MAX_LATER: usize = 4;
 
 /// `PyRefTracer_CREATE` and `PyRefTracer_DESTROY`, the event the reference
 /// tracer is passed (Include/cpython/object.h, `PyRefTracerEvent`, at
@@ -272,20 +270,11 @@ impl Code<'_> {
             size: call.and_then(|c| size_operands(c, at, wanted.size)),
             object: call.zip(wanted.object).and_then(|(c, arg)| object_operand(c, at, arg)),
         };
-        let mut found = GuardSite { read: entry(read.ip(), &identity), later: Vec::new() };
+        let read = entry(read.ip(), &identity);
         // The instructions after the read, while each is reached from the
-        // read alone: none is a branch target, none before is a branch.
-        let mut state = identity;
-        let mut prev = read;
-        for later in self.instructions.iter().skip(i + 1).take(MAX_LATER) {
-            if prev.flow_control() != FlowControl::Next || self.targets.contains(&later.ip()) {
-                break;
-            }
-            step(&prev, &mut state);
-            found.later.push(entry(later.ip(), &state));
-            prev = *later;
-        }
-        found
+        // read alone, with the size and object followed there.
+        let (later, end) = crate::discover::line::follow(&read, |a| self.at(a), &self.targets);
+        GuardSite { read, later, end }
     }
 }
 

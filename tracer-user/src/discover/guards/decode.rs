@@ -7,12 +7,13 @@
 use std::{
     collections::{HashMap, HashSet},
     path::Path,
+    sync::Arc,
 };
 
 use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction};
 use object::{Object as _, ObjectSection as _, ObjectSymbol as _, SectionFlags, SymbolKind};
 
-use crate::discover::elf::ElfError;
+use crate::discover::{elf::ElfError, line::Landings};
 
 /// The executable sections of an image, decoded once.
 pub(super) struct Code<'a> {
@@ -20,8 +21,10 @@ pub(super) struct Code<'a> {
     sections: Vec<(u64, &'a [u8])>,
     /// Every decoded instruction, by address.
     pub(super) instructions: Vec<Instruction>,
-    /// Every address a direct branch or call lands on.
-    pub(super) targets: HashSet<u64>,
+    /// Every address a direct branch or call lands on, and, from a
+    /// parsed file, every code address its data names (see
+    /// [`landings`](crate::discover::landings)).
+    pub(super) targets: Landings,
     /// Defined functions by name: (address, size).
     pub(super) symbols: HashMap<String, (u64, u64)>,
     /// Their ranges, sorted by start.
@@ -55,6 +58,17 @@ impl<'a> Code<'a> {
         let mut code = Self::decode(sections);
         code.add_symbols(&file);
         code.unsynced = code.unsynced_functions(&file);
+        let ranges: Vec<(u64, u64)> =
+            code.sections.iter().map(|&(a, b)| (a, a.saturating_add(b.len() as u64))).collect();
+        let leas: Vec<u64> = code
+            .instructions
+            .iter()
+            .filter(|i| i.mnemonic() == iced_x86::Mnemonic::Lea && i.is_ip_rel_memory_operand())
+            .map(Instruction::ip_rel_memory_address)
+            .collect();
+        let mut targets = std::mem::take(&mut code.targets.0);
+        Arc::make_mut(&mut targets).extend(crate::discover::landings::in_data(&file, &ranges, &leas));
+        code.targets = Landings(targets);
         Ok(code)
     }
 
@@ -106,7 +120,7 @@ impl<'a> Code<'a> {
         Self {
             sections,
             instructions,
-            targets,
+            targets: Landings(Arc::new(targets)),
             symbols: HashMap::new(),
             ranges: Vec::new(),
             data: HashMap::new(),

@@ -40,7 +40,11 @@ use self::{
     decode::Code,
     registers::{RDI, RSI},
 };
-use super::{InlineEntry, elf::ElfError};
+use super::{
+    InlineEntry,
+    elf::ElfError,
+    line::{Landings, LineEnd},
+};
 use crate::python::Guard;
 
 /// What the scan found for one function.
@@ -74,8 +78,11 @@ pub struct GuardSite {
     pub read: InlineEntry,
     /// Later instructions on the same straight line, which every pass
     /// through the read reaches exactly once and no branch enters, each with
-    /// where the size is there: a probe may go to one the kernel emulates.
+    /// where the size is there: a probe may go to one the kernel emulates
+    /// (see [`line`](crate::discover::line)).
     pub later: Vec<InlineEntry>,
+    /// Why the line ends where it does.
+    pub end: LineEnd,
 }
 
 /// Where the two routes to a function's copies disagree: the DWARF's
@@ -127,6 +134,8 @@ pub struct Scan {
     /// The scanned image.
     pub path: PathBuf,
     pub functions: HashMap<String, Result<Found, NotFound>>,
+    /// Where control may land in its code other than by falling through.
+    pub landings: Landings,
 }
 
 /// A probed function and how its copies can be found.
@@ -246,7 +255,7 @@ pub fn scan_image(
         code.add_symbols(&file);
     }
     let functions = wanted.iter().map(|w| (w.function.to_owned(), code.find(w))).collect();
-    Ok(Scan { path: path.to_owned(), functions })
+    Ok(Scan { path: path.to_owned(), functions, landings: code.targets.clone() })
 }
 
 /// A named function or data symbol: name, address, size.

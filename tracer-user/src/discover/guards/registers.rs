@@ -32,25 +32,7 @@ pub(super) const RDI: usize = 5;
 
 /// The DWARF x86-64 number of a general-purpose register.
 fn dwarf(register: Register) -> Option<usize> {
-    Some(match register.full_register() {
-        Register::RAX => 0,
-        Register::RDX => 1,
-        Register::RCX => 2,
-        Register::RBX => 3,
-        Register::RSI => 4,
-        Register::RDI => 5,
-        Register::RBP => 6,
-        Register::RSP => 7,
-        Register::R8 => 8,
-        Register::R9 => 9,
-        Register::R10 => 10,
-        Register::R11 => 11,
-        Register::R12 => 12,
-        Register::R13 => 13,
-        Register::R14 => 14,
-        Register::R15 => 15,
-        _ => return None,
-    })
+    crate::discover::line::dwarf(register).map(usize::from)
 }
 
 /// The static address `insn` reads, if it reads one (rip-relative, or an

@@ -1,0 +1,112 @@
+use iced_x86::{Decoder, DecoderOptions};
+
+use super::*;
+
+const AT: u64 = 0x1000;
+
+/// The line from the first instruction of `code` (at [`AT`]) with `size`
+/// and `object` there, and `landings`.
+fn line(
+    code: &[u8],
+    size: Option<(u8, u8, u16)>,
+    object: Option<(u8, u16)>,
+    landings: &[u64],
+) -> (Vec<InlineEntry>, LineEnd) {
+    let decode = |address: u64| {
+        let offset = usize::try_from(address.checked_sub(AT)?).ok()?;
+        let mut decoder = Decoder::with_ip(64, code.get(offset..)?, address, DecoderOptions::NONE);
+        let insn = decoder.decode();
+        (!insn.is_invalid()).then_some(insn)
+    };
+    let landings = Landings(Arc::new(landings.iter().copied().collect()));
+    follow(&InlineEntry { address: AT, size, object }, decode, &landings)
+}
+
+fn reg(n: u16) -> u8 {
+    site::register(n).unwrap_or(NONE)
+}
+
+const RDI: u16 = 5;
+const RBX: u16 = 3;
+const RSI: u16 = 4;
+
+// mov 0x10(%rip),%rax; mov %rdi,%rbx; mov $1,%edi; test %rax,%rax; jne +0x10
+const NEW_REFERENCE: &[u8] =
+    &[0x48, 0x8b, 0x05, 0x10, 0, 0, 0, 0x48, 0x89, 0xfb, 0xbf, 1, 0, 0, 0, 0x48, 0x85, 0xc0, 0x75, 0x10];
+
+#[test]
+fn a_register_moved_before_it_is_overwritten_is_read_from_its_new_home() {
+    let (points, end) = line(NEW_REFERENCE, None, Some((reg(RDI), 0)), &[]);
+    let seen: Vec<(u64, Option<(u8, u16)>)> = points.iter().map(|p| (p.address - AT, p.object)).collect();
+    assert_eq!(
+        seen,
+        [(7, Some((reg(RDI), 0))), (10, Some((reg(RDI), 0))), (15, Some((reg(RBX), 0))), (18, Some((reg(RBX), 0)))]
+    );
+    assert_eq!(end, LineEnd::Branch);
+}
+
+#[test]
+fn the_line_ends_before_a_landing_or_an_endbr64() {
+    let (points, end) = line(NEW_REFERENCE, None, None, &[AT + 15]);
+    assert_eq!(points.iter().map(|p| p.address - AT).collect::<Vec<_>>(), [7, 10]);
+    assert_eq!(end, LineEnd::Landing(AT + 15));
+    // The first point itself may be landed on: that is its own entry.
+    assert_eq!(line(NEW_REFERENCE, None, None, &[AT]).0.len(), 4);
+    // mov %rdi,%rbx; endbr64; jmp
+    let (points, end) = line(&[0x48, 0x89, 0xfb, 0xf3, 0x0f, 0x1e, 0xfa, 0xeb, 0], None, None, &[]);
+    assert!(points.is_empty() && end == LineEnd::Landing(AT + 3), "{points:?} {end:?}");
+}
+
+#[test]
+fn a_size_spilled_to_the_stack_is_followed_across_pushes() {
+    // push %rbx; sub $0x10,%rsp; mov %rdi,0x8(%rsp); xor %edi,%edi; jmp
+    let code = [0x53, 0x48, 0x83, 0xec, 0x10, 0x48, 0x89, 0x7c, 0x24, 0x08, 0x31, 0xff, 0xeb, 0];
+    let (points, end) = line(&code, Some((reg(RDI), NONE, 0)), None, &[]);
+    let last = points.last().expect("points");
+    assert_eq!((last.address - AT, end), (12, LineEnd::Branch));
+    // 0x8 above the stack pointer there.
+    assert_eq!(last.size, Some((MEMORY + 8, NONE, 8)));
+    // A size the DWARF puts on the stack moves with the stack pointer.
+    let (points, _) = line(&[0x53, 0xeb, 0], Some((MEMORY + 8, NONE, 16)), None, &[]);
+    assert_eq!(points[0].size, Some((MEMORY + 8, NONE, 24)));
+}
+
+#[test]
+fn a_slot_is_dropped_where_the_stack_pointer_or_the_store_cannot_be_followed() {
+    // and $-16,%rsp; jmp
+    let (points, _) = line(&[0x48, 0x83, 0xe4, 0xf0, 0xeb, 0], Some((MEMORY + 8, NONE, 16)), None, &[]);
+    assert_eq!(points[0].size, None);
+    // movq $1,(%rax); jmp: the store may be to the slot.
+    let (points, _) = line(&[0x48, 0xc7, 0, 1, 0, 0, 0, 0xeb, 0], None, Some((MEMORY + 8, 16)), &[]);
+    assert_eq!(points[0].object, None);
+    // A store to another slot leaves it.
+    // mov %rax,0x20(%rsp); jmp
+    let (points, _) = line(&[0x48, 0x89, 0x44, 0x24, 0x20, 0xeb, 0], None, Some((MEMORY + 8, 16)), &[]);
+    assert_eq!(points[0].object, Some((MEMORY + 8, 16)));
+}
+
+#[test]
+fn a_32_bit_move_is_no_copy() {
+    // mov %edi,%eax; xor %edi,%edi; jmp
+    let (points, _) = line(&[0x89, 0xf8, 0x31, 0xff, 0xeb, 0], Some((reg(RDI), NONE, 0)), None, &[]);
+    assert_eq!(points.last().expect("points").size, None);
+}
+
+#[test]
+fn both_factors_of_a_calloc_are_followed() {
+    // mov %rdi,%rsi; xor %edi,%edi; jmp
+    let (points, _) = line(&[0x48, 0x89, 0xfe, 0x31, 0xff, 0xeb, 0], Some((reg(RDI), CONSTANT, 8)), None, &[]);
+    assert_eq!(points.last().expect("points").size, Some((reg(RSI), CONSTANT, 8)));
+    // A constant size is known anywhere.
+    let (points, _) = line(&[0x31, 0xff, 0xeb, 0], Some((CONSTANT, NONE, 56)), None, &[]);
+    assert_eq!(points[0].size, Some((CONSTANT, NONE, 56)));
+}
+
+#[test]
+fn the_line_stops_at_its_limit_and_where_code_ends() {
+    let nops = vec![0x90; MAX_LINE + 8];
+    let (points, end) = line(&nops, None, None, &[]);
+    assert_eq!((points.len(), end), (MAX_LINE, LineEnd::Limit));
+    let (points, end) = line(&[0x90, 0x90], None, None, &[]);
+    assert_eq!((points.len(), end), (1, LineEnd::Undecodable));
+}
