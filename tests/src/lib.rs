@@ -638,8 +638,16 @@ impl TracerRun {
     /// Starts `tracer ARGS`.
     #[must_use]
     pub fn start(args: &[&str]) -> Self {
+        Self::start_env(args, &[])
+    }
+
+    /// Starts `tracer ARGS` with `env` added to its environment (a test
+    /// knob such as `TRACER_TEST_FULL_MAPS`, docs/development.md).
+    #[must_use]
+    pub fn start_env(args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(tracer_bin())
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
