@@ -205,6 +205,9 @@ fn collections_that_find_the_gc_totals_full_are_counted_in_gc_full() {
     let table = table.as_str().expect("the table");
     let misses = table.lines().rev().find(|l| l.starts_with("  BPF misses: ")).unwrap_or_else(|| panic!("{table}"));
     assert_eq!(misses, format!("  BPF misses: gc_full={} (some events were NOT counted)", 4 * N), "{table}");
+    let partial =
+        format!("  gc PARTIAL: {} collections found the GC totals map full: they are not counted here (gc_full)", 4 * N);
+    assert!(table.lines().any(|l| l == partial), "{table}");
 }
 
 /// `--native` with the map of nested calls in flight full: glibc's
@@ -230,6 +233,15 @@ fn nested_calls_that_find_their_map_full_are_counted_in_nested_full() {
     // The body's own: one malloc and four frees an iteration.
     assert_eq!(calls(&two, "malloc") - calls(&one, "malloc"), 2 * N);
     assert_eq!(calls(&two, "free") - calls(&one, "free"), 5 * N);
+    let table = with_full_maps("NESTED", N, Body::Native, &["--native"]);
+    let table = table.as_str().expect("the table");
+    let partial = table.lines().rev().find(|l| l.starts_with("  nested PARTIAL: ")).unwrap_or_else(|| panic!("{table}"));
+    assert!(
+        partial.ends_with(
+            " nested calls found the map of nested calls full: each is counted again under its function above (nested_full)"
+        ),
+        "{partial}"
+    );
 }
 
 /// `--native-stacks` with the native stacks map full: each event whose

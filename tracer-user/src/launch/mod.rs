@@ -149,10 +149,10 @@ impl Child {
             cmd.pre_exec(|| {
                 // The program is the user's: tracer's ambient capabilities
                 // (as another user than root) are not passed on to it.
-                let clear_all = libc::c_ulong::try_from(libc::PR_CAP_AMBIENT_CLEAR_ALL).unwrap_or(0);
-                if libc::prctl(libc::PR_CAP_AMBIENT, clear_all, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong)
-                    == -1
-                {
+                // Every argument a full register: the kernel refuses stray bits.
+                let clear_all = libc::c_ulong::from(libc::PR_CAP_AMBIENT_CLEAR_ALL.unsigned_abs());
+                let zero: libc::c_ulong = 0;
+                if libc::prctl(libc::PR_CAP_AMBIENT, clear_all, zero, zero, zero) == -1 {
                     return Err(io::Error::last_os_error());
                 }
                 let none = std::ptr::null_mut::<libc::c_void>();
