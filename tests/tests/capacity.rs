@@ -12,6 +12,8 @@
 //! workload that needed one: N more iterations, exactly N times the body's
 //! events more.
 
+use std::time::Duration;
+
 use serde_json::Value;
 use tracer_tests::{Aslr, Body, Exit, TracerRun, Workload, require_root, shared_python, traced_until_done};
 
@@ -134,7 +136,9 @@ fn with_full_maps(full: &str, n: u64, body: Body, args: &[&str]) -> Value {
     all.extend_from_slice(args);
     let json = args.contains(&"--json");
     let tracer = TracerRun::start_env(&all, &[(FULL_MAPS, full)]);
-    let first = tracer.stdout.next_line("the attached line or the table's header");
+    // --native-stacks reads every module's unwind tables first: about 20 s
+    // alone in a debug build, more beside the other tests.
+    let first = tracer.stdout.next_line_within("the attached line or the table's header", Duration::from_mins(5));
     assert!(first.is_some(), "tracer ended before attaching with {FULL_MAPS}={full}: {:?}", tracer.finish().2);
     workload.go();
     workload.finish();
