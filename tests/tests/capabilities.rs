@@ -80,8 +80,8 @@ fn check(pid: u32, names: &[&str]) {
     let mut last = Vec::new();
     for _ in 0..600 {
         last = threads(pid);
-        let named = names.iter().all(|n| last.iter().any(|t| t.name == *n));
-        if named && last.iter().all(|t| t.name != "calibrate" && conforms(t)) {
+        let all_there = names.iter().all(|n| last.iter().any(|t| t.name == *n));
+        if all_there && last.iter().all(|t| t.name != "calibrate" && conforms(t)) {
             return;
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
@@ -115,7 +115,7 @@ fn calls(summary: &Value, probe: &str) -> u64 {
 
 /// `--exact`: every thread holds what the docs list, and N against 2N
 /// iterations of the objects body count exactly 4N more new references
-/// and N more `PyObject_Malloc` calls (tests/tests/exact_counts.rs pins
+/// and N more `PyObject_Malloc` calls (`tests/tests/exact_counts.rs` pins
 /// the body's).
 #[test]
 fn exact_tracing_keeps_only_the_documented_capabilities_and_counts_exactly() {

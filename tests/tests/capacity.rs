@@ -169,8 +169,8 @@ fn only_miss(summary: &Value, name: &str) {
 
 /// The counters map full: every hit of every probe is counted in
 /// `map_full` instead of its probe, so N more iterations of the objects
-/// body give exactly N times its 13 hits more there (tests/tests/
-/// exact_counts.rs pins them: 4 new references, 3 deallocations, a
+/// body give exactly N times its 13 hits more there
+/// (`tests/tests/exact_counts.rs` pins them: 4 new references, 3 deallocations, a
 /// `PyObject_Malloc`, two `PyObject_Free`, a `PyObject_Realloc`, a
 /// `PyMem_RawMalloc` and a `PyMem_RawFree`), and no probe counts a call.
 #[test]
@@ -209,8 +209,10 @@ fn collections_that_find_the_gc_totals_full_are_counted_in_gc_full() {
     let table = table.as_str().expect("the table");
     let misses = table.lines().rev().find(|l| l.starts_with("  BPF misses: ")).unwrap_or_else(|| panic!("{table}"));
     assert_eq!(misses, format!("  BPF misses: gc_full={} (some events were NOT counted)", 4 * N), "{table}");
-    let partial =
-        format!("  gc PARTIAL: {} collections found the GC totals map full: they are not counted here (gc_full)", 4 * N);
+    let partial = format!(
+        "  gc PARTIAL: {} collections found the GC totals map full: they are not counted here (gc_full)",
+        4 * N
+    );
     assert!(table.lines().any(|l| l == partial), "{table}");
 }
 
@@ -239,7 +241,8 @@ fn nested_calls_that_find_their_map_full_are_counted_in_nested_full() {
     assert_eq!(calls(&two, "free") - calls(&one, "free"), 5 * N);
     let table = with_full_maps("NESTED", N, Body::Native, &["--native"]);
     let table = table.as_str().expect("the table");
-    let partial = table.lines().rev().find(|l| l.starts_with("  nested PARTIAL: ")).unwrap_or_else(|| panic!("{table}"));
+    let partial =
+        table.lines().rev().find(|l| l.starts_with("  nested PARTIAL: ")).unwrap_or_else(|| panic!("{table}"));
     assert!(
         partial.ends_with(
             " nested calls found the map of nested calls full: each is counted again under its function above (nested_full)"
@@ -273,12 +276,15 @@ fn native_stacks_that_find_their_map_full_are_counted_in_native_full() {
 #[test]
 fn the_full_maps_knob_refuses_what_it_cannot_fill() {
     require_root();
-    for (full, why) in [("GC_RUNNING", "GC_RUNNING: a LruHash map cannot be filled"), ("NO_SUCH", "NO_SUCH: no such map")] {
+    for (full, why) in
+        [("GC_RUNNING", "GC_RUNNING: a LruHash map cannot be filled"), ("NO_SUCH", "NO_SUCH: no such map")]
+    {
         let python = shared_python();
         let mut workload = Workload::once(&python, 1, Body::Objects, Exit::Immediate, Aslr::On);
         workload.wait_blocked_on_stdin();
         let pid = workload.pid().to_string();
-        let tracer = TracerRun::start_env(&["attach", "--exact", "--pid", &pid, "--duration", "1"], &[(FULL_MAPS, full)]);
+        let tracer =
+            TracerRun::start_env(&["attach", "--exact", "--pid", &pid, "--duration", "1"], &[(FULL_MAPS, full)]);
         let (status, _, stderr) = tracer.finish();
         assert_eq!(status.code(), Some(1), "{stderr}");
         assert!(stderr.contains(&format!("TRACER_TEST_FULL_MAPS (a test-only knob): {why}")), "{stderr}");

@@ -235,9 +235,15 @@ fn soak(tracer: &Path, script: &Path, mode: &Mode, minutes: u32, out: &Path) -> 
         let mut args = vec!["attach", "--pid", &pid, "--json", "--interval", "60"];
         args.extend(mode.args);
         let command = format!("sudo tracer {}", args.join(" ").replace(&pid, "PID"));
-        let stderr = std::fs::File::create(out.join(format!("tracer-{}.stderr", if mode.exact { "exact" } else { "profile" })))?;
+        let stderr =
+            std::fs::File::create(out.join(format!("tracer-{}.stderr", if mode.exact { "exact" } else { "profile" })))?;
         let child = tracer_child.insert(
-            Command::new(tracer).args(&args).stdout(Stdio::piped()).stderr(stderr).spawn().context("starting tracer")?,
+            Command::new(tracer)
+                .args(&args)
+                .stdout(Stdio::piped())
+                .stderr(stderr)
+                .spawn()
+                .context("starting tracer")?,
         );
         let tracer_pid = child.id();
         let (json_tx, json_rx) = mpsc::channel::<String>();
@@ -266,12 +272,16 @@ fn soak(tracer: &Path, script: &Path, mode: &Mode, minutes: u32, out: &Path) -> 
             #[allow(clippy::cast_precision_loss, reason = "a count")]
             let rate = (tally - tally_before) as f64 / 60.0;
             readings.push(Minute { rss_kib: rss_kib(tracer_pid)?, cpu_s: cpu - cpu_before, rate });
-            eprintln!("xtask: soak, {}, minute {minute}: {} KiB, tally {tally}", mode.name, readings[readings.len() - 1].rss_kib);
+            eprintln!(
+                "xtask: soak, {}, minute {minute}: {} KiB, tally {tally}",
+                mode.name,
+                readings[readings.len() - 1].rss_kib
+            );
             (cpu_before, tally_before) = (cpu, tally);
         }
         go(&mut stdin)?;
         let tally = loop {
-            match tally_rx.recv_timeout(Duration::from_secs(60)) {
+            match tally_rx.recv_timeout(Duration::from_mins(1)) {
                 Ok((true, n)) => break n,
                 Ok((false, _)) => {}
                 Err(e) => bail!("the target did not stop its threads: {e}"),
@@ -322,7 +332,8 @@ fn rss_kib(pid: u32) -> anyhow::Result<u64> {
 fn cpu_s(pid: u32) -> anyhow::Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).context("tracer's stat")?;
     let fields: Vec<&str> = stat.rsplit_once(") ").context("stat")?.1.split(' ').collect();
-    let ticks: u64 = fields.get(11).context("utime")?.parse::<u64>()? + fields.get(12).context("stime")?.parse::<u64>()?;
+    let ticks: u64 =
+        fields.get(11).context("utime")?.parse::<u64>()? + fields.get(12).context("stime")?.parse::<u64>()?;
     // SAFETY: sysconf has no preconditions.
     let per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     #[allow(clippy::cast_precision_loss, reason = "clock ticks")]
@@ -337,9 +348,15 @@ mod tests {
     fn the_section_is_replaced_in_place() {
         let new = "## Soak: new\n\nrows\n\n";
         let with = "# B\n\n## Soak: old\n\nold rows\n\n## tracer's own cost while attached\n\nx\n";
-        assert_eq!(super::replace_section(with, new), "# B\n\n## Soak: new\n\nrows\n\n## tracer's own cost while attached\n\nx\n");
+        assert_eq!(
+            super::replace_section(with, new),
+            "# B\n\n## Soak: new\n\nrows\n\n## tracer's own cost while attached\n\nx\n"
+        );
         let without = "# B\n\n## tracer's own cost while attached\n\nx\n";
-        assert_eq!(super::replace_section(without, new), "# B\n\n## Soak: new\n\nrows\n\n## tracer's own cost while attached\n\nx\n");
+        assert_eq!(
+            super::replace_section(without, new),
+            "# B\n\n## Soak: new\n\nrows\n\n## tracer's own cost while attached\n\nx\n"
+        );
         assert_eq!(super::replace_section("# B\n", new), "# B\n\n## Soak: new\n\nrows\n\n");
         let dir = std::env::temp_dir().join(format!("xtask-soak-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

@@ -23,6 +23,7 @@ use super::AttachError;
 pub const VARIABLE: &str = "TRACER_TEST_FULL_MAPS";
 
 /// The maps the variable names, none when it is unset or empty.
+#[must_use]
 pub fn wanted() -> Vec<String> {
     std::env::var(VARIABLE)
         .map(|v| v.split(',').map(str::trim).filter(|n| !n.is_empty()).map(str::to_owned).collect())
@@ -72,9 +73,7 @@ pub(super) fn fill(name: &str, map: &MapData) -> Result<(), AttachError> {
     // SAFETY: attr is laid out as the kernel's bpf_attr for a map update,
     // its size is passed with it, and its key and value point to buffers
     // of the map's key and value sizes that outlive the call.
-    let rc = unsafe {
-        libc::syscall(libc::SYS_bpf, bpf_cmd::BPF_MAP_UPDATE_ELEM as libc::c_long, &raw mut attr, size)
-    };
+    let rc = unsafe { libc::syscall(libc::SYS_bpf, bpf_cmd::BPF_MAP_UPDATE_ELEM as libc::c_long, &raw mut attr, size) };
     if rc != 0 {
         return Err(refuse(std::io::Error::last_os_error().to_string()));
     }

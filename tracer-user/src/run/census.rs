@@ -126,9 +126,10 @@ impl CensusSource {
             // Opened here: what it holds is this thread's alone.
             // Its files read, this thread reads only the target's memory
             // and /proc files from now on: it keeps what that needs.
-            let opened = heap::Heap::open(pid, &options)
-                .and_then(|heap| {
-                crate::capabilities::keep_only(crate::capabilities::CENSUS).map(|()| heap).map_err(heap::HeapError::from)
+            let opened = heap::Heap::open(pid, &options).and_then(|heap| {
+                crate::capabilities::keep_only(crate::capabilities::CENSUS)
+                    .map(|()| heap)
+                    .map_err(heap::HeapError::from)
             });
             let heap = match opened {
                 Ok(heap) => heap,

@@ -559,7 +559,8 @@ fn start<'a>(
     let live = config.live.as_ref().map(|l| l.max);
     let growth = growth_plan.as_ref().filter(|g| g.unavailable.is_none()).map(|_| growth::KERNEL);
     let full_maps = crate::kernel::full::wanted();
-    let load = LoadOptions { bpf_log: config.bpf_log, types, stacks, live, growth, full_maps, ..LoadOptions::default() };
+    let load =
+        LoadOptions { bpf_log: config.bpf_log, types, stacks, live, growth, full_maps, ..LoadOptions::default() };
     let mut session = Session::load(plan, r.scope, &load)?;
     if live.is_some()
         && let Some(pid) = r.pid()
