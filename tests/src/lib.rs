@@ -157,7 +157,15 @@ impl Lines {
     /// [`LINE_TIMEOUT`].
     #[must_use]
     pub fn next_line(&self, what: &str) -> Option<String> {
-        match self.rx.recv_timeout(LINE_TIMEOUT) {
+        self.next_line_within(what, LINE_TIMEOUT)
+    }
+
+    /// [`Self::next_line`], waiting up to `timeout` (an attach that reads
+    /// every module's unwind tables, slow in a debug build beside other
+    /// tests).
+    #[must_use]
+    pub fn next_line_within(&self, what: &str, timeout: Duration) -> Option<String> {
+        match self.rx.recv_timeout(timeout) {
             Ok(line) => Some(line),
             Err(RecvTimeoutError::Disconnected) => None,
             Err(RecvTimeoutError::Timeout) => panic!("timed out waiting for {what}"),
@@ -638,8 +646,16 @@ impl TracerRun {
     /// Starts `tracer ARGS`.
     #[must_use]
     pub fn start(args: &[&str]) -> Self {
+        Self::start_env(args, &[])
+    }
+
+    /// Starts `tracer ARGS` with `env` added to its environment (a test
+    /// knob such as `TRACER_TEST_FULL_MAPS`, docs/development.md).
+    #[must_use]
+    pub fn start_env(args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(tracer_bin())
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

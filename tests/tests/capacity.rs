@@ -2,8 +2,20 @@
 //! target that makes more types, or keeps more objects alive, than
 //! `--types`' tables hold gets its misses counted, exactly the events the
 //! full table could not take, and the report marks the figures partial.
+//!
+//! The tables that only thousands of processes or threads at once could
+//! fill (the counters, the GC's totals, the nested calls in flight, the
+//! native stacks) are loaded full instead, with the test-only
+//! `TRACER_TEST_FULL_MAPS` (docs/development.md): room for one entry,
+//! taken by a placeholder no event uses. Every event that needs an entry
+//! then finds none, so each counter must equal exactly the events of the
+//! workload that needed one: N more iterations, exactly N times the body's
+//! events more.
 
-use tracer_tests::{TracerRun, Workload, require_root, shared_python, traced_until_done};
+use std::time::Duration;
+
+use serde_json::Value;
+use tracer_tests::{Aslr, Body, Exit, TracerRun, Workload, require_root, shared_python, traced_until_done};
 
 /// Room for (process, type) pairs (tracer-user/src/run/mod.rs,
 /// `TYPE_ENTRIES`).
@@ -107,4 +119,176 @@ fn more_stacks_than_the_table_holds_are_counted_as_missed() {
     assert!(events - stacked >= full, "{coverage} against stacks_full {full}");
     let listed_events: u64 = stacks.iter().map(|s| s["calls"].as_u64().expect("calls")).sum();
     assert_eq!(listed_events, stacked, "the stacks listed hold the events counted under a stack");
+}
+
+/// The knob that loads the named maps full.
+const FULL_MAPS: &str = "TRACER_TEST_FULL_MAPS";
+
+/// `tracer attach --exact --pid PID ARGS` with `full` loaded full, around
+/// `n` iterations of `body` (ended by `os._exit`): with `--json`, the
+/// summary; else the table, as one string.
+fn with_full_maps(full: &str, n: u64, body: Body, args: &[&str]) -> Value {
+    let python = shared_python();
+    let mut workload = Workload::once(&python, n, body, Exit::Immediate, Aslr::On);
+    workload.wait_blocked_on_stdin();
+    let pid = workload.pid().to_string();
+    let mut all = vec!["attach", "--exact", "--pid", &pid, "--interval", "3600"];
+    all.extend_from_slice(args);
+    let json = args.contains(&"--json");
+    let tracer = TracerRun::start_env(&all, &[(FULL_MAPS, full)]);
+    // --native-stacks reads every module's unwind tables first: about 20 s
+    // alone in a debug build, more beside the other tests.
+    let first = tracer.stdout.next_line_within("the attached line or the table's header", Duration::from_mins(5));
+    assert!(first.is_some(), "tracer ended before attaching with {FULL_MAPS}={full}: {:?}", tracer.finish().2);
+    workload.go();
+    workload.finish();
+    if json {
+        return tracer.summary();
+    }
+    let table = tracer.stdout.rest("the table").join("\n");
+    let (status, _, stderr) = tracer.finish();
+    assert!(status.success(), "{status}: {stderr}");
+    Value::String(table)
+}
+
+/// Iterations of the shorter run; the longer makes twice as many.
+const N: u64 = 200;
+
+fn stat(summary: &Value, name: &str) -> u64 {
+    summary["stats"][name].as_u64().unwrap_or_else(|| panic!("no {name} in {}", summary["stats"]))
+}
+
+/// Every other stat is 0: the full table is the only miss.
+fn only_miss(summary: &Value, name: &str) {
+    for (other, value) in summary["stats"].as_object().expect("stats") {
+        if other != name && other != "other_process" {
+            assert_eq!(value, 0, "{other}: {}", summary["stats"]);
+        }
+    }
+}
+
+/// The counters map full: every hit of every probe is counted in
+/// `map_full` instead of its probe, so N more iterations of the objects
+/// body give exactly N times its 13 hits more there
+/// (`tests/tests/exact_counts.rs` pins them: 4 new references, 3 deallocations, a
+/// `PyObject_Malloc`, two `PyObject_Free`, a `PyObject_Realloc`, a
+/// `PyMem_RawMalloc` and a `PyMem_RawFree`), and no probe counts a call.
+#[test]
+fn hits_that_find_the_counters_full_are_counted_in_map_full() {
+    require_root();
+    let [one, two] = [N, 2 * N].map(|n| with_full_maps("COUNTERS", n, Body::Objects, &["--json"]));
+    for summary in [&one, &two] {
+        only_miss(summary, "map_full");
+        for (name, probe) in summary["probes"].as_object().expect("probes") {
+            assert_eq!(probe["calls"], 0, "{name} counted with its counter map full: {probe}");
+        }
+    }
+    assert_eq!(stat(&two, "map_full") - stat(&one, "map_full"), 13 * N, "{}\n{}", one["stats"], two["stats"]);
+    let table = with_full_maps("COUNTERS", N, Body::Objects, &[]);
+    let table = table.as_str().expect("the table");
+    let misses = table.lines().rev().find(|l| l.starts_with("  BPF misses: ")).unwrap_or_else(|| panic!("{table}"));
+    assert!(misses.contains("map_full=") && misses.ends_with(" (some events were NOT counted)"), "{misses}");
+}
+
+/// The GC's totals map full: every collection is counted in `gc_full`
+/// and under no generation. The gc body makes 4 collections an iteration
+/// (two of generation 0, one each of 1 and 2) with automatic collection
+/// off, and tests/tests/gc.rs pins that exactly those are seen: N and 2N
+/// iterations give exactly 4N and 8N.
+#[test]
+fn collections_that_find_the_gc_totals_full_are_counted_in_gc_full() {
+    require_root();
+    for n in [N, 2 * N] {
+        let summary = with_full_maps("GC_TOTALS", n, Body::Gc, &["--json"]);
+        only_miss(&summary, "gc_full");
+        assert_eq!(stat(&summary, "gc_full"), 4 * n, "{}", summary["stats"]);
+        let generations = summary["gc"]["generations"].as_array().unwrap_or_else(|| panic!("{}", summary["gc"]));
+        assert!(generations.iter().all(|g| g["collections"] == 0), "{}", summary["gc"]);
+    }
+    let table = with_full_maps("GC_TOTALS", N, Body::Gc, &[]);
+    let table = table.as_str().expect("the table");
+    let misses = table.lines().rev().find(|l| l.starts_with("  BPF misses: ")).unwrap_or_else(|| panic!("{table}"));
+    assert_eq!(misses, format!("  BPF misses: gc_full={} (some events were NOT counted)", 4 * N), "{table}");
+    let partial = format!(
+        "  gc PARTIAL: {} collections found the GC totals map full: they are not counted here (gc_full)",
+        4 * N
+    );
+    assert!(table.lines().any(|l| l == partial), "{table}");
+}
+
+/// `--native` with the map of nested calls in flight full: glibc's
+/// `realloc` relays `realloc(NULL, n)` to `malloc` and `realloc(p, 0)` to
+/// `free` once an iteration each (tests/tests/native.rs), and each such
+/// call, finding no room for its mark, is counted in `nested_full` and
+/// again under its function: exactly 2N more in `nested_full`, one more
+/// `malloc` and one more `free` an iteration than the body's own, and no
+/// nested call counted as such.
+#[test]
+fn nested_calls_that_find_their_map_full_are_counted_in_nested_full() {
+    require_root();
+    let [one, two] = [N, 2 * N].map(|n| with_full_maps("NESTED", n, Body::Native, &["--json", "--native"]));
+    let calls = |s: &Value, name: &str| s["probes"][name]["calls"].as_u64().unwrap_or_else(|| panic!("{name}: {s}"));
+    for summary in [&one, &two] {
+        only_miss(summary, "nested_full");
+        for name in ["malloc", "free"] {
+            let nested = summary["probes"][name]["nested"]["calls"].as_u64().unwrap_or(0);
+            assert_eq!(nested, 0, "{name}: {}", summary["probes"][name]);
+        }
+    }
+    assert_eq!(stat(&two, "nested_full") - stat(&one, "nested_full"), 2 * N, "{}\n{}", one["stats"], two["stats"]);
+    // The body's own: one malloc and four frees an iteration.
+    assert_eq!(calls(&two, "malloc") - calls(&one, "malloc"), 2 * N);
+    assert_eq!(calls(&two, "free") - calls(&one, "free"), 5 * N);
+    let table = with_full_maps("NESTED", N, Body::Native, &["--native"]);
+    let table = table.as_str().expect("the table");
+    let partial =
+        table.lines().rev().find(|l| l.starts_with("  nested PARTIAL: ")).unwrap_or_else(|| panic!("{table}"));
+    assert!(
+        partial.ends_with(
+            " nested calls found the map of nested calls full: each is counted again under its function above (nested_full)"
+        ),
+        "{partial}"
+    );
+}
+
+/// `--native-stacks` with the native stacks map full: each event whose
+/// Python stack was walked unwinds its native stack, finds no room for
+/// it, and is counted in `native_full`, still under its Python stack:
+/// `native_full` is exactly the events counted under a stack, and no stack
+/// lists native frames.
+#[test]
+fn native_stacks_that_find_their_map_full_are_counted_in_native_full() {
+    require_root();
+    let summary = with_full_maps("NATIVE_STACKS", N, Body::Objects, &["--json", "--native-stacks"]);
+    let coverage = &summary["stack_coverage"];
+    let stacked = coverage["stacked"].as_u64().unwrap_or_else(|| panic!("{coverage}"));
+    assert!(stacked >= 4 * N, "{coverage}");
+    assert_eq!(stat(&summary, "native_full"), stacked, "{}", summary["stats"]);
+    assert_eq!(stat(&summary, "stacks_full"), 0, "{}", summary["stats"]);
+    for s in summary["stacks"].as_array().expect("stacks") {
+        let native = s["native"].as_array().map_or(0, Vec::len);
+        assert_eq!(native, 0, "native frames kept with the native stacks map full: {s}");
+    }
+}
+
+/// A map the knob cannot fill is refused loudly, not ignored: an LRU map
+/// evicts rather than refuses, and a name the object has not is a typo.
+#[test]
+fn the_full_maps_knob_refuses_what_it_cannot_fill() {
+    require_root();
+    for (full, why) in
+        [("GC_RUNNING", "GC_RUNNING: a LruHash map cannot be filled"), ("NO_SUCH", "NO_SUCH: no such map")]
+    {
+        let python = shared_python();
+        let mut workload = Workload::once(&python, 1, Body::Objects, Exit::Immediate, Aslr::On);
+        workload.wait_blocked_on_stdin();
+        let pid = workload.pid().to_string();
+        let tracer =
+            TracerRun::start_env(&["attach", "--exact", "--pid", &pid, "--duration", "1"], &[(FULL_MAPS, full)]);
+        let (status, _, stderr) = tracer.finish();
+        assert_eq!(status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(&format!("TRACER_TEST_FULL_MAPS (a test-only knob): {why}")), "{stderr}");
+        workload.go();
+        workload.finish();
+    }
 }

@@ -7,6 +7,7 @@
 //! outside ([`stacks`]).
 
 pub mod bench;
+pub mod capabilities;
 pub mod cli;
 pub mod config;
 pub mod discover;

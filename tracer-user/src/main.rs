@@ -7,6 +7,7 @@ use std::io::Write as _;
 
 use clap::Parser as _;
 use tracer_user::{
+    capabilities,
     cli::{
         AttachArgs, BenchArgs, Cli, Command, HeapArgs, ProbesArgs, ReportArgs, RunArgs, StackArgs, TopArgs, ValueError,
         usage_error,
@@ -35,6 +36,14 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_BAD_INPUT);
         }
     };
+    // First, while this is the only thread (parsing starts none): every
+    // thread and child made later inherits the narrowed sets, and a thread
+    // cannot narrow another's. `tracer run`'s bounding set is left alone:
+    // the program it starts runs as it would without tracer.
+    if let Err(e) = capabilities::narrow_at_start(!matches!(cli.command, Command::Run(_))) {
+        eprintln!("tracer: error: {e}");
+        return ExitCode::from(Failure::from(e).exit_status());
+    }
     let result = match cli.command {
         Command::Attach(args) => attach(&args).map(|()| ExitCode::SUCCESS),
         Command::Run(args) => run(&args),

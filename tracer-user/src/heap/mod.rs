@@ -85,6 +85,9 @@ pub enum HeapError {
     NoSymbol { pid: u32, image: String, symbol: &'static str },
     #[error("the heap census does not read Python {version} (PID {pid}) yet: {why}; it reads 3.10 to 3.14")]
     Unsupported { pid: u32, version: String, why: &'static str },
+    /// The census thread could not narrow its capabilities.
+    #[error(transparent)]
+    Capabilities(#[from] crate::capabilities::CapabilityError),
 }
 
 impl Classify for HeapError {
@@ -102,7 +105,8 @@ impl Classify for HeapError {
             | Self::Proc { .. }
             | Self::Stop { .. }
             | Self::Interrupted
-            | Self::OffsetMismatch { .. } => false,
+            | Self::OffsetMismatch { .. }
+            | Self::Capabilities(_) => false,
         }
     }
 }

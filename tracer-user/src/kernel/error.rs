@@ -42,6 +42,9 @@ pub enum AttachError {
     Gc(#[from] super::gc::GcAttachError),
     #[error("cannot attach the growth probe {name} at file offset {offset:#x} of {path} for {scope}: {cause}")]
     Growth { name: &'static str, offset: u64, path: PathBuf, scope: String, cause: std::io::Error },
+    /// The test-only `TRACER_TEST_FULL_MAPS` named a map it cannot fill.
+    #[error("TRACER_TEST_FULL_MAPS (a test-only knob): {0}")]
+    FullMaps(String),
 }
 
 impl Classify for AttachError {
@@ -62,7 +65,8 @@ impl Classify for AttachError {
             | Self::ManySitesNeedMulti { .. }
             | Self::Log(_)
             | Self::Gc(_)
-            | Self::Growth { .. } => false,
+            | Self::Growth { .. }
+            | Self::FullMaps(_) => false,
         }
     }
 }

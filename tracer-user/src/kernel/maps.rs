@@ -114,6 +114,10 @@ impl Session {
         let mut stray = 0u64;
         for entry in &self.counters {
             let (key, per_cpu) = entry.map_err(map_err(names::COUNTERS_MAP))?;
+            if key.tgid == 0 {
+                // No process has id 0: the test knob's placeholder (full).
+                continue;
+            }
             let sum = per_cpu.iter().fold(Counter::default(), |sum, c| sum.merged(*c));
             let nested = key.slot & NESTED_SLOT != 0;
             let Some(slot) = usize::try_from(key.slot & !NESTED_SLOT).ok().filter(|&s| s < slots) else {

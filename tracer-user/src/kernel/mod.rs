@@ -5,6 +5,7 @@
 
 pub mod btf;
 mod error;
+pub mod full;
 pub mod gc;
 mod growth;
 mod links;
@@ -52,6 +53,9 @@ pub struct LoadOptions {
     pub live: Option<u32>,
     /// With `--growth`: how its samples are taken and kept.
     pub growth: Option<GrowthOptions>,
+    /// Test-only: the maps loaded full ([`full`]); a run's session takes
+    /// them from [`full::wanted`], the calibration's none.
+    pub full_maps: Vec<String>,
 }
 
 /// How `--growth` samples, in the kernel.
@@ -109,7 +113,15 @@ fn fill_slot_live(ebpf: &mut aya::Ebpf, plan: &Plan) -> Result<(), AttachError> 
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        Self { max_processes: 1024, bpf_log: false, types: None, stacks: None, live: None, growth: None }
+        Self {
+            max_processes: 1024,
+            bpf_log: false,
+            types: None,
+            stacks: None,
+            live: None,
+            growth: None,
+            full_maps: Vec::new(),
+        }
     }
 }
 
@@ -224,7 +236,10 @@ impl Session {
             } else {
                 1
             };
-        let mut ebpf = EbpfLoader::new()
+        // Test-only (see full): maps loaded with one entry, filled below.
+        let full_maps = &options.full_maps;
+        let mut loader = EbpfLoader::new();
+        loader
             .map_max_entries(names::META_LIVE_MAP, meta_entries)
             .override_global(names::LIVE_ON_GLOBAL, &live_on, true)
             .map_max_entries(names::LIVE_MAP, live_entries)
@@ -250,9 +265,15 @@ impl Session {
             .map_max_entries(names::TYPES_MAP, type_entries)
             .map_max_entries(names::OBJECTS_MAP, object_entries)
             .override_global(names::PRE_HEADERS_GLOBAL, &pre_headers, true)
-            .map_max_entries(names::SLOT_DOMAINS_MAP, slots.max(1))
-            .load(object)
-            .map_err(|e| AttachError::Load(Box::new(e)))?;
+            .map_max_entries(names::SLOT_DOMAINS_MAP, slots.max(1));
+        for name in full_maps {
+            loader.map_max_entries(name, 1);
+        }
+        let mut ebpf = loader.load(object).map_err(|e| AttachError::Load(Box::new(e)))?;
+        for name in full_maps {
+            let map = ebpf.map(name).ok_or_else(|| AttachError::FullMaps(format!("{name}: no such map")))?;
+            full::fill(name, map_data(map))?;
+        }
         let mut map_fds = Vec::new();
         for (name, map) in ebpf.maps() {
             let fd = map_data(map)

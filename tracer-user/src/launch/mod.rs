@@ -144,9 +144,17 @@ impl Child {
         let mut cmd = Command::new(command.first().map_or_else(OsString::new, Clone::clone));
         cmd.args(command.iter().skip(1));
         // SAFETY: the closure runs in the child between fork and exec and
-        // makes one system call, which is async-signal-safe.
+        // makes two system calls, which are async-signal-safe.
         unsafe {
             cmd.pre_exec(|| {
+                // The program is the user's: tracer's ambient capabilities
+                // (as another user than root) are not passed on to it.
+                // Every argument a full register: the kernel refuses stray bits.
+                let clear_all = libc::c_ulong::from(libc::PR_CAP_AMBIENT_CLEAR_ALL.unsigned_abs());
+                let zero: libc::c_ulong = 0;
+                if libc::prctl(libc::PR_CAP_AMBIENT, clear_all, zero, zero, zero) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
                 let none = std::ptr::null_mut::<libc::c_void>();
                 if libc::ptrace(libc::PTRACE_TRACEME, 0, none, none) == -1 {
                     return Err(io::Error::last_os_error());

@@ -124,7 +124,14 @@ impl CensusSource {
             // nice value alone.
             unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::id_t::try_from(libc::gettid()).unwrap_or(0), 10) };
             // Opened here: what it holds is this thread's alone.
-            let heap = match heap::Heap::open(pid, &options) {
+            // Its files read, this thread reads only the target's memory
+            // and /proc files from now on: it keeps what that needs.
+            let opened = heap::Heap::open(pid, &options).and_then(|heap| {
+                crate::capabilities::keep_only(crate::capabilities::CENSUS)
+                    .map(|()| heap)
+                    .map_err(heap::HeapError::from)
+            });
+            let heap = match opened {
                 Ok(heap) => heap,
                 Err(e) => {
                     let _ = sent.send(Taken::Unavailable(e));

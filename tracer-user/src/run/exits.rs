@@ -79,16 +79,34 @@ struct Shared {
 
 impl ExitListener {
     /// Registers for every CPU's exit records and starts listening; `None`
-    /// where the kernel refuses (no `CAP_NET_ADMIN`, no taskstats).
+    /// where the kernel refuses (no `CAP_NET_ADMIN`, no taskstats), or
+    /// where the listening thread could not drop its capabilities.
     #[must_use]
     pub fn start() -> Option<Self> {
         let socket = Arc::new(register().ok()?);
         let shared = Arc::new(Mutex::new(Shared::default()));
         let stop = Arc::new(AtomicBool::new(false));
+        let (narrowed, dropped) = std::sync::mpsc::channel();
         let thread = {
             let (socket, shared, stop) = (Arc::clone(&socket), Arc::clone(&shared), Arc::clone(&stop));
-            std::thread::Builder::new().name("exits".to_owned()).spawn(move || listen(&socket, &shared, &stop)).ok()?
+            std::thread::Builder::new()
+                .name("exits".to_owned())
+                .spawn(move || {
+                    // Registered: reading the socket needs no capability,
+                    // and this thread lives for the whole run, started
+                    // before the main thread drops its own.
+                    let ok = crate::capabilities::keep_only(0).is_ok();
+                    let _ = narrowed.send(ok);
+                    if ok {
+                        listen(&socket, &shared, &stop);
+                    }
+                })
+                .ok()?
         };
+        if dropped.recv() != Ok(true) {
+            let _ = thread.join();
+            return None;
+        }
         Some(Self { socket, shared, stop, thread: Some(thread) })
     }
 

@@ -69,6 +69,8 @@ use crate::{
 pub enum RunError {
     #[error(transparent)]
     Privileges(#[from] PrivilegeError),
+    #[error(transparent)]
+    Capabilities(#[from] crate::capabilities::CapabilityError),
     #[error("installing the {signal} handler")]
     Signal { signal: &'static str, source: std::io::Error },
     #[error(transparent)]
@@ -97,6 +99,7 @@ impl Classify for RunError {
     fn is_bad_input(&self) -> bool {
         match self {
             Self::Privileges(e) => e.is_bad_input(),
+            Self::Capabilities(e) => e.is_bad_input(),
             Self::Target(e) => e.is_bad_input(),
             Self::Prepare(e) => e.is_bad_input(),
             Self::Config(e) => e.is_bad_input(),
@@ -347,6 +350,10 @@ pub async fn attach(
         reporter = Box::new(MetricsReporter::new(reporter, page));
     }
     let (mut run, mut output) = start(config, prepared, (exits, early), child.as_deref_mut(), reporter)?;
+    // Every probe is attached and the one-time setup done: what only the
+    // setup used goes, from this thread and every thread it starts later
+    // (the threads started before narrow themselves: see capabilities).
+    crate::capabilities::keep_only(crate::capabilities::RUNNING)?;
     output.notes(serving)?;
     let started = run.started;
     let start = tokio::time::Instant::from_std(started);
@@ -551,7 +558,9 @@ fn start<'a>(
     let (types, stacks, stack_slots) = kernel_options(config, &r, &plan)?;
     let live = config.live.as_ref().map(|l| l.max);
     let growth = growth_plan.as_ref().filter(|g| g.unavailable.is_none()).map(|_| growth::KERNEL);
-    let load = LoadOptions { bpf_log: config.bpf_log, types, stacks, live, growth, ..LoadOptions::default() };
+    let full_maps = crate::kernel::full::wanted();
+    let load =
+        LoadOptions { bpf_log: config.bpf_log, types, stacks, live, growth, full_maps, ..LoadOptions::default() };
     let mut session = Session::load(plan, r.scope, &load)?;
     if live.is_some()
         && let Some(pid) = r.pid()

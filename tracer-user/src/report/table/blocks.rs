@@ -5,6 +5,8 @@
 use std::io::Write;
 
 use super::{TableReporter, round};
+use tracer_common::stats::Stat;
+
 use crate::{model::Snapshot, report::group};
 
 impl<W: Write, E: Write> TableReporter<W, E> {
@@ -80,19 +82,34 @@ impl<W: Write, E: Write> TableReporter<W, E> {
                 Some(format!("{name}: {} calls, {} B", group(n.calls), group(n.bytes)))
             })
             .collect();
-        if parts.is_empty() {
-            return Ok(());
+        if !parts.is_empty() {
+            writeln!(
+                self.out,
+                "  nested (made by another libc allocator function, counted once there) {}",
+                parts.join(" | ")
+            )?;
         }
-        writeln!(
-            self.out,
-            "  nested (made by another libc allocator function, counted once there) {}",
-            parts.join(" | ")
-        )
+        let full = sample.stats.get(Stat::NestedFull.name()).copied().unwrap_or(0);
+        if full > 0 {
+            writeln!(
+                self.out,
+                "  nested PARTIAL: {} nested calls found the map of nested calls full: each is counted again under its function above (nested_full)",
+                group(full)
+            )?;
+        }
+        Ok(())
     }
 
     /// Garbage collections by generation: how many, how long in all, and
     /// the objects found unreachable.
-    pub(super) fn gc_block(&mut self, gc: &crate::model::Gc) -> std::io::Result<()> {
+    pub(super) fn gc_block(&mut self, gc: &crate::model::Gc, full: u64) -> std::io::Result<()> {
+        if full > 0 {
+            writeln!(
+                self.out,
+                "  gc PARTIAL: {} collections found the GC totals map full: they are not counted here (gc_full)",
+                group(full)
+            )?;
+        }
         if gc.generations.is_empty() {
             // Said once, in the header.
             return Ok(());

@@ -11,6 +11,8 @@ pub(crate) mod heap;
 
 use std::io::Write;
 
+use tracer_common::stats::Stat;
+
 use self::cost::cost_text;
 use super::{Reporter, group};
 use crate::model::{Attached, Budget, EndKind, Event, LateCoverage, ProbeCounts, Snapshot, Summary};
@@ -145,7 +147,7 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         }
         self.nested_block(sample)?;
         if let Some(gc) = &sample.gc {
-            self.gc_block(gc)?;
+            self.gc_block(gc, sample.stats.get(Stat::GcFull.name()).copied().unwrap_or(0))?;
         }
         if let Some(h) = &sample.heap {
             heap::heap_block(&mut self.out, h, &mut self.told_partial)?;

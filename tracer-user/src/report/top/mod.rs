@@ -126,6 +126,9 @@ const TICK: Duration = Duration::from_millis(100);
 /// The screen's thread: takes the terminal, draws `view` as messages and
 /// keys change it, and restores the terminal when the run ends.
 fn draw(mut view: View, messages: &Receiver<Message>) -> io::Result<()> {
+    // Drawing needs no capability; this thread starts before the main
+    // thread drops its own, and cannot be narrowed from there.
+    crate::capabilities::keep_only(0).map_err(io::Error::other)?;
     // try_init takes raw mode before the alternate screen: where a later
     // step fails, what it took is given back.
     let mut terminal = match ratatui::try_init() {
