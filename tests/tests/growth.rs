@@ -129,7 +129,7 @@ fn grow_carries_the_growth(run: &Run) {
     let half = (f(&ci[1], "ci high") - f(&ci[0], "ci low")) / 2.0;
     assert!(
         (estimate - expected).abs() <= half * 5.0 / 1.96,
-        "grow holds {estimate} bytes of pools by its samples, its strs fill {expected}: {grow}"
+        "grow holds {estimate} bytes of pools by its samples, its strs fill {expected}: {g}"
     );
     // What the probes saw adds up: each hit is an outcome, or a miss.
     let t = &g["takes"];

@@ -77,7 +77,8 @@ pub struct GrowthCounts {
     /// Hits whose pool could not be read (the state where the cookie says,
     /// or the arena's fields): not counted as any outcome.
     pub unread: u64,
-    /// The programs' own running time, in ns: their cost beyond the hit.
+    /// pymalloc's programs' own running time, in ns: their cost beyond the
+    /// hit.
     pub run_ns: u64,
     /// The target's calls of the mapping syscalls the C library's heap
     /// grows and shrinks by (`mmap`, `munmap`, `mremap`, `brk`): each
@@ -99,9 +100,13 @@ pub struct GrowthCounts {
     /// arguments or outcome unread, or an exit whose entry was not kept
     /// (before the attach, or no room).
     pub mapped_missed: u64,
+    /// The C library's programs' running time, in ns (they cost no trap):
+    /// apart from [`Self::run_ns`], because the profile judges pymalloc's
+    /// probes on their own cost.
+    pub mapped_run_ns: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<GrowthCounts>() == 18 * 8);
+const _: () = assert!(core::mem::size_of::<GrowthCounts>() == 19 * 8);
 
 impl GrowthCounts {
     /// Adds another CPU's counts, saturating.
@@ -126,6 +131,7 @@ impl GrowthCounts {
             unmapped: self.unmapped.saturating_add(o.unmapped),
             grown_lost: self.grown_lost.saturating_add(o.grown_lost),
             mapped_missed: self.mapped_missed.saturating_add(o.mapped_missed),
+            mapped_run_ns: self.mapped_run_ns.saturating_add(o.mapped_run_ns),
         }
     }
 }

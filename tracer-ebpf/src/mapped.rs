@@ -24,7 +24,7 @@ use tracer_common::growth::{
     MAPPED_SAMPLE_BYTES, MappedKey, MappedSample, PROT_NONE,
 };
 
-use crate::sampled::{GROWTH_COUNTS, count, now_ns, ran, walk};
+use crate::sampled::{GROWTH_COUNTS, count, now_ns, walk};
 
 /// Each sampled growth, by where it begins, until unmapped or replaced.
 #[map]
@@ -112,7 +112,7 @@ fn run(
     if f(ctx, tgid, counts).is_err() {
         count!(counts, mapped_missed);
     }
-    ran(counts, start);
+    crate::sampled::ran_mapped(counts, start);
     0
 }
 

@@ -17,12 +17,21 @@ pub fn now_ns() -> u64 {
     unsafe { bpf_ktime_get_ns() }
 }
 
-/// Adds the time since `start` to the programs' running time in `counts`.
+/// Adds the time since `start` to pymalloc's programs' running time in
+/// `counts`.
 #[inline(always)]
 pub fn ran(counts: *mut GrowthCounts, start: u64) {
     // SAFETY: a valid pointer to this CPU's value, which stays valid while
     // the program runs; atomic, as in `count!`.
     unsafe { atomic_add(&raw mut (*counts).run_ns, now_ns().saturating_sub(start)) };
+}
+
+/// Adds the time since `start` to the C library's programs' running time
+/// in `counts`.
+#[inline(always)]
+pub fn ran_mapped(counts: *mut GrowthCounts, start: u64) {
+    // SAFETY: as in `ran`.
+    unsafe { atomic_add(&raw mut (*counts).mapped_run_ns, now_ns().saturating_sub(start)) };
 }
 
 /// Adds one to the field `field` of `counts`.

@@ -60,8 +60,8 @@ pub fn hold_budget(
 pub const TRIAL: Duration = Duration::from_millis(50);
 
 /// The profile's default growth after its [`TRIAL`]: stopped, with the
-/// note returned, where its hits so far cost more than half of `budget`
-/// (a share) of the target's CPU time meanwhile.
+/// note returned, where pymalloc's hits so far cost more than half of
+/// `budget` (a share) of the target's CPU time meanwhile.
 pub fn trial(
     growth: &mut Option<Result<Growth, String>>,
     session: &mut Session,
@@ -81,8 +81,10 @@ pub fn trial(
         return None;
     }
     let counts = session.growth_counts().ok()?;
-    let cost = g.cost(&counts, span, (Duration::ZERO, 0), prices);
-    let target = cost.target_s?;
+    // pymalloc's probes alone: they are what the trial is for, and what
+    // it stops. The C library's programs (a list's first reallocations
+    // cost the trial a walk each) are judged over whole intervals.
+    let target = g.pools_ns(&counts, prices?) / 1e9;
     // The hits ran on the target's CPU: at least what they cost.
     let fraction = target / cpu.as_secs_f64().max(target).max(f64::MIN_POSITIVE);
     if fraction <= budget / 2.0 {

@@ -412,6 +412,17 @@ impl Growth {
         }
     }
 
+    /// What pymalloc's probes in `counts` cost the target, in ns, priced at
+    /// `prices`: their hits and their programs, not the C library's.
+    fn pools_ns(&self, counts: &GrowthCounts, prices: Prices) -> f64 {
+        let emulated = |role| self.plan.points.iter().find(|p| p.role == role).is_none_or(|p| p.emulated);
+        #[allow(clippy::cast_precision_loss, reason = "hits and ns in an interval")]
+        let ns = counts.takes as f64 * prices.hit.of(emulated(GrowthRole::Take))
+            + counts.arenas as f64 * prices.hit.of(emulated(GrowthRole::Arena))
+            + counts.run_ns as f64;
+        ns
+    }
+
     /// What `counts` cost the target over `span`, priced at `prices`.
     fn cost(
         &self,
@@ -422,19 +433,16 @@ impl Growth {
     ) -> GrowthCost {
         let emulated = |role| self.plan.points.iter().find(|p| p.role == role).is_none_or(|p| p.emulated);
         let hits = counts.takes.saturating_add(counts.arenas);
-        #[allow(clippy::cast_precision_loss, reason = "hits and ns in an interval")]
-        let target_ns = prices.map(|p| {
-            counts.takes as f64 * p.hit.of(emulated(GrowthRole::Take))
-                + counts.arenas as f64 * p.hit.of(emulated(GrowthRole::Arena))
-                + counts.run_ns as f64
-        });
+        let run_ns = counts.run_ns.saturating_add(counts.mapped_run_ns);
+        #[allow(clippy::cast_precision_loss, reason = "ns in an interval")]
+        let target_ns = prices.map(|p| self.pools_ns(counts, p) + counts.mapped_run_ns as f64);
         let hit_ns = prices.map(|p| p.hit.of(emulated(GrowthRole::Take)));
         let span_s = span.as_secs_f64();
         #[allow(clippy::cast_precision_loss, reason = "ns in an interval")]
         GrowthCost {
             hits,
             hit_ns,
-            programs_s: counts.run_ns as f64 / 1e9,
+            programs_s: run_ns as f64 / 1e9,
             target_s: target_ns.map(|ns| ns / 1e9),
             per_s: target_ns.filter(|_| span_s > 0.0).map(|ns| ns / 1e9 / span_s),
             tracer_cpu_s: tracer_cpu.as_secs_f64(),
@@ -540,5 +548,6 @@ fn diff(now: GrowthCounts, before: GrowthCounts) -> GrowthCounts {
         unmapped: now.unmapped.saturating_sub(before.unmapped),
         grown_lost: now.grown_lost.saturating_sub(before.grown_lost),
         mapped_missed: now.mapped_missed.saturating_sub(before.mapped_missed),
+        mapped_run_ns: now.mapped_run_ns.saturating_sub(before.mapped_run_ns),
     }
 }
