@@ -211,7 +211,7 @@ fn live(corpus: &Path, name: &str, python: &Path) -> Result<()> {
         if name.starts_with("pyenv") {
             // A few pools and what they lead to, to keep each image near
             // 100 KB.
-            let limits = Limits { gc_objects: 100, items: 1000, referenced: 100 };
+            let limits = Limits { gc_objects: 100, items: 1000, referenced: 100, rounds: 8 };
             let (image, _) = image::capture(child.id(), 4, limits)?;
             let bytes = image.to_bytes();
             put(corpus, "heap", &format!("{name}.thi"), &bytes)?;

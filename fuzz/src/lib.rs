@@ -325,5 +325,5 @@ pub fn heap(data: &[u8]) {
     if scanned > MAX_SCANNED {
         return;
     }
-    let _ = image.census(Limits { gc_objects: 20_000, items: 200_000, referenced: 20_000 });
+    let _ = image.census(Limits { gc_objects: 20_000, items: 200_000, referenced: 20_000, rounds: 8 });
 }

@@ -292,3 +292,29 @@ fn the_full_maps_knob_refuses_what_it_cannot_fill() {
         workload.finish();
     }
 }
+
+/// `--native-stacks` under a native stack deeper than the 64 frames it
+/// unwinds (`tests/python/deep_native.py`: 30 calls made by `map`, N objects
+/// made at the bottom): every event counted under a stack at that depth is
+/// counted in `native_truncated` too. N more objects, exactly as many more
+/// truncations as events more under a stack.
+#[test]
+fn native_stacks_past_their_depth_are_counted_in_native_truncated() {
+    require_root();
+    let python = shared_python();
+    let run = |n: u64| {
+        let workload = Workload::script(None, python.to_str().unwrap(), "deep_native.py", &[&n.to_string()]);
+        let (_, summary) = traced_until_done(workload, &["--native-stacks", "--interval", "3600"]);
+        let stacked = summary["stack_coverage"]["stacked"].as_u64().unwrap_or_else(|| panic!("{summary}"));
+        (stat(&summary, "native_truncated"), stacked, summary)
+    };
+    let (one, stacked_one, _) = run(N);
+    let (two, stacked_two, summary) = run(2 * N);
+    assert!(stacked_two - stacked_one >= N, "{stacked_one} then {stacked_two} events under a stack");
+    assert_eq!(two - one, stacked_two - stacked_one, "native_truncated {one} then {two}: {}", summary["stats"]);
+    // The stacks kept are cut at the depth, not dropped, and say so.
+    let cut =
+        summary["stacks"].as_array().expect("stacks").iter().filter(|s| s["native_end"] == "cut at 64 native frames");
+    let cut_calls: u64 = cut.map(|s| s["calls"].as_u64().expect("calls")).sum();
+    assert!(cut_calls >= 2 * N, "{}", summary["stacks"]);
+}

@@ -200,6 +200,7 @@ fn set(sets: Sets) -> Result<(), CapabilityError> {
 /// run`), a program started as root gets what root gets.
 pub fn narrow_at_start(bound: bool) -> Result<(), CapabilityError> {
     let now = current()?;
+    let _ = GIVEN.set(now.effective);
     if bound && now.effective & (1 << SETPCAP) != 0 {
         for cap in 0..64u32 {
             if STARTUP & (1 << cap) != 0 {
@@ -219,6 +220,19 @@ pub fn narrow_at_start(bound: bool) -> Result<(), CapabilityError> {
         }
     }
     keep_only(STARTUP)
+}
+
+/// The effective set tracer was started with, before
+/// [`narrow_at_start`]: what the place it runs in grants it, against
+/// which a process tracer is refused is judged
+/// ([`crate::privileges::lacking_capabilities_of`]): what tracer gave up
+/// itself is no reason to send the user elsewhere.
+static GIVEN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+
+/// The effective set tracer was started with, if it has narrowed its own.
+#[must_use]
+pub fn given() -> Option<u64> {
+    GIVEN.get().copied()
 }
 
 /// The bounding set of the calling thread.

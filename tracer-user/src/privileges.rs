@@ -67,7 +67,7 @@ pub fn is_root() -> bool {
 pub fn lacking_capabilities_of(pid: u32) -> Vec<String> {
     let read = |path: String| std::fs::read_to_string(path).ok();
     let (Some(mine), Some(theirs)) = (
-        read("/proc/self/status".to_owned()).and_then(|s| effective_caps(&s)),
+        crate::capabilities::given().or_else(|| read("/proc/self/status".to_owned()).and_then(|s| effective_caps(&s))),
         read(format!("/proc/{pid}/status")).and_then(|s| caps_field(&s, "CapPrm:")),
     ) else {
         return Vec::new();

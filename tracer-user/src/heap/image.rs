@@ -335,6 +335,29 @@ time.sleep(60)
         assert!(read >= 3, "{read} images in {}", dir.display());
     }
 
+    /// Each of the census's limits outside the pools, set low on a corpus
+    /// image, is reached and said (`outside.cut`), and the figure it bounds
+    /// stops at it; with the image's own limits, none is.
+    #[test]
+    fn every_limit_of_the_walk_outside_the_pools_is_reported() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/heap/pyenv-3.12.thi");
+        let image = Image::parse(&std::fs::read(&path).unwrap()).unwrap();
+        let whole = image.census(Limits::default()).unwrap();
+        assert_eq!(whole.totals.outside.cut, Vec::<String>::new(), "{:?}", whole.totals.outside);
+        let low = |limits: Limits, name: &str| {
+            let census = image.census(limits).unwrap();
+            assert_eq!(census.totals.outside.cut, [name], "{name}: {:?}", census.totals.outside);
+            census.totals.outside
+        };
+        let d = Limits::default();
+        assert_eq!(low(Limits { gc_objects: 2, ..d }, "gc_objects").gc_objects, 2);
+        assert_eq!(low(Limits { items: 3, ..d }, "items").items_read, 3);
+        assert!(whole.totals.outside.referenced > 1, "{:?}", whole.totals.outside);
+        assert!(low(Limits { referenced: 1, ..d }, "referenced").referenced <= 1);
+        let shallow = low(Limits { rounds: 0, ..d }, "rounds");
+        assert_eq!(shallow.referenced, 0, "{shallow:?}");
+    }
+
     #[test]
     fn an_image_of_no_supported_python_is_refused() {
         let image = Image {

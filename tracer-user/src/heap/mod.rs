@@ -292,6 +292,12 @@ fn take(
     if found.referenced_truncated {
         notes.push(format!("objects held by lists and tuples were read up to {} of them", found.referenced_objects));
     }
+    if found.rounds_left > 0 {
+        notes.push(format!(
+            "containers outside the pools were followed {} deep: {} item arrays and dict tables deeper were left unread",
+            options.limits.rounds, found.rounds_left
+        ));
+    }
     if types.cut_types > 0 {
         notes.push(format!(
             "{} types past the most tracked ({}): their objects are left out of the census (types_cut)",
@@ -429,6 +435,7 @@ fn report(tally: &Tally, types: &TypeTable, found: &bounds::Found, rss: Option<u
         gc_objects: found.gc_objects,
         referenced: found.referenced_objects,
         items_read: found.items_read,
+        cut: found.cut(),
         ..Outside::default()
     };
     for (i, counts) in tally.types.iter().enumerate() {

@@ -170,6 +170,11 @@ pub struct Outside {
     pub buffer_bytes: u64,
     /// Items of item arrays and entries of dict tables read.
     pub items_read: u64,
+    /// The census's limits reached, by name (`gc_objects`, `items`,
+    /// `referenced`, `rounds`): objects outside the pools past them are
+    /// left out, and a note says so. Empty (and absent) when none was.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cut: Vec<String>,
 }
 
 /// What the census cost.

@@ -39,8 +39,6 @@ use crate::python::{
 const HEAD_READ: usize = 16 + 64;
 /// Item arrays are read this many items at a time.
 const ITEMS_PER_RANGE: u64 = 8192;
-/// Rounds of items leading to objects whose items lead further.
-const MAX_ROUNDS: u32 = 8;
 
 /// What is still to read: item arrays (address, items) and dict tables
 /// (keys object, the dict's type).
@@ -74,7 +72,7 @@ pub fn census(
         }
         walk.run(start, types, cx, tally, &mut queue, unicode)?;
     }
-    for _ in 0..MAX_ROUNDS {
+    for _ in 0..limits.rounds {
         if interrupted() {
             return Err(HeapError::Interrupted);
         }
@@ -95,6 +93,9 @@ pub fn census(
         }
         referenced(&candidates, types, cx, tally, &mut queue, &mut found, &mut counted, unicode)?;
     }
+    // What the last round's objects lead to, unread: counted, not dropped
+    // silently.
+    found.rounds_left = (queue.arrays.len() + queue.dicts.len()) as u64;
     Ok(found)
 }
 
