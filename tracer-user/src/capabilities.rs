@@ -58,12 +58,11 @@ pub const fn set_of(caps: &[u32]) -> u64 {
 ///   (kernel/mapped.rs), `/proc/PID/map_files` (discover/process.rs);
 /// - `CAP_CHECKPOINT_RESTORE`: `/proc/PID/map_files` without
 ///   `CAP_SYS_ADMIN` (`tracer heap` and `tracer stack` as another user);
-/// - `CAP_SYS_PTRACE`: the target's memory (`process_vm_readv`,
+/// - `CAP_SYS_PTRACE`: the target's memory (`process_vm_readv`, never
 ///   `/proc/PID/mem`), maps and root, `tracer heap --stop`'s ptrace;
 /// - `CAP_DAC_READ_SEARCH`: the target's files where only their owner can
 ///   read them (a pyenv under /root);
-/// - `CAP_DAC_OVERRIDE`: `/proc/PID/mem` of a process of another user
-///   (mode 0600), and output files in a directory of another user;
+/// - `CAP_DAC_OVERRIDE`: output files in a directory of another user;
 /// - `CAP_NET_ADMIN`: registering for the kernel's exit records
 ///   (run/exits.rs) and their receive buffer (`SO_RCVBUFFORCE`);
 /// - `CAP_NET_BIND_SERVICE`: `--listen` on a port below 1024.

@@ -123,7 +123,7 @@ as `attach --returns` does.",
     #[command(
         long_about = "Print the Python stack of every thread of a running CPython process, innermost frame \
 first: each frame's qualified function name, file and line, read from the process's memory \
-(/proc/PID/mem) without stopping it, attaching anything or running code in it.\n\n\
+(process_vm_readv) without stopping it, attaching anything or running code in it.\n\n\
 The interpreter's version is read from the process (3.9 to 3.14); from 3.13 on, tracer's own \
 table of the interpreter's structures is checked against the _Py_DebugOffsets the interpreter \
 publishes, and a disagreement is an error. A thread that runs while it is read may show a \

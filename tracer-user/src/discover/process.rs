@@ -443,14 +443,40 @@ impl Target {
     }
 }
 
-/// Reads `len` bytes at `address` from /proc/PID/mem.
+/// Reads `len` bytes at `address` of `pid`'s memory.
 pub fn read_memory(pid: u32, address: u64, len: usize) -> Result<Vec<u8>, TargetError> {
-    use std::os::unix::fs::FileExt as _;
-    let err = |cause| TargetError::Memory { pid, address, cause };
-    let file = std::fs::File::open(format!("/proc/{pid}/mem")).map_err(err)?;
     let mut buf = vec![0; len];
-    file.read_exact_at(&mut buf, address).map_err(err)?;
+    read_exact(pid, address, &mut buf).map_err(|cause| TargetError::Memory { pid, address, cause })?;
     Ok(buf)
+}
+
+/// Fills `buf` from `address` of `pid`'s memory with `process_vm_readv`,
+/// which needs only the ptrace access check (`CAP_SYS_PTRACE` passes it),
+/// where opening `/proc/PID/mem`, a file of mode 0600 owned by the
+/// target's user, also needs `CAP_DAC_OVERRIDE` for another user's
+/// process. A range that runs into an unmapped page is an `EFAULT`; a
+/// process gone, or without memory (a zombie), an `ESRCH`.
+pub fn read_exact(pid: u32, address: u64, buf: &mut [u8]) -> std::io::Result<()> {
+    let target = libc::pid_t::try_from(pid).map_err(|_| std::io::Error::from_raw_os_error(libc::ESRCH))?;
+    let mut done = 0;
+    while done < buf.len() {
+        let rest = &mut buf[done..];
+        let local = libc::iovec { iov_base: rest.as_mut_ptr().cast(), iov_len: rest.len() };
+        let remote =
+            libc::iovec { iov_base: address.wrapping_add(done as u64) as *mut libc::c_void, iov_len: rest.len() };
+        // SAFETY: the local iovec covers the rest of `buf`, which lives
+        // across the call; the remote one is only an address in the other
+        // process, which the kernel checks.
+        let n = unsafe { libc::process_vm_readv(target, &raw const local, 1, &raw const remote, 1, 0) };
+        match usize::try_from(n) {
+            Err(_) => return Err(std::io::Error::last_os_error()),
+            // A short read stops at a page that is not mapped; nothing
+            // more can be read there.
+            Ok(0) => return Err(std::io::Error::from_raw_os_error(libc::EFAULT)),
+            Ok(n) => done += n,
+        }
+    }
+    Ok(())
 }
 
 /// `libpython3.11.so.1.0`, `libpython3.13t.so`, `libpython3.12d.so.1.0`...
@@ -476,7 +502,13 @@ fn map_proc_error(pid: u32, what: &'static str, cause: procfs::ProcError) -> Tar
         // Not running as root is the likely cause of anything else, unless
         // tracer is root.
         cause => {
-            let hint = if crate::privileges::is_root() { "" } else { "; tracer must run as root" };
+            let hint = match (&cause, crate::privileges::is_root()) {
+                (_, true) => "",
+                (procfs::ProcError::PermissionDenied(_), false) => {
+                    "; as another user than root, tracer needs CAP_SYS_PTRACE to inspect another user's process: grant it, or run tracer with sudo"
+                }
+                (_, false) => "; tracer must run as root",
+            };
             TargetError::Proc { pid, what, cause, hint }
         }
     }

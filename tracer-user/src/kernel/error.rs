@@ -24,7 +24,11 @@ pub enum AttachError {
     ProgramInfo { name: &'static str, cause: std::io::Error },
     #[error("BPF map {name} is missing or has the wrong type: {cause}")]
     Map { name: &'static str, cause: Box<aya::maps::MapError> },
-    #[error("cannot attach a uprobe to {symbol} in {path} for PID {pid}: {}", crate::error::chain(&**cause))]
+    #[error(
+        "cannot attach a uprobe to {symbol} in {path} for PID {pid}: {}{}",
+        crate::error::chain(&**cause),
+        refused_hint(&**cause)
+    )]
     Attach { symbol: &'static str, path: PathBuf, pid: u32, cause: Box<aya::programs::ProgramError> },
     #[error("process {pid} exited while tracer was attaching; start it again and pass its new PID")]
     TargetExited { pid: u32 },
@@ -68,6 +72,19 @@ impl Classify for AttachError {
             | Self::Growth { .. }
             | Self::FullMaps(_) => false,
         }
+    }
+}
+
+/// What to do where the kernel refused a uprobe's perf event to a user
+/// other than root: name the capability (here `CAP_PERFMON` alone is
+/// refused a uprobe event; `CAP_SYS_ADMIN` is not). Empty otherwise.
+fn refused_hint(cause: &(dyn std::error::Error + 'static)) -> &'static str {
+    let text = crate::error::chain(cause);
+    let refused = text.contains("(os error 13)") || text.contains("(os error 1)");
+    if refused && !crate::privileges::is_root() {
+        "; as another user than root, a uprobe's perf event needs CAP_SYS_ADMIN here (docs/attach.md, Privileges): grant it, or run tracer with sudo"
+    } else {
+        ""
     }
 }
 

@@ -34,8 +34,9 @@ pub struct DutyCycle {
     /// Whether the probes attach through uprobe-multi links.
     multi: bool,
     estimator: Estimator,
-    /// While attached: when the attach began and when it completed.
-    attached: Option<(Instant, Instant)>,
+    /// While attached: when the window began, every probe live and the
+    /// window's base counts read.
+    attached: Option<Instant>,
     /// Cumulative counts per probe, by slot, when the current window began.
     at_window_start: Vec<Counts>,
     /// The same before the probes began to go live (before the attach),
@@ -98,6 +99,9 @@ impl DutyCycle {
     ) -> Result<Self, AttachError> {
         let mut live = Vec::new();
         let at_window_start = counts(session, readout, &mut live)?;
+        // The first window counts from here, as every later one does from
+        // its base (see toggle).
+        let window_began = Instant::now();
         let used = cpu.read(&live);
         Ok(Self {
             controller: Controller::new(budget, BUDGET_WINDOW, used),
@@ -105,7 +109,7 @@ impl DutyCycle {
             scope,
             multi,
             estimator: Estimator::new(session.plan().probes.len()),
-            attached: Some((attach.0, attach.1)),
+            attached: Some(window_began),
             at_window_start,
             // The counts began at zero before the first attach.
             at_cost_start: vec![Counts::default(); session.plan().probes.len()],
@@ -145,7 +149,7 @@ impl DutyCycle {
     /// Ends the window if attached, else starts one once the target has
     /// paid for it.
     pub fn toggle(&mut self, session: &mut Session, readout: &mut Readout) -> Result<(), AttachError> {
-        let Some((began, live)) = self.attached else {
+        let Some(live) = self.attached else {
             self.observe_cpu();
             if !self.controller.covers(false) {
                 self.next = Instant::now() + self.controller.wait();
@@ -164,19 +168,24 @@ impl DutyCycle {
                 self.at_window_start = counts(session, readout, &mut self.live)?;
                 let live = Instant::now();
                 self.switching += live - self.cost_began;
-                self.attached = Some((live, live));
+                self.attached = Some(live);
                 self.next = live + self.controller.window;
             } else {
-                // Counts do not move while detached: this is the base.
-                self.at_window_start = counts(session, readout, &mut self.live)?;
-                self.at_cost_start.clone_from(&self.at_window_start);
+                // Counts do not move while detached: this is the cost's
+                // base. The window's starts once every probe is live, as
+                // with the links above: a probe goes live late in its
+                // attach (its program is set on its event last), and
+                // counting half the attach as live put a
+                // loaded machine's rates 5% low.
+                self.at_cost_start = counts(session, readout, &mut self.live)?;
                 let began = Instant::now();
                 self.cost_began = began;
                 self.cpu_cost_began = self.target_cpu_ns();
                 session.attach_perf(self.scope)?;
+                self.at_window_start = counts(session, readout, &mut self.live)?;
                 let live = Instant::now();
                 self.switching += live - began;
-                self.attached = Some((began, live));
+                self.attached = Some(live);
                 self.next = live + self.controller.window;
             }
             self.attach_cost = self.cost_of(session, &since(&self.at_window_start, &self.at_cost_start));
@@ -187,8 +196,7 @@ impl DutyCycle {
         let now = Instant::now();
         self.observe_cpu();
         let window = self.window_counts(&counts_now);
-        // Half the attach counts as live: the probes went live one by one.
-        let traced = now - live + (live - began) / 2;
+        let traced = now - live;
         let live_cost = self.cost_of(session, &window);
         let spent = self.cost_of(session, &since(&counts_now, &self.at_cost_start));
         if self.controller.follows(traced, live_cost, spent) {
@@ -205,7 +213,7 @@ impl DutyCycle {
             self.at_cost_start = counts_now;
             self.cost_began = now;
             self.cpu_cost_began = self.target_cpu_ns();
-            self.attached = Some((now, now));
+            self.attached = Some(now);
             self.followed = true;
             self.next = now + self.controller.window;
             return Ok(());
@@ -219,7 +227,7 @@ impl DutyCycle {
     /// Detaches and records the window, and spends its cost from the
     /// credit.
     pub fn close(&mut self, session: &mut Session, readout: &mut Readout) -> Result<(), AttachError> {
-        let Some((began, live)) = self.attached.take() else { return Ok(()) };
+        let Some(live) = self.attached.take() else { return Ok(()) };
         if self.multi {
             // The window ends here: hits while the links remove their
             // breakpoints (a moment) count in the totals but not here.
@@ -232,8 +240,7 @@ impl DutyCycle {
             let priced = since(&counts(session, readout, &mut self.live)?, &self.at_cost_start);
             let detached = Instant::now();
             self.switching += detached - ended;
-            // (began == live: see toggle.)
-            let traced = ended - live + (live - began) / 2;
+            let traced = ended - live;
             let overhead = self.record(session, (&window, &priced), &vec![traced; window.len()], traced);
             self.spend_closed(traced, self.cost_of(session, &window), overhead);
             return Ok(());
@@ -248,10 +255,8 @@ impl DutyCycle {
         let detached = session.detach_in_order(self.scope, &order);
         let done = Instant::now();
         self.switching += done - detaching;
-        let lives: Vec<Duration> = detached
-            .iter()
-            .map(|at| at.map_or(Duration::ZERO, |at| at.saturating_duration_since(live) + (live - began) / 2))
-            .collect();
+        let lives: Vec<Duration> =
+            detached.iter().map(|at| at.map_or(Duration::ZERO, |at| at.saturating_duration_since(live))).collect();
         let traced = lives.iter().copied().max().unwrap_or_default();
         let counts_now = counts(session, readout, &mut self.live)?;
         let window = self.window_counts(&counts_now);

@@ -1,8 +1,8 @@
 //! GC from memory, the production profile's GC source: each interval,
 //! every generation's collections, collected and uncollectable objects,
 //! read from the interpreter's own statistics (`generation_stats` in its
-//! `struct _gc_runtime_state`, what `gc.get_stats()` returns) through
-//! `/proc/PID/mem`. No probe: one read of 72 bytes costs tracer a few
+//! `struct _gc_runtime_state`, what `gc.get_stats()` returns) with
+//! `process_vm_readv`. No probe: one read of 72 bytes costs tracer a few
 //! microseconds and the target nothing. How long collections took is not
 //! in those statistics; where the GC probes see collections (the markers,
 //! or the collection function), their durations go beside the counts.
@@ -91,7 +91,7 @@ impl GcMemory {
         let version = process.version;
         let abi = python::abi_for(pid, version).map_err(StackError::from)?;
         let state = python::gc_knowledge(abi).ok_or(GcMemoryError::Unknown { version })?.state;
-        let remote = Remote::open(pid)?;
+        let remote = Remote::open(pid);
         // `struct pyinterpreters { mutex; head; main; next_id }`: `main`
         // follows `head` (a pointer, or 3.13's PyMutex padded to 8), in
         // Include/internal/pycore_runtime.h at v3.11.7, v3.12.1, v3.13.0,
@@ -275,7 +275,7 @@ mod tests {
         let stats = |c| GenStats { collections: c, collected: 0, uncollectable: 0 };
         let mut gc = GcMemory {
             stamp: None,
-            remote: Remote::open(std::process::id()).unwrap(),
+            remote: Remote::open(std::process::id()),
             pid: std::process::id(),
             // The first page: never mapped.
             address: 0x10,
@@ -298,7 +298,7 @@ mod tests {
         let stats = |c, d, u| GenStats { collections: c, collected: d, uncollectable: u };
         let gc = GcMemory {
             stamp: None,
-            remote: Remote::open(std::process::id()).unwrap(),
+            remote: Remote::open(std::process::id()),
             pid: 1,
             address: 0,
             at_attach: [stats(10, 100, 1), stats(2, 5, 0), stats(1, 0, 0)],

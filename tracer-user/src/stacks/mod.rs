@@ -1,5 +1,5 @@
-//! Python stacks read from outside a live process, through
-//! `/proc/PID/mem`: every thread's frames resolved to (qualified name, file,
+//! Python stacks read from outside a live process, with
+//! `process_vm_readv`: every thread's frames resolved to (qualified name, file,
 //! line). The ground truth for the BPF walker to come: it proves the
 //! per-version tables ([`crate::python::frames`]) on real processes, and
 //! says per process how the BPF side will find the current thread's state
@@ -67,8 +67,6 @@ pub enum StackError {
     VersionRead(#[from] VersionReadError),
     #[error(transparent)]
     Version(#[from] VersionError),
-    #[error("cannot open the memory of PID {pid} (/proc/{pid}/mem): {cause}")]
-    OpenMemory { pid: u32, cause: std::io::Error },
     #[error("cannot read {what} of PID {pid} at {address:#x}: {cause}")]
     Memory { pid: u32, address: u64, what: &'static str, cause: std::io::Error },
     #[error("cannot read {what} of PID {pid}: the process has exited")]
@@ -117,8 +115,7 @@ impl crate::error::Classify for StackError {
     fn is_bad_input(&self) -> bool {
         match self {
             Self::Target(_) | Self::VersionRead(_) | Self::Version(_) | Self::NoSymbol { .. } => true,
-            Self::OpenMemory { .. }
-            | Self::Memory { .. }
+            Self::Memory { .. }
             | Self::Exited { .. }
             | Self::NotMapped { .. }
             | Self::DebugOffsets { .. }
@@ -229,7 +226,7 @@ impl Process {
         let target = Target::inspect(pid)?;
         let version = version::read(version::Source::Process(&target))?;
         let abi = python::abi_for(pid, version)?;
-        let remote = Rc::new(Remote::open(pid)?);
+        let remote = Rc::new(Remote::open(pid));
         let runtime = symbol_address(&target, "_PyRuntime")?;
         let table = offsets::checked(&target, &remote, abi, version, runtime)?;
         let types = walk::Types {

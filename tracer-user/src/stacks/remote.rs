@@ -1,7 +1,6 @@
-//! Reading another process's memory through `/proc/PID/mem`, kept open for
-//! the many small reads a stack walk makes.
-
-use std::{fs::File, os::unix::fs::FileExt as _};
+//! Reading another process's memory, for the many small reads a stack walk
+//! makes: with `process_vm_readv` ([`crate::discover::process::read_exact`]),
+//! which `CAP_SYS_PTRACE` suffices for, not through `/proc/PID/mem`.
 
 use super::StackError;
 
@@ -9,14 +8,14 @@ use super::StackError;
 #[derive(Debug)]
 pub struct Remote {
     pid: u32,
-    mem: File,
 }
 
 impl Remote {
-    /// Opens `pid`'s memory (root, or ptrace access to `pid`).
-    pub fn open(pid: u32) -> Result<Self, StackError> {
-        let mem = File::open(format!("/proc/{pid}/mem")).map_err(|cause| StackError::OpenMemory { pid, cause })?;
-        Ok(Self { pid, mem })
+    /// `pid`'s memory (root, or ptrace access to `pid`): its first read
+    /// says whether it can be read.
+    #[must_use]
+    pub const fn open(pid: u32) -> Self {
+        Self { pid }
     }
 
     /// The process this reads.
@@ -28,31 +27,27 @@ impl Remote {
     /// `len` bytes at `address`; `what` names them for the error.
     pub fn bytes(&self, address: u64, len: usize, what: &'static str) -> Result<Vec<u8>, StackError> {
         let mut buf = vec![0; len];
-        self.mem.read_exact_at(&mut buf, address).map_err(|cause| {
-            // An exited process's memory reads as empty, which the kernel
-            // reports as a short read: name the real reason, not the EOF.
-            if cause.kind() == std::io::ErrorKind::UnexpectedEof && !self.alive() {
-                StackError::Exited { pid: self.pid, what }
-            } else {
-                StackError::Memory { pid: self.pid, address, what, cause }
-            }
-        })?;
+        self.fill(&mut buf, address, what)?;
         Ok(buf)
     }
 
     /// The little-endian `N`-byte word at `address`.
     fn word<const N: usize>(&self, address: u64, what: &'static str) -> Result<[u8; N], StackError> {
         let mut buf = [0; N];
-        self.mem.read_exact_at(&mut buf, address).map_err(|cause| {
-            // An exited process's memory reads as empty, which the kernel
-            // reports as a short read: name the real reason, not the EOF.
-            if cause.kind() == std::io::ErrorKind::UnexpectedEof && !self.alive() {
+        self.fill(&mut buf, address, what)?;
+        Ok(buf)
+    }
+
+    fn fill(&self, buf: &mut [u8], address: u64, what: &'static str) -> Result<(), StackError> {
+        crate::discover::process::read_exact(self.pid, address, buf).map_err(|cause| {
+            // A process gone, or a zombie without memory: name the real
+            // reason, not the read's error.
+            if cause.raw_os_error() == Some(libc::ESRCH) || !self.alive() {
                 StackError::Exited { pid: self.pid, what }
             } else {
                 StackError::Memory { pid: self.pid, address, what, cause }
             }
-        })?;
-        Ok(buf)
+        })
     }
 
     /// Whether the process still has its memory: a zombie's or a reaped
@@ -60,7 +55,6 @@ impl Remote {
     fn alive(&self) -> bool {
         std::fs::read_link(format!("/proc/{}/exe", self.pid)).is_ok()
     }
-
     /// A pointer or other 8-byte field.
     pub fn u64(&self, address: u64, what: &'static str) -> Result<u64, StackError> {
         self.word(address, what).map(u64::from_le_bytes)
