@@ -412,13 +412,18 @@ impl Growth {
         }
     }
 
+    /// Whether the growth point of `role` sits on an instruction the kernel
+    /// emulates (a point the plan has not is priced as emulated).
+    fn emulated(&self, role: GrowthRole) -> bool {
+        self.plan.points.iter().find(|p| p.role == role).is_none_or(|p| p.emulated)
+    }
+
     /// What pymalloc's probes in `counts` cost the target, in ns, priced at
     /// `prices`: their hits and their programs, not the C library's.
     fn pools_ns(&self, counts: &GrowthCounts, prices: Prices) -> f64 {
-        let emulated = |role| self.plan.points.iter().find(|p| p.role == role).is_none_or(|p| p.emulated);
         #[allow(clippy::cast_precision_loss, reason = "hits and ns in an interval")]
-        let ns = counts.takes as f64 * prices.hit.of(emulated(GrowthRole::Take))
-            + counts.arenas as f64 * prices.hit.of(emulated(GrowthRole::Arena))
+        let ns = counts.takes as f64 * prices.hit.of(self.emulated(GrowthRole::Take))
+            + counts.arenas as f64 * prices.hit.of(self.emulated(GrowthRole::Arena))
             + counts.run_ns as f64;
         ns
     }
@@ -431,12 +436,11 @@ impl Growth {
         (tracer_cpu, bytes_read): (Duration, u64),
         prices: Option<Prices>,
     ) -> GrowthCost {
-        let emulated = |role| self.plan.points.iter().find(|p| p.role == role).is_none_or(|p| p.emulated);
         let hits = counts.takes.saturating_add(counts.arenas);
         let run_ns = counts.run_ns.saturating_add(counts.mapped_run_ns);
         #[allow(clippy::cast_precision_loss, reason = "ns in an interval")]
         let target_ns = prices.map(|p| self.pools_ns(counts, p) + counts.mapped_run_ns as f64);
-        let hit_ns = prices.map(|p| p.hit.of(emulated(GrowthRole::Take)));
+        let hit_ns = prices.map(|p| p.hit.of(self.emulated(GrowthRole::Take)));
         let span_s = span.as_secs_f64();
         #[allow(clippy::cast_precision_loss, reason = "ns in an interval")]
         GrowthCost {
