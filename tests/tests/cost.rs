@@ -204,3 +204,38 @@ fn wait_cpu_s(pid: u32) -> f64 {
     };
     s(usage.ru_utime) + s(usage.ru_stime)
 }
+
+/// Seconds since 1970, as `calibrated_unix_s` counts them.
+fn unix_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970").as_secs_f64()
+}
+
+/// Calibrating takes seconds, so its figures are kept for an hour in
+/// /run/tracer/calibration.json: a run after one that measured reuses
+/// them, and says when they were measured. (Other tests' tracers may
+/// measure and keep meanwhile, so the second run is only checked not to
+/// have measured itself.)
+#[test]
+fn a_calibration_is_kept_for_the_next_run_and_dated() {
+    require_root();
+    let kept = std::path::Path::new("/run/tracer/calibration.json");
+    let _ = std::fs::remove_file(kept);
+    let mut workload = Workload::serve(&shared_python());
+    let pid = workload.pid().to_string();
+    let measured_at = || {
+        let (code, stdout, stderr) =
+            tracer_tests::run_tracer(&["attach", "--pid", &pid, "--budget", "1", "--duration", "1", "--json"]);
+        assert_eq!(code, Some(0), "{stderr}");
+        let summary: Value = serde_json::from_str(stdout.lines().last().expect("a summary")).expect("JSON");
+        let costs = &summary["budget"]["hit_cost_ns"];
+        costs["calibrated_unix_s"].as_f64().unwrap_or_else(|| panic!("not dated: {costs}"))
+    };
+    let start = unix_now();
+    let first = measured_at();
+    assert!(first > start - 10.0 && first < unix_now(), "measured at {first}, the run began at {start}");
+    assert!(kept.is_file(), "{} was not written", kept.display());
+    let second_start = unix_now();
+    let second = measured_at();
+    assert!(second < second_start, "the second run measured again: at {second}, it began at {second_start}");
+    workload.ping();
+}

@@ -80,6 +80,10 @@ pub struct HitCosts {
     /// A probe whose instruction the kernel emulates.
     #[serde(rename = "emulated")]
     pub emulated_ns: f64,
+    /// When they were measured, in seconds since 1970 (UTC): a run may use
+    /// figures kept from an earlier one (`prepare::kept`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibrated_unix_s: Option<f64>,
 }
 
 impl HitCosts {

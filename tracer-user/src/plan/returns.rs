@@ -30,7 +30,7 @@ use super::{
 };
 
 /// What each way of reading a return costs here, per call.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ReturnCosts {
     /// A probe on a single-stepped or an emulated instruction.
     pub hit: HitCosts,
@@ -262,8 +262,10 @@ mod tests {
     use super::*;
 
     const K: KernelVersion = (6, 18);
-    const COSTS: ReturnCosts =
-        ReturnCosts { hit: HitCosts { single_stepped_ns: 16000.0, emulated_ns: 500.0 }, uretprobe_return_ns: 1500.0 };
+    const COSTS: ReturnCosts = ReturnCosts {
+        hit: HitCosts { single_stepped_ns: 16000.0, emulated_ns: 500.0, calibrated_unix_s: None },
+        uretprobe_return_ns: 1500.0,
+    };
 
     fn offsets(p: &ReturnPlan) -> Vec<u64> {
         match p {

@@ -248,7 +248,7 @@ impl Drop for ChildProcess {
 
 /// What a hit costs here, as calibrated, in the CPU time of the thread
 /// hit.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Prices {
     pub hit: HitCosts,
     /// A uretprobe's return on top of its entry breakpoint; calibrated
@@ -258,7 +258,7 @@ pub struct Prices {
 
 /// What one probe hit costs on this machine, and with `--returns`, what
 /// reading a return value costs.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Calibration {
     /// In wall time.
     pub hit: HitCosts,
@@ -268,13 +268,29 @@ pub struct Calibration {
     pub cpu: Prices,
 }
 
+/// [`HitCosts`] on this machine, and with `returns` what each way of
+/// reading a return value costs: as kept from an earlier run of this build
+/// in this boot ([`super::kept`]), or else measured now and kept.
+///
+/// # Errors
+/// As [`measure`].
+pub fn calibrate(returns: bool) -> Result<Calibration, CalibrationError> {
+    let dir = std::path::Path::new(super::kept::DIR);
+    if let Some(kept) = super::kept::read(dir, returns) {
+        return Ok(kept);
+    }
+    let measured = measure(returns)?;
+    super::kept::write(dir, &measured);
+    Ok(measured)
+}
+
 /// Measures [`HitCosts`] on this machine (a second or two: each detach
 /// waits for a grace period), and with `returns` what each way of reading
 /// a return value costs (about as long again).
 ///
 /// # Errors
 /// When tracer's own image cannot be probed or the probes miscount.
-pub fn calibrate(returns: bool) -> Result<Calibration, CalibrationError> {
+pub fn measure(returns: bool) -> Result<Calibration, CalibrationError> {
     let exe = std::env::current_exe().map_err(CalibrationError::OwnExe)?;
     let elf = ElfImage::open(&exe)?;
     if elf.function(SYMBOL).is_none() || elf.function(RETURN_SYMBOL).is_none() {
@@ -332,9 +348,11 @@ fn hit_costs(image: ImageRef<'_>, child: &mut ChildProcess) -> Result<(HitCosts,
             return Err(CalibrationError::Miscounted { where_, counted, calls });
         }
     }
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).ok();
     let of = |pick: fn(&(f64, f64)) -> f64| HitCosts {
         single_stepped_ns: median(&mut costs.0.iter().map(pick).collect::<Vec<_>>()),
         emulated_ns: median(&mut costs.1.iter().map(pick).collect::<Vec<_>>()),
+        calibrated_unix_s: now,
     };
     Ok((of(|c| c.0), of(|c| c.1)))
 }

@@ -5,6 +5,7 @@
 //! the run loop receives what this makes.
 
 pub mod calibrate;
+pub mod kept;
 pub mod planning;
 
 use std::path::{Path, PathBuf};

@@ -118,7 +118,7 @@ mod tests {
             target_cpu_s: 1.0,
             hits: 2267,
             unpriced_hits: 0,
-            hit_cost_ns: HitCosts { single_stepped_ns: 15_000.0, emulated_ns: 500.0 },
+            hit_cost_ns: HitCosts { single_stepped_ns: 15_000.0, emulated_ns: 500.0, calibrated_unix_s: None },
         });
         let (out, _) = lines(&[Event::Summary(Summary::new(sample, End::Duration))]);
         assert_eq!(

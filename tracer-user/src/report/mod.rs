@@ -154,7 +154,7 @@ pub(crate) mod examples {
             traced_s: 0.1,
             traced_fraction: 0.01,
             estimated_overhead_fraction: overhead,
-            hit_cost_ns: HitCosts { single_stepped_ns: 16000.0, emulated_ns: 500.0 },
+            hit_cost_ns: HitCosts { single_stepped_ns: 16000.0, emulated_ns: 500.0, calibrated_unix_s: None },
             switching_s: 0.0,
             target_cpu_s: Some(5.0),
         });

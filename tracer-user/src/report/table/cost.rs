@@ -54,7 +54,11 @@ mod tests {
             target_cpu_s: 1.0,
             hits: 1000,
             unpriced_hits: 0,
-            hit_cost_ns: crate::plan::HitCosts { single_stepped_ns: 15_000.0, emulated_ns: 500.0 },
+            hit_cost_ns: crate::plan::HitCosts {
+                single_stepped_ns: 15_000.0,
+                emulated_ns: 500.0,
+                calibrated_unix_s: None,
+            },
         }
     }
 

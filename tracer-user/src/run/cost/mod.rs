@@ -441,7 +441,8 @@ mod tests {
     use super::*;
     use crate::{kernel::maps::ProbeReading, plan::HitCosts};
 
-    pub(super) const HIT: HitCosts = HitCosts { single_stepped_ns: 15_000.0, emulated_ns: 500.0 };
+    pub(super) const HIT: HitCosts =
+        HitCosts { single_stepped_ns: 15_000.0, emulated_ns: 500.0, calibrated_unix_s: None };
     pub(super) const PRICES: Prices = Prices { hit: HIT, uretprobe_return_ns: Some(200.0) };
 
     pub(super) const fn sites(emulated: usize, single_stepped: usize) -> SiteKinds {
