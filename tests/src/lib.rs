@@ -795,6 +795,18 @@ fn until_done(mut workload: Workload, args: &[&str], attach: fn(u32, &[&str]) ->
     (attached, summary)
 }
 
+/// `stderr` without the warning of a high estimated cost, which any
+/// exact run on a busy target may give once its hit cost is calibrated
+/// (see tests/tests/cost.rs).
+#[must_use]
+pub fn without_cost_warning(stderr: &str) -> String {
+    stderr
+        .lines()
+        .filter(|l| !l.starts_with("tracer: warning: tracing costs the target"))
+        .flat_map(|l| [l, "\n"])
+        .collect()
+}
+
 /// Runs tracer to completion with ARGS and returns (exit code, stdout, stderr).
 #[must_use]
 pub fn run_tracer(args: &[&str]) -> (Option<i32>, String, String) {

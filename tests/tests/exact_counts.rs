@@ -45,7 +45,7 @@ fn traced_run_with(python: &Path, n: u64, body: Body, exit: Exit, aslr: Aslr, ex
     for (name, value) in summary["stats"].as_object().expect("stats") {
         assert_eq!(value, 0, "BPF stat {name} is non-zero: {summary}");
     }
-    assert_eq!(stderr, format!("tracer: detached from PID {pid} (target-exit)\n"));
+    assert_eq!(tracer_tests::without_cost_warning(&stderr), format!("tracer: detached from PID {pid} (target-exit)\n"));
     (probes, counts(summary))
 }
 
@@ -496,12 +496,14 @@ fn intervals_are_cumulative_and_end_with_summary() {
     let (status, lines, stderr) = tracer.finish();
     assert!(status.success(), "{stderr}");
     let (summary, intervals) = lines.split_last().expect("lines");
+    // A note of a high cost may come among the intervals.
+    let intervals: Vec<&Value> = intervals.iter().filter(|l| l["type"] != "note").collect();
     assert_eq!(summary["type"], "summary");
     assert_eq!(summary["end"], "duration");
     assert!(intervals.len() >= 4, "expected about 7 intervals in 1.5 s at 0.2 s, got {}", intervals.len());
-    let mut last = counts(&intervals[0]);
+    let mut last = counts(intervals[0]);
     let mut last_elapsed = 0.0;
-    for line in intervals.iter().chain(std::iter::once(summary)) {
+    for line in intervals.iter().copied().chain(std::iter::once(summary)) {
         assert!(line["type"] == "interval" || line == summary);
         let elapsed = line["elapsed_s"].as_f64().expect("elapsed_s");
         assert!(elapsed > last_elapsed, "elapsed_s goes forward");

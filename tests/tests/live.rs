@@ -65,6 +65,15 @@ fn listed(s: &Value, size: u64) -> u64 {
     s["leaks"]["oldest"].as_array().expect("leaks").iter().filter(|l| l["size"] == size).count() as u64
 }
 
+/// How many listed leaks there are of each size.
+fn by_size(s: &Value) -> std::collections::BTreeMap<u64, u64> {
+    let mut sizes = std::collections::BTreeMap::new();
+    for l in s["leaks"]["oldest"].as_array().expect("leaks") {
+        *sizes.entry(l["size"].as_u64().expect("a size")).or_default() += 1;
+    }
+    sizes
+}
+
 /// Every live level is a level: never below zero.
 fn never_negative(s: &Value) {
     for d in ["object", "mem", "raw"] {
@@ -103,7 +112,15 @@ fn exact(target: Target<'_>, inlined: bool) {
     assert_eq!((listed(&one, KEEP + 1), listed(&two, KEEP + 1)), (n, 2 * n), "{}", two["leaks"]["count"]);
     assert_eq!((listed(&one, TEMP + 1), listed(&two, TEMP + 1)), (0, 0));
     // Two blocks each: the object and its buffer.
-    assert_eq!(two["leaks"]["count"].as_u64().unwrap() - one["leaks"]["count"].as_u64().unwrap(), 2 * n);
+    assert_eq!(
+        two["leaks"]["count"].as_u64().unwrap() - one["leaks"]["count"].as_u64().unwrap(),
+        2 * n,
+        "listed by size, N: {:?}, 2N: {:?}; live N: {}, 2N: {}",
+        by_size(&one),
+        by_size(&two),
+        one["live"],
+        two["live"]
+    );
     // Freed: back where it was, whatever N.
     let (one_freed, _) = run(target, n, true, &leaks);
     let (two_freed, _) = run(target, 2 * n, true, &leaks);
