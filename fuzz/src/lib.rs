@@ -13,6 +13,7 @@ use std::{
 
 use tracer_user::{
     discover::{
+        copies::Cfa,
         debuginfo,
         elf::{ElfImage, defines_cpython},
         entries::{self, Graph},
@@ -23,6 +24,7 @@ use tracer_user::{
     },
     heap::{bounds::Limits, image::Image, maps::Regions},
     python::{self, Abi, PythonVersion},
+    unwind,
 };
 
 /// The one input that crashes the canary target.
@@ -92,6 +94,21 @@ pub fn elf(data: &[u8]) {
     }
     if let Some(abi) = abis().first() {
         let _ = guards::scan_image(path, data, &guard_wanted(*abi), None);
+    }
+    // The two readers of `.eh_frame`: the native unwinder's rows, and the
+    // CFA that places a size the DWARF gives relative to it.
+    let _ = unwind::table::rows(data);
+    let mut cfa = Cfa::of(data);
+    if let Ok(image) = ElfImage::parse(path, data) {
+        for name in SYMBOLS {
+            if let Some(symbol) = image.symbol(name) {
+                let _ = cfa.at(symbol.address);
+                let _ = cfa.at(symbol.address.wrapping_add(symbol.size / 2));
+            }
+        }
+    }
+    for address in [0, 0x1000, u64::MAX] {
+        let _ = cfa.at(address);
     }
 }
 

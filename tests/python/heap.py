@@ -13,6 +13,11 @@ finds it at rest:
   census reads it; answers "churning".
 - big: keeps BIG_FLOATS more floats in a list, a heap that takes a while to
   read; answers "big".
+- fork: starts a thread that forks children one after another, each making
+  and dropping FORK_FLOATS floats and leaving with os._exit(0), waited for
+  by the thread, which counts those that exited with status 0 and those
+  that did not; answers "forking".
+- forks: answers "forks OK FAILED", those counts so far.
 - anything else: exits at once (os._exit).
 
 The objects: N_SLOTTED instances of a slotted class, N_FLOATS distinct
@@ -37,6 +42,7 @@ CACHED_SIZE = 1_000
 CHURN_FLOATS = 100
 CHURN_KEYS = 50
 BIG_FLOATS = 5_000_000
+FORK_FLOATS = 1_000
 
 
 class Slotted:
@@ -68,6 +74,20 @@ def churn():
         temporary = [i * 1.5 for i in range(CHURN_FLOATS)]
         table = {str(i): i for i in range(CHURN_KEYS)}
         del temporary, table
+
+
+forks = [0, 0]
+
+
+def fork():
+    while True:
+        child = os.fork()
+        if child == 0:
+            temporary = [i * 1.5 for i in range(FORK_FLOATS)]
+            del temporary
+            os._exit(0)
+        _, status = os.waitpid(child, 0)
+        forks[0 if status == 0 else 1] += 1
 
 
 def count(write=True):
@@ -129,6 +149,13 @@ def main():
             command = None
             threading.Thread(target=churn, daemon=True).start()
             os.write(1, b"churning\n")
+        elif command == b"fork":
+            command = None
+            threading.Thread(target=fork, daemon=True).start()
+            os.write(1, b"forking\n")
+        elif command == b"forks":
+            command = None
+            os.write(1, b"forks %d %d\n" % (forks[0], forks[1]))
         elif command == b"big":
             command = None
             big = [i + 0.25 for i in range(BIG_FLOATS)]

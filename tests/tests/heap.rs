@@ -454,3 +454,38 @@ fn a_heap_without_pymalloc_is_found_through_the_collector_and_said() {
     assert_eq!(count(&now, "float") - count(&was, "float"), N_FLOATS, "{after}");
     assert_eq!(count(&now, "bytes") - count(&was, "bytes"), N_BYTES + N_CACHED, "{after}");
 }
+
+/// What heap.py's forking thread has seen so far: children that exited
+/// with status 0, and those that did not.
+fn forks(workload: &mut Workload) -> (u64, u64) {
+    workload.tell("forks");
+    let line = workload.next_line("the forks").expect("a line");
+    let mut n =
+        line.strip_prefix("forks ").unwrap_or_else(|| panic!("{line}")).split(' ').map(|n| n.parse().expect("a count"));
+    (n.next().expect("ok"), n.next().expect("failed"))
+}
+
+/// A target that forks while a census reads it (issue 26): the census of
+/// the parent is whole, running and stopped, and every child forked
+/// meanwhile runs to its end (status 0), none harmed.
+#[test]
+fn a_target_forking_mid_census_is_read_whole_and_its_children_unharmed() {
+    require_root();
+    let mut workload = pyenv("3.11.7").start();
+    at_rest(&workload);
+    let pid = workload.pid();
+    workload.tell("build");
+    let _ = said(&workload);
+    workload.tell("fork");
+    workload.expect("forking");
+    for stop in [&[][..], &["--stop"][..]] {
+        let (before, _) = forks(&mut workload);
+        let c = census(pid, stop);
+        let (after, failed) = forks(&mut workload);
+        assert!(after > before, "no child forked during the census ({before} before, {after} after)");
+        assert_eq!(failed, 0, "{failed} children did not exit with status 0");
+        assert_eq!(c["exact"], !stop.is_empty(), "{c}");
+        assert_eq!(by_type(&c)["__main__.Slotted"].0, N_SLOTTED, "{stop:?}: {c}");
+    }
+    workload.tell("quit");
+}

@@ -367,14 +367,15 @@ fn size_operands(site: &inline::Site, cfa: &mut Cfa<'_>) -> Option<(u8, u8, u16)
 
 /// The canonical frame address at each point of an image's code, from its
 /// `.eh_frame`: where a size the DWARF puts relative to the CFA is.
-pub(super) struct Cfa<'a> {
+pub struct Cfa<'a> {
     frame: Option<(gimli::EhFrame<gimli::EndianSlice<'a, gimli::LittleEndian>>, gimli::BaseAddresses)>,
     context: gimli::UnwindContext<usize>,
 }
 
 impl<'a> Cfa<'a> {
     /// The rules of the image `data`; none where it has no `.eh_frame`.
-    pub(super) fn of(data: &'a [u8]) -> Self {
+    #[must_use]
+    pub fn of(data: &'a [u8]) -> Self {
         use object::{Object as _, ObjectSection as _};
         let frame = object::File::parse(data).ok().and_then(|file| {
             let section = file.section_by_name(".eh_frame")?;
@@ -388,7 +389,7 @@ impl<'a> Cfa<'a> {
 
     /// The CFA at `address` as (DWARF register, offset), where it is a
     /// register plus an offset there.
-    pub(super) fn at(&mut self, address: u64) -> Option<(u16, i64)> {
+    pub fn at(&mut self, address: u64) -> Option<(u16, i64)> {
         use gimli::UnwindSection as _;
         let (frame, bases) = self.frame.as_ref()?;
         let row =

@@ -184,8 +184,43 @@ pub(crate) fn file_offset_of(segments: &[(u64, u64, u64, u64)], address: u64) ->
     })
 }
 
+/// The most a compressed section may grow when decompressed: deflate's
+/// limit is about 1032 to 1, and debug info compresses a few times.
+const MAX_RATIO: u64 = 2048;
+
+/// Why a section's bytes could not be had.
+#[derive(Debug, Error)]
+pub enum SectionError {
+    #[error("{0}")]
+    Read(#[from] object::Error),
+    /// A compressed section says how large it is once decompressed, and
+    /// that much would be allocated first.
+    #[error(
+        "it says it decompresses to {size} bytes from {compressed}, more than any compressor makes of them (corrupt?)"
+    )]
+    Inflated { size: u64, compressed: usize },
+}
+
+/// `section`'s bytes, decompressed where compressed; a section that says
+/// it decompresses to more than any compressor makes of its bytes is
+/// refused before anything is allocated for it (a file tracer reads may be
+/// crafted).
+///
+/// # Errors
+/// When the section cannot be read or decompressed, or says it inflates
+/// past belief.
+pub fn section_data<'d>(section: &object::Section<'d, '_>) -> Result<std::borrow::Cow<'d, [u8]>, SectionError> {
+    use object::ObjectSection as _;
+    let compressed = section.compressed_data()?;
+    let most = (compressed.data.len() as u64).saturating_mul(MAX_RATIO).saturating_add(1 << 20);
+    if compressed.format != object::CompressionFormat::None && compressed.uncompressed_size > most {
+        return Err(SectionError::Inflated { size: compressed.uncompressed_size, compressed: compressed.data.len() });
+    }
+    Ok(compressed.decompress()?)
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -207,6 +242,30 @@ mod tests {
         let main = image.function("main").expect("test binary has main");
         assert!(main.file_offset > 0);
         assert!(image.function("no_such_symbol_here").is_none());
+    }
+
+    /// The fuzzer's find: a compressed DWARF section that says it inflates
+    /// to gigabytes from a few bytes.
+    pub const INFLATED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz/corpus/dwarf/regression-inflated-section");
+
+    #[test]
+    fn a_section_that_inflates_past_belief_is_refused_before_it_is_allocated() {
+        use object::{Object as _, ObjectSection as _};
+        let data = std::fs::read(INFLATED).expect("the fuzz corpus");
+        let file = object::File::parse(&*data).expect("an ELF file");
+        let refused: Vec<_> = file
+            .sections()
+            .filter_map(|s| match section_data(&s) {
+                Err(SectionError::Inflated { size, compressed }) => {
+                    Some((s.name().unwrap_or("").to_owned(), size, compressed))
+                }
+                _ => None,
+            })
+            .collect();
+        assert!(!refused.is_empty(), "no section refused");
+        for (name, size, compressed) in refused {
+            assert!(size > (compressed as u64) * MAX_RATIO, "{name}: {size} from {compressed}");
+        }
     }
 
     #[test]

@@ -276,7 +276,13 @@ pub struct Calibration {
 /// As [`measure`].
 pub fn calibrate(returns: bool) -> Result<Calibration, CalibrationError> {
     let dir = std::path::Path::new(super::kept::DIR);
-    if let Some(kept) = super::kept::read(dir, returns) {
+    if let Some(mut kept) = super::kept::read(dir, returns) {
+        // Kept with the returns' costs by a run that read returns: a run
+        // that does not has no use for them, and reports none.
+        if !returns {
+            kept.returns = None;
+            kept.cpu.uretprobe_return_ns = None;
+        }
         return Ok(kept);
     }
     let measured = measure(returns)?;

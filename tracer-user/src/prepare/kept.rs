@@ -186,7 +186,7 @@ mod tests {
         assert_eq!(read(&dir, false), Some(calibration(false, now)));
         assert_eq!(read(&dir, true), None, "kept without the returns' costs");
         write(&dir, &calibration(true, now));
-        assert_eq!(read(&dir, false), Some(calibration(true, now)), "the returns' costs do no harm");
+        assert_eq!(read(&dir, false), Some(calibration(true, now)), "calibrate() leaves out what is not asked for");
         assert_eq!(read(&dir, true), Some(calibration(true, now)));
         let stale = now - MAX_AGE.as_secs_f64() - 1.0;
         write(&dir, &calibration(true, stale));

@@ -6,9 +6,9 @@
 use std::{borrow::Cow, path::Path, rc::Rc};
 
 use gimli::{EndianRcSlice, RunTimeEndian};
-use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
+use object::{Object as _, ObjectSymbol as _};
 
-use crate::model::NativeFrame;
+use crate::{discover::elf::section_data, model::NativeFrame};
 
 type Reader = EndianRcSlice<RunTimeEndian>;
 
@@ -111,11 +111,30 @@ fn context(path: &Path) -> Result<addr2line::Context<Reader>, String> {
     let data = std::fs::read(path).map_err(|e| e.to_string())?;
     let file = object::File::parse(&*data).map_err(|e| e.to_string())?;
     let endian = if file.is_little_endian() { RunTimeEndian::Little } else { RunTimeEndian::Big };
-    let load = |id: gimli::SectionId| -> Result<Reader, gimli::Error> {
-        let bytes: Cow<'_, [u8]> =
-            file.section_by_name(id.name()).and_then(|s| s.uncompressed_data().ok()).unwrap_or(Cow::Borrowed(&[]));
+    // A section that cannot be had leaves the module without inlined
+    // names (its symbols still name its functions); one that says it
+    // inflates past belief is refused before it is allocated.
+    let load = |id: gimli::SectionId| -> Result<Reader, String> {
+        let bytes: Cow<'_, [u8]> = match file.section_by_name(id.name()) {
+            Some(s) => section_data(&s).map_err(|e| format!("{}: its {} section: {e}", path.display(), id.name()))?,
+            None => Cow::Borrowed(&[]),
+        };
         Ok(EndianRcSlice::new(Rc::from(&*bytes), endian))
     };
-    let dwarf = gimli::Dwarf::load(load).map_err(|e| e.to_string())?;
+    let dwarf = gimli::Dwarf::load(load)?;
     addr2line::Context::from_dwarf(dwarf).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A crafted debug file whose DWARF section says it inflates to
+    /// gigabytes: refused, not allocated; the module keeps its symbols.
+    #[test]
+    fn an_inflated_dwarf_section_is_refused() {
+        let path = Path::new(crate::discover::elf::tests::INFLATED);
+        let err = context(path).err().expect("refused");
+        assert!(err.contains("decompresses to") && err.contains("more than any compressor"), "{err}");
+    }
 }

@@ -18,7 +18,7 @@ mod walk;
 use std::{borrow::Cow, collections::HashMap, ops::Range, path::Path, path::PathBuf};
 
 use gimli::{EndianSlice, RunTimeEndian};
-use object::{Object as _, ObjectSection as _};
+use object::Object as _;
 use thiserror::Error;
 
 pub use self::location::{Location, Register};
@@ -39,10 +39,6 @@ pub enum InlineError {
     #[error("{path}: malformed DWARF near .debug_info offset {offset:#x}: {cause}; {BAD_FILE_FIX}")]
     Dwarf { path: PathBuf, offset: u64, cause: gimli::Error },
 }
-
-/// The most a compressed section may grow when decompressed: deflate's
-/// limit is about 1032 to 1, and debug info compresses a few times.
-const MAX_RATIO: u64 = 2048;
 
 /// One function to look for, and the parameters whose locations are wanted
 /// (by their names in the source: `size` for `PyObject_Malloc`).
@@ -142,21 +138,14 @@ pub fn find(path: &Path, data: &[u8], wanted: &[Wanted<'_>]) -> Result<Vec<Funct
     let endian = if file.is_little_endian() { RunTimeEndian::Little } else { RunTimeEndian::Big };
     let sections = gimli::DwarfSections::load(|id| -> Result<Cow<'_, [u8]>, InlineError> {
         file.section_by_name(id.name()).map_or(Ok(Cow::Borrowed(&[][..])), |s| {
-            let err = |cause| InlineError::Section { path: path.to_owned(), section: id.name(), cause };
-            // A compressed section says how large it is once decompressed,
-            // and that much is allocated first: a size no compressor
-            // reaches from these bytes is refused before it is.
-            let compressed = s.compressed_data().map_err(err)?;
-            let most = (compressed.data.len() as u64).saturating_mul(MAX_RATIO).saturating_add(1 << 20);
-            if compressed.format != object::CompressionFormat::None && compressed.uncompressed_size > most {
-                return Err(InlineError::Inflated {
-                    path: path.to_owned(),
-                    section: id.name(),
-                    size: compressed.uncompressed_size,
-                    compressed: compressed.data.len(),
-                });
-            }
-            s.uncompressed_data().map_err(err)
+            elf::section_data(&s).map_err(|e| match e {
+                elf::SectionError::Read(cause) => {
+                    InlineError::Section { path: path.to_owned(), section: id.name(), cause }
+                }
+                elf::SectionError::Inflated { size, compressed } => {
+                    InlineError::Inflated { path: path.to_owned(), section: id.name(), size, compressed }
+                }
+            })
         })
     })?;
     let dwarf = sections.borrow(|s| EndianSlice::new(s, endian));
@@ -215,6 +204,8 @@ fn dedup(mut sites: Vec<Site>) -> Vec<Site> {
 
 #[cfg(test)]
 mod tests {
+    use object::ObjectSection as _;
+
     use super::*;
     use crate::discover::{
         debuginfo::tests::{DEBIAN_PYTHON, debian_debug_file, pyenv_libpython},
