@@ -354,7 +354,7 @@ fn hit_costs(image: ImageRef<'_>, child: &mut ChildProcess) -> Result<(HitCosts,
             return Err(CalibrationError::Miscounted { where_, counted, calls });
         }
     }
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).ok();
+    let now = Some(super::kept::now_unix_s());
     let of = |pick: fn(&(f64, f64)) -> f64| HitCosts {
         single_stepped_ns: median(&mut costs.0.iter().map(pick).collect::<Vec<_>>()),
         emulated_ns: median(&mut costs.1.iter().map(pick).collect::<Vec<_>>()),

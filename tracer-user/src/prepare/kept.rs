@@ -77,7 +77,8 @@ fn key() -> Option<Key> {
     })
 }
 
-fn now_unix_s() -> f64 {
+/// Seconds since 1970, as `calibrated_unix_s` counts them.
+pub(super) fn now_unix_s() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
 }
 
