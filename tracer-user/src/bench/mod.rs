@@ -261,7 +261,7 @@ impl Bench {
         if let Some(costs) = *self.return_costs.borrow() {
             return Ok(costs);
         }
-        let calibration = prepare::calibrate::measure(true).map_err(|e| step("calibrating return probes", e))?;
+        let calibration = prepare::calibrate::calibrate(true).map_err(|e| step("calibrating return probes", e))?;
         let costs = calibration.returns.map(|r| r.0).ok_or_else(|| step("calibrating return probes", "no result"))?;
         *self.return_costs.borrow_mut() = Some(costs);
         Ok(costs)

@@ -268,26 +268,10 @@ pub struct Calibration {
     pub cpu: Prices,
 }
 
-/// [`HitCosts`] on this machine, and with `returns` what each way of
-/// reading a return value costs: as kept from an earlier run of this build
-/// in this boot ([`super::kept`]), or else measured now and kept.
-///
-/// # Errors
-/// As [`measure`].
-pub fn calibrate(returns: bool) -> Result<Calibration, CalibrationError> {
-    let dir = std::path::Path::new(super::kept::DIR);
-    if let Some(mut kept) = super::kept::read(dir, returns) {
-        // Kept with the returns' costs by a run that read returns: a run
-        // that does not has no use for them, and reports none.
-        if !returns {
-            kept.returns = None;
-            kept.cpu.uretprobe_return_ns = None;
-        }
-        return Ok(kept);
-    }
-    let measured = measure(returns)?;
-    super::kept::write(dir, &measured);
-    Ok(measured)
+/// Seconds since 1970, as `calibrated_unix_s` counts them.
+#[must_use]
+pub fn now_unix_s() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// Measures [`HitCosts`] on this machine (a second or two: each detach
@@ -296,7 +280,7 @@ pub fn calibrate(returns: bool) -> Result<Calibration, CalibrationError> {
 ///
 /// # Errors
 /// When tracer's own image cannot be probed or the probes miscount.
-pub fn measure(returns: bool) -> Result<Calibration, CalibrationError> {
+pub fn calibrate(returns: bool) -> Result<Calibration, CalibrationError> {
     let exe = std::env::current_exe().map_err(CalibrationError::OwnExe)?;
     let elf = ElfImage::open(&exe)?;
     if elf.function(SYMBOL).is_none() || elf.function(RETURN_SYMBOL).is_none() {
@@ -354,7 +338,7 @@ fn hit_costs(image: ImageRef<'_>, child: &mut ChildProcess) -> Result<(HitCosts,
             return Err(CalibrationError::Miscounted { where_, counted, calls });
         }
     }
-    let now = Some(super::kept::now_unix_s());
+    let now = Some(now_unix_s());
     let of = |pick: fn(&(f64, f64)) -> f64| HitCosts {
         single_stepped_ns: median(&mut costs.0.iter().map(pick).collect::<Vec<_>>()),
         emulated_ns: median(&mut costs.1.iter().map(pick).collect::<Vec<_>>()),

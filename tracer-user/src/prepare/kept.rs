@@ -23,12 +23,12 @@ use std::{
     io::{Read as _, Write as _},
     os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _},
     path::Path,
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::{Duration, UNIX_EPOCH},
 };
 
 use serde::{Deserialize, Serialize};
 
-use super::calibrate::Calibration;
+use super::calibrate::{self, Calibration, CalibrationError, now_unix_s};
 
 /// Where the record is kept: a tmpfs that a reboot empties.
 pub const DIR: &str = "/run/tracer";
@@ -77,9 +77,27 @@ fn key() -> Option<Key> {
     })
 }
 
-/// Seconds since 1970, as `calibrated_unix_s` counts them.
-pub(super) fn now_unix_s() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+/// [`HitCosts`](crate::plan::HitCosts) on this machine, and with `returns`
+/// what each way of reading a return value costs: as kept from an earlier
+/// run of this build in this boot, or else measured now
+/// ([`calibrate::calibrate`]) and kept.
+///
+/// # Errors
+/// As [`calibrate::calibrate`].
+pub fn calibration(returns: bool) -> Result<Calibration, CalibrationError> {
+    let dir = Path::new(DIR);
+    if let Some(mut kept) = read(dir, returns) {
+        // Kept with the returns' costs by a run that read returns: a run
+        // that does not has no use for them, and reports none.
+        if !returns {
+            kept.returns = None;
+            kept.cpu.uretprobe_return_ns = None;
+        }
+        return Ok(kept);
+    }
+    let measured = calibrate::calibrate(returns)?;
+    write(dir, &measured);
+    Ok(measured)
 }
 
 /// The calibration kept in `dir`, when it fits: same key, `returns`

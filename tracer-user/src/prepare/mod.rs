@@ -169,7 +169,7 @@ pub fn prepare(target: &TargetSpec, options: &Options<'_>) -> Result<Prepared, P
     // takes the privileges an attach does.
     let calibration = if options.hit_costs || planning.reads_returns() {
         privileges::check()?;
-        Some(calibrate::calibrate(planning.reads_returns())?)
+        Some(kept::calibration(planning.reads_returns())?)
     } else {
         None
     };

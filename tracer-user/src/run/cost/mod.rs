@@ -5,7 +5,7 @@
 //! A uprobe hit runs in the thread that hit it, so its cost is CPU time the
 //! target is charged for. The estimate is each probe's hits times the
 //! calibrated cost of a hit where its uprobes sit (emulated or
-//! single-stepped, see [`calibrate`]), against the CPU time
+//! single-stepped, see [`crate::prepare::calibrate`]), against the CPU time
 //! (`utime + stime` in `/proc/PID/stat`) the traced processes used over the
 //! same span. The cost of a hit is calibrated on a thread after the probes
 //! are live, so that tracing starts at once; until it is known, the
@@ -47,7 +47,7 @@ pub use crate::prepare::calibrate::Prices;
 use crate::{
     model::{Cost, Level, Note, NoteCode, SiteKinds},
     plan::Plan,
-    prepare::calibrate,
+    prepare::kept,
 };
 
 /// See [`CostMeter::observe`].
@@ -200,7 +200,7 @@ impl Calibration {
             // on Linux PRIO_PROCESS with this thread's ID sets the
             // nice value of this thread alone.
             unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::id_t::try_from(libc::gettid()).unwrap_or(0), 10) };
-            calibrate::calibrate(false).map(|c| c.cpu).map_err(|e| chain(&e))
+            kept::calibration(false).map(|c| c.cpu).map_err(|e| chain(&e))
         });
         match spawned {
             Ok(thread) => Self::Running(thread),
