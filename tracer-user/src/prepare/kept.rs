@@ -34,7 +34,7 @@ use super::calibrate::{self, Calibration, CalibrationError, now_unix_s};
 pub const DIR: &str = "/run/tracer";
 const FILE: &str = "calibration.json";
 /// How long a record is used: hit costs drift little, but a machine's
-/// CPU frequency policy or its host's load may change over a day.
+/// CPU frequency policy or its host's load may change within hours.
 pub const MAX_AGE: Duration = Duration::from_hours(1);
 /// Bumped whenever the record's fields change meaning.
 const FORMAT: u32 = 1;
