@@ -246,6 +246,82 @@ fn rates_within_five_percent_of_an_exact_count() {
     drop(workload);
 }
 
+/// The target's untraced rate of bytearrays from `churn_threads.py`: its
+/// tally over `secs` seconds of nothing attached, per second.
+fn untraced_rate(workload: &mut Workload, secs: f64) -> f64 {
+    let mut tally = || {
+        workload.tell("tally");
+        let line = workload.next_line("a tally").expect("a tally");
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(fields.first(), Some(&"tally"), "{line}");
+        let n: f64 = fields[1].parse().expect("a count");
+        let at: f64 = fields[2].parse().expect("a time");
+        (n, at)
+    };
+    let (n0, t0) = tally();
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    let (n1, t1) = tally();
+    (n1 - n0) / (t1 - t0)
+}
+
+/// On allocation-bound threads (each `bytearray(1000)` one
+/// `PyMem_RawMalloc`) a window traces the target many times slower than it
+/// runs: the profile's rates are taken back to its pace untraced. Its
+/// interval for `PyMem_RawMalloc` holds the target's own rate measured with
+/// nothing attached before and after (read as a span: the machine's pace
+/// drifts), or, where the windows slowed it past knowing by how much, its
+/// low end is below that rate and it says the rates are lower bounds. It
+/// reports the slowdown it corrected for. Before this correction the
+/// estimate was the rate while traced, 10-100 times low.
+fn rates_hold_the_pace_of(python: &str, extra: &[&str]) {
+    require_root();
+    let mut workload = Workload::script(None, python, "churn_threads.py", &["4"]);
+    workload.tell("go");
+    std::thread::sleep(Duration::from_millis(500));
+    let before = untraced_rate(&mut workload, 3.0);
+    let probes = ["--probes", "PyMem_RawMalloc", "--duration", "12", "--interval", "3600"];
+    let (tracer, attached) = TracerRun::profile_json(workload.pid(), &[&probes[..], extra].concat());
+    assert_eq!(attached["mode"], "profile");
+    let summary = tracer.summary();
+    let after = untraced_rate(&mut workload, 3.0);
+    workload.tell("stop");
+    let (low, high) = (before.min(after) * 0.9, before.max(after) * 1.1);
+    let budget = &summary["budget"];
+    let estimate = &summary["probes"]["PyMem_RawMalloc"]["estimate"];
+    let context = format!("untraced {before:.0}/s before, {after:.0}/s after; estimate {estimate}; budget {budget}");
+    assert!(budget["windows"].as_u64().expect("windows") >= 2, "{context}");
+    let slowdown = &budget["slowdown"];
+    // A hit costs over a microsecond here, a bytearray's own work a few
+    // hundred nanoseconds.
+    assert!(number(&slowdown["at_least"], "at_least") > 1.5, "{context}");
+    let ci = estimate["calls_per_s_ci95"].as_array().expect("an interval");
+    assert!(number(&ci[0], "the low end") <= high, "{context}");
+    let rate = number(&estimate["calls_per_s"], "calls_per_s");
+    // Bytes follow calls: 1001 bytes each.
+    assert!(
+        (number(&estimate["bytes_per_s"], "bytes_per_s") - 1001.0 * rate).abs() <= 1e-6 * rate * 1001.0,
+        "{context}"
+    );
+    if slowdown["at_most"].is_null() {
+        assert_eq!(estimate["lower_bound"], true, "{context}");
+        assert!(ci[1].is_null(), "{context}");
+    } else {
+        assert!(estimate.get("lower_bound").is_none(), "{context}");
+        assert!(number(&ci[1], "the high end") >= low, "{context}");
+        assert!(number(&slowdown["at_most"], "at_most") >= number(&slowdown["at_least"], "at_least"), "{context}");
+    }
+}
+
+#[test]
+fn rates_hold_the_pace_of_an_allocation_bound_target() {
+    rates_hold_the_pace_of(shared_python().to_str().unwrap(), &["--budget", "20"]);
+}
+
+#[test]
+fn rates_hold_the_pace_of_an_allocation_bound_target_on_debians_lto_311() {
+    rates_hold_the_pace_of(STATIC_PYTHON, &["--budget", "20"]);
+}
+
 #[test]
 fn bad_input() {
     for (args, error) in [

@@ -8,7 +8,7 @@ use indexmap::IndexMap;
 
 use crate::model::{
     Attached, Budget, Cost, Gc, GcGeneration, InterpreterInfo, ProbeCounts, ProbeEstimate, ProfileCost, PythonInfo,
-    Sizes, Snapshot, SourceCost,
+    Sizes, Slowdown, Snapshot, SourceCost,
 };
 
 /// The header of `--all`: the first interpreter's, with every probe and
@@ -199,6 +199,7 @@ fn add_estimates(a: ProbeEstimate, b: ProbeEstimate) -> ProbeEstimate {
         calls_per_s_ci95: add(a.calls_per_s_ci95, b.calls_per_s_ci95),
         bytes_per_s: a.bytes_per_s + b.bytes_per_s,
         bytes_per_s_ci95: add(a.bytes_per_s_ci95, b.bytes_per_s_ci95),
+        lower_bound: a.lower_bound || b.lower_bound,
     }
 }
 
@@ -311,6 +312,12 @@ fn merge_budget(budgets: impl Iterator<Item = Budget>) -> Option<Budget> {
         hit_cost_ns: first.hit_cost_ns,
         switching_s: budgets.iter().map(|b| b.switching_s).sum(),
         target_cpu_s: budgets.iter().map(|b| b.target_cpu_s).sum(),
+        // The widest: each interpreter's rates were taken by its own.
+        slowdown: budgets.iter().filter_map(|b| b.slowdown).reduce(|a, b| Slowdown {
+            at_least: a.at_least.min(b.at_least),
+            likely: None,
+            at_most: a.at_most.zip(b.at_most).map(|(a, b)| a.max(b)),
+        }),
     })
 }
 

@@ -33,6 +33,29 @@ pub struct Budget {
     /// tracer before it was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_cpu_s: Option<f64>,
+    /// How much the windows slowed the target, which the rates are
+    /// corrected by (`run::pace`); left out before a window and a gap
+    /// after it, and with `--exe`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slowdown: Option<Slowdown>,
+}
+
+/// The factor by which the windows slowed the target's work: the rates
+/// counted while traced, times it, are the target's untraced.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Slowdown {
+    /// At least this: the hits priced at their placement (an inlined
+    /// copy's as emulated) less the calibration's spread.
+    pub at_least: f64,
+    /// Likely this, the rates' figure: the hits priced at their placement;
+    /// `null` where so priced they took nearly all the target's time in
+    /// the windows (the rates are then the low end's).
+    pub likely: Option<f64>,
+    /// At most this: the hits priced as the budget prices them, plus the
+    /// calibration's spread; `null` where they may have taken nearly all
+    /// the target's time in the windows (the rates' intervals are then
+    /// unbounded above).
+    pub at_most: Option<f64>,
 }
 
 /// tracer's estimated cost to the target over an interval (in a summary,

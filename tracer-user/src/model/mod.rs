@@ -19,7 +19,7 @@ mod stacks;
 
 pub use attached::{Attached, Links, PythonInfo, SiteKinds};
 pub use bench::{BenchEntry, BenchPython, BenchReport, BenchState};
-pub use cost::{Budget, Cost, CostEstimate, GROWTH_SOURCE, ProfileCost, SourceCost};
+pub use cost::{Budget, Cost, CostEstimate, GROWTH_SOURCE, ProfileCost, Slowdown, SourceCost};
 pub use events::{End, EndKind, Event, Summary};
 pub use growth::{Growth, GrowthCost, GrowthSampled, GrowthSite, GrowthStack, GrowthStopped, GrowthTakes};
 pub use live::{Leak, Leaks, Live, LiveDomain};

@@ -34,7 +34,8 @@ pub struct Returned {
     pub pointer_sum: u64,
 }
 
-/// A `--budget` rate estimate of one probe, while traced.
+/// A `--budget` rate estimate of one probe: counted while traced, and
+/// taken to the target's rate untraced by `budget.slowdown`.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ProbeEstimate {
     pub calls_per_s: f64,
@@ -42,6 +43,12 @@ pub struct ProbeEstimate {
     pub calls_per_s_ci95: Option<[f64; 2]>,
     pub bytes_per_s: f64,
     pub bytes_per_s_ci95: Option<[f64; 2]>,
+    /// The windows slowed the target so much that the rates are known
+    /// only from below (`budget.slowdown` has no `at_most`): the target's
+    /// rates untraced are at least these, and the intervals' upper ends
+    /// are `null`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lower_bound: bool,
 }
 
 /// One probe's cumulative counts.

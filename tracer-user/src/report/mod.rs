@@ -157,18 +157,21 @@ pub(crate) mod examples {
             hit_cost_ns: HitCosts { single_stepped_ns: 16000.0, emulated_ns: 500.0, calibrated_unix_s: None },
             switching_s: 0.0,
             target_cpu_s: Some(5.0),
+            slowdown: None,
         });
         sample.probes["_Py_NewReference"].estimate = Some(ProbeEstimate {
             calls_per_s: calls.0,
             calls_per_s_ci95: calls.1,
             bytes_per_s: 0.0,
             bytes_per_s_ci95: None,
+            lower_bound: false,
         });
         sample.probes["PyObject_Malloc"].estimate = Some(ProbeEstimate {
             calls_per_s: 40.0,
             calls_per_s_ci95: None,
             bytes_per_s: 40000.0,
             bytes_per_s_ci95: None,
+            lower_bound: false,
         });
         sample
     }

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use super::{
     budget::{Controller, Estimator, ProbeWindow, RateEstimate},
     cost::TargetCpu,
+    pace::{Factor, Pace},
     readout::Readout,
 };
 use crate::{
@@ -68,6 +69,14 @@ pub struct DutyCycle {
     began: (Instant, Duration),
     /// The CPU time at the last reading.
     cpu_used: Duration,
+    /// The target's CPU time in ns when the current window went live
+    /// (`--pid` only).
+    cpu_live_began: Option<u64>,
+    /// When the last window came down, and the target's CPU time then:
+    /// where the gap before the next one begins.
+    gap_from: Option<(Instant, u64)>,
+    /// How much the windows slowed the target.
+    pace: Pace,
     /// When to toggle next.
     pub next: Instant,
 }
@@ -103,6 +112,8 @@ impl DutyCycle {
         // its base (see toggle).
         let window_began = Instant::now();
         let used = cpu.read(&live);
+        let cpu_live_began =
+            (scope != crate::kernel::ALL_PROCESSES).then(|| super::cost::process_cpu_ns(scope)).flatten();
         Ok(Self {
             controller: Controller::new(budget, BUDGET_WINDOW, used),
             costs,
@@ -124,6 +135,9 @@ impl DutyCycle {
             began: (attach.1, used),
             cpu_used: used,
             next: attach.1 + FIRST_WINDOW,
+            cpu_live_began,
+            gap_from: None,
+            pace: Pace::default(),
         })
     }
 
@@ -164,9 +178,11 @@ impl DutyCycle {
                 self.at_cost_start = counts(session, readout, &mut self.live)?;
                 self.cost_began = Instant::now();
                 self.cpu_cost_began = self.target_cpu_ns();
+                self.end_gap();
                 session.attach_multi(self.scope)?;
                 self.at_window_start = counts(session, readout, &mut self.live)?;
                 let live = Instant::now();
+                self.cpu_live_began = self.target_cpu_ns();
                 self.switching += live - self.cost_began;
                 self.attached = Some(live);
                 self.next = live + self.controller.window;
@@ -181,9 +197,11 @@ impl DutyCycle {
                 let began = Instant::now();
                 self.cost_began = began;
                 self.cpu_cost_began = self.target_cpu_ns();
+                self.end_gap();
                 session.attach_perf(self.scope)?;
                 self.at_window_start = counts(session, readout, &mut self.live)?;
                 let live = Instant::now();
+                self.cpu_live_began = self.target_cpu_ns();
                 self.switching += live - began;
                 self.attached = Some(live);
                 self.next = live + self.controller.window;
@@ -213,6 +231,8 @@ impl DutyCycle {
             self.at_cost_start = counts_now;
             self.cost_began = now;
             self.cpu_cost_began = self.target_cpu_ns();
+            self.pace_window(session, traced, &window, self.cpu_cost_began);
+            self.cpu_live_began = self.cpu_cost_began;
             self.attached = Some(now);
             self.followed = true;
             self.next = now + self.controller.window;
@@ -234,6 +254,7 @@ impl DutyCycle {
             let now = counts(session, readout, &mut self.live)?;
             let window = self.window_counts(&now);
             let ended = Instant::now();
+            let cpu_ended = self.target_cpu_ns();
             session.detach_multi(self.scope);
             // Every hit until the last link came down is priced, over the
             // whole span from before the attach.
@@ -241,6 +262,8 @@ impl DutyCycle {
             let detached = Instant::now();
             self.switching += detached - ended;
             let traced = ended - live;
+            self.pace_window(session, traced, &window, cpu_ended);
+            self.gap_from = self.target_cpu_ns().map(|cpu| (detached, cpu));
             let overhead = self.record(session, (&window, &priced), &vec![traced; window.len()], traced);
             self.spend_closed(traced, self.cost_of(session, &window), overhead);
             return Ok(());
@@ -254,6 +277,7 @@ impl DutyCycle {
         let detaching = Instant::now();
         let detached = session.detach_in_order(self.scope, &order);
         let done = Instant::now();
+        let cpu_done = self.target_cpu_ns();
         self.switching += done - detaching;
         let lives: Vec<Duration> =
             detached.iter().map(|at| at.map_or(Duration::ZERO, |at| at.saturating_duration_since(live))).collect();
@@ -261,6 +285,10 @@ impl DutyCycle {
         let counts_now = counts(session, readout, &mut self.live)?;
         let window = self.window_counts(&counts_now);
         let priced = since(&counts_now, &self.at_cost_start);
+        // The probes come down one after another, the costliest first:
+        // the pace is of the whole span, from live to the last detach.
+        self.pace_window(session, done - live, &window, cpu_done);
+        self.gap_from = cpu_done.map(|cpu| (done, cpu));
         let overhead = self.record(session, (&window, &priced), &lives, traced);
         self.spend_closed(traced, self.cost_of(session, &window), overhead);
         Ok(())
@@ -275,6 +303,39 @@ impl DutyCycle {
         let attach = if self.followed { Duration::ZERO } else { self.attach_cost };
         let detach = overhead.saturating_sub(live_cost).saturating_sub(attach);
         self.controller.spend(traced, live_cost, overhead.saturating_sub(live_cost), Some(self.attach_cost + detach));
+    }
+
+    /// Adds the window live for `wall`, with `window`'s hits, to the pace,
+    /// the target's CPU time being `cpu_end` ns at its end.
+    #[allow(clippy::cast_precision_loss, reason = "hit counts of one window")]
+    fn pace_window(&mut self, session: &Session, wall: Duration, window: &[Counts], cpu_end: Option<u64>) {
+        let (Some(began), Some(end)) = (self.cpu_live_began, cpu_end) else { return };
+        // At least: a probe with inlined copies as if every hit were at an
+        // emulated one, the others at their placement.
+        let floor: f64 = session
+            .plan()
+            .probes
+            .iter()
+            .filter_map(|p| {
+                let calls = window.get(usize::try_from(p.slot).ok()?)?.calls as f64;
+                Some(calls * self.costs.of(p.placement.emulated || !p.inline_sites.is_empty()))
+            })
+            .sum();
+        let floor = Duration::from_secs_f64(floor.max(0.0) / 1e9);
+        self.pace.add_window(
+            wall,
+            Duration::from_nanos(end.saturating_sub(began)),
+            floor,
+            self.priced(session, window),
+        );
+    }
+
+    /// Ends the gap since the last window, as the next one's cost begins.
+    fn end_gap(&mut self) {
+        if let (Some((at, cpu)), Some(now)) = (self.gap_from.take(), self.cpu_cost_began) {
+            self.pace
+                .add_gap(self.cost_began.saturating_duration_since(at), Duration::from_nanos(now.saturating_sub(cpu)));
+        }
     }
 
     fn window_counts(&self, counts_now: &[Counts]) -> Vec<Counts> {
@@ -360,20 +421,39 @@ impl DutyCycle {
             hit_cost_ns: self.costs,
             switching_s: self.switching.as_secs_f64(),
             target_cpu_s: Some(cpu.as_secs_f64()),
+            slowdown: self.pace.factor().map(|f| model::Slowdown {
+                at_least: f.low,
+                likely: f.likely,
+                at_most: f.high,
+            }),
         });
-        let ci = |r: RateEstimate| r.ci95.map(|(lo, hi)| [lo, hi]);
+        let factor = self.pace.factor();
         let rates = self.estimator.rates();
         for p in &plan.probes {
             let rate = usize::try_from(p.slot).ok().and_then(|s| rates.get(s));
             let (Some(&(calls, bytes)), Some(counts)) = (rate, snapshot.probes.get_mut(p.symbol)) else { continue };
+            let (calls_per_s, calls_per_s_ci95) = untraced(calls, factor);
+            let (bytes_per_s, bytes_per_s_ci95) = untraced(bytes, factor);
             counts.estimate = Some(ProbeEstimate {
-                calls_per_s: calls.per_s,
-                calls_per_s_ci95: ci(calls),
-                bytes_per_s: bytes.per_s,
-                bytes_per_s_ci95: ci(bytes),
+                calls_per_s,
+                calls_per_s_ci95,
+                bytes_per_s,
+                bytes_per_s_ci95,
+                lower_bound: factor.is_some_and(|f| f.high.is_none()),
             });
         }
     }
+}
+
+/// A rate while traced taken to the target's untraced, by `factor`: by
+/// its likely value (else its low end), with an interval from the low end
+/// of the rate's by the low factor to the high end's by the high
+/// (infinite, `null` in the JSON, where the factor has none).
+fn untraced(rate: RateEstimate, factor: Option<Factor>) -> (f64, Option<[f64; 2]>) {
+    let Some(f) = factor else { return (rate.per_s, rate.ci95.map(|(lo, hi)| [lo, hi])) };
+    let high = f.high.unwrap_or(f64::INFINITY);
+    let ci = rate.ci95.map(|(lo, hi)| [lo * f.low, if hi > 0.0 { hi * high } else { 0.0 }]);
+    (rate.per_s * f.likely.unwrap_or(f.low), ci)
 }
 
 /// Each probe's calls and bytes so far, and the processes with entries

@@ -1,7 +1,6 @@
-//! The run loop of `tracer attach`: from the prepared target
-//! ([`crate::prepare`]) to the final summary, with `--budget`'s windows
-//! ([`duty`]), modules mapped late ([`late`]) and exited processes
-//! ([`readout`]).
+//! The run loop of `tracer attach`: from the prepared target ([`crate::prepare`]) to the
+//! final summary, with `--budget`'s windows ([`duty`]) and how much they slow the target
+//! ([`pace`]), modules mapped late ([`late`]) and exited processes ([`readout`]).
 
 pub mod budget;
 pub mod census;
@@ -10,6 +9,7 @@ mod duty;
 pub mod exit;
 pub mod exits;
 mod finish;
+mod pace;
 pub use finish::wait_exit;
 pub mod gcmem;
 pub mod growth;

@@ -128,9 +128,13 @@ impl<W: Write, E: Write> TableReporter<W, E> {
             Some(p) => format!("--budget {}%, of which the rates' share {:.2}%", p.budget_percent, b.percent),
             None => format!("--budget {}%", (b.percent * 1e6).round() / 1e6),
         };
+        let pace = match b.slowdown {
+            None => "as seen while traced".to_owned(),
+            Some(s) => slowdown(s),
+        };
         writeln!(
             self.out,
-            "  ESTIMATES ({budget}): rates from {} windows that traced {:.2}s of {:.1}s ({:.2}%), as seen while traced{cost} (a hit costs {:.0} ns single-stepped, {:.0} ns emulated here, in CPU time)",
+            "  ESTIMATES ({budget}): rates from {} windows that traced {:.2}s of {:.1}s ({:.2}%), {pace}{cost} (a hit costs {:.0} ns single-stepped, {:.0} ns emulated here, in CPU time)",
             b.windows,
             b.traced_s,
             sample.elapsed_s,
@@ -255,16 +259,43 @@ fn round(rate: f64) -> u64 {
 fn estimates(p: &ProbeCounts) -> (String, String) {
     p.estimate.map_or_else(
         || ("?".to_owned(), "?".to_owned()),
-        |e| (estimate(e.calls_per_s, e.calls_per_s_ci95), estimate(e.bytes_per_s, e.bytes_per_s_ci95)),
+        |e| {
+            (
+                estimate(e.calls_per_s, e.calls_per_s_ci95, e.lower_bound),
+                estimate(e.bytes_per_s, e.bytes_per_s_ci95, e.lower_bound),
+            )
+        },
     )
 }
 
-/// "1,234 ±56", or "1,234 ±?" before there are two windows to compare.
-fn estimate(per_s: f64, ci95: Option<[f64; 2]>) -> String {
+/// "1,234 ±56"; "1,234 (1,100-1,900)" where the interval is lopsided (the
+/// windows' slowdown widens it upwards); "1,234 (≥1,100)" where it has no
+/// upper end; "1,234 ±?" before there are two windows to compare.
+fn estimate(per_s: f64, ci95: Option<[f64; 2]>, lower_bound: bool) -> String {
     let value = group(round(per_s));
     match ci95 {
+        Some([lo, hi]) if lower_bound || !hi.is_finite() => format!("{value} (≥{})", group(round(lo))),
+        Some([lo, hi]) if (hi - per_s) > 1.1 * (per_s - lo) + 0.5 => {
+            format!("{value} ({}-{})", group(round(lo)), group(round(hi)))
+        }
         Some([lo, hi]) => format!("{value} ±{}", group(round((hi - lo) / 2.0))),
+        None if lower_bound => format!("≥{value} ±?"),
         None => format!("{value} ±?"),
+    }
+}
+
+/// What the windows' slowdown of the target did to the rates.
+fn slowdown(s: crate::model::Slowdown) -> String {
+    let likely = s.likely.map_or_else(String::new, |l| format!(", likely {l:.1}x"));
+    match s.at_most {
+        Some(most) if most < 1.05 => "at the target's pace (the windows did not slow it)".to_owned(),
+        Some(most) => {
+            format!("taken to the target's pace untraced: the windows slowed it {:.1}x-{most:.1}x{likely}", s.at_least)
+        }
+        None => format!(
+            "taken to the target's pace untraced: the windows slowed it at least {:.1}x{likely}, perhaps far more (their hits took nearly all its CPU time), so the rates are lower bounds; a short --exact look counts every event",
+            s.at_least
+        ),
     }
 }
 
@@ -381,6 +412,36 @@ mod tests {
             text.contains("ESTIMATES (--budget 1%): rates from 4 windows that traced 0.10s of 10.0s (1.00%), as seen while traced; estimated cost to the target 0.90% of its CPU time (a hit costs"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn slowed_rates_say_how_far_and_whether_bounded() {
+        let mut sample = budget_snapshot(4, 0.009, (2000.0, Some([1500.0, 6000.0])));
+        let slowed = crate::model::Slowdown { at_least: 2.0, likely: Some(3.0), at_most: Some(8.0) };
+        sample.budget.as_mut().unwrap().slowdown = Some(slowed);
+        let text = render(&[Event::Interval(sample.clone())]);
+        let row = text.lines().find(|l| l.contains("_Py_NewReference")).unwrap();
+        assert_eq!(
+            row.split_whitespace().collect::<Vec<_>>(),
+            ["_Py_NewReference", "10", "2,000", "(1,500-6,000)", "-", "-"]
+        );
+        assert!(
+            text.contains("taken to the target's pace untraced: the windows slowed it 2.0x-8.0x, likely 3.0x;"),
+            "{text}"
+        );
+        let budget = sample.budget.as_mut().unwrap();
+        budget.slowdown = Some(crate::model::Slowdown { at_most: None, ..slowed });
+        let e = sample.probes["_Py_NewReference"].estimate.as_mut().unwrap();
+        e.calls_per_s_ci95 = Some([1500.0, f64::INFINITY]);
+        e.lower_bound = true;
+        let text = render(&[Event::Interval(sample)]);
+        let row = text.lines().find(|l| l.contains("_Py_NewReference")).unwrap();
+        assert_eq!(
+            row.split_whitespace().collect::<Vec<_>>(),
+            ["_Py_NewReference", "10", "2,000", "(≥1,500)", "-", "-"]
+        );
+        assert!(text.contains("slowed it at least 2.0x, likely 3.0x, perhaps far more"), "{text}");
+        assert!(text.contains("so the rates are lower bounds"), "{text}");
     }
 
     #[test]

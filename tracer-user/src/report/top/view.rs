@@ -118,6 +118,9 @@ fn text(s: String) -> Cell {
 fn rate(per_s: Option<f64>, ci95: Option<[f64; 2]>, estimate: bool, unit: fn(f64) -> String) -> Cell {
     let Some(per_s) = per_s.filter(|r| r.is_finite()) else { return Cell { text: "-".to_owned(), key: Key::Unknown } };
     let text = match (estimate, ci95) {
+        // No upper end: the windows slowed the target past knowing by how
+        // much (`run::pace`), and the rate is a lower bound.
+        (true, Some([lo, hi])) if !hi.is_finite() => format!("≥{}", unit(lo)),
         (true, Some([lo, hi])) if per_s > 0.0 => {
             format!("~{} ±{:.0}%", unit(per_s), 100.0 * (hi - lo) / 2.0 / per_s)
         }

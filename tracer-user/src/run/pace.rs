@@ -1,0 +1,175 @@
+//! How much the rates' windows slowed the target, and so how far a rate
+//! counted while traced falls short of the target's rate untraced.
+//!
+//! A window traces every event, and every hit costs the thread hit a
+//! calibrated 0.4–15 µs: on allocation-bound code, where an event comes
+//! every 0.1–0.3 µs of the target's own work, the target runs 5–100 times
+//! slower while traced, and so do its events. The rate while traced is
+//! then that much below the target's.
+//!
+//! The target's own work in the windows is its CPU time there less what
+//! the hits cost it; untraced, it does that work at the CPU rate it has
+//! between windows. So a window's events took, untraced,
+//! `(cpu − hits' cost) / cpu rate between windows` seconds, and the
+//! factor from the rate while traced to the rate untraced is
+//! `cpu rate between windows × window time / (cpu − hits' cost)`. A target
+//! that keeps up with its load (a paced service) spends the hits' cost
+//! on top of its own work in the windows, and the factor is 1; one that
+//! is busy throughout loses the hits' cost from its own work.
+//!
+//! The hits' cost is a calibrated price, not a measurement, and where the
+//! hits take most of the windows' CPU time the difference is too small to
+//! know. So the factor is a range. Its likely value prices each hit at its
+//! probe's placement (an inlined copy's as emulated, what it costs at
+//! least); its low end at that price less [`PRICE_SPREAD`], its high end
+//! as the budget prices them (single-stepped where they may be) and at
+//! that price and the spread above it. Where a price leaves the target
+//! less than a tenth of the windows' work, the factor is unknown at that
+//! end: the rate is at least the low end's, with no upper bound.
+
+use std::time::Duration;
+
+/// How far a hit in CPython's code can cost from the calibrated hit on
+/// tracer's own function, either way: up to about 15% more (BENCHMARKS.md),
+/// and a calibration kept for an hour ([`crate::prepare::kept`]) differs
+/// from the next by up to about 10%.
+pub const PRICE_SPREAD: f64 = 1.25;
+
+/// The high end of the factor past which it is not bounded: the windows
+/// left the target less than this share of the work it does untraced in
+/// the same time.
+const LEAST_SHARE: f64 = 0.1;
+
+/// Sums over the windows and the gaps between them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[allow(clippy::struct_field_names, reason = "every field is in seconds, and says so as the model's do")]
+pub struct Pace {
+    /// Wall time the windows' probes were live, and the target's CPU
+    /// time meanwhile.
+    window_s: f64,
+    window_cpu_s: f64,
+    /// The windows' hits priced at their placement (an inlined copy's as
+    /// emulated), and as the budget prices them.
+    placed_s: f64,
+    priced_s: f64,
+    /// Wall time between windows, and the target's CPU time meanwhile.
+    gap_s: f64,
+    gap_cpu_s: f64,
+}
+
+/// The factor from a rate counted while traced to the target's rate
+/// untraced.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Factor {
+    /// At least this (1 where the windows did not slow the target).
+    pub low: f64,
+    /// Likely this; `None` where the hits, so priced, took nearly all the
+    /// target's time in the windows.
+    pub likely: Option<f64>,
+    /// At most this; `None` where the windows' hits may have taken
+    /// nearly all the target's time in them.
+    pub high: Option<f64>,
+}
+
+impl Pace {
+    /// Adds a window live for `wall`, in which the target used `cpu` and
+    /// its hits cost `placed` priced at their placement, `priced` as the
+    /// budget prices them.
+    pub fn add_window(&mut self, wall: Duration, cpu: Duration, placed: Duration, priced: Duration) {
+        self.window_s += wall.as_secs_f64();
+        self.window_cpu_s += cpu.as_secs_f64();
+        self.placed_s += placed.as_secs_f64();
+        self.priced_s += priced.as_secs_f64();
+    }
+
+    /// Adds a gap between windows of `wall`, in which the target used
+    /// `cpu`.
+    pub fn add_gap(&mut self, wall: Duration, cpu: Duration) {
+        self.gap_s += wall.as_secs_f64();
+        self.gap_cpu_s += cpu.as_secs_f64();
+    }
+
+    /// The factor, once a window and a gap have been seen with CPU time in
+    /// them (`None` before, and without the target's exact CPU clock).
+    #[must_use]
+    pub fn factor(&self) -> Option<Factor> {
+        if self.window_s <= 0.0 || self.gap_s <= 0.0 || self.window_cpu_s <= 0.0 || self.gap_cpu_s <= 0.0 {
+            return None;
+        }
+        // The work the target did in the windows' time untraced, in CPU
+        // seconds.
+        let untraced = self.gap_cpu_s / self.gap_s * self.window_s;
+        // None where the cost leaves less than a tenth of that.
+        let factor = |cost: f64| {
+            let own = self.window_cpu_s - cost;
+            (own > LEAST_SHARE * untraced).then(|| (untraced / own).max(1.0))
+        };
+        let low = factor(self.placed_s / PRICE_SPREAD).unwrap_or(1.0 / LEAST_SHARE);
+        let likely = factor(self.placed_s).map(|f| f.max(low));
+        let high = factor(self.priced_s.max(self.placed_s) * PRICE_SPREAD).map(|f| f.max(likely.unwrap_or(low)));
+        Some(Factor { low, likely, high })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn near(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9
+    }
+
+    #[test]
+    fn a_target_keeping_up_is_not_slowed() {
+        // 10% busy untraced; in the windows 10% of own work plus the hits.
+        let mut p = Pace::default();
+        p.add_gap(ms(10_000), ms(1_000));
+        p.add_window(ms(100), ms(10 + 30), ms(30), ms(30));
+        let f = p.factor().expect("a factor");
+        assert!(near(f.low, 1.0) && f.likely.is_some_and(|l| near(l, 1.0)), "{f:?}");
+        // Priced 25% higher the target would have lost work it did not.
+        assert!(f.high.is_some_and(|h| near(h, 10.0 / (40.0 - 37.5))), "{f:?}");
+    }
+
+    #[test]
+    fn a_busy_target_loses_the_hits_cost() {
+        // Busy throughout: a CPU-second per second, 40% of it hits.
+        let mut p = Pace::default();
+        p.add_gap(ms(1_000), ms(1_000));
+        p.add_window(ms(100), ms(100), ms(40), ms(40));
+        let f = p.factor().expect("a factor");
+        assert!(near(f.low, 100.0 / (100.0 - 32.0)), "{f:?}");
+        assert!(f.likely.is_some_and(|l| near(l, 100.0 / 60.0)), "{f:?}");
+        assert!(f.high.is_some_and(|h| near(h, 100.0 / 50.0)), "{f:?}");
+    }
+
+    #[test]
+    fn hits_taking_nearly_all_the_time_leave_no_upper_bound() {
+        let mut p = Pace::default();
+        p.add_gap(ms(1_000), ms(1_000));
+        // Priced single-stepped the hits cost more than the CPU time.
+        p.add_window(ms(100), ms(100), ms(60), ms(300));
+        let f = p.factor().expect("a factor");
+        assert!(near(f.low, 100.0 / 52.0) && f.likely.is_some_and(|l| near(l, 2.5)) && f.high.is_none(), "{f:?}");
+        // Even the low price leaves too little: at least tenfold.
+        let mut p = Pace::default();
+        p.add_gap(ms(1_000), ms(1_000));
+        p.add_window(ms(100), ms(100), ms(120), ms(120));
+        let f = p.factor().expect("a factor");
+        assert!(near(f.low, 10.0) && f.likely.is_none() && f.high.is_none(), "{f:?}");
+    }
+
+    #[test]
+    fn no_factor_without_a_gap_or_cpu_time() {
+        let mut p = Pace::default();
+        assert_eq!(p.factor(), None);
+        p.add_window(ms(100), ms(100), ms(10), ms(10));
+        assert_eq!(p.factor(), None);
+        p.add_gap(ms(1_000), Duration::ZERO);
+        assert_eq!(p.factor(), None);
+    }
+}
