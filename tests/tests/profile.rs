@@ -297,11 +297,9 @@ fn rates_hold_the_pace_of(python: &str, extra: &[&str]) {
     let ci = estimate["calls_per_s_ci95"].as_array().expect("an interval");
     assert!(number(&ci[0], "the low end") <= high, "{context}");
     let rate = number(&estimate["calls_per_s"], "calls_per_s");
-    // Bytes follow calls: 1001 bytes each.
-    assert!(
-        (number(&estimate["bytes_per_s"], "bytes_per_s") - 1001.0 * rate).abs() <= 1e-6 * rate * 1001.0,
-        "{context}"
-    );
+    // Bytes follow calls: 1001 bytes each, but for the few other raw
+    // allocations a window may catch (the tally's reply, a thread switch).
+    assert!((number(&estimate["bytes_per_s"], "bytes_per_s") / rate - 1001.0).abs() <= 10.0, "{context}");
     if slowdown["at_most"].is_null() {
         assert_eq!(estimate["lower_bound"], true, "{context}");
         assert!(ci[1].is_null(), "{context}");
@@ -315,6 +313,13 @@ fn rates_hold_the_pace_of(python: &str, extra: &[&str]) {
 #[test]
 fn rates_hold_the_pace_of_an_allocation_bound_target() {
     rates_hold_the_pace_of(shared_python().to_str().unwrap(), &["--budget", "20"]);
+}
+
+/// Perf-event uprobes come down one after another, each detach waiting
+/// out the last: the pace is of the span all were live.
+#[test]
+fn rates_hold_the_pace_of_an_allocation_bound_target_through_perf_links() {
+    rates_hold_the_pace_of(shared_python().to_str().unwrap(), &["--budget", "20", "--links", "perf"]);
 }
 
 #[test]

@@ -275,6 +275,10 @@ impl DutyCycle {
         let mut order: Vec<usize> = (0..so_far.len()).collect();
         order.sort_by(|&a, &b| self.probe_cost(session, &so_far, b).total_cmp(&self.probe_cost(session, &so_far, a)));
         let detaching = Instant::now();
+        // The pace is of the span every probe was live, as with the links
+        // above: the probes come down one after another (the costliest
+        // first), each detach waiting out the last.
+        self.pace_window(session, detaching - live, &so_far, self.target_cpu_ns());
         let detached = session.detach_in_order(self.scope, &order);
         let done = Instant::now();
         let cpu_done = self.target_cpu_ns();
@@ -285,9 +289,6 @@ impl DutyCycle {
         let counts_now = counts(session, readout, &mut self.live)?;
         let window = self.window_counts(&counts_now);
         let priced = since(&counts_now, &self.at_cost_start);
-        // The probes come down one after another, the costliest first:
-        // the pace is of the whole span, from live to the last detach.
-        self.pace_window(session, done - live, &window, cpu_done);
         self.gap_from = cpu_done.map(|cpu| (done, cpu));
         let overhead = self.record(session, (&window, &priced), &lives, traced);
         self.spend_closed(traced, self.cost_of(session, &window), overhead);

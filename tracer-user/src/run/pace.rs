@@ -31,9 +31,10 @@ use std::time::Duration;
 
 /// How far a hit in CPython's code can cost from the calibrated hit on
 /// tracer's own function, either way: up to about 15% more (BENCHMARKS.md),
-/// and a calibration kept for an hour ([`crate::prepare::kept`]) differs
-/// from the next by up to about 10%.
-pub const PRICE_SPREAD: f64 = 1.25;
+/// calibrations here differ by up to a quarter from one to the next (one is
+/// kept for an hour, [`crate::prepare::kept`]), and on 4 allocating threads
+/// a hit cost 1.2 times the calibrated price.
+pub const PRICE_SPREAD: f64 = 1.5;
 
 /// The high end of the factor past which it is not bounded: the windows
 /// left the target less than this share of the work it does untraced in
@@ -131,8 +132,9 @@ mod tests {
         p.add_window(ms(100), ms(10 + 30), ms(30), ms(30));
         let f = p.factor().expect("a factor");
         assert!(near(f.low, 1.0) && f.likely.is_some_and(|l| near(l, 1.0)), "{f:?}");
-        // Priced 25% higher the target would have lost work it did not.
-        assert!(f.high.is_some_and(|h| near(h, 10.0 / (40.0 - 37.5))), "{f:?}");
+        // Priced half as high again the target would have lost work it
+        // did not: the high end is unknown.
+        assert!(f.high.is_none(), "{f:?}");
     }
 
     #[test]
@@ -142,9 +144,9 @@ mod tests {
         p.add_gap(ms(1_000), ms(1_000));
         p.add_window(ms(100), ms(100), ms(40), ms(40));
         let f = p.factor().expect("a factor");
-        assert!(near(f.low, 100.0 / (100.0 - 32.0)), "{f:?}");
+        assert!(near(f.low, 100.0 / (100.0 - 40.0 / 1.5)), "{f:?}");
         assert!(f.likely.is_some_and(|l| near(l, 100.0 / 60.0)), "{f:?}");
-        assert!(f.high.is_some_and(|h| near(h, 100.0 / 50.0)), "{f:?}");
+        assert!(f.high.is_some_and(|h| near(h, 100.0 / 40.0)), "{f:?}");
     }
 
     #[test]
@@ -154,11 +156,11 @@ mod tests {
         // Priced single-stepped the hits cost more than the CPU time.
         p.add_window(ms(100), ms(100), ms(60), ms(300));
         let f = p.factor().expect("a factor");
-        assert!(near(f.low, 100.0 / 52.0) && f.likely.is_some_and(|l| near(l, 2.5)) && f.high.is_none(), "{f:?}");
+        assert!(near(f.low, 100.0 / 60.0) && f.likely.is_some_and(|l| near(l, 2.5)) && f.high.is_none(), "{f:?}");
         // Even the low price leaves too little: at least tenfold.
         let mut p = Pace::default();
         p.add_gap(ms(1_000), ms(1_000));
-        p.add_window(ms(100), ms(100), ms(120), ms(120));
+        p.add_window(ms(100), ms(100), ms(150), ms(150));
         let f = p.factor().expect("a factor");
         assert!(near(f.low, 10.0) && f.likely.is_none() && f.high.is_none(), "{f:?}");
     }
