@@ -273,14 +273,20 @@ fn untraced_rate(workload: &mut Workload, secs: f64) -> f64 {
 /// low end is below that rate and it says the rates are lower bounds. It
 /// reports the slowdown it corrected for. Before this correction the
 /// estimate was the rate while traced, 10-100 times low.
-fn rates_hold_the_pace_of(python: &str, extra: &[&str]) {
+/// With `exe`, the target is run from that copy of `python` and traced with
+/// `--exe`: its processes' clocks pace the windows.
+fn rates_hold_the_pace_of(python: &str, extra: &[&str], exe: Option<&str>) {
     require_root();
-    let mut workload = Workload::script(None, python, "churn_threads.py", &["4"]);
+    let env: &[(&str, &str)] = if exe.is_some() { &[("PYTHONHOME", "/usr")] } else { &[] };
+    let mut workload = Workload::script_env(None, exe.unwrap_or(python), "churn_threads.py", &["4"], env);
     workload.tell("go");
     std::thread::sleep(Duration::from_millis(500));
     let before = untraced_rate(&mut workload, 3.0);
     let probes = ["--probes", "PyMem_RawMalloc", "--duration", "12", "--interval", "3600"];
-    let (tracer, attached) = TracerRun::profile_json(workload.pid(), &[&probes[..], extra].concat());
+    let (tracer, attached) = match exe {
+        None => TracerRun::profile_json(workload.pid(), &[&probes[..], extra].concat()),
+        Some(exe) => TracerRun::attach_json_as(&[&["--exe", exe][..], &probes[..], extra].concat()),
+    };
     assert_eq!(attached["mode"], "profile");
     let summary = tracer.summary();
     let after = untraced_rate(&mut workload, 3.0);
@@ -312,19 +318,34 @@ fn rates_hold_the_pace_of(python: &str, extra: &[&str]) {
 
 #[test]
 fn rates_hold_the_pace_of_an_allocation_bound_target() {
-    rates_hold_the_pace_of(shared_python().to_str().unwrap(), &["--budget", "20"]);
+    rates_hold_the_pace_of(shared_python().to_str().unwrap(), &["--budget", "20"], None);
 }
 
 /// Perf-event uprobes come down one after another, each detach waiting
 /// out the last: the pace is of the span all were live.
 #[test]
 fn rates_hold_the_pace_of_an_allocation_bound_target_through_perf_links() {
-    rates_hold_the_pace_of(shared_python().to_str().unwrap(), &["--budget", "20", "--links", "perf"]);
+    rates_hold_the_pace_of(shared_python().to_str().unwrap(), &["--budget", "20", "--links", "perf"], None);
 }
 
 #[test]
 fn rates_hold_the_pace_of_an_allocation_bound_target_on_debians_lto_311() {
-    rates_hold_the_pace_of(STATIC_PYTHON, &["--budget", "20"]);
+    rates_hold_the_pace_of(STATIC_PYTHON, &["--budget", "20"], None);
+}
+
+/// With `--exe` the windows are paced by every traced process's clock. A
+/// private copy of Debian's static interpreter (its own inode) keeps the
+/// other tests' processes out of the rates.
+#[test]
+fn rates_hold_the_pace_of_an_allocation_bound_target_with_exe() {
+    let copy = std::env::temp_dir().join(format!("tracer-rates-{}-python3.11", std::process::id()));
+    std::fs::copy(STATIC_PYTHON, &copy).expect("a private copy of python3.11");
+    let exe = copy.to_str().expect("a UTF-8 path").to_owned();
+    let result = std::panic::catch_unwind(|| rates_hold_the_pace_of(STATIC_PYTHON, &["--budget", "20"], Some(&exe)));
+    let _ = std::fs::remove_file(&copy);
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
 }
 
 #[test]

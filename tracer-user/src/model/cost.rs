@@ -35,7 +35,7 @@ pub struct Budget {
     pub target_cpu_s: Option<f64>,
     /// How much the windows slowed the target, which the rates are
     /// corrected by (`run::pace`); left out before a window and a gap
-    /// after it, and with `--exe`.
+    /// after it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slowdown: Option<Slowdown>,
 }

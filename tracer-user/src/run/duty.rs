@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use super::{
     budget::{Controller, Estimator, ProbeWindow, RateEstimate},
     cost::TargetCpu,
-    pace::{Factor, Pace},
+    pace::{CpuMark, Factor, Pace},
     readout::Readout,
 };
 use crate::{
@@ -69,12 +69,11 @@ pub struct DutyCycle {
     began: (Instant, Duration),
     /// The CPU time at the last reading.
     cpu_used: Duration,
-    /// The target's CPU time in ns when the current window went live
-    /// (`--pid` only).
-    cpu_live_began: Option<u64>,
-    /// When the last window came down, and the target's CPU time then:
-    /// where the gap before the next one begins.
-    gap_from: Option<(Instant, u64)>,
+    /// The traced processes' CPU time when the current window went live.
+    cpu_live_began: CpuMark,
+    /// When the last window came down, and the traced processes' CPU
+    /// time then: where the gap before the next one begins.
+    gap_from: Option<(Instant, CpuMark)>,
     /// How much the windows slowed the target.
     pace: Pace,
     /// When to toggle next.
@@ -113,7 +112,7 @@ impl DutyCycle {
         let window_began = Instant::now();
         let used = cpu.read(&live);
         let cpu_live_began =
-            (scope != crate::kernel::ALL_PROCESSES).then(|| super::cost::process_cpu_ns(scope)).flatten();
+            if scope == crate::kernel::ALL_PROCESSES { CpuMark::read(&live) } else { CpuMark::read(&[scope]) };
         Ok(Self {
             controller: Controller::new(budget, BUDGET_WINDOW, used),
             costs,
@@ -178,11 +177,11 @@ impl DutyCycle {
                 self.at_cost_start = counts(session, readout, &mut self.live)?;
                 self.cost_began = Instant::now();
                 self.cpu_cost_began = self.target_cpu_ns();
-                self.end_gap();
+                self.end_gap(&self.mark());
                 session.attach_multi(self.scope)?;
                 self.at_window_start = counts(session, readout, &mut self.live)?;
                 let live = Instant::now();
-                self.cpu_live_began = self.target_cpu_ns();
+                self.cpu_live_began = self.mark();
                 self.switching += live - self.cost_began;
                 self.attached = Some(live);
                 self.next = live + self.controller.window;
@@ -197,11 +196,11 @@ impl DutyCycle {
                 let began = Instant::now();
                 self.cost_began = began;
                 self.cpu_cost_began = self.target_cpu_ns();
-                self.end_gap();
+                self.end_gap(&self.mark());
                 session.attach_perf(self.scope)?;
                 self.at_window_start = counts(session, readout, &mut self.live)?;
                 let live = Instant::now();
-                self.cpu_live_began = self.target_cpu_ns();
+                self.cpu_live_began = self.mark();
                 self.switching += live - began;
                 self.attached = Some(live);
                 self.next = live + self.controller.window;
@@ -231,8 +230,9 @@ impl DutyCycle {
             self.at_cost_start = counts_now;
             self.cost_began = now;
             self.cpu_cost_began = self.target_cpu_ns();
-            self.pace_window(session, traced, &window, self.cpu_cost_began);
-            self.cpu_live_began = self.cpu_cost_began;
+            let mark = self.mark();
+            self.pace_window(session, traced, &window, &mark);
+            self.cpu_live_began = mark;
             self.attached = Some(now);
             self.followed = true;
             self.next = now + self.controller.window;
@@ -254,7 +254,7 @@ impl DutyCycle {
             let now = counts(session, readout, &mut self.live)?;
             let window = self.window_counts(&now);
             let ended = Instant::now();
-            let cpu_ended = self.target_cpu_ns();
+            let cpu_ended = self.mark();
             session.detach_multi(self.scope);
             // Every hit until the last link came down is priced, over the
             // whole span from before the attach.
@@ -262,8 +262,8 @@ impl DutyCycle {
             let detached = Instant::now();
             self.switching += detached - ended;
             let traced = ended - live;
-            self.pace_window(session, traced, &window, cpu_ended);
-            self.gap_from = self.target_cpu_ns().map(|cpu| (detached, cpu));
+            self.pace_window(session, traced, &window, &cpu_ended);
+            self.gap_from = Some((detached, self.mark()));
             let overhead = self.record(session, (&window, &priced), &vec![traced; window.len()], traced);
             self.spend_closed(traced, self.cost_of(session, &window), overhead);
             return Ok(());
@@ -278,10 +278,11 @@ impl DutyCycle {
         // The pace is of the span every probe was live, as with the links
         // above: the probes come down one after another (the costliest
         // first), each detach waiting out the last.
-        self.pace_window(session, detaching - live, &so_far, self.target_cpu_ns());
+        let mark = self.mark();
+        self.pace_window(session, detaching - live, &so_far, &mark);
         let detached = session.detach_in_order(self.scope, &order);
         let done = Instant::now();
-        let cpu_done = self.target_cpu_ns();
+        let cpu_done = self.mark();
         self.switching += done - detaching;
         let lives: Vec<Duration> =
             detached.iter().map(|at| at.map_or(Duration::ZERO, |at| at.saturating_duration_since(live))).collect();
@@ -289,7 +290,7 @@ impl DutyCycle {
         let counts_now = counts(session, readout, &mut self.live)?;
         let window = self.window_counts(&counts_now);
         let priced = since(&counts_now, &self.at_cost_start);
-        self.gap_from = cpu_done.map(|cpu| (done, cpu));
+        self.gap_from = Some((done, cpu_done));
         let overhead = self.record(session, (&window, &priced), &lives, traced);
         self.spend_closed(traced, self.cost_of(session, &window), overhead);
         Ok(())
@@ -307,10 +308,10 @@ impl DutyCycle {
     }
 
     /// Adds the window live for `wall`, with `window`'s hits, to the pace,
-    /// the target's CPU time being `cpu_end` ns at its end.
+    /// the traced processes' CPU time being `cpu_end` at its end.
     #[allow(clippy::cast_precision_loss, reason = "hit counts of one window")]
-    fn pace_window(&mut self, session: &Session, wall: Duration, window: &[Counts], cpu_end: Option<u64>) {
-        let (Some(began), Some(end)) = (self.cpu_live_began, cpu_end) else { return };
+    fn pace_window(&mut self, session: &Session, wall: Duration, window: &[Counts], cpu_end: &CpuMark) {
+        let Some(cpu) = cpu_end.since(&self.cpu_live_began) else { return };
         // At least: a probe with inlined copies as if every hit were at an
         // emulated one, the others at their placement.
         let floor: f64 = session
@@ -323,19 +324,26 @@ impl DutyCycle {
             })
             .sum();
         let floor = Duration::from_secs_f64(floor.max(0.0) / 1e9);
-        self.pace.add_window(
-            wall,
-            Duration::from_nanos(end.saturating_sub(began)),
-            floor,
-            self.priced(session, window),
-        );
+        self.pace.add_window(wall, cpu, floor, self.priced(session, window));
     }
 
-    /// Ends the gap since the last window, as the next one's cost begins.
-    fn end_gap(&mut self) {
-        if let (Some((at, cpu)), Some(now)) = (self.gap_from.take(), self.cpu_cost_began) {
-            self.pace
-                .add_gap(self.cost_began.saturating_duration_since(at), Duration::from_nanos(now.saturating_sub(cpu)));
+    /// Ends the gap since the last window at `now`, as the next one's cost
+    /// begins.
+    fn end_gap(&mut self, now: &CpuMark) {
+        if let Some((at, then)) = self.gap_from.take()
+            && let Some(cpu) = now.since(&then)
+        {
+            self.pace.add_gap(self.cost_began.saturating_duration_since(at), cpu);
+        }
+    }
+
+    /// The traced processes' CPU time now, each by its exact clock:
+    /// `--pid`'s, or with `--exe` those with entries.
+    fn mark(&self) -> CpuMark {
+        if self.scope == crate::kernel::ALL_PROCESSES {
+            CpuMark::read(&self.live)
+        } else {
+            CpuMark::read(&[self.scope])
         }
     }
 

@@ -41,6 +41,39 @@ pub const PRICE_SPREAD: f64 = 1.5;
 /// the same time.
 const LEAST_SHARE: f64 = 0.1;
 
+/// The CPU time of each traced process at one moment, by its exact
+/// process clock ([`super::cost::process_cpu_ns`]), sorted by PID.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CpuMark(Vec<(u32, u64)>);
+
+impl CpuMark {
+    /// The clocks of `pids` now (those gone are left out).
+    #[must_use]
+    pub fn read(pids: &[u32]) -> Self {
+        let mut each: Vec<(u32, u64)> =
+            pids.iter().filter_map(|&pid| Some((pid, super::cost::process_cpu_ns(pid)?))).collect();
+        each.sort_unstable();
+        each.dedup_by_key(|(pid, _)| *pid);
+        Self(each)
+    }
+
+    /// The CPU time used since `then` by the processes in both (one that
+    /// started or ended between them is left out of both ends); `None`
+    /// where none is.
+    #[must_use]
+    pub fn since(&self, then: &Self) -> Option<Duration> {
+        let mut any = false;
+        let mut ns = 0u64;
+        for &(pid, now) in &self.0 {
+            if let Ok(i) = then.0.binary_search_by_key(&pid, |&(p, _)| p) {
+                any = true;
+                ns = ns.saturating_add(now.saturating_sub(then.0[i].1));
+            }
+        }
+        any.then(|| Duration::from_nanos(ns))
+    }
+}
+
 /// Sums over the windows and the gaps between them.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 #[allow(clippy::struct_field_names, reason = "every field is in seconds, and says so as the model's do")]
@@ -91,7 +124,8 @@ impl Pace {
     }
 
     /// The factor, once a window and a gap have been seen with CPU time in
-    /// them (`None` before, and without the target's exact CPU clock).
+    /// them (`None` before, and where no traced process's clock could be
+    /// read at both ends of one).
     #[must_use]
     pub fn factor(&self) -> Option<Factor> {
         if self.window_s <= 0.0 || self.gap_s <= 0.0 || self.window_cpu_s <= 0.0 || self.gap_cpu_s <= 0.0 {
@@ -163,6 +197,24 @@ mod tests {
         p.add_window(ms(100), ms(100), ms(150), ms(150));
         let f = p.factor().expect("a factor");
         assert!(near(f.low, 10.0) && f.likely.is_none() && f.high.is_none(), "{f:?}");
+    }
+
+    #[test]
+    fn cpu_marks_count_the_processes_in_both() {
+        let then = CpuMark(vec![(10, 1_000), (20, 5_000)]);
+        let now = CpuMark(vec![(20, 8_000), (30, 99_000)]);
+        assert_eq!(now.since(&then), Some(Duration::from_micros(3)));
+        assert_eq!(CpuMark(vec![(30, 1)]).since(&then), None);
+        // Our own clock moves as we run.
+        let me = std::process::id();
+        let a = CpuMark::read(&[me, me]);
+        assert_eq!(a.0.len(), 1);
+        let mut x = 0u64;
+        for i in 0..1_000_000u64 {
+            x = x.wrapping_add(std::hint::black_box(i));
+        }
+        std::hint::black_box(x);
+        assert!(CpuMark::read(&[me]).since(&a).is_some_and(|d| d > Duration::ZERO));
     }
 
     #[test]
