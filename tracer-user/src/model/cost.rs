@@ -47,7 +47,8 @@ pub struct Slowdown {
     /// At least this: the hits priced at their placement (an inlined
     /// copy's as emulated) less the calibration's spread.
     pub at_least: f64,
-    /// Likely this, the rates' figure: the hits priced at their placement;
+    /// Likely this, the rates' figure where `at_least` is above 1 (at 1 the
+    /// rates are those while traced): the hits priced at their placement;
     /// `null` where so priced they took nearly all the target's time in
     /// the windows (the rates are then the low end's).
     pub likely: Option<f64>,
