@@ -39,9 +39,12 @@ pub struct Returned {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ProbeEstimate {
     pub calls_per_s: f64,
-    /// The 95% confidence interval, once there are two windows.
+    /// The 95% confidence interval, once there are two windows; its upper
+    /// end infinite (`null` in the JSON) with `lower_bound`.
+    #[serde(default, deserialize_with = "interval")]
     pub calls_per_s_ci95: Option<[f64; 2]>,
     pub bytes_per_s: f64,
+    #[serde(default, deserialize_with = "interval")]
     pub bytes_per_s_ci95: Option<[f64; 2]>,
     /// The windows slowed the target so much that the rates are known
     /// only from below (`budget.slowdown` has no `at_most`): the target's
@@ -49,6 +52,14 @@ pub struct ProbeEstimate {
     /// are `null`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub lower_bound: bool,
+}
+
+/// An interval as the JSON has it: an upper end with no bound is written
+/// `null` (`serde_json` writes an infinite number so), and read back as
+/// infinite, so that `--all` and `tracer report` read what a run wrote.
+fn interval<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<[f64; 2]>, D::Error> {
+    let pair = Option::<[Option<f64>; 2]>::deserialize(d)?;
+    Ok(pair.map(|[lo, hi]| [lo.unwrap_or(0.0), hi.unwrap_or(f64::INFINITY)]))
 }
 
 /// One probe's cumulative counts.
@@ -352,4 +363,31 @@ impl Snapshot {
 #[allow(clippy::cast_precision_loss, reason = "a rate, not a count")]
 fn rate(delta: u64, secs: f64) -> f64 {
     if secs > 0.0 { delta as f64 / secs } else { 0.0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ProbeEstimate;
+
+    /// A lower bound's interval has no upper end: written `null`, read back
+    /// infinite (`--all` reads its children's lines so).
+    #[test]
+    fn an_interval_with_no_upper_end_reads_back() {
+        let e = ProbeEstimate {
+            calls_per_s: 300.0,
+            calls_per_s_ci95: Some([180.0, f64::INFINITY]),
+            bytes_per_s: 0.0,
+            bytes_per_s_ci95: None,
+            lower_bound: true,
+        };
+        let line = serde_json::to_string(&e).expect("JSON");
+        assert_eq!(
+            line,
+            r#"{"calls_per_s":300.0,"calls_per_s_ci95":[180.0,null],"bytes_per_s":0.0,"bytes_per_s_ci95":null,"lower_bound":true}"#
+        );
+        assert_eq!(serde_json::from_str::<ProbeEstimate>(&line).expect("read back"), e);
+        let old: ProbeEstimate =
+            serde_json::from_str(r#"{"calls_per_s":1.0,"bytes_per_s":0.0}"#).expect("no intervals");
+        assert_eq!((old.calls_per_s_ci95, old.lower_bound), (None, false));
+    }
 }
