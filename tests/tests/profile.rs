@@ -435,13 +435,30 @@ fn check_heap_shape(heap: &Value) {
 /// second), and before the next.
 #[test]
 fn the_census_counts_n_new_objects_made_between_two() {
+    census_counts_n_new_objects(&shared_python(), None);
+}
+
+/// The same on 3.9, whose pools are 4 KiB in 256 KiB arenas; growth is
+/// unavailable there, and says why.
+#[test]
+fn the_census_counts_n_new_objects_on_pyenv_3_9() {
+    let why = "Python 3.9 is not sampled: it has no `arena_map_mark_used` (pymalloc's radix tree came in 3.10), where growth sees a new arena, and its pools are 4 KiB, not 16 KiB";
+    census_counts_n_new_objects(&pyenv("3.9.18"), Some(why));
+}
+
+/// [`the_census_counts_n_new_objects_made_between_two`] on `python`, whose
+/// growth sampling is unavailable for `growth_unavailable` where given.
+fn census_counts_n_new_objects(python: &std::path::Path, growth_unavailable: Option<&str>) {
     require_root();
     let n: u64 = 25_000;
-    let python = shared_python();
     let mut workload = Workload::script(None, python.to_str().unwrap(), "census_grow.py", &[&n.to_string()]);
     let pid = workload.pid();
     let (tracer, attached) = TracerRun::profile_json(pid, &["--interval", "2", "--budget", "50"]);
     assert_eq!(attached["mode"], "profile");
+    match growth_unavailable {
+        Some(why) => assert_eq!(attached["growth"], serde_json::json!({ "unavailable": why }), "{attached}"),
+        None => assert!(attached["growth"].get("unavailable").is_none(), "{attached}"),
+    }
     let mut notes = Vec::new();
     let mut grew = 0;
     let mut paced = None;

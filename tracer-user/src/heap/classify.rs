@@ -28,10 +28,7 @@ use super::{
 };
 use crate::python::{
     frames::UnicodeOffsets,
-    heap::{
-        BYTEARRAY_OB_ALLOC, GC_HEAD, GC_HEAD_SIZE, GC_LINK_FLAGS, LIST_OB_ITEM, OB_SIZE, POOL_OVERHEAD, POOL_SIZE,
-        Refcount,
-    },
+    heap::{BYTEARRAY_OB_ALLOC, GC_HEAD, GC_HEAD_SIZE, GC_LINK_FLAGS, LIST_OB_ITEM, OB_SIZE, POOL_OVERHEAD, Refcount},
 };
 
 /// What leads out of the pools, collected while they are classified.
@@ -72,7 +69,7 @@ pub fn pool(
         tally.classes[class].empty_pools += 1;
         return Ok(());
     }
-    let capacity = (POOL_SIZE - POOL_OVERHEAD) / size;
+    let capacity = (types.layout().geometry.pool - POOL_OVERHEAD) / size;
     tally.classes[class].pools += 1;
     tally.classes[class].free_bytes += capacity.saturating_sub(u64::from(header.count)) * size;
     for block in 0..carved {

@@ -155,7 +155,7 @@ mod tests {
         // The tracer sees both pages as one anonymous mapping (as a
         // mapping that changed while read).
         let regions = Regions::parse(&format!("{base:x}-{:x} rw-p 00000000 00:00 0\n", base + 2 * PAGE as u64));
-        let pools = PoolSet::new(&[]);
+        let pools = PoolSet::new(&[], crate::python::heap::Geometry::LARGE);
         let mut memory = Memory::new(std::process::id());
         let mut cx = Context { memory: &mut memory, regions: &regions, pools: &pools };
         let mut tally = Tally::default();

@@ -145,9 +145,10 @@ impl Image {
         let regions = Regions::parse(&self.maps);
         let mut memory = Memory::of_image(self.segments.clone());
         let interrupted = || false;
-        let scan = pools::scan(&mut memory, &regions, &interrupted)?;
+        let geometry = abi.heap().geometry;
+        let scan = pools::scan(&mut memory, &regions, geometry, &interrupted)?;
         let heads: HashSet<u64, BuildIdentity> = self.heads.iter().copied().collect();
-        let pool_set = PoolSet::new(&scan.pools);
+        let pool_set = PoolSet::new(&scan.pools, geometry);
         let mut cx = Context { memory: &mut memory, regions: &regions, pools: &pool_set };
         let (tally, types, found) =
             super::decode(&scan.pools, abi, self.builtins, &mut cx, &heads, limits, &interrupted)?;
@@ -173,7 +174,8 @@ pub fn capture(pid: u32, max_pools: usize, limits: Limits) -> Result<(Image, Cen
     let regions = Regions::parse(&maps);
     let mut memory = Memory::new(pid);
     let state = state::read(&heap.process, &mut memory, heap.abi, heap.statics.as_ref())?;
-    let scan = pools::scan(&mut memory, &regions, &|| false)?;
+    let geometry = heap.abi.heap().geometry;
+    let scan = pools::scan(&mut memory, &regions, geometry, &|| false)?;
     let mut pools = spread(&scan.pools, max_pools);
     // The image's own scan finds the pools whose headers it holds, which
     // may be more than those chosen: another read (an object's, outside
@@ -181,7 +183,7 @@ pub fn capture(pid: u32, max_pools: usize, limits: Limits) -> Result<(Image, Cen
     // taken too, and read whole, until the image holds no other.
     let (census, segments) = loop {
         let mut recording = Memory::new(pid).recording();
-        let pool_set = PoolSet::new(&pools);
+        let pool_set = PoolSet::new(&pools, geometry);
         let mut cx = Context { memory: &mut recording, regions: &regions, pools: &pool_set };
         let (tally, types, found) =
             super::decode(&pools, heap.abi, heap.builtins, &mut cx, &state.heads, limits, &|| false)?;
@@ -189,7 +191,7 @@ pub fn capture(pid: u32, max_pools: usize, limits: Limits) -> Result<(Image, Cen
         let census = super::report(&tally, &types, &found, None, cost);
         let segments = merged(recording.recorded());
         let mut image = Memory::of_image(segments.clone());
-        let more: Vec<Header> = (pools::scan(&mut image, &regions, &|| false)?.pools.into_iter())
+        let more: Vec<Header> = (pools::scan(&mut image, &regions, geometry, &|| false)?.pools.into_iter())
             .filter(|p| !pools.iter().any(|q| q.address == p.address))
             .filter_map(|p| scan.pools.iter().find(|q| q.address == p.address).copied())
             .collect();

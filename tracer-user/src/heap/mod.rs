@@ -50,7 +50,7 @@ use self::{
 };
 use crate::{
     error::Classify,
-    python::{self, Abi, TypeNameOffsets, VersionError, heap::POOL_SIZE},
+    python::{self, Abi, TypeNameOffsets, VersionError, heap::Geometry},
     stacks::{Process, StackError},
 };
 
@@ -83,8 +83,6 @@ pub enum HeapError {
         "{image} (PID {pid}) defines no {symbol}, which every supported CPython exports; is it really the interpreter?"
     )]
     NoSymbol { pid: u32, image: String, symbol: &'static str },
-    #[error("the heap census does not read Python {version} (PID {pid}) yet: {why}; it reads 3.10 to 3.14")]
-    Unsupported { pid: u32, version: String, why: &'static str },
     /// The census thread could not narrow its capabilities.
     #[error(transparent)]
     Capabilities(#[from] crate::capabilities::CapabilityError),
@@ -96,11 +94,7 @@ impl Classify for HeapError {
     fn is_bad_input(&self) -> bool {
         match self {
             Self::Stack(e) => e.is_bad_input(),
-            Self::Version(_)
-            | Self::Exited { .. }
-            | Self::Exec { .. }
-            | Self::NoSymbol { .. }
-            | Self::Unsupported { .. } => true,
+            Self::Version(_) | Self::Exited { .. } | Self::Exec { .. } | Self::NoSymbol { .. } => true,
             Self::Read { .. }
             | Self::Proc { .. }
             | Self::Stop { .. }
@@ -161,9 +155,6 @@ impl Heap {
         let stamp = crate::discover::process::ProgramStamp::of(pid);
         let process = Process::open(pid)?;
         let abi = python::abi_for(pid, process.version)?;
-        if let Some(why) = python::heap::census_refusal(abi) {
-            return Err(HeapError::Unsupported { pid, version: process.version.to_string(), why });
-        }
         let symbol = |symbol: &'static str| {
             let target = &process.target;
             let image = || target.image_path.display().to_string();
@@ -246,7 +237,8 @@ fn take(
     let regions = Regions::read(pid)?;
     let rss = maps::rss(pid)?;
     let state = state::read(process, memory, abi, statics)?;
-    let scan = pools::scan(memory, &regions, &interrupted)?;
+    let geometry = abi.heap().geometry;
+    let scan = pools::scan(memory, &regions, geometry, &interrupted)?;
     let mut notes: Vec<String> = maps::allocator_note(pid).into_iter().collect();
     if scan.unreadable > 0 {
         notes.push(format!(
@@ -254,7 +246,7 @@ fn take(
             scan.unreadable
         ));
     }
-    let mut cx = Context { memory, regions: &regions, pools: &PoolSet::new(&scan.pools) };
+    let mut cx = Context { memory, regions: &regions, pools: &PoolSet::new(&scan.pools, geometry) };
     let (mut tally, types, found) =
         decode(&scan.pools, abi, builtins, &mut cx, &state.heads, options.limits, &interrupted)?;
     tally.rejected[Reason::StateUnreadable as usize] += state.unreadable;
@@ -265,7 +257,8 @@ fn take(
             "{changed} pools changed while they were read, twice; their blocks were judged one by one, without the pools' free lists (--stop for an exact census)"
         ));
     }
-    tally.arena_check = state.arenas.as_ref().and_then(|a| a.as_ref().ok()).map(|table| check(table, &scan.pools));
+    tally.arena_check =
+        state.arenas.as_ref().and_then(|a| a.as_ref().ok()).map(|table| check(table, &scan.pools, geometry));
     if let Some(Err(why)) = &state.arenas {
         notes.push(format!("pymalloc's arena table was not read, so the scan is unchecked: {why}"));
     }
@@ -347,7 +340,7 @@ fn read_pools(
     leads: &mut Leads,
     unicode: python::frames::UnicodeOffsets,
 ) -> Result<u64, HeapError> {
-    let pool_size = usize::try_from(POOL_SIZE).unwrap_or(16384);
+    let pool_size = usize::try_from(types.layout().geometry.pool).unwrap_or(usize::MAX);
     let mut buf = vec![0u8; POOLS_PER_BATCH * pool_size];
     let mut ok = Vec::new();
     let mut again = Vec::new();
@@ -391,7 +384,7 @@ fn one_pool(
     leads: &mut Leads,
     unicode: python::frames::UnicodeOffsets,
 ) -> Result<bool, HeapError> {
-    let Some(header) = Header::parse(address, copy) else { return Ok(false) };
+    let Some(header) = Header::parse(address, copy, types.layout().geometry.pool) else { return Ok(false) };
     let free = if with_list {
         let Some(free) = header.free_blocks(copy) else { return Ok(false) };
         free
@@ -403,7 +396,7 @@ fn one_pool(
 }
 
 /// The scan's pools against the arena table's.
-fn check(table: &state::ArenaTable, pools: &[Header]) -> ArenaCheck {
+fn check(table: &state::ArenaTable, pools: &[Header], geometry: Geometry) -> ArenaCheck {
     let found: std::collections::HashMap<u64, u32, BuildIdentity> =
         pools.iter().map(|p| (p.address, p.arena_index)).collect();
     let mut check = ArenaCheck {
@@ -413,15 +406,15 @@ fn check(table: &state::ArenaTable, pools: &[Header]) -> ArenaCheck {
     };
     let mut in_table: HashSet<u64, BuildIdentity> = HashSet::default();
     for &(index, address, pool_address) in &table.arenas {
-        let mut pool = address.next_multiple_of(POOL_SIZE);
-        let end = pool_address.min(address.saturating_add(python::heap::ARENA_SIZE));
+        let mut pool = address.next_multiple_of(geometry.pool);
+        let end = pool_address.min(address.saturating_add(geometry.arena));
         while pool < end {
             check.pools += 1;
             in_table.insert(pool);
             if found.get(&pool) == Some(&index) {
                 check.found += 1;
             }
-            pool += POOL_SIZE;
+            pool += geometry.pool;
         }
     }
     check.not_in_table = pools.iter().filter(|p| !in_table.contains(&p.address)).count() as u64;
@@ -473,7 +466,7 @@ fn report(tally: &Tally, types: &TypeTable, found: &bounds::Found, rss: Option<u
         pymalloc.size_classes.push(SizeClass { size: (i as u64 + 1) * 16, blocks: *c });
     }
     let accounted = (pymalloc.blocks.pools + pymalloc.blocks.empty_pools)
-        .saturating_mul(POOL_SIZE)
+        .saturating_mul(types.layout().geometry.pool)
         .saturating_add(outside.bytes)
         .saturating_add(outside.buffer_bytes);
     let unaccounted = rss.map(|r| i64::try_from(i128::from(r) - i128::from(accounted)).unwrap_or(i64::MIN));

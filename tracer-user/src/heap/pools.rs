@@ -1,9 +1,10 @@
 //! Finding pymalloc's pools without symbols, and telling their allocated
 //! blocks from the free ones.
 //!
-//! Arenas are anonymous 1 MiB mappings, which the kernel merges with their
-//! neighbours, so every anonymous private read-write mapping is scanned at
-//! each [`POOL_SIZE`]-aligned address, 48 bytes at a time in batches of
+//! Arenas are anonymous mappings of [`Geometry::arena`] bytes (1 MiB; 256
+//! KiB on 3.9), which the kernel merges with their neighbours, so every
+//! anonymous private read-write mapping is scanned at each
+//! [`Geometry::pool`]-aligned address, 48 bytes at a time in batches of
 //! [`MAX_RANGES`], and a pool is taken where its header is consistent (see
 //! [`Header::parse`]). A census then reads the pools it found in bulk, and
 //! [`Header::free_blocks`] walks each one's free list in that copy.
@@ -15,9 +16,10 @@ use super::{
     maps::Regions,
     memory::{MAX_RANGES, Memory, word, word32},
 };
-use crate::python::heap::{POOL_OVERHEAD, POOL_SIZE, SIZE_CLASSES, pool_header as ph};
+use crate::python::heap::{Geometry, POOL_OVERHEAD, POOL_SIZE, SIZE_CLASSES, pool_header as ph};
 
-/// Blocks in a pool at most: 16-byte blocks, `(16384 - 48) / 16`.
+/// Blocks in a pool at most: 16-byte blocks in the largest pools,
+/// `(16384 - 48) / 16`.
 pub const MAX_BLOCKS: usize = ((POOL_SIZE - POOL_OVERHEAD) / 16) as usize;
 
 /// An arena index above this is no pymalloc's: the table doubles from 16
@@ -37,14 +39,14 @@ pub struct Header {
 }
 
 impl Header {
-    /// The header of the pool at `address` in `bytes` (its first 48
-    /// bytes), if it is one: a size class below 32, `maxnextoffset` equal
-    /// to `POOL_SIZE` minus the block size, `nextoffset` on a block
+    /// The header of the pool of `pool_size` bytes at `address` in `bytes`
+    /// (its first 48 bytes), if it is one: a size class below 32,
+    /// `maxnextoffset` equal to `pool_size` minus the block size, `nextoffset` on a block
     /// boundary at most one block past it, no more blocks allocated than
     /// were ever handed out, a free list that starts NULL or on a handed
     /// out block of the pool, an arena index in range.
     #[must_use]
-    pub fn parse(address: u64, bytes: &[u8]) -> Option<Self> {
+    pub fn parse(address: u64, bytes: &[u8], pool_size: u64) -> Option<Self> {
         let size_class = word32(bytes, ph::SZIDX);
         if size_class as usize >= SIZE_CLASSES || bytes.len() < 48 {
             return None;
@@ -52,9 +54,10 @@ impl Header {
         let size = (u64::from(size_class) + 1) * 16;
         let nextoffset = word32(bytes, ph::NEXTOFFSET);
         let next = u64::from(nextoffset);
-        if u64::from(word32(bytes, ph::MAXNEXTOFFSET)) != POOL_SIZE - size
+        if pool_size > POOL_SIZE
+            || u64::from(word32(bytes, ph::MAXNEXTOFFSET)) != pool_size.saturating_sub(size)
             || next < POOL_OVERHEAD + size
-            || next > POOL_SIZE
+            || next > pool_size
             || !(next - POOL_OVERHEAD).is_multiple_of(size)
         {
             return None;
@@ -91,7 +94,7 @@ impl Header {
     }
 
     /// Which of the handed out blocks are free, from the pool's bytes
-    /// (`pool`, all [`POOL_SIZE`] of them): its free list walked, each link
+    /// (`pool`, all of them): its free list walked, each link
     /// a block of the pool below `nextoffset` seen once. `None` when the
     /// list is not that, or when the blocks it leaves do not number
     /// `ref.count`: a pool that changed while it was read.
@@ -136,7 +139,12 @@ pub struct Scan {
 }
 
 /// Scans every mapping of `regions` that may hold arenas for pool headers.
-pub fn scan(memory: &mut Memory, regions: &Regions, interrupted: &dyn Fn() -> bool) -> Result<Scan, HeapError> {
+pub fn scan(
+    memory: &mut Memory,
+    regions: &Regions,
+    geometry: Geometry,
+    interrupted: &dyn Fn() -> bool,
+) -> Result<Scan, HeapError> {
     let mut scan = Scan::default();
     let mut places: Vec<(u64, usize)> = Vec::with_capacity(MAX_RANGES);
     let mut buf = vec![0u8; MAX_RANGES * 48];
@@ -151,7 +159,7 @@ pub fn scan(memory: &mut Memory, regions: &Regions, interrupted: &dyn Fn() -> bo
                 scan.unreadable += 1;
                 continue;
             }
-            if let Some(header) = Header::parse(address, &buf[i * 48..i * 48 + 48]) {
+            if let Some(header) = Header::parse(address, &buf[i * 48..i * 48 + 48], geometry.pool) {
                 scan.pools.push(header);
             }
         }
@@ -162,8 +170,8 @@ pub fn scan(memory: &mut Memory, regions: &Regions, interrupted: &dyn Fn() -> bo
     for region in regions.arena_candidates() {
         // A mapping at the top of the address space (in a maps text no
         // kernel wrote) has no pool-aligned place, or none after its last.
-        let Some(mut at) = region.start.checked_next_multiple_of(POOL_SIZE) else { continue };
-        while let Some(end) = at.checked_add(POOL_SIZE)
+        let Some(mut at) = region.start.checked_next_multiple_of(geometry.pool) else { continue };
+        while let Some(end) = at.checked_add(geometry.pool)
             && end <= region.end
         {
             places.push((at, 48));
@@ -183,6 +191,8 @@ pub fn scan(memory: &mut Memory, regions: &Regions, interrupted: &dyn Fn() -> bo
 #[derive(Debug, Default)]
 pub struct PoolSet {
     starts: HashSet<u64, BuildIdentity>,
+    /// The bits of an address above its pool's start.
+    mask: u64,
     /// The pool found last: consecutive questions (a tuple's items, a
     /// list's) are mostly about one pool.
     last: std::cell::Cell<u64>,
@@ -190,16 +200,16 @@ pub struct PoolSet {
 
 impl PoolSet {
     #[must_use]
-    pub fn new(pools: &[Header]) -> Self {
+    pub fn new(pools: &[Header], geometry: Geometry) -> Self {
         let mut starts = HashSet::with_capacity_and_hasher(pools.len(), BuildIdentity);
         starts.extend(pools.iter().map(|p| p.address));
-        Self { starts, last: std::cell::Cell::new(u64::MAX) }
+        Self { starts, mask: !(geometry.pool - 1), last: std::cell::Cell::new(u64::MAX) }
     }
 
     /// Whether `address` lies in a pool found.
     #[must_use]
     pub fn contains(&self, address: u64) -> bool {
-        let start = address & !(POOL_SIZE - 1);
+        let start = address & self.mask;
         if start == self.last.get() {
             return true;
         }
@@ -266,7 +276,12 @@ mod tests {
     /// leaves it after handing out `handed` blocks and freeing those of
     /// `freed` (newest first on the list).
     fn pool(address: u64, handed: u64, freed: &[u64]) -> Vec<u8> {
-        let mut bytes = vec![0u8; usize::try_from(POOL_SIZE).unwrap()];
+        sized_pool(address, handed, freed, POOL_SIZE)
+    }
+
+    /// [`pool`] in a pool of `pool_size` bytes.
+    fn sized_pool(address: u64, handed: u64, freed: &[u64], pool_size: u64) -> Vec<u8> {
+        let mut bytes = vec![0u8; usize::try_from(pool_size).unwrap()];
         let put32 = |b: &mut Vec<u8>, at: usize, v: u32| b[at..at + 4].copy_from_slice(&v.to_le_bytes());
         let put64 = |b: &mut Vec<u8>, at: usize, v: u64| b[at..at + 8].copy_from_slice(&v.to_le_bytes());
         let block = |i: u64| POOL_OVERHEAD + i * 32;
@@ -283,7 +298,7 @@ mod tests {
         put32(&mut bytes, ph::ARENAINDEX, 3);
         put32(&mut bytes, ph::SZIDX, 1);
         put32(&mut bytes, ph::NEXTOFFSET, u32::try_from(block(next)).unwrap());
-        put32(&mut bytes, ph::MAXNEXTOFFSET, u32::try_from(POOL_SIZE - 32).unwrap());
+        put32(&mut bytes, ph::MAXNEXTOFFSET, u32::try_from(pool_size - 32).unwrap());
         bytes
     }
 
@@ -291,11 +306,27 @@ mod tests {
     fn a_pool_s_allocated_blocks_are_those_handed_out_and_not_on_its_free_list() {
         let address = 0x7f00_0000_4000;
         let bytes = pool(address, 10, &[2, 7]);
-        let header = Header::parse(address, &bytes).expect("a pool");
+        let header = Header::parse(address, &bytes, POOL_SIZE).expect("a pool");
         assert_eq!((header.count, header.block_size(), header.carved(), header.arena_index), (8, 32, 11, 3));
         let free = header.free_blocks(&bytes).expect("consistent");
         let free: Vec<usize> = (0..64).filter(|i| free[i / 64] & (1 << (i % 64)) != 0).collect();
         assert_eq!(free, [2, 7, 10]);
+    }
+
+    /// 3.9's pools are 4 KiB: a header says so by its `maxnextoffset`, and
+    /// is refused as a pool of another size.
+    #[test]
+    fn a_pool_is_taken_at_its_version_s_size_only() {
+        let address = 0x7f00_0000_5000;
+        let small = sized_pool(address, 10, &[2], Geometry::SMALL.pool);
+        let header = Header::parse(address, &small, Geometry::SMALL.pool).expect("a 4 KiB pool");
+        assert_eq!((header.count, header.carved()), (9, 11));
+        assert!(Header::parse(address, &small, Geometry::LARGE.pool).is_none(), "as a 16 KiB pool");
+        let large = pool(0x7f00_0000_4000, 10, &[2]);
+        assert!(Header::parse(0x7f00_0000_4000, &large, Geometry::SMALL.pool).is_none(), "16 KiB as 4 KiB");
+        let set = PoolSet::new(&[header], Geometry::SMALL);
+        assert!(set.contains(address) && set.contains(address + 0xfff));
+        assert!(!set.contains(address + 0x1000) && !set.contains(address - 1));
     }
 
     #[test]
@@ -307,31 +338,31 @@ mod tests {
             b[at..at + 4].copy_from_slice(&v.to_le_bytes());
             b
         };
-        assert!(Header::parse(address, &with(ph::SZIDX, 32)).is_none(), "size class");
-        assert!(Header::parse(address, &with(ph::MAXNEXTOFFSET, 16000)).is_none(), "maxnextoffset");
-        assert!(Header::parse(address, &with(ph::NEXTOFFSET, 48 + 32 * 11 + 8)).is_none(), "off a block");
-        assert!(Header::parse(address, &with(ph::COUNT, 12)).is_none(), "more allocated than carved");
-        assert!(Header::parse(address, &[0u8; 48]).is_none(), "zeroes");
+        assert!(Header::parse(address, &with(ph::SZIDX, 32), POOL_SIZE).is_none(), "size class");
+        assert!(Header::parse(address, &with(ph::MAXNEXTOFFSET, 16000), POOL_SIZE).is_none(), "maxnextoffset");
+        assert!(Header::parse(address, &with(ph::NEXTOFFSET, 48 + 32 * 11 + 8), POOL_SIZE).is_none(), "off a block");
+        assert!(Header::parse(address, &with(ph::COUNT, 12), POOL_SIZE).is_none(), "more allocated than carved");
+        assert!(Header::parse(address, &[0u8; 48], POOL_SIZE).is_none(), "zeroes");
         // The list's length disagrees with ref.count: changed while read.
         let count = with(ph::COUNT, 9);
-        let header = Header::parse(address, &count).expect("a header");
+        let header = Header::parse(address, &count, POOL_SIZE).expect("a header");
         assert!(header.free_blocks(&count).is_none());
         // A loop in the free list.
         let mut looped = good.clone();
         let at = usize::try_from(POOL_OVERHEAD + 2 * 32).unwrap();
         looped[at..at + 8].copy_from_slice(&(address + POOL_OVERHEAD + 7 * 32).to_le_bytes());
-        assert!(Header::parse(address, &looped).unwrap().free_blocks(&looped).is_none());
+        assert!(Header::parse(address, &looped, POOL_SIZE).unwrap().free_blocks(&looped).is_none());
         // A link out of the pool.
         let mut out = good;
         out[at..at + 8].copy_from_slice(&(address + POOL_SIZE + 48).to_le_bytes());
-        assert!(Header::parse(address, &out).unwrap().free_blocks(&out).is_none());
+        assert!(Header::parse(address, &out, POOL_SIZE).unwrap().free_blocks(&out).is_none());
     }
 
     #[test]
     fn the_set_knows_every_address_of_its_pools() {
         let headers =
             [Header { address: 0x4000, count: 1, freeblock: 0, arena_index: 0, size_class: 0, nextoffset: 80 }];
-        let set = PoolSet::new(&headers);
+        let set = PoolSet::new(&headers, Geometry::LARGE);
         assert!(set.contains(0x4000) && set.contains(0x7fff));
         assert!(!set.contains(0x8000) && !set.contains(0x3fff));
     }

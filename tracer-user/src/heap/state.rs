@@ -250,8 +250,11 @@ fn at_state(memory: &mut Memory, state: u64) -> (Option<u64>, Option<u64>, Optio
 /// symbol table of the image or of its debug file.
 fn statics(process: &Process, names: [&str; 3], debug_dir: Option<&Path>) -> Result<[u64; 3], String> {
     let target = &process.target;
-    let runtime = target.elf.symbol("_PyRuntime").ok_or("the image has no _PyRuntime symbol")?;
-    let bias = process.runtime.wrapping_sub(runtime.address);
+    // 3.9's `_PyRuntime` is in .bss, with no bytes in the file.
+    let runtime = (target.elf.symbol("_PyRuntime").map(|s| s.address))
+        .or_else(|| target.elf.zero_filled("_PyRuntime"))
+        .ok_or("the image has no _PyRuntime symbol")?;
+    let bias = process.runtime.wrapping_sub(runtime);
     let mut files = vec![target.host_path.clone()];
     if let Ok(Some(dwarf)) =
         debuginfo::locate(&target.image_path, &proc_root(target.pid), debug_dir, Some(&target.host_path))

@@ -395,7 +395,7 @@ mod tests {
         table.max_types = 1;
         let (low, high) = (a.min(b), a.max(b) + 34 * 8);
         let regions = Regions::parse(&format!("{low:x}-{high:x} rw-p 00000000 00:00 0\n"));
-        let pools = PoolSet::new(&[]);
+        let pools = PoolSet::new(&[], crate::python::heap::Geometry::LARGE);
         let mut memory = Memory::new(pid);
         let mut cx = Context { memory: &mut memory, regions: &regions, pools: &pools };
         assert_eq!(table.lookup(a, &mut cx).unwrap(), Some(0));

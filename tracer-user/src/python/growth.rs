@@ -50,12 +50,21 @@ pub struct GrowthKnowledge {
     pub arena_register: u16,
 }
 
-/// Why growth sampling cannot serve `abi`'s version, where it cannot: its
-/// samples are pools of [`super::heap::POOL_SIZE`] bytes, which 3.9's
-/// 4 KiB pools are not (see [`super::heap::census_refusal`]).
+/// Why growth sampling cannot serve `abi`'s version, where it cannot.
 #[must_use]
 pub fn refusal(abi: &dyn Abi) -> Option<String> {
-    super::heap::census_refusal(abi).map(|why| format!("Python 3.{} is not sampled: {why}", abi.minor()))
+    match abi.minor() {
+        // Objects/obmalloc.c at v3.9.18: no `WITH_PYMALLOC_RADIX_TREE`, so
+        // `new_arena` calls no [`MARK_USED_FUNCTION`] (pyenv's 3.9.18 has
+        // no such symbol), where a sample sees a new arena's first pool;
+        // its pools are 4 KiB, where the kernel side rounds an arena to a
+        // 16 KiB pool ([`tracer_common::growth::POOL_SIZE`]).
+        9 => Some(format!(
+            "Python 3.{} is not sampled: it has no `{MARK_USED_FUNCTION}` (pymalloc's radix tree came in 3.10), where growth sees a new arena, and its pools are 4 KiB, not 16 KiB",
+            abi.minor()
+        )),
+        _ => None,
+    }
 }
 
 /// What growth sampling needs of `abi`'s version.

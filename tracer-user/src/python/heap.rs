@@ -28,6 +28,26 @@ pub const POOL_SIZE: u64 = 1 << 14;
 /// only, so its first pool starts at the next multiple of [`POOL_SIZE`]
 /// and it holds 63 or 64 pools.
 pub const ARENA_SIZE: u64 = 1 << 20;
+/// pymalloc's pool and arena sizes, which a census scans and reads by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    /// `POOL_SIZE`: pools are aligned to it.
+    pub pool: u64,
+    /// `ARENA_SIZE`: an arena is one `mmap` of it.
+    pub arena: u64,
+}
+
+impl Geometry {
+    /// 3.10 to 3.14 on 64-bit: [`POOL_SIZE`] and [`ARENA_SIZE`].
+    pub const LARGE: Self = Self { pool: POOL_SIZE, arena: ARENA_SIZE };
+    /// 3.9: `POOL_SIZE` is `SYSTEM_PAGE_SIZE` (`1 << 12`) and `ARENA_SIZE`
+    /// `256 << 10` (Objects/obmalloc.c at v3.9.18, which has neither
+    /// `USE_LARGE_POOLS` nor `USE_LARGE_ARENAS`; `sys._debugmallocstats()`
+    /// of pyenv's 3.9.18 says 4096-byte pools in 262144-byte arenas). An
+    /// arena is page-aligned, so it holds exactly 64 pools.
+    pub const SMALL: Self = Self { pool: 1 << 12, arena: 256 << 10 };
+}
+
 /// `POOL_OVERHEAD`: `sizeof(struct pool_header)` rounded up to
 /// [`ALIGNMENT`], 48: the first block of a pool starts there.
 pub const POOL_OVERHEAD: u64 = 48;
@@ -226,6 +246,7 @@ pub struct HeapLayout {
     pub long: LongSize,
     /// How a dict's keys object is laid out.
     pub dict_keys: DictKeys,
+    pub geometry: Geometry,
 }
 
 /// How a dict's keys object (`PyDictKeysObject`) is laid out.
@@ -427,10 +448,10 @@ pub fn dwarf_expectations(abi: &dyn super::Abi) -> Vec<(&'static str, String, u6
 /// (`Include/internal/pycore_gc.h`, checked with gdb's `ptype /o` on pyenv's
 /// builds), pymalloc's state in file statics (Objects/obmalloc.c), no
 /// pre-header but the GC head (no managed dicts before 3.11), and `int`'s
-/// digit count in a signed `ob_size`, dict keys [`DictKeys::Sized`]. The
-/// census refuses 3.9 ([`census_refusal`]).
+/// digit count in a signed `ob_size`, dict keys [`DictKeys::Sized`]; 3.9's
+/// pools and arenas are [`Geometry::SMALL`], 3.10's [`Geometry::LARGE`].
 #[must_use]
-pub const fn before_3_11(interp_gc: u64) -> HeapLayout {
+pub const fn before_3_11(interp_gc: u64, geometry: Geometry) -> HeapLayout {
     HeapLayout {
         interp_gc,
         generation0: 96,
@@ -446,19 +467,6 @@ pub const fn before_3_11(interp_gc: u64) -> HeapLayout {
         preheader_flags: 0,
         long: LongSize::SignedSize,
         dict_keys: DictKeys::Sized,
-    }
-}
-
-/// Why a heap census cannot read `abi`'s version, where it cannot: what
-/// differs from 3.11 and the census does not read yet.
-#[must_use]
-pub fn census_refusal(abi: &dyn super::Abi) -> Option<&'static str> {
-    match abi.minor() {
-        // Objects/obmalloc.c at v3.9.18: no `USE_LARGE_POOLS` nor
-        // `USE_LARGE_ARENAS` (4 KiB pools, 256 KiB arenas, as
-        // `sys._debugmallocstats()` of pyenv's 3.9.18 says), where the
-        // census knows 3.10's and later sizes only ([`POOL_SIZE`]).
-        9 => Some("its pools are 4 KiB and its arenas 256 KiB, not 16 KiB and 1 MiB as from 3.10"),
-        _ => None,
+        geometry,
     }
 }

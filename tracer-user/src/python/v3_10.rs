@@ -119,7 +119,7 @@ impl super::Abi for Abi310 {
     }
 
     fn heap(&self) -> super::heap::HeapLayout {
-        super::heap::before_3_11(GC_STATE.interp_gc)
+        super::heap::before_3_11(GC_STATE.interp_gc, super::heap::Geometry::LARGE)
     }
 
     fn minor(&self) -> u8 {

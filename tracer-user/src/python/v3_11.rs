@@ -152,6 +152,7 @@ impl super::Abi for Abi311 {
             preheader_flags: tpflags::MANAGED_DICT,
             long: LongSize::SignedSize,
             dict_keys: super::heap::DictKeys::Log2,
+            geometry: super::heap::Geometry::LARGE,
         }
     }
 

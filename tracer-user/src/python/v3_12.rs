@@ -146,6 +146,7 @@ impl super::Abi for Abi312 {
             preheader_flags: tpflags::MANAGED_DICT | tpflags::MANAGED_WEAKREF,
             long: LongSize::Tag,
             dict_keys: super::heap::DictKeys::Log2,
+            geometry: super::heap::Geometry::LARGE,
         }
     }
 

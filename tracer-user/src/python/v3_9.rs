@@ -120,7 +120,7 @@ impl super::Abi for Abi39 {
     }
 
     fn heap(&self) -> super::heap::HeapLayout {
-        super::heap::before_3_11(GC_STATE.interp_gc)
+        super::heap::before_3_11(GC_STATE.interp_gc, super::heap::Geometry::SMALL)
     }
 
     fn minor(&self) -> u8 {

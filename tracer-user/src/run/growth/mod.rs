@@ -313,7 +313,7 @@ impl Growth {
         let mut dead = HashMap::new();
         for (i, (key, sample)) in samples.iter().enumerate() {
             let header = &bytes[i * HEADER..(i + 1) * HEADER];
-            let in_use = ok[i] && Header::parse(key.pool, header).is_some_and(|h| h.count > 0);
+            let in_use = ok[i] && Header::parse(key.pool, header, POOL_SIZE).is_some_and(|h| h.count > 0);
             if in_use {
                 reading.by_stack.entry(sample.stack).or_default().pools += 1;
             } else if self.dead.get(key) == Some(sample) {
