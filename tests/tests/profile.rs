@@ -348,6 +348,41 @@ fn rates_hold_the_pace_of_an_allocation_bound_target_with_exe() {
     }
 }
 
+/// With `--exe`, a process already running when tracing began is charged
+/// from the start: the first interval sets the first window's hits against
+/// the CPU time that process used in it, by its own clock. Before, its CPU
+/// time counted only from when its hits were first read, after that
+/// window, and the first interval said the profile cost 100% of none.
+#[test]
+fn an_exe_profile_counts_the_cpu_of_processes_running_from_the_start() {
+    require_root();
+    let copy = std::env::temp_dir().join(format!("tracer-exe-cpu-{}-python3.11", std::process::id()));
+    std::fs::copy(STATIC_PYTHON, &copy).expect("a private copy of python3.11");
+    let exe = copy.to_str().expect("a UTF-8 path").to_owned();
+    let result = std::panic::catch_unwind(|| {
+        let mut workload = Workload::script_env(None, &exe, "churn_threads.py", &["1"], &[("PYTHONHOME", "/usr")]);
+        workload.tell("go");
+        std::thread::sleep(Duration::from_millis(300));
+        let args = ["--exe", &exe, "--probes", "PyMem_RawMalloc", "--interval", "1", "--duration", "3"];
+        let (tracer, attached) = TracerRun::attach_json_as(&args);
+        assert_eq!(attached["mode"], "profile");
+        let (status, lines, stderr) = tracer.finish();
+        assert!(status.success(), "{stderr}");
+        workload.tell("stop");
+        let first = lines.iter().find(|l| l["type"] == "interval").expect("an interval");
+        let profile = &first["profile"];
+        let (span, cpu) = (number(&profile["span_s"], "span_s"), number(&profile["target_cpu_s"], "target_cpu_s"));
+        // One thread busy throughout: near a CPU's worth, less what a loaded
+        // machine takes.
+        assert!(cpu >= 0.3 * span, "{cpu} s of CPU in {span} s: {profile}");
+        assert!(number(&profile["fraction"], "fraction") < 0.5, "{profile}");
+    });
+    let _ = std::fs::remove_file(&copy);
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
+
 #[test]
 fn bad_input() {
     for (args, error) in [

@@ -227,8 +227,8 @@ pub struct ProfileCost {
     /// probes run on it).
     pub fraction: f64,
     pub span_s: f64,
-    /// The CPU time (user and system) the traced processes used over the
-    /// span, from `/proc/PID/stat`.
+    /// The CPU time the traced processes used over the span, by their
+    /// CPU clocks.
     pub target_cpu_s: f64,
     /// By source: `rates` (the duty cycle's windows), `gc_probes` (the
     /// probes that time collections), `gc_memory` (the statistics read),

@@ -111,8 +111,11 @@ impl DutyCycle {
         // its base (see toggle).
         let window_began = Instant::now();
         let used = cpu.read(&live);
-        let cpu_live_began =
-            if scope == crate::kernel::ALL_PROCESSES { CpuMark::read(&live) } else { CpuMark::read(&[scope]) };
+        let cpu_live_began = if scope == crate::kernel::ALL_PROCESSES {
+            CpuMark::read(&cpu.pids(&live))
+        } else {
+            CpuMark::read(&[scope])
+        };
         Ok(Self {
             controller: Controller::new(budget, BUDGET_WINDOW, used),
             costs,
@@ -150,6 +153,13 @@ impl DutyCycle {
     #[must_use]
     pub fn overhead(&self) -> Duration {
         self.estimator.overhead()
+    }
+
+    /// The traced processes' CPU time since the duty cycle began, read
+    /// now.
+    pub fn target_cpu(&mut self) -> Duration {
+        self.observe_cpu();
+        self.cpu_used.saturating_sub(self.began.1)
     }
 
     /// Reads the target's CPU time, and gives the controller its credit.
@@ -339,10 +349,11 @@ impl DutyCycle {
     }
 
     /// The traced processes' CPU time now, each by its exact clock:
-    /// `--pid`'s, or with `--exe` those with entries.
+    /// `--pid`'s, or with `--exe` those with entries and those running
+    /// the image when tracing began.
     fn mark(&self) -> CpuMark {
         if self.scope == crate::kernel::ALL_PROCESSES {
-            CpuMark::read(&self.live)
+            CpuMark::read(&self.cpu.pids(&self.live))
         } else {
             CpuMark::read(&[self.scope])
         }

@@ -222,9 +222,8 @@ impl Run {
         Ok(snapshot)
     }
 
-    /// The summary's counts, read after the end (the last window closed)
-    /// so that they hold every hit up to the target's exit, before the
-    /// detach.
+    /// The summary's counts, read after the end (the last window closed),
+    /// so that they hold every hit up to the target's exit; before detaching.
     fn last(&mut self, config: &AttachConfig) -> Result<Snapshot, AttachError> {
         if let Some(d) = self.duty.as_mut() {
             d.close(&mut self.session, &mut self.readout)?;
@@ -237,16 +236,18 @@ impl Run {
             .and_then(|l| l.leaks)
             .map(|l| live::leaks(&self.session, l, self.readout.stack_names.as_mut()));
         last.growth = growth::report(self.growth.as_mut(), &mut self.session, self.cost.prices(), true);
+        let cpu = profile::target_cpu(self.duty.as_mut(), &self.cost);
         if let Some(p) = self.profile.as_mut() {
-            p.summary(&mut last, self.duty.as_ref(), self.cost.target_cpu());
+            p.summary(&mut last, self.duty.as_ref(), cpu);
         }
         Ok(last)
     }
 
     /// The profile's sources and costs in an interval's `snapshot`.
     fn profile_interval(&mut self, snapshot: &mut Snapshot) {
+        let cpu = profile::target_cpu(self.duty.as_mut(), &self.cost);
         if let Some(p) = self.profile.as_mut() {
-            p.interval(snapshot, self.duty.as_mut(), self.cost.target_cpu());
+            p.interval(snapshot, self.duty.as_mut(), cpu);
         }
     }
 
@@ -261,8 +262,8 @@ impl Run {
         self.cost.high_cost_note(&cost)
     }
 
-    /// Late modules, processes that cannot be watched, a failed
-    /// calibration and BPF log lines since the last call.
+    /// Late modules, unwatchable processes, a failed calibration and BPF
+    /// log lines since the last call.
     fn notes(&mut self) -> Vec<Note> {
         let mut notes = self.late.as_mut().map(|l| l.check(&mut self.session, self.started)).unwrap_or_default();
         notes.extend(self.cost.poll());
@@ -321,11 +322,9 @@ pub async fn attach(
     privileges::check()?;
     // With --exe, one pidfd per traced process.
     exits::raise_fd_limit();
-    // The handlers (`signals`) went in before anything is attached, so a
-    // Ctrl-C at any point after this still detaches cleanly.
+    // The handlers (`signals`) are in: a Ctrl-C from here on detaches.
     let (exit, exits) = watch_exits(&config.target)?;
-    // The program `--pid` runs: one it exec's ends the run, as an exit
-    // does (its memory and code are another's).
+    // The program `--pid` runs: one it exec's ends the run, as an exit does.
     let program = match &config.target {
         TargetSpec::Pid(pid) => ProgramStamp::of(*pid).map(|s| (*pid, s)),
         TargetSpec::Exe(_) => None,
@@ -637,7 +636,7 @@ fn start<'a>(
             // A multi link goes live at once when made; perf-event uprobes
             // one by one during the attach.
             (if links == Links::Multi { started } else { attach_began }, started, cpu_before_attach),
-            cost::TargetCpu::new(r.pid()),
+            cost::TargetCpu::new(r.pid(), Some(&r.attach_path)),
         )?),
         _ => None,
     };
@@ -649,7 +648,8 @@ fn start<'a>(
         &mut cost,
         (started, cpu_began),
     )?;
-    let profile = profile.map(|p| p.started(started, cost.target_cpu()));
+    let profile_cpu = profile::target_cpu(duty.as_mut(), &cost);
+    let profile = profile.map(|p| p.started(started, profile_cpu));
     let mut info = header::attached_event(&session, &r, links, &cost);
     info.started_unix_s = started_unix_s;
     info.mode = Some(config.mode.name().to_owned());

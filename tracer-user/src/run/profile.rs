@@ -34,6 +34,14 @@ use crate::{
 /// estimate comes; the profile's is its duty cycle's first window.
 pub const FIRST_WINDOW: Duration = Duration::from_millis(100);
 
+/// The target's CPU time the profile's costs are shares of: the duty
+/// cycle's exact clocks (with `--exe`, of every process running the image
+/// from the start, not only those whose hits were read), else the hits'
+/// ledger's.
+pub fn target_cpu(duty: Option<&mut DutyCycle>, cost: &CostMeter) -> Duration {
+    duty.map_or_else(|| cost.target_cpu(), DutyCycle::target_cpu)
+}
+
 /// The profile's state across intervals.
 pub struct Profile {
     ledger: BudgetLedger,
@@ -119,8 +127,8 @@ impl Profile {
     }
 
     /// The profile of a run whose probes went live at `started`, when the
-    /// target had used `cpu` (as [`CostMeter::target_cpu`] counts it): the
-    /// first census starts now.
+    /// target had used `cpu` (as [`target_cpu`] counts it): the first
+    /// census starts now.
     #[must_use]
     pub fn started(mut self, started: Instant, cpu: Duration) -> Self {
         self.last = started;

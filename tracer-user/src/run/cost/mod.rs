@@ -67,51 +67,72 @@ fn ticks_now() -> u64 {
 }
 
 /// The CPU time the traced processes used from now on, summed: what the
-/// budget is a share of. With `--pid`, exactly (its process CPU clock:
-/// [`process_cpu_ns`]); with `--exe`, in clock ticks (user and system,
-/// `/proc/PID/stat`).
+/// budget is a share of. Each process by its exact process CPU clock
+/// ([`process_cpu_ns`]): `--pid`'s; with `--exe`, those running the image
+/// when this began and those that hit a probe since (a near-idle process
+/// runs a clock tick in seconds, against windows of milliseconds).
 #[derive(Clone, Debug)]
 pub struct TargetCpu {
     ledger: Ledger,
     target: Option<u32>,
-    ticks_per_s: f64,
+    /// With `--exe`: the processes that mapped the image when this began,
+    /// read from then on whether or not they have hit a probe yet (their
+    /// first window's hits would otherwise be set against no CPU time).
+    running: Vec<u32>,
     /// With `--pid`: its clock at the start, and at the last reading (which
     /// stands once it is gone).
     exact: Option<(u64, u64)>,
 }
 
 impl TargetCpu {
-    /// From now on, of `target` (`None` with `--exe`: the processes each
-    /// reading names).
+    /// From now on, of `target`, or with `--exe` (`target` `None`) of the
+    /// processes running `image` and those each reading names.
     #[must_use]
-    pub fn new(target: Option<u32>) -> Self {
+    pub fn new(target: Option<u32>, image: Option<&std::path::Path>) -> Self {
         let exact = target.and_then(process_cpu_ns).map(|ns| (ns, ns));
-        let mut cpu = Self { ledger: Ledger::new(0, ticks_now()), target, ticks_per_s: ticks_per_s(), exact };
+        let running = match (target, image) {
+            (None, Some(image)) => {
+                crate::discover::process::processes_mapping(image).into_iter().map(|(pid, _)| pid).collect()
+            }
+            _ => Vec::new(),
+        };
+        let mut cpu = Self { ledger: Ledger::new(0, ticks_now()), target, running, exact };
         let _ = cpu.read(&[]);
         cpu
     }
 
+    /// The processes a reading with `live` covers: `live` and, with
+    /// `--exe`, those running the image at the start.
+    #[must_use]
+    pub fn pids(&self, live: &[u32]) -> Vec<u32> {
+        let mut pids: Vec<u32> = live.iter().chain(&self.running).copied().collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+
     /// The CPU time so far: of `--pid`'s process, or with `--exe` of the
-    /// processes in `live` (each from when it was first read; one that
-    /// exits between two readings loses what it used since the last).
+    /// processes [`Self::pids`] gives for `live` (each from when it was
+    /// first read, or from its start if it started after this began; one
+    /// that exits between two readings loses what it used since the last).
     pub fn read(&mut self, live: &[u32]) -> Duration {
-        // A clock tick is 4 ms here: an interval of a nearly idle target
-        // reads 0 or a tick, against probes' costs of microseconds.
         if let (Some(pid), Some((base, last))) = (self.target, self.exact.as_mut()) {
             if let Some(now) = process_cpu_ns(pid) {
                 *last = now.max(*last);
             }
             return Duration::from_nanos(last.saturating_sub(*base));
         }
-        let target = self.target.map(|t| [t]);
-        let pids = target.as_ref().map_or(live, |t| &t[..]);
-        for &pid in pids {
-            if let Some(cpu) = read_cpu(pid) {
-                self.ledger.observe(pid, None, cpu);
+        let pids = match self.target {
+            Some(t) => vec![t],
+            None => self.pids(live),
+        };
+        for pid in pids {
+            // The ledger's unit here is the nanosecond.
+            if let (Some(stat), Some(ns)) = (read_cpu(pid), process_cpu_ns(pid)) {
+                self.ledger.observe(pid, None, ProcessCpu { started: stat.started, cpu_ticks: ns });
             }
         }
-        #[allow(clippy::cast_precision_loss, reason = "clock ticks of CPU time")]
-        Duration::from_secs_f64(self.ledger.paired().cpu_ticks as f64 / self.ticks_per_s)
+        Duration::from_nanos(self.ledger.paired().cpu_ticks)
     }
 }
 
