@@ -40,9 +40,14 @@ fn notes(lines: &[Value]) -> String {
     lines.iter().filter(|l| l["type"] == "note").map(|l| l["message"].to_string() + "\n").collect()
 }
 
+/// One `--all` at a time: each traces every Python of the host, the other
+/// test's too.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn every_python_on_the_host_in_its_namespaces_and_later_ones_counted_exactly() {
     require_root();
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let host = shared_python();
     let root = forky_root();
     assert!(Path::new(PYENV_313).is_file(), "{PYENV_313} is missing: run `cargo xtask setup`");
@@ -125,6 +130,62 @@ fn every_python_on_the_host_in_its_namespaces_and_later_ones_counted_exactly() {
         }
     }
     assert!(stderr.contains("tracer: detached from every interpreter (signal)"), "{stderr}");
+}
+
+/// Containers as a runtime makes them (`pivot_root` into the forky root,
+/// own mount and PID namespaces), whose interpreter tracer reaches only
+/// through `/proc/PID/root` of one of them: that image is held open, so
+/// its tracer goes on when the process it was found through ends. A (N
+/// iterations) is found first and exits; B, busy, is still traced by the
+/// production profile's windows after that, each re-attached.
+#[test]
+fn containers_are_traced_past_the_end_of_the_process_they_were_found_through() {
+    require_root();
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let root = forky_root();
+    let container = |n| {
+        Workload::once_in_root(&root, "/usr/bin/python3.13", n, Body::Objects, Exit::Immediate, Isolation::Container)
+    };
+    let mut a = container(N);
+    a.wait_blocked_on_stdin();
+    let mut b = container(50_000_000);
+    b.wait_blocked_on_stdin();
+    let (first, busy) = (a.pid(), b.pid());
+    let (tracer, attached) = TracerRun::attach_json_with(&["--all", "--interval", "0.3", "--budget", "20"]);
+    let images: Vec<&str> =
+        attached["interpreters"].as_array().expect("interpreters").iter().filter_map(|i| i["image"].as_str()).collect();
+    assert!(images.contains(&format!("/proc/{first}/root/usr/bin/python3.13").as_str()), "{images:?}");
+    b.go();
+    a.go();
+    a.finish();
+    // Windows after A's end: each attaches through the held image.
+    let windows = |line: &Value| line["budget"]["windows"].as_u64().unwrap_or(0);
+    let next_interval = || loop {
+        let line = tracer.stdout.next_line("an interval").expect("tracer ended early");
+        let v: Value = serde_json::from_str(&line).expect("JSON");
+        if v["type"] == "interval" {
+            break v;
+        }
+    };
+    let at_a_end = windows(&next_interval());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while windows(&next_interval()) < at_a_end + 3 {
+        assert!(std::time::Instant::now() < deadline, "no windows after A ended: {at_a_end} then");
+    }
+    tracer.signal(libc::SIGINT);
+    let (status, lines, stderr) = tracer.finish();
+    assert!(status.success(), "{stderr}");
+    assert!(!notes(&lines).contains("ended ("), "a tracer died: {}", notes(&lines));
+    let summary = lines.last().expect("summary");
+    let by_pid = per_pid(summary);
+    let calls = |pid: u32| by_pid.get(&pid).and_then(|c| c.get("PyMem_RawMalloc")).map_or(0, |c| c.0);
+    assert!(calls(busy) > 0, "B ({busy}) not counted: {:?}", by_pid.keys());
+    for pid in [first, busy] {
+        let p = &summary["processes"][pid.to_string()];
+        assert_eq!(p["pid_in_namespace"], 1, "{pid}: {p}");
+        assert!(p["skipped"].is_null(), "{pid}: {p}");
+    }
+    drop(b);
 }
 
 #[test]

@@ -56,7 +56,7 @@ const DEFAULT_LIB_DIRS: &[&str] = &[
 impl Interpreter {
     /// Resolves `exe` (symlinks followed) to its interpreter image.
     pub fn from_executable(exe: &Path) -> Result<Self, ExeError> {
-        let real = std::fs::canonicalize(exe).map_err(|_| ExeError::NotFound { path: exe.to_owned() })?;
+        let real = resolved(exe).ok_or_else(|| ExeError::NotFound { path: exe.to_owned() })?;
         let data = std::fs::read(&real).map_err(|cause| ExeError::Elf(ElfError::Read { path: real.clone(), cause }))?;
         let elf = ElfImage::parse(&real, &data).map_err(|_| ExeError::NotPython { path: exe.to_owned() })?;
         let image = if defines_cpython(&elf) {
@@ -75,6 +75,21 @@ impl Interpreter {
         let elf = if image == real { elf } else { ElfImage::open(&image)? };
         let version = version::read(version::Source::File(&elf, &image))?;
         Ok(Self { exe: real, image, elf, version })
+    }
+}
+
+/// `exe` with its symbolic links resolved, where that names the same file;
+/// else `exe` as given. A path through `/proc` (`/proc/PID/root/...` into
+/// a container's root, or `/proc/self/fd/N`, an image `--all` holds open)
+/// crosses magic links, which the kernel follows to the file itself but
+/// whose text names it as seen from another root: resolved as text, such a
+/// path would name another file of tracer's own root, or none. `None` where
+/// `exe` names no file.
+fn resolved(exe: &Path) -> Option<PathBuf> {
+    let id = super::process::file_id(exe)?;
+    match std::fs::canonicalize(exe) {
+        Ok(real) if super::process::file_id(&real) == Some(id) => Some(real),
+        _ => Some(exe.to_owned()),
     }
 }
 
@@ -134,6 +149,30 @@ mod tests {
         let me = std::env::current_exe().unwrap();
         let err = Interpreter::from_executable(&me).unwrap_err();
         assert!(matches!(err, ExeError::NotPython { .. }), "{err}");
+    }
+
+    /// A file reached through a magic link of /proc whose text does not
+    /// name it in this root (here, a file held open and then renamed over:
+    /// its link reads `held (deleted)`): the path as given.
+    #[test]
+    fn a_path_through_a_magic_link_is_kept_when_its_text_names_another_file() {
+        let dir = std::env::temp_dir().join(format!("tracer-exe-resolved-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (held, other) = (dir.join("held"), dir.join("other"));
+        std::fs::write(&held, b"held").unwrap();
+        std::fs::write(&other, b"other").unwrap();
+        let file = std::fs::File::open(&held).unwrap();
+        // The held file's name now names the other one.
+        std::fs::rename(&other, &held).unwrap();
+        let through = PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file)));
+        assert_eq!(resolved(&through), Some(through.clone()));
+        assert_eq!(std::fs::read(resolved(&through).unwrap()).unwrap(), b"held");
+        // A plain symbolic link resolves.
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&held, &link).unwrap();
+        assert_eq!(resolved(&link), Some(held.clone()));
+        assert_eq!(resolved(&dir.join("none")), None);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

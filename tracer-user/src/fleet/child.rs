@@ -45,27 +45,44 @@ pub struct Tracer {
 impl Tracer {
     /// Starts `tracer attach --exe image --json` with `args` (the flags
     /// `--all` passes on), its lines going to `said` as number `index`.
-    /// It runs in a process group of its own, so that only `--all` ends
-    /// it (a terminal's Ctrl-C reaches `--all`, which ends each in turn
-    /// and waits for its summary), and it is sent SIGTERM if `--all` dies.
-    pub fn start(index: usize, image: &Path, args: &[OsString], said: &UnboundedSender<Said>) -> std::io::Result<Self> {
+    /// Where `held` is given, the image is that open file, which the child
+    /// inherits and is given as `/proc/self/fd/N`: its path goes through a
+    /// process that may end first. It runs in a process group of its own,
+    /// so that only `--all` ends it (a terminal's Ctrl-C reaches `--all`,
+    /// which ends each in turn and waits for its summary), and it is sent
+    /// SIGTERM if `--all` dies.
+    pub fn start(
+        index: usize,
+        (image, held): (&Path, Option<&std::fs::File>),
+        args: &[OsString],
+        said: &UnboundedSender<Said>,
+    ) -> std::io::Result<Self> {
         let me = std::env::current_exe()?;
+        let held = held.map(std::os::fd::AsRawFd::as_raw_fd);
+        let exe = held.map_or_else(|| image.to_owned(), |fd| PathBuf::from(format!("/proc/self/fd/{fd}")));
         let mut command = Command::new(me);
         command
             .arg("attach")
             .arg("--exe")
-            .arg(image)
+            .arg(&exe)
             .arg("--json")
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
-        // SAFETY: prctl is async-signal-safe; the closure allocates nothing
-        // and touches no lock between fork and exec.
+        // SAFETY: prctl and fcntl are async-signal-safe; the closure
+        // allocates nothing and touches no lock between fork and exec; the
+        // descriptor is the held file's, open for the whole call.
         unsafe {
-            command.pre_exec(|| {
+            command.pre_exec(move || {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // In the child only: the held image stays open across exec.
+                if let Some(fd) = held
+                    && libc::fcntl(fd, libc::F_SETFD, 0) == -1
+                {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())

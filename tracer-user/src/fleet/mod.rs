@@ -213,7 +213,7 @@ impl Fleet<'_> {
             if let (Some(dir), false) = (&image.debug_dir, self.config.debug_dir) {
                 args.extend(["--debug-dir".into(), dir.clone().into_os_string()]);
             }
-            let tracer = Tracer::start(self.kids.len(), &image.path, &args, &self.said)
+            let tracer = Tracer::start(self.kids.len(), (&image.path, image.held.as_deref()), &args, &self.said)
                 .map_err(|cause| FleetError::Start { image: image.path.display().to_string(), cause })?;
             self.kids.push(Kid {
                 tracer,

@@ -34,13 +34,18 @@ pub enum Verdict {
 }
 
 /// An interpreter image found: what its `tracer attach --exe` is given.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Image {
     pub key: FileId,
-    /// The image as tracer opens it: a path of tracer's own root.
+    /// The image as tracer opens it: a path of tracer's own root, or
+    /// through `/proc/PID/root` where only that reaches it.
     pub path: PathBuf,
+    /// The image held open where [`Self::path`] goes through a process,
+    /// which may end while others still run the image: its tracer is given
+    /// this descriptor instead (a container's root made by `pivot_root`).
+    pub held: Option<std::sync::Arc<std::fs::File>>,
     /// Where debug files for it are, when its process runs in a root of
-    /// its own (a chroot): `ROOT/usr/lib/debug`.
+    /// its own (a chroot, a container): `ROOT/usr/lib/debug`.
     pub debug_dir: Option<PathBuf>,
 }
 
@@ -121,17 +126,26 @@ impl Scanner {
         }
         // `--exe` opens the path in tracer's own root, and so do the
         // uprobes it attaches each window: a path through /proc/PID lives
-        // only as long as that process.
-        if target.host_path.starts_with("/proc") {
-            return Verdict::Skipped {
-                reason: format!(
-                    "its interpreter {} is in a mount namespace of its own, which tracer reaches only through /proc/{pid} while PID {pid} lives; trace it with --pid {pid}",
-                    text::display(&target.image_path.display().to_string())
-                ),
-            };
-        }
-        let debug_dir = root_of(pid).map(|root| root.join("usr/lib/debug")).filter(|d| d.is_dir());
-        let image = Image { key, path: target.host_path, debug_dir };
+        // only as long as that process, so the image is held open and its
+        // tracer given the descriptor. Its debug files are read at its
+        // start, through this process's root.
+        let (held, root) = if target.host_path.starts_with("/proc") {
+            match std::fs::File::open(&target.host_path) {
+                Ok(file) => (Some(std::sync::Arc::new(file)), Some(PathBuf::from(format!("/proc/{pid}/root")))),
+                Err(e) => {
+                    return Verdict::Skipped {
+                        reason: format!(
+                            "its interpreter {} is in a mount namespace of its own, reached only through /proc/{pid}, and could not be opened there ({e}); trace it with --pid {pid}",
+                            text::display(&target.image_path.display().to_string())
+                        ),
+                    };
+                }
+            }
+        } else {
+            (None, root_of(pid))
+        };
+        let debug_dir = root.map(|root| root.join("usr/lib/debug")).filter(|d| d.is_dir());
+        let image = Image { key, path: target.host_path, held, debug_dir };
         self.images.insert(key, image.clone());
         found.images.push(image);
         Verdict::Python { key }
