@@ -477,7 +477,7 @@ fn the_census_counts_n_new_objects_made_between_two() {
 /// unavailable there, and says why.
 #[test]
 fn the_census_counts_n_new_objects_on_pyenv_3_9() {
-    let why = "Python 3.9 is not sampled: it has no `arena_map_mark_used` (pymalloc's radix tree came in 3.10), where growth sees a new arena, and its pools are 4 KiB, not 16 KiB";
+    let why = "Python 3.9 is not sampled: it has no `arena_map_mark_used` (pymalloc's radix tree came in 3.10), where growth tells pymalloc's new arenas from the C library's heap growing";
     census_counts_n_new_objects(&pyenv("3.9.18"), Some(why));
 }
 

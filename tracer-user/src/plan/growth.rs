@@ -83,6 +83,15 @@ pub struct GrowthPlan {
     /// Why nothing is probed: growth is unavailable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unavailable: Option<String>,
+    /// pymalloc's pool size on this build (4 KiB on 3.9, 16 KiB from
+    /// 3.10): what one pool sampled stands for. 0 where unavailable.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pool_size: u64,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref, reason = "serde's skip_serializing_if passes a reference")]
+const fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl GrowthPlan {
@@ -160,8 +169,10 @@ pub fn plan(elf: &ElfImage, symbols: &GrowthSymbols, knowledge: &GrowthKnowledge
     match arena.map(|found| point(GrowthRole::Arena, &take.name, take.address, found)) {
         Ok(Some(p)) => points.push(p),
         Ok(None) => caveats.push("the call of arena_map_mark_used is in no file-backed segment".to_owned()),
-        Err(why) => caveats
-            .push(format!("{why}: a new arena's first pool is not sampled (one pool of each new arena's 63 or 64)")),
+        Err(why) => caveats.push(format!(
+            "{why}: a new arena's first pool is not sampled (one pool of each new arena's {})",
+            if knowledge.pool_size == crate::python::heap::POOL_SIZE { "63 or 64" } else { "64" }
+        )),
     }
     let detail = format!(
         "{}, found in {}: {} probe{}; the C library's heap at the syscalls:{} tracepoints",
@@ -171,7 +182,13 @@ pub fn plan(elf: &ElfImage, symbols: &GrowthSymbols, knowledge: &GrowthKnowledge
         if points.len() == 1 { "" } else { "s" },
         tracer_common::names::programs::GROWTH_MAPPED.map(|(_, t)| t).join(",")
     );
-    GrowthPlan { points, detail, caveat: (!caveats.is_empty()).then(|| caveats.join("; ")), unavailable: None }
+    GrowthPlan {
+        points,
+        detail,
+        caveat: (!caveats.is_empty()).then(|| caveats.join("; ")),
+        unavailable: None,
+        pool_size: knowledge.pool_size,
+    }
 }
 
 /// The function's code, `size` bytes at `address` (its entry alone where

@@ -48,6 +48,8 @@ pub struct GrowthKnowledge {
     /// The argument register (DWARF number) of `arena_map_mark_used` that
     /// holds the new arena's address.
     pub arena_register: u16,
+    /// pymalloc's pool size: what one pool sampled stands for.
+    pub pool_size: u64,
 }
 
 /// Why growth sampling cannot serve `abi`'s version, where it cannot.
@@ -56,11 +58,13 @@ pub fn refusal(abi: &dyn Abi) -> Option<String> {
     match abi.minor() {
         // Objects/obmalloc.c at v3.9.18: no `WITH_PYMALLOC_RADIX_TREE`, so
         // `new_arena` calls no [`MARK_USED_FUNCTION`] (pyenv's 3.9.18 has
-        // no such symbol), where a sample sees a new arena's first pool;
-        // its pools are 4 KiB, where the kernel side rounds an arena to a
-        // 16 KiB pool ([`tracer_common::growth::POOL_SIZE`]).
+        // no such symbol). That call is where growth tells an arena
+        // pymalloc maps from the C library's heap growing: without it
+        // every new arena would be counted as the C library's (tried: on
+        // tests/python/growth.py, `churn` then carried about half of the
+        // growth, all of it arenas).
         9 => Some(format!(
-            "Python 3.{} is not sampled: it has no `{MARK_USED_FUNCTION}` (pymalloc's radix tree came in 3.10), where growth sees a new arena, and its pools are 4 KiB, not 16 KiB",
+            "Python 3.{} is not sampled: it has no `{MARK_USED_FUNCTION}` (pymalloc's radix tree came in 3.10), where growth tells pymalloc's new arenas from the C library's heap growing",
             abi.minor()
         )),
         _ => None,
@@ -70,13 +74,19 @@ pub fn refusal(abi: &dyn Abi) -> Option<String> {
 /// What growth sampling needs of `abi`'s version.
 #[must_use]
 pub fn knowledge(abi: &dyn Abi) -> GrowthKnowledge {
+    let pool_size = abi.heap().geometry.pool;
     match abi.heap().obmalloc {
         // `static struct arena_object* usable_arenas` (Objects/obmalloc.c
-        // at v3.11.2, l.1257).
-        Obmalloc::Statics { .. } => GrowthKnowledge { usable: Usable::Static("usable_arenas"), arena_register: RDI },
-        Obmalloc::Embedded { .. } | Obmalloc::Pointer { .. } => {
-            GrowthKnowledge { usable: Usable::InState { offset: obmalloc_state::USABLE_ARENAS }, arena_register: RSI }
+        // at v3.11.2, l.1257; the same at v3.9.18 and v3.10.13, where 3.9
+        // has no `arena_map_mark_used`: no radix tree before 3.10).
+        Obmalloc::Statics { .. } => {
+            GrowthKnowledge { usable: Usable::Static("usable_arenas"), arena_register: RDI, pool_size }
         }
+        Obmalloc::Embedded { .. } | Obmalloc::Pointer { .. } => GrowthKnowledge {
+            usable: Usable::InState { offset: obmalloc_state::USABLE_ARENAS },
+            arena_register: RSI,
+            pool_size,
+        },
     }
 }
 
@@ -93,7 +103,11 @@ mod tests {
         assert_eq!(g::POOL_SIZE, POOL_SIZE);
         let v = |minor| crate::python::PythonVersion { major: 3, minor, micro: 0, level: 0xf, serial: 0 };
         let of = |minor| knowledge(crate::python::abi_for_image(std::path::Path::new("x"), v(minor)).unwrap());
-        assert_eq!(of(11), GrowthKnowledge { usable: Usable::Static("usable_arenas"), arena_register: RDI });
+        assert_eq!(
+            of(11),
+            GrowthKnowledge { usable: Usable::Static("usable_arenas"), arena_register: RDI, pool_size: POOL_SIZE }
+        );
+        assert_eq!(of(9).pool_size, 4096);
         for minor in 12..=14 {
             assert_eq!(of(minor).usable, Usable::InState { offset: 536 });
             assert_eq!(of(minor).arena_register, RSI);

@@ -36,7 +36,7 @@ use crate::{
     kernel::{AttachError, Session},
     model::{GrowthCost, GrowthSampled as Report, GrowthSite, GrowthStack, GrowthStopped, GrowthTakes, SiteFrame},
     plan::growth::{GrowthPlan, GrowthRole},
-    python::heap::{POOL_OVERHEAD, POOL_SIZE},
+    python::heap::POOL_OVERHEAD,
 };
 
 /// A pool header's bytes: [`POOL_OVERHEAD`].
@@ -313,7 +313,7 @@ impl Growth {
         let mut dead = HashMap::new();
         for (i, (key, sample)) in samples.iter().enumerate() {
             let header = &bytes[i * HEADER..(i + 1) * HEADER];
-            let in_use = ok[i] && Header::parse(key.pool, header, POOL_SIZE).is_some_and(|h| h.count > 0);
+            let in_use = ok[i] && Header::parse(key.pool, header, self.plan.pool_size).is_some_and(|h| h.count > 0);
             if in_use {
                 reading.by_stack.entry(sample.stack).or_default().pools += 1;
             } else if self.dead.get(key) == Some(sample) {
@@ -332,7 +332,7 @@ impl Growth {
     }
 
     fn sample_bytes(&self) -> u64 {
-        u64::from(self.every).saturating_mul(POOL_SIZE)
+        u64::from(self.every).saturating_mul(self.plan.pool_size)
     }
 
     /// The report of sites `now` against `previous` (samples per site),
@@ -363,7 +363,7 @@ impl Growth {
                     in_use_bytes: in_use(&held),
                     libc_bytes: held.mapped_bytes,
                     libc_samples: held.mapped,
-                    in_use_ci95: held.ci95(self.every, POOL_SIZE),
+                    in_use_ci95: held.ci95(self.every, self.plan.pool_size),
                 }
             })
             .filter(|s| s.samples > 0 || s.bytes != 0)
