@@ -3,9 +3,15 @@
 //! `proto/profile.proto` (not tracer's own types): `--stacks`' events are
 //! `alloc_objects`/`alloc_space` samples whose frames and values are the
 //! summary's stacks exactly; growth's stacks are `inuse_objects`/
-//! `inuse_space` samples that add up to the summary's growth stacks.
+//! `inuse_space` samples that add up to the summary's growth stacks. The
+//! readers users open it in read it too: `go tool pprof` and speedscope
+//! (in headless Chromium).
 
-use std::{collections::HashMap, io::Read as _};
+use std::{
+    collections::HashMap,
+    io::Read as _,
+    path::{Path, PathBuf},
+};
 
 use serde_json::Value;
 use tracer_tests::{TracerRun, Workload, require_root, shared_python};
@@ -234,6 +240,83 @@ fn go_pprof_top(file: &std::path::Path, index: &str) -> Top {
     Top { first: words[5..].join(" "), first_flat: words[0].to_owned(), total, text }
 }
 
+/// speedscope's page, where `cargo xtask setup` installs it
+/// (xtask/src/setup.rs `speedscope_dir`).
+fn speedscope_page() -> PathBuf {
+    let base = std::env::var_os("XDG_DATA_HOME").map_or_else(
+        || PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".local/share"),
+        PathBuf::from,
+    );
+    base.join("tracer/speedscope/node_modules/speedscope/dist/release/index.html")
+}
+
+/// What speedscope shows of `file` in its sandwich view, loaded as its
+/// command line loads one (a script that calls
+/// `speedscope.loadFileFromBase64`), in headless Chromium: each row's
+/// (total, self, symbol), and what its console said.
+fn speedscope_sandwich(file: &Path) -> (Vec<[String; 3]>, String) {
+    const CHROMIUM: &str = "/usr/bin/chromium";
+    let page = speedscope_page();
+    assert!(page.is_file(), "{} is missing: run `cargo xtask setup` (speedscope from npm)", page.display());
+    assert!(Path::new(CHROMIUM).is_file(), "{CHROMIUM} is missing: run `cargo xtask setup` (Debian's chromium)");
+    let name = file.file_name().unwrap().to_str().unwrap();
+    let dir = std::env::temp_dir().join(format!("tracer-speedscope-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("load.js");
+    let bytes = std::fs::read(file).unwrap();
+    let call = format!("speedscope.loadFileFromBase64({:?}, {:?})", name, base64(&bytes));
+    std::fs::write(&script, call).unwrap();
+    let out = std::process::Command::new("timeout")
+        .arg("120")
+        .arg(CHROMIUM)
+        // Chromium's sandbox refuses to run as root; the page is a file.
+        .args(["--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--allow-file-access-from-files"])
+        .args(["--enable-logging=stderr", "--v=0", "--virtual-time-budget=10000", "--dump-dom"])
+        .arg(format!("--user-data-dir={}", dir.join("profile").display()))
+        .arg(format!("file://{}#localProfilePath={}&view=sandwich", page.display(), script.display()))
+        .output()
+        .expect("run chromium");
+    let console = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "chromium: {}", out.status);
+    let dom = String::from_utf8_lossy(&out.stdout).into_owned();
+    let _ = std::fs::remove_dir_all(&dir);
+    // The page's text nodes, in order; the rows follow the table's heading.
+    let texts: Vec<String> = dom
+        .split('>')
+        .filter_map(|part| part.split('<').next())
+        .map(|t| t.trim().replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&"))
+        .filter(|t| !t.is_empty())
+        .collect();
+    assert!(texts.iter().any(|t| *t == format!("{name} - speedscope")), "not loaded: {texts:?}\n{console}");
+    let rows = texts
+        .iter()
+        .skip_while(|t| *t != "Symbol Name")
+        .skip(1)
+        .cloned()
+        .collect::<Vec<_>>()
+        .chunks_exact(3)
+        .map(|r| [r[0].clone(), r[1].clone(), r[2].clone()])
+        .collect();
+    (rows, console)
+}
+
+/// Standard base64 of `bytes`.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk.iter().enumerate().fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
 /// The production profile with growth: growth's stacks as inuse samples
 /// adding up to the summary's growth stacks, and the default type
 /// `inuse_space`.
@@ -261,5 +344,16 @@ fn growth_stacks_are_inuse_samples() {
     let p = decode(&file);
     assert_eq!(p.default_type, "inuse_space");
     same_samples(p, stacks, |s| [0, 0, s["samples"].as_u64().unwrap(), s["in_use_bytes"].as_u64().unwrap()], "grow ");
+    // speedscope reads it as pprof: each stack's leaf is a symbol with
+    // bytes of its own, and `grow`, the only one here, holds them all.
+    let (rows, console) = speedscope_sandwich(&file);
+    assert!(console.contains("Importing as protobuf encoded pprof file"), "{console}");
+    for stack in stacks {
+        let leaf = stack["frames"][0]["function"].as_str().unwrap();
+        let row = rows.iter().find(|r| r[2] == leaf).unwrap_or_else(|| panic!("no {leaf} in {rows:?}"));
+        assert!(!row[1].starts_with("0 B"), "{leaf} has no bytes of its own: {rows:?}");
+    }
+    let grow = rows.iter().find(|r| r[2] == "grow").unwrap_or_else(|| panic!("no grow in {rows:?}"));
+    assert!(grow[1].ends_with("(100%)"), "{rows:?}");
     let _ = std::fs::remove_file(&file);
 }

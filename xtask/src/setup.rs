@@ -70,6 +70,38 @@ pub fn pyperf_venv() -> PathBuf {
     base.join("tracer").join("pyperf-venv")
 }
 
+/// speedscope, from the npm registry, which a test opens a pprof file in
+/// (headless Chromium): the version whose pprof import the test was
+/// written against.
+const SPEEDSCOPE_VERSION: &str = "1.22.2";
+
+/// Where setup installs speedscope; must match tests/tests/pprof.rs.
+pub fn speedscope_dir() -> PathBuf {
+    pyperf_venv().with_file_name("speedscope")
+}
+
+/// speedscope in [`speedscope_dir`], unless that version is there.
+fn speedscope() -> anyhow::Result<()> {
+    let dir = speedscope_dir();
+    let package = dir.join("node_modules/speedscope/package.json");
+    let installed = std::fs::read_to_string(&package)
+        .is_ok_and(|text| text.contains(&format!("\"version\": \"{SPEEDSCOPE_VERSION}\"")));
+    if installed {
+        return Ok(());
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    crate::run(
+        Command::new("npm")
+            .args(["install", "--no-audit", "--no-fund", "--prefix"])
+            .arg(&dir)
+            .arg(format!("speedscope@{SPEEDSCOPE_VERSION}")),
+    )?;
+    if !dir.join("node_modules/speedscope/dist/release/index.html").is_file() {
+        bail!("speedscope {SPEEDSCOPE_VERSION} was installed in {} but has no dist/release/index.html", dir.display());
+    }
+    Ok(())
+}
+
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 
@@ -107,6 +139,8 @@ pub fn run_for(needs: Needs) -> anyhow::Result<()> {
         // The test run fuzzes too.
         ensure_cargo_fuzz()?;
         made.push(format!("cargo-fuzz {CARGO_FUZZ_VERSION}"));
+        speedscope()?;
+        made.push(format!("speedscope {SPEEDSCOPE_VERSION}"));
     }
     made.insert(0, "pyperf".to_owned());
     let made = made.join(", ");
