@@ -181,12 +181,15 @@ fn section(md: &mut String, mode: &Mode, s: &Soaked) -> anyhow::Result<Vec<Strin
         let fraction = s.summary["profile"]["fraction"].as_f64();
         #[allow(clippy::cast_precision_loss, reason = "a count")]
         let tally_rate = if span > 0.0 { s.tally as f64 / span } else { 0.0 };
+        let lower_bound = if estimate["lower_bound"] == true { ", a lower bound" } else { "" };
         writeln!(
             md,
-            "`PyMem_RawMalloc`, estimated: {} calls/s (95%: {}); the target's tally over tracer's {span:.0} s: \
-             {tally_rate:.0}/s. The profile's own figure for its cost: {}.",
+            "`PyMem_RawMalloc`, estimated: {} calls/s{lower_bound} (95%: {}; the windows' slowdown of the target: \
+             {}); the target's tally over tracer's {span:.0} s: {tally_rate:.0}/s. The profile's own figure for \
+             its cost: {}.",
             estimate["calls_per_s"].as_f64().map_or("none".to_owned(), |r| format!("{r:.0}")),
             estimate["calls_per_s_ci95"],
+            s.summary["budget"]["slowdown"],
             fraction.map_or("none".to_owned(), |f| format!("{:.2}% of the target's CPU time", f * 100.0)),
         )?;
     }
