@@ -322,6 +322,33 @@ impl Plan {
     }
 }
 
+/// Where `spec`'s probe goes in its function, whose code starts with
+/// `code` at `address`, as `options` ask.
+fn place_function(
+    spec: &ProbeSpec,
+    code: &[u8],
+    address: u64,
+    program: Program,
+    options: &PlanOptions,
+    kernel: placement::KernelVersion,
+) -> Placement {
+    match (spec.kind, options.placement) {
+        (ProbeKind::Function, PlacementMode::Entry) => {
+            placement::at_entry_of(code, address, kernel, "entry (--placement entry)")
+        }
+        // The live table's frames and a uretprobe read the stack pointer
+        // at the probe: it must not have moved.
+        (ProbeKind::Function, PlacementMode::Auto | PlacementMode::CallSites)
+            if options.live || options.returns.is_some() =>
+        {
+            place_with_live(code, address, (program, options.live.then(|| live_role(spec)).flatten()), kernel)
+        }
+        (ProbeKind::Function, PlacementMode::Auto | PlacementMode::CallSites) => {
+            placement::place_off_stack(code, address, program, kernel)
+        }
+    }
+}
+
 /// The largest function whose `ret` instructions tracer looks for.
 const MAX_FUNCTION: u64 = 1 << 16;
 
@@ -352,14 +379,9 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
         let program = options.program_override.unwrap_or(own);
         let len = if sym.size > 0 { sym.size.min(4096) } else { 64 };
         let code = image.elf.read_at(sym.file_offset, usize::try_from(len).unwrap_or(64));
-        let place = match (spec.kind, code, options.placement) {
-            (ProbeKind::Function, Ok(code), PlacementMode::Entry) => {
-                placement::at_entry_of(&code, sym.address, kernel, "entry (--placement entry)")
-            }
-            (ProbeKind::Function, Ok(code), PlacementMode::Auto | PlacementMode::CallSites) => {
-                place_with_live(&code, sym.address, (program, options.live.then(|| live_role(spec)).flatten()), kernel)
-            }
-            (ProbeKind::Function, Err(e), _) => Placement::at_entry(format!("entry: the code could not be read ({e})")),
+        let place = match code {
+            Ok(code) => place_function(spec, &code, sym.address, program, &options, kernel),
+            Err(e) => Placement::at_entry(format!("entry: the code could not be read ({e})")),
         };
         let returns = options.returns.filter(|_| spec.program.returns_pointer()).map(|costs| {
             let len = usize::try_from(sym.size.min(MAX_FUNCTION)).unwrap_or(0);

@@ -25,14 +25,18 @@
 //! or once less than calls). Otherwise the probe stays at the entry, and
 //! the reason is reported.
 //!
-//! The stack pointer rule is for programs that read the stack: an
-//! argument passed on it, the live table's frames (paired by the entry's
-//! stack pointer), the native unwinder (which starts from the entry's
-//! CFA rule). A program that reads only registers and the target's
-//! memory through them is indifferent to it; `--growth`'s programs are
-//! such, and `plan::growth` places them past stack-pointer moves with the
-//! same other rules (no branch before, none into, the registers read
-//! intact), using [`instructions`], [`written`], [`branch_into`] and
+//! The stack pointer rule is for what reads the stack at the probe: the
+//! live table's frames (paired by the entry's stack pointer) and a
+//! uretprobe sharing the breakpoint (which takes the return address from
+//! the stack pointer). A probe whose programs read only registers and the
+//! target's memory through them is indifferent to it: [`place_off_stack`]
+//! places those past stack-pointer moves (the native unwinder looks up
+//! each pc's own CFA rule, so `--native-stacks` is such too). On Debian's
+//! LTO 3.11 `PyObject_Malloc` and `PyMem_Malloc` start `sub $0x18,%rsp;
+//! test %rdi,%rdi; js`: the `js` is emulated. `--growth`'s programs are
+//! such as well, and `plan::growth` places them past stack-pointer moves
+//! with the same other rules (no branch before, none into, the registers
+//! read intact), using [`instructions`], [`written`], [`branch_into`] and
 //! [`emulated`].
 
 use iced_x86::{
@@ -109,13 +113,25 @@ fn reads(program: Program) -> &'static [Register] {
 
 /// Chooses the probe point for a function whose code starts with `code`
 /// (the whole function if `code.len()` is its size) at virtual address
-/// `address`.
+/// `address`, before the stack pointer moves.
 #[must_use]
 pub fn place(code: &[u8], address: u64, program: Program, kernel: KernelVersion) -> Placement {
+    place_with(code, address, program, kernel, true)
+}
+
+/// As [`place`], for a probe where nothing reads the stack (no `--live`,
+/// no `--returns`): past moves of the stack pointer too.
+#[must_use]
+pub fn place_off_stack(code: &[u8], address: u64, program: Program, kernel: KernelVersion) -> Placement {
+    place_with(code, address, program, kernel, false)
+}
+
+fn place_with(code: &[u8], address: u64, program: Program, kernel: KernelVersion, stack_read: bool) -> Placement {
     let mut info = InstructionInfoFactory::new();
     let mut skipped: Vec<String> = Vec::new();
     let mut entry_text = None;
     let mut candidate: Option<Placement> = None;
+    let mut moved_stack = false;
     for Step { offset, bytes, instr, shown } in instructions(code, address) {
         if offset == 0 {
             entry_text = Some(shown.clone());
@@ -123,6 +139,11 @@ pub fn place(code: &[u8], address: u64, program: Program, kernel: KernelVersion)
         if let Some(kind) = emulated(bytes, kernel) {
             let reason = if offset == 0 {
                 format!("entry instruction is emulated ({kind})")
+            } else if moved_stack {
+                format!(
+                    "first emulated instruction ({kind}); before it: {} (nothing reads the stack here, so moving the stack pointer does not matter)",
+                    skipped.join("; ")
+                )
             } else {
                 format!("first emulated instruction ({kind}); before it: {}", skipped.join("; "))
             };
@@ -137,7 +158,10 @@ pub fn place(code: &[u8], address: u64, program: Program, kernel: KernelVersion)
         }
         for full in written(&mut info, &instr) {
             if full == Register::RSP {
-                return entry(entry_text, &format!("`{shown}` at +{offset} moves the stack pointer first"));
+                if stack_read {
+                    return entry(entry_text, &format!("`{shown}` at +{offset} moves the stack pointer first"));
+                }
+                moved_stack = true;
             }
             if reads(program).contains(&full) {
                 return entry(
@@ -421,6 +445,33 @@ mod tests {
         // ret first
         let code = [0xc3, 0x53];
         assert!(place(&code, 0, Program::CountCall, K618).reason.contains("changes control flow"));
+    }
+
+    /// Debian's LTO 3.11 `PyObject_Malloc` (its first bytes): off the
+    /// stack, the `js` after `sub $0x18,%rsp` and the size's test; where
+    /// the stack is read (`--live`, `--returns`), the entry.
+    #[test]
+    fn off_the_stack_a_probe_goes_past_stack_pointer_moves() {
+        let code = [
+            0x48, 0x83, 0xec, 0x18, // sub $0x18,%rsp
+            0x48, 0x85, 0xff, // test %rdi,%rdi
+            0x0f, 0x88, 0xff, 0x43, 0xf5, 0xff, // js -0xabc01
+            0x48, 0x89, 0xfe, // mov %rdi,%rsi
+            0xc3, // ret
+        ];
+        let p = place_off_stack(&code, 0x4d_0ad0, Program::SizeArg0, K618);
+        assert_eq!((p.offset, p.emulated), (7, true), "{p:?}");
+        assert!(p.instruction.starts_with("js "), "{p:?}");
+        assert!(p.reason.contains("sub $0x18,%rsp; test %rdi,%rdi"), "{}", p.reason);
+        assert!(p.reason.contains("nothing reads the stack here"), "{}", p.reason);
+        let p = place(&code, 0x4d_0ad0, Program::SizeArg0, K618);
+        assert_eq!((p.offset, p.emulated), (0, false), "{p:?}");
+        assert!(p.reason.contains("moves the stack pointer"), "{}", p.reason);
+        // The argument's register still rules: `mov %rax,%rdi` first.
+        let code = [0x48, 0x83, 0xec, 0x18, 0x48, 0x89, 0xc7, 0x53];
+        let p = place_off_stack(&code, 0, Program::SizeArg0, K618);
+        assert_eq!(p.offset, 0, "{p:?}");
+        assert!(p.reason.contains("overwrites RDI"), "{}", p.reason);
     }
 
     #[test]
