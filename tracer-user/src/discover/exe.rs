@@ -155,7 +155,7 @@ mod tests {
     /// name it in this root (here, a file held open and then renamed over:
     /// its link reads `held (deleted)`): the path as given.
     #[test]
-    fn a_path_through_a_magic_link_is_kept_when_its_text_names_another_file() {
+    fn a_path_through_a_magic_link_is_kept_where_its_text_names_no_file_here() {
         let dir = std::env::temp_dir().join(format!("tracer-exe-resolved-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let (held, other) = (dir.join("held"), dir.join("other"));
