@@ -340,7 +340,7 @@ fn read_pools(
     leads: &mut Leads,
     unicode: python::frames::UnicodeOffsets,
 ) -> Result<u64, HeapError> {
-    let pool_size = usize::try_from(types.layout().geometry.pool).unwrap_or(usize::MAX);
+    let pool_size = usize::try_from(types.layout().geometry.pool).unwrap_or(16384);
     let mut buf = vec![0u8; POOLS_PER_BATCH * pool_size];
     let mut ok = Vec::new();
     let mut again = Vec::new();
