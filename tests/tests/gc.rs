@@ -15,6 +15,7 @@ use std::{
     os::unix::fs::FileExt as _,
     path::{Path, PathBuf},
     process::Command,
+    sync::{PoisonError, RwLock, RwLockReadGuard},
 };
 
 use serde_json::Value;
@@ -22,6 +23,17 @@ use tracer_tests::{
     Aslr, Body, Exit, GC_CYCLES, INT3, Isolation, TracerRun, Workload, forky_root, require_root, run_tracer,
     shared_python, static_python,
 };
+
+/// `--exe` traces every process of its image, the other tests' too, and
+/// checks that no collection of any was missed: one attaching while
+/// another test's process is mid-collection would rightly count that
+/// collection's end as unmatched. So it runs alone (write), and the others
+/// beside each other (read).
+static IMAGE: RwLock<()> = RwLock::new(());
+
+fn beside_others() -> RwLockReadGuard<'static, ()> {
+    IMAGE.read().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// Per generation (`None`: unknown), collections and objects found
 /// unreachable.
@@ -46,7 +58,7 @@ fn expected(runs: u64) -> Generations {
     [(Some(0), (2 * runs, 0)), (Some(1), (runs, 0)), (Some(2), (runs, 2 * GC_CYCLES * runs))].into_iter().collect()
 }
 
-const GC_STATS: [&str; 4] = ["gc_unmatched", "gc_nested", "gc_arg_missing", "gc_full"];
+const GC_STATS: [&str; 4] = ["gc_unmatched", "gc_unended", "gc_arg_missing", "gc_full"];
 
 /// The attached line and the summary of the gc body in `workload`, traced
 /// with `extra` options.
@@ -120,6 +132,7 @@ fn markers(attached: &Value) -> Vec<Value> {
 #[test]
 fn debian_311_counts_collections_at_its_markers() {
     require_root();
+    let _image = beside_others();
     let attached = exact("markers", &[], once(&static_python()));
     markers(&attached);
 }
@@ -127,12 +140,14 @@ fn debian_311_counts_collections_at_its_markers() {
 #[test]
 fn debian_311_counts_collections_at_its_markers_through_perf_events() {
     require_root();
+    let _image = beside_others();
     exact("markers", &["--links", "perf", "--no-inlined"], once(&static_python()));
 }
 
 #[test]
 fn forky_314_and_313_count_collections_at_their_markers() {
     require_root();
+    let _image = beside_others();
     for python in ["python3.14", "python3.13"] {
         let attached = exact("markers", &[], in_forky(python));
         markers(&attached);
@@ -145,6 +160,7 @@ fn forky_314_and_313_count_collections_at_their_markers() {
 #[test]
 fn pyenv_311_counts_collections_at_gc_collect_main() {
     require_root();
+    let _image = beside_others();
     let python = shared_python();
     let attached = exact("function", &[], once(&python));
     let image = attached["python"]["image"].as_str().expect("image");
@@ -169,6 +185,7 @@ fn pyenv_311_counts_collections_at_gc_collect_main() {
 #[test]
 fn pyenv_39_and_310_count_collections_at_their_collection_function() {
     require_root();
+    let _image = beside_others();
     for (version, function) in [("3.9.18", "collect"), ("3.10.13", "gc_collect_main")] {
         let attached = exact("function", &[], once(&pyenv(version)));
         let points = attached["gc"]["points"].as_array().expect("points");
@@ -181,6 +198,7 @@ fn pyenv_39_and_310_count_collections_at_their_collection_function() {
 #[test]
 fn pyenv_312_counts_collections_at_gc_collect_main() {
     require_root();
+    let _image = beside_others();
     exact("function", &[], once(&pyenv("3.12.1")));
 }
 
@@ -190,6 +208,7 @@ fn pyenv_312_counts_collections_at_gc_collect_main() {
 #[test]
 fn pyenv_313_counts_explicit_collections_and_says_what_it_cannot() {
     require_root();
+    let _image = beside_others();
     let attached = exact("function", &[], once(&pyenv("3.13.0")));
     let caveat = attached["gc"]["caveat"].as_str().expect("a caveat");
     assert!(caveat.starts_with("gc_collect_main's entry does not show the generation of automatic collections"));
@@ -213,6 +232,7 @@ fn without_markers(image: &Path, copy: &Path) -> PathBuf {
 #[test]
 fn without_markers_or_function_it_says_so() {
     require_root();
+    let _image = beside_others();
     let marked = std::env::temp_dir().join(format!("tracer-gc-nomarkers-{}-python3.11.tmp", std::process::id()));
     let marked = without_markers(&static_python(), &marked);
     let copy = std::env::temp_dir().join(format!("tracer-gc-nomarkers-{}-python3.11", std::process::id()));
@@ -244,6 +264,7 @@ fn without_markers_or_function_it_says_so() {
 #[test]
 fn forky_314_without_markers_counts_at_gc_collect_main() {
     require_root();
+    let _image = beside_others();
     let root = forky_root();
     let name = format!("tracer-gc-nomarkers-{}-python3.14", std::process::id());
     let copy = without_markers(&root.join("usr/bin/python3.14"), &root.join("tmp").join(&name));
@@ -361,6 +382,7 @@ fn semaphores_follow_the_probes(mut workload: Workload, extra: &[&str], ending: 
 #[test]
 fn semaphores_are_raised_while_attached_and_restored_after() {
     require_root();
+    let _image = beside_others();
     let python = static_python();
     let start = || Workload::once(&python, 3, Body::Gc, Exit::Immediate, Aslr::On);
     semaphores_follow_the_probes(start(), &[], Ending::Signal);
@@ -374,6 +396,7 @@ fn semaphores_are_raised_while_attached_and_restored_after() {
 #[test]
 fn semaphores_of_a_chrooted_314_are_raised_and_restored() {
     require_root();
+    let _image = beside_others();
     let root = forky_root();
     let start = || Workload::once_in_root(&root, "python3.14", 3, Body::Gc, Exit::Immediate, Isolation::Chroot);
     semaphores_follow_the_probes(start(), &[], Ending::Signal);
@@ -388,6 +411,7 @@ fn semaphores_of_a_chrooted_314_are_raised_and_restored() {
 #[test]
 fn exe_reports_each_process_collections() {
     require_root();
+    let _alone = IMAGE.write().unwrap_or_else(PoisonError::into_inner);
     exe_collections(&[]);
     exe_collections(&["--links", "perf", "--no-inlined"]);
 }
@@ -440,6 +464,7 @@ fn exe_collections(extra: &[&str]) {
 #[test]
 fn automatic_collections_are_counted_under_their_generation_where_known() {
     require_root();
+    let _image = beside_others();
     let n = 20_000;
     for (python, known) in [(static_python(), true), (shared_python(), true), (pyenv("3.13.0"), false)] {
         let (attached, summary) = traced(
@@ -463,6 +488,7 @@ fn automatic_collections_are_counted_under_their_generation_where_known() {
 #[test]
 fn gc_modes_a_build_lacks_are_refused() {
     require_root();
+    let _image = beside_others();
     let mut workload = Workload::once(&shared_python(), 1, Body::Gc, Exit::Immediate, Aslr::On);
     workload.wait_blocked_on_stdin();
     let pid = workload.pid().to_string();
@@ -523,6 +549,7 @@ fn gc_modes_a_build_lacks_are_refused() {
 #[test]
 fn debian_311_and_forky_314_count_at_gc_collect_main_found_by_its_dwarf() {
     require_root();
+    let _image = beside_others();
     let found = |attached: &Value| {
         let detail = attached["gc"]["detail"].as_str().expect("a detail");
         assert!(detail.starts_with("gc_collect_main's entry (the generation) and return (the objects found unreachable), found by its DWARF in "), "{detail}");
@@ -540,6 +567,7 @@ fn debian_311_and_forky_314_count_at_gc_collect_main_found_by_its_dwarf() {
 #[test]
 fn gc_off_reports_none() {
     require_root();
+    let _image = beside_others();
     let (attached, summary) =
         traced(Workload::once(&static_python(), 5, Body::Gc, Exit::Immediate, Aslr::On), &["--gc", "off"]);
     assert_eq!(
@@ -553,6 +581,7 @@ fn gc_off_reports_none() {
 #[test]
 fn the_table_has_a_gc_line() {
     require_root();
+    let _image = beside_others();
     let runs = 7;
     let mut workload = Workload::once(&shared_python(), runs, Body::Gc, Exit::Immediate, Aslr::On);
     workload.wait_blocked_on_stdin();

@@ -66,12 +66,9 @@ pub struct GcRunning {
     pub tgid: u32,
     /// The generation the start said.
     pub generation: i32,
-    /// Starts seen inside this one on the same thread (each a miss), whose
-    /// dones come first and only unwind this.
-    pub depth: u32,
     /// Always 0: spells out the padding, so that the map holds no
     /// uninitialised bytes.
-    pub reserved: u32,
+    pub reserved: u64,
 }
 
 const _: () = assert!(core::mem::size_of::<GcRunning>() == 24);

@@ -49,9 +49,12 @@ pub enum Stat {
     /// it), so it is not counted; or a thread id reused by another process
     /// held a start whose end never came.
     GcUnmatched = 13,
-    /// A collection started on a thread that had one in flight: the inner
-    /// one is not counted (the outer one is).
-    GcNested = 14,
+    /// A collection started on a thread whose previous collection's end
+    /// was not seen: that previous one is not counted. CPython never runs
+    /// a collection inside another on one thread, so its end was lost (a
+    /// done probe not yet attached when it ended); the new start replaces
+    /// it, so that one lost end costs one collection, not every later one.
+    GcUnended = 14,
     /// A GC marker's (or the collection function's) argument could not be
     /// read: the collection is counted under an unknown generation, or
     /// without its objects.
@@ -125,7 +128,7 @@ impl Stat {
         Self::StackOtherThread,
         Self::StacksFull,
         Self::GcUnmatched,
-        Self::GcNested,
+        Self::GcUnended,
         Self::GcArgMissing,
         Self::GcFull,
         Self::NestedFull,
@@ -161,7 +164,7 @@ impl Stat {
             Self::StackOtherThread => "stack_other_thread",
             Self::StacksFull => "stacks_full",
             Self::GcUnmatched => "gc_unmatched",
-            Self::GcNested => "gc_nested",
+            Self::GcUnended => "gc_unended",
             Self::GcArgMissing => "gc_arg_missing",
             Self::GcFull => "gc_full",
             Self::NestedFull => "nested_full",

@@ -83,18 +83,15 @@ fn try_gc_start(ctx: &ProbeContext) -> Result<(), Stat> {
     };
     if let Some(running) = GC_RUNNING.get_ptr(tid) {
         // SAFETY: the map returned a valid pointer to the entry; only this
-        // thread writes its own entry, and it is copied out at once.
-        let mut running: GcRunning = unsafe { core::ptr::read_volatile(running) };
-        if running.tgid == tgid {
-            running.depth = running.depth.saturating_add(1);
-            GC_RUNNING.insert(tid, running, 0).map_err(|_| Stat::GcFull)?;
-            return Err(Stat::GcNested);
-        }
-        // Left by a thread of another process that had this id and ended
-        // mid-collection.
-        crate::common::bump(ctx, Stat::GcUnmatched);
+        // thread writes its own entry, and the field is copied out at once.
+        let previous = unsafe { core::ptr::read_volatile(&raw const (*running).tgid) };
+        // The thread's previous collection never ended as far as tracer
+        // saw (CPython does not nest them): its end was lost. This start
+        // replaces it, so that the thread's later collections count. An
+        // entry of another process is a reused thread id's leftover.
+        crate::common::bump(ctx, if previous == tgid { Stat::GcUnended } else { Stat::GcUnmatched });
     }
-    let running = GcRunning { start_ns, tgid, generation, depth: 0, reserved: 0 };
+    let running = GcRunning { start_ns, tgid, generation, reserved: 0 };
     GC_RUNNING.insert(tid, running, 0).map_err(|_| Stat::GcFull)
 }
 
@@ -105,15 +102,10 @@ fn try_gc_done(ctx: &ProbeContext) -> Result<(), Stat> {
     let tid = thread_id();
     let entry = GC_RUNNING.get_ptr(tid).ok_or(Stat::GcUnmatched)?;
     // SAFETY: as in try_gc_start.
-    let mut running: GcRunning = unsafe { core::ptr::read_volatile(entry) };
+    let running: GcRunning = unsafe { core::ptr::read_volatile(entry) };
     if running.tgid != tgid {
         let _ = GC_RUNNING.remove(tid);
         return Err(Stat::GcUnmatched);
-    }
-    if running.depth > 0 {
-        // The end of a nested collection, already counted as a miss.
-        running.depth -= 1;
-        return GC_RUNNING.insert(tid, running, 0).map_err(|_| Stat::GcFull);
     }
     let _ = GC_RUNNING.remove(tid);
     let key = GcKey { tgid, generation: running.generation };
