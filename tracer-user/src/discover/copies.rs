@@ -116,7 +116,12 @@ pub(super) fn find(
                 for address in found.entries {
                     let there = site.entered_at(address);
                     let object = object_operand(&there, &mut cfa);
-                    points.push(Points::one(InlineEntry { address, size: size_operands(&there, &mut cfa), object }));
+                    points.push(Points::one(InlineEntry {
+                        address,
+                        size: size_operands(&there, &mut cfa),
+                        object,
+                        returned: false,
+                    }));
                     other.other += 1;
                 }
                 other.ambiguous.extend(found.ambiguous);
@@ -255,7 +260,12 @@ fn copy_points(
     reads: &[guards::GuardSite],
     cfa: &mut Cfa<'_>,
 ) -> Points {
-    let entry = InlineEntry { address: site.entry, size: size_operands(site, cfa), object: object_operand(site, cfa) };
+    let entry = InlineEntry {
+        address: site.entry,
+        size: size_operands(site, cfa),
+        object: object_operand(site, cfa),
+        returned: false,
+    };
     let inside = |s: &inline::Site, a: u64| s.ranges.iter().any(|r| r.contains(&a));
     let mut held = reads.iter().filter(|r| inside(site, r.read.address));
     let (Some(read), None) = (held.next(), held.next()) else { return Points::one(entry) };

@@ -6,7 +6,13 @@
 //! A copy's first point (its DWARF entry, or the read of its switch) is
 //! most often an instruction the kernel single-steps, at 8–15 µs a hit
 //! here against ~0.45 µs for one it emulates; its first basic block
-//! usually ends in a `jcc`, which the kernel emulates. A probe may move
+//! usually ends in a `jcc`, which the kernel emulates. The line goes on
+//! past an indirect call, which returns to the next instruction once per
+//! pass (a compiler cannot know an indirect callee never returns, so code
+//! after one is always its return's): an inlined `_Py_Dealloc` is `mov
+//! 8(%rdi),%rax; call *0x30(%rax)`, nothing emulated, but the `jmp` after
+//! the call often is. It stops at a direct call, whose callee may be one
+//! that never returns (then the next instruction is other code's). A probe may move
 //! from the first point to any later instruction of the line, and count
 //! the same calls, when nothing else leads into the line: the line ends
 //! before any instruction that a direct branch anywhere in the image lands
@@ -28,7 +34,13 @@
 //! pointer, or the slot's own base, might). A value with no home left is
 //! `None` at that point, and the plan does not move a probe there if its
 //! program reads it. A 32-bit `mov` is not a copy: it keeps only the low
-//! half.
+//! half. An indirect call overwrites the registers the ABI lets a callee
+//! change (`rax`, `rcx`, `rdx`, `rsi`, `rdi`, `r8`–`r11`), the stack below
+//! the stack pointer and any other memory; and the object (what the
+//! copy's program reads through, or the block a free gives back) is
+//! dropped there whatever its home, since the callee may have freed it
+//! (`tp_dealloc`) and a later probe would read freed memory or see a
+//! block already reused.
 
 use std::{collections::HashSet, sync::Arc};
 
@@ -44,6 +56,10 @@ pub const MAX_LINE: usize = 48;
 /// DWARF x86-64 number of the stack pointer.
 const RSP: u8 = 7;
 
+/// The registers a callee may change (System V x86-64 ABI), by DWARF
+/// number: rax, rdx, rcx, rsi, rdi, r8–r11.
+const CALLER_SAVED: [u8; 9] = [0, 1, 2, 4, 5, 8, 9, 10, 11];
+
 /// The bytes below the stack pointer that signal delivery leaves alone
 /// (the System V x86-64 ABI's red zone).
 const RED_ZONE: i64 = 128;
@@ -52,7 +68,8 @@ const RED_ZONE: i64 = 128;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LineEnd {
-    /// At the block's branch, call or return, its last instruction.
+    /// At the block's branch, direct call or return, its last instruction
+    /// (an indirect call does not end it).
     Branch,
     /// Before an instruction something else may land on (at this
     /// address).
@@ -69,7 +86,7 @@ pub enum LineEnd {
 impl std::fmt::Display for LineEnd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Branch => write!(f, "its first basic block ends in an indirect branch, call or return"),
+            Self::Branch => write!(f, "its straight line ends in a jump, a direct call or a return"),
             Self::Landing(_) => write!(f, "a branch may land in its first basic block before an emulated instruction"),
             Self::Limit => write!(f, "its first basic block is longer than {MAX_LINE} instructions"),
             Self::Undecodable => write!(f, "its code does not decode"),
@@ -112,19 +129,26 @@ pub fn follow(
     let mut values = Values::of(start);
     let mut info = InstructionInfoFactory::new();
     let mut out = Vec::new();
+    let mut returned = false;
     loop {
-        if prev.flow_control() != FlowControl::Next {
-            return (out, LineEnd::Branch);
+        match prev.flow_control() {
+            FlowControl::Next | FlowControl::IndirectCall => {}
+            _ => return (out, LineEnd::Branch),
         }
         if out.len() >= MAX_LINE {
             return (out, LineEnd::Limit);
         }
-        values.step(&prev, &mut info);
+        if prev.flow_control() == FlowControl::IndirectCall {
+            returned = true;
+            values.call();
+        } else {
+            values.step(&prev, &mut info);
+        }
         let Some(next) = decode(prev.next_ip()) else { return (out, LineEnd::Undecodable) };
         if landings.lands_on(&next) {
             return (out, LineEnd::Landing(next.ip()));
         }
-        out.push(InlineEntry { address: next.ip(), size: values.size(), object: values.object() });
+        out.push(InlineEntry { address: next.ip(), size: values.size(), object: values.object(), returned });
         prev = next;
     }
 }
@@ -235,6 +259,23 @@ impl Values {
             Tracked::Value(h) => Some(h),
             Tracked::Constant(_) => None,
         })
+    }
+
+    /// Moves the values past an indirect call, which returns with the
+    /// stack pointer it had.
+    fn call(&mut self) {
+        self.object = None;
+        let sp = self.sp;
+        for homes in self.each() {
+            for r in CALLER_SAVED {
+                homes.regs &= !(1 << r);
+            }
+            homes.based.clear();
+            match sp {
+                Some(sp) => homes.stack.retain(|&s| s >= sp),
+                None => homes.stack.clear(),
+            }
+        }
     }
 
     /// Moves the values past `insn`.

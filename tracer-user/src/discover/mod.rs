@@ -200,6 +200,11 @@ pub struct InlineEntry {
     /// or a realloc, where its block is (for `--live`); `None` where
     /// neither the DWARF nor the code says.
     pub object: Option<(u8, u16)>,
+    /// A point past an indirect call on the copy's line (see
+    /// [`line`]): reached when the callee has returned, so a probe there
+    /// comes after what the callee did (an allocator implementation's own
+    /// probe, for `--live`).
+    pub returned: bool,
 }
 
 /// How [`resolve`] looks for the image's DWARF.

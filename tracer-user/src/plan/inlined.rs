@@ -18,6 +18,10 @@ pub struct Reads {
     pub size: bool,
     /// The object or block (`--types`, `--live`'s frees and reallocs).
     pub object: bool,
+    /// Whether the program must run before the copy's calls return: with
+    /// `--live`, the API's probe marks the thread for the implementation's
+    /// probe inside the call.
+    pub before_calls: bool,
 }
 
 /// Why a copy is probed at an instruction the kernel single-steps.
@@ -34,6 +38,9 @@ pub enum Stay {
     /// Another copy of the function starts on the line before any
     /// emulated instruction (the two would share a probe).
     OtherCopy,
+    /// The line's emulated instructions come only after a call returns,
+    /// and the program must run before the callee's probes (`--live`).
+    Returned,
 }
 
 impl std::fmt::Display for Stay {
@@ -43,7 +50,7 @@ impl std::fmt::Display for Stay {
             Self::NoneEmulated(LineEnd::Branch) => {
                 write!(
                     f,
-                    "its first basic block has no emulated instruction (it ends in an indirect branch, call or return)"
+                    "its straight line has no emulated instruction (it ends in a jump, a direct call or a return)"
                 )
             }
             Self::NoneEmulated(end) => write!(f, "no emulated instruction before the line ends: {end}"),
@@ -52,6 +59,10 @@ impl std::fmt::Display for Stay {
                 "what its program reads is overwritten before the first emulated instruction (or kept where tracer does not follow it)"
             ),
             Self::OtherCopy => write!(f, "another copy starts on its line before an emulated instruction"),
+            Self::Returned => write!(
+                f,
+                "its first emulated instruction comes after the allocator it calls has returned, and --live marks the call before it runs"
+            ),
         }
     }
 }
@@ -101,9 +112,9 @@ pub(super) fn inline_sites(
         };
         let mut why = None;
         let mut probeable = points.at.iter().filter_map(|p| {
-            code(p).map(|site| (p.address, site)).map_err(|e| why = why.take().or(Some((p.address, e)))).ok()
+            code(p).map(|site| (p.address, p.returned, site)).map_err(|e| why = why.take().or(Some((p.address, e)))).ok()
         });
-        let Some((start, mut first)) = probeable.next() else {
+        let Some((start, _, mut first)) = probeable.next() else {
             if let Some((address, why)) = why {
                 unprobed.push(format!("{address:#x}: {why}"));
             }
@@ -123,7 +134,7 @@ pub(super) fn inline_sites(
         };
         let mut stay = Stay::NoneEmulated(points.end);
         let mut better = None;
-        for (address, p) in probeable {
+        for (address, returned, p) in probeable {
             if address != start && origins.contains(&address) {
                 stay = Stay::OtherCopy;
                 break;
@@ -131,11 +142,12 @@ pub(super) fn inline_sites(
             if !p.emulated {
                 continue;
             }
-            if keeps(&p) {
+            let keeps = keeps(&p);
+            if keeps && !(reads.before_calls && returned) {
                 better = Some(p);
                 break;
             }
-            stay = Stay::Lost;
+            stay = if keeps { Stay::Returned } else { Stay::Lost };
         }
         // An operand the program does not read may be lost where a copy
         // moved: it is `None` then, never a wrong place.

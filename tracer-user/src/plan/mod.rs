@@ -403,6 +403,7 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
                 || live.is_some_and(|r| {
                     matches!(r.api(), tracer_common::live::Role::FREE | tracer_common::live::Role::REALLOC)
                 }),
+            before_calls: live.is_some(),
         };
         let moving = options.placement != PlacementMode::Entry;
         let (mut inline_sites, mut unprobed) = inline_sites(image, spec.symbol, kernel, (moving, reads));

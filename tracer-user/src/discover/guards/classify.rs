@@ -269,6 +269,7 @@ impl Code<'_> {
             address,
             size: call.and_then(|c| size_operands(c, at, wanted.size)),
             object: call.zip(wanted.object).and_then(|(c, arg)| object_operand(c, at, arg)),
+            returned: false,
         };
         let read = entry(read.ip(), &identity);
         // The instructions after the read, while each is reached from the

@@ -19,7 +19,7 @@ fn line(
         (!insn.is_invalid()).then_some(insn)
     };
     let landings = Landings(Arc::new(landings.iter().copied().collect()));
-    follow(&InlineEntry { address: AT, size, object }, decode, &landings)
+    follow(&InlineEntry { address: AT, size, object, returned: false }, decode, &landings)
 }
 
 fn reg(n: u16) -> u8 {
@@ -109,4 +109,44 @@ fn the_line_stops_at_its_limit_and_where_code_ends() {
     assert_eq!((points.len(), end), (MAX_LINE, LineEnd::Limit));
     let (points, end) = line(&[0x90, 0x90], None, None, &[]);
     assert_eq!((points.len(), end), (1, LineEnd::Undecodable));
+}
+
+// mov 0x8(%rdi),%rax; call *0x30(%rax); jmp: an inlined `_Py_Dealloc`
+// and the jump back after it.
+const DEALLOC: &[u8] = &[0x48, 0x8b, 0x47, 0x08, 0xff, 0x50, 0x30, 0xeb, 0];
+
+#[test]
+fn the_line_goes_on_past_an_indirect_call_without_the_object() {
+    let (points, end) = line(DEALLOC, None, Some((reg(RDI), 0)), &[]);
+    let seen: Vec<(u64, Option<(u8, u16)>)> = points.iter().map(|p| (p.address - AT, p.object)).collect();
+    // The callee may have freed the object: not read past the call, even
+    // from a register it keeps.
+    assert_eq!(seen, [(4, Some((reg(RDI), 0))), (7, None)]);
+    assert_eq!(end, LineEnd::Branch);
+    let (points, _) = line(DEALLOC, None, Some((reg(RBX), 0)), &[]);
+    assert_eq!(points[1].object, None);
+    // The return lands after the call, nothing else may.
+    let (points, end) = line(DEALLOC, None, None, &[AT + 7]);
+    assert_eq!((points.len(), end), (1, LineEnd::Landing(AT + 7)));
+}
+
+#[test]
+fn a_size_past_an_indirect_call_is_where_the_callee_keeps_it() {
+    // call *0x30(%rax); jmp
+    let code = &DEALLOC[4..];
+    let at_jmp = |size| line(code, Some(size), None, &[]).0[0].size;
+    assert_eq!(at_jmp((reg(RBX), NONE, 0)), Some((reg(RBX), NONE, 0)));
+    assert_eq!(at_jmp((reg(RDI), NONE, 0)), None);
+    assert_eq!(at_jmp((CONSTANT, NONE, 56)), Some((CONSTANT, NONE, 56)));
+    // A slot above the stack pointer is the caller's; one below it, in the
+    // red zone, is where the call pushes its return address.
+    assert_eq!(at_jmp((MEMORY + 8, NONE, 8)), Some((MEMORY + 8, NONE, 8)));
+    assert_eq!(at_jmp((MEMORY + 8, NONE, (-8_i16).cast_unsigned())), None);
+}
+
+#[test]
+fn a_direct_call_ends_the_line() {
+    // call +0; jmp: the callee may never return.
+    let (points, end) = line(&[0xe8, 0, 0, 0, 0, 0xeb, 0], None, None, &[]);
+    assert!(points.is_empty() && end == LineEnd::Branch, "{points:?} {end:?}");
 }
