@@ -112,7 +112,10 @@ pub(super) fn inline_sites(
         };
         let mut why = None;
         let mut probeable = points.at.iter().filter_map(|p| {
-            code(p).map(|site| (p.address, p.returned, site)).map_err(|e| why = why.take().or(Some((p.address, e)))).ok()
+            code(p)
+                .map(|site| (p.address, p.returned, site))
+                .map_err(|e| why = why.take().or(Some((p.address, e))))
+                .ok()
         });
         let Some((start, _, mut first)) = probeable.next() else {
             if let Some((address, why)) = why {
