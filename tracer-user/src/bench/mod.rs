@@ -410,6 +410,20 @@ impl Bench {
         self.out_dir.join(format!("{}.json", state.name()))
     }
 
+    /// `plan` loaded and attached to every process of the image.
+    fn attached(plan: ProbePlan) -> Result<Session, BenchError> {
+        let mut session = Self::load(plan, 0)?;
+        if session.plan().has_many_sites() {
+            // Hundreds of uprobes (inlined copies, call sites): perf-event
+            // links take about a minute to attach and detach them one by
+            // one, a multi link a moment.
+            session.attach_multi(crate::kernel::ALL_PROCESSES)?;
+        } else {
+            session.attach_all_processes()?;
+        }
+        Ok(session)
+    }
+
     fn chunk(&self, state: &State, loops: Option<u64>) -> Result<(), BenchError> {
         let mut cmd = Command::new(&self.python);
         cmd.args(["-m", "pyperf", "timeit", "--quiet", "--append"])
@@ -426,20 +440,9 @@ impl Bench {
             State::Attached { program, placement, returns, .. } => {
                 let planning =
                     Planning { placement: *placement, program: *program, returns: *returns, ..Planning::default() };
-                let mut session = Self::load(self.plan(planning)?, 0)?;
-                if session.plan().has_many_sites() {
-                    // Thousands of uprobes: only a multi link detaches them quickly.
-                    session.attach_multi(crate::kernel::ALL_PROCESSES)?;
-                } else {
-                    session.attach_all_processes()?;
-                }
-                guard.session = Some(session);
+                guard.session = Some(Self::attached(self.plan(planning)?)?);
             }
-            State::Detached => {
-                let mut session = Self::load(self.prepared.plan.clone(), 0)?;
-                session.attach_all_processes()?;
-                drop(session);
-            }
+            State::Detached => drop(Self::attached(self.prepared.plan.clone())?),
             State::Env { vars, .. } => {
                 let names: Vec<&str> = vars.iter().map(|(k, _)| k.as_str()).collect();
                 // pyperf gives workers a clean environment unless told.
