@@ -271,6 +271,31 @@ fn native_stacks_that_find_their_map_full_are_counted_in_native_full() {
     }
 }
 
+/// `--live` with every thread's stack of calls in flight loaded full
+/// (`EMPTY_FRAMES`, the stack a thread's starts from: six frames of no
+/// kind). A call pushed on a full stack loses the outermost frame and is
+/// counted in `live_pending_full`; each such loss is one of the six
+/// placeholders, and calls nest less than six deep, so the one-thread
+/// workload counts between one and six. The report says its live figures
+/// are partial, and why, in the JSON and in the table.
+#[test]
+fn calls_that_find_their_stack_full_are_counted_in_live_pending_full() {
+    require_root();
+    const FRAME_DEPTH: u64 = 6;
+    let summary = with_full_maps("EMPTY_FRAMES", N, Body::Objects, &["--json", "--live"]);
+    let full = stat(&summary, "live_pending_full");
+    assert!((1..=FRAME_DEPTH).contains(&full), "live_pending_full {full}: {}", summary["stats"]);
+    let partial = summary["live"]["partial"].as_str().unwrap_or_else(|| panic!("{}", summary["live"]));
+    let why = format!(
+        "{full} allocator calls in flight could not be kept (live_pending_full): a thread's stack of calls in flight ({FRAME_DEPTH} deep) was full"
+    );
+    assert!(partial.starts_with(&why), "{partial}");
+    let table = with_full_maps("EMPTY_FRAMES", N, Body::Objects, &["--live"]);
+    let table = table.as_str().expect("the table");
+    let line = table.lines().rev().find(|l| l.starts_with("  live: partial: ")).unwrap_or_else(|| panic!("{table}"));
+    assert!(line.contains(" allocator calls in flight could not be kept (live_pending_full)"), "{line}");
+}
+
 /// A map the knob cannot fill is refused loudly, not ignored: an LRU map
 /// evicts rather than refuses, and a name the object has not is a typo.
 #[test]

@@ -98,6 +98,9 @@ pub mod names {
     pub const LIVE_MAP: &str = "LIVE";
     /// LRU hash of [`crate::live::Frames`] by thread id.
     pub const FRAMES_MAP: &str = "FRAMES";
+    /// Array of one [`crate::live::Frames`]: the stack each thread's
+    /// calls start from (empty).
+    pub const EMPTY_FRAMES_MAP: &str = "EMPTY_FRAMES";
     /// Per-CPU array of [`crate::live::LiveCounts`] by domain.
     pub const LIVE_COUNTS_MAP: &str = "LIVE_COUNTS";
     /// Array of [`crate::live::Role`] by probe slot.

@@ -413,6 +413,13 @@ unsafe impl aya::Pod for LiveEntry {}
 #[cfg(feature = "user")]
 // SAFETY: as for LiveKey.
 unsafe impl aya::Pod for LiveCounts {}
+#[cfg(feature = "user")]
+// SAFETY: #[repr(C)], Copy, no padding (asserted above: five u64 and four
+// u32), any bits valid (a frame of no kind matches no call).
+unsafe impl aya::Pod for Frame {}
+#[cfg(feature = "user")]
+// SAFETY: #[repr(C)], Copy, no padding (asserted above), any bits valid.
+unsafe impl aya::Pod for Frames {}
 
 #[cfg(test)]
 mod tests {

@@ -11,11 +11,18 @@
 //! which runs no uprobe; the stack maps' keys are hashes, none of them 0
 //! in practice. An LRU map is refused: it would evict the placeholder
 //! rather than refuse an entry.
+//!
+//! One array is filled too: `EMPTY_FRAMES`, the stack of calls in flight
+//! every thread's starts from with `--live`, whose bound is its depth, not
+//! a number of entries. Full, it is [`FRAME_DEPTH`] frames of no kind,
+//! which no call or return matches, so that a thread's first calls find
+//! its stack full.
 
 use std::os::fd::{AsFd as _, AsRawFd as _};
 
-use aya::maps::{MapData, MapType};
+use aya::maps::{Array, Map, MapData, MapType};
 use aya_obj::generated::bpf_cmd;
+use tracer_common::live::{FRAME_DEPTH, Frames};
 
 use super::AttachError;
 
@@ -78,4 +85,13 @@ pub(super) fn fill(name: &str, map: &MapData) -> Result<(), AttachError> {
         return Err(refuse(std::io::Error::last_os_error().to_string()));
     }
     Ok(())
+}
+
+/// Makes the template of every thread's stack of calls (`EMPTY_FRAMES`,
+/// `name`) a full one.
+pub(super) fn fill_frames(name: &str, map: &mut Map) -> Result<(), AttachError> {
+    let refuse = |why: String| AttachError::FullMaps(format!("{name}: {why}"));
+    let mut template: Array<&mut MapData, Frames> = Array::try_from(map).map_err(|e| refuse(e.to_string()))?;
+    let full = Frames { depth: FRAME_DEPTH as u64, ..Frames::default() };
+    template.set(0, full, 0).map_err(|e| refuse(e.to_string()))
 }

@@ -271,8 +271,12 @@ impl Session {
         }
         let mut ebpf = loader.load(object).map_err(|e| AttachError::Load(Box::new(e)))?;
         for name in full_maps {
-            let map = ebpf.map(name).ok_or_else(|| AttachError::FullMaps(format!("{name}: no such map")))?;
-            full::fill(name, map_data(map))?;
+            let missing = || AttachError::FullMaps(format!("{name}: no such map"));
+            if name == names::EMPTY_FRAMES_MAP {
+                full::fill_frames(name, ebpf.map_mut(name).ok_or_else(missing)?)?;
+            } else {
+                full::fill(name, map_data(ebpf.map(name).ok_or_else(missing)?))?;
+            }
         }
         let mut map_fds = Vec::new();
         for (name, map) in ebpf.maps() {

@@ -2,7 +2,7 @@
 //! and, at the end, its blocks.
 
 use tracer_common::{
-    live::{LiveCounts, Pymalloc},
+    live::{FRAME_DEPTH, LiveCounts, Pymalloc},
     sizes::Domain,
     stack::{FIRST_HASH, why},
     stats::Stat,
@@ -24,9 +24,11 @@ pub const UNKNOWN: &str = "allocations made before tracer attached are not in th
 pub const NATIVE_ONCE: &str = "libc's allocator (--native) is the native domain: a libc call made inside another allocator call (the raw domain's _PyMem_RawMalloc calling malloc, pymalloc's arenas, glibc's realloc calling malloc, malloc calling mmap) counts once, under the outer call, as nested; munmap takes out the mapping that starts at its address, whole";
 
 /// The model of the live table's counts (per domain, in
-/// [`Domain::ALL`] order) for `plan`, whose table has room for `capacity`.
+/// [`Domain::ALL`] order) for `plan`, whose table has room for `capacity`,
+/// where `pending_full` calls in flight found their thread's stack of
+/// calls full (`live_pending_full`).
 #[must_use]
-pub fn report(plan: &Plan, counts: &[LiveCounts], capacity: u32) -> model::Live {
+pub fn report(plan: &Plan, counts: &[LiveCounts], (capacity, pending_full): (u32, u64)) -> model::Live {
     let domain = |d: Domain| {
         let c = counts.get(d as usize).copied().unwrap_or_default();
         model::LiveDomain {
@@ -53,7 +55,11 @@ pub fn report(plan: &Plan, counts: &[LiveCounts], capacity: u32) -> model::Live 
         .filter(|p| p.coverage.live != Some(crate::plan::coverage::Completeness::Complete))
         .map(|p| format!("{}: {}", p.symbol, p.coverage.reason.as_deref().unwrap_or("not tracked")))
         .collect();
-    let partial = if !native_partial.is_empty() {
+    let partial = if pending_full > 0 {
+        Some(format!(
+            "{pending_full} allocator calls in flight could not be kept (live_pending_full): a thread's stack of calls in flight ({FRAME_DEPTH} deep) was full and lost its outermost call, or the map of threads was full; the blocks of the calls lost are not tracked"
+        ))
+    } else if !native_partial.is_empty() {
         Some(format!("libc's blocks are not all tracked ({})", native_partial.join("; ")))
     } else if plan.live_impls.is_empty() {
         Some(format!(

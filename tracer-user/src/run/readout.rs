@@ -11,7 +11,7 @@ use std::{
 
 use indexmap::IndexMap;
 
-use tracer_common::gc::GcTotals;
+use tracer_common::{gc::GcTotals, stats::Stat};
 
 use crate::{
     discover::process::Pidfd,
@@ -291,7 +291,10 @@ impl Readout {
             ),
             types: self.type_names.as_ref().map(|n| n.counts(&totals.types)),
             sizes: sizes(plan, totals),
-            live: self.live.map(|capacity| super::live::report(plan, &totals.live_table, capacity)),
+            live: self.live.map(|capacity| {
+                let pending_full = totals.stats.get(Stat::LivePendingFull as usize).copied().unwrap_or(0);
+                super::live::report(plan, &totals.live_table, (capacity, pending_full))
+            }),
             gc: self.gc.as_ref().map(|(source, reason)| {
                 let pids = if self.reap {
                     totals
