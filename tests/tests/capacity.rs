@@ -121,6 +121,10 @@ fn more_stacks_than_the_table_holds_are_counted_as_missed() {
     assert_eq!(listed_events, stacked, "the stacks listed hold the events counted under a stack");
 }
 
+/// How deep a thread's stack of calls in flight goes
+/// (tracer-common/src/live.rs, `FRAME_DEPTH`).
+const FRAME_DEPTH: u64 = 6;
+
 /// The knob that loads the named maps full.
 const FULL_MAPS: &str = "TRACER_TEST_FULL_MAPS";
 
@@ -281,7 +285,6 @@ fn native_stacks_that_find_their_map_full_are_counted_in_native_full() {
 #[test]
 fn calls_that_find_their_stack_full_are_counted_in_live_pending_full() {
     require_root();
-    const FRAME_DEPTH: u64 = 6;
     let summary = with_full_maps("EMPTY_FRAMES", N, Body::Objects, &["--json", "--live"]);
     let full = stat(&summary, "live_pending_full");
     assert!((1..=FRAME_DEPTH).contains(&full), "live_pending_full {full}: {}", summary["stats"]);
