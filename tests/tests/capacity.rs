@@ -299,6 +299,46 @@ fn calls_that_find_their_stack_full_are_counted_in_live_pending_full() {
     assert!(line.contains(" allocator calls in flight could not be kept (live_pending_full)"), "{line}");
 }
 
+/// `--growth` with its map of sampled pools full (`GROWTH_POOLS`): every
+/// sampled take finds no room and is counted in `takes.lost`, exactly as
+/// many as were sampled; no site holds a sampled pool, and the figures
+/// say why, in the summary and in each interval after the loss.
+#[test]
+fn growth_samples_that_find_their_map_full_are_counted_as_lost() {
+    require_root();
+    let python = shared_python();
+    // 300 grow/churn pairs of 1,000 strs each (tests/tests/growth.rs).
+    let mut workload = Workload::script(None, python.to_str().unwrap(), "growth.py", &["one", "300", "1000"]);
+    workload.wait_blocked_on_stdin();
+    let pid = workload.pid().to_string();
+    let tracer = TracerRun::start_env(
+        &["attach", "--json", "--pid", &pid, "--interval", "3600", "--growth"],
+        &[(FULL_MAPS, "GROWTH_POOLS")],
+    );
+    assert!(tracer.stdout.next_line("the attached line").is_some(), "{:?}", tracer.finish().2);
+    workload.go();
+    workload.expect("done");
+    let _ = workload.next_line("kept");
+    workload.wait_blocked_reading(Some(5));
+    tracer.signal(libc::SIGINT);
+    let summary = tracer.summary();
+    workload.close();
+    let g = &summary["growth"];
+    let t = &g["takes"];
+    let (sampled, lost) = (t["sampled"].as_u64().unwrap_or(0), t["lost"].as_u64().unwrap_or(0));
+    assert!(sampled > 0 && lost == sampled, "{t}");
+    let sites = g["sites"].as_array().unwrap_or_else(|| panic!("{g}"));
+    for s in sites {
+        let pools = s["samples"].as_u64().unwrap_or(0) - s["libc_samples"].as_u64().unwrap_or(0);
+        assert_eq!(pools, 0, "a site holds a pool sampled into a full map: {s}");
+    }
+    let caveat = g["caveat"].as_str().unwrap_or_else(|| panic!("no caveat: {g}"));
+    let why = format!(
+        "{lost} sampled pools found the samples map full (room for 65536) and are not in these figures (takes.lost)"
+    );
+    assert!(caveat.contains(&why), "{caveat}");
+}
+
 /// A map the knob cannot fill is refused loudly, not ignored: an LRU map
 /// evicts rather than refuses, and a name the object has not is a typo.
 #[test]

@@ -377,6 +377,22 @@ impl Growth {
         if let Some(why) = &self.stale {
             caveats.push(format!("the target's memory could not be read ({why}): the last reading stands"));
         }
+        // Samples lost to a full map are missing from every figure after,
+        // so the run's count so far is what the caveat gives.
+        let lost = counts.lost.max(self.counts_before.lost);
+        if lost > 0 {
+            caveats.push(format!(
+                "{lost} sampled pools found the samples map full (room for {}) and are not in these figures (takes.lost)",
+                tracer_common::growth::DEFAULT_POOL_ENTRIES
+            ));
+        }
+        let grown_lost = counts.grown_lost.max(self.counts_before.grown_lost);
+        if grown_lost > 0 {
+            caveats.push(format!(
+                "{grown_lost} samples of the C library's heap found their map full (room for {}) and are not in these figures (takes.grown_lost)",
+                tracer_common::growth::DEFAULT_MAPPED_ENTRIES
+            ));
+        }
         Report {
             estimate: true,
             sample_every: self.every,
