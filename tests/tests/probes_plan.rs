@@ -42,8 +42,33 @@ fn check(python: &std::path::Path) -> serde_json::Value {
             assert_eq!(offset, 0, "{name}: single-stepped probes stay at the entry");
             assert!(p["reason"].as_str().unwrap().starts_with("entry"), "{p}");
         }
+        priced_by_its_sites(p, &plan["hit_cost_ns"]);
     }
     plan
+}
+
+/// Run as root, the plan prices each probe's hits at the calibrated cost
+/// of one: exactly the emulated (or single-stepped) price where its sites
+/// (its own placed probe and its inlined copies) are all of that kind, and
+/// the range between the two where they are mixed.
+fn priced_by_its_sites(p: &serde_json::Value, hit: &serde_json::Value) {
+    let ns = |v: &serde_json::Value| v.as_f64().unwrap_or_else(|| panic!("hit_cost_ns: {hit}")).round();
+    let (emulated_ns, stepped_ns) = (ns(&hit["emulated"]), ns(&hit["single_stepped"]));
+    assert!(emulated_ns > 0.0 && emulated_ns < stepped_ns, "{hit}");
+    let count = |k: &str| p[k].as_u64().unwrap_or(0);
+    let own_emulated = u64::from(p["emulated"] == true);
+    let (e, s) =
+        (own_emulated + count("inline_sites_emulated"), 1 - own_emulated + count("inline_sites_single_stepped"));
+    let cost = &p["cost_per_hit_ns"];
+    #[allow(clippy::cast_precision_loss, reason = "ns")]
+    let (low, high) =
+        (cost["low_ns"].as_u64().expect("low_ns") as f64, cost["high_ns"].as_u64().expect("high_ns") as f64);
+    let want = match (e, s) {
+        (_, 0) => (emulated_ns, emulated_ns),
+        (0, _) => (stepped_ns, stepped_ns),
+        _ => (emulated_ns, stepped_ns),
+    };
+    assert_eq!((low, high), want, "{}: {e} emulated, {s} single-stepped sites: {cost}", p["symbol"]);
 }
 
 #[test]

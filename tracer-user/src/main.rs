@@ -317,7 +317,19 @@ fn bench(args: &BenchArgs) -> Result<(), Failure> {
 
 fn probes(args: &ProbesArgs) -> Result<(), Failure> {
     let target = tracer_user::config::target_of(&args.target)?;
-    let report = prepare::prepare(&target, &prepare::Options::probes(args))?.into_report();
+    let prepared = prepare::prepare(&target, &prepare::Options::probes(args))?;
+    // What a hit costs, to price each probe's: measured once a boot (kept
+    // in /run/tracer), which takes the privileges an attach does; without
+    // them the plan is shown unpriced.
+    let hit = match &prepared.calibration {
+        Some(c) => Some(c.cpu.hit),
+        None if privileges::check().is_ok() => prepare::kept::calibration(false).ok().map(|c| c.cpu.hit),
+        None => None,
+    };
+    let mut report = prepared.into_report();
+    if let Some(hit) = hit {
+        report.price(hit);
+    }
     let mut out = std::io::stdout().lock();
     if args.json {
         tracer_user::report::plan::json(&mut out, &report)?;

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use super::notes::Note;
 use crate::plan::{
+    HitCosts,
     coverage::Coverage,
     gc::GcPlan,
     growth::GrowthPlan,
@@ -34,6 +35,23 @@ pub struct PlanReport {
     /// probes, and how each one's return is read.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub live_impls: Vec<LiveImplReport>,
+    /// What one hit costs the target here, as calibrated (in the CPU time
+    /// of the thread hit); absent where tracer could not measure it (not
+    /// root).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hit_cost_ns: Option<HitCosts>,
+}
+
+/// What one hit of a probe costs the target, from where its sites sit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CostPerHit {
+    /// Every hit at an emulated site, where the probe has any.
+    pub low_ns: u64,
+    /// Every hit at a single-stepped site, where the probe has any. The
+    /// two are equal where its sites are all of one kind; else where
+    /// between them its hits fall is known only once attached, from
+    /// which sites the target runs.
+    pub high_ns: u64,
 }
 
 /// One allocator implementation of [`PlanReport::live_impls`].
@@ -50,6 +68,18 @@ pub struct LiveImplReport {
 }
 
 impl PlanReport {
+    /// Prices each probe's hits at `hit`, the calibrated cost of one.
+    pub fn price(&mut self, hit: HitCosts) {
+        for p in &mut self.probes {
+            let (emulated, stepped) = p.site_kinds();
+            let (high, low) = hit.range(emulated, stepped);
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a cost in ns, rounded")]
+            let ns = |x: f64| x.round().max(0.0) as u64;
+            p.cost_per_hit_ns = Some(CostPerHit { low_ns: ns(low), high_ns: ns(high) });
+        }
+        self.hit_cost_ns = Some(hit);
+    }
+
     /// The report of `plan` for an image of Python `version`.
     #[must_use]
     pub fn new(plan: &crate::plan::Plan, version: &str, return_costs_ns: Option<ReturnMeasurement>) -> Self {
@@ -87,6 +117,7 @@ impl PlanReport {
                         .map(|f| SiteFileReport { path: f.display_path.clone(), offsets: f.offsets.clone() })
                         .collect(),
                 }),
+                cost_per_hit_ns: None,
             })
             .collect();
         Self {
@@ -98,6 +129,7 @@ impl PlanReport {
             notes: Vec::new(),
             gc: None,
             growth: None,
+            hit_cost_ns: None,
             live_impls: plan
                 .live_impls
                 .iter()
@@ -156,6 +188,24 @@ pub struct PlannedProbeReport {
     /// another probed libc function, which mark those calls as nested.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nested_sites: Vec<u64>,
+    /// What one of its hits costs the target, where the hit's cost was
+    /// calibrated ([`PlanReport::hit_cost_ns`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_per_hit_ns: Option<CostPerHit>,
+}
+
+impl PlannedProbeReport {
+    /// Its sites on an instruction the kernel emulates and on one it
+    /// single-steps: its call sites, or its own placed probe, and its
+    /// inlined copies.
+    #[must_use]
+    pub fn site_kinds(&self) -> (usize, usize) {
+        let (emulated, stepped) = match &self.call_sites {
+            Some(c) => (c.emulated, c.single_stepped),
+            None => (usize::from(self.emulated), usize::from(!self.emulated)),
+        };
+        (emulated + self.inline_sites_emulated, stepped + self.inline_sites_single_stepped)
+    }
 }
 
 /// Where a function probed at its callers is called from.

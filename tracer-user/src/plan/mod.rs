@@ -93,6 +93,21 @@ impl HitCosts {
     pub const fn of(&self, emulated: bool) -> f64 {
         if emulated { self.emulated_ns } else { self.single_stepped_ns }
     }
+
+    /// The (high, low) cost in ns of one hit at a probe with `emulated`
+    /// and `single_stepped` sites. Its sites share one counter, so where
+    /// they are of both kinds its hits cannot be split by site: high
+    /// prices them all single-stepped, low all emulated. Where all are of
+    /// one kind both are exact.
+    #[must_use]
+    pub const fn range(&self, emulated: usize, single_stepped: usize) -> (f64, f64) {
+        match (emulated, single_stepped) {
+            (0, 0) => (0.0, 0.0),
+            (_, 0) => (self.emulated_ns, self.emulated_ns),
+            (0, _) => (self.single_stepped_ns, self.single_stepped_ns),
+            _ => (self.single_stepped_ns, self.emulated_ns),
+        }
+    }
 }
 
 /// One probed inlined copy.

@@ -35,6 +35,44 @@ fn inlined_copies(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()
     Ok(())
 }
 
+/// What one hit of each probe costs the target, where calibrated.
+fn cost_per_hit(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
+    let Some(hit) = plan.hit_cost_ns else {
+        return writeln!(out, "  cost per hit: not measured (measuring it takes root, as attaching does)");
+    };
+    let us = |ns: u64| {
+        #[allow(clippy::cast_precision_loss, reason = "ns to µs for display")]
+        let us = ns as f64 / 1e3;
+        format!("{us:.2} µs")
+    };
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a cost in ns, rounded")]
+    let (emulated, stepped) = (hit.emulated_ns.round() as u64, hit.single_stepped_ns.round() as u64);
+    writeln!(
+        out,
+        "  cost per hit, of the target's CPU time (calibrated here: {} at an emulated instruction, {} at a single-stepped one):",
+        us(emulated),
+        us(stepped)
+    )?;
+    for p in &plan.probes {
+        let Some(c) = p.cost_per_hit_ns else { continue };
+        let (e, s) = p.site_kinds();
+        if c.low_ns == c.high_ns {
+            let sites = if e + s == 1 { "its one site".to_owned() } else { format!("all {} sites", e + s) };
+            let kind = if s == 0 { "emulated" } else { "single-stepped" };
+            writeln!(out, "  {:<20} {} ({sites} {kind})", p.symbol, us(c.low_ns))?;
+        } else {
+            writeln!(
+                out,
+                "  {:<20} {} to {} ({e} sites emulated, {s} single-stepped: where between depends on which the target runs)",
+                p.symbol,
+                us(c.low_ns),
+                us(c.high_ns)
+            )?;
+        }
+    }
+    Ok(())
+}
+
 /// Writes `plan` as a table.
 pub fn table(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
     writeln!(out, "{} (Python {})", plan.image, plan.python)?;
@@ -51,6 +89,7 @@ pub fn table(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
         )?;
     }
     inlined_copies(out, plan)?;
+    cost_per_hit(out, plan)?;
     for (symbol, c) in plan.probes.iter().filter_map(|p| Some((&p.symbol, p.coverage.as_ref()?))) {
         if c.is_partial() {
             let fix = c.fix.as_ref().map_or(String::new(), |f| format!("; fix: {f}"));

@@ -30,18 +30,11 @@ pub enum ReturnSites {
     Sites(SiteKinds),
 }
 
-/// The (high, low) cost in ns of one hit at a probe with sites of `kinds`.
-/// Its sites share one counter, so where they are of both kinds its hits
-/// cannot be split by site: high prices them all single-stepped, low all
-/// emulated. Where all are of one kind both are exact.
+/// The (high, low) cost in ns of one hit at a probe with sites of `kinds`
+/// ([`HitCosts::range`]).
 #[must_use]
 pub fn hit_range(kinds: SiteKinds, hit: HitCosts) -> (f64, f64) {
-    match (kinds.emulated, kinds.single_stepped) {
-        (0, 0) => (0.0, 0.0),
-        (_, 0) => (hit.emulated_ns, hit.emulated_ns),
-        (0, _) => (hit.single_stepped_ns, hit.single_stepped_ns),
-        _ => (hit.single_stepped_ns, hit.emulated_ns),
-    }
+    hit.range(kinds.emulated, kinds.single_stepped)
 }
 
 /// The (high, low) cost in ns of one return read as `returns` says.
