@@ -12,11 +12,12 @@
 //! after one is always its return's): an inlined `_Py_Dealloc` is `mov
 //! 8(%rdi),%rax; call *0x30(%rax)`, nothing emulated, but the `jmp` after
 //! the call often is. It stops at a direct call, whose callee may be one
-//! that never returns (then the next instruction is other code's). A probe may move
-//! from the first point to any later instruction of the line, and count
-//! the same calls, when nothing else leads into the line: the line ends
-//! before any instruction that a direct branch anywhere in the image lands
-//! on, that a code pointer in the image's data (a jump table, a computed
+//! that never returns (then the next instruction is other code's).
+//!
+//! A probe may move from the first point to any later instruction of the
+//! line, and count the same calls, when nothing else leads into the line:
+//! the line ends before any instruction that a direct branch anywhere in
+//! the image lands on, that a code pointer in the image's data (a jump table, a computed
 //! goto's table) or a `lea` of a table of offsets names, or that starts
 //! with `endbr64` (an indirect branch's target, in the builds with
 //! `-fcf-protection`). Those are the [`Landings`]: they cover the whole
