@@ -322,13 +322,16 @@ fn probes(args: &ProbesArgs) -> Result<(), Failure> {
     // in /run/tracer), which takes the privileges an attach does; without
     // them the plan is shown unpriced.
     let hit = match &prepared.calibration {
-        Some(c) => Some(c.cpu.hit),
-        None if privileges::check().is_ok() => prepare::kept::calibration(false).ok().map(|c| c.cpu.hit),
-        None => None,
+        Some(c) => Ok(c.cpu.hit),
+        None if privileges::check().is_ok() => {
+            prepare::kept::calibration(false).map(|c| c.cpu.hit).map_err(|e| format!("measuring it failed: {e}"))
+        }
+        None => Err("measuring it takes root, as attaching does".to_owned()),
     };
     let mut report = prepared.into_report();
-    if let Some(hit) = hit {
-        report.price(hit);
+    match hit {
+        Ok(hit) => report.price(hit),
+        Err(why) => report.unpriced = Some(why),
     }
     let mut out = std::io::stdout().lock();
     if args.json {

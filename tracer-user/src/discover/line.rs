@@ -12,7 +12,12 @@
 //! after one is always its return's): an inlined `_Py_Dealloc` is `mov
 //! 8(%rdi),%rax; call *0x30(%rax)`, nothing emulated, but the `jmp` after
 //! the call often is. It stops at a direct call, whose callee may be one
-//! that never returns (then the next instruction is other code's).
+//! that never returns (then the next instruction is other code's), and at
+//! a call through a static slot, which may be an imported function's GOT
+//! entry (`-fno-plt`) and so the same. What a probe past a call counts,
+//! it counts when the callee returns: a callee that never does (a thread
+//! that exits inside a `tp_dealloc`) is not counted, and one in flight at
+//! the detach is not either.
 //!
 //! A probe may move from the first point to any later instruction of the
 //! line, and count the same calls, when nothing else leads into the line:
@@ -35,9 +40,9 @@
 //! pointer, or the slot's own base, might). A value with no home left is
 //! `None` at that point, and the plan does not move a probe there if its
 //! program reads it. A 32-bit `mov` is not a copy: it keeps only the low
-//! half. An indirect call overwrites the registers the ABI lets a callee
-//! change (`rax`, `rcx`, `rdx`, `rsi`, `rdi`, `r8`–`r11`), the stack below
-//! the stack pointer and any other memory; and the object (what the
+//! half. An indirect call may overwrite the registers the ABI lets a
+//! callee change (`rax`, `rcx`, `rdx`, `rsi`, `rdi`, `r8`–`r11`) and any
+//! memory, the caller's stack slots included; and the object (what the
 //! copy's program reads through, or the block a free gives back) is
 //! dropped there whatever its home, since the callee may have freed it
 //! (`tp_dealloc`) and a later probe would read freed memory or see a
@@ -133,7 +138,13 @@ pub fn follow(
     let mut returned = false;
     loop {
         match prev.flow_control() {
-            FlowControl::Next | FlowControl::IndirectCall => {}
+            FlowControl::Next => {}
+            // Through a register or memory it points to: the call of a
+            // function pointer (`tp_dealloc`, an allocator's slot).
+            FlowControl::IndirectCall if !prev.is_ip_rel_memory_operand() => {}
+            // A call through a static slot may be a call of an imported
+            // function by its GOT entry (`-fno-plt`), which may be one that
+            // never returns (`abort`).
             _ => return (out, LineEnd::Branch),
         }
         if out.len() >= MAX_LINE {
@@ -263,19 +274,18 @@ impl Values {
     }
 
     /// Moves the values past an indirect call, which returns with the
-    /// stack pointer it had.
+    /// stack pointer it had. Only the registers a callee must keep still
+    /// hold a value: a callee may write any memory, the caller's stack
+    /// slots too (the area of its stack arguments is its own, and a slot
+    /// whose address escaped is anyone's).
     fn call(&mut self) {
         self.object = None;
-        let sp = self.sp;
         for homes in self.each() {
             for r in CALLER_SAVED {
                 homes.regs &= !(1 << r);
             }
             homes.based.clear();
-            match sp {
-                Some(sp) => homes.stack.retain(|&s| s >= sp),
-                None => homes.stack.clear(),
-            }
+            homes.stack.clear();
         }
     }
 

@@ -40,6 +40,9 @@ pub struct PlanReport {
     /// root).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hit_cost_ns: Option<HitCosts>,
+    /// Why the hits are not priced, where they are not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unpriced: Option<String>,
 }
 
 /// What one hit of a probe costs the target, from where its sites sit.
@@ -130,6 +133,7 @@ impl PlanReport {
             gc: None,
             growth: None,
             hit_cost_ns: None,
+            unpriced: None,
             live_impls: plan
                 .live_impls
                 .iter()

@@ -117,12 +117,21 @@ pub(super) fn inline_sites(
                 .map_err(|e| why = why.take().or(Some((p.address, e))))
                 .ok()
         });
-        let Some((start, _, mut first)) = probeable.next() else {
+        let Some((start, returned, mut first)) = probeable.next() else {
             if let Some((address, why)) = why {
                 unprobed.push(format!("{address:#x}: {why}"));
             }
             continue;
         };
+        if returned {
+            // No point before the copy's call could take a probe: one
+            // after it would count the call only once the callee returns,
+            // and read nothing the copy passed it.
+            let at = points.at.first().map_or(start, |p| p.address);
+            let why = why.map_or_else(String::new, |(_, why)| format!(" ({why})"));
+            unprobed.push(format!("{at:#x}: no point before its call can take a probe{why}"));
+            continue;
+        }
         if first.emulated {
             sites.push(first);
             continue;

@@ -38,7 +38,8 @@ fn inlined_copies(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()
 /// What one hit of each probe costs the target, where calibrated.
 fn cost_per_hit(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
     let Some(hit) = plan.hit_cost_ns else {
-        return writeln!(out, "  cost per hit: not measured (measuring it takes root, as attaching does)");
+        let why = plan.unpriced.as_deref().unwrap_or("not measured");
+        return writeln!(out, "  cost per hit: not measured ({why})");
     };
     let us = |ns: u64| {
         #[allow(clippy::cast_precision_loss, reason = "ns to µs for display")]
@@ -49,9 +50,10 @@ fn cost_per_hit(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> 
     let (emulated, stepped) = (hit.emulated_ns.round() as u64, hit.single_stepped_ns.round() as u64);
     writeln!(
         out,
-        "  cost per hit, of the target's CPU time (calibrated here: {} at an emulated instruction, {} at a single-stepped one):",
+        "  cost per hit, of the target's CPU time (calibrated here: {} at an emulated instruction, {} at a single-stepped one{}):",
         us(emulated),
-        us(stepped)
+        us(stepped),
+        if plan.return_costs_ns.is_some() { "; reading a return adds its own, given below" } else { "" }
     )?;
     for p in &plan.probes {
         let Some(c) = p.cost_per_hit_ns else { continue };

@@ -55,11 +55,7 @@ pub fn report(plan: &Plan, counts: &[LiveCounts], (capacity, pending_full): (u32
         .filter(|p| p.coverage.live != Some(crate::plan::coverage::Completeness::Complete))
         .map(|p| format!("{}: {}", p.symbol, p.coverage.reason.as_deref().unwrap_or("not tracked")))
         .collect();
-    let partial = if pending_full > 0 {
-        Some(format!(
-            "{pending_full} allocator calls in flight could not be kept (live_pending_full): a thread's stack of calls in flight ({FRAME_DEPTH} deep) was full and lost its outermost call, or the map of threads was full; the blocks of the calls lost are not tracked"
-        ))
-    } else if !native_partial.is_empty() {
+    let why = if !native_partial.is_empty() {
         Some(format!("libc's blocks are not all tracked ({})", native_partial.join("; ")))
     } else if plan.live_impls.is_empty() {
         Some(format!(
@@ -74,6 +70,14 @@ pub fn report(plan: &Plan, counts: &[LiveCounts], (capacity, pending_full): (u32
         ))
     } else {
         None
+    };
+    // Calls lost in flight cut the figures whatever else does.
+    let lost = (pending_full > 0).then(|| format!(
+        "{pending_full} allocator calls in flight could not be kept (live_pending_full): a thread's stack of calls in flight ({FRAME_DEPTH} deep) was full and lost its outermost call, or the map of threads was full; the blocks of the calls lost are not tracked"
+    ));
+    let partial = match (why, lost) {
+        (Some(why), Some(lost)) => Some(format!("{why}; {lost}")),
+        (why, lost) => why.or(lost),
     };
     let unknown = if natives.is_empty() { UNKNOWN.to_owned() } else { format!("{UNKNOWN}; {NATIVE_ONCE}") };
     model::Live { object, mem, raw, native, capacity, dropped, unknown, partial }

@@ -138,15 +138,17 @@ fn a_size_past_an_indirect_call_is_where_the_callee_keeps_it() {
     assert_eq!(at_jmp((reg(RBX), NONE, 0)), Some((reg(RBX), NONE, 0)));
     assert_eq!(at_jmp((reg(RDI), NONE, 0)), None);
     assert_eq!(at_jmp((CONSTANT, NONE, 56)), Some((CONSTANT, NONE, 56)));
-    // A slot above the stack pointer is the caller's; one below it, in the
-    // red zone, is where the call pushes its return address.
-    assert_eq!(at_jmp((MEMORY + 8, NONE, 8)), Some((MEMORY + 8, NONE, 8)));
-    assert_eq!(at_jmp((MEMORY + 8, NONE, (-8_i16).cast_unsigned())), None);
+    // The callee may write the caller's stack slots: its stack arguments'
+    // area is its own.
+    assert_eq!(at_jmp((MEMORY + 8, NONE, 8)), None);
 }
 
 #[test]
-fn a_direct_call_ends_the_line() {
+fn a_direct_call_or_one_through_a_static_slot_ends_the_line() {
     // call +0; jmp: the callee may never return.
     let (points, end) = line(&[0xe8, 0, 0, 0, 0, 0xeb, 0], None, None, &[]);
+    assert!(points.is_empty() && end == LineEnd::Branch, "{points:?} {end:?}");
+    // call *0x10(%rip); jmp: a GOT entry's function may be `abort`.
+    let (points, end) = line(&[0xff, 0x15, 0x10, 0, 0, 0, 0xeb, 0], None, None, &[]);
     assert!(points.is_empty() && end == LineEnd::Branch, "{points:?} {end:?}");
 }
