@@ -123,7 +123,7 @@ fn more_stacks_than_the_table_holds_are_counted_as_missed() {
 
 /// How deep a thread's stack of calls in flight goes
 /// (tracer-common/src/live.rs, `FRAME_DEPTH`).
-const FRAME_DEPTH: u64 = 6;
+const FRAME_DEPTH: u64 = 8;
 
 /// The knob that loads the named maps full.
 const FULL_MAPS: &str = "TRACER_TEST_FULL_MAPS";
@@ -276,11 +276,11 @@ fn native_stacks_that_find_their_map_full_are_counted_in_native_full() {
 }
 
 /// `--live` with every thread's stack of calls in flight loaded full
-/// (`EMPTY_FRAMES`, the stack a thread's starts from: six frames of no
+/// (`EMPTY_FRAMES`, the stack a thread's starts from: eight frames of no
 /// kind). A call pushed on a full stack loses the outermost frame and is
-/// counted in `live_pending_full`; each such loss is one of the six
-/// placeholders, and calls nest less than six deep, so the one-thread
-/// workload counts between one and six. The report says its live figures
+/// counted in `live_pending_full`; each such loss is one of the eight
+/// placeholders, and calls nest less than eight deep, so the one-thread
+/// workload counts between one and eight. The report says its live figures
 /// are partial, and why, in the JSON and in the table.
 #[test]
 fn calls_that_find_their_stack_full_are_counted_in_live_pending_full() {
