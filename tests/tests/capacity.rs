@@ -299,21 +299,17 @@ fn calls_that_find_their_stack_full_are_counted_in_live_pending_full() {
     assert!(line.contains(" allocator calls in flight could not be kept (live_pending_full)"), "{line}");
 }
 
-/// `--growth` with its map of sampled pools full (`GROWTH_POOLS`): every
-/// sampled take finds no room and is counted in `takes.lost`, exactly as
-/// many as were sampled; no site holds a sampled pool, and the figures
-/// say why, in the summary and in each interval after the loss.
-#[test]
-fn growth_samples_that_find_their_map_full_are_counted_as_lost() {
-    require_root();
+/// growth.py's one-shape run (300 grow/churn pairs of 1,000 strs each,
+/// tests/tests/growth.rs) under `tracer attach --json --growth` with the
+/// map `full` loaded full: the summary's growth.
+fn growth_with_full(full: &str) -> Value {
     let python = shared_python();
-    // 300 grow/churn pairs of 1,000 strs each (tests/tests/growth.rs).
     let mut workload = Workload::script(None, python.to_str().unwrap(), "growth.py", &["one", "300", "1000"]);
     workload.wait_blocked_on_stdin();
     let pid = workload.pid().to_string();
     let tracer = TracerRun::start_env(
         &["attach", "--json", "--pid", &pid, "--interval", "3600", "--growth"],
-        &[(FULL_MAPS, "GROWTH_POOLS")],
+        &[(FULL_MAPS, full)],
     );
     assert!(tracer.stdout.next_line("the attached line").is_some(), "{:?}", tracer.finish().2);
     workload.go();
@@ -323,7 +319,17 @@ fn growth_samples_that_find_their_map_full_are_counted_as_lost() {
     tracer.signal(libc::SIGINT);
     let summary = tracer.summary();
     workload.close();
-    let g = &summary["growth"];
+    summary["growth"].clone()
+}
+
+/// `--growth` with its map of sampled pools full (`GROWTH_POOLS`): every
+/// sampled take finds no room and is counted in `takes.lost`, exactly as
+/// many as were sampled; no site holds a sampled pool, and the figures
+/// say why.
+#[test]
+fn growth_samples_that_find_their_map_full_are_counted_as_lost() {
+    require_root();
+    let g = growth_with_full("GROWTH_POOLS");
     let t = &g["takes"];
     let (sampled, lost) = (t["sampled"].as_u64().unwrap_or(0), t["lost"].as_u64().unwrap_or(0));
     assert!(sampled > 0 && lost == sampled, "{t}");
@@ -335,6 +341,26 @@ fn growth_samples_that_find_their_map_full_are_counted_as_lost() {
     let caveat = g["caveat"].as_str().unwrap_or_else(|| panic!("no caveat: {g}"));
     let why = format!(
         "{lost} sampled pools found the samples map full (room for 65536) and are not in these figures (takes.lost)"
+    );
+    assert!(caveat.contains(&why), "{caveat}");
+}
+
+/// The same for the C library's heap (`GROWTH_MAPPED` full): every
+/// sampled growth of it finds no room and is counted in
+/// `takes.grown_lost` (with any lowering of the break, which needs an
+/// entry too), no site holds a libc sample, and the figures say why.
+#[test]
+fn libc_heap_samples_that_find_their_map_full_are_counted_as_lost() {
+    require_root();
+    let g = growth_with_full("GROWTH_MAPPED");
+    let t = &g["takes"];
+    let (sampled, lost) = (t["grown_sampled"].as_u64().unwrap_or(0), t["grown_lost"].as_u64().unwrap_or(0));
+    assert!(sampled > 0 && lost >= sampled, "{t}");
+    let sites = g["sites"].as_array().unwrap_or_else(|| panic!("{g}"));
+    assert!(sites.iter().all(|s| s["libc_samples"].as_u64() == Some(0)), "{g}");
+    let caveat = g["caveat"].as_str().unwrap_or_else(|| panic!("no caveat: {g}"));
+    let why = format!(
+        "{lost} samples of the C library's heap found their map full (room for 16384) and are not in these figures (takes.grown_lost)"
     );
     assert!(caveat.contains(&why), "{caveat}");
 }
