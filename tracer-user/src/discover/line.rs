@@ -13,8 +13,8 @@
 //! 8(%rdi),%rax; call *0x30(%rax)`, nothing emulated, but the `jmp` after
 //! the call often is. It stops at a direct call, whose callee may be one
 //! that never returns (then the next instruction is other code's), and at
-//! a call through a static slot, which may be an imported function's GOT
-//! entry (`-fno-plt`) and so the same. What a probe past a call counts,
+//! a call through an import slot (`.got`, `.got.plt`: an imported
+//! function's, as `-fno-plt` builds call them), which may be the same. What a probe past a call counts,
 //! it counts when the callee returns: a callee that never does (a thread
 //! that exits inside a `tp_dealloc`) is not counted, and one in flight at
 //! the detach is not either.
@@ -104,8 +104,10 @@ impl std::fmt::Display for LineEnd {
 /// The addresses control may reach other than by falling through: direct
 /// branch and call targets, code pointers in data, entries of tables of
 /// offsets. Shared, since the set is large and every copy consults it.
+/// With them, the image's import slots (`.got`, `.got.plt`: start, end),
+/// through which a call may be one of an imported function.
 #[derive(Clone, Default, PartialEq, Eq)]
-pub struct Landings(pub Arc<HashSet<u64>>);
+pub struct Landings(pub Arc<HashSet<u64>>, pub Arc<Vec<(u64, u64)>>);
 
 impl std::fmt::Debug for Landings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -119,6 +121,17 @@ impl Landings {
     #[must_use]
     pub fn lands_on(&self, insn: &Instruction) -> bool {
         insn.mnemonic() == Mnemonic::Endbr64 || self.0.contains(&insn.ip())
+    }
+
+    /// Whether `insn` calls through an import slot (`call
+    /// *foo@GOTPCREL(%rip)`, as `-fno-plt` builds call imported
+    /// functions), whose function may be one that never returns.
+    #[must_use]
+    pub fn calls_an_import(&self, insn: &Instruction) -> bool {
+        insn.is_ip_rel_memory_operand() && {
+            let slot = insn.ip_rel_memory_address();
+            self.1.iter().any(|&(start, end)| (start..end).contains(&slot))
+        }
     }
 }
 
@@ -139,12 +152,11 @@ pub fn follow(
     loop {
         match prev.flow_control() {
             FlowControl::Next => {}
-            // Through a register or memory it points to: the call of a
-            // function pointer (`tp_dealloc`, an allocator's slot).
-            FlowControl::IndirectCall if !prev.is_ip_rel_memory_operand() => {}
-            // A call through a static slot may be a call of an imported
-            // function by its GOT entry (`-fno-plt`), which may be one that
-            // never returns (`abort`).
+            // The call of a function pointer (`tp_dealloc`, an
+            // allocator's slot). A call through an import slot may be one
+            // of an imported function (`-fno-plt`), which may never return
+            // (`abort`).
+            FlowControl::IndirectCall if !landings.calls_an_import(&prev) => {}
             _ => return (out, LineEnd::Branch),
         }
         if out.len() >= MAX_LINE {

@@ -68,7 +68,12 @@ impl<'a> Code<'a> {
             .collect();
         let mut targets = std::mem::take(&mut code.targets.0);
         Arc::make_mut(&mut targets).extend(crate::discover::landings::in_data(&file, &ranges, &leas));
-        code.targets = Landings(targets);
+        let imports: Vec<(u64, u64)> = [".got", ".got.plt"]
+            .iter()
+            .filter_map(|name| file.section_by_name(name))
+            .map(|s| (s.address(), s.address().saturating_add(s.size())))
+            .collect();
+        code.targets = Landings(targets, Arc::new(imports));
         Ok(code)
     }
 
@@ -120,7 +125,7 @@ impl<'a> Code<'a> {
         Self {
             sections,
             instructions,
-            targets: Landings(Arc::new(targets)),
+            targets: Landings(Arc::new(targets), Arc::default()),
             symbols: HashMap::new(),
             ranges: Vec::new(),
             data: HashMap::new(),

@@ -18,7 +18,9 @@ fn line(
         let insn = decoder.decode();
         (!insn.is_invalid()).then_some(insn)
     };
-    let landings = Landings(Arc::new(landings.iter().copied().collect()));
+    // An import slot 0x10 past the end of the code below.
+    let imports = vec![(AT + 0x16, AT + 0x1e)];
+    let landings = Landings(Arc::new(landings.iter().copied().collect()), Arc::new(imports));
     follow(&InlineEntry { address: AT, size, object, returned: false }, decode, &landings)
 }
 
@@ -148,7 +150,12 @@ fn a_direct_call_or_one_through_a_static_slot_ends_the_line() {
     // call +0; jmp: the callee may never return.
     let (points, end) = line(&[0xe8, 0, 0, 0, 0, 0xeb, 0], None, None, &[]);
     assert!(points.is_empty() && end == LineEnd::Branch, "{points:?} {end:?}");
-    // call *0x10(%rip); jmp: a GOT entry's function may be `abort`.
+    // call *0x10(%rip); jmp: the slot at 0x16 is an import's, whose
+    // function may be `abort`.
     let (points, end) = line(&[0xff, 0x15, 0x10, 0, 0, 0, 0xeb, 0], None, None, &[]);
     assert!(points.is_empty() && end == LineEnd::Branch, "{points:?} {end:?}");
+    // call *0x20(%rip); jmp: a slot in data (an allocator table's): the line
+    // goes on.
+    let (points, end) = line(&[0xff, 0x15, 0x20, 0, 0, 0, 0xeb, 0], None, None, &[]);
+    assert!(points.len() == 1 && end == LineEnd::Branch, "{points:?} {end:?}");
 }
