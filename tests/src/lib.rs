@@ -818,6 +818,16 @@ pub fn run_tracer(args: &[&str]) -> (Option<i32>, String, String) {
     )
 }
 
+/// The BPF stats of a summary or interval line but `gate_other`: hits at
+/// a jump probed for the inlined copy it leads into, where the jump went
+/// elsewhere, are the probes' cost, not a miss.
+///
+/// # Panics
+/// Where the line has no stats.
+pub fn misses(line: &Value) -> impl Iterator<Item = (&String, &Value)> {
+    line["stats"].as_object().expect("stats").iter().filter(|(name, _)| *name != "gate_other")
+}
+
 /// Calls and bytes per probe from a summary or interval line.
 #[must_use]
 pub fn counts(line: &Value) -> HashMap<String, (u64, u64)> {

@@ -3,10 +3,11 @@
 //! the ABI's registers, so its DWARF says, per copy, which register holds
 //! the size, or which constant it is.
 //!
-//! Cookie bits: 0–31 the counter slot; 32–39 the first operand; 40–47 the
-//! second (a multiplier: calloc's elsize), [`NONE`] for none; 48–63 a
-//! constant, for an operand that is [`CONSTANT`]. A register operand is its
-//! DWARF x86-64 register number plus one (1 = rax … 16 = r15).
+//! Cookie bits: 0–23 the counter slot; 24–31 its gate (see [`gated`]); 32–39
+//! the first operand; 40–47 the second (a multiplier: calloc's elsize),
+//! [`NONE`] for none; 48–63 a constant, for an operand that is [`CONSTANT`].
+//! A register operand is its DWARF x86-64 register number plus one (1 = rax
+//! … 16 = r15).
 //!
 //! `count_object` reads the same encoding, where the first operand is the
 //! new object rather than a size.
@@ -42,11 +43,56 @@ pub const fn encode(slot: u32, first: u8, second: u8, constant: u16) -> u64 {
     slot as u64 | (first as u64) << 32 | (second as u64) << 40 | (constant as u64) << 48
 }
 
+/// The bits of a cookie's low word that are the slot; the rest is its
+/// gate.
+const SLOT_BITS: u32 = 0x00ff_ffff;
+
+/// A gate's mark in the cookie's low word.
+const GATED: u32 = 1 << 31;
+
+/// `slot` for a copy probed at the conditional jump that leads into it
+/// (where no instruction of the copy's own is one the kernel emulates):
+/// the program counts the hit only where x86 condition `condition` (a
+/// `jcc` opcode's low nibble: 4 is `e`, 5 `ne`…) holds in the flags, which
+/// is when the jump goes on into the copy.
+#[must_use]
+pub const fn gated(slot: u32, condition: u8) -> u32 {
+    (slot & SLOT_BITS) | GATED | ((condition as u32 & 15) << 24)
+}
+
 /// The counter slot of `cookie`.
 #[must_use]
-#[allow(clippy::cast_possible_truncation, reason = "the low 32 bits are the slot")]
+#[allow(clippy::cast_possible_truncation, reason = "the low 32 bits are the slot and its gate")]
 pub const fn slot(cookie: u64) -> u32 {
-    cookie as u32
+    cookie as u32 & SLOT_BITS
+}
+
+/// The condition `cookie`'s hit counts under (see [`gated`]), if it is a
+/// gate's.
+#[must_use]
+#[allow(clippy::cast_possible_truncation, reason = "four bits of the cookie")]
+pub const fn gate(cookie: u64) -> Option<u8> {
+    if cookie as u32 & GATED == 0 { None } else { Some((cookie >> 24) as u8 & 15) }
+}
+
+/// Whether x86 condition `condition` holds in `flags` (RFLAGS), as a `jcc`
+/// with that condition decides whether it jumps. Conditions come in pairs
+/// whose low bit negates the pair's test.
+#[must_use]
+pub const fn holds(condition: u8, flags: u64) -> bool {
+    let (cf, pf, zf) = (flags & 1 != 0, flags >> 2 & 1 != 0, flags >> 6 & 1 != 0);
+    let (sf, of) = (flags >> 7 & 1 != 0, flags >> 11 & 1 != 0);
+    let test = match condition >> 1 & 7 {
+        0 => of,
+        1 => cf,
+        2 => zf,
+        3 => cf || zf,
+        4 => sf,
+        5 => pf,
+        6 => sf != of,
+        _ => zf || sf != of,
+    };
+    test != (condition & 1 != 0)
 }
 
 /// The first operand of `cookie`.
@@ -107,5 +153,29 @@ mod tests {
         let c = encode(3, first, NONE, constant);
         assert_eq!((first, offset(super::constant(c))), (MEMORY + 8, -24));
         assert_eq!(memory(7, 40_000), None);
+    }
+
+    #[test]
+    fn gates_keep_the_slot_and_their_condition() {
+        let c = encode(gated(5, 0xe), INLINED, NONE, 0);
+        assert_eq!((slot(c), gate(c), first(c)), (5, Some(0xe), INLINED));
+        assert_eq!(gate(encode(5, INLINED, NONE, 0)), None);
+    }
+
+    #[test]
+    fn conditions_read_the_flags_as_jcc_does() {
+        const CF: u64 = 1;
+        const ZF: u64 = 1 << 6;
+        const SF: u64 = 1 << 7;
+        const OF: u64 = 1 << 11;
+        // je/jne
+        assert!(holds(4, ZF) && !holds(4, 0) && holds(5, 0) && !holds(5, ZF));
+        // jb/jae, jbe/ja
+        assert!(holds(2, CF) && holds(3, 0) && holds(6, ZF) && holds(6, CF) && holds(7, 0) && !holds(7, CF));
+        // js, jl (SF != OF), jge, jle, jg
+        assert!(holds(8, SF) && holds(12, SF) && holds(12, OF) && !holds(12, SF | OF) && holds(13, SF | OF));
+        assert!(holds(14, ZF) && holds(14, SF) && !holds(14, 0) && holds(15, 0) && !holds(15, ZF));
+        // jo, jp
+        assert!(holds(0, OF) && holds(10, 1 << 2) && holds(11, 0));
     }
 }

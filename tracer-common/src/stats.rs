@@ -106,10 +106,14 @@ pub enum Stat {
     /// walk's result did not reach the call's frame: a thread pushed out
     /// of the in-flight maps); `--leaks` says so for that block.
     LiveNoStack = 29,
+    /// A hit at a conditional jump probed for the inlined copy it leads
+    /// into (`tracer probes`: "at the jump into the copy"), where the jump
+    /// went the other way: no event, only the hit's cost. Not a loss.
+    GateOther = 30,
 }
 
 /// Number of entries in the `STATS` map.
-pub const STAT_COUNT: u32 = 30;
+pub const STAT_COUNT: u32 = 31;
 
 impl Stat {
     /// Every stat, in map order (the JSON `stats` keys, in this order).
@@ -144,6 +148,7 @@ impl Stat {
         Self::LiveUnmatched,
         Self::LivePendingFull,
         Self::LiveNoStack,
+        Self::GateOther,
     ];
 
     /// Stable name used in the table and the JSON output.
@@ -180,6 +185,7 @@ impl Stat {
             Self::LiveUnmatched => "live_unmatched",
             Self::LivePendingFull => "live_pending_full",
             Self::LiveNoStack => "live_no_stack",
+            Self::GateOther => "gate_other",
         }
     }
 
@@ -206,6 +212,7 @@ impl Stat {
                 | Self::NativeReadFailed
                 | Self::NativeFull
                 | Self::LiveNoStack
+                | Self::GateOther
         )
     }
 }

@@ -73,6 +73,7 @@ fn try_call(ctx: &ProbeContext, size: Size) -> Result<(), Stat> {
     let tgid = check_target()?;
     let bytes = args::requested(ctx, size)?;
     let cookie = args::cookie(ctx);
+    args::through_gate(ctx.regs, cookie)?;
     let inlined = site::first(cookie) == site::INLINED;
     let slot = if inlined { site::slot(cookie) } else { u32::try_from(cookie).map_err(|_| Stat::SlotOutOfRange)? };
     let (pointer, read) = match site::second(cookie) {
@@ -101,6 +102,7 @@ pub fn count_site(ctx: ProbeContext) -> u32 {
 fn try_count_site(ctx: &ProbeContext) -> Result<(), Stat> {
     let tgid = check_target()?;
     let cookie = args::cookie(ctx);
+    args::through_gate(ctx.regs, cookie)?;
     let slot = site::slot(cookie);
     let constant = site::constant(cookie);
     let first = args::operand(ctx.regs, site::first(cookie), constant)?;
@@ -137,6 +139,7 @@ pub fn count_object(ctx: ProbeContext) -> u32 {
 fn try_count_object(ctx: &ProbeContext) -> Result<(), Stat> {
     let tgid = check_target()?;
     let cookie = args::cookie(ctx);
+    args::through_gate(ctx.regs, cookie)?;
     // Not read is a miss, after the call is counted.
     let (pointer, read) = args::pointer(ctx.regs, site::first(cookie), site::constant(cookie));
     let event = Event {
@@ -160,6 +163,7 @@ pub fn free_object(ctx: ProbeContext) -> u32 {
 fn try_free_object(ctx: &ProbeContext) -> Result<(), Stat> {
     let tgid = check_target()?;
     let cookie = args::cookie(ctx);
+    args::through_gate(ctx.regs, cookie)?;
     let (pointer, read) = args::pointer(ctx.regs, site::first(cookie), site::constant(cookie));
     // An inlined copy's second operand is `INLINED` (a free reads one):
     // with --live, its call is an API call, as `count_call`'s at the

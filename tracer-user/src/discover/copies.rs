@@ -131,6 +131,7 @@ pub(super) fn find(
             // after it (those probed at a read have theirs).
             for p in points.iter_mut().filter(|p| p.end == LineEnd::NotFollowed) {
                 let (line, end) = line::follow(&p.at[0], decode, &scan.landings);
+                p.gate = line::gate(&p.at[0], &scan.landings);
                 p.at.extend(line);
                 p.end = end;
             }
@@ -286,7 +287,11 @@ fn copy_points(
 /// read, then the instructions on the straight line after it.
 #[must_use]
 pub fn guard_points(site: &guards::GuardSite) -> Points {
-    Points { at: std::iter::once(site.read).chain(site.later.iter().copied()).collect(), end: site.end }
+    Points {
+        at: std::iter::once(site.read).chain(site.later.iter().copied()).collect(),
+        end: site.end,
+        gate: site.gate,
+    }
 }
 
 /// The names of the functions in an ELF file's symbol table, by address.

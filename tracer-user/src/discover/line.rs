@@ -48,7 +48,10 @@
 //! (`tp_dealloc`) and a later probe would read freed memory or see a
 //! block already reused.
 
-use std::{collections::HashSet, sync::Arc};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+};
 
 use iced_x86::{FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpAccess, OpKind, Register};
 use tracer_common::site::{self, CONSTANT, MEMORY, MEMORY_FIRST, MEMORY_LAST, NONE};
@@ -105,9 +108,30 @@ impl std::fmt::Display for LineEnd {
 /// branch and call targets, code pointers in data, entries of tables of
 /// offsets. Shared, since the set is large and every copy consults it.
 /// With them, the image's import slots (`.got`, `.got.plt`: start, end),
-/// through which a call may be one of an imported function.
+/// through which a call may be one of an imported function, and the
+/// addresses one conditional jump alone leads into, by address.
 #[derive(Clone, Default, PartialEq, Eq)]
-pub struct Landings(pub Arc<HashSet<u64>>, pub Arc<Vec<(u64, u64)>>);
+pub struct Landings(pub Arc<HashSet<u64>>, pub Arc<Vec<(u64, u64)>>, pub Arc<HashMap<u64, Gate>>);
+
+/// The conditional jump that alone leads into an address: the one before
+/// it, where nothing lands on it, or the one whose target it is, where
+/// nothing else lands on it and the instruction before it does not fall
+/// into it. A probe there runs for every pass through the jump; its
+/// program counts the hit only where `condition` (see
+/// [`tracer_common::site::gated`]) holds, which is when control goes into
+/// the address. A copy none of whose own instructions the kernel emulates
+/// (`mov 8(%rbx),%rax; mov %rbx,%rdi; call *0x30(%rax)` after `subq
+/// $1,(%rbx); jne`, an inlined `Py_DECREF`'s `_Py_Dealloc`, whose line ends
+/// where the `jne` lands) is probed there: the jump changes no register and
+/// no memory, so the copy's size and object are where they are at its first
+/// point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gate {
+    /// The jump's address.
+    pub jump: u64,
+    /// The x86 condition under which control goes into the address.
+    pub condition: u8,
+}
 
 impl std::fmt::Debug for Landings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -133,6 +157,78 @@ impl Landings {
             self.1.iter().any(|&(start, end)| (start..end).contains(&slot))
         }
     }
+}
+
+/// The conditional jump that alone leads into `start` (see [`Gate`]), as a
+/// point with `start`'s size and object, and the condition under which it
+/// goes into `start`.
+#[must_use]
+pub fn gate(start: &InlineEntry, landings: &Landings) -> Option<(InlineEntry, u8)> {
+    let gate = landings.2.get(&start.address)?;
+    Some((InlineEntry { address: gate.jump, ..*start }, gate.condition))
+}
+
+/// Every address one conditional jump alone leads into (see [`Gate`]), from
+/// an image's `instructions` in address order, the addresses its direct
+/// branches and calls land on (`direct`), those its data names (`data`),
+/// and the ranges where the linear decoding may be out of step
+/// (`unsynced`), where nothing is trusted.
+#[must_use]
+pub fn gates<S: std::hash::BuildHasher, T: std::hash::BuildHasher>(
+    instructions: &[Instruction],
+    direct: &HashSet<u64, S>,
+    data: &HashSet<u64, T>,
+    unsynced: &[std::ops::Range<u64>],
+) -> HashMap<u64, Gate> {
+    let branches = instructions.iter().filter(|i| {
+        matches!(
+            i.flow_control(),
+            FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch | FlowControl::Call
+        )
+    });
+    // Each direct target's first source and how many there are.
+    let mut sources: HashMap<u64, (u64, u32)> = HashMap::new();
+    for insn in branches {
+        sources.entry(insn.near_branch_target()).or_insert((insn.ip(), 0)).1 += 1;
+    }
+    let synced = |a: u64| !unsynced.iter().any(|r| r.contains(&a));
+    let mut out = HashMap::new();
+    for (i, insn) in instructions.iter().enumerate() {
+        if !insn.is_jcc_short_or_near() || !synced(insn.ip()) {
+            continue;
+        }
+        // iced numbers the conditions from 1, in the opcodes' order.
+        let Some(condition) = (insn.condition_code() as u8).checked_sub(1) else { continue };
+        let (next, target) = (insn.next_ip(), insn.near_branch_target());
+        if next == target {
+            continue;
+        }
+        let alone = |a: u64, insn: &Instruction| {
+            !data.contains(&a) && insn.mnemonic() != Mnemonic::Endbr64 && synced(a) && insn.ip() == a
+        };
+        if let Some(after) = instructions.get(i + 1)
+            && alone(next, after)
+            && !direct.contains(&next)
+        {
+            out.insert(next, Gate { jump: insn.ip(), condition: condition ^ 1 });
+        }
+        if sources.get(&target) == Some(&(insn.ip(), 1))
+            && let Ok(j) = instructions.binary_search_by_key(&target, Instruction::ip)
+            && alone(target, &instructions[j])
+            && j > 0
+            && instructions[j - 1].next_ip() == target
+            && matches!(
+                instructions[j - 1].flow_control(),
+                FlowControl::UnconditionalBranch
+                    | FlowControl::IndirectBranch
+                    | FlowControl::Return
+                    | FlowControl::Exception
+            )
+        {
+            out.insert(target, Gate { jump: insn.ip(), condition });
+        }
+    }
+    out
 }
 
 /// The points after `start` on its straight line, each with where `start`'s

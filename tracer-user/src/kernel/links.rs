@@ -302,6 +302,9 @@ impl Session {
             // at all.
             points.extend(p.inline_sites.iter().map(|s| {
                 let realloc = p.live.is_some_and(|r| r.api() == tracer_common::live::Role::REALLOC);
+                // A copy probed at the jump into it counts where the jump
+                // goes there.
+                let slot = s.gate.map_or(p.slot, |condition| site::gated(p.slot, condition));
                 let (program, cookie) = match (p.attach_program, s.size, s.object) {
                     (bench, _, _) if bench.is_bench() => (bench, cookie),
                     // With --live, a realloc's copy leaves its block for the
@@ -313,36 +316,36 @@ impl Session {
                     {
                         let cookie = match (site::uses_constant(first), site::uses_constant(block)) {
                             (true, true) if constant != block_constant => {
-                                site::encode(p.slot, first, site::NONE, constant)
+                                site::encode(slot, first, site::NONE, constant)
                             }
-                            (false, true) => site::encode(p.slot, first, block, block_constant),
-                            _ => site::encode(p.slot, first, block, constant),
+                            (false, true) => site::encode(slot, first, block, block_constant),
+                            _ => site::encode(slot, first, block, constant),
                         };
                         (Program::CountSite, cookie)
                     }
                     (program, None, Some((block, constant))) if realloc && program.counts_bytes() => {
-                        (Program::CountCall, site::encode(p.slot, site::INLINED, block, constant))
+                        (Program::CountCall, site::encode(slot, site::INLINED, block, constant))
                     }
                     (program, Some((first, second, constant)), _) if program.counts_bytes() => {
-                        (Program::CountSite, site::encode(p.slot, first, second, constant))
+                        (Program::CountSite, site::encode(slot, first, second, constant))
                     }
                     (Program::CountObject, _, Some((first, constant))) => {
-                        (Program::CountObject, site::encode(p.slot, first, site::NONE, constant))
+                        (Program::CountObject, site::encode(slot, first, site::NONE, constant))
                     }
                     // Marked as a copy in the second operand, as below.
                     (Program::FreeObject, _, Some((first, constant))) => {
-                        (Program::FreeObject, site::encode(p.slot, first, site::INLINED, constant))
+                        (Program::FreeObject, site::encode(slot, first, site::INLINED, constant))
                     }
                     // With --live, a free's copy takes its block out of the
                     // table: where the block is is its second operand.
                     (Program::CountCall, _, Some((second, constant)))
                         if p.live.is_some_and(|r| r.api() == tracer_common::live::Role::FREE) =>
                     {
-                        (Program::CountCall, site::encode(p.slot, site::INLINED, second, constant))
+                        (Program::CountCall, site::encode(slot, site::INLINED, second, constant))
                     }
                     // Marked as a copy: with --live, its call leaves its
                     // domain for the implementation it calls.
-                    _ => (Program::CountCall, site::encode(p.slot, site::INLINED, site::NONE, 0)),
+                    _ => (Program::CountCall, site::encode(slot, site::INLINED, site::NONE, 0)),
                 };
                 AttachPoint { program, cookie, ..at(&image, &shown, s.offset) }
             }));

@@ -135,8 +135,15 @@ fn a_refused_offset_is_left_out_and_reported() {
     // An 0x06 byte inside its `movabs`: no instruction in 64-bit mode.
     let inside = code.iter().skip(1).position(|&b| b == 0x06).expect("an 0x06 byte") as u64 + 1;
     let bad = never.file_offset + inside;
-    let site =
-        |offset| plan::InlineSite { offset, size: None, object: None, emulated: false, moved: false, stay: None };
+    let site = |offset| plan::InlineSite {
+        offset,
+        size: None,
+        object: None,
+        emulated: false,
+        moved: false,
+        stay: None,
+        gate: None,
+    };
     plan.probes[0].inline_sites = vec![site(never.file_offset), site(bad)];
     let mut session = Session::load(plan, std::process::id(), &LoadOptions::default()).expect("the object loads");
     session.prepare(true).expect("programs load");
@@ -177,6 +184,7 @@ fn a_size_in_a_stack_slot_is_read_from_memory() {
         emulated: false,
         moved: false,
         stay: None,
+        gate: None,
     }];
     let mut session = Session::load(plan, std::process::id(), &LoadOptions::default()).expect("the object loads");
     session.prepare(true).expect("programs load");
@@ -264,4 +272,59 @@ fn objects_are_kept_destroyed_at_their_block_and_reused() {
     let stat = |s: tracer_common::stats::Stat| readings.stats[s as usize];
     assert_eq!(stat(tracer_common::stats::Stat::ObjectsFull), 1, "{readings:?}");
     assert_eq!(stat(tracer_common::stats::Stat::FreeArgMissing), 0, "{readings:?}");
+}
+
+#[unsafe(no_mangle)]
+#[inline(never)]
+extern "C" fn tracer_test_gate(x: u64) -> u64 {
+    if std::hint::black_box(x) < 100 { std::hint::black_box(1) } else { std::hint::black_box(2) }
+}
+
+/// A copy probed at the jump into it counts only the passes the flags send
+/// there: two probes at one jump with opposite conditions split its passes,
+/// each counting those its condition holds for, and every pass one of them
+/// leaves is `gate_other`. The kernel takes two probes at one offset in one
+/// link.
+#[test]
+fn a_gate_counts_the_passes_its_condition_holds_for() {
+    use iced_x86::{Decoder, DecoderOptions};
+    use tracer_common::stats::Stat;
+    const N: u64 = 300;
+    std::hint::black_box(tracer_test_gate as extern "C" fn(u64) -> u64);
+    std::hint::black_box(tracer_test_never_called as extern "C" fn() -> u64);
+    let spec = [
+        ProbeSpec::function("main", Program::CountCall, true, true),
+        ProbeSpec::function("tracer_test_never_called", Program::CountCall, true, true),
+    ];
+    let (mut plan, elf) = own_plan(&spec, PlanOptions::default());
+    let gate = elf.function("tracer_test_gate").expect("the gate's function");
+    let code = elf.read_at(gate.file_offset, 64).expect("its code");
+    let mut decoder = Decoder::with_ip(64, &code, 0, DecoderOptions::NONE);
+    let jump = decoder.iter().find(iced_x86::Instruction::is_jcc_short_or_near).expect("a conditional jump");
+    // iced numbers the conditions from 1.
+    let condition = jump.condition_code() as u8 - 1;
+    for (probe, condition) in [(0, condition), (1, condition ^ 1)] {
+        plan.probes[probe].inline_sites = vec![plan::InlineSite {
+            offset: gate.file_offset + jump.ip(),
+            size: None,
+            object: None,
+            emulated: true,
+            moved: true,
+            stay: None,
+            gate: Some(condition),
+        }];
+    }
+    let mut session = Session::load(plan, std::process::id(), &LoadOptions::default()).expect("the object loads");
+    session.prepare(true).expect("programs load");
+    session.attach_multi(std::process::id()).expect("attached");
+    for i in 0..N {
+        tracer_test_gate(i);
+    }
+    let readings = session.read().expect("the counters read");
+    session.detach_multi(std::process::id());
+    let (a, b) = (readings.probes[0].calls, readings.probes[1].calls);
+    assert!(matches!((a, b), (100, 200) | (200, 100)), "{a} and {b} of {N} passes: {readings:?}");
+    assert_eq!(readings.stats[Stat::GateOther as usize], N, "{readings:?}");
+    let others = readings.stats.iter().enumerate().filter(|&(i, _)| i != Stat::GateOther as usize);
+    assert!(others.clone().all(|(_, &v)| v == 0), "{:?}", others.collect::<Vec<_>>());
 }

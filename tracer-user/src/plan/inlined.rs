@@ -96,6 +96,9 @@ pub(super) fn inline_sites(
     // Where each copy starts: another copy's line stops there, so that no
     // two copies share a probe.
     let origins: HashSet<u64> = copies.iter().filter_map(|p| p.at.first()).map(|p| p.address).collect();
+    // The copies that no point of their own puts on an emulated
+    // instruction, with their gate's site if they have one.
+    let mut stepped: Vec<(InlineSite, Option<(InlineSite, u8)>)> = Vec::new();
     for points in copies {
         let code = |entry: &InlineEntry| {
             let offset = image.elf.file_offset(entry.address).ok_or("is in no file-backed segment".to_owned())?;
@@ -108,6 +111,7 @@ pub(super) fn inline_sites(
                 emulated: emulated_at(&code, kernel),
                 moved: false,
                 stay: None,
+                gate: None,
             })
         };
         let mut why = None;
@@ -164,7 +168,21 @@ pub(super) fn inline_sites(
         // An operand the program does not read may be lost where a copy
         // moved: it is `None` then, never a wrong place.
         first.stay = Some(stay);
-        sites.push(better.map_or(first, |p| InlineSite { moved: true, ..p }));
+        if let Some(p) = better {
+            sites.push(InlineSite { moved: true, ..p });
+        } else {
+            let gate = points.gate.and_then(|(at, condition)| Some((code(&at).ok()?, condition)));
+            stepped.push((first, gate));
+        }
+    }
+    // Else at the jump that alone leads into the copy, where one does and
+    // the kernel emulates it (a jump is emulated where it can be probed at
+    // all), unless another copy starts there or is probed there: one
+    // probe, one copy.
+    let mut taken: HashSet<u64> = sites.iter().map(|s| s.offset).chain(stepped.iter().map(|(s, _)| s.offset)).collect();
+    for (first, gate) in stepped {
+        let gated = gate.filter(|(site, _)| site.emulated && taken.insert(site.offset));
+        sites.push(gated.map_or(first, |(site, condition)| InlineSite { moved: true, gate: Some(condition), ..site }));
     }
     sites.sort_unstable_by_key(|s| s.offset);
     sites.dedup_by_key(|s| s.offset);

@@ -128,6 +128,10 @@ pub struct InlineSite {
     /// Where single-stepped, why it is not moved to an emulated
     /// instruction.
     pub stay: Option<Stay>,
+    /// Where probed at the conditional jump that alone leads into the copy
+    /// (see [`crate::discover::line::Gate`]): the condition under which the
+    /// jump goes into it, which the program checks.
+    pub gate: Option<u8>,
 }
 
 /// The interpreter image to plan for.

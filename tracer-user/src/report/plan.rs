@@ -28,6 +28,13 @@ fn inlined_copies(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()
             p.inline_sites_moved,
             p.inline_sites_single_stepped,
         )?;
+        if p.inline_sites_gated > 0 {
+            writeln!(
+                out,
+                "  {:<20}   {} of the moved at the conditional jump into the copy (none of its own instructions is emulated): counted where the jump goes into it",
+                "", p.inline_sites_gated
+            )?;
+        }
         for (why, n) in &p.inline_sites_stepped_why {
             writeln!(out, "  {:<20}   {n} single-stepped: {why}", "")?;
         }

@@ -275,7 +275,8 @@ impl Code<'_> {
         // The instructions after the read, while each is reached from the
         // read alone, with the size and object followed there.
         let (later, end) = crate::discover::line::follow(&read, |a| self.at(a), &self.targets);
-        GuardSite { read, later, end }
+        let gate = crate::discover::line::gate(&read, &self.targets);
+        GuardSite { read, later, end, gate }
     }
 }
 

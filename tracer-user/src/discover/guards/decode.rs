@@ -67,13 +67,15 @@ impl<'a> Code<'a> {
             .map(Instruction::ip_rel_memory_address)
             .collect();
         let mut targets = std::mem::take(&mut code.targets.0);
-        Arc::make_mut(&mut targets).extend(crate::discover::landings::in_data(&file, &ranges, &leas));
+        let data: HashSet<u64> = crate::discover::landings::in_data(&file, &ranges, &leas).into_iter().collect();
+        let gates = crate::discover::line::gates(&code.instructions, &targets, &data, &code.unsynced);
+        Arc::make_mut(&mut targets).extend(data);
         let imports: Vec<(u64, u64)> = [".got", ".got.plt"]
             .iter()
             .filter_map(|name| file.section_by_name(name))
             .map(|s| (s.address(), s.address().saturating_add(s.size())))
             .collect();
-        code.targets = Landings(targets, Arc::new(imports));
+        code.targets = Landings(targets, Arc::new(imports), Arc::new(gates));
         Ok(code)
     }
 
@@ -125,7 +127,7 @@ impl<'a> Code<'a> {
         Self {
             sections,
             instructions,
-            targets: Landings(Arc::new(targets), Arc::default()),
+            targets: Landings(Arc::new(targets), Arc::default(), Arc::default()),
             symbols: HashMap::new(),
             ranges: Vec::new(),
             data: HashMap::new(),

@@ -83,6 +83,9 @@ pub struct GuardSite {
     pub later: Vec<InlineEntry>,
     /// Why the line ends where it does.
     pub end: LineEnd,
+    /// The conditional jump that alone leads into the read, and the
+    /// condition under which it does (see [`line::gate`](crate::discover::line::gate)).
+    pub gate: Option<(InlineEntry, u8)>,
 }
 
 /// Where the two routes to a function's copies disagree: the DWARF's

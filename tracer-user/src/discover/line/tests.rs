@@ -20,7 +20,7 @@ fn line(
     };
     // An import slot 0x10 past the end of the code below.
     let imports = vec![(AT + 0x16, AT + 0x1e)];
-    let landings = Landings(Arc::new(landings.iter().copied().collect()), Arc::new(imports));
+    let landings = Landings(Arc::new(landings.iter().copied().collect()), Arc::new(imports), Arc::default());
     follow(&InlineEntry { address: AT, size, object, returned: false }, decode, &landings)
 }
 
@@ -158,4 +158,47 @@ fn a_direct_call_or_one_through_a_static_slot_ends_the_line() {
     // goes on.
     let (points, end) = line(&[0xff, 0x15, 0x20, 0, 0, 0, 0xeb, 0], None, None, &[]);
     assert!(points.len() == 1 && end == LineEnd::Branch, "{points:?} {end:?}");
+}
+
+/// The gates of `code` (at [`AT`]), with `data` naming addresses.
+fn gates_of(code: &[u8], data: &[u64]) -> HashMap<u64, Gate> {
+    let mut decoder = Decoder::with_ip(64, code, AT, DecoderOptions::NONE);
+    let instructions: Vec<Instruction> =
+        std::iter::from_fn(|| decoder.can_decode().then(|| decoder.decode())).collect();
+    let direct: HashSet<u64> = instructions
+        .iter()
+        .filter(|i| matches!(i.flow_control(), FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch))
+        .map(Instruction::near_branch_target)
+        .collect();
+    let data: HashSet<u64> = data.iter().copied().collect();
+    gates(&instructions, &direct, &data, &[])
+}
+
+// subq $1,(%rbx); jne +10; mov 8(%rbx),%rax; mov %rbx,%rdi; call *0x30(%rax); ret
+const DECREF: &[u8] = &[0x48, 0x83, 0x2b, 1, 0x75, 0x0a, 0x48, 0x8b, 0x43, 8, 0x48, 0x89, 0xdf, 0xff, 0x50, 0x30, 0xc3];
+
+#[test]
+fn a_copy_after_a_jump_that_falls_into_it_is_gated_on_the_jump_not_taken() {
+    let gates = gates_of(DECREF, &[]);
+    // jne is condition 5; the copy runs where it does not jump: e (4).
+    assert_eq!(gates.get(&(AT + 6)), Some(&Gate { jump: AT + 4, condition: 4 }), "{gates:?}");
+    // The jne's target is also the call's return: the instruction before it
+    // falls into it.
+    assert_eq!(gates.get(&(AT + 16)), None, "{gates:?}");
+    let start = InlineEntry { address: AT + 6, size: None, object: Some((reg(RBX), 0)), returned: false };
+    let landings = Landings(Arc::default(), Arc::default(), Arc::new(gates));
+    let (point, condition) = gate(&start, &landings).expect("a gate");
+    assert_eq!((point.address, point.object, condition), (AT + 4, start.object, 4));
+}
+
+// test $1,%al; je +6; jmp *0(%rip); mov 0(%rip),%rdi; jmp *0(%rip)
+const TAIL: &[u8] = &[0xa8, 1, 0x74, 6, 0xff, 0x25, 0, 0, 0, 0, 0x48, 0x8b, 0x3d, 0, 0, 0, 0, 0xff, 0x25, 0, 0, 0, 0];
+
+#[test]
+fn a_copy_one_jump_alone_lands_on_is_gated_on_the_jump_taken() {
+    let gates = gates_of(TAIL, &[]);
+    assert_eq!(gates.get(&(AT + 10)), Some(&Gate { jump: AT + 2, condition: 4 }), "{gates:?}");
+    assert_eq!(gates.get(&(AT + 4)), Some(&Gate { jump: AT + 2, condition: 5 }), "{gates:?}");
+    // Named by data (a jump table's entry), it has other ways in.
+    assert_eq!(gates_of(TAIL, &[AT + 10]).get(&(AT + 10)), None);
 }
