@@ -53,6 +53,13 @@ pub fn only_target() -> Result<u32, Stat> {
 #[inline(always)]
 pub fn bump<C: EbpfContext>(ctx: &C, stat: Stat) {
     warn!(ctx, "miss: {}", stat.name());
+    tally(stat);
+}
+
+/// Counts a miss where no context is at hand to log it with (a step that
+/// goes on after it: its result is the event's, not the miss's).
+#[inline(always)]
+pub fn tally(stat: Stat) {
     if let Some(value) = STATS.get_ptr_mut(stat as u32) {
         // SAFETY: a valid pointer to this CPU's u64 slot of the array.
         unsafe { atomic_add(value, 1) };

@@ -126,8 +126,11 @@ fn predict_pool(tgid: u32, p: &Pymalloc, frame: &Frame) -> u64 {
     }
     // Its walk comes after this entry, in the same program or at the
     // counting probe's, and gives the block its site (`give_walk`): only
-    // a block the table had no room for is no prediction.
+    // a block the table had no room for is no prediction, and its miss is
+    // counted here, since the call goes on (`LiveNoStack` is no miss yet:
+    // the walk is still to come).
     if matches!(put(tgid, freeblock, frame), Err(Stat::LiveFull)) {
+        crate::common::tally(Stat::LiveFull);
         return 0;
     }
     freeblock
