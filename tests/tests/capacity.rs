@@ -129,16 +129,15 @@ const FRAME_DEPTH: u64 = 8;
 const FULL_MAPS: &str = "TRACER_TEST_FULL_MAPS";
 
 /// `tracer attach --exact --pid PID ARGS` with `full` loaded full, around
-/// `n` iterations of `body` (ended by `os._exit`): with `--json`, the
-/// summary; else the table, as one string.
-fn with_full_maps(full: &str, n: u64, body: Body, args: &[&str]) -> Value {
+/// `n` iterations of `body` (ended by `os._exit`): tracer, attached, once
+/// the workload is gone.
+fn full_run(full: &str, n: u64, body: Body, args: &[&str]) -> TracerRun {
     let python = shared_python();
     let mut workload = Workload::once(&python, n, body, Exit::Immediate, Aslr::On);
     workload.wait_blocked_on_stdin();
     let pid = workload.pid().to_string();
     let mut all = vec!["attach", "--exact", "--pid", &pid, "--interval", "3600"];
     all.extend_from_slice(args);
-    let json = args.contains(&"--json");
     let tracer = TracerRun::start_env(&all, &[(FULL_MAPS, full)]);
     // --native-stacks reads every module's unwind tables first: about 20 s
     // alone in a debug build, more beside the other tests.
@@ -146,7 +145,14 @@ fn with_full_maps(full: &str, n: u64, body: Body, args: &[&str]) -> Value {
     assert!(first.is_some(), "tracer ended before attaching with {FULL_MAPS}={full}: {:?}", tracer.finish().2);
     workload.go();
     workload.finish();
-    if json {
+    tracer
+}
+
+/// [`full_run`]: with `--json`, the summary; else the table, as one
+/// string.
+fn with_full_maps(full: &str, n: u64, body: Body, args: &[&str]) -> Value {
+    let tracer = full_run(full, n, body, args);
+    if args.contains(&"--json") {
         return tracer.summary();
     }
     let table = tracer.stdout.rest("the table").join("\n");
@@ -411,4 +417,81 @@ fn native_stacks_past_their_depth_are_counted_in_native_truncated() {
         summary["stacks"].as_array().expect("stacks").iter().filter(|s| s["native_end"] == "cut at 64 native frames");
     let cut_calls: u64 = cut.map(|s| s["calls"].as_u64().expect("calls")).sum();
     assert!(cut_calls >= 2 * N, "{}", summary["stacks"]);
+}
+
+/// `--returns` with its map of returns full (`RETURNS`): each allocating
+/// function's return finds no room and is counted in `map_full`, while
+/// every call is still counted (the counters are not full). The objects
+/// body's allocators return three times an iteration (a
+/// `PyObject_Malloc`, a `PyObject_Realloc`, a `PyMem_RawMalloc`:
+/// tests/tests/exact_counts.rs pins them): exactly 3N more, and no probe
+/// has a return counted.
+#[test]
+fn returns_that_find_their_map_full_are_counted_in_map_full() {
+    require_root();
+    let [one, two] = [N, 2 * N].map(|n| with_full_maps("RETURNS", n, Body::Objects, &["--json", "--returns"]));
+    let calls = |s: &Value, name: &str| s["probes"][name]["calls"].as_u64().unwrap_or_else(|| panic!("{name}: {s}"));
+    for summary in [&one, &two] {
+        only_miss(summary, "map_full");
+        for (name, probe) in summary["probes"].as_object().expect("probes") {
+            let returns = probe["returned"]["returns"].as_u64().unwrap_or(0);
+            assert_eq!(returns, 0, "{name} counted a return with its map full: {probe}");
+        }
+    }
+    assert_eq!(stat(&two, "map_full") - stat(&one, "map_full"), 3 * N, "{}\n{}", one["stats"], two["stats"]);
+    assert_eq!(calls(&two, "PyObject_Malloc") - calls(&one, "PyObject_Malloc"), N);
+}
+
+/// `--stacks` with the map of stacks (`STACKS`), or the map of their
+/// counts (`STACK_COUNTS`), full: every event walked is counted, under no
+/// stack, and in `stacks_full`; N more iterations, exactly as many more
+/// `stacks_full` as events walked more, and none counted under a stack.
+#[test]
+fn stacks_that_find_either_map_full_are_counted_in_stacks_full() {
+    require_root();
+    for full in ["STACKS", "STACK_COUNTS"] {
+        let [one, two] = [N, 2 * N].map(|n| with_full_maps(full, n, Body::Objects, &["--json", "--stacks"]));
+        let events = |s: &Value| s["stack_coverage"]["events"].as_u64().unwrap_or_else(|| panic!("{s}"));
+        for summary in [&one, &two] {
+            only_miss(summary, "stacks_full");
+            assert_eq!(summary["stack_coverage"]["stacked"], 0, "{full}: {}", summary["stack_coverage"]);
+            assert_eq!(summary["stacks"].as_array().map_or(0, Vec::len), 0, "{full}: {}", summary["stacks"]);
+        }
+        assert!(events(&two) - events(&one) >= N, "{full}: {} then {}", events(&one), events(&two));
+        assert_eq!(
+            stat(&two, "stacks_full") - stat(&one, "stacks_full"),
+            events(&two) - events(&one),
+            "{full}: {}\n{}",
+            one["stats"],
+            two["stats"]
+        );
+    }
+}
+
+/// `--native-stacks` with the map of executable pages full
+/// (`NATIVE_PAGES`): tracer cannot tell the unwinder where the target's
+/// code is, says so in a note, and every event counted under a Python
+/// stack stops unwinding at its first pc, in no known mapping
+/// (`native_no_mapping`): no stack has a native frame in a known module.
+#[test]
+fn native_pages_that_find_their_map_full_leave_events_without_native_frames() {
+    require_root();
+    let (status, lines, stderr) = full_run("NATIVE_PAGES", N, Body::Objects, &["--json", "--native-stacks"]).finish();
+    assert!(status.success(), "{status}: {stderr}");
+    let note = lines
+        .iter()
+        .find(|l| l["type"] == "note" && l["code"] == "no_native_stacks")
+        .unwrap_or_else(|| panic!("no note: {lines:?}"));
+    let message = note["message"].as_str().expect("message");
+    assert!(message.contains("BPF map NATIVE_PAGES is full"), "{message}");
+    let summary = lines.last().expect("a summary");
+    let stacked = summary["stack_coverage"]["stacked"].as_u64().unwrap_or_else(|| panic!("{summary}"));
+    assert!(stacked >= 4 * N, "{}", summary["stack_coverage"]);
+    assert_eq!(stat(summary, "native_no_mapping"), stacked, "{}", summary["stats"]);
+    for s in summary["stacks"].as_array().expect("stacks") {
+        let native = s["native"].as_array().map_or(&[][..], Vec::as_slice);
+        assert!(native.len() <= 1 && native.iter().all(|f| f["module"] == "?"), "frames with no pages known: {s}");
+        let end = s["native_end"].as_str().unwrap_or_default();
+        assert!(end.starts_with("at a pc in no file tracer knows"), "{s}");
+    }
 }

@@ -22,7 +22,7 @@ pub enum AttachError {
     ProgramLoad { name: &'static str, cause: Box<aya::programs::ProgramError> },
     #[error("cannot read the kernel's statistics of BPF program {name}: {cause}")]
     ProgramInfo { name: &'static str, cause: std::io::Error },
-    #[error("BPF map {name} is missing or has the wrong type: {cause}")]
+    #[error("BPF map {name} {}", map_trouble(cause))]
     Map { name: &'static str, cause: Box<aya::maps::MapError> },
     #[error(
         "cannot attach a uprobe to {symbol} in {path} for PID {pid}: {}{}",
@@ -97,5 +97,19 @@ mod tests {
     fn only_an_exited_target_is_bad_input() {
         assert_eq!(Failure::from(AttachError::TargetExited { pid: 7 }).exit_status(), EXIT_BAD_INPUT);
         assert_eq!(Failure::from(AttachError::Log("x".into())).exit_status(), EXIT_FAILURE);
+    }
+}
+
+/// What went wrong with a map, in words: a hash map that refuses a new
+/// entry is full (the kernel says `E2BIG`); else aya's own words.
+fn map_trouble(cause: &aya::maps::MapError) -> String {
+    match cause {
+        aya::maps::MapError::SyscallError(e) if e.io_error.raw_os_error() == Some(libc::E2BIG) => {
+            format!("is full: no room for another entry ({e})")
+        }
+        aya::maps::MapError::InvalidMapType { .. } | aya::maps::MapError::InvalidName { .. } => {
+            format!("is missing or has the wrong type: {cause}")
+        }
+        _ => format!("failed: {cause}"),
     }
 }

@@ -159,7 +159,11 @@ impl Session {
         let mut stacks = Vec::new();
         for entry in &self.stack_counts {
             let (key, per_cpu) = entry.map_err(map_err(names::STACK_COUNTS_MAP))?;
-            stacks.push((key, per_cpu.iter().fold(Counter::default(), |sum, c| sum.merged(*c))));
+            // Process 0 is the idle task, which no event comes from: only
+            // the test knob's placeholder (`kernel::full`) has it.
+            if key.tgid != 0 {
+                stacks.push((key, per_cpu.iter().fold(Counter::default(), |sum, c| sum.merged(*c))));
+            }
         }
         let mut stats = Vec::with_capacity(Stat::ALL.len());
         for index in 0..STAT_COUNT {
