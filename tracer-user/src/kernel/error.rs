@@ -88,18 +88,6 @@ fn refused_hint(cause: &(dyn std::error::Error + 'static)) -> &'static str {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::error::{EXIT_BAD_INPUT, EXIT_FAILURE, Failure};
-
-    #[test]
-    fn only_an_exited_target_is_bad_input() {
-        assert_eq!(Failure::from(AttachError::TargetExited { pid: 7 }).exit_status(), EXIT_BAD_INPUT);
-        assert_eq!(Failure::from(AttachError::Log("x".into())).exit_status(), EXIT_FAILURE);
-    }
-}
-
 /// What went wrong with a map, in words: a hash map that refuses a new
 /// entry is full (the kernel says `E2BIG`); else aya's own words.
 fn map_trouble(cause: &aya::maps::MapError) -> String {
@@ -111,5 +99,17 @@ fn map_trouble(cause: &aya::maps::MapError) -> String {
             format!("is missing or has the wrong type: {cause}")
         }
         _ => format!("failed: {cause}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::{EXIT_BAD_INPUT, EXIT_FAILURE, Failure};
+
+    #[test]
+    fn only_an_exited_target_is_bad_input() {
+        assert_eq!(Failure::from(AttachError::TargetExited { pid: 7 }).exit_status(), EXIT_BAD_INPUT);
+        assert_eq!(Failure::from(AttachError::Log("x".into())).exit_status(), EXIT_FAILURE);
     }
 }
