@@ -495,3 +495,18 @@ fn native_pages_that_find_their_map_full_leave_events_without_native_frames() {
         assert!(end.starts_with("at a pc in no file tracer knows"), "{s}");
     }
 }
+
+/// `--growth` with the map of stacks full (`STACKS`): every sampled
+/// pool's and libc growth's walk finds no room for its stack and is counted
+/// in `takes.walk_failed`, exactly as many as were sampled; the samples
+/// are kept, under no stack.
+#[test]
+fn growth_walks_that_find_the_stacks_full_are_counted_as_failed() {
+    require_root();
+    let g = growth_with_full("STACKS");
+    let t = &g["takes"];
+    let field = |name: &str| t[name].as_u64().unwrap_or(0);
+    let sampled = field("sampled") + field("grown_sampled");
+    assert!(sampled > 0 && field("walk_failed") == sampled, "{t}");
+    assert_eq!(field("lost") + field("grown_lost"), 0, "{t}");
+}

@@ -393,6 +393,12 @@ impl Growth {
                 tracer_common::growth::DEFAULT_MAPPED_ENTRIES
             ));
         }
+        let missed = counts.mapped_missed.max(self.counts_before.mapped_missed);
+        if missed > 0 {
+            caveats.push(format!(
+                "{missed} of the target's mapping calls could not be judged (their arguments or outcome unread, or a call in flight at the attach): the C library's heap figures may lack their growths (takes.mapped_missed)"
+            ));
+        }
         Report {
             estimate: true,
             sample_every: self.every,
