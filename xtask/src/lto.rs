@@ -39,7 +39,10 @@ const STATEMENTS: [(&str, &str, &str); 2] = [
     ("empty list", "pass", "[]"),
 ];
 
-const SETUPS: [&str; 4] = ["baseline", "tracer", "bpftrace", "tracemalloc25"];
+/// The setups, in the order of the tables' rows. `empty` is the program
+/// that does nothing at tracer's very sites (`TRACER_BENCH_PROGRAM=empty`):
+/// the kernel's floor there.
+const SETUPS: [&str; 5] = ["baseline", "tracer", "bpftrace", "tracemalloc25", "empty"];
 
 /// One harness process.
 pub(crate) struct Harness {
@@ -175,6 +178,7 @@ struct Sites {
     total: u64,
     inline: u64,
     inline_emulated: u64,
+    inline_gated: u64,
     entries_emulated: u64,
 }
 
@@ -187,24 +191,32 @@ fn sites(tracer: &Path, pid: u32) -> anyhow::Result<Sites> {
         bail!("tracer probes --pid failed: {}", String::from_utf8_lossy(&out.stderr).trim());
     }
     let v: Value = serde_json::from_slice(&out.stdout).context("tracer probes --json")?;
-    let mut s = Sites { probes: Vec::new(), total: 0, inline: 0, inline_emulated: 0, entries_emulated: 0 };
+    let mut s =
+        Sites { probes: Vec::new(), total: 0, inline: 0, inline_emulated: 0, inline_gated: 0, entries_emulated: 0 };
     for p in v["probes"].as_array().into_iter().flatten() {
         s.probes.push(p["symbol"].as_str().unwrap_or("?").to_owned());
         let c = &p["coverage"];
         s.total += 1 + c["inlined_probed"].as_u64().unwrap_or(0) + c["call_sites"].as_u64().unwrap_or(0);
         s.inline += p["inline_sites"].as_array().map_or(0, |a| a.len() as u64);
         s.inline_emulated += p["inline_sites_emulated"].as_u64().unwrap_or(0);
+        s.inline_gated += p["inline_sites_gated"].as_u64().unwrap_or(0);
         s.entries_emulated += u64::from(p["emulated"].as_bool() == Some(true));
     }
     Ok(s)
 }
 
-/// Starts `tracer attach --pid PID --json --interval 3600` and waits for its
-/// `attached` line; returns the child, the time it took and that line.
-fn attach(tracer: &Path, pid: u32) -> anyhow::Result<(Child, Duration, Lines<BufReader<ChildStdout>>, Value)> {
+/// Starts `tracer attach --pid PID --json --interval 3600` (with `env`) and
+/// waits for its `attached` line; returns the child, the time it took and
+/// that line.
+fn attach(
+    tracer: &Path,
+    pid: u32,
+    env: &[(&str, &str)],
+) -> anyhow::Result<(Child, Duration, Lines<BufReader<ChildStdout>>, Value)> {
     let start = Instant::now();
     let mut child = Command::new(tracer)
         .args(["attach", "--exact", "--pid", &pid.to_string(), "--json", "--interval", "3600"])
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -219,13 +231,16 @@ fn attach(tracer: &Path, pid: u32) -> anyhow::Result<(Child, Duration, Lines<Buf
     Ok((child, took, lines, v))
 }
 
-/// Stops a `tracer attach` and sums the calls of its summary.
+/// Stops a `tracer attach` and sums its summary's hits: the calls, and the
+/// passes through gates that went elsewhere (`gate_other`), which hit the
+/// probe as well.
 fn detach(mut child: Child, lines: Lines<BufReader<ChildStdout>>) -> anyhow::Result<u64> {
     interrupt(&child);
     let last = lines.map_while(Result::ok).last().context("tracer attach printed no summary")?;
     child.wait()?;
     let v: Value = serde_json::from_str(&last)?;
-    Ok(v["probes"].as_object().map_or(0, |p| p.values().filter_map(|x| x["calls"].as_u64()).sum()))
+    let calls: u64 = v["probes"].as_object().map_or(0, |p| p.values().filter_map(|x| x["calls"].as_u64()).sum());
+    Ok(calls + v["stats"]["gate_other"].as_u64().unwrap_or(0))
 }
 
 /// Sites probed by an `attached` line: 1 + inlined copies probed + call
@@ -268,7 +283,7 @@ fn bpftrace_counts(text: &str) -> u64 {
     text.lines().filter(|l| l.starts_with("@[")).filter_map(|l| l.rsplit(": ").next()?.trim().parse::<u64>().ok()).sum()
 }
 
-/// One statement on one build, all four setups in `rounds` rotated rounds.
+/// One statement on one build, every setup in `rounds` rotated rounds.
 fn measure_statement(
     tracer: &Path,
     (root, python): (Option<&str>, &str),
@@ -287,8 +302,15 @@ fn measure_statement(
             match SETUPS[i] {
                 "baseline" => series[i].means.push(plain.measure(target, values)?.0),
                 "tracemalloc25" => series[i].means.push(with_tracemalloc.measure(target, values)?.0),
+                "empty" => {
+                    let (child, _, lines, _) = attach(tracer, plain.pid(), &[("TRACER_BENCH_PROGRAM", "empty")])?;
+                    let (mean, loops) = plain.measure(target, values)?;
+                    detach(child, lines)?;
+                    series[i].means.push(mean);
+                    series[i].loops += loops;
+                }
                 "tracer" => {
-                    let (child, _, lines, _) = attach(tracer, plain.pid())?;
+                    let (child, _, lines, _) = attach(tracer, plain.pid(), &[])?;
                     let (mean, loops) = plain.measure(target, values)?;
                     let hits = detach(child, lines)?;
                     series[i].means.push(mean);
@@ -343,7 +365,7 @@ pub fn lto_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow::Resu
     let load = crate::markdown::Load::now();
     install_harness()?;
     let mut site_table = String::from(
-        "| build | probes | sites | inlined copies | emulated | single-stepped | out-of-line entries placed on an emulated instruction |\n|---|---|---|---|---|---|---|\n",
+        "| build | probes | sites | inlined copies | emulated | of those at their gate | single-stepped | out-of-line entries placed on an emulated instruction |\n|---|---|---|---|---|---|---|---|\n",
     );
     let mut live_table =
         String::from("| build | sites live | start to `attached`, each run | median |\n|---|---|---|---|\n");
@@ -357,11 +379,12 @@ pub fn lto_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow::Resu
         let s = sites(tracer, idle.pid())?;
         writeln!(
             site_table,
-            "| {build} | {} | {} | {} | {} | {} | {} of {} |",
+            "| {build} | {} | {} | {} | {} | {} | {} | {} of {} |",
             s.probes.len(),
             s.total,
             s.inline,
             s.inline_emulated,
+            s.inline_gated,
             s.inline - s.inline_emulated,
             s.entries_emulated,
             s.probes.len()
@@ -370,7 +393,7 @@ pub fn lto_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow::Resu
         let mut live = 0;
         for run in 0..live_runs {
             eprintln!("xtask: lto {python}: time to live, run {}", run + 1);
-            let (child, took, lines, v) = attach(tracer, idle.pid())?;
+            let (child, took, lines, v) = attach(tracer, idle.pid(), &[])?;
             live = attached_sites(&v);
             detach(child, lines)?;
             times.push(took.as_secs_f64());
@@ -399,13 +422,16 @@ pub fn lto_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow::Resu
                 "tracer attached (all sites)",
                 "bpftrace at the entries (out-of-line copies only)",
                 "PYTHONTRACEMALLOC=25 (its own process)",
+                "an empty BPF program at tracer's sites (the kernel's floor there)",
             ];
             for (i, ser) in series.iter().enumerate() {
                 let m = ser.mean();
                 let (vs, hits, per_hit) = if i == 0 {
                     ("1.00x".to_owned(), "—".to_owned(), "—".to_owned())
                 } else {
-                    let hpl = ser.hits_per_loop();
+                    // The empty program counts nothing: its hits are
+                    // tracer's, at the same sites.
+                    let hpl = if SETUPS[i] == "empty" { series[1].hits_per_loop() } else { ser.hits_per_loop() };
                     let per_hit = hpl
                         .filter(|h| *h >= 0.5)
                         .map_or_else(|| "—".to_owned(), |h| format!("{:.0} ns", (m - base) / h * 1e9));
@@ -422,14 +448,16 @@ pub fn lto_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow::Resu
             let added = |i: usize| series[i].mean() - base;
             writeln!(
                 cost_tables,
-                "\ntracer adds {} per loop, bpftrace {} (seeing {} of tracer's hits), tracemalloc {}.\n",
+                "\ntracer adds {} per loop, bpftrace {} (seeing {} of tracer's hits), tracemalloc {}; the empty program at tracer's sites {}: tracer costs {} times the floor at its sites.\n",
                 fmt_s(added(1)),
                 fmt_s(added(2)),
                 match (series[2].hits_per_loop(), series[1].hits_per_loop()) {
                     (Some(b), Some(t)) if t > 0.0 => format!("{:.0}%", b / t * 100.0),
                     _ => "?".to_owned(),
                 },
-                fmt_s(added(3))
+                fmt_s(added(3)),
+                fmt_s(added(4)),
+                if added(4) > 0.0 { format!("{:.2}", added(1) / added(4)) } else { "?".to_owned() }
             )?;
         }
     }
@@ -454,7 +482,8 @@ pub fn lto_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow::Resu
         "PID is a harness process of the build. Sites = per probe, 1 (the out-of-line function) + \
          `coverage.inlined_probed` + `coverage.call_sites`. Of the inlined copies (`inline_sites`), \
          `inline_sites_emulated` are probed at an instruction the kernel emulates (mostly a conditional \
-         jump); the rest are single-stepped. The last column counts the out-of-line functions whose \
+         jump, or the conditional jump into the copy: `inline_sites_gated`, docs/probes.md); the rest \
+         are single-stepped. The last column counts the out-of-line functions whose \
          probe is on an emulated instruction (`emulated`).\n"
     )?;
     writeln!(md, "{site_table}")?;
@@ -471,17 +500,21 @@ pub fn lto_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow::Resu
     writeln!(
         md,
         "Two harness processes per statement: one for nothing attached, tracer and bpftrace, one \
-         started with PYTHONTRACEMALLOC=25. {rounds} rounds, each visiting the four setups in a \
+         started with PYTHONTRACEMALLOC=25. {rounds} rounds, each visiting the five setups in a \
          rotated order; a visit calibrates the loop count to about {:.0} ms and takes the mean of \
          {values} timings. tracer and bpftrace are started for a visit and stopped with SIGINT after \
          it; their counts over the visit's loops give the hits per loop (the harness's own few reads \
-         and prints included). Cost per hit = (mean − baseline mean) / hits per loop; bpftrace sees \
-         only the calls of the out-of-line functions, so its hits are fewer.\n",
+         and prints included; tracer's count its gates' passes that went elsewhere, `gate_other`). \
+         Cost per hit = (mean − baseline mean) / hits per loop; bpftrace sees only the calls of the \
+         out-of-line functions, so its hits are fewer. The empty program is tracer's attach with \
+         `TRACER_BENCH_PROGRAM=empty` (a bench-only knob): every site tracer probes gets the program \
+         that does nothing, so it is hit as often as tracer, and its cost per hit divides by tracer's \
+         hits per loop.\n",
         target * 1e3
     )?;
     writeln!(
         md,
-        "```\n{}\nPYTHONTRACEMALLOC=25 {}\nsudo tracer attach --pid PID --json --interval 3600\nsudo bpftrace -e 'uprobe:IMAGE:_Py_NewReference,uprobe:IMAGE:_Py_Dealloc,… /pid == PID/ {{ @[probe] = count(); }}'\n```\n",
+        "```\n{}\nPYTHONTRACEMALLOC=25 {}\nsudo tracer attach --pid PID --json --interval 3600\nsudo TRACER_BENCH_PROGRAM=empty tracer attach --pid PID --json --interval 3600\nsudo bpftrace -e 'uprobe:IMAGE:_Py_NewReference,uprobe:IMAGE:_Py_Dealloc,… /pid == PID/ {{ @[probe] = count(); }}'\n```\n",
         harness_command(None, "/usr/bin/python3.11"),
         harness_command(Some(FORKY), "/usr/bin/python3.14")
     )?;

@@ -66,7 +66,8 @@ impl<'a> Options<'a> {
             probes: &config.probes,
             planning: Planning {
                 placement: config.placement,
-                program: None,
+                // Checked by `prepare`, which can fail.
+                program: planning::bench_program().unwrap_or(None),
                 returns: config.returns,
                 inlined: config.inlined,
                 types: config.types,
@@ -144,6 +145,8 @@ pub enum PrepareError {
     Libc(#[from] LibcError),
     #[error(transparent)]
     Gc(#[from] GcPlanError),
+    #[error("{0}")]
+    BenchKnob(String),
 }
 
 impl Classify for PrepareError {
@@ -157,6 +160,7 @@ impl Classify for PrepareError {
             Self::Plan(e) => e.is_bad_input(),
             Self::Libc(e) => e.is_bad_input(),
             Self::Gc(e) => e.is_bad_input(),
+            Self::BenchKnob(_) => true,
         }
     }
 }
@@ -165,6 +169,7 @@ impl Classify for PrepareError {
 /// and GC probes, touching nothing of the target.
 pub fn prepare(target: &TargetSpec, options: &Options<'_>) -> Result<Prepared, PrepareError> {
     let planning = options.planning;
+    planning::bench_program().map_err(PrepareError::BenchKnob)?;
     // The child calibration times is tracer's own; loading its probes
     // takes the privileges an attach does.
     let calibration = if options.hit_costs || planning.reads_returns() {

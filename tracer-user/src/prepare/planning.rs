@@ -7,6 +7,25 @@ use crate::{
     probe::{ProbeSpec, Program},
 };
 
+/// Bench-only: `TRACER_BENCH_PROGRAM=empty` makes `tracer attach` put the
+/// program that does nothing at every site it plans, the kernel's floor at
+/// those very sites (`cargo xtask bench`'s LTO section); it then counts
+/// nothing. Not for production.
+pub const BENCH_PROGRAM: &str = "TRACER_BENCH_PROGRAM";
+
+/// The program [`BENCH_PROGRAM`] puts at every site, if set; `Err` where it
+/// names none.
+pub fn bench_program() -> Result<Option<Program>, String> {
+    match std::env::var_os(BENCH_PROGRAM) {
+        None => Ok(None),
+        Some(v) if v == "empty" => Ok(Some(Program::Empty)),
+        Some(v) => Err(format!(
+            "{BENCH_PROGRAM}={} (a bench-only knob) names no program tracer knows; the one it takes is empty",
+            v.to_string_lossy()
+        )),
+    }
+}
+
 /// How to plan probes: what is asked, before calibration says what
 /// reading a return value costs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
