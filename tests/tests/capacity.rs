@@ -309,14 +309,19 @@ fn calls_that_find_their_stack_full_are_counted_in_live_pending_full() {
 /// tests/tests/growth.rs) under `tracer attach --json --growth` with the
 /// map `full` loaded full: the summary's growth.
 fn growth_with_full(full: &str) -> Value {
+    growth_run("300", &[(FULL_MAPS, full)], &[])
+}
+
+/// growth.py's one-shape run of `pairs` grow/churn pairs under `tracer
+/// attach --json --growth ARGS` with `env`: the summary's growth.
+fn growth_run(pairs: &str, env: &[(&str, &str)], args: &[&str]) -> Value {
     let python = shared_python();
-    let mut workload = Workload::script(None, python.to_str().unwrap(), "growth.py", &["one", "300", "1000"]);
+    let mut workload = Workload::script(None, python.to_str().unwrap(), "growth.py", &["one", pairs, "1000"]);
     workload.wait_blocked_on_stdin();
     let pid = workload.pid().to_string();
-    let tracer = TracerRun::start_env(
-        &["attach", "--json", "--pid", &pid, "--interval", "3600", "--growth"],
-        &[(FULL_MAPS, full)],
-    );
+    let mut all = vec!["attach", "--json", "--pid", &pid, "--interval", "3600", "--growth"];
+    all.extend_from_slice(args);
+    let tracer = TracerRun::start_env(&all, env);
     assert!(tracer.stdout.next_line("the attached line").is_some(), "{:?}", tracer.finish().2);
     workload.go();
     workload.expect("done");
@@ -509,4 +514,20 @@ fn growth_walks_that_find_the_stacks_full_are_counted_as_failed() {
     let sampled = field("sampled") + field("grown_sampled");
     assert!(sampled > 0 && field("walk_failed") == sampled, "{t}");
     assert_eq!(field("lost") + field("grown_lost"), 0, "{t}");
+}
+
+/// `--growth` with its walks cut at one frame (`--stacks --depth 1`;
+/// growth.py takes its pools in `grow` and `churn`, called from the
+/// module: two frames): every sampled pool's and libc growth's walk is
+/// counted in `takes.truncated`, exactly as many as were sampled. 30
+/// pairs: `--stacks` traces every event too.
+#[test]
+fn growth_walks_past_their_depth_are_counted_as_truncated() {
+    require_root();
+    let g = growth_run("30", &[], &["--stacks", "--depth", "1"]);
+    let t = &g["takes"];
+    let field = |name: &str| t[name].as_u64().unwrap_or(0);
+    let sampled = field("sampled") + field("grown_sampled");
+    assert!(sampled > 0 && field("truncated") == sampled, "{t}");
+    assert_eq!(field("walk_failed"), 0, "{t}");
 }
