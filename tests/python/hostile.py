@@ -18,7 +18,7 @@ import threading
 import time
 
 N = 20_000
-LONG = 10_000
+LONG = 70_000
 BATCH = 100
 NAME = "Evil\x1b[31mRED\u202eevil\u2066" + "x" * LONG
 

@@ -1,5 +1,6 @@
 //! A hostile target: tests/python/hostile.py names a class with an ANSI
-//! colour escape, a right-to-left override and 10,000 more characters, and
+//! colour escape, a right-to-left override and 70,000 more characters (past
+//! the 2^16 a string read once stopped at), and
 //! holds instances of it. What tracer prints of that name must reach a
 //! terminal escaped and bounded; its JSON keeps the name raw but bounded.
 
@@ -10,7 +11,7 @@ use tracer_tests::{Workload, require_root, run_tracer, shared_python};
 
 /// As tests/python/hostile.py.
 const N: u64 = 20_000;
-const LONG: usize = 10_000;
+const LONG: usize = 70_000;
 fn name() -> String {
     format!("Evil\x1b[31mRED\u{202e}evil\u{2066}{}", "x".repeat(LONG))
 }

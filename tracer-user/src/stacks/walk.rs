@@ -13,10 +13,8 @@ use crate::python::frames::{FrameLink, FrameOffsets, GilHolder, LineTableFormat,
 /// a list read from the wrong place.
 const MAX_INTERPRETERS: usize = 256;
 const MAX_THREADS: usize = 1 << 16;
-/// The longest string (in code points) or line table (in bytes) read: a
-/// qualified name or path is far shorter, a line table of a huge function
-/// too.
-const MAX_STRING: u64 = 1 << 16;
+/// The longest line table (in bytes) read: a huge function's is far
+/// shorter. (A string is read only as far as it is kept: `text::MAX_NAME`.)
 const MAX_LINETABLE: u64 = 1 << 24;
 /// How many times a thread's frames are read before its error is
 /// reported.
@@ -345,10 +343,9 @@ impl Walker {
         if !compact {
             return Err(bad(format!("it is not compact (state {state:#x})")));
         }
-        let length = r.u64(address.wrapping_add(u.length), "a str's length")?;
-        if length > MAX_STRING {
-            return Err(bad(format!("its length {length} is beyond {MAX_STRING}")));
-        }
+        // Only as much as is kept is read: a longer name is cut (by
+        // `bound`, below), not refused, whatever length the target claims.
+        let length = r.u64(address.wrapping_add(u.length), "a str's length")?.min(crate::text::MAX_NAME as u64 + 1);
         let data = address.wrapping_add(if ascii { u.ascii_data } else { u.compact_data });
         let width = match kind {
             1 | 2 | 4 => u64::from(kind),
