@@ -531,3 +531,30 @@ fn growth_walks_past_their_depth_are_counted_as_truncated() {
     assert!(sampled > 0 && field("truncated") == sampled, "{t}");
     assert_eq!(field("walk_failed"), 0, "{t}");
 }
+
+/// `--stacks` with the map of walk configurations full (`WALKS`; with
+/// `--exe`, more processes than it holds): the process gets no stacks,
+/// says so in a note, and each of its events walked is counted, under no
+/// stack, in `stack_no_config`; the run goes on.
+#[test]
+fn a_process_the_walks_map_has_no_room_for_is_counted_in_stack_no_config() {
+    require_root();
+    let lines_of = |n: u64| {
+        let (status, lines, stderr) = full_run("WALKS", n, Body::Objects, &["--json", "--stacks"]).finish();
+        assert!(status.success(), "{status}: {stderr}");
+        lines
+    };
+    let [one, two] = [N, 2 * N].map(lines_of);
+    let note =
+        one.iter().find(|l| l["type"] == "note" && l["code"] == "no_stacks").unwrap_or_else(|| panic!("{one:?}"));
+    let message = note["message"].as_str().expect("message");
+    assert!(message.contains("BPF map WALKS is full"), "{message}");
+    let (one, two) = (one.last().expect("a summary"), two.last().expect("a summary"));
+    let events = |s: &Value| s["stack_coverage"]["events"].as_u64().unwrap_or_else(|| panic!("{s}"));
+    for summary in [one, two] {
+        only_miss(summary, "stack_no_config");
+        assert_eq!(summary["stack_coverage"]["stacked"], 0, "{}", summary["stack_coverage"]);
+        assert_eq!(stat(summary, "stack_no_config"), events(summary), "{}", summary["stats"]);
+    }
+    assert!(events(two) - events(one) >= N, "{} then {}", events(one), events(two));
+}

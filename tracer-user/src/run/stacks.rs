@@ -107,8 +107,19 @@ impl StackNames {
                 {
                     native.push_untold(format!("no native stacks for PID {pid}: {why}"));
                 }
-                session.set_walk(pid, config)?;
-                self.processes.insert(pid, Ok(process));
+                // A walk the kernel has no room for (more processes than
+                // the map holds, with --exe) leaves this one without
+                // stacks, said and counted (`stack_no_config`), not the run.
+                match session.set_walk(pid, config) {
+                    Ok(()) => {
+                        self.processes.insert(pid, Ok(process));
+                    }
+                    Err(e) => {
+                        let why = e.to_string();
+                        self.untold.push((pid, why.clone()));
+                        self.processes.insert(pid, Err(why));
+                    }
+                }
             }
             Err(why) => {
                 self.untold.push((pid, why.clone()));
