@@ -558,3 +558,32 @@ fn a_process_the_walks_map_has_no_room_for_is_counted_in_stack_no_config() {
     }
     assert!(events(two) - events(one) >= N, "{} then {}", events(one), events(two));
 }
+
+/// The census follows a type's chain of metatypes four deep: a class
+/// whose chain is longer is not taken for a type, so its N instances are
+/// in no type's row and counted in `rejected.not_a_type`, N more
+/// instances at least N more there. With a chain of three, the class is
+/// a row of exactly its N instances.
+#[test]
+fn a_census_past_the_metatype_depth_counts_the_objects_as_not_a_type() {
+    require_root();
+    let python = shared_python();
+    let census = |depth: u64, n: u64| {
+        let args = [depth.to_string(), n.to_string()];
+        let workload = Workload::script(None, python.to_str().unwrap(), "deep_meta.py", &[&args[0], &args[1]]);
+        let pid = workload.pid().to_string();
+        let (code, stdout, stderr) = tracer_tests::run_tracer(&["heap", "--pid", &pid, "--json"]);
+        drop(workload);
+        assert_eq!(code, Some(0), "{stderr}");
+        let census: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON: {e}: {stdout}"));
+        let deep = census["types"].as_array().expect("types").iter().find(|t| t["name"] == "__main__.Deep").cloned();
+        (census["rejected"]["not_a_type"].as_u64().unwrap_or_else(|| panic!("{}", census["rejected"])), deep)
+    };
+    let n = 20_000;
+    let (one, deep_one) = census(6, n);
+    let (two, deep_two) = census(6, 2 * n);
+    assert!(deep_one.is_none() && deep_two.is_none(), "{deep_one:?} {deep_two:?}");
+    assert!(two - one >= n, "not_a_type {one} then {two}");
+    let (_, shallow) = census(3, n);
+    assert_eq!(shallow.unwrap_or_else(|| panic!("no row for Deep with three metatypes"))["count"], n);
+}
