@@ -587,3 +587,30 @@ fn a_census_past_the_metatype_depth_counts_the_objects_as_not_a_type() {
     let (_, shallow) = census(3, n);
     assert_eq!(shallow.unwrap_or_else(|| panic!("no row for Deep with three metatypes"))["count"], n);
 }
+
+/// `--native-stacks` with the unwinder's rows full (`UNWIND_ROWS`, an
+/// array, loaded with room for one row): no module's rows fit, each
+/// module says so in a note with the fix for a lack of room (not the one
+/// for a module built without unwind tables), and every event counted
+/// under a Python stack stops unwinding in its first module
+/// (`native_no_info`).
+#[test]
+fn unwind_rows_that_find_no_room_leave_events_at_their_first_module() {
+    require_root();
+    let (status, lines, stderr) = full_run("UNWIND_ROWS", N, Body::Objects, &["--json", "--native-stacks"]).finish();
+    assert!(status.success(), "{status}: {stderr}");
+    let notes: Vec<&str> = lines
+        .iter()
+        .filter(|l| l["type"] == "note" && l["code"] == "no_native_stacks")
+        .filter_map(|l| l["message"].as_str())
+        .collect();
+    assert!(!notes.is_empty(), "no note: {lines:?}");
+    for note in &notes {
+        assert!(note.contains(": no room for its unwind rows: "), "{note}");
+        assert!(note.ends_with("trace fewer processes at once"), "{note}");
+    }
+    let summary = lines.last().expect("a summary");
+    let stacked = summary["stack_coverage"]["stacked"].as_u64().unwrap_or_else(|| panic!("{summary}"));
+    assert!(stacked >= 4 * N, "{}", summary["stack_coverage"]);
+    assert_eq!(stat(summary, "native_no_info"), stacked, "{}", summary["stats"]);
+}

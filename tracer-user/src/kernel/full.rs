@@ -12,6 +12,9 @@
 //! in practice. An LRU map is refused: it would evict the placeholder
 //! rather than refuse an entry.
 //!
+//! `UNWIND_ROWS`, the unwinder's rows, is an array: loaded with room for
+//! one row, every module with more finds no room for its rows.
+//!
 //! One array is filled too: `EMPTY_FRAMES`, the stack of calls in flight
 //! every thread's starts from with `--live`, whose bound is its depth, not
 //! a number of entries. Full, it is [`FRAME_DEPTH`] frames of no kind,

@@ -274,6 +274,10 @@ impl Session {
             let missing = || AttachError::FullMaps(format!("{name}: no such map"));
             if name == names::EMPTY_FRAMES_MAP {
                 full::fill_frames(name, ebpf.map_mut(name).ok_or_else(missing)?)?;
+            } else if name == names::UNWIND_ROWS_MAP {
+                // An array: room for one row is as full as it gets; every
+                // module with more finds no room for its rows.
+                ebpf.map(name).ok_or_else(missing)?;
             } else {
                 full::fill(name, map_data(ebpf.map(name).ok_or_else(missing)?))?;
             }

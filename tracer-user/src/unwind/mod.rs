@@ -32,6 +32,16 @@ pub const ROW_CAPACITY: u32 = 1 << 20;
 
 /// The fix a module without usable unwind rows gets.
 const NO_ROWS_FIX: &str = "native frames stop in this module; rebuild it with -fasynchronous-unwind-tables (GCC's and Clang's default on x86-64) and without stripping .eh_frame, or with -fno-omit-frame-pointer";
+/// The fix where a module's rows were read but found no room.
+const NO_ROOM_FIX: &str = "native frames stop in this module; the unwinder's rows are shared by every module of the run: trace fewer processes at once";
+/// How a module's rows failed to reach the unwinder, which starts every
+/// such error.
+const NO_ROOM: &str = "no room for its unwind rows";
+
+/// What to do about a module's rows that failed as `why` says.
+fn fix_for(why: &str) -> &'static str {
+    if why.starts_with(NO_ROOM) { NO_ROOM_FIX } else { NO_ROWS_FIX }
+}
 
 /// One module, read once.
 #[derive(Debug)]
@@ -128,8 +138,11 @@ impl Native {
             if !self.modules.contains_key(&id) {
                 let module = self.load(session, pid, path, id, &host_root);
                 if let Err(why) = &module.rows {
-                    self.untold
-                        .push(format!("native stacks of PID {pid} stop in {}: {why}; {NO_ROWS_FIX}", path.display()));
+                    self.untold.push(format!(
+                        "native stacks of PID {pid} stop in {}: {why}; {}",
+                        path.display(),
+                        fix_for(why)
+                    ));
                 }
                 self.modules.insert(id, module);
             }
@@ -204,12 +217,17 @@ impl Native {
         let count = u32::try_from(rows.len()).map_err(|_| "too many unwind rows".to_owned())?;
         if self.next_row.saturating_add(count) > ROW_CAPACITY {
             return Err(format!(
-                "its {count} unwind rows do not fit in the {ROW_CAPACITY} the unwinder has room for, {} of which are taken",
+                "{NO_ROOM}: its {count} do not fit in the {ROW_CAPACITY} the unwinder has, {} of which are taken",
                 self.next_row
             ));
         }
         let first = self.next_row;
-        session.set_rows(first, rows).map_err(|e: AttachError| e.to_string())?;
+        session.set_rows(first, rows).map_err(|e: AttachError| match &e {
+            AttachError::Map { cause, .. } if matches!(**cause, aya::maps::MapError::OutOfBounds { .. }) => {
+                format!("{NO_ROOM}: {e}")
+            }
+            _ => e.to_string(),
+        })?;
         self.next_row += count;
         Ok((first, count))
     }
@@ -313,7 +331,7 @@ impl Native {
                     unsupported_rows: m.unsupported as u64,
                     dwarf: m.dwarf.as_ref().map(|d| d.display().to_string()),
                     reason: reason.clone().or_else(|| m.why_no_names.clone()),
-                    fix: reason.map(|_| NO_ROWS_FIX.to_owned()),
+                    fix: reason.as_deref().map(|why| fix_for(why).to_owned()),
                 },
             );
         }
