@@ -818,6 +818,21 @@ pub fn run_tracer(args: &[&str]) -> (Option<i32>, String, String) {
     )
 }
 
+/// pyenv's interpreter of `version` (../shared/TOOLCHAIN.md lists them).
+///
+/// # Panics
+/// Where it is not installed: a test that needs it fails loudly.
+#[must_use]
+pub fn pyenv(version: &str) -> PathBuf {
+    let python = PathBuf::from("/root/.pyenv/versions").join(version).join("bin/python3");
+    assert!(
+        python.is_file(),
+        "{} is missing: pyenv's {version} must be installed (../shared/TOOLCHAIN.md)",
+        python.display()
+    );
+    python
+}
+
 /// The BPF stats of a summary or interval line but `gate_other`: hits at
 /// a jump probed for the inlined copy it leads into, where the jump went
 /// elsewhere, are the probes' cost, not a miss.

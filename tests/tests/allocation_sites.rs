@@ -10,7 +10,7 @@ use std::{collections::HashMap, path::Path};
 
 use serde_json::Value;
 use tracer_tests::{
-    Aslr, Body, Exit, TracerRun, Workload, forky_root, require_root, run_tracer, shared_python, static_python,
+    Aslr, Body, Exit, TracerRun, Workload, forky_root, pyenv, require_root, run_tracer, shared_python, static_python,
 };
 
 /// The line of tests/python/sites.py that ends with `marker`.
@@ -132,12 +132,6 @@ fn known_sites(python: Python<'_>) {
     }
     let coverage = &two["stack_coverage"];
     assert_eq!((coverage["sample"].as_u64(), coverage["estimate"].as_bool()), (Some(1), Some(false)), "{coverage}");
-}
-
-fn pyenv(version: &str) -> std::path::PathBuf {
-    let python = Path::new("/root/.pyenv/versions").join(version).join("bin/python3");
-    assert!(python.is_file(), "{} is missing (see ../shared/TOOLCHAIN.md)", python.display());
-    python
 }
 
 #[test]

@@ -614,3 +614,29 @@ fn unwind_rows_that_find_no_room_leave_events_at_their_first_module() {
     assert!(stacked >= 4 * N, "{}", summary["stack_coverage"]);
     assert_eq!(stat(summary, "native_no_info"), stacked, "{}", summary["stats"]);
 }
+
+/// 260 interpreters in one process (tests/python/subinterpreters.py on
+/// pyenv's 3.12), more than the 256 tracer reads: `tracer stack` lists the
+/// threads of the first 256 and says the list is cut, in the table and the
+/// JSON; the census counts the cut in `rejected.interpreters_cut`.
+#[test]
+fn more_interpreters_than_are_read_are_cut_and_said() {
+    require_root();
+    let python = tracer_tests::pyenv("3.12.1");
+    let workload = Workload::script(None, python.to_str().unwrap(), "subinterpreters.py", &["260"]);
+    let pid = workload.pid().to_string();
+    let (code, stdout, stderr) = tracer_tests::run_tracer(&["stack", "--pid", &pid, "--json"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let stacks: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON: {e}: {stdout}"));
+    let why = "more than 256 interpreters: the threads of the rest are not read";
+    assert_eq!(stacks["cut"], why, "{}", stacks["cut"]);
+    assert_eq!(stacks["threads"].as_array().map(Vec::len), Some(256), "one idle thread state per interpreter read");
+    let (code, table, stderr) = tracer_tests::run_tracer(&["stack", "--pid", &pid]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(table.lines().last(), Some(format!("(cut: {why})").as_str()), "{table}");
+    let (code, stdout, stderr) = tracer_tests::run_tracer(&["heap", "--pid", &pid, "--json"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let census: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON: {e}: {stdout}"));
+    assert!(census["rejected"]["interpreters_cut"].as_u64() >= Some(1), "{}", census["rejected"]);
+    drop(workload);
+}

@@ -20,7 +20,7 @@ use std::{
 
 use serde_json::Value;
 use tracer_tests::{
-    Aslr, Body, Exit, GC_CYCLES, INT3, Isolation, TracerRun, Workload, forky_root, require_root, run_tracer,
+    Aslr, Body, Exit, GC_CYCLES, INT3, Isolation, TracerRun, Workload, forky_root, pyenv, require_root, run_tracer,
     shared_python, static_python,
 };
 
@@ -112,12 +112,6 @@ fn once(python: &Path) -> impl Fn(u64) -> Workload + '_ {
 fn in_forky(python: &'static str) -> impl Fn(u64) -> Workload {
     let root = forky_root();
     move |n| Workload::once_in_root(&root, python, n, Body::Gc, Exit::Immediate, Isolation::Chroot)
-}
-
-fn pyenv(version: &str) -> PathBuf {
-    let python = Path::new("/root/.pyenv/versions").join(version).join("bin/python3");
-    assert!(python.is_file(), "{} is missing (see ../shared/TOOLCHAIN.md)", python.display());
-    python
 }
 
 /// Each of the markers' points has its semaphore.

@@ -13,7 +13,7 @@ use std::{
 
 use serde_json::Value;
 use tracer_tests::{
-    STATIC_PYTHON, TracerRun, Workload, forky_root, require_root, run_tracer, shared_python, tracer_bin,
+    STATIC_PYTHON, TracerRun, Workload, forky_root, pyenv, require_root, run_tracer, shared_python, tracer_bin,
 };
 
 fn number(v: &Value, what: &str) -> f64 {
@@ -36,12 +36,6 @@ fn estimated_fraction(attached: &Value) -> Option<f64> {
         return None;
     }
     Some(number(&e["fraction"], "fraction"))
-}
-
-fn pyenv(version: &str) -> PathBuf {
-    let python = PathBuf::from("/root/.pyenv/versions").join(version).join("bin/python3");
-    assert!(python.is_file(), "{} is missing: pyenv's {version} must be installed", python.display());
-    python
 }
 
 /// `tracer attach ARGS` (a table) on `pid` for a second; its stdout.

@@ -95,8 +95,6 @@ pub enum StackError {
         "the {what} of PID {pid} loop back to {address:#x}; it changed while being read, or is not what tracer takes it for"
     )]
     Cycle { pid: u32, what: &'static str, address: u64 },
-    #[error("PID {pid} has more than {limit} {what}; stopped at {address:#x}")]
-    TooMany { pid: u32, what: &'static str, limit: usize, address: u64 },
     #[error("the {what} at {address:#x} in PID {pid} is not a {expected} (its type is at {found:#x})")]
     WrongType { pid: u32, what: &'static str, address: u64, expected: &'static str, found: u64 },
     #[error("the frame at {frame:#x} in PID {pid} holds no code object (its f_executable is {raw:#x})")]
@@ -123,7 +121,6 @@ impl crate::error::Classify for StackError {
             | Self::FreeThreaded { .. }
             | Self::NoInterpreter { .. }
             | Self::Cycle { .. }
-            | Self::TooMany { .. }
             | Self::WrongType { .. }
             | Self::NoCode { .. }
             | Self::BadString { .. }
@@ -160,6 +157,9 @@ pub struct Stacks {
     /// The process's threads with a Python thread state, newest first (the
     /// order of the interpreter's list).
     pub threads: Vec<ThreadStack>,
+    /// Why the list stops before its end, where it does (past the most
+    /// interpreters or thread states read).
+    pub cut: Option<String>,
     /// How the current thread's state is found, or why it is not.
     pub current: Result<CurrentThreadState, String>,
     /// With [`Options::check_tls`], each task's `_Py_tss_tstate` read
@@ -197,11 +197,20 @@ impl Default for Options {
 /// Reads the stacks of every thread of `pid`.
 pub fn read(pid: u32, options: Options) -> Result<Stacks, StackError> {
     let mut process = Process::open(pid)?;
-    let threads = process.threads(options.max_depth)?;
+    let (threads, cut) = process.threads(options.max_depth)?;
     let current = process.current_thread_state();
     let tls_check = options.check_tls.then(|| process.check_tls());
     let Process { target, version, .. } = process;
-    Ok(Stacks { pid, pid_in_namespace: target.ns_pid, version, image: target.image_path, threads, current, tls_check })
+    Ok(Stacks {
+        pid,
+        pid_in_namespace: target.ns_pid,
+        version,
+        image: target.image_path,
+        threads,
+        cut,
+        current,
+        tls_check,
+    })
 }
 
 /// A live CPython process whose frames can be read: its image, version and
@@ -245,7 +254,7 @@ impl Process {
     }
 
     /// Every thread state with its stack, at most `max_depth` frames each.
-    pub fn threads(&mut self, max_depth: usize) -> Result<Vec<ThreadStack>, StackError> {
+    pub fn threads(&mut self, max_depth: usize) -> Result<(Vec<ThreadStack>, Option<String>), StackError> {
         self.walker.threads(self.runtime, max_depth)
     }
 

@@ -39,6 +39,9 @@ pub fn table(stacks: &Stacks) -> String {
             }
         }
     }
+    if let Some(why) = &stacks.cut {
+        let _ = writeln!(out, "(cut: {why})");
+    }
     out
 }
 
@@ -53,6 +56,9 @@ pub fn json(stacks: &Stacks) -> Value {
         "threads": stacks.threads.iter().map(thread).collect::<Vec<_>>(),
     });
     let Some(map) = v.as_object_mut() else { return v };
+    if let Some(why) = &stacks.cut {
+        map.insert("cut".to_owned(), why.as_str().into());
+    }
     if let Some(ns) = stacks.pid_in_namespace {
         map.insert("pid_in_namespace".to_owned(), ns.into());
     }

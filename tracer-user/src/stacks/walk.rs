@@ -113,8 +113,14 @@ impl Walker {
     }
 
     /// Every thread state of every interpreter, each with its stack of at
-    /// most `max_depth` frames.
-    pub fn threads(&mut self, runtime: u64, max_depth: usize) -> Result<Vec<ThreadStack>, StackError> {
+    /// most `max_depth` frames; past [`MAX_INTERPRETERS`] interpreters or
+    /// [`MAX_THREADS`] thread states, those read so far and why the rest
+    /// are not.
+    pub fn threads(
+        &mut self,
+        runtime: u64,
+        max_depth: usize,
+    ) -> Result<(Vec<ThreadStack>, Option<String>), StackError> {
         let r = Rc::clone(&self.remote);
         let t = self.table;
         let main_thread = r.u64(runtime.wrapping_add(t.runtime.main_thread), "_PyRuntime.main_thread")?;
@@ -133,8 +139,8 @@ impl Walker {
                 return Err(StackError::Cycle { pid: self.pid(), what: "interpreters", address: interp });
             }
             if interpreters.len() > MAX_INTERPRETERS {
-                let limit = MAX_INTERPRETERS;
-                return Err(StackError::TooMany { pid: self.pid(), what: "interpreters", limit, address: interp });
+                let why = format!("more than {MAX_INTERPRETERS} interpreters: the threads of the rest are not read");
+                return Ok((threads, Some(why)));
             }
             let holder = match t.gil {
                 GilHolder::Runtime { .. } => runtime_holder,
@@ -147,8 +153,8 @@ impl Walker {
                     return Err(StackError::Cycle { pid: self.pid(), what: "thread states", address: tstate });
                 }
                 if threads.len() >= MAX_THREADS {
-                    let limit = MAX_THREADS;
-                    return Err(StackError::TooMany { pid: self.pid(), what: "thread states", limit, address: tstate });
+                    let why = format!("more than {MAX_THREADS} thread states: the rest are not read");
+                    return Ok((threads, Some(why)));
                 }
                 let thread_id = r.u64(tstate.wrapping_add(t.thread.thread_id), "a thread state's thread_id")?;
                 threads.push(ThreadStack {
@@ -166,7 +172,7 @@ impl Walker {
             }
             interp = r.u64(interp.wrapping_add(t.interpreter.next), "an interpreter's next")?;
         }
-        Ok(threads)
+        Ok((threads, None))
     }
 
     /// [`Self::frames`], read again where a read failed: a thread that
