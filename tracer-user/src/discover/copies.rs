@@ -290,7 +290,7 @@ pub fn guard_points(site: &guards::GuardSite) -> Points {
     Points {
         at: std::iter::once(site.read).chain(site.later.iter().copied()).collect(),
         end: site.end,
-        gate: site.gate,
+        gate: site.gate.clone(),
     }
 }
 

@@ -108,30 +108,35 @@ impl std::fmt::Display for LineEnd {
 /// branch and call targets, code pointers in data, entries of tables of
 /// offsets. Shared, since the set is large and every copy consults it.
 /// With them, the image's import slots (`.got`, `.got.plt`: start, end),
-/// through which a call may be one of an imported function, and the
-/// addresses one conditional jump alone leads into, by address.
+/// through which a call may be one of an imported function, and, by
+/// address, the jumps that alone lead into it (see [`Gate`]).
 #[derive(Clone, Default, PartialEq, Eq)]
-pub struct Landings(pub Arc<HashSet<u64>>, pub Arc<Vec<(u64, u64)>>, pub Arc<HashMap<u64, Gate>>);
+pub struct Landings(pub Arc<HashSet<u64>>, pub Arc<Vec<(u64, u64)>>, pub Arc<HashMap<u64, Vec<Gate>>>);
 
-/// The conditional jump that alone leads into an address: the one before
-/// it, where nothing lands on it, or the one whose target it is, where
-/// nothing else lands on it and the instruction before it does not fall
-/// into it. A probe there runs for every pass through the jump; its
-/// program counts the hit only where `condition` (see
-/// [`tracer_common::site::gated`]) holds, which is when control goes into
-/// the address. A copy none of whose own instructions the kernel emulates
+/// One of the jumps that alone lead into an address: every way into it is
+/// a direct jump (conditional or not) or the fall-through of a conditional
+/// jump just before it (padding between them aside), and nothing else
+/// lands on it: no call, no code address in data, no `endbr64`. A probe at
+/// each such jump runs for every pass through it; its program counts the
+/// hit only where `condition` (see [`tracer_common::site::gated`]) holds,
+/// which is when control goes into the address (an unconditional jump
+/// always does). A copy none of whose own instructions the kernel emulates
 /// (`mov 8(%rbx),%rax; mov %rbx,%rdi; call *0x30(%rax)` after `subq
 /// $1,(%rbx); jne`, an inlined `Py_DECREF`'s `_Py_Dealloc`, whose line ends
-/// where the `jne` lands) is probed there: the jump changes no register and
-/// no memory, so the copy's size and object are where they are at its first
-/// point.
+/// where the `jne` lands) is probed at its jumps: a jump changes no register
+/// and no memory, so the copy's size and object are where they are at its
+/// first point, and each pass into the copy passes one of them once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Gate {
     /// The jump's address.
     pub jump: u64,
-    /// The x86 condition under which control goes into the address.
-    pub condition: u8,
+    /// The x86 condition under which control goes into the address; `None`
+    /// for an unconditional jump.
+    pub condition: Option<u8>,
 }
+
+/// The most jumps a copy is probed at instead of its own code.
+pub const MAX_GATES: usize = 4;
 
 impl std::fmt::Debug for Landings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -159,76 +164,120 @@ impl Landings {
     }
 }
 
-/// The conditional jump that alone leads into `start` (see [`Gate`]), as a
-/// point with `start`'s size and object, and the condition under which it
-/// goes into `start`.
+/// The jumps that alone lead into `start` (see [`Gate`]), each as a point
+/// with `start`'s size and object, with the condition under which it goes
+/// into `start`; none where something else leads there too.
 #[must_use]
-pub fn gate(start: &InlineEntry, landings: &Landings) -> Option<(InlineEntry, u8)> {
-    let gate = landings.2.get(&start.address)?;
-    Some((InlineEntry { address: gate.jump, ..*start }, gate.condition))
+pub fn gate(start: &InlineEntry, landings: &Landings) -> Vec<(InlineEntry, Option<u8>)> {
+    let gates = landings.2.get(&start.address).map_or(&[][..], Vec::as_slice);
+    gates.iter().map(|g| (InlineEntry { address: g.jump, ..*start }, g.condition)).collect()
 }
 
-/// Every address one conditional jump alone leads into (see [`Gate`]), from
-/// an image's `instructions` in address order, the addresses its direct
-/// branches and calls land on (`direct`), those its data names (`data`),
-/// and the ranges where the linear decoding may be out of step
-/// (`unsynced`), where nothing is trusted.
+/// Every address only jumps lead into (see [`Gate`]), at most
+/// [`MAX_GATES`], from an image's `instructions` in address order, the
+/// addresses its code pointers in data name (`data`), and the ranges where
+/// the linear decoding may be out of step (`unsynced`), where nothing is
+/// trusted.
 #[must_use]
-pub fn gates<S: std::hash::BuildHasher, T: std::hash::BuildHasher>(
+pub fn gates<T: std::hash::BuildHasher>(
     instructions: &[Instruction],
-    direct: &HashSet<u64, S>,
     data: &HashSet<u64, T>,
     unsynced: &[std::ops::Range<u64>],
-) -> HashMap<u64, Gate> {
-    let branches = instructions.iter().filter(|i| {
-        matches!(
-            i.flow_control(),
-            FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch | FlowControl::Call
-        )
-    });
-    // Each direct target's first source and how many there are.
-    let mut sources: HashMap<u64, (u64, u32)> = HashMap::new();
-    for insn in branches {
-        sources.entry(insn.near_branch_target()).or_insert((insn.ip(), 0)).1 += 1;
-    }
+) -> HashMap<u64, Vec<Gate>> {
     let synced = |a: u64| !unsynced.iter().any(|r| r.contains(&a));
-    let mut out = HashMap::new();
-    for (i, insn) in instructions.iter().enumerate() {
-        if !insn.is_jcc_short_or_near() || !synced(insn.ip()) {
+    // iced numbers the conditions from 1, in the opcodes' order.
+    let condition = |insn: &Instruction| (insn.condition_code() as u8).checked_sub(1);
+    // Each direct target's jumps into it; `None` once anything else lands
+    // there: a call, a jrcxz or loop, a jump to the next instruction (both
+    // of its ways lead there), a jump where the decoding is not trusted.
+    let mut into: HashMap<u64, Option<Vec<Gate>>> = HashMap::new();
+    for insn in instructions {
+        let flow = insn.flow_control();
+        if !matches!(flow, FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch | FlowControl::Call) {
             continue;
         }
-        // iced numbers the conditions from 1, in the opcodes' order.
-        let Some(condition) = (insn.condition_code() as u8).checked_sub(1) else { continue };
-        let (next, target) = (insn.next_ip(), insn.near_branch_target());
-        if next == target {
-            continue;
-        }
-        let alone = |a: u64, insn: &Instruction| {
-            !data.contains(&a) && insn.mnemonic() != Mnemonic::Endbr64 && synced(a) && insn.ip() == a
+        let target = insn.near_branch_target();
+        let gate = match flow {
+            _ if !synced(insn.ip()) || target == insn.next_ip() => None,
+            FlowControl::ConditionalBranch if insn.is_jcc_short_or_near() => {
+                condition(insn).map(|c| Gate { jump: insn.ip(), condition: Some(c) })
+            }
+            FlowControl::UnconditionalBranch if insn.is_jmp_short_or_near() => {
+                Some(Gate { jump: insn.ip(), condition: None })
+            }
+            _ => None,
         };
-        if let Some(after) = instructions.get(i + 1)
-            && alone(next, after)
-            && !direct.contains(&next)
-        {
-            out.insert(next, Gate { jump: insn.ip(), condition: condition ^ 1 });
+        let entry = into.entry(target).or_insert_with(|| Some(Vec::new()));
+        match (entry.as_mut(), gate) {
+            (Some(jumps), Some(gate)) => jumps.push(gate),
+            _ => *entry = None,
         }
-        if sources.get(&target) == Some(&(insn.ip(), 1))
-            && let Ok(j) = instructions.binary_search_by_key(&target, Instruction::ip)
-            && alone(target, &instructions[j])
-            && j > 0
-            && instructions[j - 1].next_ip() == target
-            && matches!(
-                instructions[j - 1].flow_control(),
-                FlowControl::UnconditionalBranch
-                    | FlowControl::IndirectBranch
-                    | FlowControl::Return
-                    | FlowControl::Exception
-            )
-        {
-            out.insert(target, Gate { jump: insn.ip(), condition });
+    }
+    let mut out = HashMap::new();
+    for (j, at) in instructions.iter().enumerate() {
+        let address = at.ip();
+        if at.mnemonic() == Mnemonic::Endbr64 || data.contains(&address) || !synced(address) {
+            continue;
+        }
+        let mut gates = match into.get(&address) {
+            Some(None) => continue,
+            Some(Some(jumps)) => jumps.clone(),
+            None => Vec::new(),
+        };
+        match falls_into(instructions, j, &into, data) {
+            Fall::Nothing => {}
+            Fall::Jump(prev) if synced(prev.ip()) => match condition(prev) {
+                Some(c) => gates.push(Gate { jump: prev.ip(), condition: Some(c ^ 1) }),
+                None => continue,
+            },
+            Fall::Jump(_) | Fall::Code => continue,
+        }
+        if !gates.is_empty() && gates.len() <= MAX_GATES {
+            out.insert(address, gates);
         }
     }
     out
+}
+
+/// What falls into an instruction.
+enum Fall<'a> {
+    /// Nothing: the instruction before it (padding passed over) jumps
+    /// away, returns or traps.
+    Nothing,
+    /// A conditional jump, where it is not taken.
+    Jump(&'a Instruction),
+    /// Other code, or what is not known (a gap in the decoding).
+    Code,
+}
+
+/// What falls into `instructions[j]`: padding (a `nop` or `int3` that
+/// nothing lands on) is passed over to the instruction before it.
+fn falls_into<'a, S: std::hash::BuildHasher, T: std::hash::BuildHasher>(
+    instructions: &'a [Instruction],
+    j: usize,
+    into: &HashMap<u64, Option<Vec<Gate>>, S>,
+    data: &HashSet<u64, T>,
+) -> Fall<'a> {
+    let mut at = j;
+    loop {
+        let Some(prev) = at.checked_sub(1).and_then(|b| instructions.get(b)) else { return Fall::Nothing };
+        if prev.next_ip() != instructions[at].ip() {
+            return Fall::Code;
+        }
+        at -= 1;
+        let lands = into.contains_key(&prev.ip()) || data.contains(&prev.ip());
+        if matches!(prev.mnemonic(), Mnemonic::Nop | Mnemonic::Int3) && !lands {
+            continue;
+        }
+        return match prev.flow_control() {
+            FlowControl::UnconditionalBranch
+            | FlowControl::IndirectBranch
+            | FlowControl::Return
+            | FlowControl::Exception => Fall::Nothing,
+            FlowControl::ConditionalBranch if prev.is_jcc_short_or_near() => Fall::Jump(prev),
+            _ => Fall::Code,
+        };
+    }
 }
 
 /// The points after `start` on its straight line, each with where `start`'s

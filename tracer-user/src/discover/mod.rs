@@ -175,18 +175,18 @@ pub struct Points {
     pub at: Vec<InlineEntry>,
     /// Why the line after the first point ends.
     pub end: line::LineEnd,
-    /// The conditional jump that alone leads into the first point, with the
-    /// first point's size and object, and the condition under which it
-    /// goes there: where no point on the line is emulated, the copy is
-    /// probed there (see [`line::Gate`]).
-    pub gate: Option<(InlineEntry, u8)>,
+    /// The jumps that alone lead into the first point, each with the first
+    /// point's size and object and the condition under which it goes there
+    /// (`None`: always): where no point on the line is emulated, the copy
+    /// is probed at them (see [`line::Gate`]).
+    pub gate: Vec<(InlineEntry, Option<u8>)>,
 }
 
 impl Points {
     /// A copy's one point, its line not yet followed.
     #[must_use]
     pub fn one(point: InlineEntry) -> Self {
-        Self { at: vec![point], end: line::LineEnd::NotFollowed, gate: None }
+        Self { at: vec![point], end: line::LineEnd::NotFollowed, gate: Vec::new() }
     }
 }
 

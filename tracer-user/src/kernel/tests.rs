@@ -143,6 +143,8 @@ fn a_refused_offset_is_left_out_and_reported() {
         moved: false,
         stay: None,
         gate: None,
+        jump: false,
+        also: false,
     };
     plan.probes[0].inline_sites = vec![site(never.file_offset), site(bad)];
     let mut session = Session::load(plan, std::process::id(), &LoadOptions::default()).expect("the object loads");
@@ -185,6 +187,8 @@ fn a_size_in_a_stack_slot_is_read_from_memory() {
         moved: false,
         stay: None,
         gate: None,
+        jump: false,
+        also: false,
     }];
     let mut session = Session::load(plan, std::process::id(), &LoadOptions::default()).expect("the object loads");
     session.prepare(true).expect("programs load");
@@ -312,6 +316,8 @@ fn a_gate_counts_the_passes_its_condition_holds_for() {
             moved: true,
             stay: None,
             gate: Some(condition),
+            jump: true,
+            also: probe == 1,
         }];
     }
     let mut session = Session::load(plan, std::process::id(), &LoadOptions::default()).expect("the object loads");

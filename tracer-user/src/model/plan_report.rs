@@ -101,7 +101,7 @@ impl PlanReport {
                 inline_sites_emulated: p.inline_sites.iter().filter(|s| s.emulated).count(),
                 inline_sites_single_stepped: p.inline_sites.iter().filter(|s| !s.emulated).count(),
                 inline_sites_moved: p.inline_sites.iter().filter(|s| s.moved).count(),
-                inline_sites_gated: p.inline_sites.iter().filter(|s| s.gate.is_some()).count(),
+                inline_sites_gated: p.inline_sites.iter().filter(|s| s.jump).count(),
                 inline_sites_stepped_why: p.inline_sites.iter().filter_map(|s| s.stay).fold(
                     std::collections::BTreeMap::new(),
                     |mut why, stay| {
@@ -178,10 +178,12 @@ pub struct PlannedProbeReport {
     /// was followed.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub inline_sites_moved: usize,
-    /// How many of the moved ones are probed at the conditional jump that
-    /// alone leads into the copy, no instruction of the copy's own being
-    /// one the kernel emulates: a hit there counts where the jump goes into
-    /// the copy, and costs where it does not too (`gate_other`).
+    /// How many of the moved sites are at a jump that leads into a copy,
+    /// no instruction of the copy's own being one the kernel emulates: a
+    /// hit at a conditional one counts where the jump goes into the copy,
+    /// and costs where it does not too (`gate_other`). A copy that only
+    /// jumps lead into is probed at each of them, so it may have several
+    /// such sites.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub inline_sites_gated: usize,
     /// Why the single-stepped ones are not moved: each reason, with how

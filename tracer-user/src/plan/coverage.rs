@@ -88,7 +88,8 @@ pub(super) fn coverage(
     unprobed: &[String],
     returns: bool,
 ) -> Coverage {
-    let probed = sites.len();
+    // One copy probed at several jumps into it is one copy.
+    let probed = sites.iter().filter(|s| !s.also).count();
     let sizeless = sites.iter().filter(|s| s.size.is_none()).count();
     let measures_bytes = spec.program.counts_bytes();
     let mut c = Coverage {
@@ -236,7 +237,8 @@ fn guard_coverage(
     sites: &[InlineSite],
     unprobed: &[String],
 ) {
-    let probed = sites.len();
+    // One copy probed at several jumps into it is one copy.
+    let probed = sites.iter().filter(|s| !s.also).count();
     let measures_bytes = spec.program.counts_bytes();
     c.source = format!("reads of its guard in {} (no debug info)", scan.path.display());
     let mut why = Vec::new();

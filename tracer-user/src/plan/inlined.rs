@@ -97,8 +97,8 @@ pub(super) fn inline_sites(
     // two copies share a probe.
     let origins: HashSet<u64> = copies.iter().filter_map(|p| p.at.first()).map(|p| p.address).collect();
     // The copies that no point of their own puts on an emulated
-    // instruction, with their gate's site if they have one.
-    let mut stepped: Vec<(InlineSite, Option<(InlineSite, u8)>)> = Vec::new();
+    // instruction, with the sites of the jumps into them, if any.
+    let mut stepped: Vec<(InlineSite, Jumps)> = Vec::new();
     for points in copies {
         let code = |entry: &InlineEntry| {
             let offset = image.elf.file_offset(entry.address).ok_or("is in no file-backed segment".to_owned())?;
@@ -112,6 +112,8 @@ pub(super) fn inline_sites(
                 moved: false,
                 stay: None,
                 gate: None,
+                jump: false,
+                also: false,
             })
         };
         let mut why = None;
@@ -171,22 +173,43 @@ pub(super) fn inline_sites(
         if let Some(p) = better {
             sites.push(InlineSite { moved: true, ..p });
         } else {
-            let gate = points.gate.and_then(|(at, condition)| Some((code(&at).ok()?, condition)));
-            stepped.push((first, gate));
+            let gates: Option<Vec<_>> = points.gate.iter().map(|(at, c)| Some((code(at).ok()?, *c))).collect();
+            stepped.push((first, gates.unwrap_or_default()));
         }
     }
-    // Else at the jump that alone leads into the copy, where one does and
-    // the kernel emulates it (a jump is emulated where it can be probed at
-    // all), unless another copy starts there or is probed there: one
-    // probe, one copy.
-    let mut taken: HashSet<u64> = sites.iter().map(|s| s.offset).chain(stepped.iter().map(|(s, _)| s.offset)).collect();
-    for (first, gate) in stepped {
-        let gated = gate.filter(|(site, _)| site.emulated && taken.insert(site.offset));
-        sites.push(gated.map_or(first, |(site, condition)| InlineSite { moved: true, gate: Some(condition), ..site }));
-    }
+    at_jumps(&mut sites, stepped);
     sites.sort_unstable_by_key(|s| s.offset);
     sites.dedup_by_key(|s| s.offset);
     (sites, unprobed)
+}
+
+/// The sites of the jumps that lead into a copy, each with the condition
+/// under which it does (`None`: always).
+type Jumps = Vec<(InlineSite, Option<u8>)>;
+
+/// The copies that no point of their own puts on an emulated instruction
+/// (`stepped`), each added to `sites`: at the jumps that alone lead into
+/// it, where only jumps do and the kernel emulates each (a jump is
+/// emulated where it can be probed at all), unless another copy starts or
+/// is probed at one of them (one probe, one copy); else where it is.
+fn at_jumps(sites: &mut Vec<InlineSite>, stepped: Vec<(InlineSite, Jumps)>) {
+    let mut taken: HashSet<u64> = sites.iter().map(|s| s.offset).chain(stepped.iter().map(|(s, _)| s.offset)).collect();
+    for (first, jumps) in stepped {
+        let mut offsets: Vec<u64> = jumps.iter().map(|(s, _)| s.offset).collect();
+        offsets.sort_unstable();
+        offsets.dedup();
+        let usable = !jumps.is_empty()
+            && offsets.len() == jumps.len()
+            && jumps.iter().all(|(s, _)| s.emulated && !taken.contains(&s.offset));
+        if !usable {
+            sites.push(first);
+            continue;
+        }
+        taken.extend(offsets);
+        for (i, (site, condition)) in jumps.into_iter().enumerate() {
+            sites.push(InlineSite { moved: true, gate: condition, jump: true, also: i > 0, ..site });
+        }
+    }
 }
 
 /// Whether the kernel emulates the instruction that starts `code`.

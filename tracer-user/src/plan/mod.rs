@@ -112,6 +112,7 @@ impl HitCosts {
 
 /// One probed inlined copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(clippy::struct_excessive_bools, reason = "four independent facts of one site, each reported on its own")]
 pub struct InlineSite {
     /// Its file offset in the image.
     pub offset: u64,
@@ -128,10 +129,17 @@ pub struct InlineSite {
     /// Where single-stepped, why it is not moved to an emulated
     /// instruction.
     pub stay: Option<Stay>,
-    /// Where probed at the conditional jump that alone leads into the copy
-    /// (see [`crate::discover::line::Gate`]): the condition under which the
+    /// Where probed at a conditional jump that leads into the copy (see
+    /// [`crate::discover::line::Gate`]): the condition under which the
     /// jump goes into it, which the program checks.
     pub gate: Option<u8>,
+    /// Whether it is at a jump into the copy (conditional or not) rather
+    /// than in the copy's own code.
+    pub jump: bool,
+    /// Whether it is a further jump into a copy counted at another site
+    /// already: the copy's passes are split between its jumps, and it is
+    /// one copy.
+    pub also: bool,
 }
 
 /// The interpreter image to plan for.

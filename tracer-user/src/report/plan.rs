@@ -19,19 +19,19 @@ pub fn json(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
 /// why.
 fn inlined_copies(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
     for p in plan.probes.iter().filter(|p| !p.inline_sites.is_empty()) {
+        // A copy probed at several jumps into it is one copy.
+        let sites = p.inline_sites.len();
+        let copies = p.coverage.as_ref().map_or(sites, |c| c.inlined_probed);
+        let at = if copies == sites { String::new() } else { format!(", at {sites} sites") };
         writeln!(
             out,
-            "  {:<20} also at {} inlined copies (counted as calls; {} on an emulated instruction, {} of them moved past the copy's first point; {} single-stepped)",
-            p.symbol,
-            p.inline_sites.len(),
-            p.inline_sites_emulated,
-            p.inline_sites_moved,
-            p.inline_sites_single_stepped,
+            "  {:<20} also at {copies} inlined copies{at} (counted as calls; {} on an emulated instruction, {} of them moved past the copy's first point; {} single-stepped)",
+            p.symbol, p.inline_sites_emulated, p.inline_sites_moved, p.inline_sites_single_stepped,
         )?;
         if p.inline_sites_gated > 0 {
             writeln!(
                 out,
-                "  {:<20}   {} of the moved at the conditional jump into the copy (none of its own instructions is emulated): counted where the jump goes into it",
+                "  {:<20}   {} of the moved at a jump into a copy none of whose own instructions is emulated: counted where the jump goes into it",
                 "", p.inline_sites_gated
             )?;
         }

@@ -68,7 +68,7 @@ impl<'a> Code<'a> {
             .collect();
         let mut targets = std::mem::take(&mut code.targets.0);
         let data: HashSet<u64> = crate::discover::landings::in_data(&file, &ranges, &leas).into_iter().collect();
-        let gates = crate::discover::line::gates(&code.instructions, &targets, &data, &code.unsynced);
+        let gates = crate::discover::line::gates(&code.instructions, &data, &code.unsynced);
         Arc::make_mut(&mut targets).extend(data);
         let imports: Vec<(u64, u64)> = [".got", ".got.plt"]
             .iter()

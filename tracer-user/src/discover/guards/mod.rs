@@ -83,9 +83,9 @@ pub struct GuardSite {
     pub later: Vec<InlineEntry>,
     /// Why the line ends where it does.
     pub end: LineEnd,
-    /// The conditional jump that alone leads into the read, and the
-    /// condition under which it does (see [`line::gate`](crate::discover::line::gate)).
-    pub gate: Option<(InlineEntry, u8)>,
+    /// The jumps that alone lead into the read, each with the condition
+    /// under which it does (see [`line::gate`](crate::discover::line::gate)).
+    pub gate: Vec<(InlineEntry, Option<u8>)>,
 }
 
 /// Where the two routes to a function's copies disagree: the DWARF's

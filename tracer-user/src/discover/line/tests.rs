@@ -161,17 +161,16 @@ fn a_direct_call_or_one_through_a_static_slot_ends_the_line() {
 }
 
 /// The gates of `code` (at [`AT`]), with `data` naming addresses.
-fn gates_of(code: &[u8], data: &[u64]) -> HashMap<u64, Gate> {
+fn gates_of(code: &[u8], data: &[u64]) -> HashMap<u64, Vec<Gate>> {
     let mut decoder = Decoder::with_ip(64, code, AT, DecoderOptions::NONE);
     let instructions: Vec<Instruction> =
         std::iter::from_fn(|| decoder.can_decode().then(|| decoder.decode())).collect();
-    let direct: HashSet<u64> = instructions
-        .iter()
-        .filter(|i| matches!(i.flow_control(), FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch))
-        .map(Instruction::near_branch_target)
-        .collect();
     let data: HashSet<u64> = data.iter().copied().collect();
-    gates(&instructions, &direct, &data, &[])
+    gates(&instructions, &data, &[])
+}
+
+fn one(jump: u64, condition: Option<u8>) -> Vec<Gate> {
+    vec![Gate { jump, condition }]
 }
 
 // subq $1,(%rbx); jne +10; mov 8(%rbx),%rax; mov %rbx,%rdi; call *0x30(%rax); ret
@@ -181,14 +180,14 @@ const DECREF: &[u8] = &[0x48, 0x83, 0x2b, 1, 0x75, 0x0a, 0x48, 0x8b, 0x43, 8, 0x
 fn a_copy_after_a_jump_that_falls_into_it_is_gated_on_the_jump_not_taken() {
     let gates = gates_of(DECREF, &[]);
     // jne is condition 5; the copy runs where it does not jump: e (4).
-    assert_eq!(gates.get(&(AT + 6)), Some(&Gate { jump: AT + 4, condition: 4 }), "{gates:?}");
-    // The jne's target is also the call's return: the instruction before it
-    // falls into it.
+    assert_eq!(gates.get(&(AT + 6)), Some(&one(AT + 4, Some(4))), "{gates:?}");
+    // The jne's target is also the call's return: other code falls into it.
     assert_eq!(gates.get(&(AT + 16)), None, "{gates:?}");
     let start = InlineEntry { address: AT + 6, size: None, object: Some((reg(RBX), 0)), returned: false };
     let landings = Landings(Arc::default(), Arc::default(), Arc::new(gates));
-    let (point, condition) = gate(&start, &landings).expect("a gate");
-    assert_eq!((point.address, point.object, condition), (AT + 4, start.object, 4));
+    let points = gate(&start, &landings);
+    assert_eq!(points.len(), 1);
+    assert_eq!((points[0].0.address, points[0].0.object, points[0].1), (AT + 4, start.object, Some(4)));
 }
 
 // test $1,%al; je +6; jmp *0(%rip); mov 0(%rip),%rdi; jmp *0(%rip)
@@ -197,8 +196,28 @@ const TAIL: &[u8] = &[0xa8, 1, 0x74, 6, 0xff, 0x25, 0, 0, 0, 0, 0x48, 0x8b, 0x3d
 #[test]
 fn a_copy_one_jump_alone_lands_on_is_gated_on_the_jump_taken() {
     let gates = gates_of(TAIL, &[]);
-    assert_eq!(gates.get(&(AT + 10)), Some(&Gate { jump: AT + 2, condition: 4 }), "{gates:?}");
-    assert_eq!(gates.get(&(AT + 4)), Some(&Gate { jump: AT + 2, condition: 5 }), "{gates:?}");
+    assert_eq!(gates.get(&(AT + 10)), Some(&one(AT + 2, Some(4))), "{gates:?}");
+    assert_eq!(gates.get(&(AT + 4)), Some(&one(AT + 2, Some(5))), "{gates:?}");
     // Named by data (a jump table's entry), it has other ways in.
     assert_eq!(gates_of(TAIL, &[AT + 10]).get(&(AT + 10)), None);
+}
+
+// test %al,%al; je +4 (to the mov); jmp +7 (to the ret); nop (66 90);
+// mov 0x10(%r12),%rdx; ret; jmp -8 (to the mov)
+const TWO_WAYS: &[u8] =
+    &[0x84, 0xc0, 0x74, 0x04, 0xeb, 0x06, 0x66, 0x90, 0x49, 0x8b, 0x54, 0x24, 0x10, 0xc3, 0xeb, 0xf8];
+
+#[test]
+fn a_copy_only_jumps_lead_into_is_gated_on_each_past_padding() {
+    // The mov at +8: the je's target, the last jmp's, and after padding
+    // that the jmp at +4 jumps over.
+    let gates = gates_of(TWO_WAYS, &[]);
+    let into = gates.get(&(AT + 8)).unwrap_or_else(|| panic!("{gates:?}"));
+    assert_eq!(into, &vec![Gate { jump: AT + 2, condition: Some(4) }, Gate { jump: AT + 14, condition: None }]);
+    // A call to it too: not only jumps.
+    let mut called = TWO_WAYS.to_vec();
+    called.truncate(14);
+    // call rel32 at +14, to +8.
+    called.extend_from_slice(&[0xe8, 0xf5, 0xff, 0xff, 0xff]);
+    assert_eq!(gates_of(&called, &[]).get(&(AT + 8)), None);
 }
