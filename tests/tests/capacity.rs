@@ -376,14 +376,13 @@ fn libc_heap_samples_that_find_their_map_full_are_counted_as_lost() {
     assert!(caveat.contains(&why), "{caveat}");
 }
 
-/// A map the knob cannot fill is refused loudly, not ignored: an LRU map
-/// evicts rather than refuses, and a name the object has not is a typo.
+/// A map the knob cannot fill is refused loudly, not ignored: an array
+/// (but the two it knows) has no entry to refuse, and a name the object
+/// has not is a typo.
 #[test]
 fn the_full_maps_knob_refuses_what_it_cannot_fill() {
     require_root();
-    for (full, why) in
-        [("GC_RUNNING", "GC_RUNNING: a LruHash map cannot be filled"), ("NO_SUCH", "NO_SUCH: no such map")]
-    {
+    for (full, why) in [("STATS", "STATS: a PerCpuArray map cannot be filled"), ("NO_SUCH", "NO_SUCH: no such map")] {
         let python = shared_python();
         let mut workload = Workload::once(&python, 1, Body::Objects, Exit::Immediate, Aslr::On);
         workload.wait_blocked_on_stdin();
@@ -639,4 +638,38 @@ fn more_interpreters_than_are_read_are_cut_and_said() {
     let census: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON: {e}: {stdout}"));
     assert!(census["rejected"]["interpreters_cut"].as_u64() >= Some(1), "{}", census["rejected"]);
     drop(workload);
+}
+
+/// The map of collections in flight (`GC_RUNNING`, an LRU map keyed by
+/// thread) with room for one: two processes of one (private) interpreter
+/// collecting at once, each collection held open by a finalizer that
+/// sleeps, push each other's start out, and the done whose start was
+/// pushed out is counted in `gc_unmatched`, which says the collections
+/// counted are partial.
+#[test]
+fn collections_pushed_out_of_the_map_in_flight_are_counted_in_gc_unmatched() {
+    require_root();
+    let copy = std::env::temp_dir().join(format!("tracer-gc-lru-{}-python3.11", std::process::id()));
+    std::fs::copy(tracer_tests::static_python(), &copy).expect("a private copy of python3.11");
+    let exe = copy.to_str().expect("a UTF-8 path").to_owned();
+    let mut workloads: Vec<Workload> =
+        (0..2).map(|_| Workload::script(None, &exe, "slow_collect.py", &["1"])).collect();
+    let tracer = TracerRun::start_env(
+        &["attach", "--exact", "--exe", &exe, "--json", "--interval", "3600"],
+        &[(FULL_MAPS, "GC_RUNNING")],
+    );
+    assert!(tracer.stdout.next_line("the attached line").is_some(), "{:?}", tracer.finish().2);
+    // Both collect at once: each finalizer holds its collection open a
+    // second.
+    for w in &mut workloads {
+        w.go();
+    }
+    for w in &mut workloads {
+        w.expect("done");
+    }
+    tracer.signal(libc::SIGINT);
+    let summary = tracer.summary();
+    drop(workloads);
+    let _ = std::fs::remove_file(&copy);
+    assert!(stat(&summary, "gc_unmatched") >= 1, "{}", summary["stats"]);
 }

@@ -9,8 +9,9 @@
 //! No event ever uses the placeholder's key: every key of these maps
 //! begins with a process or thread id, and id 0 is the kernel's idle task,
 //! which runs no uprobe; the stack maps' keys are hashes, none of them 0
-//! in practice. An LRU map is refused: it would evict the placeholder
-//! rather than refuse an entry.
+//! in practice. An LRU map gets room for one entry and no placeholder: it
+//! evicts rather than refuses, so each new entry pushes out the last one,
+//! which is what thousands of threads at once would do to it.
 //!
 //! `UNWIND_ROWS`, the unwinder's rows, is an array: loaded with room for
 //! one row, every module with more finds no room for its rows.
@@ -57,6 +58,8 @@ pub(super) fn fill(name: &str, map: &MapData) -> Result<(), AttachError> {
     let per_cpu = match info.map_type().map_err(|e| refuse(e.to_string()))? {
         MapType::Hash => false,
         MapType::PerCpuHash => true,
+        // Room for one is as full as an LRU map gets.
+        MapType::LruHash | MapType::LruPerCpuHash => return Ok(()),
         other => return Err(refuse(format!("a {other:?} map cannot be filled (only hash maps refuse an entry)"))),
     };
     if info.max_entries() != 1 {

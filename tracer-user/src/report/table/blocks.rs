@@ -102,12 +102,19 @@ impl<W: Write, E: Write> TableReporter<W, E> {
 
     /// Garbage collections by generation: how many, how long in all, and
     /// the objects found unreachable.
-    pub(super) fn gc_block(&mut self, gc: &crate::model::Gc, full: u64) -> std::io::Result<()> {
+    pub(super) fn gc_block(&mut self, gc: &crate::model::Gc, (full, unmatched): (u64, u64)) -> std::io::Result<()> {
         if full > 0 {
             writeln!(
                 self.out,
                 "  gc PARTIAL: {} collections found the GC totals map full: they are not counted here (gc_full)",
                 group(full)
+            )?;
+        }
+        if unmatched > 0 {
+            writeln!(
+                self.out,
+                "  gc PARTIAL: {} collections ended with no start seen (begun before the attach, or pushed out of the map of collections in flight): they are not counted here (gc_unmatched)",
+                group(unmatched)
             )?;
         }
         if gc.generations.is_empty() {

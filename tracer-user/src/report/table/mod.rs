@@ -151,7 +151,8 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         }
         self.nested_block(sample)?;
         if let Some(gc) = &sample.gc {
-            self.gc_block(gc, sample.stats.get(Stat::GcFull.name()).copied().unwrap_or(0))?;
+            let stat = |s: Stat| sample.stats.get(s.name()).copied().unwrap_or(0);
+            self.gc_block(gc, (stat(Stat::GcFull), stat(Stat::GcUnmatched)))?;
         }
         if let Some(h) = &sample.heap {
             heap::heap_block(&mut self.out, h, &mut self.told_partial)?;
