@@ -365,7 +365,7 @@ pub fn lto_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow::Resu
     let load = crate::markdown::Load::now();
     install_harness()?;
     let mut site_table = String::from(
-        "| build | probes | sites | inlined copies | emulated | of those at their gate | single-stepped | out-of-line entries placed on an emulated instruction |\n|---|---|---|---|---|---|---|---|\n",
+        "| build | probes | sites | inlined copies' sites | emulated | of those at a jump into the copy | single-stepped | out-of-line entries placed on an emulated instruction |\n|---|---|---|---|---|---|---|---|\n",
     );
     let mut live_table =
         String::from("| build | sites live | start to `attached`, each run | median |\n|---|---|---|---|\n");
@@ -482,8 +482,9 @@ pub fn lto_section(md: &mut String, tracer: &Path, effort: &str) -> anyhow::Resu
         "PID is a harness process of the build. Sites = per probe, 1 (the out-of-line function) + \
          `coverage.inlined_probed` + `coverage.call_sites`. Of the inlined copies (`inline_sites`), \
          `inline_sites_emulated` are probed at an instruction the kernel emulates (mostly a conditional \
-         jump, or the conditional jump into the copy: `inline_sites_gated`, docs/probes.md); the rest \
-         are single-stepped. The last column counts the out-of-line functions whose \
+         jump, or a jump into the copy: `inline_sites_gated`, docs/probes.md); the rest are \
+         single-stepped. A copy only jumps lead into has a site at each, so it may count more than \
+         once in the sites' columns (not in `sites`). The last column counts the out-of-line functions whose \
          probe is on an emulated instruction (`emulated`).\n"
     )?;
     writeln!(md, "{site_table}")?;
