@@ -56,7 +56,7 @@ fn check(link_kind: &str) {
     assert_eq!(rest, [format!("tracer: detached from PID {pid} (signal)")], "{stderr}");
     let summary = lines.last().expect("summary");
     assert_eq!(summary["type"], "summary");
-    for (name, value) in tracer_tests::misses(&summary) {
+    for (name, value) in tracer_tests::misses(summary) {
         assert_eq!(value, 0, "BPF stat {name} is non-zero: {summary}");
     }
     let budget = &summary["budget"];

@@ -124,7 +124,7 @@ fn exact_tracing_keeps_only_the_documented_capabilities_and_counts_exactly() {
     let one = traced(n, &["--exact"], &[]);
     let two = traced(2 * n, &["--exact"], &[]);
     for s in [&one, &two] {
-        for (name, value) in tracer_tests::misses(&s) {
+        for (name, value) in tracer_tests::misses(s) {
             assert_eq!(value, 0, "{name}: {}", s["stats"]);
         }
     }

@@ -170,7 +170,7 @@ fn stat(summary: &Value, name: &str) -> u64 {
 
 /// Every other stat is 0: the full table is the only miss.
 fn only_miss(summary: &Value, name: &str) {
-    for (other, value) in tracer_tests::misses(&summary) {
+    for (other, value) in tracer_tests::misses(summary) {
         if other != name && other != "other_process" {
             assert_eq!(value, 0, "{other}: {}", summary["stats"]);
         }
@@ -428,7 +428,7 @@ fn native_stacks_past_their_depth_are_counted_in_native_truncated() {
 /// every call is still counted (the counters are not full). The objects
 /// body's allocators return three times an iteration (a
 /// `PyObject_Malloc`, a `PyObject_Realloc`, a `PyMem_RawMalloc`:
-/// tests/tests/exact_counts.rs pins them): exactly 3N more, and no probe
+/// `tests/tests/exact_counts.rs` pins them): exactly 3N more, and no probe
 /// has a return counted.
 #[test]
 fn returns_that_find_their_map_full_are_counted_in_map_full() {

@@ -42,7 +42,7 @@ fn traced_run_with(python: &Path, n: u64, body: Body, exit: Exit, aslr: Aslr, ex
     let summary = lines.last().expect("a summary line");
     assert_eq!(summary["type"], "summary", "{lines:?}");
     assert_eq!(summary["end"], "target-exit");
-    for (name, value) in tracer_tests::misses(&summary) {
+    for (name, value) in tracer_tests::misses(summary) {
         assert_eq!(value, 0, "BPF stat {name} is non-zero: {summary}");
     }
     assert_eq!(tracer_tests::without_cost_warning(&stderr), format!("tracer: detached from PID {pid} (target-exit)\n"));

@@ -160,7 +160,7 @@ fn threads_run(t: u64, n: u64, second: bool) -> Vec<std::collections::HashMap<St
             let (status, lines, stderr) = tracer.finish();
             assert!(status.success(), "tracer failed: {status}: {stderr}");
             let summary = lines.last().expect("a summary");
-            for (name, value) in tracer_tests::misses(&summary) {
+            for (name, value) in tracer_tests::misses(summary) {
                 assert_eq!(value, 0, "BPF stat {name} is non-zero: {summary}");
             }
             counts(summary)

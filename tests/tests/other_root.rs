@@ -25,7 +25,7 @@ fn traced_run(n: u64, isolation: Isolation) -> (serde_json::Value, Counts) {
     assert!(status.success(), "tracer failed: {status}: {stderr}");
     let summary = lines.last().expect("a summary line");
     assert_eq!(summary["end"], "target-exit", "{summary}");
-    for (name, value) in tracer_tests::misses(&summary) {
+    for (name, value) in tracer_tests::misses(summary) {
         assert_eq!(value, 0, "BPF stat {name} is non-zero: {summary}");
     }
     (attached, counts(summary))

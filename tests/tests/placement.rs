@@ -81,7 +81,7 @@ fn moved_copies_read_what_their_first_points_read(root: Option<&Path>, python: &
     let (placed, entry) = (placed.summary(), entry.summary());
     workload.close();
     for summary in [&placed, &entry] {
-        for (name, value) in tracer_tests::misses(&summary) {
+        for (name, value) in tracer_tests::misses(summary) {
             assert_eq!(value, 0, "{python}: BPF stat {name} is non-zero: {summary}");
         }
     }

@@ -6,7 +6,6 @@
 //! counts are the other suites': they all pass it.)
 
 use std::{
-    path::PathBuf,
     process::Command,
     time::{Duration, Instant},
 };

@@ -49,7 +49,7 @@ fn check(python: &Path, extra: &[&str], exclusive: &[&str]) {
     workload.go();
     let sums = workload.finish_with_sums();
     let summary = lines.last().expect("summary");
-    for (name, value) in tracer_tests::misses(&summary) {
+    for (name, value) in tracer_tests::misses(summary) {
         assert_eq!(value, 0, "BPF stat {name} is non-zero: {summary}");
     }
     let mut compared = 0;

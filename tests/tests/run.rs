@@ -117,7 +117,7 @@ fn run_objects(python: &Path, n: u64, dir: &Path) -> (std::collections::HashMap<
     assert!(out.status.success(), "{}", text(&out.stderr));
     let lines = report(&file);
     let summary = lines.last().expect("summary");
-    for (name, value) in tracer_tests::misses(&summary) {
+    for (name, value) in tracer_tests::misses(summary) {
         assert_eq!(value, 0, "BPF stat {name} is non-zero: {summary}");
     }
     (counts(summary), lines[0]["python"]["image"].as_str().expect("image").to_owned())
