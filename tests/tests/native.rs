@@ -109,10 +109,7 @@ fn exact_with(libc: &str, start: impl Fn(u64) -> Workload, extra: &[&str]) -> (V
         assert!(two["sizes"][domain].is_array(), "{domain}: {}", two["sizes"]);
     }
     for summary in [&one, &two] {
-        let lost: Vec<_> = summary["stats"]
-            .as_object()
-            .expect("stats")
-            .iter()
+        let lost: Vec<_> = tracer_tests::misses(summary)
             .filter(|(k, v)| v.as_u64() != Some(0) && !matches!(k.as_str(), "other_process" | "size_overflow"))
             .collect();
         assert!(lost.is_empty(), "misses: {lost:?}");

@@ -48,15 +48,20 @@ pub fn slot<C: EbpfContext>(ctx: &C) -> Result<u32, Stat> {
 
 /// Whether a hit is an event: always, but at a gate (the conditional jump
 /// probed for the inlined copy it leads into: [`site::gated`]) only where
-/// the flags send the jump into the copy; elsewhere `GateOther`, counted as
-/// the hit's cost, not a loss.
+/// the flags send the jump into the copy. A pass that goes elsewhere is
+/// counted in `GateOther` (the hit's cost, not a loss, so not logged as a
+/// miss).
 #[inline(always)]
-pub fn through_gate(regs: *mut pt_regs, cookie: u64) -> Result<(), Stat> {
-    let Some(condition) = site::gate(cookie) else { return Ok(()) };
+pub fn through_gate(regs: *mut pt_regs, cookie: u64) -> bool {
+    let Some(condition) = site::gate(cookie) else { return true };
     // SAFETY: regs is the context the kernel passed to this program (the
     // user registers at the probe), which the program may read directly.
     let flags = unsafe { core::ptr::read_volatile(&raw const (*regs).eflags) };
-    if site::holds(condition, flags) { Ok(()) } else { Err(Stat::GateOther) }
+    if site::holds(condition, flags) {
+        return true;
+    }
+    crate::common::tally(Stat::GateOther);
+    false
 }
 
 /// The probed thread's `rax`: a function's result, at its return.

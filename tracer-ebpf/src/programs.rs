@@ -73,7 +73,9 @@ fn try_call(ctx: &ProbeContext, size: Size) -> Result<(), Stat> {
     let tgid = check_target()?;
     let bytes = args::requested(ctx, size)?;
     let cookie = args::cookie(ctx);
-    args::through_gate(ctx.regs, cookie)?;
+    if !args::through_gate(ctx.regs, cookie) {
+        return Ok(());
+    }
     let inlined = site::first(cookie) == site::INLINED;
     let slot = if inlined { site::slot(cookie) } else { u32::try_from(cookie).map_err(|_| Stat::SlotOutOfRange)? };
     let (pointer, read) = match site::second(cookie) {
@@ -102,7 +104,9 @@ pub fn count_site(ctx: ProbeContext) -> u32 {
 fn try_count_site(ctx: &ProbeContext) -> Result<(), Stat> {
     let tgid = check_target()?;
     let cookie = args::cookie(ctx);
-    args::through_gate(ctx.regs, cookie)?;
+    if !args::through_gate(ctx.regs, cookie) {
+        return Ok(());
+    }
     let slot = site::slot(cookie);
     let constant = site::constant(cookie);
     let first = args::operand(ctx.regs, site::first(cookie), constant)?;
@@ -139,7 +143,9 @@ pub fn count_object(ctx: ProbeContext) -> u32 {
 fn try_count_object(ctx: &ProbeContext) -> Result<(), Stat> {
     let tgid = check_target()?;
     let cookie = args::cookie(ctx);
-    args::through_gate(ctx.regs, cookie)?;
+    if !args::through_gate(ctx.regs, cookie) {
+        return Ok(());
+    }
     // Not read is a miss, after the call is counted.
     let (pointer, read) = args::pointer(ctx.regs, site::first(cookie), site::constant(cookie));
     let event = Event {
@@ -163,7 +169,9 @@ pub fn free_object(ctx: ProbeContext) -> u32 {
 fn try_free_object(ctx: &ProbeContext) -> Result<(), Stat> {
     let tgid = check_target()?;
     let cookie = args::cookie(ctx);
-    args::through_gate(ctx.regs, cookie)?;
+    if !args::through_gate(ctx.regs, cookie) {
+        return Ok(());
+    }
     let (pointer, read) = args::pointer(ctx.regs, site::first(cookie), site::constant(cookie));
     // An inlined copy's second operand is `INLINED` (a free reads one):
     // with --live, its call is an API call, as `count_call`'s at the

@@ -175,7 +175,8 @@ pub fn gate(start: &InlineEntry, landings: &Landings) -> Vec<(InlineEntry, Optio
 
 /// Every address only jumps lead into (see [`Gate`]), at most
 /// [`MAX_GATES`], from an image's `instructions` in address order, the
-/// addresses its code pointers in data name (`data`), and the ranges where
+/// addresses other ways lead into (`data`: code pointers in data, function
+/// starts, addresses taken in code), and the ranges where
 /// the linear decoding may be out of step (`unsynced`), where nothing is
 /// trusted.
 #[must_use]
@@ -268,6 +269,10 @@ fn falls_into<'a, S: std::hash::BuildHasher, T: std::hash::BuildHasher>(
         let lands = into.contains_key(&prev.ip()) || data.contains(&prev.ip());
         if matches!(prev.mnemonic(), Mnemonic::Nop | Mnemonic::Int3) && !lands {
             continue;
+        }
+        // Bytes that do not decode say the decoding may be out of step.
+        if prev.is_invalid() {
+            return Fall::Code;
         }
         return match prev.flow_control() {
             FlowControl::UnconditionalBranch

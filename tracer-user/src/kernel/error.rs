@@ -88,6 +88,14 @@ fn refused_hint(cause: &(dyn std::error::Error + 'static)) -> &'static str {
     }
 }
 
+impl AttachError {
+    /// Whether this is a map that had no room for another entry.
+    #[must_use]
+    pub fn is_map_full(&self) -> bool {
+        matches!(self, Self::Map { cause, .. } if matches!(&**cause, aya::maps::MapError::SyscallError(e) if e.io_error.raw_os_error() == Some(libc::E2BIG)))
+    }
+}
+
 /// What went wrong with a map, in words: a hash map that refuses a new
 /// entry is full (the kernel says `E2BIG`); else aya's own words.
 fn map_trouble(cause: &aya::maps::MapError) -> String {

@@ -114,11 +114,12 @@ impl StackNames {
                     Ok(()) => {
                         self.processes.insert(pid, Ok(process));
                     }
-                    Err(e) => {
+                    Err(e) if e.is_map_full() => {
                         let why = e.to_string();
                         self.untold.push((pid, why.clone()));
                         self.processes.insert(pid, Err(why));
                     }
+                    Err(e) => return Err(e),
                 }
             }
             Err(why) => {

@@ -68,7 +68,15 @@ impl<'a> Code<'a> {
             .collect();
         let mut targets = std::mem::take(&mut code.targets.0);
         let data: HashSet<u64> = crate::discover::landings::in_data(&file, &ranges, &leas).into_iter().collect();
-        let gates = crate::discover::line::gates(&code.instructions, &data, &code.unsynced);
+        // A copy is probed at the jumps into it only where nothing else
+        // may land: not at a function's start (other files call exported
+        // ones, and addresses taken in code or named by a symbol's
+        // relocation reach others) nor at any address a `lea` takes.
+        let mut entries = data.clone();
+        entries.extend(code.symbols.values().map(|&(address, _)| address));
+        entries.extend(fde_starts(&file));
+        entries.extend(leas.iter().copied());
+        let gates = crate::discover::line::gates(&code.instructions, &entries, &code.unsynced);
         Arc::make_mut(&mut targets).extend(data);
         let imports: Vec<(u64, u64)> = [".got", ".got.plt"]
             .iter()
@@ -217,4 +225,25 @@ impl<'a> Code<'a> {
         }
         out
     }
+}
+
+/// Where each function `.eh_frame` lists starts (none where it does not
+/// parse).
+fn fde_starts(file: &object::File<'_>) -> Vec<u64> {
+    use gimli::UnwindSection as _;
+    let Some(section) = file.section_by_name(".eh_frame") else { return Vec::new() };
+    let Ok(data) = section.data() else { return Vec::new() };
+    let mut frame = gimli::EhFrame::new(data, gimli::LittleEndian);
+    frame.set_address_size(8);
+    let bases = gimli::BaseAddresses::default().set_eh_frame(section.address());
+    let mut entries = frame.entries(&bases);
+    let mut out = Vec::new();
+    while let Ok(Some(entry)) = entries.next() {
+        if let gimli::CieOrFde::Fde(partial) = entry
+            && let Ok(fde) = partial.parse(gimli::EhFrame::cie_from_offset)
+        {
+            out.push(fde.initial_address());
+        }
+    }
+    out
 }

@@ -212,8 +212,15 @@ impl<W: Write, E: Write> TableReporter<W, E> {
                 )?,
             }
         }
-        let nonzero: Vec<String> =
-            sample.stats.iter().filter(|(_, v)| **v > 0).map(|(name, v)| format!("{name}={v}")).collect();
+        // Passes through a jump probed for a copy that went elsewhere are
+        // no miss, only cost (in the JSON's stats).
+        let gate = Stat::GateOther.name();
+        let nonzero: Vec<String> = sample
+            .stats
+            .iter()
+            .filter(|(name, v)| **v > 0 && name.as_str() != gate)
+            .map(|(name, v)| format!("{name}={v}"))
+            .collect();
         if !nonzero.is_empty() {
             let lossy = sample.stats.iter().any(|(name, v)| *v > 0 && Snapshot::is_loss(name));
             let note = if lossy { " (some events were NOT counted)" } else { "" };
