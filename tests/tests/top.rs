@@ -78,9 +78,10 @@ fn top_draws_the_census_sorts_on_a_key_and_quits_on_q_restoring_the_terminal() {
     let pid = workload.pid();
     let tmux = Tmux::new("top");
     // After tracer: its status, then the terminal's modes (raw mode off
-    // shows as `icanon` and `echo`), then the pane stays for reading.
+    // shows as `icanon` and `echo`) on one line written at once, then the
+    // pane stays for reading.
     let script = format!(
-        "{} top --pid {pid} --interval 0.5; echo EXIT=$?; stty -a | tr ' ' '\\n' | grep -x -e -icanon -e icanon -e -echo -e echo | tr '\\n' ' '; echo; sleep 600",
+        "{} top --pid {pid} --interval 0.5; echo EXIT=$?; echo \"MODES: $(stty -a | tr ' ' '\\n' | grep -x -e -icanon -e icanon -e -echo -e echo | tr '\\n' ' ')\"; sleep 600",
         tracer_bin().display()
     );
     tmux.run(&["new-session", "-d", "-s", "top", "-x", "200", "-y", "80", "sh", "-c", &script]);
@@ -114,11 +115,16 @@ fn top_draws_the_census_sorts_on_a_key_and_quits_on_q_restoring_the_terminal() {
     tmux.wait_for("the order reversed", 10, |s| s.contains("objects ▲"));
     // q detaches and restores the terminal: the shell's lines after it.
     tmux.run(&["send-keys", "-t", "top", "q"]);
-    let after = tmux.wait_for("tracer's exit", 30, |s| s.contains("EXIT="));
+    // The modes line comes after the exit status: wait for it, not the status.
+    let after = tmux.wait_for("tracer's exit and the terminal's modes", 30, |s| s.contains("MODES:"));
     assert!(after.contains("EXIT=0"), "{after}");
     assert!(after.contains(&format!("tracer: detached from PID {pid} (signal)")), "{after}");
-    let modes = after.lines().find(|l| l.contains("icanon")).unwrap_or_else(|| panic!("no stty line:\n{after}"));
-    assert_eq!(modes.split_whitespace().collect::<Vec<_>>(), ["icanon", "echo"], "raw mode left on:\n{after}");
+    let modes = after.lines().find(|l| l.starts_with("MODES:")).unwrap_or_else(|| panic!("no stty line:\n{after}"));
+    assert_eq!(
+        modes.split_whitespace().collect::<Vec<_>>(),
+        ["MODES:", "icanon", "echo"],
+        "raw mode left on:\n{after}"
+    );
     assert_eq!(
         tmux.run(&["display", "-p", "-t", "top", "#{alternate_on}"]).trim(),
         "0",
