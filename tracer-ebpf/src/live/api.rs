@@ -4,7 +4,7 @@
 
 use aya_ebpf::{bindings::BPF_ANY, macros::map, maps::LruHashMap};
 use tracer_common::{
-    live::{API_FRAME_ROOM, FRAME_THREADS, Frame, LiveKey, Role, UNKNOWN_BLOCK, kind},
+    live::{API_FRAME_ROOM, FRAME_DEPTH, FRAME_THREADS, Frame, LiveKey, Role, UNKNOWN_BLOCK, kind},
     stack::why,
     stats::Stat,
 };
@@ -65,7 +65,16 @@ pub fn api(tgid: u32, slot: u32, size: u64, block: u64, sp: u64) -> Result<(), S
         }
         frames.depth -= 1;
     }
-    if r == Role::FREE && frame.old == 0 && block != 0 && block != UNKNOWN_BLOCK {
+    // Inside an implementation's call (pymalloc handing a block it does
+    // not own to the raw domain's PyMem_RawFree): the outer free took the
+    // block at its own entry, and its implementation's frame counts this
+    // call as nested.
+    let depth = usize::try_from(frames.depth).unwrap_or(0).min(FRAME_DEPTH);
+    let mut nested = false;
+    for f in frames.frames.iter().take(depth) {
+        nested |= matches!(f.kind, kind::OUTER | kind::NESTED);
+    }
+    if r == Role::FREE && !nested && frame.old == 0 && block != 0 && block != UNKNOWN_BLOCK {
         take(tgid, block, frame.domain);
         frame.old = block;
     }

@@ -90,7 +90,7 @@ pub(super) fn coverage(
 ) -> Coverage {
     // One copy probed at several jumps into it is one copy.
     let probed = sites.iter().filter(|s| !s.also).count();
-    let sizeless = sites.iter().filter(|s| s.size.is_none()).count();
+    let sizeless = sites.iter().filter(|s| !s.also && s.size.is_none()).count();
     let measures_bytes = spec.program.counts_bytes();
     let mut c = Coverage {
         source: "symbols".to_owned(),
@@ -198,7 +198,7 @@ pub(super) fn live_coverage(c: &mut Coverage, sites: &[InlineSite], implementati
     } else if !sites.is_empty() {
         Some(format!(
             "live memory: its {} inlined copies are seen where they call an allocator implementation; where they run the default allocator inlined (LTO), their blocks are read from pymalloc's state at the copy where it is found and the copy shows the size (and a realloc's block), else they are not tracked and are counted as unseen",
-            sites.len()
+            sites.iter().filter(|s| !s.also).count()
         ))
     } else {
         None
@@ -213,7 +213,9 @@ pub(super) fn live_coverage(c: &mut Coverage, sites: &[InlineSite], implementati
 /// destruction): not where calls are partial, nor at copies where neither
 /// the DWARF nor the code shows where the object (`what`) is.
 pub(super) fn types_coverage(c: &mut Coverage, sites: &[InlineSite], what: &str, counted: &str) {
-    let objectless = sites.iter().filter(|s| s.object.is_none()).count();
+    // A copy probed at several jumps into it is one copy, read alike at
+    // each.
+    let objectless = sites.iter().filter(|s| !s.also && s.object.is_none()).count();
     c.types = Some(if c.calls == Completeness::Partial || objectless > 0 {
         Completeness::Partial
     } else {
@@ -222,7 +224,7 @@ pub(super) fn types_coverage(c: &mut Coverage, sites: &[InlineSite], what: &str,
     if objectless > 0 {
         let why = format!(
             "neither the DWARF nor the code shows where {what} at {objectless} of the {} inlined copies (their calls are counted, their {counted} are not)",
-            sites.len()
+            sites.iter().filter(|s| !s.also).count()
         );
         c.reason = Some(c.reason.take().map_or(why.clone(), |r| format!("{r}; {why}")));
     }
@@ -264,7 +266,7 @@ fn guard_coverage(
                     found.undecodable, found.guard
                 ));
             }
-            let sizeless = sites.iter().filter(|s| s.size.is_none()).count();
+            let sizeless = sites.iter().filter(|s| !s.also && s.size.is_none()).count();
             if measures_bytes && (sizeless > 0 || c.calls == Completeness::Partial) {
                 c.bytes = Completeness::Partial;
                 if sizeless > 0 {

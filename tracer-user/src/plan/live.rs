@@ -89,7 +89,9 @@ pub(super) fn live_role(spec: &ProbeSpec) -> Option<tracer_common::live::Role> {
         Program::SizeArg0 => Some(Role::MALLOC),
         Program::Calloc => Some(Role::CALLOC),
         Program::SizeArg1 => Some(Role::REALLOC),
-        Program::CountCall if spec.symbol.ends_with("_Free") => Some(Role::free_of(family as u32)),
+        // `family` took only the four names: `PyMem_RawFree` ends in `Free`,
+        // not `_Free`.
+        Program::CountCall if spec.symbol.ends_with("Free") => Some(Role::free_of(family as u32)),
         _ => None,
     }
 }

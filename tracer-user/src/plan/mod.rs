@@ -437,15 +437,17 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
         // pyenv's 3.13.0 has no DWARF for `_Py_NewReferenceNoTotal`'s
         // code, whose read of the reference tracer is then taken for a copy
         // of `_Py_NewReference`: counted there, unless it is probed itself.
-        let before = inline_sites.len();
+        // Copies, not sites: a copy probed at several jumps is one.
+        let copies = |sites: &[InlineSite]| sites.iter().filter(|s| !s.also).count();
+        let before = copies(&inline_sites);
         inline_sites
             .retain(|s| !own_code.iter().any(|(other, code)| *other != spec.symbol && code.contains(&s.offset)));
-        let others = before - inline_sites.len();
+        let others = before.saturating_sub(copies(&inline_sites));
         let inline_sites = if options.inlined {
             inline_sites
         } else {
             if !inline_sites.is_empty() {
-                unprobed.push(format!("{} skipped with --no-inlined", inline_sites.len()));
+                unprobed.push(format!("{} skipped with --no-inlined", copies(&inline_sites)));
             }
             Vec::new()
         };

@@ -2,7 +2,7 @@
 //! and, at the end, its blocks.
 
 use tracer_common::{
-    live::{FRAME_DEPTH, LiveCounts, Pymalloc},
+    live::{FRAME_DEPTH, FRAME_THREADS, LiveCounts, Pymalloc},
     sizes::Domain,
     stack::{FIRST_HASH, why},
     stats::Stat,
@@ -26,9 +26,10 @@ pub const NATIVE_ONCE: &str = "libc's allocator (--native) is the native domain:
 /// The model of the live table's counts (per domain, in
 /// [`Domain::ALL`] order) for `plan`, whose table has room for `capacity`,
 /// where `pending_full` calls in flight found their thread's stack of
-/// calls full (`live_pending_full`).
+/// calls full (`live_pending_full`) and `unmatched` calls or returns found
+/// no call of theirs in flight (`live_unmatched`).
 #[must_use]
-pub fn report(plan: &Plan, counts: &[LiveCounts], (capacity, pending_full): (u32, u64)) -> model::Live {
+pub fn report(plan: &Plan, counts: &[LiveCounts], (capacity, pending_full, unmatched): (u32, u64, u64)) -> model::Live {
     let domain = |d: Domain| {
         let c = counts.get(d as usize).copied().unwrap_or_default();
         model::LiveDomain {
@@ -75,10 +76,11 @@ pub fn report(plan: &Plan, counts: &[LiveCounts], (capacity, pending_full): (u32
     let lost = (pending_full > 0).then(|| format!(
         "{pending_full} allocator calls in flight could not be kept (live_pending_full): a thread's stack of calls in flight ({FRAME_DEPTH} deep) was full and lost its outermost call, or the map of threads was full; the blocks of the calls lost are not tracked"
     ));
-    let partial = match (why, lost) {
-        (Some(why), Some(lost)) => Some(format!("{why}; {lost}")),
-        (why, lost) => why.or(lost),
-    };
+    let unpaired = (unmatched > 0).then(|| format!(
+        "{unmatched} allocator calls or returns found no call of theirs in flight (live_unmatched): calls begun before the attach, or a thread's calls pushed out of the map of threads with calls in flight ({FRAME_THREADS} threads); their blocks are not tracked"
+    ));
+    let partial = [why, lost, unpaired].into_iter().flatten().collect::<Vec<_>>();
+    let partial = (!partial.is_empty()).then(|| partial.join("; "));
     let unknown = if natives.is_empty() { UNKNOWN.to_owned() } else { format!("{UNKNOWN}; {NATIVE_ONCE}") };
     model::Live { object, mem, raw, native, capacity, dropped, unknown, partial }
 }

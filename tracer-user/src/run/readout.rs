@@ -292,8 +292,9 @@ impl Readout {
             types: self.type_names.as_ref().map(|n| n.counts(&totals.types)),
             sizes: sizes(plan, totals),
             live: self.live.map(|capacity| {
-                let pending_full = totals.stats.get(Stat::LivePendingFull as usize).copied().unwrap_or(0);
-                super::live::report(plan, &totals.live_table, (capacity, pending_full))
+                let stat = |s: Stat| totals.stats.get(s as usize).copied().unwrap_or(0);
+                let lost = (stat(Stat::LivePendingFull), stat(Stat::LiveUnmatched));
+                super::live::report(plan, &totals.live_table, (capacity, lost.0, lost.1))
             }),
             gc: self.gc.as_ref().map(|(source, reason)| {
                 let pids = if self.reap {
