@@ -195,6 +195,10 @@ pub const MAPPED_SAMPLE_BYTES: u64 = DEFAULT_EVERY as u64 * POOL_SIZE;
 /// Room for mapped samples by default.
 pub const DEFAULT_MAPPED_ENTRIES: u32 = 1 << 14;
 
+/// The threads inside a mapping syscall at once that `GROWTH_CALLS`
+/// keeps, besides what the kernel's LRU lists hold back per CPU.
+pub const MAPPING_THREADS: u32 = 1024;
+
 /// `ARENA_SIZE` (`Objects/obmalloc.c` at v3.11.2: `ARENA_BITS` 20 with
 /// `USE_LARGE_ARENAS`; `Include/internal/pycore_obmalloc.h` at v3.12.1,
 /// v3.13.0, v3.14.8): pymalloc's arenas are mappings of exactly this

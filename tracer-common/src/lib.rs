@@ -98,6 +98,12 @@ pub mod names {
     pub const LIVE_MAP: &str = "LIVE";
     /// LRU hash of [`crate::live::Frames`] by thread id.
     pub const FRAMES_MAP: &str = "FRAMES";
+    /// LRU hash by thread id of a walk that came before its API call's
+    /// frame, with `--live --stacks`.
+    pub const WALKED_MAP: &str = "WALKED";
+    /// LRU hash by thread id of a mapping syscall's arguments, from its
+    /// entry to its exit (growth of the C library's heap).
+    pub const GROWTH_CALLS_MAP: &str = "GROWTH_CALLS";
     /// Array of one [`crate::live::Frames`]: the stack each thread's
     /// calls start from (empty).
     pub const EMPTY_FRAMES_MAP: &str = "EMPTY_FRAMES";

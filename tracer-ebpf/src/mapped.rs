@@ -21,7 +21,7 @@ use aya_ebpf::{
 };
 use tracer_common::growth::{
     ARENA_SIZE, DEFAULT_MAPPED_ENTRIES, GrowthCounts, MAP_ANONYMOUS, MAP_STACK, MAPPED_BRK, MAPPED_LOW, MAPPED_MMAP,
-    MAPPED_SAMPLE_BYTES, MappedKey, MappedSample, PROT_NONE,
+    MAPPED_SAMPLE_BYTES, MAPPING_THREADS, MappedKey, MappedSample, PROT_NONE,
 };
 
 use crate::sampled::{GROWTH_COUNTS, count, now_ns, walk};
@@ -43,7 +43,7 @@ pub static GROWTH_ARENAS_SEEN: aya_ebpf::maps::Array<u32> = aya_ebpf::maps::Arra
 
 /// Each thread's call in flight: the arguments its exit needs.
 #[map]
-static GROWTH_CALLS: LruHashMap<u32, [u64; 3]> = LruHashMap::with_max_entries(1024, 0);
+static GROWTH_CALLS: LruHashMap<u32, [u64; 3]> = LruHashMap::with_max_entries(MAPPING_THREADS, 0);
 
 /// Where a `sys_enter_*` record holds argument `n`, and a `sys_exit_*`
 /// record its return value (after the common fields and the syscall

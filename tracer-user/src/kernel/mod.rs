@@ -236,6 +236,13 @@ impl Session {
             } else {
                 1
             };
+        // An LRU map's room is what it keeps whatever the kernel's LRU
+        // lists hold back: each CPU keeps up to 128 free entries of its own
+        // (LOCAL_FREE_TARGET, kernel/bpf/bpf_lru_list.c), and a CPU that
+        // finds none evicts, however many other CPUs keep: an entry still
+        // in use (a call in flight) would go long before the map is full
+        // on a machine of many CPUs.
+        let lru = |room: u32| room.saturating_add(LRU_HELD_PER_CPU.saturating_mul(possible_cpus()));
         // Test-only (see full): maps loaded with one entry, filled below.
         let full_maps = &options.full_maps;
         let mut loader = EbpfLoader::new();
@@ -265,7 +272,11 @@ impl Session {
             .map_max_entries(names::TYPES_MAP, type_entries)
             .map_max_entries(names::OBJECTS_MAP, object_entries)
             .override_global(names::PRE_HEADERS_GLOBAL, &pre_headers, true)
-            .map_max_entries(names::SLOT_DOMAINS_MAP, slots.max(1));
+            .map_max_entries(names::SLOT_DOMAINS_MAP, slots.max(1))
+            .map_max_entries(names::FRAMES_MAP, lru(tracer_common::live::FRAME_THREADS))
+            .map_max_entries(names::WALKED_MAP, lru(tracer_common::live::FRAME_THREADS))
+            .map_max_entries(names::GC_RUNNING_MAP, lru(tracer_common::gc::DEFAULT_GC_THREADS))
+            .map_max_entries(names::GROWTH_CALLS_MAP, lru(tracer_common::growth::MAPPING_THREADS));
         for name in full_maps {
             loader.map_max_entries(name, 1);
         }
@@ -429,6 +440,17 @@ impl Drop for Session {
             self.detach_multi(pid);
         }
     }
+}
+
+/// The free entries the kernel's shared LRU lists may hold back per CPU
+/// (`LOCAL_FREE_TARGET` in kernel/bpf/bpf_lru_list.c; since 6.16 fewer
+/// where the map is small, never more).
+const LRU_HELD_PER_CPU: u32 = 128;
+
+/// The CPUs the kernel may run a program on (each has its LRU lists), 1
+/// where that cannot be read: the map then keeps its declared room.
+fn possible_cpus() -> u32 {
+    aya::util::nr_cpus().ok().and_then(|n| u32::try_from(n).ok()).unwrap_or(1)
 }
 
 /// Every map's data, whatever its type: a program loaded for uprobe-multi
