@@ -443,7 +443,7 @@ impl Drop for Session {
 }
 
 /// The free entries the kernel's shared LRU lists may hold back per CPU
-/// (`LOCAL_FREE_TARGET` in kernel/bpf/bpf_lru_list.c; since 6.16 fewer
+/// (`LOCAL_FREE_TARGET` in `kernel/bpf/bpf_lru_list.c`; since 6.16 fewer
 /// where the map is small, never more).
 const LRU_HELD_PER_CPU: u32 = 128;
 
