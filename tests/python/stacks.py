@@ -10,6 +10,9 @@
                       names are stored one, two and four bytes a character
     stacks.py churn   four threads calling and returning as fast as they
                       can, so that frames come and go while they are read
+    stacks.py long-lines  as sleep, leaf()'s line table padded past the
+                      2^24 bytes tracer reads (its own entries first, so
+                      Python still finds every line in it)
 
 Each prints "ready" just before it settles. The lines the test expects are
 the ones marked with `# MARK: name`, found by the test in this file, so
@@ -79,8 +82,11 @@ def main():
             threading.Thread(target=churning, daemon=True).start()
         print("ready", flush=True)
         churning()
-    if mode == "sleep":
+    if mode in ("sleep", "long-lines"):
         threading.Thread(target=helper_wait, daemon=True).start()
+    if mode == "long-lines":
+        code = leaf.__code__
+        leaf.__code__ = code.replace(co_linetable=code.co_linetable + bytes(1 << 24))
     middle(mode)  # MARK: main
 
 

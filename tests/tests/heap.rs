@@ -333,6 +333,34 @@ fn a_signal_during_a_stopped_census_lets_the_target_go() {
     }
 }
 
+/// `--stop` stops the threads it finds, again until a round finds no new
+/// one, in at most 100 rounds: a target whose threads multiply faster ends
+/// the census with an error, and every thread stopped is let go. The
+/// test-only `TRACER_TEST_STOP_ROUNDS=1` reaches the limit on any target
+/// (one round always finds new threads: all of them).
+#[test]
+fn a_target_whose_threads_keep_multiplying_is_let_go_with_an_error() {
+    require_root();
+    let mut workload = pyenv("3.12.1").start();
+    at_rest(&workload);
+    let pid = workload.pid();
+    let tracer = tracer_tests::TracerRun::start_env(
+        &["heap", "--pid", &pid.to_string(), "--stop", "--json"],
+        &[("TRACER_TEST_STOP_ROUNDS", "1")],
+    );
+    let (status, lines, stderr) = tracer.finish();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(lines.is_empty(), "{lines:?}");
+    assert_eq!(
+        stderr,
+        format!(
+            "tracer: error: cannot stop PID {pid}: its threads kept multiplying (each of 1 rounds of stopping the threads it had found new ones); the threads stopped were let go. Without --stop the census is an estimate, taken while it runs\n"
+        )
+    );
+    assert_ne!(state(pid), 't', "PID {pid} left stopped");
+    answers(&mut workload);
+}
+
 #[test]
 fn a_killed_tracer_lets_the_target_go() {
     let (mut workload, mut tracer) = stopping("3.13.0");

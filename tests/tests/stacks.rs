@@ -368,6 +368,32 @@ fn deep_stacks_are_read_whole_or_truncated_at_the_limit() {
     assert_eq!(main["truncated"], true, "{cut}");
 }
 
+/// A line table past the 2^24 bytes tracer reads of one (a function's is
+/// far shorter; this one is leaf's own, padded): the thread whose frame
+/// needs it gives, in place of its frames, the table's size and the
+/// limit, and the exit status is 1; the other thread is read whole.
+#[test]
+fn a_line_table_past_the_limit_is_refused_and_said() {
+    require_root();
+    let long = Running::start(PYENV_313, &["long-lines"]);
+    let pid = long.pid.to_string();
+    let (code, stdout, stderr) = run_tracer(&["stack", "--pid", &pid, "--json"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(stderr, "tracer: error: the frames of 1 of 2 threads could not be read (see above)\n");
+    let read: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON: {stdout}: {e}"));
+    let error = main_thread(&read)["error"].as_str().unwrap_or_else(|| panic!("no error: {read}"));
+    let size = 1 << 24;
+    assert!(error.contains(" cannot be read as a string: its size "), "{error}");
+    assert!(error.starts_with("the co_linetable at 0x") && error.ends_with(&format!(" is beyond {size}")), "{error}");
+    let helper = read["threads"].as_array().expect("threads").iter().find(|t| t["main"] == false).expect("the helper");
+    let names: Vec<String> = frames(helper).into_iter().map(|f| f.0).collect();
+    assert!(names.iter().any(|n| n == "helper_wait"), "{helper}");
+    // The table says the same, on the thread's line.
+    let (code, table, _) = run_tracer(&["stack", "--pid", &pid]);
+    assert_eq!(code, Some(1));
+    assert!(table.contains(&format!("    (cannot read its frames: {error})")), "{table}");
+}
+
 /// Threads that call and return all the time, read again and again
 /// without being stopped: a read can fail for a thread whose frames changed
 /// under it (exit status 1, the error in its place), never crash, and what

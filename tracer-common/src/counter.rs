@@ -22,6 +22,12 @@ const _: () = assert!(core::mem::size_of::<CounterKey>() == 8);
 /// slot with this bit set, not again under the slot itself.
 pub const NESTED_SLOT: u32 = 1 << 31;
 
+/// The counter slot of the passes of a probe's gated sites (a conditional
+/// jump probed for the inlined copy it leads into) that went elsewhere:
+/// no call, but a hit the target pays for, counted under the probe's slot
+/// with this bit set so that the cost is priced with the probe's hits.
+pub const GATE_SLOT: u32 = 1 << 30;
+
 /// Default size of the nested-calls map (thread id to the slot of the call
 /// in flight): an entry lives from a nested call site to the entry of the
 /// function it calls, the next instruction that thread runs.

@@ -8,7 +8,11 @@ use aya_ebpf::{
     helpers::{bpf_probe_read_user, generated::bpf_get_attach_cookie},
     programs::ProbeContext,
 };
-use tracer_common::{site, stats::Stat};
+use tracer_common::{
+    counter::{CounterKey, GATE_SLOT},
+    site,
+    stats::Stat,
+};
 
 use crate::common::bump;
 
@@ -46,22 +50,25 @@ pub fn slot<C: EbpfContext>(ctx: &C) -> Result<u32, Stat> {
     u32::try_from(cookie(ctx)).map_err(|_| Stat::SlotOutOfRange)
 }
 
-/// Whether a hit is an event: always, but at a gate (the conditional jump
-/// probed for the inlined copy it leads into: [`site::gated`]) only where
-/// the flags send the jump into the copy. A pass that goes elsewhere is
-/// counted in `GateOther` (the hit's cost, not a loss, so not logged as a
-/// miss).
+/// Whether a hit of process `tgid` is an event: always, but at a gate (the
+/// conditional jump probed for the inlined copy it leads into:
+/// [`site::gated`]) only where the flags send the jump into the copy. A
+/// pass that goes elsewhere is counted in `GateOther` (the hit's cost, not
+/// a loss, so not logged as a miss) and under the probe's slot with
+/// [`GATE_SLOT`], which prices it with the probe's hits.
 #[inline(always)]
-pub fn through_gate(regs: *mut pt_regs, cookie: u64) -> bool {
-    let Some(condition) = site::gate(cookie) else { return true };
+pub fn through_gate(ctx: &ProbeContext, tgid: u32, cookie: u64) -> Result<bool, Stat> {
+    let regs = ctx.regs;
+    let Some(condition) = site::gate(cookie) else { return Ok(true) };
     // SAFETY: regs is the context the kernel passed to this program (the
     // user registers at the probe), which the program may read directly.
     let flags = unsafe { core::ptr::read_volatile(&raw const (*regs).eflags) };
     if site::holds(condition, flags) {
-        return true;
+        return Ok(true);
     }
     crate::common::tally(Stat::GateOther);
-    false
+    crate::count::add(ctx, CounterKey { tgid, slot: site::slot(cookie) | GATE_SLOT }, 0)?;
+    Ok(false)
 }
 
 /// The probed thread's `rax`: a function's result, at its return.

@@ -73,6 +73,10 @@ pub enum HeapError {
         "cannot stop PID {pid} (thread {tid}) with ptrace: {cause}; is it traced already (gdb, strace)? Without --stop the census is an estimate"
     )]
     Stop { pid: u32, tid: u32, cause: std::io::Error },
+    #[error(
+        "cannot stop PID {pid}: its threads kept multiplying (each of {rounds} rounds of stopping the threads it had found new ones); the threads stopped were let go. Without --stop the census is an estimate, taken while it runs"
+    )]
+    Multiplying { pid: u32, rounds: u32 },
     #[error("the heap census was interrupted by a signal; the target was let go")]
     Interrupted,
     #[error(
@@ -98,6 +102,7 @@ impl Classify for HeapError {
             Self::Read { .. }
             | Self::Proc { .. }
             | Self::Stop { .. }
+            | Self::Multiplying { .. }
             | Self::Interrupted
             | Self::OffsetMismatch { .. }
             | Self::Capabilities(_) => false,

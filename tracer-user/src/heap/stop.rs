@@ -21,6 +21,16 @@ use super::HeapError;
 /// Rounds of listing the threads at most.
 const MAX_ROUNDS: u32 = 100;
 
+/// Test-only: fewer rounds (at least 1), so that a test reaches the limit
+/// without a target that makes threads faster than they can be stopped.
+/// One round always finds new threads (all of them), so 1 fails every
+/// stop.
+pub const ROUNDS_VARIABLE: &str = "TRACER_TEST_STOP_ROUNDS";
+
+fn max_rounds() -> u32 {
+    std::env::var(ROUNDS_VARIABLE).ok().and_then(|v| v.parse().ok()).filter(|&n| n >= 1).unwrap_or(MAX_ROUNDS)
+}
+
 /// A target whose threads are all stopped.
 #[derive(Debug)]
 pub struct Stopped {
@@ -33,7 +43,8 @@ impl Stopped {
     /// Stops every thread of `pid`.
     pub fn stop(pid: u32) -> Result<Self, HeapError> {
         let mut stopped = Self { pid, tids: Vec::new(), since: Instant::now() };
-        for _ in 0..MAX_ROUNDS {
+        let rounds = max_rounds();
+        for _ in 0..rounds {
             let tids = threads(pid)?;
             let new: Vec<libc::pid_t> = tids.into_iter().filter(|t| !stopped.tids.contains(t)).collect();
             if new.is_empty() {
@@ -49,7 +60,8 @@ impl Stopped {
                 }
             }
         }
-        Err(HeapError::Stop { pid, tid: pid, cause: std::io::Error::other("its threads kept multiplying") })
+        // Dropping `stopped` lets go of every thread seized.
+        Err(HeapError::Multiplying { pid, rounds })
     }
 
     /// How long the target has been stopped.

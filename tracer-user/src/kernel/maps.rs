@@ -8,7 +8,7 @@ use std::{
 };
 
 use tracer_common::{
-    counter::{Counter, CounterKey, NESTED_SLOT},
+    counter::{Counter, CounterKey, GATE_SLOT, NESTED_SLOT},
     names,
     returns::Returned,
     stack::{Stack, StackKey, WalkConfig},
@@ -28,6 +28,9 @@ pub struct ProbeReading {
     /// With `--native`: its calls by another probed libc function (glibc's
     /// `realloc` relaying to `malloc`), not in `calls` and `bytes`.
     pub nested: Counter,
+    /// Passes of its gated sites (a jump probed for the inlined copy it
+    /// leads into) that went elsewhere: no call, but hits all the same.
+    pub gate_other: u64,
 }
 
 /// Counts read from the kernel, summed over CPUs.
@@ -98,7 +101,23 @@ impl ProbeReading {
             bytes: self.bytes.saturating_add(other.bytes),
             returned: self.returned.merged(other.returned),
             nested: self.nested.merged(other.nested),
+            gate_other: self.gate_other.saturating_add(other.gate_other),
         }
+    }
+
+    /// The hits that priced like its calls: a nested call is two (its
+    /// site's mark and its entry), and a gate's pass that went elsewhere
+    /// one.
+    #[must_use]
+    pub const fn priced_calls(&self) -> u64 {
+        self.calls.saturating_add(self.nested.calls.saturating_mul(2)).saturating_add(self.gate_other)
+    }
+
+    /// Every hit the target paid for: [`Self::priced_calls`] and the
+    /// returns read.
+    #[must_use]
+    pub const fn hits(&self) -> u64 {
+        self.priced_calls().saturating_add(self.returned.returns)
     }
 }
 
@@ -120,10 +139,17 @@ impl Session {
             }
             let sum = per_cpu.iter().fold(Counter::default(), |sum, c| sum.merged(*c));
             let nested = key.slot & NESTED_SLOT != 0;
-            let Some(slot) = usize::try_from(key.slot & !NESTED_SLOT).ok().filter(|&s| s < slots) else {
+            let gate = key.slot & GATE_SLOT != 0;
+            let Some(slot) = usize::try_from(key.slot & !(NESTED_SLOT | GATE_SLOT)).ok().filter(|&s| s < slots) else {
                 stray = stray.saturating_add(sum.calls);
                 continue;
             };
+            if gate {
+                per_process.entry(key.tgid).or_insert_with(|| vec![ProbeReading::default(); slots])[slot].gate_other =
+                    sum.calls;
+                probes[slot].gate_other = probes[slot].gate_other.saturating_add(sum.calls);
+                continue;
+            }
             if nested {
                 per_process.entry(key.tgid).or_insert_with(|| vec![ProbeReading::default(); slots])[slot].nested = sum;
                 probes[slot].nested = probes[slot].nested.merged(sum);
@@ -218,8 +244,10 @@ impl Session {
             let key = CounterKey { tgid, slot };
             // A probe the process never hit has no entry to remove.
             self.counters.remove(&key).or_else(absent).map_err(map_err(names::COUNTERS_MAP))?;
-            let nested = CounterKey { tgid, slot: slot | NESTED_SLOT };
-            self.counters.remove(&nested).or_else(absent).map_err(map_err(names::COUNTERS_MAP))?;
+            for marked in [slot | NESTED_SLOT, slot | GATE_SLOT] {
+                let key = CounterKey { tgid, slot: marked };
+                self.counters.remove(&key).or_else(absent).map_err(map_err(names::COUNTERS_MAP))?;
+            }
             self.returns.remove(&key).or_else(absent).map_err(map_err(names::RETURNS_MAP))?;
         }
         let keys: Vec<TypeKey> = self.types.keys().filter_map(Result::ok).filter(|k| k.tgid == tgid).collect();

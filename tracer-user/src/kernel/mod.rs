@@ -243,6 +243,8 @@ impl Session {
         // in use (a call in flight) would go long before the map is full
         // on a machine of many CPUs.
         let lru = |room: u32| room.saturating_add(LRU_HELD_PER_CPU.saturating_mul(possible_cpus()));
+        let gated = plan.probes.iter().filter(|p| p.inline_sites.iter().any(|s| s.gate.is_some())).count();
+        let gated = u32::try_from(gated).unwrap_or(u32::MAX);
         // Test-only (see full): maps loaded with one entry, filled below.
         let full_maps = &options.full_maps;
         let mut loader = EbpfLoader::new();
@@ -266,8 +268,12 @@ impl Session {
             .map_max_entries(names::NATIVE_STACKS_MAP, if native_on == 1 { stack_entries } else { 1 })
             .override_global(names::OB_TYPE_OFFSET_GLOBAL, &ob_type_offset, true)
             .override_global(aya_log::LEVEL, &log_level, true)
-            // Each native probe has a second counter for its nested calls.
-            .map_max_entries(names::COUNTERS_MAP, slots.saturating_add(native).saturating_mul(processes))
+            // Each native probe has a second counter for its nested calls,
+            // each probe with gated sites one for their other passes.
+            .map_max_entries(
+                names::COUNTERS_MAP,
+                slots.saturating_add(native).saturating_add(gated).saturating_mul(processes),
+            )
             .map_max_entries(names::RETURNS_MAP, slots.saturating_mul(processes))
             .map_max_entries(names::TYPES_MAP, type_entries)
             .map_max_entries(names::OBJECTS_MAP, object_entries)

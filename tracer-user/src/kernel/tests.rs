@@ -287,8 +287,8 @@ extern "C" fn tracer_test_gate(x: u64) -> u64 {
 /// A copy probed at the jump into it counts only the passes the flags send
 /// there: two probes at one jump with opposite conditions split its passes,
 /// each counting those its condition holds for, and every pass one of them
-/// leaves is `gate_other`. The kernel takes two probes at one offset in one
-/// link.
+/// leaves is `gate_other`, and its probe's (a hit priced with its calls).
+/// The kernel takes two probes at one offset in one link.
 #[test]
 fn a_gate_counts_the_passes_its_condition_holds_for() {
     use iced_x86::{Decoder, DecoderOptions};
@@ -331,6 +331,10 @@ fn a_gate_counts_the_passes_its_condition_holds_for() {
     let (a, b) = (readings.probes[0].calls, readings.probes[1].calls);
     assert!(matches!((a, b), (100, 200) | (200, 100)), "{a} and {b} of {N} passes: {readings:?}");
     assert_eq!(readings.stats[Stat::GateOther as usize], N, "{readings:?}");
+    // Each probe's other passes, under its slot, priced with its hits.
+    for p in &readings.probes[..2] {
+        assert_eq!((p.gate_other, p.hits()), (N - p.calls, N), "{readings:?}");
+    }
     let others = readings.stats.iter().enumerate().filter(|&(i, _)| i != Stat::GateOther as usize);
     assert!(others.clone().all(|(_, &v)| v == 0), "{:?}", others.collect::<Vec<_>>());
 }

@@ -367,7 +367,8 @@ pub fn estimate(
     totals: &Totals,
     (window, cpu): (Duration, Option<Duration>),
 ) -> CostEstimate {
-    let calls: Vec<u64> = totals.probes.iter().map(|p| p.calls).collect();
+    // Priced as the ledger prices them: every hit of the window.
+    let calls: Vec<u64> = totals.probes.iter().map(crate::kernel::maps::ProbeReading::priced_calls).collect();
     let returns: Vec<u64> = totals.probes.iter().map(|p| p.returned.returns).collect();
     let hits = calls.iter().chain(&returns).sum();
     let window_s = window.as_secs_f64();

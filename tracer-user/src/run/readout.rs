@@ -279,16 +279,7 @@ impl Readout {
                 .iter()
                 .map(|e| ExitedProcess { pid: e.pid, exited_s: e.at.as_secs_f64(), probes: per_probe(&e.probes) })
                 .collect(),
-            // A nested call is two hits: its site's mark and its entry.
-            hits: Some(
-                totals
-                    .probes
-                    .iter()
-                    .map(|c| {
-                        c.calls.saturating_add(c.returned.returns).saturating_add(c.nested.calls.saturating_mul(2))
-                    })
-                    .sum(),
-            ),
+            hits: Some(totals.probes.iter().map(ProbeReading::hits).sum()),
             types: self.type_names.as_ref().map(|n| n.counts(&totals.types)),
             sizes: sizes(plan, totals),
             live: self.live.map(|capacity| {

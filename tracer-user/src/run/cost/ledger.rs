@@ -22,8 +22,7 @@ impl Reading {
     fn of(slots: usize, cpu_ticks: u64, hits: Option<&[ProbeReading]>) -> Self {
         let mut r = Self { cpu_ticks, ..Self::zero(slots) };
         for (slot, h) in hits.unwrap_or_default().iter().enumerate().take(slots) {
-            // A nested call is two hits: its site's mark and its entry.
-            r.calls[slot] = h.calls.saturating_add(h.nested.calls.saturating_mul(2));
+            r.calls[slot] = h.priced_calls();
             r.returns[slot] = h.returned.returns;
         }
         r
