@@ -1,15 +1,17 @@
-"""Calls in flight on two threads at once, for tests/tests/capacity.rs.
+"""Calls in flight on several threads at once, for
+tests/tests/capacity_threads.rs.
 
     gil_free.py raw|mmap SECONDS
 
-Prints "ready", waits for a line, then runs two threads for SECONDS, each
-calling through ctypes.CDLL, which lets go of the GIL for the call, so
-both threads are inside a call at the same time (the GIL otherwise keeps
-one allocator call per process in flight):
+Prints "ready", waits for a line, then runs THREADS threads for SECONDS,
+each calling through ctypes.CDLL, which lets go of the GIL for the call,
+so that threads are inside a call at the same time (the GIL otherwise
+keeps one allocator call per process in flight; more threads than CPUs
+keep both CPUs of a loaded machine in calls):
 - raw: PyMem_RawMalloc(64) and PyMem_RawFree, the raw domain's API, which
   needs no GIL;
 - mmap: the C library's mmap of 64 KiB (anonymous, read-write) and munmap.
-Then prints "done CALLS" (the calls each thread made, summed) and waits in
+Then prints "done CALLS" (the calls the threads made, summed) and waits in
 a bare read(2) of 5 bytes.
 """
 
@@ -20,6 +22,7 @@ import threading
 import time
 
 mode, seconds = sys.argv[1], float(sys.argv[2])
+THREADS = 4
 # The symbols the process has: libpython's or the executable's, and libc's.
 lib = ctypes.CDLL(None)
 if mode == "raw":
@@ -61,7 +64,7 @@ def work(end):
 print("ready", flush=True)
 sys.stdin.readline()
 end = time.monotonic() + seconds
-threads = [threading.Thread(target=work, args=(end,)) for _ in range(2)]
+threads = [threading.Thread(target=work, args=(end,)) for _ in range(THREADS)]
 for t in threads:
     t.start()
 for t in threads:

@@ -9,12 +9,12 @@
 use serde_json::Value;
 use tracer_tests::{TracerRun, Workload, require_root, shared_python};
 
-/// `tests/python/gil_free.py` `mode` for a second under `tracer attach
-/// --json --interval 3600 ARGS` with `env`: the summary, and the calls
-/// the two threads made.
+/// `tests/python/gil_free.py` `mode` for two seconds under `tracer
+/// attach --json --interval 3600 ARGS` with `env`: the summary, and the
+/// calls its threads made.
 fn gil_free(mode: &str, env: &[(&str, &str)], args: &[&str]) -> (Value, u64) {
     let python = shared_python();
-    let mut workload = Workload::script(None, python.to_str().expect("a path"), "gil_free.py", &[mode, "1"]);
+    let mut workload = Workload::script(None, python.to_str().expect("a path"), "gil_free.py", &[mode, "2"]);
     workload.wait_blocked_on_stdin();
     let pid = workload.pid().to_string();
     let mut all = vec!["attach", "--json", "--pid", &pid, "--interval", "3600"];
@@ -52,7 +52,7 @@ fn calls_pushed_out_of_the_map_of_threads_in_flight_are_counted_in_live_unmatche
     assert!(stat(&full, "live_unmatched") >= 1, "{}", full["stats"]);
     let partial = full["live"]["partial"].as_str().unwrap_or_else(|| panic!("not partial: {}", full["live"]));
     assert!(
-        partial.contains(" allocator calls or returns found no call of theirs in flight (live_unmatched): ")
+        partial.contains(" allocator calls or returns were not paired (live_unmatched): ")
             && partial.contains("pushed out of the map of threads with calls in flight"),
         "{partial}"
     );

@@ -73,7 +73,7 @@ fn try_call(ctx: &ProbeContext, size: Size) -> Result<(), Stat> {
     let tgid = check_target()?;
     let bytes = args::requested(ctx, size)?;
     let cookie = args::cookie(ctx);
-    if !args::through_gate(ctx, tgid, cookie)? {
+    if !args::through_gate(ctx, tgid, cookie) {
         return Ok(());
     }
     let inlined = site::first(cookie) == site::INLINED;
@@ -104,7 +104,7 @@ pub fn count_site(ctx: ProbeContext) -> u32 {
 fn try_count_site(ctx: &ProbeContext) -> Result<(), Stat> {
     let tgid = check_target()?;
     let cookie = args::cookie(ctx);
-    if !args::through_gate(ctx, tgid, cookie)? {
+    if !args::through_gate(ctx, tgid, cookie) {
         return Ok(());
     }
     let slot = site::slot(cookie);
@@ -143,7 +143,7 @@ pub fn count_object(ctx: ProbeContext) -> u32 {
 fn try_count_object(ctx: &ProbeContext) -> Result<(), Stat> {
     let tgid = check_target()?;
     let cookie = args::cookie(ctx);
-    if !args::through_gate(ctx, tgid, cookie)? {
+    if !args::through_gate(ctx, tgid, cookie) {
         return Ok(());
     }
     // Not read is a miss, after the call is counted.
@@ -169,7 +169,7 @@ pub fn free_object(ctx: ProbeContext) -> u32 {
 fn try_free_object(ctx: &ProbeContext) -> Result<(), Stat> {
     let tgid = check_target()?;
     let cookie = args::cookie(ctx);
-    if !args::through_gate(ctx, tgid, cookie)? {
+    if !args::through_gate(ctx, tgid, cookie) {
         return Ok(());
     }
     let (pointer, read) = args::pointer(ctx.regs, site::first(cookie), site::constant(cookie));

@@ -9,7 +9,7 @@ use tracer_common::{
     stats::Stat,
 };
 
-use super::{FRAMES, LIVE, add, frames_of, ids, push, role_of, take};
+use super::{FRAMES, LIVE, add, frames_of, ids, prune, push, role_of, take};
 use super::predict::{predict, predict_realloc};
 
 
@@ -46,6 +46,7 @@ pub fn api(tgid: u32, slot: u32, size: u64, block: u64, sp: u64) -> Result<(), S
     // SAFETY: a valid pointer to the value, which only this thread (so
     // only this program run) uses.
     let frames = unsafe { &mut *frames };
+    prune(frames, sp);
     let top = usize::try_from(frames.depth).unwrap_or(0).wrapping_sub(1);
     let mut continued = false;
     if let Some(last) = frames.frames.get_mut(top)
@@ -95,8 +96,9 @@ pub fn api(tgid: u32, slot: u32, size: u64, block: u64, sp: u64) -> Result<(), S
 /// (which it never serves), and a free or realloc of a block it does not
 /// own, to the raw domain's API, also inlined, with the same role, size
 /// (or block) and stack frame. A size or block either probe does not know
-/// is no match: a stale call of unknown size is not taken for the one
-/// that goes on.
+/// is no match (a stale call of unknown size is not taken for the one
+/// that goes on), but for a free whose outer copy does not show its
+/// block where the raw one does.
 #[inline(always)]
 fn continues(last: &Frame, call: &Frame, block: u64) -> bool {
     let raw = tracer_common::sizes::Domain::Raw as u32;
@@ -112,7 +114,11 @@ fn continues(last: &Frame, call: &Frame, block: u64) -> bool {
     match call.role {
         Role::MALLOC | Role::CALLOC => last.size == call.size,
         Role::REALLOC => last.size == call.size && block != UNKNOWN_BLOCK && block == last.old,
-        Role::FREE => block != 0 && block != UNKNOWN_BLOCK && block == last.old,
+        // The outer copy may not show its block where the raw one does:
+        // the same free (the raw call takes it, in the outer's domain).
+        // Not the other way: an outer free whose block is known and stale
+        // would take over a raw free of its own whose block is not.
+        Role::FREE => block != 0 && block != UNKNOWN_BLOCK && (block == last.old || last.old == 0),
         _ => false,
     }
 }

@@ -7,7 +7,7 @@ use tracer_common::{
     stats::Stat,
 };
 
-use super::{FRAMES, add, frames_of, ids, push, put, take};
+use super::{FRAMES, add, frames_of, ids, prune, push, put, take};
 use super::{native::native_result, predict::unpredict};
 
 
@@ -23,6 +23,7 @@ pub fn implementation(tgid: u32, slot: u32, r: Role, size: u64, old: u64, sp: u6
     let Some(frames) = frames_of(tid) else { return Err(Stat::LivePendingFull) };
     // SAFETY: a valid pointer to the value, which only this thread uses.
     let frames = unsafe { &mut *frames };
+    prune(frames, sp);
     let depth = usize::try_from(frames.depth).unwrap_or(0).min(FRAME_DEPTH);
     // Inside another implementation: an implementation frame below.
     let mut nested = false;

@@ -161,6 +161,33 @@ pub(super) fn frames_of(tid: u32) -> Option<*mut Frames> {
     FRAMES.get_ptr_mut(&tid)
 }
 
+/// Drops the implementation frames on top of `frames` that a call at
+/// stack pointer `sp` is not inside: a call's frame is at or above the
+/// stack pointer of every call it makes (a tail call's is at it), so one
+/// below `sp` returned unseen (it was in flight when its return probe was
+/// attached, or left by a longjmp). Each is counted as unmatched; an API
+/// frame on top is the caller's to judge.
+#[inline(always)]
+pub(super) fn prune(frames: &mut Frames, sp: u64) {
+    for _ in 0..FRAME_DEPTH {
+        let depth = usize::try_from(frames.depth).unwrap_or(0).min(FRAME_DEPTH);
+        let Some(top) = frames.frames.get(depth.wrapping_sub(1)) else { return };
+        let implementation = matches!(
+            top.kind,
+            tracer_common::live::kind::OUTER
+                | tracer_common::live::kind::NESTED
+                | tracer_common::live::kind::ORPHAN
+                | tracer_common::live::kind::NATIVE
+                | tracer_common::live::kind::NATIVE_NESTED
+        );
+        if !implementation || top.sp >= sp {
+            return;
+        }
+        frames.depth = (depth - 1) as u64;
+        crate::common::tally(Stat::LiveUnmatched);
+    }
+}
+
 /// Pushes `frame`; a full stack loses its outermost call (one whose
 /// return was never seen), which is counted.
 #[inline(always)]

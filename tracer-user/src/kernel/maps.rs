@@ -227,6 +227,34 @@ impl Session {
         array.set(0, config, 0).map_err(|cause| AttachError::Map { name, cause: Box::new(cause) })
     }
 
+    /// With `--live`, forgets every thread's calls in flight, once every
+    /// probe is attached: a call that entered while the attach went on may
+    /// have returned before its return probe was attached, and its frame
+    /// would stay on its thread's stack, taken for a call in flight (the
+    /// thread's later calls nested in it, their blocks untracked). A call in
+    /// flight now loses only its own block: its return is counted as
+    /// unmatched.
+    pub fn forget_frames(&mut self) -> Result<(), AttachError> {
+        self.clear::<tracer_common::live::Frames>(names::FRAMES_MAP)?;
+        // A walk waiting for its call's frame: a stack hash and a slot.
+        self.clear::<[u8; 16]>(names::WALKED_MAP)
+    }
+
+    /// Removes every entry of the map `name`, keyed by thread id.
+    fn clear<V: aya::Pod>(&mut self, name: &'static str) -> Result<(), AttachError> {
+        let map_err = |cause| AttachError::Map { name, cause: Box::new(cause) };
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or_else(|| map_err(aya::maps::MapError::InvalidName { name: name.to_owned() }))?;
+        let mut threads: aya::maps::HashMap<_, u32, V> = aya::maps::HashMap::try_from(map).map_err(map_err)?;
+        let keys: Vec<u32> = threads.keys().filter_map(Result::ok).collect();
+        for tid in keys {
+            threads.remove(&tid).or_else(absent).map_err(map_err)?;
+        }
+        Ok(())
+    }
+
     /// With `--live`, every block in the live table now. A block freed
     /// while this walks the table may be in it or not.
     pub fn live_blocks(&self) -> Vec<(tracer_common::live::LiveKey, tracer_common::live::LiveEntry)> {

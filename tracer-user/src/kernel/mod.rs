@@ -243,6 +243,7 @@ impl Session {
         // in use (a call in flight) would go long before the map is full
         // on a machine of many CPUs.
         let lru = |room: u32| room.saturating_add(LRU_HELD_PER_CPU.saturating_mul(possible_cpus()));
+        let live_lru = if options.live.is_some() { lru(tracer_common::live::FRAME_THREADS) } else { 1 };
         let gated = plan.probes.iter().filter(|p| p.inline_sites.iter().any(|s| s.gate.is_some())).count();
         let gated = u32::try_from(gated).unwrap_or(u32::MAX);
         // Test-only (see full): maps loaded with one entry, filled below.
@@ -279,10 +280,15 @@ impl Session {
             .map_max_entries(names::OBJECTS_MAP, object_entries)
             .override_global(names::PRE_HEADERS_GLOBAL, &pre_headers, true)
             .map_max_entries(names::SLOT_DOMAINS_MAP, slots.max(1))
-            .map_max_entries(names::FRAMES_MAP, lru(tracer_common::live::FRAME_THREADS))
-            .map_max_entries(names::WALKED_MAP, lru(tracer_common::live::FRAME_THREADS))
+            // Preallocated, as every LRU map is: room for one where the
+            // feature is off.
+            .map_max_entries(names::FRAMES_MAP, live_lru)
+            .map_max_entries(names::WALKED_MAP, live_lru)
             .map_max_entries(names::GC_RUNNING_MAP, lru(tracer_common::gc::DEFAULT_GC_THREADS))
-            .map_max_entries(names::GROWTH_CALLS_MAP, lru(tracer_common::growth::MAPPING_THREADS));
+            .map_max_entries(
+                names::GROWTH_CALLS_MAP,
+                if options.growth.is_some() { lru(tracer_common::growth::MAPPING_THREADS) } else { 1 },
+            );
         for name in full_maps {
             loader.map_max_entries(name, 1);
         }

@@ -11,7 +11,7 @@ use super::{
 };
 use crate::{
     kernel::{AttachError, Session},
-    model::{self, Counts, ProbeEstimate, Snapshot},
+    model::{self, ProbeEstimate, Snapshot},
     plan::{HitCosts, Plan},
 };
 
@@ -39,12 +39,12 @@ pub struct DutyCycle {
     /// window's base counts read.
     attached: Option<Instant>,
     /// Cumulative counts per probe, by slot, when the current window began.
-    at_window_start: Vec<Counts>,
+    at_window_start: Vec<Tally>,
     /// The same before the probes began to go live (before the attach),
     /// or where a window followed the last without detaching: what the
     /// window's cost counts from, so that the hits while the links go
     /// live and come down are priced too.
-    at_cost_start: Vec<Counts>,
+    at_cost_start: Vec<Tally>,
     /// When that was.
     cost_began: Instant,
     /// The target's CPU time then, in ns (`--pid` only): what a window's
@@ -80,13 +80,24 @@ pub struct DutyCycle {
     pub next: Instant,
 }
 
+/// A probe's calls and bytes, for its rates, and its hits, for its cost:
+/// its calls, a `--native` nested call twice, and its gated sites' passes
+/// that went elsewhere (which count no call and cost a hit all the same).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Tally {
+    calls: u64,
+    bytes: u64,
+    hits: u64,
+}
+
 /// The counts of `now` since `then`, probe by probe.
-fn since(now: &[Counts], then: &[Counts]) -> Vec<Counts> {
+fn since(now: &[Tally], then: &[Tally]) -> Vec<Tally> {
     now.iter()
         .zip(then)
-        .map(|(now, then)| Counts {
+        .map(|(now, then)| Tally {
             calls: now.calls.saturating_sub(then.calls),
             bytes: now.bytes.saturating_sub(then.bytes),
+            hits: now.hits.saturating_sub(then.hits),
         })
         .collect()
 }
@@ -125,7 +136,7 @@ impl DutyCycle {
             attached: Some(window_began),
             at_window_start,
             // The counts began at zero before the first attach.
-            at_cost_start: vec![Counts::default(); session.plan().probes.len()],
+            at_cost_start: vec![Tally::default(); session.plan().probes.len()],
             cost_began: attach.0,
             cpu_cost_began: attach.2,
             scale: 1.0,
@@ -320,7 +331,7 @@ impl DutyCycle {
     /// Adds the window live for `wall`, with `window`'s hits, to the pace,
     /// the traced processes' CPU time being `cpu_end` at its end.
     #[allow(clippy::cast_precision_loss, reason = "hit counts of one window")]
-    fn pace_window(&mut self, session: &Session, wall: Duration, window: &[Counts], cpu_end: &CpuMark) {
+    fn pace_window(&mut self, session: &Session, wall: Duration, window: &[Tally], cpu_end: &CpuMark) {
         let Some(cpu) = cpu_end.since(&self.cpu_live_began) else { return };
         // Each hit at its probe's placement; a probe with inlined copies as
         // if every hit were at an emulated one (what a copy costs at
@@ -330,8 +341,8 @@ impl DutyCycle {
             .probes
             .iter()
             .filter_map(|p| {
-                let calls = window.get(usize::try_from(p.slot).ok()?)?.calls as f64;
-                Some(calls * self.costs.of(p.placement.emulated || !p.inline_sites.is_empty()))
+                let hits = window.get(usize::try_from(p.slot).ok()?)?.hits as f64;
+                Some(hits * self.costs.of(p.placement.emulated || !p.inline_sites.is_empty()))
             })
             .sum();
         let placed = Duration::from_secs_f64(placed.max(0.0) / 1e9);
@@ -359,14 +370,14 @@ impl DutyCycle {
         }
     }
 
-    fn window_counts(&self, counts_now: &[Counts]) -> Vec<Counts> {
+    fn window_counts(&self, counts_now: &[Tally]) -> Vec<Tally> {
         since(counts_now, &self.at_window_start)
     }
 
     /// What the window's hits of the probe in `slot` cost: its hits times
     /// the calibrated cost of its placement.
     #[allow(clippy::cast_precision_loss, reason = "hit counts of one window")]
-    fn probe_cost(&self, session: &Session, window: &[Counts], slot: usize) -> f64 {
+    fn probe_cost(&self, session: &Session, window: &[Tally], slot: usize) -> f64 {
         // Hits at inlined copies count in the same slot, and most of those
         // sites are single-stepped: priced so, the estimate errs high.
         let cost = session
@@ -374,7 +385,7 @@ impl DutyCycle {
             .probes
             .get(slot)
             .map_or(0.0, |p| self.costs.of(p.placement.emulated && p.inline_sites.is_empty()));
-        window.get(slot).map_or(0.0, |c| c.calls as f64) * cost
+        window.get(slot).map_or(0.0, |c| c.hits as f64) * cost
     }
 
     /// The target's CPU time in ns, exactly, with `--pid`.
@@ -384,12 +395,12 @@ impl DutyCycle {
 
     /// What `window`'s hits cost, priced, less what the last ceiling took
     /// off (`scale`).
-    fn cost_of(&self, session: &Session, window: &[Counts]) -> Duration {
+    fn cost_of(&self, session: &Session, window: &[Tally]) -> Duration {
         self.priced(session, window).mul_f64(self.scale)
     }
 
     /// What `window`'s hits cost, priced.
-    fn priced(&self, session: &Session, window: &[Counts]) -> Duration {
+    fn priced(&self, session: &Session, window: &[Tally]) -> Duration {
         let ns: f64 = (0..window.len()).map(|slot| self.probe_cost(session, window, slot)).sum();
         Duration::from_secs_f64(ns / 1e9)
     }
@@ -400,7 +411,7 @@ impl DutyCycle {
     fn record(
         &mut self,
         session: &Session,
-        (window, priced): (&[Counts], &[Counts]),
+        (window, priced): (&[Tally], &[Tally]),
         lives: &[Duration],
         traced: Duration,
     ) -> Duration {
@@ -482,12 +493,12 @@ fn untraced(rate: RateEstimate, factor: Option<Factor>) -> (f64, Option<[f64; 2]
     (rate.per_s * by, ci)
 }
 
-/// Each probe's calls and bytes so far, and the processes with entries
+/// Each probe's calls, bytes and hits so far, and the processes with entries
 /// (into `live`).
-fn counts(session: &mut Session, readout: &mut Readout, live: &mut Vec<u32>) -> Result<Vec<Counts>, AttachError> {
+fn counts(session: &mut Session, readout: &mut Readout, live: &mut Vec<u32>) -> Result<Vec<Tally>, AttachError> {
     let totals = readout.read(session)?;
     live.clone_from(&totals.live);
-    Ok(totals.probes.iter().map(|c| Counts { calls: c.calls, bytes: c.bytes }).collect())
+    Ok(totals.probes.iter().map(|c| Tally { calls: c.calls, bytes: c.bytes, hits: c.priced_calls() }).collect())
 }
 
 #[cfg(test)]

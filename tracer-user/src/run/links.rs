@@ -52,15 +52,19 @@ pub(super) fn attach_links(
     scope: u32,
     mode: LinkMode,
 ) -> Result<(Links, Instant, Option<Note>), AttachError> {
+    // With --live, the frames pushed while the probes went live may be of
+    // calls whose returns came before their return probes: forgotten.
     let perf = |session: &mut Session, note| {
         session.prepare(false)?;
         let began = Instant::now();
-        session.attach_perf(scope).map(|()| (Links::Perf, began, note))
+        session.attach_perf(scope)?;
+        session.forget_frames().map(|()| (Links::Perf, began, note))
     };
     let multi = |session: &mut Session| {
         session.prepare(true)?;
         let began = Instant::now();
-        session.attach_multi(scope).map(|()| (Links::Multi, began, None))
+        session.attach_multi(scope)?;
+        session.forget_frames().map(|()| (Links::Multi, began, None))
     };
     match mode {
         LinkMode::Perf => perf(session, None),

@@ -77,7 +77,7 @@ pub fn report(plan: &Plan, counts: &[LiveCounts], (capacity, pending_full, unmat
         "{pending_full} allocator calls in flight could not be kept (live_pending_full): a thread's stack of calls in flight ({FRAME_DEPTH} deep) was full and lost its outermost call, or the map of threads was full; the blocks of the calls lost are not tracked"
     ));
     let unpaired = (unmatched > 0).then(|| format!(
-        "{unmatched} allocator calls or returns found no call of theirs in flight (live_unmatched): calls begun before the attach, or a thread's calls pushed out of the map of threads with calls in flight ({FRAME_THREADS} threads); their blocks are not tracked"
+        "{unmatched} allocator calls or returns were not paired (live_unmatched): an implementation entered with no API call of its kind in flight on its thread (called directly, or by an inlined copy tracer does not probe), a return or a frame whose call began before the attach, or a thread's calls pushed out of the map of threads with calls in flight ({FRAME_THREADS} threads); their blocks are not tracked"
     ));
     let partial = [why, lost, unpaired].into_iter().flatten().collect::<Vec<_>>();
     let partial = (!partial.is_empty()).then(|| partial.join("; "));
