@@ -11,7 +11,7 @@ mod sites;
 mod workload;
 
 pub use self::{
-    run::{TracerRun, profiled_until_done, traced_to_the_end, traced_until_done},
+    run::{TracerRun, profiled_until_done, stopped, traced_to_the_end, traced_until_done},
     sites::{ProbeSite, SITE_BYTES, probe_sites, read_sites, sites_in_file},
     workload::{API_SIZES, Aslr, Body, Exit, GC_CYCLES, Isolation, Workload, api_calls},
 };

@@ -161,11 +161,20 @@ fn until_done(mut workload: Workload, args: &[&str], attach: fn(u32, &[&str]) ->
     workload.go();
     workload.expect("done");
     workload.wait_blocked_reading(Some(5));
+    let (_, summary, _) = stopped(tracer, workload);
+    (attached, summary)
+}
+
+/// Stops `tracer` with SIGINT, checks that it succeeded and closes
+/// `workload`: tracer's lines, its summary (the last of them) and its
+/// stderr.
+#[must_use]
+pub fn stopped(tracer: TracerRun, workload: Workload) -> (Vec<Value>, Value, String) {
     tracer.signal(libc::SIGINT);
     let (status, lines, stderr) = tracer.finish();
     assert!(status.success(), "tracer failed: {status}: {stderr}");
     workload.close();
     let summary = lines.last().expect("a summary").clone();
     assert_eq!(summary["type"], "summary", "{lines:?}");
-    (attached, summary)
+    (lines, summary, stderr)
 }

@@ -67,12 +67,7 @@ fn traced_as(root: Option<&Path>, python: &str, shape: &str, flags: &[&str]) -> 
     // At least one interval (a second): a fast machine runs the workload
     // in less.
     std::thread::sleep(Duration::from_millis(1300).saturating_sub(attached_at.elapsed()));
-    tracer.signal(libc::SIGINT);
-    let (status, lines, stderr) = tracer.finish();
-    assert!(status.success(), "tracer failed: {status}: {stderr}");
-    workload.close();
-    let summary = lines.last().expect("a summary").clone();
-    assert_eq!(summary["type"], "summary", "{lines:?}");
+    let (lines, summary, stderr) = tracer_tests::stopped(tracer, workload);
     let intervals = lines.iter().filter(|l| l["type"] == "interval").cloned().collect();
     Run { attached, intervals, summary, kept: (kept[0], kept[1]), stderr }
 }

@@ -57,7 +57,8 @@ impl<'a> Code<'a> {
         }
         let mut code = Self::decode(sections);
         code.add_symbols(&file);
-        code.unsynced = code.unsynced_functions(&file);
+        let functions = eh_frame_functions(&file);
+        code.unsynced = code.unsynced_functions(&functions);
         let ranges: Vec<(u64, u64)> =
             code.sections.iter().map(|&(a, b)| (a, a.saturating_add(b.len() as u64))).collect();
         let leas: Vec<u64> = code
@@ -74,7 +75,7 @@ impl<'a> Code<'a> {
         // relocation reach others) nor at any address a `lea` takes.
         let mut entries = data.clone();
         entries.extend(code.symbols.values().map(|&(address, _)| address));
-        entries.extend(fde_starts(&file));
+        entries.extend(functions.iter().map(|f| f.start));
         entries.extend(leas.iter().copied());
         let gates = crate::discover::line::gates(&code.instructions, &entries, &code.unsynced);
         Arc::make_mut(&mut targets).extend(data);
@@ -87,31 +88,21 @@ impl<'a> Code<'a> {
         Ok(code)
     }
 
-    /// The ranges of the functions `.eh_frame` lists whose start is no
-    /// instruction of the linear decoding. An unreadable `.eh_frame` proves
-    /// nothing either way and is passed over: the linear decoding of GCC's
-    /// code, which embeds no data in `.text`, stays in step (on Debian's
-    /// 3.11, 3.13 and 3.14 it lands on all of their 9,810 to 12,403
-    /// function starts).
-    fn unsynced_functions(&self, file: &object::File<'_>) -> Vec<std::ops::Range<u64>> {
-        use gimli::UnwindSection as _;
-        let Some(section) = file.section_by_name(".eh_frame") else { return Vec::new() };
-        let Ok(data) = section.data() else { return Vec::new() };
-        let mut frame = gimli::EhFrame::new(data, gimli::LittleEndian);
-        frame.set_address_size(8);
-        let bases = gimli::BaseAddresses::default().set_eh_frame(section.address());
-        let mut entries = frame.entries(&bases);
-        let mut out = Vec::new();
-        while let Ok(Some(entry)) = entries.next() {
-            let gimli::CieOrFde::Fde(partial) = entry else { continue };
-            let Ok(fde) = partial.parse(gimli::EhFrame::cie_from_offset) else { continue };
-            let start = fde.initial_address();
-            let on_boundary = self.instructions.binary_search_by_key(&start, Instruction::ip).is_ok();
-            if !on_boundary && self.at(start).is_some() {
-                out.push(start..start.saturating_add(fde.len()));
-            }
-        }
-        out
+    /// Of the functions `.eh_frame` lists (`functions`), those whose start
+    /// is no instruction of the linear decoding. An unreadable `.eh_frame`
+    /// proves nothing either way and is passed over: the linear decoding
+    /// of GCC's code, which embeds no data in `.text`, stays in step (on
+    /// Debian's 3.11, 3.13 and 3.14 it lands on all of their 9,810 to
+    /// 12,403 function starts).
+    fn unsynced_functions(&self, functions: &[std::ops::Range<u64>]) -> Vec<std::ops::Range<u64>> {
+        functions
+            .iter()
+            .filter(|f| {
+                let on_boundary = self.instructions.binary_search_by_key(&f.start, Instruction::ip).is_ok();
+                !on_boundary && self.at(f.start).is_some()
+            })
+            .cloned()
+            .collect()
     }
 
     /// Decodes `sections`, each (address, bytes).
@@ -227,9 +218,9 @@ impl<'a> Code<'a> {
     }
 }
 
-/// Where each function `.eh_frame` lists starts (none where it does not
+/// The range of each function `.eh_frame` lists (none where it does not
 /// parse).
-fn fde_starts(file: &object::File<'_>) -> Vec<u64> {
+fn eh_frame_functions(file: &object::File<'_>) -> Vec<std::ops::Range<u64>> {
     use gimli::UnwindSection as _;
     let Some(section) = file.section_by_name(".eh_frame") else { return Vec::new() };
     let Ok(data) = section.data() else { return Vec::new() };
@@ -242,7 +233,8 @@ fn fde_starts(file: &object::File<'_>) -> Vec<u64> {
         if let gimli::CieOrFde::Fde(partial) = entry
             && let Ok(fde) = partial.parse(gimli::EhFrame::cie_from_offset)
         {
-            out.push(fde.initial_address());
+            let start = fde.initial_address();
+            out.push(start..start.saturating_add(fde.len()));
         }
     }
     out
