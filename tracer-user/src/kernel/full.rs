@@ -13,6 +13,11 @@
 //! evicts rather than refuses, so each new entry pushes out the last one,
 //! which is what thousands of threads at once would do to it.
 //!
+//! `NAME=N` loads the map with room for N entries and nothing in it, so
+//! that the first N processes or threads to need one take them all and
+//! the next finds it full until one of them is removed (a process that
+//! exits frees its entries): `WALKS=1` with `--exe`.
+//!
 //! `UNWIND_ROWS`, the unwinder's rows, is an array: loaded with room for
 //! one row, every module with more finds no room for its rows.
 //!
@@ -39,6 +44,18 @@ pub fn wanted() -> Vec<String> {
     std::env::var(VARIABLE)
         .map(|v| v.split(',').map(str::trim).filter(|n| !n.is_empty()).map(str::to_owned).collect())
         .unwrap_or_default()
+}
+
+/// An entry of the variable: the map's name, and the room `NAME=N` gives
+/// it (`None`: room for one, filled).
+pub(super) fn parse(entry: &str) -> Result<(&str, Option<u32>), AttachError> {
+    match entry.split_once('=') {
+        None => Ok((entry, None)),
+        Some((name, room)) => match room.parse::<u32>() {
+            Ok(n) if n > 0 => Ok((name, Some(n))),
+            _ => Err(AttachError::FullMaps(format!("{entry}: the room after = is a number of entries, at least 1"))),
+        },
+    }
 }
 
 /// The `map_elem` part of `union bpf_attr` for `BPF_MAP_UPDATE_ELEM`.

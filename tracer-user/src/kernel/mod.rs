@@ -289,13 +289,17 @@ impl Session {
                 names::GROWTH_CALLS_MAP,
                 if options.growth.is_some() { lru(tracer_common::growth::MAPPING_THREADS) } else { 1 },
             );
-        for name in full_maps {
-            loader.map_max_entries(name, 1);
+        let full_maps = full_maps.iter().map(|m| full::parse(m)).collect::<Result<Vec<_>, _>>()?;
+        for &(name, room) in &full_maps {
+            loader.map_max_entries(name, room.unwrap_or(1));
         }
         let mut ebpf = loader.load(object).map_err(|e| AttachError::Load(Box::new(e)))?;
-        for name in full_maps {
+        for &(name, room) in &full_maps {
             let missing = || AttachError::FullMaps(format!("{name}: no such map"));
-            if name == names::EMPTY_FRAMES_MAP {
+            if room.is_some() {
+                // Room for N, filled by the first N that need an entry.
+                ebpf.map(name).ok_or_else(missing)?;
+            } else if name == names::EMPTY_FRAMES_MAP {
                 full::fill_frames(name, ebpf.map_mut(name).ok_or_else(missing)?)?;
             } else if name == names::UNWIND_ROWS_MAP {
                 // An array: room for one row is as full as it gets; every

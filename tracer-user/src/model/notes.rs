@@ -40,6 +40,9 @@ pub enum NoteCode {
     /// With `--stacks`: a traced process's frames cannot be found, so its
     /// events have no stacks.
     NoStacks,
+    /// With `--stacks`: a process the kernel's table of walks had no room
+    /// for has its stacks from now on (another traced process exited).
+    StacksLate,
     /// With `--native-stacks`: a module whose native frames cannot be
     /// unwound (no usable `.eh_frame`), or a process whose cannot.
     NoNativeStacks,

@@ -284,6 +284,8 @@ pub struct PlanOptions {
     pub live_costs: Option<ReturnCosts>,
 }
 
+// Tests' plans: every run's options come from `prepare`'s one function.
+#[cfg(test)]
 impl Default for PlanOptions {
     fn default() -> Self {
         Self {

@@ -287,14 +287,8 @@ impl Run {
                 )
             }));
         }
-        let untold = self.readout.stack_names.as_mut().map(crate::run::stacks::StackNames::take_untold);
-        notes.extend(untold.unwrap_or_default().into_iter().map(|(pid, why)| {
-            Note::new(Level::Warning, NoteCode::NoStacks, format!("no Python stacks for PID {pid}: {why}"))
-        }));
-        let native = self.readout.stack_names.as_mut().map(crate::run::stacks::StackNames::take_native_untold);
-        notes.extend(
-            native.unwrap_or_default().into_iter().map(|why| Note::new(Level::Warning, NoteCode::NoNativeStacks, why)),
-        );
+        let at = self.started.elapsed();
+        notes.extend(self.readout.stack_names.as_mut().map(|n| n.take_notes(at)).unwrap_or_default());
         notes
     }
 

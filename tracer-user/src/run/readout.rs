@@ -123,6 +123,15 @@ impl Readout {
         std::mem::take(&mut self.unwatched)
     }
 
+    /// Removes exited process `pid`'s entries from the maps; it no longer
+    /// waits for room for its walk.
+    fn remove(&mut self, session: &mut Session, pid: u32) -> Result<(), AttachError> {
+        if let Some(names) = self.stack_names.as_mut() {
+            names.forget_waiting(pid);
+        }
+        session.remove_process(pid)
+    }
+
     /// Reads every count. With `reap`, a process found exited before this
     /// read (by its pidfd, at this read or, if it exited before tracer
     /// could open one, at the last) has its final counts taken from this
@@ -153,7 +162,7 @@ impl Readout {
                     let (types, stacks) = (BTreeMap::new(), Vec::new());
                     self.exited.push(Exited { pid, at, probes, types, stacks, gc });
                 }
-                session.remove_process(pid)?;
+                self.remove(session, pid)?;
             }
             // A process that only collected has no other entry to be seen by.
             let seen: std::collections::BTreeSet<u32> = live.keys().chain(live_gc.keys()).copied().collect();

@@ -7,6 +7,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     os::unix::fs::MetadataExt as _,
+    time::Duration,
 };
 
 use tracer_common::{
@@ -16,7 +17,7 @@ use tracer_common::{
 
 use crate::{
     kernel::{AttachError, Session},
-    model::{Site, SiteFrame, StackCount, StackCoverage},
+    model::{Level, Note, NoteCode, Site, SiteFrame, StackCount, StackCoverage},
     plan::Plan,
     python::frames::{CodeRef, FrameLink, InstrKind},
     stacks::{CurrentThreadState, Process},
@@ -45,6 +46,13 @@ pub struct StackNames {
     processes: HashMap<u32, Result<Process, String>>,
     /// Processes that cannot have stacks, not told yet.
     untold: Vec<(u32, String)>,
+    /// Processes the kernel's table of walks had no room for, with their
+    /// reader and walk: tried again at every read, since a traced process
+    /// that exits frees its entry.
+    waiting: HashMap<u32, (Process, WalkConfig)>,
+    /// Processes given their walk after waiting for room, not told yet
+    /// ([`Self::take_notes`]).
+    admitted: Vec<u32>,
     resolved: HashMap<(u32, u64), Result<Resolved, String>>,
     /// With `--native-stacks`: the unwinder's modules and the native
     /// stacks' names.
@@ -63,6 +71,8 @@ impl StackNames {
             top,
             processes: HashMap::new(),
             untold: Vec::new(),
+            waiting: HashMap::new(),
+            admitted: Vec::new(),
             resolved: HashMap::new(),
             native,
             native_resolved: HashMap::new(),
@@ -89,8 +99,23 @@ impl StackNames {
 
     /// Tells the kernel where `pid`'s frames are, once per process; a
     /// process whose frames cannot be found is told once (see
-    /// [`Self::take_untold`]) and its events have no stacks.
+    /// [`Self::take_untold`]) and its events have no stacks. One the
+    /// kernel's table had no room for is tried again at every call, and
+    /// told again when it gets its walk ([`Self::take_notes`]).
     pub fn prepare(&mut self, session: &mut Session, pid: u32) -> Result<(), AttachError> {
+        if let Some((_, config)) = self.waiting.get(&pid) {
+            match session.set_walk(pid, *config) {
+                Ok(()) => {
+                    if let Some((process, _)) = self.waiting.remove(&pid) {
+                        self.processes.insert(pid, Ok(process));
+                    }
+                    self.admitted.push(pid);
+                }
+                Err(e) if e.is_map_full() => {}
+                Err(e) => return Err(e),
+            }
+            return Ok(());
+        }
         if self.processes.contains_key(&pid) {
             return Ok(());
         }
@@ -109,15 +134,18 @@ impl StackNames {
                 }
                 // A walk the kernel has no room for (more processes than
                 // the map holds, with --exe) leaves this one without
-                // stacks, said and counted (`stack_no_config`), not the run.
+                // stacks, said and counted (`stack_no_config`), not the run,
+                // until a traced process exits and frees an entry.
                 match session.set_walk(pid, config) {
                     Ok(()) => {
                         self.processes.insert(pid, Ok(process));
                     }
                     Err(e) if e.is_map_full() => {
                         let why = e.to_string();
-                        self.untold.push((pid, why.clone()));
+                        self.untold
+                            .push((pid, format!("{why}; tried again at every interval, as traced processes exit")));
                         self.processes.insert(pid, Err(why));
+                        self.waiting.insert(pid, (process, config));
                     }
                     Err(e) => return Err(e),
                 }
@@ -128,6 +156,38 @@ impl StackNames {
             }
         }
         Ok(())
+    }
+
+    /// What to tell since the last call, `at` into the run: processes
+    /// without stacks and why, processes given their walk after waiting
+    /// for room, modules or processes without native stacks.
+    pub fn take_notes(&mut self, at: Duration) -> Vec<Note> {
+        let mut notes: Vec<Note> = self
+            .take_untold()
+            .into_iter()
+            .map(|(pid, why)| {
+                Note::new(Level::Warning, NoteCode::NoStacks, format!("no Python stacks for PID {pid}: {why}"))
+            })
+            .collect();
+        notes.extend(std::mem::take(&mut self.admitted).into_iter().map(|pid| {
+            Note::new(
+                Level::Note,
+                NoteCode::StacksLate,
+                format!(
+                    "Python stacks for PID {pid} from {:.1} s on: BPF map WALKS has room for it now; its events before then are counted under no stack (stack_no_config)",
+                    at.as_secs_f64()
+                ),
+            )
+        }));
+        notes.extend(
+            self.take_native_untold().into_iter().map(|why| Note::new(Level::Warning, NoteCode::NoNativeStacks, why)),
+        );
+        notes
+    }
+
+    /// `pid` has exited: it no longer waits for room.
+    pub fn forget_waiting(&mut self, pid: u32) {
+        self.waiting.remove(&pid);
     }
 
     /// With `--leaks`, the stack of hash `hash` in `pid`, innermost frame
