@@ -3,7 +3,8 @@
 
 Defines a class whose name (and qualified name) is NAME: an ANSI colour
 escape, a right-to-left override and LONG more characters; keeps N
-instances of it; prints "ready".
+instances of it, and CROWDED of two classes whose dicts hold 5,000 and
+4,000 entries before their __module__; prints "ready".
 
 Without arguments it then waits on stdin and exits when it closes or a
 line arrives. With "loop", a function whose code is named NAME (its
@@ -20,10 +21,19 @@ import time
 N = 20_000
 LONG = 70_000
 BATCH = 100
+CROWDED = 3_000
 NAME = "Evil\x1b[31mRED\u202eevil\u2066" + "x" * LONG
 
 Hostile = type(NAME, (), {"__slots__": ()})
 held = [Hostile() for _ in range(N)]
+
+# type() adds __module__ to the class dict after the namespace it is
+# given: Crowded's lies past the 4,096 entries tracer searches for it,
+# Roomy's within them.
+Crowded = type("Crowded", (), {f"a{i}": i for i in range(5000)})
+Roomy = type("Roomy", (), {f"a{i}": i for i in range(4000)})
+crowded = [Crowded() for _ in range(CROWDED)]
+roomy = [Roomy() for _ in range(CROWDED)]
 
 
 def make():

@@ -3,6 +3,8 @@
 //! the 2^16 a string read once stopped at), and
 //! holds instances of it. What tracer prints of that name must reach a
 //! terminal escaped and bounded; its JSON keeps the name raw but bounded.
+//! A class whose dict holds its `__module__` past the entries tracer
+//! searches is named with `?` for its module.
 
 use std::path::Path;
 
@@ -12,6 +14,7 @@ use tracer_tests::{Workload, require_root, run_tracer, shared_python};
 /// As tests/python/hostile.py.
 const N: u64 = 20_000;
 const LONG: usize = 70_000;
+const CROWDED: u64 = 3_000;
 fn name() -> String {
     format!("Evil\x1b[31mRED\u{202e}evil\u{2066}{}", "x".repeat(LONG))
 }
@@ -49,6 +52,13 @@ fn census_of(python: &Path) {
         types.iter().all(|t| t["name"].as_str().is_some_and(|n| n.chars().count() <= MAX_NAME + 1)),
         "every name is bounded"
     );
+    // A class dict is searched for `__module__` in its first 4,096
+    // entries: past them, the module is shown unread, not left out.
+    for name in ["?.Crowded", "__main__.Roomy"] {
+        let row = types.iter().find(|t| t["name"] == name).unwrap_or_else(|| panic!("no row named {name}"));
+        assert_eq!(row["count"], CROWDED, "{row}");
+    }
+    assert!(types.iter().all(|t| t["name"] != "Crowded"), "Crowded shown as if a builtin");
 
     // The table: no escape character, no bidi control, and the escaped
     // form, bounded.

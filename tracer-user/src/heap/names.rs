@@ -16,9 +16,14 @@ use crate::python::{
 
 use crate::text::{MAX_NAME, cut};
 
-/// A class dict with more entries than this is not searched for its
-/// `__module__`.
+/// A class dict's entries searched for its `__module__`: a class whose
+/// key is past them (a hostile target's, or `type()` given a namespace
+/// this large, which adds `__module__` last) is named with
+/// [`MODULE_UNREAD`] for its module.
 const MAX_ENTRIES: u64 = 4096;
+
+/// The module of a class whose `__module__` was not searched for in full.
+pub const MODULE_UNREAD: &str = "?";
 
 /// The name of the type whose first [`type_object::READ`] bytes are
 /// `head`, at `address`.
@@ -39,7 +44,9 @@ pub fn type_name(memory: &mut Memory, address: u64, head: &[u8], names: TypeName
 
 /// The `__module__` of the heap type at `address`: the `str` under that
 /// key in its `tp_dict` (a type's dict is never split and holds its keys'
-/// objects in its entries); `None` where it cannot be found.
+/// objects in its entries); `None` where it has none or it cannot be read;
+/// [`MODULE_UNREAD`] where its dict has more entries than are searched and
+/// none of those searched is it.
 fn heap_type_module(memory: &mut Memory, address: u64, names: TypeNameOffsets) -> Result<Option<String>, HeapError> {
     let Some(dict) = memory.word(address.wrapping_add(TP_DICT_OFFSET))? else { return Ok(None) };
     if dict == 0 || memory.word(dict.wrapping_add(MA_VALUES_OFFSET))? != Some(0) {
@@ -62,7 +69,7 @@ fn heap_type_module(memory: &mut Memory, address: u64, names: TypeNameOffsets) -
         }
         return py_str(memory, word(&bytes, at + 8), names);
     }
-    Ok(None)
+    Ok((shape.nentries > nentries).then(|| MODULE_UNREAD.to_owned()))
 }
 
 /// The text of the compact `str` at `address`, escaped; `None` where it is
