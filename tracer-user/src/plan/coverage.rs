@@ -190,16 +190,25 @@ pub(super) fn coverage(
 /// predicted from pymalloc's state where it can be, else counted as unseen
 /// while tracer runs, so the coverage can only say that copies may be
 /// missed.
-pub(super) fn live_coverage(c: &mut Coverage, sites: &[InlineSite], implementations: bool) {
+pub(super) fn live_coverage(c: &mut Coverage, symbol: &str, sites: &[InlineSite], implementations: bool) {
     let partial = c.calls == Completeness::Partial || !sites.is_empty() || !implementations;
     c.live = Some(if partial { Completeness::Partial } else { Completeness::Complete });
     let why = if !implementations {
         Some("live memory: the allocator implementations (_PyObject_Malloc, ...) are not in the image's symbols and no debug file gives them, so no block is tracked".to_owned())
     } else if !sites.is_empty() {
-        Some(format!(
-            "live memory: its {} inlined copies are seen where they call an allocator implementation; where they run the default allocator inlined (LTO), their blocks are read from pymalloc's state at the copy where it is found and the copy shows the size (and a realloc's block), else they are not tracked and are counted as unseen",
-            sites.iter().filter(|s| !s.also).count()
-        ))
+        let copies = sites.iter().filter(|s| !s.also).count();
+        // The raw domain's default allocator is the C library's, whose
+        // functions only --native probes; pymalloc's state says nothing of
+        // its blocks.
+        Some(if symbol.starts_with("PyMem_Raw") {
+            format!(
+                "live memory: its {copies} inlined copies are seen where they call an allocator implementation; where they call the C library's allocator directly (LTO), their blocks are taken from its functions with --native, else they are not tracked and are counted as unseen"
+            )
+        } else {
+            format!(
+                "live memory: its {copies} inlined copies are seen where they call an allocator implementation; where they run the default allocator inlined (LTO), their blocks are read from pymalloc's state at the copy where it is found and the copy shows the size (and a realloc's block), else they are not tracked and are counted as unseen"
+            )
+        })
     } else {
         None
     };

@@ -463,7 +463,7 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
             _ => {}
         }
         if live.is_some() {
-            live_coverage(&mut coverage, &inline_sites, !image.implementations.is_empty());
+            live_coverage(&mut coverage, spec.symbol, &inline_sites, !image.implementations.is_empty());
         }
         probes.push(PlannedProbe {
             symbol: spec.symbol,
