@@ -13,6 +13,7 @@ pub mod config;
 pub mod discover;
 pub mod error;
 pub mod fleet;
+pub mod hash;
 pub mod heap;
 pub mod kernel;
 pub mod launch;

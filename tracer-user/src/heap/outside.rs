@@ -25,10 +25,10 @@ use super::{
     bounds::{Found, Limits},
     classify::{Leads, is_address},
     memory::word,
-    pools::BuildIdentity,
     tally::{Reason, Tally},
     types::{Context, Shape, TypeTable},
 };
+use crate::hash::BuildIdentity;
 use crate::python::{
     frames::UnicodeOffsets,
     heap::{GC_HEAD, GC_HEAD_SIZE, GC_LINK_FLAGS, LIST_OB_ITEM, OB_SIZE, tpflags},

@@ -16,10 +16,10 @@ use std::{collections::HashSet, path::Path};
 use super::{
     HeapError,
     memory::{Memory, word, word32},
-    pools::BuildIdentity,
 };
 use crate::{
     discover::{debuginfo, process::proc_root, pymalloc},
+    hash::BuildIdentity,
     python::{
         Abi,
         heap::{GC_GENERATION_SIZE, GENERATIONS, Obmalloc, arena_object, obmalloc_state},

@@ -73,7 +73,7 @@ impl<'a> Code<'a> {
         // may land: not at a function's start (other files call exported
         // ones, and addresses taken in code or named by a symbol's
         // relocation reach others) nor at any address a `lea` takes.
-        let mut entries = data.clone();
+        let mut entries: HashSet<u64, crate::hash::BuildIdentity> = data.iter().copied().collect();
         entries.extend(code.symbols.values().map(|&(address, _)| address));
         entries.extend(functions.iter().map(|f| f.start));
         entries.extend(leas.iter().copied());
