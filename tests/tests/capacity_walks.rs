@@ -59,12 +59,22 @@ fn note_for(line: &Value, code: &str, pid: u32) -> bool {
     line["type"] == "note" && line["code"] == code && line["message"].as_str().is_some_and(about)
 }
 
+/// A directory removed with what it holds when dropped, the test passed
+/// or not.
+struct Removed(std::path::PathBuf);
+
+impl Drop for Removed {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// The sequence above with N = `n`; returns B's calls at `make_a` and at
 /// `make_b`.
 fn waiting_process_gets_its_stacks(n: u64) -> (u64, u64) {
-    let dir = std::env::temp_dir().join(format!("tracer-walks-{}-{n}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("a directory for the copy");
-    let python = dir.join("python3.11");
+    let dir = Removed(std::env::temp_dir().join(format!("tracer-walks-{}-{n}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).expect("a directory for the copy");
+    let python = dir.0.join("python3.11");
     std::fs::copy(static_python(), &python).expect("a copy of the interpreter");
     let exe = python.to_str().expect("a UTF-8 path");
     // Each has printed "ready" once started.
@@ -79,7 +89,10 @@ fn waiting_process_gets_its_stacks(n: u64) -> (u64, u64) {
     // finds it and gives it the only entry.
     a.go();
     a.expect("done");
-    until(&tracer, "an interval", |l| l["type"] == "interval");
+    // Until a reading has seen A: it is given its walk at that reading,
+    // before B exists.
+    let a_pid = a.pid().to_string();
+    until(&tracer, "an interval with A", |l| l["type"] == "interval" && l["pids"].get(&a_pid).is_some());
     let mut b = script(n, "flat");
     let refused = until(&tracer, "B's no_stacks note", |l| note_for(l, "no_stacks", b.pid()));
     let message = refused["message"].as_str().expect("a message");
@@ -111,7 +124,6 @@ fn waiting_process_gets_its_stacks(n: u64) -> (u64, u64) {
         assert_eq!(summary["stats"][stat], 0, "{stat}: {}", summary["stats"]);
     }
     let (at_a, at_b) = (calls_at(&summary, "make_a"), calls_at(&summary, "make_b"));
-    let _ = std::fs::remove_dir_all(&dir);
     at_a.zip(at_b).unwrap_or_else(|| panic!("no make_a or make_b site: {}", summary["sites"]))
 }
 

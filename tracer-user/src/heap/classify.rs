@@ -22,10 +22,11 @@ use std::collections::HashSet;
 use super::{
     HeapError,
     memory::word,
-    pools::{BuildIdentity, Header, MAX_BLOCKS},
+    pools::{Header, MAX_BLOCKS},
     tally::{Reason, Tally},
     types::{Context, Shape, TypeTable},
 };
+use crate::hash::BuildIdentity;
 use crate::python::{
     frames::UnicodeOffsets,
     heap::{BYTEARRAY_OB_ALLOC, GC_HEAD, GC_HEAD_SIZE, GC_LINK_FLAGS, LIST_OB_ITEM, OB_SIZE, POOL_OVERHEAD, Refcount},

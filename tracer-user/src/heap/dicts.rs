@@ -17,10 +17,10 @@ use super::{
     HeapError,
     bounds::{Found, Limits},
     memory::{MAX_RANGES, word},
-    pools::BuildIdentity,
     tally::{Reason, Tally},
     types::Context,
 };
+use crate::hash::BuildIdentity;
 use crate::python::{MA_KEYS_OFFSET, MA_VALUES_OFFSET, heap::DictKeys};
 
 /// Entries read a call.

@@ -34,10 +34,11 @@ use super::{
     maps::Regions,
     memory::Memory,
     model::{Census, Cost},
-    pools::{self, BuildIdentity, Header, PoolSet},
+    pools::{self, Header, PoolSet},
     state,
     types::{Builtins, Context},
 };
+use crate::hash::BuildIdentity;
 use crate::python::{self, PythonVersion, VersionError};
 
 const MAGIC: &[u8; 4] = b"THI1";

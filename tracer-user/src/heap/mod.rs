@@ -43,13 +43,14 @@ use self::{
     maps::Regions,
     memory::Memory,
     model::{ArenaCheck, Census, Cost, Outside, Pymalloc, SizeClass, Totals, TypeRow},
-    pools::{BuildIdentity, Header, PoolSet},
+    pools::{Header, PoolSet},
     stop::{Interrupts, Stopped},
     tally::{Reason, Tally},
     types::{Builtins, Context, TypeTable},
 };
 use crate::{
     error::Classify,
+    hash::BuildIdentity,
     python::{self, Abi, TypeNameOffsets, VersionError, heap::Geometry},
     stacks::{Process, StackError},
 };

@@ -9,8 +9,6 @@
 //! [`Header::parse`]). A census then reads the pools it found in bulk, and
 //! [`Header::free_blocks`] walks each one's free list in that copy.
 
-/// The census's sets of addresses hash with it.
-pub use crate::hash::BuildIdentity;
 use std::collections::HashSet;
 
 use super::{
@@ -18,6 +16,7 @@ use super::{
     maps::Regions,
     memory::{MAX_RANGES, Memory, word, word32},
 };
+use crate::hash::BuildIdentity;
 use crate::python::heap::{Geometry, POOL_OVERHEAD, POOL_SIZE, SIZE_CLASSES, pool_header as ph};
 
 /// Blocks in a pool at most: 16-byte blocks in the largest pools,

@@ -18,8 +18,9 @@ use super::{
     maps::Regions,
     memory::{Memory, word, word32},
     names,
-    pools::{BuildIdentity, PoolSet},
+    pools::PoolSet,
 };
+use crate::hash::BuildIdentity;
 use crate::python::{
     TypeNameOffsets, UNICODE_ASCII_BIT, UNICODE_COMPACT_BIT, UNICODE_KIND_SHIFT,
     frames::UnicodeOffsets,

@@ -13,10 +13,11 @@
 //! evicts rather than refuses, so each new entry pushes out the last one,
 //! which is what thousands of threads at once would do to it.
 //!
-//! `NAME=N` loads the map with room for N entries and nothing in it, so
-//! that the first N processes or threads to need one take them all and
+//! `NAME=N` loads a hash map with room for N entries and nothing in it,
+//! so that the first N processes or threads to need one take them all and
 //! the next finds it full until one of them is removed (a process that
-//! exits frees its entries): `WALKS=1` with `--exe`.
+//! exits frees its entries): `WALKS=1` with `--exe`. (An LRU map evicts
+//! instead, as with no `=N`.)
 //!
 //! `UNWIND_ROWS`, the unwinder's rows, is an array: loaded with room for
 //! one row, every module with more finds no room for its rows.

@@ -287,8 +287,8 @@ impl Run {
                 )
             }));
         }
-        let at = self.started.elapsed();
-        notes.extend(self.readout.stack_names.as_mut().map(|n| n.take_notes(at)).unwrap_or_default());
+        let started = self.started;
+        notes.extend(self.readout.stack_names.as_mut().map(|n| n.take_notes(started)).unwrap_or_default());
         notes
     }
 
@@ -565,7 +565,7 @@ fn start<'a>(
     // its first events have stacks.
     let mut stack_names = config.stacks.as_ref().zip(stack_slots).map(|(s, slots)| {
         let native = s.native.then(|| crate::unwind::Native::new(config.debug_dir.clone()));
-        crate::run::stacks::StackNames::new(slots, s.depth, s.sample, s.top, native)
+        crate::run::stacks::StackNames::new(slots, s.depth, s.sample, s.top, native, r.pid().is_none())
     });
     if let (Some(names), Some(pid)) = (stack_names.as_mut(), r.pid()) {
         names.prepare(&mut session, pid)?;

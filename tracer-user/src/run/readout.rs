@@ -123,13 +123,37 @@ impl Readout {
         std::mem::take(&mut self.unwatched)
     }
 
-    /// Removes exited process `pid`'s entries from the maps; it no longer
-    /// waits for room for its walk.
+    /// Removes exited process `pid`'s entries from the maps, and its reader
+    /// of frames.
     fn remove(&mut self, session: &mut Session, pid: u32) -> Result<(), AttachError> {
         if let Some(names) = self.stack_names.as_mut() {
-            names.forget_waiting(pid);
+            names.forget(pid);
         }
         session.remove_process(pid)
+    }
+
+    /// Watches `pid` for its exit, from its first reading on.
+    fn watch(&mut self, pid: u32) {
+        if self.watched.contains_key(&pid) || self.gone.contains(&pid) {
+            return;
+        }
+        match Pidfd::open(pid) {
+            // Exited between its hits and now: its counts are final at the
+            // next read.
+            Ok(Some(fd)) if fd.exited() => self.gone.push(pid),
+            Ok(Some(fd)) => {
+                self.watched.insert(pid, fd);
+            }
+            Ok(None) => self.gone.push(pid),
+            Err(e) => {
+                if self.told.insert(pid) {
+                    self.unwatched.push((pid, e.to_string()));
+                }
+                if let Some(names) = self.stack_names.as_mut() {
+                    names.give_up(pid);
+                }
+            }
+        }
     }
 
     /// Reads every count. With `reap`, a process found exited before this
@@ -166,24 +190,8 @@ impl Readout {
             }
             // A process that only collected has no other entry to be seen by.
             let seen: std::collections::BTreeSet<u32> = live.keys().chain(live_gc.keys()).copied().collect();
-            for pid in &seen {
-                if self.watched.contains_key(pid) || self.gone.contains(pid) {
-                    continue;
-                }
-                match Pidfd::open(*pid) {
-                    // Exited between its hits and now: its counts are final
-                    // at the next read.
-                    Ok(Some(fd)) if fd.exited() => self.gone.push(*pid),
-                    Ok(Some(fd)) => {
-                        self.watched.insert(*pid, fd);
-                    }
-                    Ok(None) => self.gone.push(*pid),
-                    Err(e) => {
-                        if self.told.insert(*pid) {
-                            self.unwatched.push((*pid, e.to_string()));
-                        }
-                    }
-                }
+            for pid in seen {
+                self.watch(pid);
             }
         }
         let slots = readings.probes.len();

@@ -7,7 +7,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     os::unix::fs::MetadataExt as _,
-    time::Duration,
+    time::Instant,
 };
 
 use tracer_common::{
@@ -46,13 +46,16 @@ pub struct StackNames {
     processes: HashMap<u32, Result<Process, String>>,
     /// Processes that cannot have stacks, not told yet.
     untold: Vec<(u32, String)>,
+    /// Whether traced processes exit and free their entries in the
+    /// kernel's table of walks (`--exe`), so that one it had no room for
+    /// is tried again.
+    retry: bool,
     /// Processes the kernel's table of walks had no room for, with their
-    /// reader and walk: tried again at every read, since a traced process
-    /// that exits frees its entry.
+    /// reader and walk: tried again at every read, with `retry`.
     waiting: HashMap<u32, (Process, WalkConfig)>,
-    /// Processes given their walk after waiting for room, not told yet
-    /// ([`Self::take_notes`]).
-    admitted: Vec<u32>,
+    /// Processes given their walk after waiting for room, and when, not
+    /// told yet ([`Self::take_notes`]).
+    admitted: Vec<(u32, Instant)>,
     resolved: HashMap<(u32, u64), Result<Resolved, String>>,
     /// With `--native-stacks`: the unwinder's modules and the native
     /// stacks' names.
@@ -63,7 +66,10 @@ pub struct StackNames {
 
 impl StackNames {
     #[must_use]
-    pub fn new(slots: Vec<u32>, depth: u32, sample: u64, top: usize, native: Option<Native>) -> Self {
+    /// With `retry` (`--exe`, where traced processes exit and free their
+    /// entries), a process the kernel's table of walks has no room for is
+    /// tried again at every [`Self::prepare`].
+    pub fn new(slots: Vec<u32>, depth: u32, sample: u64, top: usize, native: Option<Native>, retry: bool) -> Self {
         Self {
             slots,
             depth,
@@ -71,6 +77,7 @@ impl StackNames {
             top,
             processes: HashMap::new(),
             untold: Vec::new(),
+            retry,
             waiting: HashMap::new(),
             admitted: Vec::new(),
             resolved: HashMap::new(),
@@ -109,7 +116,7 @@ impl StackNames {
                     if let Some((process, _)) = self.waiting.remove(&pid) {
                         self.processes.insert(pid, Ok(process));
                     }
-                    self.admitted.push(pid);
+                    self.admitted.push((pid, Instant::now()));
                 }
                 Err(e) if e.is_map_full() => {}
                 Err(e) => return Err(e),
@@ -142,10 +149,14 @@ impl StackNames {
                     }
                     Err(e) if e.is_map_full() => {
                         let why = e.to_string();
-                        self.untold
-                            .push((pid, format!("{why}; tried again at every interval, as traced processes exit")));
+                        if self.retry {
+                            let again = format!("{why}; tried again at every interval, as traced processes exit");
+                            self.untold.push((pid, again));
+                            self.waiting.insert(pid, (process, config));
+                        } else {
+                            self.untold.push((pid, why.clone()));
+                        }
                         self.processes.insert(pid, Err(why));
-                        self.waiting.insert(pid, (process, config));
                     }
                     Err(e) => return Err(e),
                 }
@@ -158,10 +169,11 @@ impl StackNames {
         Ok(())
     }
 
-    /// What to tell since the last call, `at` into the run: processes
-    /// without stacks and why, processes given their walk after waiting
-    /// for room, modules or processes without native stacks.
-    pub fn take_notes(&mut self, at: Duration) -> Vec<Note> {
+    /// What to tell since the last call: processes without stacks and why,
+    /// processes given their walk after waiting for room (when, into the
+    /// run that began at `started`), modules or processes without native
+    /// stacks.
+    pub fn take_notes(&mut self, started: Instant) -> Vec<Note> {
         let mut notes: Vec<Note> = self
             .take_untold()
             .into_iter()
@@ -169,13 +181,13 @@ impl StackNames {
                 Note::new(Level::Warning, NoteCode::NoStacks, format!("no Python stacks for PID {pid}: {why}"))
             })
             .collect();
-        notes.extend(std::mem::take(&mut self.admitted).into_iter().map(|pid| {
+        notes.extend(std::mem::take(&mut self.admitted).into_iter().map(|(pid, at)| {
             Note::new(
                 Level::Note,
                 NoteCode::StacksLate,
                 format!(
                     "Python stacks for PID {pid} from {:.1} s on: BPF map WALKS has room for it now; its events before then are counted under no stack (stack_no_config)",
-                    at.as_secs_f64()
+                    at.saturating_duration_since(started).as_secs_f64()
                 ),
             )
         }));
@@ -185,8 +197,18 @@ impl StackNames {
         notes
     }
 
-    /// `pid` has exited: it no longer waits for room.
-    pub fn forget_waiting(&mut self, pid: u32) {
+    /// `pid` has exited: it no longer waits for room, and a later process
+    /// given its PID is read anew (the stacks it resolved keep their
+    /// names).
+    pub fn forget(&mut self, pid: u32) {
+        self.waiting.remove(&pid);
+        self.processes.remove(&pid);
+    }
+
+    /// `pid` cannot be watched for its exit, so it would be tried again
+    /// after it, and could take an entry another process freed for good:
+    /// it waits no more (tracer warns that it cannot watch it).
+    pub fn give_up(&mut self, pid: u32) {
         self.waiting.remove(&pid);
     }
 

@@ -117,7 +117,7 @@ impl Growth {
         (every, depth): (u32, u32),
         auto: bool,
     ) -> Result<Self, AttachError> {
-        let mut names = StackNames::new(Vec::new(), depth, 1, usize::MAX, None);
+        let mut names = StackNames::new(Vec::new(), depth, 1, usize::MAX, None, false);
         names.prepare(session, pid)?;
         let now = Instant::now();
         Ok(Self {
