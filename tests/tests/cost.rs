@@ -80,6 +80,31 @@ fn a_busy_target_sees_the_estimated_cost_in_each_interval_and_the_summary() {
     workload.ping();
 }
 
+/// Placed as by default, the probes whose entry is single-stepped
+/// (pyenv's `_Py_Dealloc` and frees) make the same loop costly, and the
+/// warning names them and the placement that may move them.
+#[test]
+fn a_high_cost_at_single_stepped_entries_points_to_call_sites() {
+    require_root();
+    let mut workload = Workload::serve(&shared_python());
+    let (tracer, _) = TracerRun::attach_json(workload.pid(), &["--interval", "0.5"]);
+    let costed = until_costed(&tracer);
+    assert!(fraction(&costed["cost"]) > 0.1, "{costed}");
+    let note = tracer.stdout.next_line("the high cost note").expect("a note");
+    let note: Value = serde_json::from_str(&note).expect("JSON");
+    assert_eq!(note["code"], "high_cost", "{note}");
+    let message = note["message"].as_str().expect("message");
+    assert!(
+        message.contains("; or --placement call-sites, which probes the calls of _Py_Dealloc, ")
+            && message.contains(" (their entries are single-stepped) wherever the address never escapes"),
+        "{message}"
+    );
+    workload.ping();
+    tracer.signal(libc::SIGINT);
+    let (status, _, stderr) = tracer.finish();
+    assert!(status.success(), "{status}: {stderr}");
+}
+
 #[test]
 fn single_stepped_probes_on_a_busy_target_warn_of_a_high_cost() {
     require_root();
@@ -99,6 +124,8 @@ fn single_stepped_probes_on_a_busy_target_warn_of_a_high_cost() {
     let message = note["message"].as_str().expect("message");
     assert!(message.starts_with("tracing costs the target an estimated "), "{message}");
     assert!(message.contains("--budget PERCENT"), "{message}");
+    // Placed at the entries by choice: no other placement to point to.
+    assert!(!message.contains("--placement call-sites"), "{message}");
     workload.ping();
     tracer.signal(libc::SIGINT);
     let (status, lines, stderr) = tracer.finish();

@@ -52,7 +52,7 @@ use crate::{
     launch::{Child, LaunchError, signal_name, signals::Signals},
     model::{Attached, End, Event, Level, Links, Note, NoteCode, Snapshot, Summary},
     plan::{
-        self, PlacementMode,
+        self,
         gc::{GcMode, GcSource},
     },
     prepare::{self, PrepareError, Prepared},
@@ -675,11 +675,7 @@ fn cost_meter(
         (None, Some(early)) => early,
         (None, None) => Calibration::start(),
     };
-    let advice = Advice {
-        budget: config.budget.map(|b| b * 100.0),
-        returns: config.returns,
-        call_sites: config.placement == PlacementMode::CallSites,
-    };
+    let advice = Advice::of(config, session.plan());
     CostMeter::new(session.plan(), pid, exits, calibrating, advice)
 }
 
