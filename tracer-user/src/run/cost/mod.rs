@@ -29,7 +29,7 @@
 mod ledger;
 mod price;
 
-use std::{thread::JoinHandle, time::Duration};
+use std::{fmt::Write as _, thread::JoinHandle, time::Duration};
 
 use indexmap::IndexMap;
 use procfs::Current as _;
@@ -477,10 +477,11 @@ impl CostMeter {
         // where call sites may move such a probe, that is the first thing
         // to try (exact still, but for modules mapped later: probes.md).
         if !stepped.is_empty() {
-            warning.push_str(&format!(
+            let _ = write!(
+                warning,
                 "; or --placement call-sites, which probes the calls of {} (their entries are single-stepped) wherever the address never escapes (`tracer probes --placement call-sites` shows where it would)",
                 stepped.join(", ")
-            ));
+            );
         }
         Some(Note::new(Level::Warning, NoteCode::HighCost, warning))
     }
