@@ -128,7 +128,8 @@ pub struct Summary {
     /// The calibrated cost of a hit.
     pub emulated_ns: f64,
     pub single_stepped_ns: f64,
-    /// Each probe's calls and its sites: (emulated, single-stepped).
+    /// Each probe's hits (its calls, its gates' other passes, two per
+    /// nested libc call) and its sites: (emulated, single-stepped).
     pub probes: Vec<(u64, (u64, u64))>,
 }
 
@@ -441,7 +442,13 @@ impl TracerRun {
             .as_object()
             .context("the summary's probes")?
             .iter()
-            .map(|(name, counts)| (counts["calls"].as_u64().unwrap_or(0), kinds(name)))
+            .map(|(name, counts)| {
+                // Every hit tracer prices: its gates' passes that went
+                // elsewhere, and two per nested libc call, beside the calls.
+                let n = |key: &str| counts[key].as_u64().unwrap_or(0);
+                let nested = counts["nested"]["calls"].as_u64().unwrap_or(0);
+                (n("calls") + n("gate_other") + 2 * nested, kinds(name))
+            })
             .collect();
         let summary = Summary {
             fraction,

@@ -168,6 +168,7 @@ mod tests {
             bytes,
             nested: None,
             returned: None,
+            gate_other: 0,
             estimate: None,
             calls_per_s: None,
             bytes_per_s: None,

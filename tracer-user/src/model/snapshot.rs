@@ -77,6 +77,11 @@ pub struct ProbeCounts {
     /// With `--returns`, for an allocating function.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub returned: Option<Returned>,
+    /// Passes of its gated sites (jumps probed for the inlined copy they
+    /// lead into) that went elsewhere: hits it costs, no calls. Left out
+    /// where 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub gate_other: u64,
     /// With `--budget`: the counts are of the traced windows; these are
     /// the rates estimated from them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -363,6 +368,12 @@ impl Snapshot {
 #[allow(clippy::cast_precision_loss, reason = "a rate, not a count")]
 fn rate(delta: u64, secs: f64) -> f64 {
     if secs > 0.0 { delta as f64 / secs } else { 0.0 }
+}
+
+/// For `skip_serializing_if`.
+#[allow(clippy::trivially_copy_pass_by_ref, reason = "serde passes a reference")]
+const fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[cfg(test)]

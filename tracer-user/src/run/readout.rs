@@ -278,6 +278,7 @@ impl Readout {
                     bytes: c.bytes,
                     nested,
                     returned,
+                    gate_other: c.gate_other,
                     estimate: None,
                     calls_per_s: None,
                     bytes_per_s: None,
