@@ -14,6 +14,8 @@
 
 use std::{fmt::Write as _, path::Path};
 
+use anyhow::Context as _;
+
 use crate::{
     bench_cost_measure::{
         Case, INTERVAL, Measured, NICE, Private, ROUNDS, Summary, TRACED_VALUE_S, VALUES, WARMUPS, measure,
@@ -23,7 +25,16 @@ use crate::{
 
 pub fn cost_section(md: &mut String, tracer: &Path, out_root: &Path) -> anyhow::Result<()> {
     let dir = out_root.join("cost");
-    let pyenv = Private::new(&crate::setup::pyperf_venv(), &dir.join("pyenv"))?;
+    // pyenv's own venv: the default pyperf venv is made from whatever
+    // `python3` setup found first, Debian's on a PATH without pyenv's
+    // shims, which would measure Debian's build twice under two names.
+    crate::bench_venvs::ensure_all()?;
+    let pyenv_venv = crate::bench_venvs::pythons()
+        .into_iter()
+        .find(|p| p.name.starts_with("pyenv 3.11"))
+        .map(|p| p.venv)
+        .context("the production benchmark's pyenv 3.11 venv")?;
+    let pyenv = Private::new(&pyenv_venv, &dir.join("pyenv"))?;
     let debian = Private::new(&crate::setup::static_pyperf_venv(), &dir.join("debian"))?;
     let json = ("import json; d = {'a': 1, 'b': [1, 2, 3], 'c': 'text'}", "json.loads(json.dumps(d))");
     // Sorting 2,000 ints allocates a few blocks in tens of µs: a low cost,
