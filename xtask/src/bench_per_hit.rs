@@ -12,7 +12,9 @@ use crate::bench_measure::{
 };
 
 /// Section 1 of a full run: one hit on `_Py_NewReference`, then each
-/// default probe five ways, on pyenv's `python`.
+/// default probe five ways, on `python` (the default pyperf venv's, made
+/// from the first `python3` on PATH: pyenv's in a shell with its shims,
+/// Debian's under `env -i`).
 pub fn per_hit(md: &mut String, tracer: &Path, python: &Path, out_root: &Path, effort: &str) -> anyhow::Result<()> {
     per_hit_section(md, tracer, python, out_root, effort)?;
     per_probe(md, tracer, python, out_root, effort)

@@ -35,7 +35,7 @@ pub fn returns_section(
     let mean = |k: &str| r[k]["mean_ns"].as_f64().unwrap_or(f64::NAN);
     writeln!(
         md,
-        "\nWhat reading returns adds per allocating call, with the pyenv build under pyperf (`body()` as in the five-ways table):\n"
+        "\nWhat reading returns adds per allocating call, with the default venv's interpreter under pyperf (`body()` as in the five-ways table; the command names it):\n"
     )?;
     writeln!(md, "```\n{}\n```\n", m.command.replace(&shell_quote(API_SETUP), "\"$API_SETUP\""))?;
     writeln!(md, "| setup | mean per loop | vs baseline | cost per probe hit |\n|---|---|---|---|")?;
