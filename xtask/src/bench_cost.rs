@@ -25,13 +25,13 @@ use crate::{
 
 pub fn cost_section(md: &mut String, tracer: &Path, out_root: &Path) -> anyhow::Result<()> {
     let dir = out_root.join("cost");
-    // pyenv's own venv: the default pyperf venv is made from whatever
-    // `python3` setup found first, Debian's on a PATH without pyenv's
-    // shims, which would measure Debian's build twice under two names.
-    crate::bench_venvs::ensure_all()?;
+    // pyenv's own venv (made by setup, as the production benchmark's):
+    // the default pyperf venv is made from whatever `python3` setup found
+    // first, Debian's on a PATH without pyenv's shims, which would measure
+    // Debian's build twice under two names.
     let pyenv_venv = crate::bench_venvs::pythons()
         .into_iter()
-        .find(|p| p.name.starts_with("pyenv 3.11"))
+        .find(|p| p.name == crate::bench_venvs::PYENV_3_11)
         .map(|p| p.venv)
         .context("the production benchmark's pyenv 3.11 venv")?;
     let pyenv = Private::new(&pyenv_venv, &dir.join("pyenv"))?;

@@ -34,6 +34,10 @@ const NO_MEMRAY: &str = "tracer-no-memray-wheel";
 const FORKY_VENV: &str = "/opt/tracer/production-venv-3.14";
 const FORKY_WHEELS: &str = "/opt/tracer/wheels";
 
+/// The name of pyenv's 3.11.7 among [`pythons`], whose venv the cost
+/// section uses too.
+pub const PYENV_3_11: &str = "pyenv 3.11.7 (--enable-shared)";
+
 /// One interpreter the production benchmark measures.
 pub struct BenchPython {
     /// As the tables name it.
@@ -110,7 +114,7 @@ pub fn pythons() -> Vec<BenchPython> {
             venv: data_dir().join("production-venv-debian-3.11"),
         },
         BenchPython {
-            name: "pyenv 3.11.7 (--enable-shared)",
+            name: PYENV_3_11,
             root: None,
             base: pyenv_root().join("versions").join("3.11.7").join("bin").join("python3.11"),
             venv: data_dir().join("production-venv-pyenv-3.11.7"),

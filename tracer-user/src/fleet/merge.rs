@@ -166,6 +166,7 @@ fn add_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
 fn add_probe(have: &mut ProbeCounts, p: &ProbeCounts) {
     have.calls += p.calls;
     have.bytes += p.bytes;
+    have.gate_other += p.gate_other;
     have.nested = match (have.nested, p.nested) {
         (Some(mut a), Some(b)) => {
             a.calls += b.calls;

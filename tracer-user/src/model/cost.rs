@@ -156,7 +156,7 @@ fn is_zero_f64(x: &f64) -> bool {
 
 /// For `skip_serializing_if`.
 #[allow(clippy::trivially_copy_pass_by_ref, reason = "serde passes a reference")]
-const fn is_zero_u64(n: &u64) -> bool {
+pub(super) const fn is_zero_u64(n: &u64) -> bool {
     *n == 0
 }
 

@@ -80,7 +80,7 @@ pub struct ProbeCounts {
     /// Passes of its gated sites (jumps probed for the inlined copy they
     /// lead into) that went elsewhere: hits it costs, no calls. Left out
     /// where 0.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "super::cost::is_zero_u64")]
     pub gate_other: u64,
     /// With `--budget`: the counts are of the traced windows; these are
     /// the rates estimated from them.
@@ -368,12 +368,6 @@ impl Snapshot {
 #[allow(clippy::cast_precision_loss, reason = "a rate, not a count")]
 fn rate(delta: u64, secs: f64) -> f64 {
     if secs > 0.0 { delta as f64 / secs } else { 0.0 }
-}
-
-/// For `skip_serializing_if`.
-#[allow(clippy::trivially_copy_pass_by_ref, reason = "serde passes a reference")]
-const fn is_zero(n: &u64) -> bool {
-    *n == 0
 }
 
 #[cfg(test)]

@@ -265,7 +265,17 @@ impl Advice {
         use crate::{config::LinkMode, plan::PlacementMode};
         let movable =
             config.placement == PlacementMode::Auto && config.budget.is_none() && config.links != LinkMode::Perf;
-        let stepped = plan.probes.iter().filter(|p| movable && !p.placement.emulated && p.call_sites.is_none());
+        // Not the frees: their addresses sit in type objects (`tp_free`)
+        // and the allocator tables, so calls through those have no call
+        // site and call-site placement leaves them at their entries
+        // (probes.md). Nor libc's functions, which it does not move.
+        let stepped = plan.probes.iter().filter(|p| {
+            movable
+                && !p.placement.emulated
+                && p.call_sites.is_none()
+                && p.file.is_none()
+                && !p.symbol.ends_with("Free")
+        });
         Self {
             budget: config.budget.map(|b| b * 100.0),
             returns: config.returns,
@@ -473,13 +483,14 @@ impl CostMeter {
         let Advice { budget, returns, call_sites, ref stepped } = self.advice;
         let mut warning = cost.warning(budget, returns, call_sites)?;
         self.told_high = true;
-        // A single-stepped hit costs 10 to 25 times an emulated one here:
-        // where call sites may move such a probe, that is the first thing
-        // to try (exact still, but for modules mapped later: probes.md).
+        // A single-stepped hit costs about ten times an emulated one (the
+        // calibration's figures): where call sites may move such a probe,
+        // that is the first thing to try (exact still, but for modules
+        // mapped later: probes.md).
         if !stepped.is_empty() {
             let _ = write!(
                 warning,
-                "; or --placement call-sites, which probes the calls of {} (their entries are single-stepped) wherever the address never escapes (`tracer probes --placement call-sites` shows where it would)",
+                "; or --placement call-sites, which probes each call of {} instead of the single-stepped entry, where the address never escapes (`tracer probes --placement call-sites` shows where it would)",
                 stepped.join(", ")
             );
         }
