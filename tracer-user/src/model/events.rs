@@ -163,16 +163,7 @@ mod tests {
         let line = SAMPLES.lines().find(|l| l.starts_with(r#"{"type":"attached""#)).unwrap();
         let Event::Attached(mut attached) = serde_json::from_str(line).unwrap() else { panic!() };
         attached.measures_bytes = vec!["PyObject_Malloc".into()];
-        let counts = |calls, bytes| ProbeCounts {
-            calls,
-            bytes,
-            nested: None,
-            returned: None,
-            gate_other: 0,
-            estimate: None,
-            calls_per_s: None,
-            bytes_per_s: None,
-        };
+        let counts = ProbeCounts::new;
         let snap = |elapsed_s, scale: u64| Snapshot {
             elapsed_s,
             probes: [

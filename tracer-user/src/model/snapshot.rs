@@ -96,6 +96,24 @@ pub struct ProbeCounts {
     pub bytes_per_s: Option<f64>,
 }
 
+impl ProbeCounts {
+    /// `calls` and `bytes` alone: no nested calls, returns, gates' other
+    /// passes, estimates or rates.
+    #[must_use]
+    pub const fn new(calls: u64, bytes: u64) -> Self {
+        Self {
+            calls,
+            bytes,
+            nested: None,
+            returned: None,
+            gate_other: 0,
+            estimate: None,
+            calls_per_s: None,
+            bytes_per_s: None,
+        }
+    }
+}
+
 /// A file mapped after the attach whose calls are counted only from
 /// `since_s` on.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -111,16 +111,7 @@ pub(crate) mod examples {
     }
 
     pub fn counts(calls: u64, bytes: u64) -> ProbeCounts {
-        ProbeCounts {
-            calls,
-            bytes,
-            nested: None,
-            returned: None,
-            gate_other: 0,
-            estimate: None,
-            calls_per_s: None,
-            bytes_per_s: None,
-        }
+        ProbeCounts::new(calls, bytes)
     }
 
     pub fn snapshot(elapsed_ms: u64, scale: u64) -> Snapshot {
