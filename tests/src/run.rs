@@ -50,10 +50,9 @@ impl TracerRun {
     /// for the "attached" line, which it returns.
     #[must_use]
     pub fn attach_json(pid: u32, extra: &[&str]) -> (Self, Value) {
-        let pid = pid.to_string();
-        let mut args = vec!["--pid", pid.as_str()];
-        args.extend_from_slice(extra);
-        Self::attach_json_with(&args)
+        let mut all = vec!["--exact"];
+        all.extend_from_slice(extra);
+        Self::profile_json(pid, &all)
     }
 
     /// Starts `tracer attach --exact --json ARGS...` (exact tracing, whose
