@@ -74,6 +74,17 @@ fn by_size(s: &Value) -> std::collections::BTreeMap<u64, u64> {
     sizes
 }
 
+/// The listed leaks that are neither a kept buffer nor a bytearray
+/// object, in full: what a failure needs to be read.
+fn others(s: &Value) -> Vec<&Value> {
+    s["leaks"]["oldest"]
+        .as_array()
+        .expect("leaks")
+        .iter()
+        .filter(|l| l["size"] != KEEP + 1 && l["size"] != 56)
+        .collect()
+}
+
 /// Every live level is a level: never below zero.
 fn never_negative(s: &Value) {
     for d in ["object", "mem", "raw"] {
@@ -86,7 +97,7 @@ fn never_negative(s: &Value) {
 /// Every block of the loop tracked: on a build whose allocators the
 /// return probes see (not LTO, or `PYTHONMALLOC=debug`), every block; on
 /// an LTO build with pymalloc (`inlined`), the loop's, with a few calls
-/// outside it unseen, as many in both runs, and said.
+/// outside it in the table or unseen, as many in both runs, and said.
 fn exact(target: Target<'_>, inlined: bool) {
     let n = 300;
     let leaks = ["--leaks", "100000"];
@@ -102,22 +113,27 @@ fn exact(target: Target<'_>, inlined: bool) {
         }
         assert_eq!(s["stats"]["live_unmatched"], 0, "{}", s["stats"]);
     }
-    for name in ["unseen_allocations", "unseen_frees"] {
-        assert_eq!(field(&one, name), field(&two, name), "{name}: {} / {}", one["live"], two["live"]);
-    }
+    assert_eq!(field(&one, "unseen_frees"), field(&two, "unseen_frees"), "{} / {}", one["live"], two["live"]);
     // Kept: N more bytearrays hold exactly N times one's bytes more.
     let more = live_bytes(&two) - live_bytes(&one);
     assert_eq!(more, i64::try_from(n * per).unwrap(), "one holds {per} B: {} / {}", one["live"], two["live"]);
     // Listed: exactly the kept buffers, never the dropped ones.
     assert_eq!((listed(&one, KEEP + 1), listed(&two, KEEP + 1)), (n, 2 * n), "{}", two["leaks"]["count"]);
     assert_eq!((listed(&one, TEMP + 1), listed(&two, TEMP + 1)), (0, 0));
-    // Two blocks each: the object and its buffer.
+    // Two blocks each: the object and its buffer. Every allocation is in
+    // the table or counted unseen; which one, for a call outside the loop
+    // whose size its copy does not show (on forky's 3.14, the buffer
+    // `os.read` makes after "done"), the heap's layout decides: pymalloc's
+    // slow path, probed, gives its block, its inline fast path does not.
+    let seen = |s: &Value| s["leaks"]["count"].as_u64().unwrap() + field(s, "unseen_allocations");
     assert_eq!(
-        two["leaks"]["count"].as_u64().unwrap() - one["leaks"]["count"].as_u64().unwrap(),
+        seen(&two) - seen(&one),
         2 * n,
-        "listed by size, N: {:?}, 2N: {:?}; live N: {}, 2N: {}",
+        "listed by size, N: {:?}, 2N: {:?}; the others, N: {:?}, 2N: {:?}; live N: {}, 2N: {}",
         by_size(&one),
         by_size(&two),
+        others(&one),
+        others(&two),
         one["live"],
         two["live"]
     );
@@ -182,6 +198,32 @@ fn kept_bytearrays_are_live_and_listed_on_forky_314_with_debug_hooks() {
     require_root();
     let root = forky_root();
     exact(Target { root: Some(&root), python: "python3.14", malloc: Some("debug") }, false);
+}
+
+/// A call still the last of its thread when tracer stops is counted: the
+/// 5-byte buffer `os.read` makes before it blocks is in the table (where
+/// pymalloc's slow path, probed, serves it) or an unseen allocation (its
+/// inline fast path, at a copy that does not show its size), and never
+/// neither, which it was (in seven runs of eight) while only the thread's
+/// next API call counted a call unseen. Against the same run ending in a
+/// `readinto` of a buffer made before the attach: one more, exactly.
+#[test]
+fn a_call_left_last_at_the_end_is_counted_on_forky_314() {
+    require_root();
+    let root = forky_root();
+    let target = Target { root: Some(&root), python: "python3.14", malloc: None };
+    let n = 100;
+    let leaks = ["--leaks", "100000"];
+    let seen = |s: &Value| s["leaks"]["count"].as_u64().expect("leaks") + field(s, "unseen_allocations");
+    let end = |ending: &str| {
+        let args = [n.to_string(), KEEP.to_string(), TEMP.to_string(), "keep".to_owned(), ending.to_owned()];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run_script(target, "live.py", &args, &leaks).0
+    };
+    for _ in 0..3 {
+        let (waiting, reading) = (end("readinto"), end("os.read"));
+        assert_eq!(seen(&reading), seen(&waiting) + 1, "{}\n{}", waiting["live"], reading["live"]);
+    }
 }
 
 /// The bytes `sys.getsizeof` gives for a `Leaky()` in `target`: its
@@ -342,9 +384,9 @@ fn bad_live_input() {
 
 /// tests/python/live.py's line that keeps each bytearray, in `keep`; the
 /// loop's line that calls `keep`; the line in `drop` that drops one.
-const KEEP_LINE: u64 = 26;
-const CALL_LINE: u64 = 40;
-const DROP_LINE: u64 = 30;
+const KEEP_LINE: u64 = 28;
+const CALL_LINE: u64 = 43;
+const DROP_LINE: u64 = 32;
 
 /// The listed blocks of `size` bytes (any size: None) whose innermost
 /// Python frame is `function` at live.py's `line`.

@@ -116,6 +116,45 @@ pub mod kind {
 /// An API realloc frame's `old` where its probe does not read its block.
 pub const UNKNOWN_BLOCK: u64 = u64::MAX;
 
+/// What a stale API frame (one the thread's next API call finds on top:
+/// its call ran an inlined allocator and called no implementation) left
+/// unseen, as [`Frame::stale`] judges it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stale {
+    /// Nothing: its block was predicted, or its free took its block.
+    Seen,
+    /// An allocation whose block is not in the table.
+    Allocation,
+    /// A free whose block is not known: it stays in the table.
+    Free,
+    /// A realloc that moved, freeing this old block inline: out it goes.
+    Take(u64),
+}
+
+impl Frame {
+    /// What this frame, found stale on top of its thread's stack, left
+    /// unseen: the BPF side judges it when the thread's next API call
+    /// comes, and userspace, for the frames still on top at the end.
+    #[must_use]
+    pub const fn stale(&self) -> Stale {
+        if self.kind == kind::MOVED {
+            if self.old == UNKNOWN_BLOCK { Stale::Free } else { Stale::Take(self.old) }
+        } else if self.kind != kind::API {
+            Stale::Seen
+        } else if self.role.0 == Role::REALLOC.0 && self.predicted != 0 {
+            // Predicted: a block that stays, or one that moved, freeing
+            // the old one inline.
+            if self.predicted != self.old && self.old != 0 { Stale::Take(self.old) } else { Stale::Seen }
+        } else if self.role.0 == Role::FREE.0 {
+            if self.old == 0 { Stale::Free } else { Stale::Seen }
+        } else if self.predicted == 0 {
+            Stale::Allocation
+        } else {
+            Stale::Seen
+        }
+    }
+}
+
 /// How deep [`Frames`] goes. An API call and its implementation, twice
 /// (pymalloc calling the raw domain), with the debug hooks' level in each
 /// is six; with `PYTHONMALLOC=debug` on Debian's LTO 3.11, six lost about
@@ -426,7 +465,26 @@ unsafe impl aya::Pod for Frames {}
 
 #[cfg(test)]
 mod tests {
-    use super::Role;
+    use super::{Frame, Role, Stale, UNKNOWN_BLOCK, kind};
+
+    #[test]
+    fn a_stale_frame_says_what_went_unseen() {
+        let api = |role, old, predicted| Frame { kind: kind::API, role, old, predicted, ..Frame::default() };
+        assert_eq!(api(Role::MALLOC, 0, 0).stale(), Stale::Allocation);
+        assert_eq!(api(Role::MALLOC, 0, 0x10).stale(), Stale::Seen);
+        assert_eq!(api(Role::FREE, 0, 0).stale(), Stale::Free);
+        assert_eq!(api(Role::FREE, 0x20, 0).stale(), Stale::Seen);
+        // A realloc predicted to move freed its old block inline; one
+        // predicted to stay freed nothing; one not predicted is unseen.
+        assert_eq!(api(Role::REALLOC, 0x20, 0x30).stale(), Stale::Take(0x20));
+        assert_eq!(api(Role::REALLOC, 0x20, 0x20).stale(), Stale::Seen);
+        assert_eq!(api(Role::REALLOC, 0x20, 0).stale(), Stale::Allocation);
+        let moved = |old| Frame { kind: kind::MOVED, role: Role::REALLOC, old, ..Frame::default() };
+        assert_eq!(moved(0x20).stale(), Stale::Take(0x20));
+        assert_eq!(moved(UNKNOWN_BLOCK).stale(), Stale::Free);
+        // An implementation's frame is a call in flight, not stale.
+        assert_eq!(Frame { kind: kind::OUTER, role: Role::MALLOC, ..Frame::default() }.stale(), Stale::Seen);
+    }
 
     #[test]
     fn a_role_keeps_its_kind_flags_and_domain_apart() {

@@ -4,7 +4,7 @@
 
 use aya_ebpf::{bindings::BPF_ANY, macros::map, maps::LruHashMap};
 use tracer_common::{
-    live::{API_FRAME_ROOM, FRAME_DEPTH, FRAME_THREADS, Frame, LiveKey, Role, UNKNOWN_BLOCK, kind},
+    live::{API_FRAME_ROOM, FRAME_DEPTH, FRAME_THREADS, Frame, LiveKey, Role, Stale, UNKNOWN_BLOCK, kind},
     stack::why,
     stats::Stat,
 };
@@ -127,24 +127,11 @@ fn continues(last: &Frame, call: &Frame, block: u64) -> bool {
 /// freed its old block inline: out it goes, where it is known.
 #[inline(always)]
 fn unseen(tgid: u32, frame: Frame) {
-    if frame.kind == kind::MOVED {
-        if frame.old == UNKNOWN_BLOCK {
-            add(frame.domain, field!(unseen_frees), 1);
-        } else {
-            take(tgid, frame.old, frame.domain);
-        }
-    } else if frame.role == Role::REALLOC && frame.predicted != 0 {
-        // Predicted: a block that stays, or one that moved, freeing the
-        // old one inline.
-        if frame.predicted != frame.old && frame.old != 0 {
-            take(tgid, frame.old, frame.domain);
-        }
-    } else if frame.role == Role::FREE {
-        if frame.old == 0 {
-            add(frame.domain, field!(unseen_frees), 1);
-        }
-    } else if frame.predicted == 0 {
-        add(frame.domain, field!(unseen_allocs), 1);
+    match frame.stale() {
+        Stale::Allocation => add(frame.domain, field!(unseen_allocs), 1),
+        Stale::Free => add(frame.domain, field!(unseen_frees), 1),
+        Stale::Take(old) => take(tgid, old, frame.domain),
+        Stale::Seen => {}
     }
 }
 

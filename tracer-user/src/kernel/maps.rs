@@ -263,6 +263,36 @@ impl Session {
         self.live.iter().filter_map(Result::ok).collect()
     }
 
+    /// With `--live`, the calls still last on their threads' stacks of
+    /// calls in flight that the programs would find stale at the thread's
+    /// next API call (see [`tracer_common::live::Frame::stale`]): at the
+    /// end, that call never comes. Per domain (in
+    /// [`tracer_common::sizes::Domain::ALL`] order), allocations and frees.
+    pub fn left_unseen(&self) -> Result<Vec<(u64, u64)>, AttachError> {
+        use tracer_common::live::{Frames, Stale};
+        let name = names::FRAMES_MAP;
+        let map_err = |cause| AttachError::Map { name, cause: Box::new(cause) };
+        let map =
+            self.ebpf.map(name).ok_or_else(|| map_err(aya::maps::MapError::InvalidName { name: name.to_owned() }))?;
+        let threads: aya::maps::HashMap<_, u32, Frames> = aya::maps::HashMap::try_from(map).map_err(map_err)?;
+        let mut unseen = vec![(0u64, 0u64); tracer_common::sizes::Domain::ALL.len()];
+        // A thread whose entry goes while this walks the map has no
+        // call left: aya's iterator skips it.
+        for (_, frames) in threads.iter().filter_map(Result::ok) {
+            let depth = usize::try_from(frames.depth).unwrap_or(0).min(frames.frames.len());
+            let Some(top) = depth.checked_sub(1).and_then(|i| frames.frames.get(i)) else { continue };
+            let Some(d) = usize::try_from(top.domain).ok().and_then(|d| unseen.get_mut(d)) else { continue };
+            match top.stale() {
+                Stale::Allocation => d.0 += 1,
+                Stale::Free => d.1 += 1,
+                // A moved block's old one, freed inline, stays listed: the
+                // walk of the table is not changed by a reading.
+                Stale::Take(_) | Stale::Seen => {}
+            }
+        }
+        Ok(unseen)
+    }
+
     /// Removes every entry of process `tgid` from the counter and return
     /// maps, once its final counts are read: its room goes back to the
     /// maps, and a later process given the same PID starts from zero.

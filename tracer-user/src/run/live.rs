@@ -85,6 +85,17 @@ pub fn report(plan: &Plan, counts: &[LiveCounts], (capacity, pending_full, unmat
     model::Live { object, mem, raw, native, capacity, dropped, unknown, partial }
 }
 
+/// Adds to the live table's `counts` (per domain) the calls `left` on top
+/// of their threads' stacks at the end, allocations and frees (see
+/// [`crate::kernel::Session::left_unseen`]): their thread made no API call
+/// since, which would have found them stale and counted them.
+pub fn left_unseen(counts: &mut [LiveCounts], left: &[(u64, u64)]) {
+    for (c, &(allocations, frees)) in counts.iter_mut().zip(left) {
+        c.unseen_allocs = c.unseen_allocs.wrapping_add(allocations);
+        c.unseen_frees = c.unseen_frees.wrapping_add(frees);
+    }
+}
+
 /// With `--leaks`, the blocks still in `session`'s live table, the oldest
 /// first, as `config` says; with `--stacks` (`names`), each with the
 /// Python stack it was allocated on, or why it has none.

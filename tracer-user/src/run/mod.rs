@@ -207,10 +207,14 @@ struct Run {
 
 impl Run {
     /// The counts now, without a cost (see [`CostMeter::interval`] and
-    /// [`CostMeter::total`]).
-    fn snapshot(&mut self) -> Result<Snapshot, AttachError> {
+    /// [`CostMeter::total`]); at the `end`, with the live table's calls
+    /// left unseen on top of their threads' stacks ([`live::left_unseen`]).
+    fn snapshot(&mut self, end: bool) -> Result<Snapshot, AttachError> {
         self.cost.before_read();
-        let totals = self.readout.read(&mut self.session)?;
+        let mut totals = self.readout.read(&mut self.session)?;
+        if end && self.readout.live.is_some() {
+            live::left_unseen(&mut totals.live_table, &self.session.left_unseen()?);
+        }
         // Right after the counts, so that each process's CPU time goes
         // with its hits.
         self.cost.observe(self.session.plan(), &totals);
@@ -228,7 +232,7 @@ impl Run {
         if let Some(d) = self.duty.as_mut() {
             d.close(&mut self.session, &mut self.readout)?;
         }
-        let mut last = self.snapshot()?;
+        let mut last = self.snapshot(true)?;
         // Before the detach, which frees the table.
         last.leaks = config
             .live
@@ -421,7 +425,7 @@ pub async fn attach(
                 }
                 let notes = run.notes();
                 output.notes(notes)?;
-                let mut snapshot = run.snapshot()?;
+                let mut snapshot = run.snapshot(false)?;
                 // Every stack only in the summary: an interval lists sites.
                 snapshot.stacks = None;
                 let all = snapshot.hits.unwrap_or(0);
