@@ -1,4 +1,4 @@
-"""Lists grown by appends, for tests/tests/live.rs.
+"""Lists grown by appends, for tests/tests/live_domains.rs.
 
     grow.py N FREE
 

@@ -1,4 +1,4 @@
-"""Native live-memory workload for tests/tests/live.rs.
+"""Native live-memory workload for tests/tests/live_domains.rs.
 
     native_live.py N keep|free|fail
 

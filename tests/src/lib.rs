@@ -6,6 +6,7 @@
 
 #![allow(clippy::missing_panics_doc, reason = "test helpers panic to fail the test, with the reason")]
 
+pub mod live;
 mod run;
 mod sites;
 mod workload;

@@ -268,8 +268,10 @@ impl Session {
     /// next API call (see [`tracer_common::live::Frame::stale`]): at the
     /// end, that call never comes. Per domain (in
     /// [`tracer_common::sizes::Domain::ALL`] order), allocations and frees.
+    /// A call in flight at this moment on a running thread is counted too:
+    /// at most one per thread.
     pub fn left_unseen(&self) -> Result<Vec<(u64, u64)>, AttachError> {
-        use tracer_common::live::{Frames, Stale};
+        use tracer_common::live::{Frames, Stale, kind};
         let name = names::FRAMES_MAP;
         let map_err = |cause| AttachError::Map { name, cause: Box::new(cause) };
         let map =
@@ -280,14 +282,21 @@ impl Session {
         // call left: aya's iterator skips it.
         for (_, frames) in threads.iter().filter_map(Result::ok) {
             let depth = usize::try_from(frames.depth).unwrap_or(0).min(frames.frames.len());
-            let Some(top) = depth.checked_sub(1).and_then(|i| frames.frames.get(i)) else { continue };
+            let Some((top, below)) = frames.frames.get(..depth).and_then(<[_]>::split_last) else { continue };
+            // Above an implementation's frame, the call is inside it, and
+            // that implementation's return drops it uncounted, as the
+            // programs do.
+            if below.iter().any(|f| f.kind != kind::API && f.kind != kind::MOVED) {
+                continue;
+            }
             let Some(d) = usize::try_from(top.domain).ok().and_then(|d| unseen.get_mut(d)) else { continue };
             match top.stale() {
                 Stale::Allocation => d.0 += 1,
-                Stale::Free => d.1 += 1,
-                // A moved block's old one, freed inline, stays listed: the
-                // walk of the table is not changed by a reading.
-                Stale::Take(_) | Stale::Seen => {}
+                // A moved realloc's old block, freed inline, stays in the
+                // table, as a free's unknown block does: the reading does
+                // not change the table.
+                Stale::Free | Stale::Take(_) => d.1 += 1,
+                Stale::Seen => {}
             }
         }
         Ok(unseen)
