@@ -32,8 +32,8 @@ fn native_blocks(target: Target<'_>) {
     for s in &runs {
         never_negative(s);
         assert!(native(s, "count") >= 0 && native(s, "bytes") >= 0, "{}", s["live"]);
-        // On an LTO build the Python domains are partial (see `partial`
-        // above); libc's never is.
+        // On an LTO build the Python domains are partial (tests/tests/
+        // live.rs checks why); libc's never is.
         let partial = s["live"]["partial"].as_str().unwrap_or("");
         assert!(!partial.contains("libc"), "{}", s["live"]);
         for stat in ["live_unmatched", "live_pending_full", "live_full", "live_no_stack", "arg_missing", "nested_full"]

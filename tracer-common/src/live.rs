@@ -173,6 +173,20 @@ pub struct Frames {
 
 const _: () = assert!(core::mem::size_of::<Frames>() == 56 * FRAME_DEPTH + 8);
 
+impl Frames {
+    /// The call a thread's next API call would judge stale (see
+    /// [`Frame::stale`]): its top frame, an API call's or a moved
+    /// realloc's. Not one above an implementation's frame: that call is
+    /// inside the implementation, whose return drops it uncounted.
+    #[must_use]
+    pub fn left(&self) -> Option<Frame> {
+        let depth = usize::try_from(self.depth).unwrap_or(0).min(FRAME_DEPTH);
+        let (top, below) = self.frames.get(..depth)?.split_last()?;
+        let judged = |f: &Frame| f.kind == kind::API || f.kind == kind::MOVED;
+        (judged(top) && below.iter().all(judged)).then_some(*top)
+    }
+}
+
 /// How far from an API call's stack pointer its implementation's entry
 /// may be: below it by the API's own frame (an out-of-line API function's
 /// locals, or the caller's at an inlined copy) and the return address, or
@@ -465,7 +479,7 @@ unsafe impl aya::Pod for Frames {}
 
 #[cfg(test)]
 mod tests {
-    use super::{Frame, Role, Stale, UNKNOWN_BLOCK, kind};
+    use super::{FRAME_DEPTH, Frame, Frames, Role, Stale, UNKNOWN_BLOCK, kind};
 
     #[test]
     fn a_stale_frame_says_what_went_unseen() {
@@ -484,6 +498,25 @@ mod tests {
         assert_eq!(moved(UNKNOWN_BLOCK).stale(), Stale::Free);
         // An implementation's frame is a call in flight, not stale.
         assert_eq!(Frame { kind: kind::OUTER, role: Role::MALLOC, ..Frame::default() }.stale(), Stale::Seen);
+    }
+
+    #[test]
+    fn the_call_left_is_the_top_api_frame_outside_any_implementation() {
+        let frame = |kind, sp| Frame { kind, sp, role: Role::MALLOC, ..Frame::default() };
+        let stack = |frames: &[Frame]| {
+            let mut s = Frames { frames: [Frame::default(); FRAME_DEPTH], depth: frames.len() as u64 };
+            s.frames[..frames.len()].copy_from_slice(frames);
+            s
+        };
+        let api = frame(kind::API, 0x100);
+        assert_eq!(stack(&[api]).left(), Some(api));
+        assert_eq!(stack(&[frame(kind::MOVED, 0x100)]).left(), Some(frame(kind::MOVED, 0x100)));
+        // Inside an implementation (pymalloc handing a block on to the raw
+        // domain): its return drops the inner call.
+        assert_eq!(stack(&[api, frame(kind::OUTER, 0xf0), frame(kind::API, 0xe0)]).left(), None);
+        // An implementation in flight on top.
+        assert_eq!(stack(&[api, frame(kind::OUTER, 0xf0)]).left(), None);
+        assert_eq!(stack(&[]).left(), None);
     }
 
     #[test]

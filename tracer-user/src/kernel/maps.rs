@@ -2,13 +2,14 @@
 //! CPUs; removing an exited process's entries; and the BPF log.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     os::fd::{AsFd as _, AsRawFd as _, BorrowedFd},
     sync::{Arc, Mutex},
 };
 
 use tracer_common::{
     counter::{Counter, CounterKey, GATE_SLOT, NESTED_SLOT},
+    live::{LiveEntry, LiveKey},
     names,
     returns::Returned,
     stack::{Stack, StackKey, WalkConfig},
@@ -263,43 +264,32 @@ impl Session {
         self.live.iter().filter_map(Result::ok).collect()
     }
 
-    /// With `--live`, the calls still last on their threads' stacks of
-    /// calls in flight that the programs would find stale at the thread's
-    /// next API call (see [`tracer_common::live::Frame::stale`]): at the
-    /// end, that call never comes. Per domain (in
-    /// [`tracer_common::sizes::Domain::ALL`] order), allocations and frees.
-    /// A call in flight at this moment on a running thread is counted too:
-    /// at most one per thread.
-    pub fn left_unseen(&self) -> Result<Vec<(u64, u64)>, AttachError> {
-        use tracer_common::live::{Frames, Stale, kind};
+    /// With `--live`, per thread, the call its next API call would judge
+    /// stale ([`tracer_common::live::Frames::left`]): at the end, that
+    /// call never comes.
+    pub fn left_calls(&self) -> Result<HashMap<u32, tracer_common::live::Frame>, AttachError> {
         let name = names::FRAMES_MAP;
         let map_err = |cause| AttachError::Map { name, cause: Box::new(cause) };
         let map =
             self.ebpf.map(name).ok_or_else(|| map_err(aya::maps::MapError::InvalidName { name: name.to_owned() }))?;
-        let threads: aya::maps::HashMap<_, u32, Frames> = aya::maps::HashMap::try_from(map).map_err(map_err)?;
-        let mut unseen = vec![(0u64, 0u64); tracer_common::sizes::Domain::ALL.len()];
-        // A thread whose entry goes while this walks the map has no
-        // call left: aya's iterator skips it.
-        for (_, frames) in threads.iter().filter_map(Result::ok) {
-            let depth = usize::try_from(frames.depth).unwrap_or(0).min(frames.frames.len());
-            let Some((top, below)) = frames.frames.get(..depth).and_then(<[_]>::split_last) else { continue };
-            // Above an implementation's frame, the call is inside it, and
-            // that implementation's return drops it uncounted, as the
-            // programs do.
-            if below.iter().any(|f| f.kind != kind::API && f.kind != kind::MOVED) {
-                continue;
-            }
-            let Some(d) = usize::try_from(top.domain).ok().and_then(|d| unseen.get_mut(d)) else { continue };
-            match top.stale() {
-                Stale::Allocation => d.0 += 1,
-                // A moved realloc's old block, freed inline, stays in the
-                // table, as a free's unknown block does: the reading does
-                // not change the table.
-                Stale::Free | Stale::Take(_) => d.1 += 1,
-                Stale::Seen => {}
-            }
-        }
-        Ok(unseen)
+        let threads: aya::maps::HashMap<_, u32, tracer_common::live::Frames> =
+            aya::maps::HashMap::try_from(map).map_err(map_err)?;
+        // A thread pushed out of the map while this walks it is skipped
+        // (aya's iterator goes on past a key gone by then).
+        Ok(threads.iter().filter_map(Result::ok).filter_map(|(tid, frames)| Some((tid, frames.left()?))).collect())
+    }
+
+    /// With `--live`, takes the block at `address` of process `tgid` out
+    /// of the live table, as a free does: its entry, if it was there.
+    pub fn take_block(&mut self, tgid: u32, address: u64) -> Result<Option<LiveEntry>, AttachError> {
+        let key = LiveKey { tgid, reserved: 0, address };
+        let map_err = |cause| AttachError::Map { name: names::LIVE_MAP, cause: Box::new(cause) };
+        let Some(entry) = self.live.get(&key, 0).map(Some).or_else(|e| absent(e).map(|()| None)).map_err(map_err)?
+        else {
+            return Ok(None);
+        };
+        self.live.remove(&key).or_else(absent).map_err(map_err)?;
+        Ok(Some(entry))
     }
 
     /// Removes every entry of process `tgid` from the counter and return

@@ -2,7 +2,7 @@
 //! and, at the end, its blocks.
 
 use tracer_common::{
-    live::{FRAME_DEPTH, FRAME_THREADS, LiveCounts, Pymalloc},
+    live::{FRAME_DEPTH, FRAME_THREADS, LiveCounts, Pymalloc, Stale},
     sizes::Domain,
     stack::{FIRST_HASH, why},
     stats::Stat,
@@ -85,15 +85,62 @@ pub fn report(plan: &Plan, counts: &[LiveCounts], (capacity, pending_full, unmat
     model::Live { object, mem, raw, native, capacity, dropped, unknown, partial }
 }
 
-/// Adds to the live table's `counts` (per domain) the calls `left` on top
-/// of their threads' stacks at the end, allocations and frees (see
-/// [`crate::kernel::Session::left_unseen`]): their thread made no API call
-/// since, which would have found them stale and counted them.
-pub fn left_unseen(counts: &mut [LiveCounts], left: &[(u64, u64)]) {
-    for (c, &(allocations, frees)) in counts.iter_mut().zip(left) {
-        c.unseen_allocs = c.unseen_allocs.wrapping_add(allocations);
-        c.unseen_frees = c.unseen_frees.wrapping_add(frees);
+/// How long the calls left on top of their threads' stacks must stay
+/// there to be taken for left: a call in flight (an out-of-line API
+/// function about to call its implementation) is gone well within it.
+const SETTLED: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// At the end: the calls still last on their threads' stacks, which the
+/// thread's next API call would have judged and counted, judged as the
+/// programs do ([`tracer_common::live::Frame::stale`]) into the live
+/// table's `counts` (per domain): unseen allocations and frees, and a
+/// moving realloc's old block, freed inline, taken out of the table. Only
+/// a call found on top at two readings [`SETTLED`] apart: one in flight
+/// (a busy target's thread inside an API call) would be served.
+pub fn left_unseen(session: &mut Session, counts: &mut [LiveCounts]) -> Result<(), crate::kernel::AttachError> {
+    let first = session.left_calls()?;
+    std::thread::sleep(SETTLED);
+    for (tid, call) in session.left_calls()? {
+        if first.get(&tid) != Some(&call) {
+            continue;
+        }
+        // A moved realloc's old block: taken out where its process is
+        // known (`Some(None)`: not in the table).
+        let held = match call.stale() {
+            Stale::Take(old) => match thread_group(tid) {
+                Some(tgid) => Some(session.take_block(tgid, old)?),
+                None => None,
+            },
+            _ => None,
+        };
+        let Some(c) = usize::try_from(call.domain).ok().and_then(|d| counts.get_mut(d)) else { continue };
+        match (call.stale(), held) {
+            (Stale::Allocation, _) => c.unseen_allocs = c.unseen_allocs.wrapping_add(1),
+            // A free whose block stays in the table (its thread gone, its
+            // process unknown): unseen, as the programs count one whose
+            // block they do not know.
+            (Stale::Free, _) | (Stale::Take(_), None) => c.unseen_frees = c.unseen_frees.wrapping_add(1),
+            // Not in the table (allocated before the attach): as the
+            // programs count a free of such a block.
+            (Stale::Take(_), Some(None)) => c.untracked_frees = c.untracked_frees.wrapping_add(1),
+            (Stale::Take(_), Some(Some(_))) | (Stale::Seen, _) => {}
+        }
+        let held = held.flatten();
+        if let Some(e) = held
+            && let Some(c) = usize::try_from(e.domain).ok().and_then(|d| counts.get_mut(d))
+        {
+            c.count = c.count.wrapping_sub(1);
+            c.bytes = c.bytes.wrapping_sub(e.size);
+            c.freed = c.freed.wrapping_add(1);
+        }
     }
+    Ok(())
+}
+
+/// The process thread `tid` belongs to, while it lives.
+fn thread_group(tid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("Tgid:"))?.trim().parse().ok()
 }
 
 /// With `--leaks`, the blocks still in `session`'s live table, the oldest

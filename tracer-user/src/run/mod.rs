@@ -213,7 +213,7 @@ impl Run {
         self.cost.before_read();
         let mut totals = self.readout.read(&mut self.session)?;
         if end && self.readout.live.is_some() {
-            live::left_unseen(&mut totals.live_table, &self.session.left_unseen()?);
+            live::left_unseen(&mut self.session, &mut totals.live_table)?;
         }
         // Right after the counts, so that each process's CPU time goes
         // with its hits.
