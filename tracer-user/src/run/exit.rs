@@ -43,7 +43,8 @@ impl ProcessExit {
     }
 }
 
-fn thread_group_of(tid: u32) -> Option<u32> {
+/// The process thread `tid` belongs to, while it lives.
+pub(super) fn thread_group_of(tid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
     status.lines().find_map(|l| l.strip_prefix("Tgid:"))?.trim().parse().ok()
 }

@@ -106,15 +106,16 @@ pub fn left_unseen(session: &mut Session, counts: &mut [LiveCounts]) -> Result<(
         }
         // A moved realloc's old block: taken out where its process is
         // known (`Some(None)`: not in the table).
-        let held = match call.stale() {
-            Stale::Take(old) => match thread_group(tid) {
+        let stale = call.stale();
+        let held = match stale {
+            Stale::Take(old) => match super::exit::thread_group_of(tid) {
                 Some(tgid) => Some(session.take_block(tgid, old)?),
                 None => None,
             },
             _ => None,
         };
         let Some(c) = usize::try_from(call.domain).ok().and_then(|d| counts.get_mut(d)) else { continue };
-        match (call.stale(), held) {
+        match (stale, held) {
             (Stale::Allocation, _) => c.unseen_allocs = c.unseen_allocs.wrapping_add(1),
             // A free whose block stays in the table (its thread gone, its
             // process unknown): unseen, as the programs count one whose
@@ -125,8 +126,7 @@ pub fn left_unseen(session: &mut Session, counts: &mut [LiveCounts]) -> Result<(
             (Stale::Take(_), Some(None)) => c.untracked_frees = c.untracked_frees.wrapping_add(1),
             (Stale::Take(_), Some(Some(_))) | (Stale::Seen, _) => {}
         }
-        let held = held.flatten();
-        if let Some(e) = held
+        if let Some(e) = held.flatten()
             && let Some(c) = usize::try_from(e.domain).ok().and_then(|d| counts.get_mut(d))
         {
             c.count = c.count.wrapping_sub(1);
@@ -135,12 +135,6 @@ pub fn left_unseen(session: &mut Session, counts: &mut [LiveCounts]) -> Result<(
         }
     }
     Ok(())
-}
-
-/// The process thread `tid` belongs to, while it lives.
-fn thread_group(tid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
-    status.lines().find_map(|l| l.strip_prefix("Tgid:"))?.trim().parse().ok()
 }
 
 /// With `--leaks`, the blocks still in `session`'s live table, the oldest
