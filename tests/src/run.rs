@@ -114,14 +114,29 @@ impl TracerRun {
     /// Waits for tracer to exit; returns its status, the remaining stdout
     /// lines parsed as JSON, and its stderr.
     #[must_use]
-    pub fn finish(mut self) -> (ExitStatus, Vec<Value>, String) {
+    pub fn finish(self) -> (ExitStatus, Vec<Value>, String) {
+        self.finish_lines(false)
+    }
+
+    /// Waits for a tracer killed by a signal: its exit status. Its output
+    /// is not parsed: the kill may have cut its last line short.
+    #[must_use]
+    pub fn killed(self) -> ExitStatus {
+        self.finish_lines(true).0
+    }
+
+    fn finish_lines(mut self, cut: bool) -> (ExitStatus, Vec<Value>, String) {
         let lines = self.stdout.rest("tracer's output");
         let status = self.child.wait().expect("wait for tracer");
         let stderr = self.stderr.join().expect("stderr reader");
-        let json = lines
-            .iter()
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}\nstderr: {stderr}")))
-            .collect();
+        let json = if cut {
+            Vec::new()
+        } else {
+            lines
+                .iter()
+                .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}\nstderr: {stderr}")))
+                .collect()
+        };
         (status, json, stderr)
     }
 }

@@ -87,7 +87,7 @@ fn a_killed_profile_leaves_the_code_as_it_was() {
     // Growth's and the GC's probes stay attached for the whole run.
     assert!(!code_changes(pid).is_empty(), "no breakpoint while the profile runs: {attached}");
     tracer.signal(libc::SIGKILL);
-    let (status, _, _) = tracer.finish();
+    let status = tracer.killed();
     assert_eq!(status.signal(), Some(libc::SIGKILL));
     assert_eq!(settled_code_changes(pid), [], "the target's code after tracer was killed");
     workload.ping();
