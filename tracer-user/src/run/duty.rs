@@ -47,9 +47,10 @@ pub struct DutyCycle {
     at_cost_start: Vec<Tally>,
     /// When that was.
     cost_began: Instant,
-    /// The target's CPU time then, in ns (`--pid` only): what a window's
-    /// hits can have cost it at most.
-    cpu_cost_began: Option<u64>,
+    /// The traced processes' clocks then: what a window's hits can have
+    /// cost them at most is what they ran since (where they are the same
+    /// processes at its end).
+    cost_mark: CpuMark,
     /// What the last window's ceiling took off its price (1: nothing):
     /// the same share comes off what its live part cost, and off the
     /// next window's price while it runs.
@@ -104,8 +105,9 @@ fn since(now: &[Tally], then: &[Tally]) -> Vec<Tally> {
 
 impl DutyCycle {
     /// The duty cycle of `session`, whose probes went live at `attach`
-    /// (when the attach began, and when it completed; and the target's CPU
-    /// time in ns before it began) for a first window of [`FIRST_WINDOW`];
+    /// (when the attach began, and when it completed; and the traced
+    /// processes' clocks before it began, read by `cpu`) for a first
+    /// window of [`FIRST_WINDOW`];
     /// `costs` are a hit's, in the CPU time of the thread hit, and `cpu`
     /// reads the target's.
     pub fn new(
@@ -113,7 +115,7 @@ impl DutyCycle {
         budget: f64,
         costs: HitCosts,
         (scope, multi): (u32, bool),
-        attach: (Instant, Instant, Option<u64>),
+        attach: (Instant, Instant, CpuMark),
         mut cpu: TargetCpu,
     ) -> Result<Self, AttachError> {
         let mut live = Vec::new();
@@ -122,11 +124,7 @@ impl DutyCycle {
         // its base (see toggle).
         let window_began = Instant::now();
         let used = cpu.read(&live);
-        let cpu_live_began = if scope == crate::kernel::ALL_PROCESSES {
-            CpuMark::read(&cpu.pids(&live))
-        } else {
-            CpuMark::read(&[scope])
-        };
+        let cpu_live_began = cpu.mark(&live);
         Ok(Self {
             controller: Controller::new(budget, BUDGET_WINDOW, used),
             costs,
@@ -138,7 +136,7 @@ impl DutyCycle {
             // The counts began at zero before the first attach.
             at_cost_start: vec![Tally::default(); session.plan().probes.len()],
             cost_began: attach.0,
-            cpu_cost_began: attach.2,
+            cost_mark: attach.2,
             scale: 1.0,
             attach_cost: Duration::ZERO,
             followed: false,
@@ -197,7 +195,7 @@ impl DutyCycle {
                 // that takes as long as a window.
                 self.at_cost_start = counts(session, readout, &mut self.live)?;
                 self.cost_began = Instant::now();
-                self.cpu_cost_began = self.target_cpu_ns();
+                self.cost_mark = self.mark();
                 self.end_gap(&self.mark());
                 session.attach_multi(self.scope)?;
                 self.at_window_start = counts(session, readout, &mut self.live)?;
@@ -216,7 +214,7 @@ impl DutyCycle {
                 self.at_cost_start = counts(session, readout, &mut self.live)?;
                 let began = Instant::now();
                 self.cost_began = began;
-                self.cpu_cost_began = self.target_cpu_ns();
+                self.cost_mark = self.mark();
                 self.end_gap(&self.mark());
                 session.attach_perf(self.scope)?;
                 self.at_window_start = counts(session, readout, &mut self.live)?;
@@ -250,7 +248,7 @@ impl DutyCycle {
             self.at_window_start.clone_from(&counts_now);
             self.at_cost_start = counts_now;
             self.cost_began = now;
-            self.cpu_cost_began = self.target_cpu_ns();
+            self.cost_mark = self.mark();
             let mark = self.mark();
             self.pace_window(session, traced, &window, &mark);
             self.cpu_live_began = mark;
@@ -363,11 +361,7 @@ impl DutyCycle {
     /// `--pid`'s, or with `--exe` those with entries and those running
     /// the image when tracing began.
     fn mark(&self) -> CpuMark {
-        if self.scope == crate::kernel::ALL_PROCESSES {
-            CpuMark::read(&self.cpu.pids(&self.live))
-        } else {
-            CpuMark::read(&[self.scope])
-        }
+        self.cpu.mark(&self.live)
     }
 
     fn window_counts(&self, counts_now: &[Tally]) -> Vec<Tally> {
@@ -386,11 +380,6 @@ impl DutyCycle {
             .get(slot)
             .map_or(0.0, |p| self.costs.of(p.placement.emulated && p.inline_sites.is_empty()));
         window.get(slot).map_or(0.0, |c| c.hits as f64) * cost
-    }
-
-    /// The target's CPU time in ns, exactly, with `--pid`.
-    fn target_cpu_ns(&self) -> Option<u64> {
-        (self.scope != crate::kernel::ALL_PROCESSES).then(|| super::cost::process_cpu_ns(self.scope)).flatten()
     }
 
     /// What `window`'s hits cost, priced, less what the last ceiling took
@@ -415,13 +404,13 @@ impl DutyCycle {
         lives: &[Duration],
         traced: Duration,
     ) -> Duration {
-        // Priced high (see probe_cost), but the hits ran on the target's
-        // CPU time since the cost began: at most that (an LTO build whose
-        // hot copies are emulated was priced at many times its CPU time).
-        let ceiling = self
-            .cpu_cost_began
-            .zip(self.target_cpu_ns())
-            .map(|(then, now)| Duration::from_nanos(now.saturating_sub(then)));
+        // Priced high (see probe_cost), but the hits ran on the traced
+        // processes' CPU time since the cost began: at most that (an LTO
+        // build whose hot copies are emulated was priced at many times its
+        // CPU time, with --pid and with --exe or --all alike: a window
+        // priced at a whole second of a busy container's CPU time held
+        // the next ones back until its workload had ended).
+        let ceiling = self.mark().spent_since(&self.cost_mark);
         let priced_cost = self.priced(session, priced);
         let overhead = ceiling.map_or(priced_cost, |c| priced_cost.min(c));
         self.scale = if priced_cost.is_zero() { 1.0 } else { overhead.as_secs_f64() / priced_cost.as_secs_f64() };

@@ -601,8 +601,13 @@ fn start<'a>(
     // Through uprobe-multi links unless told otherwise; where the kernel
     // has none, `--links auto` falls back for these as for the rates.
     let growth_header = links::always_on(config.links, &mut session, r.scope, (&gc, &mut growth))?;
-    // What the first window's hits can have cost the target at most.
-    let cpu_before_attach = r.pid().and_then(cost::process_cpu_ns);
+    // What the first window's hits can have cost the traced processes at
+    // most is what they run from here.
+    let before_attach = config.budget.map(|_| {
+        let cpu = cost::TargetCpu::new(r.pid(), Some(&r.attach_path));
+        let mark = cpu.mark(&[]);
+        (cpu, mark)
+    });
     let (links, attach_began, fallback) = attach_links(&mut session, r.scope, config.links)?;
     if let Some(c) = child {
         // Calibrated while it is held, not while its startup runs traced:
@@ -625,8 +630,8 @@ fn start<'a>(
         let reason = if gc.source == GcSource::None { Some(gc.detail.clone()) } else { gc.caveat.clone() };
         readout.report_gc(gc.source, reason);
     }
-    let mut duty = match (config.budget, costs) {
-        (Some(budget), Some(costs)) => Some(DutyCycle::new(
+    let mut duty = match (config.budget, costs, before_attach) {
+        (Some(budget), Some(costs), Some((target_cpu, cpu_before_attach))) => Some(DutyCycle::new(
             (&mut session, &mut readout),
             budget,
             costs,
@@ -634,7 +639,7 @@ fn start<'a>(
             // A multi link goes live at once when made; perf-event uprobes
             // one by one during the attach.
             (if links == Links::Multi { started } else { attach_began }, started, cpu_before_attach),
-            cost::TargetCpu::new(r.pid(), Some(&r.attach_path)),
+            target_cpu,
         )?),
         _ => None,
     };

@@ -72,6 +72,18 @@ impl CpuMark {
         }
         any.then(|| Duration::from_nanos(ns))
     }
+
+    /// The CPU time used since `then`, only where both read the same
+    /// processes: an upper bound on what any hit in them since can have
+    /// cost. `None` where a process started or ended between them (its
+    /// share is not known, and leaving it out would bound too low).
+    #[must_use]
+    pub fn spent_since(&self, then: &Self) -> Option<Duration> {
+        let same = !self.0.is_empty()
+            && self.0.len() == then.0.len()
+            && self.0.iter().zip(&then.0).all(|(now, was)| now.0 == was.0);
+        if same { self.since(then) } else { None }
+    }
 }
 
 /// Sums over the windows and the gaps between them.
@@ -156,6 +168,20 @@ mod tests {
 
     fn near(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-9
+    }
+
+    /// A ceiling on what hits cost holds only over the same processes: one
+    /// gone or new between the readings ran an unknown share.
+    #[test]
+    fn cpu_spent_bounds_a_cost_only_over_the_same_processes() {
+        let then = CpuMark(vec![(10, 1_000), (20, 5_000)]);
+        assert_eq!(CpuMark(vec![(10, 1_500), (20, 7_000)]).spent_since(&then), Some(Duration::from_nanos(2_500)));
+        assert_eq!(CpuMark(vec![(10, 1_500)]).spent_since(&then), None, "20 ended");
+        assert_eq!(CpuMark(vec![(10, 1_500), (20, 7_000), (30, 9)]).spent_since(&then), None, "30 began");
+        assert_eq!(CpuMark(vec![(10, 1_500), (30, 9)]).spent_since(&then), None, "20 ended, 30 began");
+        assert_eq!(CpuMark(Vec::new()).spent_since(&CpuMark(Vec::new())), None, "no process");
+        // `since` counts those in both, for the pace.
+        assert_eq!(CpuMark(vec![(10, 1_500)]).since(&then), Some(Duration::from_nanos(500)));
     }
 
     #[test]

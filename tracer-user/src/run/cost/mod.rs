@@ -111,6 +111,16 @@ impl TargetCpu {
         pids
     }
 
+    /// The clocks now of the processes a reading with `live` covers:
+    /// `--pid`'s, or [`Self::pids`].
+    #[must_use]
+    pub fn mark(&self, live: &[u32]) -> super::pace::CpuMark {
+        match self.target {
+            Some(pid) => super::pace::CpuMark::read(&[pid]),
+            None => super::pace::CpuMark::read(&self.pids(live)),
+        }
+    }
+
     /// The CPU time so far: of `--pid`'s process, or with `--exe` of the
     /// processes [`Self::pids`] gives for `live` (each from when it was
     /// first read, or from its start if it started after this began; one
