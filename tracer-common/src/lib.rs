@@ -143,6 +143,11 @@ pub mod names {
         /// (glibc's `realloc` calling `malloc`): marks the thread so that
         /// the callee counts the call as nested.
         pub const NATIVE_NESTED: &str = "native_nested";
+        /// Counts a call at the allocator implementation a free's function
+        /// pointer holds (see `tracer_user::plan::slots`), but apart, as
+        /// nested, where the thread was marked by another API function
+        /// that shares it or by a direct call in the image.
+        pub const COUNT_CLAIMED: &str = "count_claimed";
         /// Does nothing (the bare cost of a hit).
         pub const EMPTY: &str = "empty";
         /// Bench-only (tracer-ebpf/src/experiment.rs): the pointer in the

@@ -7,6 +7,13 @@
 //! the next instruction the thread runs is that function's probe, which
 //! takes the mark ([`take`]) and counts the call apart. A jump leaves no
 //! return address to tell such a call by, which is why the site marks it.
+//!
+//! The same marks tell apart the calls of a free probed at its
+//! implementation (`count_claimed`, see `tracer_user::plan::slots`):
+//! pyenv's `PyMem_Free` jumps through its function pointer to the
+//! `_PyObject_Free` that `PyObject_Free` jumps to, with no call between,
+//! and its entry marks the thread before the jump; so does pymalloc's
+//! realloc at its direct call that frees a moved block.
 
 use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::map, maps::HashMap};
 use tracer_common::{counter::DEFAULT_NESTED_ENTRIES, stats::Stat};

@@ -38,8 +38,10 @@ pub enum Source {
     /// `--native`: a call of libc's allocator; the live table reads its
     /// arguments by the slot's role.
     Native,
-    /// `--native`: a call of libc's allocator made inside another probed
-    /// one (see [`crate::nested`]): counted apart, nothing else.
+    /// A call of libc's allocator made inside another probed one with
+    /// `--native`, or of a free's implementation marked by another API
+    /// function or a direct call (see [`crate::nested`]): counted apart,
+    /// nothing else.
     NestedNative,
     /// `--live`: an allocator API function's entry (`live_alloc`,
     /// `live_free`), whose counting probe at the same place counts it.

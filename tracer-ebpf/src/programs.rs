@@ -235,8 +235,30 @@ fn try_native(ctx: &ProbeContext, size: Size) -> Result<(), Stat> {
     pipeline::run(ctx, ctx.regs, event)
 }
 
-/// `--native`: a nested call site, whose cookie is the slot of the libc
-/// function it calls: marks that call (see [`crate::nested`]).
+/// A free probed at the implementation its function pointer holds
+/// (pyenv's `_PyObject_Free`, whose `PyObject_Free` jumps there through
+/// the pointer with nothing the kernel emulates on the way): counts the
+/// call as its slot's function, or apart, as nested, where the thread was
+/// marked on the way by another API function that jumps to the same
+/// implementation (`PyMem_Free`, counted at its own entry) or by a direct
+/// call in the image (pymalloc's realloc moving a block): see
+/// [`crate::nested`].
+#[uprobe]
+pub fn count_claimed(ctx: ProbeContext) -> u32 {
+    counted(&ctx, try_claimed(&ctx))
+}
+
+#[inline(always)]
+fn try_claimed(ctx: &ProbeContext) -> Result<(), Stat> {
+    let tgid = check_target()?;
+    let slot = args::slot(ctx)?;
+    let source = if nested::take(slot) { Source::NestedNative } else { Source::Call };
+    pipeline::run(ctx, ctx.regs, Event::new(tgid, slot, source, args::sp(ctx.regs)))
+}
+
+/// A nested call site, whose cookie is the slot of the function it calls
+/// (a libc function with `--native`, or a free's implementation): marks
+/// that call (see [`crate::nested`]).
 #[uprobe]
 pub fn native_nested(ctx: ProbeContext) -> u32 {
     counted(&ctx, try_nested(&ctx))

@@ -70,11 +70,15 @@ pub enum Program {
     /// destruction of the object it frees, with the pointer where the
     /// cookie says: `%rdi` at the function's entry.
     FreeObject,
+    /// Counts a free's call at the implementation its function pointer
+    /// holds, apart where the thread was marked by [`Self::NativeNested`]
+    /// on the way (see `plan::slots`).
+    CountClaimed,
 }
 
 impl Program {
     /// Every program in the objects.
-    pub const ALL: [Self; 26] = [
+    pub const ALL: [Self; 27] = [
         Self::CountCall,
         Self::SizeArg0,
         Self::SizeArg1,
@@ -101,6 +105,7 @@ impl Program {
         Self::NativeReleaseArg1,
         Self::NativeNested,
         Self::FreeObject,
+        Self::CountClaimed,
     ];
 
     /// The function name in tracer-ebpf/src/programs.rs (or
@@ -134,6 +139,7 @@ impl Program {
             Self::NativeReleaseArg1 => programs::NATIVE_RELEASE_ARG1,
             Self::NativeNested => programs::NATIVE_NESTED,
             Self::FreeObject => programs::FREE_OBJECT,
+            Self::CountClaimed => programs::COUNT_CLAIMED,
         }
     }
 

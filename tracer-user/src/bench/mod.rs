@@ -242,6 +242,7 @@ impl Bench {
             callers: true,
             growth: false,
             growth_auto: false,
+            frees_at_implementations: false,
         };
         let prepared = prepare::prepare(&TargetSpec::Exe(info.executable), &options)?;
         Ok(Self {

@@ -378,6 +378,12 @@ impl Session {
                 }
             }
         }
+        // The marks go live before the probes they mark (as the multi
+        // links' order of programs has them too): a call marked before its
+        // probe is live leaves one stale mark on its thread, where a probe
+        // live before its marks counts every marked call in between as its
+        // own.
+        points.sort_by_key(|p| p.program != Program::NativeNested);
         points
     }
 

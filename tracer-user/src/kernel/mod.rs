@@ -200,7 +200,11 @@ impl Session {
             return Err(AttachError::NoObject);
         }
         let slots = u32::try_from(plan.probes.len()).unwrap_or(u32::MAX);
-        let native = u32::try_from(plan.probes.iter().filter(|p| p.program.is_native()).count()).unwrap_or(u32::MAX);
+        // Those with a counter of nested calls: libc's, and a free probed
+        // at its implementation with marks.
+        let native =
+            u32::try_from(plan.probes.iter().filter(|p| p.program.is_native() || !p.nested_sites.is_empty()).count())
+                .unwrap_or(u32::MAX);
         let processes = if target_tgid == 0 { options.max_processes.max(1) } else { 1 };
         // aya-log's level global: 0 turns every log statement into code the
         // verifier proves dead, so logging costs nothing while off.

@@ -64,6 +64,10 @@ pub enum NoteCode {
     /// `--all`: an interpreter added, or a process or interpreter not
     /// traced.
     Interpreter,
+    /// A free probed at the implementation its pointer held (see
+    /// `plan::slots`) whose pointer no longer holds it: its counts from
+    /// then on are not exact.
+    FreePointer,
 }
 
 /// A diagnostic, as an event.

@@ -15,6 +15,7 @@ mod live;
 pub mod native;
 pub mod placement;
 pub mod returns;
+pub mod slots;
 
 use std::path::{Path, PathBuf};
 
@@ -315,6 +316,9 @@ pub struct Plan {
     pub live_impls: Vec<LiveImpl>,
     /// With `--live`, what gives the implementations where none was found.
     pub live_fix: String,
+    /// The frees probed at the implementation their pointer held at the
+    /// attach (see [`slots`]), which the run checks every interval.
+    pub moved_frees: Vec<slots::Moved>,
 }
 
 /// With `--live`, one allocator implementation: `live_impl` at its entry,
@@ -492,7 +496,8 @@ pub fn plan(image: ImageRef<'_>, specs: &[ProbeSpec], options: PlanOptions) -> R
     let live_impls =
         if options.live { live_impls(image, &probes, options.live_costs.as_ref(), kernel) } else { vec![] };
     let (display_path, attach_path) = (image.display_path.to_owned(), image.attach_path.to_owned());
-    Ok(Plan { probes, missing, display_path, attach_path, live_impls, live_fix: live_fix(image.inlining) })
+    let live_fix = live_fix(image.inlining);
+    Ok(Plan { probes, missing, display_path, attach_path, live_impls, live_fix, moved_frees: Vec::new() })
 }
 
 /// The symbols of `specs` in `image`, and the optional ones it lacks; a

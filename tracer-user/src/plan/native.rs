@@ -234,6 +234,7 @@ mod tests {
             attach_path: "/python".into(),
             live_impls: Vec::new(),
             live_fix: String::new(),
+            moved_frees: Vec::new(),
         };
         extend(&mut plan, &libc, PlanOptions::default(), false).expect("a plan");
         let names: Vec<&str> = plan.probes.iter().map(|p| p.symbol).collect();

@@ -97,6 +97,7 @@ fn reads(program: Program) -> &'static [Register] {
         // the size (or the block) and a calloc's or realloc's second one.
         Program::LiveImpl => &[Register::RSI, Register::RDX],
         Program::CountCall
+        | Program::CountClaimed
         | Program::Empty
         | Program::RetValue
         | Program::RetValueUret

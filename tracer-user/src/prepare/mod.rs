@@ -7,6 +7,7 @@
 pub mod calibrate;
 pub mod kept;
 pub mod planning;
+pub mod slots;
 
 use std::path::{Path, PathBuf};
 
@@ -56,6 +57,11 @@ pub struct Options<'a> {
     /// Growth is the profile's default, not asked for: where it is
     /// unavailable, a note says so rather than a warning.
     pub growth_auto: bool,
+    /// With `--pid`, probe the frees that jump through the allocator's
+    /// pointers at the implementation each holds (see
+    /// [`plan::slots`]): not with `--budget`, whose windows attach the
+    /// marks and the probe they mark apart.
+    pub frees_at_implementations: bool,
 }
 
 impl<'a> Options<'a> {
@@ -80,6 +86,7 @@ impl<'a> Options<'a> {
             callers: false,
             growth: config.growth.is_some(),
             growth_auto: config.growth.as_ref().is_some_and(|g| g.auto),
+            frees_at_implementations: config.budget.is_none(),
         }
     }
 
@@ -104,6 +111,7 @@ impl<'a> Options<'a> {
             callers: false,
             growth: args.growth,
             growth_auto: false,
+            frees_at_implementations: true,
         }
     }
 }
@@ -184,6 +192,13 @@ pub fn prepare(target: &TargetSpec, options: &Options<'_>) -> Result<Prepared, P
     let resolved = discover::resolve(target, callers, dwarf)?;
     let specs = specs(&resolved, options.probes, planning.types)?;
     let mut plan = planning.plan(ImageRef::from(&resolved), &specs, costs)?;
+    if let Some(pid) = resolved.pid().filter(|_| options.frees_at_implementations)
+        && planning.placement != PlacementMode::Entry
+    {
+        let found = plan::slots::find(&resolved.elf, plan::placement::running_kernel());
+        let held = slots::held(pid, &resolved.elf, &resolved.display_path, &found.frees);
+        plan.moved_frees = plan::slots::apply(&mut plan, &found, &held);
+    }
     if options.native {
         native(&mut plan, &resolved, planning, costs)?;
     }

@@ -350,6 +350,7 @@ pub const fn size_parameters(program: Program) -> &'static [&'static str] {
         Program::SizeArg1 => &["new_size"],
         Program::Calloc => &["nelem", "elsize"],
         Program::CountCall
+        | Program::CountClaimed
         | Program::Empty
         | Program::MetaInsert
         | Program::MetaLookup

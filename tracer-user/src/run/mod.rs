@@ -55,6 +55,7 @@ use crate::{
         self,
         gc::{GcMode, GcSource},
     },
+    prepare::slots::Watch as FreesWatch,
     prepare::{self, PrepareError, Prepared},
     privileges::{self, PrivilegeError},
     report::{
@@ -131,30 +132,6 @@ const OBJECT_ENTRIES: u32 = 1 << 20;
 /// stack is 2 KB in the kernel, allocated as it is first seen.
 const STACK_ENTRIES: u32 = 1 << 14;
 
-/// The slots of the probes `--stacks` names, which must be probed.
-fn stack_slots(
-    r: &Resolved,
-    plan: &crate::plan::Plan,
-    stacks: &crate::config::StacksConfig,
-) -> Result<Vec<u32>, ConfigError> {
-    let wanted = stacks.events.select(r.abi.probes(), &r.version.to_string())?;
-    let mut slots = Vec::new();
-    for spec in wanted {
-        match plan.probes.iter().find(|p| p.symbol == spec.symbol) {
-            Some(p) => slots.push(p.slot),
-            // Not in this build, or not probed: only a named one is an error.
-            None if matches!(stacks.events, crate::probe::ProbeSelection::Names(_)) => {
-                return Err(ConfigError::StacksNotProbed { name: spec.symbol.to_owned() });
-            }
-            None => {}
-        }
-    }
-    if slots.is_empty() {
-        return Err(ConfigError::StacksNothingProbed);
-    }
-    Ok(slots)
-}
-
 /// Everything a run reports through, in order.
 struct Output<'a> {
     reporter: Box<dyn Reporter + 'a>,
@@ -196,6 +173,8 @@ struct Run {
     readout: Readout,
     duty: Option<DutyCycle>,
     late: Option<LateModules>,
+    /// The frees probed at their allocator's implementation, checked.
+    frees: Option<FreesWatch>,
     started: Instant,
     cost: CostMeter,
     /// In the production profile.
@@ -270,6 +249,7 @@ impl Run {
     /// log lines since the last call.
     fn notes(&mut self) -> Vec<Note> {
         let mut notes = self.late.as_mut().map(|l| l.check(&mut self.session, self.started)).unwrap_or_default();
+        notes.extend(self.frees.as_mut().and_then(|w| w.check(self.started.elapsed().as_secs_f64())));
         notes.extend(self.cost.poll());
         notes.extend(self.readout.take_unwatched().into_iter().map(|(pid, why)| {
             Note::new(
@@ -447,7 +427,7 @@ pub async fn attach(
     // Notes not told yet (a target that exited before the first interval).
     let mut log = run.notes();
     log.extend(run.bpf_log());
-    let Run { session, readout, duty, late, started: _, mut cost, mut profile, growth } = run;
+    let Run { session, readout, duty, late, frees: _, started: _, mut cost, mut profile, growth } = run;
     drop((session, readout, duty, late));
     output.notes(log)?;
     finish::wait_detached(&mut cost, profile.as_mut(), signals, child.as_deref()).await;
@@ -496,7 +476,7 @@ fn kernel_options(config: &AttachConfig, r: &Resolved, plan: &plan::Plan) -> Res
         objects: OBJECT_ENTRIES,
         pre_headers: r.abi.objects().pre_headers,
     });
-    let stack_slots = config.stacks.as_ref().map(|s| stack_slots(r, plan, s)).transpose()?;
+    let stack_slots = config.stacks.as_ref().map(|s| stacks::slots(r, plan, s)).transpose()?;
     let stacks = config.stacks.as_ref().zip(stack_slots.clone()).map(|(s, slots)| crate::kernel::StacksOptions {
         slots,
         sample: s.sample,
@@ -580,6 +560,7 @@ fn start<'a>(
         None => Watch::Interpreter(r.attach_path.clone()),
     };
     let late = session.plan().has_call_sites().then(|| LateModules::new(watch, r.known.clone()));
+    let frees = r.pid().and_then(|pid| FreesWatch::new(pid, &r.elf, &r.display_path, &session.plan().moved_frees));
     // The profile's sources find what they read before anything is live,
     // so that the first window is no longer than it should be.
     let gc = profile::gc_probes(config, gc);
@@ -667,7 +648,7 @@ fn start<'a>(
     output.emit(&Event::Attached(info.clone()))?;
     output.attached = Some(info);
     output.notes(fallback.into_iter().chain(notes).chain(profile_notes))?;
-    Ok((Run { session, readout, duty, late, started, cost, profile, growth }, output))
+    Ok((Run { session, readout, duty, late, frees, started, cost, profile, growth }, output))
 }
 
 /// The meter of the run's cost, its hit's cost calibrated while preparing

@@ -469,3 +469,27 @@ fn walk_config(process: &Process, pid: u32, depth: u32) -> Result<WalkConfig, St
     }
     Ok(config)
 }
+
+/// The slots of the probes `--stacks` names, which must be probed.
+pub(super) fn slots(
+    r: &crate::discover::Resolved,
+    plan: &crate::plan::Plan,
+    stacks: &crate::config::StacksConfig,
+) -> Result<Vec<u32>, crate::config::ConfigError> {
+    let wanted = stacks.events.select(r.abi.probes(), &r.version.to_string())?;
+    let mut slots = Vec::new();
+    for spec in wanted {
+        match plan.probes.iter().find(|p| p.symbol == spec.symbol) {
+            Some(p) => slots.push(p.slot),
+            // Not in this build, or not probed: only a named one is an error.
+            None if matches!(stacks.events, crate::probe::ProbeSelection::Names(_)) => {
+                return Err(crate::config::ConfigError::StacksNotProbed { name: spec.symbol.to_owned() });
+            }
+            None => {}
+        }
+    }
+    if slots.is_empty() {
+        return Err(crate::config::ConfigError::StacksNothingProbed);
+    }
+    Ok(slots)
+}

@@ -211,6 +211,7 @@ impl SizeArgs {
             Program::SizeArg1 => Self::Third,
             Program::Calloc => Self::SecondTimesThird,
             Program::CountCall
+            | Program::CountClaimed
             | Program::Empty
             | Program::MetaInsert
             | Program::MetaLookup
