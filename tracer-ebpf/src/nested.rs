@@ -18,9 +18,19 @@
 use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::map, maps::HashMap};
 use tracer_common::{counter::DEFAULT_NESTED_ENTRIES, stats::Stat};
 
-/// The slot each thread's nested call is about to enter, by thread id.
+/// A thread's mark: the slot its nested call is about to enter, and its
+/// stack pointer at the marking site.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Mark {
+    slot: u32,
+    _pad: u32,
+    sp: u64,
+}
+
+/// Each thread's mark, by thread id.
 #[map]
-static NESTED: HashMap<u32, u32> = HashMap::with_max_entries(DEFAULT_NESTED_ENTRIES, 0);
+static NESTED: HashMap<u32, Mark> = HashMap::with_max_entries(DEFAULT_NESTED_ENTRIES, 0);
 
 /// The calling thread's id (the low half of pid_tgid).
 #[inline(always)]
@@ -29,23 +39,39 @@ fn thread_id() -> u32 {
     bpf_get_current_pid_tgid() as u32
 }
 
-/// Marks the calling thread's next entry of probe slot `slot` nested.
+/// Marks the calling thread's next entry of probe slot `slot` nested, from
+/// a site whose stack pointer is `sp`.
 #[inline(always)]
-pub fn mark(slot: u32) -> Result<(), Stat> {
-    NESTED.insert(&thread_id(), &slot, 0).map_err(|_| Stat::NestedFull)
+pub fn mark(slot: u32, sp: u64) -> Result<(), Stat> {
+    NESTED.insert(&thread_id(), &Mark { slot, _pad: 0, sp }, 0).map_err(|_| Stat::NestedFull)
 }
 
 /// Whether this entry of probe slot `slot` is a nested call, taking its
 /// mark.
 #[inline(always)]
 pub fn take(slot: u32) -> bool {
+    take_where(slot, |_| true)
+}
+
+/// As [`take`], for a probe whose stack pointer is `sp`: only a mark left
+/// by a jump to it (the same stack pointer) or a call of it (8 above) is
+/// its call's; any other is stale (a call marked whose callee never came,
+/// as where a hook returned early) and is dropped.
+#[inline(always)]
+pub fn take_at(slot: u32, sp: u64) -> bool {
+    take_where(slot, |marked| marked == sp || marked == sp.wrapping_add(8))
+}
+
+#[inline(always)]
+fn take_where(slot: u32, matches: impl Fn(u64) -> bool) -> bool {
     let tid = thread_id();
     // SAFETY: a lookup whose value is copied out at once.
-    let nested = unsafe { NESTED.get(&tid) }.is_some_and(|&marked| marked == slot);
-    if nested {
-        // The mark is this call's; a failed removal leaves an entry that
-        // the thread's next nested site overwrites.
-        let _ = NESTED.remove(&tid);
+    let Some(marked) = (unsafe { NESTED.get(&tid) }).copied() else { return false };
+    if marked.slot != slot {
+        return false;
     }
-    nested
+    // The mark is this call's, or stale: either way it goes; a failed
+    // removal leaves an entry that the thread's next mark overwrites.
+    let _ = NESTED.remove(&tid);
+    matches(marked.sp)
 }

@@ -252,8 +252,9 @@ pub fn count_claimed(ctx: ProbeContext) -> u32 {
 fn try_claimed(ctx: &ProbeContext) -> Result<(), Stat> {
     let tgid = check_target()?;
     let slot = args::slot(ctx)?;
-    let source = if nested::take(slot) { Source::NestedNative } else { Source::Call };
-    pipeline::run(ctx, ctx.regs, Event::new(tgid, slot, source, args::sp(ctx.regs)))
+    let sp = args::sp(ctx.regs);
+    let source = if nested::take_at(slot, sp) { Source::NestedNative } else { Source::Call };
+    pipeline::run(ctx, ctx.regs, Event::new(tgid, slot, source, sp))
 }
 
 /// A nested call site, whose cookie is the slot of the function it calls
@@ -267,7 +268,7 @@ pub fn native_nested(ctx: ProbeContext) -> u32 {
 #[inline(always)]
 fn try_nested(ctx: &ProbeContext) -> Result<(), Stat> {
     check_target()?;
-    nested::mark(args::slot(ctx)?)
+    nested::mark(args::slot(ctx)?, args::sp(ctx.regs))
 }
 
 /// `--live`: at an allocating API function's entry (out of line): leaves

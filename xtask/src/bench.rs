@@ -97,6 +97,9 @@ pub fn run(root: &Path, tracer: &Path, effort: &str, tracer_args: &[String]) -> 
     // 3b. Debian's LTO builds, 3.11, 3.13 and 3.14, with every inlined copy.
     crate::lto::lto_section(&mut md, tracer, effort)?;
 
+    // 3b'. pyenv's frees at their implementations, against the floor.
+    crate::bench_frees::frees_section(&mut md, tracer, effort)?;
+
     // 3c. The cost tracer estimates while it runs, against the slowdown.
     crate::bench_cost::cost_section(&mut md, tracer, &out_root)?;
 

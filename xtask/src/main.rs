@@ -16,6 +16,7 @@ mod bench_census;
 mod bench_cost;
 mod bench_cost_measure;
 mod bench_features;
+mod bench_frees;
 mod bench_live;
 mod bench_measure;
 mod bench_per_hit;
@@ -74,8 +75,9 @@ enum Task {
         /// or features (what `--types`, `--native` and the GC markers add per event) or live (what
         /// `--live` adds per allocator call, apart from its return probes) or production (what tracer,
         /// tracemalloc and memray cost pyperformance's benchmarks, by twins and alternate rounds)
-        /// or census (`tracer heap` on a 1 GiB heap of small objects: time and memory).
-        #[arg(long, value_parser = ["budget", "returns", "static", "lto", "cost", "stacks", "features", "live", "production", "census"])]
+        /// or census (`tracer heap` on a 1 GiB heap of small objects: time and memory) or frees
+        /// (pyenv's frees at their entries and at their implementations, against the empty program).
+        #[arg(long, value_parser = ["budget", "returns", "static", "lto", "cost", "stacks", "features", "live", "production", "census", "frees"])]
         only: Option<String>,
         /// The tracer command line the production section measures (after `tracer`), with PID for
         /// the target's PID.
@@ -162,6 +164,7 @@ fn main() -> anyhow::Result<()> {
                 Some("features") => bench_features::features_section(&mut md, &tracer, &effort)?,
                 Some("live") => bench_live::live_section(&mut md, &tracer, &effort, &versus)?,
                 Some("census") => bench_census::census_section(&mut md, &tracer, &effort)?,
+                Some("frees") => bench_frees::frees_section(&mut md, &tracer, &effort)?,
                 Some("production") => bench_production::production_section(
                     &mut md,
                     &tracer,

@@ -153,7 +153,9 @@ impl PlanReport {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlannedProbeReport {
     pub symbol: String,
-    /// Offset of the function's entry in the image file.
+    /// Offset of the function's entry in the image file: for a free
+    /// probed at its allocator's implementation, the implementation's (its
+    /// `reason` says so; see `plan::slots`).
     pub file_offset: u64,
     /// Where the probe sits, from the entry.
     pub offset: u64,

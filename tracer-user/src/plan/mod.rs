@@ -205,7 +205,9 @@ pub struct PlannedProbe {
     pub attach_program: Program,
     /// Counter slot, passed to the program as the attach cookie.
     pub slot: u32,
-    /// Offset in the image file of the function's entry.
+    /// Offset in the image file of the function's entry: for a free probed
+    /// at its allocator's implementation ([`slots`]), the
+    /// implementation's.
     pub file_offset: u64,
     /// Where in the function the uprobe sits, and why.
     pub placement: Placement,

@@ -221,11 +221,30 @@ fn direct_branches(
 /// each free's symbol and the file offset of what its pointer holds, in
 /// the image, or why it could not be read) to that implementation, and
 /// returns what moved. A free moves only where its probe counts calls and
-/// nothing else (no `--types`, no `--live`, no override), is single-stepped
+/// nothing else (no `--types`, no `--live`), is single-stepped
 /// at its entry, and every free's pointer holds an implementation tracer
-/// knows: a hook may call any of them.
-pub fn apply(plan: &mut Plan, slots: &Slots, held: &[(&'static str, Result<u64, String>)]) -> Vec<Moved> {
+/// knows (a hook may call any of them), and none has inlined copies
+/// (`copies` says how many a free not in the plan has, where known).
+pub fn apply(
+    plan: &mut Plan,
+    slots: &Slots,
+    held: &[(&'static str, Result<u64, String>)],
+    copies: impl Fn(&str) -> Option<usize>,
+) -> Vec<Moved> {
     let mut why_not = slots.refused.clone();
+    // A copy inlined elsewhere jumps through the pointer without passing
+    // the entry that marks it: where any may exist, nothing moves.
+    for free in &slots.frees {
+        let known = plan.probes.iter().find(|p| p.symbol == free.symbol).map_or_else(
+            || copies(free.symbol),
+            |p| if p.inline_sites.is_empty() { p.coverage.inlined } else { Some(p.inline_sites.len()) },
+        );
+        match known {
+            Some(0) => {}
+            Some(n) => why_not.push(format!("{} has {n} inlined copies, whose calls pass no entry", free.symbol)),
+            None => why_not.push(format!("nothing tells whether {} was inlined elsewhere", free.symbol)),
+        }
+    }
     let mut holds: Vec<(&Free, &Implementation)> = Vec::new();
     for free in &slots.frees {
         match held.iter().find(|(s, _)| *s == free.symbol).map(|(_, h)| h) {
@@ -273,7 +292,11 @@ pub fn apply(plan: &mut Plan, slots: &Slots, held: &[(&'static str, Result<u64, 
             ),
         };
         probe.file_offset = implementation.file_offset;
-        probe.attach_program = if marks.is_empty() { Program::CountCall } else { Program::CountClaimed };
+        // A benchmarks' program stays, at the implementation and the marks
+        // alike: the floor at these very sites.
+        if !probe.attach_program.is_bench() {
+            probe.attach_program = if marks.is_empty() { Program::CountCall } else { Program::CountClaimed };
+        }
         probe.nested_sites = marks;
         for sharer in &sharing[1..] {
             if let Some(p) = plan.probes.iter_mut().find(|p| p.symbol == sharer.symbol) {
@@ -292,9 +315,10 @@ pub fn apply(plan: &mut Plan, slots: &Slots, held: &[(&'static str, Result<u64, 
     moved
 }
 
-/// Whether `p` counts calls and nothing else, single-stepped at its entry.
+/// Whether `p` counts calls and nothing else (or runs a benchmarks'
+/// program), single-stepped at its entry.
 fn movable(p: &PlannedProbe) -> bool {
-    p.attach_program == Program::CountCall
+    (p.attach_program == Program::CountCall || p.attach_program.is_bench())
         && p.program == Program::CountCall
         && !p.placement.emulated
         && p.placement.offset == 0

@@ -197,7 +197,11 @@ pub fn prepare(target: &TargetSpec, options: &Options<'_>) -> Result<Prepared, P
     {
         let found = plan::slots::find(&resolved.elf, plan::placement::running_kernel());
         let held = slots::held(pid, &resolved.elf, &resolved.display_path, &found.frees);
-        plan.moved_frees = plan::slots::apply(&mut plan, &found, &held);
+        let copies = |name: &str| match &resolved.inlining {
+            Inlining::Known { entries, .. } => Some(entries.get(name).map_or(0, Vec::len)),
+            Inlining::Skipped | Inlining::Guards { .. } => None,
+        };
+        plan.moved_frees = plan::slots::apply(&mut plan, &found, &held, copies);
     }
     if options.native {
         native(&mut plan, &resolved, planning, costs)?;

@@ -36,8 +36,11 @@ fn held_with(
         let bytes = process::read_memory(pid, address, 8).map_err(|e| e.to_string())?;
         Ok(u64::from_le_bytes(bytes.try_into().map_err(|_| "a short read".to_owned())?))
     };
+    // The last mapping first: where a page of the file is mapped twice
+    // (the end of the read-only part and the start of the writable one),
+    // the writable copy holds the relocated pointers.
     let address_of = |offset: u64| {
-        maps.iter().find_map(|&(start, end, at)| {
+        maps.iter().rev().find_map(|&(start, end, at)| {
             let delta = offset.checked_sub(at)?;
             (delta < end - start).then_some(start + delta)
         })

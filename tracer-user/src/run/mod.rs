@@ -310,7 +310,7 @@ pub async fn attach(
     let execed = || program.is_some_and(|(pid, s)| s.changed(pid));
     // Bound before anything is attached: a port in use is the user's.
     let listener = config.listen.map(exporter::bind).transpose()?;
-    let (prepared, early) = prepare_run(config)?;
+    let (prepared, early) = prepare_run(config, child.is_some())?;
     let mut reporter = report::reporter(config.format, Box::new(out), Box::new(err));
     // As bound: `--listen 127.0.0.1:0` takes a free port.
     let serving = listener.as_ref().and_then(|l| l.local_addr().ok()).map(|addr| {
@@ -489,8 +489,11 @@ fn kernel_options(config: &AttachConfig, r: &Resolved, plan: &plan::Plan) -> Res
 /// Prepares `config`'s target. The header states the run's cost, which
 /// needs a hit's: calibrated on a thread of its own meanwhile, where
 /// preparing does not calibrate it anyway.
-fn prepare_run(config: &AttachConfig) -> Result<(Prepared, Option<Calibration>), RunError> {
-    let options = prepare::Options::attach(config);
+fn prepare_run(config: &AttachConfig, launched: bool) -> Result<(Prepared, Option<Calibration>), RunError> {
+    let mut options = prepare::Options::attach(config);
+    // A program held at its entry point has the built-in allocator's
+    // pointers, which its startup may replace (PYTHONMALLOC, -X dev).
+    options.frees_at_implementations &= !launched;
     let early = (!options.hit_costs && !options.planning.reads_returns()).then(Calibration::start);
     Ok((prepare::prepare(&config.target, &options)?, early))
 }

@@ -70,9 +70,11 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         crate::report::types::full(&mut self.out, full, group)
     }
 
-    /// With `--native`: the calls one probed libc function made of another
-    /// (glibc's `realloc` relaying to `malloc` and `free`), which the rows
-    /// above leave out.
+    /// The calls one probed function made of another, which the rows above
+    /// leave out: with `--native`, glibc's `realloc` relaying to `malloc`
+    /// and `free`; a free probed at its implementation (see
+    /// `plan::slots`), the implementation's calls by `PyMem_Free` and
+    /// pymalloc's realloc.
     pub(super) fn nested_block(&mut self, sample: &Snapshot) -> std::io::Result<()> {
         let parts: Vec<String> = sample
             .probes
@@ -85,7 +87,7 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         if !parts.is_empty() {
             writeln!(
                 self.out,
-                "  nested (made by another libc allocator function, counted once there) {}",
+                "  nested (calls made inside another probed function, not counted under their own) {}",
                 parts.join(" | ")
             )?;
         }
