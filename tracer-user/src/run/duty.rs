@@ -124,7 +124,7 @@ impl DutyCycle {
         // its base (see toggle).
         let window_began = Instant::now();
         let used = cpu.read(&live);
-        let cpu_live_began = cpu.mark(&live);
+        let cpu_live_began = CpuMark::read(&cpu.covered(&live));
         Ok(Self {
             controller: Controller::new(budget, BUDGET_WINDOW, used),
             costs,
@@ -361,7 +361,7 @@ impl DutyCycle {
     /// `--pid`'s, or with `--exe` those with entries and those running
     /// the image when tracing began.
     fn mark(&self) -> CpuMark {
-        self.cpu.mark(&self.live)
+        CpuMark::read(&self.cpu.covered(&self.live))
     }
 
     fn window_counts(&self, counts_now: &[Tally]) -> Vec<Tally> {

@@ -589,7 +589,7 @@ fn start<'a>(
     // most is what they run from here.
     let before_attach = config.budget.map(|_| {
         let cpu = cost::TargetCpu::new(r.pid(), Some(&r.attach_path));
-        let mark = cpu.mark(&[]);
+        let mark = pace::CpuMark::read(&cpu.covered(&[]));
         (cpu, mark)
     });
     let (links, attach_began, fallback) = attach_links(&mut session, r.scope, config.links)?;

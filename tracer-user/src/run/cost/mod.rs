@@ -111,13 +111,13 @@ impl TargetCpu {
         pids
     }
 
-    /// The clocks now of the processes a reading with `live` covers:
-    /// `--pid`'s, or [`Self::pids`].
+    /// The processes a reading with `live` covers: `--pid`'s, or
+    /// [`Self::pids`].
     #[must_use]
-    pub fn mark(&self, live: &[u32]) -> super::pace::CpuMark {
+    pub fn covered(&self, live: &[u32]) -> Vec<u32> {
         match self.target {
-            Some(pid) => super::pace::CpuMark::read(&[pid]),
-            None => super::pace::CpuMark::read(&self.pids(live)),
+            Some(pid) => vec![pid],
+            None => self.pids(live),
         }
     }
 
