@@ -389,6 +389,7 @@ pub(super) fn place_at_call_sites(image: ImageRef<'_>, probes: &mut [PlannedProb
                     instruction: format!("{} calls", sites.emulated + sites.stepped),
                     emulated: sites.stepped == 0,
                     reason: sites.describe(),
+                    function: None,
                 };
                 probe.call_sites = Some(sites);
             }

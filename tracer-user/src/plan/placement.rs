@@ -75,6 +75,11 @@ pub struct Placement {
     pub emulated: bool,
     /// Why this instruction.
     pub reason: String,
+    /// The function the probe is in, where it is not the probed one (a
+    /// free probed at its allocator's implementation: see
+    /// [`super::slots`]); `offset` is then from its entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function: Option<String>,
 }
 
 /// The argument registers `program` reads.
@@ -148,7 +153,7 @@ fn place_with(code: &[u8], address: u64, program: Program, kernel: KernelVersion
             } else {
                 format!("first emulated instruction ({kind}); before it: {}", skipped.join("; "))
             };
-            candidate = Some(Placement { offset, instruction: shown, emulated: true, reason });
+            candidate = Some(Placement { offset, instruction: shown, emulated: true, reason, function: None });
             break;
         }
         if offset >= MAX_PROLOGUE {
@@ -289,14 +294,14 @@ pub fn at_entry_of(code: &[u8], address: u64, kernel: KernelVersion, reason: &st
     let mut instruction = String::new();
     formatter().format(&instr, &mut instruction);
     let emulated = code.get(..instr.len()).is_some_and(|b| emulated(b, kernel).is_some());
-    Placement { offset: 0, instruction, emulated, reason: reason.to_owned() }
+    Placement { offset: 0, instruction, emulated, reason: reason.to_owned(), function: None }
 }
 
 impl Placement {
     /// The function's first instruction, not decoded.
     #[must_use]
     pub const fn at_entry(reason: String) -> Self {
-        Self { offset: 0, instruction: String::new(), emulated: false, reason }
+        Self { offset: 0, instruction: String::new(), emulated: false, reason, function: None }
     }
 }
 

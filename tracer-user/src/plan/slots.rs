@@ -290,6 +290,7 @@ pub fn apply(
                 probe.placement.reason,
                 marked(&sharing[1..], implementation.direct.len()),
             ),
+            function: Some(implementation.name.to_owned()),
         };
         probe.file_offset = implementation.file_offset;
         // A benchmarks' program stays, at the implementation and the marks

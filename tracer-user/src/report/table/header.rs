@@ -153,7 +153,13 @@ mod tests {
     #[test]
     fn header_names_call_sites_and_single_stepped_probes() {
         use crate::plan::placement::Placement;
-        let placed = Placement { offset: 7, instruction: "push %rbx".into(), emulated: true, reason: String::new() };
+        let placed = Placement {
+            offset: 7,
+            instruction: "push %rbx".into(),
+            emulated: true,
+            reason: String::new(),
+            function: None,
+        };
         let mut info = attached(Some(12));
         info.probes = vec!["_Py_NewReference".into(), "_Py_Dealloc".into(), "PyObject_Free".into()];
         info.missing = vec![];
