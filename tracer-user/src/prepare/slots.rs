@@ -104,8 +104,7 @@ impl Watch {
     /// the attach (`at` seconds in), or cannot be read though the process
     /// runs.
     pub fn check(&mut self, at: f64) -> Option<Note> {
-        // A process on its way out has unmapped its image: nothing to tell.
-        if self.told || mappings(self.pid, &self.image).map_or(true, |m| m.is_empty()) {
+        if self.told {
             return None;
         }
         let frees: Vec<Free> = self.moved.iter().map(|m| m.free.clone()).collect();
@@ -126,6 +125,8 @@ impl Watch {
                 Err(why) => Some((m.free.symbol, format!("{}'s pointer cannot be read: {why}", m.free.symbol))),
             })
             .collect();
+        // A process on its way out has unmapped its image (every read then
+        // fails): nothing to tell.
         if changed.is_empty() || mappings(self.pid, &self.image).map_or(true, |m| m.is_empty()) {
             return None;
         }

@@ -195,8 +195,9 @@ impl DutyCycle {
                 // that takes as long as a window.
                 self.at_cost_start = counts(session, readout, &mut self.live)?;
                 self.cost_began = Instant::now();
-                self.cost_mark = self.mark();
-                self.end_gap(&self.mark());
+                let mark = self.mark();
+                self.end_gap(&mark);
+                self.cost_mark = mark;
                 session.attach_multi(self.scope)?;
                 self.at_window_start = counts(session, readout, &mut self.live)?;
                 let live = Instant::now();
@@ -214,8 +215,9 @@ impl DutyCycle {
                 self.at_cost_start = counts(session, readout, &mut self.live)?;
                 let began = Instant::now();
                 self.cost_began = began;
-                self.cost_mark = self.mark();
-                self.end_gap(&self.mark());
+                let mark = self.mark();
+                self.end_gap(&mark);
+                self.cost_mark = mark;
                 session.attach_perf(self.scope)?;
                 self.at_window_start = counts(session, readout, &mut self.live)?;
                 let live = Instant::now();
@@ -248,9 +250,9 @@ impl DutyCycle {
             self.at_window_start.clone_from(&counts_now);
             self.at_cost_start = counts_now;
             self.cost_began = now;
-            self.cost_mark = self.mark();
             let mark = self.mark();
             self.pace_window(session, traced, &window, &mark);
+            self.cost_mark = mark.clone();
             self.cpu_live_began = mark;
             self.attached = Some(now);
             self.followed = true;
