@@ -180,6 +180,12 @@ impl Lines {
         }
     }
 
+    /// The lines already read, without waiting for more.
+    #[must_use]
+    pub fn queued(&self) -> Vec<String> {
+        std::iter::from_fn(|| self.rx.try_recv().ok()).collect()
+    }
+
     /// Every remaining line until end of stream.
     #[must_use]
     pub fn rest(&self, what: &str) -> Vec<String> {

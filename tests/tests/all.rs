@@ -161,7 +161,8 @@ fn containers_are_traced_past_the_end_of_the_process_they_were_found_through() {
     a.finish();
     // Windows after A's end: each attaches through the held image.
     let windows = |line: &Value| line["budget"]["windows"].as_u64().unwrap_or(0);
-    let mut seen = Vec::new();
+    // The intervals already printed are from before A's end.
+    let mut seen = vec![format!("{} lines before A ended", tracer.stdout.queued().len())];
     let mut next_interval = || loop {
         let line = tracer.stdout.next_line("an interval").expect("tracer ended early");
         let v: Value = serde_json::from_str(&line).expect("JSON");
@@ -179,6 +180,7 @@ fn containers_are_traced_past_the_end_of_the_process_they_were_found_through() {
     while windows(&next_interval()) < at_a_end + 3 {
         assert!(std::time::Instant::now() < deadline, "no windows after A ended: {at_a_end}, then {seen:?}");
     }
+    eprintln!("windows after A ended: {at_a_end}, then {seen:?}");
     tracer.signal(libc::SIGINT);
     let (status, lines, stderr) = tracer.finish();
     assert!(status.success(), "{stderr}");

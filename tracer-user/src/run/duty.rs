@@ -47,9 +47,8 @@ pub struct DutyCycle {
     at_cost_start: Vec<Tally>,
     /// When that was.
     cost_began: Instant,
-    /// The traced processes' clocks then: what a window's hits can have
-    /// cost them at most is what they ran since (where they are the same
-    /// processes at its end).
+    /// The traced processes' clocks then, and the machine's: what a
+    /// window's hits can have cost them at most is what they ran since.
     cost_mark: CpuMark,
     /// What the last window's ceiling took off its price (1: nothing):
     /// the same share comes off what its live part cost, and off the
@@ -411,7 +410,10 @@ impl DutyCycle {
         // build whose hot copies are emulated was priced at many times its
         // CPU time, with --pid and with --exe or --all alike: a window
         // priced at a whole second of a busy container's CPU time held
-        // the next ones back until its workload had ended).
+        // the next ones back until its workload had ended). Bounded too
+        // where a process ended in the window (see CpuMark::spent_since):
+        // unbounded, such a window was priced at 3 s and held the next
+        // ones back for 20.
         let ceiling = self.mark().spent_since(&self.cost_mark);
         let priced_cost = self.priced(session, priced);
         let overhead = ceiling.map_or(priced_cost, |c| priced_cost.min(c));

@@ -27,7 +27,7 @@
 //! less than a tenth of the windows' work, the factor is unknown at that
 //! end: the rate is at least the low end's, with no upper bound.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How far a hit in CPython's code can cost from the calibrated hit on
 /// tracer's own function, either way: up to about 15% more (BENCHMARKS.md),
@@ -42,19 +42,87 @@ pub const PRICE_SPREAD: f64 = 1.5;
 const LEAST_SHARE: f64 = 0.1;
 
 /// The CPU time of each traced process at one moment, by its exact
-/// process clock ([`super::cost::process_cpu_ns`]), sorted by PID.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CpuMark(Vec<(u32, u64)>);
+/// process clock ([`super::cost::process_cpu_ns`]), sorted by PID, and the
+/// whole machine's busy time then ([`MachineBusy`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CpuMark {
+    at: Instant,
+    each: Vec<(u32, u64)>,
+    machine: Option<MachineBusy>,
+}
+
+impl Default for CpuMark {
+    fn default() -> Self {
+        Self { at: Instant::now(), each: Vec::new(), machine: None }
+    }
+}
+
+/// What every CPU of the machine spent on anything but idling, by
+/// `/proc/stat`'s ticks, less tracer's own CPU time: what bounds a cost
+/// where the traced processes changed between two readings (one that
+/// ended cannot be read at the second).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MachineBusy {
+    busy_ns: u64,
+    /// tracer's own CPU time (attaching thousands of sites takes it
+    /// a while, and none of that is the target's).
+    own_ns: u64,
+    /// How many CPUs there are.
+    cpus: u64,
+    /// A tick's length: the ticks are counted a whole one at a time, so
+    /// each end of a span may be short by up to one on every CPU.
+    tick_ns: u64,
+}
+
+impl MachineBusy {
+    /// Reads `/proc/stat` now.
+    #[must_use]
+    pub fn read() -> Option<Self> {
+        // SAFETY: sysconf reads a constant of the C library.
+        let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok().filter(|&hz| hz > 0)?;
+        let own = super::cost::process_cpu_ns(std::process::id())?;
+        Self::parse(&std::fs::read_to_string("/proc/stat").ok()?, hz, own)
+    }
+
+    /// The busy time in `stat` (a `/proc/stat`), its ticks `hz` a second,
+    /// tracer having run `own_ns`.
+    fn parse(stat: &str, hz: u64, own_ns: u64) -> Option<Self> {
+        let mut lines = stat.lines();
+        let all: Vec<u64> =
+            lines.next()?.strip_prefix("cpu ")?.split_whitespace().map(str::parse).collect::<Result<_, _>>().ok()?;
+        // user nice system idle iowait irq softirq steal (guest time is in
+        // user's already): all but idle and iowait.
+        let busy: u64 = [0, 1, 2, 5, 6, 7].iter().filter_map(|&i| all.get(i)).sum();
+        let cpus = lines.filter(|l| l.starts_with("cpu")).count().max(1);
+        let tick_ns = 1_000_000_000 / hz;
+        Some(Self { busy_ns: busy.saturating_mul(tick_ns), own_ns, cpus: u64::try_from(cpus).ok()?, tick_ns })
+    }
+
+    /// What the machine can have run since `then` besides tracer, at
+    /// most.
+    fn since(self, then: Self) -> Duration {
+        let slack = self.tick_ns.max(then.tick_ns).saturating_mul(self.cpus.max(then.cpus)).saturating_mul(2);
+        let busy = self.busy_ns.saturating_sub(then.busy_ns).saturating_add(slack);
+        Duration::from_nanos(busy.saturating_sub(self.own_ns.saturating_sub(then.own_ns)))
+    }
+}
+
+/// The CPUs online, by the C library (1 where it cannot tell).
+fn online_cpus() -> u64 {
+    // SAFETY: sysconf reads a value of the C library.
+    u64::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }).ok().filter(|&n| n > 0).unwrap_or(1)
+}
 
 impl CpuMark {
-    /// The clocks of `pids` now (those gone are left out).
+    /// The clocks of `pids` now (those gone are left out), and the
+    /// machine's.
     #[must_use]
     pub fn read(pids: &[u32]) -> Self {
         let mut each: Vec<(u32, u64)> =
             pids.iter().filter_map(|&pid| Some((pid, super::cost::process_cpu_ns(pid)?))).collect();
         each.sort_unstable();
         each.dedup_by_key(|(pid, _)| *pid);
-        Self(each)
+        Self { at: Instant::now(), each, machine: MachineBusy::read() }
     }
 
     /// The CPU time used since `then` by the processes in both (one that
@@ -64,25 +132,39 @@ impl CpuMark {
     pub fn since(&self, then: &Self) -> Option<Duration> {
         let mut any = false;
         let mut ns = 0u64;
-        for &(pid, now) in &self.0 {
-            if let Ok(i) = then.0.binary_search_by_key(&pid, |&(p, _)| p) {
+        for &(pid, now) in &self.each {
+            if let Ok(i) = then.each.binary_search_by_key(&pid, |&(p, _)| p) {
                 any = true;
-                ns = ns.saturating_add(now.saturating_sub(then.0[i].1));
+                ns = ns.saturating_add(now.saturating_sub(then.each[i].1));
             }
         }
         any.then(|| Duration::from_nanos(ns))
     }
 
-    /// The CPU time used since `then`, only where both read the same
-    /// processes: an upper bound on what any hit in them since can have
-    /// cost. `None` where a process started or ended between them (its
-    /// share is not known, and leaving it out would bound too low).
+    /// At most the CPU time the traced processes used since `then`: an
+    /// upper bound on what any hit in them since can have cost. Those in
+    /// both readings count what their clocks moved; one that began since,
+    /// all its clock; one that ended, every CPU for the whole span. That,
+    /// or what the machine ran besides tracer, whichever is less. `None`
+    /// where no process was read and the machine could not be.
     #[must_use]
     pub fn spent_since(&self, then: &Self) -> Option<Duration> {
-        let same = !self.0.is_empty()
-            && self.0.len() == then.0.len()
-            && self.0.iter().zip(&then.0).all(|(now, was)| now.0 == was.0);
-        if same { self.since(then) } else { None }
+        let machine = self.machine.zip(then.machine).map(|(now, then)| now.since(then));
+        if self.each.is_empty() && then.each.is_empty() {
+            return machine;
+        }
+        let in_then = |pid| then.each.binary_search_by_key(&pid, |&(p, _)| p).ok();
+        let mut ns = 0u64;
+        for &(pid, now) in &self.each {
+            ns = ns.saturating_add(now.saturating_sub(in_then(pid).map_or(0, |i| then.each[i].1)));
+        }
+        let ended = then.each.iter().filter(|&&(pid, _)| self.each.binary_search_by_key(&pid, |&(p, _)| p).is_err());
+        let cpus = self.machine.or(then.machine).map_or_else(online_cpus, |m| m.cpus);
+        let span = self.at.saturating_duration_since(then.at);
+        let each_ended = span.saturating_mul(u32::try_from(cpus).unwrap_or(u32::MAX));
+        let own = Duration::from_nanos(ns)
+            .saturating_add(each_ended.saturating_mul(u32::try_from(ended.count()).unwrap_or(u32::MAX)));
+        Some(machine.map_or(own, |m| own.min(m)))
     }
 }
 
@@ -172,16 +254,44 @@ mod tests {
 
     /// A ceiling on what hits cost holds only over the same processes: one
     /// gone or new between the readings ran an unknown share.
+    fn mark(each: Vec<(u32, u64)>) -> CpuMark {
+        CpuMark { each, ..CpuMark::default() }
+    }
+
+    /// The same processes bound a cost by their own clocks; one that
+    /// began by all of its clock, one that ended by every CPU over the
+    /// span; and the machine's busy time besides tracer's (with a tick of
+    /// slack on every CPU at each end) bounds them all.
     #[test]
-    fn cpu_spent_bounds_a_cost_only_over_the_same_processes() {
-        let then = CpuMark(vec![(10, 1_000), (20, 5_000)]);
-        assert_eq!(CpuMark(vec![(10, 1_500), (20, 7_000)]).spent_since(&then), Some(Duration::from_nanos(2_500)));
-        assert_eq!(CpuMark(vec![(10, 1_500)]).spent_since(&then), None, "20 ended");
-        assert_eq!(CpuMark(vec![(10, 1_500), (20, 7_000), (30, 9)]).spent_since(&then), None, "30 began");
-        assert_eq!(CpuMark(vec![(10, 1_500), (30, 9)]).spent_since(&then), None, "20 ended, 30 began");
-        assert_eq!(CpuMark(Vec::new()).spent_since(&CpuMark(Vec::new())), None, "no process");
+    fn cpu_spent_is_bounded_by_the_processes_read_and_by_the_machine() {
+        let t0 = Instant::now();
+        let then = CpuMark { at: t0, each: vec![(10, 1_000), (20, 5_000)], machine: None };
+        let now = |each, machine| CpuMark { at: t0 + Duration::from_secs(1), each, machine };
+        let ns = Duration::from_nanos;
+        let two_cpus = Duration::from_secs(2);
+        assert_eq!(now(vec![(10, 1_500), (20, 7_000)], None).spent_since(&then), Some(ns(2_500)));
+        let ended = now(vec![(10, 1_500)], None).spent_since(&then).expect("a bound");
+        assert!(ended >= Duration::from_secs(1) && ended <= two_cpus + ns(500), "20 ended: {ended:?}");
+        assert_eq!(now(vec![(10, 1_500), (20, 7_000), (30, 9)], None).spent_since(&then), Some(ns(2_509)), "30 began");
+        assert_eq!(mark(Vec::new()).spent_since(&mark(Vec::new())), None, "nothing read");
         // `since` counts those in both, for the pace.
-        assert_eq!(CpuMark(vec![(10, 1_500)]).since(&then), Some(Duration::from_nanos(500)));
+        assert_eq!(mark(vec![(10, 1_500)]).since(&then), Some(ns(500)));
+        // Two CPUs at 100 ticks a second: 30 busy ticks (idle and iowait
+        // left out), two ticks on each CPU of slack, less tracer's 50 ms.
+        let stat = |user: u64, idle: u64| {
+            format!("cpu  {user} 1 2 {idle} 7 1 1 0 0 0\ncpu0 0 0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0 0 0\nintr 5\n")
+        };
+        let machine = |user, idle, own_ms: u64| MachineBusy::parse(&stat(user, idle), 100, own_ms * 1_000_000);
+        let then = CpuMark { machine: machine(10, 500, 20), ..then };
+        let busy = Duration::from_millis(300 + 2 * 2 * 10 - 50);
+        assert_eq!(now(vec![(10, 1_500)], machine(40, 900, 70)).spent_since(&then), Some(busy), "20 ended");
+        assert_eq!(
+            now(vec![(10, 1_500), (20, 7_000)], machine(40, 900, 70)).spent_since(&then),
+            Some(ns(2_500)),
+            "the same: their clocks, the lower"
+        );
+        assert_eq!(MachineBusy::parse("intr 5\n", 100, 0), None);
+        assert!(MachineBusy::read().is_some(), "this machine's /proc/stat");
     }
 
     #[test]
@@ -227,14 +337,14 @@ mod tests {
 
     #[test]
     fn cpu_marks_count_the_processes_in_both() {
-        let then = CpuMark(vec![(10, 1_000), (20, 5_000)]);
-        let now = CpuMark(vec![(20, 8_000), (30, 99_000)]);
+        let then = mark(vec![(10, 1_000), (20, 5_000)]);
+        let now = mark(vec![(20, 8_000), (30, 99_000)]);
         assert_eq!(now.since(&then), Some(Duration::from_micros(3)));
-        assert_eq!(CpuMark(vec![(30, 1)]).since(&then), None);
+        assert_eq!(mark(vec![(30, 1)]).since(&then), None);
         // Our own clock moves as we run.
         let me = std::process::id();
         let a = CpuMark::read(&[me, me]);
-        assert_eq!(a.0.len(), 1);
+        assert_eq!(a.each.len(), 1);
         let mut x = 0u64;
         for i in 0..1_000_000u64 {
             x = x.wrapping_add(std::hint::black_box(i));
