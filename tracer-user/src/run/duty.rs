@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::{
     budget::{Controller, Estimator, ProbeWindow, RateEstimate},
-    cost::TargetCpu,
+    cost::{TargetCpu, counting_sites, hit_range},
     pace::{CpuMark, Factor, Pace},
     readout::Readout,
 };
@@ -332,16 +332,16 @@ impl DutyCycle {
     #[allow(clippy::cast_precision_loss, reason = "hit counts of one window")]
     fn pace_window(&mut self, session: &Session, wall: Duration, window: &[Tally], cpu_end: &CpuMark) {
         let Some(cpu) = cpu_end.since(&self.cpu_live_began) else { return };
-        // Each hit at its probe's placement; a probe with inlined copies as
-        // if every hit were at an emulated one (what a copy costs at
-        // least: which copy was hit is not counted).
+        // Each hit at its probe's sites; a probe with sites of both kinds
+        // as if every hit were at an emulated one (what it costs at least:
+        // which site was hit is not counted).
         let placed: f64 = session
             .plan()
             .probes
             .iter()
             .filter_map(|p| {
                 let hits = window.get(usize::try_from(p.slot).ok()?)?.hits as f64;
-                Some(hits * self.costs.of(p.placement.emulated || !p.inline_sites.is_empty()))
+                Some(hits * hit_range(counting_sites(p), self.costs).1)
             })
             .sum();
         let placed = Duration::from_secs_f64(placed.max(0.0) / 1e9);
@@ -373,13 +373,11 @@ impl DutyCycle {
     /// the calibrated cost of its placement.
     #[allow(clippy::cast_precision_loss, reason = "hit counts of one window")]
     fn probe_cost(&self, session: &Session, window: &[Tally], slot: usize) -> f64 {
-        // Hits at inlined copies count in the same slot, and most of those
-        // sites are single-stepped: priced so, the estimate errs high.
-        let cost = session
-            .plan()
-            .probes
-            .get(slot)
-            .map_or(0.0, |p| self.costs.of(p.placement.emulated && p.inline_sites.is_empty()));
+        // Priced as the ledger prices it: by its sites' kind where they
+        // are all of one (an LTO build's copies are mostly emulated, and
+        // priced single-stepped a window's hits came to 12 times what they
+        // cost), as single-stepped where it has both, which errs high.
+        let cost = session.plan().probes.get(slot).map_or(0.0, |p| hit_range(counting_sites(p), self.costs).0);
         window.get(slot).map_or(0.0, |c| c.hits as f64) * cost
     }
 

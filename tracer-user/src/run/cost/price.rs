@@ -115,7 +115,7 @@ impl SitePlan {
         };
         for p in &plan.probes {
             let Some(slot) = usize::try_from(p.slot).ok().filter(|&s| s < slots) else { continue };
-            sites.inline[slot] = p.inline_sites.iter().fold(SiteKinds::default(), |k, s| k + kind(s.emulated));
+            sites.inline[slot] = inline_sites(p);
             sites.returns[slot] = match &p.returns {
                 None => ReturnSites::None,
                 Some(ReturnPlan::Sites { sites, .. }) => {
@@ -171,6 +171,19 @@ impl SitePlan {
 
 const fn kind(emulated: bool) -> SiteKinds {
     if emulated { SiteKinds { emulated: 1, single_stepped: 0 } } else { SiteKinds { emulated: 0, single_stepped: 1 } }
+}
+
+/// A probe's inlined copies by kind.
+fn inline_sites(p: &PlannedProbe) -> SiteKinds {
+    p.inline_sites.iter().fold(SiteKinds::default(), |k, s| k + kind(s.emulated))
+}
+
+/// Every site a probe counts at, by kind: its own ([`own_sites`]) and its
+/// inlined copies. The hits share one counter, so where both kinds are
+/// there the kind of each hit is not known ([`hit_range`]).
+#[must_use]
+pub fn counting_sites(p: &PlannedProbe) -> SiteKinds {
+    own_sites(p) + inline_sites(p)
 }
 
 /// A probe's own counting sites: its call sites, or its placed entry.
