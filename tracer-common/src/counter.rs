@@ -28,6 +28,12 @@ pub const NESTED_SLOT: u32 = 1 << 31;
 /// with this bit set so that the cost is priced with the probe's hits.
 pub const GATE_SLOT: u32 = 1 << 30;
 
+/// The counter slot of a probe's hits at its single-stepped sites, where
+/// it has sites of both kinds (see [`crate::site::mark_stepped`]): counted
+/// again apart, with no bytes, so that its hits are priced by what each
+/// cost.
+pub const STEPPED_SLOT: u32 = 1 << 29;
+
 /// Default size of the nested-calls map (thread id to the slot of the call
 /// in flight): an entry lives from a nested call site to the entry of the
 /// function it calls, the next instruction that thread runs.

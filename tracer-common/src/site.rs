@@ -3,7 +3,8 @@
 //! the ABI's registers, so its DWARF says, per copy, which register holds
 //! the size, or which constant it is.
 //!
-//! Cookie bits: 0–23 the counter slot; 24–31 its gate (see [`gated`]); 32–39
+//! Cookie bits: 0–23 the counter slot; 24–27 and 31 its gate (see
+//! [`gated`]); 28 whether the site is single-stepped (see [`stepped`]); 32–39
 //! the first operand; 40–47 the second (a multiplier: calloc's elsize),
 //! [`NONE`] for none; 48–63 a constant, for an operand that is [`CONSTANT`].
 //! A register operand is its DWARF x86-64 register number plus one (1 = rax
@@ -58,6 +59,24 @@ const GATED: u32 = 1 << 31;
 #[must_use]
 pub const fn gated(slot: u32, condition: u8) -> u32 {
     (slot & SLOT_BITS) | GATED | ((condition as u32 & 15) << 24)
+}
+
+/// A site's mark that the kernel single-steps its instruction, in the
+/// cookie's low word: its hits are counted again apart (under the slot
+/// with [`crate::counter::STEPPED_SLOT`]), so that a probe with sites of
+/// both kinds is priced by what each hit cost.
+const STEPPED: u32 = 1 << 28;
+
+/// `cookie` marked as a single-stepped site's.
+#[must_use]
+pub const fn mark_stepped(cookie: u64) -> u64 {
+    cookie | STEPPED as u64
+}
+
+/// Whether `cookie` is a single-stepped site's (see [`mark_stepped`]).
+#[must_use]
+pub const fn stepped(cookie: u64) -> bool {
+    cookie & STEPPED as u64 != 0
 }
 
 /// The counter slot of `cookie`.
@@ -143,6 +162,15 @@ pub const fn register(number: u16) -> Option<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stepped_mark_leaves_the_slot_gate_and_operands() {
+        let c = encode(gated(7, 5), register(5).unwrap_or(NONE), CONSTANT, 111);
+        let m = mark_stepped(c);
+        assert!(stepped(m) && !stepped(c));
+        assert_eq!((slot(m), gate(m), first(m), second(m), constant(m)), (7, Some(5), 6, CONSTANT, 111));
+        assert_eq!(slot(mark_stepped(3)), 3);
+    }
 
     #[test]
     fn round_trips() {

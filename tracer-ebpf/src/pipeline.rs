@@ -13,7 +13,7 @@
 
 use aya_ebpf::{EbpfContext, bindings::pt_regs};
 use tracer_common::{
-    counter::{CounterKey, NESTED_SLOT},
+    counter::{CounterKey, NESTED_SLOT, STEPPED_SLOT},
     live::{Role, UNKNOWN_BLOCK},
     stack::why,
     stats::Stat,
@@ -71,6 +71,9 @@ pub struct Event {
     pub inlined: bool,
     /// Whether its bytes go in the size histogram (of its slot's domain).
     pub sized: bool,
+    /// At a single-stepped site of a probe with sites of both kinds: its
+    /// hit is counted again apart, to be priced as what it cost.
+    pub stepped: bool,
     /// Whether [`Event::pointer`] could not be read: it is then
     /// [`tracer_common::live::UNKNOWN_BLOCK`], and a miss.
     pub unread: bool,
@@ -98,6 +101,7 @@ impl Event {
             source,
             inlined: false,
             sized: false,
+            stepped: false,
             unread: false,
             role: Role::NONE,
             bytes: 0,
@@ -115,6 +119,13 @@ pub fn run<C: EbpfContext>(ctx: &C, regs: *mut pt_regs, event: Event) -> Result<
     match source {
         Source::Call | Source::NewObject | Source::FreeObject | Source::Native => {
             count::add(ctx, CounterKey { tgid, slot }, bytes)?;
+            if event.stepped {
+                // A full map loses no call here, only this hit's kind (as
+                // a gate's other pass loses its price): the loader gives
+                // these slots room, and where processes fill it anyway
+                // `MapFull` counts the calls it lost.
+                let _ = count::add(ctx, CounterKey { tgid, slot: slot | STEPPED_SLOT }, 0);
+            }
         }
         Source::NestedNative => count::add(ctx, CounterKey { tgid, slot: slot | NESTED_SLOT }, bytes)?,
         Source::Returned => returns::add(ctx, CounterKey { tgid, slot }, pointer)?,

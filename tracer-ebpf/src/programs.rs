@@ -77,7 +77,12 @@ fn try_call(ctx: &ProbeContext, size: Size) -> Result<(), Stat> {
         return Ok(());
     }
     let inlined = site::first(cookie) == site::INLINED;
-    let slot = if inlined { site::slot(cookie) } else { u32::try_from(cookie).map_err(|_| Stat::SlotOutOfRange)? };
+    // An entry's cookie is its slot, marked where the entry is
+    // single-stepped.
+    if !inlined && cookie > u64::from(u32::MAX) {
+        return Err(Stat::SlotOutOfRange);
+    }
+    let slot = site::slot(cookie);
     let (pointer, read) = match site::second(cookie) {
         kind if inlined && kind != site::NONE && live::on() => args::pointer(ctx.regs, kind, site::constant(cookie)),
         _ => (UNKNOWN_BLOCK, true),
@@ -86,6 +91,7 @@ fn try_call(ctx: &ProbeContext, size: Size) -> Result<(), Stat> {
         inlined,
         sized: size.requests(),
         unread: !read,
+        stepped: site::stepped(cookie),
         bytes,
         pointer,
         ..Event::new(tgid, slot, Source::Call, args::sp(ctx.regs))
@@ -124,6 +130,7 @@ fn try_count_site(ctx: &ProbeContext) -> Result<(), Stat> {
         inlined: true,
         sized: true,
         unread: !read,
+        stepped: site::stepped(cookie),
         bytes,
         pointer,
         ..Event::new(tgid, slot, Source::Call, args::sp(ctx.regs))
@@ -150,6 +157,7 @@ fn try_count_object(ctx: &ProbeContext) -> Result<(), Stat> {
     let (pointer, read) = args::pointer(ctx.regs, site::first(cookie), site::constant(cookie));
     let event = Event {
         unread: !read,
+        stepped: site::stepped(cookie),
         pointer,
         ..Event::new(tgid, site::slot(cookie), Source::NewObject, args::sp(ctx.regs))
     };
@@ -179,6 +187,7 @@ fn try_free_object(ctx: &ProbeContext) -> Result<(), Stat> {
     let event = Event {
         inlined: site::second(cookie) == site::INLINED,
         unread: !read,
+        stepped: site::stepped(cookie),
         pointer,
         ..Event::new(tgid, site::slot(cookie), Source::FreeObject, args::sp(ctx.regs))
     };

@@ -278,7 +278,9 @@ impl Session {
             let image = p.attach_path(&self.plan).to_owned();
             let shown = p.display_path(&self.plan).to_owned();
             let cookie = u64::from(p.slot);
-            let entry_cookie = entry_cookie(p);
+            let apart = p.stepped_apart();
+            let entry_cookie =
+                if apart && !p.placement.emulated { site::mark_stepped(entry_cookie(p)) } else { entry_cookie(p) };
             let at = |path: &PathBuf, shown: &PathBuf, offset| AttachPoint {
                 symbol: p.symbol,
                 program: p.attach_program,
@@ -347,6 +349,7 @@ impl Session {
                     // domain for the implementation it calls.
                     _ => (Program::CountCall, site::encode(slot, site::INLINED, site::NONE, 0)),
                 };
+                let cookie = if apart && !s.emulated { site::mark_stepped(cookie) } else { cookie };
                 AttachPoint { program, cookie, ..at(&image, &shown, s.offset) }
             }));
             // A benchmarks' program replaces the marks too.

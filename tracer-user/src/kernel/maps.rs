@@ -8,7 +8,7 @@ use std::{
 };
 
 use tracer_common::{
-    counter::{Counter, CounterKey, GATE_SLOT, NESTED_SLOT},
+    counter::{Counter, CounterKey, GATE_SLOT, NESTED_SLOT, STEPPED_SLOT},
     live::{LiveEntry, LiveKey},
     names,
     returns::Returned,
@@ -32,6 +32,9 @@ pub struct ProbeReading {
     /// Passes of its gated sites (a jump probed for the inlined copy it
     /// leads into) that went elsewhere: no call, but hits all the same.
     pub gate_other: u64,
+    /// Of its hits, those at single-stepped sites, where it has sites of
+    /// both kinds ([`crate::plan::PlannedProbe::stepped_apart`]); 0 else.
+    pub stepped: u64,
 }
 
 /// Counts read from the kernel, summed over CPUs.
@@ -103,6 +106,7 @@ impl ProbeReading {
             returned: self.returned.merged(other.returned),
             nested: self.nested.merged(other.nested),
             gate_other: self.gate_other.saturating_add(other.gate_other),
+            stepped: self.stepped.saturating_add(other.stepped),
         }
     }
 
@@ -141,10 +145,19 @@ impl Session {
             let sum = per_cpu.iter().fold(Counter::default(), |sum, c| sum.merged(*c));
             let nested = key.slot & NESTED_SLOT != 0;
             let gate = key.slot & GATE_SLOT != 0;
-            let Some(slot) = usize::try_from(key.slot & !(NESTED_SLOT | GATE_SLOT)).ok().filter(|&s| s < slots) else {
+            let stepped = key.slot & STEPPED_SLOT != 0;
+            let Some(slot) =
+                usize::try_from(key.slot & !(NESTED_SLOT | GATE_SLOT | STEPPED_SLOT)).ok().filter(|&s| s < slots)
+            else {
                 stray = stray.saturating_add(sum.calls);
                 continue;
             };
+            if stepped {
+                per_process.entry(key.tgid).or_insert_with(|| vec![ProbeReading::default(); slots])[slot].stepped =
+                    sum.calls;
+                probes[slot].stepped = probes[slot].stepped.saturating_add(sum.calls);
+                continue;
+            }
             if gate {
                 per_process.entry(key.tgid).or_insert_with(|| vec![ProbeReading::default(); slots])[slot].gate_other =
                     sum.calls;
@@ -301,7 +314,7 @@ impl Session {
             let key = CounterKey { tgid, slot };
             // A probe the process never hit has no entry to remove.
             self.counters.remove(&key).or_else(absent).map_err(map_err(names::COUNTERS_MAP))?;
-            for marked in [slot | NESTED_SLOT, slot | GATE_SLOT] {
+            for marked in [slot | NESTED_SLOT, slot | GATE_SLOT, slot | STEPPED_SLOT] {
                 let key = CounterKey { tgid, slot: marked };
                 self.counters.remove(&key).or_else(absent).map_err(map_err(names::COUNTERS_MAP))?;
             }

@@ -249,6 +249,8 @@ impl Session {
         let lru = |room: u32| room.saturating_add(LRU_HELD_PER_CPU.saturating_mul(possible_cpus()));
         let live_lru = if options.live.is_some() { lru(tracer_common::live::FRAME_THREADS) } else { 1 };
         let gated = plan.probes.iter().filter(|p| p.inline_sites.iter().any(|s| s.gate.is_some())).count();
+        // And each probe whose single-stepped sites count apart.
+        let gated = gated + plan.probes.iter().filter(|p| p.stepped_apart()).count();
         let gated = u32::try_from(gated).unwrap_or(u32::MAX);
         // Test-only (see full): maps loaded with one entry, filled below.
         let full_maps = &options.full_maps;
@@ -274,7 +276,8 @@ impl Session {
             .override_global(names::OB_TYPE_OFFSET_GLOBAL, &ob_type_offset, true)
             .override_global(aya_log::LEVEL, &log_level, true)
             // Each native probe has a second counter for its nested calls,
-            // each probe with gated sites one for their other passes.
+            // each probe with gated sites one for their other passes, each
+            // with sites of both kinds one for its single-stepped hits.
             .map_max_entries(
                 names::COUNTERS_MAP,
                 slots.saturating_add(native).saturating_add(gated).saturating_mul(processes),

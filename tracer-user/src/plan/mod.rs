@@ -243,6 +243,28 @@ pub struct PlannedProbe {
 }
 
 impl PlannedProbe {
+    /// Whether its hits at single-stepped sites are counted again apart
+    /// (`STEPPED_SLOT`), so that they are priced by what each cost: where
+    /// it has sites of both kinds, its entry and its inlined copies (call
+    /// sites keep no kind per site), through programs that read the mark.
+    #[must_use]
+    pub fn stepped_apart(&self) -> bool {
+        let reads_mark = matches!(
+            self.attach_program,
+            Program::CountCall
+                | Program::SizeArg0
+                | Program::SizeArg1
+                | Program::Calloc
+                | Program::CountObject
+                | Program::FreeObject
+        );
+        if !reads_mark || self.call_sites.is_some() || self.inline_sites.is_empty() {
+            return false;
+        }
+        let stepped = self.inline_sites.iter().filter(|s| !s.emulated).count() + usize::from(!self.placement.emulated);
+        stepped > 0 && stepped <= self.inline_sites.len()
+    }
+
     /// The file the probe is in, as tracer reaches it.
     #[must_use]
     pub fn attach_path<'a>(&'a self, plan: &'a Plan) -> &'a Path {

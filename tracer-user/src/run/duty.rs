@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::{
     budget::{Controller, Estimator, ProbeWindow, RateEstimate},
-    cost::{TargetCpu, counting_sites, hit_range},
+    cost::{TargetCpu, counting_sites, hit_range, priced_apart},
     pace::{CpuMark, Factor, Pace},
     readout::Readout,
 };
@@ -88,6 +88,9 @@ struct Tally {
     calls: u64,
     bytes: u64,
     hits: u64,
+    /// Of the hits, those at single-stepped sites, where the probe counts
+    /// them apart.
+    stepped: u64,
 }
 
 /// The counts of `now` since `then`, probe by probe.
@@ -98,6 +101,7 @@ fn since(now: &[Tally], then: &[Tally]) -> Vec<Tally> {
             calls: now.calls.saturating_sub(then.calls),
             bytes: now.bytes.saturating_sub(then.bytes),
             hits: now.hits.saturating_sub(then.hits),
+            stepped: now.stepped.saturating_sub(then.stepped),
         })
         .collect()
 }
@@ -340,8 +344,12 @@ impl DutyCycle {
             .probes
             .iter()
             .filter_map(|p| {
-                let hits = window.get(usize::try_from(p.slot).ok()?)?.hits as f64;
-                Some(hits * hit_range(counting_sites(p), self.costs).1)
+                let tally = window.get(usize::try_from(p.slot).ok()?)?;
+                Some(if p.stepped_apart() {
+                    priced_apart(tally.hits, tally.stepped, self.costs)
+                } else {
+                    tally.hits as f64 * hit_range(counting_sites(p), self.costs).1
+                })
             })
             .sum();
         let placed = Duration::from_secs_f64(placed.max(0.0) / 1e9);
@@ -376,9 +384,13 @@ impl DutyCycle {
         // Priced as the ledger prices it: by its sites' kind where they
         // are all of one (an LTO build's copies are mostly emulated, and
         // priced single-stepped a window's hits came to 12 times what they
-        // cost), as single-stepped where it has both, which errs high.
-        let cost = session.plan().probes.get(slot).map_or(0.0, |p| hit_range(counting_sites(p), self.costs).0);
-        window.get(slot).map_or(0.0, |c| c.hits as f64) * cost
+        // cost), each hit by its kind where it has both.
+        let (Some(p), Some(tally)) = (session.plan().probes.get(slot), window.get(slot)) else { return 0.0 };
+        if p.stepped_apart() {
+            priced_apart(tally.hits, tally.stepped, self.costs)
+        } else {
+            tally.hits as f64 * hit_range(counting_sites(p), self.costs).0
+        }
     }
 
     /// What `window`'s hits cost, priced, less what the last ceiling took
@@ -489,7 +501,11 @@ fn untraced(rate: RateEstimate, factor: Option<Factor>) -> (f64, Option<[f64; 2]
 fn counts(session: &mut Session, readout: &mut Readout, live: &mut Vec<u32>) -> Result<Vec<Tally>, AttachError> {
     let totals = readout.read(session)?;
     live.clone_from(&totals.live);
-    Ok(totals.probes.iter().map(|c| Tally { calls: c.calls, bytes: c.bytes, hits: c.priced_calls() }).collect())
+    Ok(totals
+        .probes
+        .iter()
+        .map(|c| Tally { calls: c.calls, bytes: c.bytes, hits: c.priced_calls(), stepped: c.stepped })
+        .collect())
 }
 
 #[cfg(test)]

@@ -378,7 +378,8 @@ pub fn estimate(
     // The hits counted may have come a little before the window (during
     // the attach, or of the probes that went live first) while the target
     // then slept through it: its clock then shows less than they cost.
-    let high_ns = meter.price_hits(&calls, &returns).map(|(high, _)| high).filter(|_| hits > 0);
+    let stepped: Vec<u64> = totals.probes.iter().map(|p| p.stepped).collect();
+    let high_ns = meter.price_hits(&calls, &returns, &stepped).map(|(high, _)| high).filter(|_| hits > 0);
     let over = cpu.map(|c| c.as_secs_f64().max(high_ns.unwrap_or(0.0) / 1e9));
     let of = |ns: f64| {
         let over = over.unwrap_or(window_s);

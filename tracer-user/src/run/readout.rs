@@ -279,6 +279,7 @@ impl Readout {
                     nested,
                     returned,
                     gate_other: c.gate_other,
+                    stepped_hits: c.stepped,
                     estimate: None,
                     calls_per_s: None,
                     bytes_per_s: None,

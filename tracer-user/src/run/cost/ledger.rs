@@ -12,11 +12,14 @@ pub struct Reading {
     pub cpu_ticks: u64,
     pub calls: Vec<u64>,
     pub returns: Vec<u64>,
+    /// Of `calls`, those at single-stepped sites where a probe counts
+    /// them apart ([`ProbeReading::stepped`]).
+    pub stepped: Vec<u64>,
 }
 
 impl Reading {
     pub(super) fn zero(slots: usize) -> Self {
-        Self { cpu_ticks: 0, calls: vec![0; slots], returns: vec![0; slots] }
+        Self { cpu_ticks: 0, calls: vec![0; slots], returns: vec![0; slots], stepped: vec![0; slots] }
     }
 
     fn of(slots: usize, cpu_ticks: u64, hits: Option<&[ProbeReading]>) -> Self {
@@ -24,6 +27,7 @@ impl Reading {
         for (slot, h) in hits.unwrap_or_default().iter().enumerate().take(slots) {
             r.calls[slot] = h.priced_calls();
             r.returns[slot] = h.returned.returns;
+            r.stepped[slot] = h.stepped;
         }
         r
     }
@@ -31,11 +35,14 @@ impl Reading {
     /// Adds what happened from `from` to `to`.
     fn add_between(&mut self, from: &Self, to: &Self) {
         self.cpu_ticks = self.cpu_ticks.saturating_add(to.cpu_ticks.saturating_sub(from.cpu_ticks));
-        for (sum, (a, b)) in self.calls.iter_mut().zip(from.calls.iter().zip(&to.calls)) {
-            *sum = sum.saturating_add(b.saturating_sub(*a));
-        }
-        for (sum, (a, b)) in self.returns.iter_mut().zip(from.returns.iter().zip(&to.returns)) {
-            *sum = sum.saturating_add(b.saturating_sub(*a));
+        for (sums, (from, to)) in [
+            (&mut self.calls, (&from.calls, &to.calls)),
+            (&mut self.returns, (&from.returns, &to.returns)),
+            (&mut self.stepped, (&from.stepped, &to.stepped)),
+        ] {
+            for (sum, (a, b)) in sums.iter_mut().zip(from.iter().zip(to)) {
+                *sum = sum.saturating_add(b.saturating_sub(*a));
+            }
         }
     }
 
@@ -160,10 +167,10 @@ mod tests {
         // time and its final hits replace its last reading.
         ledger.observe(8, Some(&hits(&[40], &[0])), ProcessCpu { started: 1200, cpu_ticks: 30 });
         ledger.ended(8, Some(&hits(&[100], &[0])), ProcessCpu { started: 1203, cpu_ticks: 80 }, 50);
-        assert_eq!(ledger.paired(), Reading { cpu_ticks: 80, calls: vec![100], returns: vec![0] });
+        assert_eq!(ledger.paired(), Reading { cpu_ticks: 80, calls: vec![100], returns: vec![0], stepped: vec![0] });
         // Begun and ended between two reads: never read, paired whole.
         ledger.ended(9, Some(&hits(&[10], &[0])), ProcessCpu { started: 1300, cpu_ticks: 5 }, 50);
-        assert_eq!(ledger.paired(), Reading { cpu_ticks: 85, calls: vec![110], returns: vec![0] });
+        assert_eq!(ledger.paired(), Reading { cpu_ticks: 85, calls: vec![110], returns: vec![0], stepped: vec![0] });
         let before = ledger.paired();
         // Another start than the one known under the PID (beyond the slack,
         // or earlier): another process, which keeps its last reading.
@@ -172,7 +179,10 @@ mod tests {
         ledger.ended(10, Some(&hits(&[50], &[0])), ProcessCpu { started: 1451, cpu_ticks: 90 }, 50);
         ledger.ended(10, Some(&hits(&[50], &[0])), ProcessCpu { started: 1399, cpu_ticks: 90 }, 50);
         assert_eq!(ledger.paired(), with_10);
-        assert_eq!(with_10.since(&before), Reading { cpu_ticks: 1, calls: vec![1], returns: vec![0] });
+        assert_eq!(
+            with_10.since(&before),
+            Reading { cpu_ticks: 1, calls: vec![1], returns: vec![0], stepped: vec![0] }
+        );
         // Running before the attach: its threads that ended before tracer
         // listened are not in the sum, so its end is not used, read or not.
         ledger.observe(7, None, ProcessCpu { started: 10, cpu_ticks: 500 });

@@ -37,7 +37,7 @@ use procfs::Current as _;
 use self::ledger::read_cpu;
 pub use self::{
     ledger::{Ledger, ProcessCpu, Reading},
-    price::{ReturnSites, SitePlan, counting_sites, estimate, hit_range, return_range},
+    price::{ReturnSites, SitePlan, counting_sites, estimate, hit_range, priced_apart, return_range},
 };
 use super::{
     exits::{ExitListener, ProcessEnd},
@@ -433,12 +433,15 @@ impl CostMeter {
         }
     }
 
-    /// The (high, low) cost in ns of `calls` and `returns` hits, by slot,
-    /// where this plan's probes sit; `None` until a hit's cost is known.
+    /// The (high, low) cost in ns of `calls` and `returns` hits, by slot
+    /// (`stepped` of the calls at single-stepped sites, where a probe
+    /// counts them apart), where this plan's probes sit; `None` until a
+    /// hit's cost is known.
     #[must_use]
-    pub fn price_hits(&self, calls: &[u64], returns: &[u64]) -> Option<(f64, f64)> {
+    pub fn price_hits(&self, calls: &[u64], returns: &[u64], stepped: &[u64]) -> Option<(f64, f64)> {
         let Calibration::Known(prices) = self.calibration else { return None };
-        let reading = Reading { cpu_ticks: 0, calls: calls.to_vec(), returns: returns.to_vec() };
+        let reading =
+            Reading { cpu_ticks: 0, calls: calls.to_vec(), returns: returns.to_vec(), stepped: stepped.to_vec() };
         Some(self.sites.price(&reading, prices))
     }
 
@@ -541,6 +544,7 @@ mod tests {
                 inline: vec![SiteKinds::default(); slots],
                 counting: vec![sites(1, 0), sites(0, 1)],
                 returns: vec![ReturnSites::None; slots],
+                apart: vec![false; slots],
             };
             sites.price(r, PRICES)
         };
@@ -550,12 +554,15 @@ mod tests {
         ledger.observe(7, Some(&hits(&[100, 10], &[0, 0])), ProcessCpu { started: 10, cpu_ticks: 600 });
         ledger.observe(8, Some(&hits(&[40, 0], &[0, 0])), ProcessCpu { started: 1200, cpu_ticks: 30 });
         let first = ledger.paired();
-        assert_eq!(first, Reading { cpu_ticks: 130, calls: vec![140, 10], returns: vec![0, 0] });
+        assert_eq!(first, Reading { cpu_ticks: 130, calls: vec![140, 10], returns: vec![0, 0], stepped: vec![0, 0] });
         assert_eq!(price(&first), (140.0 * 500.0 + 10.0 * 15_000.0, 140.0 * 500.0 + 10.0 * 15_000.0));
         // Process 8 exited unread: its last reading stands. Process 7 goes on.
         ledger.observe(7, Some(&hits(&[300, 20], &[0, 0])), ProcessCpu { started: 10, cpu_ticks: 700 });
         let second = ledger.paired();
-        assert_eq!(second.since(&first), Reading { cpu_ticks: 100, calls: vec![200, 10], returns: vec![0, 0] });
+        assert_eq!(
+            second.since(&first),
+            Reading { cpu_ticks: 100, calls: vec![200, 10], returns: vec![0, 0], stepped: vec![0, 0] }
+        );
         // A process that ran before the attach and is first seen now adds
         // nothing until its next reading.
         ledger.observe(9, Some(&hits(&[1000, 1000], &[0, 0])), ProcessCpu { started: 20, cpu_ticks: 5000 });
@@ -563,7 +570,10 @@ mod tests {
         // PID 8 reused by a new process: 8's counts stay, the new one's
         // start from them.
         ledger.observe(8, Some(&hits(&[45, 0], &[0, 0])), ProcessCpu { started: 1300, cpu_ticks: 3 });
-        assert_eq!(ledger.paired().since(&second), Reading { cpu_ticks: 3, calls: vec![5, 0], returns: vec![0, 0] });
+        assert_eq!(
+            ledger.paired().since(&second),
+            Reading { cpu_ticks: 3, calls: vec![5, 0], returns: vec![0, 0], stepped: vec![0, 0] }
+        );
     }
 
     #[test]
@@ -576,7 +586,27 @@ mod tests {
             inline: vec![SiteKinds::default()],
             counting: vec![sites(1, 0)],
             returns: vec![ReturnSites::Uretprobe { entry: None }],
+            apart: vec![false],
         };
         assert_eq!(sites.price(&paired, PRICES), (10.0 * 500.0 + 8.0 * 200.0, 10.0 * 500.0 + 8.0 * 200.0));
+    }
+
+    /// A probe with sites of both kinds is a range, unless it counts its
+    /// single-stepped hits apart: each is then priced as what it cost.
+    #[test]
+    fn hits_counted_apart_by_kind_are_priced_each_as_it_cost() {
+        let reading = Reading { cpu_ticks: 0, calls: vec![100], returns: vec![0], stepped: vec![30] };
+        let mut sites = SitePlan {
+            inline: vec![sites(200, 1)],
+            counting: vec![sites(200, 2)],
+            returns: vec![ReturnSites::None],
+            apart: vec![false],
+        };
+        assert_eq!(sites.price(&reading, PRICES), (100.0 * 15_000.0, 100.0 * 500.0));
+        sites.apart = vec![true];
+        let exact = 30.0 * 15_000.0 + 70.0 * 500.0;
+        assert_eq!(sites.price(&reading, PRICES), (exact, exact));
+        // More stepped than hits (read a moment apart) is all of them.
+        assert!((priced_apart(10, 12, PRICES.hit) - 10.0 * 15_000.0).abs() < 1e-9);
     }
 }

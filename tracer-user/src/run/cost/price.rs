@@ -93,6 +93,10 @@ pub struct SitePlan {
     /// last [`Self::refresh`] (call sites grow as late modules are probed).
     pub(super) counting: Vec<SiteKinds>,
     pub(super) returns: Vec<ReturnSites>,
+    /// Whether each probe counts its hits at single-stepped sites apart
+    /// ([`PlannedProbe::stepped_apart`]): those are then priced each as
+    /// what it cost, not as a range.
+    pub(super) apart: Vec<bool>,
 }
 
 impl SitePlan {
@@ -112,10 +116,12 @@ impl SitePlan {
             inline: vec![SiteKinds::default(); slots],
             counting: Vec::new(),
             returns: vec![ReturnSites::None; slots],
+            apart: vec![false; slots],
         };
         for p in &plan.probes {
             let Some(slot) = usize::try_from(p.slot).ok().filter(|&s| s < slots) else { continue };
             sites.inline[slot] = inline_sites(p);
+            sites.apart[slot] = p.stepped_apart();
             sites.returns[slot] = match &p.returns {
                 None => ReturnSites::None,
                 Some(ReturnPlan::Sites { sites, .. }) => {
@@ -158,15 +164,34 @@ impl SitePlan {
     pub(super) fn price(&self, delta: &Reading, prices: Prices) -> (f64, f64) {
         let mut total = (0.0, 0.0);
         for (slot, (&calls, &returns)) in delta.calls.iter().zip(&delta.returns).enumerate() {
-            let (ch, cl) = self.counting.get(slot).map_or((0.0, 0.0), |&k| hit_range(k, prices.hit));
             let (rh, rl) = self.returns.get(slot).map_or((0.0, 0.0), |&r| return_range(r, prices));
             #[allow(clippy::cast_precision_loss, reason = "hit counts, priced")]
-            let (calls, returns) = (calls as f64, returns as f64);
-            total.0 += calls * ch + returns * rh;
-            total.1 += calls * cl + returns * rl;
+            let returns = returns as f64;
+            let stepped = delta.stepped.get(slot).copied().unwrap_or(0);
+            let (ch, cl) = if self.apart.get(slot) == Some(&true) {
+                let ns = priced_apart(calls, stepped, prices.hit);
+                (ns, ns)
+            } else {
+                #[allow(clippy::cast_precision_loss, reason = "hit counts, priced")]
+                let calls = calls as f64;
+                let (h, l) = self.counting.get(slot).map_or((0.0, 0.0), |&k| hit_range(k, prices.hit));
+                (calls * h, calls * l)
+            };
+            total.0 += ch + returns * rh;
+            total.1 += cl + returns * rl;
         }
         total
     }
+}
+
+/// What `hits` hits cost, `stepped` of them at single-stepped sites and
+/// the rest at emulated ones (a probe that counts them apart).
+#[must_use]
+pub fn priced_apart(hits: u64, stepped: u64, hit: HitCosts) -> f64 {
+    let stepped = stepped.min(hits);
+    #[allow(clippy::cast_precision_loss, reason = "hit counts, priced")]
+    let (stepped, emulated) = (stepped as f64, (hits - stepped) as f64);
+    stepped * hit.single_stepped_ns + emulated * hit.emulated_ns
 }
 
 const fn kind(emulated: bool) -> SiteKinds {
