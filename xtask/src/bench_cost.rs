@@ -131,8 +131,10 @@ fn heading(md: &mut String) -> anyhow::Result<()> {
          priced by the kind of its sites as tracer prices them) are priced at the traced chunk's \
          calibration, as the traced chunk priced its own start; the traced chunk's hits priced so \
          come to its summary's `tracer_cpu_s`, which the benchmark checks. That second share is the one to set against \
-         pyperf. Where a probe's sites are of both kinds the estimate is a range (`overhead_fraction_low` \
-         prices every such hit emulated). The measured share in parentheses, 1 − 1/slowdown, is the share of the traced \
+         pyperf. A probe with an entry and inlined copies of both kinds counts its hits at the \
+         single-stepped ones apart (`stepped_hits`) and is priced hit by hit; where a probe's sites are \
+         of both kinds otherwise the estimate is a range (`overhead_fraction_low` prices every such hit \
+         emulated). The measured share in parentheses, 1 − 1/slowdown, is the share of the traced \
          loop's time that tracing added, to set against f where 1/(1 − f) is ill-conditioned (near a \
          share of 1, where a few percent of f make a factor of several in the prediction). \"Unpriced\" is the share of \
          the traced chunks' hits that tracer could not pair with a CPU time (`cost.unpriced_hits`); a \

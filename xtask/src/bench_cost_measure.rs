@@ -129,19 +129,28 @@ pub struct Summary {
     pub emulated_ns: f64,
     pub single_stepped_ns: f64,
     /// Each probe's hits (its calls, its gates' other passes, two per
-    /// nested libc call) and its sites: (emulated, single-stepped).
-    pub probes: Vec<(u64, (u64, u64))>,
+    /// nested libc call), its sites: (emulated, single-stepped), and its
+    /// hits at single-stepped sites where it counts them apart.
+    pub probes: Vec<(u64, (u64, u64), Option<u64>)>,
 }
 
 impl Summary {
     /// The (high, low) probe time in seconds of this chunk's priced hits
     /// at `calibration`'s costs of a hit, as tracer prices a probe's hits (without
-    /// `--returns`): by the kind of its sites, a probe with both kinds high
-    /// as single-stepped and low as emulated.
+    /// `--returns`): by the kind of its sites, a probe with both kinds each
+    /// hit by its own where it counts those apart, else high as
+    /// single-stepped and low as emulated.
     pub fn priced_at(&self, calibration: &Self) -> (f64, f64) {
         let (e, s) = (calibration.emulated_ns, calibration.single_stepped_ns);
         let (mut high, mut low) = (0.0, 0.0);
-        for &(calls, kinds) in &self.probes {
+        for &(calls, kinds, stepped) in &self.probes {
+            if let Some(stepped) = stepped {
+                let stepped = stepped.min(calls);
+                let ns = stepped as f64 * s + (calls - stepped) as f64 * e;
+                high += ns;
+                low += ns;
+                continue;
+            }
             let (h, l) = match kinds {
                 (0, 0) => (0.0, 0.0),
                 (_, 0) => (e, e),
@@ -447,7 +456,7 @@ impl TracerRun {
                 // elsewhere, and two per nested libc call, beside the calls.
                 let n = |key: &str| counts[key].as_u64().unwrap_or(0);
                 let nested = counts["nested"]["calls"].as_u64().unwrap_or(0);
-                (n("calls") + n("gate_other") + 2 * nested, kinds(name))
+                (n("calls") + n("gate_other") + 2 * nested, kinds(name), counts["stepped_hits"].as_u64())
             })
             .collect();
         let summary = Summary {

@@ -167,7 +167,10 @@ fn add_probe(have: &mut ProbeCounts, p: &ProbeCounts) {
     have.calls += p.calls;
     have.bytes += p.bytes;
     have.gate_other += p.gate_other;
-    have.stepped_hits += p.stepped_hits;
+    have.stepped_hits = match (have.stepped_hits, p.stepped_hits) {
+        (Some(a), Some(b)) => Some(a + b),
+        (a, b) => a.or(b),
+    };
     have.nested = match (have.nested, p.nested) {
         (Some(mut a), Some(b)) => {
             a.calls += b.calls;

@@ -84,9 +84,10 @@ pub struct ProbeCounts {
     pub gate_other: u64,
     /// Of its hits, those at its single-stepped sites, where it has sites
     /// of both kinds (an emulated entry and single-stepped copies, or the
-    /// other way round): each priced as what it cost. Left out where 0.
-    #[serde(default, skip_serializing_if = "super::cost::is_zero_u64")]
-    pub stepped_hits: u64,
+    /// other way round) and counts them apart: each priced as what it
+    /// cost. Left out where it does not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stepped_hits: Option<u64>,
     /// With `--budget`: the counts are of the traced windows; these are
     /// the rates estimated from them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -112,7 +113,7 @@ impl ProbeCounts {
             nested: None,
             returned: None,
             gate_other: 0,
-            stepped_hits: 0,
+            stepped_hits: None,
             estimate: None,
             calls_per_s: None,
             bytes_per_s: None,

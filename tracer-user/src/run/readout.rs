@@ -279,7 +279,7 @@ impl Readout {
                     nested,
                     returned,
                     gate_other: c.gate_other,
-                    stepped_hits: c.stepped,
+                    stepped_hits: p.stepped_apart().then_some(c.stepped),
                     estimate: None,
                     calls_per_s: None,
                     bytes_per_s: None,
