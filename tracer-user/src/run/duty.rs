@@ -383,16 +383,16 @@ impl DutyCycle {
     #[allow(clippy::cast_precision_loss, reason = "hit counts of one window")]
     fn probe_cost(&self, session: &Session, window: &[Tally], slot: usize) -> f64 {
         // Not each hit as what it cost (the cost line's price): a window
-        // costs the target more than its hits. Priced hit by hit, Debian
+        // may cost the target more than its hits. Priced hit by hit, Debian
         // 3.11's json_dumps twin spent 4.9% more of its CPU time in the
-        // kernel at --budget 1, 1.036x in all (BENCHMARKS.md, production
-        // cost at 332d7f7). Priced so, hits at an LTO build's mostly
-        // emulated copies come to several times their own cost, which
-        // holds the windows to the budget there (1.006x-1.015x). The
-        // likely cause, not measured apart, is the switching (each of
-        // about 1,400 breakpoints written into the target's code and out
-        // again, each write replacing a page it runs), which has no price
-        // of its own yet.
+        // kernel at --budget 1, 1.036x in all, in one run at 332d7f7, and
+        // 0.9% (1.000x) in another (BENCHMARKS.md, production cost).
+        // Priced so, hits at an LTO build's mostly emulated copies come to
+        // several times their own cost, which has held the windows to the
+        // budget there in every run (1.001x-1.015x). Kept until the
+        // switching's cost (each of about 1,400 breakpoints written into
+        // the target's code and out again, each write replacing a page it
+        // runs) is measured apart.
         let cost = session
             .plan()
             .probes
