@@ -497,3 +497,27 @@ fn interrupt(child: &Child) {
         unsafe { libc::kill(pid, libc::SIGINT) };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Summary;
+
+    /// tracer's prices: a probe of one kind at its kind's, one with both
+    /// kinds that counts its single-stepped hits apart hit by hit, and
+    /// one that does not as a range.
+    #[test]
+    fn hits_are_repriced_as_tracer_prices_them() {
+        let s = Summary {
+            hits: 100,
+            emulated_ns: 500.0,
+            single_stepped_ns: 15_000.0,
+            probes: vec![(10, (3, 0), None), (20, (0, 1), None), (30, (5, 1), Some(4)), (40, (1, 2), None)],
+            ..Summary::default()
+        };
+        let apart = 4.0 * 15_000.0 + 26.0 * 500.0;
+        let high = (10.0 * 500.0 + 20.0 * 15_000.0 + apart + 40.0 * 15_000.0) / 1e9;
+        let low = (10.0 * 500.0 + 20.0 * 15_000.0 + apart + 40.0 * 500.0) / 1e9;
+        let (h, l) = s.priced_at(&s);
+        assert!((h - high).abs() < 1e-15 && (l - low).abs() < 1e-15, "{h} {l}");
+    }
+}
