@@ -162,10 +162,13 @@ fn containers_are_traced_past_the_end_of_the_process_they_were_found_through() {
     // Windows after A's end: each attaches through the held image.
     let windows = |line: &Value| line["budget"]["windows"].as_u64().unwrap_or(0);
     // The intervals already printed are from before A's end.
-    let mut seen = vec![format!("{} lines before A ended", tracer.stdout.queued().len())];
+    // Every line read here is kept for the notes checked at the end.
+    let mut read: Vec<Value> = tracer.stdout.queued().iter().map(|l| serde_json::from_str(l).expect("JSON")).collect();
+    let mut seen = vec![format!("{} lines before A ended", read.len())];
     let mut next_interval = || loop {
         let line = tracer.stdout.next_line("an interval").expect("tracer ended early");
         let v: Value = serde_json::from_str(&line).expect("JSON");
+        read.push(v.clone());
         if v["type"] == "interval" {
             let b = &v["budget"];
             seen.push(format!(
@@ -185,6 +188,7 @@ fn containers_are_traced_past_the_end_of_the_process_they_were_found_through() {
     let (status, lines, stderr) = tracer.finish();
     assert!(status.success(), "{stderr}");
     assert!(!notes(&lines).contains("ended ("), "a tracer died: {}", notes(&lines));
+    assert!(!notes(&read).contains("ended ("), "a tracer died: {}", notes(&read));
     let summary = lines.last().expect("summary");
     let by_pid = per_pid(summary);
     let calls = |pid: u32| by_pid.get(&pid).and_then(|c| c.get("PyMem_RawMalloc")).map_or(0, |c| c.0);

@@ -164,13 +164,17 @@ fn add_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
 }
 
 fn add_probe(have: &mut ProbeCounts, p: &ProbeCounts) {
+    // Exact only where every member with hits counted them apart (whether
+    // a site is emulated depends on the member's kernel).
+    have.stepped_hits = match (have.stepped_hits, p.stepped_hits) {
+        (Some(a), Some(b)) => Some(a + b),
+        (Some(a), None) if p.calls + p.gate_other == 0 => Some(a),
+        (None, Some(b)) if have.calls + have.gate_other == 0 => Some(b),
+        _ => None,
+    };
     have.calls += p.calls;
     have.bytes += p.bytes;
     have.gate_other += p.gate_other;
-    have.stepped_hits = match (have.stepped_hits, p.stepped_hits) {
-        (Some(a), Some(b)) => Some(a + b),
-        (a, b) => a.or(b),
-    };
     have.nested = match (have.nested, p.nested) {
         (Some(mut a), Some(b)) => {
             a.calls += b.calls;
@@ -378,6 +382,23 @@ mod tests {
         assert_eq!(sum.pids.len(), 2);
         assert_eq!(sum.pids["88"]["_Py_NewReference"].calls, 30);
         assert!(unmerged(&sum).is_empty());
+    }
+
+    /// Hits counted apart by kind add up only where every member with
+    /// hits counted them apart.
+    #[test]
+    fn stepped_hits_are_exact_only_where_every_member_counted_them() {
+        let with = |calls, stepped| ProbeCounts { stepped_hits: stepped, ..ProbeCounts::new(calls, 0) };
+        let sum = |a: ProbeCounts, b: &ProbeCounts| {
+            let mut a = a;
+            add_probe(&mut a, b);
+            a.stepped_hits
+        };
+        assert_eq!(sum(with(10, Some(3)), &with(5, Some(2))), Some(5));
+        assert_eq!(sum(with(10, Some(3)), &with(5, None)), None, "5 hits of unknown kind");
+        assert_eq!(sum(with(10, Some(3)), &with(0, None)), Some(3), "a member without hits");
+        assert_eq!(sum(with(0, None), &with(5, Some(2))), Some(2));
+        assert_eq!(sum(with(1, None), &with(5, Some(2))), None);
     }
 
     #[test]

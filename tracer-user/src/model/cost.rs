@@ -74,10 +74,12 @@ pub struct Cost {
     /// error); left out when the target used no measurable CPU time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overhead_fraction: Option<f64>,
-    /// Where a probe has sites of both kinds, whose hits share one counter
-    /// and so cannot be told apart, `overhead_fraction` prices them all as
-    /// single-stepped; this is the share had they all been emulated. Left
-    /// out when no such probe was hit.
+    /// Where a probe has sites of both kinds whose hits cannot be told
+    /// apart (call sites of both kinds; a probe with an entry and inlined
+    /// copies counts its single-stepped hits apart, `stepped_hits`),
+    /// `overhead_fraction` prices them all as single-stepped; this is the
+    /// share had they all been emulated. Left out when no such probe was
+    /// hit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overhead_fraction_low: Option<f64>,
     /// The estimated CPU time the probe hits cost the target, in seconds.

@@ -1,7 +1,10 @@
 //! `--budget`: attaches and detaches the session in windows (see
 //! [`super::budget`]) and marks what it reports as estimates.
 
-use std::time::{Duration, Instant};
+use std::{
+    collections::BTreeSet,
+    time::{Duration, Instant},
+};
 
 use super::{
     budget::{Controller, Estimator, ProbeWindow, RateEstimate},
@@ -50,6 +53,10 @@ pub struct DutyCycle {
     /// The traced processes' clocks then, and the machine's: what a
     /// window's hits can have cost them at most is what they ran since.
     cost_mark: CpuMark,
+    /// The processes with a hit by then: one with a hit since that neither
+    /// that mark nor the window's last read (it began and ended between
+    /// them) ran an unknown share of the window.
+    cost_ever: BTreeSet<u32>,
     /// What the last window's ceiling took off its price (1: nothing):
     /// the same share comes off what its live part cost, and off the
     /// next window's price while it runs.
@@ -65,6 +72,8 @@ pub struct DutyCycle {
     cpu: TargetCpu,
     /// The processes seen at the last reading (with `--exe`).
     live: Vec<u32>,
+    /// Every process with a hit so far.
+    ever: BTreeSet<u32>,
     /// When the duty cycle began, and the CPU time then.
     began: (Instant, Duration),
     /// The CPU time at the last reading.
@@ -121,8 +130,8 @@ impl DutyCycle {
         attach: (Instant, Instant, CpuMark),
         mut cpu: TargetCpu,
     ) -> Result<Self, AttachError> {
-        let mut live = Vec::new();
-        let at_window_start = counts(session, readout, &mut live)?;
+        let (mut live, mut ever) = (Vec::new(), BTreeSet::new());
+        let at_window_start = counts(session, readout, (&mut live, &mut ever))?;
         // The first window counts from here, as every later one does from
         // its base (see toggle).
         let window_began = Instant::now();
@@ -140,12 +149,15 @@ impl DutyCycle {
             at_cost_start: vec![Tally::default(); session.plan().probes.len()],
             cost_began: attach.0,
             cost_mark: attach.2,
+            // No process had a hit before the first attach.
+            cost_ever: BTreeSet::new(),
             scale: 1.0,
             attach_cost: Duration::ZERO,
             followed: false,
             switching: attach.1 - attach.0,
             cpu,
             live,
+            ever,
             began: (attach.1, used),
             cpu_used: used,
             next: attach.1 + FIRST_WINDOW,
@@ -196,13 +208,14 @@ impl DutyCycle {
                 // before: the links go live one site after another, and
                 // with thousands of sites (an LTO build's inlined copies)
                 // that takes as long as a window.
-                self.at_cost_start = counts(session, readout, &mut self.live)?;
+                self.at_cost_start = counts(session, readout, (&mut self.live, &mut self.ever))?;
                 self.cost_began = Instant::now();
                 let mark = self.mark();
                 self.end_gap(&mark);
                 self.cost_mark = mark;
+                self.cost_ever.clone_from(&self.ever);
                 session.attach_multi(self.scope)?;
-                self.at_window_start = counts(session, readout, &mut self.live)?;
+                self.at_window_start = counts(session, readout, (&mut self.live, &mut self.ever))?;
                 let live = Instant::now();
                 self.cpu_live_began = self.mark();
                 self.switching += live - self.cost_began;
@@ -215,14 +228,15 @@ impl DutyCycle {
                 // attach (its program is set on its event last), and
                 // counting half the attach as live put a
                 // loaded machine's rates 5% low.
-                self.at_cost_start = counts(session, readout, &mut self.live)?;
+                self.at_cost_start = counts(session, readout, (&mut self.live, &mut self.ever))?;
                 let began = Instant::now();
                 self.cost_began = began;
                 let mark = self.mark();
                 self.end_gap(&mark);
                 self.cost_mark = mark;
+                self.cost_ever.clone_from(&self.ever);
                 session.attach_perf(self.scope)?;
-                self.at_window_start = counts(session, readout, &mut self.live)?;
+                self.at_window_start = counts(session, readout, (&mut self.live, &mut self.ever))?;
                 let live = Instant::now();
                 self.cpu_live_began = self.mark();
                 self.switching += live - began;
@@ -233,7 +247,7 @@ impl DutyCycle {
             self.followed = false;
             return Ok(());
         };
-        let counts_now = counts(session, readout, &mut self.live)?;
+        let counts_now = counts(session, readout, (&mut self.live, &mut self.ever))?;
         let now = Instant::now();
         self.observe_cpu();
         let window = self.window_counts(&counts_now);
@@ -256,6 +270,7 @@ impl DutyCycle {
             let mark = self.mark();
             self.pace_window(session, traced, &window, &mark);
             self.cost_mark = mark.clone();
+            self.cost_ever.clone_from(&self.ever);
             self.cpu_live_began = mark;
             self.attached = Some(now);
             self.followed = true;
@@ -275,14 +290,14 @@ impl DutyCycle {
         if self.multi {
             // The window ends here: hits while the links remove their
             // breakpoints (a moment) count in the totals but not here.
-            let now = counts(session, readout, &mut self.live)?;
+            let now = counts(session, readout, (&mut self.live, &mut self.ever))?;
             let window = self.window_counts(&now);
             let ended = Instant::now();
             let cpu_ended = self.mark();
             session.detach_multi(self.scope);
             // Every hit until the last link came down is priced, over the
             // whole span from before the attach.
-            let priced = since(&counts(session, readout, &mut self.live)?, &self.at_cost_start);
+            let priced = since(&counts(session, readout, (&mut self.live, &mut self.ever))?, &self.at_cost_start);
             let detached = Instant::now();
             self.switching += detached - ended;
             let traced = ended - live;
@@ -294,7 +309,7 @@ impl DutyCycle {
         }
         // Each detach holds the next one back (see Session::detach_in_order),
         // so the probes that cost most go first.
-        let now = counts(session, readout, &mut self.live)?;
+        let now = counts(session, readout, (&mut self.live, &mut self.ever))?;
         let so_far = self.window_counts(&now);
         let mut order: Vec<usize> = (0..so_far.len()).collect();
         order.sort_by(|&a, &b| self.probe_cost(session, &so_far, b).total_cmp(&self.probe_cost(session, &so_far, a)));
@@ -311,7 +326,7 @@ impl DutyCycle {
         let lives: Vec<Duration> =
             detached.iter().map(|at| at.map_or(Duration::ZERO, |at| at.saturating_duration_since(live))).collect();
         let traced = lives.iter().copied().max().unwrap_or_default();
-        let counts_now = counts(session, readout, &mut self.live)?;
+        let counts_now = counts(session, readout, (&mut self.live, &mut self.ever))?;
         let window = self.window_counts(&counts_now);
         let priced = since(&counts_now, &self.at_cost_start);
         self.gap_from = Some((done, cpu_done));
@@ -432,7 +447,13 @@ impl DutyCycle {
         // where a process ended in the window (see CpuMark::spent_since):
         // unbounded, such a window was priced at 3 s and held the next
         // ones back for 20.
-        let ceiling = self.mark().spent_since(&self.cost_mark);
+        let now = self.mark();
+        let unseen = self
+            .ever
+            .iter()
+            .filter(|&&pid| !self.cost_ever.contains(&pid) && !now.has(pid) && !self.cost_mark.has(pid))
+            .count();
+        let ceiling = now.spent_since(&self.cost_mark, unseen);
         let priced_cost = self.priced(session, priced);
         let overhead = ceiling.map_or(priced_cost, |c| priced_cost.min(c));
         self.scale = if priced_cost.is_zero() { 1.0 } else { overhead.as_secs_f64() / priced_cost.as_secs_f64() };
@@ -505,10 +526,16 @@ fn untraced(rate: RateEstimate, factor: Option<Factor>) -> (f64, Option<[f64; 2]
 }
 
 /// Each probe's calls, bytes and hits so far, and the processes with entries
-/// (into `live`).
-fn counts(session: &mut Session, readout: &mut Readout, live: &mut Vec<u32>) -> Result<Vec<Tally>, AttachError> {
+/// (into `live`) and every one with a hit so far, those that exited too
+/// (into `ever`).
+fn counts(
+    session: &mut Session,
+    readout: &mut Readout,
+    (live, ever): (&mut Vec<u32>, &mut BTreeSet<u32>),
+) -> Result<Vec<Tally>, AttachError> {
     let totals = readout.read(session)?;
     live.clone_from(&totals.live);
+    ever.extend(totals.per_process.keys());
     Ok(totals
         .probes
         .iter()

@@ -70,7 +70,8 @@ pub struct MachineBusy {
     /// How many CPUs there are.
     cpus: u64,
     /// A tick's length: the ticks are counted a whole one at a time, so
-    /// each end of a span may be short by up to one on every CPU.
+    /// each end of a span may be short by up to one on every CPU, and the
+    /// summed line by up to one in each of its six busy fields.
     tick_ns: u64,
 }
 
@@ -101,7 +102,8 @@ impl MachineBusy {
     /// What the machine can have run since `then` besides tracer, at
     /// most.
     fn since(self, then: Self) -> Duration {
-        let slack = self.tick_ns.max(then.tick_ns).saturating_mul(self.cpus.max(then.cpus)).saturating_mul(2);
+        let ticks = self.cpus.max(then.cpus).saturating_mul(2).saturating_add(6);
+        let slack = self.tick_ns.max(then.tick_ns).saturating_mul(ticks);
         let busy = self.busy_ns.saturating_sub(then.busy_ns).saturating_add(slack);
         Duration::from_nanos(busy.saturating_sub(self.own_ns.saturating_sub(then.own_ns)))
     }
@@ -118,11 +120,13 @@ impl CpuMark {
     /// machine's.
     #[must_use]
     pub fn read(pids: &[u32]) -> Self {
+        // Before the clocks: the span of one that ended is then not short.
+        let at = Instant::now();
         let mut each: Vec<(u32, u64)> =
             pids.iter().filter_map(|&pid| Some((pid, super::cost::process_cpu_ns(pid)?))).collect();
         each.sort_unstable();
         each.dedup_by_key(|(pid, _)| *pid);
-        Self { at: Instant::now(), each, machine: MachineBusy::read() }
+        Self { at, each, machine: MachineBusy::read() }
     }
 
     /// The CPU time used since `then` by the processes in both (one that
@@ -141,16 +145,27 @@ impl CpuMark {
         any.then(|| Duration::from_nanos(ns))
     }
 
-    /// At most the CPU time the traced processes used since `then`: an
-    /// upper bound on what any hit in them since can have cost. Those in
-    /// both readings count what their clocks moved; one that began since,
-    /// all its clock; one that ended, every CPU for the whole span. That,
-    /// or what the machine ran besides tracer, whichever is less. `None`
-    /// where no process was read and the machine could not be.
+    /// Whether `pid` was read.
     #[must_use]
-    pub fn spent_since(&self, then: &Self) -> Option<Duration> {
+    pub fn has(&self, pid: u32) -> bool {
+        self.each.binary_search_by_key(&pid, |&(p, _)| p).is_ok()
+    }
+
+    /// At most the CPU time the traced processes used since `then`, with
+    /// `unseen` more that had hits in between but were in neither reading
+    /// (each began and ended between them): an upper bound on what any hit
+    /// in them since can have cost. Those in both readings count what
+    /// their clocks moved; one that began since, all its clock; one that
+    /// ended, or was never read, every CPU for the whole span. That, or
+    /// what the machine ran besides tracer, whichever is less, but never
+    /// less than the clocks of those in both (the machine's ticks are
+    /// approximate, their clocks exact). `None` where no process was read
+    /// and the machine could not be. A PID reused between the readings
+    /// counts as one process (its clock only moves on).
+    #[must_use]
+    pub fn spent_since(&self, then: &Self, unseen: usize) -> Option<Duration> {
         let machine = self.machine.zip(then.machine).map(|(now, then)| now.since(then));
-        if self.each.is_empty() && then.each.is_empty() {
+        if self.each.is_empty() && then.each.is_empty() && unseen == 0 {
             return machine;
         }
         let in_then = |pid| then.each.binary_search_by_key(&pid, |&(p, _)| p).ok();
@@ -158,13 +173,14 @@ impl CpuMark {
         for &(pid, now) in &self.each {
             ns = ns.saturating_add(now.saturating_sub(in_then(pid).map_or(0, |i| then.each[i].1)));
         }
-        let ended = then.each.iter().filter(|&&(pid, _)| self.each.binary_search_by_key(&pid, |&(p, _)| p).is_err());
+        let ended = then.each.iter().filter(|&&(pid, _)| !self.has(pid)).count() + unseen;
         let cpus = self.machine.or(then.machine).map_or_else(online_cpus, |m| m.cpus);
         let span = self.at.saturating_duration_since(then.at);
         let each_ended = span.saturating_mul(u32::try_from(cpus).unwrap_or(u32::MAX));
         let own = Duration::from_nanos(ns)
-            .saturating_add(each_ended.saturating_mul(u32::try_from(ended.count()).unwrap_or(u32::MAX)));
-        Some(machine.map_or(own, |m| own.min(m)))
+            .saturating_add(each_ended.saturating_mul(u32::try_from(ended).unwrap_or(u32::MAX)));
+        let both = self.since(then).unwrap_or_default();
+        Some(machine.map_or(own, |m| own.min(m.max(both))))
     }
 }
 
@@ -252,16 +268,15 @@ mod tests {
         (a - b).abs() < 1e-9
     }
 
-    /// A ceiling on what hits cost holds only over the same processes: one
-    /// gone or new between the readings ran an unknown share.
     fn mark(each: Vec<(u32, u64)>) -> CpuMark {
         CpuMark { each, ..CpuMark::default() }
     }
 
     /// The same processes bound a cost by their own clocks; one that
-    /// began by all of its clock, one that ended by every CPU over the
-    /// span; and the machine's busy time besides tracer's (with a tick of
-    /// slack on every CPU at each end) bounds them all.
+    /// began by all of its clock, one that ended or was never read by
+    /// every CPU over the span; and the machine's busy time besides
+    /// tracer's (with a tick of slack) bounds them all, but never below
+    /// the clocks of those read at both ends.
     #[test]
     fn cpu_spent_is_bounded_by_the_processes_read_and_by_the_machine() {
         let t0 = Instant::now();
@@ -269,27 +284,36 @@ mod tests {
         let now = |each, machine| CpuMark { at: t0 + Duration::from_secs(1), each, machine };
         let ns = Duration::from_nanos;
         let two_cpus = Duration::from_secs(2);
-        assert_eq!(now(vec![(10, 1_500), (20, 7_000)], None).spent_since(&then), Some(ns(2_500)));
-        let ended = now(vec![(10, 1_500)], None).spent_since(&then).expect("a bound");
+        assert_eq!(now(vec![(10, 1_500), (20, 7_000)], None).spent_since(&then, 0), Some(ns(2_500)));
+        let ended = now(vec![(10, 1_500)], None).spent_since(&then, 0).expect("a bound");
         assert!(ended >= Duration::from_secs(1) && ended <= two_cpus + ns(500), "20 ended: {ended:?}");
-        assert_eq!(now(vec![(10, 1_500), (20, 7_000), (30, 9)], None).spent_since(&then), Some(ns(2_509)), "30 began");
-        assert_eq!(mark(Vec::new()).spent_since(&mark(Vec::new())), None, "nothing read");
+        let began = now(vec![(10, 1_500), (20, 7_000), (30, 9)], None).spent_since(&then, 0);
+        assert_eq!(began, Some(ns(2_509)), "30 began");
+        // One that began and ended between them, seen only by its hits.
+        let unseen = now(vec![(10, 1_500), (20, 7_000)], None).spent_since(&then, 1).expect("a bound");
+        assert!(unseen >= Duration::from_secs(1) + ns(2_500) && unseen <= two_cpus + ns(2_500), "{unseen:?}");
+        assert_eq!(mark(Vec::new()).spent_since(&mark(Vec::new()), 0), None, "nothing read");
         // `since` counts those in both, for the pace.
         assert_eq!(mark(vec![(10, 1_500)]).since(&then), Some(ns(500)));
         // Two CPUs at 100 ticks a second: 30 busy ticks (idle and iowait
-        // left out), two ticks on each CPU of slack, less tracer's 50 ms.
+        // left out), 2 ticks on each CPU and 6 more of slack, less
+        // tracer's 50 ms.
         let stat = |user: u64, idle: u64| {
             format!("cpu  {user} 1 2 {idle} 7 1 1 0 0 0\ncpu0 0 0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0 0 0\nintr 5\n")
         };
         let machine = |user, idle, own_ms: u64| MachineBusy::parse(&stat(user, idle), 100, own_ms * 1_000_000);
         let then = CpuMark { machine: machine(10, 500, 20), ..then };
-        let busy = Duration::from_millis(300 + 2 * 2 * 10 - 50);
-        assert_eq!(now(vec![(10, 1_500)], machine(40, 900, 70)).spent_since(&then), Some(busy), "20 ended");
+        let busy = Duration::from_millis(300 + (2 * 2 + 6) * 10 - 50);
+        assert_eq!(now(vec![(10, 1_500)], machine(40, 900, 70)).spent_since(&then, 0), Some(busy), "20 ended");
         assert_eq!(
-            now(vec![(10, 1_500), (20, 7_000)], machine(40, 900, 70)).spent_since(&then),
+            now(vec![(10, 1_500), (20, 7_000)], machine(40, 900, 70)).spent_since(&then, 0),
             Some(ns(2_500)),
             "the same: their clocks, the lower"
         );
+        // The machine's ticks never bound below the exact clocks of those in
+        // both: here they say less than 10 used.
+        let idle_machine = now(vec![(10, 900_000_000), (20, 7_000)], machine(10, 900, 20));
+        assert_eq!(idle_machine.spent_since(&then, 1), Some(ns(900_000_000 - 1_000 + 2_000)), "{idle_machine:?}");
         assert_eq!(MachineBusy::parse("intr 5\n", 100, 0), None);
         assert!(MachineBusy::read().is_some(), "this machine's /proc/stat");
     }
