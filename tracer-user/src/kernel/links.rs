@@ -65,6 +65,8 @@ impl Session {
         let points = self.attach_points();
         let mut links = Vec::with_capacity(points.len());
         for AttachPoint { symbol, program, path, shown, offset, cookie } in points {
+            // The probe the link counts for, by which the budget detaches.
+            let slot = self.plan.probes.iter().find(|p| p.symbol == symbol).map_or(usize::MAX, |p| p.slot as usize);
             let point =
                 UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie: Some(cookie) };
             let attached = self.loaded_uprobe(program).and_then(|p| {
@@ -80,7 +82,7 @@ impl Session {
                 other => other,
             };
             match result {
-                Ok(link) => links.push((program, link)),
+                Ok(link) => links.push((program, link, slot)),
                 Err(err) => {
                     self.links.insert(pid, links);
                     self.detach_process(pid);
@@ -178,26 +180,35 @@ impl Session {
         self.detach_in_order(pid, &slots);
     }
 
-    /// Detaches `pid`'s perf-event links one by one, in `order` of their
-    /// index (any left out is detached last), and returns for each the
-    /// moment its detach began: when the kernel removes its breakpoints.
-    /// Link `i` is slot `i`'s probe when no probe has call sites or return
-    /// probes, as under `--budget`, the one caller that orders them. Detaching a
-    /// probe then waits for a grace period under a kernel-wide lock (about
-    /// 0.13 s here), so the later ones in `order` stay live that much longer
-    /// each.
+    /// Detaches `pid`'s perf-event links one by one, probe by probe in
+    /// `order` of their slots (any left out is detached last), and returns
+    /// for each probe, by slot, the moment its detach began: when the
+    /// kernel begins removing its breakpoints. A probe has a link for its
+    /// entry (or each call site) and one for each inlined copy and return
+    /// site. Detaching one waits for a grace period under a kernel-wide
+    /// lock (about 0.13 s here), so the later ones in `order` stay live
+    /// that much longer each.
     pub fn detach_in_order(&mut self, pid: u32, order: &[usize]) -> Vec<Option<Instant>> {
-        let mut links: Vec<Option<(Program, UProbeLinkId)>> =
+        let mut links: Vec<Option<(Program, UProbeLinkId, usize)>> =
             self.links.remove(&pid).unwrap_or_default().into_iter().map(Some).collect();
-        let mut began = vec![None; links.len()];
-        let rest: Vec<usize> = (0..links.len()).filter(|s| !order.contains(s)).collect();
-        for &slot in order.iter().chain(&rest) {
-            let Some((program, link)) = links.get_mut(slot).and_then(Option::take) else { continue };
-            began[slot] = Some(Instant::now());
-            if let Ok(p) = super::uprobe_mut(&mut self.ebpf, program) {
-                // A link of a process that has exited detaches all the same;
-                // an error here leaves nothing to undo.
-                let _ = p.detach(link);
+        let slots = self.plan.probes.len();
+        let mut began = vec![None; slots];
+        let rest: Vec<usize> = (0..slots).filter(|s| !order.contains(s)).collect();
+        // Links of no probe's slot, if any, last.
+        for slot in order.iter().chain(&rest).copied().chain([usize::MAX]) {
+            for entry in &mut links {
+                if !entry.as_ref().is_some_and(|l| l.2 == slot || (slot == usize::MAX && l.2 >= slots)) {
+                    continue;
+                }
+                let Some((program, link, _)) = entry.take() else { continue };
+                if let Some(b) = began.get_mut(slot) {
+                    b.get_or_insert_with(Instant::now);
+                }
+                if let Ok(p) = super::uprobe_mut(&mut self.ebpf, program) {
+                    // A link of a process that has exited detaches all the
+                    // same; an error here leaves nothing to undo.
+                    let _ = p.detach(link);
+                }
             }
         }
         began

@@ -160,8 +160,8 @@ pub struct Session {
     /// What is probed.
     plan: Plan,
     /// Perf-event links per attached process ([`ALL_PROCESSES`] for
-    /// system-wide).
-    links: HashMap<u32, Vec<(Program, UProbeLinkId)>>,
+    /// system-wide), each with the slot of the probe it counts for.
+    links: HashMap<u32, Vec<(Program, UProbeLinkId, usize)>>,
     /// Every map of the object by name, for programs loaded for
     /// uprobe-multi links.
     map_fds: Vec<(String, OwnedFd)>,
