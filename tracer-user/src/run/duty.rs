@@ -8,7 +8,7 @@ use std::{
 
 use super::{
     budget::{Controller, Estimator, ProbeWindow, RateEstimate},
-    cost::{TargetCpu, counting_sites, hit_range, priced_apart},
+    cost::{TargetCpu, counting_sites, priced_range},
     pace::{CpuMark, Factor, Pace},
     readout::Readout,
 };
@@ -360,11 +360,9 @@ impl DutyCycle {
             .iter()
             .filter_map(|p| {
                 let tally = window.get(usize::try_from(p.slot).ok()?)?;
-                Some(if p.stepped_apart() {
-                    priced_apart(tally.hits, tally.stepped, self.costs)
-                } else {
-                    tally.hits as f64 * hit_range(counting_sites(p), self.costs).1
-                })
+                let (_, low) =
+                    priced_range(counting_sites(p), p.stepped_apart(), (tally.hits, tally.stepped), self.costs);
+                Some(low)
             })
             .sum();
         let placed = Duration::from_secs_f64(placed.max(0.0) / 1e9);

@@ -37,7 +37,7 @@ use procfs::Current as _;
 use self::ledger::read_cpu;
 pub use self::{
     ledger::{Ledger, ProcessCpu, Reading},
-    price::{ReturnSites, SitePlan, counting_sites, estimate, hit_range, priced_apart, return_range},
+    price::{ReturnSites, SitePlan, counting_sites, estimate, hit_range, priced_apart, priced_range, return_range},
 };
 use super::{
     exits::{ExitListener, ProcessEnd},

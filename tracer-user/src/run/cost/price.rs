@@ -168,15 +168,9 @@ impl SitePlan {
             #[allow(clippy::cast_precision_loss, reason = "hit counts, priced")]
             let returns = returns as f64;
             let stepped = delta.stepped.get(slot).copied().unwrap_or(0);
-            let (ch, cl) = if self.apart.get(slot) == Some(&true) {
-                let ns = priced_apart(calls, stepped, prices.hit);
-                (ns, ns)
-            } else {
-                #[allow(clippy::cast_precision_loss, reason = "hit counts, priced")]
-                let calls = calls as f64;
-                let (h, l) = self.counting.get(slot).map_or((0.0, 0.0), |&k| hit_range(k, prices.hit));
-                (calls * h, calls * l)
-            };
+            let kinds = self.counting.get(slot).copied().unwrap_or_default();
+            let apart = self.apart.get(slot) == Some(&true);
+            let (ch, cl) = priced_range(kinds, apart, (calls, stepped), prices.hit);
             total.0 += ch + returns * rh;
             total.1 += cl + returns * rl;
         }
@@ -192,6 +186,21 @@ pub fn priced_apart(hits: u64, stepped: u64, hit: HitCosts) -> f64 {
     #[allow(clippy::cast_precision_loss, reason = "hit counts, priced")]
     let (stepped, emulated) = (stepped as f64, (hits - stepped) as f64);
     stepped * hit.single_stepped_ns + emulated * hit.emulated_ns
+}
+
+/// The (high, low) cost in ns of a probe's `hits`, `stepped` of them at
+/// single-stepped sites, its sites being of `kinds`: each hit by its kind
+/// where it counts them `apart`, else as [`hit_range`] prices one.
+#[must_use]
+pub fn priced_range(kinds: SiteKinds, apart: bool, (hits, stepped): (u64, u64), hit: HitCosts) -> (f64, f64) {
+    if apart {
+        let ns = priced_apart(hits, stepped, hit);
+        return (ns, ns);
+    }
+    #[allow(clippy::cast_precision_loss, reason = "hit counts, priced")]
+    let hits = hits as f64;
+    let (high, low) = hit_range(kinds, hit);
+    (hits * high, hits * low)
 }
 
 const fn kind(emulated: bool) -> SiteKinds {
