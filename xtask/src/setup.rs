@@ -75,6 +75,9 @@ pub fn pyperf_venv() -> PathBuf {
 /// written against.
 const SPEEDSCOPE_VERSION: &str = "1.22.2";
 
+/// Debian's bundle of the CAs the system trusts (ca-certificates).
+const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
 /// Where setup installs speedscope; must match tests/tests/pprof.rs.
 pub fn speedscope_dir() -> PathBuf {
     pyperf_venv().with_file_name("speedscope")
@@ -90,12 +93,18 @@ fn speedscope() -> anyhow::Result<()> {
         return Ok(());
     }
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    crate::run(
-        Command::new("npm")
-            .args(["install", "--no-audit", "--no-fund", "--prefix"])
-            .arg(&dir)
-            .arg(format!("speedscope@{SPEEDSCOPE_VERSION}")),
-    )?;
+    let mut npm = Command::new("npm");
+    npm.args(["install", "--no-audit", "--no-fund", "--prefix"])
+        .arg(&dir)
+        .arg(format!("speedscope@{SPEEDSCOPE_VERSION}"));
+    // Node trusts only the CAs built into it, where apt, pip (through
+    // /etc/pip.conf) and cargo trust the system's: behind a proxy whose CA
+    // only the system knows, npm fails where they work, as it did under
+    // `env -i` on a machine of this kind.
+    if std::env::var_os("NODE_EXTRA_CA_CERTS").is_none() && Path::new(SYSTEM_CA_BUNDLE).is_file() {
+        npm.env("NODE_EXTRA_CA_CERTS", SYSTEM_CA_BUNDLE);
+    }
+    crate::run(&mut npm)?;
     if !dir.join("node_modules/speedscope/dist/release/index.html").is_file() {
         bail!("speedscope {SPEEDSCOPE_VERSION} was installed in {} but has no dist/release/index.html", dir.display());
     }
