@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use tracer_tests::{pyperf_venv, require_root, run_tracer, tracer_bin};
+use tracer_tests::{forky_root, pyperf_venv, require_root, run_tracer, tracer_bin};
 
 /// The venv's python.
 fn pyperf_python() -> PathBuf {
@@ -58,6 +58,55 @@ fn bench_runs_three_states_and_counts_hits_exactly() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// forky's python3.13 with pyperf, as a path inside the forky root
+/// (xtask's `FORKY_PYPERF_3_13`).
+const FORKY_PYPERF_3_13: &str = "/opt/tracer/pyperf-venv-3.13/bin/python";
+
+/// Debian forky's LTO python3.13, chrooted: pyperf's workers run in the
+/// root, tracer probes its image (copies found by the root's debug files),
+/// the files come out where asked, and nothing is left in the root.
+#[test]
+fn bench_runs_a_chrooted_interpreter() {
+    require_root();
+    let root = forky_root();
+    // The venv's python links to a path only the root resolves.
+    let python = root.join(FORKY_PYPERF_3_13.trim_start_matches('/'));
+    assert!(python.symlink_metadata().is_ok(), "{} is missing: run `cargo xtask setup`", python.display());
+    let dir = std::env::temp_dir().join(format!("tracer-bench-root-{}", std::process::id()));
+    let tmp = |root: &std::path::Path| -> Vec<String> {
+        std::fs::read_dir(root.join("tmp"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("tracer-bench."))
+            .collect()
+    };
+    assert_eq!(tmp(&root), Vec::<String>::new(), "left by an earlier run");
+    let out = std::process::Command::new(tracer_bin())
+        .args(["bench", "--root"])
+        .arg(&root)
+        .args(["--python", FORKY_PYPERF_3_13])
+        .args(["--stmt", "bytearray(1000)", "--probes", "PyMem_RawMalloc,PyObject_Malloc", "--fast", "--json", "-o"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    // The object, and its 1001-byte buffer, past pymalloc's largest class,
+    // from the raw allocator; counted at their inlined copies too.
+    assert_eq!(v["hits_per_loop_by_probe"]["PyObject_Malloc"], 1.0, "{v}");
+    assert_eq!(v["hits_per_loop_by_probe"]["PyMem_RawMalloc"], 1.0, "{v}");
+    assert_eq!(v["python"]["executable"], FORKY_PYPERF_3_13, "{v}");
+    for state in ["baseline", "attached", "detached"] {
+        let file = dir.join(format!("{state}.json"));
+        assert_eq!(v[state]["file"], file.to_str().unwrap(), "{state}");
+        assert!(file.is_file(), "{}", file.display());
+    }
+    assert!(v["attached_vs_baseline"]["ratio"].as_f64().unwrap() > 0.0, "{v}");
+    assert_eq!(tmp(&root), Vec::<String>::new(), "tracer bench left its work directory in the root");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn bench_bad_input() {
     require_root();
@@ -82,6 +131,16 @@ fn bench_bad_input() {
         stderr,
         "tracer: error: --also names \"perf\", which is not a setup tracer bench knows; use entry, call-sites, empty, empty-entry, empty-call-sites, returns, meta-insert, meta-lookup, meta-pool, meta-chunk, bpftrace, tracemalloc=FRAMES (e.g. tracemalloc=1) or budget=PERCENT (e.g. budget=1)\n"
     );
+    assert_eq!(code, Some(2));
+    let (code, _, stderr) =
+        run_tracer(&["bench", "--root", "/no/such/root", "--python", "/usr/bin/python3", "-o", out]);
+    assert_eq!(
+        stderr,
+        "tracer: error: --root /no/such/root: No such file or directory (os error 2); pass the directory the interpreter runs chrooted in\n"
+    );
+    assert_eq!(code, Some(2));
+    let (code, _, stderr) = run_tracer(&["bench", "--root", "/var/lib/tracer/forky", "-o", out]);
+    assert!(stderr.contains("--python <PATH>"), "{stderr}");
     assert_eq!(code, Some(2));
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -27,6 +27,8 @@ const SETPCAP: u32 = 8;
 pub const NET_BIND_SERVICE: u32 = 10;
 /// `CAP_NET_ADMIN`.
 pub const NET_ADMIN: u32 = 12;
+/// `CAP_SYS_CHROOT`.
+pub const SYS_CHROOT: u32 = 18;
 /// `CAP_SYS_PTRACE`.
 pub const SYS_PTRACE: u32 = 19;
 /// `CAP_SYS_ADMIN`.
@@ -66,6 +68,9 @@ pub const fn set_of(caps: &[u32]) -> u64 {
 /// - `CAP_NET_ADMIN`: registering for the kernel's exit records
 ///   (run/exits.rs) and their receive buffer (`SO_RCVBUFFORCE`);
 /// - `CAP_NET_BIND_SERVICE`: `--listen` on a port below 1024.
+///
+/// `tracer bench --root` keeps `CAP_SYS_CHROOT` as well (see
+/// [`narrow_at_start`]): its chroot(8) runs the interpreter in the root.
 ///
 /// Nothing else: signals go only to tracer's own children (`tracer run`'s
 /// program, `--all`'s tracers), the open-file limit is raised only up to
@@ -196,13 +201,15 @@ fn set(sets: Sets) -> Result<(), CapabilityError> {
 /// thread and child made later inherits them: a child tracer (`--all`) or
 /// the `cat` that reads tracefs run as root get at most the bounding set,
 /// and as another user their ambient capabilities. Without `bound` (`tracer
-/// run`), a program started as root gets what root gets.
-pub fn narrow_at_start(bound: bool) -> Result<(), CapabilityError> {
+/// run`), a program started as root gets what root gets. `extra` is kept
+/// beside [`STARTUP`] (`tracer bench --root`'s `CAP_SYS_CHROOT`).
+pub fn narrow_at_start(bound: bool, extra: u64) -> Result<(), CapabilityError> {
     let now = current()?;
     let _ = GIVEN.set(now.effective);
+    let kept = STARTUP | extra;
     if bound && now.effective & (1 << SETPCAP) != 0 {
         for cap in 0..64u32 {
-            if STARTUP & (1 << cap) != 0 {
+            if kept & (1 << cap) != 0 {
                 continue;
             }
             // SAFETY: prctl with two integer arguments.
@@ -218,7 +225,7 @@ pub fn narrow_at_start(bound: bool) -> Result<(), CapabilityError> {
             }
         }
     }
-    keep_only(STARTUP)
+    keep_only(kept)
 }
 
 /// The effective set tracer was started with, before

@@ -40,7 +40,11 @@ fn main() -> ExitCode {
     // thread and child made later inherits the narrowed sets, and a thread
     // cannot narrow another's. `tracer run`'s bounding set is left alone:
     // the program it starts runs as it would without tracer.
-    if let Err(e) = capabilities::narrow_at_start(!matches!(cli.command, Command::Run(_))) {
+    let chroot = match &cli.command {
+        Command::Bench(b) if b.root.is_some() => capabilities::set_of(&[capabilities::SYS_CHROOT]),
+        _ => 0,
+    };
+    if let Err(e) = capabilities::narrow_at_start(!matches!(cli.command, Command::Run(_)), chroot) {
         eprintln!("tracer: error: {e}");
         return ExitCode::from(Failure::from(e).exit_status());
     }
@@ -277,7 +281,8 @@ fn bench(args: &BenchArgs) -> Result<(), Failure> {
         Effort::Normal
     };
     let python = args.python.clone().unwrap_or_else(bench::default_python);
-    let b = Bench::new(&python, &args.stmt, &args.setup, &args.probes, effort.plan(), &args.out)?;
+    let b =
+        Bench::new((&python, args.root.as_deref()), &args.stmt, &args.setup, &args.probes, effort.plan(), &args.out)?;
     let target = b.target();
     let mut states = vec![
         State::Baseline,

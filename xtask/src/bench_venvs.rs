@@ -250,39 +250,89 @@ fn target_tags(p: &BenchPython) -> anyhow::Result<(String, u32)> {
 /// The host's pip downloads wheels for `p`'s interpreter into the root; the
 /// chroot's pip installs them with no index.
 fn install_from_host_wheels(p: &BenchPython, host: &BenchPython) -> anyhow::Result<()> {
-    let (version, glibc) = target_tags(p)?;
-    let wheels = p.host(Path::new(FORKY_WHEELS));
-    if wheels.exists() {
-        std::fs::remove_dir_all(&wheels).with_context(|| format!("removing {}", wheels.display()))?;
-    }
-    std::fs::create_dir_all(&wheels).with_context(|| format!("creating {}", wheels.display()))?;
-    let arch = std::env::consts::ARCH;
-    let download = |packages: &[&str]| {
-        let mut cmd = Command::new(host.python());
-        cmd.args(["-m", "pip", "download", "--quiet", "--only-binary=:all:", "--implementation", "cp"])
-            .args(["--python-version", &version])
-            .args(["--abi", &format!("cp{}", version.replace('.', "")), "--abi", "abi3", "--abi", "none"]);
-        // Every manylinux the root's glibc runs, and the legacy aliases.
-        for m in 5..=glibc {
-            cmd.args(["--platform", &format!("manylinux_2_{m}_{arch}")]);
-        }
-        for legacy in ["manylinux1", "manylinux2010", "manylinux2014", "linux"] {
-            cmd.args(["--platform", &format!("{legacy}_{arch}")]);
-        }
-        cmd.arg("--dest").arg(&wheels).args(packages);
-        cmd
-    };
-    crate::run(&mut download(&[PYPERFORMANCE, PYPERF])).context("downloading pyperformance's wheels")?;
-    let memray = pip_maybe(p, &mut download(&[MEMRAY]), "memray")?;
-    let mut install = p.command(&p.python());
-    install
-        .args(["-m", "pip", "install", "--quiet", "--no-index", "--find-links", FORKY_WHEELS, PYPERFORMANCE, PYPERF])
-        // The host's pip settings name host paths.
-        .env_remove("PIP_FIND_LINKS")
-        .env_remove("PIP_CERT");
+    let tags = target_tags(p)?;
+    let wheels = fresh_wheels(p)?;
+    crate::run(&mut download(host, &tags, &wheels, &[PYPERFORMANCE, PYPERF]))
+        .context("downloading pyperformance's wheels")?;
+    let memray = pip_maybe(p, &mut download(host, &tags, &wheels, &[MEMRAY]), "memray")?;
+    let mut install = from_wheels(p, &[PYPERFORMANCE, PYPERF]);
     if memray {
         install.arg(MEMRAY);
     }
     crate::run(&mut install)?;
     std::fs::remove_dir_all(&wheels).with_context(|| format!("removing {}", wheels.display()))
+}
+
+/// [`FORKY_WHEELS`] in `p`'s root, empty.
+fn fresh_wheels(p: &BenchPython) -> anyhow::Result<PathBuf> {
+    let wheels = p.host(Path::new(FORKY_WHEELS));
+    if wheels.exists() {
+        std::fs::remove_dir_all(&wheels).with_context(|| format!("removing {}", wheels.display()))?;
+    }
+    std::fs::create_dir_all(&wheels).with_context(|| format!("creating {}", wheels.display()))?;
+    Ok(wheels)
+}
+
+/// The host's pip downloading `packages`' wheels for an interpreter of
+/// `(version, glibc minor)` into `wheels`.
+fn download(host: &BenchPython, (version, glibc): &(String, u32), wheels: &Path, packages: &[&str]) -> Command {
+    let arch = std::env::consts::ARCH;
+    let mut cmd = Command::new(host.python());
+    cmd.args(["-m", "pip", "download", "--quiet", "--only-binary=:all:", "--implementation", "cp"])
+        .args(["--python-version", version])
+        .args(["--abi", &format!("cp{}", version.replace('.', "")), "--abi", "abi3", "--abi", "none"]);
+    // Every manylinux the root's glibc runs, and the legacy aliases.
+    for m in 5..=*glibc {
+        cmd.args(["--platform", &format!("manylinux_2_{m}_{arch}")]);
+    }
+    for legacy in ["manylinux1", "manylinux2010", "manylinux2014", "linux"] {
+        cmd.args(["--platform", &format!("{legacy}_{arch}")]);
+    }
+    cmd.arg("--dest").arg(wheels).args(packages);
+    cmd
+}
+
+/// The chroot's pip installing `packages` into `p`'s venv from
+/// [`FORKY_WHEELS`], with no index.
+fn from_wheels(p: &BenchPython, packages: &[&str]) -> Command {
+    let mut install = p.command(&p.python());
+    install
+        .args(["-m", "pip", "install", "--quiet", "--no-index", "--find-links", FORKY_WHEELS])
+        .args(packages)
+        // The host's pip settings name host paths.
+        .env_remove("PIP_FIND_LINKS")
+        .env_remove("PIP_CERT");
+    install
+}
+
+/// forky's python3.13 with pyperf, for `tracer bench --root` (issue 24
+/// measures both of forky's builds with it; 3.14's is its production venv).
+pub const FORKY_PYPERF_3_13: &str = "/opt/tracer/pyperf-venv-3.13";
+
+/// Makes [`FORKY_PYPERF_3_13`] unless it imports pyperf.
+pub fn ensure_forky_pyperf() -> anyhow::Result<()> {
+    let p = BenchPython {
+        name: "Debian forky python3.13 (pyperf only)",
+        root: Some(FORKY_ROOT),
+        base: PathBuf::from("/usr/bin/python3.13"),
+        venv: PathBuf::from(FORKY_PYPERF_3_13),
+    };
+    let imports =
+        || p.made() && p.command(&p.python()).args(["-c", "import pyperf"]).output().is_ok_and(|o| o.status.success());
+    if imports() {
+        return Ok(());
+    }
+    eprintln!("xtask: making a venv with pyperf for {} at {}", p.name, p.host(&p.venv).display());
+    if !p.made() {
+        crate::run(p.command(&p.base).args(["-m", "venv"]).arg(&p.venv))?;
+    }
+    let tags = target_tags(&p)?;
+    let wheels = fresh_wheels(&p)?;
+    crate::run(&mut download(&pythons()[0], &tags, &wheels, &[PYPERF])).context("downloading pyperf's wheels")?;
+    crate::run(&mut from_wheels(&p, &[PYPERF]))?;
+    std::fs::remove_dir_all(&wheels).with_context(|| format!("removing {}", wheels.display()))?;
+    if !imports() {
+        bail!("pyperf was installed in {} but does not import", p.host(&p.venv).display());
+    }
+    Ok(())
 }

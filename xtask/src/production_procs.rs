@@ -88,7 +88,8 @@ pub struct Round {
 /// One worker process (production.py).
 pub struct Worker {
     child: Child,
-    stdin: ChildStdin,
+    /// None once closed, which ends the worker's command loop.
+    stdin: Option<ChildStdin>,
     lines: Lines<BufReader<ChildStdout>>,
     pub cpu: usize,
 }
@@ -102,7 +103,7 @@ impl Worker {
         let mut child = cmd.spawn().with_context(|| format!("starting {}", words.join(" ")))?;
         let stdin = child.stdin.take().context("worker stdin")?;
         let lines = BufReader::new(child.stdout.take().context("worker stdout")?).lines();
-        let mut w = Self { child, stdin, lines, cpu };
+        let mut w = Self { child, stdin: Some(stdin), lines, cpu };
         let first = w.line().with_context(|| format!("{bench} on {} did not start", p.name))?;
         if first != "ready" {
             bail!("the {bench} worker on {} printed {first:?} instead of ready", p.name);
@@ -122,8 +123,9 @@ impl Worker {
     }
 
     pub fn send(&mut self, command: &str) -> anyhow::Result<()> {
-        writeln!(self.stdin, "{command}")?;
-        self.stdin.flush().context("writing to a worker")
+        let stdin = self.stdin.as_mut().context("the worker's input is closed")?;
+        writeln!(stdin, "{command}")?;
+        stdin.flush().context("writing to a worker")
     }
 
     pub fn reply(&mut self) -> anyhow::Result<Value> {
@@ -144,7 +146,18 @@ impl Worker {
 }
 
 impl Drop for Worker {
+    /// Closes its input, which ends its loop and lets it remove memray's
+    /// scratch directory (killed at once, it left one in /tmp per worker),
+    /// then kills it if it has not exited within 5 s.
     fn drop(&mut self) {
+        drop(self.stdin.take());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::time::Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -56,7 +56,7 @@ pub const FORKY_ROOT: &str = "/var/lib/tracer/forky";
 /// The packages the forky root gets, beyond debootstrap's minimal base;
 /// python3.14-venv (ensurepip, which Debian splits out) for the production
 /// benchmark's venv.
-const FORKY_PACKAGES: &[&str] = &["python3.13", "python3.14", "python3.14-venv"];
+const FORKY_PACKAGES: &[&str] = &["python3.13", "python3.14", "python3.13-venv", "python3.14-venv"];
 const FORKY_DEBUG_PACKAGES: &[&str] = &["python3.13-dbg", "python3.14-dbg"];
 
 /// Where tracer looks for pyperf by default; must match

@@ -1,6 +1,7 @@
 """tracer bench's helper, run by the interpreter under test.
 
-    helper.py info                 {"executable": ..., "pyperf": version|null}
+    helper.py info                 {"executable": ..., "real": the file it
+                                   links to, "pyperf": version|null}
     helper.py loop N STMT SETUP    print "ready", wait for a line on stdin,
                                    run STMT N times the way timeit does,
                                    print "done", os._exit(0)
@@ -21,7 +22,10 @@ def info():
         version = pyperf.__version__
     except ImportError:
         version = None
-    print(json.dumps({"executable": sys.executable, "pyperf": version}))
+    # A venv's interpreter links to its base; inside a root, only the root
+    # resolves the link.
+    real = os.path.realpath(sys.executable)
+    print(json.dumps({"executable": sys.executable, "real": real, "pyperf": version}))
 
 
 def loop(n, stmt, setup):

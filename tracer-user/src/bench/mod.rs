@@ -41,6 +41,8 @@ pub enum BenchError {
     NoPyperf { python: PathBuf, venv: String },
     #[error("{what} failed: {detail}")]
     Step { what: String, detail: String },
+    #[error("--root {path}: {cause}; pass the directory the interpreter runs chrooted in")]
+    Root { path: PathBuf, cause: std::io::Error },
     #[error(transparent)]
     Prepare(#[from] PrepareError),
     #[error(transparent)]
@@ -54,7 +56,7 @@ impl Classify for BenchError {
     /// way is tracer's or the system's.
     fn is_bad_input(&self) -> bool {
         match self {
-            Self::Python { .. } | Self::NoPyperf { .. } => true,
+            Self::Python { .. } | Self::NoPyperf { .. } | Self::Root { .. } => true,
             Self::Prepare(e) => e.is_bad_input(),
             Self::Attach(e) => e.is_bad_input(),
             Self::Step { .. } | Self::Output { .. } => false,
@@ -184,7 +186,13 @@ pub struct HitsPerLoop {
 
 /// What a benchmark needs: the interpreter, its image and a work directory.
 pub struct Bench {
+    /// The interpreter, as a path inside `root` where there is one.
     pub python: PathBuf,
+    /// `--root`: the directory the interpreter runs chrooted in (a
+    /// distribution's root, as `cargo xtask setup` makes Debian forky's).
+    /// Its commands run under chroot(8), and what they read and write is in
+    /// `work`, inside it; the pyperf files are copied to `out_dir` after.
+    pub root: Option<PathBuf>,
     /// The interpreter, prepared as `--exe` prepares it (with the modules
     /// that may call into it, for `--placement call-sites`), with the
     /// plan of `--probes` placed as by default, which counts the hits per
@@ -195,22 +203,27 @@ pub struct Bench {
     pub setup: String,
     pub plan: Plan,
     pub out_dir: PathBuf,
+    /// Where the helper and the pyperf files are written (host path):
+    /// `out_dir`, or a directory of its own inside `root`.
+    work: WorkDir,
     helper: PathBuf,
     return_costs: std::cell::RefCell<Option<crate::plan::returns::ReturnCosts>>,
 }
 
 #[derive(Deserialize)]
 struct Info {
-    executable: PathBuf,
+    /// The file `sys.executable` links to, as the interpreter sees it.
+    real: PathBuf,
     pyperf: Option<String>,
 }
 
 impl Bench {
     /// Checks the interpreter and pyperf, prepares the image for
     /// `probes`, prepares `out_dir` (removing results of an earlier run
-    /// there).
+    /// there); with `root`, the interpreter is the one at `python` inside
+    /// it, run chrooted.
     pub fn new(
-        python: &Path,
+        (python, root): (&Path, Option<&Path>),
         stmt: &str,
         setup: &str,
         probes: &ProbeSelection,
@@ -218,10 +231,23 @@ impl Bench {
         out_dir: &Path,
     ) -> Result<Self, BenchError> {
         std::fs::create_dir_all(out_dir).map_err(|cause| BenchError::Output { path: out_dir.to_owned(), cause })?;
-        let helper = out_dir.join("helper.py");
+        let root = match root {
+            Some(r) => Some(r.canonicalize().map_err(|cause| BenchError::Root { path: r.to_owned(), cause })?),
+            None => None,
+        };
+        let root = root.as_deref();
+        let work = match root {
+            Some(root) => {
+                let path = root.join("tmp").join(format!("tracer-bench.{}", std::process::id()));
+                std::fs::create_dir_all(&path).map_err(|cause| BenchError::Root { path: root.to_owned(), cause })?;
+                WorkDir { path, ours: true }
+            }
+            None => WorkDir { path: out_dir.to_owned(), ours: false },
+        };
+        let helper = work.path.join("helper.py");
         std::fs::write(&helper, HELPER).map_err(|cause| BenchError::Output { path: helper.clone(), cause })?;
-        let out = Command::new(python)
-            .arg(&helper)
+        let out = chrooted(root, python)
+            .arg(seen_in(root, &helper))
             .arg("info")
             .output()
             .map_err(|cause| BenchError::Python { python: python.to_owned(), cause })?;
@@ -232,29 +258,43 @@ impl Bench {
         if info.pyperf.is_none() {
             return Err(BenchError::NoPyperf { python: python.to_owned(), venv: default_venv().display().to_string() });
         }
+        // Inside a root, the debug packages' files are there too.
+        let debug_dir = root.map(|r| r.join("usr/lib/debug")).filter(|d| d.is_dir());
         let options = prepare::Options {
             probes,
             planning: Planning::default(),
             native: false,
             gc: crate::plan::gc::GcMode::Off,
-            debug_dir: None,
+            debug_dir: debug_dir.as_deref(),
             hit_costs: false,
             callers: true,
             growth: false,
             growth_auto: false,
             frees_at_implementations: false,
         };
-        let prepared = prepare::prepare(&TargetSpec::Exe(info.executable), &options)?;
+        let prepared = prepare::prepare(&TargetSpec::Exe(host_of(root, &info.real)), &options)?;
         Ok(Self {
             prepared,
             python: python.to_owned(),
+            root: root.map(Path::to_owned),
             stmt: stmt.to_owned(),
             setup: setup.to_owned(),
             plan,
             out_dir: out_dir.to_owned(),
+            work,
             helper,
             return_costs: std::cell::RefCell::new(None),
         })
+    }
+
+    /// A command running the interpreter: under chroot(8) with a root.
+    fn python(&self) -> Command {
+        chrooted(self.root.as_deref(), &self.python)
+    }
+
+    /// A host path as the interpreter sees it (inside the root).
+    fn seen(&self, host: &Path) -> PathBuf {
+        seen_in(self.root.as_deref(), host)
     }
 
     /// What reading a return value costs here, calibrated once.
@@ -304,8 +344,8 @@ impl Bench {
 
     fn count_loops(&self, loops: u64) -> Result<Vec<(&'static str, u64)>, BenchError> {
         let mut child = KillOnDrop(
-            Command::new(&self.python)
-                .arg(&self.helper)
+            self.python()
+                .arg(self.seen(&self.helper))
                 .args(["loop", &loops.to_string(), &self.stmt, &self.setup])
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
@@ -329,7 +369,13 @@ impl Bench {
         }
         wait_blocked_on_stdin(pid)?;
         let mut session = Self::load(self.prepared.plan.clone(), pid)?;
-        session.attach_process(pid)?;
+        if session.plan().has_many_sites() {
+            // As `attached` does: perf-event links would take minutes to
+            // make and remove one by one for an LTO build's copies.
+            session.attach_multi(pid)?;
+        } else {
+            session.attach_process(pid)?;
+        }
         let mut stdin = child.0.stdin.take().ok_or_else(|| step("the loop helper", "no stdin"))?;
         stdin.write_all(b"go\n").map_err(|e| step("starting the loop", e))?;
         line.clear();
@@ -379,9 +425,10 @@ impl Bench {
                 }
             }
         }
-        let files: Vec<PathBuf> = states.iter().map(|s| self.file(s)).collect();
-        let out = Command::new(&self.python)
-            .arg(&self.helper)
+        let files: Vec<PathBuf> = states.iter().map(|s| self.seen(&self.file(s))).collect();
+        let out = self
+            .python()
+            .arg(self.seen(&self.helper))
             .arg("stats")
             .args(&files)
             .output()
@@ -389,14 +436,25 @@ impl Bench {
         if !out.status.success() {
             return Err(step("reading pyperf results", stderr_line(&out.stderr)));
         }
-        serde_json::from_slice(&out.stdout).map_err(|e| step("reading pyperf results", e))
+        let mut results: Vec<StateStats> =
+            serde_json::from_slice(&out.stdout).map_err(|e| step("reading pyperf results", e))?;
+        if self.root.is_some() {
+            // Kept where the user asked for them, and named so.
+            for (state, s) in states.iter().zip(&mut results) {
+                let to = self.out_dir.join(format!("{}.json", state.name()));
+                std::fs::copy(self.file(state), &to).map_err(|cause| BenchError::Output { path: to.clone(), cause })?;
+                s.file = to;
+            }
+        }
+        Ok(results)
     }
 
     fn calibrated_loops(&self, state: &State) -> Result<u64, BenchError> {
-        let out = Command::new(&self.python)
-            .arg(&self.helper)
+        let out = self
+            .python()
+            .arg(self.seen(&self.helper))
             .arg("loops")
-            .arg(self.file(state))
+            .arg(self.seen(&self.file(state)))
             .output()
             .map_err(|cause| BenchError::Python { python: self.python.clone(), cause })?;
         String::from_utf8_lossy(&out.stdout)
@@ -405,10 +463,11 @@ impl Bench {
             .map_err(|_| step("reading pyperf's calibrated loops", stderr_line(&out.stderr)))
     }
 
-    /// The pyperf JSON file of a state.
+    /// The pyperf JSON file of a state, where the run writes it (host
+    /// path).
     #[must_use]
     pub fn file(&self, state: &State) -> PathBuf {
-        self.out_dir.join(format!("{}.json", state.name()))
+        self.work.path.join(format!("{}.json", state.name()))
     }
 
     /// `plan` loaded and attached to every process of the image.
@@ -426,9 +485,9 @@ impl Bench {
     }
 
     fn chunk(&self, state: &State, loops: Option<u64>) -> Result<(), BenchError> {
-        let mut cmd = Command::new(&self.python);
+        let mut cmd = self.python();
         cmd.args(["-m", "pyperf", "timeit", "--quiet", "--append"])
-            .arg(self.file(state))
+            .arg(self.seen(&self.file(state)))
             .args(["--processes", &self.plan.processes.to_string()])
             .args(["--values", &self.plan.values.to_string()])
             .args(["--warmups", &self.plan.warmups.to_string()])
@@ -469,10 +528,17 @@ impl Bench {
     /// pyperf's `compare_to` on two states: the ratio of means and whether
     /// pyperf finds the difference significant.
     pub fn compare(&self, base: &StateStats, other: &StateStats) -> Result<Comparison, BenchError> {
-        let out = Command::new(&self.python)
+        // With a root, the files the run wrote there (the copies are
+        // outside it).
+        let inside = |s: &StateStats| match &self.root {
+            Some(_) => self.seen(&self.work.path.join(s.file.file_name().unwrap_or_default())),
+            None => s.file.clone(),
+        };
+        let out = self
+            .python()
             .args(["-m", "pyperf", "compare_to"])
-            .arg(&base.file)
-            .arg(&other.file)
+            .arg(inside(base))
+            .arg(inside(other))
             .output()
             .map_err(|cause| BenchError::Python { python: self.python.clone(), cause })?;
         let text = String::from_utf8_lossy(&out.stdout);
@@ -480,6 +546,55 @@ impl Bench {
             return Err(step("pyperf compare_to", format!("{}{}", text.trim(), stderr_line(&out.stderr))));
         }
         Ok(Comparison { ratio: other.mean / base.mean, significant: !text.contains("not significant") })
+    }
+}
+
+/// A bench's work directory; one it made inside a root is removed with
+/// it, so that nothing is left there.
+struct WorkDir {
+    path: PathBuf,
+    ours: bool,
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        if self.ours {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// A command running `program`, a path inside `root` where there is one,
+/// under chroot(8) there, with a /proc of its own mount namespace (pyperf
+/// reads it) showing the host's processes; unshare(1) and chroot(8) exec
+/// it, so it has the PID the command was given.
+fn chrooted(root: Option<&Path>, program: &Path) -> Command {
+    match root {
+        Some(root) => {
+            let mut c = Command::new("/usr/bin/unshare");
+            c.arg(format!("--mount-proc={}", root.join("proc").display()))
+                .arg("/usr/sbin/chroot")
+                .arg(root)
+                .arg(program);
+            c
+        }
+        None => Command::new(program),
+    }
+}
+
+/// A host path as a process chrooted in `root` sees it.
+fn seen_in(root: Option<&Path>, host: &Path) -> PathBuf {
+    match root {
+        Some(root) => Path::new("/").join(host.strip_prefix(root).unwrap_or(host)),
+        None => host.to_owned(),
+    }
+}
+
+/// A path a process chrooted in `root` gave, as the host sees it.
+fn host_of(root: Option<&Path>, seen: &Path) -> PathBuf {
+    match root {
+        Some(root) => root.join(seen.strip_prefix("/").unwrap_or(seen)),
+        None => seen.to_owned(),
     }
 }
 

@@ -308,6 +308,10 @@ pub struct BenchArgs {
     /// The interpreter to measure (default: the venv `cargo xtask setup` made, else python3 on PATH).
     #[arg(long, value_name = "PATH")]
     pub python: Option<PathBuf>,
+    /// Run the interpreter chrooted in DIR (a distribution's root, such as the Debian forky root `cargo
+    /// xtask setup` makes); --python is then a path inside DIR, and is required.
+    #[arg(long, value_name = "DIR", requires = "python")]
+    pub root: Option<PathBuf>,
     /// The statement to time.
     #[arg(long, default_value = "[]")]
     pub stmt: String,
