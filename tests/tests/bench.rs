@@ -73,14 +73,15 @@ fn bench_runs_a_chrooted_interpreter() {
     let python = root.join(FORKY_PYPERF_3_13.trim_start_matches('/'));
     assert!(python.symlink_metadata().is_ok(), "{} is missing: run `cargo xtask setup`", python.display());
     let dir = std::env::temp_dir().join(format!("tracer-bench-root-{}", std::process::id()));
-    let tmp = |root: &std::path::Path| -> Vec<String> {
+    // Work directories in the root: any other bench's, before and after.
+    let work_dirs = || -> Vec<String> {
         std::fs::read_dir(root.join("tmp"))
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .filter(|n| n.starts_with("tracer-bench."))
             .collect()
     };
-    assert_eq!(tmp(&root), Vec::<String>::new(), "left by an earlier run");
+    let before = work_dirs();
     let out = std::process::Command::new(tracer_bin())
         .args(["bench", "--root"])
         .arg(&root)
@@ -97,13 +98,22 @@ fn bench_runs_a_chrooted_interpreter() {
     assert_eq!(v["hits_per_loop_by_probe"]["PyObject_Malloc"], 1.0, "{v}");
     assert_eq!(v["hits_per_loop_by_probe"]["PyMem_RawMalloc"], 1.0, "{v}");
     assert_eq!(v["python"]["executable"], FORKY_PYPERF_3_13, "{v}");
+    assert_eq!(v["python"]["root"], root.to_str().unwrap(), "{v}");
+    // The root's own interpreter, which the venv's links to.
+    assert_eq!(v["python"]["image"], root.join("usr/bin/python3.13").to_str().unwrap(), "{v}");
+    let values = v["baseline"]["values"].as_u64().unwrap();
+    assert!(values > 1, "{v}");
     for state in ["baseline", "attached", "detached"] {
         let file = dir.join(format!("{state}.json"));
         assert_eq!(v[state]["file"], file.to_str().unwrap(), "{state}");
-        assert!(file.is_file(), "{}", file.display());
+        assert_eq!(v[state]["values"].as_u64(), Some(values), "{state}");
+        // The copy is pyperf's file, whole.
+        let copied: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        assert!(copied["benchmarks"].is_array(), "{}", file.display());
     }
     assert!(v["attached_vs_baseline"]["ratio"].as_f64().unwrap() > 0.0, "{v}");
-    assert_eq!(tmp(&root), Vec::<String>::new(), "tracer bench left its work directory in the root");
+    let after: Vec<String> = work_dirs().into_iter().filter(|d| !before.contains(d)).collect();
+    assert_eq!(after, Vec::<String>::new(), "tracer bench left its work directory in the root");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -141,6 +151,26 @@ fn bench_bad_input() {
     assert_eq!(code, Some(2));
     let (code, _, stderr) = run_tracer(&["bench", "--root", "/var/lib/tracer/forky", "-o", out]);
     assert!(stderr.contains("--python <PATH>"), "{stderr}");
+    assert_eq!(code, Some(2));
+    // A path the root does not have, and a relative one.
+    for python in ["/no/such/python", "python3.13"] {
+        let (code, _, stderr) =
+            run_tracer(&["bench", "--root", "/var/lib/tracer/forky", "--python", python, "-o", out]);
+        assert_eq!(
+            stderr,
+            format!(
+                "tracer: error: --python {python} is not in --root /var/lib/tracer/forky; pass its absolute path as seen inside the root\n"
+            )
+        );
+        assert_eq!(code, Some(2));
+    }
+    // An interpreter the root has, without pyperf.
+    let (code, _, stderr) =
+        run_tracer(&["bench", "--root", "/var/lib/tracer/forky", "--python", "/usr/bin/python3.13", "-o", out]);
+    assert_eq!(
+        stderr,
+        "tracer: error: pyperf is not installed for /usr/bin/python3.13 in /var/lib/tracer/forky; pass --python of a venv there that has it (`cargo xtask setup` makes /opt/tracer/pyperf-venv-3.13/bin/python in Debian forky's root)\n"
+    );
     assert_eq!(code, Some(2));
     std::fs::remove_dir_all(&dir).unwrap();
 }

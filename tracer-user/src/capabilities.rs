@@ -69,8 +69,9 @@ pub const fn set_of(caps: &[u32]) -> u64 {
 ///   (run/exits.rs) and their receive buffer (`SO_RCVBUFFORCE`);
 /// - `CAP_NET_BIND_SERVICE`: `--listen` on a port below 1024.
 ///
-/// `tracer bench --root` keeps `CAP_SYS_CHROOT` as well (see
-/// [`narrow_at_start`]): its chroot(8) runs the interpreter in the root.
+/// `tracer bench --root` keeps `CAP_SYS_CHROOT` in its bounding set too
+/// (see [`narrow_at_start`]): the chroot(8) it runs as root gets it from
+/// there, and tracer itself never holds it.
 ///
 /// Nothing else: signals go only to tracer's own children (`tracer run`'s
 /// program, `--all`'s tracers), the open-file limit is raised only up to
@@ -201,8 +202,10 @@ fn set(sets: Sets) -> Result<(), CapabilityError> {
 /// thread and child made later inherits them: a child tracer (`--all`) or
 /// the `cat` that reads tracefs run as root get at most the bounding set,
 /// and as another user their ambient capabilities. Without `bound` (`tracer
-/// run`), a program started as root gets what root gets. `extra` is kept
-/// beside [`STARTUP`] (`tracer bench --root`'s `CAP_SYS_CHROOT`).
+/// run`), a program started as root gets what root gets. `extra` stays in
+/// the bounding set beside [`STARTUP`], for children only (`tracer bench
+/// --root`'s chroot(8) needs `CAP_SYS_CHROOT`, and its unshare(1)
+/// `CAP_SYS_ADMIN`, which is in [`STARTUP`]).
 pub fn narrow_at_start(bound: bool, extra: u64) -> Result<(), CapabilityError> {
     let now = current()?;
     let _ = GIVEN.set(now.effective);
@@ -225,7 +228,7 @@ pub fn narrow_at_start(bound: bool, extra: u64) -> Result<(), CapabilityError> {
             }
         }
     }
-    keep_only(kept)
+    keep_only(STARTUP)
 }
 
 /// The effective set tracer was started with, before

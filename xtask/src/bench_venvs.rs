@@ -252,9 +252,9 @@ fn target_tags(p: &BenchPython) -> anyhow::Result<(String, u32)> {
 fn install_from_host_wheels(p: &BenchPython, host: &BenchPython) -> anyhow::Result<()> {
     let tags = target_tags(p)?;
     let wheels = fresh_wheels(p)?;
-    crate::run(&mut download(host, &tags, &wheels, &[PYPERFORMANCE, PYPERF]))
+    crate::run(&mut download(&host.python(), &tags, &wheels, &[PYPERFORMANCE, PYPERF]))
         .context("downloading pyperformance's wheels")?;
-    let memray = pip_maybe(p, &mut download(host, &tags, &wheels, &[MEMRAY]), "memray")?;
+    let memray = pip_maybe(p, &mut download(&host.python(), &tags, &wheels, &[MEMRAY]), "memray")?;
     let mut install = from_wheels(p, &[PYPERFORMANCE, PYPERF]);
     if memray {
         install.arg(MEMRAY);
@@ -273,11 +273,11 @@ fn fresh_wheels(p: &BenchPython) -> anyhow::Result<PathBuf> {
     Ok(wheels)
 }
 
-/// The host's pip downloading `packages`' wheels for an interpreter of
+/// The host's pip (`host`, a venv's python) downloading `packages`' wheels for an interpreter of
 /// `(version, glibc minor)` into `wheels`.
-fn download(host: &BenchPython, (version, glibc): &(String, u32), wheels: &Path, packages: &[&str]) -> Command {
+fn download(host: &Path, (version, glibc): &(String, u32), wheels: &Path, packages: &[&str]) -> Command {
     let arch = std::env::consts::ARCH;
-    let mut cmd = Command::new(host.python());
+    let mut cmd = Command::new(host);
     cmd.args(["-m", "pip", "download", "--quiet", "--only-binary=:all:", "--implementation", "cp"])
         .args(["--python-version", version])
         .args(["--abi", &format!("cp{}", version.replace('.', "")), "--abi", "abi3", "--abi", "none"]);
@@ -309,8 +309,10 @@ fn from_wheels(p: &BenchPython, packages: &[&str]) -> Command {
 /// measures both of forky's builds with it; 3.14's is its production venv).
 pub const FORKY_PYPERF_3_13: &str = "/opt/tracer/pyperf-venv-3.13";
 
-/// Makes [`FORKY_PYPERF_3_13`] unless it imports pyperf.
-pub fn ensure_forky_pyperf() -> anyhow::Result<()> {
+/// Makes [`FORKY_PYPERF_3_13`] unless it imports pyperf, with `host`'s
+/// pip (a venv's python) fetching the wheels. A test needs it
+/// (tests/tests/bench.rs), so the tests' setup makes it.
+pub fn ensure_forky_pyperf(host: &Path) -> anyhow::Result<()> {
     let p = BenchPython {
         name: "Debian forky python3.13 (pyperf only)",
         root: Some(FORKY_ROOT),
@@ -328,7 +330,7 @@ pub fn ensure_forky_pyperf() -> anyhow::Result<()> {
     }
     let tags = target_tags(&p)?;
     let wheels = fresh_wheels(&p)?;
-    crate::run(&mut download(&pythons()[0], &tags, &wheels, &[PYPERF])).context("downloading pyperf's wheels")?;
+    crate::run(&mut download(host, &tags, &wheels, &[PYPERF])).context("downloading pyperf's wheels")?;
     crate::run(&mut from_wheels(&p, &[PYPERF]))?;
     std::fs::remove_dir_all(&wheels).with_context(|| format!("removing {}", wheels.display()))?;
     if !imports() {

@@ -128,7 +128,6 @@ const TEST_FUZZ_SECONDS: u64 = 5;
 fn setup_everything() -> anyhow::Result<()> {
     setup::run_for(setup::Needs { tests: true })?;
     bench_venvs::ensure_all()?;
-    bench_venvs::ensure_forky_pyperf()?;
     eprintln!("xtask: the production benchmark's venvs are ready");
     Ok(())
 }

@@ -54,8 +54,9 @@ const APT_PACKAGES: &[&str] = &[
 pub const FORKY_ROOT: &str = "/var/lib/tracer/forky";
 
 /// The packages the forky root gets, beyond debootstrap's minimal base;
-/// python3.14-venv (ensurepip, which Debian splits out) for the production
-/// benchmark's venv.
+/// the -venv packages (ensurepip, which Debian splits out) for the
+/// production benchmark's venv (3.14) and `tracer bench --root`'s pyperf
+/// venv (3.13).
 const FORKY_PACKAGES: &[&str] = &["python3.13", "python3.14", "python3.13-venv", "python3.14-venv"];
 const FORKY_DEBUG_PACKAGES: &[&str] = &["python3.13-dbg", "python3.14-dbg"];
 
@@ -144,7 +145,8 @@ pub fn run_for(needs: Needs) -> anyhow::Result<()> {
     if needs.tests {
         forky_root()?;
         forky_packages()?;
-        made.push(format!("the forky root at {FORKY_ROOT}"));
+        crate::bench_venvs::ensure_forky_pyperf(&pyperf_venv().join("bin").join("python"))?;
+        made.push(format!("the forky root at {FORKY_ROOT} (with pyperf for its python3.13)"));
         // The test run fuzzes too.
         ensure_cargo_fuzz()?;
         made.push(format!("cargo-fuzz {CARGO_FUZZ_VERSION}"));

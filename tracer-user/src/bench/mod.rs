@@ -7,18 +7,24 @@
 //! file with the same number of processes and values, so pyperf's own
 //! `compare_to` (and its significance test) reads them directly.
 
+mod child;
 pub mod report;
+mod root;
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    time::{Duration, Instant},
+    process::{Command, Stdio},
+    time::Duration,
 };
 
 use serde::Deserialize;
 use thiserror::Error;
 
+use self::{
+    child::{KillOnDrop, start_tool, stderr_line, wait_blocked_on_stdin},
+    root::{WorkDir, chrooted, host_of, seen_in},
+};
 use crate::{
     discover::{Resolved, TargetSpec},
     error::Classify,
@@ -43,6 +49,16 @@ pub enum BenchError {
     Step { what: String, detail: String },
     #[error("--root {path}: {cause}; pass the directory the interpreter runs chrooted in")]
     Root { path: PathBuf, cause: std::io::Error },
+    #[error("--python {python} is not in --root {root}; pass its absolute path as seen inside the root")]
+    NotInRoot { python: PathBuf, root: PathBuf },
+    #[error(
+        "pyperf is not installed for {python} in {root}; pass --python of a venv there that has it (`cargo xtask setup` makes {FORKY_PYPERF} in Debian forky's root)"
+    )]
+    NoPyperfInRoot { python: PathBuf, root: PathBuf },
+    #[error(
+        "--root {root}: the interpreter's image resolved outside the root, to {image} (its libpython, found as the host finds it); --root takes statically linked interpreters, such as Debian's"
+    )]
+    ImageOutsideRoot { root: PathBuf, image: PathBuf },
     #[error(transparent)]
     Prepare(#[from] PrepareError),
     #[error(transparent)]
@@ -56,13 +72,22 @@ impl Classify for BenchError {
     /// way is tracer's or the system's.
     fn is_bad_input(&self) -> bool {
         match self {
-            Self::Python { .. } | Self::NoPyperf { .. } | Self::Root { .. } => true,
+            Self::Python { .. }
+            | Self::NoPyperf { .. }
+            | Self::Root { .. }
+            | Self::NotInRoot { .. }
+            | Self::NoPyperfInRoot { .. }
+            | Self::ImageOutsideRoot { .. } => true,
             Self::Prepare(e) => e.is_bad_input(),
             Self::Attach(e) => e.is_bad_input(),
             Self::Step { .. } | Self::Output { .. } => false,
         }
     }
 }
+
+/// forky's python3.13 with pyperf, which `cargo xtask setup` makes in its
+/// root (xtask's `FORKY_PYPERF_3_13`).
+const FORKY_PYPERF: &str = "/opt/tracer/pyperf-venv-3.13/bin/python";
 
 fn step(what: impl Into<String>, detail: impl std::fmt::Display) -> BenchError {
     BenchError::Step { what: what.into(), detail: detail.to_string() }
@@ -232,17 +257,17 @@ impl Bench {
     ) -> Result<Self, BenchError> {
         std::fs::create_dir_all(out_dir).map_err(|cause| BenchError::Output { path: out_dir.to_owned(), cause })?;
         let root = match root {
-            Some(r) => Some(r.canonicalize().map_err(|cause| BenchError::Root { path: r.to_owned(), cause })?),
+            Some(r) => {
+                let dir = root::resolve(r)?;
+                root::check_python(&dir, python)?;
+                Some(dir)
+            }
             None => None,
         };
         let root = root.as_deref();
         let work = match root {
-            Some(root) => {
-                let path = root.join("tmp").join(format!("tracer-bench.{}", std::process::id()));
-                std::fs::create_dir_all(&path).map_err(|cause| BenchError::Root { path: root.to_owned(), cause })?;
-                WorkDir { path, ours: true }
-            }
-            None => WorkDir { path: out_dir.to_owned(), ours: false },
+            Some(root) => WorkDir::in_root(root)?,
+            None => WorkDir::output(out_dir),
         };
         let helper = work.path.join("helper.py");
         std::fs::write(&helper, HELPER).map_err(|cause| BenchError::Output { path: helper.clone(), cause })?;
@@ -256,7 +281,10 @@ impl Bench {
         }
         let info: Info = serde_json::from_slice(&out.stdout).map_err(|e| step("reading the helper's answer", e))?;
         if info.pyperf.is_none() {
-            return Err(BenchError::NoPyperf { python: python.to_owned(), venv: default_venv().display().to_string() });
+            return Err(match root {
+                Some(root) => BenchError::NoPyperfInRoot { python: python.to_owned(), root: root.to_owned() },
+                None => BenchError::NoPyperf { python: python.to_owned(), venv: default_venv().display().to_string() },
+            });
         }
         // Inside a root, the debug packages' files are there too.
         let debug_dir = root.map(|r| r.join("usr/lib/debug")).filter(|d| d.is_dir());
@@ -273,6 +301,15 @@ impl Bench {
             frees_at_implementations: false,
         };
         let prepared = prepare::prepare(&TargetSpec::Exe(host_of(root, &info.real)), &options)?;
+        if let Some(root) = root
+            && !prepared.target.attach_path.starts_with(root)
+        {
+            // A libpython the host's loader paths found: not the root's.
+            return Err(BenchError::ImageOutsideRoot {
+                root: root.to_owned(),
+                image: prepared.target.attach_path.clone(),
+            });
+        }
         Ok(Self {
             prepared,
             python: python.to_owned(),
@@ -288,7 +325,7 @@ impl Bench {
     }
 
     /// A command running the interpreter: under chroot(8) with a root.
-    fn python(&self) -> Command {
+    fn interpreter(&self) -> Command {
         chrooted(self.root.as_deref(), &self.python)
     }
 
@@ -344,7 +381,7 @@ impl Bench {
 
     fn count_loops(&self, loops: u64) -> Result<Vec<(&'static str, u64)>, BenchError> {
         let mut child = KillOnDrop(
-            self.python()
+            self.interpreter()
                 .arg(self.seen(&self.helper))
                 .args(["loop", &loops.to_string(), &self.stmt, &self.setup])
                 .stdin(Stdio::piped())
@@ -373,6 +410,16 @@ impl Bench {
             // As `attached` does: perf-event links would take minutes to
             // make and remove one by one for an LTO build's copies.
             session.attach_multi(pid)?;
+            // A point the kernel refused leaves its calls uncounted: the
+            // count would not be exact.
+            if let Some((symbol, offset)) = session.refused().iter().next() {
+                return Err(step(
+                    "counting hits",
+                    format!(
+                        "the kernel refused {symbol}'s probe at file offset {offset:#x}, so the count is not exact"
+                    ),
+                ));
+            }
         } else {
             session.attach_process(pid)?;
         }
@@ -404,10 +451,13 @@ impl Bench {
     /// Runs every state for `plan.rounds` rounds, rotating the order each
     /// round, and returns each state's statistics in `states` order.
     pub fn run(&self, states: &[State], mut progress: impl FnMut(&str)) -> Result<Vec<StateStats>, BenchError> {
+        // An earlier run's, and with a root the copies of one, which a run
+        // that fails midway would otherwise leave looking current.
         for state in states {
-            let file = self.file(state);
-            if file.exists() {
-                std::fs::remove_file(&file).map_err(|cause| BenchError::Output { path: file.clone(), cause })?;
+            for file in [self.file(state), self.out_dir.join(format!("{}.json", state.name()))] {
+                if file.exists() {
+                    std::fs::remove_file(&file).map_err(|cause| BenchError::Output { path: file.clone(), cause })?;
+                }
             }
         }
         let n = states.len();
@@ -427,7 +477,7 @@ impl Bench {
         }
         let files: Vec<PathBuf> = states.iter().map(|s| self.seen(&self.file(s))).collect();
         let out = self
-            .python()
+            .interpreter()
             .arg(self.seen(&self.helper))
             .arg("stats")
             .args(&files)
@@ -451,7 +501,7 @@ impl Bench {
 
     fn calibrated_loops(&self, state: &State) -> Result<u64, BenchError> {
         let out = self
-            .python()
+            .interpreter()
             .arg(self.seen(&self.helper))
             .arg("loops")
             .arg(self.seen(&self.file(state)))
@@ -485,7 +535,7 @@ impl Bench {
     }
 
     fn chunk(&self, state: &State, loops: Option<u64>) -> Result<(), BenchError> {
-        let mut cmd = self.python();
+        let mut cmd = self.interpreter();
         cmd.args(["-m", "pyperf", "timeit", "--quiet", "--append"])
             .arg(self.seen(&self.file(state)))
             .args(["--processes", &self.plan.processes.to_string()])
@@ -535,7 +585,7 @@ impl Bench {
             None => s.file.clone(),
         };
         let out = self
-            .python()
+            .interpreter()
             .args(["-m", "pyperf", "compare_to"])
             .arg(inside(base))
             .arg(inside(other))
@@ -546,55 +596,6 @@ impl Bench {
             return Err(step("pyperf compare_to", format!("{}{}", text.trim(), stderr_line(&out.stderr))));
         }
         Ok(Comparison { ratio: other.mean / base.mean, significant: !text.contains("not significant") })
-    }
-}
-
-/// A bench's work directory; one it made inside a root is removed with
-/// it, so that nothing is left there.
-struct WorkDir {
-    path: PathBuf,
-    ours: bool,
-}
-
-impl Drop for WorkDir {
-    fn drop(&mut self) {
-        if self.ours {
-            let _ = std::fs::remove_dir_all(&self.path);
-        }
-    }
-}
-
-/// A command running `program`, a path inside `root` where there is one,
-/// under chroot(8) there, with a /proc of its own mount namespace (pyperf
-/// reads it) showing the host's processes; unshare(1) and chroot(8) exec
-/// it, so it has the PID the command was given.
-fn chrooted(root: Option<&Path>, program: &Path) -> Command {
-    match root {
-        Some(root) => {
-            let mut c = Command::new("/usr/bin/unshare");
-            c.arg(format!("--mount-proc={}", root.join("proc").display()))
-                .arg("/usr/sbin/chroot")
-                .arg(root)
-                .arg(program);
-            c
-        }
-        None => Command::new(program),
-    }
-}
-
-/// A host path as a process chrooted in `root` sees it.
-fn seen_in(root: Option<&Path>, host: &Path) -> PathBuf {
-    match root {
-        Some(root) => Path::new("/").join(host.strip_prefix(root).unwrap_or(host)),
-        None => host.to_owned(),
-    }
-}
-
-/// A path a process chrooted in `root` gave, as the host sees it.
-fn host_of(root: Option<&Path>, seen: &Path) -> PathBuf {
-    match root {
-        Some(root) => root.join(seen.strip_prefix("/").unwrap_or(seen)),
-        None => seen.to_owned(),
     }
 }
 
@@ -623,75 +624,6 @@ pub fn compare_line(base_name: &str, base: &StateStats, name: &str, other: &Stat
 struct Guard {
     session: Option<Session>,
     tool: Option<KillOnDrop>,
-}
-
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if let Ok(pid) = libc::pid_t::try_from(self.0.id()) {
-            // SAFETY: kill has no memory-safety preconditions; the child is
-            // ours and not yet reaped.
-            unsafe { libc::kill(pid, libc::SIGINT) };
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if matches!(self.0.try_wait(), Ok(Some(_))) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_tool(name: &str, argv: &[String], ready: &str, settle: Duration) -> Result<KillOnDrop, BenchError> {
-    let (program, rest) = argv.split_first().ok_or_else(|| step(name, "empty command"))?;
-    let mut child = KillOnDrop(
-        Command::new(program)
-            .args(rest)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| step(format!("starting {program}"), e))?,
-    );
-    let stdout = child.0.stdout.take().ok_or_else(|| step(name, "no stdout"))?;
-    let mut lines = BufReader::new(stdout).lines();
-    loop {
-        match lines.next() {
-            Some(Ok(line)) if line.contains(ready) => break,
-            Some(Ok(_)) => {}
-            _ => return Err(step(format!("starting {program}"), format!("it exited before printing {ready:?}"))),
-        }
-    }
-    // Keep draining its output so it never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    std::thread::sleep(settle);
-    Ok(child)
-}
-
-/// Waits until `pid` sleeps in read(0, ...), so nothing it does on the way
-/// into the read lands on one side of the attach in one run and on the
-/// other side in the next.
-fn wait_blocked_on_stdin(pid: u32) -> Result<(), BenchError> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let syscall = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
-        if syscall.starts_with("0 0x0 ") {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(step("the loop helper", "it never waited on stdin"));
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
-fn stderr_line(stderr: &[u8]) -> String {
-    let text = String::from_utf8_lossy(stderr);
-    text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("(no output)").trim().to_owned()
 }
 
 #[cfg(test)]

@@ -176,6 +176,7 @@ pub fn json(bench: &Bench, baseline: &StateStats, rows: &[Row<'_>], hits: &HitsP
             executable: bench.python.clone(),
             version: bench.target().version.to_string(),
             image: bench.target().display_path.clone(),
+            root: bench.root.clone(),
         },
         stmt: bench.stmt.clone(),
         setup: bench.setup.clone(),

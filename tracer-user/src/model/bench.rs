@@ -32,9 +32,14 @@ pub struct BenchReport {
 /// The interpreter `tracer bench` measured.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BenchPython {
+    /// As `--python` named it: inside `root` where there is one.
     pub executable: std::path::PathBuf,
     pub version: String,
+    /// The image probed, as the host sees it.
     pub image: std::path::PathBuf,
+    /// `--root`: the directory the interpreter ran chrooted in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root: Option<std::path::PathBuf>,
 }
 
 /// One setup's timing.
