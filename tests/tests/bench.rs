@@ -2,7 +2,10 @@
 //! three states, writes files pyperf reads, and counts hits per loop
 //! exactly. No timing is asserted here: speed lives in BENCHMARKS.md.
 
-use std::path::PathBuf;
+use std::{
+    ffi::OsStr,
+    path::{Path, PathBuf},
+};
 
 use tracer_tests::{forky_root, pyperf_venv, require_root, run_tracer, tracer_bin};
 
@@ -13,21 +16,27 @@ fn pyperf_python() -> PathBuf {
     python
 }
 
+/// `tracer bench ARGS --stmt 'bytearray(1000)' --probes PROBES --fast
+/// --json -o DIR`, which must succeed: its JSON.
+fn bench_json(args: &[&OsStr], probes: &str, dir: &Path) -> serde_json::Value {
+    let out = std::process::Command::new(tracer_bin())
+        .arg("bench")
+        .args(args)
+        .args(["--stmt", "bytearray(1000)", "--probes", probes, "--fast", "--json", "-o"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
 #[test]
 fn bench_runs_three_states_and_counts_hits_exactly() {
     require_root();
     let dir = std::env::temp_dir().join(format!("tracer-bench-test-{}", std::process::id()));
     let python = pyperf_python();
-    let out = std::process::Command::new(tracer_bin())
-        .args(["bench", "--python"])
-        .arg(&python)
-        .args(["--stmt", "bytearray(1000)", "--probes", "PyMem_RawMalloc", "--fast", "--json", "-o"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let v = bench_json(&[OsStr::new("--python"), python.as_os_str()], "PyMem_RawMalloc", &dir);
     // bytearray(1000) asks the raw allocator for its 1001-byte buffer once.
     assert_eq!(v["hits_per_loop"], 1.0, "{v}");
     assert_eq!(v["hits_per_loop_by_probe"]["PyMem_RawMalloc"], 1.0);
@@ -82,17 +91,8 @@ fn bench_runs_a_chrooted_interpreter() {
             .collect()
     };
     let before = work_dirs();
-    let out = std::process::Command::new(tracer_bin())
-        .args(["bench", "--root"])
-        .arg(&root)
-        .args(["--python", FORKY_PYPERF_3_13])
-        .args(["--stmt", "bytearray(1000)", "--probes", "PyMem_RawMalloc,PyObject_Malloc", "--fast", "--json", "-o"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let args = [OsStr::new("--root"), root.as_os_str(), OsStr::new("--python"), OsStr::new(FORKY_PYPERF_3_13)];
+    let v = bench_json(&args, "PyMem_RawMalloc,PyObject_Malloc", &dir);
     // The object, and its 1001-byte buffer, past pymalloc's largest class,
     // from the raw allocator; counted at their inlined copies too.
     assert_eq!(v["hits_per_loop_by_probe"]["PyObject_Malloc"], 1.0, "{v}");
@@ -122,12 +122,19 @@ fn bench_bad_input() {
     require_root();
     let dir = std::env::temp_dir().join(format!("tracer-bench-bad-{}", std::process::id()));
     let out = dir.to_str().unwrap();
-    let (code, stdout, stderr) = run_tracer(&["bench", "--python", "/no/such/python", "-o", out]);
-    assert_eq!(
-        stderr,
-        "tracer: error: cannot run /no/such/python: No such file or directory (os error 2); pass --python PATH of a CPython 3.11+ interpreter\n"
+    // Each refused with exactly this line, exit status 2 and no output.
+    let refused = |args: &[&str], expected: &str| {
+        let mut all = vec!["bench"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["-o", out]);
+        let (code, stdout, stderr) = run_tracer(&all);
+        assert_eq!(stderr, format!("tracer: error: {expected}\n"), "{args:?}");
+        assert_eq!((code, stdout.as_str()), (Some(2), ""), "{args:?}");
+    };
+    refused(
+        &["--python", "/no/such/python"],
+        "cannot run /no/such/python: No such file or directory (os error 2); pass --python PATH of a CPython 3.11+ interpreter",
     );
-    assert_eq!((code, stdout.as_str()), (Some(2), ""));
     // Debian's python3.11 has no pyperf (setup installs it only in the venv).
     let (code, _, stderr) = run_tracer(&["bench", "--python", "/usr/bin/python3.11", "-o", out]);
     assert!(
@@ -136,41 +143,30 @@ fn bench_bad_input() {
     );
     assert_eq!(stderr.lines().count(), 1);
     assert_eq!(code, Some(2));
-    let (code, _, stderr) = run_tracer(&["bench", "--also", "perf", "-o", out]);
-    assert_eq!(
-        stderr,
-        "tracer: error: --also names \"perf\", which is not a setup tracer bench knows; use entry, call-sites, empty, empty-entry, empty-call-sites, returns, meta-insert, meta-lookup, meta-pool, meta-chunk, bpftrace, tracemalloc=FRAMES (e.g. tracemalloc=1) or budget=PERCENT (e.g. budget=1)\n"
+    refused(
+        &["--also", "perf"],
+        "--also names \"perf\", which is not a setup tracer bench knows; use entry, call-sites, empty, empty-entry, empty-call-sites, returns, meta-insert, meta-lookup, meta-pool, meta-chunk, bpftrace, tracemalloc=FRAMES (e.g. tracemalloc=1) or budget=PERCENT (e.g. budget=1)",
     );
-    assert_eq!(code, Some(2));
-    let (code, _, stderr) =
-        run_tracer(&["bench", "--root", "/no/such/root", "--python", "/usr/bin/python3", "-o", out]);
-    assert_eq!(
-        stderr,
-        "tracer: error: --root /no/such/root: No such file or directory (os error 2); pass the directory the interpreter runs chrooted in\n"
+    refused(
+        &["--root", "/no/such/root", "--python", "/usr/bin/python3"],
+        "--root /no/such/root: No such file or directory (os error 2); pass the directory the interpreter runs chrooted in",
     );
-    assert_eq!(code, Some(2));
     let (code, _, stderr) = run_tracer(&["bench", "--root", "/var/lib/tracer/forky", "-o", out]);
     assert!(stderr.contains("--python <PATH>"), "{stderr}");
     assert_eq!(code, Some(2));
     // A path the root does not have, and a relative one.
     for python in ["/no/such/python", "python3.13"] {
-        let (code, _, stderr) =
-            run_tracer(&["bench", "--root", "/var/lib/tracer/forky", "--python", python, "-o", out]);
-        assert_eq!(
-            stderr,
-            format!(
-                "tracer: error: --python {python} is not in --root /var/lib/tracer/forky; pass its absolute path as seen inside the root\n"
-            )
+        refused(
+            &["--root", "/var/lib/tracer/forky", "--python", python],
+            &format!(
+                "--python {python} is not in --root /var/lib/tracer/forky; pass its absolute path as seen inside the root"
+            ),
         );
-        assert_eq!(code, Some(2));
     }
     // An interpreter the root has, without pyperf.
-    let (code, _, stderr) =
-        run_tracer(&["bench", "--root", "/var/lib/tracer/forky", "--python", "/usr/bin/python3.13", "-o", out]);
-    assert_eq!(
-        stderr,
-        "tracer: error: pyperf is not installed for /usr/bin/python3.13 in /var/lib/tracer/forky; pass --python of a venv there that has it (`cargo xtask setup` makes /opt/tracer/pyperf-venv-3.13/bin/python in Debian forky's root)\n"
+    refused(
+        &["--root", "/var/lib/tracer/forky", "--python", "/usr/bin/python3.13"],
+        "pyperf is not installed for /usr/bin/python3.13 in /var/lib/tracer/forky; pass --python of a venv there that has it (`cargo xtask setup` makes /opt/tracer/pyperf-venv-3.13/bin/python in Debian forky's root)",
     );
-    assert_eq!(code, Some(2));
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -122,11 +122,20 @@ enum Task {
 /// stay within its time (docs/fuzzing.md has the figures).
 const TEST_FUZZ_SECONDS: u64 = 5;
 
+/// What the tests need: the toolchain, the test targets, and forky's
+/// python3.13 with pyperf (a test runs `tracer bench --root` on it).
+fn setup_tests() -> anyhow::Result<()> {
+    setup::run_for(setup::Needs { tests: true })?;
+    bench_venvs::ensure_forky_pyperf(&setup::pyperf_venv().join("bin").join("python"))?;
+    eprintln!("xtask: forky's python3.13 has pyperf ({})", bench_venvs::FORKY_PYPERF_3_13);
+    Ok(())
+}
+
 /// Everything the build, the demo, the tests and the benchmarks need: the
 /// toolchain and the test targets, then the production benchmark's venvs
 /// (pyperformance and memray on three interpreters).
 fn setup_everything() -> anyhow::Result<()> {
-    setup::run_for(setup::Needs { tests: true })?;
+    setup_tests()?;
     bench_venvs::ensure_all()?;
     eprintln!("xtask: the production benchmark's venvs are ready");
     Ok(())
@@ -192,7 +201,7 @@ fn main() -> anyhow::Result<()> {
         }
         Task::Test { args } => {
             // The test targets, not the benchmark's venvs: CI's time.
-            setup::run_for(setup::Needs { tests: true })?;
+            setup_tests()?;
             let tracer = build(&root, false)?;
             // A filtered run is for a few tests; the fuzzing is the whole
             // run's. Its targets build meanwhile, at the lowest priority:

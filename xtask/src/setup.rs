@@ -145,8 +145,7 @@ pub fn run_for(needs: Needs) -> anyhow::Result<()> {
     if needs.tests {
         forky_root()?;
         forky_packages()?;
-        crate::bench_venvs::ensure_forky_pyperf(&pyperf_venv().join("bin").join("python"))?;
-        made.push(format!("the forky root at {FORKY_ROOT} (with pyperf for its python3.13)"));
+        made.push(format!("the forky root at {FORKY_ROOT}"));
         // The test run fuzzes too.
         ensure_cargo_fuzz()?;
         made.push(format!("cargo-fuzz {CARGO_FUZZ_VERSION}"));
