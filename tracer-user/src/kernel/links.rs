@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeMap, num::NonZeroU32, os::fd::OwnedFd, path::PathBuf, time::Instant};
 
-use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope};
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
 
 use tracer_common::site;
 
@@ -189,26 +189,24 @@ impl Session {
     /// lock (about 0.13 s here), so the later ones in `order` stay live
     /// that much longer each.
     pub fn detach_in_order(&mut self, pid: u32, order: &[usize]) -> Vec<Option<Instant>> {
-        let mut links: Vec<Option<(Program, UProbeLinkId, usize)>> =
-            self.links.remove(&pid).unwrap_or_default().into_iter().map(Some).collect();
+        let mut links = self.links.remove(&pid).unwrap_or_default();
         let slots = self.plan.probes.len();
+        // A probe's place in `order`; those left out after it, by slot,
+        // and links of no probe's slot last. The sort is stable, so a
+        // probe's links keep their order.
+        let rank = |slot: usize| {
+            order.iter().position(|&s| s == slot).unwrap_or(if slot < slots { order.len() + slot } else { usize::MAX })
+        };
+        links.sort_by_key(|l| rank(l.2));
         let mut began = vec![None; slots];
-        let rest: Vec<usize> = (0..slots).filter(|s| !order.contains(s)).collect();
-        // Links of no probe's slot, if any, last.
-        for slot in order.iter().chain(&rest).copied().chain([usize::MAX]) {
-            for entry in &mut links {
-                if !entry.as_ref().is_some_and(|l| l.2 == slot || (slot == usize::MAX && l.2 >= slots)) {
-                    continue;
-                }
-                let Some((program, link, _)) = entry.take() else { continue };
-                if let Some(b) = began.get_mut(slot) {
-                    b.get_or_insert_with(Instant::now);
-                }
-                if let Ok(p) = super::uprobe_mut(&mut self.ebpf, program) {
-                    // A link of a process that has exited detaches all the
-                    // same; an error here leaves nothing to undo.
-                    let _ = p.detach(link);
-                }
+        for (program, link, slot) in links {
+            if let Some(b) = began.get_mut(slot) {
+                b.get_or_insert_with(Instant::now);
+            }
+            if let Ok(p) = super::uprobe_mut(&mut self.ebpf, program) {
+                // A link of a process that has exited detaches all the
+                // same; an error here leaves nothing to undo.
+                let _ = p.detach(link);
             }
         }
         began
