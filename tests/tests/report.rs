@@ -150,6 +150,10 @@ fn the_diff_of_two_censuses_counts_the_objects_made_between() {
     tracer.signal(libc::SIGINT);
     let _ = tracer.summary();
     drop(workload);
+    // A microsecond to spare either way: serde_json reads a float to
+    // within an ulp, not exactly, and the censuses are 0.5 s apart (a
+    // census missed by an ulp made the diff start one census late).
+    let (from, to) = (from - 1e-6, to + 1e-6);
     let (code, out, err) = report(&[record.to_str().unwrap(), "--diff", &from.to_string(), &to.to_string(), "--json"]);
     assert_eq!(code, Some(0), "{err}");
     let diff: Value = serde_json::from_str(&out).expect("one JSON object");

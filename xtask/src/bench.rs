@@ -118,6 +118,8 @@ pub fn run(root: &Path, tracer: &Path, effort: &str, tracer_args: &[String]) -> 
 
     // 4. --budget estimates against full counts of the same process.
     budget_accuracy(&mut md, tracer)?;
+    // 4b. What the windows cost the target, against their price.
+    crate::bench_window_price::window_price_section(&mut md, root, tracer, effort)?;
 
     // 5. Reading allocators' return values.
     returns_section(&mut md, tracer, &python, &out_root, effort)?;

@@ -24,6 +24,7 @@ mod bench_production;
 mod bench_returns;
 mod bench_stacks;
 mod bench_venvs;
+mod bench_window_price;
 mod fuzz;
 mod lto;
 mod markdown;
@@ -56,10 +57,11 @@ enum Task {
         #[arg(long)]
         release: bool,
     },
-    /// Set up, build, and trace the bundled demo workload for a few seconds.
+    /// Set up, build, and trace the bundled demo workload for 20 seconds, a report every 5.
     Demo {
-        /// How long to trace, in seconds.
-        #[arg(long, default_value_t = 5)]
+        /// How long to trace, in seconds. The attach's first window costs the demo workload
+        /// 13-28 ms of CPU time on Debian's 3.11, which a 1% budget pays for in about 15 s.
+        #[arg(long, default_value_t = 20)]
         seconds: u32,
     },
     /// Set up, build (release), and run the benchmark suite; writes BENCHMARKS.md (needs root).
@@ -76,8 +78,10 @@ enum Task {
         /// `--live` adds per allocator call, apart from its return probes) or production (what tracer,
         /// tracemalloc and memray cost pyperformance's benchmarks, by twins and alternate rounds)
         /// or census (`tracer heap` on a 1 GiB heap of small objects: time and memory) or frees
-        /// (pyenv's frees at their entries and at their implementations, against the empty program).
-        #[arg(long, value_parser = ["budget", "returns", "static", "lto", "cost", "stacks", "features", "live", "production", "census", "frees"])]
+        /// (pyenv's frees at their entries and at their implementations, against the empty program)
+        /// or window-price (what the profile's windows cost the target in kernel time, against
+        /// their price).
+        #[arg(long, value_parser = ["budget", "returns", "static", "lto", "cost", "stacks", "features", "live", "production", "census", "frees", "window-price"])]
         only: Option<String>,
         /// The tracer command line the production section measures (after `tracer`), with PID for
         /// the target's PID.
@@ -174,6 +178,7 @@ fn main() -> anyhow::Result<()> {
                 Some("live") => bench_live::live_section(&mut md, &tracer, &effort, &versus)?,
                 Some("census") => bench_census::census_section(&mut md, &tracer, &effort)?,
                 Some("frees") => bench_frees::frees_section(&mut md, &tracer, &effort)?,
+                Some("window-price") => bench_window_price::window_price_section(&mut md, &root, &tracer, &effort)?,
                 Some("production") => bench_production::production_section(
                     &mut md,
                     &tracer,
@@ -315,7 +320,8 @@ fn demo(root: &Path, tracer: &Path, seconds: u32) -> anyhow::Result<()> {
         if line.trim() != "ready" {
             bail!("the demo workload did not start (it printed {line:?})");
         }
-        run(Command::new(tracer).args(["attach", "--pid", &pid.to_string(), "--duration", &seconds.to_string()]))
+        let (pid, seconds) = (pid.to_string(), seconds.to_string());
+        run(Command::new(tracer).args(["attach", "--pid", &pid, "--duration", &seconds, "--interval", "5"]))
     })();
     // The workload runs forever; stop it whatever happened.
     let _ = child.kill();

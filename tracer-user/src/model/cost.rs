@@ -196,6 +196,14 @@ pub struct CostEstimate {
 /// [`ProfileCost::sources`]).
 pub const GROWTH_SOURCE: &str = "growth";
 
+/// The ledger's name for the attach's first window of the rates (a key of
+/// [`ProfileCost::sources`]): it runs before the target has paid for
+/// anything, and gives the header its estimate.
+pub const FIRST_WINDOW_SOURCE: &str = "first_window";
+
+/// The ledger's name for the rates' windows after the first.
+pub const RATES_SOURCE: &str = "rates";
+
 /// What one source of the production profile cost over an interval (in a
 /// summary, over the run).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -232,9 +240,76 @@ pub struct ProfileCost {
     /// The CPU time the traced processes used over the span, by their
     /// CPU clocks.
     pub target_cpu_s: f64,
-    /// By source: `rates` (the duty cycle's windows), `gc_probes` (the
+    /// By source: `first_window` (the attach's window of the rates),
+    /// `rates` (the duty cycle's windows after it), `gc_probes` (the
     /// probes that time collections), `gc_memory` (the statistics read),
     /// `census` (the heap census), `growth` (its probes and reads),
     /// `tracer` (the run loop's own CPU time).
     pub sources: IndexMap<String, SourceCost>,
+}
+
+impl ProfileCost {
+    /// Where the run's cost passed its budget by the attach's first window
+    /// alone (run before the target had paid for anything; the windows
+    /// after it wait until it is paid for): how long a run at this
+    /// target's pace pays for it, in seconds. The other sources keep to
+    /// what they took, the rates' windows after the first to what the
+    /// budget leaves, so the run holds its budget once the first window's
+    /// cost is within what the budget leaves the rates of the target's
+    /// CPU time.
+    #[must_use]
+    pub fn first_window_paid_by_s(&self) -> Option<f64> {
+        let budget = self.budget_percent / 100.0;
+        let first = self.sources.get(FIRST_WINDOW_SOURCE)?;
+        let rates = self.sources.get(RATES_SOURCE).map_or(0.0, |s| s.fraction);
+        let others = self.fraction - first.fraction - rates;
+        let over_by_it = self.fraction > budget && self.fraction - first.fraction <= budget;
+        if !over_by_it || others >= budget || self.span_s <= 0.0 || self.target_cpu_s <= 0.0 {
+            return None;
+        }
+        let pace = self.target_cpu_s / self.span_s;
+        Some(first.target_s / ((budget - others) * pace))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source(target_s: f64, fraction: f64) -> SourceCost {
+        SourceCost { target_s, fraction, ..SourceCost::default() }
+    }
+
+    /// A 5 s run of a target at a quarter of a CPU (1.25 s of CPU time):
+    /// a 20 ms first window is 1.6% of it, the census 0.4%.
+    fn run(first_s: f64) -> ProfileCost {
+        let cpu = 1.25;
+        let sources = [
+            (FIRST_WINDOW_SOURCE, source(first_s, first_s / cpu)),
+            (RATES_SOURCE, source(0.0, 0.0)),
+            ("census", source(0.0, 0.004)),
+        ];
+        ProfileCost {
+            budget_percent: 1.0,
+            fraction: sources.iter().map(|(_, s)| s.fraction).sum(),
+            span_s: 5.0,
+            target_cpu_s: cpu,
+            sources: sources.into_iter().map(|(n, s)| (n.to_owned(), s)).collect(),
+        }
+    }
+
+    #[test]
+    fn a_run_over_its_budget_by_the_first_window_alone_says_how_long_a_run_pays_for_it() {
+        // The budget leaves the rates 0.6% of 0.25 s of CPU time a second:
+        // 20 ms takes 13.3 s.
+        let paid = run(0.020).first_window_paid_by_s().expect("over by the first window");
+        assert!((paid - 0.020 / (0.006 * 0.25)).abs() < 1e-9, "{paid}");
+        // Within the budget: nothing to say.
+        assert_eq!(run(0.005).first_window_paid_by_s(), None);
+        // Over it without the first window too: not the first window's doing.
+        let mut over = run(0.020);
+        over.sources.get_mut("census").expect("census").fraction = 0.012;
+        over.fraction += 0.008;
+        assert_eq!(over.first_window_paid_by_s(), None);
+    }
 }

@@ -25,10 +25,11 @@ pub const BUDGET_WINDOW: Duration = Duration::from_millis(20);
 
 /// How long the first window stays attached: the one the attach begins,
 /// which the header's estimate comes from. It runs before the target has
-/// paid for anything, so it is kept short: its hits while live are a
-/// quarter of a full window's, and what attaching and detaching cost it is
-/// the same.
-pub const FIRST_WINDOW: Duration = Duration::from_millis(5);
+/// paid for anything, so it is kept short. Most of its cost is the hits
+/// while its breakpoints go in and come out, which no length changes: on
+/// Debian 3.11's demo workload 1,149 hits while they went in, 4,021 while
+/// live 6 ms, and 4,678 over the 47 ms they took to come out (at 5 ms).
+pub const FIRST_WINDOW: Duration = Duration::from_millis(2);
 
 /// The duty cycle of one session.
 pub struct DutyCycle {
@@ -85,6 +86,8 @@ pub struct DutyCycle {
     gap_from: Option<(Instant, CpuMark)>,
     /// How much the windows slowed the target.
     pace: Pace,
+    /// What the first window cost, once it is recorded.
+    first_cost: Option<Duration>,
     /// When to toggle next.
     pub next: Instant,
 }
@@ -164,6 +167,7 @@ impl DutyCycle {
             cpu_live_began,
             gap_from: None,
             pace: Pace::default(),
+            first_cost: None,
         })
     }
 
@@ -177,6 +181,13 @@ impl DutyCycle {
     #[must_use]
     pub fn overhead(&self) -> Duration {
         self.estimator.overhead()
+    }
+
+    /// Of [`Self::overhead`], what the first window cost, once recorded:
+    /// the attach's, which ran before the target had paid for anything.
+    #[must_use]
+    pub const fn first_window_cost(&self) -> Option<Duration> {
+        self.first_cost
     }
 
     /// The traced processes' CPU time since the duty cycle began, read
@@ -390,28 +401,24 @@ impl DutyCycle {
         since(counts_now, &self.at_window_start)
     }
 
-    /// What the window's hits of the probe in `slot` cost the budget: its
-    /// hits times the calibrated cost of its placement, a probe with
-    /// inlined copies' as single-stepped.
-    #[allow(clippy::cast_precision_loss, reason = "hit counts of one window")]
+    /// What the window's hits of the probe in `slot` cost the budget: each
+    /// at what a hit costs where it sits, as the cost line prices it
+    /// (single-stepped where it may be and is not counted apart).
     fn probe_cost(&self, session: &Session, window: &[Tally], slot: usize) -> f64 {
-        // Not each hit as what it cost (the cost line's price): a window
-        // may cost the target more than its hits. Priced hit by hit, Debian
-        // 3.11's json_dumps twin spent 4.9% more of its CPU time in the
-        // kernel at --budget 1, 1.036x in all, in one run at 332d7f7, and
-        // 0.9% (1.000x) in another (BENCHMARKS.md, production cost).
-        // Priced so, hits at an LTO build's mostly emulated copies come to
-        // several times their own cost, which has held the windows to the
-        // budget there in every run (1.001x-1.015x). Kept until the
-        // switching's cost (each of about 1,400 breakpoints written into
-        // the target's code and out again, each write replacing a page it
-        // runs) is measured apart.
-        let cost = session
-            .plan()
-            .probes
-            .get(slot)
-            .map_or(0.0, |p| self.costs.of(p.placement.emulated && p.inline_sites.is_empty()));
-        window.get(slot).map_or(0.0, |c| c.hits as f64) * cost
+        // Until 2026-12-06 every hit at a probe with inlined copies was
+        // priced as single-stepped, about 3.5 times its price on Debian
+        // 3.11, against a cost of attaching and detaching that no hit
+        // count shows (each of about 1,400 breakpoints written into the
+        // target's code and out again). Measured apart, there is none to
+        // see: over whole windows (attach, live, detach) the target's extra
+        // kernel time came to 0.85-1.04 times its hits at this price, and
+        // 3.2 times less than at the old one (BENCHMARKS.md, "The windows'
+        // price against the target's kernel time"). Priced so high, the
+        // attach's first window alone took a 5 s demo to 3.7% of a 1%
+        // budget.
+        let Some(p) = session.plan().probes.get(slot) else { return 0.0 };
+        let tally = window.get(slot).copied().unwrap_or_default();
+        priced_range(counting_sites(p), p.stepped_apart(), (tally.hits, tally.stepped), self.costs).0
     }
 
     /// What `window`'s hits cost, priced, less what the last ceiling took
@@ -458,6 +465,7 @@ impl DutyCycle {
         let probes: Vec<ProbeWindow> =
             window.iter().zip(lives).map(|(c, &live)| ProbeWindow { live, calls: c.calls, bytes: c.bytes }).collect();
         self.estimator.add(&probes, traced, overhead);
+        self.first_cost.get_or_insert(overhead);
         overhead
     }
 

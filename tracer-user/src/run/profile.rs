@@ -55,9 +55,9 @@ pub struct Profile {
     gc_collection_ns: f64,
     /// The collections the GC probes had seen at the last interval.
     gc_collections: u64,
-    /// The rates' cost, and the statistics' bytes read and CPU time, at
-    /// the last interval.
-    rates_overhead: Duration,
+    /// The rates' cost (all windows', and the first's), and the
+    /// statistics' bytes read and CPU time, at the last interval.
+    rates_overhead: (Duration, Duration),
     gc_read: (u64, Duration),
     /// Growth's cost reported so far: target time, tracer time, bytes.
     growth_reported: (Duration, Duration, u64),
@@ -115,7 +115,7 @@ impl Profile {
             census,
             gc_collection_ns: prices.map_or(0.0, |p| collection_ns(gc_plan, p)),
             gc_collections: 0,
-            rates_overhead: Duration::ZERO,
+            rates_overhead: (Duration::ZERO, Duration::ZERO),
             gc_read: (0, Duration::ZERO),
             growth_reported: (Duration::ZERO, Duration::ZERO, 0),
             last: Instant::now(),
@@ -223,9 +223,14 @@ impl Profile {
 
     fn sources(&mut self, snapshot: &mut Snapshot, duty: Option<&DutyCycle>) {
         if let Some(duty) = duty {
-            let overhead = duty.overhead();
-            self.ledger.report(share::RATES, overhead.saturating_sub(self.rates_overhead), Duration::ZERO, 0);
-            self.rates_overhead = overhead;
+            // The first window apart: it ran before the target had paid
+            // for anything, and a short run shows it.
+            let (overhead, first) = (duty.overhead(), duty.first_window_cost().unwrap_or_default());
+            let first_new = first.saturating_sub(self.rates_overhead.1);
+            let new = overhead.saturating_sub(self.rates_overhead.0);
+            self.ledger.report(share::FIRST_WINDOW, first_new, Duration::ZERO, 0);
+            self.ledger.report(share::RATES, new.saturating_sub(first_new), Duration::ZERO, 0);
+            self.rates_overhead = (overhead, first);
         }
         // The GC probes' collections, each priced: they stay attached.
         let collections: u64 = snapshot

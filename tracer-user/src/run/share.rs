@@ -23,7 +23,11 @@ use indexmap::IndexMap;
 use crate::model::{ProfileCost, SourceCost};
 
 /// The source whose windows take what the others leave.
-pub const RATES: &str = "rates";
+pub const RATES: &str = crate::model::RATES_SOURCE;
+/// The rates' first window, at the attach: charged to the rates' duty
+/// cycle as every window is (the windows after it wait until it is paid
+/// for), and shown apart.
+pub const FIRST_WINDOW: &str = crate::model::FIRST_WINDOW_SOURCE;
 /// The probes that time collections.
 pub const GC_PROBES: &str = "gc_probes";
 /// The collector's statistics read from memory.
@@ -113,7 +117,12 @@ impl BudgetLedger {
         self.total_span += span;
         self.total_cpu += cpu;
         let total = self.total();
-        self.others = total.sources.iter().filter(|(name, _)| *name != RATES).map(|(_, s)| s.fraction).sum();
+        self.others = total
+            .sources
+            .iter()
+            .filter(|(name, _)| *name != RATES && *name != FIRST_WINDOW)
+            .map(|(_, s)| s.fraction)
+            .sum();
         self.cost(&interval, span, cpu)
     }
 

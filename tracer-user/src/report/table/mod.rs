@@ -312,6 +312,8 @@ fn profile_line(p: &crate::model::ProfileCost) -> String {
     let parts: Vec<String> = p
         .sources
         .iter()
+        // The first window's is in the interval it ran in and the run's.
+        .filter(|(name, s)| *name != crate::model::FIRST_WINDOW_SOURCE || s.target_s > 0.0)
         .map(|(name, s)| {
             let tracer = if s.tracer_cpu_s > 0.0 || s.bytes_read > 0 {
                 format!(
@@ -322,11 +324,19 @@ fn profile_line(p: &crate::model::ProfileCost) -> String {
             } else {
                 String::new()
             };
-            format!("{} {:.3}%{tracer}", name.replace('_', " "), s.fraction * 100.0)
+            let once = if name == crate::model::FIRST_WINDOW_SOURCE {
+                format!(" ({:.1} ms, once: the attach's, before the target had paid for any)", s.target_s * 1e3)
+            } else {
+                String::new()
+            };
+            format!("{} {:.3}%{once}{tracer}", name.replace('_', " "), s.fraction * 100.0)
         })
         .collect();
+    let paid = p.first_window_paid_by_s().map_or_else(String::new, |s| {
+        format!("; over the budget by the first window alone, which a run of about {s:.0} s or more pays for (the windows after it wait until it is paid for)")
+    });
     format!(
-        "  profile cost ≈{:.3}% of the target's CPU time ({:.2} s of it; budget {}%): {}",
+        "  profile cost ≈{:.3}% of the target's CPU time ({:.2} s of it; budget {}%): {}{paid}",
         p.fraction * 100.0,
         p.target_cpu_s,
         (p.budget_percent * 1e6).round() / 1e6,
