@@ -7,7 +7,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use tracer_tests::{forky_root, pyperf_venv, require_root, run_tracer, tracer_bin};
+use tracer_tests::{forky_root, pyenv, pyperf_venv, require_root, run_tracer, tracer_bin};
 
 /// The venv's python.
 fn pyperf_python() -> PathBuf {
@@ -19,7 +19,13 @@ fn pyperf_python() -> PathBuf {
 /// `tracer bench ARGS --stmt 'bytearray(1000)' --probes PROBES --fast
 /// --json -o DIR`, which must succeed: its JSON.
 fn bench_json(args: &[&OsStr], probes: &str, dir: &Path) -> serde_json::Value {
+    bench_json_env(args, probes, dir, &[])
+}
+
+/// The same with `env` set for tracer and the interpreter.
+fn bench_json_env(args: &[&OsStr], probes: &str, dir: &Path, env: &[(&str, &OsStr)]) -> serde_json::Value {
     let out = std::process::Command::new(tracer_bin())
+        .envs(env.iter().copied())
         .arg("bench")
         .args(args)
         .args(["--stmt", "bytearray(1000)", "--probes", probes, "--fast", "--json", "-o"])
@@ -64,6 +70,35 @@ fn bench_runs_three_states_and_counts_hits_exactly() {
         .unwrap();
     assert!(cmp.status.success(), "{}", String::from_utf8_lossy(&cmp.stderr));
     assert!(String::from_utf8_lossy(&cmp.stdout).starts_with("Mean +- std dev: [baseline]"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// pyenv's 3.11, whose `PyObject_Free` is single-stepped at its entry
+/// (`mov %rdi,%rsi`, then a jump through the allocator's pointer): the
+/// bench probes it where a fresh process's pointer leads, at
+/// `_PyObject_Free`, as `--pid` does, says so, and counts the same frees.
+/// pyperf comes from the default venv's site-packages (pure Python, and
+/// pyperf hands PYTHONPATH on to its workers).
+#[test]
+fn bench_probes_pyenvs_frees_at_their_implementations() {
+    require_root();
+    let dir = std::env::temp_dir().join(format!("tracer-bench-frees-{}", std::process::id()));
+    let python = pyenv("3.11.7");
+    let site = pyperf_venv().join("lib/python3.11/site-packages");
+    assert!(site.join("pyperf").is_dir(), "{} has no pyperf: run `cargo xtask setup`", site.display());
+    let args = [OsStr::new("--python"), python.as_os_str()];
+    let v = bench_json_env(&args, "PyObject_Malloc,PyObject_Free", &dir, &[("PYTHONPATH", site.as_os_str())]);
+    // Each loop makes one bytearray and drops it: PyObject_Malloc makes the
+    // object, PyObject_Realloc (from NULL) its buffer, and bytearray_dealloc
+    // frees both through PyObject_Free (3.11's Objects/bytearrayobject.c).
+    assert_eq!(v["hits_per_loop_by_probe"]["PyObject_Malloc"], 1.0, "{v}");
+    assert_eq!(v["hits_per_loop_by_probe"]["PyObject_Free"], 2.0, "{v}");
+    let notes = v["notes"].as_array().expect("notes");
+    assert!(
+        notes.iter().any(|n| n["code"] == "free_pointer"
+            && n["message"].as_str().is_some_and(|m| m.starts_with("PyObject_Free at _PyObject_Free"))),
+        "{v}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

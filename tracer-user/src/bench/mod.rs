@@ -8,6 +8,7 @@
 //! `compare_to` (and its significance test) reads them directly.
 
 mod child;
+mod frees;
 pub mod report;
 mod root;
 
@@ -23,6 +24,7 @@ use thiserror::Error;
 
 use self::{
     child::{KillOnDrop, start_tool, stderr_line, wait_blocked_on_stdin},
+    frees::HeldFrees,
     root::{WorkDir, chrooted, host_of, seen_in},
 };
 use crate::{
@@ -233,6 +235,8 @@ pub struct Bench {
     work: WorkDir,
     helper: PathBuf,
     return_costs: std::cell::RefCell<Option<crate::plan::returns::ReturnCosts>>,
+    /// What a fresh process's free pointers hold, for every plan's frees.
+    frees: Option<HeldFrees>,
 }
 
 #[derive(Deserialize)]
@@ -300,7 +304,7 @@ impl Bench {
             growth_auto: false,
             frees_at_implementations: false,
         };
-        let prepared = prepare::prepare(&TargetSpec::Exe(host_of(root, &info.real)), &options)?;
+        let mut prepared = prepare::prepare(&TargetSpec::Exe(host_of(root, &info.real)), &options)?;
         if let Some(root) = root
             && !prepared.target.attach_path.starts_with(root)
         {
@@ -310,8 +314,15 @@ impl Bench {
                 image: prepared.target.attach_path.clone(),
             });
         }
+        let frees = HeldFrees::read(chrooted(root, python), &prepared.target)?;
+        if let Some(note) =
+            frees.as_ref().and_then(|f| f.apply(&mut prepared.plan, options.planning.placement, &prepared.target))
+        {
+            prepared.notes.push(note);
+        }
         Ok(Self {
             prepared,
+            frees,
             python: python.to_owned(),
             root: root.map(Path::to_owned),
             stmt: stmt.to_owned(),
@@ -359,8 +370,12 @@ impl Bench {
     /// Plans `--probes` as `planning` says.
     fn plan(&self, planning: Planning) -> Result<ProbePlan, BenchError> {
         let costs = if planning.returns { Some(self.return_costs()?) } else { None };
-        let plan = planning.plan(ImageRef::from(self.target()), &self.prepared.specs, costs);
-        Ok(plan.map_err(PrepareError::from)?)
+        let mut plan =
+            planning.plan(ImageRef::from(self.target()), &self.prepared.specs, costs).map_err(PrepareError::from)?;
+        if let Some(frees) = &self.frees {
+            frees.apply(&mut plan, planning.placement, self.target());
+        }
+        Ok(plan)
     }
 
     /// Counts hits of `--probes` over N and 2N loops of the statement (the

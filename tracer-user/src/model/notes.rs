@@ -66,7 +66,7 @@ pub enum NoteCode {
     Interpreter,
     /// A free probed at the implementation its pointer held (see
     /// `plan::slots`) whose pointer no longer holds it: its counts from
-    /// then on are not exact.
+    /// then on are not exact. In `tracer bench`, the frees it probes so.
     FreePointer,
 }
 

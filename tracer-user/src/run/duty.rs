@@ -411,9 +411,10 @@ impl DutyCycle {
         // count shows (each of about 1,400 breakpoints written into the
         // target's code and out again). Measured apart, there is none to
         // see: over whole windows (attach, live, detach) the target's extra
-        // kernel time came to 0.85-1.04 times its hits at this price, and
-        // 3.2 times less than at the old one (BENCHMARKS.md, "The windows'
-        // price against the target's kernel time"). Priced so high, the
+        // kernel time came to 0.72-0.84 times its hits at this price over
+        // 16 spans of 30 s, the rest being a hit's CPU time outside the
+        // kernel (BENCHMARKS.md, "The windows' price against the target's
+        // kernel time"). Priced so high, the
         // attach's first window alone took a 5 s demo to 3.7% of a 1%
         // budget.
         let Some(p) = session.plan().probes.get(slot) else { return 0.0 };
