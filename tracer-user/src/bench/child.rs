@@ -59,8 +59,8 @@ pub fn start_tool(name: &str, argv: &[String], ready: &str, settle: Duration) ->
 
 /// Waits until `pid` sleeps in read(0, ...), so nothing it does on the way
 /// into the read lands on one side of the attach in one run and on the
-/// other side in the next.
-pub fn wait_blocked_on_stdin(pid: u32) -> Result<(), BenchError> {
+/// other side in the next. `what` names the process in the error.
+pub fn wait_blocked_on_stdin(pid: u32, what: &str) -> Result<(), BenchError> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let syscall = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
@@ -68,7 +68,7 @@ pub fn wait_blocked_on_stdin(pid: u32) -> Result<(), BenchError> {
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(step("the loop helper", "it never waited on stdin"));
+            return Err(step(what, "it never waited on stdin"));
         }
         std::thread::sleep(Duration::from_millis(2));
     }

@@ -46,7 +46,7 @@ impl HeldFrees {
         );
         // Initialised, and waiting: the pointers hold what pyperf's
         // workers will start with.
-        wait_blocked_on_stdin(child.0.id())?;
+        wait_blocked_on_stdin(child.0.id(), "the interpreter started to read its free pointers")?;
         let held = crate::prepare::slots::held(child.0.id(), &target.elf, &target.display_path, &slots.frees);
         drop(child);
         Ok(Some(Self { slots, held }))
@@ -65,16 +65,36 @@ impl HeldFrees {
         };
         let moved = slots::apply(plan, &self.slots, &self.held, copies);
         plan.moved_frees.clone_from(&moved);
+        if moved.is_empty() {
+            return stayed(plan);
+        }
         let names: Vec<String> = moved.iter().map(|m| format!("{} at {}", m.free.symbol, m.implementation)).collect();
-        (!names.is_empty()).then(|| {
-            Note::new(
-                Level::Note,
-                NoteCode::FreePointer,
-                format!(
-                    "{}: the implementations their pointers hold in a fresh process of this interpreter, as in every process pyperf starts (their own entries are single-stepped)",
-                    names.join(", ")
-                ),
-            )
-        })
+        Some(Note::new(
+            Level::Note,
+            NoteCode::FreePointer,
+            format!(
+                "{}: the implementations their pointers hold in a fresh process of this interpreter, as in every process pyperf starts (their own entries are single-stepped)",
+                names.join(", ")
+            ),
+        ))
     }
+}
+
+/// Where no free moved: a note naming each free of `plan` left at its
+/// single-stepped entry, and why (its placement's reason, which
+/// [`slots::apply`] completed), if there is any.
+fn stayed(plan: &Plan) -> Option<Note> {
+    let stepped: Vec<String> = plan
+        .probes
+        .iter()
+        .filter(|p| slots::FREES.contains(&p.symbol) && !p.placement.emulated)
+        .map(|p| format!("{}: {}", p.symbol, p.placement.reason))
+        .collect();
+    (!stepped.is_empty()).then(|| {
+        Note::new(
+            Level::Note,
+            NoteCode::FreePointer,
+            format!("the frees stay at their single-stepped entries ({})", stepped.join("; ")),
+        )
+    })
 }

@@ -419,7 +419,7 @@ impl Bench {
                 stderr_line(err.as_bytes()),
             ));
         }
-        wait_blocked_on_stdin(pid)?;
+        wait_blocked_on_stdin(pid, "the loop helper")?;
         let mut session = Self::load(self.prepared.plan.clone(), pid)?;
         if session.plan().has_many_sites() {
             // As `attached` does: perf-event links would take minutes to

@@ -234,15 +234,9 @@ impl<'a> Walk<'_, 'a> {
         unit: &gimli::Unit<Reader<'a>>,
         entry: &gimli::DebuggingInformationEntry<Reader<'a>>,
     ) -> gimli::Result<Option<Code>> {
-        let mut ranges = Vec::new();
-        let mut iter = self.dwarf.die_ranges(unit, entry)?;
-        while let Some(r) = iter.next()? {
-            if r.begin < r.end && !unit.header.is_tombstone_address(r.begin) {
-                ranges.push(r.begin..r.end);
-            }
-        }
         let low_pc =
             entry.attr_value(dw::DW_AT_low_pc).map(|v| self.dwarf.attr_address(unit, v)).transpose()?.flatten();
+        let ranges = self.ranges_of(unit, entry, low_pc)?;
         let base = low_pc.or_else(|| ranges.first().map(|r| r.start));
         let entry_pc = match entry.attr_value(dw::DW_AT_entry_pc) {
             Some(v @ (AttributeValue::Addr(_) | AttributeValue::DebugAddrIndex(_))) => {
@@ -256,5 +250,41 @@ impl<'a> Walk<'_, 'a> {
             .or(low_pc.map(|a| (a, EntryFrom::LowPc)))
             .or(ranges.first().map(|r| (r.start, EntryFrom::FirstRange)));
         Ok(found.filter(|&(a, _)| a != 0 && !unit.header.is_tombstone_address(a)).map(|(a, from)| (a, from, ranges)))
+    }
+
+    /// A DIE's code ranges: its `DW_AT_ranges`, else `low_pc` to its
+    /// `high_pc` (an address, or a size from `low_pc`). Not gimli's
+    /// `die_ranges`, which adds a size to `low_pc` unchecked: a corrupt
+    /// size overflowed there (found by fuzzing), and such a range is none.
+    fn ranges_of(
+        &self,
+        unit: &gimli::Unit<Reader<'a>>,
+        entry: &gimli::DebuggingInformationEntry<Reader<'a>>,
+        low_pc: Option<u64>,
+    ) -> gimli::Result<Vec<std::ops::Range<u64>>> {
+        let mut ranges = Vec::new();
+        let mut keep = |begin: u64, end: u64| {
+            if begin < end && !unit.header.is_tombstone_address(begin) {
+                ranges.push(begin..end);
+            }
+        };
+        if let Some(list) =
+            entry.attr_value(dw::DW_AT_ranges).map(|v| self.dwarf.attr_ranges(unit, v)).transpose()?.flatten()
+        {
+            let mut list = list;
+            while let Some(r) = list.next()? {
+                keep(r.begin, r.end);
+            }
+            return Ok(ranges);
+        }
+        let high_pc = match entry.attr_value(dw::DW_AT_high_pc) {
+            Some(AttributeValue::Udata(size)) => low_pc.and_then(|low| low.checked_add(size)),
+            Some(v) => self.dwarf.attr_address(unit, v)?,
+            None => None,
+        };
+        if let (Some(low), Some(high)) = (low_pc, high_pc) {
+            keep(low, high);
+        }
+        Ok(ranges)
     }
 }
