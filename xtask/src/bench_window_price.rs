@@ -41,16 +41,9 @@ struct Traced {
     hits: u64,
 }
 
-/// The target's kernel CPU time so far, by `/proc/PID/stat` (clock ticks).
+/// The target's kernel CPU time so far, in seconds.
 fn kernel_s(pid: u32) -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).context("reading the target's stat")?;
-    let fields: Vec<&str> = stat.rsplit_once(')').context("a stat line")?.1.split_whitespace().collect();
-    let stime: f64 = fields.get(12).context("stime")?.parse()?;
-    // SAFETY: sysconf reads a constant of the C library; no memory is shared.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    anyhow::ensure!(ticks > 0, "sysconf(_SC_CLK_TCK) failed");
-    #[allow(clippy::cast_precision_loss, reason = "clock ticks per second")]
-    Ok(stime / ticks as f64)
+    Ok(crate::procstat::cpu_times(pid)?.1)
 }
 
 fn span(pid: u32, work: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<Span> {

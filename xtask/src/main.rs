@@ -28,6 +28,7 @@ mod bench_window_price;
 mod fuzz;
 mod lto;
 mod markdown;
+mod procstat;
 mod production_procs;
 mod setup;
 mod soak;

@@ -248,17 +248,7 @@ impl Tracer {
     /// The tracer's own CPU time so far (user + system), in seconds.
     pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
         let pid = self.child.as_ref().context("tracer has exited")?.id();
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).context("reading tracer's /proc stat")?;
-        // Fields after the command name, which may hold spaces: state is 3rd,
-        // utime the 14th and stime the 15th of the whole line.
-        let rest = stat.rsplit_once(')').context("tracer's stat")?.1;
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ticks: u64 =
-            fields.get(11..13).context("tracer's stat is short")?.iter().filter_map(|f| f.parse::<u64>().ok()).sum();
-        // SAFETY: sysconf has no preconditions.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-        #[allow(clippy::cast_precision_loss, reason = "tick counts far below 2^52")]
-        Ok(ticks as f64 / hz as f64)
+        crate::procstat::cpu_s(pid)
     }
 
     /// Stops the tracer (SIGINT), waits for it and checks that it exited

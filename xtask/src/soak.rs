@@ -260,14 +260,14 @@ fn soak(tracer: &Path, script: &Path, mode: &Mode, minutes: u32, out: &Path) -> 
         let began = Instant::now();
         let mut tally = 0;
         let mut readings = Vec::new();
-        let (mut cpu_before, mut tally_before) = (cpu_s(tracer_pid)?, 0u64);
+        let (mut cpu_before, mut tally_before) = (crate::procstat::cpu_s(tracer_pid)?, 0u64);
         for minute in 1..=minutes {
             let at = began + Duration::from_secs(60 * u64::from(minute));
             std::thread::sleep(at.saturating_duration_since(Instant::now()));
             while let Ok((_, n)) = tally_rx.try_recv() {
                 tally = n;
             }
-            let cpu = cpu_s(tracer_pid)?;
+            let cpu = crate::procstat::cpu_s(tracer_pid)?;
             #[allow(clippy::cast_precision_loss, reason = "a count")]
             let rate = (tally - tally_before) as f64 / 60.0;
             let reading = Minute { rss_kib: rss_kib(tracer_pid)?, cpu_s: cpu - cpu_before, rate };
@@ -322,18 +322,6 @@ fn rss_kib(pid: u32) -> anyhow::Result<u64> {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .context("no VmRSS in tracer's status")
-}
-
-/// `pid`'s CPU time (user and system), in seconds.
-fn cpu_s(pid: u32) -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).context("tracer's stat")?;
-    let fields: Vec<&str> = stat.rsplit_once(") ").context("stat")?.1.split(' ').collect();
-    let ticks: u64 =
-        fields.get(11).context("utime")?.parse::<u64>()? + fields.get(12).context("stime")?.parse::<u64>()?;
-    // SAFETY: sysconf has no preconditions.
-    let per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    #[allow(clippy::cast_precision_loss, reason = "clock ticks")]
-    Ok(ticks as f64 / per_s as f64)
 }
 
 #[cfg(test)]
