@@ -6,6 +6,7 @@
 pub mod counter;
 pub mod gc;
 pub mod growth;
+pub mod heat;
 pub mod live;
 pub mod returns;
 pub mod site;
@@ -62,6 +63,11 @@ pub mod names {
     pub const NATIVE_PAGES_MAP: &str = "NATIVE_PAGES";
     /// Hash of [`crate::unwind::NativeStack`] by its hash.
     pub const NATIVE_STACKS_MAP: &str = "NATIVE_STACKS";
+    /// Per-CPU array of one [`crate::heat::Heat`]: hits per site bucket.
+    pub const HEAT_MAP: &str = "HEAT";
+    /// BPF global: whether the programs count [`HEAT_MAP`] (the budget's
+    /// windows through uprobe-multi links).
+    pub const HEAT_ON_GLOBAL: &str = "HEAT_ON";
     /// BPF global: whether any probe records stacks.
     pub const STACKS_ON_GLOBAL: &str = "STACKS_ON";
     /// BPF global: `--sample N`.

@@ -67,6 +67,7 @@ pub fn through_gate(ctx: &ProbeContext, tgid: u32, cookie: u64) -> bool {
         return true;
     }
     crate::common::tally(Stat::GateOther);
+    crate::heat::bump(regs);
     // A full map loses no call here, only this pass's price: `GateOther`
     // has it.
     let _ = crate::count::add(ctx, CounterKey { tgid, slot: site::slot(cookie) | GATE_SLOT }, 0);

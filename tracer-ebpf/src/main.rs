@@ -44,6 +44,8 @@ mod gc;
 // The growth programs (`growth_take`, `growth_arena`): pymalloc's pools
 // charged to the Python stack that took them, sampled.
 mod growth;
+// Hits per probed address, for the budget's windows' order.
+mod heat;
 // The live step (`--live`).
 mod live;
 // The C library's heap growth (`growth_mmap_enter`, `growth_mmap_exit`,

@@ -19,7 +19,7 @@ use tracer_common::{
     stats::Stat,
 };
 
-use crate::{common::bump, count, live, returns, sizes, stacks, types};
+use crate::{common::bump, count, heat, live, returns, sizes, stacks, types};
 
 /// What kind of hit an event is, which decides the steps it takes.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -116,6 +116,7 @@ impl Event {
 #[inline(always)]
 pub fn run<C: EbpfContext>(ctx: &C, regs: *mut pt_regs, event: Event) -> Result<(), Stat> {
     let Event { tgid, slot, source, bytes, pointer, .. } = event;
+    heat::bump(regs);
     match source {
         Source::Call | Source::NewObject | Source::FreeObject | Source::Native => {
             count::add(ctx, CounterKey { tgid, slot }, bytes)?;

@@ -7,7 +7,7 @@ use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope
 
 use tracer_common::site;
 
-use super::{ALL_PROCESSES, AttachError, Session, multi};
+use super::{ALL_PROCESSES, AttachError, Session, heat::TIERS, multi};
 use crate::{
     discover::modules::Module,
     plan::{
@@ -28,6 +28,9 @@ struct AttachPoint {
     offset: u64,
     cookie: u64,
 }
+
+/// One link's worth of points: of one program, in one file.
+type Group = ((Program, PathBuf), Vec<AttachPoint>);
 
 /// Call sites found in a module mapped after the attach.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -123,7 +126,8 @@ impl Session {
         for (program, points) in groups.into_iter().filter(|(_, p)| !p.is_empty()) {
             links.push(self.multi_link(program, &module.attach_path, &points, pid)?);
         }
-        self.multi_links.entry(pid).or_default().extend(links);
+        let made = links.into_iter().map(|fd| MultiLink { fd, tier: 0, sites: 0 });
+        self.multi_links.entry(pid).or_default().extend(made);
         for (slot, f) in found {
             let Some(probe) = self.plan.probes.iter_mut().find(|p| p.slot == slot) else { continue };
             if let Some(sites) = probe.call_sites.as_mut() {
@@ -219,27 +223,48 @@ impl Session {
     /// refused ones, which are left out and make their probe's coverage
     /// partial. On failure nothing stays attached in that scope.
     pub fn attach_multi(&mut self, pid: u32) -> Result<(), AttachError> {
+        let heat = self.heat()?;
         let mut links = Vec::new();
         let mut groups: BTreeMap<(Program, PathBuf), Vec<AttachPoint>> = BTreeMap::new();
         for p in self.attach_points() {
             groups.entry((p.program, p.path.clone())).or_default().push(p);
         }
-        let mut refused = Vec::new();
+        // Where the hits landed is known (after a window), each link's
+        // hottest sites go into links of their own, in tiers attached after
+        // the rest, the hottest last (see super::heat), each tier in the
+        // same order of programs.
+        let mut tiers: Vec<Vec<Group>> = (0..=TIERS.len()).map(|_| Vec::new()).collect();
         for ((program, path), points) in groups {
-            let before = refused.len();
-            let result = match self.attach_halves(program, &path, &points, pid, (&mut links, &mut refused)) {
-                // Every point refused: no one offset's fault (a kernel
-                // without uprobe-multi links, say).
-                Ok(Some(e)) if refused.len() - before == points.len() => Err(e),
-                Ok(_) => Ok(()),
-                Err(e) => Err(e),
+            let (cold, hot) = match &heat {
+                Some(h) if super::heat::splits(program) => super::heat::split(points, |p| p.offset, h),
+                _ => (points, Vec::new()),
             };
-            if let Err(e) = result {
-                drop(links);
-                if self.gone(pid) {
-                    return Err(AttachError::TargetExited { pid });
+            // The hottest tier is the last to go in.
+            for (tier, points) in hot.into_iter().enumerate() {
+                tiers[TIERS.len() - tier].push(((program, path.clone()), points));
+            }
+            tiers[0].push(((program, path), cold));
+        }
+        let mut refused = Vec::new();
+        for (tier, groups) in tiers.into_iter().enumerate() {
+            for ((program, path), points) in groups.into_iter().filter(|(_, p)| !p.is_empty()) {
+                let before = refused.len();
+                let mut made = Vec::new();
+                let result = match self.attach_halves(program, &path, &points, pid, (&mut made, &mut refused)) {
+                    // Every point refused: no one offset's fault (a kernel
+                    // without uprobe-multi links, say).
+                    Ok(Some(e)) if refused.len() - before == points.len() => Err(e),
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(e),
+                };
+                links.extend(made.into_iter().map(|l| MultiLink { fd: l, tier, sites: points.len() }));
+                if let Err(e) = result {
+                    drop(links);
+                    if self.gone(pid) {
+                        return Err(AttachError::TargetExited { pid });
+                    }
+                    return Err(e);
                 }
-                return Err(e);
             }
         }
         self.multi_links.insert(pid, links);
@@ -474,17 +499,35 @@ impl Session {
         }
     }
 
-    /// Detaches the uprobe-multi links of `pid`. Each link removes its
-    /// breakpoints and then waits for a grace period; closing them from
-    /// threads of their own lets every link remove its breakpoints at once.
+    /// Detaches the uprobe-multi links of `pid`, their hottest tier first
+    /// (see [`super::heat`]). Each link removes its breakpoints and then
+    /// waits for a grace period; closing them from threads of their own
+    /// lets them wait at once, and each tier begins once the tier before
+    /// it has had time to take its breakpoints out.
     pub fn detach_multi(&mut self, pid: u32) {
-        let links = self.multi_links.remove(&pid).unwrap_or_default();
+        let mut links = self.multi_links.remove(&pid).unwrap_or_default();
+        links.sort_by_key(|l| std::cmp::Reverse(l.tier));
         std::thread::scope(|scope| {
-            for link in links {
-                scope.spawn(move || drop(link));
+            let mut tier = links.first().map_or(0, |l| l.tier);
+            let mut sites = 0;
+            for MultiLink { fd, tier: t, sites: n, .. } in links {
+                if t != tier {
+                    std::thread::sleep(super::heat::PER_SITE * u32::try_from(sites).unwrap_or(u32::MAX));
+                    (tier, sites) = (t, 0);
+                }
+                sites += n;
+                scope.spawn(move || drop(fd));
             }
         });
     }
+}
+
+/// A uprobe-multi link, with its tier of heat (0: the cold rest, or no
+/// heat known) and how many sites it holds.
+pub(super) struct MultiLink {
+    fd: OwnedFd,
+    tier: usize,
+    sites: usize,
 }
 
 /// The cookie of probe `p` at its function's entry or at a call of it,

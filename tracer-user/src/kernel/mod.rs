@@ -8,6 +8,7 @@ mod error;
 pub mod full;
 pub mod gc;
 mod growth;
+mod heat;
 mod links;
 mod mapped;
 pub mod maps;
@@ -56,6 +57,9 @@ pub struct LoadOptions {
     /// Test-only: the maps loaded full ([`full`]); a run's session takes
     /// them from [`full::wanted`], the calibration's none.
     pub full_maps: Vec<String>,
+    /// Whether the programs count where their hits land (see
+    /// [`heat`]): for the budget's windows.
+    pub heat: bool,
 }
 
 /// How `--growth` samples, in the kernel.
@@ -121,6 +125,7 @@ impl Default for LoadOptions {
             live: None,
             growth: None,
             full_maps: Vec::new(),
+            heat: false,
         }
     }
 }
@@ -167,8 +172,9 @@ pub struct Session {
     map_fds: Vec<(String, OwnedFd)>,
     /// Programs loaded for uprobe-multi links, on first use.
     multi_programs: HashMap<Program, OwnedFd>,
-    /// uprobe-multi links per attached process.
-    multi_links: HashMap<u32, Vec<OwnedFd>>,
+    /// uprobe-multi links per attached process, each with its tier of
+    /// heat (see [`heat`]).
+    multi_links: HashMap<u32, Vec<links::MultiLink>>,
     /// The points the kernel refused, by probe and file offset: left out.
     refused: std::collections::BTreeSet<(&'static str, u64)>,
     /// The one process counted, when it is one: an attach that fails after
@@ -186,6 +192,8 @@ pub struct Session {
     mapped_links: Vec<OwnedFd>,
     /// The GC and growth programs loaded, for their miss counts.
     gc_programs: Vec<(&'static str, OwnedFd)>,
+    /// Whether the programs count heat ([`LoadOptions::heat`]).
+    heat: bool,
 }
 
 impl Session {
@@ -215,6 +223,7 @@ impl Session {
         let (object_entries, pre_headers) =
             options.types.map_or((1, [0; tracer_common::types::PRE_HEADERS]), |t| (t.objects.max(1), t.pre_headers));
         let stacks_on = u32::from(options.stacks.is_some());
+        let heat_on = u32::from(options.heat);
         let sample = options.stacks.as_ref().map_or(1, |s| s.sample.max(1));
         let stack_entries = options.stacks.as_ref().map_or(1, |s| s.entries.max(1));
         // Growth's samples keep their stacks' frames in the same map.
@@ -262,6 +271,7 @@ impl Session {
             .map_max_entries(names::SLOT_LIVE_MAP, live_slots.max(1))
             .override_global(names::TARGET_TGID_GLOBAL, &target_tgid, true)
             .override_global(names::STACKS_ON_GLOBAL, &stacks_on, true)
+            .override_global(names::HEAT_ON_GLOBAL, &heat_on, true)
             .override_global(names::SAMPLE_EVERY_GLOBAL, &sample, true)
             .map_max_entries(names::SLOT_STACKS_MAP, slots.max(1))
             .map_max_entries(names::WALKS_MAP, processes)
@@ -399,6 +409,7 @@ impl Session {
             growth_links: Vec::new(),
             mapped_links: Vec::new(),
             gc_programs: Vec::new(),
+            heat: options.heat,
         })
     }
 

@@ -40,11 +40,19 @@ const MIN_WAIT: Duration = Duration::from_millis(10);
 /// CPU time per second changes, and its credit with it.
 pub const MAX_WAIT: Duration = Duration::from_secs(1);
 
-/// What a window is expected to cost, from the last one: its hits while
-/// the probes went live and came down, and per second of live time.
+/// How many windows' detaches the next one's is expected from: the
+/// costliest of them.
+const DETACHES: usize = 4;
+
+/// What a window is expected to cost, from the last ones: its hits while
+/// the probes went live, while they came down (the costliest of the last
+/// [`DETACHES`]: once a detach begins it cannot be cut short), and per
+/// second of live time.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct Expected {
-    switching: f64,
+    attach: f64,
+    detach: f64,
+    detaches: [f64; DETACHES],
     live_per_s: f64,
 }
 
@@ -74,7 +82,7 @@ impl Controller {
             budget,
             window,
             credit: 0.0,
-            expected: Expected { switching: 0.0, live_per_s: 0.0 },
+            expected: Expected { attach: 0.0, detach: 0.0, detaches: [0.0; DETACHES], live_per_s: 0.0 },
             cpu: cpu.as_secs_f64(),
             rate: 0.0,
         }
@@ -88,7 +96,7 @@ impl Controller {
     /// (`following`) one that follows its predecessor without detaching.
     fn expected(&self, following: bool) -> f64 {
         let live = self.expected.live_per_s * self.window.as_secs_f64();
-        if following { live } else { live + self.expected.switching }
+        if following { live } else { live + self.expected.attach + self.expected.detach }
     }
 
     /// The target has used `cpu` in all, `elapsed` after the controller
@@ -111,16 +119,36 @@ impl Controller {
 
     /// A window that lived `live` cost `live_cost` while live and `extra`
     /// besides (while its probes went live, or came down): spent. The next
-    /// is expected to cost as much per second live, and `switching` to
-    /// attach and detach where a whole cycle of the two was priced.
-    pub fn spend(&mut self, live: Duration, live_cost: Duration, extra: Duration, switching: Option<Duration>) {
+    /// is expected to cost as much per second live, and `switching` (to
+    /// attach, and to detach) where a whole cycle of the two was priced.
+    pub fn spend(
+        &mut self,
+        live: Duration,
+        live_cost: Duration,
+        extra: Duration,
+        switching: Option<(Duration, Duration)>,
+    ) {
         self.credit -= live_cost.as_secs_f64() + extra.as_secs_f64();
         if live > Duration::ZERO {
             self.expected.live_per_s = live_cost.as_secs_f64() / live.as_secs_f64();
         }
-        if let Some(s) = switching {
-            self.expected.switching = s.as_secs_f64();
+        if let Some((attach, detach)) = switching {
+            let e = &mut self.expected;
+            e.attach = attach.as_secs_f64();
+            e.detaches.rotate_right(1);
+            e.detaches[0] = detach.as_secs_f64();
+            e.detach = e.detaches.iter().copied().fold(0.0, f64::max);
         }
+    }
+
+    /// Whether a window that has spent `spent` so far (from before its
+    /// attach), `per_s` a second while live, may stay live `step` more:
+    /// the credit covers that, and its detach as expected. A window whose
+    /// hits come faster than the last one's ends early rather than spend
+    /// what the target has not paid for.
+    #[must_use]
+    pub fn goes_on(&self, spent: Duration, per_s: f64, step: Duration) -> bool {
+        self.credit - spent.as_secs_f64() - self.expected.detach - per_s * step.as_secs_f64() >= 0.0
     }
 
     /// Whether a window that lived `live` and cost `live_cost` while live
@@ -299,7 +327,7 @@ mod tests {
         assert!(c.covers(false));
         // It lived 5 ms for 4 ms of hits, and cost 6 ms more going live
         // and coming down: the next is expected at 16 ms + 6 ms.
-        c.spend(MS(5), MS(4), MS(6), Some(MS(6)));
+        c.spend(MS(5), MS(4), MS(6), Some((MS(2), MS(4))));
         assert!((c.credit() + 0.010).abs() < 1e-12);
         assert!(!c.covers(false) && !c.covers(true));
         // A target busy half the time: 1 s of wall time is 0.5 s of CPU
@@ -308,16 +336,40 @@ mod tests {
         assert!((c.credit() + 0.006).abs() < 1e-12);
         // 28 ms lacking at 4 ms a second: 7 s, looked at again within 1 s.
         assert_eq!(c.wait(), MAX_WAIT);
-        c.observe(MS(4000), MS(8000));
+        // 4 s of CPU time puts by 32 ms, more than the 28 lacking: capped
+        // at one window's cost.
+        c.observe(MS(4500), MS(9000));
         assert!((c.credit() - 0.022).abs() < 1e-12, "{}", c.credit());
         assert!(c.covers(false));
-        // Capped at one window's cost: a quiet spell buys no burst.
+        // A quiet spell buys no burst.
         c.observe(MS(9000), MS(18000));
         assert!((c.credit() - 0.022).abs() < 1e-12);
         // Short of it by 0.4 ms at 4 ms/s: 0.1 s.
-        c.spend(MS(20), MS(16), MS(6), Some(MS(6)));
+        c.spend(MS(20), MS(16), MS(6), Some((MS(2), MS(4))));
         c.observe(MS(9000 + 2750 - 50), MS(23_400));
         assert!(c.wait() > MS(10) && c.wait() < MS(1000), "{:?}", c.wait());
+    }
+
+    #[test]
+    fn a_window_ends_early_where_its_hits_outrun_the_credit() {
+        let mut c = Controller::new(0.01, MS(20), Duration::ZERO);
+        c.spend(MS(20), MS(10), MS(6), Some((MS(2), MS(4))));
+        // The next is expected at 10 + 2 + 4 ms; 4 s of CPU time puts by
+        // 32 ms, 16 of them after the 16 spent.
+        c.observe(MS(4000), MS(8000));
+        assert!((c.credit() - 0.016).abs() < 1e-12, "{}", c.credit());
+        // 5 ms live for 3 ms of hits (and 2 to attach): 5 ms more at that
+        // pace and a 4-ms detach come to 14 ms of the 16.
+        assert!(c.goes_on(MS(5), 0.6, MS(5)));
+        // Hits twice as fast: 10 ms for the next 5 ms, over the credit.
+        assert!(!c.goes_on(MS(8), 1.2, MS(5)));
+        // The costliest of the last detaches is expected: one of 1 ms
+        // after the 4-ms one leaves 4 expected (with 1, 10 ms spent would
+        // go on).
+        c.spend(MS(20), MS(10), MS(3), Some((MS(2), MS(1))));
+        c.observe(MS(7000), MS(14000));
+        assert!((c.credit() - 0.016).abs() < 1e-12, "{}", c.credit());
+        assert!(c.goes_on(MS(6), 0.6, MS(5)) && !c.goes_on(MS(10), 0.6, MS(5)));
     }
 
     #[test]
@@ -338,7 +390,7 @@ mod tests {
         }
         // One that must attach again (1 ms of switching) is not covered.
         let mut d = Controller::new(0.01, MS(20), Duration::ZERO);
-        d.spend(MS(20), us(100), MS(1), Some(MS(1)));
+        d.spend(MS(20), us(100), MS(1), Some((us(500), us(500))));
         d.observe(MS(20), MS(20));
         assert!(!d.covers(false));
     }

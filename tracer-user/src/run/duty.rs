@@ -31,6 +31,11 @@ pub const BUDGET_WINDOW: Duration = Duration::from_millis(20);
 /// live 6 ms, and 4,678 over the 47 ms they took to come out (at 5 ms).
 pub const FIRST_WINDOW: Duration = Duration::from_millis(2);
 
+/// How often a live window's counts are read: it ends early once its
+/// hits so far and its detach would spend more than the target has paid
+/// for (see [`Controller::goes_on`]).
+pub const POLL: Duration = Duration::from_millis(5);
+
 /// The duty cycle of one session.
 pub struct DutyCycle {
     controller: Controller,
@@ -231,7 +236,7 @@ impl DutyCycle {
                 self.cpu_live_began = self.mark();
                 self.switching += live - self.cost_began;
                 self.attached = Some(live);
-                self.next = live + self.controller.window;
+                self.next = live + POLL.min(self.controller.window);
             } else {
                 // Counts do not move while detached: this is the cost's
                 // base. The window's starts once every probe is live, as
@@ -252,7 +257,7 @@ impl DutyCycle {
                 self.cpu_live_began = self.mark();
                 self.switching += live - began;
                 self.attached = Some(live);
-                self.next = live + self.controller.window;
+                self.next = live + POLL.min(self.controller.window);
             }
             self.attach_cost = self.cost_of(session, &since(&self.at_window_start, &self.at_cost_start));
             self.followed = false;
@@ -265,7 +270,18 @@ impl DutyCycle {
         let traced = now - live;
         let live_cost = self.cost_of(session, &window);
         let spent = self.cost_of(session, &since(&counts_now, &self.at_cost_start));
-        if self.controller.follows(traced, live_cost, spent) {
+        let length = self.controller.window;
+        if traced < length {
+            // Looked at before its end (see POLL): it goes on while the
+            // credit covers it at its pace so far, and its detach.
+            let per_s = if traced.is_zero() { 0.0 } else { live_cost.as_secs_f64() / traced.as_secs_f64() };
+            let step = POLL.min(length.saturating_sub(traced));
+            if self.controller.goes_on(spent, per_s, step) {
+                self.next = now + step;
+                return Ok(());
+            }
+        }
+        if traced >= length && self.controller.follows(traced, live_cost, spent) {
             // Paid for, and the next too: it follows at once, without the
             // cost of detaching and attaching again.
             self.record(
@@ -285,7 +301,7 @@ impl DutyCycle {
             self.cpu_live_began = mark;
             self.attached = Some(now);
             self.followed = true;
-            self.next = now + self.controller.window;
+            self.next = now + POLL.min(self.controller.window);
             return Ok(());
         }
         self.close(session, readout)?;
@@ -354,7 +370,7 @@ impl DutyCycle {
         // of them.
         let attach = if self.followed { Duration::ZERO } else { self.attach_cost };
         let detach = overhead.saturating_sub(live_cost).saturating_sub(attach);
-        self.controller.spend(traced, live_cost, overhead.saturating_sub(live_cost), Some(self.attach_cost + detach));
+        self.controller.spend(traced, live_cost, overhead.saturating_sub(live_cost), Some((self.attach_cost, detach)));
     }
 
     /// Adds the window live for `wall`, with `window`'s hits, to the pace,

@@ -539,8 +539,11 @@ fn start<'a>(
     let live = config.live.as_ref().map(|l| l.max);
     let growth = growth_plan.as_ref().filter(|g| g.unavailable.is_none()).map(|_| growth::KERNEL);
     let full_maps = crate::kernel::full::wanted();
+    // The budget's windows put each link's hottest sites in last and take
+    // them out first (see kernel::heat).
+    let heat = config.budget.is_some();
     let load =
-        LoadOptions { bpf_log: config.bpf_log, types, stacks, live, growth, full_maps, ..LoadOptions::default() };
+        LoadOptions { bpf_log: config.bpf_log, types, stacks, live, growth, full_maps, heat, ..LoadOptions::default() };
     let mut session = Session::load(plan, r.scope, &load)?;
     if live.is_some()
         && let Some(pid) = r.pid()
