@@ -1,11 +1,12 @@
 //! The event pipeline: every probed call the programs decode (see
 //! [`crate::programs`]) goes through [`run`], which takes it through each
-//! step in turn: count, sizes, types, live, stacks. A step is switched by
-//! the event's [`Source`], which each program sets as a constant, and by
-//! the loader's globals (`STACKS_ON`, `LIVE_ON`), which the verifier reads
-//! as constants: a step that is off is dead code to it, so it costs
-//! nothing per hit. Each step's miss is counted where it happens; the
-//! event goes on, but for a call that could not be counted.
+//! step in turn: heat, count, sizes, types, live, stacks. A step is
+//! switched by the event's [`Source`], which each program sets as a
+//! constant, and by the loader's globals (`HEAT_ON`, `STACKS_ON`,
+//! `LIVE_ON`), which the verifier reads as constants: a step that is off
+//! is dead code to it, so it costs nothing per hit. Each step's miss is
+//! counted where it happens; the event goes on, but for a call that could
+//! not be counted.
 //!
 //! The live step comes in two halves, around the stacks step: the call's
 //! frame first, then its walk, which the frame (and the block it gets)

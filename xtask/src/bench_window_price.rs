@@ -79,6 +79,13 @@ fn traced(tracer: &Path, pid: u32, budget: u32, seconds: u32) -> anyhow::Result<
     })
 }
 
+/// What the budget charged a window, on average (the first, the attach's,
+/// among them).
+#[allow(clippy::cast_precision_loss, reason = "a window count")]
+fn per_window(t: &Traced) -> f64 {
+    if t.windows == 0 { 0.0 } else { t.windows_charged / t.windows as f64 }
+}
+
 /// Per budget: each round's untraced span and traced one, in alternate
 /// order.
 fn rounds(
@@ -135,12 +142,12 @@ pub fn window_price_section(md: &mut String, root: &Path, tracer: &Path, effort:
     writeln!(md, "## The windows' price against the target's kernel time\n")?;
     writeln!(
         md,
-        "The demo workload (demo/workload.py) on Debian's LTO 3.11, about 1,400 breakpoints a window. Each round is a span of {seconds} s with nothing attached and a run of the command below (its preparation, {seconds} s of windows, its detach), in alternate order. A window's hits are traps the kernel handles on the target's thread, and so is writing its breakpoints in and out: both show in the target's kernel CPU time (`/proc/PID/stat`, clock ticks). Extra kernel = the traced span's less the untraced span's per second times the traced span's length. Hits priced = `cost.tracer_cpu_s`, each hit at what a hit costs where it sits (docs/cost.md); charged = what the budget charged the windows (`budget.estimated_overhead_fraction` of `budget.target_cpu_s`). PID is the workload's.\n"
+        "The demo workload (demo/workload.py) on Debian's LTO 3.11, about 1,400 breakpoints a window. Each round is a span of {seconds} s with nothing attached and a run of the command below (its preparation, {seconds} s of windows, its detach), in alternate order. A window's hits are traps the kernel handles on the target's thread, and so is writing its breakpoints in and out: both show in the target's kernel CPU time (`/proc/PID/stat`, clock ticks). Extra kernel = the traced span's less the untraced span's per second times the traced span's length. Hits priced = `cost.tracer_cpu_s`, each hit at what a hit costs where it sits (docs/cost.md); charged = what the budget charged the windows (`budget.estimated_overhead_fraction` of `budget.target_cpu_s`), and a window's average of it (the first among them). PID is the workload's.\n"
     )?;
     writeln!(md, "```\nsudo tracer attach --pid PID --budget B --duration {seconds} --interval 3600 --json\n```\n")?;
     writeln!(
         md,
-        "| budget | round | windows | hits | kernel untraced (s/s) | extra kernel | hits priced | extra / priced | charged |\n|---|---|---|---|---|---|---|---|---|"
+        "| budget | round | windows | hits | kernel untraced (s/s) | extra kernel | hits priced | extra / priced | charged | charged a window |\n|---|---|---|---|---|---|---|---|---|---|"
     )?;
     for (budget, these) in budgets.iter().zip(&measured) {
         let (mut extra_sum, mut priced_sum) = (0.0, 0.0);
@@ -151,18 +158,19 @@ pub fn window_price_section(md: &mut String, root: &Path, tracer: &Path, effort:
             priced_sum += t.hits_priced;
             writeln!(
                 md,
-                "| {budget}% | {} | {} | {} | {rate:.4} | {extra:.3} s | {:.3} s | {:.2} | {:.3} s |",
+                "| {budget}% | {} | {} | {} | {rate:.4} | {extra:.3} s | {:.3} s | {:.2} | {:.3} s | {:.1} ms |",
                 i + 1,
                 t.windows,
                 t.hits,
                 t.hits_priced,
                 extra / t.hits_priced,
-                t.windows_charged
+                t.windows_charged,
+                per_window(t) * 1e3
             )?;
         }
         writeln!(
             md,
-            "| {budget}% | all | | | | {extra_sum:.3} s | {priced_sum:.3} s | **{:.2}** | |",
+            "| {budget}% | all | | | | {extra_sum:.3} s | {priced_sum:.3} s | **{:.2}** | | |",
             extra_sum / priced_sum
         )?;
     }
