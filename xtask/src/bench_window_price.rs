@@ -142,41 +142,44 @@ pub fn window_price_section(md: &mut String, root: &Path, tracer: &Path, effort:
     writeln!(md, "## The windows' price against the target's kernel time\n")?;
     writeln!(
         md,
-        "The demo workload (demo/workload.py) on Debian's LTO 3.11, about 1,400 breakpoints a window. Each round is a span of {seconds} s with nothing attached and a run of the command below (its preparation, {seconds} s of windows, its detach), in alternate order. A window's hits are traps the kernel handles on the target's thread, and so is writing its breakpoints in and out: both show in the target's kernel CPU time (`/proc/PID/stat`, clock ticks). Extra kernel = the traced span's less the untraced span's per second times the traced span's length. Hits priced = `cost.tracer_cpu_s`, each hit at what a hit costs where it sits (docs/cost.md); charged = what the budget charged the windows (`budget.estimated_overhead_fraction` of `budget.target_cpu_s`), and a window's average of it (the first among them). PID is the workload's.\n"
+        "The demo workload (demo/workload.py) on Debian's LTO 3.11, about 1,400 breakpoints a window. Each round is a span of {seconds} s with nothing attached and a run of the command below (its preparation, {seconds} s of windows, its detach), in alternate order. A window's hits are traps the kernel handles on the target's thread, and so is writing its breakpoints in and out: both show in the target's kernel CPU time (`/proc/PID/stat`, clock ticks). Extra kernel = the traced span's less the untraced span's per second times the traced span's length. Hits priced = `cost.tracer_cpu_s`, each hit at what a hit costs where it sits (docs/cost.md); charged = what the budget charged the windows (`budget.estimated_overhead_fraction` of `budget.target_cpu_s`), with each window's breakpoint writes (docs/budget.md), and a window's average of it (the first among them). PID is the workload's.\n"
     )?;
     writeln!(md, "```\nsudo tracer attach --pid PID --budget B --duration {seconds} --interval 3600 --json\n```\n")?;
     writeln!(
         md,
-        "| budget | round | windows | hits | kernel untraced (s/s) | extra kernel | hits priced | extra / priced | charged | charged a window |\n|---|---|---|---|---|---|---|---|---|---|"
+        "| budget | round | windows | hits | kernel untraced (s/s) | extra kernel | hits priced | extra / priced | charged | charged a window | extra / charged |\n|---|---|---|---|---|---|---|---|---|---|---|"
     )?;
     for (budget, these) in budgets.iter().zip(&measured) {
-        let (mut extra_sum, mut priced_sum) = (0.0, 0.0);
+        let (mut extra_sum, mut priced_sum, mut charged_sum) = (0.0, 0.0, 0.0);
         for (i, (u, t)) in these.iter().enumerate() {
             let rate = u.kernel / u.wall;
             let extra = t.span.kernel - rate * t.span.wall;
             extra_sum += extra;
             priced_sum += t.hits_priced;
+            charged_sum += t.windows_charged;
             writeln!(
                 md,
-                "| {budget}% | {} | {} | {} | {rate:.4} | {extra:.3} s | {:.3} s | {:.2} | {:.3} s | {:.1} ms |",
+                "| {budget}% | {} | {} | {} | {rate:.4} | {extra:.3} s | {:.3} s | {:.2} | {:.3} s | {:.1} ms | {:.2} |",
                 i + 1,
                 t.windows,
                 t.hits,
                 t.hits_priced,
                 extra / t.hits_priced,
                 t.windows_charged,
-                per_window(t) * 1e3
+                per_window(t) * 1e3,
+                extra / t.windows_charged
             )?;
         }
         writeln!(
             md,
-            "| {budget}% | all | | | | {extra_sum:.3} s | {priced_sum:.3} s | **{:.2}** | | |",
-            extra_sum / priced_sum
+            "| {budget}% | all | | | | {extra_sum:.3} s | {priced_sum:.3} s | **{:.2}** | {charged_sum:.3} s | | **{:.2}** |",
+            extra_sum / priced_sum,
+            extra_sum / charged_sum
         )?;
     }
     writeln!(
         md,
-        "\nA ratio near 1 says the windows cost the target what their hits are priced at, and nothing the count misses; the clock ticks are 10 ms, so each span's figure is within 0.02 s.\n"
+        "\nextra / priced near 1 says the windows cost the target what their hits are priced at, and nothing the count misses; extra / charged at most 1 says the budget charged the windows at least what they cost the target's kernel time. The clock ticks are 10 ms, so each span's figure is within 0.02 s.\n"
     )?;
     Ok(())
 }

@@ -304,6 +304,13 @@ impl Session {
         Ok(Some(err))
     }
 
+    /// How many breakpoints an attach writes into a process's code (and a
+    /// detach takes out).
+    #[must_use]
+    pub fn breakpoints(&self) -> u32 {
+        u32::try_from(self.attach_points().len()).unwrap_or(u32::MAX)
+    }
+
     /// Every place a uprobe goes: each probe's (placed) entry or call
     /// sites, then its return probes.
     fn attach_points(&self) -> Vec<AttachPoint> {

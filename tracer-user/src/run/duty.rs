@@ -36,6 +36,18 @@ pub const FIRST_WINDOW: Duration = Duration::from_millis(2);
 /// for (see [`Controller::goes_on`]).
 pub const POLL: Duration = Duration::from_millis(5);
 
+/// What writing one breakpoint into the target's code, or taking it out,
+/// costs the target beyond the hits: each write changes a page table entry
+/// of a running process (a TLB shootdown on its CPU, and a fault where its
+/// page is restored). No hit count shows it. Fitted to the window-price
+/// bench's twelve spans on the demo workload (BENCHMARKS.md, "The windows'
+/// price against the target's kernel time", both runs): the target's extra
+/// kernel time = 0.63 of its hits' price + 6.9 ms a window, whose ~1,400
+/// breakpoints go in and come out, 2.5 µs a write (residuals within 0.06 s
+/// a span). Priced on every target alike: one that is not running when
+/// its entries change pays less.
+pub const BREAKPOINT_WRITE: Duration = Duration::from_nanos(2_500);
+
 /// The duty cycle of one session.
 pub struct DutyCycle {
     controller: Controller,
@@ -72,6 +84,8 @@ pub struct DutyCycle {
     attach_cost: Duration,
     /// Whether the current window followed the last without detaching.
     followed: bool,
+    /// The breakpoints an attach writes, and a detach takes out.
+    breakpoints: u32,
     /// Time spent attaching and detaching, summed over windows.
     switching: Duration,
     /// The traced processes' CPU time, what the budget is a share of.
@@ -162,6 +176,7 @@ impl DutyCycle {
             scale: 1.0,
             attach_cost: Duration::ZERO,
             followed: false,
+            breakpoints: session.breakpoints(),
             switching: attach.1 - attach.0,
             cpu,
             live,
@@ -269,7 +284,7 @@ impl DutyCycle {
         let window = self.window_counts(&counts_now);
         let traced = now - live;
         let live_cost = self.cost_of(session, &window);
-        let spent = self.cost_of(session, &since(&counts_now, &self.at_cost_start));
+        let spent = self.cost_of(session, &since(&counts_now, &self.at_cost_start)) + self.writes(false);
         let length = self.controller.window;
         if traced < length {
             // Looked at before its end (see POLL): it goes on while the
@@ -284,11 +299,12 @@ impl DutyCycle {
         if traced >= length && self.controller.follows(traced, live_cost, spent) {
             // Paid for, and the next too: it follows at once, without the
             // cost of detaching and attaching again.
+            let writes = self.writes(false);
             self.record(
                 session,
                 (&window, &since(&counts_now, &self.at_cost_start)),
-                &vec![traced; window.len()],
-                traced,
+                (&vec![traced; window.len()], traced),
+                writes,
             );
             self.controller.spend(traced, live_cost, spent.saturating_sub(live_cost), None);
             self.at_window_start.clone_from(&counts_now);
@@ -330,7 +346,8 @@ impl DutyCycle {
             let traced = ended - live;
             self.pace_window(session, traced, &window, &cpu_ended);
             self.gap_from = Some((detached, self.mark()));
-            let overhead = self.record(session, (&window, &priced), &vec![traced; window.len()], traced);
+            let writes = self.writes(true);
+            let overhead = self.record(session, (&window, &priced), (&vec![traced; window.len()], traced), writes);
             self.spend_closed(traced, self.cost_of(session, &window), overhead);
             return Ok(());
         }
@@ -357,7 +374,8 @@ impl DutyCycle {
         let window = self.window_counts(&counts_now);
         let priced = since(&counts_now, &self.at_cost_start);
         self.gap_from = Some((done, cpu_done));
-        let overhead = self.record(session, (&window, &priced), &lives, traced);
+        let writes = self.writes(true);
+        let overhead = self.record(session, (&window, &priced), (&lives, traced), writes);
         self.spend_closed(traced, self.cost_of(session, &window), overhead);
         Ok(())
     }
@@ -450,15 +468,24 @@ impl DutyCycle {
         Duration::from_secs_f64(ns / 1e9)
     }
 
-    /// Adds a window: `window`'s counts over `lives` for the rates, the
-    /// cost of `priced` (every hit from before the attach to after the
-    /// detach) for the budget. Returns that cost.
+    /// What the current window's breakpoint writes cost the target: its
+    /// attach's, where it did not follow another, and (`detach`) its
+    /// detach's.
+    fn writes(&self, detach: bool) -> Duration {
+        let cycle = u32::from(!self.followed) + u32::from(detach);
+        BREAKPOINT_WRITE * self.breakpoints.saturating_mul(cycle)
+    }
+
+    /// Adds a window: `window`'s counts over `lives` (`traced` in all) for
+    /// the rates, the cost of `priced` (every hit from before the attach
+    /// to after the detach) and of its breakpoint `writes` for the budget.
+    /// Returns that cost.
     fn record(
         &mut self,
         session: &Session,
         (window, priced): (&[Tally], &[Tally]),
-        lives: &[Duration],
-        traced: Duration,
+        (lives, traced): (&[Duration], Duration),
+        writes: Duration,
     ) -> Duration {
         // Priced high (see probe_cost), but the hits ran on the traced
         // processes' CPU time since the cost began: at most that (an LTO
@@ -476,7 +503,7 @@ impl DutyCycle {
             .filter(|&&pid| !self.cost_ever.contains(&pid) && !now.has(pid) && !self.cost_mark.has(pid))
             .count();
         let ceiling = now.spent_since(&self.cost_mark, unseen);
-        let priced_cost = self.priced(session, priced);
+        let priced_cost = self.priced(session, priced) + writes;
         let overhead = ceiling.map_or(priced_cost, |c| priced_cost.min(c));
         self.scale = if priced_cost.is_zero() { 1.0 } else { overhead.as_secs_f64() / priced_cost.as_secs_f64() };
         let probes: Vec<ProbeWindow> =
