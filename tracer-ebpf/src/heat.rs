@@ -27,8 +27,9 @@ pub fn bump(regs: *mut pt_regs) {
     let ip = unsafe { (*regs).rip };
     let Some(heat) = HEAT.get_ptr_mut(0) else { return };
     // SAFETY: the map returned a valid pointer to this CPU's value, which
-    // stays valid while the program runs; a program is not preempted on
-    // its CPU by another uprobe's, so the add needs no atomic.
+    // stays valid while the program runs. The add is not atomic: a program
+    // that interrupted this one on its CPU could lose an increment, which
+    // only blurs the order the heat is for.
     unsafe {
         if let Some(h) = (*heat).hits.get_mut(bucket(ip)) {
             *h = h.wrapping_add(1);

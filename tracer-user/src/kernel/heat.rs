@@ -1,19 +1,19 @@
 //! The order the budget's windows attach and detach in. The kernel writes
 //! a uprobe-multi link's breakpoints in one by one in the link's order, and
-//! takes them out in the same order, about 60 µs each here; a window of
-//! Debian 3.11's ~1,400 sites takes 60-100 ms to come down, while the
-//! target keeps running into the breakpoints still in place. On the demo
-//! workload those hits were about half of a window's cost, and the part of
-//! it that varied most (3,000 to 10,000 hits).
+//! takes them out in the same order, about 60 µs each here (a link's 62
+//! sites out within about 4 ms); a window of Debian 3.11's ~1,400 sites
+//! took 60-100 ms to come down, while the target kept running into the
+//! breakpoints still in place. On the demo workload those hits were up to
+//! half of a window's cost, and the part of it that varied most (1,600 to
+//! 12,000 hits). Measured by hand: BENCHMARKS.md, "By hand, 2026-12-06".
 //!
 //! So where the programs count where their hits land
 //! ([`tracer_common::heat`]), each link's hottest sites go into links of
 //! their own, in tiers: the hottest attached last and detached first, each
 //! tier's detach begun once the tier before it has had time to take its
-//! breakpoints out (a link's detach then waits for a grace period, 50-90
-//! ms here, which the next tier need not wait for). A window's hits while
-//! it goes live and comes down are then about those of its hottest few
-//! sites.
+//! breakpoints out (a link's close then waits for a grace period, 56-104
+//! ms here, which the next tier need not wait for). A window's detach then
+//! cost 704-6,976 hits on the demo workload.
 
 use aya::maps::{MapData, PerCpuArray};
 use tracer_common::{

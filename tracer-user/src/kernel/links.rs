@@ -305,10 +305,13 @@ impl Session {
     }
 
     /// How many breakpoints an attach writes into a process's code (and a
-    /// detach takes out).
+    /// detach takes out): one at each place, however many programs share
+    /// it.
     #[must_use]
     pub fn breakpoints(&self) -> u32 {
-        u32::try_from(self.attach_points().len()).unwrap_or(u32::MAX)
+        let points = self.attach_points();
+        let places: std::collections::BTreeSet<(&PathBuf, u64)> = points.iter().map(|p| (&p.path, p.offset)).collect();
+        u32::try_from(places.len()).unwrap_or(u32::MAX)
     }
 
     /// Every place a uprobe goes: each probe's (placed) entry or call
@@ -535,6 +538,15 @@ pub(super) struct MultiLink {
     fd: OwnedFd,
     tier: usize,
     sites: usize,
+}
+
+impl MultiLink {
+    /// Its tier of heat: 0 for the cold rest, [`TIERS`]`.len()` for the
+    /// hottest.
+    #[cfg(test)]
+    pub(super) const fn tier(&self) -> usize {
+        self.tier
+    }
 }
 
 /// The cookie of probe `p` at its function's entry or at a call of it,

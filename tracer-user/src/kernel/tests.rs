@@ -65,9 +65,9 @@ fn every_program_loads_for_multi_links_with_every_map_type() {
 
 /// Never called: its immediate holds bytes that decode as no
 /// instruction, for a probe the kernel refuses.
-/// With `--stacks`, `--types` and `--live` on, the stack walk, the type
-/// count and the live table's code are live code, which the verifier
-/// must accept in every program, together (`--types --live` once failed
+/// With `--stacks`, `--types` and `--live` on (and the budget's heat),
+/// the stack walk, the type count and the live table's code are live code,
+/// which the verifier must accept in every program, together (`--types --live` once failed
 /// to load `free_object`: a value spilled where it was undefined).
 #[test]
 fn every_program_loads_with_stacks_types_and_live() {
@@ -76,6 +76,7 @@ fn every_program_loads_with_stacks_types_and_live() {
         types: Some(TypesOptions { entries: 16, ob_type_offset: 8, objects: 16, pre_headers: [0, 16, 32] }),
         stacks: Some(StacksOptions { slots: vec![0], sample: 3, entries: 16, native_rows: Some(1024) }),
         live: Some(16),
+        heat: true,
         ..LoadOptions::default()
     };
     let session = Session::load(plan, std::process::id(), &options).expect("the object loads");
@@ -201,6 +202,58 @@ fn a_size_in_a_stack_slot_is_read_from_memory() {
     let probe = readings.probes[0];
     assert_eq!((probe.calls, probe.bytes), (N, 1234 * N), "{readings:?}");
     assert!(readings.stats.iter().all(|&v| v == 0), "{readings:?}");
+}
+
+/// With heat on (the budget's), each hit counts in its address's bucket,
+/// and the next attach puts the site hit into a tier of its own, where it
+/// counts as before.
+#[test]
+fn heat_counts_each_hit_where_it_landed_and_tiers_the_next_attach() {
+    use tracer_common::{heat::bucket, site};
+    const N: u64 = 200;
+    let spec = [ProbeSpec::function("main", Program::SizeArg0, true, true)];
+    let (mut plan, elf) = own_plan(&spec, PlanOptions::default());
+    std::hint::black_box(tracer_test_seven as extern "C" fn(u64, u64, u64, u64, u64, u64, u64) -> u64);
+    let seven = elf.function("tracer_test_seven").expect("the seven-argument function");
+    let (first, offset) = site::memory(7, 8).expect("fits");
+    plan.probes[0].inline_sites = vec![plan::InlineSite {
+        object: None,
+        offset: seven.file_offset,
+        size: Some((first, site::NONE, offset)),
+        emulated: false,
+        moved: false,
+        stay: None,
+        gate: None,
+        jump: false,
+        also: false,
+    }];
+    let options = LoadOptions { heat: true, ..LoadOptions::default() };
+    let mut session = Session::load(plan, std::process::id(), &options).expect("the object loads");
+    session.prepare(true).expect("programs load");
+    let pid = std::process::id();
+    let tiers = |s: &Session| s.multi_links[&pid].iter().map(super::links::MultiLink::tier).collect::<Vec<_>>();
+    session.attach_multi(pid).expect("attached");
+    // No heat yet: every link cold.
+    assert!(tiers(&session).iter().all(|&t| t == 0), "{:?}", tiers(&session));
+    for i in 0..N {
+        tracer_test_seven(i, 0, 0, 0, 0, 0, 1);
+    }
+    session.detach_multi(pid);
+    let heat = session.heat().expect("heat reads").expect("heat counted");
+    assert_eq!(heat[bucket(seven.file_offset)], N);
+    assert_eq!(heat.iter().sum::<u64>(), N, "no hit elsewhere");
+    // The site hit goes into the hottest tier, main's entry stays cold.
+    session.attach_multi(pid).expect("attached again");
+    let mut t = tiers(&session);
+    t.sort_unstable();
+    assert_eq!(t, [0, super::heat::TIERS.len()]);
+    for i in 0..N {
+        tracer_test_seven(i, 0, 0, 0, 0, 0, 1);
+    }
+    let readings = session.read().expect("the counters read");
+    session.detach_multi(pid);
+    assert_eq!((readings.probes[0].calls, readings.probes[0].bytes), (2 * N, 2 * N), "{readings:?}");
+    assert_eq!(session.heat().expect("heat reads").expect("heat")[bucket(seven.file_offset)], 2 * N);
 }
 
 #[unsafe(no_mangle)]

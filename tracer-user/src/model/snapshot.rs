@@ -46,10 +46,12 @@ pub struct ProbeEstimate {
     pub bytes_per_s: f64,
     #[serde(default, deserialize_with = "interval")]
     pub bytes_per_s_ci95: Option<[f64; 2]>,
-    /// The windows slowed the target so much that the rates are known
-    /// only from below (`budget.slowdown` has no `at_most`): the target's
-    /// rates untraced are at least these, and the intervals' upper ends
-    /// are `null`.
+    /// The rates are known only from below: the windows slowed the target
+    /// so much (`budget.slowdown` has no `at_most`) that its rates
+    /// untraced are at least these, and the intervals' upper ends are
+    /// `null`; or the probe's calls all fell while the windows went live
+    /// or came down, and its rate is its calls over every moment it was
+    /// attached.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub lower_bound: bool,
 }

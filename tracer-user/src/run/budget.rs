@@ -16,8 +16,10 @@
 //! cost (the last one's, its switching and its live time apart), so that
 //! the target has paid for a window before it runs, from the first on.
 //! A window whose successor the credit covers at once is followed without
-//! detaching: a quiet target is traced in full. The credit is capped at
-//! one window's cost, so that a quiet spell does not buy a burst later.
+//! detaching: a quiet target, once it has paid for a window's breakpoint
+//! writes (see [`super::duty::BREAKPOINT_WRITE`]), is traced in full. The
+//! credit is capped at one window's cost, so that a quiet spell does not
+//! buy a burst later.
 //!
 //! Rates are ratio estimates: hits in all windows over the time they were
 //! traced, with a 95% confidence interval from the spread between windows.
@@ -28,8 +30,9 @@ use std::time::Duration;
 
 /// The share of the budget the controller aims at. The calibrated cost of a
 /// hit is measured on tracer's own function; a hit in CPython's costs up to
-/// about 15% more (BENCHMARKS.md, five ways), and attaching and detaching
-/// cost the target a little that no hit count shows.
+/// about 15% more (BENCHMARKS.md, five ways), and what attaching and
+/// detaching cost beyond their hits is priced from one workload's fit
+/// (see [`super::duty::BREAKPOINT_WRITE`]).
 pub const HEADROOM: f64 = 0.8;
 
 /// The shortest wait before a window, so that a credit just short does not
@@ -39,6 +42,11 @@ const MIN_WAIT: Duration = Duration::from_millis(10);
 /// The longest wait before the credit is looked at again: a target's
 /// CPU time per second changes, and its credit with it.
 pub const MAX_WAIT: Duration = Duration::from_secs(1);
+
+/// What the credit may fall short by and still cover a window: a quiet
+/// target's credit is exactly what its windows cost, which float sums may
+/// miss by an ulp (1 ns, in seconds).
+const ROUNDING: f64 = 1e-9;
 
 /// How many windows' detaches the next one's is expected from: the
 /// costliest of them.
@@ -148,7 +156,7 @@ impl Controller {
     /// what the target has not paid for.
     #[must_use]
     pub fn goes_on(&self, spent: Duration, per_s: f64, step: Duration) -> bool {
-        self.credit - spent.as_secs_f64() - self.expected.detach - per_s * step.as_secs_f64() >= 0.0
+        self.credit - spent.as_secs_f64() - self.expected.detach - per_s * step.as_secs_f64() >= -ROUNDING
     }
 
     /// Whether a window that lived `live` and cost `live_cost` while live
@@ -159,7 +167,7 @@ impl Controller {
     pub fn follows(&self, live: Duration, live_cost: Duration, spent: Duration) -> bool {
         let per_s =
             if live > Duration::ZERO { live_cost.as_secs_f64() / live.as_secs_f64() } else { self.expected.live_per_s };
-        self.credit - spent.as_secs_f64() >= per_s * self.window.as_secs_f64()
+        self.credit - spent.as_secs_f64() >= per_s * self.window.as_secs_f64() - ROUNDING
     }
 
     /// Whether the credit covers the next window now: one that follows
@@ -358,14 +366,15 @@ mod tests {
         // 32 ms, 16 of them after the 16 spent.
         c.observe(MS(4000), MS(8000));
         assert!((c.credit() - 0.016).abs() < 1e-12, "{}", c.credit());
-        // 5 ms live for 3 ms of hits (and 2 to attach): 5 ms more at that
-        // pace and a 4-ms detach come to 14 ms of the 16.
+        // 5 ms spent (2 to attach, 3 of hits in 5 ms live): 5 ms more at
+        // that pace (3 ms) and a 4-ms detach come to 12 ms of the 16.
         assert!(c.goes_on(MS(5), 0.6, MS(5)));
-        // Hits twice as fast: 10 ms for the next 5 ms, over the credit.
+        // Hits twice as fast: 8 ms spent, 6 for the next 5 ms and the
+        // detach's 4: 18, over the credit.
         assert!(!c.goes_on(MS(8), 1.2, MS(5)));
         // The costliest of the last detaches is expected: one of 1 ms
-        // after the 4-ms one leaves 4 expected (with 1, 10 ms spent would
-        // go on).
+        // after the 4-ms one leaves 4 expected (10 + 4 + 3 is over the 16;
+        // with 1 expected, 10 ms spent would go on).
         c.spend(MS(20), MS(10), MS(3), Some((MS(2), MS(1))));
         c.observe(MS(7000), MS(14000));
         assert!((c.credit() - 0.016).abs() < 1e-12, "{}", c.credit());

@@ -37,9 +37,9 @@ pub const FIRST_WINDOW: Duration = Duration::from_millis(2);
 pub const POLL: Duration = Duration::from_millis(5);
 
 /// What writing one breakpoint into the target's code, or taking it out,
-/// costs the target beyond the hits: each write changes a page table entry
-/// of a running process (a TLB shootdown on its CPU, and a fault where its
-/// page is restored). No hit count shows it. Fitted to the window-price
+/// costs the target beyond the hits: the kernel changes its code pages
+/// under it while it runs (page-table updates and the faults after them,
+/// likely; measured as a whole). No hit count shows it. Fitted to the window-price
 /// bench's twelve spans on the demo workload (BENCHMARKS.md, "The windows'
 /// price against the target's kernel time", both runs): the target's extra
 /// kernel time = 0.63 of its hits' price + 6.9 ms a window, whose ~1,400
@@ -284,7 +284,10 @@ impl DutyCycle {
         let window = self.window_counts(&counts_now);
         let traced = now - live;
         let live_cost = self.cost_of(session, &window);
-        let spent = self.cost_of(session, &since(&counts_now, &self.at_cost_start)) + self.writes(false);
+        // Its attach's writes, less what the last ceiling took off, as the
+        // hits are (see cost_of).
+        let spent =
+            self.cost_of(session, &since(&counts_now, &self.at_cost_start)) + self.writes(false).mul_f64(self.scale);
         let length = self.controller.window;
         if traced < length {
             // Looked at before its end (see POLL): it goes on while the
@@ -384,11 +387,14 @@ impl DutyCycle {
     /// while live for `traced`: what its attach and detach cost is what
     /// the next one's switching is expected to cost.
     fn spend_closed(&mut self, traced: Duration, live_cost: Duration, overhead: Duration) {
-        // A window that followed others paid for the attach with the first
-        // of them.
-        let attach = if self.followed { Duration::ZERO } else { self.attach_cost };
-        let detach = overhead.saturating_sub(live_cost).saturating_sub(attach);
-        self.controller.spend(traced, live_cost, overhead.saturating_sub(live_cost), Some((self.attach_cost, detach)));
+        // An attach costs its hits and its writes (less what the ceiling
+        // took off, as record priced them); a window that followed others
+        // paid for it with the first of them. The rest, beyond the live
+        // part, is the detach's: its hits and its writes.
+        let attach = self.attach_cost + self.write_pass().mul_f64(self.scale);
+        let paid = if self.followed { Duration::ZERO } else { attach };
+        let detach = overhead.saturating_sub(live_cost).saturating_sub(paid);
+        self.controller.spend(traced, live_cost, overhead.saturating_sub(live_cost), Some((attach, detach)));
     }
 
     /// Adds the window live for `wall`, with `window`'s hits, to the pace,
@@ -443,14 +449,13 @@ impl DutyCycle {
         // priced as single-stepped, about 3.5 times its price on Debian
         // 3.11, against a cost of attaching and detaching that no hit
         // count shows (each of about 1,400 breakpoints written into the
-        // target's code and out again). Measured apart, there is none to
-        // see: over whole windows (attach, live, detach) the target's extra
-        // kernel time came to 0.72-0.84 times its hits at this price over
-        // 16 spans of 30 s, the rest being a hit's CPU time outside the
-        // kernel (BENCHMARKS.md, "The windows' price against the target's
-        // kernel time"). Priced so high, the
-        // attach's first window alone took a 5 s demo to 3.7% of a 1%
-        // budget.
+        // target's code and out again). Measured apart, over whole windows
+        // (attach, live, detach) the target's extra kernel time came to
+        // 0.72-0.84 times its hits at this price over 16 spans of 30 s
+        // (BENCHMARKS.md, "The windows' price against the target's kernel
+        // time"). Priced so high, the attach's first window alone took a
+        // 5 s demo to 3.7% of a 1% budget. The writes, which showed once
+        // the windows came more often, are priced apart (BREAKPOINT_WRITE).
         let Some(p) = session.plan().probes.get(slot) else { return 0.0 };
         let tally = window.get(slot).copied().unwrap_or_default();
         priced_range(counting_sites(p), p.stepped_apart(), (tally.hits, tally.stepped), self.costs).0
@@ -472,8 +477,15 @@ impl DutyCycle {
     /// attach's, where it did not follow another, and (`detach`) its
     /// detach's.
     fn writes(&self, detach: bool) -> Duration {
-        let cycle = u32::from(!self.followed) + u32::from(detach);
-        BREAKPOINT_WRITE * self.breakpoints.saturating_mul(cycle)
+        self.write_pass() * (u32::from(!self.followed) + u32::from(detach))
+    }
+
+    /// What one attach's (or one detach's) breakpoint writes cost the
+    /// target, in each traced process (with `--exe`, each running the
+    /// image, or that did when tracing began, gets every breakpoint).
+    fn write_pass(&self) -> Duration {
+        let processes = u32::try_from(self.cpu.covered(&self.live).len()).unwrap_or(u32::MAX).max(1);
+        BREAKPOINT_WRITE * self.breakpoints.saturating_mul(processes)
     }
 
     /// Adds a window: `window`'s counts over `lives` (`traced` in all) for
@@ -543,17 +555,30 @@ impl DutyCycle {
         });
         let factor = self.pace.factor();
         let rates = self.estimator.rates();
+        // Every moment a probe was attached: live, and going live or
+        // coming down.
+        let attached = (self.estimator.traced() + self.switching).as_secs_f64();
+        #[allow(clippy::cast_precision_loss, reason = "counts far below 2^52")]
+        let over_attached = |n: u64| if attached > 0.0 { n as f64 / attached } else { 0.0 };
         for p in &plan.probes {
             let rate = usize::try_from(p.slot).ok().and_then(|s| rates.get(s));
             let (Some(&(calls, bytes)), Some(counts)) = (rate, snapshot.probes.get_mut(p.symbol)) else { continue };
-            let (calls_per_s, calls_per_s_ci95) = untraced(calls, factor);
-            let (bytes_per_s, bytes_per_s_ci95) = untraced(bytes, factor);
+            let (mut calls_per_s, calls_per_s_ci95) = untraced(calls, factor);
+            let (mut bytes_per_s, bytes_per_s_ci95) = untraced(bytes, factor);
+            // Calls counted, none while a window was live (a short one, or
+            // a target between bursts): a rate of 0 would hide them. Over
+            // every moment it was attached, the rate was at least this.
+            let unseen_live = calls.per_s == 0.0 && counts.calls > 0;
+            if unseen_live {
+                calls_per_s = over_attached(counts.calls);
+                bytes_per_s = bytes_per_s.max(over_attached(counts.bytes));
+            }
             counts.estimate = Some(ProbeEstimate {
                 calls_per_s,
                 calls_per_s_ci95,
                 bytes_per_s,
                 bytes_per_s_ci95,
-                lower_bound: factor.is_some_and(|f| f.high.is_none()),
+                lower_bound: unseen_live || factor.is_some_and(|f| f.high.is_none()),
             });
         }
     }
