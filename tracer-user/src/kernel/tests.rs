@@ -167,13 +167,11 @@ extern "C" fn tracer_test_seven(a1: u64, a2: u64, a3: u64, a4: u64, a5: u64, a6:
     std::hint::black_box(a1 ^ a2 ^ a3 ^ a4 ^ a5 ^ a6 ^ on_stack)
 }
 
-/// A size in a stack slot (the DWARF's `DW_OP_fbreg` or a register plus
-/// an offset) is read from the thread's memory at each hit.
-#[test]
-fn a_size_in_a_stack_slot_is_read_from_memory() {
+/// A plan of main's probe (never hit again) with one inlined site, at
+/// [`tracer_test_seven`]'s entry, whose size is its seventh argument, in a
+/// stack slot: the plan, and the site's file offset.
+fn seven_plan() -> (Plan, u64) {
     use tracer_common::site;
-    const N: u64 = 300;
-    // main's own probe is never hit again; the site is the slot's one.
     let spec = [ProbeSpec::function("main", Program::SizeArg0, true, true)];
     let (mut plan, elf) = own_plan(&spec, PlanOptions::default());
     std::hint::black_box(tracer_test_seven as extern "C" fn(u64, u64, u64, u64, u64, u64, u64) -> u64);
@@ -191,6 +189,15 @@ fn a_size_in_a_stack_slot_is_read_from_memory() {
         jump: false,
         also: false,
     }];
+    (plan, seven.file_offset)
+}
+
+/// A size in a stack slot (the DWARF's `DW_OP_fbreg` or a register plus
+/// an offset) is read from the thread's memory at each hit.
+#[test]
+fn a_size_in_a_stack_slot_is_read_from_memory() {
+    const N: u64 = 300;
+    let (plan, _) = seven_plan();
     let mut session = Session::load(plan, std::process::id(), &LoadOptions::default()).expect("the object loads");
     session.prepare(true).expect("programs load");
     session.attach_multi(std::process::id()).expect("attached");
@@ -209,24 +216,9 @@ fn a_size_in_a_stack_slot_is_read_from_memory() {
 /// counts as before.
 #[test]
 fn heat_counts_each_hit_where_it_landed_and_tiers_the_next_attach() {
-    use tracer_common::{heat::bucket, site};
+    use tracer_common::heat::bucket;
     const N: u64 = 200;
-    let spec = [ProbeSpec::function("main", Program::SizeArg0, true, true)];
-    let (mut plan, elf) = own_plan(&spec, PlanOptions::default());
-    std::hint::black_box(tracer_test_seven as extern "C" fn(u64, u64, u64, u64, u64, u64, u64) -> u64);
-    let seven = elf.function("tracer_test_seven").expect("the seven-argument function");
-    let (first, offset) = site::memory(7, 8).expect("fits");
-    plan.probes[0].inline_sites = vec![plan::InlineSite {
-        object: None,
-        offset: seven.file_offset,
-        size: Some((first, site::NONE, offset)),
-        emulated: false,
-        moved: false,
-        stay: None,
-        gate: None,
-        jump: false,
-        also: false,
-    }];
+    let (plan, seven) = seven_plan();
     let options = LoadOptions { heat: true, ..LoadOptions::default() };
     let mut session = Session::load(plan, std::process::id(), &options).expect("the object loads");
     session.prepare(true).expect("programs load");
@@ -240,7 +232,7 @@ fn heat_counts_each_hit_where_it_landed_and_tiers_the_next_attach() {
     }
     session.detach_multi(pid);
     let heat = session.heat().expect("heat reads").expect("heat counted");
-    assert_eq!(heat[bucket(seven.file_offset)], N);
+    assert_eq!(heat[bucket(seven)], N);
     assert_eq!(heat.iter().sum::<u64>(), N, "no hit elsewhere");
     // The site hit goes into the hottest tier, main's entry stays cold.
     session.attach_multi(pid).expect("attached again");
@@ -253,7 +245,7 @@ fn heat_counts_each_hit_where_it_landed_and_tiers_the_next_attach() {
     let readings = session.read().expect("the counters read");
     session.detach_multi(pid);
     assert_eq!((readings.probes[0].calls, readings.probes[0].bytes), (2 * N, 2 * N), "{readings:?}");
-    assert_eq!(session.heat().expect("heat reads").expect("heat")[bucket(seven.file_offset)], 2 * N);
+    assert_eq!(session.heat().expect("heat reads").expect("heat")[bucket(seven)], 2 * N);
 }
 
 #[unsafe(no_mangle)]
