@@ -59,9 +59,15 @@ const DETACHES: usize = 4;
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct Expected {
     attach: f64,
-    detach: f64,
     detaches: [f64; DETACHES],
     live_per_s: f64,
+}
+
+impl Expected {
+    /// The next detach's expected cost: the costliest of the last.
+    fn detach(&self) -> f64 {
+        self.detaches.iter().copied().fold(0.0, f64::max)
+    }
 }
 
 /// Decides when a window may start, in the target's CPU time.
@@ -90,7 +96,7 @@ impl Controller {
             budget,
             window,
             credit: 0.0,
-            expected: Expected { attach: 0.0, detach: 0.0, detaches: [0.0; DETACHES], live_per_s: 0.0 },
+            expected: Expected { attach: 0.0, detaches: [0.0; DETACHES], live_per_s: 0.0 },
             cpu: cpu.as_secs_f64(),
             rate: 0.0,
         }
@@ -104,7 +110,7 @@ impl Controller {
     /// (`following`) one that follows its predecessor without detaching.
     fn expected(&self, following: bool) -> f64 {
         let live = self.expected.live_per_s * self.window.as_secs_f64();
-        if following { live } else { live + self.expected.attach + self.expected.detach }
+        if following { live } else { live + self.expected.attach + self.expected.detach() }
     }
 
     /// The target has used `cpu` in all, `elapsed` after the controller
@@ -145,7 +151,6 @@ impl Controller {
             e.attach = attach.as_secs_f64();
             e.detaches.rotate_right(1);
             e.detaches[0] = detach.as_secs_f64();
-            e.detach = e.detaches.iter().copied().fold(0.0, f64::max);
         }
     }
 
@@ -156,7 +161,7 @@ impl Controller {
     /// what the target has not paid for.
     #[must_use]
     pub fn goes_on(&self, spent: Duration, per_s: f64, step: Duration) -> bool {
-        self.credit - spent.as_secs_f64() - self.expected.detach - per_s * step.as_secs_f64() >= -ROUNDING
+        self.credit - spent.as_secs_f64() - self.expected.detach() - per_s * step.as_secs_f64() >= -ROUNDING
     }
 
     /// Whether a window that lived `live` and cost `live_cost` while live
