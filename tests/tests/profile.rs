@@ -60,10 +60,14 @@ fn the_profile_is_the_default_and_says_so_first() {
     assert!(attached.get("exact_because").is_none(), "{attached}");
     let estimate = &attached["estimated_cost"];
     assert_eq!(estimate["budget_fraction"], 0.01, "{estimate}");
-    let fraction = number(&estimate["fraction"], "fraction");
-    // The windows aim at 80% of the budget; a quiet target costs less.
-    assert!((0.0..=0.008 + 1e-12).contains(&fraction), "{estimate}");
-    assert!(number(&estimate["exact_fraction"], "exact") >= fraction, "{estimate}");
+    // The first window is 2 ms: on a loaded machine the target may not run
+    // in it, or the hit's price may still be being measured; the header
+    // then says which instead of a figure (asserted in the helper).
+    if let Some(fraction) = estimated_fraction(&attached) {
+        // The windows aim at 80% of the budget; a quiet target costs less.
+        assert!((0.0..=0.008 + 1e-12).contains(&fraction), "{estimate}");
+        assert!(number(&estimate["exact_fraction"], "exact") >= fraction, "{estimate}");
+    }
     assert!(number(&estimate["window_s"], "window") > 0.0, "{estimate}");
     // The notes before it: when the first census comes.
     let mut notes = Vec::new();
