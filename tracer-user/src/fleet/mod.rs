@@ -353,7 +353,7 @@ impl Fleet<'_> {
             .collect();
         let mut merged = merge::snapshots(&parts, self.elapsed_s());
         // Every process counted, described when first seen (or now, for
-        // one that came and went between two scans), then the skipped.
+        // one that came and went between two scans).
         for (i, kid) in self.kids.iter().enumerate() {
             let shown = if final_ { kid.summary.as_ref().or(kid.latest.as_ref()) } else { kid.latest.as_ref() };
             let Some(s) = shown else { continue };
@@ -366,8 +366,11 @@ impl Fleet<'_> {
                 merged.processes.insert(pid.clone(), info.clone());
             }
         }
+        // Then every other process found: one whose calls all fell between
+        // the profile's windows (or that made none yet) is still listed, so
+        // it does not vanish from the report.
         for (pid, info) in &self.processes {
-            if info.skipped.is_some() {
+            if !merged.processes.contains_key(pid) {
                 merged.processes.insert(pid.clone(), info.clone());
             }
         }

@@ -188,6 +188,14 @@ impl<W: Write, E: Write> TableReporter<W, E> {
                 }
             }
         }
+        // Found and traced, but nothing counted: between a budget's
+        // windows its calls are not seen; traced in full, it made none.
+        let uncounted = if sample.budget.is_some() { "no call seen in a window" } else { "no call counted" };
+        for (pid, info) in sample.processes.iter().filter(|(p, i)| i.skipped.is_none() && !sample.pids.contains_key(*p))
+        {
+            writeln!(self.out, "  PID {pid:<16} {uncounted}")?;
+            writeln!(self.out, "      {}", process_line(info))?;
+        }
         for (pid, info) in sample.processes.iter().filter(|(_, i)| i.skipped.is_some()) {
             writeln!(self.out, "  PID {pid:<16} NOT traced: {}", info.skipped.as_deref().unwrap_or_default())?;
             writeln!(self.out, "      {}", process_line(info))?;
@@ -460,6 +468,22 @@ mod tests {
         );
         assert!(text.contains("slowed it at least 2.0x, likely 3.0x, perhaps far more"), "{text}");
         assert!(text.contains("so the rates are lower bounds"), "{text}");
+    }
+
+    #[test]
+    fn a_process_found_but_not_counted_is_listed_as_such() {
+        let info = crate::model::ProcessInfo { command: "python3 w.py".into(), ..Default::default() };
+        for (mut sample, says) in [
+            (snapshot(1000, 1), "no call counted"),
+            (budget_snapshot(4, 0.009, (1234.4, None)), "no call seen in a window"),
+        ] {
+            sample.processes.insert("4242".into(), info.clone());
+            let text = render(&[Event::Attached(attached(None)), Event::Interval(sample)]);
+            let at = text.lines().position(|l| l.starts_with("  PID 4242 ")).unwrap_or_else(|| panic!("{text}"));
+            let lines: Vec<&str> = text.lines().skip(at).take(2).collect();
+            assert_eq!(lines[0].split_whitespace().collect::<Vec<_>>().join(" "), format!("PID 4242 {says}"));
+            assert!(lines[1].contains("python3 w.py"), "{text}");
+        }
     }
 
     #[test]
