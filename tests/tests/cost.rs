@@ -80,15 +80,16 @@ fn a_busy_target_sees_the_estimated_cost_in_each_interval_and_the_summary() {
     workload.ping();
 }
 
-/// Placed as by default, the probes whose entry is single-stepped
-/// (pyenv's `_Py_Dealloc` and frees) make the same loop costly, and the
-/// warning names `_Py_Dealloc` and the placement that may move it, not
-/// the frees, whose addresses escape.
+/// Placed inside the functions (`--placement inside`; by default exact
+/// tracing of one process takes call sites), the probes whose entry is
+/// single-stepped (pyenv's `_Py_Dealloc` and frees) make the same loop
+/// costly, and the warning names `_Py_Dealloc` and the placement that may
+/// move it, not the frees, whose addresses escape.
 #[test]
 fn a_high_cost_at_single_stepped_entries_points_to_call_sites() {
     require_root();
     let mut workload = Workload::serve(&pyenv("3.11.7"));
-    let (tracer, _) = TracerRun::attach_json(workload.pid(), &["--interval", "0.5"]);
+    let (tracer, _) = TracerRun::attach_json(workload.pid(), &["--placement", "inside", "--interval", "0.5"]);
     let costed = until_costed(&tracer);
     assert!(fraction(&costed["cost"]) > 0.1, "{costed}");
     let note = tracer.stdout.next_line("the high cost note").expect("a note");

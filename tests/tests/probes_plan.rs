@@ -1,7 +1,8 @@
 //! `tracer probes`: the attach plan, checked against the ELF bytes.
 
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
-use tracer_tests::{require_root, run_tracer, shared_python, static_python};
+use serde_json::Value;
+use tracer_tests::{TracerRun, Workload, require_root, run_tracer, shared_python, static_python};
 
 /// Runs `tracer probes --exe PYTHON --json` and checks every placement
 /// against the image's own bytes: a placed probe sits on an instruction the
@@ -137,6 +138,48 @@ fn static_python_call_sites() {
     check_call_sites(&static_python());
 }
 
+/// `auto`, the default, probes pyenv 3.11's `_Py_Dealloc` (nothing emulated
+/// inside it) at its call sites where tracer traces every event of one
+/// running process, and inside it everywhere else: the production
+/// profile, `--budget`, perf links and `--exe`. `tracer probes` shows
+/// `attach --exact`'s plan.
+#[test]
+fn auto_takes_call_sites_only_tracing_one_running_process_exactly() {
+    require_root();
+    let python = shared_python();
+    let mut workload = Workload::serve(&python);
+    let pid = workload.pid();
+    let sites = |attached: &Value| attached["call_sites"].get("_Py_Dealloc").and_then(Value::as_u64);
+    let stop = |tracer: TracerRun| {
+        tracer.signal(libc::SIGINT);
+        let (status, _, stderr) = tracer.finish();
+        assert!(status.success(), "{stderr}");
+    };
+    let (tracer, attached) = TracerRun::attach_json(pid, &["--interval", "3600"]);
+    let exact = sites(&attached);
+    assert!(exact.is_some_and(|n| n > 1000), "{}", attached["call_sites"]);
+    stop(tracer);
+    let pid_arg = pid.to_string();
+    let (code, stdout, stderr) = run_tracer(&["probes", "--pid", &pid_arg, "--probes", "refs", "--json"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let plan: Value = serde_json::from_str(&stdout).expect("JSON");
+    let dealloc = plan["probes"].as_array().expect("probes").iter().find(|p| p["symbol"] == "_Py_Dealloc");
+    assert!(dealloc.is_some_and(|p| p["call_sites"]["emulated"].as_u64() == exact), "{plan}");
+    for extra in [&["--budget", "1"][..], &["--links", "perf"]] {
+        let (tracer, attached) = TracerRun::attach_json(pid, &[extra, &["--interval", "3600"]].concat());
+        assert_eq!(sites(&attached), None, "{extra:?}: {}", attached["call_sites"]);
+        stop(tracer);
+    }
+    let (tracer, attached) = TracerRun::profile_json(pid, &["--interval", "3600"]);
+    assert_eq!((attached["mode"].as_str(), sites(&attached)), (Some("profile"), None), "{}", attached["call_sites"]);
+    stop(tracer);
+    let exe = python.to_str().expect("UTF-8 path");
+    let (tracer, attached) = TracerRun::attach_json_with(&["--exe", exe, "--interval", "3600"]);
+    assert_eq!(sites(&attached), None, "--exe: {}", attached["call_sites"]);
+    stop(tracer);
+    workload.ping();
+}
+
 #[test]
 fn probes_bad_input() {
     require_root();
@@ -146,7 +189,7 @@ fn probes_bad_input() {
     let (code, _, stderr) = run_tracer(&["probes", "--exe", "/usr/bin/python3.11", "--placement", "middle"]);
     assert_eq!(
         stderr,
-        "tracer: error: invalid value 'middle' for '--placement <WHERE>'; possible values: auto, entry, call-sites; see `tracer probes --help`\n"
+        "tracer: error: invalid value 'middle' for '--placement <WHERE>'; possible values: auto, inside, entry, call-sites; see `tracer probes --help`\n"
     );
     assert_eq!(code, Some(2));
 }

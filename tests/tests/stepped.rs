@@ -12,11 +12,12 @@ use tracer_tests::{Aslr, Body, Exit, TracerRun, Workload, require_root, static_p
 const N: u64 = 200;
 
 /// The summary of `workload.py once n` with the api body on Debian's 3.11,
-/// traced exactly with `extra`.
+/// traced exactly with `extra`, inside the functions (by default exact
+/// tracing takes `_Py_Dealloc`'s call sites, all emulated).
 fn summary(python: &Path, n: u64, extra: &[&str]) -> Value {
     let mut workload = Workload::once(python, n, Body::Api, Exit::Immediate, Aslr::Off);
     workload.wait_blocked_on_stdin();
-    let mut args = vec!["--interval", "3600"];
+    let mut args = vec!["--interval", "3600", "--placement", "inside"];
     args.extend_from_slice(extra);
     let (tracer, _) = TracerRun::attach_json(workload.pid(), &args);
     workload.go();

@@ -563,8 +563,10 @@ impl Bench {
         match state {
             State::Baseline => {}
             State::Attached { program, placement, returns, .. } => {
-                let planning =
-                    Planning { placement: *placement, program: *program, returns: *returns, ..Planning::default() };
+                // Placed as `attach --exact --exe` places them: the
+                // workers are many processes.
+                let placement = placement.resolved(false);
+                let planning = Planning { placement, program: *program, returns: *returns, ..Planning::default() };
                 guard.session = Some(Self::attached(self.plan(planning)?)?);
             }
             State::Detached => drop(Self::attached(self.prepared.plan.clone())?),

@@ -330,7 +330,8 @@ pub struct BenchArgs {
     /// Print the result as one JSON object.
     #[arg(long)]
     pub json: bool,
-    /// Where tracer's probes go while attached: auto, entry or call-sites (as for `attach`).
+    /// Where tracer's probes go while attached: auto, inside, entry or call-sites (as for `attach
+    /// --exact`).
     #[arg(long, value_name = "WHERE", value_enum, default_value_t = PlacementMode::Auto, hide_possible_values = true)]
     pub placement: PlacementMode,
     /// More setups to measure beside the three, comma-separated: entry (tracer's probes at the function
@@ -369,13 +370,16 @@ pub struct TargetArgs {
     /// allocator API), or a comma-separated list of function names.
     #[arg(long, value_name = "SET", default_value = "default", value_parser = probe_selection)]
     pub probes: ProbeSelection,
-    /// Where in each function to probe: auto (the first instruction the kernel emulates rather than
-    /// single-steps, when that counts the same calls; see `tracer probes`), entry, or call-sites (as
-    /// auto, but a function with no such instruction is probed at every call to it, in the image and
-    /// in every module that can call it, when its address never escapes). With call-sites, calls
-    /// through addresses found at run time (ctypes, dlsym) are not seen, and a module mapped after
-    /// the attach (by the target, or with --exe by any of its processes) is probed from the next
-    /// interval on (stderr and the JSON say so). Needs uprobe-multi links; not with --budget.
+    /// Where in each function to probe: inside (the first instruction the kernel emulates rather than
+    /// single-steps, when that counts the same calls; see `tracer probes`), entry, call-sites (as
+    /// inside, but a function with no such instruction is probed at every call to it, in the image
+    /// and in every module that can call it, when its address never escapes), or auto, the default:
+    /// call-sites when tracing every event (--exact, and `tracer probes`) where uprobe-multi links
+    /// can attach them, inside with --budget (so in the production profile) or --links perf. At
+    /// call sites, calls through addresses found at run time (ctypes, dlsym) are not seen, and a
+    /// module mapped after the attach (by the target, or with --exe by any of its processes) is
+    /// probed from the next interval on (stderr and the JSON say so); --placement inside has neither
+    /// gap. call-sites needs uprobe-multi links and is not for --budget.
     #[arg(long, value_name = "WHERE", value_enum, default_value_t = PlacementMode::Auto, hide_possible_values = true)]
     pub placement: PlacementMode,
     /// Also look for the interpreter's debug info (DWARF) here, by build-id

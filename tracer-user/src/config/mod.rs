@@ -324,7 +324,7 @@ impl TryFrom<&AttachArgs> for AttachConfig {
 
     /// Checks the flags against each other: what clap cannot see alone.
     fn try_from(args: &AttachArgs) -> Result<Self, ConfigError> {
-        Self::build(args, target_of(&args.target)?)
+        Self::build(args, target_of(&args.target)?, false)
     }
 }
 
@@ -333,7 +333,7 @@ impl AttachConfig {
     /// PID (`target`) is set once the program has started; it is 0 until
     /// then.
     pub fn for_command(args: &AttachArgs) -> Result<Self, ConfigError> {
-        Self::build(args, TargetSpec::Pid(0))
+        Self::build(args, TargetSpec::Pid(0), true)
     }
 
     /// `tracer top`'s: attach's, drawn on the terminal, which stdout must
@@ -363,7 +363,8 @@ impl AttachConfig {
         Ok(config)
     }
 
-    fn build(args: &AttachArgs, target: TargetSpec) -> Result<Self, ConfigError> {
+    /// `starts`: `tracer run`'s, whose program starts under the probes.
+    fn build(args: &AttachArgs, target: TargetSpec, starts: bool) -> Result<Self, ConfigError> {
         let t = &args.target;
         let interval = seconds(args.interval).ok_or(ConfigError::BadInterval { value: args.interval })?;
         let duration = match args.duration {
@@ -388,6 +389,11 @@ impl AttachConfig {
         if placement == PlacementMode::CallSites && budget.is_some() {
             return Err(ConfigError::BudgetWithCallSites);
         }
+        // Not for `tracer run`'s program: every extension module it imports
+        // would be mapped after the attach, and its calls seen only later.
+        let running = matches!(target, TargetSpec::Pid(_)) && !starts;
+        let placement =
+            placement.resolved(crate::plan::auto_takes_call_sites(budget.is_none(), running, links != LinkMode::Perf));
         if args.returns && budget.is_some() {
             return Err(ConfigError::BudgetWithReturns);
         }
@@ -590,6 +596,26 @@ mod tests {
             config(&[&sites[..], &["--links", "perf"]].concat()).unwrap_err().to_string(),
             "--placement call-sites attaches thousands of uprobes, which only uprobe-multi links can detach quickly; drop --links perf"
         );
+    }
+
+    #[test]
+    fn auto_placement_takes_call_sites_only_where_every_event_is_counted_through_multi_links() {
+        use crate::plan::placement::{MULTI_LINKS, running_kernel};
+        let placed = |flags: &[&str]| config(&[&["--pid", "1"][..], flags].concat()).unwrap().placement;
+        let multi = if running_kernel() >= MULTI_LINKS { PlacementMode::CallSites } else { PlacementMode::Inside };
+        assert_eq!(placed(&["--exact"]), multi);
+        assert_eq!(placed(&["--exact", "--links", "multi"]), multi);
+        assert_eq!(placed(&["--types"]), multi);
+        for flags in
+            [&[][..], &["--exact", "--budget", "1"], &["--exact", "--links", "perf"], &["--placement", "inside"]]
+        {
+            assert_eq!(placed(flags), PlacementMode::Inside, "{flags:?}");
+        }
+        let exe = |flags: &[&str]| config(&[&["--exe", "/usr/bin/python3.11"][..], flags].concat()).unwrap().placement;
+        assert_eq!(exe(&["--exact"]), PlacementMode::Inside);
+        assert_eq!(exe(&["--exact", "--placement", "call-sites"]), PlacementMode::CallSites);
+        assert_eq!(placed(&["--exact", "--placement", "inside"]), PlacementMode::Inside);
+        assert_eq!(placed(&["--exact", "--placement", "entry"]), PlacementMode::Entry);
     }
 
     #[test]

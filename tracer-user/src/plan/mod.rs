@@ -59,17 +59,49 @@ impl crate::error::Classify for PlanError {
 /// Where uprobes go in each function (`--placement`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum PlacementMode {
-    /// At the first instruction the kernel emulates, when that counts the
-    /// same calls (see [`placement`]).
+    /// `CallSites` where every event is counted, `Inside` otherwise:
+    /// [`PlacementMode::resolved`] says which before anything is planned.
     #[default]
     Auto,
+    /// At the first instruction the kernel emulates, when that counts the
+    /// same calls (see [`placement`]); never at the callers.
+    Inside,
     /// At the function's first instruction, and each inlined copy at its
     /// first point (its entry, or the read of its switch).
     Entry,
-    /// As `Auto`, except that a function whose probe would be
+    /// As `Inside`, except that a function whose probe would be
     /// single-stepped is probed at every call to it, when that sees every
     /// call (see [`callsites`]).
     CallSites,
+}
+
+impl PlacementMode {
+    /// What `auto` stands for in a run: `CallSites` where
+    /// [`auto_takes_call_sites`], `Inside` otherwise; the others as given.
+    #[must_use]
+    pub const fn resolved(self, call_sites: bool) -> Self {
+        match self {
+            Self::Auto if call_sites => Self::CallSites,
+            Self::Auto => Self::Inside,
+            other => other,
+        }
+    }
+}
+
+/// Whether `auto` puts a function whose own probe would be single-stepped
+/// (about ten times an emulated hit) at its call sites, where they see
+/// every call. Only where the run traces every event (no `--budget`,
+/// whose every window would pay their attach and detach), of one process
+/// already running (`--pid`, `--name`: links on a file see every process
+/// that maps it, and with `--exe` an extension module another interpreter
+/// shares, an abi3 one, would add that interpreter's calls; `tracer run`'s
+/// program has yet to import its modules, each of which would be seen
+/// only from when it is found), through uprobe-multi links, which attach
+/// and detach thousands of sites at once (`multi`: not `--links perf`, on
+/// a kernel that has them).
+#[must_use]
+pub fn auto_takes_call_sites(every_event: bool, running: bool, multi: bool) -> bool {
+    every_event && running && multi && placement::running_kernel() >= placement::MULTI_LINKS
 }
 
 /// The calibrated cost of one probe hit on this machine.
@@ -395,12 +427,12 @@ fn place_function(
         }
         // The live table's frames and a uretprobe read the stack pointer
         // at the probe: it must not have moved.
-        (ProbeKind::Function, PlacementMode::Auto | PlacementMode::CallSites)
+        (ProbeKind::Function, PlacementMode::Auto | PlacementMode::Inside | PlacementMode::CallSites)
             if options.live || options.returns.is_some() =>
         {
             place_with_live(code, address, (program, options.live.then(|| live_role(spec)).flatten()), kernel)
         }
-        (ProbeKind::Function, PlacementMode::Auto | PlacementMode::CallSites) => {
+        (ProbeKind::Function, PlacementMode::Auto | PlacementMode::Inside | PlacementMode::CallSites) => {
             placement::place_off_stack(code, address, program, kernel)
         }
     }

@@ -52,6 +52,10 @@ const MAX_PROLOGUE: u64 = 32;
 /// A kernel version as (major, minor).
 pub type KernelVersion = (u32, u32);
 
+/// The first kernel with uprobe-multi links (`BPF_TRACE_UPROBE_MULTI`,
+/// Linux 6.6), which `auto` placement needs for call sites.
+pub const MULTI_LINKS: KernelVersion = (6, 6);
+
 /// The running kernel's version from uname's release ("6.18.44-...").
 #[must_use]
 pub fn running_kernel() -> KernelVersion {

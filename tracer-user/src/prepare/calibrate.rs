@@ -311,7 +311,7 @@ fn hit_costs(image: ImageRef<'_>, child: &mut ChildProcess) -> Result<(HitCosts,
         Ok::<_, CalibrationError>(Session::load(plan, pid, &LoadOptions::default())?)
     };
     let mut stepped = session(PlacementMode::Entry)?;
-    let mut emulated = session(PlacementMode::Auto)?;
+    let mut emulated = session(PlacementMode::Inside)?;
     for (s, want, expected) in [(&stepped, false, "single-stepped"), (&emulated, true, "emulated")] {
         let p = &s.plan().probes[0].placement;
         if p.emulated != want {

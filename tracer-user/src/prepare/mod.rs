@@ -97,7 +97,9 @@ impl<'a> Options<'a> {
         Self {
             probes: &t.probes,
             planning: Planning {
-                placement: t.placement,
+                // As `attach --exact` places them: the profile's windows
+                // keep `auto`'s probes inside the functions.
+                placement: t.placement.resolved(plan::auto_takes_call_sites(true, t.exe.is_none(), true)),
                 program: None,
                 returns: args.returns,
                 inlined: !t.no_inlined,

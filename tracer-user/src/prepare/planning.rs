@@ -88,7 +88,7 @@ impl Planning {
     #[must_use]
     pub const fn for_libc(self) -> Self {
         let placement = match self.placement {
-            PlacementMode::CallSites => PlacementMode::Auto,
+            PlacementMode::Auto | PlacementMode::CallSites => PlacementMode::Inside,
             other => other,
         };
         Self { placement, inlined: false, types: false, live: false, ..self }

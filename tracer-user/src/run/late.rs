@@ -1,9 +1,14 @@
-//! `--placement call-sites`: each interval, the files mapped since the
+//! Call sites (`--placement call-sites`, and `auto` when tracing every
+//! event): each interval, the files mapped since the
 //! attach (by the target, or with `--exe` by any process of the
 //! interpreter) are scanned, and their calls to the functions at their call
 //! sites are probed from then on.
 
-use std::{collections::HashSet, path::PathBuf, time::Instant};
+use std::{
+    collections::HashSet,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
 
 use crate::{
     discover::{
@@ -13,6 +18,12 @@ use crate::{
     kernel::{ALL_PROCESSES, Session},
     model::{LateCoverage, LateModule, Level, Note, NoteCode},
 };
+
+/// How often one process's mappings are read, between intervals, for
+/// files mapped since: a late file's calls before it is probed are not
+/// counted, so this bounds that gap (each read one of /proc/PID/maps).
+/// With `--exe` every process's would be read: the interval sets the pace.
+pub const QUICK_CHECK: Duration = Duration::from_millis(100);
 
 /// Whose mappings [`LateModules`] watches.
 pub enum Watch {
@@ -35,6 +46,12 @@ impl LateModules {
     #[must_use]
     pub const fn new(watch: Watch, known: HashSet<FileId>) -> Self {
         Self { watch, known, records: Vec::new() }
+    }
+
+    /// Whether it is checked every [`QUICK_CHECK`] too: one process's.
+    #[must_use]
+    pub const fn quick(&self) -> bool {
+        matches!(self.watch, Watch::Process(_))
     }
 
     /// Scans and probes the files mapped since the last check; returns the
@@ -80,9 +97,13 @@ impl LateModules {
                                 ),
                             ));
                         }
-                        let coverage =
-                            LateCoverage::Sites { symbol: l.symbol.to_owned(), sites: l.sites, escape: l.escape };
-                        self.records.push(LateModule { path: shown.clone(), since_s: at, coverage });
+                        // A file that never calls it (libffi, say) changes
+                        // nothing the report says.
+                        if l.sites > 0 || l.escape.is_some() {
+                            let coverage =
+                                LateCoverage::Sites { symbol: l.symbol.to_owned(), sites: l.sites, escape: l.escape };
+                            self.records.push(LateModule { path: shown.clone(), since_s: at, coverage });
+                        }
                     }
                 }
                 Err(error) => {

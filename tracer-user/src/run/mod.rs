@@ -245,10 +245,15 @@ impl Run {
         self.cost.high_cost_note(&cost)
     }
 
+    /// The files mapped since the last check, probed.
+    fn late_notes(&mut self) -> Vec<Note> {
+        self.late.as_mut().map(|l| l.check(&mut self.session, self.started)).unwrap_or_default()
+    }
+
     /// Late modules, unwatchable processes, a failed calibration and BPF
     /// log lines since the last call.
     fn notes(&mut self) -> Vec<Note> {
-        let mut notes = self.late.as_mut().map(|l| l.check(&mut self.session, self.started)).unwrap_or_default();
+        let mut notes = self.late_notes();
         notes.extend(self.frees.as_mut().and_then(|w| w.check(self.started.elapsed().as_secs_f64())));
         notes.extend(self.cost.poll());
         notes.extend(self.readout.take_unwatched().into_iter().map(|(pid, why)| {
@@ -366,6 +371,9 @@ pub async fn attach(
     let mut trial_due = config.budget.is_some() && matches!(run.growth, Some(Ok(_)));
     let toggle = sleep_until(toggle_at);
     tokio::pin!(toggle);
+    let mut late_ticker = interval_at(start + late::QUICK_CHECK, late::QUICK_CHECK);
+    late_ticker.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    let quick_late = run.late.as_ref().is_some_and(LateModules::quick);
 
     // Every hit up to the last interval: what each interval's cost is set
     // against.
@@ -391,6 +399,10 @@ pub async fn attach(
                 trial_due = false;
                 let budget = config.budget.unwrap_or(0.0);
                 output.notes(growth::trial(&mut run.growth, &mut run.session, run.cost.prices(), budget))?;
+            }
+            _ = late_ticker.tick(), if quick_late => {
+                let notes = run.late_notes();
+                output.notes(notes)?;
             }
             ready = log_ready(log_fd.as_ref()) => {
                 if let Ok(mut guard) = ready {

@@ -259,7 +259,7 @@ use crate::error::chain;
 /// What the warning of a high cost points to: whether `--budget` is on (as
 /// a percentage) and whether the run has what it refuses; and the
 /// functions whose out-of-line probe is single-stepped where call sites
-/// could take its place (`--placement auto`, no `--budget`).
+/// could take its place (`--placement inside`, no `--budget`).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Advice {
     pub budget: Option<f64>,
@@ -273,8 +273,10 @@ impl Advice {
     #[must_use]
     pub fn of(config: &crate::config::AttachConfig, plan: &Plan) -> Self {
         use crate::{config::LinkMode, plan::PlacementMode};
+        // `auto` resolved to call sites where it could (config): only a
+        // run placed `inside` by choice could move them.
         let movable =
-            config.placement == PlacementMode::Auto && config.budget.is_none() && config.links != LinkMode::Perf;
+            config.placement == PlacementMode::Inside && config.budget.is_none() && config.links != LinkMode::Perf;
         // Not the frees: their addresses sit in type objects (`tp_free`)
         // and the allocator tables, so calls through those have no call
         // site and call-site placement leaves them at their entries
