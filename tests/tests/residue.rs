@@ -47,6 +47,13 @@ fn check(python: &Path, ending: Ending) {
         let offset = attached["placements"][symbol]["offset"].as_u64().expect("placement offset");
         let offset = usize::try_from(offset).unwrap();
         let changed: Vec<usize> = (0..bytes.len()).filter(|&i| bytes[i] != site.file_bytes[i]).collect();
+        if attached["call_sites"].get(symbol).is_some() {
+            // Probed at its callers (by default where nothing inside it is
+            // emulated, tracing one process exactly): its own code is
+            // untouched; `check_call_sites` below checks the callers.
+            assert!(changed.is_empty(), "{}: bytes changed inside a function probed at its callers", site.symbol);
+            continue;
+        }
         assert_eq!(changed, [offset], "{} (+{offset}): bytes changed while attached", site.symbol);
         assert_eq!(bytes[offset], INT3, "{} at {:#x}+{offset} holds no breakpoint", site.symbol, site.address);
     }
