@@ -91,7 +91,10 @@ fn the_profile_is_the_default_and_says_so_first() {
     let text = table(pid, &[]);
     let first = text.lines().next().expect("a first line");
     assert!(first.starts_with("tracer: production profile: estimated cost "), "{first}");
-    assert!(first.contains(" of the target's CPU time, budget 1.00%; exact tracing would cost "), "{first}");
+    assert!(
+        first.contains(" of the target's CPU time, budget 1.00%; exact tracing at the profile's sites would cost "),
+        "{first}"
+    );
     assert!(text.contains("\n  profile cost ≈"), "{text}");
     workload.ping();
 }

@@ -169,9 +169,13 @@ pub struct Frames {
     pub frames: [Frame; FRAME_DEPTH],
     /// How many of `frames` are in use.
     pub depth: u64,
+    /// Frames pushed on this thread so far (wrapping): a top frame read
+    /// twice with no push between is one call, where a busy loop's next
+    /// call may push a frame equal to the last.
+    pub pushes: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<Frames>() == 56 * FRAME_DEPTH + 8);
+const _: () = assert!(core::mem::size_of::<Frames>() == 56 * FRAME_DEPTH + 16);
 
 impl Frames {
     /// The call a thread's next API call would judge stale (see
@@ -504,7 +508,7 @@ mod tests {
     fn the_call_left_is_the_top_api_frame_outside_any_implementation() {
         let frame = |kind, sp| Frame { kind, sp, role: Role::MALLOC, ..Frame::default() };
         let stack = |frames: &[Frame]| {
-            let mut s = Frames { frames: [Frame::default(); FRAME_DEPTH], depth: frames.len() as u64 };
+            let mut s = Frames { frames: [Frame::default(); FRAME_DEPTH], depth: frames.len() as u64, pushes: 0 };
             s.frames[..frames.len()].copy_from_slice(frames);
             s
         };

@@ -192,6 +192,7 @@ pub(super) fn prune(frames: &mut Frames, sp: u64) {
 /// return was never seen), which is counted.
 #[inline(always)]
 pub(super) fn push(frames: &mut Frames, frame: Frame) -> Result<(), Stat> {
+    frames.pushes = frames.pushes.wrapping_add(1);
     let at = usize::try_from(frames.depth).unwrap_or(FRAME_DEPTH);
     if let Some(slot) = frames.frames.get_mut(at) {
         *slot = frame;

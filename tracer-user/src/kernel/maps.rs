@@ -280,7 +280,7 @@ impl Session {
     /// With `--live`, per thread, the call its next API call would judge
     /// stale ([`tracer_common::live::Frames::left`]): at the end, that
     /// call never comes.
-    pub fn left_calls(&self) -> Result<HashMap<u32, tracer_common::live::Frame>, AttachError> {
+    pub fn left_calls(&self) -> Result<HashMap<u32, (tracer_common::live::Frame, u64)>, AttachError> {
         let name = names::FRAMES_MAP;
         let map_err = |cause| AttachError::Map { name, cause: Box::new(cause) };
         let map =
@@ -289,7 +289,11 @@ impl Session {
             aya::maps::HashMap::try_from(map).map_err(map_err)?;
         // A thread pushed out of the map while this walks it is skipped
         // (aya's iterator goes on past a key gone by then).
-        Ok(threads.iter().filter_map(Result::ok).filter_map(|(tid, frames)| Some((tid, frames.left()?))).collect())
+        Ok(threads
+            .iter()
+            .filter_map(Result::ok)
+            .filter_map(|(tid, frames)| Some((tid, (frames.left()?, frames.pushes))))
+            .collect())
     }
 
     /// With `--live`, takes the block at `address` of process `tgid` out

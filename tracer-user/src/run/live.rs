@@ -95,13 +95,15 @@ const SETTLED: std::time::Duration = std::time::Duration::from_millis(20);
 /// programs do ([`tracer_common::live::Frame::stale`]) into the live
 /// table's `counts` (per domain): unseen allocations and frees, and a
 /// moving realloc's old block, freed inline, taken out of the table. Only
-/// a call found on top at two readings [`SETTLED`] apart: one in flight
-/// (a busy target's thread inside an API call) would be served.
+/// a call found on top at two readings [`SETTLED`] apart with no frame
+/// pushed on its thread between: one in flight (a busy target's thread
+/// inside an API call) would be served, and a busy loop's next call may
+/// push a frame equal to it.
 pub fn left_unseen(session: &mut Session, counts: &mut [LiveCounts]) -> Result<(), crate::kernel::AttachError> {
     let first = session.left_calls()?;
     std::thread::sleep(SETTLED);
-    for (tid, call) in session.left_calls()? {
-        if first.get(&tid) != Some(&call) {
+    for (tid, (call, pushes)) in session.left_calls()? {
+        if first.get(&tid) != Some(&(call, pushes)) {
             continue;
         }
         // A moved realloc's old block: taken out where its process is

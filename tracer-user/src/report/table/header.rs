@@ -127,11 +127,11 @@ fn mode_line(info: &Attached) -> Option<String> {
         // A share of the CPU time the probes run on is at most all of it:
         // near that, the hits would take many times the target's own time.
         ("profile", Some(full)) if full >= 0.995 => format!(
-            "; exact tracing would cost over 99% of it (its probes would take many times its own time), from {} hits in the first {:.3} s",
+            "; exact tracing at the profile's sites would cost over 99% of it (its probes would take many times its own time), from {} hits in the first {:.3} s",
             e.hits, e.window_s
         ),
         ("profile", Some(full)) => format!(
-            "; exact tracing would cost {}, from {} hits in the first {:.3} s",
+            "; exact tracing at the profile's sites would cost {}, from {} hits in the first {:.3} s",
             percent(full),
             e.hits,
             e.window_s

@@ -59,9 +59,18 @@ pub fn hold_budget(
 /// the target 1 to 13% of its CPU time here.
 pub const TRIAL: Duration = Duration::from_millis(50);
 
+/// The fewest pool takes in the [`TRIAL`] it judges: under 2,000 a second,
+/// whose first interval costs the target well under 1% (about 3 µs a take
+/// here, a sampled take's walk shared), fewer takes price one stack walk
+/// over a few milliseconds of the target's CPU time, which a loaded
+/// machine doubles (a steady target's 10 takes read 0.80% against 0.5%).
+/// The interval's own judgement ([`hold_budget`]) covers those.
+pub const TRIAL_TAKES: u64 = 100;
+
 /// The profile's default growth after its [`TRIAL`]: stopped, with the
-/// note returned, where pymalloc's hits so far cost more than half of
-/// `budget` (a share) of the target's CPU time meanwhile.
+/// note returned, where pymalloc's hits so far, [`TRIAL_TAKES`] or more,
+/// cost more than half of `budget` (a share) of the target's CPU time
+/// meanwhile.
 pub fn trial(
     growth: &mut Option<Result<Growth, String>>,
     session: &mut Session,
@@ -81,6 +90,9 @@ pub fn trial(
         return None;
     }
     let counts = session.growth_counts().ok()?;
+    if counts.takes < TRIAL_TAKES {
+        return None;
+    }
     // pymalloc's probes alone: they are what the trial is for, and what
     // it stops. The C library's programs (a list's first reallocations
     // cost the trial a walk each) are judged over whole intervals.
