@@ -157,6 +157,7 @@ fn auto_takes_call_sites_only_tracing_one_running_process_exactly() {
     };
     let (tracer, attached) = TracerRun::attach_json(pid, &["--interval", "3600"]);
     let exact = sites(&attached);
+    // uprobe-multi links since Linux 6.6; CI's machines run 6.18.
     assert!(exact.is_some_and(|n| n > 1000), "{}", attached["call_sites"]);
     stop(tracer);
     let pid_arg = pid.to_string();
@@ -164,7 +165,9 @@ fn auto_takes_call_sites_only_tracing_one_running_process_exactly() {
     assert_eq!(code, Some(0), "{stderr}");
     let plan: Value = serde_json::from_str(&stdout).expect("JSON");
     let dealloc = plan["probes"].as_array().expect("probes").iter().find(|p| p["symbol"] == "_Py_Dealloc");
-    assert!(dealloc.is_some_and(|p| p["call_sites"]["emulated"].as_u64() == exact), "{plan}");
+    let planned =
+        dealloc.and_then(|p| Some(p["call_sites"]["emulated"].as_u64()? + p["call_sites"]["single_stepped"].as_u64()?));
+    assert_eq!(planned, exact, "{plan}");
     for extra in [&["--budget", "1"][..], &["--links", "perf"]] {
         let (tracer, attached) = TracerRun::attach_json(pid, &[extra, &["--interval", "3600"]].concat());
         assert_eq!(sites(&attached), None, "{extra:?}: {}", attached["call_sites"]);

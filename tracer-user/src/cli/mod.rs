@@ -331,7 +331,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub json: bool,
     /// Where tracer's probes go while attached: auto, inside, entry or call-sites (as for `attach
-    /// --exact`).
+    /// --exact --exe`: the workers are many processes, so auto is inside; --also call-sites adds call
+    /// sites beside it).
     #[arg(long, value_name = "WHERE", value_enum, default_value_t = PlacementMode::Auto, hide_possible_values = true)]
     pub placement: PlacementMode,
     /// More setups to measure beside the three, comma-separated: entry (tracer's probes at the function
@@ -374,8 +375,9 @@ pub struct TargetArgs {
     /// single-steps, when that counts the same calls; see `tracer probes`), entry, call-sites (as
     /// inside, but a function with no such instruction is probed at every call to it, in the image
     /// and in every module that can call it, when its address never escapes), or auto, the default:
-    /// call-sites when tracing every event (--exact, and `tracer probes`) where uprobe-multi links
-    /// can attach them, inside with --budget (so in the production profile) or --links perf. At
+    /// call-sites when tracing every event of one running process (`attach --exact` with --pid or
+    /// --name, and `tracer probes` with them) through uprobe-multi links (Linux 6.6+), inside
+    /// otherwise (the production profile, --budget, --exe, `tracer run`, --links perf). At
     /// call sites, calls through addresses found at run time (ctypes, dlsym) are not seen, and a
     /// module mapped after the attach (by the target, or with --exe by any of its processes) is
     /// probed from the next interval on (stderr and the JSON say so); --placement inside has neither

@@ -122,8 +122,11 @@ pub struct AttachConfig {
     pub target: TargetSpec,
     /// Which probes.
     pub probes: ProbeSelection,
-    /// Where in each function.
+    /// Where in each function: `auto` resolved (never `Auto` here).
     pub placement: PlacementMode,
+    /// `--placement call-sites` given, which `--budget` refuses (`auto`'s
+    /// call sites give way to a budget by themselves).
+    pub call_sites_asked: bool,
     /// Stop after this long; `None` runs until a signal or the target exits.
     pub duration: Option<Duration>,
     /// Time between reports.
@@ -462,6 +465,7 @@ impl AttachConfig {
             target,
             probes,
             placement,
+            call_sites_asked: t.placement == PlacementMode::CallSites,
             duration,
             interval,
             format: if args.json { Format::Json } else { Format::Table },

@@ -366,11 +366,19 @@ impl Fleet<'_> {
                 merged.processes.insert(pid.clone(), info.clone());
             }
         }
-        // Then every other process found: one whose calls all fell between
-        // the profile's windows (or that made none yet) is still listed, so
-        // it does not vanish from the report.
+        // Then every other process found, of an interpreter whose tracer
+        // reports: one whose calls all fell between the windows (or that
+        // made none yet) is still listed, so it does not vanish from the
+        // report. One whose tracer has not reported yet, or ended without
+        // a summary, is not said to be traced; the skipped are listed.
+        let reporting: std::collections::HashSet<String> = self
+            .kids
+            .iter()
+            .filter(|k| k.summary.is_some() || (!k.closed && k.latest.is_some()))
+            .map(|k| k.image.path.display().to_string())
+            .collect();
         for (pid, info) in &self.processes {
-            if !merged.processes.contains_key(pid) {
+            if !merged.processes.contains_key(pid) && (info.skipped.is_some() || reporting.contains(&info.image)) {
                 merged.processes.insert(pid.clone(), info.clone());
             }
         }

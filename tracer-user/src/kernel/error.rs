@@ -37,7 +37,7 @@ pub enum AttachError {
     #[error(transparent)]
     Multi(#[from] super::multi::MultiError),
     #[error(
-        "{cause}; the uprobes of inlined copies and call sites need uprobe-multi links (Linux 6.6+), as perf-event uprobes would take minutes to detach: pass --no-inlined (and drop --placement call-sites), or trace on a newer kernel"
+        "{cause}; the uprobes of inlined copies and call sites need uprobe-multi links (Linux 6.6+), as perf-event uprobes would take minutes to detach: pass --no-inlined and --placement inside, or trace on a newer kernel"
     )]
     ManySitesNeedMulti { cause: super::multi::MultiError },
     #[error("cannot start reading the BPF log: {0}")]

@@ -70,8 +70,9 @@ pub struct Attached {
     /// With `--returns`: what each way of reading a return value cost when
     /// calibrated at start.
     pub return_costs_ns: Option<ReturnMeasurement>,
-    /// With `--placement call-sites`: each function probed at its callers,
-    /// and at how many.
+    /// With call sites (`--placement call-sites`, or `auto` tracing one
+    /// running process exactly): each function probed at its callers, and
+    /// at how many.
     pub call_sites: IndexMap<String, usize>,
     /// Where each probe sits in its function.
     pub placements: IndexMap<String, Placement>,

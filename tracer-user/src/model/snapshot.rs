@@ -180,9 +180,10 @@ pub struct Snapshot {
     pub processes: IndexMap<String, super::ProcessInfo>,
     /// Every BPF-side miss counter, then [`KERNEL_MISSES`].
     pub stats: IndexMap<String, u64>,
-    /// With `--placement call-sites`: each file mapped after the attach
-    /// that calls, or lets out the address of, a function at its call
-    /// sites, and what of it is counted.
+    /// With call sites (`--placement call-sites`, or `auto` tracing one
+    /// running process exactly): each file mapped after the attach that
+    /// calls, or lets out the address of, a function at its call sites,
+    /// and what of it is counted.
     pub late_modules: Vec<LateModule>,
     /// With `--exe`: each traced process that exited, separately.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

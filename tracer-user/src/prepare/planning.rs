@@ -49,7 +49,8 @@ pub struct Planning {
 impl Default for Planning {
     fn default() -> Self {
         Self {
-            placement: PlacementMode::default(),
+            // `auto` is resolved by what runs (config, bench, probes).
+            placement: PlacementMode::Inside,
             program: None,
             returns: false,
             inlined: true,

@@ -1,8 +1,9 @@
-//! Call sites (`--placement call-sites`, and `auto` when tracing every
-//! event): each interval, the files mapped since the
-//! attach (by the target, or with `--exe` by any process of the
-//! interpreter) are scanned, and their calls to the functions at their call
-//! sites are probed from then on.
+//! Call sites (`--placement call-sites`, and `auto` tracing one running
+//! process exactly): every [`QUICK_CHECK`] with `--pid` and every interval
+//! (with `--exe` only then), the files mapped since the attach (by the
+//! target, or with `--exe` by any process of the interpreter) are
+//! scanned, and their calls to the functions at their call sites are
+//! probed from then on.
 
 use std::{
     collections::HashSet,
@@ -66,14 +67,14 @@ impl LateModules {
             processes.iter().flat_map(|(pid, files)| modules::new_modules(*pid, files, &mut self.known)).collect();
         let mut notes = Vec::new();
         for module in found {
-            let since = started.elapsed();
-            let at = since.as_secs_f64();
             let shown = module.display_path.display().to_string();
             let attached =
                 std::fs::read(&module.attach_path).map_err(|e| format!("cannot read {shown}: {e}")).and_then(|data| {
                     let sites = crate::plan::late_call_sites(session.plan(), &data);
                     session.attach_late_module(scope, &module, sites).map_err(|e| e.to_string())
                 });
+            // Counted from once its probes are in, after the scan.
+            let at = started.elapsed().as_secs_f64();
             match attached {
                 Ok(late) => {
                     for l in late {

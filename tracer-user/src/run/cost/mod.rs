@@ -291,7 +291,7 @@ impl Advice {
         Self {
             budget: config.budget.map(|b| b * 100.0),
             returns: config.returns,
-            call_sites: config.placement == PlacementMode::CallSites,
+            call_sites: config.call_sites_asked,
             stepped: stepped.map(|p| p.symbol).collect(),
         }
     }
