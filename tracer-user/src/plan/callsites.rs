@@ -223,7 +223,8 @@ impl Scan {
                     if matches!(flow, FlowControl::IndirectCall | FlowControl::IndirectBranch) {
                         self.found[i].stepped.push(file_offset);
                     } else {
-                        self.found[i].escape(|| format!("its address loaded from the GOT at {ip:#x}"));
+                        self.found[i]
+                            .escape(|| format!("its address loaded from its GOT slot {address:#x} at {ip:#x}"));
                     }
                 } else if let Some(&i) = self.targets.get(&address) {
                     self.found[i].escape(|| format!("its address taken at {ip:#x}"));
