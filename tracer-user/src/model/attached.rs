@@ -74,6 +74,10 @@ pub struct Attached {
     /// running process exactly): each function probed at its callers, and
     /// at how many.
     pub call_sites: IndexMap<String, usize>,
+    /// Whether call sites were asked for (`--placement call-sites`), which
+    /// `--budget` refuses; `auto` takes them only without `--budget`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub call_sites_asked: bool,
     /// Where each probe sits in its function.
     pub placements: IndexMap<String, Placement>,
     /// The probes whose `bytes` mean something (the allocating functions).

@@ -100,6 +100,7 @@ pub(crate) mod examples {
             returns: IndexMap::new(),
             return_costs_ns: None,
             call_sites: [("_Py_Dealloc".to_owned(), 10989)].into_iter().collect(),
+            call_sites_asked: false,
             placements: IndexMap::new(),
             measures_bytes: vec!["PyObject_Malloc".into()],
             coverage: IndexMap::new(),

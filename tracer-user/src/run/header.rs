@@ -30,6 +30,7 @@ pub fn attached_event(session: &Session, r: &Resolved, links: Links, cost: &Cost
             .iter()
             .filter_map(|p| Some((p.symbol.to_owned(), p.call_sites.as_ref().map(|c| c.emulated + c.stepped)?)))
             .collect(),
+        call_sites_asked: cost.call_sites_asked(),
         placements: probes.iter().map(|p| (p.symbol.to_owned(), p.placement.clone())).collect(),
         measures_bytes: probes.iter().filter(|p| p.program.counts_bytes()).map(|p| p.symbol.to_owned()).collect(),
         coverage: probes.iter().map(|p| (p.symbol.to_owned(), p.coverage.clone())).collect(),

@@ -85,8 +85,16 @@ mod tests {
         let mut last = snapshot(3000, 3);
         last.cost = Some(cost(0.5, None));
         let unknown = snapshot(500, 1);
-        let mut info = attached(Some(12));
-        info.call_sites.clear();
+        // Call sites that `auto` took (the example's) do not keep `--budget`
+        // from the run: with it, `auto` stays inside.
+        let info = attached(Some(12));
+        let mut asked = info.clone();
+        asked.call_sites_asked = true;
+        let with_asked = render(&[Event::Attached(asked), Event::Interval(ranged.clone())]);
+        assert!(
+            with_asked.contains("by tracing in windows (without --returns and --placement call-sites, which it does not combine with)"),
+            "{with_asked}"
+        );
         let text = render(&[
             Event::Attached(info),
             Event::Interval(unknown),

@@ -46,8 +46,10 @@ impl<W: Write, E: Write> TableReporter<W, E> {
             Some(cost) => writeln!(self.out, "{title}  {cost}")?,
             None => writeln!(self.out, "{title}")?,
         }
+        // Call sites that `auto` took are no reason to drop them for
+        // `--budget`: with it, `auto` stays inside.
         let (returns, call_sites) =
-            self.attached.as_ref().map_or((false, false), |a| (!a.returns.is_empty(), !a.call_sites.is_empty()));
+            self.attached.as_ref().map_or((false, false), |a| (!a.returns.is_empty(), a.call_sites_asked));
         let mut cost = sample.cost;
         if let (Some(c), Some(p)) = (cost.as_mut(), &sample.profile) {
             c.overhead_fraction = Some(p.fraction);

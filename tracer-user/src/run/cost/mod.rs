@@ -490,6 +490,13 @@ impl CostMeter {
         Some(estimate(high, low, cpu_ns, delta.hits(), prices.hit))
     }
 
+    /// Whether the user asked for call sites (`--placement call-sites`),
+    /// which `--budget` refuses, as against `auto` taking them.
+    #[must_use]
+    pub const fn call_sites_asked(&self) -> bool {
+        self.advice.call_sites
+    }
+
     /// The warning to give, once, when `cost` is high.
     pub fn high_cost_note(&mut self, cost: &Cost) -> Option<Note> {
         if self.told_high {
