@@ -143,7 +143,9 @@ fn check_call_sites(python: &Path, ending: Ending) {
     let mut workload = Workload::serve(python);
     let pid = workload.pid();
     let args = ["--placement", "call-sites", "--probes", "_Py_Dealloc"];
-    let (tracer, attached) = TracerRun::attach_json(pid, &args);
+    // Long enough for the plan's listing and the reads below.
+    let duration: &[&str] = if let Ending::Duration = ending { &["--duration", "8"] } else { &[] };
+    let (tracer, attached) = TracerRun::attach_json(pid, &[&args[..], duration].concat());
     assert!(attached["placements"]["_Py_Dealloc"]["reason"].as_str().unwrap().starts_with("call sites:"), "{attached}");
     // The plan tracer attached, with every site listed.
     let pid_arg = pid.to_string();
@@ -161,12 +163,18 @@ fn check_call_sites(python: &Path, ending: Ending) {
     }
     match ending {
         Ending::Sigint => tracer.signal(libc::SIGINT),
+        Ending::Sigterm => tracer.signal(libc::SIGTERM),
         Ending::Sigkill => tracer.signal(libc::SIGKILL),
-        Ending::Sigterm | Ending::Duration => unreachable!("not used here"),
+        Ending::Duration => {}
     }
-    let (status, _, stderr) = tracer.finish();
-    if let Ending::Sigint = ending {
-        assert!(status.success(), "{status}: {stderr}");
+    let (status, lines, stderr) = tracer.finish();
+    if let Ending::Sigkill = ending {
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
+    } else {
+        assert!(status.success(), "{ending:?}: {status}: {stderr}");
+        let summary = lines.last().expect("summary");
+        assert_eq!(summary["type"], "summary", "{ending:?}");
+        assert_eq!(summary["end"], if let Ending::Duration = ending { "duration" } else { "signal" });
     }
     let mut after = read_sites(pid, &sites);
     for _ in 0..100 {
@@ -185,6 +193,16 @@ fn check_call_sites(python: &Path, ending: Ending) {
 #[test]
 fn call_sites_sigint_leaves_nothing() {
     check_call_sites(&shared_python(), Ending::Sigint);
+}
+
+#[test]
+fn call_sites_sigterm_leaves_nothing() {
+    check_call_sites(&shared_python(), Ending::Sigterm);
+}
+
+#[test]
+fn call_sites_duration_leaves_nothing() {
+    check_call_sites(&shared_python(), Ending::Duration);
 }
 
 #[test]

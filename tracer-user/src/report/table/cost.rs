@@ -92,7 +92,9 @@ mod tests {
         asked.call_sites_asked = true;
         let with_asked = render(&[Event::Attached(asked), Event::Interval(ranged.clone())]);
         assert!(
-            with_asked.contains("by tracing in windows (without --returns and --placement call-sites, which it does not combine with)"),
+            with_asked.contains(
+                "by tracing in windows (without --returns and --placement call-sites, which it does not combine with)"
+            ),
             "{with_asked}"
         );
         let text = render(&[
