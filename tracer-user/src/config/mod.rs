@@ -385,18 +385,8 @@ impl AttachConfig {
             (Some(value), _) if value.is_finite() && value > 0.0 && value <= 100.0 => Some(value / 100.0),
             (Some(value), _) => return Err(ConfigError::BadBudget { value }),
         };
-        let (links, placement) = (args.links, t.placement);
-        if placement == PlacementMode::CallSites && links == LinkMode::Perf {
-            return Err(ConfigError::CallSitesNeedMulti);
-        }
-        if placement == PlacementMode::CallSites && budget.is_some() {
-            return Err(ConfigError::BudgetWithCallSites);
-        }
-        // Not for `tracer run`'s program: every extension module it imports
-        // would be mapped after the attach, and its calls seen only later.
-        let running = matches!(target, TargetSpec::Pid(_)) && !starts;
-        let placement =
-            placement.resolved(crate::plan::auto_takes_call_sites(budget.is_none(), running, links != LinkMode::Perf));
+        let links = args.links;
+        let placement = placement_of(args, &target, starts, budget)?;
         if args.returns && budget.is_some() {
             return Err(ConfigError::BudgetWithReturns);
         }
@@ -471,6 +461,31 @@ impl AttachConfig {
             format: if args.json { Format::Json } else { Format::Table },
         })
     }
+}
+
+/// Where `auto` puts the probes of `args` (at the call sites only tracing
+/// every event of one running process, not `tracer run`'s, whose
+/// extension modules are mapped after the attach), and what call sites
+/// refuse.
+fn placement_of(
+    args: &AttachArgs,
+    target: &TargetSpec,
+    starts: bool,
+    budget: Option<f64>,
+) -> Result<PlacementMode, ConfigError> {
+    let (links, placement) = (args.links, args.target.placement);
+    if placement == PlacementMode::CallSites && links == LinkMode::Perf {
+        return Err(ConfigError::CallSitesNeedMulti);
+    }
+    if placement == PlacementMode::CallSites && budget.is_some() {
+        return Err(ConfigError::BudgetWithCallSites);
+    }
+    let reach = crate::plan::AutoReach {
+        every_event: budget.is_none(),
+        one_running_process: matches!(target, TargetSpec::Pid(_)) && !starts,
+        multi_links: links != LinkMode::Perf,
+    };
+    Ok(placement.resolved(reach.takes_call_sites()))
 }
 
 /// `--live`, `--live-max`, `--leaks` and `--older`; `--leaks` and

@@ -77,7 +77,7 @@ pub enum PlacementMode {
 
 impl PlacementMode {
     /// What `auto` stands for in a run: `CallSites` where
-    /// [`auto_takes_call_sites`], `Inside` otherwise; the others as given.
+    /// [`AutoReach::takes_call_sites`], `Inside` otherwise; the others as given.
     #[must_use]
     pub const fn resolved(self, call_sites: bool) -> Self {
         match self {
@@ -88,20 +88,34 @@ impl PlacementMode {
     }
 }
 
-/// Whether `auto` puts a function whose own probe would be single-stepped
-/// (about ten times an emulated hit) at its call sites, where they see
-/// every call. Only where the run traces every event (no `--budget`,
-/// whose every window would pay their attach and detach), of one process
-/// already running (`--pid`, `--name`: links on a file see every process
-/// that maps it, and with `--exe` an extension module another interpreter
-/// shares, an abi3 one, would add that interpreter's calls; `tracer run`'s
-/// program has yet to import its modules, each of which would be seen
-/// only from when it is found), through uprobe-multi links, which attach
-/// and detach thousands of sites at once (`multi`: not `--links perf`, on
-/// a kernel that has them).
-#[must_use]
-pub fn auto_takes_call_sites(every_event: bool, running: bool, multi: bool) -> bool {
-    every_event && running && multi && placement::running_kernel() >= placement::MULTI_LINKS
+/// What decides where `auto` puts a function whose own probe would be
+/// single-stepped (about ten times an emulated hit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AutoReach {
+    /// The run traces every event: no `--budget`, whose every window would
+    /// pay the call sites' attach and detach.
+    pub every_event: bool,
+    /// It traces one process already running (`--pid`, `--name`): links on
+    /// a file see every process that maps it, and with `--exe` an
+    /// extension module another interpreter shares, an abi3 one, would add
+    /// that interpreter's calls; `tracer run`'s program has yet to import
+    /// its modules, each of which would be seen only from when it is found.
+    pub one_running_process: bool,
+    /// Through uprobe-multi links (not `--links perf`), which attach and
+    /// detach thousands of sites at once.
+    pub multi_links: bool,
+}
+
+impl AutoReach {
+    /// Whether `auto` takes the call sites, where they see every call: all
+    /// three hold, on a kernel that has uprobe-multi links.
+    #[must_use]
+    pub fn takes_call_sites(self) -> bool {
+        self.every_event
+            && self.one_running_process
+            && self.multi_links
+            && placement::running_kernel() >= placement::MULTI_LINKS
+    }
 }
 
 /// The calibrated cost of one probe hit on this machine.

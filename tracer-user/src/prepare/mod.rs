@@ -99,7 +99,10 @@ impl<'a> Options<'a> {
             planning: Planning {
                 // As `attach --exact` places them: the profile's windows
                 // keep `auto`'s probes inside the functions.
-                placement: t.placement.resolved(plan::auto_takes_call_sites(true, t.exe.is_none(), true)),
+                placement: t.placement.resolved(
+                    plan::AutoReach { every_event: true, one_running_process: t.exe.is_none(), multi_links: true }
+                        .takes_call_sites(),
+                ),
                 program: None,
                 returns: args.returns,
                 inlined: !t.no_inlined,
