@@ -483,7 +483,7 @@ fn placement_of(
     let reach = crate::plan::AutoReach {
         every_event: budget.is_none(),
         one_running_process: matches!(target, TargetSpec::Pid(_)) && !starts,
-        multi_links: links != LinkMode::Perf,
+        multi_links: links != LinkMode::Perf && crate::kernel::multi::available(),
     };
     Ok(placement.resolved(reach.takes_call_sites()))
 }

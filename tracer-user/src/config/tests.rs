@@ -92,9 +92,8 @@ fn exactly_one_target_and_valid_probes() {
 
 #[test]
 fn auto_placement_takes_call_sites_only_where_every_event_is_counted_through_multi_links() {
-    use crate::plan::placement::{MULTI_LINKS, running_kernel};
     let placed = |flags: &[&str]| config(&[&["--pid", "1"][..], flags].concat()).unwrap().placement;
-    let multi = if running_kernel() >= MULTI_LINKS { PlacementMode::CallSites } else { PlacementMode::Inside };
+    let multi = if crate::kernel::multi::available() { PlacementMode::CallSites } else { PlacementMode::Inside };
     assert_eq!(placed(&["--exact"]), multi);
     assert_eq!(placed(&["--exact", "--links", "multi"]), multi);
     assert_eq!(placed(&["--types"]), multi);

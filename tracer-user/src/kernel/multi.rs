@@ -170,6 +170,72 @@ pub fn load(object: &[u8], name: &'static str, maps: &[(String, OwnedFd)]) -> Re
     }
 }
 
+/// Whether this kernel has uprobe-multi links: [`probe_supported`]'s
+/// answer (asked once), else whether it is Linux 6.6 or later.
+#[must_use]
+pub fn available() -> bool {
+    use crate::plan::placement::{MULTI_LINKS, running_kernel};
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| probe_supported().unwrap_or_else(|| running_kernel() >= MULTI_LINKS))
+}
+
+/// Whether the kernel has uprobe-multi links, asked of it as libbpf does
+/// (`probe_uprobe_multi_link`): a two-instruction program loaded for them,
+/// then a link on `/`, which a kernel that has them refuses with `EBADF`
+/// (not a regular file) and one without with `EINVAL` or `EOPNOTSUPP`.
+/// Distributions backport them to older kernels, and a kernel may be built
+/// without them, so the version alone does not say. `None` where tracer
+/// may not ask (not root, no `CAP_BPF`) or the answer is neither.
+#[must_use]
+pub fn probe_supported() -> Option<bool> {
+    // `r0 = 0; exit`: the opcodes in each instruction's low byte.
+    let insns: [u64; 2] = [0xb7, 0x95];
+    let license = c"GPL";
+    let mut load = ProgLoadAttr {
+        prog_type: bpf_prog_type::BPF_PROG_TYPE_KPROBE as u32,
+        insn_cnt: 2,
+        insns: insns.as_ptr() as u64,
+        license: license.as_ptr() as u64,
+        log_level: 0,
+        log_size: 0,
+        log_buf: 0,
+        kern_version: 0,
+        prog_flags: 0,
+        prog_name: [0; 16],
+        prog_ifindex: 0,
+        expected_attach_type: bpf_attach_type::BPF_TRACE_UPROBE_MULTI as u32,
+        tail: [0; 10],
+    };
+    let unsupported = |e: &std::io::Error| matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP));
+    let program = match bpf(bpf_cmd::BPF_PROG_LOAD, &mut load) {
+        Ok(fd) => fd,
+        Err(e) if unsupported(&e) => return Some(false),
+        Err(_) => return None,
+    };
+    let offsets = [0u64];
+    let mut link = LinkCreateAttr {
+        prog_fd: u32::try_from(program.as_raw_fd()).ok()?,
+        target_fd: 0,
+        attach_type: bpf_attach_type::BPF_TRACE_UPROBE_MULTI as u32,
+        flags: 0,
+        path: c"/".as_ptr() as u64,
+        offsets: offsets.as_ptr() as u64,
+        ref_ctr_offsets: 0,
+        cookies: 0,
+        cnt: 1,
+        multi_flags: 0,
+        pid: 0,
+        pad: 0,
+        tail: [0; 8],
+    };
+    match bpf(bpf_cmd::BPF_LINK_CREATE, &mut link) {
+        Err(e) if e.raw_os_error() == Some(libc::EBADF) => Some(true),
+        Err(e) if unsupported(&e) => Some(false),
+        // A link on `/` made: not what any kernel does; it closes here.
+        Ok(_) | Err(_) => None,
+    }
+}
+
 /// Attaches `program` at each `(file offset, cookie)` in `path`, for `pid`
 /// only (0: every process); with `ret`, as uretprobes at those offsets.
 /// Closing the returned fd detaches them all.
@@ -234,4 +300,17 @@ fn link(
         tail: [0; 8],
     };
     bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr).map_err(link_err)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::plan::placement::{MULTI_LINKS, running_kernel};
+
+    /// Run as root (as CI runs the unit tests), on a kernel built with
+    /// uprobes and BPF events: the kernel's answer agrees with its version.
+    #[test]
+    fn the_kernel_is_asked_whether_it_has_uprobe_multi_links() {
+        assert_eq!(super::probe_supported(), Some(running_kernel() >= MULTI_LINKS), "needs root");
+        assert_eq!(super::available(), running_kernel() >= MULTI_LINKS);
+    }
 }

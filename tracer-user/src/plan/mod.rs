@@ -101,20 +101,18 @@ pub struct AutoReach {
     /// that interpreter's calls; `tracer run`'s program has yet to import
     /// its modules, each of which would be seen only from when it is found.
     pub one_running_process: bool,
-    /// Through uprobe-multi links (not `--links perf`), which attach and
-    /// detach thousands of sites at once.
+    /// Through uprobe-multi links, which attach and detach thousands of
+    /// sites at once: not `--links perf`, on a kernel that has them
+    /// ([`crate::kernel::multi::available`]).
     pub multi_links: bool,
 }
 
 impl AutoReach {
     /// Whether `auto` takes the call sites, where they see every call: all
-    /// three hold, on a kernel that has uprobe-multi links.
+    /// three hold.
     #[must_use]
-    pub fn takes_call_sites(self) -> bool {
-        self.every_event
-            && self.one_running_process
-            && self.multi_links
-            && placement::running_kernel() >= placement::MULTI_LINKS
+    pub const fn takes_call_sites(self) -> bool {
+        self.every_event && self.one_running_process && self.multi_links
     }
 }
 

@@ -100,8 +100,12 @@ impl<'a> Options<'a> {
                 // As `attach --exact` places them: the profile's windows
                 // keep `auto`'s probes inside the functions.
                 placement: t.placement.resolved(
-                    plan::AutoReach { every_event: true, one_running_process: t.exe.is_none(), multi_links: true }
-                        .takes_call_sites(),
+                    plan::AutoReach {
+                        every_event: true,
+                        one_running_process: t.exe.is_none(),
+                        multi_links: crate::kernel::multi::available(),
+                    }
+                    .takes_call_sites(),
                 ),
                 program: None,
                 returns: args.returns,
