@@ -75,9 +75,9 @@ default, --exact, --json, ...) and reports as attach does, on stderr (or --outpu
 program's stdout stays its own.\n\n\
 The program gets tracer's stdin, stdout, stderr and environment. tracer follows its process \
 through exec (a shell script, env, a pyenv shim) to the first CPython interpreter it runs, holds \
-it there with ptrace until the probes are attached, then lets it go. SIGTERM, SIGHUP, SIGQUIT, \
-SIGUSR1 and SIGUSR2 sent to tracer are passed on to the program, and SIGINT too unless the \
-terminal sent it to both (Ctrl-C); the run ends when the program exits, and tracer exits with \
+it there with ptrace until the probes are attached, then lets it go. SIGTERM, SIGUSR1 and \
+SIGUSR2 sent to tracer are passed on to the program, and SIGINT, SIGQUIT and SIGHUP too unless \
+the terminal sent them to both (Ctrl-C, Ctrl-\\, a hangup); the run ends when the program exits, and tracer exits with \
 its status (128 + the signal's number if a signal killed it). Processes the program starts are \
 not traced. See docs/run.md.",
         after_help = "Examples:\n  sudo tracer run -- python3 app.py --port 8000\n  sudo tracer run --exact --json --output counts.jsonl -- python3 -c 'import json'"
@@ -156,8 +156,8 @@ one event per line, every name already read.\n\n\
 By default the run's table is printed as it was shown live. --json prints the events again. \
 --folded, --flamegraph, --growth-folded, --growth-flamegraph and --pprof write the summary's \
 stacks as attach does at the end of a run (the record must hold the summary). --diff FROM TO \
-prints the heap's change by type between the census taken at or after FROM seconds and the one \
-at or after TO (both from the attach). See docs/report.md.",
+prints the heap's change by type between the first census taken at or after FROM seconds and \
+the last one at or before TO (both from the attach). See docs/report.md.",
         after_help = "Examples:\n  tracer report run.jsonl\n  tracer report run.jsonl --flamegraph allocs.svg\n  tracer report run.jsonl --diff 10 60"
     )]
     Report(ReportArgs),
@@ -491,8 +491,8 @@ pub struct AttachArgs {
     /// and counted as truncated.
     #[arg(long, value_name = "FRAMES")]
     pub depth: Option<u32>,
-    /// With stacks: record the stack of one event in N (per CPU) and scale its counts by N,
-    /// labelled as estimates; the per-function counts stay exact.
+    /// With stacks: record each event's stack with probability 1/N (drawn at random) and scale
+    /// the counts by N, labelled as estimates; the per-function counts stay exact.
     #[arg(long, value_name = "N")]
     pub sample: Option<u64>,
     /// List the N allocation sites (innermost Python frame) with the most calls, in the table and
@@ -510,7 +510,8 @@ pub struct AttachArgs {
     /// What --folded and --flamegraph weigh: calls or bytes.
     #[arg(long, value_name = "WHAT", value_enum, hide_possible_values = true)]
     pub weight: Option<Weight>,
-    /// Let --folded and --flamegraph overwrite an existing file (never through a symlink).
+    /// Let the output files (--folded, --flamegraph, --growth-folded, --growth-flamegraph, --pprof,
+    /// --record, and run's --output) overwrite an existing file (never through a symlink).
     #[arg(long)]
     pub force: bool,
     /// With stacks, also unwind each event's native (C) stack in the kernel, from the modules'

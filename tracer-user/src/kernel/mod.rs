@@ -79,7 +79,7 @@ pub struct GrowthOptions {
 pub struct StacksOptions {
     /// The slots whose events get stacks.
     pub slots: Vec<u32>,
-    /// `--sample N`: one event in N per CPU (1: every event).
+    /// `--sample N`: each event with probability 1/N (1: every event).
     pub sample: u64,
     /// Room for distinct stacks, and for (process, probe, stack) counts.
     pub entries: u32,
