@@ -287,13 +287,34 @@ impl Estimator {
     /// Per probe: (calls/s, bytes/s) while traced.
     #[must_use]
     pub fn rates(&self) -> Vec<(RateEstimate, RateEstimate)> {
-        self.probes.iter().map(|s| (self.rate(s, s.calls), self.rate(s, s.bytes))).collect()
+        self.probes
+            .iter()
+            .map(|s| {
+                let bytes = if s.calls.0 == 0.0 {
+                    // No call seen: no size either, so no bound.
+                    RateEstimate { per_s: 0.0, ci95: None }
+                } else {
+                    self.rate(s, s.bytes)
+                };
+                (self.rate(s, s.calls), bytes)
+            })
+            .collect()
     }
 
     #[allow(clippy::cast_precision_loss, reason = "a window count")]
     fn rate(&self, s: &Sums, (h, hh, hw): (f64, f64, f64)) -> RateEstimate {
         if s.w <= 0.0 {
             return RateEstimate { per_s: 0.0, ci95: None };
+        }
+        if h == 0.0 && self.windows >= 2 {
+            // No call in any window: their agreement would make it a sure
+            // zero however little was traced, and 0.1 ms without a call
+            // says little of a rate of thousands a second. Calls as a
+            // Poisson process, none in `w` seconds bounds the rate at
+            // -ln(0.025)/w, the upper end of the 95% interval. Not from one
+            // window, which a bursty target's pause can hold whole (the
+            // caller then shows no figure).
+            return RateEstimate { per_s: 0.0, ci95: Some((0.0, NONE_SEEN_95 / s.w)) };
         }
         let r = h / s.w;
         if self.windows < 2 {
@@ -309,6 +330,10 @@ impl Estimator {
         RateEstimate { per_s: r, ci95: Some(((r - half).max(0.0), r + half)) }
     }
 }
+
+/// The upper end of the two-sided 95% interval of a Poisson mean when none
+/// was seen: -ln(0.025).
+const NONE_SEEN_95: f64 = 3.688_879_454_113_936;
 
 /// Two-sided 95% quantile of Student's t with `df` degrees of freedom.
 #[allow(clippy::cast_possible_truncation, reason = "df is small where the table is used")]
@@ -442,12 +467,31 @@ mod tests {
     #[test]
     fn one_window_has_no_interval() {
         let mut e = Estimator::new(2);
-        assert_eq!(e.rates()[0].0, RateEstimate { per_s: 0.0, ci95: None });
+        // Before any window: no figure to bound.
+        assert_eq!(e.rates()[0], (RateEstimate { per_s: 0.0, ci95: None }, RateEstimate { per_s: 0.0, ci95: None }));
         let live = |ms, calls| ProbeWindow { live: MS(ms), calls, bytes: 0 };
         // Each probe's rate is over its own live time.
         e.add(&[live(500, 5), live(250, 5)], MS(500), Duration::ZERO);
         assert_eq!(e.rates()[0].0, RateEstimate { per_s: 10.0, ci95: None });
         assert_eq!(e.rates()[1].0, RateEstimate { per_s: 20.0, ci95: None });
+    }
+
+    /// Windows that saw no call bound the rate by the time they traced;
+    /// their agreement made it a sure zero (±0). One window says nothing.
+    #[test]
+    fn no_call_seen_bounds_the_rate_by_the_time_traced() {
+        let mut e = Estimator::new(1);
+        let none = ProbeWindow { live: Duration::from_micros(100), calls: 0, bytes: 0 };
+        e.add(&[none], Duration::from_micros(100), Duration::ZERO);
+        let unknown = RateEstimate { per_s: 0.0, ci95: None };
+        assert_eq!(e.rates()[0], (unknown, unknown));
+        e.add(&[none], Duration::from_micros(100), Duration::ZERO);
+        let (calls, bytes) = e.rates()[0];
+        let (lo, hi) = calls.ci95.expect("a bound from two windows");
+        assert_eq!((calls.per_s, lo), (0.0, 0.0));
+        assert!((hi - 18_444.4).abs() < 0.1, "{hi}");
+        // No call, no size: the bytes' rate has no bound.
+        assert_eq!(bytes, unknown);
     }
 
     #[test]

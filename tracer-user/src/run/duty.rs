@@ -573,6 +573,13 @@ impl DutyCycle {
                 calls_per_s = over_attached(counts.calls);
                 bytes_per_s = bytes_per_s.max(over_attached(counts.bytes));
             }
+            // No call seen and nothing to bound its rate by (one window, or
+            // none live): no figure, rather than a zero the target's calls
+            // between the windows would belie.
+            if calls.per_s == 0.0 && calls.ci95.is_none() && !unseen_live {
+                counts.estimate = None;
+                continue;
+            }
             counts.estimate = Some(ProbeEstimate {
                 calls_per_s,
                 calls_per_s_ci95,

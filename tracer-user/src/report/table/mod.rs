@@ -144,6 +144,12 @@ impl<W: Write, E: Write> TableReporter<W, E> {
             b.hit_cost_ns.single_stepped_ns,
             b.hit_cost_ns.emulated_ns,
         )?;
+        if sample.probes.values().any(|p| p.estimate.is_none()) {
+            writeln!(
+                self.out,
+                "  ?: no call seen while traced, and too little traced to tell its rate from zero (a bound needs two windows; a longer run gets more)"
+            )?;
+        }
         self.footer(sample)
     }
 
@@ -288,7 +294,8 @@ fn estimates(p: &ProbeCounts) -> (String, String) {
 
 /// "1,234 ±56"; "1,234 (1,100-1,900)" where the interval is lopsided (the
 /// windows' slowdown widens it upwards); "1,234 (≥1,100)" where it has no
-/// upper end; "1,234 ±?" before there are two windows to compare.
+/// upper end; "1,234 ±?" before there are two windows to compare; "?"
+/// for a zero with no interval (bytes where no call was seen).
 fn estimate(per_s: f64, ci95: Option<[f64; 2]>, lower_bound: bool) -> String {
     let value = group(round(per_s));
     match ci95 {
@@ -298,6 +305,9 @@ fn estimate(per_s: f64, ci95: Option<[f64; 2]>, lower_bound: bool) -> String {
         }
         Some([lo, hi]) => format!("{value} ±{}", group(round((hi - lo) / 2.0))),
         None if lower_bound => format!("≥{value} ±?"),
+        // Nothing seen and nothing to bound it by (no call, so no size):
+        // not a zero.
+        None if per_s == 0.0 => "?".to_owned(),
         None => format!("{value} ±?"),
     }
 }
@@ -440,6 +450,34 @@ mod tests {
             text.contains("ESTIMATES (--budget 1%): rates from 4 windows that traced 0.10s of 10.0s (1.00%), as seen while traced; estimated cost to the target 0.90% of its CPU time (a hit costs"),
             "{text}"
         );
+    }
+
+    /// A probe whose rate the windows could not tell from zero shows no
+    /// figure, and the table says why; one bounded by windows that saw no
+    /// call shows the bound, and its bytes no figure.
+    #[test]
+    fn a_rate_not_told_from_zero_is_no_zero() {
+        let mut sample = budget_snapshot(4, 0.009, (1234.4, Some([1200.0, 1268.0])));
+        let none = sample.probes.get_mut("PyObject_Malloc").unwrap();
+        none.estimate = None;
+        let text = render(&[Event::Attached(attached(Some(12))), Event::Interval(sample.clone())]);
+        let row = text.lines().find(|l| l.contains("PyObject_Malloc") && !l.contains("attached")).unwrap();
+        assert_eq!(row.split_whitespace().collect::<Vec<_>>(), ["PyObject_Malloc", "4", "?", "4,000", "?"]);
+        assert!(text.contains("\n  ?: no call seen while traced, and too little traced to tell its rate from zero (a bound needs two windows; a longer run gets more)\n"), "{text}");
+        sample.probes.get_mut("PyObject_Malloc").unwrap().estimate = Some(crate::model::ProbeEstimate {
+            calls_per_s: 0.0,
+            calls_per_s_ci95: Some([0.0, 1151.0]),
+            bytes_per_s: 0.0,
+            bytes_per_s_ci95: None,
+            lower_bound: false,
+        });
+        let text = render(&[Event::Attached(attached(Some(12))), Event::Interval(sample)]);
+        let row = text.lines().find(|l| l.contains("PyObject_Malloc") && !l.contains("attached")).unwrap();
+        assert_eq!(
+            row.split_whitespace().collect::<Vec<_>>(),
+            ["PyObject_Malloc", "4", "0", "(0-1,151)", "4,000", "?"]
+        );
+        assert!(!text.contains("?: no call seen"), "{text}");
     }
 
     #[test]

@@ -114,17 +114,22 @@ fn text(s: String) -> Cell {
     Cell { key: Key::Text(s.to_lowercase()), text: s }
 }
 
-/// A rate, with `~` and its 95% interval where it is an estimate.
+/// A rate, with `~` and its 95% interval where it is an estimate: "≥" its
+/// low end beside it where the interval has no upper end (the windows
+/// slowed the target past knowing by how much, `run::pace`), "≤" its
+/// upper end for a zero (no call seen in the windows), and "?" for an
+/// estimate not yet told from zero. "-" where there is no rate at all.
 fn rate(per_s: Option<f64>, ci95: Option<[f64; 2]>, estimate: bool, unit: fn(f64) -> String) -> Cell {
-    let Some(per_s) = per_s.filter(|r| r.is_finite()) else { return Cell { text: "-".to_owned(), key: Key::Unknown } };
+    let Some(per_s) = per_s.filter(|r| r.is_finite()) else {
+        let text = if estimate { "?" } else { "-" };
+        return Cell { text: text.to_owned(), key: Key::Unknown };
+    };
     let text = match (estimate, ci95) {
-        // No upper end: the windows slowed the target past knowing by how
-        // much (`run::pace`), and the rate is a lower bound.
-        (true, Some([lo, hi])) if !hi.is_finite() => format!("≥{}", unit(lo)),
-        (true, Some([lo, hi])) if per_s > 0.0 => {
-            format!("~{} ±{:.0}%", unit(per_s), 100.0 * (hi - lo) / 2.0 / per_s)
-        }
-        (true, _) => format!("~{}", unit(per_s)),
+        (true, Some([lo, hi])) if !hi.is_finite() => format!("~{} (≥{})", unit(per_s), unit(lo)),
+        (true, Some([_, hi])) if per_s == 0.0 => format!("~0 (≤{})", unit(hi)),
+        (true, Some([lo, hi])) => format!("~{} ±{:.0}%", unit(per_s), 100.0 * (hi - lo) / 2.0 / per_s),
+        (true, None) if per_s == 0.0 => "?".to_owned(),
+        (true, None) => format!("~{}", unit(per_s)),
         (false, _) => unit(per_s),
     };
     Cell { text, key: Key::Number(per_s) }
@@ -168,6 +173,8 @@ pub struct View {
     estimates: bool,
     /// Whether the run takes heap censuses (the profile with `--pid`).
     census: bool,
+    /// The probes whose bytes mean something (`Attached::measures_bytes`).
+    measures_bytes: Vec<String>,
     snapshot: Option<Snapshot>,
     /// The latest note tracer gave, shown at the bottom.
     note: Option<String>,
@@ -194,6 +201,7 @@ impl View {
             title: format!("tracer top · {target} · CPython {} · {mode}", display(&attached.python.version)),
             estimates,
             census: estimates && attached.pid.is_some(),
+            measures_bytes: attached.measures_bytes.clone(),
             snapshot: None,
             note: None,
             focus: Pane::Heap,
@@ -278,7 +286,7 @@ impl View {
             frame,
             rates,
             Pane::Rates,
-            snapshot.map_or_else(|| waiting("the first interval"), |s| rates_rows(s, estimates)),
+            snapshot.map_or_else(|| waiting("the first interval"), |s| rates_rows(s, estimates, &self.measures_bytes)),
         );
         let keys = if self.quitting {
             "detaching…".to_owned()
@@ -455,26 +463,32 @@ fn growth_rows(s: &Snapshot) -> Rows {
     }
 }
 
-fn rates_rows(s: &Snapshot, estimates: bool) -> Rows {
+/// `measures_bytes`: the probes whose bytes mean something (the
+/// allocating functions); the others show "-" for bytes.
+fn rates_rows(s: &Snapshot, estimates: bool, measures_bytes: &[String]) -> Rows {
     let body = s
         .probes
         .iter()
         .map(|(name, p)| {
             let (calls, calls_ci, bytes_s, bytes_ci) = match p.estimate {
                 Some(e) => (Some(e.calls_per_s), e.calls_per_s_ci95, Some(e.bytes_per_s), e.bytes_per_s_ci95),
+                // In the profile, a rate the windows could not tell from
+                // zero: no figure (shown "?").
+                None if estimates => (None, None, None, None),
                 None => (p.calls_per_s, None, p.bytes_per_s, None),
             };
             let marked = estimates || p.estimate.is_some();
-            vec![
-                text(display(name)),
-                rate(calls, calls_ci, marked, per_second),
-                rate(bytes_s, bytes_ci, marked, bytes_per_second),
-                count(p.calls),
-            ]
+            let bytes = if measures_bytes.contains(name) {
+                rate(bytes_s, bytes_ci, marked, bytes_per_second)
+            } else {
+                Cell { text: "-".to_owned(), key: Key::Unknown }
+            };
+            vec![text(display(name)), rate(calls, calls_ci, marked, per_second), bytes, count(p.calls)]
         })
         .collect();
     let title = if estimates {
-        "rates · ~estimates from the traced windows, with their 95% interval".to_owned()
+        "rates · ~estimates from the traced windows, with their 95% interval where known (? where no call was seen yet)"
+            .to_owned()
     } else {
         "rates · exact, over the last interval".to_owned()
     };
@@ -495,6 +509,22 @@ mod tests {
                 sorted.iter().map(|k| if let Key::Number(n) = k { n.to_string() } else { "?".to_owned() }).collect();
             assert_eq!(shown, want, "descending {descending}");
         }
+    }
+
+    /// The rates pane says what the table says: the point estimate beside
+    /// a lower bound, a zero's upper bound, and no figure for a rate not
+    /// told from zero.
+    #[test]
+    fn estimated_rates_show_their_bounds() {
+        let shown = |per_s, ci, estimate| rate(per_s, ci, estimate, per_second).text;
+        assert_eq!(shown(Some(27_807.0), Some([0.0, f64::INFINITY]), true), "~27,807 (≥0.0)");
+        assert_eq!(shown(Some(0.0), Some([0.0, 1151.0]), true), "~0 (≤1,151)");
+        assert_eq!(shown(Some(2000.0), Some([1900.0, 2100.0]), true), "~2,000 ±5%");
+        assert_eq!(shown(Some(0.0), None, true), "?");
+        assert_eq!(shown(None, None, true), "?");
+        assert_eq!(shown(Some(1234.0), None, true), "~1,234");
+        assert_eq!(shown(Some(0.0), None, false), "0.0");
+        assert_eq!(shown(None, None, false), "-");
     }
 
     #[test]
