@@ -195,12 +195,15 @@ impl Lines {
 
 /// `stderr` without the warning of a high estimated cost, which any
 /// exact run on a busy target may give once its hit cost is calibrated
-/// (see tests/tests/cost.rs).
+/// (see tests/tests/cost.rs), or the profile's over its budget.
 #[must_use]
 pub fn without_cost_warning(stderr: &str) -> String {
     stderr
         .lines()
-        .filter(|l| !l.starts_with("tracer: warning: tracing costs the target"))
+        .filter(|l| {
+            !l.starts_with("tracer: warning: tracing costs the target")
+                && !l.starts_with("tracer: warning: the profile cost ")
+        })
         .flat_map(|l| [l, "\n"])
         .collect()
 }

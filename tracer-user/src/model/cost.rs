@@ -270,6 +270,44 @@ impl ProfileCost {
         let pace = self.target_cpu_s / self.span_s;
         Some(first.target_s / ((budget - others) * pace))
     }
+
+    /// Where the profile cost more than its budget, other than by the
+    /// first window alone ([`Self::first_window_paid_by_s`] says that): by
+    /// how much, the costliest sources, and what lowers the costliest.
+    #[must_use]
+    pub fn over_budget(&self) -> Option<String> {
+        // Rounded as shown: 1.0004% is not over a 1% budget.
+        let (cost, budget) = (self.fraction * 100.0, self.budget_percent);
+        if (cost * 1000.0).round() <= (budget * 1000.0).round() || self.first_window_paid_by_s().is_some() {
+            return None;
+        }
+        let mut sources: Vec<(&String, f64)> =
+            self.sources.iter().map(|(n, s)| (n, s.fraction)).filter(|(_, f)| *f > 0.0).collect();
+        sources.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let most: Vec<String> =
+            sources.iter().take(3).map(|(n, f)| format!("{} {:.3}%", n.replace('_', " "), f * 100.0)).collect();
+        let hint = match sources.first().map(|(n, _)| n.as_str()) {
+            Some(FIRST_WINDOW_SOURCE) => {
+                "the attach's first window runs before the target has paid for any; a longer run pays for it"
+            }
+            Some(RATES_SOURCE) => {
+                "the rates' windows cost more than priced (a hit's price varies with what the target runs); the windows after wait until they are paid for"
+            }
+            Some("census") => {
+                "the heap census keeps to half the budget over a run, and the first is taken before that much is earned; a longer run spreads it"
+            }
+            Some(GROWTH_SOURCE) => {
+                "growth stops once it costs over half the budget (--growth keeps it on, --no-growth drops it)"
+            }
+            Some("tracer") => "tracer's own work each interval: a longer --interval lowers it",
+            _ => "a longer run spreads what a source took at the start",
+        };
+        Some(format!(
+            "the profile cost {cost:.3}% of the target's CPU time, over its {}% budget; the most: {}; {hint}",
+            (budget * 1e6).round() / 1e6,
+            most.join(", ")
+        ))
+    }
 }
 
 #[cfg(test)]
@@ -311,5 +349,20 @@ mod tests {
         over.sources.get_mut("census").expect("census").fraction = 0.012;
         over.fraction += 0.008;
         assert_eq!(over.first_window_paid_by_s(), None);
+    }
+
+    /// Over the budget other than by the first window: said, with the
+    /// costliest sources and what lowers the costliest.
+    #[test]
+    fn a_run_over_its_budget_says_by_what() {
+        assert_eq!(run(0.005).over_budget(), None, "within it");
+        assert_eq!(run(0.020).over_budget(), None, "the first window alone: said apart");
+        let mut over = run(0.005);
+        over.sources.get_mut("census").expect("census").fraction = 0.012;
+        over.fraction += 0.008;
+        assert_eq!(
+            over.over_budget().expect("over"),
+            "the profile cost 1.600% of the target's CPU time, over its 1% budget; the most: census 1.200%, first window 0.400%; the heap census keeps to half the budget over a run, and the first is taken before that much is earned; a longer run spreads it"
+        );
     }
 }

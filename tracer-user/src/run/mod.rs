@@ -224,6 +224,13 @@ impl Run {
         if let Some(p) = &snapshot.profile {
             cost.overhead_fraction = Some(p.fraction);
             cost.overhead_fraction_low = None;
+            // What took it over, not a lower --budget, which would not
+            // lower what the first window, the census or tracer's own work
+            // cost.
+            return self.cost.high_cost_note(&cost).map(|note| match p.over_budget() {
+                Some(over) => Note::new(note.level, note.code, over),
+                None => note,
+            });
         }
         self.cost.high_cost_note(&cost)
     }

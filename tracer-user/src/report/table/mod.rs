@@ -58,7 +58,13 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         // The user's budget: in the profile, `budget.percent` is the rates'
         // share of it.
         let budget = sample.profile.as_ref().map(|p| p.budget_percent).or(sample.budget.map(|b| b.percent));
-        let warning = cost.and_then(|c| c.warning(budget, returns, call_sites));
+        // In the profile, what took it over its budget: a lower --budget
+        // would not lower what the first window, the census or tracer's
+        // own work cost.
+        let warning = match &sample.profile {
+            Some(p) => p.over_budget(),
+            None => cost.and_then(|c| c.warning(budget, returns, call_sites)),
+        };
         if let Some(warning) = warning {
             writeln!(self.out, "  WARNING: {warning}")?;
         }
