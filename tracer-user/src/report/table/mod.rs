@@ -82,8 +82,11 @@ impl<W: Write, E: Write> TableReporter<W, E> {
             "function", "calls", "calls/s", "bytes", "bytes/s"
         )?;
         for (name, p) in &sample.probes {
+            let at_least = if unsized_calls(sample, name) > 0 { "≥" } else { "" };
             let (bytes, bytes_rate) = match p.bytes_per_s {
-                Some(r) if self.measures_bytes(name) => (group(p.bytes), group(round(r))),
+                Some(r) if self.measures_bytes(name) => {
+                    (format!("{at_least}{}", group(p.bytes)), format!("{at_least}{}", group(round(r))))
+                }
                 _ => ("-".to_owned(), "-".to_owned()),
             };
             let extra = match (with_returns, p.returned) {
@@ -96,12 +99,29 @@ impl<W: Write, E: Write> TableReporter<W, E> {
                 "  {:<20} {:>14} {:>12} {:>16} {:>14}{extra}",
                 name,
                 group(p.calls),
-                group(round(p.calls_per_s.unwrap_or(0.0))),
+                p.calls_per_s.map_or_else(|| "?".to_owned(), |r| group(round(r))),
                 bytes,
                 bytes_rate
             )?;
         }
+        self.unsized_line(sample)?;
         self.footer(sample)
+    }
+
+    /// Under the rows: what a "≥" on bytes means, where some calls'
+    /// sizes are unknown.
+    fn unsized_line(&mut self, sample: &Snapshot) -> std::io::Result<()> {
+        let Some(sizes) = &sample.sizes else { return Ok(()) };
+        if sizes.unsized_calls.is_empty() {
+            return Ok(());
+        }
+        let each: Vec<String> =
+            sizes.unsized_calls.iter().map(|(domain, n)| format!("{} {domain} calls", group(*n))).collect();
+        writeln!(
+            self.out,
+            "  ≥: bytes of the calls whose size is known only; unknown for {} (inlined copies where neither the DWARF nor the code shows it)",
+            each.join(", ")
+        )
     }
 
     /// `--budget`: counts of the traced windows, and rates estimated from
@@ -114,8 +134,13 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         )?;
         for (name, p) in &sample.probes {
             let (calls_rate, b_rate) = estimates(p);
-            let (bytes, b_rate) =
-                if self.measures_bytes(name) { (group(p.bytes), b_rate) } else { ("-".to_owned(), "-".to_owned()) };
+            let at_least = if unsized_calls(sample, name) > 0 { "≥" } else { "" };
+            let (bytes, b_rate) = if self.measures_bytes(name) {
+                let b_rate = if b_rate.starts_with(['≥', '?']) { b_rate } else { format!("{at_least}{b_rate}") };
+                (format!("{at_least}{}", group(p.bytes)), b_rate)
+            } else {
+                ("-".to_owned(), "-".to_owned())
+            };
             writeln!(
                 self.out,
                 "  {:<20} {:>14} {:>24} {:>16} {:>28}",
@@ -150,6 +175,7 @@ impl<W: Write, E: Write> TableReporter<W, E> {
             b.hit_cost_ns.single_stepped_ns,
             b.hit_cost_ns.emulated_ns,
         )?;
+        self.unsized_line(sample)?;
         if sample.probes.values().any(|p| p.estimate.is_none()) {
             writeln!(
                 self.out,
@@ -278,6 +304,12 @@ impl<W: Write, E: Write> Reporter for TableReporter<W, E> {
             Event::Summary(s) => self.summary(s),
         }
     }
+}
+
+/// The calls of `probe`'s allocator domain whose size is unknown.
+fn unsized_calls(sample: &Snapshot, probe: &str) -> u64 {
+    let Some(domain) = crate::python::domain(probe) else { return 0 };
+    sample.sizes.as_ref().and_then(|s| s.unsized_calls.get(domain.name())).copied().unwrap_or(0)
 }
 
 #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a displayed rate")]
@@ -456,6 +488,25 @@ mod tests {
             text.contains("ESTIMATES (--budget 1%): rates from 4 windows that traced 0.10s of 10.0s (1.00%), as seen while traced; estimated cost to the target 0.90% of its CPU time (a hit costs"),
             "{text}"
         );
+    }
+
+    /// Bytes that leave out calls of unknown size are marked as a lower
+    /// bound, and the table says whose.
+    #[test]
+    fn bytes_missing_unsized_calls_are_at_least() {
+        let info = attached(Some(12));
+        let mut sample = snapshot(1000, 1);
+        sample.compute_rates(&info, None);
+        sample.sizes = Some(crate::model::Sizes {
+            unsized_calls: [("object".to_owned(), 400)].into_iter().collect(),
+            ..crate::model::Sizes::default()
+        });
+        let text = render(&[Event::Attached(info), Event::Interval(sample)]);
+        let row = text.lines().find(|l| l.contains("PyObject_Malloc") && !l.contains("attached")).unwrap();
+        assert_eq!(row.split_whitespace().collect::<Vec<_>>(), ["PyObject_Malloc", "4", "4", "≥4,000", "≥4,000"]);
+        let row = text.lines().find(|l| l.contains("_Py_NewReference") && !l.contains("attached")).unwrap();
+        assert!(!row.contains('≥'), "not an allocator of the object domain: {row}");
+        assert!(text.contains("\n  ≥: bytes of the calls whose size is known only; unknown for 400 object calls (inlined copies where neither the DWARF nor the code shows it)\n"), "{text}");
     }
 
     /// A probe whose rate the windows could not tell from zero shows no
