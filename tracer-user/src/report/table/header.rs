@@ -97,9 +97,17 @@ impl<W: Write, E: Write> TableReporter<W, E> {
                 .collect()
         };
         if !stepped.is_empty() {
+            // `tracer probes` plans as `attach --exact` places: the
+            // profile's windows keep every probe inside its function and
+            // the frees at their entries, where some are single-stepped.
+            let see = if info.mode.as_deref() == Some("profile") {
+                "as the profile's windows place them; `tracer probes` shows where --exact would"
+            } else {
+                "see `tracer probes`"
+            };
             writeln!(
                 self.out,
-                "tracer: single-stepped, so each hit costs a debug trap (see `tracer probes`): {}",
+                "tracer: single-stepped, so each hit costs a debug trap ({see}): {}",
                 stepped.join(", ")
             )?;
         }
@@ -190,10 +198,20 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let text = render(&[Event::Attached(info)]);
+        let text = render(&[Event::Attached(info.clone())]);
         assert!(
             text.contains(
                 "tracer: single-stepped, so each hit costs a debug trap (see `tracer probes`): _Py_NewReference (208 of its 209 sites), _Py_Dealloc\n"
+            ),
+            "{text}"
+        );
+        // The profile places as `tracer probes` does not (it plans as
+        // --exact): the header says so.
+        info.mode = Some("profile".into());
+        let text = render(&[Event::Attached(info)]);
+        assert!(
+            text.contains(
+                "tracer: single-stepped, so each hit costs a debug trap (as the profile's windows place them; `tracer probes` shows where --exact would): _Py_NewReference"
             ),
             "{text}"
         );
