@@ -44,7 +44,13 @@ pub fn heap_block(out: &mut impl Write, heap: &Heap, told_partial: &mut Vec<Stri
     let size = heap.types.iter().fold(other.bytes, |n, t| n.saturating_add(t.bytes));
     let types = heap.types.len() as u64 + other.types;
     let since = heap.since_s.map_or_else(|| "the run's first".to_owned(), |s| format!("changes since {s:.1} s"));
-    let every = if heap.every > 1 { format!(", taken every {} intervals", heap.every) } else { String::new() };
+    // A forecast: the census waits for the budget's credit, which a target
+    // busier or idler than of late earns sooner or later.
+    let every = if heap.every > 1 {
+        format!(", next in about {} intervals at the recent pace", heap.every)
+    } else {
+        String::new()
+    };
     let memory = match (heap.totals.rss, heap.totals.unaccounted) {
         (Some(rss), Some(u)) => {
             let sign = if u < 0 { "-" } else { "" };
