@@ -97,6 +97,13 @@ fn name_matching_none_or_several_is_refused() {
             listed[0].0, listed[0].1, listed[1].0, listed[1].1
         )
     );
+    // A pattern that matches every process, PID 1 too (which tracer may
+    // not inspect in a container): the CPython processes it selects are
+    // counted and named (the two above at least).
+    let (code, _, err) = run_tracer(&["attach", "--name", "."]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.starts_with("tracer: error: --name \".\" matches "), "{err}");
+    assert!(err.contains(" CPython processes: "), "{err}");
     stop(one);
     stop(two);
     let (code, _, err) = run_tracer(&["attach", "--name", &format!("^{marker}-none$")]);

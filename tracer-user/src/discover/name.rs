@@ -85,11 +85,18 @@ pub fn select(pattern: &str) -> Result<u32, NameError> {
     while up > 1 && excluded.insert(up) {
         up = all.get(&up).map_or(0, |e| e.ppid);
     }
-    let is_python = |pid: u32| match Target::inspect(pid) {
-        Ok(_) => Ok(true),
+    // A process tracer may not inspect (PID 1 in a container, say) is
+    // reported only where no CPython process matched: a broad pattern
+    // that also matches it still names the processes it selects.
+    let mut uninspectable: Vec<(u32, String)> = Vec::new();
+    let mut is_python = |pid: u32| match Target::inspect(pid) {
+        Ok(_) => true,
         // Not CPython, or gone since the listing.
-        Err(e) if e.is_not_a_target() => Ok(false),
-        Err(e) => Err(NameError::Inspect { pattern: pattern.to_owned(), pid, cause: e.to_string() }),
+        Err(e) if e.is_not_a_target() => false,
+        Err(e) => {
+            uninspectable.push((pid, e.to_string()));
+            false
+        }
     };
     let mut found = BTreeSet::new();
     let mut others = Vec::new();
@@ -100,7 +107,7 @@ pub fn select(pattern: &str) -> Result<u32, NameError> {
         .collect();
     matching.sort_unstable();
     for pid in matching {
-        if is_python(pid)? {
+        if is_python(pid) {
             found.insert(pid);
             continue;
         }
@@ -111,7 +118,7 @@ pub fn select(pattern: &str) -> Result<u32, NameError> {
             if excluded.contains(&child) {
                 continue;
             }
-            if is_python(child)? {
+            if is_python(child) {
                 found.insert(child);
                 reached = true;
             } else {
@@ -125,6 +132,10 @@ pub fn select(pattern: &str) -> Result<u32, NameError> {
     let show = |pid: u32| format!("{pid} ({})", shown(&all[&pid].command));
     match found.len() {
         1 => Ok(found.into_iter().next().unwrap_or_default()),
+        0 if !uninspectable.is_empty() => {
+            let (pid, cause) = uninspectable.swap_remove(0);
+            Err(NameError::Inspect { pattern: pattern.to_owned(), pid, cause })
+        }
         0 => {
             let seen = if others.is_empty() {
                 String::new()
