@@ -79,10 +79,13 @@ fn thread_id_instead_of_pid() {
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .find(|&t| t != pid)
         .expect("the serve workload has a second thread");
-    assert_bad_input(
-        &["attach", "--pid", &tid.to_string()],
-        &format!("{tid} is a thread of process {pid}, not a process; pass --pid {pid}"),
-    );
+    // Every subcommand that takes a PID, alike.
+    for sub in ["attach", "heap", "stack", "probes"] {
+        assert_bad_input(
+            &[sub, "--pid", &tid.to_string()],
+            &format!("{tid} is a thread of process {pid}, not a process; pass --pid {pid}"),
+        );
+    }
 }
 
 #[test]

@@ -367,6 +367,13 @@ impl Pidfd {
     }
 }
 
+/// The process thread `tid` belongs to, while it lives.
+#[must_use]
+pub fn thread_group_of(tid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("Tgid:"))?.trim().parse().ok()
+}
+
 /// `PF_KTHREAD` from include/linux/sched.h.
 const PF_KTHREAD: u32 = 0x0020_0000;
 
@@ -385,6 +392,11 @@ impl Target {
         }
         if matches!(stat.state, 'Z' | 'X') {
             return Err(TargetError::Exited { pid });
+        }
+        // /proc/TID answers for a thread as for its process: every
+        // subcommand that takes a PID refuses a thread's id alike.
+        if let Some(tgid) = thread_group_of(pid).filter(|&tgid| tgid != pid) {
+            return Err(TargetError::Thread { tid: pid, tgid });
         }
         let maps = maps_of(&process).map_err(proc_err("memory map"))?;
         let code_files = executable_files(&maps);

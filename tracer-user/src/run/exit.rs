@@ -5,7 +5,7 @@ use std::os::fd::OwnedFd;
 
 use tokio::io::unix::AsyncFd;
 
-use crate::discover::process::{TargetError, pidfd_open};
+use crate::discover::process::{TargetError, pidfd_open, thread_group_of};
 
 /// Becomes ready when the process exits, through a pidfd.
 pub struct ProcessExit {
@@ -41,10 +41,4 @@ impl ProcessExit {
             std::future::pending::<()>().await;
         }
     }
-}
-
-/// The process thread `tid` belongs to, while it lives.
-pub(super) fn thread_group_of(tid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
-    status.lines().find_map(|l| l.strip_prefix("Tgid:"))?.trim().parse().ok()
 }

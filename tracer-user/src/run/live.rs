@@ -110,7 +110,7 @@ pub fn left_unseen(session: &mut Session, counts: &mut [LiveCounts]) -> Result<(
         // known (`Some(None)`: not in the table).
         let stale = call.stale();
         let held = match stale {
-            Stale::Take(old) => match super::exit::thread_group_of(tid) {
+            Stale::Take(old) => match crate::discover::process::thread_group_of(tid) {
                 Some(tgid) => Some(session.take_block(tgid, old)?),
                 None => None,
             },
