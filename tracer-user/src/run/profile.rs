@@ -89,10 +89,17 @@ impl Profile {
         let mut gc_waiting = None;
         let gc = match pid {
             None => {
+                // The GC header line above says why where there are no GC
+                // probes (no markers in this build, or --gc off).
+                let collections = if gc_plan.source == GcSource::None {
+                    "no collection is seen (no GC probes: see the gc line)"
+                } else {
+                    "collections come from the GC probes (as with --exact)"
+                };
                 notes.push(Note::new(
                     Level::Note,
                     NoteCode::Gc,
-                    "with --exe, the profile reads no process's memory: collections come from the GC probes (as with --exact), the rates from every process's windows, and there is no heap census; pass --pid for GC from memory and the heap by type".to_owned(),
+                    format!("with --exe, the profile reads no process's memory: {collections}, the rates from every process's windows, and there is no heap census; pass --pid for GC from memory and the heap by type"),
                 ));
                 None
             }
