@@ -18,6 +18,32 @@ enum Ending {
     Sigkill,
 }
 
+/// Ends `tracer` as `ending` says (`--duration` ends it by itself) and
+/// checks how it ended: killed, or with a summary saying why.
+fn end(tracer: TracerRun, ending: Ending) {
+    match ending {
+        Ending::Sigint => tracer.signal(libc::SIGINT),
+        Ending::Sigterm => tracer.signal(libc::SIGTERM),
+        Ending::Sigkill => tracer.signal(libc::SIGKILL),
+        Ending::Duration => {}
+    }
+    let (status, lines, stderr) = tracer.finish();
+    if let Ending::Sigkill = ending {
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
+        return;
+    }
+    assert!(status.success(), "{ending:?}: {status}: {stderr}");
+    let summary = lines.last().expect("summary");
+    assert_eq!(summary["type"], "summary", "{ending:?}");
+    let (end, signal) = match ending {
+        Ending::Sigint => ("signal", Some("SIGINT")),
+        Ending::Sigterm => ("signal", Some("SIGTERM")),
+        _ => ("duration", None),
+    };
+    assert_eq!(summary["end"], end);
+    assert_eq!(summary["signal"].as_str(), signal);
+}
+
 fn check(python: &Path, ending: Ending) {
     require_root();
     let mut workload = Workload::serve(python);
@@ -63,27 +89,7 @@ fn check(python: &Path, ending: Ending) {
     }
     bystander.ping();
 
-    match ending {
-        Ending::Sigint => tracer.signal(libc::SIGINT),
-        Ending::Sigterm => tracer.signal(libc::SIGTERM),
-        Ending::Sigkill => tracer.signal(libc::SIGKILL),
-        Ending::Duration => {}
-    }
-    let (status, lines, stderr) = tracer.finish();
-    if let Ending::Sigkill = ending {
-        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
-    } else {
-        assert!(status.success(), "{ending:?}: {status}: {stderr}");
-        let summary = lines.last().expect("summary");
-        assert_eq!(summary["type"], "summary");
-        let (end, signal) = match ending {
-            Ending::Sigint => ("signal", Some("SIGINT")),
-            Ending::Sigterm => ("signal", Some("SIGTERM")),
-            _ => ("duration", None),
-        };
-        assert_eq!(summary["end"], end);
-        assert_eq!(summary["signal"].as_str(), signal);
-    }
+    end(tracer, ending);
 
     // The kernel removes a uprobe when its last perf event closes, which for
     // SIGKILL happens during tracer's exit; allow it a moment.
@@ -161,21 +167,7 @@ fn check_call_sites(python: &Path, ending: Ending) {
     for (site, bytes) in sites.iter().zip(read_sites(pid, &sites)) {
         assert_eq!(bytes, [INT3], "{} holds no breakpoint while attached", site.symbol);
     }
-    match ending {
-        Ending::Sigint => tracer.signal(libc::SIGINT),
-        Ending::Sigterm => tracer.signal(libc::SIGTERM),
-        Ending::Sigkill => tracer.signal(libc::SIGKILL),
-        Ending::Duration => {}
-    }
-    let (status, lines, stderr) = tracer.finish();
-    if let Ending::Sigkill = ending {
-        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
-    } else {
-        assert!(status.success(), "{ending:?}: {status}: {stderr}");
-        let summary = lines.last().expect("summary");
-        assert_eq!(summary["type"], "summary", "{ending:?}");
-        assert_eq!(summary["end"], if let Ending::Duration = ending { "duration" } else { "signal" });
-    }
+    end(tracer, ending);
     let mut after = read_sites(pid, &sites);
     for _ in 0..100 {
         if after.iter().zip(&sites).all(|(b, s)| *b == s.file_bytes) {
