@@ -1,0 +1,62 @@
+//! The flags as clap parses them, and its errors as one line.
+
+use super::*;
+use crate::probe::SelectionError;
+
+#[test]
+fn setups_parse_by_name_and_value() {
+    let Setups(got) = setups("empty, tracemalloc=25,bpftrace,budget=1,returns,call-sites").unwrap();
+    assert_eq!(
+        got,
+        [
+            Extra::Setup(Setup::Empty),
+            Extra::Tracemalloc("25".into()),
+            Extra::Setup(Setup::Bpftrace),
+            Extra::Budget("1".into()),
+            Extra::Setup(Setup::Returns),
+            Extra::Setup(Setup::CallSites),
+        ]
+    );
+    assert_eq!(setups("").unwrap(), Setups::default());
+    for bad in ["perf", "tracemalloc=0", "tracemalloc=x", "budget=0", "budget=x", "entry=1", "perf=1"] {
+        assert_eq!(setups(bad).unwrap_err(), ValueError::UnknownSetup { item: bad.into() }, "{bad}");
+    }
+    assert_eq!(
+        setups("entry,perf").unwrap_err().to_string(),
+        "--also names \"perf\", which is not a setup tracer bench knows; use entry, call-sites, empty, empty-entry, empty-call-sites, returns, meta-insert, meta-lookup, meta-pool, meta-chunk, bpftrace, tracemalloc=FRAMES (e.g. tracemalloc=1) or budget=PERCENT (e.g. budget=1)"
+    );
+}
+
+fn usage(args: &[&str]) -> String {
+    let err = Cli::try_parse_from(std::iter::once("tracer").chain(args.iter().copied())).unwrap_err();
+    usage_error(&err, args.first().copied())
+}
+
+#[test]
+fn usage_errors_are_one_line() {
+    assert_eq!(
+        usage(&["attach", "--pid", "1", "--links", "bpf"]),
+        "invalid value 'bpf' for '--links <HOW>'; possible values: auto, multi, perf; a similar value exists: 'perf'; see `tracer attach --help`"
+    );
+    assert_eq!(
+        usage(&["probes"]),
+        "the following required arguments were not provided: <--pid <PID>|--exe <PATH>|--name <PATTERN>>; see `tracer probes --help`"
+    );
+    assert_eq!(usage(&["xyzzy"]), "unrecognized subcommand 'xyzzy'; see `tracer --help`");
+    assert_eq!(usage(&["__calibration-child", "x"]), "unexpected argument 'x' found; see `tracer --help`");
+}
+
+#[test]
+fn closed_sets_are_clap_s() {
+    let err = AttachArgs::try_parse_from(["attach", "--pid", "1", "--links", "bpf"]).unwrap_err();
+    assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
+    let args = AttachArgs::try_parse_from(["attach", "--pid", "1", "--stacks"]).unwrap();
+    assert_eq!(args.stacks, Some(ProbeSelection::Alloc));
+    let args = AttachArgs::try_parse_from(["attach", "--pid", "1", "--stacks", "refs", "--weight", "bytes"]).unwrap();
+    assert_eq!((args.stacks, args.weight), (Some(ProbeSelection::Refs), Some(Weight::Bytes)));
+    assert_eq!(Weight::Bytes.to_string(), "bytes");
+    let err = ProbesArgs::try_parse_from(["probes", "--pid", "1", "--probes", "nope"]).unwrap_err();
+    assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
+    let cause = std::error::Error::source(&err).and_then(|e| e.downcast_ref::<ValueError>());
+    assert!(matches!(cause, Some(ValueError::Probes(SelectionError::Unknown { .. }))), "{err}");
+}
