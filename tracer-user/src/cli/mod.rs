@@ -170,6 +170,11 @@ the last one at or before TO (both from the attach). See docs/report.md.",
 #[derive(Clone, Debug, Parser)]
 #[command(
     mut_group("target", |g| g.required(false)),
+    // Signals are passed on to the program: the run ends with it.
+    mut_arg("duration", |a| a.help(
+        "Detach after this many seconds and print the summary; the program runs on, and tracer exits \
+         with its status when it exits (default: report until the program exits)"
+    )),
     mut_arg("pid", |a| a.hide(true).conflicts_with("command")),
     mut_arg("exe", |a| a.hide(true).conflicts_with("command")),
     mut_arg("name", |a| a.hide(true).conflicts_with("command")),
@@ -188,7 +193,15 @@ pub struct RunArgs {
 
 /// `tracer top`: attach's flags; its output is the screen.
 #[derive(Clone, Debug, Parser)]
-#[command(mut_arg("json", |a| a.hide(true)))]
+#[command(
+    mut_arg("json", |a| a.hide(true)),
+    // The screen's q ends a run too.
+    mut_arg("exe", |a| a.help(
+        "Trace every process that runs this interpreter, those running now and those started later. \
+         Runs until q, Ctrl-C, SIGTERM or --duration"
+    )),
+    mut_arg("duration", |a| a.help("Stop after this many seconds (default: until q, Ctrl-C, SIGTERM or the target exits)"))
+)]
 pub struct TopArgs {
     #[command(flatten)]
     pub attach: AttachArgs,
@@ -280,8 +293,37 @@ pub struct HeapArgs {
     pub debug_dir: Option<PathBuf>,
 }
 
-/// `tracer probes`.
+/// `tracer probes`: the target's flags, said of a plan (nothing is traced).
 #[derive(Clone, Debug, Parser)]
+#[command(
+    mut_arg("pid", |a| a.help("PID of the CPython process whose plan to show")),
+    mut_arg("exe", |a| a.help(
+        "Show the plan for this interpreter (its executable or libpython), as `attach --exe` would probe \
+         it in every process that runs it"
+    )),
+    mut_arg("name", |a| a.help(
+        "Show the plan for the CPython process whose command line matches PATTERN, a regular expression, \
+         as `pgrep -f PATTERN` matches; a matching wrapper (a shell, sudo, a pyenv shim) is followed to \
+         the CPython process it started. Exactly one must match"
+    )),
+    mut_arg("debug_dir", |a| a.help(
+        "Also look for the interpreter's debug info (DWARF) here, by build-id \
+         (DIR/.build-id/xx/rest.debug) and by .gnu_debuglink name; after the image itself, \
+         /usr/lib/debug/.build-id and the debuglink's standard places inside the target's root. \
+         With it, the plan shows every copy of a probed function that the compiler inlined"
+    )),
+    mut_arg("native", |a| a.help(
+        "Also plan the C library's allocator probes, as `attach --native` places them: malloc, calloc, \
+         realloc, free, posix_memalign, aligned_alloc, mmap and munmap, found in the process's own libc \
+         (inside its root: a chroot's or container's). With --pid only"
+    )),
+    mut_arg("gc", |a| a.help(
+        "How garbage collections would be seen, as `attach --gc` takes it: auto (CPython's gc__start and \
+         gc__done markers where the build has them, else the collection function's entry and return \
+         where tracer knows that they show the same, else not, and the plan says why), markers, \
+         function, or off. The plan's gc lines (the JSON's `gc`) list each GC probe"
+    ))
+)]
 #[allow(clippy::struct_excessive_bools, reason = "one field per on/off command-line flag, as clap gives them")]
 pub struct ProbesArgs {
     #[command(flatten)]

@@ -60,3 +60,31 @@ fn closed_sets_are_clap_s() {
     let cause = std::error::Error::source(&err).and_then(|e| e.downcast_ref::<ValueError>());
     assert!(matches!(cause, Some(ValueError::Probes(SelectionError::Unknown { .. }))), "{err}");
 }
+
+/// The help `tracer SUBCOMMAND --help` prints for `flag` (its id).
+fn help_of(subcommand: &str, flag: &str) -> String {
+    let mut cli = <Cli as clap::CommandFactory>::command();
+    cli.build();
+    let sub = cli.find_subcommand(subcommand).unwrap();
+    let arg = sub.get_arguments().find(|a| a.get_id() == flag).unwrap();
+    arg.get_long_help().or_else(|| arg.get_help()).unwrap().to_string()
+}
+
+#[test]
+fn each_subcommand_s_help_is_true_of_it() {
+    // probes traces nothing and has no --duration.
+    assert_eq!(
+        help_of("probes", "exe"),
+        "Show the plan for this interpreter (its executable or libpython), as `attach --exe` would probe it in every process that runs it"
+    );
+    let mut cli = <Cli as clap::CommandFactory>::command();
+    let probes = cli.find_subcommand_mut("probes").unwrap().render_long_help().to_string();
+    for untrue in ["--duration", "Ctrl-C", "Trace ", "Counts calls", "are in the table"] {
+        assert!(!probes.contains(untrue), "probes --help says {untrue:?}:\n{probes}");
+    }
+    assert!(help_of("attach", "exe").ends_with("Runs until Ctrl-C, SIGTERM or --duration"));
+    // top ends at q too; run's signals go to the program, which ends it.
+    assert!(help_of("top", "exe").ends_with("Runs until q, Ctrl-C, SIGTERM or --duration"));
+    assert!(help_of("top", "duration").contains("until q, Ctrl-C, SIGTERM or the target exits"));
+    assert!(help_of("run", "duration").contains("the program runs on"), "{}", help_of("run", "duration"));
+}
