@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 mod values;
 
 pub use values::{Extra, Setup, Setups, ValueError, Weight};
-use values::{listen_addr, probe_selection, setups, stack_events};
+use values::{count, listen_addr, pid, probe_selection, setups, stack_events};
 
 use crate::{
     plan::{PlacementMode, gc::GcMode},
@@ -227,7 +227,14 @@ pub struct ReportArgs {
     )]
     pub diff: Option<Vec<f64>>,
     /// With --diff: the types listed, most bytes gained first (the JSON has every type).
-    #[arg(long, value_name = "N", default_value_t = 25, requires = "diff")]
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 25,
+        requires = "diff",
+        allow_negative_numbers = true,
+        value_parser = count("--top", "type", 25)
+    )]
     pub top: usize,
     /// Write the summary's stacks, folded, to FILE (a run with --stacks).
     #[arg(long, value_name = "FILE")]
@@ -256,13 +263,19 @@ pub struct ReportArgs {
 #[derive(Clone, Debug, Parser)]
 pub struct StackArgs {
     /// PID of the CPython process.
-    #[arg(long, short = 'p', value_name = "PID")]
+    #[arg(long, short = 'p', value_name = "PID", allow_negative_numbers = true, value_parser = pid)]
     pub pid: u32,
     /// One JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
     /// Read at most this many frames per thread; a deeper stack is cut and marked truncated.
-    #[arg(long, value_name = "FRAMES", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    #[arg(
+        long,
+        value_name = "FRAMES",
+        default_value_t = 1024,
+        allow_negative_numbers = true,
+        value_parser = clap::value_parser!(u32).range(1..=1_000_000)
+    )]
     pub max_depth: u32,
     /// Also read each task's thread-local thread state through its fsbase, as the BPF walker will
     /// (3.12+; stops each task for a moment with ptrace; JSON only).
@@ -274,10 +287,10 @@ pub struct StackArgs {
 #[derive(Clone, Debug, Parser)]
 pub struct HeapArgs {
     /// PID of the CPython process.
-    #[arg(long, short = 'p', value_name = "PID")]
+    #[arg(long, short = 'p', value_name = "PID", allow_negative_numbers = true, value_parser = pid)]
     pub pid: u32,
     /// Show the N types with the most bytes (the JSON has every type).
-    #[arg(long, value_name = "N", default_value_t = 25)]
+    #[arg(long, value_name = "N", default_value_t = 25, allow_negative_numbers = true, value_parser = count("--top", "type", 25))]
     pub top: usize,
     /// One JSON object instead of a table: `types` ([{name, count, bytes}], most bytes first),
     /// `pymalloc`, `outside`, `rss`, `accounted`, `unaccounted`, `rejected`, `partial`, `cost`.
@@ -398,7 +411,7 @@ pub struct BenchArgs {
 #[command(group(clap::ArgGroup::new("target").required(true).args(["pid", "exe", "name"])))]
 pub struct TargetArgs {
     /// PID of the CPython process to trace (all its threads).
-    #[arg(long, short = 'p', value_name = "PID")]
+    #[arg(long, short = 'p', value_name = "PID", allow_negative_numbers = true, value_parser = pid)]
     pub pid: Option<u32>,
     /// Trace every process that runs this interpreter, those running now and those started later;
     /// reports per PID and in total. Runs until Ctrl-C, SIGTERM or --duration.
@@ -465,10 +478,10 @@ pub struct AttachArgs {
     #[arg(long, group = "target")]
     pub all: bool,
     /// Stop after this many seconds (default: until Ctrl-C, SIGTERM or the target exits).
-    #[arg(long, short = 'd', value_name = "SECONDS")]
+    #[arg(long, short = 'd', value_name = "SECONDS", allow_negative_numbers = true)]
     pub duration: Option<f64>,
     /// Seconds between reports.
-    #[arg(long, short = 'i', value_name = "SECONDS", default_value_t = DEFAULT_INTERVAL_S)]
+    #[arg(long, short = 'i', value_name = "SECONDS", default_value_t = DEFAULT_INTERVAL_S, allow_negative_numbers = true)]
     pub interval: f64,
     /// Write JSON Lines (attached, interval, note, summary) instead of a table; see docs/json.md for the schema.
     #[arg(long)]
@@ -486,7 +499,7 @@ pub struct AttachArgs {
     /// calibrated at start); counts are then of the traced windows only, and rates are estimates
     /// with a 95% confidence interval, marked as such in the table and the JSON. Not with --returns
     /// or --placement call-sites.
-    #[arg(long, value_name = "PERCENT")]
+    #[arg(long, value_name = "PERCENT", allow_negative_numbers = true)]
     pub budget: Option<f64>,
     /// How probes attach: auto (uprobe-multi links where the kernel has them, Linux 6.6+, else one
     /// perf-event uprobe per probe), multi, or perf. Multi links detach all at once; perf-event
@@ -514,11 +527,18 @@ pub struct AttachArgs {
     pub live: bool,
     /// The live table's room, in blocks (turns on --live). A block that finds it full is counted as
     /// dropped, never as live, and tracer keeps running.
-    #[arg(long, value_name = "BLOCKS")]
+    #[arg(long, value_name = "BLOCKS", allow_negative_numbers = true)]
     pub live_max: Option<u32>,
     /// At the end, list the N oldest blocks still outstanding, with address, size, domain, function
     /// and age (default 20; turns on --live).
-    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "20")]
+    #[arg(
+        long,
+        value_name = "N",
+        num_args = 0..=1,
+        default_missing_value = "20",
+        allow_negative_numbers = true,
+        value_parser = count("--leaks", "block", 20)
+    )]
     pub leaks: Option<usize>,
     /// With --leaks: only blocks at least SECONDS old at the end (turns on --leaks).
     #[arg(long, value_name = "SECONDS", allow_hyphen_values = true)]
@@ -531,15 +551,15 @@ pub struct AttachArgs {
     pub stacks: Option<ProbeSelection>,
     /// With stacks: the most Python frames walked per event (1-128); a deeper stack is cut there
     /// and counted as truncated.
-    #[arg(long, value_name = "FRAMES")]
+    #[arg(long, value_name = "FRAMES", allow_negative_numbers = true)]
     pub depth: Option<u32>,
     /// With stacks: record each event's stack with probability 1/N (drawn at random) and scale
     /// the counts by N, labelled as estimates; the per-function counts stay exact.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub sample: Option<u64>,
     /// List the N allocation sites (innermost Python frame) with the most calls, in the table and
     /// the JSON's `sites` (default 10; turns on --stacks).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = count("--top", "site", 10))]
     pub top: Option<usize>,
     /// At the end, write the stacks in folded form (the input of flamegraph.pl and inferno) to FILE,
     /// weighted as --weight says (turns on --stacks). FILE must not exist unless --force.

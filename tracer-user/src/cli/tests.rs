@@ -88,3 +88,85 @@ fn each_subcommand_s_help_is_true_of_it() {
     assert!(help_of("top", "duration").contains("until q, Ctrl-C, SIGTERM or the target exits"));
     assert!(help_of("run", "duration").contains("the program runs on"), "{}", help_of("run", "duration"));
 }
+
+/// The one line `main` prints for `args`: tracer's own parser's refusal as
+/// it is, else clap's error folded by [`usage_error`].
+fn refused(args: &[&str]) -> String {
+    let err = Cli::try_parse_from(std::iter::once("tracer").chain(args.iter().copied())).unwrap_err();
+    match std::error::Error::source(&err).and_then(|s| s.downcast_ref::<ValueError>()) {
+        Some(refused) => refused.to_string(),
+        None => usage_error(&err, args.first().copied()),
+    }
+}
+
+#[test]
+fn negative_numbers_reach_the_flag_s_check() {
+    // Parsed as values, not as unknown flags: the configuration's checks
+    // (config/tests.rs) then refuse them with their own messages.
+    for flag in ["--duration", "--interval", "--budget"] {
+        let args = AttachArgs::try_parse_from(["attach", "--pid", "1", flag, "-1"]).unwrap();
+        let value = match flag {
+            "--duration" => args.duration,
+            "--interval" => Some(args.interval),
+            _ => args.budget,
+        };
+        assert_eq!(value, Some(-1.0), "{flag}");
+    }
+    for sub in ["attach", "probes", "top", "stack", "heap"] {
+        assert_eq!(
+            refused(&[sub, "--pid", "-5"]),
+            "--pid -5 is not a process ID (a whole number above 0); pass the PID of a running CPython process (e.g. from `pgrep python`)",
+            "{sub}"
+        );
+    }
+    assert_eq!(
+        refused(&["attach", "-p", "1.5"]),
+        "--pid 1.5 is not a process ID (a whole number above 0); pass the PID of a running CPython process (e.g. from `pgrep python`)"
+    );
+    assert_eq!(
+        refused(&["attach", "--pid", "1", "--top", "-1"]),
+        "--top must be a whole number above 0 (got -1); e.g. --top 10"
+    );
+    assert_eq!(
+        refused(&["attach", "--pid", "1", "--depth", "-1"]),
+        "invalid value '-1' for '--depth <FRAMES>': -1 is not in 0..=4294967295; see `tracer attach --help`"
+    );
+    assert_eq!(
+        refused(&["stack", "--pid", "1", "--max-depth", "-1"]),
+        "invalid value '-1' for '--max-depth <FRAMES>': -1 is not in 1..=1000000; see `tracer stack --help`"
+    );
+}
+
+#[test]
+fn counts_of_zero_are_refused_alike() {
+    for (args, error) in [
+        (
+            &["attach", "--pid", "1", "--top", "0"][..],
+            "--top 0 would list no site; pass the number of sites to list, e.g. --top 10",
+        ),
+        (
+            &["heap", "--pid", "1", "--top", "0"],
+            "--top 0 would list no type; pass the number of types to list, e.g. --top 25",
+        ),
+        (
+            &["report", "r.jsonl", "--diff", "1", "2", "--top", "0"],
+            "--top 0 would list no type; pass the number of types to list, e.g. --top 25",
+        ),
+        (
+            &["attach", "--pid", "1", "--leaks", "0"],
+            "--leaks 0 would list no block; pass the number of blocks to list, e.g. --leaks 20",
+        ),
+        (
+            &["attach", "--pid", "1", "--leaks", "-3"],
+            "--leaks must be a whole number above 0 (got -3); e.g. --leaks 20",
+        ),
+        (&["heap", "--pid", "1", "--top", "x"], "--top must be a whole number above 0 (got x); e.g. --top 25"),
+    ] {
+        assert_eq!(refused(args), error, "{args:?}");
+    }
+    let Command::Attach(args) = Cli::try_parse_from(["tracer", "attach", "--pid", "1", "--leaks"]).unwrap().command
+    else {
+        panic!("attach");
+    };
+    assert_eq!(args.leaks, Some(20));
+}
