@@ -101,7 +101,7 @@ fn a_record_replays_the_live_table_and_files_exactly() {
     assert_eq!(
         err,
         format!(
-            "tracer: error: {} has no heap census to compare at 0 s (its censuses: none); FROM picks the first census at or after it, TO the last at or before it\n",
+            "tracer: error: {} has no heap census to compare at 0 s (its censuses: none); FROM picks the first census at or after it, TO the last at or before it, each time as shown (to 0.1 s) or exact\n",
             cut.display()
         )
     );

@@ -157,7 +157,8 @@ By default the run's table is printed as it was shown live. --json prints the ev
 --folded, --flamegraph, --growth-folded, --growth-flamegraph and --pprof write the summary's \
 stacks as attach does at the end of a run (the record must hold the summary). --diff FROM TO \
 prints the heap's change by type between the first census taken at or after FROM seconds and \
-the last one at or before TO (both from the attach). See docs/report.md.",
+the last one at or before TO (both from the attach; a census's time as shown, to 0.1 s, or \
+exact). See docs/report.md.",
         after_help = "Examples:\n  tracer report run.jsonl\n  tracer report run.jsonl --flamegraph allocs.svg\n  tracer report run.jsonl --diff 10 60"
     )]
     Report(ReportArgs),
@@ -217,7 +218,8 @@ pub struct ReportArgs {
     #[arg(long, conflicts_with_all = ["folded", "flamegraph", "growth_folded", "growth_flamegraph", "pprof"])]
     pub json: bool,
     /// The heap's change by type from the first census taken at or after FROM seconds (from the
-    /// attach) to the last taken at or before TO.
+    /// attach) to the last taken at or before TO, a census's time as the table shows it (to 0.1 s)
+    /// or exact.
     #[arg(
         long,
         num_args = 2,
