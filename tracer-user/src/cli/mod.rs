@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 mod values;
 
 pub use values::{Extra, Setup, Setups, ValueError, Weight};
-use values::{count, listen_addr, pid, probe_selection, setups, stack_events};
+use values::{count, listen_addr, pid, probe_selection, setups, stack_events, statement};
 
 use crate::{
     plan::{PlacementMode, gc::GcMode},
@@ -369,8 +369,8 @@ pub struct BenchArgs {
     /// xtask setup` makes); --python is then a path inside DIR, and is required.
     #[arg(long, value_name = "DIR", requires = "python")]
     pub root: Option<PathBuf>,
-    /// The statement to time.
-    #[arg(long, default_value = "[]")]
+    /// The statement to time (not empty).
+    #[arg(long, default_value = "[]", value_parser = statement)]
     pub stmt: String,
     /// Code run once before timing.
     #[arg(long, default_value = "pass")]

@@ -161,6 +161,14 @@ fn counts_of_zero_are_refused_alike() {
             "--leaks must be a whole number above 0 (got -3); e.g. --leaks 20",
         ),
         (&["heap", "--pid", "1", "--top", "x"], "--top must be a whole number above 0 (got x); e.g. --top 25"),
+        (
+            &["bench", "--stmt", ""],
+            "--stmt is empty, and pyperf times no empty statement; pass the statement to time, e.g. --stmt '[]'",
+        ),
+        (
+            &["bench", "--stmt", " \n "],
+            "--stmt is empty, and pyperf times no empty statement; pass the statement to time, e.g. --stmt '[]'",
+        ),
     ] {
         assert_eq!(refused(args), error, "{args:?}");
     }

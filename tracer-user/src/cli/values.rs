@@ -94,6 +94,8 @@ pub enum ValueError {
     CountZero { flag: &'static str, what: &'static str, example: usize },
     #[error("{flag} must be a whole number above 0 (got {value}); e.g. {flag} {example}")]
     Count { flag: &'static str, value: String, example: usize },
+    #[error("--stmt is empty, and pyperf times no empty statement; pass the statement to time, e.g. --stmt '[]'")]
+    EmptyStatement,
 }
 
 /// Every setup `--also` names without a value, comma-separated.
@@ -135,6 +137,12 @@ pub(super) fn count(
         Ok(n) => Ok(n),
         Err(_) => Err(ValueError::Count { flag, value: value.to_owned(), example }),
     }
+}
+
+/// `bench --stmt`: pyperf refuses an empty (or blank) statement, once it
+/// has started measuring; refused here before anything starts.
+pub(super) fn statement(value: &str) -> Result<String, ValueError> {
+    if value.trim().is_empty() { Err(ValueError::EmptyStatement) } else { Ok(value.to_owned()) }
 }
 
 /// `--stacks [EVENTS]`: as `--probes`; alone, the allocating functions.
