@@ -221,7 +221,9 @@ fn report(args: &ReportArgs) -> Result<(), Failure> {
         }
         return Ok(());
     }
-    let last = &record.summary()?.snapshot;
+    let first = |files: [&Option<OutputFile>; 2]| files.into_iter().flatten().map(|f| f.flag).next();
+    let last =
+        &record.summary_for(first([&folded, &flamegraph]), first([&growth_folded, &growth_flamegraph]))?.snapshot;
     let what = record.target();
     let mut notes = written::stacks(
         written::StackFiles { folded: folded.as_ref(), flamegraph: flamegraph.as_ref() },

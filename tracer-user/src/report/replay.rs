@@ -32,6 +32,14 @@ pub enum ReplayError {
     )]
     NoSummary { path: PathBuf },
     #[error(
+        "{path} holds no stacks for {flag}: its run was without --stacks; record one with --stacks (or --top, --folded, --flamegraph)"
+    )]
+    NoStacks { path: PathBuf, flag: &'static str },
+    #[error(
+        "{path} holds no growth for {flag}: its run sampled none; record one that does (the production profile with --pid, or --growth)"
+    )]
+    NoGrowth { path: PathBuf, flag: &'static str },
+    #[error(
         "{path} has no heap census to compare at {at} s (its censuses: {taken}); FROM picks the first census at or after it, TO the last at or before it, each time as shown (to 0.1 s) or exact"
     )]
     NoCensus { path: PathBuf, at: f64, taken: String },
@@ -92,6 +100,27 @@ impl Record {
                 _ => None,
             })
             .ok_or_else(|| ReplayError::NoSummary { path: self.path.clone() })
+    }
+
+    /// The summary, for the files of the stacks (`stacks`, the first
+    /// flag given of them) and of growth (`growth`): refused where its run
+    /// recorded no stacks, or sampled no growth, which no record of it can
+    /// have. A run that did, and found none, gets its summary: the files
+    /// are then not written, and a warning says so, as at the end of the
+    /// run ([`super::written`]).
+    pub fn summary_for(
+        &self,
+        stacks: Option<&'static str>,
+        growth: Option<&'static str>,
+    ) -> Result<&Summary, ReplayError> {
+        let summary = self.summary()?;
+        if let Some(flag) = stacks.filter(|_| summary.snapshot.stacks.is_none()) {
+            return Err(ReplayError::NoStacks { path: self.path.clone(), flag });
+        }
+        if let Some(flag) = growth.filter(|_| summary.snapshot.growth.is_none()) {
+            return Err(ReplayError::NoGrowth { path: self.path.clone(), flag });
+        }
+        Ok(summary)
     }
 
     /// The target as titles name it: `PID N`, or the executable.

@@ -438,6 +438,17 @@ pub async fn attach(
     }
     last.cost = cost.total().map(|c| c.of_all_hits(last.hits.unwrap_or(0)));
     let what = config.target.to_string();
+    // A file that cannot be written fails the run, after the summary: the
+    // counts are not lost with it. The first such failure is the run's
+    // error; any later one is told as a warning.
+    let mut unwritten: Option<OutputError> = None;
+    let mut failed = |e: OutputError| match &unwritten {
+        None => {
+            unwritten = Some(e);
+            None
+        }
+        Some(_) => Some(Note::new(Level::Warning, NoteCode::Written, e.to_string())),
+    };
     for (folded, flamegraph, stacks) in [
         config.stacks.as_ref().map(|s| (s.folded.as_ref(), s.flamegraph.as_ref(), Some((s.weight, s.sample)))),
         config.growth.as_ref().map(|g| (g.folded.as_ref(), g.flamegraph.as_ref(), None)),
@@ -447,15 +458,21 @@ pub async fn attach(
     {
         let files = report::written::StackFiles { folded, flamegraph };
         let notes = match stacks {
-            Some(weight) => report::written::stacks(files, weight, &what, &last)?,
-            None => report::written::growth(files, &what, &last)?,
+            Some(weight) => report::written::stacks(files, weight, &what, &last),
+            None => report::written::growth(files, &what, &last),
         };
-        output.notes(notes)?;
+        match notes {
+            Ok(notes) => output.notes(notes)?,
+            Err(e) => output.notes(failed(e))?,
+        }
     }
     // Live, the profile ends now: its start is now less its duration.
-    output.notes(config.pprof.as_ref().map(|f| report::written::pprof(f, &last, None)).transpose()?)?;
+    match config.pprof.as_ref().map(|f| report::written::pprof(f, &last, None)).transpose() {
+        Ok(note) => output.notes(note)?,
+        Err(e) => output.notes(failed(e))?,
+    }
     output.summary(last, end)?;
-    Ok(end)
+    unwritten.map_or(Ok(end), |e| Err(e.into()))
 }
 
 /// Becomes ready when the BPF log has lines to read; never without
