@@ -109,10 +109,7 @@ impl Classify for RunError {
             Self::Signal { .. } | Self::BpfLog(_) | Self::Output(_) | Self::Written(_) => false,
         }
     }
-
-    fn is_broken_pipe(&self) -> bool {
-        matches!(self, Self::Output(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
-    }
+    // No broken pipe: a closed report ends the run (`End::OutputClosed`).
 }
 
 /// Everything a run reports through, in order.
@@ -120,11 +117,22 @@ struct Output<'a> {
     reporter: Box<dyn Reporter + 'a>,
     attached: Option<Attached>,
     previous: Option<Snapshot>,
+    /// The reader of the report went away (`tracer attach | head`): the
+    /// run ends at the next turn of its loop ([`End::OutputClosed`]), and
+    /// its summary still goes to `--record`, which a [`report::Tee`] feeds
+    /// whatever the report's pipe does.
+    closed: bool,
 }
 
 impl Output<'_> {
     fn emit(&mut self, event: &Event) -> Result<(), RunError> {
-        self.reporter.event(event).map_err(RunError::Output)
+        match self.reporter.event(event) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                self.closed = true;
+                Ok(())
+            }
+            written => written.map_err(RunError::Output),
+        }
     }
 
     fn notes(&mut self, notes: impl IntoIterator<Item = Note>) -> Result<(), RunError> {
@@ -362,6 +370,9 @@ pub async fn attach(
     // against.
     let mut hits_before = 0u64;
     let end = loop {
+        if output.closed {
+            break End::OutputClosed;
+        }
         tokio::select! {
             biased;
             signal = signals.recv() => match child.as_deref() {
