@@ -147,7 +147,7 @@ fn conflicting_options() {
 fn usage_errors() {
     assert_bad_input(
         &["attach", "--pid", "abc"],
-        "invalid value 'abc' for '--pid <PID>': invalid digit found in string; see `tracer attach --help`",
+        "--pid abc is not a process ID (a whole number above 0); pass the PID of a running CPython process (e.g. from `pgrep python`)",
     );
     assert_bad_input(
         &["attach"],
@@ -161,6 +161,66 @@ fn usage_errors() {
     assert_bad_input(
         &["attach", "--pid", "1", "--duration", "1e19"],
         "--duration must be a number of seconds greater than 0 and at most 315360000 (got 10000000000000000000); omit it to run until Ctrl-C",
+    );
+}
+
+/// A negative number is the flag's value, refused by that flag's check,
+/// not an unknown flag: the message names the flag and the fix.
+#[test]
+fn negative_numbers() {
+    require_root();
+    let workload = Workload::serve(&shared_python());
+    let pid = workload.pid().to_string();
+    for (flag, error) in [
+        (
+            "--duration",
+            "--duration must be a number of seconds greater than 0 and at most 315360000 (got -1); omit it to run until Ctrl-C",
+        ),
+        (
+            "--interval",
+            "--interval must be a number of seconds greater than 0 and at most 315360000 (got -1); try --interval 1",
+        ),
+        (
+            "--budget",
+            "--budget must be a percentage of the target's CPU time above 0 and at most 100 (got -1); e.g. --budget 1",
+        ),
+        ("--top", "--top must be a whole number above 0 (got -1); e.g. --top 10"),
+        ("--leaks", "--leaks must be a whole number above 0 (got -1); e.g. --leaks 20"),
+    ] {
+        assert_bad_input(&["attach", "--pid", &pid, flag, "-1"], error);
+    }
+    for sub in ["attach", "probes", "stack", "heap"] {
+        assert_bad_input(
+            &[sub, "--pid", "-5"],
+            "--pid -5 is not a process ID (a whole number above 0); pass the PID of a running CPython process (e.g. from `pgrep python`)",
+        );
+    }
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
+    assert!(!maps.contains("[uprobes]"), "a uprobe was left behind: {maps}");
+}
+
+/// A count of 0 would list nothing: refused alike by every flag that
+/// lists the first N of something.
+#[test]
+fn zero_counts() {
+    require_root();
+    let workload = Workload::serve(&shared_python());
+    let pid = workload.pid().to_string();
+    assert_bad_input(
+        &["attach", "--pid", &pid, "--top", "0"],
+        "--top 0 would list no site; pass the number of sites to list, e.g. --top 10",
+    );
+    assert_bad_input(
+        &["attach", "--pid", &pid, "--leaks", "0"],
+        "--leaks 0 would list no block; pass the number of blocks to list, e.g. --leaks 20",
+    );
+    assert_bad_input(
+        &["heap", "--pid", &pid, "--top", "0"],
+        "--top 0 would list no type; pass the number of types to list, e.g. --top 25",
+    );
+    assert_bad_input(
+        &["report", "/nonexistent/record.jsonl", "--diff", "1", "2", "--top", "0"],
+        "--top 0 would list no type; pass the number of types to list, e.g. --top 25",
     );
 }
 

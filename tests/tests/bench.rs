@@ -170,6 +170,19 @@ fn bench_bad_input() {
         &["--python", "/no/such/python"],
         "cannot run /no/such/python: No such file or directory (os error 2); pass --python PATH of a CPython 3.11+ interpreter",
     );
+    // Checked before anything is measured.
+    refused(
+        &["--stmt", "", "--fast"],
+        "--stmt is empty, and pyperf times no empty statement; pass the statement to time, e.g. --stmt '[]'",
+    );
+    refused(
+        &["--python", "/usr/bin/sleep", "--fast"],
+        "--python /usr/bin/sleep is not a CPython 3 interpreter: tracer's helper script run with it ended with exit status 1 (Try '/usr/bin/sleep --help' for more information.); pass --python PATH of a CPython 3.11+ interpreter",
+    );
+    refused(
+        &["--python", "/bin/true", "--fast"],
+        "--python /bin/true is not a CPython 3 interpreter: it did not answer tracer's helper script as Python does (EOF while parsing a value at line 1 column 0); pass --python PATH of a CPython 3.11+ interpreter",
+    );
     // Debian's python3.11 has no pyperf (setup installs it only in the venv).
     let (code, _, stderr) = run_tracer(&["bench", "--python", "/usr/bin/python3.11", "-o", out]);
     assert!(

@@ -2,7 +2,7 @@
 //! leaves no byte of the target's code changed; killed mid-census with the
 //! target stopped (`tracer heap --stop`), it lets the target go; 8 threads
 //! allocating at once are counted exactly; two tracers on one target both
-//! count every event.
+//! count every event; a closed output (`| head`) detaches cleanly.
 
 use std::{
     os::unix::{fs::FileExt as _, process::ExitStatusExt as _},
@@ -91,6 +91,57 @@ fn a_killed_profile_leaves_the_code_as_it_was() {
     assert_eq!(status.signal(), Some(libc::SIGKILL));
     assert_eq!(settled_code_changes(pid), [], "the target's code after tracer was killed");
     workload.ping();
+}
+
+/// `tracer attach --json | head -1`: once its reader is gone, tracer
+/// detaches at the next interval, leaves the target's code as it was,
+/// still writes the summary to `--record` (`"end":"output-closed"`),
+/// says so in one line on stderr and exits 141 (128 + SIGPIPE).
+#[test]
+fn a_closed_output_detaches_and_records_the_summary() {
+    use std::io::{BufRead as _, Read as _};
+    require_root();
+    let mut workload = Workload::serve(&shared_python());
+    let pid = workload.pid();
+    let record = std::env::temp_dir().join(format!("tracer-faults-closed-{}.jsonl", std::process::id()));
+    let _ = std::fs::remove_file(&record);
+    let child = std::process::Command::new(tracer_bin())
+        .args(["attach", "--pid", &pid.to_string(), "--json", "--interval", "0.2", "--duration", "60"])
+        .arg("--record")
+        .arg(&record)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("tracer");
+    let mut tracer = tracer_tests::KillOnDrop(child);
+    let mut stdout = std::io::BufReader::new(tracer.stdout.take().expect("stdout"));
+    let mut first = String::new();
+    stdout.read_line(&mut first).expect("the first line");
+    assert!(first.starts_with(r#"{"type":"attached""#), "{first}");
+    // As `head -1` exits.
+    drop(stdout);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = tracer.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "tracer did not end once its output closed");
+        sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    tracer.stderr.take().expect("stderr").read_to_string(&mut stderr).expect("stderr");
+    assert_eq!(status.code(), Some(141), "{stderr}");
+    assert_eq!(
+        tracer_tests::without_cost_warning(&stderr),
+        format!("tracer: output closed (broken pipe); detached from PID {pid}\n")
+    );
+    let text = std::fs::read_to_string(&record).expect("the record");
+    let last: serde_json::Value = serde_json::from_str(text.lines().last().expect("lines")).expect("JSON");
+    assert_eq!((&last["type"], &last["end"]), (&"summary".into(), &"output-closed".into()), "{last}");
+    assert_eq!(settled_code_changes(pid), [], "the target's code after the output closed");
+    workload.ping();
+    std::fs::remove_file(&record).expect("clean up");
 }
 
 /// The state letter of `pid` in /proc/PID/stat (`t`: stopped by a tracer).

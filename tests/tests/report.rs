@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use tracer_tests::{
     Body, Exit, KillOnDrop, Lines, TracerRun, Workload, require_root, run_tracer, shared_python, tracer_bin,
+    without_cost_warning,
 };
 
 fn scratch(name: &str) -> PathBuf {
@@ -101,7 +102,7 @@ fn a_record_replays_the_live_table_and_files_exactly() {
     assert_eq!(
         err,
         format!(
-            "tracer: error: {} has no heap census to compare at 0 s (its censuses: none); FROM picks the first census at or after it, TO the last at or before it\n",
+            "tracer: error: {} has no heap census to compare at 0 s (its censuses: none); FROM picks the first census at or after it, TO the last at or before it, each time as shown (to 0.1 s) or exact\n",
             cut.display()
         )
     );
@@ -205,4 +206,64 @@ fn bad_records_are_one_line_errors() {
         "{err}"
     );
     assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+/// An idle target (blocked reading stdin) records no stack: `attach
+/// --folded --flamegraph` writes neither file, says so in one warning,
+/// prints its summary, detaches and exits 0, and `report` of its record
+/// does the same. A record of a run without --stacks has none to write:
+/// refused, exit 2. No file is left behind either way.
+#[test]
+fn no_stacks_no_files() {
+    require_root();
+    let dir = scratch("no-stacks");
+    let path = |name: &str| dir.join(name).display().to_string();
+    let (record, bare, folded, svg) = (path("run.jsonl"), path("bare.jsonl"), path("a.folded"), path("a.svg"));
+    let workload = Workload::once(&shared_python(), 1, Body::Objects, Exit::Finalize, tracer_tests::Aslr::On);
+    workload.wait_blocked_on_stdin();
+    let pid = workload.pid().to_string();
+    let warning = format!("no stacks recorded: --folded {folded} and --flamegraph {svg} not written");
+    let (code, stdout, stderr) = run_tracer(&[
+        "attach",
+        "--pid",
+        &pid,
+        "--json",
+        "--duration",
+        "1",
+        "--folded",
+        &folded,
+        "--flamegraph",
+        &svg,
+        "--record",
+        &record,
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let lines: Vec<Value> = stdout.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
+    let last = lines.last().expect("lines");
+    assert_eq!((&last["type"], &last["end"]), (&"summary".into(), &"duration".into()), "{last}");
+    assert_eq!(last["stacks"], serde_json::json!([]), "{last}");
+    let note = serde_json::json!({"type": "note", "level": "warning", "code": "written", "message": warning});
+    assert_eq!(lines.iter().filter(|l| **l == note).count(), 1, "{stdout}");
+    assert_eq!(
+        without_cost_warning(&stderr),
+        format!("tracer: warning: {warning}\ntracer: detached from PID {pid} (duration)\n")
+    );
+    assert!(!Path::new(&folded).exists() && !Path::new(&svg).exists());
+    // The record, later: the same warning, and no file.
+    let (code, out, err) = report(&[&record, "--folded", &folded, "--flamegraph", &svg]);
+    assert_eq!((code, out.as_str(), err), (Some(0), "", format!("tracer: warning: {warning}\n")));
+    assert!(!Path::new(&folded).exists() && !Path::new(&svg).exists());
+    // A run without --stacks.
+    let (code, _, stderr) = run_tracer(&["attach", "--pid", &pid, "--exact", "--duration", "0.5", "--record", &bare]);
+    assert_eq!(code, Some(0), "{stderr}");
+    for flag in ["--folded", "--flamegraph"] {
+        let (code, out, err) = report(&[&bare, flag, &svg]);
+        let refused = format!(
+            "tracer: error: {bare} holds no stacks for {flag}: its run was without --stacks; record one with --stacks (or --top, --folded, --flamegraph)\n"
+        );
+        assert_eq!((code, out.as_str(), err), (Some(2), "", refused));
+        assert!(!Path::new(&svg).exists());
+    }
+    drop(workload);
+    std::fs::remove_dir_all(&dir).expect("clean up");
 }

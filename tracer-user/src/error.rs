@@ -12,6 +12,11 @@ use std::error::Error;
 pub const EXIT_BAD_INPUT: u8 = 2;
 /// Exit status for everything else that went wrong.
 pub const EXIT_FAILURE: u8 = 1;
+/// Exit status when the output's reader went away (`tracer ... | head`):
+/// 128 + SIGPIPE, what a shell reports for a program that SIGPIPE killed,
+/// as `yes | head` does, so that a script (`set -o pipefail`) can tell a
+/// report cut short from a whole one (0) and from a failure (1, 2).
+pub const EXIT_OUTPUT_CLOSED: u8 = 141;
 
 /// Whether a failure is the user's to fix.
 pub trait Classify {
@@ -20,9 +25,10 @@ pub trait Classify {
     /// together), rather than tracer or the system: exit status 2.
     fn is_bad_input(&self) -> bool;
 
-    /// The reader of tracer's output went away (`tracer ... | head`):
-    /// nobody is left to tell, and it is no failure. Only the errors of
-    /// writing the output say so.
+    /// The reader of tracer's output went away (`tracer ... | head`): the
+    /// output was cut short, [`EXIT_OUTPUT_CLOSED`]. Only the errors of
+    /// writing the output say so (a run's loop ends on it instead:
+    /// `End::OutputClosed`).
     fn is_broken_pipe(&self) -> bool {
         false
     }
@@ -44,10 +50,16 @@ impl<E: Classify + Error + Send + Sync + 'static> From<E> for Failure {
 }
 
 impl Failure {
-    /// [`EXIT_BAD_INPUT`] or [`EXIT_FAILURE`].
+    /// [`EXIT_OUTPUT_CLOSED`], [`EXIT_BAD_INPUT`] or [`EXIT_FAILURE`].
     #[must_use]
     pub const fn exit_status(&self) -> u8 {
-        if self.bad_input { EXIT_BAD_INPUT } else { EXIT_FAILURE }
+        if self.broken_pipe {
+            EXIT_OUTPUT_CLOSED
+        } else if self.bad_input {
+            EXIT_BAD_INPUT
+        } else {
+            EXIT_FAILURE
+        }
     }
 
     /// The error, then each cause.
@@ -138,6 +150,6 @@ mod tests {
         assert!(!own.is_broken_pipe());
         let pipe = Failure::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
         assert!(pipe.is_broken_pipe());
-        assert_eq!(pipe.exit_status(), EXIT_FAILURE);
+        assert_eq!(pipe.exit_status(), EXIT_OUTPUT_CLOSED);
     }
 }

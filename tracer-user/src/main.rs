@@ -13,9 +13,9 @@ use tracer_user::{
         usage_error,
     },
     config::{AttachConfig, ConfigError, Format, TargetSpec},
-    error::{EXIT_BAD_INPUT, Failure},
+    error::{EXIT_BAD_INPUT, EXIT_OUTPUT_CLOSED, Failure},
     launch::signals::Signals,
-    model::Level,
+    model::{End, Level},
     prepare, privileges,
     run::RunError,
 };
@@ -49,7 +49,7 @@ fn main() -> ExitCode {
         return ExitCode::from(Failure::from(e).exit_status());
     }
     let result = match cli.command {
-        Command::Attach(args) => attach(&args).map(|()| ExitCode::SUCCESS),
+        Command::Attach(args) => attach(&args),
         Command::Run(args) => run(&args),
         Command::Top(args) => top(&args).map(|()| ExitCode::SUCCESS),
         Command::Bench(args) => bench(&args).map(|()| ExitCode::SUCCESS),
@@ -61,9 +61,12 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
-        // The reader went away (`tracer ... | head`): the probes are already
-        // detached by then, and there is nobody left to tell.
-        Err(failure) if failure.is_broken_pipe() => ExitCode::SUCCESS,
+        // The reader went away (`tracer report ... | head`): the output was
+        // cut short. Said on stderr, which may have gone too.
+        Err(failure) if failure.is_broken_pipe() => {
+            let _ = writeln!(std::io::stderr(), "tracer: output closed (broken pipe); the output was cut short");
+            ExitCode::from(failure.exit_status())
+        }
         Err(failure) => {
             // One line: the cause chain joined with ": ".
             eprintln!("tracer: error: {failure}");
@@ -72,7 +75,19 @@ fn main() -> ExitCode {
     }
 }
 
-fn attach(args: &AttachArgs) -> Result<(), Failure> {
+/// How a run that ended is told on stderr, and its exit status: a closed
+/// output (`| head`) detached early, [`EXIT_OUTPUT_CLOSED`].
+fn ended(end: End, what: &str) -> ExitCode {
+    if end == End::OutputClosed {
+        // stderr may be the pipe that closed.
+        let _ = writeln!(std::io::stderr(), "tracer: output closed (broken pipe); detached from {what}");
+        return ExitCode::from(EXIT_OUTPUT_CLOSED);
+    }
+    eprintln!("tracer: detached from {what} ({})", end.as_str());
+    ExitCode::SUCCESS
+}
+
+fn attach(args: &AttachArgs) -> Result<ExitCode, Failure> {
     if args.all {
         return attach_all(args);
     }
@@ -82,22 +97,19 @@ fn attach(args: &AttachArgs) -> Result<(), Failure> {
     let mut signals = handlers(false)?;
     let out = std::io::stdout().lock();
     let end = runtime.block_on(tracer_user::run::attach(&config, None, &mut signals, out, std::io::stderr()))?;
-    let what = config.target.to_string();
-    eprintln!("tracer: detached from {what} ({})", end.as_str());
-    Ok(())
+    Ok(ended(end, &config.target.to_string()))
 }
 
 /// `tracer attach --all`: one `attach --exe` per interpreter on the host,
 /// summed.
-fn attach_all(args: &AttachArgs) -> Result<(), Failure> {
+fn attach_all(args: &AttachArgs) -> Result<ExitCode, Failure> {
     let config = tracer_user::fleet::AllConfig::try_from(args)?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let _entered = runtime.enter();
     let mut signals = handlers(false)?;
     let out = std::io::stdout().lock();
     let end = runtime.block_on(tracer_user::fleet::attach_all(&config, &mut signals, out, std::io::stderr()))?;
-    eprintln!("tracer: detached from every interpreter ({})", end.as_str());
-    Ok(())
+    Ok(ended(end, "every interpreter"))
 }
 
 /// `tracer top`: attach, drawn full-screen until q, Ctrl-C or the end.
@@ -221,7 +233,9 @@ fn report(args: &ReportArgs) -> Result<(), Failure> {
         }
         return Ok(());
     }
-    let last = &record.summary()?.snapshot;
+    let first = |files: [&Option<OutputFile>; 2]| files.into_iter().flatten().map(|f| f.flag).next();
+    let last =
+        &record.summary_for(first([&folded, &flamegraph]), first([&growth_folded, &growth_flamegraph]))?.snapshot;
     let what = record.target();
     let mut notes = written::stacks(
         written::StackFiles { folded: folded.as_ref(), flamegraph: flamegraph.as_ref() },

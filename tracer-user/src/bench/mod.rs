@@ -44,6 +44,10 @@ pub enum BenchError {
     #[error("cannot run {python}: {cause}; pass --python PATH of a CPython 3.11+ interpreter")]
     Python { python: PathBuf, cause: std::io::Error },
     #[error(
+        "--python {python} is not a CPython 3 interpreter: {why}; pass --python PATH of a CPython 3.11+ interpreter"
+    )]
+    NotCPython { python: PathBuf, why: String },
+    #[error(
         "pyperf is not installed for {python}; run `cargo xtask setup` (it installs pyperf in {venv}) or `{python} -m pip install pyperf`, or pass --python of an interpreter that has it"
     )]
     NoPyperf { python: PathBuf, venv: String },
@@ -75,6 +79,7 @@ impl Classify for BenchError {
     fn is_bad_input(&self) -> bool {
         match self {
             Self::Python { .. }
+            | Self::NotCPython { .. }
             | Self::NoPyperf { .. }
             | Self::Root { .. }
             | Self::NotInRoot { .. }
@@ -244,6 +249,8 @@ struct Info {
     /// The file `sys.executable` links to, as the interpreter sees it.
     real: PathBuf,
     pyperf: Option<String>,
+    /// `sys.implementation.name`.
+    implementation: String,
 }
 
 impl Bench {
@@ -280,10 +287,19 @@ impl Bench {
             .arg("info")
             .output()
             .map_err(|cause| BenchError::Python { python: python.to_owned(), cause })?;
+        // Whatever cannot run a Python script and answer it is no
+        // interpreter: the user's to fix, before anything is measured.
+        let not_cpython = |why: String| BenchError::NotCPython { python: python.to_owned(), why };
         if !out.status.success() {
-            return Err(step(format!("{} {} info", python.display(), helper.display()), stderr_line(&out.stderr)));
+            let status = out.status.code().map_or_else(|| out.status.to_string(), |c| format!("exit status {c}"));
+            let why = format!("tracer's helper script run with it ended with {status} ({})", stderr_line(&out.stderr));
+            return Err(not_cpython(why));
         }
-        let info: Info = serde_json::from_slice(&out.stdout).map_err(|e| step("reading the helper's answer", e))?;
+        let info: Info = serde_json::from_slice(&out.stdout)
+            .map_err(|e| not_cpython(format!("it did not answer tracer's helper script as Python does ({e})")))?;
+        if info.implementation != "cpython" {
+            return Err(not_cpython(format!("its sys.implementation.name is {:?}", info.implementation)));
+        }
         if info.pyperf.is_none() {
             return Err(match root {
                 Some(root) => BenchError::NoPyperfInRoot { python: python.to_owned(), root: root.to_owned() },

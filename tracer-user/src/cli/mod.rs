@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 mod values;
 
 pub use values::{Extra, Setup, Setups, ValueError, Weight};
-use values::{listen_addr, probe_selection, setups, stack_events};
+use values::{count, listen_addr, pid, probe_selection, setups, stack_events, statement};
 
 use crate::{
     plan::{PlacementMode, gc::GcMode},
@@ -157,7 +157,8 @@ By default the run's table is printed as it was shown live. --json prints the ev
 --folded, --flamegraph, --growth-folded, --growth-flamegraph and --pprof write the summary's \
 stacks as attach does at the end of a run (the record must hold the summary). --diff FROM TO \
 prints the heap's change by type between the first census taken at or after FROM seconds and \
-the last one at or before TO (both from the attach). See docs/report.md.",
+the last one at or before TO (both from the attach; a census's time as shown, to 0.1 s, or \
+exact). See docs/report.md.",
         after_help = "Examples:\n  tracer report run.jsonl\n  tracer report run.jsonl --flamegraph allocs.svg\n  tracer report run.jsonl --diff 10 60"
     )]
     Report(ReportArgs),
@@ -170,6 +171,11 @@ the last one at or before TO (both from the attach). See docs/report.md.",
 #[derive(Clone, Debug, Parser)]
 #[command(
     mut_group("target", |g| g.required(false)),
+    // Signals are passed on to the program: the run ends with it.
+    mut_arg("duration", |a| a.help(
+        "Detach after this many seconds and print the summary; the program runs on, and tracer exits \
+         with its status when it exits (default: report until the program exits)"
+    )),
     mut_arg("pid", |a| a.hide(true).conflicts_with("command")),
     mut_arg("exe", |a| a.hide(true).conflicts_with("command")),
     mut_arg("name", |a| a.hide(true).conflicts_with("command")),
@@ -188,7 +194,15 @@ pub struct RunArgs {
 
 /// `tracer top`: attach's flags; its output is the screen.
 #[derive(Clone, Debug, Parser)]
-#[command(mut_arg("json", |a| a.hide(true)))]
+#[command(
+    mut_arg("json", |a| a.hide(true)),
+    // The screen's q ends a run too.
+    mut_arg("exe", |a| a.help(
+        "Trace every process that runs this interpreter, those running now and those started later. \
+         Runs until q, Ctrl-C, SIGTERM or --duration"
+    )),
+    mut_arg("duration", |a| a.help("Stop after this many seconds (default: until q, Ctrl-C, SIGTERM or the target exits)"))
+)]
 pub struct TopArgs {
     #[command(flatten)]
     pub attach: AttachArgs,
@@ -204,7 +218,8 @@ pub struct ReportArgs {
     #[arg(long, conflicts_with_all = ["folded", "flamegraph", "growth_folded", "growth_flamegraph", "pprof"])]
     pub json: bool,
     /// The heap's change by type from the first census taken at or after FROM seconds (from the
-    /// attach) to the last taken at or before TO.
+    /// attach) to the last taken at or before TO, a census's time as the table shows it (to 0.1 s)
+    /// or exact.
     #[arg(
         long,
         num_args = 2,
@@ -214,7 +229,14 @@ pub struct ReportArgs {
     )]
     pub diff: Option<Vec<f64>>,
     /// With --diff: the types listed, most bytes gained first (the JSON has every type).
-    #[arg(long, value_name = "N", default_value_t = 25, requires = "diff")]
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 25,
+        requires = "diff",
+        allow_negative_numbers = true,
+        value_parser = count("--top", "type", 25)
+    )]
     pub top: usize,
     /// Write the summary's stacks, folded, to FILE (a run with --stacks).
     #[arg(long, value_name = "FILE")]
@@ -243,13 +265,19 @@ pub struct ReportArgs {
 #[derive(Clone, Debug, Parser)]
 pub struct StackArgs {
     /// PID of the CPython process.
-    #[arg(long, short = 'p', value_name = "PID")]
+    #[arg(long, short = 'p', value_name = "PID", allow_negative_numbers = true, value_parser = pid)]
     pub pid: u32,
     /// One JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
     /// Read at most this many frames per thread; a deeper stack is cut and marked truncated.
-    #[arg(long, value_name = "FRAMES", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    #[arg(
+        long,
+        value_name = "FRAMES",
+        default_value_t = 1024,
+        allow_negative_numbers = true,
+        value_parser = clap::value_parser!(u32).range(1..=1_000_000)
+    )]
     pub max_depth: u32,
     /// Also read each task's thread-local thread state through its fsbase, as the BPF walker will
     /// (3.12+; stops each task for a moment with ptrace; JSON only).
@@ -261,10 +289,10 @@ pub struct StackArgs {
 #[derive(Clone, Debug, Parser)]
 pub struct HeapArgs {
     /// PID of the CPython process.
-    #[arg(long, short = 'p', value_name = "PID")]
+    #[arg(long, short = 'p', value_name = "PID", allow_negative_numbers = true, value_parser = pid)]
     pub pid: u32,
     /// Show the N types with the most bytes (the JSON has every type).
-    #[arg(long, value_name = "N", default_value_t = 25)]
+    #[arg(long, value_name = "N", default_value_t = 25, allow_negative_numbers = true, value_parser = count("--top", "type", 25))]
     pub top: usize,
     /// One JSON object instead of a table: `types` ([{name, count, bytes}], most bytes first),
     /// `pymalloc`, `outside`, `rss`, `accounted`, `unaccounted`, `rejected`, `partial`, `cost`.
@@ -280,8 +308,37 @@ pub struct HeapArgs {
     pub debug_dir: Option<PathBuf>,
 }
 
-/// `tracer probes`.
+/// `tracer probes`: the target's flags, said of a plan (nothing is traced).
 #[derive(Clone, Debug, Parser)]
+#[command(
+    mut_arg("pid", |a| a.help("PID of the CPython process whose plan to show")),
+    mut_arg("exe", |a| a.help(
+        "Show the plan for this interpreter (its executable or libpython), as `attach --exe` would probe \
+         it in every process that runs it"
+    )),
+    mut_arg("name", |a| a.help(
+        "Show the plan for the CPython process whose command line matches PATTERN, a regular expression, \
+         as `pgrep -f PATTERN` matches; a matching wrapper (a shell, sudo, a pyenv shim) is followed to \
+         the CPython process it started. Exactly one must match"
+    )),
+    mut_arg("debug_dir", |a| a.help(
+        "Also look for the interpreter's debug info (DWARF) here, by build-id \
+         (DIR/.build-id/xx/rest.debug) and by .gnu_debuglink name; after the image itself, \
+         /usr/lib/debug/.build-id and the debuglink's standard places inside the target's root. \
+         With it, the plan shows every copy of a probed function that the compiler inlined"
+    )),
+    mut_arg("native", |a| a.help(
+        "Also plan the C library's allocator probes, as `attach --native` places them: malloc, calloc, \
+         realloc, free, posix_memalign, aligned_alloc, mmap and munmap, found in the process's own libc \
+         (inside its root: a chroot's or container's). With --pid only"
+    )),
+    mut_arg("gc", |a| a.help(
+        "How garbage collections would be seen, as `attach --gc` takes it: auto (CPython's gc__start and \
+         gc__done markers where the build has them, else the collection function's entry and return \
+         where tracer knows that they show the same, else not, and the plan says why), markers, \
+         function, or off. The plan's gc lines (the JSON's `gc`) list each GC probe"
+    ))
+)]
 #[allow(clippy::struct_excessive_bools, reason = "one field per on/off command-line flag, as clap gives them")]
 pub struct ProbesArgs {
     #[command(flatten)]
@@ -312,8 +369,8 @@ pub struct BenchArgs {
     /// xtask setup` makes); --python is then a path inside DIR, and is required.
     #[arg(long, value_name = "DIR", requires = "python")]
     pub root: Option<PathBuf>,
-    /// The statement to time.
-    #[arg(long, default_value = "[]")]
+    /// The statement to time (not empty).
+    #[arg(long, default_value = "[]", value_parser = statement)]
     pub stmt: String,
     /// Code run once before timing.
     #[arg(long, default_value = "pass")]
@@ -356,7 +413,7 @@ pub struct BenchArgs {
 #[command(group(clap::ArgGroup::new("target").required(true).args(["pid", "exe", "name"])))]
 pub struct TargetArgs {
     /// PID of the CPython process to trace (all its threads).
-    #[arg(long, short = 'p', value_name = "PID")]
+    #[arg(long, short = 'p', value_name = "PID", allow_negative_numbers = true, value_parser = pid)]
     pub pid: Option<u32>,
     /// Trace every process that runs this interpreter, those running now and those started later;
     /// reports per PID and in total. Runs until Ctrl-C, SIGTERM or --duration.
@@ -423,10 +480,10 @@ pub struct AttachArgs {
     #[arg(long, group = "target")]
     pub all: bool,
     /// Stop after this many seconds (default: until Ctrl-C, SIGTERM or the target exits).
-    #[arg(long, short = 'd', value_name = "SECONDS")]
+    #[arg(long, short = 'd', value_name = "SECONDS", allow_negative_numbers = true)]
     pub duration: Option<f64>,
     /// Seconds between reports.
-    #[arg(long, short = 'i', value_name = "SECONDS", default_value_t = DEFAULT_INTERVAL_S)]
+    #[arg(long, short = 'i', value_name = "SECONDS", default_value_t = DEFAULT_INTERVAL_S, allow_negative_numbers = true)]
     pub interval: f64,
     /// Write JSON Lines (attached, interval, note, summary) instead of a table; see docs/json.md for the schema.
     #[arg(long)]
@@ -444,7 +501,7 @@ pub struct AttachArgs {
     /// calibrated at start); counts are then of the traced windows only, and rates are estimates
     /// with a 95% confidence interval, marked as such in the table and the JSON. Not with --returns
     /// or --placement call-sites.
-    #[arg(long, value_name = "PERCENT")]
+    #[arg(long, value_name = "PERCENT", allow_negative_numbers = true)]
     pub budget: Option<f64>,
     /// How probes attach: auto (uprobe-multi links where the kernel has them, Linux 6.6+, else one
     /// perf-event uprobe per probe), multi, or perf. Multi links detach all at once; perf-event
@@ -472,11 +529,18 @@ pub struct AttachArgs {
     pub live: bool,
     /// The live table's room, in blocks (turns on --live). A block that finds it full is counted as
     /// dropped, never as live, and tracer keeps running.
-    #[arg(long, value_name = "BLOCKS")]
+    #[arg(long, value_name = "BLOCKS", allow_negative_numbers = true)]
     pub live_max: Option<u32>,
     /// At the end, list the N oldest blocks still outstanding, with address, size, domain, function
     /// and age (default 20; turns on --live).
-    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "20")]
+    #[arg(
+        long,
+        value_name = "N",
+        num_args = 0..=1,
+        default_missing_value = "20",
+        allow_negative_numbers = true,
+        value_parser = count("--leaks", "block", 20)
+    )]
     pub leaks: Option<usize>,
     /// With --leaks: only blocks at least SECONDS old at the end (turns on --leaks).
     #[arg(long, value_name = "SECONDS", allow_hyphen_values = true)]
@@ -489,15 +553,15 @@ pub struct AttachArgs {
     pub stacks: Option<ProbeSelection>,
     /// With stacks: the most Python frames walked per event (1-128); a deeper stack is cut there
     /// and counted as truncated.
-    #[arg(long, value_name = "FRAMES")]
+    #[arg(long, value_name = "FRAMES", allow_negative_numbers = true)]
     pub depth: Option<u32>,
     /// With stacks: record each event's stack with probability 1/N (drawn at random) and scale
     /// the counts by N, labelled as estimates; the per-function counts stay exact.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub sample: Option<u64>,
     /// List the N allocation sites (innermost Python frame) with the most calls, in the table and
     /// the JSON's `sites` (default 10; turns on --stacks).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = count("--top", "site", 10))]
     pub top: Option<usize>,
     /// At the end, write the stacks in folded form (the input of flamegraph.pl and inferno) to FILE,
     /// weighted as --weight says (turns on --stacks). FILE must not exist unless --force.
@@ -622,66 +686,4 @@ pub enum LinkMode {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::probe::SelectionError;
-
-    #[test]
-    fn setups_parse_by_name_and_value() {
-        let Setups(got) = setups("empty, tracemalloc=25,bpftrace,budget=1,returns,call-sites").unwrap();
-        assert_eq!(
-            got,
-            [
-                Extra::Setup(Setup::Empty),
-                Extra::Tracemalloc("25".into()),
-                Extra::Setup(Setup::Bpftrace),
-                Extra::Budget("1".into()),
-                Extra::Setup(Setup::Returns),
-                Extra::Setup(Setup::CallSites),
-            ]
-        );
-        assert_eq!(setups("").unwrap(), Setups::default());
-        for bad in ["perf", "tracemalloc=0", "tracemalloc=x", "budget=0", "budget=x", "entry=1", "perf=1"] {
-            assert_eq!(setups(bad).unwrap_err(), ValueError::UnknownSetup { item: bad.into() }, "{bad}");
-        }
-        assert_eq!(
-            setups("entry,perf").unwrap_err().to_string(),
-            "--also names \"perf\", which is not a setup tracer bench knows; use entry, call-sites, empty, empty-entry, empty-call-sites, returns, meta-insert, meta-lookup, meta-pool, meta-chunk, bpftrace, tracemalloc=FRAMES (e.g. tracemalloc=1) or budget=PERCENT (e.g. budget=1)"
-        );
-    }
-
-    fn usage(args: &[&str]) -> String {
-        let err = Cli::try_parse_from(std::iter::once("tracer").chain(args.iter().copied())).unwrap_err();
-        usage_error(&err, args.first().copied())
-    }
-
-    #[test]
-    fn usage_errors_are_one_line() {
-        assert_eq!(
-            usage(&["attach", "--pid", "1", "--links", "bpf"]),
-            "invalid value 'bpf' for '--links <HOW>'; possible values: auto, multi, perf; a similar value exists: 'perf'; see `tracer attach --help`"
-        );
-        assert_eq!(
-            usage(&["probes"]),
-            "the following required arguments were not provided: <--pid <PID>|--exe <PATH>|--name <PATTERN>>; see `tracer probes --help`"
-        );
-        assert_eq!(usage(&["xyzzy"]), "unrecognized subcommand 'xyzzy'; see `tracer --help`");
-        assert_eq!(usage(&["__calibration-child", "x"]), "unexpected argument 'x' found; see `tracer --help`");
-    }
-
-    #[test]
-    fn closed_sets_are_clap_s() {
-        let err = AttachArgs::try_parse_from(["attach", "--pid", "1", "--links", "bpf"]).unwrap_err();
-        assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
-        let args = AttachArgs::try_parse_from(["attach", "--pid", "1", "--stacks"]).unwrap();
-        assert_eq!(args.stacks, Some(ProbeSelection::Alloc));
-        let args =
-            AttachArgs::try_parse_from(["attach", "--pid", "1", "--stacks", "refs", "--weight", "bytes"]).unwrap();
-        assert_eq!((args.stacks, args.weight), (Some(ProbeSelection::Refs), Some(Weight::Bytes)));
-        assert_eq!(Weight::Bytes.to_string(), "bytes");
-        let err = ProbesArgs::try_parse_from(["probes", "--pid", "1", "--probes", "nope"]).unwrap_err();
-        assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
-        let cause = std::error::Error::source(&err).and_then(|e| e.downcast_ref::<ValueError>());
-        assert!(matches!(cause, Some(ValueError::Probes(SelectionError::Unknown { .. }))), "{err}");
-    }
-}
+mod tests;

@@ -86,6 +86,16 @@ pub enum ValueError {
         "--listen {value:?} is neither a port nor an address and port; pass e.g. 9464 (127.0.0.1 only) or 0.0.0.0:9464"
     )]
     Listen { value: String },
+    #[error(
+        "--pid {value} is not a process ID (a whole number above 0); pass the PID of a running CPython process (e.g. from `pgrep python`)"
+    )]
+    Pid { value: String },
+    #[error("{flag} 0 would list no {what}; pass the number of {what}s to list, e.g. {flag} {example}")]
+    CountZero { flag: &'static str, what: &'static str, example: usize },
+    #[error("{flag} must be a whole number above 0 (got {value}); e.g. {flag} {example}")]
+    Count { flag: &'static str, value: String, example: usize },
+    #[error("--stmt is empty, and pyperf times no empty statement; pass the statement to time, e.g. --stmt '[]'")]
+    EmptyStatement,
 }
 
 /// Every setup `--also` names without a value, comma-separated.
@@ -106,6 +116,33 @@ pub(super) fn listen_addr(value: &str) -> Result<std::net::SocketAddr, ValueErro
         return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
     }
     value.parse().map_err(|_| ValueError::Listen { value: value.to_owned() })
+}
+
+/// `--pid`: a process ID; 0, which parses, is refused with the target
+/// (`config::target_spec`), as not a process.
+pub(super) fn pid(value: &str) -> Result<u32, ValueError> {
+    value.parse().map_err(|_| ValueError::Pid { value: value.to_owned() })
+}
+
+/// A flag that lists the first N of something (`--top`, `--leaks`): a
+/// whole number above 0, since 0 would list nothing; `flag` lists `what`s,
+/// `example` of them by default.
+pub(super) fn count(
+    flag: &'static str,
+    what: &'static str,
+    example: usize,
+) -> impl Fn(&str) -> Result<usize, ValueError> + Clone + Send + Sync + 'static {
+    move |value| match value.parse() {
+        Ok(0) => Err(ValueError::CountZero { flag, what, example }),
+        Ok(n) => Ok(n),
+        Err(_) => Err(ValueError::Count { flag, value: value.to_owned(), example }),
+    }
+}
+
+/// `bench --stmt`: pyperf refuses an empty (or blank) statement, once it
+/// has started measuring; refused here before anything starts.
+pub(super) fn statement(value: &str) -> Result<String, ValueError> {
+    if value.trim().is_empty() { Err(ValueError::EmptyStatement) } else { Ok(value.to_owned()) }
 }
 
 /// `--stacks [EVENTS]`: as `--probes`; alone, the allocating functions.

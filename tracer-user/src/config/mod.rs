@@ -265,8 +265,6 @@ pub enum ConfigError {
     BadDepth { value: u32 },
     #[error("--sample 0 would record no stack; pass 1 for every event, or N for one event in N")]
     SampleZero,
-    #[error("--top 0 would list no site; pass the number of sites to list, e.g. --top 10")]
-    TopZero,
     #[error("--stacks names {name}, which --probes leaves out; add it to --probes, or drop it from --stacks")]
     StacksNotProbed { name: String },
     #[error(

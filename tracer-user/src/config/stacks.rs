@@ -62,10 +62,8 @@ pub(super) fn stacks_config(args: &AttachArgs) -> Result<Option<StacksConfig>, C
     if sample == 0 {
         return Err(ConfigError::SampleZero);
     }
+    // 0 is refused as it is parsed (`cli::count`).
     let top = args.top.unwrap_or(DEFAULT_TOP);
-    if top == 0 {
-        return Err(ConfigError::TopZero);
-    }
     let weight = args.weight.unwrap_or(Weight::Calls);
     let file = |flag, path: Option<&std::path::Path>| {
         path.map(|p| crate::report::files::OutputFile::check(flag, p, args.force)).transpose()

@@ -69,9 +69,7 @@ impl Classify for FleetError {
         }
     }
 
-    fn is_broken_pipe(&self) -> bool {
-        matches!(self, Self::Output(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
-    }
+    // No broken pipe: a closed report ends the run (`End::OutputClosed`).
 }
 
 /// One interpreter's `tracer attach --exe`, and what it said so far.
@@ -122,6 +120,9 @@ struct Fleet<'a> {
     previous: Option<Snapshot>,
     /// Notes that came before the header, which goes first.
     held: Vec<Note>,
+    /// The report's reader went away (`| head`): the run ends at the next
+    /// turn of its loop, and the children detach as at any end.
+    closed: bool,
 }
 
 /// `tracer attach --all` until `--duration`, SIGINT or SIGTERM.
@@ -144,6 +145,7 @@ pub async fn attach_all<'a>(
         attached: None,
         previous: None,
         held: Vec::new(),
+        closed: false,
     };
     fleet.rescan()?;
     if fleet.kids.is_empty() {
@@ -154,6 +156,9 @@ pub async fn attach_all<'a>(
     let mut tick = interval_at(tokio::time::Instant::now() + config.interval, config.interval);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let end = loop {
+        if fleet.closed {
+            break End::OutputClosed;
+        }
         let until = async {
             match deadline {
                 Some(d) => sleep_until(d).await,
@@ -184,7 +189,13 @@ pub async fn attach_all<'a>(
 
 impl Fleet<'_> {
     fn emit(&mut self, event: &Event) -> Result<(), FleetError> {
-        self.reporter.event(event).map_err(FleetError::Output)
+        match self.reporter.event(event) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                self.closed = true;
+                Ok(())
+            }
+            written => written.map_err(FleetError::Output),
+        }
     }
 
     fn note(&mut self, level: Level, message: String) -> Result<(), FleetError> {

@@ -31,6 +31,8 @@ pub enum End {
     TargetExit,
     /// The target process called exec: it runs another program.
     TargetExec,
+    /// The report's reader went away (a closed pipe: `| head`).
+    OutputClosed,
 }
 
 impl End {
@@ -42,6 +44,7 @@ impl End {
             Self::Signal(_) => "signal",
             Self::TargetExit => "target-exit",
             Self::TargetExec => "target-exec",
+            Self::OutputClosed => "output-closed",
         }
     }
 }
@@ -54,6 +57,7 @@ pub enum EndKind {
     Signal,
     TargetExit,
     TargetExec,
+    OutputClosed,
 }
 
 /// The last counts, once every probe is detached.
@@ -61,7 +65,8 @@ pub enum EndKind {
 pub struct Summary {
     #[serde(flatten)]
     pub snapshot: Snapshot,
-    /// `duration`, `signal`, `target-exit` or `target-exec`.
+    /// `duration`, `signal`, `target-exit`, `target-exec` or
+    /// `output-closed`.
     pub end: EndKind,
     /// With `end` `signal`: which.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -73,13 +78,14 @@ impl Summary {
     pub fn new(snapshot: Snapshot, end: End) -> Self {
         let signal = match end {
             End::Signal(name) => Some(name.to_owned()),
-            End::Duration | End::TargetExit | End::TargetExec => None,
+            End::Duration | End::TargetExit | End::TargetExec | End::OutputClosed => None,
         };
         let kind = match end {
             End::Duration => EndKind::Duration,
             End::Signal(_) => EndKind::Signal,
             End::TargetExit => EndKind::TargetExit,
             End::TargetExec => EndKind::TargetExec,
+            End::OutputClosed => EndKind::OutputClosed,
         };
         Self { snapshot, end: kind, signal }
     }

@@ -32,7 +32,15 @@ pub enum ReplayError {
     )]
     NoSummary { path: PathBuf },
     #[error(
-        "{path} has no heap census to compare at {at} s (its censuses: {taken}); FROM picks the first census at or after it, TO the last at or before it"
+        "{path} holds no stacks for {flag}: its run was without --stacks; record one with --stacks (or --top, --folded, --flamegraph)"
+    )]
+    NoStacks { path: PathBuf, flag: &'static str },
+    #[error(
+        "{path} holds no growth for {flag}: its run sampled none; record one that does (the production profile with --pid, or --growth)"
+    )]
+    NoGrowth { path: PathBuf, flag: &'static str },
+    #[error(
+        "{path} has no heap census to compare at {at} s (its censuses: {taken}); FROM picks the first census at or after it, TO the last at or before it, each time as shown (to 0.1 s) or exact"
     )]
     NoCensus { path: PathBuf, at: f64, taken: String },
     #[error(
@@ -94,6 +102,27 @@ impl Record {
             .ok_or_else(|| ReplayError::NoSummary { path: self.path.clone() })
     }
 
+    /// The summary, for the files of the stacks (`stacks`, the first
+    /// flag given of them) and of growth (`growth`): refused where its run
+    /// recorded no stacks, or sampled no growth, which no record of it can
+    /// have. A run that did, and found none, gets its summary: the files
+    /// are then not written, and a warning says so, as at the end of the
+    /// run ([`super::written`]).
+    pub fn summary_for(
+        &self,
+        stacks: Option<&'static str>,
+        growth: Option<&'static str>,
+    ) -> Result<&Summary, ReplayError> {
+        let summary = self.summary()?;
+        if let Some(flag) = stacks.filter(|_| summary.snapshot.stacks.is_none()) {
+            return Err(ReplayError::NoStacks { path: self.path.clone(), flag });
+        }
+        if let Some(flag) = growth.filter(|_| summary.snapshot.growth.is_none()) {
+            return Err(ReplayError::NoGrowth { path: self.path.clone(), flag });
+        }
+        Ok(summary)
+    }
+
     /// The target as titles name it: `PID N`, or the executable.
     #[must_use]
     pub fn target(&self) -> String {
@@ -121,7 +150,10 @@ impl Record {
     }
 
     /// The heap's change from the first census taken at or after `from`
-    /// seconds to the last taken at or before `to`.
+    /// seconds to the last taken at or before `to`, each census's time
+    /// taken as the table shows it (to 0.1 s) or as it is, whichever
+    /// matches: "census 2 at 11.0 s" is at or before 11 when it was taken
+    /// at 11.003 s, and a time copied from the JSON matches exactly.
     pub fn diff(&self, from: f64, to: f64) -> Result<HeapDiff, ReplayError> {
         if !(from >= 0.0 && to > from) {
             return Err(ReplayError::BadDiff { from, to });
@@ -133,15 +165,21 @@ impl Record {
             }
             _ => "none".to_owned(),
         };
-        let a = censuses.iter().copied().find(|h| h.taken_s >= from);
+        let a = censuses.iter().copied().find(|h| h.taken_s >= from || shown_s(h.taken_s) >= from);
         let a = a.ok_or_else(|| ReplayError::NoCensus { path: self.path.clone(), at: from, taken: taken() })?;
-        let b = censuses.iter().copied().rev().find(|h| h.taken_s <= to);
+        let b = censuses.iter().copied().rev().find(|h| h.taken_s <= to || shown_s(h.taken_s) <= to);
         let b = b.ok_or_else(|| ReplayError::NoCensus { path: self.path.clone(), at: to, taken: taken() })?;
         if a.census >= b.census {
             return Err(ReplayError::SameCensus { from, to, census: a.census, taken_s: a.taken_s });
         }
         Ok(HeapDiff::between(a, b))
     }
+}
+
+/// `seconds` as the tables show a census's time (`{:.1}`), read back: the
+/// very rounding the user read.
+fn shown_s(seconds: f64) -> f64 {
+    format!("{seconds:.1}").parse().unwrap_or(seconds)
 }
 
 /// One census's figures of a type, where its listing has the type.
@@ -290,5 +328,65 @@ impl HeapDiff {
             writeln!(out, "  ({} more types in --json)", self.types.len() - top)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::heap::{HeapCost, Totals};
+
+    /// A record whose censuses were taken at `times`, one an interval.
+    fn record(times: &[f64]) -> Record {
+        let mut events = vec![Event::Attached(crate::report::examples::attached(Some(1)))];
+        for (i, &taken_s) in times.iter().enumerate() {
+            let heap = Heap {
+                census: i as u64 + 1,
+                taken_s,
+                since_s: None,
+                every: 1,
+                types: Vec::new(),
+                other: None,
+                totals: Totals::default(),
+                partial: Vec::new(),
+                cost: HeapCost::default(),
+            };
+            events.push(Event::Interval(Snapshot { heap: Some(heap), ..Snapshot::default() }));
+        }
+        Record { path: PathBuf::from("rec.jsonl"), events }
+    }
+
+    fn picked(r: &Record, from: f64, to: f64) -> Result<(u64, u64), String> {
+        r.diff(from, to).map(|d| (d.from_census, d.to_census)).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_times_shown_pick_their_censuses() {
+        // As QA's record listed them: census 1 at 8.4 s, census 2 at
+        // 11.0 s (11.003 s in the JSON). TO 11 picked census 1 before.
+        let r = record(&[8.4, 11.003]);
+        assert_eq!(picked(&r, 8.0, 11.0), Ok((1, 2)));
+        // Shown as 1.0 s, 6.0 s and 11.0 s.
+        let r = record(&[1.002, 6.004, 11.003]);
+        assert_eq!(picked(&r, 6.0, 11.0), Ok((2, 3)));
+        assert_eq!(picked(&r, 1.0, 6.0), Ok((1, 2)));
+        // Times copied from the JSON match exactly.
+        assert_eq!(picked(&r, 1.002, 11.003), Ok((1, 3)));
+        assert_eq!(picked(&r, 1.0021, 11.0029), Ok((2, 3)));
+        // Shown as 10.9 s, 10.949 s is before 11 either way, and after 8.
+        let early = record(&[1.0, 6.0, 10.949]);
+        assert_eq!(picked(&early, 6.0, 11.0), Ok((2, 3)));
+        assert_eq!(
+            picked(&early, 8.0, 11.0).unwrap_err(),
+            "--diff 8 11: both pick census 3 (taken at 10.9 s), or TO a census before FROM's; pick times further apart"
+        );
+        // 11.06 s is shown as 11.1 s: after 11 either way.
+        let late = record(&[1.0, 6.0, 11.06]);
+        assert_eq!(picked(&late, 1.0, 11.0), Ok((1, 2)));
+        assert_eq!(picked(&late, 1.0, 11.1), Ok((1, 3)));
+        assert_eq!(
+            picked(&late, 11.2, 12.0).unwrap_err(),
+            "rec.jsonl has no heap census to compare at 11.2 s (its censuses: 3 from 1.0 s to 11.1 s); FROM picks the first census at or after it, TO the last at or before it, each time as shown (to 0.1 s) or exact"
+        );
     }
 }

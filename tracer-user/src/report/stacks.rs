@@ -123,22 +123,30 @@ pub fn folded(stacks: &[StackCount], weight: Weight) -> Vec<String> {
 /// Writes `lines` to `file`.
 pub fn write_folded(file: &OutputFile, lines: &[String]) -> Result<(), OutputError> {
     let mut out = std::io::BufWriter::new(file.create()?);
-    let err =
-        |e: std::io::Error| OutputError::Create { flag: file.flag, path: file.path.clone(), cause: e.to_string() };
-    for line in lines {
-        writeln!(out, "{line}").map_err(err)?;
-    }
-    out.flush().map_err(err)
+    let written = lines.iter().try_for_each(|line| writeln!(out, "{line}")).and_then(|()| out.flush());
+    drop(out);
+    removed_unless_whole(file, written)
 }
 
 /// Draws `lines` as a flame graph titled `title` into `file`.
 pub fn write_flamegraph(file: &OutputFile, lines: &[String], title: &str, weight: Weight) -> Result<(), OutputError> {
-    let out = std::io::BufWriter::new(file.create()?);
+    let mut out = std::io::BufWriter::new(file.create()?);
     let mut options = inferno::flamegraph::Options::default();
     title.clone_into(&mut options.title);
     options.count_name = weight.to_string();
-    inferno::flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), out)
-        .map_err(|e| OutputError::Create { flag: file.flag, path: file.path.clone(), cause: e.to_string() })
+    let drawn = inferno::flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), &mut out)
+        .and_then(|()| out.flush());
+    drop(out);
+    removed_unless_whole(file, drawn)
+}
+
+/// `file` as written, or, where writing it failed, gone: a half-written
+/// file would be taken for a result, and refused as existing next time.
+fn removed_unless_whole(file: &OutputFile, written: std::io::Result<()>) -> Result<(), OutputError> {
+    written.map_err(|e| {
+        let _ = std::fs::remove_file(&file.path);
+        OutputError::Create { flag: file.flag, path: file.path.clone(), cause: e.to_string() }
+    })
 }
 
 #[cfg(test)]
@@ -147,6 +155,17 @@ mod tests {
 
     fn frame(function: &str, line: u32) -> SiteFrame {
         SiteFrame { function: function.into(), file: "/srv/app/sites.py".into(), line: Some(line) }
+    }
+
+    #[test]
+    fn a_file_that_fails_is_not_left_behind() {
+        let path = std::env::temp_dir().join(format!("tracer-stacks-{}.svg", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let file = OutputFile::check("--flamegraph", &path, false).unwrap();
+        // inferno refuses to draw nothing, after the file was made.
+        let err = write_flamegraph(&file, &[], "t", Weight::Calls).unwrap_err();
+        assert!(err.to_string().starts_with(&format!("cannot create --flamegraph {}: ", path.display())), "{err}");
+        assert!(!path.exists());
     }
 
     #[test]

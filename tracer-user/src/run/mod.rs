@@ -109,10 +109,7 @@ impl Classify for RunError {
             Self::Signal { .. } | Self::BpfLog(_) | Self::Output(_) | Self::Written(_) => false,
         }
     }
-
-    fn is_broken_pipe(&self) -> bool {
-        matches!(self, Self::Output(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
-    }
+    // No broken pipe: a closed report ends the run (`End::OutputClosed`).
 }
 
 /// Everything a run reports through, in order.
@@ -120,11 +117,22 @@ struct Output<'a> {
     reporter: Box<dyn Reporter + 'a>,
     attached: Option<Attached>,
     previous: Option<Snapshot>,
+    /// The reader of the report went away (`tracer attach | head`): the
+    /// run ends at the next turn of its loop ([`End::OutputClosed`]), and
+    /// its summary still goes to `--record`, which a [`report::Tee`] feeds
+    /// whatever the report's pipe does.
+    closed: bool,
 }
 
 impl Output<'_> {
     fn emit(&mut self, event: &Event) -> Result<(), RunError> {
-        self.reporter.event(event).map_err(RunError::Output)
+        match self.reporter.event(event) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                self.closed = true;
+                Ok(())
+            }
+            written => written.map_err(RunError::Output),
+        }
     }
 
     fn notes(&mut self, notes: impl IntoIterator<Item = Note>) -> Result<(), RunError> {
@@ -369,6 +377,9 @@ pub async fn attach(
     // against.
     let mut hits_before = 0u64;
     let end = loop {
+        if output.closed {
+            break End::OutputClosed;
+        }
         tokio::select! {
             biased;
             signal = signals.recv() => match child.as_deref() {
@@ -445,6 +456,17 @@ pub async fn attach(
     }
     last.cost = cost.total().map(|c| c.of_all_hits(last.hits.unwrap_or(0)));
     let what = config.target.to_string();
+    // A file that cannot be written fails the run, after the summary: the
+    // counts are not lost with it. The first such failure is the run's
+    // error; any later one is told as a warning.
+    let mut unwritten: Option<OutputError> = None;
+    let mut failed = |e: OutputError| match &unwritten {
+        None => {
+            unwritten = Some(e);
+            None
+        }
+        Some(_) => Some(Note::new(Level::Warning, NoteCode::Written, e.to_string())),
+    };
     for (folded, flamegraph, stacks) in [
         config.stacks.as_ref().map(|s| (s.folded.as_ref(), s.flamegraph.as_ref(), Some((s.weight, s.sample)))),
         config.growth.as_ref().map(|g| (g.folded.as_ref(), g.flamegraph.as_ref(), None)),
@@ -454,15 +476,21 @@ pub async fn attach(
     {
         let files = report::written::StackFiles { folded, flamegraph };
         let notes = match stacks {
-            Some(weight) => report::written::stacks(files, weight, &what, &last)?,
-            None => report::written::growth(files, &what, &last)?,
+            Some(weight) => report::written::stacks(files, weight, &what, &last),
+            None => report::written::growth(files, &what, &last),
         };
-        output.notes(notes)?;
+        match notes {
+            Ok(notes) => output.notes(notes)?,
+            Err(e) => output.notes(failed(e))?,
+        }
     }
     // Live, the profile ends now: its start is now less its duration.
-    output.notes(config.pprof.as_ref().map(|f| report::written::pprof(f, &last, None)).transpose()?)?;
+    match config.pprof.as_ref().map(|f| report::written::pprof(f, &last, None)).transpose() {
+        Ok(note) => output.notes(note)?,
+        Err(e) => output.notes(failed(e))?,
+    }
     output.summary(last, end)?;
-    Ok(end)
+    unwritten.map_or(Ok(end), |e| Err(e.into()))
 }
 
 /// Becomes ready when the BPF log has lines to read; never without

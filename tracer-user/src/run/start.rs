@@ -235,7 +235,7 @@ pub(super) fn start<'a>(
     info.return_costs_ns = return_costs.map(|r| r.1);
     info.gc = Some(gc);
     info.growth = growth_header;
-    let mut output = Output { reporter, attached: None, previous: None };
+    let mut output = Output { reporter, attached: None, previous: None, closed: false };
     output.emit(&Event::Attached(info.clone()))?;
     output.attached = Some(info);
     output.notes(fallback.into_iter().chain(notes).chain(profile_notes))?;

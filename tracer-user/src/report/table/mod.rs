@@ -285,6 +285,7 @@ impl<W: Write, E: Write> TableReporter<W, E> {
             (EndKind::Signal, None) => "a signal received".to_owned(),
             (EndKind::TargetExit, _) => "the target exited".to_owned(),
             (EndKind::TargetExec, _) => "the target called exec: it runs another program".to_owned(),
+            (EndKind::OutputClosed, _) => "the report's output was closed (broken pipe)".to_owned(),
         };
         let title = format!("summary after {:.1}s ({why}; probes detached), rates are averages:", s.snapshot.elapsed_s);
         self.block(&title, &s.snapshot)
