@@ -102,11 +102,11 @@ fn zero_interval() {
 fn budget_out_of_range() {
     require_root();
     let workload = Workload::serve(&shared_python());
-    for (value, shown) in [("0", "0"), ("-1", "-1"), ("150", "150")] {
+    for (value, shown) in [("0", "0"), ("0.0000001", "0.0000001"), ("-1", "-1"), ("150", "150")] {
         assert_bad_input(
             &["attach", "--pid", &workload.pid().to_string(), &format!("--budget={value}")],
             &format!(
-                "--budget must be a percentage of the target's CPU time above 0 and at most 100 (got {shown}); e.g. --budget 1"
+                "--budget must be a percentage of the target's CPU time from 0.01 to 100 (got {shown}); e.g. --budget 1"
             ),
         );
     }
@@ -182,7 +182,7 @@ fn negative_numbers() {
         ),
         (
             "--budget",
-            "--budget must be a percentage of the target's CPU time above 0 and at most 100 (got -1); e.g. --budget 1",
+            "--budget must be a percentage of the target's CPU time from 0.01 to 100 (got -1); e.g. --budget 1",
         ),
         ("--top", "--top must be a whole number above 0 (got -1); e.g. --top 10"),
         ("--leaks", "--leaks must be a whole number above 0 (got -1); e.g. --leaks 20"),

@@ -396,11 +396,11 @@ fn bad_input() {
     for (args, error) in [
         (
             &["attach", "--pid", "1", "--exact", "--budget", "0"][..],
-            "--budget must be a percentage of the target's CPU time above 0 and at most 100 (got 0); e.g. --budget 1",
+            "--budget must be a percentage of the target's CPU time from 0.01 to 100 (got 0); e.g. --budget 1",
         ),
         (
             &["attach", "--pid", "1", "--budget", "101"],
-            "--budget must be a percentage of the target's CPU time above 0 and at most 100 (got 101); e.g. --budget 1",
+            "--budget must be a percentage of the target's CPU time from 0.01 to 100 (got 101); e.g. --budget 1",
         ),
         (
             &["attach", "--pid", "1", "--types", "--budget", "1"],

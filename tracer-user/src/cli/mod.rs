@@ -495,8 +495,9 @@ pub struct AttachArgs {
     /// profile: GC from memory, the heap by type and rates by duty cycle within --budget (default 1%).
     #[arg(long)]
     pub exact: bool,
-    /// Keep tracer's cost under PERCENT of the target's CPU time. In the production profile (the
-    /// default) this bounds all its sources together (default 1). With exact tracing: trace in short
+    /// Keep tracer's cost within PERCENT (0.01 to 100) of the target's CPU time. In the production
+    /// profile (the default) this bounds all its sources together (default 1), and a run that went
+    /// over says by what (a short run pays for its first window and census). With exact tracing: trace in short
     /// windows and detach between them for as long as the budget needs (the cost of a hit is
     /// calibrated at start); counts are then of the traced windows only, and rates are estimates
     /// with a 95% confidence interval, marked as such in the table and the JSON. Not with --returns

@@ -193,6 +193,9 @@ pub struct LeaksConfig {
 pub const DEFAULT_LEAKS: usize = 20;
 
 /// A configuration value that cannot work.
+/// The least `--budget`, in percent.
+pub const MIN_BUDGET: f64 = 0.01;
+
 #[derive(Debug, Error, PartialEq)]
 pub enum ConfigError {
     #[error(
@@ -297,9 +300,7 @@ pub enum ConfigError {
         "--budget cannot be combined with --native: the marks of libc's nested calls must stay attached with the functions they mark; use one or the other"
     )]
     BudgetWithNative,
-    #[error(
-        "--budget must be a percentage of the target's CPU time above 0 and at most 100 (got {value}); e.g. --budget 1"
-    )]
+    #[error("--budget must be a percentage of the target's CPU time from 0.01 to 100 (got {value}); e.g. --budget 1")]
     BadBudget { value: f64 },
     #[error("--growth needs --pid: its samples are checked against the process's memory, which --exe does not read")]
     GrowthWithExe,
@@ -380,7 +381,9 @@ impl AttachConfig {
         let budget = match (args.budget, mode) {
             (None, Mode::Profile) => Some(DEFAULT_PROFILE_BUDGET / 100.0),
             (None, Mode::Exact { .. }) => None,
-            (Some(value), _) if value.is_finite() && value > 0.0 && value <= 100.0 => Some(value / 100.0),
+            // Below 0.01% the attach's first window alone would take
+            // minutes of the target's CPU time to pay for.
+            (Some(value), _) if value.is_finite() && (MIN_BUDGET..=100.0).contains(&value) => Some(value / 100.0),
             (Some(value), _) => return Err(ConfigError::BadBudget { value }),
         };
         let links = args.links;

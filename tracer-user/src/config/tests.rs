@@ -167,7 +167,7 @@ fn modes() {
     assert_eq!(config(&["--exe", "/usr/bin/python3.11"]).unwrap().mode, Mode::Profile);
     assert_eq!(
         config(&["--pid", "1", "--exact", "--budget", "0"]).unwrap_err().to_string(),
-        "--budget must be a percentage of the target's CPU time above 0 and at most 100 (got 0); e.g. --budget 1"
+        "--budget must be a percentage of the target's CPU time from 0.01 to 100 (got 0); e.g. --budget 1"
     );
     assert_eq!((Mode::Profile.name(), Mode::Exact { because: None }.name()), ("profile", "exact"));
 }
@@ -177,14 +177,15 @@ fn budget_is_a_percentage() {
     assert_eq!(config(&["--pid", "1", "--exact"]).unwrap().budget, None);
     assert_eq!(config(&["--pid", "1", "--budget", "1"]).unwrap().budget, Some(0.01));
     assert_eq!(config(&["--pid", "1", "--budget", "100"]).unwrap().budget, Some(1.0));
-    for bad in [0.0, -1.0, 100.5, f64::NAN, f64::INFINITY] {
+    assert_eq!(config(&["--pid", "1", "--budget", "0.01"]).unwrap().budget, Some(0.0001));
+    for bad in [0.0, 0.000_000_1, 0.009, -1.0, 100.5, f64::NAN, f64::INFINITY] {
         let mut a = args(1, None, 1.0, false);
         a.budget = Some(bad);
         assert!(matches!(AttachConfig::try_from(&a).unwrap_err(), ConfigError::BadBudget { .. }), "{bad}");
     }
     assert_eq!(
         config(&["--pid", "1", "--budget=0"]).unwrap_err().to_string(),
-        "--budget must be a percentage of the target's CPU time above 0 and at most 100 (got 0); e.g. --budget 1"
+        "--budget must be a percentage of the target's CPU time from 0.01 to 100 (got 0); e.g. --budget 1"
     );
 }
 
