@@ -176,10 +176,13 @@ impl<W: Write, E: Write> TableReporter<W, E> {
             b.hit_cost_ns.emulated_ns,
         )?;
         self.unsized_line(sample)?;
-        if sample.probes.values().any(|p| p.estimate.is_none()) {
+        let unknown = |e: Option<crate::model::ProbeEstimate>| {
+            e.is_none_or(|e| e.calls_per_s == 0.0 && e.calls_per_s_ci95.is_none_or(|[_, hi]| !hi.is_finite()))
+        };
+        if sample.probes.values().any(|p| unknown(p.estimate)) {
             writeln!(
                 self.out,
-                "  ?: no call seen while traced, and too little traced to tell its rate from zero (a bound needs two windows; a longer run gets more)"
+                "  ?: no call seen while traced, which does not tell its rate from zero: too little traced (a bound needs two windows; a longer run gets more), or windows that slowed the target past knowing by how much"
             )?;
         }
         self.footer(sample)
@@ -334,9 +337,16 @@ fn estimates(p: &ProbeCounts) -> (String, String) {
 /// "1,234 ±56"; "1,234 (1,100-1,900)" where the interval is lopsided (the
 /// windows' slowdown widens it upwards); "1,234 (≥1,100)" where it has no
 /// upper end; "1,234 ±?" before there are two windows to compare; "?"
-/// for a zero with no interval (bytes where no call was seen).
+/// for a zero with no upper end (bytes where no call was seen, or a
+/// target slowed past knowing by how much).
 fn estimate(per_s: f64, ci95: Option<[f64; 2]>, lower_bound: bool) -> String {
     let value = group(round(per_s));
+    if per_s == 0.0 && ci95.is_none_or(|[_, hi]| !hi.is_finite()) {
+        // No call seen, and nothing bounds the rate from above (no
+        // interval yet, or windows that slowed the target past knowing by
+        // how much): not a zero.
+        return "?".to_owned();
+    }
     match ci95 {
         Some([lo, hi]) if lower_bound || !hi.is_finite() => format!("{value} (≥{})", group(round(lo))),
         Some([lo, hi]) if (hi - per_s) > 1.1 * (per_s - lo) + 0.5 => {
@@ -344,9 +354,6 @@ fn estimate(per_s: f64, ci95: Option<[f64; 2]>, lower_bound: bool) -> String {
         }
         Some([lo, hi]) => format!("{value} ±{}", group(round((hi - lo) / 2.0))),
         None if lower_bound => format!("≥{value} ±?"),
-        // Nothing seen and nothing to bound it by (no call, so no size):
-        // not a zero.
-        None if per_s == 0.0 => "?".to_owned(),
         None => format!("{value} ±?"),
     }
 }
@@ -521,7 +528,7 @@ mod tests {
         let text = render(&[Event::Attached(attached(Some(12))), Event::Interval(sample.clone())]);
         let row = text.lines().find(|l| l.contains("PyObject_Malloc") && !l.contains("attached")).unwrap();
         assert_eq!(row.split_whitespace().collect::<Vec<_>>(), ["PyObject_Malloc", "4", "?", "4,000", "?"]);
-        assert!(text.contains("\n  ?: no call seen while traced, and too little traced to tell its rate from zero (a bound needs two windows; a longer run gets more)\n"), "{text}");
+        assert!(text.contains("\n  ?: no call seen while traced, which does not tell its rate from zero: too little traced (a bound needs two windows; a longer run gets more), or windows that slowed the target past knowing by how much\n"), "{text}");
         sample.probes.get_mut("PyObject_Malloc").unwrap().estimate = Some(crate::model::ProbeEstimate {
             calls_per_s: 0.0,
             calls_per_s_ci95: Some([0.0, 1151.0]),
@@ -529,13 +536,21 @@ mod tests {
             bytes_per_s_ci95: None,
             lower_bound: false,
         });
-        let text = render(&[Event::Attached(attached(Some(12))), Event::Interval(sample)]);
+        let text = render(&[Event::Attached(attached(Some(12))), Event::Interval(sample.clone())]);
         let row = text.lines().find(|l| l.contains("PyObject_Malloc") && !l.contains("attached")).unwrap();
         assert_eq!(
             row.split_whitespace().collect::<Vec<_>>(),
             ["PyObject_Malloc", "4", "0", "(0-1,151)", "4,000", "?"]
         );
         assert!(!text.contains("?: no call seen"), "{text}");
+        // Windows that slowed the target past knowing by how much leave a
+        // zero no upper end: no figure either.
+        let e = sample.probes.get_mut("PyObject_Malloc").unwrap().estimate.as_mut().unwrap();
+        (e.calls_per_s_ci95, e.lower_bound) = (Some([0.0, f64::INFINITY]), true);
+        let text = render(&[Event::Attached(attached(Some(12))), Event::Interval(sample)]);
+        let row = text.lines().find(|l| l.contains("PyObject_Malloc") && !l.contains("attached")).unwrap();
+        assert_eq!(row.split_whitespace().collect::<Vec<_>>(), ["PyObject_Malloc", "4", "?", "4,000", "?"]);
+        assert!(text.contains("?: no call seen"), "{text}");
     }
 
     #[test]

@@ -118,13 +118,14 @@ fn text(s: String) -> Cell {
 /// low end beside it where the interval has no upper end (the windows
 /// slowed the target past knowing by how much, `run::pace`), "≤" its
 /// upper end for a zero (no call seen in the windows), and "?" for an
-/// estimate not yet told from zero. "-" where there is no rate at all.
+/// estimate not told from zero (no interval yet, or none with an upper end). "-" where there is no rate at all.
 fn rate(per_s: Option<f64>, ci95: Option<[f64; 2]>, estimate: bool, unit: fn(f64) -> String) -> Cell {
     let Some(per_s) = per_s.filter(|r| r.is_finite()) else {
         let text = if estimate { "?" } else { "-" };
         return Cell { text: text.to_owned(), key: Key::Unknown };
     };
     let text = match (estimate, ci95) {
+        (true, Some([_, hi])) if per_s == 0.0 && !hi.is_finite() => "?".to_owned(),
         (true, Some([lo, hi])) if !hi.is_finite() => format!("~{} (≥{})", unit(per_s), unit(lo)),
         (true, Some([_, hi])) if per_s == 0.0 => format!("~0 (≤{})", unit(hi)),
         (true, Some([lo, hi])) => format!("~{} ±{:.0}%", unit(per_s), 100.0 * (hi - lo) / 2.0 / per_s),
@@ -519,6 +520,7 @@ mod tests {
         let shown = |per_s, ci, estimate| rate(per_s, ci, estimate, per_second).text;
         assert_eq!(shown(Some(27_807.0), Some([0.0, f64::INFINITY]), true), "~27,807 (≥0.0)");
         assert_eq!(shown(Some(0.0), Some([0.0, 1151.0]), true), "~0 (≤1,151)");
+        assert_eq!(shown(Some(0.0), Some([0.0, f64::INFINITY]), true), "?");
         assert_eq!(shown(Some(2000.0), Some([1900.0, 2100.0]), true), "~2,000 ±5%");
         assert_eq!(shown(Some(0.0), None, true), "?");
         assert_eq!(shown(None, None, true), "?");
