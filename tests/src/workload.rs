@@ -295,7 +295,7 @@ impl Workload {
             .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
-        let child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {python} {name}: {e}"));
+        let child = spawn(&mut cmd).unwrap_or_else(|e| panic!("cannot start {python} {name}: {e}"));
         let w = Self::from_child(child);
         drop(copy);
         w
@@ -465,5 +465,22 @@ impl Workload {
         let status = self.child.wait().expect("wait for workload");
         assert!(status.success(), "workload exited with {status}");
         sums
+    }
+}
+
+/// Spawns `cmd`, again while the kernel says its program is busy
+/// (`ETXTBSY`): a copy of an interpreter that a test just wrote is busy
+/// while another test's child, forked meanwhile, still holds the copy's
+/// write descriptor until it execs.
+fn spawn(cmd: &mut Command) -> std::io::Result<std::process::Child> {
+    let mut tries = 0;
+    loop {
+        match cmd.spawn() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 100 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            spawned => return spawned,
+        }
     }
 }

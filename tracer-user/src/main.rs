@@ -68,8 +68,9 @@ fn main() -> ExitCode {
             ExitCode::from(failure.exit_status())
         }
         Err(failure) => {
-            // One line: the cause chain joined with ": ".
-            eprintln!("tracer: error: {failure}");
+            // One line: the cause chain joined with ": " (no panic where
+            // stderr is a closed pipe).
+            let _ = writeln!(std::io::stderr(), "tracer: error: {failure}");
             ExitCode::from(failure.exit_status())
         }
     }
@@ -83,7 +84,9 @@ fn ended(end: End, what: &str) -> ExitCode {
         let _ = writeln!(std::io::stderr(), "tracer: output closed (broken pipe); detached from {what}");
         return ExitCode::from(EXIT_OUTPUT_CLOSED);
     }
-    eprintln!("tracer: detached from {what} ({})", end.as_str());
+    // stderr may be a pipe that closed too (`tracer run`'s report): no
+    // panic for it.
+    let _ = writeln!(std::io::stderr(), "tracer: detached from {what} ({})", end.as_str());
     ExitCode::SUCCESS
 }
 
@@ -192,13 +195,16 @@ fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
         // Detached: the program runs on, and is waited for.
         Err(e) => (None, Some(Failure::from(e))),
     };
+    // stderr is the report's by default, and its reader may have gone:
+    // no panic for it, the program's status is still tracer's.
     if let Some(f) = &failure {
-        eprintln!("tracer: error: {f}");
+        let _ = writeln!(std::io::stderr(), "tracer: error: {f}");
     }
     runtime.block_on(tracer_user::run::wait_exit(&child, &mut signals))?;
     let status = child.reap()?;
     let ended = end.map(|e| format!("; the run ended: {}", e.as_str())).unwrap_or_default();
-    eprintln!("tracer: PID {} ({}) {status}{ended}", child.pid(), child.interpreter.display());
+    let _ =
+        writeln!(std::io::stderr(), "tracer: PID {} ({}) {status}{ended}", child.pid(), child.interpreter.display());
     Ok(ExitCode::from(failure.map_or_else(|| status.code(), |f| f.exit_status())))
 }
 
@@ -260,9 +266,9 @@ fn stack(args: &StackArgs) -> Result<(), Failure> {
     let max_depth = usize::try_from(args.max_depth).unwrap_or(usize::MAX);
     let read = stacks::read(args.pid, stacks::Options { max_depth, check_tls: args.check_tls })?;
     if args.json {
-        println!("{}", serde_json::to_string(&stacks::print::json(&read))?);
+        writeln!(std::io::stdout().lock(), "{}", serde_json::to_string(&stacks::print::json(&read))?)?;
     } else {
-        print!("{}", stacks::print::table(&read));
+        write!(std::io::stdout().lock(), "{}", stacks::print::table(&read))?;
     }
     let failed = read.threads.iter().filter(|t| t.frames.is_err()).count();
     if failed > 0 {
@@ -277,9 +283,9 @@ fn heap(args: &HeapArgs) -> Result<(), Failure> {
     let options = heap::Options { stop: args.stop, debug_dir: args.debug_dir.clone(), ..heap::Options::default() };
     let census = heap::census(args.pid, &options)?;
     if args.json {
-        println!("{}", serde_json::to_string(&census)?);
+        writeln!(std::io::stdout().lock(), "{}", serde_json::to_string(&census)?)?;
     } else {
-        print!("{}", heap::print::table(&census, args.top));
+        write!(std::io::stdout().lock(), "{}", heap::print::table(&census, args.top))?;
     }
     Ok(())
 }
@@ -322,13 +328,13 @@ fn bench(args: &BenchArgs) -> Result<(), Failure> {
         rows.push(report::Row { name: state.name(), stats, vs_baseline: b.compare(baseline, stats)? });
     }
     if args.json {
-        println!("{}", serde_json::to_string(&report::json(&b, baseline, &rows, &hits))?);
+        writeln!(std::io::stdout().lock(), "{}", serde_json::to_string(&report::json(&b, baseline, &rows, &hits))?)?;
     } else {
         for line in report::text(baseline, &rows, &hits, &args.out) {
-            println!("{line}");
+            writeln!(std::io::stdout().lock(), "{line}")?;
         }
         for note in &b.prepared.notes {
-            println!("warning: {}", note.message);
+            writeln!(std::io::stdout().lock(), "warning: {}", note.message)?;
         }
     }
     Ok(())

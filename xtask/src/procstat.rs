@@ -35,13 +35,19 @@ mod tests {
     #[test]
     fn reads_a_process_cpu_time() {
         let before = super::cpu_s(std::process::id()).unwrap();
+        // Spin until the clock moves 50 ms, not for a span of wall time: on
+        // a loaded machine (CI's tests run side by side) 100 ms of wall
+        // time gave this thread 50 ms of CPU less than once.
         let spin = std::time::Instant::now();
         let mut x = 0u64;
-        while spin.elapsed() < std::time::Duration::from_millis(100) {
-            x = std::hint::black_box(x.wrapping_add(1));
+        let mut after = before;
+        while after < before + 0.05 && spin.elapsed() < std::time::Duration::from_secs(30) {
+            for _ in 0..1_000_000 {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+            after = super::cpu_s(std::process::id()).unwrap();
         }
-        let after = super::cpu_s(std::process::id()).unwrap();
-        assert!(after >= before + 0.05, "{before} then {after}");
+        assert!(after >= before + 0.05, "{before} then {after} after 30 s of spinning");
         let err = super::cpu_times(u32::MAX).unwrap_err().to_string();
         assert_eq!(err, format!("reading PID {}'s stat", u32::MAX));
     }

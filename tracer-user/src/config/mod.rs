@@ -192,10 +192,10 @@ pub struct LeaksConfig {
 /// How many blocks `--leaks` lists when not told.
 pub const DEFAULT_LEAKS: usize = 20;
 
-/// A configuration value that cannot work.
 /// The least `--budget`, in percent.
 pub const MIN_BUDGET: f64 = 0.01;
 
+/// A configuration value that cannot work.
 #[derive(Debug, Error, PartialEq)]
 pub enum ConfigError {
     #[error(

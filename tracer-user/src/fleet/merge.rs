@@ -192,9 +192,11 @@ fn add_probe(have: &mut ProbeCounts, p: &ProbeCounts) {
         }
         (a, b) => a.or(b),
     };
+    // One interpreter's rate unknown leaves the sum unknown: the other's
+    // alone would be a part shown as the whole.
     have.estimate = match (have.estimate, p.estimate) {
         (Some(a), Some(b)) => Some(add_estimates(a, b)),
-        (a, b) => a.or(b),
+        _ => None,
     };
 }
 
@@ -399,6 +401,26 @@ mod tests {
         assert_eq!(sum(with(10, Some(3)), &with(0, None)), Some(3), "a member without hits");
         assert_eq!(sum(with(0, None), &with(5, Some(2))), Some(2));
         assert_eq!(sum(with(1, None), &with(5, Some(2))), None);
+    }
+
+    /// A member whose rate is not known leaves the sum's unknown.
+    #[test]
+    fn an_unknown_rate_leaves_the_sum_unknown() {
+        let e = ProbeEstimate {
+            calls_per_s: 100.0,
+            calls_per_s_ci95: Some([90.0, 110.0]),
+            bytes_per_s: 0.0,
+            bytes_per_s_ci95: None,
+            lower_bound: false,
+        };
+        let known = ProbeCounts { estimate: Some(e), ..ProbeCounts::new(10, 0) };
+        let unknown = ProbeCounts { estimate: None, ..ProbeCounts::new(0, 0) };
+        let mut a = known;
+        add_probe(&mut a, &unknown);
+        assert_eq!(a.estimate, None);
+        let mut a = known;
+        add_probe(&mut a, &known);
+        assert_eq!(a.estimate.map(|e| (e.calls_per_s, e.calls_per_s_ci95)), Some((200.0, Some([180.0, 220.0]))));
     }
 
     #[test]

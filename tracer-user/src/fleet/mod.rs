@@ -184,7 +184,8 @@ pub async fn attach_all<'a>(
         }
     };
     fleet.finish(&mut heard, end).await?;
-    Ok(end)
+    // Closed while the summary was written: the reader has not all of it.
+    Ok(if fleet.closed { End::OutputClosed } else { end })
 }
 
 impl Fleet<'_> {

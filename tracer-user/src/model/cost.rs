@@ -300,6 +300,8 @@ impl ProfileCost {
                 "growth stops once it costs over half the budget (--growth keeps it on, --no-growth drops it)"
             }
             Some("tracer") => "tracer's own work each interval: a longer --interval lowers it",
+            Some("gc_probes") => "each collection's two probe hits: --gc off drops them",
+            Some("gc_memory") => "the GC statistics read each interval: a longer --interval lowers it",
             _ => "a longer run spreads what a source took at the start",
         };
         Some(format!(

@@ -56,6 +56,28 @@ pub struct ProbeEstimate {
     pub lower_bound: bool,
 }
 
+impl ProbeEstimate {
+    /// Whether the calls' rate is a figure: not a zero that nothing bounds
+    /// from above (no interval yet, or windows that slowed the target past
+    /// knowing by how much), which every output shows as unknown.
+    #[must_use]
+    pub fn calls_known(&self) -> bool {
+        told(self.calls_per_s, self.calls_per_s_ci95)
+    }
+
+    /// As [`Self::calls_known`], for the bytes' rate (unknown too where no
+    /// call, so no size, was seen).
+    #[must_use]
+    pub fn bytes_known(&self) -> bool {
+        told(self.bytes_per_s, self.bytes_per_s_ci95)
+    }
+}
+
+/// A rate other than a zero with no finite upper end.
+fn told(per_s: f64, ci95: Option<[f64; 2]>) -> bool {
+    per_s != 0.0 || ci95.is_some_and(|[_, hi]| hi.is_finite())
+}
+
 /// An interval as the JSON has it: an upper end with no bound is written
 /// `null` (`serde_json` writes an infinite number so), and read back as
 /// infinite, so that `--all` and `tracer report` read what a run wrote.

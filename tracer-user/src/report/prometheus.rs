@@ -13,7 +13,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use indexmap::IndexMap;
 
-use crate::model::{Attached, Snapshot};
+use crate::model::{Attached, ProbeEstimate, Snapshot};
 
 /// The most types, and growth sites, given a series of their own.
 pub const TOP: usize = 30;
@@ -170,11 +170,12 @@ pub fn render(attached: &Attached, snapshot: &Snapshot, container: &dyn Fn(u32) 
         for (function, p) in &snapshot.probes {
             let l = labels(&[base[0], base[1], ("function", function)]);
             f.add("tracer_traced_calls_total", TRACED_CALLS, &l, p.calls as f64);
-            if let Some(e) = &p.estimate {
+            // A rate not told from zero is left out, not exported as 0.
+            if let Some(e) = p.estimate.filter(ProbeEstimate::calls_known) {
                 f.add("tracer_estimated_calls_per_second", EST_CALLS, &l, e.calls_per_s);
-                if bytes(function) {
-                    f.add("tracer_estimated_bytes_per_second", EST_BYTES, &l, e.bytes_per_s);
-                }
+            }
+            if let Some(e) = p.estimate.filter(|e| e.bytes_known() && bytes(function)) {
+                f.add("tracer_estimated_bytes_per_second", EST_BYTES, &l, e.bytes_per_s);
             }
         }
     } else if snapshot.pids.is_empty() || attached.pid.is_some() {

@@ -216,6 +216,8 @@ pub struct RateEstimate {
 /// variance: its live time `w` and its calls and bytes `h`.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct Sums {
+    /// Windows the probe was live in.
+    n: u64,
     w: f64,
     ww: f64,
     /// (Σh, Σh², Σhw) for calls, then for bytes.
@@ -257,6 +259,7 @@ impl Estimator {
         self.overhead += overhead;
         for (s, p) in self.probes.iter_mut().zip(probes) {
             let w = p.live.as_secs_f64();
+            s.n += u64::from(w > 0.0);
             s.w += w;
             s.ww += w * w;
             for (sums, v) in [(&mut s.calls, p.calls as f64), (&mut s.bytes, p.bytes as f64)] {
@@ -294,19 +297,21 @@ impl Estimator {
                     // No call seen: no size either, so no bound.
                     RateEstimate { per_s: 0.0, ci95: None }
                 } else {
-                    self.rate(s, s.bytes)
+                    Self::rate(s, s.bytes, false)
                 };
-                (self.rate(s, s.calls), bytes)
+                (Self::rate(s, s.calls, true), bytes)
             })
             .collect()
     }
 
+    /// The rate of `(h, hh, hw)` over the probe's live time; `events`:
+    /// whether they are counts of calls, whose none seen is bounded below.
     #[allow(clippy::cast_precision_loss, reason = "a window count")]
-    fn rate(&self, s: &Sums, (h, hh, hw): (f64, f64, f64)) -> RateEstimate {
+    fn rate(s: &Sums, (h, hh, hw): (f64, f64, f64), events: bool) -> RateEstimate {
         if s.w <= 0.0 {
             return RateEstimate { per_s: 0.0, ci95: None };
         }
-        if h == 0.0 && self.windows >= 2 {
+        if events && h == 0.0 && s.n >= 2 {
             // No call in any window: their agreement would make it a sure
             // zero however little was traced, and 0.1 ms without a call
             // says little of a rate of thousands a second. Calls as a
@@ -317,16 +322,18 @@ impl Estimator {
             return RateEstimate { per_s: 0.0, ci95: Some((0.0, NONE_SEEN_95 / s.w)) };
         }
         let r = h / s.w;
-        if self.windows < 2 {
+        // The windows this probe was live in: with perf-event uprobes one
+        // may go live in fewer than the others.
+        if s.n < 2 {
             return RateEstimate { per_s: r, ci95: None };
         }
-        let n = self.windows as f64;
+        let n = s.n as f64;
         // Σ(h − r·w)², expanded so that only sums need keeping; clamped
         // because rounding can make an exact zero slightly negative.
         let residual = (hh - 2.0 * r * hw + r * r * s.ww).max(0.0);
         let mean_w = s.w / n;
         let se = (residual / (n * (n - 1.0))).sqrt() / mean_w;
-        let half = t95(self.windows - 1) * se;
+        let half = t95(s.n - 1) * se;
         RateEstimate { per_s: r, ci95: Some(((r - half).max(0.0), r + half)) }
     }
 }
@@ -492,6 +499,20 @@ mod tests {
         assert!((hi - 18_444.4).abs() < 0.1, "{hi}");
         // No call, no size: the bytes' rate has no bound.
         assert_eq!(bytes, unknown);
+        // Calls of no bytes (a function that requests none): a sure zero,
+        // not a bound made up from the calls' Poisson one.
+        let mut e = Estimator::new(1);
+        let calls = ProbeWindow { live: Duration::from_micros(100), calls: 3, bytes: 0 };
+        e.add(&[calls], Duration::from_micros(100), Duration::ZERO);
+        e.add(&[calls], Duration::from_micros(100), Duration::ZERO);
+        assert_eq!(e.rates()[0].1, RateEstimate { per_s: 0.0, ci95: Some((0.0, 0.0)) });
+        // A probe live in one window only: no bound from the other's time.
+        let mut e = Estimator::new(2);
+        let off = ProbeWindow { live: Duration::ZERO, calls: 0, bytes: 0 };
+        e.add(&[none, none], Duration::from_micros(100), Duration::ZERO);
+        e.add(&[none, off], Duration::from_micros(100), Duration::ZERO);
+        assert!(e.rates()[0].0.ci95.is_some());
+        assert_eq!(e.rates()[1].0, unknown);
     }
 
     #[test]

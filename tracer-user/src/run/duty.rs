@@ -563,15 +563,19 @@ impl DutyCycle {
         for p in &plan.probes {
             let rate = usize::try_from(p.slot).ok().and_then(|s| rates.get(s));
             let (Some(&(calls, bytes)), Some(counts)) = (rate, snapshot.probes.get_mut(p.symbol)) else { continue };
-            let (mut calls_per_s, calls_per_s_ci95) = untraced(calls, factor);
-            let (mut bytes_per_s, bytes_per_s_ci95) = untraced(bytes, factor);
+            let (mut calls_per_s, mut calls_per_s_ci95) = untraced(calls, factor);
+            let (mut bytes_per_s, mut bytes_per_s_ci95) = untraced(bytes, factor);
             // Calls counted, none while a window was live (a short one, or
             // a target between bursts): a rate of 0 would hide them. Over
-            // every moment it was attached, the rate was at least this.
+            // every moment it was attached, the rate was at least this,
+            // and nothing bounds it from above (the live windows' bound
+            // does not: these calls fell outside them).
             let unseen_live = calls.per_s == 0.0 && counts.calls > 0;
             if unseen_live {
                 calls_per_s = over_attached(counts.calls);
                 bytes_per_s = bytes_per_s.max(over_attached(counts.bytes));
+                calls_per_s_ci95 = Some([calls_per_s, f64::INFINITY]);
+                bytes_per_s_ci95 = Some([bytes_per_s, f64::INFINITY]);
             }
             // No call seen and nothing to bound its rate by (one window, or
             // none live): no figure, rather than a zero the target's calls

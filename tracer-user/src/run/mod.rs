@@ -226,21 +226,20 @@ impl Run {
     }
 
     /// The warning of a high cost, once: in the profile, of its own cost
-    /// (the one figure its table shows), else of the hits' estimate.
+    /// over its budget (the one figure its table shows), else of the hits'
+    /// estimate.
     fn high_cost_note(&mut self, snapshot: &Snapshot) -> Option<Note> {
-        let mut cost = snapshot.cost?;
+        // In the profile, once its cost is high, by what it went over, and
+        // not a lower --budget, which would not lower what the first
+        // window, the census or tracer's own work cost (the first window
+        // alone is said on the table's cost line, and paid for by a longer
+        // run). A short run a little over its budget is said in the table
+        // only: its start-up costs spread over a longer one.
         if let Some(p) = &snapshot.profile {
-            cost.overhead_fraction = Some(p.fraction);
-            cost.overhead_fraction_low = None;
-            // What took it over, not a lower --budget, which would not
-            // lower what the first window, the census or tracer's own work
-            // cost.
-            return self.cost.high_cost_note(&cost).map(|note| match p.over_budget() {
-                Some(over) => Note::new(note.level, note.code, over),
-                None => note,
-            });
+            let high = p.fraction > crate::model::Cost::HIGH;
+            return self.cost.over_budget_note(p.over_budget().filter(|_| high));
         }
-        self.cost.high_cost_note(&cost)
+        self.cost.high_cost_note(&snapshot.cost?)
     }
 
     /// The files mapped since the last check, probed.
@@ -490,6 +489,9 @@ pub async fn attach(
         Err(e) => output.notes(failed(e))?,
     }
     output.summary(last, end)?;
+    // Closed while the summary was written: the reader has not all of it
+    // (`--record` has).
+    let end = if output.closed { End::OutputClosed } else { end };
     unwritten.map_or(Ok(end), |e| Err(e.into()))
 }
 

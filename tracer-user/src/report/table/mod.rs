@@ -176,13 +176,13 @@ impl<W: Write, E: Write> TableReporter<W, E> {
             b.hit_cost_ns.emulated_ns,
         )?;
         self.unsized_line(sample)?;
-        let unknown = |e: Option<crate::model::ProbeEstimate>| {
-            e.is_none_or(|e| e.calls_per_s == 0.0 && e.calls_per_s_ci95.is_none_or(|[_, hi]| !hi.is_finite()))
+        let unknown = |name: &str, e: Option<crate::model::ProbeEstimate>| {
+            e.is_none_or(|e| !e.calls_known() || (self.measures_bytes(name) && !e.bytes_known()))
         };
-        if sample.probes.values().any(|p| unknown(p.estimate)) {
+        if sample.probes.iter().any(|(name, p)| unknown(name, p.estimate)) {
             writeln!(
                 self.out,
-                "  ?: no call seen while traced, which does not tell its rate from zero: too little traced (a bound needs two windows; a longer run gets more), or windows that slowed the target past knowing by how much"
+                "  ?: no call (or no size) seen while traced, which does not tell its rate from zero: too little traced (a bound needs two windows; a longer run gets more), or windows that slowed the target past knowing by how much"
             )?;
         }
         self.footer(sample)
@@ -523,12 +523,13 @@ mod tests {
     #[test]
     fn a_rate_not_told_from_zero_is_no_zero() {
         let mut sample = budget_snapshot(4, 0.009, (1234.4, Some([1200.0, 1268.0])));
+        // As the windows leave it: no call seen, in one window.
         let none = sample.probes.get_mut("PyObject_Malloc").unwrap();
-        none.estimate = None;
+        (none.estimate, none.calls, none.bytes) = (None, 0, 0);
         let text = render(&[Event::Attached(attached(Some(12))), Event::Interval(sample.clone())]);
         let row = text.lines().find(|l| l.contains("PyObject_Malloc") && !l.contains("attached")).unwrap();
-        assert_eq!(row.split_whitespace().collect::<Vec<_>>(), ["PyObject_Malloc", "4", "?", "4,000", "?"]);
-        assert!(text.contains("\n  ?: no call seen while traced, which does not tell its rate from zero: too little traced (a bound needs two windows; a longer run gets more), or windows that slowed the target past knowing by how much\n"), "{text}");
+        assert_eq!(row.split_whitespace().collect::<Vec<_>>(), ["PyObject_Malloc", "0", "?", "0", "?"]);
+        assert!(text.contains("\n  ?: no call (or no size) seen while traced, which does not tell its rate from zero: too little traced (a bound needs two windows; a longer run gets more), or windows that slowed the target past knowing by how much\n"), "{text}");
         sample.probes.get_mut("PyObject_Malloc").unwrap().estimate = Some(crate::model::ProbeEstimate {
             calls_per_s: 0.0,
             calls_per_s_ci95: Some([0.0, 1151.0]),
@@ -538,19 +539,17 @@ mod tests {
         });
         let text = render(&[Event::Attached(attached(Some(12))), Event::Interval(sample.clone())]);
         let row = text.lines().find(|l| l.contains("PyObject_Malloc") && !l.contains("attached")).unwrap();
-        assert_eq!(
-            row.split_whitespace().collect::<Vec<_>>(),
-            ["PyObject_Malloc", "4", "0", "(0-1,151)", "4,000", "?"]
-        );
-        assert!(!text.contains("?: no call seen"), "{text}");
+        assert_eq!(row.split_whitespace().collect::<Vec<_>>(), ["PyObject_Malloc", "0", "0", "(0-1,151)", "0", "?"]);
+        // Its bytes' `?` is explained too.
+        assert!(text.contains("?: no call (or no size) seen"), "{text}");
         // Windows that slowed the target past knowing by how much leave a
         // zero no upper end: no figure either.
         let e = sample.probes.get_mut("PyObject_Malloc").unwrap().estimate.as_mut().unwrap();
         (e.calls_per_s_ci95, e.lower_bound) = (Some([0.0, f64::INFINITY]), true);
         let text = render(&[Event::Attached(attached(Some(12))), Event::Interval(sample)]);
         let row = text.lines().find(|l| l.contains("PyObject_Malloc") && !l.contains("attached")).unwrap();
-        assert_eq!(row.split_whitespace().collect::<Vec<_>>(), ["PyObject_Malloc", "4", "?", "4,000", "?"]);
-        assert!(text.contains("?: no call seen"), "{text}");
+        assert_eq!(row.split_whitespace().collect::<Vec<_>>(), ["PyObject_Malloc", "0", "?", "0", "?"]);
+        assert!(text.contains("?: no call (or no size) seen"), "{text}");
     }
 
     #[test]

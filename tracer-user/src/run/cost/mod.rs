@@ -275,8 +275,10 @@ impl Advice {
         use crate::{config::LinkMode, plan::PlacementMode};
         // `auto` resolved to call sites where it could (config): only a
         // run placed `inside` by choice could move them.
-        let movable =
-            config.placement == PlacementMode::Inside && config.budget.is_none() && config.links != LinkMode::Perf;
+        let movable = config.placement == PlacementMode::Inside
+            && config.budget.is_none()
+            && config.links != LinkMode::Perf
+            && crate::kernel::multi::available();
         // Not the frees: their addresses sit in type objects (`tp_free`)
         // and the allocator tables, so calls through those have no call
         // site and call-site placement leaves them at their entries
@@ -495,6 +497,17 @@ impl CostMeter {
     #[must_use]
     pub const fn call_sites_asked(&self) -> bool {
         self.advice.call_sites
+    }
+
+    /// The production profile's warning, once, when its cost went over
+    /// its budget (`over`: by what, [`crate::model::ProfileCost::over_budget`]).
+    pub fn over_budget_note(&mut self, over: Option<String>) -> Option<Note> {
+        if self.told_high {
+            return None;
+        }
+        let over = over?;
+        self.told_high = true;
+        Some(Note::new(Level::Warning, NoteCode::HighCost, over))
     }
 
     /// The warning to give, once, when `cost` is high.
