@@ -30,6 +30,6 @@ pub use plan_report::{CallSitesReport, LiveImplReport, PlanReport, PlannedProbeR
 pub use processes::{InterpreterInfo, ProcessInfo};
 pub use snapshot::{
     Counts, ExitedProcess, Gc, GcGeneration, KERNEL_MISSES, LateCoverage, LateModule, ProbeCounts, ProbeEstimate,
-    Returned, Sizes, Snapshot, TypeCount,
+    Returned, Sizes, Snapshot, TypeCount, rate_told,
 };
 pub use stacks::{NativeFrame, NativeModule, Site, SiteFrame, StackCount, StackCoverage};

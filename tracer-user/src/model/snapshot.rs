@@ -62,19 +62,21 @@ impl ProbeEstimate {
     /// knowing by how much), which every output shows as unknown.
     #[must_use]
     pub fn calls_known(&self) -> bool {
-        told(self.calls_per_s, self.calls_per_s_ci95)
+        rate_told(self.calls_per_s, self.calls_per_s_ci95)
     }
 
     /// As [`Self::calls_known`], for the bytes' rate (unknown too where no
     /// call, so no size, was seen).
     #[must_use]
     pub fn bytes_known(&self) -> bool {
-        told(self.bytes_per_s, self.bytes_per_s_ci95)
+        rate_told(self.bytes_per_s, self.bytes_per_s_ci95)
     }
 }
 
-/// A rate other than a zero with no finite upper end.
-fn told(per_s: f64, ci95: Option<[f64; 2]>) -> bool {
+/// Whether an estimated rate is a figure: anything but a zero with no
+/// finite upper end, which every output shows as unknown (`?`).
+#[must_use]
+pub fn rate_told(per_s: f64, ci95: Option<[f64; 2]>) -> bool {
     per_s != 0.0 || ci95.is_some_and(|[_, hi]| hi.is_finite())
 }
 

@@ -341,7 +341,7 @@ fn estimates(p: &ProbeCounts) -> (String, String) {
 /// target slowed past knowing by how much).
 fn estimate(per_s: f64, ci95: Option<[f64; 2]>, lower_bound: bool) -> String {
     let value = group(round(per_s));
-    if per_s == 0.0 && ci95.is_none_or(|[_, hi]| !hi.is_finite()) {
+    if !crate::model::rate_told(per_s, ci95) {
         // No call seen, and nothing bounds the rate from above (no
         // interval yet, or windows that slowed the target past knowing by
         // how much): not a zero.

@@ -125,11 +125,10 @@ fn rate(per_s: Option<f64>, ci95: Option<[f64; 2]>, estimate: bool, unit: fn(f64
         return Cell { text: text.to_owned(), key: Key::Unknown };
     };
     let text = match (estimate, ci95) {
-        (true, Some([_, hi])) if per_s == 0.0 && !hi.is_finite() => "?".to_owned(),
+        (true, _) if !crate::model::rate_told(per_s, ci95) => "?".to_owned(),
         (true, Some([lo, hi])) if !hi.is_finite() => format!("~{} (≥{})", unit(per_s), unit(lo)),
         (true, Some([_, hi])) if per_s == 0.0 => format!("~0 (≤{})", unit(hi)),
         (true, Some([lo, hi])) => format!("~{} ±{:.0}%", unit(per_s), 100.0 * (hi - lo) / 2.0 / per_s),
-        (true, None) if per_s == 0.0 => "?".to_owned(),
         (true, None) => format!("~{}", unit(per_s)),
         (false, _) => unit(per_s),
     };
