@@ -92,3 +92,48 @@ fn attach_needs_exactly_the_capabilities_the_docs_list() {
     }
     workload.ping();
 }
+
+/// `--name` as uid 65534 with no capability: a pattern matching one CPython
+/// process of its own and one of root's, which it may not inspect, traces
+/// its own and says, on one line, what it skipped and why (the other may
+/// be the one meant).
+#[test]
+fn name_says_which_match_it_may_not_inspect() {
+    require_root();
+    let marker = format!("name-uninspectable-{}", std::process::id());
+    let script = format!("import time; print('ready', flush=True); time.sleep(60)  # {marker}");
+    let start = |nobody: bool| {
+        let mut cmd = Command::new("setpriv");
+        if nobody {
+            cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"]);
+        }
+        let mut child = cmd
+            .args([tracer_tests::STATIC_PYTHON, "-c", &script])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("setpriv runs python");
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().expect("stdout")), &mut line)
+            .expect("ready");
+        assert_eq!(line, "ready\n");
+        child
+    };
+    let mut own = start(true);
+    let mut roots = start(false);
+    let out = as_nobody("", &["probes", "--name", &marker]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stderr}");
+    let (own_pid, root_pid) = (own.id(), roots.id());
+    assert_eq!(
+        stderr,
+        format!(
+            "tracer: warning: --name \"{marker}\" also matches PID {root_pid}, which tracer cannot inspect (cannot read memory map of PID {root_pid}: Permission Denied: /proc/{root_pid}/maps; as another user than root, tracer needs CAP_SYS_PTRACE to inspect another user's process: grant it, or run tracer with sudo): tracing PID {own_pid}, the one CPython process it matches that tracer can; pass --pid to choose\n"
+        )
+    );
+    assert!(stdout.starts_with(&format!("{} (Python 3.11", tracer_tests::STATIC_PYTHON)), "{stdout}");
+    for child in [&mut own, &mut roots] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}

@@ -41,7 +41,13 @@ pub fn target_spec(pid: Option<u32>, exe: Option<&std::path::Path>) -> Result<Ta
 /// `--pid`, `--exe` or `--name` (resolved here to the one PID it selects).
 pub fn target_of(t: &crate::cli::TargetArgs) -> Result<TargetSpec, ConfigError> {
     match (&t.name, t.pid, &t.exe) {
-        (Some(pattern), None, None) => Ok(TargetSpec::Pid(crate::discover::name::select(pattern)?)),
+        (Some(pattern), None, None) => {
+            let (pid, skipped) = crate::discover::name::select(pattern)?;
+            if let Some(line) = skipped {
+                eprintln!("tracer: warning: {line}");
+            }
+            Ok(TargetSpec::Pid(pid))
+        }
         (None, pid, exe) => target_spec(pid, exe.as_deref()),
         _ => Err(ConfigError::NoTarget),
     }

@@ -70,8 +70,11 @@ fn processes() -> HashMap<u32, Entry> {
     all
 }
 
-/// The PID of the one CPython process `pattern` selects.
-pub fn select(pattern: &str) -> Result<u32, NameError> {
+/// The PID of the one CPython process `pattern` selects, and, where the
+/// pattern also matched processes tracer may not inspect (another user's,
+/// without `CAP_SYS_PTRACE`), which might be the one meant, a line that
+/// says so.
+pub fn select(pattern: &str) -> Result<(u32, Option<String>), NameError> {
     let regex = regex::Regex::new(pattern)
         .map_err(|e| NameError::BadPattern { pattern: pattern.to_owned(), reason: first_line(&e.to_string()) })?;
     let all = processes();
@@ -131,7 +134,19 @@ pub fn select(pattern: &str) -> Result<u32, NameError> {
     }
     let show = |pid: u32| format!("{pid} ({})", shown(&all[&pid].command));
     match found.len() {
-        1 => Ok(found.into_iter().next().unwrap_or_default()),
+        1 => {
+            let pid = found.into_iter().next().unwrap_or_default();
+            let skipped = uninspectable.first().map(|(other, cause)| {
+                let more = match uninspectable.len() - 1 {
+                    0 => String::new(),
+                    n => format!(" and {n} more"),
+                };
+                format!(
+                    "--name {pattern:?} also matches PID {other}{more}, which tracer cannot inspect ({cause}): tracing PID {pid}, the one CPython process it matches that tracer can; pass --pid to choose"
+                )
+            });
+            Ok((pid, skipped))
+        }
         0 if !uninspectable.is_empty() => {
             let (pid, cause) = uninspectable.swap_remove(0);
             Err(NameError::Inspect { pattern: pattern.to_owned(), pid, cause })

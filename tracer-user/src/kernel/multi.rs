@@ -188,8 +188,52 @@ pub fn available() -> bool {
 /// may not ask (not root, no `CAP_BPF`) or the answer is neither.
 #[must_use]
 pub fn probe_supported() -> Option<bool> {
-    // `r0 = 0; exit`: each instruction's opcode is its first byte, its
-    // registers, offset and immediate zero (as bytes, so on any byte order).
+    let unsupported = |e: &std::io::Error| matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP));
+    let program = match probe_program() {
+        Ok(fd) => fd,
+        Err(e) if unsupported(&e) => return Some(false),
+        Err(_) => return None,
+    };
+    match link_on_root(&program, 0)? {
+        Err(e) if e.raw_os_error() == Some(libc::EBADF) => Some(true),
+        Err(e) if unsupported(&e) => Some(false),
+        // A link on `/` made: not what any kernel does; it closes here.
+        Ok(_) | Err(_) => None,
+    }
+}
+
+/// Whether a uprobe-multi link's PID filter keeps a whole process, as
+/// libbpf asks it: the first kernels with these links (Linux 6.6 to 6.9,
+/// before "bpf: fix multi-uprobe PID filtering logic") kept the one thread
+/// whose id is the PID, so the probes missed every other thread's calls.
+/// The fix also refuses a negative PID with `EINVAL` before the path is
+/// looked at; a kernel without it gets to the path, `/`, and says `EBADF`
+/// (or `ESRCH`). `None` where it cannot be asked, or answers neither.
+#[must_use]
+pub fn probe_pid_filter() -> Option<bool> {
+    let program = probe_program().ok()?;
+    match link_on_root(&program, u32::MAX)? {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Some(true),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EBADF | libc::ESRCH)) => Some(false),
+        Ok(_) | Err(_) => None,
+    }
+}
+
+/// Whether this kernel's uprobe-multi links filter by process
+/// ([`probe_pid_filter`], asked once); where it cannot tell, they are taken
+/// to. Where they do not, [`attach`] attaches for every process and the
+/// programs, which keep only the target's hits (`check_target`), filter.
+#[must_use]
+pub fn pid_filter_keeps_process() -> bool {
+    static KEEPS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *KEEPS.get_or_init(|| probe_pid_filter().unwrap_or(true))
+}
+
+/// `r0 = 0; exit`, loaded for uprobe-multi links: what the feature probes
+/// link.
+fn probe_program() -> std::io::Result<OwnedFd> {
+    // Each instruction's opcode is its first byte, its registers, offset
+    // and immediate zero (as bytes, so on any byte order).
     let insns: [[u8; 8]; 2] = [[0xb7, 0, 0, 0, 0, 0, 0, 0], [0x95, 0, 0, 0, 0, 0, 0, 0]];
     let license = c"GPL";
     let mut load = ProgLoadAttr {
@@ -207,12 +251,12 @@ pub fn probe_supported() -> Option<bool> {
         expected_attach_type: bpf_attach_type::BPF_TRACE_UPROBE_MULTI as u32,
         tail: [0; 10],
     };
-    let unsupported = |e: &std::io::Error| matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP));
-    let program = match bpf(bpf_cmd::BPF_PROG_LOAD, &mut load) {
-        Ok(fd) => fd,
-        Err(e) if unsupported(&e) => return Some(false),
-        Err(_) => return None,
-    };
+    bpf(bpf_cmd::BPF_PROG_LOAD, &mut load)
+}
+
+/// A link of `program` on `/` (offset 0) for `pid`: what no kernel makes,
+/// and each refuses in its own way. `None` if the program's fd does not fit.
+fn link_on_root(program: &OwnedFd, pid: u32) -> Option<std::io::Result<OwnedFd>> {
     let offsets = [0u64];
     let mut link = LinkCreateAttr {
         prog_fd: u32::try_from(program.as_raw_fd()).ok()?,
@@ -225,16 +269,11 @@ pub fn probe_supported() -> Option<bool> {
         cookies: 0,
         cnt: 1,
         multi_flags: 0,
-        pid: 0,
+        pid,
         pad: 0,
         tail: [0; 8],
     };
-    match bpf(bpf_cmd::BPF_LINK_CREATE, &mut link) {
-        Err(e) if e.raw_os_error() == Some(libc::EBADF) => Some(true),
-        Err(e) if unsupported(&e) => Some(false),
-        // A link on `/` made: not what any kernel does; it closes here.
-        Ok(_) | Err(_) => None,
-    }
+    Some(bpf(bpf_cmd::BPF_LINK_CREATE, &mut link))
 }
 
 /// Attaches `program` at each `(file offset, cookie)` in `path`, for `pid`
@@ -285,6 +324,9 @@ fn link(
     let c_path = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| link_err(std::io::Error::other(e)))?;
     let offsets: Vec<u64> = points.iter().map(|p| p.0).collect();
     let cookies: Vec<u64> = points.iter().map(|p| p.1).collect();
+    // A filter that would keep one thread of the process: none, and the
+    // program keeps the process (the session's target; run::links says so).
+    let pid = if pid_filter_keeps_process() { pid } else { 0 };
     let mut attr = LinkCreateAttr {
         prog_fd: u32::try_from(program.as_raw_fd()).map_err(|e| link_err(std::io::Error::other(e)))?,
         target_fd: 0,
@@ -317,5 +359,16 @@ mod tests {
             assert!(answer, "Linux 6.6 or later without uprobe-multi links");
         }
         assert_eq!(super::available(), answer);
+    }
+
+    /// The fix came with Linux 6.10 (and stable backports to 6.9): any
+    /// kernel since filters by process, and says so.
+    #[test]
+    fn the_kernel_is_asked_whether_its_pid_filter_keeps_a_process() {
+        let answer = super::probe_pid_filter().expect("an answer: run as root");
+        if running_kernel() >= (6, 10) {
+            assert!(answer, "Linux 6.10 or later whose uprobe-multi PID filter keeps one thread");
+        }
+        assert_eq!(super::pid_filter_keeps_process(), answer);
     }
 }

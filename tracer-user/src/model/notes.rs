@@ -20,6 +20,9 @@ pub enum Level {
 pub enum NoteCode {
     /// `--links auto` fell back to perf-event uprobes.
     LinkFallback,
+    /// The kernel's uprobe-multi links filter by thread, so they were
+    /// made for every process and the programs keep the target's hits.
+    PidFilter,
     /// A module mapped after the attach is probed from now on.
     LateModule,
     /// A late module lets a probed function's address escape.

@@ -64,7 +64,7 @@ pub(super) fn attach_links(
         session.prepare(true)?;
         let began = Instant::now();
         session.attach_multi(scope)?;
-        session.forget_frames().map(|()| (Links::Multi, began, None))
+        session.forget_frames().map(|()| (Links::Multi, began, pid_filter_note(scope)))
     };
     match mode {
         LinkMode::Perf => perf(session, None),
@@ -91,4 +91,19 @@ pub(super) fn attach_links(
             Err(e) => Err(e),
         },
     }
+}
+
+/// Where the kernel's uprobe-multi links cannot keep one process
+/// ([`crate::kernel::multi::pid_filter_keeps_process`]), they were made for
+/// every process: what that costs whom.
+fn pid_filter_note(scope: u32) -> Option<Note> {
+    (scope != crate::kernel::ALL_PROCESSES && !crate::kernel::multi::pid_filter_keeps_process()).then(|| {
+        Note::new(
+            Level::Note,
+            NoteCode::PidFilter,
+            format!(
+                "this kernel's uprobe-multi links filter by thread, not process (Linux 6.6 to 6.9 before \"bpf: fix multi-uprobe PID filtering logic\"): attached for every process that maps the probed files, and PID {scope}'s hits kept by the programs, so the counts are whole; other processes running those files pay the probes' hits while tracer is attached (--links perf avoids that)"
+            ),
+        )
+    })
 }
