@@ -1,7 +1,9 @@
 """tracer bench's helper, run by the interpreter under test.
 
     helper.py info                 {"executable": ..., "real": the file it
-                                   links to, "pyperf": version|null}
+                                   links to, "pyperf": version|null,
+                                   "implementation": "cpython", "pypy", ...,
+                                   "version": [major, minor]}
     helper.py loop N STMT SETUP    print "ready", wait for a line on stdin,
                                    run STMT N times the way timeit does,
                                    print "done", os._exit(0)
@@ -25,7 +27,10 @@ def info():
     # A venv's interpreter links to its base; inside a root, only the root
     # resolves the link.
     real = os.path.realpath(sys.executable)
-    print(json.dumps({"executable": sys.executable, "real": real, "pyperf": version}))
+    answer = {"executable": sys.executable, "real": real, "pyperf": version}
+    answer["implementation"] = sys.implementation.name
+    answer["version"] = list(sys.version_info[:2])
+    print(json.dumps(answer))
 
 
 def loop(n, stmt, setup):

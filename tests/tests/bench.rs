@@ -183,6 +183,36 @@ fn bench_bad_input() {
         &["--python", "/bin/true", "--fast"],
         "--python /bin/true is not a CPython 3 interpreter: it did not answer tracer's helper script as Python does (EOF while parsing a value at line 1 column 0); pass --python PATH of a CPython 3.11+ interpreter",
     );
+    // A CPython tracer has no ABI module for: named with its version,
+    // before pyperf is asked for.
+    let old = tracer_tests::pyenv("3.6.15");
+    refused(
+        &["--python", old.to_str().unwrap(), "--fast"],
+        &format!(
+            "--python {} is CPython 3.6, which tracer does not support; pass --python PATH of a CPython 3.9, 3.10, 3.11, 3.12, 3.13, 3.14 interpreter",
+            old.display()
+        ),
+    );
+    // A CPython it supports on which tracer's own helper script fails (here
+    // through a json module of the environment's that raises): tracer's
+    // failure to report, exit status 1, not the user's input.
+    let broken = dir.join("broken-json");
+    std::fs::create_dir_all(&broken).unwrap();
+    std::fs::write(broken.join("json.py"), "raise ImportError('a json that fails on purpose')\n").unwrap();
+    let venv = pyperf_venv().join("bin/python");
+    let failed = std::process::Command::new(tracer_tests::tracer_bin())
+        .args(["bench", "--python", venv.to_str().unwrap(), "--fast", "-o", out])
+        .env("PYTHONPATH", &broken)
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&failed.stderr),
+        format!(
+            "tracer: error: asking {} what it is failed: tracer's helper script run with it ended with exit status 1 (ImportError: a json that fails on purpose)\n",
+            venv.display()
+        )
+    );
+    assert_eq!((failed.status.code(), failed.stdout.as_slice()), (Some(1), &b""[..]));
     // Debian's python3.11 has no pyperf (setup installs it only in the venv).
     let (code, _, stderr) = run_tracer(&["bench", "--python", "/usr/bin/python3.11", "-o", out]);
     assert!(

@@ -2,7 +2,8 @@
 
     helper.py info                 {"executable": ..., "real": the file it
                                    links to, "pyperf": version|null,
-                                   "implementation": "cpython", "pypy", ...}
+                                   "implementation": "cpython", "pypy", ...,
+                                   "version": [major, minor]}
     helper.py loop N STMT SETUP    print "ready", wait for a line on stdin,
                                    run STMT N times the way timeit does,
                                    print "done", os._exit(0)
@@ -28,6 +29,7 @@ def info():
     real = os.path.realpath(sys.executable)
     answer = {"executable": sys.executable, "real": real, "pyperf": version}
     answer["implementation"] = sys.implementation.name
+    answer["version"] = list(sys.version_info[:2])
     print(json.dumps(answer))
 
 

@@ -9,6 +9,7 @@
 
 mod child;
 mod frees;
+mod interpreter;
 pub mod report;
 mod root;
 
@@ -34,6 +35,7 @@ use crate::{
     plan::{ImageRef, PlacementMode, Plan as ProbePlan},
     prepare::{self, Planning, PrepareError, Prepared},
     probe::{ProbeSelection, Program},
+    python::SUPPORTED,
 };
 
 const HELPER: &str = include_str!("helper.py");
@@ -47,6 +49,10 @@ pub enum BenchError {
         "--python {python} is not a CPython 3 interpreter: {why}; pass --python PATH of a CPython 3.11+ interpreter"
     )]
     NotCPython { python: PathBuf, why: String },
+    #[error(
+        "--python {python} is CPython {version}, which tracer does not support; pass --python PATH of a CPython {SUPPORTED} interpreter"
+    )]
+    Unsupported { python: PathBuf, version: String },
     #[error(
         "pyperf is not installed for {python}; run `cargo xtask setup` (it installs pyperf in {venv}) or `{python} -m pip install pyperf`, or pass --python of an interpreter that has it"
     )]
@@ -80,6 +86,7 @@ impl Classify for BenchError {
         match self {
             Self::Python { .. }
             | Self::NotCPython { .. }
+            | Self::Unsupported { .. }
             | Self::NoPyperf { .. }
             | Self::Root { .. }
             | Self::NotInRoot { .. }
@@ -244,15 +251,6 @@ pub struct Bench {
     frees: Option<HeldFrees>,
 }
 
-#[derive(Deserialize)]
-struct Info {
-    /// The file `sys.executable` links to, as the interpreter sees it.
-    real: PathBuf,
-    pyperf: Option<String>,
-    /// `sys.implementation.name`.
-    implementation: String,
-}
-
 impl Bench {
     /// Checks the interpreter and pyperf, prepares the image for
     /// `probes`, prepares `out_dir` (removing results of an earlier run
@@ -282,24 +280,7 @@ impl Bench {
         };
         let helper = work.path.join("helper.py");
         std::fs::write(&helper, HELPER).map_err(|cause| BenchError::Output { path: helper.clone(), cause })?;
-        let out = chrooted(root, python)
-            .arg(seen_in(root, &helper))
-            .arg("info")
-            .output()
-            .map_err(|cause| BenchError::Python { python: python.to_owned(), cause })?;
-        // Whatever cannot run a Python script and answer it is no
-        // interpreter: the user's to fix, before anything is measured.
-        let not_cpython = |why: String| BenchError::NotCPython { python: python.to_owned(), why };
-        if !out.status.success() {
-            let status = out.status.code().map_or_else(|| out.status.to_string(), |c| format!("exit status {c}"));
-            let why = format!("tracer's helper script run with it ended with {status} ({})", stderr_line(&out.stderr));
-            return Err(not_cpython(why));
-        }
-        let info: Info = serde_json::from_slice(&out.stdout)
-            .map_err(|e| not_cpython(format!("it did not answer tracer's helper script as Python does ({e})")))?;
-        if info.implementation != "cpython" {
-            return Err(not_cpython(format!("its sys.implementation.name is {:?}", info.implementation)));
-        }
+        let info = interpreter::check(python, root, &helper)?;
         if info.pyperf.is_none() {
             return Err(match root {
                 Some(root) => BenchError::NoPyperfInRoot { python: python.to_owned(), root: root.to_owned() },
