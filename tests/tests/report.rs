@@ -267,3 +267,41 @@ fn no_stacks_no_files() {
     drop(workload);
     std::fs::remove_dir_all(&dir).expect("clean up");
 }
+
+/// A record that cannot be written (`/dev/full`: no space left) ends the
+/// run with one line naming the flag and the file, exit status 1, and the
+/// probes gone from the target, which goes on.
+#[test]
+fn a_record_that_cannot_be_written_is_an_error_that_names_it() {
+    require_root();
+    let mut workload = Workload::serve(&shared_python());
+    let pid = workload.pid();
+    let (code, _, stderr) = run_tracer(&[
+        "attach",
+        "--pid",
+        &pid.to_string(),
+        "--exact",
+        "--probes",
+        "_Py_NewReference",
+        "--duration",
+        "1",
+        "--force",
+        "--record",
+        "/dev/full",
+    ]);
+    assert_eq!(
+        (code, stderr.as_str()),
+        (Some(1), "tracer: error: writing --record /dev/full: No space left on device (os error 28)\n")
+    );
+    let image = std::fs::read_link(format!("/proc/{pid}/exe")).expect("exe");
+    let libpython = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .expect("maps")
+        .lines()
+        .find_map(|l| l.split_whitespace().nth(5).filter(|p| p.contains("libpython")).map(str::to_owned))
+        .unwrap_or_else(|| image.display().to_string());
+    let sites = tracer_tests::probe_sites(pid, &libpython, &["_Py_NewReference".to_owned()]);
+    for (site, bytes) in sites.iter().zip(tracer_tests::read_sites(pid, &sites)) {
+        assert_eq!(bytes, site.file_bytes, "{} changed after tracer left", site.symbol);
+    }
+    workload.ping();
+}

@@ -110,13 +110,27 @@ impl LazyFile {
     }
 }
 
+impl LazyFile {
+    /// `cause` with the flag and path it came from: a record that cannot
+    /// be written (a full disk) is an error of its own, named.
+    fn named(&self, cause: &std::io::Error) -> std::io::Error {
+        std::io::Error::new(cause.kind(), format!("writing {} {}: {cause}", self.file.flag, self.file.path.display()))
+    }
+}
+
 impl std::io::Write for LazyFile {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.writer()?.write(buf)
+        match self.writer()?.write(buf) {
+            Err(e) => Err(self.named(&e)),
+            ok => ok,
+        }
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        self.open.as_mut().map_or(Ok(()), std::io::Write::flush)
+        match self.open.as_mut().map_or(Ok(()), std::io::Write::flush) {
+            Err(e) => Err(self.named(&e)),
+            ok => ok,
+        }
     }
 }
 

@@ -69,11 +69,48 @@ pub struct Tee<'a>(pub Box<dyn Reporter + 'a>, pub Box<dyn Reporter + 'a>);
 
 impl Reporter for Tee<'_> {
     /// Both are fed even when the first fails (`| head` gone): the record
-    /// keeps every event.
+    /// keeps every event. Where both fail, the second's error is the one
+    /// returned: the record's (a full disk, say) is data lost, which the
+    /// run reports as an error, where the first's closed pipe alone would
+    /// end it as `output-closed`.
     fn event(&mut self, event: &Event) -> std::io::Result<()> {
         let first = self.0.event(event);
         let second = self.1.event(event);
-        first.and(second)
+        second.and(first)
+    }
+}
+
+#[cfg(test)]
+mod tee_tests {
+    use std::io::{Error, ErrorKind};
+
+    use super::{Reporter, Tee};
+    use crate::model::{Event, Level, Note, NoteCode};
+
+    /// A reporter that fails every event with `kind`, or never, and counts
+    /// the events it was given.
+    struct Fails<'a>(Option<ErrorKind>, &'a std::cell::Cell<usize>);
+
+    impl Reporter for Fails<'_> {
+        fn event(&mut self, _: &Event) -> std::io::Result<()> {
+            self.1.set(self.1.get() + 1);
+            self.0.map_or(Ok(()), |kind| Err(Error::from(kind)))
+        }
+    }
+
+    #[test]
+    fn a_tee_feeds_both_and_a_failing_record_outranks_a_closed_pipe() {
+        let event = Event::Note(Note::new(Level::Note, NoteCode::Metrics, "x"));
+        let kind = |first, second| {
+            let (a, b) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+            let result = Tee(Box::new(Fails(first, &a)), Box::new(Fails(second, &b))).event(&event);
+            assert_eq!((a.get(), b.get()), (1, 1), "both fed");
+            result.err().map(|e| e.kind())
+        };
+        assert_eq!(kind(None, None), None);
+        assert_eq!(kind(Some(ErrorKind::BrokenPipe), None), Some(ErrorKind::BrokenPipe));
+        assert_eq!(kind(None, Some(ErrorKind::StorageFull)), Some(ErrorKind::StorageFull));
+        assert_eq!(kind(Some(ErrorKind::BrokenPipe), Some(ErrorKind::StorageFull)), Some(ErrorKind::StorageFull));
     }
 }
 
