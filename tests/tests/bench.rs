@@ -168,7 +168,7 @@ fn bench_bad_input() {
     };
     refused(
         &["--python", "/no/such/python"],
-        "cannot run /no/such/python: No such file or directory (os error 2); pass --python PATH of a CPython 3.11+ interpreter",
+        "cannot run /no/such/python: No such file or directory (os error 2); pass --python PATH of a CPython 3.9, 3.10, 3.11, 3.12, 3.13, 3.14 interpreter",
     );
     // Checked before anything is measured.
     refused(
@@ -177,11 +177,11 @@ fn bench_bad_input() {
     );
     refused(
         &["--python", "/usr/bin/sleep", "--fast"],
-        "--python /usr/bin/sleep is not a CPython 3 interpreter: tracer's helper script run with it ended with exit status 1 (Try '/usr/bin/sleep --help' for more information.); pass --python PATH of a CPython 3.11+ interpreter",
+        "--python /usr/bin/sleep is not a CPython 3 interpreter: tracer's helper script run with it ended with exit status 1 (Try '/usr/bin/sleep --help' for more information.); pass --python PATH of a CPython 3.9, 3.10, 3.11, 3.12, 3.13, 3.14 interpreter",
     );
     refused(
         &["--python", "/bin/true", "--fast"],
-        "--python /bin/true is not a CPython 3 interpreter: it did not answer tracer's helper script as Python does (EOF while parsing a value at line 1 column 0); pass --python PATH of a CPython 3.11+ interpreter",
+        "--python /bin/true is not a CPython 3 interpreter: it did not answer tracer's helper script as Python does (EOF while parsing a value at line 1 column 0); pass --python PATH of a CPython 3.9, 3.10, 3.11, 3.12, 3.13, 3.14 interpreter",
     );
     // A CPython tracer has no ABI module for: named with its version,
     // before pyperf is asked for.

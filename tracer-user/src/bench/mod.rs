@@ -43,10 +43,10 @@ const HELPER: &str = include_str!("helper.py");
 /// A benchmark that cannot run.
 #[derive(Debug, Error)]
 pub enum BenchError {
-    #[error("cannot run {python}: {cause}; pass --python PATH of a CPython 3.11+ interpreter")]
+    #[error("cannot run {python}: {cause}; pass --python PATH of a CPython {SUPPORTED} interpreter")]
     Python { python: PathBuf, cause: std::io::Error },
     #[error(
-        "--python {python} is not a CPython 3 interpreter: {why}; pass --python PATH of a CPython 3.11+ interpreter"
+        "--python {python} is not a CPython 3 interpreter: {why}; pass --python PATH of a CPython {SUPPORTED} interpreter"
     )]
     NotCPython { python: PathBuf, why: String },
     #[error(
