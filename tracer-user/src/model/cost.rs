@@ -268,7 +268,11 @@ impl ProfileCost {
             return None;
         }
         let pace = self.target_cpu_s / self.span_s;
-        Some(first.target_s / ((budget - others) * pace))
+        let paid_by = first.target_s / ((budget - others) * pace);
+        // A run already that long that is still over: the rates' windows
+        // took more than the budget left them, not the first window's doing
+        // ([`Self::over_budget`] says what).
+        (paid_by > self.span_s).then_some(paid_by)
     }
 
     /// Where the profile cost more than its budget, other than by the
@@ -346,6 +350,24 @@ mod tests {
         assert!((paid - 0.020 / (0.006 * 0.25)).abs() < 1e-9, "{paid}");
         // Within the budget: nothing to say.
         assert_eq!(run(0.005).first_window_paid_by_s(), None);
+        // A run longer than that which is still over (the rates' windows
+        // took more than the budget left them): not the first window's doing,
+        // so over_budget names the sources.
+        let mut long = run(0.020);
+        long.span_s = 20.0;
+        long.target_cpu_s = 5.0;
+        let first = 0.020 / 5.0;
+        long.sources.get_mut(FIRST_WINDOW_SOURCE).expect("first").fraction = first;
+        long.sources.get_mut(RATES_SOURCE).expect("rates").fraction = 0.0055;
+        long.fraction = first + 0.0055 + 0.004;
+        // Without the first window within the budget, and 13.3 s pays for it.
+        assert!(long.fraction - first <= 0.01);
+        assert_eq!(long.first_window_paid_by_s(), None);
+        let said = long.over_budget().expect("over");
+        assert!(
+            said.starts_with("the profile cost 1.350% of the target's CPU time, over its 1% budget; the most: rates 0.550%"),
+            "{said}"
+        );
         // Over it without the first window too: not the first window's doing.
         let mut over = run(0.020);
         over.sources.get_mut("census").expect("census").fraction = 0.012;
