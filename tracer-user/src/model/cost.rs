@@ -365,7 +365,9 @@ mod tests {
         assert_eq!(long.first_window_paid_by_s(), None);
         let said = long.over_budget().expect("over");
         assert!(
-            said.starts_with("the profile cost 1.350% of the target's CPU time, over its 1% budget; the most: rates 0.550%"),
+            said.starts_with(
+                "the profile cost 1.350% of the target's CPU time, over its 1% budget; the most: rates 0.550%"
+            ),
             "{said}"
         );
         // Over it without the first window too: not the first window's doing.
