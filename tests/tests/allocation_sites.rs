@@ -76,6 +76,12 @@ fn traced(python: Python<'_>, n: u64, shape: &str, wait_for: &[&str], extra: &[&
             continue;
         }
         assert!(line.get("stacks").is_none(), "an interval carries no stacks, only sites: {line}");
+        // Read while the target runs: never more events under a stack than
+        // events counted (sampled, the stacked are an estimate).
+        let coverage = &line["stack_coverage"];
+        if coverage["sample"] == 1 {
+            assert!(coverage["stacked"].as_u64() <= coverage["events"].as_u64(), "{coverage}");
+        }
         let now = sites(&line);
         let seen: Option<Vec<(u64, u64)>> = wait_for.iter().map(|f| now.get(*f).map(|s| (s.0, s.1))).collect();
         if seen.is_some() && seen == last {
