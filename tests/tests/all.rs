@@ -201,6 +201,26 @@ fn containers_are_traced_past_the_end_of_the_process_they_were_found_through() {
     drop(b);
 }
 
+/// Each interpreter's tracer reports from its own attach, an interval
+/// later: with --interval 5, every child attaches before --all's first
+/// tick and reports after it. That tick has nothing to add up, and prints
+/// nothing, not an interval with no function in it as if nothing ran.
+#[test]
+fn an_interval_comes_only_once_an_interpreter_has_reported() {
+    require_root();
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut workload = Workload::serve(&shared_python());
+    let (code, stdout, stderr) =
+        run_tracer(&["attach", "--all", "--exact", "--json", "--interval", "5", "--duration", "11"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let lines: Vec<Value> = stdout.lines().map(|l| serde_json::from_str(l).expect("JSON")).collect();
+    assert_eq!(lines.last().map(|l| l["type"].clone()), Some(Value::from("summary")), "{stdout}");
+    for line in lines.iter().filter(|l| l["type"] == "interval") {
+        assert!(!tracer_tests::counts(line).is_empty(), "an interval with no function: {line}");
+    }
+    workload.ping();
+}
+
 #[test]
 fn all_bad_input() {
     require_root();

@@ -76,6 +76,12 @@ fn traced(python: Python<'_>, n: u64, shape: &str, wait_for: &[&str], extra: &[&
             continue;
         }
         assert!(line.get("stacks").is_none(), "an interval carries no stacks, only sites: {line}");
+        // Read while the target runs: never more events under a stack than
+        // events counted (sampled, the stacked are an estimate).
+        let coverage = &line["stack_coverage"];
+        if coverage["sample"] == 1 {
+            assert!(coverage["stacked"].as_u64() <= coverage["events"].as_u64(), "{coverage}");
+        }
         let now = sites(&line);
         let seen: Option<Vec<(u64, u64)>> = wait_for.iter().map(|f| now.get(*f).map(|s| (s.0, s.1))).collect();
         if seen.is_some() && seen == last {
@@ -132,6 +138,39 @@ fn known_sites(python: Python<'_>) {
     }
     let coverage = &two["stack_coverage"];
     assert_eq!((coverage["sample"].as_u64(), coverage["estimate"].as_bool()), (Some(1), Some(false)), "{coverage}");
+}
+
+/// With `--exe`, a process already running the interpreter at the attach
+/// has its frames located then, as `--pid`'s has: its first events have
+/// stacks, not only those after the first reading that saw it. Readings an
+/// hour apart: otherwise every event here would be under no stack. The
+/// interpreter is a private copy, so that no other process is traced.
+#[test]
+fn exe_gives_stacks_to_a_process_running_at_the_attach_from_its_first_event() {
+    require_root();
+    let dir = std::env::temp_dir().join(format!("tracer-exe-stacks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let copy = dir.join("python3.11");
+    std::fs::copy(static_python(), &copy).expect("copy the interpreter");
+    let exe = copy.to_str().expect("UTF-8 path");
+    let n = 500;
+    let mut workload = Python::Host(&copy).start(&[&n.to_string(), "flat"]);
+    let (tracer, _) = TracerRun::attach_json_with(&["--exe", exe, "--stacks", "--top", "30", "--interval", "3600"]);
+    workload.go();
+    workload.expect("done");
+    // Signalled while the workload lives, so that its stacks are named.
+    tracer.signal(libc::SIGINT);
+    let (status, lines, stderr) = tracer.finish();
+    workload.close();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(status.success(), "tracer failed: {status}: {stderr}");
+    let summary = lines.last().expect("a summary");
+    assert_eq!(summary["type"], "summary", "{lines:?}");
+    assert_eq!(summary["stats"]["stack_no_config"], 0, "{}", summary["stats"]);
+    let at = sites(summary);
+    let calls = |f: &str| at.get(f).map_or(0, |s| s.0);
+    assert!(calls("make_a") >= n, "make_a: {at:?}");
+    assert_eq!(calls("make_b"), 3 * calls("make_a"), "{at:?}");
 }
 
 #[test]

@@ -222,6 +222,41 @@ fn processes_that_exit_between_readings_are_priced_from_their_exit_records() {
     );
 }
 
+/// With `--exe`, a process already running the interpreter at the attach
+/// has its CPU time read from the attach on, not first at its first
+/// reading: its hits before that reading are priced, not left out as if it
+/// had exited between readings. Readings an hour apart make the summary
+/// the first: without the attach's reading every hit would be unpriced.
+#[test]
+fn processes_running_before_an_exe_attach_are_priced_from_the_attach() {
+    require_root();
+    let dir = std::env::temp_dir().join(format!("tracer-before-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let copy = dir.join("python3.11");
+    std::fs::copy(tracer_tests::static_python(), &copy).expect("copy the interpreter");
+    let exe = copy.to_str().expect("UTF-8 path");
+    let body = "import sys\nprint('ready', flush=True)\nwhile True: x = [bytearray(100)]";
+    let mut child = tracer_tests::KillOnDrop(
+        Command::new(&copy).args(["-c", body]).stdout(Stdio::piped()).spawn().expect("run the copy"),
+    );
+    let ready = tracer_tests::Lines::new(child.stdout.take().expect("piped stdout"));
+    assert_eq!(ready.next_line("ready").as_deref(), Some("ready"));
+    let (tracer, _) = TracerRun::attach_json_with(&["--exe", exe, "--interval", "3600"]);
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    tracer.signal(libc::SIGINT);
+    let (status, lines, stderr) = tracer.finish();
+    drop(child);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(status.success(), "{status}: {stderr}");
+    let summary = lines.last().expect("summary");
+    let cost = &summary["cost"];
+    check_cost(cost);
+    assert_eq!(cost.get("unpriced_hits"), None, "every hit priced: {cost}");
+    let all: u64 = tracer_tests::counts(summary).values().map(|(calls, _)| calls).sum();
+    let gate_other = summary["stats"]["gate_other"].as_u64().expect("gate_other");
+    assert_eq!(cost["hits"].as_u64(), Some(all + gate_other), "{cost}");
+}
+
 /// Reaps child `pid` and returns the CPU time it used, user and system.
 fn wait_cpu_s(pid: u32) -> f64 {
     let mut status = 0;

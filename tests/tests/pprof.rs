@@ -206,6 +206,53 @@ fn stacks_are_alloc_samples() {
     let _ = std::fs::remove_file(&file);
 }
 
+/// Python's own names in angle brackets (`<module>`, `f.<locals>.g`) are
+/// what `go tool pprof` shows, not `<unknown>` and `f.`: it takes a
+/// function whose name is its system name for an undemangled C++ symbol
+/// and cuts template arguments out of it.
+#[test]
+fn python_names_in_angle_brackets_survive_go_pprof() {
+    use std::io::Write as _;
+    require_root();
+    let file = path("brackets");
+    let program = "import sys\n\
+        print('ready', flush=True); sys.stdin.readline()\n\
+        for i in range(3000): b = bytearray(100)\n\
+        def outer():\n    def inner():\n        for i in range(3000): b = bytearray(100)\n    inner()\n\
+        outer()\nprint('done', flush=True); sys.stdin.readline()\n";
+    let mut python = tracer_tests::KillOnDrop(
+        std::process::Command::new(shared_python())
+            .args(["-c", program])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("run python"),
+    );
+    let out = tracer_tests::Lines::new(python.stdout.take().expect("piped stdout"));
+    assert_eq!(out.next_line("ready").as_deref(), Some("ready"));
+    let (tracer, _) =
+        TracerRun::attach_json(python.id(), &["--stacks", "--interval", "3600", "--pprof", file.to_str().unwrap()]);
+    let mut stdin = python.stdin.take().expect("piped stdin");
+    writeln!(stdin, "go").expect("go");
+    assert_eq!(out.next_line("done").as_deref(), Some("done"));
+    tracer.signal(libc::SIGINT);
+    let (status, _, stderr) = tracer.finish();
+    drop(stdin);
+    assert!(status.success(), "tracer failed: {status}: {stderr}");
+    let top = go_pprof_top(&file, "alloc_objects");
+    let names: Vec<String> = top
+        .text
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("flat"))
+        .skip(1)
+        .map(|row| row.split_whitespace().skip(5).collect::<Vec<_>>().join(" "))
+        .collect();
+    assert!(!names.iter().any(|n| n == "<unknown>"), "{}", top.text);
+    assert!(names.iter().any(|n| n == "<module>"), "{}", top.text);
+    assert!(names.iter().any(|n| n == "outer.<locals>.inner"), "{}", top.text);
+    let _ = std::fs::remove_file(&file);
+}
+
 /// What `go tool pprof -top -sample_index=INDEX` prints of a profile: the
 /// total, and the first row's function and flat value.
 struct Top {

@@ -87,6 +87,20 @@ fn a_record_replays_the_live_table_and_files_exactly() {
     let text = String::from_utf8(read(&record)).expect("utf-8");
     let first_two: Vec<&str> = text.lines().take(2).collect();
     std::fs::write(&cut, first_two.join("\n") + "\n").expect("write");
+    // Its table is what it holds, and says that the run was cut short.
+    let second: Value = serde_json::from_str(first_two[1]).expect("JSON");
+    let (code, table, err) = report(&[cut.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!table.contains("summary after"), "{table}");
+    let ends = match second["elapsed_s"].as_f64() {
+        Some(s) if second["type"] == "interval" => {
+            format!("the table ends at its last interval, {s:.1} s after the attach")
+        }
+        _ => "it holds no interval".to_owned(),
+    };
+    let warning =
+        format!("tracer: warning: {} has no summary (the run was cut short, tracer killed): {ends}\n", cut.display());
+    assert!(err.ends_with(&warning), "{err}");
     let (code, _, err) = report(&[cut.to_str().unwrap(), "--flamegraph", dir.join("f.svg").to_str().unwrap()]);
     assert_eq!(code, Some(2), "{err}");
     assert_eq!(

@@ -237,6 +237,23 @@ fn report(args: &ReportArgs) -> Result<(), Failure> {
         for event in &record.events {
             reporter.event(event)?;
         }
+        // A cut record's table ends at an interval, with no summary and no
+        // end: said, so that its last interval is not taken for the run's
+        // figures. (With --json the record is the events, as they are.)
+        if !args.json && record.summary().is_err() {
+            let last = record.events.iter().rev().find_map(|e| match e {
+                tracer_user::model::Event::Interval(s) => Some(s.elapsed_s),
+                _ => None,
+            });
+            let ends = last.map_or_else(
+                || "it holds no interval".to_owned(),
+                |s| format!("the table ends at its last interval, {s:.1} s after the attach"),
+            );
+            eprintln!(
+                "tracer: warning: {} has no summary (the run was cut short, tracer killed): {ends}",
+                args.file.display()
+            );
+        }
         return Ok(());
     }
     let first = |files: [&Option<OutputFile>; 2]| files.into_iter().flatten().map(|f| f.flag).next();

@@ -427,7 +427,7 @@ impl AttachConfig {
             return Err(ConfigError::LiveWithExe);
         }
         let growth = growth_config(args, stacks.as_ref(), mode, &target)?;
-        let pprof = pprof_config(args, stacks.as_ref(), growth.as_ref())?;
+        let pprof = pprof_config(args, stacks.as_ref(), growth.as_ref(), &target)?;
         let record = args.record.as_deref().map(|p| OutputFile::check("--record", p, args.force)).transpose()?;
         if let Some(r) = &record {
             let files = [

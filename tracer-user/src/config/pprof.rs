@@ -1,7 +1,7 @@
 //! `--pprof FILE`: where it is written, and that the run has stacks to
 //! write (`--stacks`' or growth's), its file apart from the others'.
 
-use super::{ConfigError, GrowthConfig, StacksConfig};
+use super::{ConfigError, GrowthConfig, StacksConfig, TargetSpec};
 use crate::{cli::AttachArgs, report::files::OutputFile};
 
 /// `--pprof`'s file, checked; `None` without it.
@@ -9,8 +9,14 @@ pub(super) fn pprof_config(
     args: &AttachArgs,
     stacks: Option<&StacksConfig>,
     growth: Option<&GrowthConfig>,
+    target: &TargetSpec,
 ) -> Result<Option<OutputFile>, ConfigError> {
     let Some(path) = args.pprof.as_deref() else { return Ok(None) };
+    // The profile's default growth is configured with --exe too, and then
+    // says at the attach that it is unavailable there (no process's memory
+    // is read): it records no stack, so it cannot feed the file, and a run
+    // that could only write an empty one is refused before it attaches.
+    let growth = growth.filter(|_| !matches!(target, TargetSpec::Exe(_)));
     if stacks.is_none() && growth.is_none() {
         return Err(ConfigError::PprofWithoutStacks);
     }
@@ -50,6 +56,15 @@ mod tests {
         assert_eq!(
             config(&["--pid", "1", "--no-growth", "--pprof", path, "--force"]).unwrap_err(),
             ConfigError::PprofWithoutStacks
+        );
+        // The profile's default growth is unavailable with --exe.
+        assert_eq!(
+            config(&["--exe", "/usr/bin/python3.11", "--pprof", path, "--force"]).unwrap_err(),
+            ConfigError::PprofWithoutStacks
+        );
+        assert!(
+            config(&["--exe", "/usr/bin/python3.11", "--exact", "--stacks", "alloc", "--pprof", path, "--force"])
+                .is_ok()
         );
         assert_eq!(
             config(&["--pid", "1", "--growth-folded", path, "--pprof", path, "--force"]).unwrap_err(),

@@ -398,6 +398,12 @@ impl Fleet<'_> {
     }
 
     fn interval(&mut self) -> Result<(), FleetError> {
+        // Each child reports from its own attach on, at its own interval:
+        // until one has, there is nothing to add up, and an interval then
+        // would be a table with no function in it, as if nothing ran.
+        if self.kids.iter().all(|k| k.latest.is_none()) {
+            return Ok(());
+        }
         let mut merged = self.merged(false);
         self.check_unmerged(&merged)?;
         if let Some(a) = &self.attached {

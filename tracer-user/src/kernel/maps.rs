@@ -136,6 +136,19 @@ impl Session {
         // Hits whose slot names no probe: tracer only ever sets cookies to
         // probe slots, so this stays 0 unless tracer itself is wrong.
         let mut stray = 0u64;
+        // The stacks before the counters: the target runs on while they are
+        // read, and an event comes to both, so read in this order the
+        // events under a stack never outnumber the events counted (read
+        // after, an interval could say "17,313 of 17,036 events").
+        let mut stacks = Vec::new();
+        for entry in &self.stack_counts {
+            let (key, per_cpu) = entry.map_err(map_err(names::STACK_COUNTS_MAP))?;
+            // Process 0 is the idle task, which no event comes from: only
+            // the test knob's placeholder (`kernel::full`) has it.
+            if key.tgid != 0 {
+                stacks.push((key, per_cpu.iter().fold(Counter::default(), |sum, c| sum.merged(*c))));
+            }
+        }
         for entry in &self.counters {
             let (key, per_cpu) = entry.map_err(map_err(names::COUNTERS_MAP))?;
             if key.tgid == 0 {
@@ -195,15 +208,6 @@ impl Session {
         for index in 0..tracer_common::sizes::DOMAINS * tracer_common::sizes::BUCKETS {
             let per_cpu = self.sizes.get(&index, 0).map_err(map_err(names::SIZES_MAP))?;
             sizes.push(per_cpu.iter().fold(Counter::default(), |sum, c| sum.merged(*c)));
-        }
-        let mut stacks = Vec::new();
-        for entry in &self.stack_counts {
-            let (key, per_cpu) = entry.map_err(map_err(names::STACK_COUNTS_MAP))?;
-            // Process 0 is the idle task, which no event comes from: only
-            // the test knob's placeholder (`kernel::full`) has it.
-            if key.tgid != 0 {
-                stacks.push((key, per_cpu.iter().fold(Counter::default(), |sum, c| sum.merged(*c))));
-            }
         }
         let mut stats = Vec::with_capacity(Stat::ALL.len());
         for index in 0..STAT_COUNT {

@@ -138,7 +138,13 @@ impl Builder {
         } else {
             let id = self.profile.function.len() as u64 + 1;
             let (name, filename) = (self.string(&frame.function), self.string(&frame.file));
-            self.profile.function.push(Function { id, name, system_name: name, filename });
+            // No system name (string 0, the empty one): pprof takes a
+            // function whose name equals its system name for a symbol not
+            // yet demangled, and cuts what lies between < and > as C++
+            // template arguments, so that <module> came out as <unknown>
+            // and f.<locals>.g as "f.". A name beside an empty system name
+            // is kept as it is.
+            self.profile.function.push(Function { id, name, system_name: 0, filename });
             self.functions.insert(key, id);
             id
         };

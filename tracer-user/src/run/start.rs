@@ -142,8 +142,20 @@ pub(super) fn start<'a>(
         let native = s.native.then(|| crate::unwind::Native::new(config.debug_dir.clone()));
         crate::run::stacks::StackNames::new(slots, s.depth, s.sample, s.top, native, r.pid().is_none())
     });
-    if let (Some(names), Some(pid)) = (stack_names.as_mut(), r.pid()) {
-        names.prepare(&mut session, pid)?;
+    if let Some(names) = stack_names.as_mut() {
+        // With --exe, the processes already running the interpreter too: a
+        // process is otherwise first prepared at the reading that sees its
+        // events, and its events up to then have no stack (a burst in the
+        // first interval, all of them).
+        let pids = match r.pid() {
+            Some(pid) => vec![pid],
+            None => {
+                crate::discover::process::processes_mapping(&r.attach_path).into_iter().map(|(pid, _)| pid).collect()
+            }
+        };
+        for pid in pids {
+            names.prepare(&mut session, pid)?;
+        }
     }
     let mut growth = growth::setup(config, &mut session, growth_plan, r.pid())?;
     let watch = match r.pid() {

@@ -221,11 +221,20 @@ impl<W: Write, E: Write> TableReporter<W, E> {
             self.growth_block(growth, share)?;
         }
         let per_process = self.attached.as_ref().is_some_and(|a| a.pid.is_none());
+        // In windows (the profile, --budget) a process's counts are of the
+        // windows only, as the function table's "(traced)" says: never a
+        // bare "calls" that reads as its total.
+        let traced = if sample.budget.is_some() { " (traced)" } else { "" };
         if per_process || sample.pids.len() > 1 {
             for (pid, probes) in &sample.pids {
                 let calls: u64 = probes.values().map(|c| c.calls).sum();
                 let bytes: u64 = probes.values().map(|c| c.bytes).sum();
-                writeln!(self.out, "  PID {pid:<16} {:>14} calls {:>23} bytes", group(calls), group(bytes))?;
+                writeln!(
+                    self.out,
+                    "  PID {pid:<16} {:>14} calls{traced} {:>23} bytes{traced}",
+                    group(calls),
+                    group(bytes)
+                )?;
                 if let Some(info) = sample.processes.get(pid) {
                     writeln!(self.out, "      {}", process_line(info))?;
                 }
@@ -595,6 +604,25 @@ mod tests {
             let lines: Vec<&str> = text.lines().skip(at).take(2).collect();
             assert_eq!(lines[0].split_whitespace().collect::<Vec<_>>().join(" "), format!("PID 4242 {says}"));
             assert!(lines[1].contains("python3 w.py"), "{text}");
+        }
+    }
+
+    /// In windows, a process's counts are marked as the windows' only.
+    #[test]
+    fn per_process_counts_in_windows_say_traced() {
+        let mut probes = indexmap::IndexMap::new();
+        probes.insert("PyObject_Malloc".to_owned(), crate::model::Counts { calls: 7259, bytes: 84424 });
+        for (mut sample, says) in
+            [(snapshot(1000, 1), "calls"), (budget_snapshot(4, 0.009, (1234.4, None)), "calls (traced)")]
+        {
+            sample.pids.insert("9028".into(), probes.clone());
+            let text = render(&[Event::Attached(attached(None)), Event::Interval(sample)]);
+            let line = text.lines().find(|l| l.starts_with("  PID 9028 ")).unwrap_or_else(|| panic!("{text}"));
+            let bytes = if says == "calls" { "bytes" } else { "bytes (traced)" };
+            assert_eq!(
+                line.split_whitespace().collect::<Vec<_>>().join(" "),
+                format!("PID 9028 7,259 {says} 84,424 {bytes}")
+            );
         }
     }
 

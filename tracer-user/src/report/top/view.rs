@@ -10,7 +10,7 @@ use ratatui::{
     layout::{Constraint, Layout, Rect},
     style::Stylize,
     text::Line,
-    widgets::{Block, Paragraph, Row, Table},
+    widgets::{Block, Paragraph, Row, Table, Wrap},
 };
 
 use crate::{
@@ -342,11 +342,6 @@ impl View {
             format!("{}{mark}", c.title)
         }))
         .bold();
-        let mut body = rows.body;
-        body.sort_by(|a, b| order(&a[sort.column].key, &b[sort.column].key, sort.descending));
-        let mut lines: Vec<Row<'_>> =
-            body.into_iter().map(|cells| Row::new(cells.into_iter().map(|c| c.text))).collect();
-        lines.extend(rows.last.map(|l| Row::new(vec![l]).dim()));
         let focused = pane == self.focus;
         let title = if focused {
             Line::from(format!(" {} ", rows.title).bold())
@@ -355,6 +350,25 @@ impl View {
         };
         let block = Block::bordered().title(title);
         let block = if focused { block } else { block.dim() };
+        let mut body = rows.body;
+        if body.is_empty()
+            && let Some(why) = rows.last
+        {
+            // A table with no row, only why (no census with --exe, growth
+            // unavailable): the reason spans the pane, wrapped, instead of
+            // being cut to the first column's width.
+            let inner = block.inner(area);
+            frame.render_widget(block, area);
+            let [head, text] = Layout::vertical([Constraint::Length(1), Constraint::Fill(1)]).areas(inner);
+            let widths = columns.iter().map(|c| c.width);
+            frame.render_widget(Table::new(Vec::<Row<'_>>::new(), widths).header(header).column_spacing(2), head);
+            frame.render_widget(Paragraph::new(why).wrap(Wrap { trim: true }).dim(), text);
+            return;
+        }
+        body.sort_by(|a, b| order(&a[sort.column].key, &b[sort.column].key, sort.descending));
+        let mut lines: Vec<Row<'_>> =
+            body.into_iter().map(|cells| Row::new(cells.into_iter().map(|c| c.text))).collect();
+        lines.extend(rows.last.map(|l| Row::new(vec![l]).dim()));
         frame.render_widget(
             Table::new(lines, columns.iter().map(|c| c.width)).header(header).block(block).column_spacing(2),
             area,
@@ -526,6 +540,38 @@ mod tests {
         assert_eq!(shown(Some(1234.0), None, true), "~1,234");
         assert_eq!(shown(Some(0.0), None, false), "0.0");
         assert_eq!(shown(None, None, false), "-");
+    }
+
+    /// With --exe there is no census and growth is unavailable: each pane
+    /// says why in full, wrapped, not cut at its first column.
+    #[test]
+    fn a_pane_with_no_row_says_why_in_full() {
+        let attached: Attached = serde_json::from_value(serde_json::json!({
+            "mode": "profile", "pid": null, "exe": "/usr/bin/python3.11",
+            "python": {"version": "3.11.2", "image": "/usr/bin/python3.11"},
+            "probes": [], "missing": [], "links": "multi", "returns": {}, "return_costs_ns": null,
+            "call_sites": {}, "placements": {}
+        }))
+        .expect("an attached event");
+        let mut view = View::new(&attached);
+        view.update(Snapshot::default());
+        let mut terminal = ratatui::Terminal::new(ratatui::backend::TestBackend::new(100, 40)).expect("a terminal");
+        terminal.draw(|frame| view.draw(frame)).expect("drawn");
+        let screen: String = terminal
+            .backend()
+            .buffer()
+            .content()
+            .chunks(100)
+            .map(|row| {
+                row.iter().map(ratatui::buffer::Cell::symbol).collect::<String>().trim_matches('│').trim().to_owned()
+                    + " "
+            })
+            .collect();
+        let words = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+        let screen = words(&screen);
+        let why =
+            "no census in this run: the heap is read in the production profile with --pid (not with --exact or --exe)";
+        assert!(screen.contains(why), "{screen}");
     }
 
     #[test]

@@ -344,9 +344,21 @@ impl CostMeter {
             advice,
             told_high: false,
         };
-        // The target's CPU time from the attach on.
-        if let Some(cpu) = target.and_then(read_cpu) {
-            meter.ledger.observe(target.unwrap_or_default(), None, cpu);
+        // The target's CPU time from the attach on. With `--exe`, that of
+        // every process already running the image too: one first read at
+        // its first hit would have its hits up to that reading set against
+        // CPU time partly from before the attach, so left unpriced (and said
+        // to be of processes that exited), though it never exited.
+        let running = match target {
+            Some(pid) => vec![pid],
+            None => {
+                crate::discover::process::processes_mapping(&plan.attach_path).into_iter().map(|(pid, _)| pid).collect()
+            }
+        };
+        for pid in running {
+            if let Some(cpu) = read_cpu(pid) {
+                meter.ledger.observe(pid, None, cpu);
+            }
         }
         meter
     }
