@@ -355,4 +355,42 @@ mod tests {
         }
         assert_eq!(super::available(), answer);
     }
+
+    /// A load the verifier gave up with `EAGAIN` (a signal arrived) is
+    /// tried again, at most `LOAD_ATTEMPTS` times in all; any other
+    /// error is returned at once.
+    #[test]
+    fn an_interrupted_load_is_tried_again() {
+        use std::io::{Error, ErrorKind};
+        let mut tries = 0;
+        let eagain = || Error::from_raw_os_error(libc::EAGAIN);
+        let loaded = super::retry_interrupted(
+            || {
+                tries += 1;
+                if tries < 3 { Err(eagain()) } else { Ok(tries) }
+            },
+            super::eagain,
+        );
+        assert_eq!(loaded.ok(), Some(3));
+        tries = 0;
+        let always = super::retry_interrupted(
+            || {
+                tries += 1;
+                Err::<(), _>(eagain())
+            },
+            super::eagain,
+        );
+        assert_eq!(always.map_err(|e| e.raw_os_error()), Err(Some(libc::EAGAIN)));
+        assert_eq!(tries, super::LOAD_ATTEMPTS);
+        tries = 0;
+        let refused = super::retry_interrupted(
+            || {
+                tries += 1;
+                Err::<(), _>(Error::from(ErrorKind::PermissionDenied))
+            },
+            super::eagain,
+        );
+        assert!(refused.is_err());
+        assert_eq!(tries, 1);
+    }
 }
