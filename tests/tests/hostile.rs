@@ -9,7 +9,7 @@
 use std::path::Path;
 
 use serde_json::Value;
-use tracer_tests::{Workload, require_root, run_tracer, shared_python};
+use tracer_tests::{Workload, require_root, run_tracer, shared_python, static_python};
 
 /// As tests/python/hostile.py.
 const N: u64 = 20_000;
@@ -237,4 +237,34 @@ fn two_hundred_threads_never_show_more_stacks_than_events() {
         let calls = summary["probes"][&probe]["calls"].as_u64().expect("calls");
         assert!(stacked <= calls, "{probe}: {stacked} stacks of {calls} calls");
     }
+}
+
+/// An interpreter at a path that holds an escape and a bidi control (the
+/// target's to choose: its maps name it). Every header, note and line
+/// that names it shows it escaped: `probes`, `attach`'s header and its
+/// gc line once printed it raw.
+#[test]
+fn an_interpreter_at_a_hostile_path_is_named_escaped() {
+    require_root();
+    let dir = std::env::temp_dir().join(format!("tracer-\x1b[31mhostile\u{202e}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let python = dir.join("python3.11");
+    std::fs::copy(static_python(), &python).expect("a copy of the interpreter");
+    let workload = Workload::script(None, python.to_str().expect("UTF-8"), "hostile.py", &[]);
+    let pid = workload.pid().to_string();
+    let runs: [&[&str]; 4] = [
+        &["probes", "--pid", &pid],
+        &["stack", "--pid", &pid],
+        &["heap", "--pid", &pid, "--top", "1"],
+        &["attach", "--pid", &pid, "--exact", "--duration", "1"],
+    ];
+    for args in runs {
+        let (code, out, err) = run_tracer(args);
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+        let all = format!("{out}{err}");
+        assert!(!all.contains('\x1b') && !all.contains('\u{202e}'), "{args:?} shows the path raw:\n{all}");
+        assert!(all.contains("tracer-\\x1b[31mhostile\\u{202e}-"), "{args:?}: no escaped path:\n{all}");
+    }
+    drop(workload);
+    let _ = std::fs::remove_dir_all(&dir);
 }
