@@ -9,7 +9,10 @@ instances of it, and CROWDED of two classes whose dicts hold 5,000 and
 Without arguments it then waits on stdin and exits when it closes or a
 line arrives. With "loop", a function whose code is named NAME (its
 co_name and co_qualname) makes BATCH instances and drops them, again and
-again, until stdin closes.
+again, until stdin closes; and a thread waits for ever in a function also
+named NAME whose file name is not UTF-8 (UNDECODABLE: a file name's
+byte 0xff, decoded with surrogateescape to a lone surrogate, as Python
+names a script at such a path), for `tracer stack`.
 """
 
 import gc
@@ -23,6 +26,7 @@ LONG = 70_000
 BATCH = 100
 CROWDED = 3_000
 NAME = "Evil\x1b[31mRED\u202eevil\u2066" + "x" * LONG
+UNDECODABLE = "/tmp/not-utf8-\udcff.py"
 
 Hostile = type(NAME, (), {"__slots__": ()})
 held = [Hostile() for _ in range(N)]
@@ -42,8 +46,18 @@ def make():
 
 make.__code__ = make.__code__.replace(co_name=NAME, co_qualname=NAME)
 
+
+
+def park():
+    threading.Event().wait()
+
+
+park.__code__ = park.__code__.replace(co_name=NAME, co_qualname=NAME, co_filename=UNDECODABLE)
+
 gc.collect()
 gc.disable()
+if sys.argv[1:] == ["loop"]:
+    threading.Thread(target=park, daemon=True).start()
 print("ready", flush=True)
 if sys.argv[1:] == ["loop"]:
     threading.Thread(target=lambda: (os.read(0, 6), os._exit(0)), daemon=True).start()

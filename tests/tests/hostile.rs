@@ -9,7 +9,7 @@
 use std::path::Path;
 
 use serde_json::Value;
-use tracer_tests::{Workload, require_root, run_tracer, shared_python};
+use tracer_tests::{Workload, require_root, run_tracer, shared_python, static_python};
 
 /// As tests/python/hostile.py.
 const N: u64 = 20_000;
@@ -165,4 +165,106 @@ fn forged_headers_and_types_are_refused_and_counted() {
     }
     workload.ping();
     workload.close();
+}
+
+/// `tracer stack`: a thread parked in a function named by NAME, in a file
+/// whose name is not UTF-8 (a lone surrogate in `co_filename`, as Python
+/// decodes such a path). The table shows the name escaped and bounded and
+/// the surrogate as U+FFFD; the JSON keeps the name raw but bounded. Both
+/// once failed: the table printed the escapes raw, and the surrogate made
+/// the whole thread "cannot read its frames" (exit status 1).
+#[test]
+fn hostile_names_are_escaped_in_tracer_stack() {
+    require_root();
+    let python = shared_python();
+    let workload = Workload::script(None, &python.display().to_string(), "hostile.py", &["loop"]);
+    let pid = workload.pid().to_string();
+    let (code, table, stderr) = run_tracer(&["stack", "--pid", &pid]);
+    assert_eq!(code, Some(0), "{stderr}\n{table}");
+    for bad in ['\x1b', '\u{202e}', '\u{2066}'] {
+        assert!(!table.contains(bad), "the table holds {bad:?} raw");
+    }
+    assert!(table.lines().all(|l| l.chars().count() < 2 * MAX_NAME), "every line is bounded");
+    let escaped = "Evil\\x1b[31mRED\\u{202e}evil\\u{2066}";
+    let cut = format!("{}{CUT}", "x".repeat(MAX_NAME - "Evil\x1b[31mRED\u{202e}evil\u{2066}".chars().count()));
+    let frame = format!("    {escaped}{cut} (/tmp/not-utf8-\u{fffd}.py:");
+    assert!(table.lines().any(|l| l.starts_with(&frame)), "no frame {frame}…:\n{table}");
+
+    let (code, stdout, stderr) = run_tracer(&["stack", "--pid", &pid, "--json"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let stacks: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON: {e}: {stdout}"));
+    let frames: Vec<&Value> = stacks["threads"]
+        .as_array()
+        .expect("threads")
+        .iter()
+        .flat_map(|t| t["frames"].as_array().unwrap_or_else(|| panic!("a thread with no frames: {t}")))
+        .collect();
+    let bounded: String = name().chars().take(MAX_NAME).chain([CUT]).collect();
+    let parked = frames.iter().find(|f| f["function"] == bounded.as_str()).expect("the parked frame");
+    assert_eq!(parked["file"], "/tmp/not-utf8-\u{fffd}.py", "{parked}");
+    drop(workload);
+}
+
+/// An unlucky target: 200 threads allocating at once, traced with
+/// `--stacks`. The stacks are read before the counts, so no interval
+/// and not the summary says more events had a stack than were counted
+/// (read the other way round, each showed about 0.1% more).
+#[test]
+fn two_hundred_threads_never_show_more_stacks_than_events() {
+    require_root();
+    let python = shared_python();
+    let mut workload = Workload::script(None, &python.display().to_string(), "churn_threads.py", &["200"]);
+    let pid = workload.pid().to_string();
+    workload.go();
+    let args = ["attach", "--exact", "--pid", &pid, "--stacks", "--json", "--duration", "4"];
+    let (code, stdout, stderr) = run_tracer(&args);
+    workload.tell("stop");
+    assert_eq!(code, Some(0), "{stderr}");
+    let lines: Vec<Value> = stdout.lines().map(|l| serde_json::from_str(l).expect("JSON")).collect();
+    let snapshots: Vec<&Value> = lines.iter().filter(|l| l["type"] == "interval" || l["type"] == "summary").collect();
+    assert!(snapshots.len() >= 3, "{stdout}");
+    for s in &snapshots {
+        let c = &s["stack_coverage"];
+        let (stacked, events) = (c["stacked"].as_u64().expect("stacked"), c["events"].as_u64().expect("events"));
+        assert!(events > 0 && stacked <= events, "{stacked} stacks of {events} events: {c}");
+    }
+    let summary = snapshots.last().expect("summary");
+    let mut by_probe = std::collections::BTreeMap::<String, u64>::new();
+    for s in summary["stacks"].as_array().expect("stacks") {
+        *by_probe.entry(s["probe"].as_str().expect("probe").to_owned()).or_default() += s["calls"].as_u64().unwrap();
+    }
+    for (probe, stacked) in by_probe {
+        let calls = summary["probes"][&probe]["calls"].as_u64().expect("calls");
+        assert!(stacked <= calls, "{probe}: {stacked} stacks of {calls} calls");
+    }
+}
+
+/// An interpreter at a path that holds an escape and a bidi control (the
+/// target's to choose: its maps name it). Every header, note and line
+/// that names it shows it escaped: `probes`, `attach`'s header and its
+/// gc line once printed it raw.
+#[test]
+fn an_interpreter_at_a_hostile_path_is_named_escaped() {
+    require_root();
+    let dir = std::env::temp_dir().join(format!("tracer-\x1b[31mhostile\u{202e}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let python = dir.join("python3.11");
+    std::fs::copy(static_python(), &python).expect("a copy of the interpreter");
+    let workload = Workload::script(None, python.to_str().expect("UTF-8"), "hostile.py", &[]);
+    let pid = workload.pid().to_string();
+    let runs: [&[&str]; 4] = [
+        &["probes", "--pid", &pid],
+        &["stack", "--pid", &pid],
+        &["heap", "--pid", &pid, "--top", "1"],
+        &["attach", "--pid", &pid, "--exact", "--duration", "1"],
+    ];
+    for args in runs {
+        let (code, out, err) = run_tracer(args);
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+        let all = format!("{out}{err}");
+        assert!(!all.contains('\x1b') && !all.contains('\u{202e}'), "{args:?} shows the path raw:\n{all}");
+        assert!(all.contains("tracer-\\x1b[31mhostile\\u{202e}-"), "{args:?}: no escaped path:\n{all}");
+    }
+    drop(workload);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -70,7 +70,9 @@ fn main() -> ExitCode {
         Err(failure) => {
             // One line: the cause chain joined with ": " (no panic where
             // stderr is a closed pipe).
-            let _ = writeln!(std::io::stderr(), "tracer: error: {failure}");
+            // The message may hold the target's text (a path from its
+            // maps): escaped, so that it stays one line on a terminal.
+            let _ = writeln!(std::io::stderr(), "tracer: error: {}", tracer_user::text::line(&failure.to_string()));
             ExitCode::from(failure.exit_status())
         }
     }

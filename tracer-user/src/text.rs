@@ -72,6 +72,27 @@ pub fn display(text: &str) -> String {
     out
 }
 
+/// A message of tracer's own that holds the target's text (a path from
+/// its maps, a name), as one line on a terminal: what [`display`] escapes
+/// but the backslash (the message's own are kept), and not cut. An error,
+/// a note or a header line naming an interpreter at
+/// `/srv/\x1b[2J/python3` stays one line and moves no cursor.
+#[must_use]
+pub fn line(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    for c in message.chars() {
+        let code = u32::from(c);
+        if c.is_control() {
+            let _ = write!(out, "\\x{code:02x}");
+        } else if is_bidi(c) || matches!(c, '\u{2028}' | '\u{2029}') {
+            let _ = write!(out, "\\u{{{code:x}}}");
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -83,6 +104,14 @@ mod tests {
         assert_eq!(display("abc\u{202e}def\u{2066}g\u{2069}"), "abc\\u{202e}def\\u{2066}g\\u{2069}");
         assert_eq!(display("a\\x1b"), "a\\\\x1b");
         assert_eq!(display("naïve.Ωμέγα"), "naïve.Ωμέγα");
+    }
+
+    #[test]
+    fn a_message_stays_one_line() {
+        let path = "/srv/\x1b[2J\n\u{202e}/python3";
+        let shown = line(&format!("cannot read {path}: C:\\x"));
+        assert_eq!(shown, "cannot read /srv/\\x1b[2J\\x0a\\u{202e}/python3: C:\\x");
+        assert_eq!(line(&"é".repeat(1000)), "é".repeat(1000), "not cut");
     }
 
     #[test]

@@ -196,7 +196,7 @@ impl Session {
         let program: &mut UProbe =
             self.ebpf.program_mut(name).ok_or(AttachError::ProgramMissing { name })?.try_into().map_err(load_err)?;
         if program.fd().is_err() {
-            program.load().map_err(load_err)?;
+            multi::retry_interrupted(|| program.load(), multi::aya_eagain).map_err(load_err)?;
             let fd = program.fd().map_err(load_err)?.as_fd().try_clone_to_owned();
             let fd = fd.map_err(|cause| AttachError::MapFd { name: name.to_owned(), cause })?;
             self.gc_programs.push((name, fd));

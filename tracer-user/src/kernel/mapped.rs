@@ -70,7 +70,8 @@ impl Session {
                 .try_into()
                 .map_err(|e| err("be found", &e))?;
             if program.fd().is_err() {
-                program.load().map_err(|e| err("load", &e))?;
+                super::multi::retry_interrupted(|| program.load(), super::multi::aya_eagain)
+                    .map_err(|e| err("load", &e))?;
             }
             let fd = program.fd().map_err(|e| err("load", &e))?.as_fd().try_clone_to_owned();
             let fd = fd.map_err(|e| err("load", &e))?;

@@ -457,7 +457,7 @@ impl Session {
         let load_err = |cause| AttachError::ProgramLoad { name, cause: Box::new(cause) };
         if !self.programs.contains_key(&program) {
             let uprobe = uprobe_mut(&mut self.ebpf, program)?;
-            uprobe.load().map_err(load_err)?;
+            multi::retry_interrupted(|| uprobe.load(), multi::aya_eagain).map_err(load_err)?;
             let fd = uprobe.fd().map_err(load_err)?.try_clone().map_err(|e| load_err(e.into()))?;
             self.programs.insert(program, fd);
         }

@@ -150,7 +150,7 @@ pub fn load(object: &[u8], name: &'static str, maps: &[(String, OwnedFd)]) -> Re
         expected_attach_type: bpf_attach_type::BPF_TRACE_UPROBE_MULTI as u32,
         tail: [0; 10],
     };
-    match bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr(&mut Vec::new(), 0)) {
+    match retry_interrupted(|| bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr(&mut Vec::new(), 0)), eagain) {
         Ok(fd) => Ok(fd),
         Err(cause) => {
             // Again with the verifier's log, for the error message.
@@ -168,6 +168,43 @@ pub fn load(object: &[u8], name: &'static str, maps: &[(String, OwnedFd)]) -> Re
             Err(MultiError::Load { name, cause, log: last })
         }
     }
+}
+
+/// How many times a program is loaded while the verifier is interrupted,
+/// as libbpf does (`PROG_LOAD_ATTEMPTS`).
+const LOAD_ATTEMPTS: usize = 5;
+
+/// `load()` again while `interrupted` says its error is the verifier's
+/// `EAGAIN`, at most [`LOAD_ATTEMPTS`] times in all. The verifier gives
+/// up with `EAGAIN` when a signal arrives for tracer while it works (a
+/// Ctrl-C during the attach: the handler has run by the time `bpf()`
+/// returns), which says nothing about the program or the kernel: tried
+/// again, the load goes on, and the signal ends the run as it ends any
+/// other, with nothing left attached. Without this a Ctrl-C while a
+/// large program verified failed the run with "Resource temporarily
+/// unavailable" and blamed the kernel's version.
+pub(crate) fn retry_interrupted<T, E>(
+    mut load: impl FnMut() -> Result<T, E>,
+    interrupted: impl Fn(&E) -> bool,
+) -> Result<T, E> {
+    let mut attempt = 1;
+    loop {
+        match load() {
+            Err(e) if attempt < LOAD_ATTEMPTS && interrupted(&e) => attempt += 1,
+            done => return done,
+        }
+    }
+}
+
+/// Whether a `bpf()` call failed with `EAGAIN`.
+pub(crate) fn eagain(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EAGAIN)
+}
+
+/// Whether aya's program load failed with the verifier's `EAGAIN`
+/// ([`retry_interrupted`]).
+pub(crate) fn aya_eagain(e: &aya::programs::ProgramError) -> bool {
+    matches!(e, aya::programs::ProgramError::LoadError { io_error, .. } if eagain(io_error))
 }
 
 /// Whether this kernel has uprobe-multi links: [`probe_supported`]'s
@@ -370,5 +407,43 @@ mod tests {
             assert!(answer, "Linux 6.10 or later whose uprobe-multi PID filter keeps one thread");
         }
         assert_eq!(super::pid_filter_keeps_process(), answer);
+    }
+
+    /// A load the verifier gave up with `EAGAIN` (a signal arrived) is
+    /// tried again, at most `LOAD_ATTEMPTS` times in all; any other
+    /// error is returned at once.
+    #[test]
+    fn an_interrupted_load_is_tried_again() {
+        use std::io::{Error, ErrorKind};
+        let mut tries = 0;
+        let eagain = || Error::from_raw_os_error(libc::EAGAIN);
+        let loaded = super::retry_interrupted(
+            || {
+                tries += 1;
+                if tries < 3 { Err(eagain()) } else { Ok(tries) }
+            },
+            super::eagain,
+        );
+        assert_eq!(loaded.ok(), Some(3));
+        tries = 0;
+        let always = super::retry_interrupted(
+            || {
+                tries += 1;
+                Err::<(), _>(eagain())
+            },
+            super::eagain,
+        );
+        assert_eq!(always.map_err(|e| e.raw_os_error()), Err(Some(libc::EAGAIN)));
+        assert_eq!(tries, super::LOAD_ATTEMPTS);
+        tries = 0;
+        let refused = super::retry_interrupted(
+            || {
+                tries += 1;
+                Err::<(), _>(Error::from(ErrorKind::PermissionDenied))
+            },
+            super::eagain,
+        );
+        assert!(refused.is_err());
+        assert_eq!(tries, 1);
     }
 }

@@ -46,7 +46,7 @@ fn note_line(err: &mut dyn Write, note: &crate::model::Note) -> std::io::Result<
         crate::model::Level::Note => "note",
         crate::model::Level::Warning => "warning",
     };
-    writeln!(err, "tracer: {level}: {}", note.message)?;
+    writeln!(err, "tracer: {level}: {}", crate::text::line(&note.message))?;
     err.flush()
 }
 

@@ -84,7 +84,7 @@ fn cost_per_hit(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> 
 
 /// Writes `plan` as a table.
 pub fn table(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
-    writeln!(out, "{} (Python {})", plan.image, plan.python)?;
+    writeln!(out, "{} (Python {})", crate::text::display(&plan.image), plan.python)?;
     writeln!(out, "  {:<20} {:>7}  {:<28} {:<9} why", "function", "offset", "instruction", "emulated")?;
     for p in &plan.probes {
         writeln!(
@@ -152,7 +152,7 @@ pub fn table(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
         writeln!(out, "  not in this build: {}", plan.missing.join(", "))?;
     }
     if let Some(gc) = &plan.gc {
-        writeln!(out, "  gc: {}", gc.detail)?;
+        writeln!(out, "  gc: {}", crate::text::line(&gc.detail))?;
         for p in &gc.points {
             let semaphore = p.semaphore.map_or(String::new(), |s| format!(", semaphore at file offset {s:#x}"));
             let kind = if p.ret { "return of " } else { "" };
@@ -174,7 +174,12 @@ pub fn table(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
         growth_points(out, growth)?;
     }
     for note in &plan.notes {
-        writeln!(out, "  {}: {}", if note.level == Level::Warning { "warning" } else { "note" }, note.message)?;
+        writeln!(
+            out,
+            "  {}: {}",
+            if note.level == Level::Warning { "warning" } else { "note" },
+            crate::text::line(&note.message)
+        )?;
     }
     Ok(())
 }
@@ -185,7 +190,7 @@ fn growth_points(out: &mut impl Write, growth: &crate::plan::growth::GrowthPlan)
     if growth.unavailable.is_some() {
         return Ok(());
     }
-    writeln!(out, "  growth: {}", growth.detail)?;
+    writeln!(out, "  growth: {}", crate::text::line(&growth.detail))?;
     for p in &growth.points {
         let role = match p.role {
             crate::plan::growth::GrowthRole::Take => "take",
@@ -199,7 +204,7 @@ fn growth_points(out: &mut impl Write, growth: &crate::plan::growth::GrowthPlan)
         )?;
     }
     if let Some(caveat) = &growth.caveat {
-        writeln!(out, "  growth: PARTIAL: {caveat}")?;
+        writeln!(out, "  growth: PARTIAL: {}", crate::text::line(caveat))?;
     }
     Ok(())
 }

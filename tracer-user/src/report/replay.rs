@@ -57,6 +57,32 @@ impl Classify for ReplayError {
     }
 }
 
+/// One line of `inner`, up to its end (consumed, not given out): one
+/// event, which `serde_json` parses as it reads, so that a line that is no
+/// event is refused at its first byte that cannot be one.
+struct OneLine<'a, R> {
+    inner: &'a mut R,
+    done: bool,
+}
+
+impl<R: std::io::BufRead> std::io::Read for OneLine<'_, R> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.done || out.is_empty() {
+            return Ok(0);
+        }
+        let buf = self.inner.fill_buf()?;
+        // serde_json reads a byte at a time: only what is asked for is
+        // searched.
+        let buf = &buf[..buf.len().min(out.len())];
+        let end = buf.iter().position(|&b| b == b'\n');
+        let take = end.unwrap_or(buf.len());
+        out[..take].copy_from_slice(&buf[..take]);
+        self.done = end == Some(take);
+        self.inner.consume(take + usize::from(self.done));
+        Ok(take)
+    }
+}
+
 /// A run's events, as recorded.
 pub struct Record {
     pub path: PathBuf,
@@ -65,18 +91,41 @@ pub struct Record {
 
 impl Record {
     /// Reads `path`: one event per line, the first the attach.
+    ///
+    /// Parsed as it is read, not read whole first: a file that is no
+    /// record is refused at its first byte that is no event's, whatever
+    /// its size (`tracer report /dev/zero` once read until memory ran
+    /// out), and one that does not start with the attach at its first
+    /// event.
     pub fn read(path: PathBuf) -> Result<Self, ReplayError> {
-        let text = std::fs::read_to_string(&path).map_err(|cause| ReplayError::Read { path: path.clone(), cause })?;
+        use std::io::BufRead as _;
+        let read_err = |cause| ReplayError::Read { path: path.clone(), cause };
+        let file = std::fs::File::open(&path).map_err(read_err)?;
+        let mut reader = std::io::BufReader::new(file);
         let mut events = Vec::new();
-        for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-            let event = serde_json::from_str(line).map_err(|cause| ReplayError::Line {
-                path: path.clone(),
-                line: i + 1,
-                cause,
-            })?;
+        let mut line = 0;
+        // Blank lines and a line's leading blanks are passed over.
+        while let Some(&first) = reader.fill_buf().map_err(read_err)?.first() {
+            if first.is_ascii_whitespace() {
+                line += usize::from(first == b'\n');
+                reader.consume(1);
+                continue;
+            }
+            line += 1;
+            let event: Event =
+                serde_json::from_reader(OneLine { inner: &mut reader, done: false }).map_err(|cause| {
+                    if cause.is_io() {
+                        read_err(cause.into())
+                    } else {
+                        ReplayError::Line { path: path.clone(), line, cause }
+                    }
+                })?;
+            if events.is_empty() && !matches!(event, Event::Attached(_)) {
+                return Err(ReplayError::NoAttach { path });
+            }
             events.push(event);
         }
-        if !matches!(events.first(), Some(Event::Attached(_))) {
+        if events.is_empty() {
             return Err(ReplayError::NoAttach { path });
         }
         Ok(Self { path, events })
@@ -354,6 +403,41 @@ mod tests {
             events.push(Event::Interval(Snapshot { heap: Some(heap), ..Snapshot::default() }));
         }
         Record { path: PathBuf::from("rec.jsonl"), events }
+    }
+
+    /// What is no record is refused at once, by its first bytes: an
+    /// endless device, a file of another kind, a directory, a record cut
+    /// in its first line.
+    #[test]
+    fn what_is_no_record_is_refused_without_reading_it_all() {
+        let message = |path: &str| Record::read(PathBuf::from(path)).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(message("/dev/zero").starts_with("/dev/zero, line 1, is not an event tracer writes"));
+        assert!(message("/etc/passwd").starts_with("/etc/passwd, line 1, is not an event tracer writes"));
+        assert!(message("/tmp").starts_with("cannot read /tmp: Is a directory"), "{}", message("/tmp"));
+        assert_eq!(message("/dev/null"), "/dev/null has no attached event first: it is not a whole record of a run");
+        let dir = std::env::temp_dir().join(format!("tracer-replay-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let attached = serde_json::to_string(&Event::Attached(crate::report::examples::attached(Some(1)))).unwrap();
+        let cases = [
+            ("whole", format!("{attached}\n\n"), None),
+            ("cut", format!("{attached}\n{}", &attached[..20]), Some("line 2")),
+            ("late", format!("\n\n{{\"type\":\"summary\"}}\n{attached}\n"), Some("line 3")),
+            ("open", format!("{attached}\n\n  {{\"type\":\"attached\"\n{attached}\n"), Some("line 3")),
+        ];
+        for (name, text, error) in cases {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            let read = Record::read(path.clone());
+            match error {
+                None => assert_eq!(read.map(|r| r.events.len()).ok(), Some(1), "{name}"),
+                Some(line) => assert!(
+                    message(path.to_str().unwrap()).contains(line),
+                    "{name}: {}",
+                    message(path.to_str().unwrap())
+                ),
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     fn picked(r: &Record, from: f64, to: f64) -> Result<(u64, u64), String> {

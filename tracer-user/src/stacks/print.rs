@@ -6,11 +6,15 @@ use std::fmt::Write as _;
 use serde_json::{Value, json};
 
 use super::{CurrentThreadState, Stacks, TaskTls, ThreadStack};
+use crate::text::display;
 
 /// Each thread's frames under a heading that says which thread it is.
+/// The names and paths are the target's to choose: escaped
+/// ([`crate::text`]), as every other table escapes them.
 #[must_use]
 pub fn table(stacks: &Stacks) -> String {
-    let mut out = format!("PID {}: Python {} ({})\n", stacks.pid, stacks.version, stacks.image.display());
+    let image = display(&stacks.image.to_string_lossy());
+    let mut out = format!("PID {}: Python {} ({image})\n", stacks.pid, stacks.version);
     for thread in &stacks.threads {
         let mut marks = Vec::new();
         if thread.main {
@@ -28,14 +32,14 @@ pub fn table(stacks: &Stacks) -> String {
             Ok(frames) => {
                 for f in &frames.frames {
                     let line = f.line.map_or_else(|| "?".to_owned(), |l| l.to_string());
-                    let _ = writeln!(out, "    {} ({}:{line})", f.function, f.file);
+                    let _ = writeln!(out, "    {} ({}:{line})", display(&f.function), display(&f.file));
                 }
                 if frames.truncated {
                     out.push_str("    ... (truncated at the depth limit)\n");
                 }
             }
             Err(e) => {
-                let _ = writeln!(out, "    (cannot read its frames: {e})");
+                let _ = writeln!(out, "    (cannot read its frames: {})", display(&e.to_string()));
             }
         }
     }

@@ -359,16 +359,19 @@ impl Walker {
         };
         let len = usize::try_from(length * width).map_err(|_| bad("too long".to_owned()))?;
         let raw = r.bytes(data, len, "a str's characters")?;
-        let chars: Option<String> = match width {
-            1 => Some(raw.iter().map(|&b| char::from(b)).collect()),
-            2 => raw.chunks_exact(2).map(|c| char::from_u32(u32::from(u16::from_le_bytes([c[0], c[1]])))).collect(),
-            _ => raw.chunks_exact(4).map(|c| char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect(),
+        // A lone surrogate is a valid Python `str` (a file name that is
+        // not UTF-8 is decoded with surrogateescape: `/tmp/x\udcff.py`) but
+        // no Rust `char`: it is shown as U+FFFD, as the heap census shows
+        // it in a type's name, rather than losing the whole stack to it.
+        let unit = |u: u32| char::from_u32(u).unwrap_or(char::REPLACEMENT_CHARACTER);
+        let text: String = match width {
+            1 => raw.iter().map(|&b| char::from(b)).collect(),
+            2 => raw.chunks_exact(2).map(|c| unit(u32::from(u16::from_le_bytes([c[0], c[1]])))).collect(),
+            _ => raw.chunks_exact(4).map(|c| unit(u32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect(),
         };
         // Kept bounded: the name is the target's to choose, and every
         // report keeps it ([`crate::text`]).
-        chars
-            .map(|text| crate::text::bound(&text))
-            .ok_or_else(|| bad("it holds a surrogate or a code point beyond U+10FFFF".to_owned()))
+        Ok(crate::text::bound(&text))
     }
 
     /// The `bytes` object at `address`'s contents.

@@ -14,7 +14,7 @@ const TOP: usize = 10;
 impl<W: Write, E: Write> TableReporter<W, E> {
     pub(super) fn growth_header(&mut self, plan: &GrowthPlan) -> std::io::Result<()> {
         if let Some(why) = &plan.unavailable {
-            return writeln!(self.out, "tracer: growth: unavailable: {why}");
+            return writeln!(self.out, "tracer: growth: unavailable: {}", crate::text::line(why));
         }
         let points: Vec<String> = plan
             .points
@@ -30,7 +30,7 @@ impl<W: Write, E: Write> TableReporter<W, E> {
             points.join(", ")
         )?;
         if let Some(caveat) = &plan.caveat {
-            writeln!(self.out, "tracer: growth: PARTIAL: {caveat}")?;
+            writeln!(self.out, "tracer: growth: PARTIAL: {}", crate::text::line(caveat))?;
         }
         Ok(())
     }

@@ -27,7 +27,7 @@ impl<W: Write, E: Write> TableReporter<W, E> {
             self.out,
             "tracer: attached to {what} (Python {}, {}): {} probes live ({}){}{}",
             info.python.version,
-            info.python.image,
+            crate::text::display(&info.python.image),
             info.probes.len(),
             if info.links == Links::Multi { "uprobe-multi links" } else { "perf-event uprobes" },
             if info.call_sites.is_empty() {
@@ -70,12 +70,13 @@ impl<W: Write, E: Write> TableReporter<W, E> {
             let what = parts.join(" and ");
             let why = c.reason.as_deref().unwrap_or("some copies are not probed");
             let fix = c.fix.as_ref().map_or(String::new(), |f| format!("; fix: {f}"));
-            writeln!(self.out, "tracer: coverage: {name}: {what} PARTIAL: {why}{fix}")?;
+            let line = crate::text::line(&format!("{why}{fix}"));
+            writeln!(self.out, "tracer: coverage: {name}: {what} PARTIAL: {line}")?;
         }
         if let Some(gc) = &info.gc {
-            writeln!(self.out, "tracer: gc: {}", gc.detail)?;
+            writeln!(self.out, "tracer: gc: {}", crate::text::line(&gc.detail))?;
             if let Some(caveat) = &gc.caveat {
-                writeln!(self.out, "tracer: gc: PARTIAL: {caveat}")?;
+                writeln!(self.out, "tracer: gc: PARTIAL: {}", crate::text::line(caveat))?;
             }
         }
         if let Some(growth) = &info.growth {
