@@ -578,9 +578,11 @@ impl DutyCycle {
                 bytes_per_s_ci95 = Some([bytes_per_s, f64::INFINITY]);
             }
             // No call seen and nothing to bound its rate by (one window, or
-            // none live): no figure, rather than a zero the target's calls
-            // between the windows would belie.
-            if calls.per_s == 0.0 && calls.ci95.is_none() && !unseen_live {
+            // none live; or a bound the slowdown took past knowing): no
+            // figure, rather than a zero the target's calls between the
+            // windows would belie, in the JSON as every output shows it.
+            let unbounded_zero = !model::rate_told(calls_per_s, calls_per_s_ci95);
+            if (calls.per_s == 0.0 && calls.ci95.is_none() && !unseen_live) || unbounded_zero {
                 counts.estimate = None;
                 continue;
             }
