@@ -176,10 +176,7 @@ fn single_stepped_probes_on_a_busy_target_warn_of_a_high_cost() {
 #[test]
 fn processes_that_exit_between_readings_are_priced_from_their_exit_records() {
     require_root();
-    let dir = std::env::temp_dir().join(format!("tracer-exits-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let copy = dir.join("python3.11");
-    std::fs::copy(tracer_tests::static_python(), &copy).expect("copy the interpreter");
+    let (dir, copy) = private_copy("exits");
     let exe = copy.to_str().expect("UTF-8 path");
     // Readings an hour apart: every process below exits between two.
     let (tracer, _) = TracerRun::attach_json_with(&["--exe", exe, "--interval", "3600"]);
@@ -230,10 +227,7 @@ fn processes_that_exit_between_readings_are_priced_from_their_exit_records() {
 #[test]
 fn processes_running_before_an_exe_attach_are_priced_from_the_attach() {
     require_root();
-    let dir = std::env::temp_dir().join(format!("tracer-before-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let copy = dir.join("python3.11");
-    std::fs::copy(tracer_tests::static_python(), &copy).expect("copy the interpreter");
+    let (dir, copy) = private_copy("before");
     let exe = copy.to_str().expect("UTF-8 path");
     let body = "import sys\nprint('ready', flush=True)\nwhile True: x = [bytearray(100)]";
     let mut child = tracer_tests::KillOnDrop(
@@ -255,6 +249,16 @@ fn processes_running_before_an_exe_attach_are_priced_from_the_attach() {
     let all: u64 = tracer_tests::counts(summary).values().map(|(calls, _)| calls).sum();
     let gate_other = summary["stats"]["gate_other"].as_u64().expect("gate_other");
     assert_eq!(cost["hits"].as_u64(), Some(all + gate_other), "{cost}");
+}
+
+/// A private copy of Debian's python3.11 in a directory of its own (the
+/// directory, the copy), so that `--exe` of it traces no other process.
+fn private_copy(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("tracer-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let copy = dir.join("python3.11");
+    std::fs::copy(tracer_tests::static_python(), &copy).expect("copy the interpreter");
+    (dir, copy)
 }
 
 /// Reaps child `pid` and returns the CPU time it used, user and system.

@@ -54,22 +54,7 @@ const fn is_bidi(c: char) -> bool {
 /// a backslash as `\\`, so that an escape in the output is always one.
 #[must_use]
 pub fn display(text: &str) -> String {
-    let bounded = bound(text);
-    let mut out = String::with_capacity(bounded.len());
-    for c in bounded.chars() {
-        let code = u32::from(c);
-        if c == '\\' {
-            out.push_str("\\\\");
-        } else if c.is_control() {
-            // C0, DEL and C1: all below U+0100.
-            let _ = write!(out, "\\x{code:02x}");
-        } else if is_bidi(c) || matches!(c, '\u{2028}' | '\u{2029}') {
-            let _ = write!(out, "\\u{{{code:x}}}");
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    escaped(&bound(text), true)
 }
 
 /// A message of tracer's own that holds the target's text (a path from
@@ -79,10 +64,20 @@ pub fn display(text: &str) -> String {
 /// `/srv/\x1b[2J/python3` stays one line and moves no cursor.
 #[must_use]
 pub fn line(message: &str) -> String {
-    let mut out = String::with_capacity(message.len());
-    for c in message.chars() {
+    escaped(message, false)
+}
+
+/// `text` with control, bidi and line-separator characters escaped, and
+/// with `backslash` its backslashes too (so that an escape it holds cannot
+/// pass for one of these).
+fn escaped(text: &str, backslash: bool) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
         let code = u32::from(c);
-        if c.is_control() {
+        if backslash && c == '\\' {
+            out.push_str("\\\\");
+        } else if c.is_control() {
+            // C0, DEL and C1: all below U+0100.
             let _ = write!(out, "\\x{code:02x}");
         } else if is_bidi(c) || matches!(c, '\u{2028}' | '\u{2029}') {
             let _ = write!(out, "\\u{{{code:x}}}");
