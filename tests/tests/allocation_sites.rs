@@ -80,7 +80,8 @@ fn traced(python: Python<'_>, n: u64, shape: &str, wait_for: &[&str], extra: &[&
         // events counted (sampled, the stacked are an estimate).
         let coverage = &line["stack_coverage"];
         if coverage["sample"] == 1 {
-            assert!(coverage["stacked"].as_u64() <= coverage["events"].as_u64(), "{coverage}");
+            let (stacked, events) = (coverage["stacked"].as_u64(), coverage["events"].as_u64());
+            assert!(stacked.expect("stacked") <= events.expect("events"), "{coverage}");
         }
         let now = sites(&line);
         let seen: Option<Vec<(u64, u64)>> = wait_for.iter().map(|f| now.get(*f).map(|s| (s.0, s.1))).collect();

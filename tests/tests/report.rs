@@ -98,8 +98,10 @@ fn a_record_replays_the_live_table_and_files_exactly() {
         }
         _ => "it holds no interval".to_owned(),
     };
-    let warning =
-        format!("tracer: warning: {} has no summary (the run was cut short, tracer killed): {ends}\n", cut.display());
+    let warning = format!(
+        "tracer: warning: {} has no summary (its run did not end normally, tracer killed or failed, or is still running): {ends}\n",
+        cut.display()
+    );
     assert!(err.ends_with(&warning), "{err}");
     let (code, _, err) = report(&[cut.to_str().unwrap(), "--flamegraph", dir.join("f.svg").to_str().unwrap()]);
     assert_eq!(code, Some(2), "{err}");

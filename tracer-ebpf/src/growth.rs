@@ -43,9 +43,13 @@ static GROWTH_POOLS: HashMap<PoolKey, PoolSample> =
 /// A pool taken: what `allocate_from_new_pool` found in `usable_arenas`.
 #[uprobe]
 pub fn growth_take(ctx: ProbeContext) -> u32 {
+    // Another process's hit (where the kernel's links cannot keep one
+    // process, they are made for every one): neither counted nor its
+    // running time charged to the target.
+    let Ok(tgid) = crate::common::check_target() else { return 0 };
     let start = now_ns();
     let Some(counts) = GROWTH_COUNTS.get_ptr_mut(0) else { return 0 };
-    let _ = try_take(&ctx, counts);
+    let _ = try_take(&ctx, counts, tgid);
     ran(counts, start);
     0
 }
@@ -53,16 +57,19 @@ pub fn growth_take(ctx: ProbeContext) -> u32 {
 /// A new arena marked used: its first pool taken.
 #[uprobe]
 pub fn growth_arena(ctx: ProbeContext) -> u32 {
+    // Another process's hit (where the kernel's links cannot keep one
+    // process, they are made for every one): neither counted nor its
+    // running time charged to the target.
+    let Ok(tgid) = crate::common::check_target() else { return 0 };
     let start = now_ns();
     let Some(counts) = GROWTH_COUNTS.get_ptr_mut(0) else { return 0 };
-    let _ = try_arena(&ctx, counts);
+    let _ = try_arena(&ctx, counts, tgid);
     ran(counts, start);
     0
 }
 
 #[inline(always)]
-fn try_take(ctx: &ProbeContext, counts: *mut GrowthCounts) -> Result<(), ()> {
-    let tgid = crate::common::check_target().map_err(|_| ())?;
+fn try_take(ctx: &ProbeContext, counts: *mut GrowthCounts, tgid: u32) -> Result<(), ()> {
     count!(counts, takes);
     let cookie = args::cookie(ctx);
     let Ok(usable) = args::operand(ctx.regs, site::first(cookie), site::constant(cookie)) else {
@@ -92,8 +99,7 @@ fn try_take(ctx: &ProbeContext, counts: *mut GrowthCounts) -> Result<(), ()> {
 }
 
 #[inline(always)]
-fn try_arena(ctx: &ProbeContext, counts: *mut GrowthCounts) -> Result<(), ()> {
-    let tgid = crate::common::check_target().map_err(|_| ())?;
+fn try_arena(ctx: &ProbeContext, counts: *mut GrowthCounts, tgid: u32) -> Result<(), ()> {
     count!(counts, arenas);
     let cookie = args::cookie(ctx);
     let Ok(arena) = args::operand(ctx.regs, site::first(cookie), site::constant(cookie)) else {

@@ -252,7 +252,7 @@ fn report(args: &ReportArgs) -> Result<(), Failure> {
                 |s| format!("the table ends at its last interval, {s:.1} s after the attach"),
             );
             eprintln!(
-                "tracer: warning: {} has no summary (the run was cut short, tracer killed): {ends}",
+                "tracer: warning: {} has no summary (its run did not end normally, tracer killed or failed, or is still running): {ends}",
                 args.file.display()
             );
         }
@@ -274,7 +274,8 @@ fn report(args: &ReportArgs) -> Result<(), Failure> {
     let started = record.attached().and_then(|a| a.started_unix_s);
     notes.extend(pprof.as_ref().map(|f| written::pprof(f, last, started)).transpose()?);
     for note in notes {
-        eprintln!("tracer: {}: {}", if note.level == Level::Warning { "warning" } else { "note" }, note.message);
+        let level = if note.level == Level::Warning { "warning" } else { "note" };
+        eprintln!("tracer: {level}: {}", tracer_user::text::line(&note.message));
     }
     Ok(())
 }
@@ -353,7 +354,7 @@ fn bench(args: &BenchArgs) -> Result<(), Failure> {
             writeln!(std::io::stdout().lock(), "{line}")?;
         }
         for note in &b.prepared.notes {
-            writeln!(std::io::stdout().lock(), "warning: {}", note.message)?;
+            writeln!(std::io::stdout().lock(), "warning: {}", tracer_user::text::line(&note.message))?;
         }
     }
     Ok(())

@@ -44,7 +44,8 @@ pub fn target_of(t: &crate::cli::TargetArgs) -> Result<TargetSpec, ConfigError> 
         (Some(pattern), None, None) => {
             let (pid, skipped) = crate::discover::name::select(pattern)?;
             if let Some(line) = skipped {
-                eprintln!("tracer: warning: {line}");
+                // It holds the target's text (paths from its maps).
+                eprintln!("tracer: warning: {}", crate::text::line(&line));
             }
             Ok(TargetSpec::Pid(pid))
         }

@@ -88,16 +88,18 @@ pub fn select(pattern: &str) -> Result<(u32, Option<String>), NameError> {
     while up > 1 && excluded.insert(up) {
         up = all.get(&up).map_or(0, |e| e.ppid);
     }
-    // A process tracer may not inspect (PID 1 in a container, say) is
-    // reported only where no CPython process matched: a broad pattern
-    // that also matches it still names the processes it selects.
-    let mut uninspectable: Vec<(u32, String)> = Vec::new();
+    // A process tracer may not inspect (PID 1 in a container, say) is the
+    // error only where no CPython process matched, and a warning where one
+    // did: a broad pattern that also matches it still names the processes
+    // it selects. By PID: one reached both directly and below a matching
+    // wrapper counts once.
+    let mut uninspectable: std::collections::BTreeMap<u32, String> = std::collections::BTreeMap::new();
     let mut is_python = |pid: u32| match Target::inspect(pid) {
         Ok(_) => true,
         // Not CPython, or gone since the listing.
         Err(e) if e.is_not_a_target() => false,
         Err(e) => {
-            uninspectable.push((pid, e.to_string()));
+            uninspectable.insert(pid, e.to_string());
             false
         }
     };
@@ -136,7 +138,7 @@ pub fn select(pattern: &str) -> Result<(u32, Option<String>), NameError> {
     match found.len() {
         1 => {
             let pid = found.into_iter().next().unwrap_or_default();
-            let skipped = uninspectable.first().map(|(other, cause)| {
+            let skipped = uninspectable.iter().next().map(|(other, cause)| {
                 let more = match uninspectable.len() - 1 {
                     0 => String::new(),
                     n => format!(" and {n} more"),
@@ -148,7 +150,7 @@ pub fn select(pattern: &str) -> Result<(u32, Option<String>), NameError> {
             Ok((pid, skipped))
         }
         0 if !uninspectable.is_empty() => {
-            let (pid, cause) = uninspectable.swap_remove(0);
+            let (pid, cause) = uninspectable.pop_first().unwrap_or_default();
             Err(NameError::Inspect { pattern: pattern.to_owned(), pid, cause })
         }
         0 => {

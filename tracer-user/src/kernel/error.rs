@@ -18,7 +18,7 @@ pub enum AttachError {
     Load(Box<aya::EbpfError>),
     #[error("BPF program {name} is missing from tracer's BPF object (a build problem)")]
     ProgramMissing { name: &'static str },
-    #[error("BPF program {name} failed to load: {}", crate::error::chain(&**cause))]
+    #[error("BPF program {name} failed to load: {}", load_trouble(cause))]
     ProgramLoad { name: &'static str, cause: Box<aya::programs::ProgramError> },
     #[error("cannot read the kernel's statistics of BPF program {name}: {cause}")]
     ProgramInfo { name: &'static str, cause: std::io::Error },
@@ -108,6 +108,30 @@ fn map_trouble(cause: &aya::maps::MapError) -> String {
         }
         _ => format!("failed: {cause}"),
     }
+}
+
+/// A program's load failure on one line: the syscall's error and the
+/// verifier's reason, not its whole log (thousands of lines, which aya's
+/// message holds).
+fn load_trouble(cause: &aya::programs::ProgramError) -> String {
+    match cause {
+        aya::programs::ProgramError::LoadError { io_error, verifier_log } => {
+            let log = verifier_log.to_string();
+            match verifier_reason(&log) {
+                Some(reason) => format!("{io_error} (the verifier: {reason})"),
+                None => io_error.to_string(),
+            }
+        }
+        other => crate::error::chain(other),
+    }
+}
+
+/// The verifier's reason in its log: the last line before its statistics.
+pub(super) fn verifier_reason(log: &str) -> Option<&str> {
+    log.lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with("processed ") && !l.starts_with("verification time"))
 }
 
 #[cfg(test)]

@@ -63,7 +63,15 @@ impl Classify for ReplayError {
 struct OneLine<'a, R> {
     inner: &'a mut R,
     done: bool,
+    /// The line's bytes given out so far, at most [`LONGEST_LINE`].
+    given: usize,
 }
+
+/// The longest line read as an event: far above any tracer writes (a
+/// summary with every stack runs to megabytes), and a bound on what a
+/// file of one endless line (JSON that is no event, which `serde_json`
+/// buffers whole to find its `type`) can take.
+const LONGEST_LINE: usize = 256 << 20;
 
 impl<R: std::io::BufRead> std::io::Read for OneLine<'_, R> {
     fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
@@ -76,6 +84,13 @@ impl<R: std::io::BufRead> std::io::Read for OneLine<'_, R> {
         let buf = &buf[..buf.len().min(out.len())];
         let end = buf.iter().position(|&b| b == b'\n');
         let take = end.unwrap_or(buf.len());
+        self.given += take;
+        if self.given > LONGEST_LINE {
+            return Err(std::io::Error::other(format!(
+                "a line over {} MiB, longer than any event tracer writes",
+                LONGEST_LINE >> 20
+            )));
+        }
         out[..take].copy_from_slice(&buf[..take]);
         self.done = end == Some(take);
         self.inner.consume(take + usize::from(self.done));
@@ -113,7 +128,7 @@ impl Record {
             }
             line += 1;
             let event: Event =
-                serde_json::from_reader(OneLine { inner: &mut reader, done: false }).map_err(|cause| {
+                serde_json::from_reader(OneLine { inner: &mut reader, done: false, given: 0 }).map_err(|cause| {
                     if cause.is_io() {
                         read_err(cause.into())
                     } else {

@@ -102,7 +102,7 @@ fn pid_filter_note(scope: u32) -> Option<Note> {
             Level::Note,
             NoteCode::PidFilter,
             format!(
-                "this kernel's uprobe-multi links filter by thread, not process (Linux 6.6 to 6.9 before \"bpf: fix multi-uprobe PID filtering logic\"): attached for every process that maps the probed files, and PID {scope}'s hits kept by the programs, so the counts are whole; other processes running those files pay the probes' hits while tracer is attached (--links perf avoids that)"
+                "this kernel's uprobe-multi links filter by thread, not process (Linux 6.6 to 6.9 before \"bpf: fix multi-uprobe PID filtering logic\"): attached for every process that maps the probed files, and PID {scope}'s hits kept by the programs, so the counts are whole; other processes running those files pay the probes' hits while tracer is attached, and have their GC markers' semaphores raised (--links perf avoids that)"
             ),
         )
     })
