@@ -201,14 +201,7 @@ fn processes_that_exit_between_readings_are_priced_from_their_exit_records() {
     assert!(status.success(), "{status}: {stderr}");
     let summary = lines.last().expect("summary");
     assert_eq!(summary["pids"].as_object().map(serde_json::Map::len), Some(bodies.len()), "{summary}");
-    let cost = &summary["cost"];
-    check_cost(cost);
-    assert_eq!(cost.get("unpriced_hits"), None, "every hit priced: {cost}");
-    // Every call, and every pass of a gated site that went elsewhere (a
-    // hit that counts no call).
-    let all: u64 = tracer_tests::counts(summary).values().map(|(calls, _)| calls).sum();
-    let gate_other = summary["stats"]["gate_other"].as_u64().expect("gate_other");
-    assert_eq!(cost["hits"].as_u64(), Some(all + gate_other), "{cost}");
+    let cost = every_hit_priced(summary);
     // The kernel's exit records count CPU time in ticks sampled; wait4
     // gives it exactly. A thread left out would take half the second
     // child's.
@@ -243,12 +236,20 @@ fn processes_running_before_an_exe_attach_are_priced_from_the_attach() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(status.success(), "{status}: {stderr}");
     let summary = lines.last().expect("summary");
+    every_hit_priced(summary);
+}
+
+/// The summary's cost, checked, with every hit priced: every call, and
+/// every pass of a gated site that went elsewhere (a hit that counts no
+/// call).
+fn every_hit_priced(summary: &Value) -> &Value {
     let cost = &summary["cost"];
     check_cost(cost);
     assert_eq!(cost.get("unpriced_hits"), None, "every hit priced: {cost}");
     let all: u64 = tracer_tests::counts(summary).values().map(|(calls, _)| calls).sum();
     let gate_other = summary["stats"]["gate_other"].as_u64().expect("gate_other");
     assert_eq!(cost["hits"].as_u64(), Some(all + gate_other), "{cost}");
+    cost
 }
 
 /// A private copy of Debian's python3.11 in a directory of its own (the
