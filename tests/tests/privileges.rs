@@ -94,9 +94,9 @@ fn attach_needs_exactly_the_capabilities_the_docs_list() {
 }
 
 /// `--name` as uid 65534 with no capability: a pattern matching one CPython
-/// process of its own and one of root's, which it may not inspect, traces
-/// its own and says, on one line, what it skipped and why (the other may
-/// be the one meant).
+/// process of its own and one of root's, which it may not inspect, plans
+/// for its own and says in a warning note what it skipped and why (the
+/// other may be the one meant).
 #[test]
 fn name_says_which_match_it_may_not_inspect() {
     require_root();
@@ -120,18 +120,21 @@ fn name_says_which_match_it_may_not_inspect() {
     };
     let mut own = start(true);
     let mut roots = start(false);
-    let out = as_nobody("", &["probes", "--name", &marker]);
+    let out = as_nobody("", &["probes", "--name", &marker, "--json"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stderr}");
+    assert_eq!(stderr, "");
     let (own_pid, root_pid) = (own.id(), roots.id());
-    assert_eq!(
-        stderr,
-        format!(
-            "tracer: warning: --name \"{marker}\" also matches PID {root_pid}, which tracer cannot inspect (cannot read memory map of PID {root_pid}: Permission Denied: /proc/{root_pid}/maps; as another user than root, tracer needs CAP_SYS_PTRACE to inspect another user's process: grant it, or run tracer with sudo): tracing PID {own_pid}, the one CPython process it matches that tracer can; pass --pid to choose\n"
-        )
-    );
-    assert!(stdout.starts_with(&format!("{} (Python 3.11", tracer_tests::STATIC_PYTHON)), "{stdout}");
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).expect("the plan as JSON");
+    assert_eq!(plan["image"], tracer_tests::STATIC_PYTHON, "{plan}");
+    let warning = serde_json::json!({
+        "level": "warning",
+        "code": "target",
+        "message": format!(
+            "--name \"{marker}\" also matches PID {root_pid}, which tracer cannot inspect (cannot read memory map of PID {root_pid}: Permission Denied: /proc/{root_pid}/maps; as another user than root, tracer needs CAP_SYS_PTRACE to inspect another user's process: grant it, or run tracer with sudo): tracing PID {own_pid}, the one CPython process it matches that tracer can; pass --pid to choose"
+        ),
+    });
+    assert_eq!(plan["notes"].as_array().and_then(|n| n.first()), Some(&warning), "{plan}");
     for child in [&mut own, &mut roots] {
         let _ = child.kill();
         let _ = child.wait();

@@ -361,8 +361,9 @@ fn bench(args: &BenchArgs) -> Result<(), Failure> {
 }
 
 fn probes(args: &ProbesArgs) -> Result<(), Failure> {
-    let target = tracer_user::config::target_of(&args.target)?;
-    let prepared = prepare::prepare(&target, &prepare::Options::probes(args))?;
+    let (target, target_notes) = tracer_user::config::target_of(&args.target)?;
+    let mut prepared = prepare::prepare(&target, &prepare::Options::probes(args))?;
+    prepared.notes.splice(0..0, target_notes);
     // What a hit costs, to price each probe's: measured once a boot (kept
     // in /run/tracer), which takes the privileges an attach does; without
     // them the plan is shown unpriced.

@@ -20,6 +20,7 @@ pub use stacks::{DEFAULT_TOP, MAX_DEPTH, StacksConfig};
 
 use crate::{
     cli::AttachArgs,
+    model::{Level, Note, NoteCode},
     plan::{PlacementMode, gc::GcMode},
     probe::{ProbeSelection, SelectionError},
 };
@@ -38,18 +39,16 @@ pub fn target_spec(pid: Option<u32>, exe: Option<&std::path::Path>) -> Result<Ta
     }
 }
 
-/// `--pid`, `--exe` or `--name` (resolved here to the one PID it selects).
-pub fn target_of(t: &crate::cli::TargetArgs) -> Result<TargetSpec, ConfigError> {
+/// `--pid`, `--exe` or `--name` (resolved here to the one PID it selects),
+/// and what the user should know of how: a match `--name` passed over.
+pub fn target_of(t: &crate::cli::TargetArgs) -> Result<(TargetSpec, Vec<Note>), ConfigError> {
     match (&t.name, t.pid, &t.exe) {
         (Some(pattern), None, None) => {
             let (pid, skipped) = crate::discover::name::select(pattern)?;
-            if let Some(line) = skipped {
-                // It holds the target's text (paths from its maps).
-                eprintln!("tracer: warning: {}", crate::text::line(&line));
-            }
-            Ok(TargetSpec::Pid(pid))
+            let notes = skipped.map(|line| Note::new(Level::Warning, NoteCode::Target, line)).into_iter().collect();
+            Ok((TargetSpec::Pid(pid), notes))
         }
-        (None, pid, exe) => target_spec(pid, exe.as_deref()),
+        (None, pid, exe) => target_spec(pid, exe.as_deref()).map(|spec| (spec, Vec::new())),
         _ => Err(ConfigError::NoTarget),
     }
 }
@@ -123,6 +122,9 @@ fn exact_only(args: &AttachArgs) -> Option<&'static str> {
 #[derive(Clone, Debug, PartialEq)]
 #[allow(clippy::struct_excessive_bools, reason = "one field per on/off command-line flag")]
 pub struct AttachConfig {
+    /// What resolving the target had to say (`--name`'s skipped matches),
+    /// given as the run's first notes.
+    pub notes: Vec<Note>,
     /// The production profile or exact tracing.
     pub mode: Mode,
     /// What to trace.
@@ -333,7 +335,8 @@ impl TryFrom<&AttachArgs> for AttachConfig {
 
     /// Checks the flags against each other: what clap cannot see alone.
     fn try_from(args: &AttachArgs) -> Result<Self, ConfigError> {
-        Self::build(args, target_of(&args.target)?, false)
+        let (target, notes) = target_of(&args.target)?;
+        Self::build(args, target, false).map(|config| Self { notes, ..config })
     }
 }
 
@@ -441,6 +444,7 @@ impl AttachConfig {
             }
         }
         Ok(Self {
+            notes: Vec::new(),
             listen: args.listen,
             record,
             pprof,

@@ -18,6 +18,8 @@ pub enum Level {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NoteCode {
+    /// `--name` passed over a match tracer may not inspect.
+    Target,
     /// `--links auto` fell back to perf-event uprobes.
     LinkFallback,
     /// The kernel's uprobe-multi links filter by thread, so they were

@@ -250,7 +250,7 @@ pub(super) fn start<'a>(
     let mut output = Output { reporter, attached: None, previous: None, closed: false };
     output.emit(&Event::Attached(info.clone()))?;
     output.attached = Some(info);
-    output.notes(fallback.into_iter().chain(notes).chain(profile_notes))?;
+    output.notes(config.notes.iter().cloned().chain(fallback).chain(notes).chain(profile_notes))?;
     Ok((Run { session, readout, duty, late, frees, started, cost, profile, growth }, output))
 }
 
