@@ -203,6 +203,7 @@ pub fn without_cost_warning(stderr: &str) -> String {
         .filter(|l| {
             !l.starts_with("tracer: warning: tracing costs the target")
                 && !l.starts_with("tracer: warning: the profile cost ")
+                && !l.starts_with("tracer: warning: the profile has cost ")
         })
         .flat_map(|l| [l, "\n"])
         .collect()

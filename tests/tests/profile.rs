@@ -83,8 +83,14 @@ fn the_profile_is_the_default_and_says_so_first() {
     assert!(read > 0 && read.is_multiple_of(72), "{profile}");
     assert_eq!(interval["gc"]["source"], "memory", "{}", interval["gc"]);
     assert_eq!(interval["budget"]["estimates"], true);
+    // The run so far, which the budget holds to: after the first interval,
+    // that interval.
+    let mut alone = profile.clone();
+    let so_far = alone.as_object_mut().expect("profile").remove("so_far").expect("so_far");
+    assert_eq!(so_far, alone, "{profile}");
     tracer.signal(libc::SIGINT);
     let summary = tracer.summary();
+    assert!(summary["profile"].get("so_far").is_none(), "the summary's is the run's: {}", summary["profile"]);
     assert_eq!(summary["stats"]["gc_memory_rejected"], 0, "{}", summary["stats"]);
     workload.ping();
 

@@ -333,10 +333,13 @@ fn merge_budget(budgets: impl Iterator<Item = Budget>) -> Option<Budget> {
 }
 
 fn merge_profile<'a>(profiles: impl Iterator<Item = &'a ProfileCost>) -> Option<ProfileCost> {
-    let profiles: Vec<&ProfileCost> = profiles.collect();
+    merge_profiles(&profiles.collect::<Vec<_>>())
+}
+
+fn merge_profiles(profiles: &[&ProfileCost]) -> Option<ProfileCost> {
     let first = profiles.first()?;
     let mut sources: IndexMap<String, Vec<(SourceCost, f64)>> = IndexMap::new();
-    for p in &profiles {
+    for p in profiles {
         for (name, s) in &p.sources {
             sources.entry(name.clone()).or_default().push((*s, p.target_cpu_s));
         }
@@ -362,6 +365,11 @@ fn merge_profile<'a>(profiles: impl Iterator<Item = &'a ProfileCost>) -> Option<
         span_s: profiles.iter().map(|p| p.span_s).fold(0.0, f64::max),
         target_cpu_s: profiles.iter().map(|p| p.target_cpu_s).sum(),
         sources,
+        // Every process's run so far, where each has one.
+        so_far: (profiles.iter().all(|p| p.so_far.is_some()))
+            .then(|| merge_profiles(&profiles.iter().filter_map(|p| p.so_far.as_deref()).collect::<Vec<_>>()))
+            .flatten()
+            .map(Box::new),
     })
 }
 

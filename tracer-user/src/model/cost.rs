@@ -246,6 +246,11 @@ pub struct ProfileCost {
     /// `census` (the heap census), `growth` (its probes and reads),
     /// `tracer` (the run loop's own CPU time).
     pub sources: IndexMap<String, SourceCost>,
+    /// In an interval: the run's cost so far, which the budget holds to.
+    /// An interval's own can be over it in steady state: a census, paid
+    /// for over the intervals before, falls in one of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub so_far: Option<Box<ProfileCost>>,
 }
 
 impl ProfileCost {
@@ -277,9 +282,18 @@ impl ProfileCost {
 
     /// Where the profile cost more than its budget, other than by the
     /// first window alone ([`Self::first_window_paid_by_s`] says that): by
-    /// how much, the costliest sources, and what lowers the costliest.
+    /// how much, the costliest sources, and what lowers the costliest. In
+    /// an interval, of the run so far: the budget holds over a run, and a
+    /// census it paid for over several intervals takes one over it.
     #[must_use]
     pub fn over_budget(&self) -> Option<String> {
+        match &self.so_far {
+            Some(run) => run.over("has cost", " over the run so far"),
+            None => self.over("cost", ""),
+        }
+    }
+
+    fn over(&self, verb: &str, span: &str) -> Option<String> {
         // Rounded as shown: 1.0004% is not over a 1% budget.
         let (cost, budget) = (self.fraction * 100.0, self.budget_percent);
         if (cost * 1000.0).round() <= (budget * 1000.0).round() || self.first_window_paid_by_s().is_some() {
@@ -310,7 +324,7 @@ impl ProfileCost {
             _ => "a longer run spreads what a source took at the start",
         };
         Some(format!(
-            "the profile cost {cost:.3}% of the target's CPU time, over its {}% budget; the most: {}; {hint}",
+            "the profile {verb} {cost:.3}% of the target's CPU time{span}, over its {}% budget; the most: {}; {hint}",
             (budget * 1e6).round() / 1e6,
             most.join(", ")
         ))
@@ -340,6 +354,7 @@ mod tests {
             span_s: 5.0,
             target_cpu_s: cpu,
             sources: sources.into_iter().map(|(n, s)| (n.to_owned(), s)).collect(),
+            so_far: None,
         }
     }
 
@@ -402,6 +417,26 @@ mod tests {
         assert_eq!(
             over.over_budget().expect("over"),
             "the profile cost 1.600% of the target's CPU time, over its 1% budget; the most: census 1.200%, first window 0.400%; the heap census keeps to half the budget over a run, and the first is taken before that much is earned; a longer run spreads it"
+        );
+    }
+
+    /// An interval over the budget in a run within it (a census, paid for
+    /// over the intervals before, fell in it): nothing to warn of. One in
+    /// a run over it: said of the run so far.
+    #[test]
+    fn an_interval_warns_of_the_run_so_far() {
+        let mut interval = run(0.005);
+        interval.sources.get_mut("census").expect("census").fraction = 0.012;
+        interval.fraction += 0.008;
+        interval.so_far = Some(Box::new(run(0.005)));
+        assert_eq!(interval.over_budget(), None, "the run so far is within the budget");
+        let mut over = run(0.005);
+        over.sources.get_mut("census").expect("census").fraction = 0.012;
+        over.fraction += 0.008;
+        interval.so_far = Some(Box::new(over));
+        assert_eq!(
+            interval.over_budget().expect("over"),
+            "the profile has cost 1.600% of the target's CPU time over the run so far, over its 1% budget; the most: census 1.200%, first window 0.400%; the heap census keeps to half the budget over a run, and the first is taken before that much is earned; a longer run spreads it"
         );
     }
 }

@@ -234,9 +234,10 @@ impl Run {
         // window, the census or tracer's own work cost (the first window
         // alone is said on the table's cost line, and paid for by a longer
         // run). A short run a little over its budget is said in the table
-        // only: its start-up costs spread over a longer one.
+        // only: its start-up costs spread over a longer one. Of the run so
+        // far, as the budget holds over a run.
         if let Some(p) = &snapshot.profile {
-            let high = p.fraction > crate::model::Cost::HIGH;
+            let high = p.so_far.as_deref().unwrap_or(p).fraction > crate::model::Cost::HIGH;
             return self.cost.over_budget_note(p.over_budget().filter(|_| high));
         }
         self.cost.high_cost_note(&snapshot.cost?)

@@ -108,7 +108,8 @@ impl BudgetLedger {
     /// `cpu` of CPU time: its cost by source. What the sources other than
     /// the rates took over the run so far, the rates' duty cycle leaves
     /// them from now on: over the run, because a census comes every few
-    /// intervals, and the rates' windows catch up after one.
+    /// intervals, and the rates' windows catch up after one. The run's
+    /// cost so far goes with it.
     pub fn close_interval(&mut self, span: Duration, cpu: Duration) -> ProfileCost {
         let interval = std::mem::take(&mut self.interval);
         for (name, spent) in &interval {
@@ -123,7 +124,7 @@ impl BudgetLedger {
             .filter(|(name, _)| *name != RATES && *name != FIRST_WINDOW)
             .map(|(_, s)| s.fraction)
             .sum();
-        self.cost(&interval, span, cpu)
+        ProfileCost { so_far: Some(Box::new(total)), ..self.cost(&interval, span, cpu) }
     }
 
     /// The run's cost so far.
@@ -169,6 +170,7 @@ impl BudgetLedger {
             span_s: span.as_secs_f64(),
             target_cpu_s: cpu.as_secs_f64(),
             sources,
+            so_far: None,
         }
     }
 }

@@ -410,8 +410,13 @@ fn profile_line(p: &crate::model::ProfileCost) -> String {
     let paid = p.first_window_paid_by_s().map_or_else(String::new, |s| {
         format!("; over the budget by the first window alone, which a run of about {s:.0} s or more pays for (the windows after it wait until it is paid for)")
     });
+    // The budget holds over the run: an interval's own figure is over it
+    // where a census falls in it.
+    let so_far = p.so_far.as_ref().map_or_else(String::new, |run| {
+        format!("; the run so far ≈{:.3}% ({:.2} s of CPU time)", run.fraction * 100.0, run.target_cpu_s)
+    });
     format!(
-        "  profile cost ≈{:.3}% of the target's CPU time ({:.2} s of it; budget {}%): {}{paid}",
+        "  profile cost ≈{:.3}% of the target's CPU time ({:.2} s of it; budget {}%): {}{paid}{so_far}",
         p.fraction * 100.0,
         p.target_cpu_s,
         (p.budget_percent * 1e6).round() / 1e6,

@@ -305,8 +305,11 @@ impl View {
         let Some(s) = &self.snapshot else { return "attached; the first interval is coming".to_owned() };
         let mut parts = vec![format!("{:.1} s", s.elapsed_s)];
         if let Some(p) = &s.profile {
+            // The run's so far: the budget holds over a run, and an
+            // interval's own flickers with the census that falls in it.
+            let (p, so_far) = p.so_far.as_deref().map_or((p, ""), |run| (run, " so far"));
             parts.push(format!(
-                "cost ≈{:.2}% of the target's CPU time (estimated; budget {}%)",
+                "cost ≈{:.2}% of the target's CPU time{so_far} (estimated; budget {}%)",
                 p.fraction * 100.0,
                 p.budget_percent
             ));
