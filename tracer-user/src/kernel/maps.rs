@@ -207,16 +207,13 @@ impl Session {
             per_process.entry(key.tgid).or_insert_with(|| vec![ProbeReading::default(); slots])[slot].returned = sum;
             probes[slot].returned = probes[slot].returned.merged(sum);
         }
-        let mut sizes = Vec::new();
-        for index in 0..tracer_common::sizes::DOMAINS * tracer_common::sizes::BUCKETS {
-            let per_cpu = self.sizes.get(&index, 0).map_err(map_err(names::SIZES_MAP))?;
-            sizes.push(per_cpu.iter().fold(Counter::default(), |sum, c| sum.merged(*c)));
-        }
-        let mut stats = Vec::with_capacity(Stat::ALL.len());
-        for index in 0..STAT_COUNT {
-            let per_cpu = self.stats.get(&index, 0).map_err(map_err(names::STATS_MAP))?;
-            stats.push(per_cpu.iter().fold(0u64, |sum, v| sum.saturating_add(*v)));
-        }
+        let sizes = per_cpu_sums(
+            &self.sizes,
+            names::SIZES_MAP,
+            tracer_common::sizes::DOMAINS * tracer_common::sizes::BUCKETS,
+            |sum: Counter, c| sum.merged(c),
+        )?;
+        let mut stats = per_cpu_sums(&self.stats, names::STATS_MAP, STAT_COUNT, |sum: u64, v| sum.saturating_add(v))?;
         stats[Stat::SlotOutOfRange as usize] = stats[Stat::SlotOutOfRange as usize].saturating_add(stray);
         let mut kernel_misses = 0u64;
         let perf = self.programs.iter().map(|(p, fd)| (p.name(), fd.as_fd()));
@@ -506,4 +503,29 @@ impl Session {
             Err(cause) => Err(map_err(cause)),
         }
     }
+}
+
+/// Each of the first `len` indexes of the per-CPU array `map` (named
+/// `name`), its CPUs' values summed by `merge`: in one batch lookup where
+/// the kernel has it, else one lookup an index.
+fn per_cpu_sums<V: aya::Pod + Default>(
+    map: &aya::maps::PerCpuArray<aya::maps::MapData, V>,
+    name: &'static str,
+    len: u32,
+    merge: impl Fn(V, V) -> V,
+) -> Result<Vec<V>, AttachError> {
+    use aya::maps::IterableMap as _;
+    let map_err = |cause| AttachError::Map { name, cause: Box::new(cause) };
+    let sum = |values: &[V]| values.iter().fold(V::default(), |sum, v| merge(sum, *v));
+    let cpus = aya::util::nr_cpus().map_err(|(_, e)| map_err(aya::maps::MapError::IoError(e)))?;
+    if let Some(all) =
+        super::batch::per_cpu_array::<V>(map.map(), len, cpus).map_err(|e| map_err(aya::maps::MapError::IoError(e)))?
+    {
+        return Ok(all.iter().map(|v| sum(v)).collect());
+    }
+    (0..len)
+        .map(|index| {
+            map.get(&index, 0).map(|per_cpu| per_cpu.iter().fold(V::default(), |s, v| merge(s, *v))).map_err(map_err)
+        })
+        .collect()
 }

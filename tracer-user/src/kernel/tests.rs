@@ -211,6 +211,36 @@ fn a_size_in_a_stack_slot_is_read_from_memory() {
     assert!(readings.stats.iter().all(|&v| v == 0), "{readings:?}");
 }
 
+/// The sizes' buckets read in one batch lookup are those read an index at
+/// a time, and hold every call of the probe's domain.
+#[test]
+fn the_sizes_read_in_one_batch_are_those_read_one_by_one() {
+    const N: u64 = 300;
+    let (mut plan, _) = seven_plan();
+    plan.probes[0].domain = Some(tracer_common::sizes::Domain::Mem);
+    let mut session = Session::load(plan, std::process::id(), &LoadOptions::default()).expect("the object loads");
+    session.prepare(true).expect("programs load");
+    session.attach_multi(std::process::id()).expect("attached");
+    for i in 0..N {
+        tracer_test_seven(i, 0, 0, 0, 0, 0, 1234);
+    }
+    session.detach_multi(std::process::id());
+    let readings = session.read().expect("the counters read");
+    let len = tracer_common::sizes::DOMAINS * tracer_common::sizes::BUCKETS;
+    let one_by_one: Vec<Counter> = (0..len)
+        .map(|i| session.sizes.get(&i, 0).expect("a bucket").iter().fold(Counter::default(), |s, c| s.merged(*c)))
+        .collect();
+    assert_eq!(readings.sizes, one_by_one);
+    // This kernel has the batch lookup: that is what read them.
+    let cpus = aya::util::nr_cpus().expect("possible CPUs");
+    let batch = super::batch::per_cpu_array::<Counter>(aya::maps::IterableMap::map(&session.sizes), len, cpus);
+    assert_eq!(batch.expect("read").expect("the batch lookup").len(), len as usize);
+    let bucket =
+        tracer_common::sizes::index(tracer_common::sizes::Domain::Mem as u32, tracer_common::sizes::bucket(1234));
+    assert_eq!(readings.sizes[bucket as usize], Counter { calls: N, bytes: 1234 * N }, "{:?}", readings.sizes);
+    assert_eq!(readings.sizes.iter().map(|c| c.calls).sum::<u64>(), N);
+}
+
 /// With heat on (the budget's), each hit counts in its address's bucket,
 /// and the next attach puts the site hit into a tier of its own, where it
 /// counts as before.
