@@ -1,9 +1,11 @@
-//! Reading a whole per-CPU array in one `BPF_MAP_LOOKUP_BATCH` (Linux
-//! 5.6 and later) instead of one lookup per index: the sizes' buckets and
-//! the statistics are 291 indexes, read at every interval and every 5 ms
-//! while a window is live, and one syscall each was most of tracer's own
-//! CPU time between censuses (BENCHMARKS.md, "tracer's own cost while
-//! attached").
+//! Reading a whole per-CPU map in `BPF_MAP_LOOKUP_BATCH` calls (Linux 5.6
+//! and later) instead of two syscalls a key (the next key, then its
+//! value), or one an index: the counts are read at every interval and
+//! every 5 ms while a window is live, and the sizes' buckets and the
+//! statistics alone are 291 indexes. One syscall a key was most of the
+//! run loop's own CPU time on a busy target, and grew with `--exe`'s
+//! processes and `--stacks`' stacks (BENCHMARKS.md, "tracer's own cost
+//! while attached").
 
 use std::os::fd::{AsFd as _, AsRawFd as _};
 
@@ -24,12 +26,141 @@ struct BatchAttr {
     flags: u64,
 }
 
-/// Where the kernel has no batch lookup for this map: the caller reads
-/// it one index at a time.
-fn unsupported(e: &std::io::Error) -> bool {
-    // ENOTSUPP (524), the kernel's own, is what a map type without batch
-    // operations answers; EINVAL, a kernel without the command.
-    matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP | 524))
+/// How many entries of a hash map one call asks for at first; doubled
+/// where one bucket holds more.
+const CHUNK: u32 = 512;
+
+/// The most entries one call may ask for: a hash bucket never holds so
+/// many unless the kernel is wrong.
+const MOST: u32 = 1 << 20;
+
+/// Entries of a per-CPU map: each key with its value on every possible CPU.
+pub type PerCpuEntries<K, V> = Vec<(K, Vec<V>)>;
+
+/// What one call left: the entries it filled and whether the map has more.
+enum Batch {
+    /// This many filled, and more to read from the position it wrote.
+    More(u32),
+    /// This many filled, and none after them.
+    End(u32),
+    /// Not one entry fits in the buffers: a bucket holds more.
+    TooSmall,
+    /// The kernel has no batch lookup for this map.
+    Unsupported,
+}
+
+/// One `BPF_MAP_LOOKUP_BATCH` of `map` from `position` (the start where
+/// `None`) into `keys` and `values`, of `count` entries each; the position
+/// after it is written to `next`.
+fn lookup(
+    map: &MapData,
+    position: Option<&u64>,
+    next: &mut u64,
+    (keys, values): (&mut [u8], &mut [u8]),
+    count: u32,
+) -> std::io::Result<Batch> {
+    let mut attr = BatchAttr {
+        in_batch: position.map_or(0, |p| std::ptr::from_ref(p) as u64),
+        out_batch: std::ptr::from_mut(next) as u64,
+        keys: keys.as_mut_ptr() as u64,
+        values: values.as_mut_ptr() as u64,
+        count,
+        map_fd: u32::try_from(map.fd().as_fd().as_raw_fd())
+            .map_err(|_| std::io::Error::from_raw_os_error(libc::EBADF))?,
+        ..BatchAttr::default()
+    };
+    let size = libc::c_long::try_from(size_of::<BatchAttr>()).unwrap_or(0);
+    // SAFETY: attr is laid out as the kernel's bpf_attr for a batch
+    // command, its size passed with it. Its keys and values point to the
+    // callers' buffers of `count` keys and values of the map's sizes
+    // (checked by aya when the typed map was made, and by the callers'
+    // lengths), and in_batch and out_batch to 8 bytes (an array's
+    // position is its 4-byte key, a hash map's a 4-byte bucket), all of
+    // which outlive the call.
+    let rc =
+        unsafe { libc::syscall(libc::SYS_bpf, bpf_cmd::BPF_MAP_LOOKUP_BATCH as libc::c_long, &raw mut attr, size) };
+    if rc == 0 {
+        return Ok(Batch::More(attr.count));
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        // Read up to the end: with the entries read.
+        Some(libc::ENOENT) => Ok(Batch::End(attr.count)),
+        Some(libc::ENOSPC) => Ok(Batch::TooSmall),
+        // ENOTSUPP (524), the kernel's own, is what a map type without
+        // batch operations answers; EINVAL, a kernel without the command.
+        Some(libc::EINVAL | libc::EOPNOTSUPP | 524) => Ok(Batch::Unsupported),
+        _ => Err(e),
+    }
+}
+
+/// The bytes of one entry's per-CPU value: one 8-byte aligned copy per
+/// possible CPU, `cpus` of them.
+const fn per_cpu_len<V>(cpus: usize) -> usize {
+    size_of::<V>().next_multiple_of(8).saturating_mul(cpus)
+}
+
+/// Values of `V` at the start of each `stride` bytes of `bytes`.
+fn values_of<V: Pod>(bytes: &[u8], stride: usize) -> Vec<V> {
+    bytes
+        .chunks_exact(stride)
+        // SAFETY: V is Pod, so any bytes are a value of it, and each chunk
+        // holds at least size_of::<V>() of them (stride is at least that);
+        // the read is unaligned because the buffer is of bytes.
+        .map(|chunk| unsafe { std::ptr::read_unaligned(chunk.as_ptr().cast::<V>()) })
+        .collect()
+}
+
+/// Every entry of the per-CPU map `map` (a hash or an array) whose keys
+/// are `K` and values `V`, each with its values on every possible CPU,
+/// `cpus` of them; `None` where the kernel has no batch lookup for it.
+///
+/// # Errors
+/// The lookup's.
+pub fn per_cpu_entries<K: Pod, V: Pod>(map: &MapData, cpus: usize) -> std::io::Result<Option<PerCpuEntries<K, V>>> {
+    in_chunks(map, cpus, CHUNK)
+}
+
+/// [`per_cpu_entries`], asking for `count` entries a call at first.
+pub(super) fn in_chunks<K: Pod, V: Pod>(
+    map: &MapData,
+    cpus: usize,
+    mut count: u32,
+) -> std::io::Result<Option<PerCpuEntries<K, V>>> {
+    let (stride, entry) = (size_of::<V>().next_multiple_of(8), per_cpu_len::<V>(cpus));
+    let mut out = Vec::new();
+    let (mut position, mut next) = (None, 0u64);
+    loop {
+        let n = usize::try_from(count).unwrap_or(usize::MAX);
+        let mut keys = vec![0u8; n.saturating_mul(size_of::<K>())];
+        let mut values = vec![0u8; n.saturating_mul(entry)];
+        let (filled, end) = match lookup(map, position.as_ref(), &mut next, (&mut keys, &mut values), count)? {
+            Batch::Unsupported if out.is_empty() && position.is_none() => return Ok(None),
+            Batch::Unsupported => return Err(std::io::Error::other("the batch lookup failed part way")),
+            Batch::TooSmall if count < MOST => {
+                count *= 2;
+                continue;
+            }
+            Batch::TooSmall => return Err(std::io::Error::other(format!("a bucket holds over {MOST} entries"))),
+            Batch::More(filled) => (filled, false),
+            Batch::End(filled) => (filled, true),
+        };
+        let filled = usize::try_from(filled).unwrap_or(usize::MAX).min(n);
+        let key_len = size_of::<K>();
+        for (key, value) in keys.chunks_exact(key_len).zip(values.chunks_exact(entry)).take(filled) {
+            let key = values_of::<K>(key, key_len).pop().ok_or_else(|| std::io::Error::other("an empty key"))?;
+            out.push((key, values_of::<V>(value, stride)));
+        }
+        if end {
+            return Ok(Some(out));
+        }
+        // The kernel fills at least one entry of a call that is not the
+        // last, or says the buffers are too small.
+        if filled == 0 {
+            return Err(std::io::Error::other("the batch lookup read nothing and did not end"));
+        }
+        position = Some(next);
+    }
 }
 
 /// Every index of the per-CPU array `map` of `len` entries, each its
@@ -37,57 +168,23 @@ fn unsupported(e: &std::io::Error) -> bool {
 /// has no batch lookup for it.
 ///
 /// # Errors
-/// The lookup's, or a kernel that filled fewer entries than asked.
-pub fn per_cpu_array<V: Pod + Default>(map: &MapData, len: u32, cpus: usize) -> std::io::Result<Option<Vec<Vec<V>>>> {
-    // A per-CPU value is one 8-byte aligned copy per possible CPU.
-    let stride = size_of::<V>().next_multiple_of(8);
-    let entry = stride.saturating_mul(cpus);
-    let count = usize::try_from(len).unwrap_or(usize::MAX);
-    let mut keys = vec![0u32; count];
-    let mut values = vec![0u8; entry.saturating_mul(count)];
-    // The position after the last entry read, which the kernel writes and
-    // an array's lookup reads as a key: room for one.
-    let mut out_batch = 0u64;
-    let mut attr = BatchAttr {
-        keys: keys.as_mut_ptr() as u64,
-        values: values.as_mut_ptr() as u64,
-        out_batch: std::ptr::from_mut(&mut out_batch) as u64,
-        count: len,
-        map_fd: u32::try_from(map.fd().as_fd().as_raw_fd())
-            .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?,
-        ..BatchAttr::default()
-    };
-    let size = libc::c_long::try_from(size_of::<BatchAttr>()).unwrap_or(0);
-    // SAFETY: attr is laid out as the kernel's bpf_attr for a batch
-    // command, its size passed with it; keys and values point to buffers
-    // of `len` keys and `len` per-CPU values, and out_batch to 8 bytes
-    // (an array's key is 4), all of which outlive the call.
-    let rc =
-        unsafe { libc::syscall(libc::SYS_bpf, bpf_cmd::BPF_MAP_LOOKUP_BATCH as libc::c_long, &raw mut attr, size) };
-    if rc != 0 {
-        let e = std::io::Error::last_os_error();
-        // Reading up to the end answers ENOENT, with the entries read.
-        if e.raw_os_error() != Some(libc::ENOENT) {
-            return if unsupported(&e) { Ok(None) } else { Err(e) };
+/// The lookup's, or one that did not give every index once.
+pub fn per_cpu_array<V: Pod>(map: &MapData, len: u32, cpus: usize) -> std::io::Result<Option<Vec<Vec<V>>>> {
+    let Some(entries) = per_cpu_entries::<u32, V>(map, cpus)? else { return Ok(None) };
+    let mut out: Vec<Option<Vec<V>>> = vec![None; usize::try_from(len).unwrap_or(usize::MAX)];
+    for (index, values) in entries {
+        let slot = usize::try_from(index).ok().and_then(|i| out.get_mut(i));
+        match slot {
+            Some(slot @ None) => *slot = Some(values),
+            _ => {
+                return Err(std::io::Error::other(format!(
+                    "the batch lookup gave index {index} of {len} twice or out of range"
+                )));
+            }
         }
     }
-    if attr.count != len {
-        return Err(std::io::Error::other(format!("the batch lookup read {} of {len} entries", attr.count)));
-    }
-    let mut out = vec![Vec::new(); count];
-    for (i, key) in keys.iter().enumerate() {
-        let index = usize::try_from(*key).unwrap_or(usize::MAX);
-        let slot = out
-            .get_mut(index)
-            .ok_or_else(|| std::io::Error::other(format!("the batch lookup gave index {key} of {len}")))?;
-        let bytes = &values[i * entry..(i + 1) * entry];
-        *slot = bytes
-            .chunks_exact(stride)
-            // SAFETY: V is Pod, so any bytes are a value of it, and each
-            // chunk holds at least size_of::<V>() of them; the read is
-            // unaligned because the buffer is of bytes.
-            .map(|chunk| unsafe { std::ptr::read_unaligned(chunk.as_ptr().cast::<V>()) })
-            .collect();
-    }
-    Ok(Some(out))
+    out.into_iter()
+        .map(|v| v.ok_or_else(|| std::io::Error::other(format!("the batch lookup left out an index of {len}"))))
+        .collect::<std::io::Result<Vec<_>>>()
+        .map(Some)
 }

@@ -214,8 +214,7 @@ impl Session {
             .ok_or_else(|| map_err(aya::maps::MapError::InvalidName { name: names::GC_TOTALS_MAP.to_owned() }))?;
         let totals: PerCpuHashMap<&MapData, GcKey, GcTotals> = PerCpuHashMap::try_from(map).map_err(map_err)?;
         let mut out: BTreeMap<u32, BTreeMap<i32, GcTotals>> = BTreeMap::new();
-        for entry in &totals {
-            let (key, per_cpu) = entry.map_err(map_err)?;
+        for (key, per_cpu) in super::maps::per_cpu_hash(&totals, names::GC_TOTALS_MAP)? {
             if key.tgid == 0 {
                 // No process has id 0: the test knob's placeholder (see
                 // super::full).

@@ -144,22 +144,19 @@ impl Session {
         // the sizes' buckets, which read first would leave every call made
         // between the two reads unknown and mark whole bytes partial.
         let mut types: BTreeMap<u32, BTreeMap<u64, TypeCounts>> = BTreeMap::new();
-        for entry in &self.types {
-            let (key, per_cpu) = entry.map_err(map_err(names::TYPES_MAP))?;
+        for (key, per_cpu) in per_cpu_hash(&self.types, names::TYPES_MAP)? {
             let sum = per_cpu.iter().fold(TypeCounts::default(), |sum, v| sum.merged(*v));
             types.entry(key.tgid).or_default().insert(key.type_address, sum);
         }
         let mut stacks = Vec::new();
-        for entry in &self.stack_counts {
-            let (key, per_cpu) = entry.map_err(map_err(names::STACK_COUNTS_MAP))?;
+        for (key, per_cpu) in per_cpu_hash(&self.stack_counts, names::STACK_COUNTS_MAP)? {
             // Process 0 is the idle task, which no event comes from: only
             // the test knob's placeholder (`kernel::full`) has it.
             if key.tgid != 0 {
                 stacks.push((key, per_cpu.iter().fold(Counter::default(), |sum, c| sum.merged(*c))));
             }
         }
-        for entry in &self.counters {
-            let (key, per_cpu) = entry.map_err(map_err(names::COUNTERS_MAP))?;
+        for (key, per_cpu) in per_cpu_hash(&self.counters, names::COUNTERS_MAP)? {
             if key.tgid == 0 {
                 // No process has id 0: the test knob's placeholder (full).
                 continue;
@@ -197,8 +194,7 @@ impl Session {
             total.calls = total.calls.saturating_add(sum.calls);
             total.bytes = total.bytes.saturating_add(sum.bytes);
         }
-        for entry in &self.returns {
-            let (key, per_cpu) = entry.map_err(map_err(names::RETURNS_MAP))?;
+        for (key, per_cpu) in per_cpu_hash(&self.returns, names::RETURNS_MAP)? {
             let sum = per_cpu.iter().fold(Returned::default(), |sum, r| sum.merged(*r));
             let Some(slot) = usize::try_from(key.slot).ok().filter(|&s| s < slots) else {
                 stray = stray.saturating_add(sum.returns);
@@ -528,4 +524,22 @@ fn per_cpu_sums<V: aya::Pod + Default>(
             map.get(&index, 0).map(|per_cpu| per_cpu.iter().fold(V::default(), |s, v| merge(s, *v))).map_err(map_err)
         })
         .collect()
+}
+
+/// Every entry of the per-CPU hash map `map` (named `name`), each its
+/// values on every possible CPU: in batch lookups where the kernel has
+/// them, else two lookups a key.
+pub(super) fn per_cpu_hash<T: std::borrow::Borrow<aya::maps::MapData>, K: aya::Pod, V: aya::Pod>(
+    map: &aya::maps::PerCpuHashMap<T, K, V>,
+    name: &'static str,
+) -> Result<super::batch::PerCpuEntries<K, V>, AttachError> {
+    use aya::maps::IterableMap as _;
+    let map_err = |cause| AttachError::Map { name, cause: Box::new(cause) };
+    let cpus = aya::util::nr_cpus().map_err(|(_, e)| map_err(aya::maps::MapError::IoError(e)))?;
+    if let Some(all) =
+        super::batch::per_cpu_entries::<K, V>(map.map(), cpus).map_err(|e| map_err(aya::maps::MapError::IoError(e)))?
+    {
+        return Ok(all);
+    }
+    map.iter().map(|entry| entry.map(|(k, per_cpu)| (k, per_cpu.to_vec())).map_err(map_err)).collect()
 }

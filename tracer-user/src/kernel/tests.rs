@@ -241,6 +241,37 @@ fn the_sizes_read_in_one_batch_are_those_read_one_by_one() {
     assert_eq!(readings.sizes.iter().map(|c| c.calls).sum::<u64>(), N);
 }
 
+/// A per-CPU hash map read in batches of a few entries (doubled where a
+/// bucket holds more) is the map read a key at a time, and so is a
+/// per-CPU array read in batches.
+#[test]
+fn batches_read_every_entry_once() {
+    use aya::maps::{IterableMap as _, PerCpuValues};
+    use tracer_common::returns::Returned;
+    let (plan, _) = seven_plan();
+    // For every process: room for 1,024 processes' entries.
+    let mut session = Session::load(plan, ALL_PROCESSES, &LoadOptions::default()).expect("the object loads");
+    let cpus = aya::util::nr_cpus().expect("possible CPUs");
+    for i in 1..=50u32 {
+        let key = CounterKey { tgid: i, slot: 0 };
+        let value = Returned { returns: u64::from(i), null: 1, pointer_sum: u64::from(i) << 32 };
+        let values = PerCpuValues::try_from(vec![value; cpus]).expect("values");
+        session.returns.insert(key, values, 0).expect("inserted");
+    }
+    let mut one_by_one: Vec<(CounterKey, Vec<Returned>)> =
+        session.returns.iter().map(|e| e.map(|(k, v)| (k, v.to_vec()))).collect::<Result<_, _>>().expect("iterated");
+    let mut batched: Vec<(CounterKey, Vec<Returned>)> =
+        super::batch::in_chunks(session.returns.map(), cpus, 1).expect("read").expect("the batch lookup");
+    one_by_one.sort_by_key(|(k, _)| k.tgid);
+    batched.sort_by_key(|(k, _)| k.tgid);
+    assert_eq!(batched.len(), 50);
+    assert_eq!(batched, one_by_one);
+    let len = tracer_common::sizes::DOMAINS * tracer_common::sizes::BUCKETS;
+    let array: Vec<(u32, Vec<Counter>)> =
+        super::batch::in_chunks(session.sizes.map(), cpus, 7).expect("read").expect("the batch lookup");
+    assert_eq!(array.iter().map(|(k, _)| *k).collect::<Vec<u32>>(), (0..len).collect::<Vec<u32>>());
+}
+
 /// With heat on (the budget's), each hit counts in its address's bucket,
 /// and the next attach puts the site hit into a tier of its own, where it
 /// counts as before.
