@@ -5,7 +5,7 @@
 
 mod blocks;
 mod cost;
-mod growth;
+pub(crate) mod growth;
 mod header;
 pub(crate) mod heap;
 
