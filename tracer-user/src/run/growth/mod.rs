@@ -373,7 +373,9 @@ impl Growth {
         let (total_now, total_before) = (total(now), total(previous));
         let libc_bytes = now.values().map(|h| h.mapped_bytes).fold(0u64, u64::saturating_add);
         let mut held = Held::default();
-        now.values().for_each(|h| held.add(h));
+        for h in now.values() {
+            held.add(h);
+        }
         let in_use_ci95 = in_use_ci95(&held, (self.every, self.plan.pool_size), sample_bytes);
         let mut caveats: Vec<String> = self.plan.caveat.iter().cloned().collect();
         caveats.extend(self.mapped.caveat());
