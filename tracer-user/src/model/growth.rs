@@ -58,6 +58,14 @@ pub struct GrowthSampled {
     /// break), sampled by bytes.
     #[serde(default)]
     pub libc_bytes: u64,
+    /// The 95% confidence interval of `in_use_bytes`, over every site's
+    /// samples as [`GrowthSite::in_use_ci95`] gives one site's; where no
+    /// sample is in use, `[0, ZERO_SAMPLES_UPPER × sample_bytes]`: a
+    /// heap grown by less than that is missed by every sample one time
+    /// in 20 or more, so a 0 is no proof of no growth. Absent in records
+    /// written before it was reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_use_ci95: Option<[f64; 2]>,
     /// Each site (innermost Python frame of the takers' stacks), most
     /// growth first: every site with a sample in use, or one that had one
     /// at the last reading.
@@ -80,6 +88,14 @@ pub struct GrowthSampled {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped: Option<GrowthStopped>,
 }
+
+/// The upper end of the 95% interval of a heap growth that no sample
+/// holds, in samples' bytes: where a growth of B bytes is sampled as
+/// B / `sample_bytes` samples on average (a pool take with probability
+/// 1/`sample_every`, a growth of the C library's heap by its bytes), none
+/// is drawn with probability at most e^(−B / `sample_bytes`), which is 5%
+/// at −ln 0.05 ≈ 2.996 samples' bytes.
+pub const ZERO_SAMPLES_UPPER: f64 = 2.995_732_273_553_991;
 
 /// When and why growth sampling stopped.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

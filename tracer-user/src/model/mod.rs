@@ -23,7 +23,9 @@ pub use cost::{
     Budget, Cost, CostEstimate, FIRST_WINDOW_SOURCE, GROWTH_SOURCE, ProfileCost, RATES_SOURCE, Slowdown, SourceCost,
 };
 pub use events::{End, EndKind, Event, Summary};
-pub use growth::{Growth, GrowthCost, GrowthSampled, GrowthSite, GrowthStack, GrowthStopped, GrowthTakes};
+pub use growth::{
+    Growth, GrowthCost, GrowthSampled, GrowthSite, GrowthStack, GrowthStopped, GrowthTakes, ZERO_SAMPLES_UPPER,
+};
 pub use live::{Leak, Leaks, Live, LiveDomain};
 pub use notes::{Level, Note, NoteCode};
 pub use plan_report::{CallSitesReport, LiveImplReport, PlanReport, PlannedProbeReport, SiteFileReport};

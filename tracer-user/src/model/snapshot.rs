@@ -281,6 +281,12 @@ pub struct Gc {
     /// ones included).
     #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
     pub pids: IndexMap<String, Vec<GcGeneration>>,
+    /// With `memory`: where the GC probes counted more collections of a
+    /// generation than the statistics' last good reading (the process
+    /// ended before tracer could read them again), which generations'
+    /// counts are the probes', and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probes_past_memory: Option<String>,
 }
 
 /// The collections of one generation.

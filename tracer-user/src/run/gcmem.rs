@@ -212,24 +212,48 @@ impl GcMemory {
     #[must_use]
     pub fn report(&self, probes: Option<&Gc>) -> Gc {
         let durations = probes.map_or(GcSource::None, |p| p.source);
+        // The probes see every collection they time, by the same
+        // generations as the statistics (where those are generations):
+        // where they saw more than the last good reading, the statistics
+        // are behind (the process ended, or its memory went, before the
+        // next reading), and the probes' count is the nearer.
+        let whole = matches!(durations, GcSource::Markers | GcSource::Function) && self.caveat.is_none();
+        let mut past = Vec::new();
         let generations = (0..GENERATIONS)
             .map(|g| {
                 let (now, then) = (self.last[g], self.at_attach[g]);
-                let uncollectable = now.uncollectable - then.uncollectable;
+                let since = now.uncollectable - then.uncollectable;
                 let generation = u32::try_from(g).ok();
                 let seen = probes.and_then(|p| p.generations.iter().find(|s| s.generation == generation));
+                // Found unreachable, as gc__done and gc.collect() count
+                // them: gc.get_stats()'s collected and uncollectable.
+                let (mut collections, mut collected) =
+                    (now.collections - then.collections, now.collected - then.collected + since);
+                let mut uncollectable = Some(since);
+                if let Some(s) = seen.filter(|s| whole && s.collections > collections) {
+                    past.push(format!("gen {g}: {} more", s.collections - collections));
+                    // The probes see what was found unreachable, not
+                    // which of it was uncollectable.
+                    (collections, collected, uncollectable) = (s.collections, collected.max(s.collected), None);
+                }
                 GcGeneration {
                     generation,
-                    collections: now.collections - then.collections,
+                    collections,
                     duration_s: if durations == GcSource::None { None } else { seen.and_then(|s| s.duration_s) },
-                    // Found unreachable, as gc__done and gc.collect() count
-                    // them: gc.get_stats()'s collected and uncollectable.
-                    collected: now.collected - then.collected + uncollectable,
-                    uncollectable: Some(uncollectable),
+                    collected,
+                    uncollectable,
                     collections_per_s: None,
                 }
             })
             .collect();
+        let probes_past_memory = (!past.is_empty()).then(|| {
+            format!(
+                "the GC probes counted collections after the collector's statistics were last read ({}): those generations' collections and unreachable objects are the probes' counts, and which of those were uncollectable is not known; the statistics could not be read again ({} reads failed: the process ended, or its memory could not be read; {} readings refused)",
+                past.join(", "),
+                self.failed,
+                self.rejected
+            )
+        });
         let why_no_durations = match (durations, probes) {
             (GcSource::None, Some(p)) => p.reason.clone().map(|r| format!("no durations: {r}")),
             (GcSource::None, None) => Some("no durations: the GC probes are off (--gc off)".to_owned()),
@@ -242,6 +266,7 @@ impl GcMemory {
             durations: Some(durations),
             generations,
             pids: indexmap::IndexMap::new(),
+            probes_past_memory,
         }
     }
 }
@@ -310,6 +335,7 @@ mod tests {
             cpu: Duration::ZERO,
         };
         let probes = Gc {
+            probes_past_memory: None,
             source: GcSource::Markers,
             reason: None,
             durations: None,
@@ -335,5 +361,57 @@ mod tests {
         assert_eq!(off.durations, Some(GcSource::None));
         assert_eq!(off.reason.as_deref(), Some("no durations: the GC probes are off (--gc off)"));
         assert_eq!(gc.bytes_read(), 144);
+        assert_eq!(report.probes_past_memory, None);
+    }
+
+    #[test]
+    fn collections_the_probes_counted_past_the_last_reading_are_the_probes() {
+        // The process ended after the statistics' last reading: its last
+        // collections are the markers' alone.
+        let stats = |c, d| GenStats { collections: c, collected: d, uncollectable: 0 };
+        let gc = GcMemory {
+            stamp: None,
+            remote: Remote::open(std::process::id()),
+            pid: 1,
+            address: 0,
+            at_attach: [stats(10, 100), stats(2, 5), stats(1, 0)],
+            last: [stats(10, 100), stats(2, 5), stats(1, 0)],
+            caveat: None,
+            rejected: 0,
+            failed: 1,
+            reads: 2,
+            cpu: Duration::ZERO,
+        };
+        let seen = |generation, collections, collected| GcGeneration {
+            generation: Some(generation),
+            collections,
+            duration_s: Some(0.25),
+            collected,
+            uncollectable: None,
+            collections_per_s: None,
+        };
+        let probes = Gc {
+            source: GcSource::Markers,
+            reason: None,
+            durations: None,
+            generations: vec![seen(0, 50, 0), seen(1, 0, 0), seen(2, 1, 7)],
+            pids: indexmap::IndexMap::new(),
+            probes_past_memory: None,
+        };
+        let report = gc.report(Some(&probes));
+        let got: Vec<_> = report.generations.iter().map(|g| (g.collections, g.collected, g.uncollectable)).collect();
+        assert_eq!(got, [(50, 0, None), (0, 0, Some(0)), (1, 7, None)]);
+        let why = report.probes_past_memory.expect("said");
+        assert!(why.starts_with("the GC probes counted collections after the collector's statistics were last read (gen 0: 50 more, gen 2: 1 more)"), "{why}");
+        assert!(why.contains("(1 reads failed"), "{why}");
+        // Without durations the probes count nothing: the statistics stand.
+        let none = Gc { source: GcSource::None, ..probes.clone() };
+        let report = gc.report(Some(&none));
+        assert_eq!(report.generations[0].collections, 0);
+        assert_eq!(report.probes_past_memory, None);
+        // Nor where the statistics' indices are not generations (3.14's
+        // increments).
+        let odd = GcMemory { caveat: Some("not generations"), ..gc };
+        assert_eq!(odd.report(Some(&probes)).generations[0].collections, 0);
     }
 }

@@ -322,6 +322,7 @@ impl Readout {
                     durations: None,
                     generations: generations(*source, totals.gc.values()),
                     pids,
+                    probes_past_memory: None,
                 }
             }),
             ..self.stacks_of(plan, totals)

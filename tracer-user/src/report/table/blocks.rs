@@ -142,7 +142,11 @@ impl<W: Write, E: Write> TableReporter<W, E> {
             Some(durations) => format!("{}, durations: {}", source_name(gc.source), source_name(durations)),
             None => source_name(gc.source).to_owned(),
         };
-        writeln!(self.out, "  gc ({source}) {}", parts.join(" | "))
+        writeln!(self.out, "  gc ({source}) {}", parts.join(" | "))?;
+        if let Some(why) = &gc.probes_past_memory {
+            writeln!(self.out, "  gc: {why}")?;
+        }
+        Ok(())
     }
 }
 
@@ -211,6 +215,7 @@ mod tests {
                 generation(None, 1, 1.502, 7),
             ],
             pids: indexmap::IndexMap::new(),
+            probes_past_memory: None,
         });
         let text = render(&[Event::Attached(info), Event::Interval(sample)]);
         assert!(text.contains("tracer: gc: the markers\ntracer: gc: PARTIAL: entry does not say\n"), "{text}");
@@ -226,6 +231,7 @@ mod tests {
             durations: None,
             generations: vec![],
             pids: indexmap::IndexMap::new(),
+            probes_past_memory: None,
         });
         assert!(!render(&[Event::Interval(none)]).contains("  gc "));
         let mut memory = snapshot(1000, 1);
@@ -239,6 +245,7 @@ mod tests {
                 ..generation(Some(0), 5, 0.0, 40)
             }],
             pids: indexmap::IndexMap::new(),
+            probes_past_memory: None,
         });
         let text = render(&[Event::Interval(memory)]);
         let line = text.lines().find(|l| l.starts_with("  gc ")).expect("a gc line");

@@ -53,11 +53,12 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         });
         writeln!(
             self.out,
-            "  growth (ESTIMATES: 1 pool take in {} sampled, {} a sample): net {}, in use by takers since attach {} ({} of it the C library's heap){cost}",
+            "  growth (ESTIMATES: 1 pool take in {} sampled, {} a sample): net {}, in use by takers since attach {}{} ({} of it the C library's heap){cost}",
             g.sample_every,
             bytes(g.sample_bytes),
             signed(g.bytes),
             bytes(g.in_use_bytes),
+            in_use_error(g),
             bytes(g.libc_bytes),
         )?;
         if !g.sites.is_empty() {
@@ -129,6 +130,21 @@ fn signed(n: i64) -> String {
     }
 }
 
+/// The error of growth's `in_use_bytes` as it follows the figure: ` ±X`
+/// where samples are in use, ` (≤X at 95%)` where none is (a 0 that no
+/// sample holds can hide that much growth), nothing where the report has
+/// no interval (a record written before it had one).
+#[must_use]
+pub fn in_use_error(g: &crate::model::GrowthSampled) -> String {
+    match g.in_use_ci95 {
+        None => String::new(),
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a displayed bound")]
+        Some([_, high]) if g.in_use_bytes == 0 => format!(" (≤{} at 95%)", bytes(high.round() as u64)),
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a displayed interval")]
+        Some([low, high]) => format!(" ±{}", bytes(((high - low) / 2.0).round() as u64)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,6 +183,22 @@ mod tests {
         );
         assert!(text.contains("pool takes: 7 reused, 0 carved, 0 new arenas; 0 sampled, 0 samples ended by a retake, 0 pruned; misses: lost=2"), "{text}");
         assert!(!text.contains("STOPPED"), "{text}");
+        // The total's error follows it; a 0 no sample holds is a bound.
+        let with_ci = GrowthSampled {
+            in_use_bytes: 4 * 32 * 16384,
+            in_use_ci95: Some([0.0, 4.0 * 32.0 * 16384.0]),
+            ..GrowthSampled::default()
+        };
+        assert_eq!(in_use_error(&with_ci), " ±1.0 MiB");
+        let none = GrowthSampled {
+            sample_bytes: 32 * 16384,
+            in_use_ci95: Some([0.0, crate::model::ZERO_SAMPLES_UPPER * 32.0 * 16384.0]),
+            ..GrowthSampled::default()
+        };
+        let snapshot =
+            Snapshot { growth: Some(Growth::Sampled(Box::new(none))), ..crate::report::examples::snapshot(1000, 1) };
+        let text = super::super::tests::render(&[Event::Interval(snapshot)]);
+        assert!(text.contains("net 0 B, in use by takers since attach 0 B (≤1.5 MiB at 95%) (0 B of it"), "{text}");
         let stopped = GrowthSampled {
             stopped: Some(GrowthStopped { at_s: 2.04, reason: "too dear".into() }),
             ..GrowthSampled::default()

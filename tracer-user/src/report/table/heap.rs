@@ -110,15 +110,20 @@ pub fn heap_block(out: &mut impl Write, heap: &Heap, told_partial: &mut Vec<Stri
     )?;
     // Refused candidates are the scan's routine (most blocks are tried at
     // three offsets); the leads not followed are each a gap, shown.
+    // Each with what it means, as `tracer heap` says it: a bare key told
+    // a reader nothing without the source.
     let skipped: Vec<String> = heap
         .totals
         .rejected
         .iter()
-        .filter(|(key, n)| **n > 0 && Reason::ALL.iter().any(|r| r.key() == key.as_str() && !r.is_candidate()))
-        .map(|(key, n)| format!("{key}={n}"))
+        .filter(|(_, n)| **n > 0)
+        .filter_map(|(key, n)| {
+            let reason = Reason::ALL.iter().find(|r| r.key() == key.as_str() && !r.is_candidate())?;
+            Some(format!("{key}={n} ({})", reason.describe()))
+        })
         .collect();
     if !skipped.is_empty() {
-        writeln!(out, "  heap leads not followed: {}", skipped.join(" "))?;
+        writeln!(out, "  heap leads not followed (what they lead to is not counted): {}", skipped.join("; "))?;
     }
     // Each gap in full once; after that, that it is still there.
     let (new, told): (Vec<&String>, Vec<&String>) = heap.partial.iter().partition(|n| !told_partial.contains(n));
@@ -206,7 +211,10 @@ mod tests {
             lines[3 + ROWS],
             "  pymalloc: 3 arenas, 120 pools in use and 0 empty, 4.0 KiB free in the pools in use"
         );
-        assert_eq!(lines[4 + ROWS], "  heap leads not followed: dict_table_unreadable=2");
+        assert_eq!(
+            lines[4 + ROWS],
+            "  heap leads not followed (what they lead to is not counted): dict_table_unreadable=2 (a dict's table header could not be read)"
+        );
     }
 
     /// A gap of the census's is printed in full once; the next intervals
@@ -231,6 +239,20 @@ mod tests {
         h.partial.push("a collection ran".to_owned());
         assert_eq!(partial(&h, &mut told), ["  heap partial: a collection ran", "  heap partial: as above (1 gap)"]);
         assert_eq!(partial(&h, &mut told), ["  heap partial: as above (2 gaps)"]);
+    }
+
+    /// The summary stands alone: its gaps are in full, whatever the
+    /// intervals before it said.
+    #[test]
+    fn the_summary_tells_every_gap_in_full() {
+        use crate::model::{EndKind, Event, Snapshot, Summary};
+        let mut h = heap(vec![row("dict", 3, 700, None)], None);
+        h.partial = vec!["sets are not followed".to_owned()];
+        let snapshot = Snapshot { heap: Some(h), ..crate::report::examples::snapshot(1000, 1) };
+        let summary = Summary { snapshot: snapshot.clone(), end: EndKind::Duration, signal: None };
+        let text = super::super::tests::render(&[Event::Interval(snapshot), Event::Summary(summary)]);
+        let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("  heap partial:")).collect();
+        assert_eq!(lines, ["  heap partial: sets are not followed", "  heap partial: sets are not followed"], "{text}");
     }
 
     #[test]

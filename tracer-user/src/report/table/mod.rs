@@ -5,7 +5,7 @@
 
 mod blocks;
 mod cost;
-mod growth;
+pub(crate) mod growth;
 mod header;
 pub(crate) mod heap;
 
@@ -300,6 +300,10 @@ impl<W: Write, E: Write> TableReporter<W, E> {
             (EndKind::OutputClosed, _) => "the report's output was closed (broken pipe)".to_owned(),
         };
         let title = format!("summary after {:.1}s ({why}; probes detached), rates are averages:", s.snapshot.elapsed_s);
+        // The summary stands alone (it is what a run with --duration
+        // leaves last, and what is kept): every heap gap in full, not "as
+        // above" of an interval that may have scrolled away.
+        self.told_partial.clear();
         self.block(&title, &s.snapshot)
     }
 }

@@ -470,9 +470,10 @@ fn growth_rows(s: &Snapshot) -> Rows {
     let stopped = g.stopped.as_ref().map(|s| format!("stopped at {:.1} s: {}", s.at_s, display(&s.reason)));
     Rows {
         title: format!(
-            "growth by site · ~estimates, one pool in {} sampled · {} in use, {} over the interval",
+            "growth by site · ~estimates, one pool in {} sampled · {}{} in use, {} over the interval",
             thousands(u64::from(g.sample_every)),
             bytes(g.in_use_bytes),
+            crate::report::table::growth::in_use_error(g),
             signed_bytes(g.bytes)
         ),
         body,

@@ -372,6 +372,11 @@ impl Growth {
         let total = |sites: &BTreeMap<SiteKey, Held>| sites.values().map(in_use).fold(0u64, u64::saturating_add);
         let (total_now, total_before) = (total(now), total(previous));
         let libc_bytes = now.values().map(|h| h.mapped_bytes).fold(0u64, u64::saturating_add);
+        let mut held = Held::default();
+        for h in now.values() {
+            held.add(h);
+        }
+        let in_use_ci95 = in_use_ci95(&held, (self.every, self.plan.pool_size), sample_bytes);
         let mut caveats: Vec<String> = self.plan.caveat.iter().cloned().collect();
         caveats.extend(self.mapped.caveat());
         if let Some(why) = &self.stale {
@@ -406,6 +411,7 @@ impl Growth {
             bytes: signed(total_now) - signed(total_before),
             in_use_bytes: total_now,
             libc_bytes,
+            in_use_ci95: Some(in_use_ci95),
             sites,
             stacks: None,
             takes: GrowthTakes {
@@ -475,6 +481,20 @@ impl Growth {
             bytes_read,
         }
     }
+}
+
+/// The 95% interval of the bytes `held` over every site, each pool take
+/// sampled 1 in `every` of `pool_size` bytes: where no sample is held, a 0
+/// says only that the growth was likely under
+/// [`crate::model::ZERO_SAMPLES_UPPER`] samples' bytes (a normal
+/// approximation of no sample would say `[0, 0]`, a zero where the heap
+/// may have grown by a megabyte).
+#[allow(clippy::cast_precision_loss, reason = "an interval, not a count")]
+fn in_use_ci95(held: &Held, (every, pool_size): (u32, u64), sample_bytes: u64) -> [f64; 2] {
+    if held.samples() == 0 {
+        return [0.0, crate::model::ZERO_SAMPLES_UPPER * sample_bytes as f64];
+    }
+    held.ci95(every, pool_size)
 }
 
 /// How `--growth` samples and keeps its samples in the kernel.
