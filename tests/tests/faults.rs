@@ -2,7 +2,9 @@
 //! leaves no byte of the target's code changed; killed mid-census with the
 //! target stopped (`tracer heap --stop`), it lets the target go; 8 threads
 //! allocating at once are counted exactly; two tracers on one target both
-//! count every event; a closed output (`| head`) detaches cleanly.
+//! count every event; a closed output (`| head`) detaches cleanly; a target
+//! killed mid-census ends `tracer heap` with one line and status 2, and
+//! ends an attach as any exit does, the census said cut short.
 
 use std::{
     os::unix::{fs::FileExt as _, process::ExitStatusExt as _},
@@ -462,4 +464,94 @@ fn a_fork_mid_run_is_traced_as_documented() {
     // The parent, the same in both (other processes of the interpreter on
     // the machine are counted too, each under its own PID).
     assert_eq!(per(&one, parent_one).0, per(&two, parent_two).0);
+}
+
+/// The user and system CPU time of `pid`'s thread `tid` (of the whole
+/// process where `tid` is `pid`), in clock ticks.
+fn cpu_ticks(pid: u32, tid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).unwrap_or_default();
+    let Some((_, rest)) = stat.rsplit_once(") ") else { return 0 };
+    // utime and stime: fields 14 and 15, the 12th and 13th after the name.
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    fields.get(11..13).map_or(0, |f| f.iter().map(|v| v.parse::<u64>().unwrap_or(0)).sum())
+}
+
+/// The thread of `pid` named `name`, if any.
+fn thread_named(pid: u32, name: &str) -> Option<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten().find_map(|t| {
+        let tid: u32 = t.file_name().to_str()?.parse().ok()?;
+        (std::fs::read_to_string(t.path().join("comm")).ok()?.trim_end() == name).then_some(tid)
+    })
+}
+
+/// About 1 GiB of small objects: a census of 2 s (idle machine) to 10 s
+/// (a loaded one) here, of which half a second of CPU is well inside.
+const BIG: &str = "6000000";
+/// Half a second of CPU time, in clock ticks (100 a second).
+const INSIDE_TICKS: u64 = 50;
+
+/// `tracer heap` on a target killed mid-census: one line naming the PID
+/// and its exit, and exit status 2 (docs/heap.md).
+#[test]
+fn a_target_killed_mid_census_ends_tracer_heap_with_one_line() {
+    require_root();
+    let python = shared_python();
+    let workload = Workload::script(None, python.to_str().unwrap(), "big_heap.py", &[BIG]);
+    let pid = workload.pid();
+    let heap = std::process::Command::new(tracer_bin())
+        .args(["heap", "--pid", &pid.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("tracer heap");
+    let tracer = heap.id();
+    let deadline = Instant::now() + Duration::from_mins(1);
+    while cpu_ticks(tracer, tracer) < INSIDE_TICKS {
+        assert!(Instant::now() < deadline, "tracer heap never spent half a second");
+        sleep(Duration::from_millis(10));
+    }
+    drop(workload);
+    let out = heap.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(
+        stderr,
+        format!("tracer: error: PID {pid} exited during the heap census; take it again while the process runs\n")
+    );
+}
+
+/// The production profile on a target killed while its census thread
+/// reads it: the run ends as at any exit (status 0, end target-exit), and
+/// a warning says the census was cut short and what heap is shown.
+#[test]
+fn a_target_killed_mid_census_ends_the_attach_as_an_exit_does() {
+    require_root();
+    let python = shared_python();
+    let workload = Workload::script(None, python.to_str().unwrap(), "big_heap.py", &[BIG]);
+    let pid = workload.pid();
+    // A budget that pays for the first census within seconds.
+    let (tracer, _) = TracerRun::profile_json(pid, &["--budget", "100"]);
+    let tracer_pid = tracer.child.id();
+    let census = thread_named(tracer_pid, "census").expect("tracer's census thread");
+    // What it spent finding the heap, before any census.
+    let opened = cpu_ticks(tracer_pid, census);
+    let deadline = Instant::now() + Duration::from_mins(1);
+    loop {
+        if cpu_ticks(tracer_pid, census) >= opened + INSIDE_TICKS {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the census never spent half a second");
+        sleep(Duration::from_millis(10));
+    }
+    drop(workload);
+    let (status, lines, stderr) = tracer.finish();
+    assert!(status.success(), "tracer failed: {status}: {stderr}");
+    let summary = lines.last().expect("a summary");
+    assert_eq!(summary["end"], "target-exit", "{summary}");
+    let cut = format!("the heap census of PID {pid} was cut short by its exit: ");
+    let note = lines
+        .iter()
+        .find(|v| v["code"] == "heap" && v["message"].as_str().is_some_and(|m| m.starts_with(&cut)))
+        .unwrap_or_else(|| panic!("no note of the census cut short: {lines:?}"));
+    assert_eq!(note["level"], "warning", "{note}");
 }

@@ -73,6 +73,10 @@ pub enum NoteCode {
     /// `plan::slots`) whose pointer no longer holds it: its counts from
     /// then on are not exact. In `tracer bench`, the frees it probes so.
     FreePointer,
+    /// A `--pid` target is stopped (state T or t): its figures are zero
+    /// because it runs nothing; or it runs again; or, at the end, for how
+    /// long it was.
+    Stopped,
 }
 
 /// A diagnostic, as an event.

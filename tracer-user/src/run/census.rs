@@ -251,8 +251,18 @@ impl CensusSource {
                 self.failures += 1;
                 let what = format!("the heap census of PID {} failed: {e}", self.pid);
                 if matches!(e, HeapError::Exited { .. }) {
-                    // The run ends with the target; nothing to retry.
+                    // The run ends with the target; nothing to retry. The
+                    // census it cut short is said, with what is shown.
                     self.stopped = true;
+                    let shown = match &self.latest {
+                        Some(d) => format!("the heap shown is the last whole census's, taken at {:.1} s", d.taken_s),
+                        None => "no census was whole, so no heap is shown".to_owned(),
+                    };
+                    self.notes.push(Note::new(
+                        Level::Warning,
+                        NoteCode::Heap,
+                        format!("the heap census of PID {} was cut short by its exit: {shown}", self.pid),
+                    ));
                 } else if matches!(e, HeapError::Exec { .. }) {
                     // The run ends with the program; its heap is gone.
                     self.stop(what);

@@ -12,6 +12,7 @@ pub mod exits;
 mod finish;
 mod pace;
 mod start;
+mod stopped;
 pub use finish::wait_exit;
 pub mod gcmem;
 pub mod growth;
@@ -335,6 +336,13 @@ pub async fn attach(
     // (the threads started before narrow themselves: see capabilities).
     crate::capabilities::keep_only(crate::capabilities::RUNNING)?;
     output.notes(serving)?;
+    // A target stopped (SIGSTOP, a debugger) shows zeros: said at once and
+    // every interval it stays so. `tracer run`'s child is its own.
+    let mut stop_watch = match (&config.target, &child) {
+        (TargetSpec::Pid(pid), None) => Some(stopped::StopWatch::new(*pid)),
+        _ => None,
+    };
+    output.notes(stop_watch.as_mut().and_then(stopped::StopWatch::check))?;
     let started = run.started;
     let start = tokio::time::Instant::from_std(started);
     let mut ticker = interval_at(start + config.interval, config.interval);
@@ -416,7 +424,8 @@ pub async fn attach(
                 if execed() {
                     break End::TargetExec;
                 }
-                let notes = run.notes();
+                let mut notes = run.notes();
+                notes.extend(stop_watch.as_mut().and_then(stopped::StopWatch::check));
                 output.notes(notes)?;
                 let mut snapshot = run.snapshot(false)?;
                 // Every stack only in the summary: an interval lists sites.
@@ -440,6 +449,7 @@ pub async fn attach(
     // Notes not told yet (a target that exited before the first interval).
     let mut log = run.notes();
     log.extend(run.bpf_log());
+    log.extend(stop_watch.as_ref().and_then(|w| w.summary(started.elapsed())));
     let Run { session, readout, duty, late, frees: _, started: _, mut cost, mut profile, growth } = run;
     drop((session, readout, duty, late));
     output.notes(log)?;
