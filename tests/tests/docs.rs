@@ -514,7 +514,9 @@ fn the_checks_themselves_read_markdown_and_shell_as_written() {
     assert!(!mentions("`--growth-folded FILE`", "--growth"));
     assert!(!mentions("--no-growth", "--growth"));
     assert_eq!(
-        option_rows("| option | meaning |\n|---|---|\n| `-p, --pid PID` | x |\n| `--fast` / `--rigorous` | y |\n\n| a | b |\n| `--not` | c |\n"),
+        option_rows(
+            "| option | meaning |\n|---|---|\n| `-p, --pid PID` | x |\n| `--fast` / `--rigorous` | y |\n\n| a | b |\n| `--not` | c |\n"
+        ),
         vec![(3, "`-p, --pid PID`".to_owned()), (4, "`--fast` / `--rigorous`".to_owned())]
     );
     assert_eq!(flags_in("`-p, --pid PID`"), ["--pid"]);
