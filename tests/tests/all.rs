@@ -233,6 +233,11 @@ fn all_bad_input() {
             "tracer: error: --all does not take --types: it traces every interpreter's counts, costs and collections; for --types, trace one interpreter with --exe PATH or one process with --pid PID\n",
         ),
         (
+            // --exe refuses --growth too: the error sends the user to --pid only.
+            &["attach", "--all", "--growth"][..],
+            "tracer: error: --all does not take --growth: it traces every interpreter's counts, costs and collections; for --growth, trace one process with --pid PID\n",
+        ),
+        (
             &["attach", "--all", "--exact", "--budget", "1", "--placement", "call-sites"][..],
             "tracer: error: --budget cannot be combined with --placement call-sites: adding and removing thousands of call-site probes takes far longer than a budget window; use one or the other\n",
         ),

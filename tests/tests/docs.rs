@@ -1,8 +1,10 @@
 //! The README and docs/ stay honest: the README stays short and keeps the
 //! Quick start that CI runs, every docs/ page is reachable from it, every
-//! link leads to a file and heading that exist, and every flag written in a
+//! link leads to a file and heading that exist, every flag written in a
 //! `tracer <subcommand> …` example is one that subcommand of the binary
-//! under test accepts.
+//! under test accepts, every flag a subcommand's `--help` lists is
+//! documented on its docs/ page, and every row of an options table names
+//! a flag the binary takes.
 //!
 //! No root needed: the binary is only asked for its `--help`.
 
@@ -387,6 +389,105 @@ fn every_flag_in_an_example_is_one_its_subcommand_accepts() {
     }
 }
 
+/// Whether `text` names `flag` as itself: `--growth` in "`--growth`" or
+/// "--growth FILE", not in "--growth-folded".
+fn mentions(text: &str, flag: &str) -> bool {
+    text.match_indices(flag).any(|(at, _)| {
+        let before = text[..at].chars().next_back();
+        let after = text[at + flag.len()..].chars().next();
+        before.is_none_or(|c| !c.is_alphanumeric() && c != '-')
+            && after.is_none_or(|c| !c.is_alphanumeric() && c != '-' && c != '_')
+    })
+}
+
+/// The first cells of the rows of a page's options tables (those whose
+/// header's first cell is `option`), with the line each is on.
+fn option_rows(text: &str) -> Vec<(usize, String)> {
+    let page = Page::parse(text);
+    let mut rows = Vec::new();
+    let mut in_table = false;
+    for (i, line) in page.prose.lines().enumerate() {
+        let Some(row) = line.strip_prefix('|') else {
+            in_table = false;
+            continue;
+        };
+        let first = row.split('|').next().unwrap_or_default().trim();
+        if first == "option" {
+            in_table = true;
+        } else if in_table && !first.starts_with("---") {
+            rows.push((i + 1, first.to_owned()));
+        }
+    }
+    rows
+}
+
+/// The long flags written in an options table's first cell
+/// (`` `-p, --pid PID` ``, `` `--fast` / `--rigorous` ``).
+fn flags_in(cell: &str) -> Vec<String> {
+    cell.split(|c: char| c.is_whitespace() || c == '`' || c == ',' || c == '/')
+        .filter(|word| word.starts_with("--") && word.len() > 2)
+        .map(|word| word.split('=').next().unwrap_or(word).to_owned())
+        .collect()
+}
+
+/// The subcommands that take `attach`'s options, which
+/// docs/attach.md's table documents for them.
+const TAKE_ATTACH_OPTIONS: [&str; 3] = ["run", "top", "probes"];
+
+#[test]
+fn every_flag_a_subcommand_takes_is_documented_on_its_page() {
+    // A flag in `tracer SUB --help` is documented in docs/SUB.md: in a row
+    // of its options table where the page has one (attach, bench, stack),
+    // else anywhere on the page; run, top and probes may also lean on
+    // attach.md's table, whose options they take.
+    let root = root();
+    let attach_rows: Vec<String> =
+        option_rows(&read(&root.join("docs/attach.md"))).into_iter().map(|(_, cell)| cell).collect();
+    assert!(attach_rows.len() > 20, "docs/attach.md's options table has only {} rows", attach_rows.len());
+    let mut undocumented = Vec::new();
+    for sub in subcommands() {
+        let page = format!("docs/{sub}.md");
+        let text = read(&root.join(&page));
+        let rows: Vec<String> = option_rows(&text).into_iter().map(|(_, cell)| cell).collect();
+        for flag in flags_of(&sub) {
+            if flag == "--help" {
+                continue;
+            }
+            let in_row = |rows: &[String]| rows.iter().any(|cell| flags_in(cell).contains(&flag));
+            let documented = if rows.is_empty() { mentions(&text, &flag) } else { in_row(&rows) }
+                || (TAKE_ATTACH_OPTIONS.contains(&sub.as_str()) && in_row(&attach_rows));
+            if !documented {
+                let place = if rows.is_empty() { "anywhere on" } else { "in the options table of" };
+                undocumented.push(format!("tracer {sub} {flag}: not {place} {page}"));
+            }
+        }
+    }
+    assert!(undocumented.is_empty(), "flags --help lists that docs/ does not document:\n{}", undocumented.join("\n"));
+}
+
+#[test]
+fn every_option_a_table_documents_is_one_the_binary_takes() {
+    // The other way round: an options table's row names only flags its
+    // subcommand accepts (a flag renamed or removed leaves no row behind).
+    let root = root();
+    let mut stale = Vec::new();
+    let mut checked = 0;
+    for sub in subcommands() {
+        let page = format!("docs/{sub}.md");
+        let flags = flags_of(&sub);
+        for (line, cell) in option_rows(&read(&root.join(&page))) {
+            for flag in flags_in(&cell) {
+                checked += 1;
+                if !flags.contains(&flag) {
+                    stale.push(format!("{page}:{line}: `tracer {sub}` has no {flag}: | {cell} |"));
+                }
+            }
+        }
+    }
+    assert!(stale.is_empty(), "options the binary does not take:\n{}", stale.join("\n"));
+    assert!(checked > 40, "only {checked} flags found in the options tables: is the table parser broken?");
+}
+
 #[test]
 fn the_checks_themselves_read_markdown_and_shell_as_written() {
     // The parts above only hold if these do: a failure here is in the test.
@@ -408,6 +509,19 @@ fn the_checks_themselves_read_markdown_and_shell_as_written() {
         vec![("stack", vec!["--pid".to_owned(), "1".to_owned(), "--json".to_owned()])]
     );
     assert_eq!(invocations("tracer: error: tracer attach's", &subs).len(), 0, "an output line, not a command");
+    assert!(mentions("`--growth` keeps it on", "--growth"));
+    assert!(mentions("| `--growth FILE` |", "--growth"));
+    assert!(!mentions("`--growth-folded FILE`", "--growth"));
+    assert!(!mentions("--no-growth", "--growth"));
+    assert_eq!(
+        option_rows(
+            "| option | meaning |\n|---|---|\n| `-p, --pid PID` | x |\n| `--fast` / `--rigorous` | y |\n\n| a | b |\n| `--not` | c |\n"
+        ),
+        vec![(3, "`-p, --pid PID`".to_owned()), (4, "`--fast` / `--rigorous`".to_owned())]
+    );
+    assert_eq!(flags_in("`-p, --pid PID`"), ["--pid"]);
+    assert_eq!(flags_in("`--fast` / `--rigorous`"), ["--fast", "--rigorous"]);
+    assert_eq!(flags_in("`--weight calls\\|bytes`"), ["--weight"]);
     let page = Page::parse("a `tracer\nattach --pid 1` b\n```\ntracer stack\n```\n");
     assert_eq!(page.code_spans(), vec![(1, "tracer attach --pid 1".to_owned())]);
     assert_eq!(page.code, vec![(4, "tracer stack".to_owned())]);

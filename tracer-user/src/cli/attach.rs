@@ -22,7 +22,8 @@ pub struct AttachArgs {
     /// chroot or PID namespace: one `attach --exe` per interpreter image, summed, with each
     /// process's host PID, namespace PID, container (cgroup) and command line. Takes the flags
     /// that count, cost and collect (--exact, --budget, --probes, --placement, --gc, --links,
-    /// --no-inlined, --debug-dir); see docs/attach.md.
+    /// --no-inlined, --debug-dir, --bpf-log, --no-growth, --interval, --duration, --json) and
+    /// refuses the others; see docs/attach.md.
     #[arg(long, group = "target")]
     pub all: bool,
     /// Stop after this many seconds (default: until Ctrl-C, SIGTERM or the target exits).
@@ -35,9 +36,10 @@ pub struct AttachArgs {
     #[arg(long)]
     pub json: bool,
     /// Trace every event, as tracer did before the production profile: exact counts of every
-    /// probed call, at a cost of 8-143x on allocation-heavy code. Without it (and without any flag
-    /// only exact tracing serves: --types, --live, --live-max, --leaks, --older, --returns,
-    /// --stacks and its flags, --native, --placement call-sites), `attach` runs the production
+    /// probed call, at the cost the first line states: allocation-heavy code runs tens to hundreds
+    /// of times slower (BENCHMARKS.md). Without it (and without any flag only exact tracing
+    /// serves: --types, --live, --live-max, --leaks, --older, --returns, --stacks and its flags,
+    /// --native, --placement call-sites), the run is the production
     /// profile: GC from memory, the heap by type and rates by duty cycle within --budget (default 1%).
     #[arg(long)]
     pub exact: bool,
@@ -57,13 +59,15 @@ pub struct AttachArgs {
     pub links: LinkMode,
     /// Also read what each allocating function returns (the new pointer): counts of returns and of
     /// NULL returns. A probe on every `ret` of a function that always returns through one, else a
-    /// uretprobe; `tracer probes --returns` shows which.
+    /// uretprobe; `tracer probes --returns` shows which. Costs each allocating call a return probe
+    /// (about 15 µs a call on pyenv 3.11 where measured: BENCHMARKS.md).
     #[arg(long)]
     pub returns: bool,
     /// Also count the objects each new reference creates by their type (`tp_name`), read at
     /// `_Py_NewReference` (on 3.12+ also `_Py_NewReferenceNoTotal`, which the free lists call):
     /// top types in the table, every type in the JSON's `types`. Each new reference then costs one
-    /// read of the target's memory and one map update more. Not with --budget.
+    /// read of the target's memory and one map update more (6.7-7.2 µs each where measured:
+    /// BENCHMARKS.md). Not with --budget.
     #[arg(long)]
     pub types: bool,
     /// Track live memory: every block the allocator functions hand out since the attach, by address,
@@ -71,11 +75,12 @@ pub struct AttachArgs {
     /// bytes per domain (object, mem, raw), in the table and the JSON's `live`. Reads each returned
     /// pointer at the allocator's implementations (calibrating first, as --returns does, whose
     /// probes on the API functions it does not need). Blocks allocated before the attach are unknown (their
-    /// frees are counted as untracked). Not with --budget or --exe.
+    /// frees are counted as untracked). Adds 0.65-4.5 µs to each allocator call, by build (where
+    /// measured: BENCHMARKS.md). Not with --budget or --exe.
     #[arg(long)]
     pub live: bool,
-    /// The live table's room, in blocks (turns on --live). A block that finds it full is counted as
-    /// dropped, never as live, and tracer keeps running.
+    /// The live table's room, in blocks (default 262144; turns on --live). A block that finds it
+    /// full is counted as dropped, never as live, and tracer keeps running.
     #[arg(long, value_name = "BLOCKS", allow_negative_numbers = true)]
     pub live_max: Option<u32>,
     /// At the end, list the N oldest blocks still outstanding, with address, size, domain, function
@@ -95,15 +100,17 @@ pub struct AttachArgs {
     /// Record the Python stack of each event of EVENTS: `alloc` (the allocating functions; the
     /// default when the flag is given alone), `refs`, `default`, or function names. The kernel
     /// walks the current thread's frames and counts calls and bytes per stack; the table and the
-    /// JSON list the top allocation sites (see --top). Not with --budget.
+    /// JSON list the top allocation sites (see --top). Each walk adds about 1-2 µs to its event
+    /// (where measured: BENCHMARKS.md; --sample N walks one event in N). Not with --budget.
     #[arg(long, value_name = "EVENTS", num_args = 0..=1, default_missing_value = "", value_parser = stack_events)]
     pub stacks: Option<ProbeSelection>,
-    /// With stacks: the most Python frames walked per event (1-128); a deeper stack is cut there
-    /// and counted as truncated.
+    /// With stacks: the most Python frames walked per event (1-128, default 64); a deeper stack is
+    /// cut there and counted as truncated.
     #[arg(long, value_name = "FRAMES", allow_negative_numbers = true)]
     pub depth: Option<u32>,
     /// With stacks: record each event's stack with probability 1/N (drawn at random) and scale
-    /// the counts by N, labelled as estimates; the per-function counts stay exact.
+    /// the counts by N, labelled as estimates; the per-function counts stay exact (default 1: every
+    /// event).
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub sample: Option<u64>,
     /// List the N allocation sites (innermost Python frame) with the most calls, in the table and
@@ -118,7 +125,7 @@ pub struct AttachArgs {
     /// must not exist unless --force.
     #[arg(long, value_name = "FILE")]
     pub flamegraph: Option<PathBuf>,
-    /// What --folded and --flamegraph weigh: calls or bytes.
+    /// What --folded and --flamegraph weigh: calls or bytes (default calls).
     #[arg(long, value_name = "WHAT", value_enum, hide_possible_values = true)]
     pub weight: Option<Weight>,
     /// Let the output files (--folded, --flamegraph, --growth-folded, --growth-flamegraph, --pprof,
@@ -129,7 +136,8 @@ pub struct AttachArgs {
     /// .eh_frame unwind tables (no frame pointers needed; at most 64 frames), and name its frames
     /// from ELF symbols and DWARF (inlined functions too). Folded stacks and flame graphs then
     /// show the process's native root at the bottom, the Python frames where the eval loop runs
-    /// them, and the native callers of the probe on top (turns on --stacks).
+    /// them, and the native callers of the probe on top (turns on --stacks). Both walks together
+    /// cost 5.7-8.9 µs an event (where measured: BENCHMARKS.md).
     #[arg(long)]
     pub native_stacks: bool,
     /// Pass on what the BPF programs log (each probe's first hit per process, and every miss, with its

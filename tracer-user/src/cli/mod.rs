@@ -37,7 +37,7 @@ pub const DEFAULT_INTERVAL_S: f64 = 1.0;
 The traced program needs no flag, hook or restart: tracer attaches uprobes to the interpreter's own \
 functions while it runs, counts hits in per-CPU kernel maps, and removes every probe when it leaves. \
 While nobody is tracing, the target runs exactly the code it was built with.\n\n\
-Needs root (or CAP_BPF and CAP_PERFMON)."
+Needs root (or the capabilities docs/attach.md lists under Privileges); `tracer report` needs none."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -52,8 +52,8 @@ pub enum Command {
         long_about = "Attach to a running CPython process and report on it each --interval.\n\n\
 By default tracer runs the production profile, which holds its cost to the target within --budget \
 (1% of the target's CPU time unless told): garbage collections per generation read from the \
-interpreter's memory, the heap by type from a census each interval (on tracer's CPU, none of the \
-target's), and the rates of new references, allocations and frees estimated from short exact \
+interpreter's memory, the heap by type from a census as often as the budget pays for it, every \
+few seconds (on tracer's CPU, none of the target's), and the rates of new references, allocations and frees estimated from short exact \
 windows. The first line says the mode and its estimated cost. With --pid the profile also samples \
 heap growth by Python stack where the build allows it (auto): if that costs the target more than \
 half the budget in an interval, growth stops for the rest of the run and the output says so; \
@@ -381,10 +381,11 @@ pub struct BenchArgs {
     /// Which functions to probe while attached (as for `attach`).
     #[arg(long, value_name = "SET", default_value = "default", value_parser = probe_selection)]
     pub probes: ProbeSelection,
-    /// Fewer rounds and values: a rough answer in about a minute.
+    /// Fewer rounds and values (3 rounds of 6 values, against 5 of 8 by default): a rough answer in
+    /// about a minute.
     #[arg(long, conflicts_with = "rigorous")]
     pub fast: bool,
-    /// More rounds and values: slower, tighter.
+    /// More rounds and values (10 rounds, each of 2 processes of 8 values): slower, tighter.
     #[arg(long)]
     pub rigorous: bool,
     /// Print the result as one JSON object.
@@ -457,14 +458,17 @@ pub struct TargetArgs {
     /// Also probe the C library's allocator in the target: malloc, calloc, realloc, free,
     /// posix_memalign, aligned_alloc, mmap and munmap, found in the process's own libc (inside its
     /// root: a chroot's or container's). Counts calls and bytes per function and a "native" size
-    /// histogram; the interpreter's raw domain is part of what it counts. With --pid only.
+    /// histogram; the interpreter's raw domain is part of what it counts. With --pid only. Costs
+    /// each libc call a probe hit (1.4-1.8 µs each where measured: BENCHMARKS.md).
     #[arg(long)]
     pub native: bool,
     /// How garbage collections are seen: auto (CPython's gc__start and gc__done markers where the
     /// build has them, as USDT probes whose semaphores the kernel raises while attached; else the
     /// collection function's entry and return where tracer knows that they show the same; else
     /// not, and the output says why), markers, function, or off. Collections per generation, their
-    /// durations and the objects found unreachable are in the table and the JSON's `gc`.
+    /// durations and the objects found unreachable are in the table and the JSON's `gc`. A
+    /// collection seen by probes costs the target two probe hits (about 3 µs where measured:
+    /// BENCHMARKS.md); the production profile reads the counts from memory, at no cost to it.
     #[arg(long, value_name = "HOW", value_enum, default_value_t = GcMode::Auto, hide_possible_values = true)]
     pub gc: GcMode,
 }

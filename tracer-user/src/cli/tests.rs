@@ -89,6 +89,37 @@ fn each_subcommand_s_help_is_true_of_it() {
     assert!(help_of("run", "duration").contains("the program runs on"), "{}", help_of("run", "duration"));
 }
 
+#[test]
+fn help_states_the_defaults_applied_later() {
+    use crate::bench::Effort;
+    // These flags have no clap default (None means "not given", which
+    // other rules read), so their help must name the default the config
+    // applies, and name it right.
+    let live_max = format!("default {}", crate::config::DEFAULT_LIVE_MAX);
+    let depth = format!("default {}", tracer_common::stack::DEFAULT_DEPTH);
+    for (flag, default) in [
+        ("live_max", live_max.as_str()),
+        ("depth", depth.as_str()),
+        ("sample", "default 1"),
+        ("weight", "default calls"),
+    ] {
+        for sub in ["attach", "run", "top"] {
+            let help = help_of(sub, flag);
+            assert!(help.contains(default), "{sub} --{flag}'s help does not say {default:?}: {help}");
+        }
+    }
+    // bench's efforts, as its plans run them.
+    let (fast, normal, rigorous) = (Effort::Fast.plan(), Effort::Normal.plan(), Effort::Rigorous.plan());
+    let said = format!(
+        "{} rounds of {} values, against {} of {} by default",
+        fast.rounds, fast.values, normal.rounds, normal.values
+    );
+    assert!(help_of("bench", "fast").contains(&said), "{}", help_of("bench", "fast"));
+    let said =
+        format!("{} rounds, each of {} processes of {} values", rigorous.rounds, rigorous.processes, rigorous.values);
+    assert!(help_of("bench", "rigorous").contains(&said), "{}", help_of("bench", "rigorous"));
+}
+
 /// The one line `main` prints for `args`: tracer's own parser's refusal as
 /// it is, else clap's error folded by [`usage_error`].
 fn refused(args: &[&str]) -> String {

@@ -16,9 +16,13 @@ use crate::{
 #[derive(Debug, Error)]
 pub enum AllError {
     #[error(
-        "--all does not take {flag}: it traces every interpreter's counts, costs and collections; for {flag}, trace one interpreter with --exe PATH or one process with --pid PID"
+        "--all does not take {flag}: it traces every interpreter's counts, costs and collections; for {flag}, trace {instead}"
     )]
-    Unsupported { flag: &'static str },
+    Unsupported {
+        flag: &'static str,
+        /// What takes the flag: one process only, where `--exe` refuses it too.
+        instead: &'static str,
+    },
     #[error(transparent)]
     Config(#[from] ConfigError),
 }
@@ -49,12 +53,16 @@ impl TryFrom<&AttachArgs> for AllConfig {
     type Error = AllError;
 
     fn try_from(a: &AttachArgs) -> Result<Self, AllError> {
+        // `--native`, `--live` and `--growth` work with `--pid` only, so
+        // the error does not send the user to an `--exe` that refuses them.
+        const ONE: &str = "one interpreter with --exe PATH or one process with --pid PID";
+        const PID: &str = "one process with --pid PID";
         let refused = [
-            (a.target.native, "--native"),
-            (a.returns, "--returns"),
-            (a.types, "--types"),
-            (a.live || a.live_max.is_some(), "--live"),
-            (a.leaks.is_some() || a.older.is_some(), "--leaks"),
+            (a.target.native, "--native", PID),
+            (a.returns, "--returns", ONE),
+            (a.types, "--types", ONE),
+            (a.live || a.live_max.is_some(), "--live", PID),
+            (a.leaks.is_some() || a.older.is_some(), "--leaks", PID),
             (
                 a.stacks.is_some()
                     || a.depth.is_some()
@@ -65,14 +73,15 @@ impl TryFrom<&AttachArgs> for AllConfig {
                     || a.weight.is_some()
                     || a.native_stacks,
                 "--stacks",
+                ONE,
             ),
-            (a.growth || a.growth_folded.is_some() || a.growth_flamegraph.is_some(), "--growth"),
-            (a.pprof.is_some(), "--pprof"),
-            (a.listen.is_some(), "--listen"),
-            (a.record.is_some(), "--record"),
+            (a.growth || a.growth_folded.is_some() || a.growth_flamegraph.is_some(), "--growth", PID),
+            (a.pprof.is_some(), "--pprof", ONE),
+            (a.listen.is_some(), "--listen", ONE),
+            (a.record.is_some(), "--record", ONE),
         ];
-        if let Some((_, flag)) = refused.iter().find(|(given, _)| *given) {
-            return Err(AllError::Unsupported { flag });
+        if let Some(&(_, flag, instead)) = refused.iter().find(|(given, _, _)| *given) {
+            return Err(AllError::Unsupported { flag, instead });
         }
         // The cross-flag rules every child would apply, once here, with a
         // stand-in interpreter.

@@ -151,7 +151,16 @@ pub async fn attach_all<'a>(
     if fleet.kids.is_empty() {
         fleet.note(Level::Note, "no CPython process is running yet: each one that starts is traced".to_owned())?;
     }
-    let deadline = config.duration.map(|d| tokio::time::Instant::now() + d);
+    // --duration counts from the header, as `attach --exe`'s does from its
+    // attach: the children's start (calibrating, planning thousands of
+    // sites) can take longer than a short --duration, which ended the run
+    // before any interval (`--duration 2` gave a summary after 22 s on a
+    // loaded machine, and no interval). With no CPython running at the
+    // start, it counts from the start; while the first interpreters attach
+    // it does not run (ATTACH_WAIT bounds that). Times (`elapsed_s`) still
+    // count from the start.
+    let mut deadline =
+        if fleet.kids.is_empty() { config.duration.map(|d| tokio::time::Instant::now() + d) } else { None };
     let attach_by = tokio::time::Instant::now() + ATTACH_WAIT;
     let mut tick = interval_at(tokio::time::Instant::now() + config.interval, config.interval);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -159,8 +168,10 @@ pub async fn attach_all<'a>(
         if fleet.closed {
             break End::OutputClosed;
         }
-        let until = async {
-            match deadline {
+        // A copy: the tick's branch may move the deadline.
+        let until_deadline = deadline;
+        let until = async move {
+            match until_deadline {
                 Some(d) => sleep_until(d).await,
                 None => std::future::pending().await,
             }
@@ -175,6 +186,9 @@ pub async fn attach_all<'a>(
                 let waiting = fleet.kids.iter().any(|k| k.attached.is_none() && !k.closed);
                 if fleet.attached.is_none() && (!waiting || tokio::time::Instant::now() >= attach_by) {
                     fleet.header()?;
+                    if deadline.is_none() {
+                        deadline = config.duration.map(|d| tokio::time::Instant::now() + d);
+                    }
                 }
                 if fleet.attached.is_some() {
                     fleet.interval()?;

@@ -123,10 +123,12 @@ impl Cost {
     }
 
     /// The warning to give for a high cost, pointing to what lowers it:
-    /// `--budget`, which refuses `--returns` and call sites, and which may
-    /// already be on (`budget` as a percentage).
+    /// `--budget`, which may already be on (`budget` as a percentage), and
+    /// which refuses the flags of this run in `refused` (from
+    /// [`BudgetRefuses::flags`]): the advice names them, so that it never
+    /// sends the user to a command line tracer rejects.
     #[must_use]
-    pub fn warning(&self, budget: Option<f64>, returns: bool, call_sites: bool) -> Option<String> {
+    pub fn warning(&self, budget: Option<f64>, refused: &[&str]) -> Option<String> {
         let f = self.overhead_fraction.filter(|_| self.is_high())?;
         // A CPU-bound target does its own work in the share the probes
         // leave it. Near 1 the estimate's error swamps that ratio.
@@ -141,10 +143,57 @@ impl Cost {
                 "--budget {}% is on; a lower --budget leaves longer gaps between windows",
                 (percent * 1e6).round() / 1e6
             ),
-            None if returns || call_sites => "--budget PERCENT keeps the cost near PERCENT% by tracing in windows (without --returns and --placement call-sites, which it does not combine with)".to_owned(),
-            None => "--budget PERCENT keeps the cost near PERCENT% by tracing in windows".to_owned(),
+            None if refused.is_empty() => {
+                "--budget PERCENT keeps the cost near PERCENT% by tracing in windows".to_owned()
+            }
+            None => format!(
+                "--budget PERCENT keeps the cost near PERCENT% by tracing in windows (without {}, which it does not combine with)",
+                and_list(refused)
+            ),
         };
         Some(format!("tracing costs the target an estimated {:.0}% of its CPU time ({slowdown}); {advice}", f * 100.0))
+    }
+}
+
+/// `a`, `a and b`, `a, b and c`.
+fn and_list(items: &[&str]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => (*one).to_owned(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
+    }
+}
+
+/// The flags of a run that `--budget` refuses (config's `BudgetWith*`
+/// errors), as far as a report shows them: its return counts, call sites
+/// asked for, libc's probes, and the types, stacks and live blocks an
+/// interval carries.
+#[derive(Clone, Copy, Debug, Default)]
+#[allow(clippy::struct_excessive_bools, reason = "one field per flag that --budget refuses")]
+pub struct BudgetRefuses {
+    pub types: bool,
+    pub stacks: bool,
+    pub live: bool,
+    pub native: bool,
+    pub returns: bool,
+    pub call_sites: bool,
+}
+
+impl BudgetRefuses {
+    /// The flags on, by name, for [`Cost::warning`].
+    #[must_use]
+    pub fn flags(self) -> Vec<&'static str> {
+        [
+            (self.types, "--types"),
+            (self.stacks, "--stacks"),
+            (self.live, "--live"),
+            (self.native, "--native"),
+            (self.returns, "--returns"),
+            (self.call_sites, "--placement call-sites"),
+        ]
+        .into_iter()
+        .filter_map(|(on, flag)| on.then_some(flag))
+        .collect()
     }
 }
 

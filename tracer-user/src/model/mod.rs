@@ -20,7 +20,8 @@ mod stacks;
 pub use attached::{Attached, Links, PythonInfo, SiteKinds};
 pub use bench::{BenchEntry, BenchPython, BenchReport, BenchState};
 pub use cost::{
-    Budget, Cost, CostEstimate, FIRST_WINDOW_SOURCE, GROWTH_SOURCE, ProfileCost, RATES_SOURCE, Slowdown, SourceCost,
+    Budget, BudgetRefuses, Cost, CostEstimate, FIRST_WINDOW_SOURCE, GROWTH_SOURCE, ProfileCost, RATES_SOURCE, Slowdown,
+    SourceCost,
 };
 pub use events::{End, EndKind, Event, Summary};
 pub use growth::{

@@ -90,12 +90,19 @@ mod tests {
         let info = attached(Some(12));
         let mut asked = info.clone();
         asked.call_sites_asked = true;
+        // The advice names the flag `--budget` refuses that the run has on.
         let with_asked = render(&[Event::Attached(asked), Event::Interval(ranged.clone())]);
         assert!(
-            with_asked.contains(
-                "by tracing in windows (without --returns and --placement call-sites, which it does not combine with)"
-            ),
+            with_asked
+                .contains("by tracing in windows (without --placement call-sites, which it does not combine with)"),
             "{with_asked}"
+        );
+        let mut typed = ranged.clone();
+        typed.types = Some(Vec::new());
+        let with_types = render(&[Event::Attached(attached(Some(12))), Event::Interval(typed)]);
+        assert!(
+            with_types.contains("by tracing in windows (without --types, which it does not combine with)"),
+            "{with_types}"
         );
         let text = render(&[
             Event::Attached(info),

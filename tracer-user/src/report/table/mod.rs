@@ -48,8 +48,15 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         }
         // Call sites that `auto` took are no reason to drop them for
         // `--budget`: with it, `auto` stays inside.
-        let (returns, call_sites) =
-            self.attached.as_ref().map_or((false, false), |a| (!a.returns.is_empty(), a.call_sites_asked));
+        let refuses = crate::model::BudgetRefuses {
+            types: sample.types.is_some(),
+            stacks: sample.sites.is_some() || sample.stacks.is_some(),
+            live: sample.live.is_some(),
+            native: self.attached.as_ref().is_some_and(|a| a.native.is_some()),
+            returns: self.attached.as_ref().is_some_and(|a| !a.returns.is_empty()),
+            call_sites: self.attached.as_ref().is_some_and(|a| a.call_sites_asked),
+        }
+        .flags();
         let mut cost = sample.cost;
         if let (Some(c), Some(p)) = (cost.as_mut(), &sample.profile) {
             c.overhead_fraction = Some(p.fraction);
@@ -63,7 +70,7 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         // own work cost.
         let warning = match &sample.profile {
             Some(p) => p.over_budget(),
-            None => cost.and_then(|c| c.warning(budget, returns, call_sites)),
+            None => cost.and_then(|c| c.warning(budget, &refuses)),
         };
         if let Some(warning) = warning {
             writeln!(self.out, "  WARNING: {warning}")?;
@@ -167,8 +174,9 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         };
         writeln!(
             self.out,
-            "  ESTIMATES ({budget}): rates from {} windows that traced {:.2}s of {:.1}s ({:.2}%), {pace}{cost} (a hit costs {:.0} ns single-stepped, {:.0} ns emulated here, in CPU time)",
+            "  ESTIMATES ({budget}): rates from {} {} that traced {:.2}s of {:.1}s ({:.2}%), {pace}{cost} (a hit costs {:.0} ns single-stepped, {:.0} ns emulated here, in CPU time)",
             b.windows,
+            if b.windows == 1 { "window" } else { "windows" },
             b.traced_s,
             sample.elapsed_s,
             b.traced_fraction * 100.0,

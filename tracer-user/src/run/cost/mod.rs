@@ -263,8 +263,10 @@ use crate::error::chain;
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Advice {
     pub budget: Option<f64>,
-    pub returns: bool,
+    /// `--placement call-sites` given (the header's `call_sites_asked`).
     pub call_sites: bool,
+    /// The flags of the run that `--budget` refuses.
+    pub refuses: Vec<&'static str>,
     pub stepped: Vec<&'static str>,
 }
 
@@ -292,8 +294,16 @@ impl Advice {
         });
         Self {
             budget: config.budget.map(|b| b * 100.0),
-            returns: config.returns,
             call_sites: config.call_sites_asked,
+            refuses: crate::model::BudgetRefuses {
+                types: config.types,
+                stacks: config.stacks.is_some(),
+                live: config.live.is_some(),
+                native: config.native,
+                returns: config.returns,
+                call_sites: config.call_sites_asked,
+            }
+            .flags(),
             stepped: stepped.map(|p| p.symbol).collect(),
         }
     }
@@ -527,8 +537,8 @@ impl CostMeter {
         if self.told_high {
             return None;
         }
-        let Advice { budget, returns, call_sites, ref stepped } = self.advice;
-        let mut warning = cost.warning(budget, returns, call_sites)?;
+        let Advice { budget, ref refuses, ref stepped, .. } = self.advice;
+        let mut warning = cost.warning(budget, refuses)?;
         self.told_high = true;
         // A single-stepped hit costs about ten times an emulated one (the
         // calibration's figures): where call sites may move such a probe,

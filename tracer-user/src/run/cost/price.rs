@@ -293,12 +293,19 @@ mod tests {
         let c = estimate(0.5e9, 0.5e9, 1e9, 1, HIT);
         assert!(c.is_high());
         assert_eq!(
-            c.warning(None, false, false).unwrap(),
+            c.warning(None, &[]).unwrap(),
             "tracing costs the target an estimated 50% of its CPU time (a CPU-bound target runs about 2.0× slower); --budget PERCENT keeps the cost near PERCENT% by tracing in windows"
         );
-        assert!(c.warning(None, true, false).unwrap().contains("without --returns and --placement call-sites"));
-        assert!(c.warning(Some(20.0), false, false).unwrap().contains("--budget 20% is on"));
-        assert!(estimate(0.99e9, 0.99e9, 1e9, 1, HIT).warning(None, false, false).unwrap().contains("over 10×"));
-        assert_eq!(estimate(0.1e9, 0.1e9, 1e9, 1, HIT).warning(None, false, false), None, "10% is not above 10%");
+        assert!(
+            c.warning(None, &["--returns"]).unwrap().contains("(without --returns, which it does not combine with)")
+        );
+        assert!(
+            c.warning(None, &["--types", "--stacks", "--native"])
+                .unwrap()
+                .contains("(without --types, --stacks and --native, which it does not combine with)")
+        );
+        assert!(c.warning(Some(20.0), &[]).unwrap().contains("--budget 20% is on"));
+        assert!(estimate(0.99e9, 0.99e9, 1e9, 1, HIT).warning(None, &[]).unwrap().contains("over 10×"));
+        assert_eq!(estimate(0.1e9, 0.1e9, 1e9, 1, HIT).warning(None, &[]), None, "10% is not above 10%");
     }
 }
