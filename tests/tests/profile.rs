@@ -1,8 +1,8 @@
 //! The production profile, `tracer attach`'s default: the header's mode
-//! and estimated cost, exact-only flags switching to exact tracing, GC
-//! from memory against `gc.get_stats()` on every build here, rates by duty
-//! cycle against an exact count, the heap census each interval, the cost
-//! as a share of the target's CPU time, and bad input. (`--exact`'s
+//! and estimated cost, exact-only flags switching to exact tracing, rates
+//! by duty cycle against an exact count, the heap census each interval,
+//! the cost as a share of the target's CPU time, and bad input (GC from
+//! memory is `gc_memory.rs`'s). (`--exact`'s
 //! counts are the other suites': they all pass it.)
 
 use std::{
@@ -11,9 +11,7 @@ use std::{
 };
 
 use serde_json::Value;
-use tracer_tests::{
-    STATIC_PYTHON, TracerRun, Workload, forky_root, pyenv, require_root, run_tracer, shared_python, tracer_bin,
-};
+use tracer_tests::{STATIC_PYTHON, TracerRun, Workload, pyenv, require_root, run_tracer, shared_python, tracer_bin};
 
 fn number(v: &Value, what: &str) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("{what} is not a number: {v}"))
@@ -140,135 +138,6 @@ fn exact_only_flags_switch_to_exact_and_say_so() {
         "{first}"
     );
     workload.ping();
-}
-
-/// The profile's collections per generation on `python` (inside `root`
-/// where given) equal what `gc.get_stats()` changed by in the target.
-fn gc_matches_get_stats(root: Option<&std::path::Path>, python: &str) {
-    require_root();
-    let (a, b, c) = (7, 3, 2);
-    let mut workload = Workload::script(root, python, "gc_stats.py", &[&a.to_string(), &b.to_string(), &c.to_string()]);
-    let pid = workload.pid();
-    let (tracer, attached) = TracerRun::profile_json(pid, &["--interval", "0.2"]);
-    assert_eq!(attached["mode"], "profile");
-    workload.go();
-    let stats = workload.next_line("the stats").expect("stats");
-    let stats: Vec<Vec<u64>> = stats
-        .strip_prefix("stats ")
-        .expect("stats line")
-        .split(' ')
-        .map(|g| g.split(',').map(|n| n.parse().expect("a count")).collect())
-        .collect();
-    assert_eq!(stats.iter().map(|g| g[0]).collect::<Vec<_>>(), [a, b, c], "{python}: the workload's own count");
-    // Read by an interval after the collections.
-    std::thread::sleep(Duration::from_millis(500));
-    tracer.signal(libc::SIGINT);
-    let summary = tracer.summary();
-    let gc = &summary["gc"];
-    assert_eq!(gc["source"], "memory", "{python}: {gc}");
-    let got: Vec<Vec<u64>> = gc["generations"]
-        .as_array()
-        .expect("generations")
-        .iter()
-        .map(|g| {
-            let n = |k: &str| g[k].as_u64().unwrap_or_else(|| panic!("{k}: {g}"));
-            vec![n("collections"), n("collected") - n("uncollectable"), n("uncollectable")]
-        })
-        .collect();
-    assert_eq!(got, stats, "{python}: GC from memory against gc.get_stats(): {gc}");
-    assert_eq!(summary["stats"]["gc_memory_rejected"], 0);
-    drop(workload);
-}
-
-/// A target that collects and exits before tracer reads its statistics
-/// again: the markers saw every collection, and the summary counts them.
-/// It showed `gen 0: 0 in 101 µs` (no collection, yet their time) for a
-/// process that made 50 collections and exited, where the statistics'
-/// last reading came before them.
-#[test]
-fn collections_just_before_the_exit_are_the_markers_count() {
-    require_root();
-    let (a, b, c) = (7, 3, 2);
-    let args = [a.to_string(), b.to_string(), c.to_string(), "exit".to_owned()];
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut workload = Workload::script(None, STATIC_PYTHON, "gc_stats.py", &args);
-    let pid = workload.pid();
-    // No interval before the exit: only the attach's reading and the end's.
-    let (tracer, _) = TracerRun::profile_json(pid, &["--interval", "30"]);
-    workload.go();
-    let stats = workload.next_line("the stats").expect("stats");
-    let stats: Vec<Vec<u64>> = stats
-        .strip_prefix("stats ")
-        .expect("stats line")
-        .split(' ')
-        .map(|g| g.split(',').map(|n| n.parse().expect("a count")).collect())
-        .collect();
-    let summary = tracer.summary();
-    assert_eq!(summary["end"], "target-exit", "{}", summary["end"]);
-    let gc = &summary["gc"];
-    assert_eq!((gc["source"].as_str(), gc["durations"].as_str()), (Some("memory"), Some("markers")), "{gc}");
-    let got: Vec<Vec<u64>> = gc["generations"]
-        .as_array()
-        .expect("generations")
-        .iter()
-        .map(|g| {
-            let n = |k: &str| g[k].as_u64().unwrap_or_else(|| panic!("{k}: {g}"));
-            // Which were uncollectable, the markers do not say.
-            assert_eq!(g["uncollectable"], Value::Null, "{g}");
-            vec![n("collections"), n("collected")]
-        })
-        .collect();
-    let stats: Vec<Vec<u64>> = stats.iter().map(|g| vec![g[0], g[1] + g[2]]).collect();
-    assert_eq!(got, stats, "the collections before the exit against gc.get_stats(): {gc}");
-    let why = gc["probes_past_memory"].as_str().unwrap_or_else(|| panic!("not said: {gc}"));
-    assert!(
-        why.starts_with(&format!(
-            "the GC probes counted collections after the collector's statistics were last read (gen 0: {a} more, gen 1: {b} more, gen 2: {c} more)"
-        )),
-        "{why}"
-    );
-    assert_eq!(summary["stats"]["gc_memory_failed"], 1, "{}", summary["stats"]);
-    drop(workload);
-}
-
-#[test]
-fn gc_from_memory_pyenv_311() {
-    gc_matches_get_stats(None, pyenv("3.11.7").to_str().unwrap());
-}
-
-#[test]
-fn gc_from_memory_pyenv_39() {
-    gc_matches_get_stats(None, pyenv("3.9.18").to_str().unwrap());
-}
-
-#[test]
-fn gc_from_memory_pyenv_310() {
-    gc_matches_get_stats(None, pyenv("3.10.13").to_str().unwrap());
-}
-
-#[test]
-fn gc_from_memory_pyenv_312() {
-    gc_matches_get_stats(None, pyenv("3.12.1").to_str().unwrap());
-}
-
-#[test]
-fn gc_from_memory_pyenv_313() {
-    gc_matches_get_stats(None, pyenv("3.13.0").to_str().unwrap());
-}
-
-#[test]
-fn gc_from_memory_debian_311_with_marker_durations() {
-    gc_matches_get_stats(None, STATIC_PYTHON);
-}
-
-#[test]
-fn gc_from_memory_forky_313() {
-    gc_matches_get_stats(Some(&forky_root()), "/usr/bin/python3.13");
-}
-
-#[test]
-fn gc_from_memory_forky_314() {
-    gc_matches_get_stats(Some(&forky_root()), "/usr/bin/python3.14");
 }
 
 /// The rate of new references of a paced loop, estimated by the profile's

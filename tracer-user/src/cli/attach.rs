@@ -22,8 +22,8 @@ pub struct AttachArgs {
     /// chroot or PID namespace: one `attach --exe` per interpreter image, summed, with each
     /// process's host PID, namespace PID, container (cgroup) and command line. Takes the flags
     /// that count, cost and collect (--exact, --budget, --probes, --placement, --gc, --links,
-    /// --no-inlined, --debug-dir, --bpf-log, --no-growth, --interval, --duration, --json) and
-    /// refuses the others; see docs/attach.md.
+    /// --no-inlined, --debug-dir, --bpf-log, --no-growth, --interval, --duration, --json; --force
+    /// too, with no file to overwrite) and refuses the others; see docs/attach.md.
     #[arg(long, group = "target")]
     pub all: bool,
     /// Stop after this many seconds (default: until Ctrl-C, SIGTERM or the target exits).
@@ -48,8 +48,8 @@ pub struct AttachArgs {
     /// over says by what (a short run pays for its first window and census). With exact tracing: trace in short
     /// windows and detach between them for as long as the budget needs (the cost of a hit is
     /// calibrated at start); counts are then of the traced windows only, and rates are estimates
-    /// with a 95% confidence interval, marked as such in the table and the JSON. Not with --returns
-    /// or --placement call-sites.
+    /// with a 95% confidence interval, marked as such in the table and the JSON. Not with --types,
+    /// --stacks, --live, --native, --returns or --placement call-sites.
     #[arg(long, value_name = "PERCENT", allow_negative_numbers = true)]
     pub budget: Option<f64>,
     /// How probes attach: auto (uprobe-multi links where the kernel has them, Linux 6.6+, else one

@@ -9,7 +9,12 @@
 
 use std::os::fd::{AsFd as _, AsRawFd as _};
 
-use aya::{Pod, maps::MapData};
+use std::{borrow::Borrow, cell::RefCell};
+
+use aya::{
+    Pod,
+    maps::{IterableMap as _, MapData, PerCpuArray, PerCpuHashMap},
+};
 use aya_obj::generated::bpf_cmd;
 
 /// The kernel's `bpf_attr` for the `BPF_MAP_*_BATCH` commands.
@@ -37,6 +42,13 @@ const MOST: u32 = 1 << 20;
 /// Entries of a per-CPU map: each key with its value on every possible CPU.
 pub type PerCpuEntries<K, V> = Vec<(K, Vec<V>)>;
 
+thread_local! {
+    /// The keys' and values' buffers, kept from one read to the next: a
+    /// read every 5 ms would otherwise allocate and zero them each time,
+    /// which on a host of many CPUs is a megabyte a map.
+    static BUFFERS: RefCell<(Vec<u8>, Vec<u8>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
 /// What one call left: the entries it filled and whether the map has more.
 enum Batch {
     /// This many filled, and more to read from the position it wrote.
@@ -45,14 +57,19 @@ enum Batch {
     End(u32),
     /// Not one entry fits in the buffers: a bucket holds more.
     TooSmall,
-    /// The kernel has no batch lookup for this map.
-    Unsupported,
+    /// No batch this time: the kernel has no batch lookup for this map,
+    /// or a bucket's lock was busy; the map is read a key at a time.
+    KeyByKey,
 }
 
 /// One `BPF_MAP_LOOKUP_BATCH` of `map` from `position` (the start where
 /// `None`) into `keys` and `values`, of `count` entries each; the position
 /// after it is written to `next`.
-fn lookup(
+///
+/// # Safety
+/// `keys` and `values` hold at least `count` of the map's keys and
+/// (per-CPU) values, as the kernel sizes them.
+unsafe fn lookup(
     map: &MapData,
     position: Option<&u64>,
     next: &mut u64,
@@ -71,12 +88,11 @@ fn lookup(
     };
     let size = libc::c_long::try_from(size_of::<BatchAttr>()).unwrap_or(0);
     // SAFETY: attr is laid out as the kernel's bpf_attr for a batch
-    // command, its size passed with it. Its keys and values point to the
-    // callers' buffers of `count` keys and values of the map's sizes
-    // (checked by aya when the typed map was made, and by the callers'
-    // lengths), and in_batch and out_batch to 8 bytes (an array's
-    // position is its 4-byte key, a hash map's a 4-byte bucket), all of
-    // which outlive the call.
+    // command, its size passed with it. Its keys and values point to
+    // buffers of `count` keys and values of the map's sizes (this
+    // function's contract), and in_batch and out_batch to 8 bytes (an
+    // array's position is its 4-byte key, a hash map's a 4-byte bucket),
+    // all of which outlive the call.
     let rc =
         unsafe { libc::syscall(libc::SYS_bpf, bpf_cmd::BPF_MAP_LOOKUP_BATCH as libc::c_long, &raw mut attr, size) };
     if rc == 0 {
@@ -89,7 +105,19 @@ fn lookup(
         Some(libc::ENOSPC) => Ok(Batch::TooSmall),
         // ENOTSUPP (524), the kernel's own, is what a map type without
         // batch operations answers; EINVAL, a kernel without the command.
-        Some(libc::EINVAL | libc::EOPNOTSUPP | 524) => Ok(Batch::Unsupported),
+        // A hash bucket's lock busy (an NMI's program holds it; since 6.15
+        // a lock that gave up) fails the batch where a lookup of one key,
+        // which takes no lock, does not.
+        Some(
+            libc::EINVAL
+            | libc::EOPNOTSUPP
+            | 524
+            | libc::EBUSY
+            | libc::EDEADLK
+            | libc::ETIMEDOUT
+            | libc::EINTR
+            | libc::EAGAIN,
+        ) => Ok(Batch::KeyByKey),
         _ => Err(e),
     }
 }
@@ -111,70 +139,42 @@ fn values_of<V: Pod>(bytes: &[u8], stride: usize) -> Vec<V> {
         .collect()
 }
 
-/// Every entry of the per-CPU map `map` (a hash or an array) whose keys
-/// are `K` and values `V`, each with its values on every possible CPU,
-/// `cpus` of them; `None` where the kernel has no batch lookup for it.
+/// The possible CPUs, as the kernel sizes a per-CPU value by them.
+fn possible_cpus() -> std::io::Result<usize> {
+    aya::util::nr_cpus().map_err(|(_, e)| e)
+}
+
+/// Every entry of the per-CPU hash map `map`, each with its values on
+/// every possible CPU; `None` where it is to be read a key at a time.
 ///
 /// # Errors
 /// The lookup's.
-pub fn per_cpu_entries<K: Pod, V: Pod>(map: &MapData, cpus: usize) -> std::io::Result<Option<PerCpuEntries<K, V>>> {
-    in_chunks(map, cpus, CHUNK)
-}
-
-/// [`per_cpu_entries`], asking for `count` entries a call at first.
-pub(super) fn in_chunks<K: Pod, V: Pod>(
-    map: &MapData,
-    cpus: usize,
-    mut count: u32,
+pub fn hash_entries<T: Borrow<MapData>, K: Pod, V: Pod>(
+    map: &PerCpuHashMap<T, K, V>,
 ) -> std::io::Result<Option<PerCpuEntries<K, V>>> {
-    let (stride, entry) = (size_of::<V>().next_multiple_of(8), per_cpu_len::<V>(cpus));
-    let mut out = Vec::new();
-    let (mut position, mut next) = (None, 0u64);
-    loop {
-        let n = usize::try_from(count).unwrap_or(usize::MAX);
-        let mut keys = vec![0u8; n.saturating_mul(size_of::<K>())];
-        let mut values = vec![0u8; n.saturating_mul(entry)];
-        let (filled, end) = match lookup(map, position.as_ref(), &mut next, (&mut keys, &mut values), count)? {
-            Batch::Unsupported if out.is_empty() && position.is_none() => return Ok(None),
-            Batch::Unsupported => return Err(std::io::Error::other("the batch lookup failed part way")),
-            Batch::TooSmall if count < MOST => {
-                count *= 2;
-                continue;
-            }
-            Batch::TooSmall => return Err(std::io::Error::other(format!("a bucket holds over {MOST} entries"))),
-            Batch::More(filled) => (filled, false),
-            Batch::End(filled) => (filled, true),
-        };
-        let filled = usize::try_from(filled).unwrap_or(usize::MAX).min(n);
-        let key_len = size_of::<K>();
-        for (key, value) in keys.chunks_exact(key_len).zip(values.chunks_exact(entry)).take(filled) {
-            let key = values_of::<K>(key, key_len).pop().ok_or_else(|| std::io::Error::other("an empty key"))?;
-            out.push((key, values_of::<V>(value, stride)));
-        }
-        if end {
-            return Ok(Some(out));
-        }
-        // The kernel fills at least one entry of a call that is not the
-        // last, or says the buffers are too small.
-        if filled == 0 {
-            return Err(std::io::Error::other("the batch lookup read nothing and did not end"));
-        }
-        position = Some(next);
-    }
+    // SAFETY: aya checked the map's key and value sizes against K and V
+    // when it made the typed map, and the CPUs are those the kernel sizes
+    // a per-CPU value by.
+    unsafe { in_chunks(map.map(), possible_cpus()?, CHUNK) }
 }
 
 /// Every index of the per-CPU array `map` of `len` entries, each its
-/// values on every possible CPU, `cpus` of them; `None` where the kernel
-/// has no batch lookup for it.
+/// values on every possible CPU; `None` where it is to be read an index
+/// at a time.
 ///
 /// # Errors
 /// The lookup's, or one that did not give every index once.
-pub fn per_cpu_array<V: Pod>(map: &MapData, len: u32, cpus: usize) -> std::io::Result<Option<Vec<Vec<V>>>> {
-    let Some(entries) = per_cpu_entries::<u32, V>(map, cpus)? else { return Ok(None) };
+pub fn array_values<T: Borrow<MapData>, V: Pod>(
+    map: &PerCpuArray<T, V>,
+    len: u32,
+) -> std::io::Result<Option<Vec<Vec<V>>>> {
+    // SAFETY: as for hash_entries; an array's key is a u32.
+    let Some(entries) = (unsafe { in_chunks::<u32, V>(map.map(), possible_cpus()?, len.max(1)) })? else {
+        return Ok(None);
+    };
     let mut out: Vec<Option<Vec<V>>> = vec![None; usize::try_from(len).unwrap_or(usize::MAX)];
     for (index, values) in entries {
-        let slot = usize::try_from(index).ok().and_then(|i| out.get_mut(i));
-        match slot {
+        match usize::try_from(index).ok().and_then(|i| out.get_mut(i)) {
             Some(slot @ None) => *slot = Some(values),
             _ => {
                 return Err(std::io::Error::other(format!(
@@ -187,4 +187,64 @@ pub fn per_cpu_array<V: Pod>(map: &MapData, len: u32, cpus: usize) -> std::io::R
         .map(|v| v.ok_or_else(|| std::io::Error::other(format!("the batch lookup left out an index of {len}"))))
         .collect::<std::io::Result<Vec<_>>>()
         .map(Some)
+}
+
+/// Every entry of the per-CPU map `map` (a hash or an array), asking for
+/// `count` entries a call at first; `None` where it is to be read a key at
+/// a time.
+///
+/// # Safety
+/// The map's keys are `K` and its values `V` (their sizes), and `cpus` is
+/// at least the number of possible CPUs.
+pub(super) unsafe fn in_chunks<K: Pod, V: Pod>(
+    map: &MapData,
+    cpus: usize,
+    mut count: u32,
+) -> std::io::Result<Option<PerCpuEntries<K, V>>> {
+    let (stride, entry, key_len) = (size_of::<V>().next_multiple_of(8), per_cpu_len::<V>(cpus), size_of::<K>());
+    BUFFERS.with_borrow_mut(|(keys, values)| {
+        let mut out = Vec::new();
+        let (mut position, mut next) = (None, 0u64);
+        loop {
+            let n = usize::try_from(count).unwrap_or(usize::MAX);
+            let (key_bytes, value_bytes) = (n.saturating_mul(key_len), n.saturating_mul(entry));
+            // Grown, never shrunk: only the entries the kernel fills are read.
+            if keys.len() < key_bytes {
+                keys.resize(key_bytes, 0);
+            }
+            if values.len() < value_bytes {
+                values.resize(value_bytes, 0);
+            }
+            let buffers = (&mut keys[..key_bytes], &mut values[..value_bytes]);
+            // SAFETY: the buffers hold `count` keys of K's size and values
+            // of `entry` bytes, which by this function's contract are the
+            // map's.
+            let (filled, end) = match unsafe { lookup(map, position.as_ref(), &mut next, buffers, count) }? {
+                Batch::KeyByKey => return Ok(None),
+                Batch::TooSmall if count < MOST => {
+                    count = count.saturating_mul(2);
+                    continue;
+                }
+                Batch::TooSmall => return Err(std::io::Error::other(format!("a bucket holds over {MOST} entries"))),
+                Batch::More(filled) => (filled, false),
+                Batch::End(filled) => (filled, true),
+            };
+            let filled = usize::try_from(filled).unwrap_or(usize::MAX).min(n);
+            for (key, value) in
+                keys[..key_bytes].chunks_exact(key_len).zip(values[..value_bytes].chunks_exact(entry)).take(filled)
+            {
+                let key = values_of::<K>(key, key_len).pop().ok_or_else(|| std::io::Error::other("an empty key"))?;
+                out.push((key, values_of::<V>(value, stride)));
+            }
+            if end {
+                return Ok(Some(out));
+            }
+            // The kernel fills at least one entry of a call that is not the
+            // last, or says the buffers are too small.
+            if filled == 0 {
+                return Err(std::io::Error::other("the batch lookup read nothing and did not end"));
+            }
+            position = Some(next);
+        }
+    })
 }

@@ -117,21 +117,13 @@ fn load_trouble(cause: &aya::programs::ProgramError) -> String {
     match cause {
         aya::programs::ProgramError::LoadError { io_error, verifier_log } => {
             let log = verifier_log.to_string();
-            match verifier_reason(&log) {
+            match super::multi::verifier_reason(&log) {
                 Some(reason) => format!("{io_error} (the verifier: {reason})"),
                 None => io_error.to_string(),
             }
         }
         other => crate::error::chain(other),
     }
-}
-
-/// The verifier's reason in its log: the last line before its statistics.
-pub(super) fn verifier_reason(log: &str) -> Option<&str> {
-    log.lines()
-        .rev()
-        .map(str::trim)
-        .find(|l| !l.is_empty() && !l.starts_with("processed ") && !l.starts_with("verification time"))
 }
 
 #[cfg(test)]

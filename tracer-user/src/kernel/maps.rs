@@ -503,42 +503,30 @@ impl Session {
 
 /// Each of the first `len` indexes of the per-CPU array `map` (named
 /// `name`), its CPUs' values summed by `merge`: in one batch lookup where
-/// the kernel has it, else one lookup an index.
+/// the kernel gives one, else one lookup an index.
 fn per_cpu_sums<V: aya::Pod + Default>(
     map: &aya::maps::PerCpuArray<aya::maps::MapData, V>,
     name: &'static str,
     len: u32,
     merge: impl Fn(V, V) -> V,
 ) -> Result<Vec<V>, AttachError> {
-    use aya::maps::IterableMap as _;
     let map_err = |cause| AttachError::Map { name, cause: Box::new(cause) };
     let sum = |values: &[V]| values.iter().fold(V::default(), |sum, v| merge(sum, *v));
-    let cpus = aya::util::nr_cpus().map_err(|(_, e)| map_err(aya::maps::MapError::IoError(e)))?;
-    if let Some(all) =
-        super::batch::per_cpu_array::<V>(map.map(), len, cpus).map_err(|e| map_err(aya::maps::MapError::IoError(e)))?
-    {
+    if let Some(all) = super::batch::array_values(map, len).map_err(|e| map_err(aya::maps::MapError::IoError(e)))? {
         return Ok(all.iter().map(|v| sum(v)).collect());
     }
-    (0..len)
-        .map(|index| {
-            map.get(&index, 0).map(|per_cpu| per_cpu.iter().fold(V::default(), |s, v| merge(s, *v))).map_err(map_err)
-        })
-        .collect()
+    (0..len).map(|index| map.get(&index, 0).map(|per_cpu| sum(&per_cpu)).map_err(map_err)).collect()
 }
 
 /// Every entry of the per-CPU hash map `map` (named `name`), each its
-/// values on every possible CPU: in batch lookups where the kernel has
+/// values on every possible CPU: in batch lookups where the kernel gives
 /// them, else two lookups a key.
 pub(super) fn per_cpu_hash<T: std::borrow::Borrow<aya::maps::MapData>, K: aya::Pod, V: aya::Pod>(
     map: &aya::maps::PerCpuHashMap<T, K, V>,
     name: &'static str,
 ) -> Result<super::batch::PerCpuEntries<K, V>, AttachError> {
-    use aya::maps::IterableMap as _;
     let map_err = |cause| AttachError::Map { name, cause: Box::new(cause) };
-    let cpus = aya::util::nr_cpus().map_err(|(_, e)| map_err(aya::maps::MapError::IoError(e)))?;
-    if let Some(all) =
-        super::batch::per_cpu_entries::<K, V>(map.map(), cpus).map_err(|e| map_err(aya::maps::MapError::IoError(e)))?
-    {
+    if let Some(all) = super::batch::hash_entries(map).map_err(|e| map_err(aya::maps::MapError::IoError(e)))? {
         return Ok(all);
     }
     map.iter().map(|entry| entry.map(|(k, per_cpu)| (k, per_cpu.to_vec())).map_err(map_err)).collect()

@@ -159,10 +159,18 @@ pub fn load(object: &[u8], name: &'static str, maps: &[(String, OwnedFd)]) -> Re
             let text = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)]).into_owned();
             // The verifier ends with its statistics; the reason is the line
             // before them.
-            let last = super::error::verifier_reason(&text).map(|l| format!(" ({l})")).unwrap_or_default();
+            let last = verifier_reason(&text).map(|l| format!(" ({l})")).unwrap_or_default();
             Err(MultiError::Load { name, cause, log: last })
         }
     }
+}
+
+/// The verifier's reason in its log: the last line before its statistics.
+pub(super) fn verifier_reason(log: &str) -> Option<&str> {
+    log.lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with("processed ") && !l.starts_with("verification time"))
 }
 
 /// How many times a program is loaded while the verifier is interrupted,

@@ -232,8 +232,7 @@ fn the_sizes_read_in_one_batch_are_those_read_one_by_one() {
         .collect();
     assert_eq!(readings.sizes, one_by_one);
     // This kernel has the batch lookup: that is what read them.
-    let cpus = aya::util::nr_cpus().expect("possible CPUs");
-    let batch = super::batch::per_cpu_array::<Counter>(aya::maps::IterableMap::map(&session.sizes), len, cpus);
+    let batch = super::batch::array_values(&session.sizes, len);
     assert_eq!(batch.expect("read").expect("the batch lookup").len(), len as usize);
     let bucket =
         tracer_common::sizes::index(tracer_common::sizes::Domain::Mem as u32, tracer_common::sizes::bucket(1234));
@@ -254,21 +253,30 @@ fn batches_read_every_entry_once() {
     let cpus = aya::util::nr_cpus().expect("possible CPUs");
     for i in 1..=50u32 {
         let key = CounterKey { tgid: i, slot: 0 };
-        let value = Returned { returns: u64::from(i), null: 1, pointer_sum: u64::from(i) << 32 };
-        let values = PerCpuValues::try_from(vec![value; cpus]).expect("values");
-        session.returns.insert(key, values, 0).expect("inserted");
+        // A value of its own on each CPU: a layout read wrong shows.
+        let values: Vec<Returned> = (0..cpus as u64)
+            .map(|cpu| Returned { returns: u64::from(i) * 1000 + cpu, null: cpu, pointer_sum: u64::from(i) << 32 })
+            .collect();
+        session.returns.insert(key, PerCpuValues::try_from(values).expect("values"), 0).expect("inserted");
     }
     let mut one_by_one: Vec<(CounterKey, Vec<Returned>)> =
         session.returns.iter().map(|e| e.map(|(k, v)| (k, v.to_vec()))).collect::<Result<_, _>>().expect("iterated");
+    // SAFETY: the typed map's key and value are CounterKey and Returned,
+    // and the CPUs are the possible ones.
     let mut batched: Vec<(CounterKey, Vec<Returned>)> =
-        super::batch::in_chunks(session.returns.map(), cpus, 1).expect("read").expect("the batch lookup");
+        unsafe { super::batch::in_chunks(session.returns.map(), cpus, 1) }.expect("read").expect("the batch lookup");
     one_by_one.sort_by_key(|(k, _)| k.tgid);
     batched.sort_by_key(|(k, _)| k.tgid);
     assert_eq!(batched.len(), 50);
     assert_eq!(batched, one_by_one);
+    assert_eq!(
+        batched[0].1.iter().map(|r| r.returns).collect::<Vec<_>>(),
+        (0..cpus as u64).map(|c| 1000 + c).collect::<Vec<_>>()
+    );
     let len = tracer_common::sizes::DOMAINS * tracer_common::sizes::BUCKETS;
+    // SAFETY: an array's key is a u32, and its values are Counters.
     let array: Vec<(u32, Vec<Counter>)> =
-        super::batch::in_chunks(session.sizes.map(), cpus, 7).expect("read").expect("the batch lookup");
+        unsafe { super::batch::in_chunks(session.sizes.map(), cpus, 7) }.expect("read").expect("the batch lookup");
     assert_eq!(array.iter().map(|(k, _)| *k).collect::<Vec<u32>>(), (0..len).collect::<Vec<u32>>());
 }
 

@@ -56,9 +56,17 @@ impl Stop {
     }
 }
 
-/// Reads `pid`'s state, `None` where it runs (or is gone).
-fn stopped(pid: u32) -> Option<Stop> {
-    Stop::of_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+/// A process gone (a zombie, or no longer there): its exit says more.
+struct Gone;
+
+/// Reads `pid`'s state: how it is stopped, `None` where it runs.
+fn stopped(pid: u32) -> Result<Option<Stop>, Gone> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).map_err(|_| Gone)?;
+    let state = stat.rfind(')').and_then(|at| stat[at + 1..].trim_start().chars().next()).ok_or(Gone)?;
+    if matches!(state, 'Z' | 'X' | 'x') {
+        return Err(Gone);
+    }
+    Ok(Stop::of_stat(&stat))
 }
 
 /// Watches one `--pid` target for being stopped.
@@ -80,7 +88,9 @@ impl StopWatch {
     /// so that no interval's zeros go without their reason), or where it
     /// was and runs again.
     pub fn check(&mut self) -> Option<Note> {
-        self.check_state(stopped(self.pid), Instant::now())
+        // A target gone while stopped did not run again: its exit is said
+        // as any exit is.
+        self.check_state(stopped(self.pid).ok()?, Instant::now())
     }
 
     fn check_state(&mut self, now_stopped: Option<Stop>, now: Instant) -> Option<Note> {
@@ -130,8 +140,9 @@ impl StopWatch {
     }
 
     /// At the end of a run that lasted `run`: a note where the target was
-    /// stopped for some of it, since the summary's counts and rates cover
-    /// only the time it ran.
+    /// stopped for some of it: the summary's counts cover only the time it
+    /// ran, and its rates, averaged over the whole run, are lowered by the
+    /// stopped share.
     #[must_use]
     pub fn summary(&self, run: Duration) -> Option<Note> {
         self.summary_at(run, Instant::now())
@@ -152,7 +163,7 @@ impl StopWatch {
             Level::Warning,
             NoteCode::Stopped,
             format!(
-                "PID {pid} was stopped for {:.1} s of the run's {:.1} s{still}: a stopped process runs nothing, so the summary's counts, rates and growth are of the time it ran only{resume}",
+                "PID {pid} was stopped for {:.1} s of the run's {:.1} s{still}: a stopped process runs nothing, so the summary's counts and growth are of the time it ran, and its rates are averaged over the whole run, the stopped time included (lowered by that share){resume}",
                 total.as_secs_f64(),
                 run.as_secs_f64()
             ),
@@ -189,7 +200,13 @@ mod tests {
         assert!(resumed.message.contains("after 2.0 s stopped"), "{}", resumed.message);
         let summary = w.summary_at(Duration::from_secs(5), t0 + Duration::from_secs(3)).unwrap();
         assert!(summary.message.starts_with("PID 7 was stopped for 2.0 s of the run's 5.0 s:"), "{}", summary.message);
-        assert!(summary.message.ends_with("of the time it ran only"), "{}", summary.message);
+        assert!(
+            summary.message.ends_with(
+                "its rates are averaged over the whole run, the stopped time included (lowered by that share)"
+            ),
+            "{}",
+            summary.message
+        );
         w.check_state(Some(Stop::Traced), t0 + Duration::from_secs(3));
         let still = w.summary_at(Duration::from_secs(5), t0 + Duration::from_secs(4)).unwrap();
         assert!(
