@@ -9,7 +9,11 @@
 
 use std::os::fd::{AsFd as _, AsRawFd as _};
 
-use std::{borrow::Borrow, cell::RefCell};
+use std::{
+    borrow::Borrow,
+    cell::RefCell,
+    sync::atomic::{AtomicI32, AtomicU64, Ordering},
+};
 
 use aya::{
     Pod,
@@ -49,6 +53,100 @@ thread_local! {
     static BUFFERS: RefCell<(Vec<u8>, Vec<u8>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
+/// Why a read fell back to a key at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FallbackReason {
+    /// The kernel has no batch lookup for the map (or none at all): every
+    /// read of it falls back, and costs tracer a syscall or two a key.
+    Unsupported,
+    /// A hash bucket's lock was busy, or the call was interrupted: this
+    /// read fell back, the next tries a batch again.
+    Busy,
+}
+
+impl FallbackReason {
+    /// The class of the errno `code` a batch lookup failed with, `None`
+    /// where it is an error and no reason to read a key at a time.
+    #[must_use]
+    pub const fn of(code: i32) -> Option<Self> {
+        match code {
+            // ENOTSUPP (524), the kernel's own, is what a map type without
+            // batch operations answers; EINVAL, a kernel without the
+            // command.
+            libc::EINVAL | libc::EOPNOTSUPP | ENOTSUPP => Some(Self::Unsupported),
+            // A hash bucket's lock busy (an NMI's program holds it; since
+            // 6.15 a lock that gave up) fails the batch where a lookup of
+            // one key, which takes no lock, does not.
+            libc::EBUSY | libc::EDEADLK | libc::ETIMEDOUT | libc::EINTR | libc::EAGAIN => Some(Self::Busy),
+            _ => None,
+        }
+    }
+}
+
+/// The kernel's own "not supported", which libc does not name.
+const ENOTSUPP: i32 = 524;
+
+/// The reads that fell back to a key at a time, by reason, since tracer
+/// started, and the errno each reason was first seen with (0 before):
+/// nothing is lost by one (the map is read whole all the same), but it
+/// costs tracer more CPU, and a fallback is never silent.
+static UNSUPPORTED: AtomicU64 = AtomicU64::new(0);
+static BUSY: AtomicU64 = AtomicU64::new(0);
+static FIRST_UNSUPPORTED: AtomicI32 = AtomicI32::new(0);
+static FIRST_BUSY: AtomicI32 = AtomicI32::new(0);
+
+/// The batch reads that fell back to a key at a time so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Fallbacks {
+    /// For want of the kernel's batch lookup ([`FallbackReason::Unsupported`]).
+    pub unsupported: u64,
+    /// For a busy bucket or an interrupted call ([`FallbackReason::Busy`]).
+    pub busy: u64,
+    /// The errno of the first of each, 0 where there was none.
+    pub first_unsupported: i32,
+    pub first_busy: i32,
+}
+
+impl Fallbacks {
+    /// The errno `code` as the kernel names it, with its number.
+    #[must_use]
+    pub fn errno_name(code: i32) -> String {
+        let name = match code {
+            libc::EINVAL => "EINVAL",
+            libc::EOPNOTSUPP => "EOPNOTSUPP",
+            ENOTSUPP => "ENOTSUPP",
+            libc::EBUSY => "EBUSY",
+            libc::EDEADLK => "EDEADLK",
+            libc::ETIMEDOUT => "ETIMEDOUT",
+            libc::EINTR => "EINTR",
+            libc::EAGAIN => "EAGAIN",
+            _ => "errno",
+        };
+        format!("{name} ({code})")
+    }
+}
+
+/// The batch reads that fell back to a key at a time since tracer started.
+#[must_use]
+pub fn fallbacks() -> Fallbacks {
+    Fallbacks {
+        unsupported: UNSUPPORTED.load(Ordering::Relaxed),
+        busy: BUSY.load(Ordering::Relaxed),
+        first_unsupported: FIRST_UNSUPPORTED.load(Ordering::Relaxed),
+        first_busy: FIRST_BUSY.load(Ordering::Relaxed),
+    }
+}
+
+/// Counts one read that fell back for `reason`, first seen as `code`.
+fn count_fallback(reason: FallbackReason, code: i32) {
+    let (count, first) = match reason {
+        FallbackReason::Unsupported => (&UNSUPPORTED, &FIRST_UNSUPPORTED),
+        FallbackReason::Busy => (&BUSY, &FIRST_BUSY),
+    };
+    count.fetch_add(1, Ordering::Relaxed);
+    let _ = first.compare_exchange(0, code, Ordering::Relaxed, Ordering::Relaxed);
+}
+
 /// What one call left: the entries it filled and whether the map has more.
 enum Batch {
     /// This many filled, and more to read from the position it wrote.
@@ -58,7 +156,8 @@ enum Batch {
     /// Not one entry fits in the buffers: a bucket holds more.
     TooSmall,
     /// No batch this time: the kernel has no batch lookup for this map,
-    /// or a bucket's lock was busy; the map is read a key at a time.
+    /// or a bucket's lock was busy; the map is read a key at a time, and
+    /// the read is counted ([`fallbacks`]).
     KeyByKey,
 }
 
@@ -99,26 +198,18 @@ unsafe fn lookup(
         return Ok(Batch::More(attr.count));
     }
     let e = std::io::Error::last_os_error();
-    match e.raw_os_error() {
+    let code = e.raw_os_error().unwrap_or(0);
+    match code {
         // Read up to the end: with the entries read.
-        Some(libc::ENOENT) => Ok(Batch::End(attr.count)),
-        Some(libc::ENOSPC) => Ok(Batch::TooSmall),
-        // ENOTSUPP (524), the kernel's own, is what a map type without
-        // batch operations answers; EINVAL, a kernel without the command.
-        // A hash bucket's lock busy (an NMI's program holds it; since 6.15
-        // a lock that gave up) fails the batch where a lookup of one key,
-        // which takes no lock, does not.
-        Some(
-            libc::EINVAL
-            | libc::EOPNOTSUPP
-            | 524
-            | libc::EBUSY
-            | libc::EDEADLK
-            | libc::ETIMEDOUT
-            | libc::EINTR
-            | libc::EAGAIN,
-        ) => Ok(Batch::KeyByKey),
-        _ => Err(e),
+        libc::ENOENT => Ok(Batch::End(attr.count)),
+        libc::ENOSPC => Ok(Batch::TooSmall),
+        _ => match FallbackReason::of(code) {
+            Some(reason) => {
+                count_fallback(reason, code);
+                Ok(Batch::KeyByKey)
+            }
+            None => Err(e),
+        },
     }
 }
 

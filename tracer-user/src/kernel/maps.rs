@@ -59,6 +59,10 @@ pub struct Readings {
     /// `bpf_prog_info`), summed over tracer's programs. Such hits are
     /// missing from the counts.
     pub kernel_misses: u64,
+    /// The batch reads of tracer's maps that fell back to a key at a time
+    /// since tracer started ([`super::batch::fallbacks`]): nothing
+    /// missing, but reported, as every fallback is.
+    pub batch_fallbacks: super::batch::Fallbacks,
     /// Per process, its garbage collections by generation (see
     /// [`super::gc`]).
     pub gc: BTreeMap<u32, BTreeMap<i32, tracer_common::gc::GcTotals>>,
@@ -225,7 +229,9 @@ impl Session {
             let per_cpu = self.live_counts.get(&(domain as u32), 0).map_err(map_err(names::LIVE_COUNTS_MAP))?;
             live.push(per_cpu.iter().fold(tracer_common::live::LiveCounts::default(), |sum, c| sum.merged(*c)));
         }
-        Ok(Readings { probes, per_process, types, sizes, stacks, stats, kernel_misses, gc, live })
+        // Last: every read above counted its fallbacks.
+        let batch_fallbacks = super::batch::fallbacks();
+        Ok(Readings { probes, per_process, types, sizes, stacks, stats, kernel_misses, batch_fallbacks, gc, live })
     }
 
     /// With `--live`, tells the programs where the target's pymalloc

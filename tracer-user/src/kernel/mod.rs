@@ -3,7 +3,7 @@
 //! place that touches the kernel. Dropping a [`Session`] detaches every
 //! probe.
 
-mod batch;
+pub mod batch;
 pub mod btf;
 mod error;
 pub mod full;

@@ -280,6 +280,77 @@ fn batches_read_every_entry_once() {
     assert_eq!(array.iter().map(|(k, _)| *k).collect::<Vec<u32>>(), (0..len).collect::<Vec<u32>>());
 }
 
+/// A map the kernel has no batch lookup for falls back to a key at a time,
+/// and the fallback is counted under its reason, with the errno it was
+/// first seen with: never silent.
+#[test]
+fn a_fallback_to_a_key_at_a_time_is_counted() {
+    use std::os::fd::FromRawFd as _;
+
+    use super::batch::FallbackReason::{Busy, Unsupported};
+    // A perf event array: a map type without batch operations (the
+    // kernel answers ENOTSUPP), as a kernel before 5.6 (EINVAL) has none
+    // for any map.
+    #[repr(C)]
+    #[derive(Default)]
+    struct CreateAttr {
+        map_type: u32,
+        key_size: u32,
+        value_size: u32,
+        max_entries: u32,
+        map_flags: u32,
+    }
+    assert!(crate::privileges::is_root(), "this test creates a BPF map: run it as root (cargo xtask test)");
+    let mut attr = CreateAttr {
+        map_type: bpf_map_type::BPF_MAP_TYPE_PERF_EVENT_ARRAY as u32,
+        key_size: 4,
+        value_size: 4,
+        max_entries: 4,
+        ..CreateAttr::default()
+    };
+    // SAFETY: attr is the start of the kernel's bpf_attr for
+    // BPF_MAP_CREATE (the kernel zero-extends a shorter one), its size
+    // passed with it; it outlives the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            aya_obj::generated::bpf_cmd::BPF_MAP_CREATE as libc::c_long,
+            &raw mut attr,
+            size_of::<CreateAttr>(),
+        )
+    };
+    assert!(fd >= 0, "a perf event array: {}", std::io::Error::last_os_error());
+    // SAFETY: the syscall returned this new fd, owned by nothing else.
+    let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(i32::try_from(fd).expect("an fd")) };
+    let map = aya::maps::MapData::from_fd(owned).expect("the map's info");
+    let before = super::batch::fallbacks();
+    // SAFETY: the buffers in_chunks sizes hold 4-byte keys and values of
+    // four u32s a CPU (at least the map's 4 bytes), and the CPUs are the
+    // possible ones.
+    let read = unsafe { super::batch::in_chunks::<u32, u32>(&map, aya::util::nr_cpus().expect("CPUs"), 4) };
+    assert!(read.expect("no error: a fallback").is_none(), "this map type has no batch lookup");
+    let after = super::batch::fallbacks();
+    assert!(after.unsupported > before.unsupported, "{before:?} -> {after:?}");
+    assert_ne!(after.first_unsupported, 0, "{after:?}");
+    assert_eq!(super::batch::FallbackReason::of(after.first_unsupported), Some(Unsupported));
+    // The classes: no support, and a busy bucket (tried again next time).
+    for (code, class) in [
+        (libc::EINVAL, Some(Unsupported)),
+        (libc::EOPNOTSUPP, Some(Unsupported)),
+        (524, Some(Unsupported)),
+        (libc::EBUSY, Some(Busy)),
+        (libc::EDEADLK, Some(Busy)),
+        (libc::ETIMEDOUT, Some(Busy)),
+        (libc::EINTR, Some(Busy)),
+        (libc::EAGAIN, Some(Busy)),
+        (libc::EPERM, None),
+        (libc::EFAULT, None),
+    ] {
+        assert_eq!(super::batch::FallbackReason::of(code), class, "errno {code}");
+    }
+    assert_eq!(super::batch::Fallbacks::errno_name(524), "ENOTSUPP (524)");
+}
+
 /// With heat on (the budget's), each hit counts in its address's bucket,
 /// and the next attach puts the site hit into a tier of its own, where it
 /// counts as before.

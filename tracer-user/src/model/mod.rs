@@ -32,7 +32,7 @@ pub use notes::{Level, Note, NoteCode};
 pub use plan_report::{CallSitesReport, LiveImplReport, PlanReport, PlannedProbeReport, SiteFileReport};
 pub use processes::{InterpreterInfo, ProcessInfo};
 pub use snapshot::{
-    Counts, ExitedProcess, Gc, GcGeneration, KERNEL_MISSES, LateCoverage, LateModule, ProbeCounts, ProbeEstimate,
-    Returned, Sizes, Snapshot, TypeCount, rate_told,
+    Counts, ExitedProcess, GC_MEMORY_FAILED_COVERED, Gc, GcGeneration, KERNEL_MISSES, LateCoverage, LateModule,
+    MAP_BATCH_BUSY, MAP_BATCH_UNSUPPORTED, ProbeCounts, ProbeEstimate, Returned, Sizes, Snapshot, TypeCount, rate_told,
 };
 pub use stacks::{NativeFrame, NativeModule, Site, SiteFrame, StackCount, StackCoverage};

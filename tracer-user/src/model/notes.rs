@@ -73,6 +73,9 @@ pub enum NoteCode {
     /// `plan::slots`) whose pointer no longer holds it: its counts from
     /// then on are not exact. In `tracer bench`, the frees it probes so.
     FreePointer,
+    /// Reads of tracer's maps fell back to a key at a time: the kernel has
+    /// no batch lookup for them, or a bucket was busy (told once each).
+    MapBatch,
     /// A `--pid` target is stopped (state T or t): its figures are zero
     /// because it runs nothing; or it runs again; or, at the end, for how
     /// long it was.

@@ -367,17 +367,49 @@ pub struct TypeCount {
 /// Name of the kernel's recursion-miss count in `stats`.
 pub const KERNEL_MISSES: &str = "kernel_recursion_misses";
 
+/// Names in `stats` of the reads of tracer's maps that fell back to a key
+/// at a time: the kernel has no batch lookup for them, or a bucket was
+/// busy. No event is missing for them (the map is read whole all the
+/// same); tracer spends more CPU time.
+pub const MAP_BATCH_UNSUPPORTED: &str = "map_batch_unsupported";
+pub const MAP_BATCH_BUSY: &str = "map_batch_busy";
+
+/// Name in `stats` of the readings of the collector's statistics that
+/// failed where the GC probes counted the collections all the same (see
+/// `gc_memory_failed`, those they did not).
+pub const GC_MEMORY_FAILED_COVERED: &str = "gc_memory_failed_covered";
+
+/// The stats that tracer, not a BPF program, counts, and that mean no
+/// event is missing.
+const NO_LOSS: [&str; 3] = [MAP_BATCH_UNSUPPORTED, MAP_BATCH_BUSY, GC_MEMORY_FAILED_COVERED];
+
 impl Snapshot {
-    /// The stats map from the BPF-side stats (in [`Stat::ALL`] order) and
-    /// the kernel's miss count.
+    /// The stats map from the BPF-side stats (in [`Stat::ALL`] order), the
+    /// kernel's miss count and the map reads that fell back to a key at a
+    /// time.
     #[must_use]
-    pub fn stats_from(bpf: &[u64], kernel_misses: u64) -> IndexMap<String, u64> {
+    pub fn stats_from(
+        bpf: &[u64],
+        kernel_misses: u64,
+        batch: crate::kernel::batch::Fallbacks,
+    ) -> IndexMap<String, u64> {
         Stat::ALL
             .iter()
             .zip(bpf)
             .map(|(s, &value)| (s.name().to_owned(), value))
-            .chain(std::iter::once((KERNEL_MISSES.to_owned(), kernel_misses)))
+            .chain([
+                (KERNEL_MISSES.to_owned(), kernel_misses),
+                (MAP_BATCH_UNSUPPORTED.to_owned(), batch.unsupported),
+                (MAP_BATCH_BUSY.to_owned(), batch.busy),
+            ])
             .collect()
+    }
+
+    /// Whether `stat` is counted by a BPF program or the kernel's
+    /// programs (a miss of theirs), rather than by tracer's own reads.
+    #[must_use]
+    pub fn is_bpf(stat: &str) -> bool {
+        stat == KERNEL_MISSES || Stat::ALL.iter().any(|s| s.name() == stat)
     }
 
     /// The time since the attach.
@@ -419,7 +451,7 @@ impl Snapshot {
     /// counts (as opposed to merely worth knowing).
     #[must_use]
     pub fn is_loss(stat: &str) -> bool {
-        Stat::ALL.iter().find(|s| s.name() == stat).is_none_or(|s| s.is_loss())
+        !NO_LOSS.contains(&stat) && Stat::ALL.iter().find(|s| s.name() == stat).is_none_or(|s| s.is_loss())
     }
 }
 

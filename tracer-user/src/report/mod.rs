@@ -170,7 +170,11 @@ pub(crate) mod examples {
             .into_iter()
             .collect(),
             pids: [("77".to_owned(), per_pid)].into_iter().collect(),
-            stats: Snapshot::stats_from(&[0; tracer_common::stats::STAT_COUNT as usize], 0),
+            stats: Snapshot::stats_from(
+                &[0; tracer_common::stats::STAT_COUNT as usize],
+                0,
+                crate::kernel::batch::Fallbacks::default(),
+            ),
             ..Snapshot::default()
         }
     }

@@ -14,10 +14,19 @@ pub fn json(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
     writeln!(out)
 }
 
+/// The names' column's width: the longest probed function's name (3.12's
+/// `_Py_NewReferenceNoTotal` is 23 characters), at least 20, so that no
+/// row shifts.
+fn name_width(plan: &PlanReport) -> usize {
+    let impls = plan.live_impls.iter().map(|i| i.symbol.chars().count());
+    plan.probes.iter().map(|p| p.symbol.chars().count()).chain(impls).max().unwrap_or(0).max(20)
+}
+
 /// Per probe with inlined copies: how many are on an emulated instruction,
 /// how many of those were moved there, how many are single-stepped and
 /// why.
 fn inlined_copies(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
+    let width = name_width(plan);
     for p in plan.probes.iter().filter(|p| !p.inline_sites.is_empty()) {
         // A copy probed at several jumps into it is one copy.
         let sites = p.inline_sites.len();
@@ -25,18 +34,18 @@ fn inlined_copies(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()
         let at = if copies == sites { String::new() } else { format!(", at {sites} sites") };
         writeln!(
             out,
-            "  {:<20} also at {copies} inlined copies{at} (counted as calls; {} on an emulated instruction, {} of them moved past the copy's first point; {} single-stepped)",
+            "  {:<width$} also at {copies} inlined copies{at} (counted as calls; {} on an emulated instruction, {} of them moved past the copy's first point; {} single-stepped)",
             p.symbol, p.inline_sites_emulated, p.inline_sites_moved, p.inline_sites_single_stepped,
         )?;
         if p.inline_sites_gated > 0 {
             writeln!(
                 out,
-                "  {:<20}   {} of the moved at a jump into a copy none of whose own instructions is emulated: counted where the jump goes into it",
+                "  {:<width$}   {} of the moved at a jump into a copy none of whose own instructions is emulated: counted where the jump goes into it",
                 "", p.inline_sites_gated
             )?;
         }
         for (why, n) in &p.inline_sites_stepped_why {
-            writeln!(out, "  {:<20}   {n} single-stepped: {why}", "")?;
+            writeln!(out, "  {:<width$}   {n} single-stepped: {why}", "")?;
         }
     }
     Ok(())
@@ -44,6 +53,7 @@ fn inlined_copies(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()
 
 /// What one hit of each probe costs the target, where calibrated.
 fn cost_per_hit(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
+    let width = name_width(plan);
     let Some(hit) = plan.hit_cost_ns else {
         let why = plan.unpriced.as_deref().unwrap_or("not measured");
         return writeln!(out, "  cost per hit: not measured ({why})");
@@ -68,11 +78,11 @@ fn cost_per_hit(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> 
         if c.low_ns == c.high_ns {
             let sites = if e + s == 1 { "its one site".to_owned() } else { format!("all {} sites", e + s) };
             let kind = if s == 0 { "emulated" } else { "single-stepped" };
-            writeln!(out, "  {:<20} {} ({sites} {kind})", p.symbol, us(c.low_ns))?;
+            writeln!(out, "  {:<width$} {} ({sites} {kind})", p.symbol, us(c.low_ns))?;
         } else {
             writeln!(
                 out,
-                "  {:<20} {} to {} ({e} sites emulated, {s} single-stepped: where between depends on which the target runs)",
+                "  {:<width$} {} to {} ({e} sites emulated, {s} single-stepped: where between depends on which the target runs)",
                 p.symbol,
                 us(c.low_ns),
                 us(c.high_ns)
@@ -85,11 +95,12 @@ fn cost_per_hit(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> 
 /// Writes `plan` as a table.
 pub fn table(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
     writeln!(out, "{} (Python {})", crate::text::display(&plan.image), plan.python)?;
-    writeln!(out, "  {:<20} {:>7}  {:<28} {:<9} why", "function", "offset", "instruction", "emulated")?;
+    let width = name_width(plan);
+    writeln!(out, "  {:<width$} {:>7}  {:<28} {:<9} why", "function", "offset", "instruction", "emulated")?;
     for p in &plan.probes {
         writeln!(
             out,
-            "  {:<20} {:>7}  {:<28} {:<9} {}",
+            "  {:<width$} {:>7}  {:<28} {:<9} {}",
             p.symbol,
             if p.call_sites.is_some() { "callers".to_owned() } else { format!("+{}", p.offset) },
             p.instruction,
@@ -141,9 +152,9 @@ pub fn table(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
                             format!("+{} {} ({how})", s.offset, s.instruction)
                         })
                         .collect();
-                    writeln!(out, "  {symbol:<20} uprobes at {}: {reason}", at.join(", "))?;
+                    writeln!(out, "  {symbol:<width$} uprobes at {}: {reason}", at.join(", "))?;
                 }
-                ReturnPlan::Uretprobe { reason } => writeln!(out, "  {symbol:<20} uretprobe: {reason}")?,
+                ReturnPlan::Uretprobe { reason } => writeln!(out, "  {symbol:<width$} uretprobe: {reason}")?,
             }
         }
     }
@@ -216,6 +227,7 @@ fn live_impls(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
         return Ok(());
     }
     writeln!(out, "  allocator implementations (--live):")?;
+    let width = name_width(plan);
     for i in &plan.live_impls {
         let p = &i.placement;
         let how = if p.emulated { "emulated" } else { "single-stepped" };
@@ -227,7 +239,34 @@ fn live_impls(out: &mut impl Write, plan: &PlanReport) -> std::io::Result<()> {
             }
             ReturnPlan::Uretprobe { .. } => "uretprobe".to_owned(),
         };
-        writeln!(out, "  {:<20} {entry}; return: {how}: {}", i.symbol, i.returns.reason())?;
+        writeln!(out, "  {:<width$} {entry}; return: {how}: {}", i.symbol, i.returns.reason())?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 3.12's `_Py_NewReferenceNoTotal` (23 characters) widens the names'
+    /// column: the offsets of every row end where the header's does.
+    #[test]
+    fn a_long_function_name_widens_the_plans_column() {
+        let line = include_str!("../../tests/data/plans.jsonl").lines().next().expect("a plan");
+        let mut plan: PlanReport = serde_json::from_str(line).expect("a plan report");
+        plan.probes[0].symbol = "_Py_NewReferenceNoTotal".to_owned();
+        let mut out = Vec::new();
+        table(&mut out, &plan).expect("written");
+        let text = String::from_utf8(out).expect("UTF-8");
+        let rows: Vec<&str> = text.lines().skip(1).take(plan.probes.len() + 1).collect();
+        assert!(rows[0].starts_with("  function                 offset  instruction"), "{text}");
+        assert!(rows[1].starts_with("  _Py_NewReferenceNoTotal      +7  push %rbx"), "{text}");
+        // The offsets, right-aligned, end at one place: after the names'
+        // 23 characters, a space and their 7.
+        let end = 2 + 23 + 1 + 7;
+        for row in &rows {
+            let chars: Vec<char> = row.chars().collect();
+            assert!(chars[end - 1] != ' ' && chars[end] == ' ', "the offsets end at {end}: {row:?}");
+        }
+    }
 }

@@ -265,6 +265,7 @@ impl Run {
             )
         }));
         notes.extend(self.bpf_log());
+        notes.extend(self.readout.batch_notes());
         notes.extend(self.profile.as_mut().map(Profile::take_notes).unwrap_or_default());
         if let Some(Ok(g)) = self.growth.as_mut() {
             notes.extend(g.take_untold().into_iter().map(|(pid, why)| {

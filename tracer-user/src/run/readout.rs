@@ -15,8 +15,9 @@ use tracer_common::{gc::GcTotals, stats::Stat};
 
 use crate::{
     discover::process::Pidfd,
+    kernel::batch::Fallbacks,
     kernel::{AttachError, Session, maps::ProbeReading},
-    model::{self, Counts, ExitedProcess, LateModule, ProbeCounts, Snapshot},
+    model::{self, Counts, ExitedProcess, LateModule, Level, Note, NoteCode, ProbeCounts, Snapshot},
     plan::{Plan, gc::GcSource},
 };
 
@@ -56,6 +57,8 @@ pub struct Totals {
     /// One per BPF-side stat.
     pub stats: Vec<u64>,
     pub kernel_misses: u64,
+    /// The reads of tracer's maps that fell back to a key at a time.
+    pub batch_fallbacks: crate::kernel::batch::Fallbacks,
     /// Per process, garbage collections by generation.
     pub gc: BTreeMap<u32, BTreeMap<i32, GcTotals>>,
     /// With `--live`, what the live table did per domain.
@@ -79,6 +82,9 @@ pub struct Readout {
     unwatched: Vec<(u32, String)>,
     /// Every process put in `unwatched` once, so it is told once.
     told: std::collections::HashSet<u32>,
+    /// Whether the map reads that fell back to a key at a time were told:
+    /// for want of the kernel's batch lookup, and for a busy bucket.
+    told_batch: (bool, bool),
     /// With `--types`: the names of the types counted.
     type_names: Option<super::types::TypeNames>,
     /// With `--stacks`: where each process's frames are, and its stacks'
@@ -106,6 +112,7 @@ impl Readout {
             exited: Vec::new(),
             unwatched: Vec::new(),
             told: std::collections::HashSet::new(),
+            told_batch: (false, false),
             gc: None,
             live: None,
         }
@@ -121,6 +128,12 @@ impl Readout {
     /// why: their entries stay in the maps until they can be.
     pub fn take_unwatched(&mut self) -> Vec<(u32, String)> {
         std::mem::take(&mut self.unwatched)
+    }
+
+    /// The first map read that fell back to a key at a time for each
+    /// reason, as a note (once each; `stats` counts every one).
+    pub fn batch_notes(&mut self) -> Vec<Note> {
+        batch_notes(crate::kernel::batch::fallbacks(), &mut self.told_batch)
     }
 
     /// Removes exited process `pid`'s entries from the maps, and its reader
@@ -245,6 +258,7 @@ impl Readout {
             stacks,
             stats: readings.stats,
             kernel_misses: readings.kernel_misses,
+            batch_fallbacks: readings.batch_fallbacks,
             gc,
             live_table: readings.live,
         })
@@ -291,7 +305,7 @@ impl Readout {
             elapsed_s: self.started.elapsed().as_secs_f64(),
             probes,
             pids: totals.per_process.iter().map(|(pid, counts)| (pid.to_string(), per_probe(counts))).collect(),
-            stats: Snapshot::stats_from(&totals.stats, totals.kernel_misses),
+            stats: Snapshot::stats_from(&totals.stats, totals.kernel_misses, totals.batch_fallbacks),
             late_modules: late_modules.to_vec(),
             exited: self
                 .exited
@@ -420,4 +434,60 @@ fn sizes(plan: &Plan, totals: &Totals) -> Option<model::Sizes> {
         }
     }
     Some(out)
+}
+
+/// The notes of the map reads in `fallbacks` not yet `told` (for want of
+/// the kernel's batch lookup, for a busy bucket): once each, with the
+/// errno the first came with.
+fn batch_notes(fallbacks: Fallbacks, told: &mut (bool, bool)) -> Vec<Note> {
+    let mut notes = Vec::new();
+    if fallbacks.unsupported > 0 && !told.0 {
+        told.0 = true;
+        notes.push(Note::new(
+            Level::Note,
+            NoteCode::MapBatch,
+            format!(
+                "the kernel has no batch lookup for tracer's maps ({} at the first read; Linux 5.6 added it): they are read a key at a time, which costs tracer a syscall or two a key instead of one a map; no count is missing (stats: {})",
+                Fallbacks::errno_name(fallbacks.first_unsupported),
+                model::MAP_BATCH_UNSUPPORTED
+            ),
+        ));
+    }
+    if fallbacks.busy > 0 && !told.1 {
+        told.1 = true;
+        notes.push(Note::new(
+            Level::Note,
+            NoteCode::MapBatch,
+            format!(
+                "a batch read of one of tracer's maps found a bucket busy ({}): that read was made a key at a time, and the next tries a batch again; no count is missing (stats: {})",
+                Fallbacks::errno_name(fallbacks.first_busy),
+                model::MAP_BATCH_BUSY
+            ),
+        ));
+    }
+    notes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_reason_for_a_map_read_a_key_at_a_time_is_told_once() {
+        let mut told = (false, false);
+        assert!(batch_notes(Fallbacks::default(), &mut told).is_empty());
+        let busy = Fallbacks { busy: 2, first_busy: libc::EBUSY, ..Fallbacks::default() };
+        let notes = batch_notes(busy, &mut told);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert_eq!((notes[0].level, notes[0].code), (Level::Note, NoteCode::MapBatch));
+        assert!(notes[0].message.contains("found a bucket busy (EBUSY (16))"), "{}", notes[0].message);
+        assert!(notes[0].message.ends_with("(stats: map_batch_busy)"), "{}", notes[0].message);
+        // Told once: more of the same says nothing.
+        assert!(batch_notes(Fallbacks { busy: 5, ..busy }, &mut told).is_empty());
+        let both = Fallbacks { unsupported: 1, first_unsupported: 524, ..busy };
+        let notes = batch_notes(both, &mut told);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].message.starts_with("the kernel has no batch lookup for tracer's maps (ENOTSUPP (524)"));
+        assert!(batch_notes(both, &mut told).is_empty());
+    }
 }

@@ -5,6 +5,7 @@
 
 mod blocks;
 mod cost;
+mod functions;
 pub(crate) mod growth;
 mod header;
 pub(crate) mod heap;
@@ -15,7 +16,7 @@ use tracer_common::stats::Stat;
 
 use self::cost::cost_text;
 use super::{Reporter, group};
-use crate::model::{Attached, Budget, EndKind, Event, LateCoverage, ProbeCounts, Snapshot, Summary};
+use crate::model::{Attached, EndKind, Event, LateCoverage, ProbeCounts, Snapshot, Summary};
 
 /// Prints a block per interval with rates over that interval, and a final
 /// block with rates averaged over the whole run; notes go to `err`.
@@ -81,36 +82,7 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         if let Some(b) = &sample.budget {
             return self.estimate_block(sample, b);
         }
-        let with_returns = sample.probes.values().any(|p| p.returned.is_some());
-        let extra = if with_returns { format!(" {:>14} {:>8}", "returns", "NULL") } else { String::new() };
-        writeln!(
-            self.out,
-            "  {:<20} {:>14} {:>12} {:>16} {:>14}{extra}",
-            "function", "calls", "calls/s", "bytes", "bytes/s"
-        )?;
-        for (name, p) in &sample.probes {
-            let at_least = if unsized_calls(sample, name) > 0 { "≥" } else { "" };
-            let (bytes, bytes_rate) = match p.bytes_per_s {
-                Some(r) if self.measures_bytes(name) => {
-                    (format!("{at_least}{}", group(p.bytes)), format!("{at_least}{}", group(round(r))))
-                }
-                _ => ("-".to_owned(), "-".to_owned()),
-            };
-            let extra = match (with_returns, p.returned) {
-                (false, _) => String::new(),
-                (true, Some(r)) => format!(" {:>14} {:>8}", group(r.returns), group(r.null)),
-                (true, None) => format!(" {:>14} {:>8}", "-", "-"),
-            };
-            writeln!(
-                self.out,
-                "  {:<20} {:>14} {:>12} {:>16} {:>14}{extra}",
-                name,
-                group(p.calls),
-                p.calls_per_s.map_or_else(|| "?".to_owned(), |r| group(round(r))),
-                bytes,
-                bytes_rate
-            )?;
-        }
+        self.function_rows(sample)?;
         self.unsized_line(sample)?;
         self.footer(sample)
     }
@@ -129,71 +101,6 @@ impl<W: Write, E: Write> TableReporter<W, E> {
             "  ≥: bytes of the calls whose size is known only; unknown for {} (inlined copies where neither the DWARF nor the code shows it)",
             each.join(", ")
         )
-    }
-
-    /// `--budget`: counts of the traced windows, and rates estimated from
-    /// them since attach, marked as estimates.
-    fn estimate_block(&mut self, sample: &Snapshot, b: &Budget) -> std::io::Result<()> {
-        writeln!(
-            self.out,
-            "  {:<20} {:>14} {:>24} {:>16} {:>28}",
-            "function", "calls (traced)", "est. calls/s ±95%", "bytes (traced)", "est. bytes/s ±95%"
-        )?;
-        for (name, p) in &sample.probes {
-            let (calls_rate, b_rate) = estimates(p);
-            let at_least = if unsized_calls(sample, name) > 0 { "≥" } else { "" };
-            let (bytes, b_rate) = if self.measures_bytes(name) {
-                let b_rate = if b_rate.starts_with(['≥', '?']) { b_rate } else { format!("{at_least}{b_rate}") };
-                (format!("{at_least}{}", group(p.bytes)), b_rate)
-            } else {
-                ("-".to_owned(), "-".to_owned())
-            };
-            writeln!(
-                self.out,
-                "  {:<20} {:>14} {:>24} {:>16} {:>28}",
-                name,
-                group(p.calls),
-                calls_rate,
-                bytes,
-                b_rate
-            )?;
-        }
-        // In the profile its cost line above says what the windows cost.
-        let cost = if sample.profile.is_some() {
-            String::new()
-        } else {
-            format!("; estimated cost to the target {:.2}% of its CPU time", b.estimated_overhead_fraction * 100.0)
-        };
-        let budget = match &sample.profile {
-            Some(p) => format!("--budget {}%, of which the rates' share {:.2}%", p.budget_percent, b.percent),
-            None => format!("--budget {}%", (b.percent * 1e6).round() / 1e6),
-        };
-        let pace = match b.slowdown {
-            None => "as seen while traced".to_owned(),
-            Some(s) => slowdown(s),
-        };
-        writeln!(
-            self.out,
-            "  ESTIMATES ({budget}): rates from {} {} that traced {:.2}s of {:.1}s ({:.2}%), {pace}{cost} (a hit costs {:.0} ns single-stepped, {:.0} ns emulated here, in CPU time)",
-            b.windows,
-            if b.windows == 1 { "window" } else { "windows" },
-            b.traced_s,
-            sample.elapsed_s,
-            b.traced_fraction * 100.0,
-            b.hit_cost_ns.single_stepped_ns,
-            b.hit_cost_ns.emulated_ns,
-        )?;
-        self.unsized_line(sample)?;
-        let unknown = |name: &str, e: Option<crate::model::ProbeEstimate>| {
-            e.is_none_or(|e| !e.calls_known() || (self.measures_bytes(name) && !e.bytes_known()))
-        };
-        if sample.probes.iter().any(|(name, p)| unknown(name, p.estimate)) {
-            writeln!(
-                self.out,
-                "  ?: no call (or no size) seen while traced, which does not tell its rate from zero: too little traced (a bound needs two windows; a longer run gets more), or windows that slowed the target past knowing by how much"
-            )?;
-        }
-        self.footer(sample)
     }
 
     fn footer(&mut self, sample: &Snapshot) -> std::io::Result<()> {
@@ -282,17 +189,27 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         }
         // Passes through a jump probed for a copy that went elsewhere are
         // no miss, only cost (in the JSON's stats).
+        // What BPF programs and the kernel missed apart from what tracer's
+        // own reads did (a reading that failed, a map read a key at a
+        // time): each line says whether events are missing.
         let gate = Stat::GateOther.name();
-        let nonzero: Vec<String> = sample
-            .stats
-            .iter()
-            .filter(|(name, v)| **v > 0 && name.as_str() != gate)
-            .map(|(name, v)| format!("{name}={v}"))
-            .collect();
-        if !nonzero.is_empty() {
-            let lossy = sample.stats.iter().any(|(name, v)| *v > 0 && Snapshot::is_loss(name));
-            let note = if lossy { " (some events were NOT counted)" } else { "" };
-            writeln!(self.out, "  BPF misses: {}{note}", nonzero.join(" "))?;
+        for (bpf, title) in [(true, "BPF misses"), (false, "tracer's own misses and fallbacks")] {
+            let nonzero: Vec<(&String, &u64)> = sample
+                .stats
+                .iter()
+                .filter(|(name, v)| **v > 0 && name.as_str() != gate && Snapshot::is_bpf(name) == bpf)
+                .collect();
+            if nonzero.is_empty() {
+                continue;
+            }
+            let lossy = nonzero.iter().any(|(name, _)| Snapshot::is_loss(name));
+            let note = match (lossy, bpf) {
+                (true, _) => " (some events were NOT counted)",
+                (false, true) => "",
+                (false, false) => " (no event missing)",
+            };
+            let each: Vec<String> = nonzero.iter().map(|(name, v)| format!("{name}={v}")).collect();
+            writeln!(self.out, "  {title}: {}{note}", each.join(" "))?;
         }
         writeln!(self.out)?;
         self.out.flush()
@@ -670,6 +587,30 @@ mod tests {
                 "  late: /venv/_psutil_linux.abi3.so (mapped after attaching): 1,058 calls to _Py_Dealloc counted from 2.0 s on; not its calls through the address (relocation at 0x4010)",
                 "  late: /venv/gone.so (mapped after attaching): its calls are NOT counted (cannot read it)",
             ]
+        );
+    }
+
+    /// tracer's own misses and fallbacks are not BPF misses: a line of
+    /// their own, which says whether events are missing.
+    #[test]
+    fn tracers_own_misses_are_apart_from_the_bpf_misses() {
+        let mut sample = snapshot(1000, 1);
+        sample.stats[crate::model::MAP_BATCH_BUSY] = 3;
+        let text = render(&[Event::Interval(sample.clone())]);
+        let lines: Vec<&str> = text.lines().filter(|l| l.contains("misses")).collect();
+        assert_eq!(lines, ["  tracer's own misses and fallbacks: map_batch_busy=3 (no event missing)"], "{text}");
+        sample.stats.insert(crate::model::GC_MEMORY_FAILED_COVERED.to_owned(), 1);
+        sample.stats.insert("gc_memory_failed".to_owned(), 1);
+        sample.stats["types_full"] = 2;
+        let text = render(&[Event::Interval(sample)]);
+        let lines: Vec<&str> = text.lines().filter(|l| l.contains("misses")).collect();
+        assert_eq!(
+            lines,
+            [
+                "  BPF misses: types_full=2 (some events were NOT counted)",
+                "  tracer's own misses and fallbacks: map_batch_busy=3 gc_memory_failed_covered=1 gc_memory_failed=1 (some events were NOT counted)",
+            ],
+            "{text}"
         );
     }
 }
