@@ -93,7 +93,53 @@ fn collections_just_before_the_exit_are_the_markers_count() {
         )),
         "{why}"
     );
+    // The reading at the end failed (the process was gone), and the
+    // markers counted what it would have read: no failure, but covered.
+    assert_eq!(summary["stats"]["gc_memory_failed"], 0, "{}", summary["stats"]);
+    assert_eq!(summary["stats"]["gc_memory_failed_covered"], 1, "{}", summary["stats"]);
+    assert_eq!((&gc["last_read_s"], &gc["unread"]), (&Value::Null, &Value::Null), "{gc}");
+    // This kernel reads tracer's maps in batches.
+    assert_eq!(summary["stats"]["map_batch_unsupported"], 0, "{}", summary["stats"]);
+    drop(workload);
+}
+
+/// The same on a build without GC markers (pyenv's): no probe counts the
+/// collections after the statistics' last reading, so the summary says
+/// they are not counted, and from when, rather than a silent zero.
+#[test]
+fn collections_after_the_last_reading_without_markers_are_said_not_counted() {
+    require_root();
+    let args = ["7", "3", "2", "exit"];
+    let mut workload = Workload::script(None, pyenv("3.11.7").to_str().unwrap(), "gc_stats.py", &args);
+    let pid = workload.pid();
+    // No interval before the exit: only the attach's reading and the end's.
+    let (tracer, _) = TracerRun::profile_json(pid, &["--interval", "30"]);
+    workload.go();
+    let stats = gc_stats(&mut workload);
+    assert_eq!(stats.iter().map(|g| g[0]).collect::<Vec<_>>(), [7, 3, 2], "the workload's own count");
+    let summary = tracer.summary();
+    assert_eq!(summary["end"], "target-exit", "{}", summary["end"]);
+    let gc = &summary["gc"];
+    assert_eq!((gc["source"].as_str(), gc["durations"].as_str()), (Some("memory"), Some("none")), "{gc}");
+    // The attach's reading came before every collection.
+    let collections: Vec<u64> = gc["generations"]
+        .as_array()
+        .expect("generations")
+        .iter()
+        .map(|g| g["collections"].as_u64().expect("a count"))
+        .collect();
+    assert_eq!(collections, [0, 0, 0], "{gc}");
+    let at = gc["last_read_s"].as_f64().unwrap_or_else(|| panic!("not said: {gc}"));
+    assert!(at < summary["elapsed_s"].as_f64().expect("elapsed"), "{at}: {summary}");
+    let why = gc["unread"].as_str().unwrap_or_else(|| panic!("not said: {gc}"));
+    assert!(
+        why.starts_with(&format!(
+            "collections after the statistics' last reading, at {at:.1} s, are NOT counted: the reading since failed"
+        )),
+        "{why}"
+    );
     assert_eq!(summary["stats"]["gc_memory_failed"], 1, "{}", summary["stats"]);
+    assert_eq!(summary["stats"]["gc_memory_failed_covered"], 0, "{}", summary["stats"]);
     drop(workload);
 }
 

@@ -287,6 +287,16 @@ pub struct Gc {
     /// counts are the probes', and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probes_past_memory: Option<String>,
+    /// With `memory`: where the readings since the last good one failed
+    /// (the process ended) and no GC probe counts the collections after
+    /// it, when that reading was, in seconds since the attach: the
+    /// collections after it are not counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_read_s: Option<f64>,
+    /// With `last_read_s`: that the collections after it are not counted,
+    /// why, and what would count them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unread: Option<String>,
 }
 
 /// The collections of one generation.

@@ -12,7 +12,7 @@
 //! interpreter's `gc` (from 3.13 the offset `_Py_DebugOffsets` publishes,
 //! checked against the version's table) → `generation_stats`.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
@@ -77,6 +77,13 @@ pub struct GcMemory {
     /// Reads that failed (the memory unreadable: the process ending, or
     /// unmapped), each counted; the last good reading stands.
     pub failed: u64,
+    /// Of those, the ones since the last good reading: where there are
+    /// any, collections after that reading are not in the counts.
+    failed_since: u64,
+    /// When the probes went live (what the times are since), and when
+    /// the last good reading was taken.
+    started: Instant,
+    last_good: Instant,
     /// Reads made, their bytes and the CPU time tracer spent on them.
     pub reads: u64,
     pub cpu: Duration,
@@ -125,6 +132,9 @@ impl GcMemory {
             caveat: state.caveat(version.micro),
             rejected: 0,
             failed: 0,
+            failed_since: 0,
+            started: Instant::now(),
+            last_good: Instant::now(),
             reads: 0,
             cpu: Duration::ZERO,
         };
@@ -140,6 +150,11 @@ impl GcMemory {
         let mut gc = Self::open(pid)?;
         gc.at_attach = [GenStats::default(); GENERATIONS];
         Ok(gc)
+    }
+
+    /// The probes went live at `started`: the times reported are since.
+    pub fn set_started(&mut self, started: Instant) {
+        self.started = started;
     }
 
     /// Whether `e` says the interpreter is not initialised (yet).
@@ -192,9 +207,11 @@ impl GcMemory {
             }
             Err(e) => {
                 self.failed += 1;
+                self.failed_since += 1;
                 return Err(e);
             }
         };
+        (self.failed_since, self.last_good) = (0, Instant::now());
         let back = now.iter().zip(&self.last).any(|(n, l)| {
             n.collections < l.collections || n.collected < l.collected || n.uncollectable < l.uncollectable
         });
@@ -204,6 +221,23 @@ impl GcMemory {
             self.last = now;
         }
         Ok(())
+    }
+
+    /// Whether the GC probes (`probes`, their report) count every
+    /// collection, by the statistics' generations: then a reading that
+    /// failed loses nothing, the probes' counts standing in for it.
+    #[must_use]
+    pub fn probes_cover(&self, probes: Option<&Gc>) -> bool {
+        let durations = probes.map_or(GcSource::None, |p| p.source);
+        matches!(durations, GcSource::Markers | GcSource::Function) && self.caveat.is_none()
+    }
+
+    /// The readings that failed, as `(not covered, covered)` by the GC
+    /// probes (`probes`, their report): `stats.gc_memory_failed` and
+    /// `stats.gc_memory_failed_covered`.
+    #[must_use]
+    pub fn failed(&self, probes: Option<&Gc>) -> (u64, u64) {
+        if self.probes_cover(probes) { (0, self.failed) } else { (self.failed, 0) }
     }
 
     /// The collections since the attach, by generation, from memory, with
@@ -217,7 +251,7 @@ impl GcMemory {
         // where they saw more than the last good reading, the statistics
         // are behind (the process ended, or its memory went, before the
         // next reading), and the probes' count is the nearer.
-        let whole = matches!(durations, GcSource::Markers | GcSource::Function) && self.caveat.is_none();
+        let whole = self.probes_cover(probes);
         let mut past = Vec::new();
         let generations = (0..GENERATIONS)
             .map(|g| {
@@ -260,6 +294,24 @@ impl GcMemory {
             _ => None,
         };
         let reason = [self.caveat.map(str::to_owned), why_no_durations].into_iter().flatten().collect::<Vec<_>>();
+        // Readings failed since the last good one, and no probe counts
+        // what came after it: those collections are missing, and said so.
+        let last_read_s = (self.failed_since > 0 && !whole)
+            .then(|| self.last_good.saturating_duration_since(self.started).as_secs_f64());
+        let unread = last_read_s.map(|at| {
+            let why = if durations == GcSource::None {
+                "no GC probe counts them (this build has no GC markers, or --gc off); --gc function counts every collection, at a trap each, or a shorter --interval reads closer to the end"
+            } else {
+                "the GC probes' counts are not by the statistics' generations; a shorter --interval reads closer to the end"
+            };
+            let failed = match self.failed_since {
+                1 => "the reading since failed".to_owned(),
+                n => format!("the {n} readings since failed"),
+            };
+            format!(
+                "collections after the statistics' last reading, at {at:.1} s, are NOT counted: {failed} (the process ended, or its memory could not be read), and {why}"
+            )
+        });
         Gc {
             source: GcSource::Memory,
             reason: (!reason.is_empty()).then(|| reason.join("; ")),
@@ -267,6 +319,8 @@ impl GcMemory {
             generations,
             pids: indexmap::IndexMap::new(),
             probes_past_memory,
+            last_read_s,
+            unread,
         }
     }
 }
@@ -309,6 +363,9 @@ mod tests {
             caveat: None,
             rejected: 0,
             failed: 0,
+            failed_since: 0,
+            started: Instant::now(),
+            last_good: Instant::now(),
             reads: 0,
             cpu: Duration::ZERO,
         };
@@ -316,6 +373,77 @@ mod tests {
         assert!(gc.read().is_err());
         assert_eq!((gc.failed, gc.rejected, gc.reads), (2, 0, 2));
         assert_eq!(gc.last, [stats(2); GENERATIONS]);
+        // Without GC probes, the collections after the last good reading
+        // are not counted, and the report says so, with when it was.
+        let report = gc.report(None);
+        let at = report.last_read_s.expect("the last reading's time");
+        assert!((0.0..60.0).contains(&at), "{at}");
+        let why = report.unread.expect("said");
+        assert!(
+            why.starts_with(&format!(
+                "collections after the statistics' last reading, at {at:.1} s, are NOT counted: the 2 readings since failed"
+            )),
+            "{why}"
+        );
+        assert!(why.contains("--gc function counts every collection"), "{why}");
+        assert_eq!(gc.failed(None), (2, 0));
+        // A good reading (this process's own memory, counts that went up)
+        // ends the gap: nothing is said, the failures still counted.
+        let own: [u64; GENERATIONS * STATS_FIELDS] = [3; GENERATIONS * STATS_FIELDS];
+        gc.address = own.as_ptr() as u64;
+        gc.read().expect("a good reading");
+        assert_eq!(
+            (gc.failed, gc.failed_since, gc.last),
+            (2, 0, [GenStats { collections: 3, collected: 3, uncollectable: 3 }; GENERATIONS])
+        );
+        let report = gc.report(None);
+        assert_eq!((report.last_read_s, report.unread), (None, None));
+    }
+
+    /// Where the GC probes count every collection (the markers), a failed
+    /// reading loses nothing: it is counted as covered, not as failed, and
+    /// the probes' counts stand in.
+    #[test]
+    fn a_failed_reading_the_probes_covered_is_not_a_failure() {
+        let gc = GcMemory {
+            stamp: None,
+            remote: Remote::open(std::process::id()),
+            pid: 1,
+            address: 0,
+            at_attach: [GenStats::default(); GENERATIONS],
+            last: [GenStats::default(); GENERATIONS],
+            caveat: None,
+            rejected: 0,
+            failed: 1,
+            failed_since: 1,
+            started: Instant::now(),
+            last_good: Instant::now(),
+            reads: 2,
+            cpu: Duration::ZERO,
+        };
+        let probes = |source| Gc {
+            source,
+            reason: None,
+            durations: None,
+            generations: Vec::new(),
+            pids: indexmap::IndexMap::new(),
+            probes_past_memory: None,
+            last_read_s: None,
+            unread: None,
+        };
+        for source in [GcSource::Markers, GcSource::Function] {
+            assert_eq!(gc.failed(Some(&probes(source))), (0, 1), "{source:?}");
+            let report = gc.report(Some(&probes(source)));
+            assert_eq!((report.last_read_s, report.unread), (None, None), "{source:?}");
+        }
+        assert_eq!(gc.failed(Some(&probes(GcSource::None))), (1, 0));
+        assert!(gc.report(Some(&probes(GcSource::None))).unread.is_some());
+        // Not by the statistics' generations (3.14's increments): the
+        // probes do not stand in.
+        let odd = GcMemory { caveat: Some("not generations"), ..gc };
+        assert_eq!(odd.failed(Some(&probes(GcSource::Markers))), (1, 0));
+        let why = odd.report(Some(&probes(GcSource::Markers))).unread.expect("said");
+        assert!(why.ends_with("the GC probes' counts are not by the statistics' generations; a shorter --interval reads closer to the end"), "{why}");
     }
 
     #[test]
@@ -331,11 +459,16 @@ mod tests {
             caveat: None,
             rejected: 0,
             failed: 0,
+            failed_since: 0,
+            started: Instant::now(),
+            last_good: Instant::now(),
             reads: 2,
             cpu: Duration::ZERO,
         };
         let probes = Gc {
             probes_past_memory: None,
+            last_read_s: None,
+            unread: None,
             source: GcSource::Markers,
             reason: None,
             durations: None,
@@ -379,6 +512,9 @@ mod tests {
             caveat: None,
             rejected: 0,
             failed: 1,
+            failed_since: 1,
+            started: Instant::now(),
+            last_good: Instant::now(),
             reads: 2,
             cpu: Duration::ZERO,
         };
@@ -397,6 +533,8 @@ mod tests {
             generations: vec![seen(0, 50, 0), seen(1, 0, 0), seen(2, 1, 7)],
             pids: indexmap::IndexMap::new(),
             probes_past_memory: None,
+            last_read_s: None,
+            unread: None,
         };
         let report = gc.report(Some(&probes));
         let got: Vec<_> = report.generations.iter().map(|g| (g.collections, g.collected, g.uncollectable)).collect();

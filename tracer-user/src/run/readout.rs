@@ -337,6 +337,8 @@ impl Readout {
                     generations: generations(*source, totals.gc.values()),
                     pids,
                     probes_past_memory: None,
+                    last_read_s: None,
+                    unread: None,
                 }
             }),
             ..self.stacks_of(plan, totals)

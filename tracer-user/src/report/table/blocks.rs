@@ -146,6 +146,9 @@ impl<W: Write, E: Write> TableReporter<W, E> {
         if let Some(why) = &gc.probes_past_memory {
             writeln!(self.out, "  gc: {why}")?;
         }
+        if let Some(why) = &gc.unread {
+            writeln!(self.out, "  gc PARTIAL: {why}")?;
+        }
         Ok(())
     }
 }
@@ -216,6 +219,8 @@ mod tests {
             ],
             pids: indexmap::IndexMap::new(),
             probes_past_memory: None,
+            last_read_s: None,
+            unread: None,
         });
         let text = render(&[Event::Attached(info), Event::Interval(sample)]);
         assert!(text.contains("tracer: gc: the markers\ntracer: gc: PARTIAL: entry does not say\n"), "{text}");
@@ -232,6 +237,8 @@ mod tests {
             generations: vec![],
             pids: indexmap::IndexMap::new(),
             probes_past_memory: None,
+            last_read_s: None,
+            unread: None,
         });
         assert!(!render(&[Event::Interval(none)]).contains("  gc "));
         let mut memory = snapshot(1000, 1);
@@ -246,13 +253,22 @@ mod tests {
             }],
             pids: indexmap::IndexMap::new(),
             probes_past_memory: None,
+            last_read_s: None,
+            unread: None,
         });
-        let text = render(&[Event::Interval(memory)]);
+        let text = render(&[Event::Interval(memory.clone())]);
         let line = text.lines().find(|l| l.starts_with("  gc ")).expect("a gc line");
         assert_eq!(
             line,
             "  gc (memory, durations: none) gen 0: 5 (2.0/s) time unknown, 40 unreachable (3 uncollectable)"
         );
+        assert!(!text.contains("PARTIAL"), "{text}");
+        // Collections after the last reading, which no probe counted: said.
+        if let Some(gc) = memory.gc.as_mut() {
+            (gc.last_read_s, gc.unread) = (Some(1.5), Some("collections after … 1.5 s are NOT counted".into()));
+        }
+        let text = render(&[Event::Interval(memory)]);
+        assert!(text.contains("\n  gc PARTIAL: collections after … 1.5 s are NOT counted\n"), "{text}");
         assert_eq!(duration(0.0), "0 s");
     }
 }
