@@ -99,6 +99,10 @@ pub struct CensusSource {
     bytes: u64,
     failures: u32,
     stopped: bool,
+    /// The credit's pace of late: the census earns its share of this many
+    /// seconds of CPU time a second (the target's, or one CPU's where
+    /// that is more: at least 1).
+    pace: f64,
     notes: Vec<Note>,
 }
 
@@ -180,6 +184,7 @@ impl CensusSource {
             bytes: 0,
             failures: 0,
             stopped: false,
+            pace: 1.0,
             notes: Vec::new(),
         };
         Ok(source)
@@ -333,6 +338,9 @@ impl CensusSource {
     pub fn interval(&mut self, span: Duration, cpu: Duration) -> Option<Heap> {
         self.poll();
         let earned = self.allowance * cpu.max(span).as_secs_f64();
+        if !span.is_zero() {
+            self.pace = cpu.max(span).as_secs_f64() / span.as_secs_f64();
+        }
         // Capped at one census: a quiet spell does not buy a burst.
         if self.credit < self.expected {
             self.credit = (self.credit + earned).min(self.expected);
@@ -345,10 +353,22 @@ impl CensusSource {
     }
 
     /// The heap the summary reports: the latest census against the run's
-    /// first.
+    /// first (read once, at the end of the run).
     pub fn summary(&mut self) -> Option<Heap> {
         self.poll();
-        self.report(true)
+        // The spacing as the censuses measured it, not as the prior or an
+        // interval before the last census had it.
+        let wait = self.expected / (self.allowance * self.pace).max(f64::MIN_POSITIVE);
+        if self.taken > 0 {
+            self.every = intervals(wait, self.interval);
+        }
+        let heap = self.report(true);
+        // One census has nothing to compare with: said, with when a
+        // second would come, rather than a bare `-` for every change.
+        if let Some(h) = heap.as_ref().filter(|h| h.since_s.is_none()) {
+            self.notes.push(Note::new(Level::Note, NoteCode::Heap, one_census(h, wait, self.allowance)));
+        }
+        heap
     }
 
     /// Whether a census is running that the summary could wait for.
@@ -396,6 +416,17 @@ impl CensusSource {
             self.every,
         ))
     }
+}
+
+/// What the summary says of its one census `heap`, a second coming `wait`
+/// seconds after it at the census's `allowance` of the budget.
+fn one_census(heap: &Heap, wait: f64, allowance: f64) -> String {
+    format!(
+        "the run had one heap census (at {:.1} s), so the heap has no changes (`-` in the table): a change needs a second census, which at this budget comes about {wait:.0} s after the first (a census of this process cost {:.0} ms of tracer's CPU, and the censuses may take {:.2}% of the target's CPU time, half the budget); a longer run, or a higher --budget, gives the changes",
+        heap.taken_s,
+        heap.cost.cpu_ms,
+        allowance * 100.0
+    )
 }
 
 /// The CPU clock of `thread`, which the thread exiting invalidates (a read
@@ -559,5 +590,18 @@ mod tests {
         assert_eq!(first.other.map(|o| (o.types, o.count_change)), Some((102, None)));
         let json = serde_json::to_string(&first.types[0]).unwrap();
         assert_eq!(json, r#"{"name":"t000","count":10,"bytes":1300}"#);
+    }
+
+    /// The summary's one census says why it has no changes, and when a
+    /// second would come.
+    #[test]
+    fn one_census_says_when_a_second_would_come() {
+        let c = census(&[("str".into(), 10, 1000)]);
+        let h = heap_of(&c, None, (1, 15.5, Duration::from_millis(222)), 44);
+        assert_eq!(h.since_s, None);
+        assert_eq!(
+            one_census(&h, 222e-3 / 0.005, 0.005),
+            "the run had one heap census (at 15.5 s), so the heap has no changes (`-` in the table): a change needs a second census, which at this budget comes about 44 s after the first (a census of this process cost 222 ms of tracer's CPU, and the censuses may take 0.50% of the target's CPU time, half the budget); a longer run, or a higher --budget, gives the changes"
+        );
     }
 }

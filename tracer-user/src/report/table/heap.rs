@@ -82,6 +82,13 @@ pub fn heap_block(out: &mut impl Write, heap: &Heap, told_partial: &mut Vec<Stri
             crate::text::display(&t.name)
         )?;
     }
+    if heap.since_s.is_none() {
+        // No bare `-`: the run's first census has nothing to compare with.
+        writeln!(
+            out,
+            "  change -: the run's first census, with none before it to compare with: a change needs a second (a higher --budget takes them more often)"
+        )?;
+    }
     let mut growing: Vec<_> = heap.types.iter().skip(ROWS).filter(|t| t.bytes_change.is_some_and(|c| c > 0)).collect();
     growing.sort_by_key(|t| std::cmp::Reverse(t.bytes_change));
     if !growing.is_empty() {
@@ -264,5 +271,11 @@ mod tests {
         assert!(text.starts_with("  heap (census 2 at 2.0 s, the run's first; "), "{text}");
         let row = text.lines().nth(2).unwrap();
         assert_eq!(row.split_whitespace().collect::<Vec<_>>(), ["3", "-", "700", "B", "-", "dict"]);
+        // Its `-` is said, under the rows.
+        assert_eq!(
+            text.lines().nth(3).unwrap(),
+            "  change -: the run's first census, with none before it to compare with: a change needs a second (a higher --budget takes them more often)"
+        );
+        assert_eq!(text.matches("change -:").count(), 1, "{text}");
     }
 }
