@@ -235,14 +235,18 @@ pub fn pyenv(version: &str) -> PathBuf {
     python
 }
 
-/// The BPF stats of a summary or interval line but `gate_other`: hits at
-/// a jump probed for the inlined copy it leads into, where the jump went
-/// elsewhere, are the probes' cost, not a miss.
+/// The stats of a summary or interval line that are misses: all but
+/// `gate_other` (hits at a jump probed for the inlined copy it leads
+/// into, where the jump went elsewhere, are the probes' cost, not a miss),
+/// the map reads made a key at a time (`map_batch_*`: the map is read
+/// whole all the same) and the readings of the collector's statistics
+/// that the GC probes covered (`gc_memory_failed_covered`).
 ///
 /// # Panics
 /// Where the line has no stats.
 pub fn misses(line: &Value) -> impl Iterator<Item = (&String, &Value)> {
-    line["stats"].as_object().expect("stats").iter().filter(|(name, _)| *name != "gate_other")
+    const NOT_MISSES: [&str; 4] = ["gate_other", "map_batch_unsupported", "map_batch_busy", "gc_memory_failed_covered"];
+    line["stats"].as_object().expect("stats").iter().filter(|(name, _)| !NOT_MISSES.contains(&name.as_str()))
 }
 
 /// Calls and bytes per probe from a summary or interval line.
