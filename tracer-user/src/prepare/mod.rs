@@ -227,7 +227,18 @@ pub fn prepare(target: &TargetSpec, options: &Options<'_>) -> Result<Prepared, P
             Note::new(Level::Warning, NoteCode::Growth, format!("growth unavailable: {why}"))
         }
     });
-    let notes = debug_offsets_note(&resolved).into_iter().chain(gc_note(&gc, options.gc)).chain(growth_note).collect();
+    // Never silently: where the carves were not found, every take is
+    // probed, which a churny target pays for.
+    let fallback_note = growth
+        .as_ref()
+        .and_then(|g| g.fallback.as_ref())
+        .map(|why| Note::new(Level::Note, NoteCode::Growth, format!("growth probes every pool take: {why}")));
+    let notes = debug_offsets_note(&resolved)
+        .into_iter()
+        .chain(gc_note(&gc, options.gc))
+        .chain(growth_note)
+        .chain(fallback_note)
+        .collect();
     Ok(Prepared { target: resolved, specs, plan, gc, growth, calibration, notes })
 }
 

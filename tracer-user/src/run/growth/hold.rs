@@ -90,7 +90,8 @@ pub fn trial(
         return None;
     }
     let counts = session.growth_counts().ok()?;
-    if counts.takes < TRIAL_TAKES {
+    let takes = counts.takes.saturating_add(counts.carve_hits);
+    if takes < TRIAL_TAKES {
         return None;
     }
     // pymalloc's probes alone: they are what the trial is for, and what
@@ -102,7 +103,6 @@ pub fn trial(
     if fraction <= budget / 2.0 {
         return None;
     }
-    let takes = counts.takes;
     let (note, _) = g.stop(session, (fraction, budget * 100.0), (takes, span.as_secs_f64()), span.as_secs_f64());
     Some(note)
 }
@@ -128,9 +128,10 @@ impl Growth {
         )]
         let per_s = if span_s > 0.0 { (takes as f64 / span_s).round() as u64 } else { 0 };
         let reason = format!(
-            "growth sampling cost {:.2}% of the target's CPU time ({} pool takes/s), over half the {budget_percent}% budget: stopped at {at_s:.2} s; --growth keeps it on",
+            "growth sampling cost {:.2}% of the target's CPU time ({} pool {}/s), over half the {budget_percent}% budget: stopped at {at_s:.2} s; --growth keeps it on",
             fraction * 100.0,
             crate::report::group(per_s),
+            if self.plan.carves() { "carves" } else { "takes" },
         );
         // pymalloc's probes come down; the C library's programs, which
         // cost no trap, stay where they are attached.
