@@ -11,7 +11,7 @@
 //! site's growth means"). Either way the carver's pools in use are what
 //! grow's strs fill, within the sample's error. Plus: the probes sit on
 //! the carve blocks on every build, the folded output, growth in exact
-//! mode, and bad input. growth_carve.rs has the carves counted and the
+//! mode, and bad input. `growth_carve.rs` has the carves counted and the
 //! churny service.
 
 use std::{
@@ -259,9 +259,13 @@ fn growth_in_exact_mode_is_folded_and_drawn() {
 
 /// The carves' probes sit in every copy of the carve block, on a jump the
 /// kernel emulates with the pool in a register where there is one, else
-/// on the copy's load of pool_address, single-stepped (and said so); the
+/// on the copy's load of `pool_address`, single-stepped (and said so); the
 /// arena's on the one call of `arena_map_mark_used`; on every build, with
 /// no fallback; `tracer probes` and the attach header say the same.
+/// A carve probe: whether emulated, its instruction's mnemonic and a
+/// space, what it reads.
+type Carve = (bool, String, String);
+
 #[test]
 fn the_probes_sit_on_the_carves() {
     require_root();
@@ -271,7 +275,7 @@ fn the_probes_sit_on_the_carves() {
         (false, "mov ".to_owned(), format!("the carved pool at 0x8(%{register}) (the arena's pool_address)"))
     };
     let jump = |op: &str, register: &str| (true, format!("{op} "), format!("the carved pool in %{register}"));
-    let builds: [(Option<&Path>, String, Vec<(bool, String, String)>); 4] = [
+    let builds: [(Option<&Path>, String, Vec<Carve>); 4] = [
         (None, pyenv_311(), vec![stepped("r12"), jump("jne", "rdx")]),
         (None, STATIC_PYTHON.to_owned(), vec![jump("je", "rax")]),
         (Some(&root), "/usr/bin/python3.13".to_owned(), vec![stepped("rcx"), jump("jne", "rax")]),
@@ -290,7 +294,7 @@ fn the_probes_sit_on_the_carves() {
         }
         let points = growth["points"].as_array().expect("points");
         let (arena, carve) = points.split_last().expect("points");
-        let got: Vec<(bool, String, String)> = carve
+        let got: Vec<Carve> = carve
             .iter()
             .map(|p| {
                 assert_eq!(p["role"], "carve", "{python}: {p}");

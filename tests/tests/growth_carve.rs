@@ -33,7 +33,7 @@ fn f(v: &Value, what: &str) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("{what} is not a number: {v}"))
 }
 
-/// growth_carve.py `keep` under `tracer attach --growth`: the pools
+/// `growth_carve.py keep` under `tracer attach --growth`: the pools
 /// carved are the pools the kept strs fill (each `(POOL - header) / block`
 /// strs), less what pymalloc had unused when the loop began (it may reuse
 /// those instead: emptied pools, or carve the never used among them),
@@ -101,7 +101,7 @@ fn carves_are_counted_on_forky_313_and_314() {
     carves_are_counted(Some(&root), "/usr/bin/python3.14");
 }
 
-/// growth_carve.py `service` under the production profile's defaults
+/// `growth_carve.py service` under the production profile's defaults
 /// (`--budget 1`, growth "auto") for about three seconds: its
 /// temporaries' pools are emptied and taken again every request (tens of
 /// thousands of reuses a second, which stopped the take probe's growth

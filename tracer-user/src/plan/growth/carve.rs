@@ -17,7 +17,7 @@
 //! ```
 //!
 //! The rule: every `lea POOL_SIZE(%rP),%rQ` of the function must be such a
-//! copy (an advance by POOL_SIZE written otherwise, `add $POOL_SIZE`, makes
+//! copy (an advance by `POOL_SIZE` written otherwise, `add $POOL_SIZE`, makes
 //! the copies unknown: none is probed, and the plan falls back to every
 //! take). In each copy the probe goes on the first instruction from the
 //! load on that the kernel emulates, with `%rP` intact, where no branch
@@ -89,7 +89,7 @@ pub(super) fn points(code: &[u8], address: u64, pool_size: u64, kernel: KernelVe
     Ok(found)
 }
 
-/// What an instruction does with POOL_SIZE.
+/// What an instruction does with `POOL_SIZE`.
 enum Advance {
     None,
     /// `lea POOL_SIZE(%from),%to`, 64-bit.
@@ -97,7 +97,7 @@ enum Advance {
         from: Register,
         to: Register,
     },
-    /// Another instruction that adds POOL_SIZE (`add $POOL_SIZE`).
+    /// Another instruction that adds `POOL_SIZE` (`add $POOL_SIZE`).
     Other,
 }
 

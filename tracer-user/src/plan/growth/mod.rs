@@ -213,6 +213,19 @@ pub fn plan(elf: &ElfImage, symbols: &GrowthSymbols, knowledge: &GrowthKnowledge
             if knowledge.pool_size == crate::python::heap::POOL_SIZE { "63 or 64" } else { "64" }
         )),
     }
+    let detail = detail(&take.name, &symbols.table, &points, carves);
+    GrowthPlan {
+        points,
+        detail,
+        caveat: (!caveats.is_empty()).then(|| caveats.join("; ")),
+        fallback,
+        unavailable: None,
+        pool_size: knowledge.pool_size,
+    }
+}
+
+/// What is probed, in words, for `probes` and the attach header.
+fn detail(name: &str, table: &str, points: &[GrowthPoint], carves: bool) -> String {
     let stepped = points.iter().filter(|p| p.role == GrowthRole::Carve && !p.emulated).count();
     let what = if carves {
         let n = points.iter().filter(|p| p.role == GrowthRole::Carve).count();
@@ -224,22 +237,14 @@ pub fn plan(elf: &ElfImage, symbols: &GrowthSymbols, knowledge: &GrowthKnowledge
     } else {
         "every pool take (FALLBACK: the carve blocks were not found)".to_owned()
     };
-    let detail = format!(
+    format!(
         "{}, found in {}: {} probe{} ({what}); the C library's heap at the syscalls:{} tracepoints",
-        take.name,
-        symbols.table,
+        name,
+        table,
         points.len(),
         if points.len() == 1 { "" } else { "s" },
         tracer_common::names::programs::GROWTH_MAPPED.map(|(_, t)| t).join(",")
-    );
-    GrowthPlan {
-        points,
-        detail,
-        caveat: (!caveats.is_empty()).then(|| caveats.join("; ")),
-        fallback,
-        unavailable: None,
-        pool_size: knowledge.pool_size,
-    }
+    )
 }
 
 /// The function's code, `size` bytes at `address` (its entry alone where
