@@ -13,9 +13,10 @@ Prints "ready", waits for a line, then:
 - service: until its stdin has more to read, serves requests: each
   builds temporaries (lists of 500 strs in three size classes, about 15
   pools, emptied when the request ends and taken again by the next), and
-  while they are alive keeps 10 strs of a fourth size class in KEEP (the
-  leak, in leak(): a pool every ten requests or so); then prints "done"
-  and exits. The temporaries are small enough to share arenas with the
+  while they are alive keeps 2 strs of a fourth size class in KEEP (the
+  leak, in leak(): a pool every 50 requests or so, so that forky's
+  builds, whose carve is single-stepped, stay within the budget); then
+  prints "done" and exits. The temporaries are small enough to share arenas with the
   leak's pools, so that no arena is emptied whole, freed and mapped
   again (which would carve its pools anew each request).
 
@@ -70,8 +71,8 @@ def temporaries():
 
 
 def leak():
-    for i in range(10):
-        KEEP.append(str(i).rjust(100, "l"))
+    for i in range(2):
+        KEEP.append(str(i).rjust(100, "l"))  # the leak
 
 
 def request():
