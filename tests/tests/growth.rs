@@ -2,17 +2,14 @@
 //! build here (pyenv's 3.11.7, Debian's LTO 3.11, the forky root's LTO
 //! 3.13 and 3.14): a target whose `grow()` keeps appending str objects to a
 //! global list while `churn()` makes and drops ten times as many, one at a
-//! time or in lists of 10,000 (tests/python/growth.py). Growth charges a
-//! pool to the code that carved it (grew pymalloc's footprint): one at a
-//! time, churn's str lands in grow's pools and grow carves them, so `grow`
-//! carries at least 80% of the growth and `churn` under 10%; in lists,
-//! grow takes back the pools churn's last list emptied and churn's next
-//! list carves new ones, so `churn` carries it (docs/growth.md, "What a
-//! site's growth means"). Either way the carver's pools in use are what
-//! grow's strs fill, within the sample's error. Plus: the probes sit on
-//! the carve blocks on every build, the folded output, growth in exact
-//! mode, and bad input. `growth_carve.rs` has the carves counted and the
-//! churny service.
+//! time or in lists of 10,000 (tests/python/growth.py), has `grow` carry at
+//! least 80% of the growth and `churn` under 10%, and `grow`'s pools in
+//! use are what its strs fill, within the sample's error: `--growth`
+//! probes every pool take, so a pool counts for the code that took it last.
+//! Plus: the probes sit on instructions the kernel emulates on every
+//! build, the folded output, growth in exact mode, and bad input; and the
+//! profile's default growth, which probes the carves alone
+//! (`growth_carve.rs` has the carves counted and a churny service).
 
 use std::{
     path::{Path, PathBuf},
@@ -95,29 +92,23 @@ fn site<'a>(growth: &'a Value, function: &str) -> Option<&'a Value> {
     growth["sites"].as_array().expect("sites").iter().find(|s| s["function"] == function)
 }
 
-/// The issue's check on `run`'s summary of growth.py `shape`: the carver
-/// (grow for "one", churn for "list", see the module's comment) carries at
-/// least 80% of the net growth, the other under 10%; and the carver's
-/// pools in use are the pools grow's kept strs fill, within five times the
-/// sample's standard error.
+/// The issue's check on `run`'s summary: grow carries at least 80% of the
+/// net growth, churn under 10%; and grow's pools in use are the pools its
+/// kept strs fill, within five times the sample's standard error.
 fn grow_carries_the_growth(run: &Run) {
-    carver_carries_the_growth(run, "grow", "churn");
-}
-
-fn carver_carries_the_growth(run: &Run, carver: &str, other: &str) {
     let g = &run.summary["growth"];
     assert_eq!(g["estimate"], true, "{g}");
     let every = u(&g["sample_every"], "sample_every");
     assert_eq!(u(&g["sample_bytes"], "sample_bytes"), every * POOL, "{g}");
     let total = i(&g["bytes"], "bytes");
     assert!(total > 0, "no growth seen: {g}\n{}", run.stderr);
-    let grow = site(g, carver).unwrap_or_else(|| panic!("no {carver} site: {g}"));
-    let churn = site(g, other).map_or(0, |s| i(&s["bytes"], "other bytes"));
-    let grow_bytes = i(&grow["bytes"], "carver bytes");
+    let grow = site(g, "grow").unwrap_or_else(|| panic!("no grow site: {g}"));
+    let churn = site(g, "churn").map_or(0, |s| i(&s["bytes"], "churn bytes"));
+    let grow_bytes = i(&grow["bytes"], "grow bytes");
     #[allow(clippy::cast_precision_loss, reason = "shares")]
     let (grow_share, churn_share) = (grow_bytes as f64 / total as f64, churn as f64 / total as f64);
-    assert!(grow_share >= 0.8, "{carver} carries {:.1}% of the growth: {g}", grow_share * 100.0);
-    assert!(churn_share < 0.1, "{other} carries {:.1}% of the growth: {g}", churn_share * 100.0);
+    assert!(grow_share >= 0.8, "grow carries {:.1}% of the growth: {g}", grow_share * 100.0);
+    assert!(churn_share < 0.1, "churn carries {:.1}% of the growth: {g}", churn_share * 100.0);
     // Every grow sample of a pool counts it once, for sample_bytes; the
     // rest are the C library's heap (KEEP's item array, resized).
     let samples = u(&grow["samples"], "samples") - u(&grow["libc_samples"], "libc_samples");
@@ -163,15 +154,10 @@ fn carver_carries_the_growth(run: &Run, carver: &str, other: &str) {
     assert!((f(&cost["target_s"], "target_s") - priced).abs() < 1e-9, "{cost}");
     // Each interval's growth is the change of the pools in use since the
     // previous one: they add up to the last interval's.
-    let grows: Vec<Option<&Value>> = run.intervals.iter().map(|l| site(&l["growth"], carver)).collect();
+    let grows: Vec<Option<&Value>> = run.intervals.iter().map(|l| site(&l["growth"], "grow")).collect();
     let by_intervals: i64 = grows.iter().flatten().map(|s| i(&s["bytes"], "bytes")).sum();
     let last = grows.last().copied().flatten().map_or(0, |s| u(&s["in_use_bytes"], "in_use_bytes"));
-    assert_eq!(by_intervals, i64::try_from(last).unwrap(), "the intervals' {carver} growth against its pools in use");
-}
-
-/// growth.py `shape`'s check: see [`grow_carries_the_growth`].
-fn carries(run: &Run, shape: &str) {
-    if shape == "list" { carver_carries_the_growth(run, "churn", "grow") } else { grow_carries_the_growth(run) }
+    assert_eq!(by_intervals, i64::try_from(last).unwrap(), "the intervals' grow growth against its pools in use");
 }
 
 fn pyenv_311() -> String {
@@ -182,7 +168,7 @@ fn pyenv_311() -> String {
 fn grow_carries_the_growth_on_pyenv_311() {
     require_root();
     for shape in ["one", "list"] {
-        carries(&traced(None, &pyenv_311(), shape, &[]), shape);
+        grow_carries_the_growth(&traced(None, &pyenv_311(), shape, &[]));
     }
 }
 
@@ -190,7 +176,7 @@ fn grow_carries_the_growth_on_pyenv_311() {
 fn grow_carries_the_growth_on_debian_311() {
     require_root();
     for shape in ["one", "list"] {
-        carries(&traced(None, STATIC_PYTHON, shape, &[]), shape);
+        grow_carries_the_growth(&traced(None, STATIC_PYTHON, shape, &[]));
     }
 }
 
@@ -199,7 +185,7 @@ fn grow_carries_the_growth_on_forky_313() {
     require_root();
     let root = forky_root();
     for shape in ["one", "list"] {
-        carries(&traced(Some(&root), "/usr/bin/python3.13", shape, &[]), shape);
+        grow_carries_the_growth(&traced(Some(&root), "/usr/bin/python3.13", shape, &[]));
     }
 }
 
@@ -208,7 +194,7 @@ fn grow_carries_the_growth_on_forky_314() {
     require_root();
     let root = forky_root();
     for shape in ["one", "list"] {
-        carries(&traced(Some(&root), "/usr/bin/python3.14", shape, &[]), shape);
+        grow_carries_the_growth(&traced(Some(&root), "/usr/bin/python3.14", shape, &[]));
     }
 }
 
@@ -223,8 +209,7 @@ fn growth_in_exact_mode_is_folded_and_drawn() {
     let run = traced(
         None,
         &pyenv_311(),
-        // One at a time: grow carves its pools (in lists, churn does).
-        "one",
+        "list",
         &[
             "--exact",
             "--probes",
@@ -258,31 +243,22 @@ fn growth_in_exact_mode_is_folded_and_drawn() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// The carves' probes sit in every copy of the carve block, on a jump the
-/// kernel emulates with the pool in a register where there is one, else
-/// on the copy's load of `pool_address`, single-stepped (and said so); the
-/// arena's on the one call of `arena_map_mark_used`; on every build, with
-/// no fallback; `tracer probes` and the attach header say the same.
-/// A carve probe: whether emulated, its instruction's mnemonic and a
-/// space, what it reads.
-type Carve = (bool, String, String);
-
+/// The take's probe is on the instruction each call runs once where
+/// `usable_arenas` is in a register (a `je` the kernel emulates, past the
+/// prologue's stack-pointer moves), and the arena's on the one call of
+/// `arena_map_mark_used`, on every build; `tracer probes` and the attach
+/// header say the same.
 #[test]
-fn the_probes_sit_on_the_carves() {
+fn the_probes_sit_on_emulated_instructions() {
     require_root();
     let root = forky_root();
-    // Each build's carve copies: (emulated, instruction's start, reads).
-    let stepped = |register: &str| {
-        (false, "mov ".to_owned(), format!("the carved pool at 0x8(%{register}) (the arena's pool_address)"))
-    };
-    let jump = |op: &str, register: &str| (true, format!("{op} "), format!("the carved pool in %{register}"));
-    let builds: [(Option<&Path>, String, Vec<Carve>); 4] = [
-        (None, pyenv_311(), vec![stepped("r12"), jump("jne", "rdx")]),
-        (None, STATIC_PYTHON.to_owned(), vec![jump("je", "rax")]),
-        (Some(&root), "/usr/bin/python3.13".to_owned(), vec![stepped("rcx"), jump("jne", "rax")]),
-        (Some(&root), "/usr/bin/python3.14".to_owned(), vec![stepped("rcx"), jump("jne", "rax")]),
+    let builds: [(Option<&Path>, String, &str); 4] = [
+        (None, pyenv_311(), "rbp"),
+        (None, STATIC_PYTHON.to_owned(), "rbx"),
+        (Some(&root), "/usr/bin/python3.13".to_owned(), "rcx"),
+        (Some(&root), "/usr/bin/python3.14".to_owned(), "rcx"),
     ];
-    for (root, python, carves) in builds {
+    for (root, python, register) in builds {
         let mut workload = Workload::script(root, &python, "growth.py", &["one", "1", "1"]);
         workload.wait_blocked_on_stdin();
         let pid = workload.pid().to_string();
@@ -290,29 +266,18 @@ fn the_probes_sit_on_the_carves() {
         assert_eq!(code, Some(0), "{stderr}");
         let plan: Value = serde_json::from_str(&stdout).expect("JSON");
         let growth = &plan["growth"];
-        for absent in ["unavailable", "caveat", "fallback"] {
-            assert!(growth.get(absent).is_none(), "{python}: {growth}");
-        }
+        assert!(growth.get("unavailable").is_none() && growth.get("caveat").is_none(), "{python}: {growth}");
         let points = growth["points"].as_array().expect("points");
-        let (arena, carve) = points.split_last().expect("points");
-        let got: Vec<Carve> = carve
-            .iter()
-            .map(|p| {
-                assert_eq!(p["role"], "carve", "{python}: {p}");
-                let op = p["instruction"].as_str().unwrap().split(' ').next().unwrap();
-                (p["emulated"].as_bool().unwrap(), format!("{op} "), p["reads"].as_str().unwrap().to_owned())
-            })
-            .collect();
-        assert_eq!(got, carves, "{python}: {growth}");
-        assert_eq!((&arena["role"], &arena["emulated"]), (&Value::from("arena"), &Value::from(true)), "{arena}");
-        assert!(arena["instruction"].as_str().unwrap().starts_with("call "), "{python}: {arena}");
+        assert_eq!(points.len(), 2, "{python}: {growth}");
+        let (take, arena) = (&points[0], &points[1]);
+        assert_eq!((&take["role"], &arena["role"]), (&Value::from("take"), &Value::from("arena")), "{growth}");
         for p in points {
+            assert_eq!(p["emulated"], true, "{python}: {p}");
             assert!(p["function"].as_str().unwrap().starts_with("allocate_from_new_pool"), "{p}");
         }
-        let (code, text, stderr) = run_tracer(&["probes", "--pid", &pid, "--growth"]);
-        assert_eq!(code, Some(0), "{stderr}");
-        let steps = text.lines().filter(|l| l.starts_with("  growth carve") && l.contains("(single-stepped)")).count();
-        assert_eq!(steps, carves.iter().filter(|c| !c.0).count(), "{python}: {text}");
+        assert!(take["instruction"].as_str().unwrap().starts_with("je "), "{python}: {take}");
+        assert_eq!(take["reads"], format!("usable_arenas in %{register}"), "{python}: {take}");
+        assert!(arena["instruction"].as_str().unwrap().starts_with("call "), "{python}: {arena}");
         let (tracer, attached) = TracerRun::attach_json_as(&["--pid", &pid, "--growth"]);
         assert_eq!(attached["growth"], *growth, "{python}: the attach header against the plan");
         tracer.signal(libc::SIGINT);
@@ -428,6 +393,8 @@ fn the_profile_samples_growth_by_default() {
     let run = traced_as(None, &pyenv_311(), "steady", &[]);
     assert_eq!(run.attached["mode"], "profile", "{}", run.attached);
     let points = run.attached["growth"]["points"].as_array().unwrap_or_else(|| panic!("{}", run.attached));
+    // The profile's default probes the carves (one block or two), and the
+    // new arenas.
     let roles: Vec<&str> = points.iter().map(|p| p["role"].as_str().unwrap()).collect();
     assert_eq!(roles, ["carve", "carve", "arena"], "{}", run.attached);
     let g = &run.summary["growth"];
@@ -506,8 +473,8 @@ fn auto_growth_stops_over_half_the_budget() {
         .unwrap_or_else(|| panic!("{reason}"));
     let cost: f64 = cost.parse().unwrap_or_else(|_| panic!("{reason}"));
     assert!(cost > 0.05, "stopped at {cost}%: {reason}");
-    // This target frees and maps arenas over and over: their pools are
-    // carved anew each time.
+    // The profile's default probes the carves; this target frees and maps
+    // arenas over and over, whose pools are carved anew each time.
     let (per_s, tail) = rest_of.split_once(" pool carves/s), ").unwrap_or_else(|| panic!("{reason}"));
     let takes: u64 = per_s.replace(',', "").parse().unwrap_or_else(|_| panic!("{reason}"));
     assert!(takes > 0 && per_s == group(takes), "{reason}");
@@ -662,7 +629,7 @@ fn no_sample_in_use_is_a_bound_not_a_zero() {
         let summary = out.split("\nsummary after").nth(1).unwrap_or_else(|| panic!("no summary: {out}"));
         assert!(
             summary.contains(
-                "net 0 B, in use by carvers since attach 0 B (≤1.5 MiB at 95%) (0 B of it the C library's heap)"
+                "net 0 B, in use by takers since attach 0 B (≤1.5 MiB at 95%) (0 B of it the C library's heap)"
             ),
             "{python}: {summary}"
         );

@@ -1,5 +1,6 @@
-//! `--growth` probes pymalloc's carves of never used pools, not the reuse
-//! of emptied ones (docs/growth.md). On real Pythons: a target that keeps N
+//! The profile's default growth probes pymalloc's carves of never used
+//! pools, not the reuse of emptied ones (docs/growth.md; `--growth`
+//! probes every take, tests/tests/growth.rs). On real Pythons: a target that keeps N
 //! strs of one size class carves the pools they fill, counted between
 //! bounds derived from the workload and pymalloc's own statistics; and a
 //! churny service (temporaries emptied and retaken each request, a steady
@@ -29,7 +30,7 @@ fn u(v: &Value, what: &str) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("{what} is not a whole number: {v}"))
 }
 
-/// `growth_carve.py keep` under `tracer attach --growth`: the pools
+/// `growth_carve.py keep` under `tracer attach --budget 50`: the pools
 /// carved are the pools the kept strs fill (each `(POOL - header) / block`
 /// strs), less what pymalloc had unused when the loop began (it may reuse
 /// those instead: emptied pools, or carve the never used among them),
@@ -40,7 +41,10 @@ fn carves_are_counted(root: Option<&std::path::Path>, python: &str) {
     let mut workload = Workload::script(root, python, "growth_carve.py", &["keep", &KEPT.to_string()]);
     workload.wait_blocked_on_stdin();
     let pid = workload.pid().to_string();
-    let (tracer, attached) = TracerRun::attach_json_as(&["--pid", &pid, "--interval", "1", "--growth"]);
+    // The profile's default growth (auto), with a budget its carves (about
+    // 1,200 in a few tens of milliseconds) cannot spend: it is not
+    // stopped, and every carve is seen.
+    let (tracer, attached) = TracerRun::attach_json_as(&["--pid", &pid, "--interval", "1", "--budget", "50"]);
     assert!(attached["growth"].get("fallback").is_none(), "{python}: {}", attached["growth"]);
     workload.go();
     workload.expect("done");
@@ -52,6 +56,7 @@ fn carves_are_counted(root: Option<&std::path::Path>, python: &str) {
     std::thread::sleep(Duration::from_millis(1200));
     let (_, summary, stderr) = tracer_tests::stopped(tracer, workload);
     let g = &summary["growth"];
+    assert!(g.get("stopped").is_none(), "{python}: {g}");
     let t = &g["takes"];
     assert_eq!(t["probed"], "carves", "{python}: {t}");
     let block = size.div_ceil(ALIGNMENT) * ALIGNMENT;
@@ -97,7 +102,7 @@ fn carves_are_counted_on_forky_313_and_314() {
     carves_are_counted(Some(&root), "/usr/bin/python3.14");
 }
 
-/// The line of tests/python/growth_carve.py that leaks.
+/// The line of `tests/python/growth_carve.py` that leaks.
 fn leak_line() -> u64 {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("python/growth_carve.py");
     let text = std::fs::read_to_string(&script).expect("growth_carve.py");

@@ -131,10 +131,31 @@ impl GrowthPlan {
     }
 }
 
+/// What growth's probes see.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Probed {
+    /// The carves of never used pools (the profile's default growth): the
+    /// code that grew pymalloc's footprint, at a hit a carve, rare.
+    Carves,
+    /// Every pool take, reuses of emptied pools included (`--growth`): a
+    /// pool counts for its latest taker, the code that holds it now, at a
+    /// hit a take, which a churny target makes tens of thousands of times
+    /// a second.
+    Takes,
+}
+
 /// Plans the growth probes of `elf` (the image) from `symbols` (found in
-/// its symbol table or its debug file's) and `knowledge` (its version's).
+/// its symbol table or its debug file's) and `knowledge` (its version's),
+/// probing what `probed` says (the carves where they are found; else,
+/// said as a fallback, every take).
 #[must_use]
-pub fn plan(elf: &ElfImage, symbols: &GrowthSymbols, knowledge: &GrowthKnowledge, kernel: KernelVersion) -> GrowthPlan {
+pub fn plan(
+    elf: &ElfImage,
+    symbols: &GrowthSymbols,
+    knowledge: &GrowthKnowledge,
+    kernel: KernelVersion,
+    probed: Probed,
+) -> GrowthPlan {
     let take = &symbols.take;
     // The take's probe reads it (the carves' do not).
     let usable = match (knowledge.usable, symbols.usable_arenas) {
@@ -166,7 +187,11 @@ pub fn plan(elf: &ElfImage, symbols: &GrowthSymbols, knowledge: &GrowthKnowledge
     let no_segment =
         || GrowthPlan::unavailable(format!("{} is in no file-backed segment of {}", take.name, elf.path().display()));
     let mut caveats = Vec::new();
-    let (mut points, fallback) = match carve::points(&code, take.address, knowledge.pool_size, kernel) {
+    let carves = match probed {
+        Probed::Carves => carve::points(&code, take.address, knowledge.pool_size, kernel),
+        Probed::Takes => Err(String::new()),
+    };
+    let (mut points, fallback) = match carves {
         Ok(carves) => {
             let Some(points) = carves.into_iter().map(|f| point(GrowthRole::Carve, f)).collect::<Option<Vec<_>>>()
             else {
@@ -188,13 +213,14 @@ pub fn plan(elf: &ElfImage, symbols: &GrowthSymbols, knowledge: &GrowthKnowledge
                     take.name, take_point.reason
                 ));
             }
-            let fallback = format!(
+            // Asked for (`--growth`), every take is no fallback.
+            let fallback = (probed == Probed::Carves).then(|| format!(
                 "{why}: every pool take is probed instead, reuses of emptied pools included, which a churny target makes tens of thousands of times a second (its cost then stops the profile's growth)"
-            );
-            (vec![take_point], Some(fallback))
+            ));
+            (vec![take_point], fallback)
         }
     };
-    let carves = fallback.is_none();
+    let carves = points.iter().any(|p| p.role == GrowthRole::Carve);
     let arena = symbols
         .mark_used
         .as_ref()
@@ -213,7 +239,7 @@ pub fn plan(elf: &ElfImage, symbols: &GrowthSymbols, knowledge: &GrowthKnowledge
             if knowledge.pool_size == crate::python::heap::POOL_SIZE { "63 or 64" } else { "64" }
         )),
     }
-    let detail = detail(&take.name, &symbols.table, &points, carves);
+    let detail = detail(&take.name, &symbols.table, &points, (carves, fallback.is_some()));
     GrowthPlan {
         points,
         detail,
@@ -225,7 +251,7 @@ pub fn plan(elf: &ElfImage, symbols: &GrowthSymbols, knowledge: &GrowthKnowledge
 }
 
 /// What is probed, in words, for `probes` and the attach header.
-fn detail(name: &str, table: &str, points: &[GrowthPoint], carves: bool) -> String {
+fn detail(name: &str, table: &str, points: &[GrowthPoint], (carves, fallback): (bool, bool)) -> String {
     let stepped = points.iter().filter(|p| p.role == GrowthRole::Carve && !p.emulated).count();
     let what = if carves {
         let n = points.iter().filter(|p| p.role == GrowthRole::Carve).count();
@@ -234,8 +260,10 @@ fn detail(name: &str, table: &str, points: &[GrowthPoint], carves: bool) -> Stri
             if n == 1 { "" } else { "s" },
             if stepped > 0 { format!(", {stepped} single-stepped: carves are rare") } else { String::new() }
         )
-    } else {
+    } else if fallback {
         "every pool take (FALLBACK: the carve blocks were not found)".to_owned()
+    } else {
+        "every pool take, a reused pool counting for its latest taker (--growth)".to_owned()
     };
     format!(
         "{}, found in {}: {} probe{} ({what}); the C library's heap at the syscalls:{} tracepoints",
