@@ -1,22 +1,31 @@
 //! Heap growth by Python stack (`--growth`): pymalloc's pools charged to
-//! the stack that took them from empty, sampled.
+//! the stack that grew pymalloc's footprint by them, sampled.
 //!
 //! pymalloc takes a pool from empty in one function, `allocate_from_new_pool`
 //! (`Objects/obmalloc.c`, v3.11 to v3.14), which runs only when a size
-//! class has no used pool with room: a few thousand times a CPU-second at
-//! most, where the allocator runs millions. `growth_take` sits at one
-//! instruction of it that runs once per call, where `usable_arenas` is
-//! where its cookie says, and tells the call's outcome apart by one read:
-//! no usable arena (a new one is mapped, whose first pool
-//! `growth_arena` sees), an emptied pool reused (`usable_arenas->freepools`)
-//! or a never used one carved (`usable_arenas->pool_address`).
+//! class has no used pool with room. Its footprint grows in one branch of
+//! it only: the carve of a never used pool out of an arena
+//! (`pool_address += POOL_SIZE`, a new arena's first pool included); the
+//! other reuses a pool emptied before, which churny code does tens of
+//! thousands of times a second. `growth_carve` sits in each carve block,
+//! where the carved pool's address is where its cookie says (a register,
+//! or the arena's `pool_address` still unmoved), and sees nothing else.
 //!
-//! Every take ends the pool's old sample, if it has one: a pool comes back
-//! into use only through that function, so a take of the same address
-//! proves its last holder let go of it. One take in [`DEFAULT_EVERY`]
-//! (chosen at random, per take) walks the Python stack and keeps a sample
-//! for its pool, with the stack's hash; userspace counts each stack's live
-//! samples (a pool still in use) times the bytes one stands for.
+//! Where a build's carve blocks cannot be found, `growth_take` sits at one
+//! instruction of the function that runs once per call instead, where
+//! `usable_arenas` is where its cookie says, and tells the call's outcome
+//! apart by one read: no usable arena (a new one is mapped, whose first
+//! pool `growth_arena` sees), an emptied pool reused
+//! (`usable_arenas->freepools`) or a never used one carved
+//! (`usable_arenas->pool_address`).
+//!
+//! Every take (or carve) ends the pool's old sample, if it has one: a take
+//! of the same address proves its last holder let go of it (a carve, that
+//! its arena was freed and another mapped at its address). One in
+//! [`DEFAULT_EVERY`] (chosen at random, each) walks the Python stack and
+//! keeps a sample for its pool, with the stack's hash; userspace counts
+//! each stack's live samples (a pool still in use) times the bytes one
+//! stands for, and drops those whose pool it finds empty or gone.
 
 use crate::site;
 
@@ -57,8 +66,14 @@ pub struct GrowthCounts {
     pub takes: u64,
     /// Of those, reuses of an emptied pool.
     pub reused: u64,
-    /// Carves of a never used pool in a usable arena.
+    /// Carves of a never used pool: of `growth_take`'s hits those that
+    /// found one in a usable arena, and every hit of `growth_carve` (a new
+    /// arena's first pool included).
     pub carved: u64,
+    /// Hits of `growth_carve`.
+    pub carve_hits: u64,
+    /// Of those, at a carve block's single-stepped probe (priced as such).
+    pub carve_stepped: u64,
     /// Calls that found no usable arena (a new arena is mapped).
     pub new_arena: u64,
     /// Hits of `growth_arena`: new arenas marked used, whose first pool is
@@ -106,7 +121,7 @@ pub struct GrowthCounts {
     pub mapped_run_ns: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<GrowthCounts>() == 19 * 8);
+const _: () = assert!(core::mem::size_of::<GrowthCounts>() == 21 * 8);
 
 impl GrowthCounts {
     /// Adds another CPU's counts, saturating.
@@ -116,6 +131,8 @@ impl GrowthCounts {
             takes: self.takes.saturating_add(o.takes),
             reused: self.reused.saturating_add(o.reused),
             carved: self.carved.saturating_add(o.carved),
+            carve_hits: self.carve_hits.saturating_add(o.carve_hits),
+            carve_stepped: self.carve_stepped.saturating_add(o.carve_stepped),
             new_arena: self.new_arena.saturating_add(o.new_arena),
             arenas: self.arenas.saturating_add(o.arenas),
             sampled: self.sampled.saturating_add(o.sampled),
@@ -230,11 +247,27 @@ pub const fn take_cookie(first: u8, constant: u16) -> u64 {
 }
 
 /// The cookie of `growth_arena`: where the new arena's address is (a
-/// register operand).
+/// register operand), and whether `growth_carve` takes the arena's first
+/// pool (`carves`: the arena's probe then only counts it and ends its
+/// mapping's sample).
 #[must_use]
-pub const fn arena_cookie(first: u8) -> u64 {
-    site::encode(0, first, site::NONE, 0)
+pub const fn arena_cookie(first: u8, carves: bool) -> u64 {
+    site::encode(if carves { ARENA_CARVED } else { 0 }, first, site::NONE, 0)
 }
+
+/// The slot of an arena cookie whose first pool `growth_carve` takes.
+pub const ARENA_CARVED: u32 = 1;
+
+/// The cookie of `growth_carve`: where the carved pool's address is (a
+/// register, or memory at a register plus an offset), and whether the
+/// probe is single-stepped (counted apart, to be priced as such).
+#[must_use]
+pub const fn carve_cookie(first: u8, constant: u16, stepped: bool) -> u64 {
+    site::encode(if stepped { CARVE_STEPPED } else { 0 }, first, site::NONE, constant)
+}
+
+/// The slot of a carve cookie at a single-stepped probe.
+pub const CARVE_STEPPED: u32 = 1;
 
 #[cfg(feature = "user")]
 // SAFETY: #[repr(C)], Copy, no padding (the padding is the named
@@ -244,7 +277,7 @@ unsafe impl aya::Pod for PoolKey {}
 // SAFETY: two u64, every bit pattern valid.
 unsafe impl aya::Pod for PoolSample {}
 #[cfg(feature = "user")]
-// SAFETY: eighteen u64, every bit pattern valid.
+// SAFETY: u64s only (asserted by the size above), every bit pattern valid.
 unsafe impl aya::Pod for GrowthCounts {}
 #[cfg(feature = "user")]
 // SAFETY: #[repr(C)], Copy, a u32 pair and a u64 (no padding, asserted by
@@ -263,8 +296,12 @@ mod tests {
         let (first, constant) = site::memory(5, 0x218).unwrap_or_default();
         let c = take_cookie(first, constant);
         assert_eq!((site::first(c), site::offset(site::constant(c))), (site::MEMORY + 6, 0x218));
-        let c = arena_cookie(site::register(4).unwrap_or(site::NONE));
-        assert_eq!((site::first(c), site::second(c)), (5, site::NONE));
+        let c = arena_cookie(site::register(4).unwrap_or(site::NONE), false);
+        assert_eq!((site::first(c), site::second(c), site::slot(c)), (5, site::NONE, 0));
+        assert_eq!(site::slot(arena_cookie(5, true)), ARENA_CARVED);
+        let c = carve_cookie(site::register(1).unwrap_or(site::NONE), 0, true);
+        assert_eq!((site::first(c), site::slot(c)), (2, CARVE_STEPPED));
+        assert_eq!(site::slot(carve_cookie(2, 0, false)), 0);
         let one = GrowthCounts { takes: 1, run_ns: u64::MAX, ..GrowthCounts::default() };
         assert_eq!(one.merged(one), GrowthCounts { takes: 2, run_ns: u64::MAX, ..GrowthCounts::default() });
     }

@@ -200,6 +200,10 @@ pub mod names {
         /// `usable_arenas` is where the cookie says: a pool taken from
         /// empty (see [`crate::growth`]).
         pub const GROWTH_TAKE: &str = "growth_take";
+        /// With `--growth`, in each of `allocate_from_new_pool`'s carve
+        /// blocks, the carved pool's address where the cookie says: a
+        /// never used pool taken (see [`crate::growth`]).
+        pub const GROWTH_CARVE: &str = "growth_carve";
         /// With `--growth`, at the call that marks a new arena used, its
         /// address where the cookie says: the arena's first pool taken.
         pub const GROWTH_ARENA: &str = "growth_arena";

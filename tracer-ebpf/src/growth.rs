@@ -1,10 +1,14 @@
 //! Heap growth by Python stack (`--growth`; see [`tracer_common::growth`]):
-//! `growth_take` in pymalloc's `allocate_from_new_pool`, at an instruction
-//! each call runs once, tells the pool taken from `usable_arenas`;
-//! `growth_arena`, at the call that marks a new arena used, the first pool
-//! of that arena. Either take ends the pool's sample, if it has one, and
-//! one take in [`GROWTH_EVERY`] walks the Python stack (the stacks step's
-//! walk, [`crate::stacks::python`]) and keeps a sample for the pool.
+//! `growth_carve` in each carve block of pymalloc's
+//! `allocate_from_new_pool` sees a never used pool carved (a new arena's
+//! first included), where its cookie says; `growth_arena`, at the call
+//! that marks a new arena used, counts it and ends its mapping's sample.
+//! Where the carve blocks were not found, `growth_take`, at an instruction
+//! each call runs once, tells the pool taken from `usable_arenas` instead,
+//! and `growth_arena` the first pool of a new arena. Each take ends the
+//! pool's sample, if it has one, and one in [`GROWTH_EVERY`] walks the
+//! Python stack (the stacks step's walk, [`crate::stacks::python`]) and
+//! keeps a sample for the pool.
 //!
 //! Neither reads the stack pointer or the thread's stack: only registers,
 //! the interpreter's memory and the Python frames, which is what lets the
@@ -19,8 +23,8 @@ use aya_ebpf::{
 };
 use tracer_common::{
     growth::{
-        ARENA_FREEPOOLS, ARENA_POOL_ADDRESS, DEFAULT_EVERY, DEFAULT_POOL_ENTRIES, GrowthCounts, POOL_SIZE, PoolKey,
-        PoolSample,
+        ARENA_CARVED, ARENA_FREEPOOLS, ARENA_POOL_ADDRESS, CARVE_STEPPED, DEFAULT_EVERY, DEFAULT_POOL_ENTRIES,
+        GrowthCounts, POOL_SIZE, PoolKey, PoolSample,
     },
     site,
 };
@@ -50,6 +54,21 @@ pub fn growth_take(ctx: ProbeContext) -> u32 {
     let start = now_ns();
     let Some(counts) = GROWTH_COUNTS.get_ptr_mut(0) else { return 0 };
     let _ = try_take(&ctx, counts, tgid);
+    ran(counts, start);
+    0
+}
+
+/// A never used pool carved out of an arena: its address where the
+/// cookie says.
+#[uprobe]
+pub fn growth_carve(ctx: ProbeContext) -> u32 {
+    // Another process's hit (where the kernel's links cannot keep one
+    // process, they are made for every one): neither counted nor its
+    // running time charged to the target.
+    let Ok(tgid) = crate::common::check_target() else { return 0 };
+    let start = now_ns();
+    let Some(counts) = GROWTH_COUNTS.get_ptr_mut(0) else { return 0 };
+    let _ = try_carve(&ctx, counts, tgid);
     ran(counts, start);
     0
 }
@@ -99,6 +118,25 @@ fn try_take(ctx: &ProbeContext, counts: *mut GrowthCounts, tgid: u32) -> Result<
 }
 
 #[inline(always)]
+fn try_carve(ctx: &ProbeContext, counts: *mut GrowthCounts, tgid: u32) -> Result<(), ()> {
+    count!(counts, carve_hits);
+    let cookie = args::cookie(ctx);
+    if site::slot(cookie) == CARVE_STEPPED {
+        count!(counts, carve_stepped);
+    }
+    let pool = match args::operand(ctx.regs, site::first(cookie), site::constant(cookie)) {
+        Ok(pool) if pool != 0 => pool,
+        _ => {
+            count!(counts, unread);
+            return Err(());
+        }
+    };
+    count!(counts, carved);
+    take(tgid, pool, counts);
+    Ok(())
+}
+
+#[inline(always)]
 fn try_arena(ctx: &ProbeContext, counts: *mut GrowthCounts, tgid: u32) -> Result<(), ()> {
     count!(counts, arenas);
     let cookie = args::cookie(ctx);
@@ -112,6 +150,10 @@ fn try_arena(ctx: &ProbeContext, counts: *mut GrowthCounts, tgid: u32) -> Result
         kind: tracer_common::growth::MAPPED_MMAP,
         address: arena,
     });
+    // The carve blocks' probe takes the first pool, where there is one.
+    if site::slot(cookie) == ARENA_CARVED {
+        return Ok(());
+    }
     // `new_arena`: the first pool is the arena's address rounded up to a
     // pool (an mmap is page-aligned only).
     take(tgid, arena.wrapping_add(POOL_SIZE - 1) & !(POOL_SIZE - 1), counts);

@@ -149,10 +149,12 @@ pub struct AttachArgs {
     /// takes from empty (its slow path, allocate_from_new_pool) ends that pool's old sample, and one
     /// take in 32 records the taking Python stack. Each interval gives, per site, the pools still in
     /// use that its stacks took (a sampled estimate, with its 95% interval) and their change: its
-    /// growth. Each take is a probe hit: a churny target (tens of thousands of takes a second) pays
-    /// about 2% of its CPU time, shown in the output (growth's cost, and the profile's `growth`
-    /// source). The production profile with --pid samples growth without this flag too, but stops
-    /// once it costs more than half of --budget; in exact mode only this flag turns it on. With
+    /// growth: a pool counts for the code holding it now. Each take is a probe hit: a churny target
+    /// (tens of thousands of takes a second) pays 2 to 19% of its CPU time, shown in the output
+    /// (growth's cost, and the profile's `growth` source). The production profile with --pid
+    /// samples growth without this flag too, probing only the carves of never used pools (a pool
+    /// counts for the code that grew pymalloc's footprint), and stops once it costs more than half
+    /// of --budget; in exact mode only this flag turns it on. With
     /// --pid only. Needs pymalloc's slow path in a symbol table: the image's, or its debug file's
     /// (e.g. python3.11-dbg); where there is none, the output says growth is unavailable and why.
     #[arg(long)]

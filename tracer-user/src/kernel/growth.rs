@@ -23,6 +23,7 @@ use crate::plan::growth::{GrowthPlan, GrowthRole};
 const fn program_of(role: GrowthRole) -> &'static str {
     match role {
         GrowthRole::Take => names::programs::GROWTH_TAKE,
+        GrowthRole::Carve => names::programs::GROWTH_CARVE,
         GrowthRole::Arena => names::programs::GROWTH_ARENA,
     }
 }
@@ -142,6 +143,9 @@ mod tests {
     #[repr(C)]
     struct Arena([u64; 5]);
 
+    /// One test at a time calls the stand-ins (each probes the arena's).
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     /// An `allocate_from_new_pool` stand-in: `usable_arenas` in `%rdi`.
     #[unsafe(no_mangle)]
     #[inline(never)]
@@ -156,7 +160,34 @@ mod tests {
         std::hint::black_box(state ^ base)
     }
 
+    /// A carve block stand-in: the pool in `%rdi`.
+    #[unsafe(no_mangle)]
+    #[inline(never)]
+    extern "C" fn tracer_test_growth_carve(pool: u64) -> u64 {
+        std::hint::black_box(pool)
+    }
+
+    /// A single-stepped carve block's stand-in: the arena in `%rdi`, whose
+    /// `pool_address` is the pool.
+    #[unsafe(no_mangle)]
+    #[inline(never)]
+    extern "C" fn tracer_test_growth_carve_load(arena: *const Arena) -> u64 {
+        std::hint::black_box(arena as u64)
+    }
+
     fn point(elf: &ElfImage, role: GrowthRole, symbol: &str, register: u16) -> GrowthPoint {
+        let p = point_with(elf, role, symbol, register);
+        GrowthPoint {
+            cookie: if role == GrowthRole::Take {
+                p.cookie
+            } else {
+                g::arena_cookie(site::register(register).unwrap_or(site::NONE), false)
+            },
+            ..p
+        }
+    }
+
+    fn point_with(elf: &ElfImage, role: GrowthRole, symbol: &str, register: u16) -> GrowthPoint {
         let f = elf.function(symbol).unwrap_or_else(|| panic!("{symbol} in the test binary"));
         let operand = site::register(register).unwrap_or(site::NONE);
         GrowthPoint {
@@ -169,7 +200,11 @@ mod tests {
             emulated: false,
             reason: String::new(),
             reads: String::new(),
-            cookie: if role == GrowthRole::Take { g::take_cookie(operand, 0) } else { g::arena_cookie(operand) },
+            cookie: match role {
+                GrowthRole::Take => g::take_cookie(operand, 0),
+                GrowthRole::Carve => g::carve_cookie(operand, 0, false),
+                GrowthRole::Arena => g::arena_cookie(operand, true),
+            },
         }
     }
 
@@ -179,7 +214,6 @@ mod tests {
     /// arena's first pool its address rounded up to a pool, the samples
     /// read back and removed only while unchanged.
     fn takes_are_told_apart_and_sampled(multi: bool) {
-        static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let _one = ONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         std::hint::black_box(tracer_test_growth_take as extern "C" fn(*const Arena) -> u64);
         std::hint::black_box(tracer_test_growth_arena as extern "C" fn(u64, u64) -> u64);
@@ -247,6 +281,66 @@ mod tests {
             session.growth_samples().expect("read").iter().filter(|(k, _)| k.tgid == std::process::id()).count(),
             2
         );
+    }
+
+    /// Only carves probed (one in 1 sampled): each carve's pool sampled,
+    /// from a register or read at the arena's `pool_address` (counted as
+    /// single-stepped where the cookie says), a carve of the same address
+    /// ending the old sample, a null pool unread, and a new arena counted
+    /// without a take of its own (the carve took its first pool).
+    #[test]
+    fn carves_alone_are_sampled() {
+        let _one = ONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        std::hint::black_box(tracer_test_growth_carve as extern "C" fn(u64) -> u64);
+        std::hint::black_box(tracer_test_growth_carve_load as extern "C" fn(*const Arena) -> u64);
+        std::hint::black_box(tracer_test_growth_arena as extern "C" fn(u64, u64) -> u64);
+        let (plan, elf) = crate::kernel::tests::main_plan();
+        let growth = GrowthOptions { every: 1, pools: 16, stacks: 16 };
+        let options = LoadOptions { growth: Some(growth), ..LoadOptions::default() };
+        let mut session = Session::load(plan, std::process::id(), &options).expect("the object loads");
+        let mut load = point_with(&elf, GrowthRole::Carve, "tracer_test_growth_carve_load", 5);
+        let (first, constant) = site::memory(5, 8).unwrap();
+        load.cookie = g::carve_cookie(first, constant, true);
+        let growth_plan = GrowthPlan {
+            points: vec![
+                point_with(&elf, GrowthRole::Carve, "tracer_test_growth_carve", 5),
+                load,
+                point_with(&elf, GrowthRole::Arena, "tracer_test_growth_arena", 4),
+            ],
+            ..GrowthPlan::default()
+        };
+        session.attach_growth(&growth_plan, std::process::id(), true).expect("attached");
+        let (one, two) = (0x7200_0000_4000_u64, 0x7200_0000_8000_u64);
+        tracer_test_growth_carve(one);
+        tracer_test_growth_carve(one);
+        tracer_test_growth_carve(0);
+        let arena = Arena([0x7200_0000_0000, two, 0, 0, 0]);
+        tracer_test_growth_carve_load(&raw const arena);
+        tracer_test_growth_arena(1, 0x7300_0000_1000);
+        let counts = session.growth_counts().expect("the counts read");
+        let mut pools: Vec<u64> = session
+            .growth_samples()
+            .expect("the samples read")
+            .iter()
+            .filter(|(k, _)| k.tgid == std::process::id())
+            .map(|(k, _)| k.pool)
+            .collect();
+        pools.sort_unstable();
+        assert_eq!(pools, [one, two]);
+        let want = g::GrowthCounts {
+            carved: 3,
+            carve_hits: 4,
+            carve_stepped: 1,
+            arenas: 1,
+            sampled: 3,
+            ended: 1,
+            walk_failed: 3,
+            unread: 1,
+            run_ns: counts.run_ns,
+            ..g::GrowthCounts::default()
+        };
+        assert_eq!(counts, want);
+        session.detach_growth();
     }
 
     #[test]

@@ -55,6 +55,7 @@ fn every_program_loads_for_multi_links_with_every_map_type() {
         names::programs::GC_START,
         names::programs::GC_DONE,
         names::programs::GROWTH_TAKE,
+        names::programs::GROWTH_CARVE,
         names::programs::GROWTH_ARENA,
     ];
     for name in Program::ALL.iter().filter(|p| !p.bench_only()).map(|p| p.name()).chain(chains) {

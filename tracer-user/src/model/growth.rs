@@ -145,11 +145,32 @@ pub struct GrowthStack {
     pub in_use_bytes: u64,
 }
 
+/// Which of pymalloc's pool takes the growth probes see.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GrowthProbed {
+    /// Every take: reuses of emptied pools too (the carve blocks were not
+    /// found; and every record written before carves were probed).
+    #[default]
+    Takes,
+    /// The carves of never used pools only (new arenas' first pools
+    /// among them): a reuse is neither seen nor counted.
+    Carves,
+}
+
 /// What the growth probes saw.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GrowthTakes {
+    /// Which takes the probes see: with `carves`, `reused` and `no_arena`
+    /// are not counted (0), `carved` counts every pool carved (new
+    /// arenas' first pools among them), and a sample ends only where its
+    /// pool is found empty or gone (`pruned`), or a carve at its address
+    /// (its arena freed and another mapped there, `ended`).
+    #[serde(default)]
+    pub probed: GrowthProbed,
     /// Pools taken: reused (emptied before), carved (never used), and the
-    /// first pools of new arenas.
+    /// first pools of new arenas (with `probed` `carves`, new arenas, whose
+    /// first pools `carved` counts).
     pub reused: u64,
     pub carved: u64,
     pub new_arenas: u64,

@@ -25,7 +25,8 @@ pub use cost::{
 };
 pub use events::{End, EndKind, Event, Summary};
 pub use growth::{
-    Growth, GrowthCost, GrowthSampled, GrowthSite, GrowthStack, GrowthStopped, GrowthTakes, ZERO_SAMPLES_UPPER,
+    Growth, GrowthCost, GrowthProbed, GrowthSampled, GrowthSite, GrowthStack, GrowthStopped, GrowthTakes,
+    ZERO_SAMPLES_UPPER,
 };
 pub use live::{Leak, Leaks, Live, LiveDomain};
 pub use notes::{Level, Note, NoteCode};

@@ -218,7 +218,7 @@ pub fn prepare(target: &TargetSpec, options: &Options<'_>) -> Result<Prepared, P
     // Before anything is loaded: `--gc markers` on a build without them is
     // the user's to fix.
     let gc = gc_plan(&resolved, options.gc)?;
-    let growth = options.growth.then(|| growth_plan(&resolved, options.debug_dir));
+    let growth = options.growth.then(|| growth_plan(&resolved, options.debug_dir, options.growth_auto));
     let growth_note = growth.as_ref().and_then(|g| g.unavailable.as_ref()).map(|why| {
         if options.growth_auto {
             let text = format!("growth unavailable: {why}; the profile goes on without it");
@@ -227,7 +227,18 @@ pub fn prepare(target: &TargetSpec, options: &Options<'_>) -> Result<Prepared, P
             Note::new(Level::Warning, NoteCode::Growth, format!("growth unavailable: {why}"))
         }
     });
-    let notes = debug_offsets_note(&resolved).into_iter().chain(gc_note(&gc, options.gc)).chain(growth_note).collect();
+    // Never silently: where the carves were not found, every take is
+    // probed, which a churny target pays for.
+    let fallback_note = growth
+        .as_ref()
+        .and_then(|g| g.fallback.as_ref())
+        .map(|why| Note::new(Level::Note, NoteCode::Growth, format!("growth probes every pool take: {why}")));
+    let notes = debug_offsets_note(&resolved)
+        .into_iter()
+        .chain(gc_note(&gc, options.gc))
+        .chain(growth_note)
+        .chain(fallback_note)
+        .collect();
     Ok(Prepared { target: resolved, specs, plan, gc, growth, calibration, notes })
 }
 
@@ -292,8 +303,11 @@ fn gc_plan(r: &Resolved, mode: GcMode) -> Result<GcPlan, GcPlanError> {
 
 /// Heap growth sampling's probes in the resolved target (with `--pid`
 /// only: its samples are checked against the process's memory), or why
-/// there are none.
-fn growth_plan(r: &Resolved, debug_dir: Option<&Path>) -> GrowthPlan {
+/// there are none: the carves for the profile's default (`auto`), whose
+/// budget a churny target's takes would spend in a fraction of a second;
+/// every take for `--growth`, which asks for growth whatever it costs and
+/// gets each pool charged to the code that holds it now.
+fn growth_plan(r: &Resolved, debug_dir: Option<&Path>, auto: bool) -> GrowthPlan {
     if r.pid().is_none() {
         return GrowthPlan::unavailable(
             "with --exe, no process's memory is read, which growth's samples are checked against; pass --pid",
@@ -304,7 +318,10 @@ fn growth_plan(r: &Resolved, debug_dir: Option<&Path>) -> GrowthPlan {
     }
     let knowledge = crate::python::growth::knowledge(r.abi);
     match discover::growth::find(r, &knowledge, debug_dir) {
-        Ok(symbols) => plan::growth::plan(&r.elf, &symbols, &knowledge, plan::placement::running_kernel()),
+        Ok(symbols) => {
+            let probed = if auto { plan::growth::Probed::Carves } else { plan::growth::Probed::Takes };
+            plan::growth::plan(&r.elf, &symbols, &knowledge, plan::placement::running_kernel(), probed)
+        }
         Err(why) => GrowthPlan::unavailable(why),
     }
 }

@@ -205,6 +205,7 @@ fn growth_points(out: &mut impl Write, growth: &crate::plan::growth::GrowthPlan)
     for p in &growth.points {
         let role = match p.role {
             crate::plan::growth::GrowthRole::Take => "take",
+            crate::plan::growth::GrowthRole::Carve => "carve",
             crate::plan::growth::GrowthRole::Arena => "arena",
         };
         let how = if p.emulated { "emulated" } else { "single-stepped" };
@@ -213,6 +214,9 @@ fn growth_points(out: &mut impl Write, growth: &crate::plan::growth::GrowthPlan)
             "  growth {role:<5} {} +{} `{}` at file offset {:#x} ({how}), reads {}: {}",
             p.function, p.offset, p.instruction, p.file_offset, p.reads, p.reason
         )?;
+    }
+    if let Some(why) = &growth.fallback {
+        writeln!(out, "  growth: FALLBACK: {}", crate::text::line(why))?;
     }
     if let Some(caveat) = &growth.caveat {
         writeln!(out, "  growth: PARTIAL: {}", crate::text::line(caveat))?;

@@ -6,7 +6,12 @@
 use std::io::Write;
 
 use super::TableReporter;
-use crate::{heap::print::bytes, model::Growth, plan::growth::GrowthPlan, report::group};
+use crate::{
+    heap::print::bytes,
+    model::{Growth, GrowthProbed},
+    plan::growth::GrowthPlan,
+    report::group,
+};
 
 /// Sites a block lists (the JSON has every one).
 const TOP: usize = 10;
@@ -29,6 +34,15 @@ impl<W: Write, E: Write> TableReporter<W, E> {
             "tracer: growth: {}; the C library's heap at its mapping syscalls' tracepoints",
             points.join(", ")
         )?;
+        if plan.carves() {
+            writeln!(
+                self.out,
+                "tracer: growth: pymalloc's pools by the stack that carved them (the code that grew its footprint), counted while in use; a reused pool is not probed; what holds them is the census's"
+            )?;
+        }
+        if let Some(why) = &plan.fallback {
+            writeln!(self.out, "tracer: growth: FALLBACK: {}", crate::text::line(why))?;
+        }
         if let Some(caveat) = &plan.caveat {
             writeln!(self.out, "tracer: growth: PARTIAL: {}", crate::text::line(caveat))?;
         }
@@ -51,12 +65,15 @@ impl<W: Write, E: Write> TableReporter<W, E> {
             };
             format!("; {share} ({} hits)", group(c.hits))
         });
+        let carves = g.takes.probed == GrowthProbed::Carves;
         writeln!(
             self.out,
-            "  growth (ESTIMATES: 1 pool take in {} sampled, {} a sample): net {}, in use by takers since attach {}{} ({} of it the C library's heap){cost}",
+            "  growth (ESTIMATES: 1 pool {} in {} sampled, {} a sample): net {}, in use by {} since attach {}{} ({} of it the C library's heap){cost}",
+            if carves { "carved" } else { "take" },
             g.sample_every,
             bytes(g.sample_bytes),
             signed(g.bytes),
+            if carves { "carvers" } else { "takers" },
             bytes(g.in_use_bytes),
             in_use_error(g),
             bytes(g.libc_bytes),
@@ -91,16 +108,28 @@ impl<W: Write, E: Write> TableReporter<W, E> {
             .map(|(name, n)| format!("{name}={n}"))
             .collect();
             let misses = if misses.is_empty() { String::new() } else { format!("; misses: {}", misses.join(" ")) };
-            writeln!(
-                self.out,
-                "  pool takes: {} reused, {} carved, {} new arenas; {} sampled, {} samples ended by a retake, {} pruned{misses}",
-                group(t.reused),
-                group(t.carved),
-                group(t.new_arenas),
-                group(t.sampled),
-                group(t.ended),
-                group(t.pruned),
-            )?;
+            if carves {
+                writeln!(
+                    self.out,
+                    "  pools carved: {} (the first pools of {} new arenas among them); {} sampled, {} samples ended by a carve at their address, {} pruned (found empty or gone twice in a row); reuses of emptied pools are not probed (not counted){misses}",
+                    group(t.carved),
+                    group(t.new_arenas),
+                    group(t.sampled),
+                    group(t.ended),
+                    group(t.pruned),
+                )?;
+            } else {
+                writeln!(
+                    self.out,
+                    "  pool takes: {} reused, {} carved, {} new arenas; {} sampled, {} samples ended by a retake, {} pruned{misses}",
+                    group(t.reused),
+                    group(t.carved),
+                    group(t.new_arenas),
+                    group(t.sampled),
+                    group(t.ended),
+                    group(t.pruned),
+                )?;
+            }
             writeln!(
                 self.out,
                 "  the C library's heap: {} mapping syscalls, {} growths; {} sampled, {} samples ended by an unmap or a later mapping, {} pruned",
@@ -182,6 +211,23 @@ mod tests {
             ["grow", "growth.py:12", "+1.5", "MiB", "2.0", "MiB", "±1.0", "MiB"]
         );
         assert!(text.contains("pool takes: 7 reused, 0 carved, 0 new arenas; 0 sampled, 0 samples ended by a retake, 0 pruned; misses: lost=2"), "{text}");
+        let carves = GrowthSampled {
+            sample_every: 32,
+            sample_bytes: 32 * 16384,
+            takes: GrowthTakes {
+                probed: GrowthProbed::Carves,
+                carved: 10,
+                new_arenas: 1,
+                sampled: 1,
+                ..GrowthTakes::default()
+            },
+            ..GrowthSampled::default()
+        };
+        let snapshot =
+            Snapshot { growth: Some(Growth::Sampled(Box::new(carves))), ..crate::report::examples::snapshot(1000, 1) };
+        let text = super::super::tests::render(&[Event::Interval(snapshot)]);
+        assert!(text.contains("growth (ESTIMATES: 1 pool carved in 32 sampled, 512.0 KiB a sample): net 0 B, in use by carvers since attach"), "{text}");
+        assert!(text.contains("\n  pools carved: 10 (the first pools of 1 new arenas among them); 1 sampled, 0 samples ended by a carve at their address, 0 pruned (found empty or gone twice in a row); reuses of emptied pools are not probed (not counted)\n"), "{text}");
         assert!(!text.contains("STOPPED"), "{text}");
         // The total's error follows it; a 0 no sample holds is a bound.
         let with_ci = GrowthSampled {

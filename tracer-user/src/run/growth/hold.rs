@@ -67,8 +67,18 @@ pub const TRIAL: Duration = Duration::from_millis(50);
 /// The interval's own judgement ([`hold_budget`]) covers those.
 pub const TRIAL_TAKES: u64 = 100;
 
+/// The same where only the carves are probed: 1,000 in the trial is
+/// 20,000 a second, pymalloc freeing and mapping arenas in a loop, the
+/// churn the trial is for. Fewer are priced by the interval: a trial of a
+/// few hundred carves prices their first stack walks, dearer than the
+/// later ones (each stack new to the map), at four times an interval's
+/// cost on the same target (pyenv 3.11, 1,330 carves a second: 1.20% in
+/// the trial, 0.20-0.35% in each interval).
+pub const TRIAL_CARVES: u64 = 1_000;
+
 /// The profile's default growth after its [`TRIAL`]: stopped, with the
-/// note returned, where pymalloc's hits so far, [`TRIAL_TAKES`] or more,
+/// note returned, where pymalloc's hits so far, [`TRIAL_TAKES`] or more
+/// ([`TRIAL_CARVES`] where only the carves are probed),
 /// cost more than half of `budget` (a share) of the target's CPU time
 /// meanwhile.
 pub fn trial(
@@ -90,7 +100,8 @@ pub fn trial(
         return None;
     }
     let counts = session.growth_counts().ok()?;
-    if counts.takes < TRIAL_TAKES {
+    let takes = counts.takes.saturating_add(counts.carve_hits);
+    if takes < if g.plan.carves() { TRIAL_CARVES } else { TRIAL_TAKES } {
         return None;
     }
     // pymalloc's probes alone: they are what the trial is for, and what
@@ -102,7 +113,6 @@ pub fn trial(
     if fraction <= budget / 2.0 {
         return None;
     }
-    let takes = counts.takes;
     let (note, _) = g.stop(session, (fraction, budget * 100.0), (takes, span.as_secs_f64()), span.as_secs_f64());
     Some(note)
 }
@@ -128,9 +138,10 @@ impl Growth {
         )]
         let per_s = if span_s > 0.0 { (takes as f64 / span_s).round() as u64 } else { 0 };
         let reason = format!(
-            "growth sampling cost {:.2}% of the target's CPU time ({} pool takes/s), over half the {budget_percent}% budget: stopped at {at_s:.2} s; --growth keeps it on",
+            "growth sampling cost {:.2}% of the target's CPU time ({} pool {}/s), over half the {budget_percent}% budget: stopped at {at_s:.2} s; --growth keeps it on",
             fraction * 100.0,
             crate::report::group(per_s),
+            if self.plan.carves() { "carves" } else { "takes" },
         );
         // pymalloc's probes come down; the C library's programs, which
         // cost no trap, stay where they are attached.

@@ -34,7 +34,10 @@ use super::{
 use crate::{
     heap::{memory::Memory, pools::Header},
     kernel::{AttachError, Session},
-    model::{GrowthCost, GrowthSampled as Report, GrowthSite, GrowthStack, GrowthStopped, GrowthTakes, SiteFrame},
+    model::{
+        GrowthCost, GrowthProbed, GrowthSampled as Report, GrowthSite, GrowthStack, GrowthStopped, GrowthTakes,
+        SiteFrame,
+    },
     plan::growth::{GrowthPlan, GrowthRole},
     python::heap::POOL_OVERHEAD,
 };
@@ -415,6 +418,7 @@ impl Growth {
             sites,
             stacks: None,
             takes: GrowthTakes {
+                probed: if self.plan.carves() { GrowthProbed::Carves } else { GrowthProbed::Takes },
                 reused: counts.reused,
                 carved: counts.carved,
                 new_arenas: counts.arenas,
@@ -446,13 +450,28 @@ impl Growth {
         self.plan.points.iter().find(|p| p.role == role).is_none_or(|p| p.emulated)
     }
 
-    /// What pymalloc's probes in `counts` cost the target, in ns, priced at
-    /// `prices`: their hits and their programs, not the C library's.
-    fn pools_ns(&self, counts: &GrowthCounts, prices: Prices) -> f64 {
+    /// pymalloc's probes' hits in `counts`: takes, carves and arenas.
+    const fn pool_hits(counts: &GrowthCounts) -> u64 {
+        counts.takes.saturating_add(counts.carve_hits).saturating_add(counts.arenas)
+    }
+
+    /// What pymalloc's probes' hits in `counts` cost the target, in ns,
+    /// priced at `prices` (a carve at a single-stepped block as such).
+    fn hits_ns(&self, counts: &GrowthCounts, prices: Prices) -> f64 {
+        let stepped = counts.carve_stepped.min(counts.carve_hits);
         #[allow(clippy::cast_precision_loss, reason = "hits and ns in an interval")]
         let ns = counts.takes as f64 * prices.hit.of(self.emulated(GrowthRole::Take))
             + counts.arenas as f64 * prices.hit.of(self.emulated(GrowthRole::Arena))
-            + counts.run_ns as f64;
+            + (counts.carve_hits - stepped) as f64 * prices.hit.of(true)
+            + stepped as f64 * prices.hit.of(false);
+        ns
+    }
+
+    /// What pymalloc's probes in `counts` cost the target, in ns, priced at
+    /// `prices`: their hits and their programs, not the C library's.
+    fn pools_ns(&self, counts: &GrowthCounts, prices: Prices) -> f64 {
+        #[allow(clippy::cast_precision_loss, reason = "ns in an interval")]
+        let ns = self.hits_ns(counts, prices) + counts.run_ns as f64;
         ns
     }
 
@@ -464,11 +483,20 @@ impl Growth {
         (tracer_cpu, bytes_read): (Duration, u64),
         prices: Option<Prices>,
     ) -> GrowthCost {
-        let hits = counts.takes.saturating_add(counts.arenas);
+        let hits = Self::pool_hits(counts);
         let run_ns = counts.run_ns.saturating_add(counts.mapped_run_ns);
         #[allow(clippy::cast_precision_loss, reason = "ns in an interval")]
         let target_ns = prices.map(|p| self.pools_ns(counts, p) + counts.mapped_run_ns as f64);
-        let hit_ns = prices.map(|p| p.hit.of(self.emulated(GrowthRole::Take)));
+        // Their mean where the probes' prices differ (a carve block
+        // single-stepped): `hits` times it is what they cost.
+        #[allow(clippy::cast_precision_loss, reason = "a price")]
+        let hit_ns = prices.map(|p| {
+            if hits == 0 {
+                p.hit.of(self.plan.points.first().is_none_or(|p| p.emulated))
+            } else {
+                self.hits_ns(counts, p) / hits as f64
+            }
+        });
         let span_s = span.as_secs_f64();
         #[allow(clippy::cast_precision_loss, reason = "ns in an interval")]
         GrowthCost {
@@ -579,6 +607,8 @@ fn diff(now: GrowthCounts, before: GrowthCounts) -> GrowthCounts {
         takes: now.takes.saturating_sub(before.takes),
         reused: now.reused.saturating_sub(before.reused),
         carved: now.carved.saturating_sub(before.carved),
+        carve_hits: now.carve_hits.saturating_sub(before.carve_hits),
+        carve_stepped: now.carve_stepped.saturating_sub(before.carve_stepped),
         new_arena: now.new_arena.saturating_sub(before.new_arena),
         arenas: now.arenas.saturating_sub(before.arenas),
         sampled: now.sampled.saturating_sub(before.sampled),

@@ -1,5 +1,10 @@
-//! Where `--growth`'s two probes go (see [`tracer_common::growth`]), or why
+//! Where `--growth`'s probes go (see [`tracer_common::growth`]), or why
 //! they cannot: planning reads files only.
+//!
+//! `growth_carve` goes in each of `allocate_from_new_pool`'s carve blocks
+//! ([`carve`]), where pymalloc's footprint grows: a reused pool is not
+//! probed at all. Where the carve blocks cannot all be found, the plan
+//! falls back to probing every take, and says so (`fallback`):
 //!
 //! `growth_take` goes in `allocate_from_new_pool` at an instruction each
 //! call runs exactly once, where `usable_arenas` is at hand: the first
@@ -15,7 +20,11 @@
 //!
 //! `growth_arena` goes on the one call of `arena_map_mark_used` in that
 //! function (inlined `new_arena`), a direct `call` the kernel emulates,
-//! where the new arena's address is an argument register.
+//! where the new arena's address is an argument register. With the carve
+//! probes it only counts the arena and ends its mapping's sample (the
+//! carve probe takes its first pool).
+
+mod carve;
 
 use iced_x86::{
     Decoder, DecoderOptions, FlowControl, Formatter as _, Instruction, InstructionInfoFactory, Mnemonic, OpKind,
@@ -37,8 +46,11 @@ const MAX_PROLOGUE: u64 = 64;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum GrowthRole {
-    /// `growth_take`: every pool taken from a usable arena.
+    /// `growth_take`: every pool taken from a usable arena (where the carve
+    /// blocks were not found).
     Take,
+    /// `growth_carve`: a never used pool carved from an arena.
+    Carve,
     /// `growth_arena`: a new arena's first pool.
     Arena,
 }
@@ -80,6 +92,11 @@ pub struct GrowthPlan {
     /// What the samples miss, where they miss something.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub caveat: Option<String>,
+    /// Why every pool take is probed, not only the carves: the carve
+    /// blocks were not found (a churny target's reuses then cost it a hit
+    /// each).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
     /// Why nothing is probed: growth is unavailable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unavailable: Option<String>,
@@ -101,42 +118,63 @@ impl GrowthPlan {
         Self { unavailable: Some(why.into()), ..Self::default() }
     }
 
-    /// The take's probe, where growth is available.
+    /// The take's probe, where growth is available and probes every take.
     #[must_use]
     pub fn take(&self) -> Option<&GrowthPoint> {
         self.points.iter().find(|p| p.role == GrowthRole::Take)
     }
+
+    /// Whether only the carves are probed (no reuse of a pool is seen).
+    #[must_use]
+    pub fn carves(&self) -> bool {
+        self.points.iter().any(|p| p.role == GrowthRole::Carve)
+    }
+}
+
+/// What growth's probes see.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Probed {
+    /// The carves of never used pools (the profile's default growth): the
+    /// code that grew pymalloc's footprint, at a hit a carve, rare.
+    Carves,
+    /// Every pool take, reuses of emptied pools included (`--growth`): a
+    /// pool counts for its latest taker, the code that holds it now, at a
+    /// hit a take, which a churny target makes tens of thousands of times
+    /// a second.
+    Takes,
 }
 
 /// Plans the growth probes of `elf` (the image) from `symbols` (found in
-/// its symbol table or its debug file's) and `knowledge` (its version's).
+/// its symbol table or its debug file's) and `knowledge` (its version's),
+/// probing what `probed` says (the carves where they are found; else,
+/// said as a fallback, every take).
 #[must_use]
-pub fn plan(elf: &ElfImage, symbols: &GrowthSymbols, knowledge: &GrowthKnowledge, kernel: KernelVersion) -> GrowthPlan {
+pub fn plan(
+    elf: &ElfImage,
+    symbols: &GrowthSymbols,
+    knowledge: &GrowthKnowledge,
+    kernel: KernelVersion,
+    probed: Probed,
+) -> GrowthPlan {
     let take = &symbols.take;
+    // The take's probe reads it (the carves' do not).
     let usable = match (knowledge.usable, symbols.usable_arenas) {
-        (Usable::Static(_), Some(address)) => UsableAt::Static(address),
+        (Usable::Static(_), Some(address)) => Ok(UsableAt::Static(address)),
         (Usable::Static(name), None) => {
-            return GrowthPlan::unavailable(format!(
-                "{} has {TAKE_FUNCTION} but not the static {name} it reads",
-                symbols.table
-            ));
+            Err(format!("{} has {TAKE_FUNCTION} but not the static {name} it reads", symbols.table))
         }
-        (Usable::InState { offset }, _) => UsableAt::InState(offset),
+        (Usable::InState { offset }, _) => Ok(UsableAt::InState(offset)),
     };
     let code = match code_of(elf, take.address, take.size) {
         Ok(code) => code,
         Err(why) => return GrowthPlan::unavailable(format!("{}: {why}", take.name)),
     };
-    let found = match take_point(&code, take.address, usable, kernel) {
-        Ok(found) => found,
-        Err(why) => return GrowthPlan::unavailable(format!("{}: {why}", take.name)),
-    };
-    let point = |role, name: &str, address: u64, found: Found| {
-        let file_offset = elf.file_offset(address + found.offset)?;
+    let point = |role, found: Found| {
+        let file_offset = elf.file_offset(take.address + found.offset)?;
         Some(GrowthPoint {
             role,
-            function: name.to_owned(),
-            address: address + found.offset,
+            function: take.name.clone(),
+            address: take.address + found.offset,
             file_offset,
             offset: found.offset,
             instruction: found.instruction,
@@ -146,49 +184,95 @@ pub fn plan(elf: &ElfImage, symbols: &GrowthSymbols, knowledge: &GrowthKnowledge
             cookie: found.cookie,
         })
     };
-    let Some(take_point) = point(GrowthRole::Take, &take.name, take.address, found) else {
-        return GrowthPlan::unavailable(format!(
-            "{} is in no file-backed segment of {}",
-            take.name,
-            elf.path().display()
-        ));
-    };
+    let no_segment =
+        || GrowthPlan::unavailable(format!("{} is in no file-backed segment of {}", take.name, elf.path().display()));
     let mut caveats = Vec::new();
-    if !take_point.emulated {
-        caveats.push(format!(
-            "{}'s probe is single-stepped ({}), which costs each pool taken several times an emulated hit",
-            take.name, take_point.reason
-        ));
-    }
-    let mut points = vec![take_point];
+    let carves = match probed {
+        Probed::Carves => carve::points(&code, take.address, knowledge.pool_size, kernel),
+        Probed::Takes => Err(String::new()),
+    };
+    let (mut points, fallback) = match carves {
+        Ok(carves) => {
+            let Some(points) = carves.into_iter().map(|f| point(GrowthRole::Carve, f)).collect::<Option<Vec<_>>>()
+            else {
+                return no_segment();
+            };
+            (points, None)
+        }
+        Err(why) => {
+            let found = match usable.and_then(|usable| take_point(&code, take.address, usable, kernel)) {
+                Ok(found) => found,
+                Err(take_why) => {
+                    return GrowthPlan::unavailable(format!("{}: {why}; and {take_why}", take.name));
+                }
+            };
+            let Some(take_point) = point(GrowthRole::Take, found) else { return no_segment() };
+            if !take_point.emulated {
+                caveats.push(format!(
+                    "{}'s probe is single-stepped ({}), which costs each pool taken several times an emulated hit",
+                    take.name, take_point.reason
+                ));
+            }
+            // Asked for (`--growth`), every take is no fallback.
+            let fallback = (probed == Probed::Carves).then(|| format!(
+                "{why}: every pool take is probed instead, reuses of emptied pools included, which a churny target makes tens of thousands of times a second (its cost then stops the profile's growth)"
+            ));
+            (vec![take_point], fallback)
+        }
+    };
+    let carves = points.iter().any(|p| p.role == GrowthRole::Carve);
     let arena = symbols
         .mark_used
         .as_ref()
         .ok_or_else(|| format!("{} has no arena_map_mark_used", symbols.table))
-        .and_then(|f| arena_point(&code, take.address, f.address, knowledge.arena_register, kernel));
-    match arena.map(|found| point(GrowthRole::Arena, &take.name, take.address, found)) {
+        .and_then(|f| arena_point(&code, take.address, f.address, knowledge.arena_register, (kernel, carves)));
+    match arena.map(|found| point(GrowthRole::Arena, found)) {
         Ok(Some(p)) => points.push(p),
         Ok(None) => caveats.push("the call of arena_map_mark_used is in no file-backed segment".to_owned()),
+        // The carves see every new arena's first pool; its mapping is then
+        // the C library's heap's, sampled with it.
+        Err(why) if carves => caveats.push(format!(
+            "{why}: new arenas are not counted, and their mappings are sampled as the C library's heap as well as their pools"
+        )),
         Err(why) => caveats.push(format!(
             "{why}: a new arena's first pool is not sampled (one pool of each new arena's {})",
             if knowledge.pool_size == crate::python::heap::POOL_SIZE { "63 or 64" } else { "64" }
         )),
     }
-    let detail = format!(
-        "{}, found in {}: {} probe{}; the C library's heap at the syscalls:{} tracepoints",
-        take.name,
-        symbols.table,
-        points.len(),
-        if points.len() == 1 { "" } else { "s" },
-        tracer_common::names::programs::GROWTH_MAPPED.map(|(_, t)| t).join(",")
-    );
+    let detail = detail(&take.name, &symbols.table, &points, (carves, fallback.is_some()));
     GrowthPlan {
         points,
         detail,
         caveat: (!caveats.is_empty()).then(|| caveats.join("; ")),
+        fallback,
         unavailable: None,
         pool_size: knowledge.pool_size,
     }
+}
+
+/// What is probed, in words, for `probes` and the attach header.
+fn detail(name: &str, table: &str, points: &[GrowthPoint], (carves, fallback): (bool, bool)) -> String {
+    let stepped = points.iter().filter(|p| p.role == GrowthRole::Carve && !p.emulated).count();
+    let what = if carves {
+        let n = points.iter().filter(|p| p.role == GrowthRole::Carve).count();
+        format!(
+            "the carve of a never used pool ({n} block{}{}), not the reuse of an emptied one",
+            if n == 1 { "" } else { "s" },
+            if stepped > 0 { format!(", {stepped} single-stepped: carves are rare") } else { String::new() }
+        )
+    } else if fallback {
+        "every pool take (FALLBACK: the carve blocks were not found)".to_owned()
+    } else {
+        "every pool take, a reused pool counting for its latest taker (--growth)".to_owned()
+    };
+    format!(
+        "{}, found in {}: {} probe{} ({what}); the C library's heap at the syscalls:{} tracepoints",
+        name,
+        table,
+        points.len(),
+        if points.len() == 1 { "" } else { "s" },
+        tracer_common::names::programs::GROWTH_MAPPED.map(|(_, t)| t).join(",")
+    )
 }
 
 /// The function's code, `size` bytes at `address` (its entry alone where
@@ -310,7 +394,7 @@ fn arena_point(
     address: u64,
     mark_used: u64,
     register: u16,
-    kernel: KernelVersion,
+    (kernel, carves): (KernelVersion, bool),
 ) -> Result<Found, String> {
     let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
     let mut formatter = placement::formatter();
@@ -338,7 +422,7 @@ fn arena_point(
         emulated: kind.is_some(),
         reason: format!("the call that marks a new arena used ({})", kind.unwrap_or("single-stepped")),
         reads: format!("the new arena's address in %{name}"),
-        cookie: growth::arena_cookie(site::register(register).unwrap_or(site::NONE)),
+        cookie: growth::arena_cookie(site::register(register).unwrap_or(site::NONE), carves),
     })
 }
 
@@ -418,10 +502,11 @@ mod tests {
     fn the_arena_is_the_one_call_of_mark_used() {
         // 0: mov %rax,%rsi  3: call 0x1108
         let one = [0x48, 0x89, 0xc6, 0xe8, 0x00, 0x01, 0x00, 0x00];
-        let found = arena_point(&one, 0x1000, 0x1108, 4, K618).unwrap();
+        let found = arena_point(&one, 0x1000, 0x1108, 4, (K618, true)).unwrap();
+        assert_eq!(site::slot(found.cookie), growth::ARENA_CARVED);
         assert_eq!((found.offset, found.emulated), (3, true));
         assert_eq!(found.reads, "the new arena's address in %rsi");
-        let none = arena_point(&one, 0x1000, 0x2000, 4, K618).unwrap_err();
+        let none = arena_point(&one, 0x1000, 0x2000, 4, (K618, false)).unwrap_err();
         assert_eq!(none, "allocate_from_new_pool calls arena_map_mark_used 0 times, not once");
     }
 }
