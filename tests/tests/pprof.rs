@@ -200,8 +200,8 @@ fn stacks_are_alloc_samples() {
     let allocs: Vec<&Value> = stacks.iter().filter(|s| !frees(s)).collect();
     let calls: u64 = allocs.iter().map(|s| s["calls"].as_u64().unwrap()).sum();
     assert_eq!(top.total, calls.to_string(), "{}", top.text);
-    let freed: u64 = stacks.iter().filter(|s| frees(s)).map(|s| s["calls"].as_u64().unwrap()).sum();
-    assert_eq!(go_pprof_top(&file, "free_objects").total, freed.to_string());
+    let free_calls: u64 = stacks.iter().filter(|s| frees(s)).map(|s| s["calls"].as_u64().unwrap()).sum();
+    assert_eq!(go_pprof_top(&file, "free_objects").total, free_calls.to_string());
     let mut leaves: HashMap<String, u64> = HashMap::new();
     for s in allocs {
         *leaves.entry(s["frames"][0]["function"].as_str().unwrap().to_owned()).or_default() +=
