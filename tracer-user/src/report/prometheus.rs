@@ -116,7 +116,8 @@ const HEAP_OBJECTS: (&str, &str) = (
 );
 const HEAP_OTHER_OBJECTS: (&str, &str) =
     ("gauge", "Live objects of every type tracer_heap_objects does not list, at the latest heap census.");
-const HEAP_OTHER_BYTES: (&str, &str) = ("gauge", "Their bytes.");
+const HEAP_OTHER_BYTES: (&str, &str) =
+    ("gauge", "Bytes of every type tracer_heap_bytes does not list, at the latest heap census.");
 const HEAP_BYTES: (&str, &str) =
     ("gauge", "Bytes of the type's live objects at the latest heap census (as tracer_heap_objects).");
 const HEAP_RSS: (&str, &str) = ("gauge", "The process's resident set at the latest heap census.");
