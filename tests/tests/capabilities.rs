@@ -5,8 +5,9 @@
 //! `/proc/TRACER/task/TID/status` is read: the bounding set is the one
 //! tracer narrowed itself to at its start, the main thread (and any thread
 //! not named below) holds the running set, the census thread its own, and
-//! the exit records' listener (`--exe`) none. The counts stay exact after
-//! the drop: N more iterations, exactly N times the body's events more.
+//! the exit records' listener (`--exe`) and the metrics server
+//! (`--listen`) none. The counts stay exact after the drop: N more
+//! iterations, exactly N times the body's events more.
 
 use std::collections::BTreeMap;
 
@@ -58,7 +59,7 @@ fn threads(pid: u32) -> Vec<Thread> {
 fn held(name: &str) -> u64 {
     match name {
         "census" => CENSUS,
-        "exits" => 0,
+        "exits" | "metrics" => 0,
         _ => RUNNING,
     }
 }
@@ -133,8 +134,9 @@ fn exact_tracing_keeps_only_the_documented_capabilities_and_counts_exactly() {
 }
 
 /// The production profile: its windows attach and detach uprobes after
-/// the drop, and its census thread reads the heap with its own narrower
-/// set; the run ends at `--duration` with no miss. (Against a target that
+/// the drop, its census thread reads the heap with its own narrower set,
+/// and the metrics server (`--listen`) holds nothing; the run ends at
+/// `--duration` with no miss. (Against a target that
 /// exits, the profile's last reading of the collector's statistics from
 /// memory may find it gone, `gc_memory_failed`: not the drop's doing.)
 #[test]
@@ -142,9 +144,10 @@ fn the_production_profile_keeps_only_the_documented_capabilities() {
     require_root();
     let python = shared_python();
     let mut workload = Workload::serve(&python);
-    let (tracer, attached) = TracerRun::profile_json(workload.pid(), &["--interval", "1", "--duration", "4"]);
+    let args = ["--interval", "1", "--duration", "4", "--listen", "127.0.0.1:0"];
+    let (tracer, attached) = TracerRun::profile_json(workload.pid(), &args);
     assert_eq!(attached["mode"], "profile", "{attached}");
-    check(tracer.child.id(), &["census"]);
+    check(tracer.child.id(), &["census", "metrics"]);
     workload.ping();
     let summary = tracer.summary();
     assert_eq!(summary["end"], "duration", "{summary}");

@@ -146,7 +146,7 @@ fn frames(stack: &Value) -> Vec<String> {
 
 /// `p`'s samples are `stacks`, each with the values `values` gives it, in
 /// any order; one has its leaf in the function `leaf` names.
-fn same_samples(p: Decoded, stacks: &[Value], values: impl Fn(&Value) -> [u64; 4], leaf: &str) {
+fn same_samples(p: Decoded, stacks: &[Value], values: impl Fn(&Value) -> [u64; 5], leaf: &str) {
     let mut want: Vec<(Vec<String>, Vec<u64>)> = stacks.iter().map(|s| (frames(s), values(s).to_vec())).collect();
     let mut got = p.samples;
     want.sort();
@@ -182,17 +182,28 @@ fn stacks_are_alloc_samples() {
     let summary = lines.last().expect("a summary");
     let stacks = summary["stacks"].as_array().expect("the summary's stacks");
     let p = decode(&file);
-    assert_eq!(p.types, ["alloc_objects", "alloc_space", "inuse_objects", "inuse_space"]);
+    assert_eq!(p.types, ["alloc_objects", "alloc_space", "inuse_objects", "inuse_space", "free_objects"]);
     assert_eq!(p.default_type, "alloc_space");
     assert_eq!(p.samples.len(), stacks.len());
-    same_samples(p, stacks, |s| [s["calls"].as_u64().unwrap(), s["bytes"].as_u64().unwrap(), 0, 0], "make_b ");
-    // pprof itself reads it: its total is the summary's calls, and its top
-    // function (by calls at the leaf) the summary's.
+    // A free is no allocation: its calls are free_objects.
+    let frees = |s: &Value| s["probe"].as_str().is_some_and(|p| p.ends_with("Free") || p == "_Py_Dealloc");
+    assert!(stacks.iter().any(frees), "the default --stacks has the frees: {stacks:?}");
+    let values = |s: &Value| {
+        let (calls, bytes) = (s["calls"].as_u64().unwrap(), s["bytes"].as_u64().unwrap());
+        if frees(s) { [0, 0, 0, 0, calls] } else { [calls, bytes, 0, 0, 0] }
+    };
+    same_samples(p, stacks, values, "make_b ");
+    // pprof itself reads it: its total is the summary's calls of the
+    // allocating functions, and its top function (by calls at the leaf)
+    // the summary's.
     let top = go_pprof_top(&file, "alloc_objects");
-    let calls: u64 = stacks.iter().map(|s| s["calls"].as_u64().unwrap()).sum();
+    let allocs: Vec<&Value> = stacks.iter().filter(|s| !frees(s)).collect();
+    let calls: u64 = allocs.iter().map(|s| s["calls"].as_u64().unwrap()).sum();
     assert_eq!(top.total, calls.to_string(), "{}", top.text);
+    let free_calls: u64 = stacks.iter().filter(|s| frees(s)).map(|s| s["calls"].as_u64().unwrap()).sum();
+    assert_eq!(go_pprof_top(&file, "free_objects").total, free_calls.to_string());
     let mut leaves: HashMap<String, u64> = HashMap::new();
-    for s in stacks {
+    for s in allocs {
         *leaves.entry(s["frames"][0]["function"].as_str().unwrap().to_owned()).or_default() +=
             s["calls"].as_u64().unwrap();
     }
@@ -390,7 +401,12 @@ fn growth_stacks_are_inuse_samples() {
     assert!(!stacks.is_empty(), "{summary}");
     let p = decode(&file);
     assert_eq!(p.default_type, "inuse_space");
-    same_samples(p, stacks, |s| [0, 0, s["samples"].as_u64().unwrap(), s["in_use_bytes"].as_u64().unwrap()], "grow ");
+    same_samples(
+        p,
+        stacks,
+        |s| [0, 0, s["samples"].as_u64().unwrap(), s["in_use_bytes"].as_u64().unwrap(), 0],
+        "grow ",
+    );
     // speedscope reads it as pprof: each stack's leaf is a symbol with
     // bytes of its own, and `grow`, the only one here, holds them all.
     let (rows, console) = speedscope_sandwich(&file);

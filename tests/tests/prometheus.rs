@@ -273,3 +273,148 @@ fn a_bad_or_busy_address_is_refused_before_anything_is_attached() {
     );
     workload.go();
 }
+
+/// A port free now, for a `--listen` that must be known before tracer
+/// says where it serves.
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr").port()
+}
+
+/// A scrape while tracer's run loop cannot serve it (here held opening
+/// its `--record`, a FIFO nobody reads yet, at its first event, after the
+/// probes went live) is answered at once from the metrics thread, with
+/// `tracer_attached 0` alone; once the loop goes on, with the figures and
+/// `tracer_attached 1`. A scrape held by the loop (as before) would hit
+/// the read timeout, Prometheus' default scrape timeout of 10 s.
+#[test]
+fn a_scrape_is_answered_while_the_run_loop_is_busy() {
+    require_root();
+    let python = shared_python();
+    let mut workload = Workload::script(None, python.to_str().unwrap(), "metrics.py", &["10"]);
+    workload.wait_blocked_on_stdin();
+    let pid = workload.pid();
+    let dir = std::env::temp_dir().join(format!("tracer-prometheus-fifo-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let fifo = dir.join("record.fifo");
+    let c_path = std::ffi::CString::new(fifo.to_str().expect("UTF-8")).expect("no NUL");
+    // SAFETY: mkfifo reads the NUL-terminated path, which outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0, "mkfifo");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let fifo_s = fifo.to_str().expect("UTF-8");
+    // --force: the FIFO exists. The JSON's attached line comes before
+    // the record is opened, which blocks until the FIFO has a reader.
+    let (tracer, attached) =
+        TracerRun::profile_json(pid, &["--interval", "0.3", "--listen", &addr, "--record", fifo_s, "--force"]);
+    assert_eq!(attached["type"], "attached");
+    let (status, page) = get(&addr, "/metrics");
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    let container = cgroup(pid);
+    assert_eq!(
+        page,
+        format!(
+            "# HELP tracer_attached 1 while tracer's probes are live and the page holds the latest interval; 0 while it attaches (no figure yet) and once it has detached (the page holds the run's summary).\n\
+             # TYPE tracer_attached gauge\n\
+             tracer_attached{{pid=\"{pid}\",container=\"{container}\"}} 0\n"
+        )
+    );
+    // The reader lets the loop go on.
+    let reader = std::thread::spawn(move || std::fs::read_to_string(&fifo).expect("the record"));
+    let deadline = Instant::now() + Duration::from_mins(1);
+    let scraped = loop {
+        let scraped = samples(&get(&addr, "/metrics").1);
+        if value(&scraped, &format!("tracer_attached{{pid=\"{pid}\",container=\"{container}\"}}")) == Some(1.0)
+            && value(&scraped, &format!("tracer_elapsed_seconds{{pid=\"{pid}\",container=\"{container}\"}}"))
+                .is_some_and(|e| e > 0.0)
+        {
+            break scraped;
+        }
+        assert!(Instant::now() < deadline, "tracer_attached never 1: {scraped:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(scraped.keys().any(|k| k.starts_with("tracer_info{")), "{scraped:?}");
+    tracer.signal(libc::SIGINT);
+    let (status, _, stderr) = tracer.finish();
+    assert!(status.success(), "{stderr}");
+    let record = reader.join().expect("the reader");
+    assert!(record.starts_with("{\"type\":\"attached\""), "{record}");
+    workload.go();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Growth at a site named with a quote, a backslash, a newline and a
+/// terminal escape: the page's growth total, its 95% interval and the
+/// site's are the JSON interval's of the same `elapsed_s`, exactly, and
+/// the Prometheus client's parser reads the site's labels back as its
+/// function and file (the escape replaced by `?`).
+#[test]
+fn growth_is_served_with_its_intervals_and_hostile_sites_escaped() {
+    require_root();
+    let python = shared_python();
+    let mut workload = Workload::script(None, python.to_str().unwrap(), "metrics_growth.py", &["48"]);
+    workload.wait_blocked_on_stdin();
+    let pid = workload.pid();
+    let (tracer, attached) =
+        TracerRun::profile_json(pid, &["--interval", "0.5", "--listen", "127.0.0.1:0", "--growth"]);
+    assert_eq!(attached["mode"], "profile");
+    let addr = serving(&tracer);
+    workload.tell("grow");
+    workload.expect("grown");
+    let container = cgroup(pid);
+    let base = format!("pid=\"{pid}\",container=\"{container}\"");
+    let total = format!("tracer_growth_total_in_use_bytes{{{base}}}");
+    let deadline = Instant::now() + Duration::from_mins(1);
+    let page = loop {
+        let (_, page) = get(&addr, "/metrics");
+        if value(&samples(&page), &total).is_some_and(|t| t > 0.0) {
+            break page;
+        }
+        assert!(Instant::now() < deadline, "no growth served: {page}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    tracer.signal(libc::SIGINT);
+    let (status, lines, stderr) = tracer.finish();
+    assert!(status.success(), "{stderr}");
+    workload.close();
+    let scraped = samples(&page);
+    let elapsed = value(&scraped, &format!("tracer_elapsed_seconds{{{base}}}")).expect("elapsed");
+    let interval = lines
+        .iter()
+        .find(|l| l["type"] == "interval" && l["elapsed_s"].as_f64() == Some(elapsed))
+        .unwrap_or_else(|| panic!("no interval at {elapsed} s"));
+    let growth = &interval["growth"];
+    assert_eq!(value(&scraped, &total), growth["in_use_bytes"].as_f64(), "{growth}");
+    let bound =
+        |name: &str, labels: &str, bound: &str| value(&scraped, &format!("{name}{{{labels},bound=\"{bound}\"}}"));
+    let ci95 = &growth["in_use_ci95"];
+    assert_eq!(bound("tracer_growth_total_in_use_bytes_ci95", &base, "lower"), ci95[0].as_f64(), "{growth}");
+    assert_eq!(bound("tracer_growth_total_in_use_bytes_ci95", &base, "upper"), ci95[1].as_f64(), "{growth}");
+    // The hostile site, as the JSON names it and the parser reads it.
+    let site = growth["sites"]
+        .as_array()
+        .expect("sites")
+        .iter()
+        .find(|s| s["function"].as_str().is_some_and(|f| f.contains("ow")))
+        .unwrap_or_else(|| panic!("no grow site: {growth}"));
+    assert_eq!(site["function"], "gr\"ow\\x\n\x1b[31mname", "{site}");
+    assert_eq!(site["file"], "/srv/ev\"il\\x\n\x1b[31m.py", "{site}");
+    assert!(!page.contains('\x1b'), "a raw escape in the page");
+    let pid_s = pid.to_string();
+    let line = site["line"].as_u64().expect("a line").to_string();
+    let labels = [
+        ("pid", pid_s.as_str()),
+        ("container", container.as_str()),
+        ("function", "gr\"ow\\x\n?[31mname"),
+        ("file", "/srv/ev\"il\\x\n?[31m.py"),
+        ("line", line.as_str()),
+    ];
+    let by_client = parsed(&page);
+    assert_eq!(parsed_value(&by_client, "tracer_growth_in_use_bytes", &labels), site["in_use_bytes"].as_f64());
+    for (i, end) in ["lower", "upper"].into_iter().enumerate() {
+        let mut with_bound = labels.to_vec();
+        with_bound.push(("bound", end));
+        let got = parsed_value(&by_client, "tracer_growth_in_use_bytes_ci95", &with_bound);
+        assert_eq!(got, site["in_use_ci95"][i].as_f64(), "{end}: {site}");
+    }
+}

@@ -66,10 +66,22 @@ fn a_record_replays_the_live_table_and_files_exactly() {
     let (code, replayed, err) = report(&[record.to_str().unwrap()]);
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(replayed, live);
-    // The JSON, event for event: the record itself.
+    // The live run's note of the file it wrote is said to be the recorded
+    // run's: the report wrote nothing.
+    let wrote = format!(" stacks by calls to {}\n", live_folded.display());
+    let recorded = |err: &str| {
+        assert!(err.lines().any(|l| l.starts_with("tracer: note: recorded run: wrote ")), "{err}");
+        assert!(err.contains(&wrote), "{err}");
+        assert!(!err.lines().any(|l| l.starts_with("tracer: note: wrote ")), "{err}");
+    };
+    recorded(&err);
+    // The JSON, event for event: the record itself, the note as it was
+    // recorded; stderr says it is the recorded run's.
     let (code, json, err) = report(&[record.to_str().unwrap(), "--json"]);
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(json.as_bytes(), read(&record));
+    assert!(json.contains("\"message\":\"wrote "), "{json}");
+    recorded(&err);
     // The summary's files, byte for byte.
     let (code, out, err) = report(&[record.to_str().unwrap(), "--folded", replay_folded.to_str().unwrap()]);
     assert_eq!((code, out.as_str()), (Some(0), ""), "{err}");

@@ -12,7 +12,7 @@ use tracer_user::{
         AttachArgs, BenchArgs, Cli, Command, HeapArgs, ProbesArgs, ReportArgs, RunArgs, StackArgs, TopArgs, ValueError,
         usage_error,
     },
-    config::{AttachConfig, ConfigError, Format, TargetSpec},
+    config::{AttachConfig, ConfigError, TargetSpec},
     error::{EXIT_BAD_INPUT, EXIT_OUTPUT_CLOSED, Failure},
     launch::signals::Signals,
     model::{End, Level},
@@ -155,7 +155,7 @@ fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
     privileges::check()?;
     // Checked and made before the program starts: a bad path starts
     // nothing.
-    let check = |p| OutputFile::check("--output", p, args.attach.force).map_err(ConfigError::from);
+    let check = |p| OutputFile::check("--output", p, args.attach.files.force).map_err(ConfigError::from);
     let file = args.output.as_deref().map(check).transpose()?;
     if let (Some(f), Some(r)) = (&file, &config.record)
         && f.path == r.path
@@ -212,14 +212,15 @@ fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
 
 /// `tracer report`: a record turned into the table, JSON, files or a diff.
 fn report(args: &ReportArgs) -> Result<(), Failure> {
-    use tracer_user::report::{self, files::OutputFile, replay::Record, written};
+    use tracer_user::report::{files::OutputFile, replay::Record, written};
+    let asked = &args.files;
     let file = |flag, path: &Option<std::path::PathBuf>| {
-        path.as_deref().map(|p| OutputFile::check(flag, p, args.force).map_err(ConfigError::from)).transpose()
+        path.as_deref().map(|p| OutputFile::check(flag, p, asked.force).map_err(ConfigError::from)).transpose()
     };
-    let (folded, flamegraph) = (file("--folded", &args.folded)?, file("--flamegraph", &args.flamegraph)?);
+    let (folded, flamegraph) = (file("--folded", &asked.folded)?, file("--flamegraph", &asked.flamegraph)?);
     let (growth_folded, growth_flamegraph) =
-        (file("--growth-folded", &args.growth_folded)?, file("--growth-flamegraph", &args.growth_flamegraph)?);
-    let pprof = file("--pprof", &args.pprof)?;
+        (file("--growth-folded", &asked.growth_folded)?, file("--growth-flamegraph", &asked.growth_flamegraph)?);
+    let pprof = file("--pprof", &asked.pprof)?;
     let record = Record::read(args.file.clone())?;
     let mut out = std::io::stdout().lock();
     if let Some([from, to]) = args.diff.as_deref() {
@@ -234,11 +235,7 @@ fn report(args: &ReportArgs) -> Result<(), Failure> {
     }
     let files = [&folded, &flamegraph, &growth_folded, &growth_flamegraph, &pprof];
     if files.iter().all(|f| f.is_none()) {
-        let format = if args.json { Format::Json } else { Format::Table };
-        let mut reporter = report::reporter(format, Box::new(out), Box::new(std::io::stderr()));
-        for event in &record.events {
-            reporter.event(event)?;
-        }
+        record.replay(args.json, out, std::io::stderr())?;
         // A cut record's table ends at an interval, with no summary and no
         // end: said, so that its last interval is not taken for the run's
         // figures. (With --json the record is the events, as they are.)
@@ -264,7 +261,7 @@ fn report(args: &ReportArgs) -> Result<(), Failure> {
     let what = record.target();
     let mut notes = written::stacks(
         written::StackFiles { folded: folded.as_ref(), flamegraph: flamegraph.as_ref() },
-        (args.weight, last.stack_coverage.as_ref().map_or(1, |c| c.sample)),
+        (asked.weight(), last.stack_coverage.as_ref().map_or(1, |c| c.sample)),
         &what,
         last,
     )?;

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::{Parser, ValueEnum};
 
 use super::{
-    DEFAULT_INTERVAL_S, TargetArgs, Weight,
+    DEFAULT_INTERVAL_S, OutputFiles, TargetArgs,
     values::{count, listen_addr, stack_events},
 };
 use crate::probe::ProbeSelection;
@@ -117,21 +117,6 @@ pub struct AttachArgs {
     /// the JSON's `sites` (default 10; turns on --stacks).
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = count("--top", "site", 10))]
     pub top: Option<usize>,
-    /// At the end, write the stacks in folded form (the input of flamegraph.pl and inferno) to FILE,
-    /// weighted as --weight says (turns on --stacks). FILE must not exist unless --force.
-    #[arg(long, value_name = "FILE")]
-    pub folded: Option<PathBuf>,
-    /// At the end, write a flame graph of the stacks as an SVG to FILE (turns on --stacks). FILE
-    /// must not exist unless --force.
-    #[arg(long, value_name = "FILE")]
-    pub flamegraph: Option<PathBuf>,
-    /// What --folded and --flamegraph weigh: calls or bytes (default calls).
-    #[arg(long, value_name = "WHAT", value_enum, hide_possible_values = true)]
-    pub weight: Option<Weight>,
-    /// Let the output files (--folded, --flamegraph, --growth-folded, --growth-flamegraph, --pprof,
-    /// --record, and run's --output) overwrite an existing file (never through a symlink).
-    #[arg(long)]
-    pub force: bool,
     /// With stacks, also unwind each event's native (C) stack in the kernel, from the modules'
     /// .eh_frame unwind tables (no frame pointers needed; at most 64 frames), and name its frames
     /// from ELF symbols and DWARF (inlined functions too). Folded stacks and flame graphs then
@@ -164,20 +149,10 @@ pub struct AttachArgs {
     /// fraction of a percent counts. Cannot be combined with --growth or its outputs.
     #[arg(long)]
     pub no_growth: bool,
-    /// At the end, write the growth stacks in folded form (weighted by the bytes of the pools they
-    /// hold) to FILE (turns on --growth). FILE must not exist unless --force.
-    #[arg(long, value_name = "FILE")]
-    pub growth_folded: Option<PathBuf>,
-    /// At the end, write a flame graph of the growth stacks as an SVG to FILE (turns on --growth).
-    /// FILE must not exist unless --force.
-    #[arg(long, value_name = "FILE")]
-    pub growth_flamegraph: Option<PathBuf>,
-    /// At the end, write a pprof profile (gzipped profile.proto) to FILE, for go tool pprof,
-    /// speedscope or Pyroscope: --stacks' events as alloc_objects and alloc_space (exact), growth's
-    /// stacks as inuse_objects and inuse_space (a sampled estimate). Needs --stacks (exact) or
-    /// growth (the profile's default with --pid, or --growth). FILE must not exist unless --force.
-    #[arg(long, value_name = "FILE")]
-    pub pprof: Option<PathBuf>,
+    // The files written at the end (--folded, --flamegraph, --weight, --growth-folded,
+    // --growth-flamegraph, --pprof, --force), as `tracer report` writes them.
+    #[command(flatten)]
+    pub files: OutputFiles,
     /// Serve Prometheus metrics at http://[ADDR:]PORT/metrics while attached: calls and bytes
     /// per function (or the profile's estimated rates), the heap by type, collections per
     /// generation, growth sites and tracer's own cost, labelled by pid and container. A bare PORT

@@ -9,9 +9,11 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 mod attach;
+mod files;
 mod values;
 
 pub use attach::{AttachArgs, LinkMode};
+pub use files::OutputFiles;
 
 pub use values::{Extra, Setup, Setups, ValueError, Weight};
 use values::{count, pid, probe_selection, setups, statement};
@@ -211,8 +213,36 @@ pub struct TopArgs {
     pub attach: AttachArgs,
 }
 
-/// `tracer report`.
+/// `tracer report`: the files are the summary's as `attach` writes them
+/// (one declaration, [`OutputFiles`]), written from the record.
 #[derive(Clone, Debug, Parser)]
+#[command(
+    mut_arg("folded", |a| a.help(
+        "Write the summary's stacks in folded form (the input of flamegraph.pl and inferno) to FILE, \
+         weighted as --weight says (a record of a run with --stacks). FILE must not exist unless --force"
+    )),
+    mut_arg("flamegraph", |a| a.help(
+        "Write a flame graph of the summary's stacks as an SVG to FILE (a record of a run with --stacks). \
+         FILE must not exist unless --force"
+    )),
+    mut_arg("growth_folded", |a| a.help(
+        "Write the summary's growth stacks in folded form (weighted by the bytes of the pools they hold) \
+         to FILE (a record of a run that sampled growth). FILE must not exist unless --force"
+    )),
+    mut_arg("growth_flamegraph", |a| a.help(
+        "Write a flame graph of the summary's growth stacks as an SVG to FILE (a record of a run that \
+         sampled growth). FILE must not exist unless --force"
+    )),
+    mut_arg("pprof", |a| a.help(
+        "Write a pprof profile (gzipped profile.proto) of the summary to FILE, as `attach --pprof` \
+         does: the stacks' events as alloc_objects and alloc_space (exact), growth's stacks as \
+         inuse_objects and inuse_space (a sampled estimate). FILE must not exist unless --force"
+    )),
+    mut_arg("force", |a| a.help(
+        "Let the output files (--folded, --flamegraph, --growth-folded, --growth-flamegraph, --pprof) \
+         overwrite an existing file (never through a symlink)"
+    ))
+)]
 pub struct ReportArgs {
     /// The record: the file `--record` wrote, or `attach --json`'s lines.
     #[arg(value_name = "FILE")]
@@ -241,27 +271,8 @@ pub struct ReportArgs {
         value_parser = count("--top", "type", 25)
     )]
     pub top: usize,
-    /// Write the summary's stacks, folded, to FILE (a run with --stacks).
-    #[arg(long, value_name = "FILE")]
-    pub folded: Option<PathBuf>,
-    /// Write the summary's stacks as a flame graph (SVG) to FILE.
-    #[arg(long, value_name = "FILE")]
-    pub flamegraph: Option<PathBuf>,
-    /// What the folded stacks and the flame graph weigh: calls or bytes.
-    #[arg(long, value_name = "WHAT", value_enum, default_value_t = Weight::Calls, hide_possible_values = true)]
-    pub weight: Weight,
-    /// Write growth's stacks, folded, to FILE.
-    #[arg(long, value_name = "FILE")]
-    pub growth_folded: Option<PathBuf>,
-    /// Write growth's stacks as a flame graph (SVG) to FILE.
-    #[arg(long, value_name = "FILE")]
-    pub growth_flamegraph: Option<PathBuf>,
-    /// Write the summary's stacks as a gzipped pprof profile to FILE.
-    #[arg(long, value_name = "FILE")]
-    pub pprof: Option<PathBuf>,
-    /// Overwrite output files that exist.
-    #[arg(long)]
-    pub force: bool,
+    #[command(flatten)]
+    pub files: OutputFiles,
 }
 
 /// `tracer stack`.

@@ -53,7 +53,7 @@ fn closed_sets_are_clap_s() {
     let args = AttachArgs::try_parse_from(["attach", "--pid", "1", "--stacks"]).unwrap();
     assert_eq!(args.stacks, Some(ProbeSelection::Alloc));
     let args = AttachArgs::try_parse_from(["attach", "--pid", "1", "--stacks", "refs", "--weight", "bytes"]).unwrap();
-    assert_eq!((args.stacks, args.weight), (Some(ProbeSelection::Refs), Some(Weight::Bytes)));
+    assert_eq!((args.stacks, args.files.weight), (Some(ProbeSelection::Refs), Some(Weight::Bytes)));
     assert_eq!(Weight::Bytes.to_string(), "bytes");
     let err = ProbesArgs::try_parse_from(["probes", "--pid", "1", "--probes", "nope"]).unwrap_err();
     assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);

@@ -32,8 +32,8 @@ pub(super) fn growth_config(
 ) -> Result<Option<GrowthConfig>, ConfigError> {
     let asked = [
         ("--growth", args.growth),
-        ("--growth-folded", args.growth_folded.is_some()),
-        ("--growth-flamegraph", args.growth_flamegraph.is_some()),
+        ("--growth-folded", args.files.growth_folded.is_some()),
+        ("--growth-flamegraph", args.files.growth_flamegraph.is_some()),
     ]
     .into_iter()
     .find_map(|(flag, given)| given.then_some(flag));
@@ -46,9 +46,10 @@ pub(super) fn growth_config(
     if matches!(target, TargetSpec::Exe(_)) {
         return Err(ConfigError::GrowthWithExe);
     }
-    let file = |flag, path: Option<&std::path::Path>| path.map(|p| OutputFile::check(flag, p, args.force)).transpose();
-    let folded = file("--growth-folded", args.growth_folded.as_deref())?;
-    let flamegraph = file("--growth-flamegraph", args.growth_flamegraph.as_deref())?;
+    let file =
+        |flag, path: Option<&std::path::Path>| path.map(|p| OutputFile::check(flag, p, args.files.force)).transpose();
+    let folded = file("--growth-folded", args.files.growth_folded.as_deref())?;
+    let flamegraph = file("--growth-flamegraph", args.files.growth_flamegraph.as_deref())?;
     let mine: Vec<&OutputFile> = [&folded, &flamegraph].into_iter().flatten().collect();
     let theirs: Vec<&OutputFile> =
         stacks.into_iter().flat_map(|s| [s.folded.as_ref(), s.flamegraph.as_ref()]).flatten().collect();

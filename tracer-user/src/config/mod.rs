@@ -109,9 +109,9 @@ fn exact_only(args: &AttachArgs) -> Option<&'static str> {
         ("--depth", args.depth.is_some()),
         ("--sample", args.sample.is_some()),
         ("--top", args.top.is_some()),
-        ("--folded", args.folded.is_some()),
-        ("--flamegraph", args.flamegraph.is_some()),
-        ("--weight", args.weight.is_some()),
+        ("--folded", args.files.folded.is_some()),
+        ("--flamegraph", args.files.flamegraph.is_some()),
+        ("--weight", args.files.weight.is_some()),
         ("--native-stacks", args.native_stacks),
     ]
     .into_iter()
@@ -432,7 +432,7 @@ impl AttachConfig {
         }
         let growth = growth_config(args, stacks.as_ref(), mode, &target)?;
         let pprof = pprof_config(args, stacks.as_ref(), growth.as_ref(), &target)?;
-        let record = args.record.as_deref().map(|p| OutputFile::check("--record", p, args.force)).transpose()?;
+        let record = args.record.as_deref().map(|p| OutputFile::check("--record", p, args.files.force)).transpose()?;
         if let Some(r) = &record {
             let files = [
                 stacks.as_ref().map(|s| [&s.folded, &s.flamegraph]),

@@ -11,7 +11,7 @@ pub(super) fn pprof_config(
     growth: Option<&GrowthConfig>,
     target: &TargetSpec,
 ) -> Result<Option<OutputFile>, ConfigError> {
-    let Some(path) = args.pprof.as_deref() else { return Ok(None) };
+    let Some(path) = args.files.pprof.as_deref() else { return Ok(None) };
     // The profile's default growth is configured with --exe too, and then
     // says at the attach that it is unavailable there (no process's memory
     // is read): it records no stack, so it cannot feed the file, and a run
@@ -20,7 +20,7 @@ pub(super) fn pprof_config(
     if stacks.is_none() && growth.is_none() {
         return Err(ConfigError::PprofWithoutStacks);
     }
-    let file = OutputFile::check("--pprof", path, args.force)?;
+    let file = OutputFile::check("--pprof", path, args.files.force)?;
     let others = stacks
         .into_iter()
         .flat_map(|s| [s.folded.as_ref(), s.flamegraph.as_ref()])

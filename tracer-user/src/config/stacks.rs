@@ -38,14 +38,14 @@ pub const DEFAULT_TOP: usize = 10;
 pub(super) fn stacks_config(args: &AttachArgs) -> Result<Option<StacksConfig>, ConfigError> {
     let wanted = args.stacks.is_some()
         || args.top.is_some()
-        || args.folded.is_some()
-        || args.flamegraph.is_some()
+        || args.files.folded.is_some()
+        || args.files.flamegraph.is_some()
         || args.native_stacks;
     if !wanted {
         for (flag, given) in [
             ("--depth", args.depth.is_some()),
             ("--sample", args.sample.is_some()),
-            ("--weight", args.weight.is_some()),
+            ("--weight", args.files.weight.is_some()),
         ] {
             if given {
                 return Err(ConfigError::WithoutStacks { flag });
@@ -64,12 +64,12 @@ pub(super) fn stacks_config(args: &AttachArgs) -> Result<Option<StacksConfig>, C
     }
     // 0 is refused as it is parsed (`cli::count`).
     let top = args.top.unwrap_or(DEFAULT_TOP);
-    let weight = args.weight.unwrap_or(Weight::Calls);
+    let weight = args.files.weight();
     let file = |flag, path: Option<&std::path::Path>| {
-        path.map(|p| crate::report::files::OutputFile::check(flag, p, args.force)).transpose()
+        path.map(|p| crate::report::files::OutputFile::check(flag, p, args.files.force)).transpose()
     };
-    let folded = file("--folded", args.folded.as_deref())?;
-    let flamegraph = file("--flamegraph", args.flamegraph.as_deref())?;
+    let folded = file("--folded", args.files.folded.as_deref())?;
+    let flamegraph = file("--flamegraph", args.files.flamegraph.as_deref())?;
     if let (Some(a), Some(b)) = (&folded, &flamegraph)
         && a.path == b.path
     {

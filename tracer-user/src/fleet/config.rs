@@ -68,15 +68,15 @@ impl TryFrom<&AttachArgs> for AllConfig {
                     || a.depth.is_some()
                     || a.sample.is_some()
                     || a.top.is_some()
-                    || a.folded.is_some()
-                    || a.flamegraph.is_some()
-                    || a.weight.is_some()
+                    || a.files.folded.is_some()
+                    || a.files.flamegraph.is_some()
+                    || a.files.weight.is_some()
                     || a.native_stacks,
                 "--stacks",
                 ONE,
             ),
-            (a.growth || a.growth_folded.is_some() || a.growth_flamegraph.is_some(), "--growth", PID),
-            (a.pprof.is_some(), "--pprof", ONE),
+            (a.growth || a.files.growth_folded.is_some() || a.files.growth_flamegraph.is_some(), "--growth", PID),
+            (a.files.pprof.is_some(), "--pprof", ONE),
             (a.listen.is_some(), "--listen", ONE),
             (a.record.is_some(), "--record", ONE),
         ];

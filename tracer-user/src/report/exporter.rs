@@ -54,38 +54,57 @@ pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, ListenError> {
 }
 
 /// The most connections served at once: more are closed at once, so that
-/// a flood of them cannot take tracer's file descriptors or its run loop
-/// (which shares this thread).
+/// a flood of them cannot take tracer's file descriptors.
 const MAX_CONNECTIONS: usize = 16;
 
-/// Serves `page` on `listener` until the runtime ends (tracer's exit).
-pub fn serve(listener: std::net::TcpListener, page: Page) -> std::io::Result<()> {
-    let listener = TcpListener::from_std(listener)?;
+/// Serves `page` on `listener` from a thread of its own (`metrics`), with
+/// a runtime of its own, until tracer exits: a scrape is answered at once
+/// with the page as it is, whatever the run loop is doing (the attach
+/// planning an LTO build's 1,400 sites, a window's probes going live),
+/// never held past a scraper's timeout. The thread holds no capability:
+/// it only accepts on the socket already bound. Until the attach, the page
+/// says only that tracer attaches to `pid` ([`prometheus::attaching`]);
+/// the page returned is the one a [`MetricsReporter`] keeps up to date.
+pub fn serve(listener: std::net::TcpListener, pid: Option<u32>) -> std::io::Result<Page> {
+    let page = Arc::new(Mutex::new(prometheus::attaching(pid)));
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build()?;
+    let listener = {
+        let _entered = runtime.enter();
+        TcpListener::from_std(listener)?
+    };
+    let served = Arc::clone(&page);
+    std::thread::Builder::new().name("metrics".to_owned()).spawn(move || {
+        // It needs none; where the kernel refuses the drop, it serves
+        // all the same.
+        let _ = crate::capabilities::keep_only(0);
+        runtime.block_on(accept(listener, served));
+    })?;
+    Ok(page)
+}
+
+/// Accepts connections on `listener` and answers each with `page`.
+async fn accept(listener: TcpListener, page: Page) {
     let open = Arc::new(AtomicUsize::new(0));
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                // Out of descriptors, say: not a busy loop on the run
-                // loop's thread.
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            };
-            if open.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
-                open.fetch_sub(1, Ordering::SeqCst);
-                drop(stream);
-                continue;
-            }
-            let (page, open) = (Arc::clone(&page), Arc::clone(&open));
-            tokio::spawn(async move {
-                // A slow or silent client is answered 408 after
-                // REQUEST_TIMEOUT, and one that will not read its answer
-                // dropped after this.
-                let _ = tokio::time::timeout(REQUEST_TIMEOUT + Duration::from_secs(5), respond(stream, &page)).await;
-                open.fetch_sub(1, Ordering::SeqCst);
-            });
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            // Out of descriptors, say: not a busy loop.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        if open.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+            open.fetch_sub(1, Ordering::SeqCst);
+            drop(stream);
+            continue;
         }
-    });
-    Ok(())
+        let (page, open) = (Arc::clone(&page), Arc::clone(&open));
+        tokio::spawn(async move {
+            // A slow or silent client is answered 408 after
+            // REQUEST_TIMEOUT, and one that will not read its answer
+            // dropped after this.
+            let _ = tokio::time::timeout(REQUEST_TIMEOUT + Duration::from_secs(5), respond(stream, &page)).await;
+            open.fetch_sub(1, Ordering::SeqCst);
+        });
+    }
 }
 
 /// The longest request head read.
@@ -209,13 +228,16 @@ impl<'a> MetricsReporter<'a> {
         Self { inner, page, attached: None, containers: HashMap::new() }
     }
 
-    fn update(&mut self, snapshot: &crate::model::Snapshot) {
+    /// The page of `snapshot`; `live` while the probes are (an interval),
+    /// not once detached (the summary).
+    fn update(&mut self, snapshot: &crate::model::Snapshot, live: bool) {
         let Some(attached) = &self.attached else { return };
         let containers = &mut self.containers;
         for pid in attached.pid.into_iter().chain(snapshot.pids.keys().filter_map(|p| p.parse().ok())) {
             containers.entry(pid).or_insert_with(|| prometheus::cgroup_of(pid));
         }
-        let text = prometheus::render(attached, snapshot, &|pid| containers.get(&pid).cloned().unwrap_or_default());
+        let container = |pid| containers.get(&pid).cloned().unwrap_or_default();
+        let text = prometheus::render(attached, snapshot, live, &container);
         if let Ok(mut page) = self.page.lock() {
             *page = text;
         }
@@ -228,10 +250,10 @@ impl Reporter for MetricsReporter<'_> {
         match event {
             Event::Attached(a) => {
                 self.attached = Some(a.clone());
-                self.update(&crate::model::Snapshot::default());
+                self.update(&crate::model::Snapshot::default(), true);
             }
-            Event::Interval(s) => self.update(s),
-            Event::Summary(s) => self.update(&s.snapshot),
+            Event::Interval(s) => self.update(s, true),
+            Event::Summary(s) => self.update(&s.snapshot, false),
             Event::Note(_) => {}
         }
         Ok(())

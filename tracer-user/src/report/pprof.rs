@@ -97,9 +97,21 @@ pub struct Function {
     pub filename: i64,
 }
 
-/// The sample types, in order.
-pub const SAMPLE_TYPES: [(&str, &str); 4] =
-    [("alloc_objects", "count"), ("alloc_space", "bytes"), ("inuse_objects", "count"), ("inuse_space", "bytes")];
+/// The sample types, in order: Go's heap profile's four, then the frees
+/// (`--stacks`' events of the functions that free, which are no
+/// allocation: counted in `alloc_objects` they would double a view's
+/// allocations).
+pub const SAMPLE_TYPES: [(&str, &str); 5] = [
+    ("alloc_objects", "count"),
+    ("alloc_space", "bytes"),
+    ("inuse_objects", "count"),
+    ("inuse_space", "bytes"),
+    ("free_objects", "count"),
+];
+
+/// The probed functions whose calls free (an object, a block, a
+/// mapping): their events are `free_objects`, not `alloc_objects`.
+const FREES: [&str; 6] = ["_Py_Dealloc", "PyObject_Free", "PyMem_Free", "PyMem_RawFree", "free", "munmap"];
 
 /// A profile being built: strings, functions and locations interned.
 #[derive(Default)]
@@ -156,7 +168,7 @@ impl Builder {
         })
     }
 
-    fn sample(&mut self, frames: &[SiteFrame], value: [u64; 4], label: (&str, &str)) {
+    fn sample(&mut self, frames: &[SiteFrame], value: [u64; 5], label: (&str, &str)) {
         let location_id = frames.iter().map(|f| self.location(f)).collect();
         let label = vec![Label { key: self.string(label.0), str: self.string(label.1) }];
         let value = value.iter().map(|v| i64::try_from(*v).unwrap_or(i64::MAX)).collect();
@@ -171,18 +183,26 @@ impl Builder {
 pub fn profile(last: &Snapshot, started_unix_s: Option<f64>) -> Profile {
     let mut b = Builder::new();
     for s in last.stacks.iter().flatten() {
-        b.sample(&s.frames, [s.calls, s.bytes, 0, 0], ("probe", &s.probe));
+        let value = if FREES.contains(&s.probe.as_str()) { [0, 0, 0, 0, s.calls] } else { [s.calls, s.bytes, 0, 0, 0] };
+        b.sample(&s.frames, value, ("probe", &s.probe));
     }
     let growth = last.growth.as_ref().and_then(crate::model::Growth::sampled);
     for s in growth.and_then(|g| g.stacks.as_ref()).into_iter().flatten() {
-        b.sample(&s.frames, [0, 0, s.samples, s.in_use_bytes], ("source", "growth"));
+        b.sample(&s.frames, [0, 0, s.samples, s.in_use_bytes, 0], ("source", "growth"));
     }
+    // `--sample N` scales each stack's events by N: estimates, said so.
+    let stacks = match last.stack_coverage.as_ref().map_or(1, |c| c.sample) {
+        1 => "alloc_* and free_objects exact (--stacks)".to_owned(),
+        n => format!(
+            "alloc_* and free_objects ESTIMATES (--stacks --sample {n}: 1 event in {n} recorded, scaled by {n})"
+        ),
+    };
     let comment = match growth {
         Some(g) => format!(
-            "tracer: alloc_* exact (--stacks); inuse_* are growth's stacks, a sampled estimate (1 pool take in {}, the C library's heap by bytes)",
+            "tracer: {stacks}; inuse_* are growth's stacks, a sampled estimate (1 pool take in {}, the C library's heap by bytes)",
             g.sample_every
         ),
-        None => "tracer: alloc_* exact (--stacks)".to_owned(),
+        None => format!("tracer: {stacks}"),
     };
     let comment = b.string(&comment);
     b.profile.comment.push(comment);
@@ -251,20 +271,53 @@ mod tests {
         let back = Profile::decode(&p.encode_to_vec()[..]).expect("decodes");
         assert_eq!(back, p);
         assert_eq!(p.sample.len(), 2);
-        assert_eq!(p.sample[0].value, [5, 320, 0, 0]);
-        assert_eq!(p.sample[1].value, [0, 0, 2, 1 << 20]);
+        assert_eq!(p.sample[0].value, [5, 320, 0, 0, 0]);
+        assert_eq!(p.sample[1].value, [0, 0, 2, 1 << 20, 0]);
         // "inner" at line 3 is one location, shared.
         assert_eq!(p.sample[0].location_id[0], p.sample[1].location_id[0]);
         assert_eq!(p.location.len(), 3);
         assert_eq!(p.function.len(), 3);
         let s = |i: i64| p.string_table[usize::try_from(i).unwrap()].as_str();
         let types: Vec<&str> = p.sample_type.iter().map(|t| s(t.r#type)).collect();
-        assert_eq!(types, ["alloc_objects", "alloc_space", "inuse_objects", "inuse_space"]);
+        assert_eq!(types, ["alloc_objects", "alloc_space", "inuse_objects", "inuse_space", "free_objects"]);
         assert_eq!(s(p.default_sample_type), "inuse_space");
         assert_eq!((s(p.sample[0].label[0].key), s(p.sample[0].label[0].str)), ("probe", "PyObject_Malloc"));
         assert_eq!(p.duration_nanos, 2_000_000_000);
         // Dated by the attach where it is known (a record's replay).
         assert_eq!(p.time_nanos, 1_700_000_000_500_000_000);
         assert_eq!(p.string_table[0], "");
+        assert_eq!(
+            s(p.comment[0]),
+            format!(
+                "tracer: alloc_* and free_objects exact (--stacks); inuse_* are growth's stacks, a sampled estimate (1 pool take in 32, the C library's heap by bytes)"
+            )
+        );
+    }
+
+    /// A free is no allocation: its events are `free_objects`, and
+    /// `--sample N`'s scaled counts are said to be estimates.
+    #[test]
+    fn frees_are_free_objects_and_sampled_stacks_estimates() {
+        let stack = |probe: &str, calls| StackCount {
+            probe: probe.to_owned(),
+            frames: vec![frame("work", 1)],
+            calls,
+            bytes: if probe.contains("Malloc") { calls * 64 } else { 0 },
+            ..StackCount::default()
+        };
+        let mut last = Snapshot {
+            stacks: Some(vec![stack("PyObject_Malloc", 30), stack("PyObject_Free", 20), stack("_Py_Dealloc", 10)]),
+            ..Snapshot::default()
+        };
+        let p = profile(&last, None);
+        let values: Vec<&[i64]> = p.sample.iter().map(|s| s.value.as_slice()).collect();
+        assert_eq!(values, [&[30, 1920, 0, 0, 0][..], &[0, 0, 0, 0, 20], &[0, 0, 0, 0, 10]]);
+        let comment = |p: &Profile| p.string_table[usize::try_from(p.comment[0]).unwrap()].clone();
+        assert_eq!(comment(&p), "tracer: alloc_* and free_objects exact (--stacks)");
+        last.stack_coverage = Some(crate::model::StackCoverage { sample: 10, estimate: true, ..Default::default() });
+        assert_eq!(
+            comment(&profile(&last, None)),
+            "tracer: alloc_* and free_objects ESTIMATES (--stacks --sample 10: 1 event in 10 recorded, scaled by 10)"
+        );
     }
 }

@@ -102,13 +102,22 @@ const EST_CALLS: (&str, &str) =
     ("gauge", "Calls per second of the probed function, estimated from the traced windows (an ESTIMATE).");
 const EST_BYTES: (&str, &str) =
     ("gauge", "Bytes requested per second from the probed function, estimated from the traced windows (an ESTIMATE).");
+const EST_CALLS_CI95: (&str, &str) = (
+    "gauge",
+    "The 95% confidence interval of tracer_estimated_calls_per_second: its lower and upper end (bound); +Inf where the windows bound the rate only from below.",
+);
+const EST_BYTES_CI95: (&str, &str) = (
+    "gauge",
+    "The 95% confidence interval of tracer_estimated_bytes_per_second: its lower and upper end (bound); +Inf where the windows bound the rate only from below.",
+);
 const HEAP_OBJECTS: (&str, &str) = (
     "gauge",
     "Live objects of the type at the latest heap census, read from outside; the 30 types with the most bytes (the rest in tracer_heap_other_objects).",
 );
 const HEAP_OTHER_OBJECTS: (&str, &str) =
     ("gauge", "Live objects of every type tracer_heap_objects does not list, at the latest heap census.");
-const HEAP_OTHER_BYTES: (&str, &str) = ("gauge", "Their bytes.");
+const HEAP_OTHER_BYTES: (&str, &str) =
+    ("gauge", "Bytes of every type tracer_heap_bytes does not list, at the latest heap census.");
 const HEAP_BYTES: (&str, &str) =
     ("gauge", "Bytes of the type's live objects at the latest heap census (as tracer_heap_objects).");
 const HEAP_RSS: (&str, &str) = ("gauge", "The process's resident set at the latest heap census.");
@@ -123,6 +132,18 @@ const GROWTH_IN_USE: (&str, &str) = (
     "gauge",
     "Heap grown since the attach and still in use, by the Python frame that grew it: a SAMPLED ESTIMATE; the 30 largest sites (the rest in tracer_growth_other_in_use_bytes).",
 );
+const GROWTH_IN_USE_CI95: (&str, &str) = (
+    "gauge",
+    "The 95% confidence interval of the site's tracer_growth_in_use_bytes (a SAMPLED ESTIMATE): its lower and upper end (bound).",
+);
+const GROWTH_TOTAL: (&str, &str) = (
+    "gauge",
+    "Heap grown since the attach and still in use, over every site (pymalloc's pools and the C library's heap): a SAMPLED ESTIMATE; see tracer_growth_total_in_use_bytes_ci95.",
+);
+const GROWTH_TOTAL_CI95: (&str, &str) = (
+    "gauge",
+    "The 95% confidence interval of tracer_growth_total_in_use_bytes: its lower and upper end (bound); where no sample is in use, 0 to the growth every sample would miss one time in 20.",
+);
 const GROWTH_OTHER: (&str, &str) = (
     "gauge",
     "Heap grown since the attach and still in use by the sites tracer_growth_in_use_bytes does not list (a SAMPLED ESTIMATE).",
@@ -133,6 +154,10 @@ const COST: (&str, &str) = (
 );
 const BUDGET: (&str, &str) = ("gauge", "The production profile's budget, as a share of the target's CPU time.");
 const ELAPSED: (&str, &str) = ("gauge", "Seconds since tracer attached.");
+const ATTACHED: (&str, &str) = (
+    "gauge",
+    "1 while tracer's probes are live and the page holds the latest interval; 0 while it attaches (no figure yet) and once it has detached (the page holds the run's summary).",
+);
 const INFO: (&str, &str) = ("gauge", "The traced interpreter; always 1.");
 const MISSED: (&str, &str) = (
     "counter",
@@ -143,10 +168,23 @@ const STATS: (&str, &str) = (
     "tracer's other counters of what it could not do (stacks not walked, other processes' hits): the counts are whole, what they add is partial.",
 );
 
-/// The exposition of `snapshot`, the latest interval (or the summary) of
-/// the run `attached` began; `container` gives a process's cgroup.
+/// The page served while tracer attaches, before any figure: what it will
+/// trace (`pid`, none with `--exe`) and `tracer_attached 0`, so that a
+/// scrape then is answered at once and says why it has nothing more.
 #[must_use]
-pub fn render(attached: &Attached, snapshot: &Snapshot, container: &dyn Fn(u32) -> String) -> String {
+pub fn attaching(pid: Option<u32>) -> String {
+    let mut f = Families::default();
+    let pid = pid.map(|p| p.to_string()).unwrap_or_default();
+    let container = pid.parse().map(cgroup_of).unwrap_or_default();
+    f.add("tracer_attached", ATTACHED, &labels(&[("pid", &pid), ("container", &container)]), 0.0);
+    f.render()
+}
+
+/// The exposition of `snapshot`, the latest interval (or the summary) of
+/// the run `attached` began, `live` while its probes are (not once
+/// detached, at the summary); `container` gives a process's cgroup.
+#[must_use]
+pub fn render(attached: &Attached, snapshot: &Snapshot, live: bool, container: &dyn Fn(u32) -> String) -> String {
     let mut f = Families::default();
     let mode = attached.mode.as_deref().unwrap_or("exact");
     let pid = attached.pid.map(|p| p.to_string()).unwrap_or_default();
@@ -161,6 +199,7 @@ pub fn render(attached: &Attached, snapshot: &Snapshot, container: &dyn Fn(u32) 
         ("mode", mode),
     ];
     f.add("tracer_info", INFO, &labels(&info), 1.0);
+    f.add("tracer_attached", ATTACHED, &labels(&base), f64::from(u8::from(live)));
     f.add("tracer_elapsed_seconds", ELAPSED, &labels(&base), snapshot.elapsed_s);
     // Exact counts per process (`--exe` has many), or the windows' with
     // their estimated rates.
@@ -173,9 +212,11 @@ pub fn render(attached: &Attached, snapshot: &Snapshot, container: &dyn Fn(u32) 
             // A rate not told from zero is left out, not exported as 0.
             if let Some(e) = p.estimate.filter(ProbeEstimate::calls_known) {
                 f.add("tracer_estimated_calls_per_second", EST_CALLS, &l, e.calls_per_s);
+                interval(&mut f, ("tracer_estimated_calls_per_second_ci95", EST_CALLS_CI95), &l, e.calls_per_s_ci95);
             }
             if let Some(e) = p.estimate.filter(|e| e.bytes_known() && bytes(function)) {
                 f.add("tracer_estimated_bytes_per_second", EST_BYTES, &l, e.bytes_per_s);
+                interval(&mut f, ("tracer_estimated_bytes_per_second_ci95", EST_BYTES_CI95), &l, e.bytes_per_s_ci95);
             }
         }
     } else if snapshot.pids.is_empty() || attached.pid.is_some() {
@@ -217,6 +258,22 @@ pub fn render(attached: &Attached, snapshot: &Snapshot, container: &dyn Fn(u32) 
         }
     }
     f.render()
+}
+
+/// An estimate's 95% interval, `ci95`, as two series of the family
+/// `name`: `labels` (the estimate's own, `{…}`) and `bound` `lower` and
+/// `upper`. None where the estimate has no interval yet.
+fn interval(
+    f: &mut Families,
+    (name, help): (&'static str, (&'static str, &'static str)),
+    labels: &str,
+    ci95: Option<[f64; 2]>,
+) {
+    let Some([lower, upper]) = ci95 else { return };
+    let inner = labels.strip_prefix('{').and_then(|l| l.strip_suffix('}')).unwrap_or(labels);
+    let sep = if inner.is_empty() { "" } else { "," };
+    f.add(name, help, &format!("{{{inner}{sep}bound=\"lower\"}}"), lower);
+    f.add(name, help, &format!("{{{inner}{sep}bound=\"upper\"}}"), upper);
 }
 
 #[allow(clippy::cast_precision_loss, reason = "counts and bytes as the format's floats")]
@@ -273,8 +330,12 @@ fn growth(f: &mut Families, snapshot: &Snapshot, base: &[(&str, &str); 2]) {
         let line = s.line.map(|l| l.to_string()).unwrap_or_default();
         let l = labels(&[base[0], base[1], ("function", &s.function), ("file", &s.file), ("line", &line)]);
         f.add("tracer_growth_in_use_bytes", GROWTH_IN_USE, &l, s.in_use_bytes as f64);
+        interval(f, ("tracer_growth_in_use_bytes_ci95", GROWTH_IN_USE_CI95), &l, Some(s.in_use_ci95));
     }
-    f.add("tracer_growth_other_in_use_bytes", GROWTH_OTHER, &labels(base), other as f64);
+    let l = labels(base);
+    f.add("tracer_growth_other_in_use_bytes", GROWTH_OTHER, &l, other as f64);
+    f.add("tracer_growth_total_in_use_bytes", GROWTH_TOTAL, &l, g.in_use_bytes as f64);
+    interval(f, ("tracer_growth_total_in_use_bytes_ci95", GROWTH_TOTAL_CI95), &l, g.in_use_ci95);
 }
 
 /// A process's cgroup (the unified hierarchy's path, else the first
@@ -287,24 +348,4 @@ pub fn cgroup_of(pid: u32) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn label_values_are_escaped_and_bounded() {
-        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
-        assert_eq!(escape("\x1b[31mred\x07"), "?[31mred?");
-        let long = "x".repeat(10_000);
-        let cut = escape(&long);
-        assert_eq!(cut.chars().count(), MAX_LABEL + 1);
-        assert!(cut.ends_with('…'));
-    }
-
-    #[test]
-    fn numbers_are_the_format_s() {
-        assert_eq!(number(3.0), "3");
-        assert_eq!(number(0.25), "0.25");
-        assert_eq!(number(f64::NAN), "NaN");
-        assert_eq!(number(f64::INFINITY), "+Inf");
-    }
-}
+mod tests;

@@ -98,6 +98,9 @@ impl<R: std::io::BufRead> std::io::Read for OneLine<'_, R> {
     }
 }
 
+/// What the replayed table puts before each recorded note.
+pub const RECORDED: &str = "recorded run: ";
+
 /// A run's events, as recorded.
 pub struct Record {
     pub path: PathBuf,
@@ -144,6 +147,40 @@ impl Record {
             return Err(ReplayError::NoAttach { path });
         }
         Ok(Self { path, events })
+    }
+
+    /// The events again, as the table (`json` false) or as the JSON lines
+    /// of the record itself, to `out`. Each recorded note is the recorded
+    /// run's, and said to be on `err` ([`RECORDED`] before it), so that
+    /// "wrote a pprof profile … to FILE" or "serving Prometheus metrics at
+    /// …" is not taken for something `tracer report` did now; what the
+    /// report itself writes it says in notes of its own, without the mark.
+    pub fn replay(&self, json: bool, out: impl Write, mut err: impl Write) -> std::io::Result<()> {
+        let marked = |event: &Event| match event {
+            Event::Note(note) => {
+                let mut note = note.clone();
+                note.message.insert_str(0, RECORDED);
+                Some(note)
+            }
+            _ => None,
+        };
+        if json {
+            // The JSON is the record, its notes as they were.
+            let mut reporter = super::JsonReporter::new(out, std::io::sink());
+            for event in &self.events {
+                super::Reporter::event(&mut reporter, event)?;
+                if let Some(note) = marked(event) {
+                    super::note_line(&mut err, &note)?;
+                }
+            }
+        } else {
+            let mut reporter = super::TableReporter::new(out, err);
+            for event in &self.events {
+                let note = marked(event).map(Event::Note);
+                super::Reporter::event(&mut reporter, note.as_ref().unwrap_or(event))?;
+            }
+        }
+        Ok(())
     }
 
     /// The attach.
@@ -453,6 +490,28 @@ mod tests {
             }
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A recorded note is the recorded run's: the table's stderr says so,
+    /// and the JSON gives it back as it was recorded.
+    #[test]
+    fn recorded_notes_are_said_to_be_the_recorded_run_s() {
+        use crate::model::{Level, Note, NoteCode};
+        let wrote = Note::new(Level::Note, NoteCode::Written, "wrote a pprof profile of 3 samples to /tmp/p.pb.gz");
+        let mut r = record(&[]);
+        r.events.push(Event::Note(wrote.clone()));
+        for json in [false, true] {
+            let (mut out, mut err) = (Vec::new(), Vec::new());
+            r.replay(json, &mut out, &mut err).unwrap();
+            let err = String::from_utf8(err).unwrap();
+            assert_eq!(err, "tracer: note: recorded run: wrote a pprof profile of 3 samples to /tmp/p.pb.gz\n");
+            let out = String::from_utf8(out).unwrap();
+            assert!(!out.contains("recorded run"), "{out}");
+            if json {
+                let line = out.lines().nth(1).unwrap();
+                assert_eq!(serde_json::from_str::<Event>(line).unwrap(), Event::Note(wrote.clone()));
+            }
+        }
     }
 
     fn picked(r: &Record, from: f64, to: f64) -> Result<(u64, u64), String> {

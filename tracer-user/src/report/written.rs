@@ -103,8 +103,10 @@ pub fn pprof(file: &OutputFile, last: &Snapshot, started_unix_s: Option<f64>) ->
     let profile = super::pprof::profile(last, started_unix_s);
     let samples = super::pprof::write(file, &profile)?;
     let what = match (last.stacks.is_some(), last.growth.as_ref().and_then(Growth::sampled)) {
-        (true, Some(_)) => "the stacks' events (alloc_*) and growth's stacks (inuse_*, sampled estimates)",
-        (true, None) => "the stacks' events (alloc_*)",
+        (true, Some(_)) => {
+            "the stacks' events (alloc_*, and free_objects of the frees) and growth's stacks (inuse_*, sampled estimates)"
+        }
+        (true, None) => "the stacks' events (alloc_*, and free_objects of the frees)",
         (false, _) => "growth's stacks (inuse_*, sampled estimates)",
     };
     if samples == 0 {

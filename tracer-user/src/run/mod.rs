@@ -315,20 +315,31 @@ pub async fn attach(
     let execed = || program.is_some_and(|(pid, s)| s.changed(pid));
     // Bound before anything is attached: a port in use is the user's.
     let listener = config.listen.map(exporter::bind).transpose()?;
-    let (prepared, early) = prepare_run(config, child.is_some())?;
-    let mut reporter = report::reporter(config.format, Box::new(out), Box::new(err));
+    // Served from now on, from a thread of its own: a scrape while the
+    // attach plans and calibrates (seconds on an LTO build) is answered
+    // at once, with `tracer_attached 0`.
     // As bound: `--listen 127.0.0.1:0` takes a free port.
     let serving = listener.as_ref().and_then(|l| l.local_addr().ok()).map(|addr| {
         Note::new(Level::Note, NoteCode::Metrics, format!("serving Prometheus metrics at http://{addr}/metrics"))
     });
+    let page = match listener {
+        Some(listener) => {
+            let pid = match &config.target {
+                TargetSpec::Pid(pid) => Some(*pid),
+                TargetSpec::Exe(_) => None,
+            };
+            Some(exporter::serve(listener, pid).map_err(RunError::Output)?)
+        }
+        None => None,
+    };
+    let (prepared, early) = prepare_run(config, child.is_some())?;
+    let mut reporter = report::reporter(config.format, Box::new(out), Box::new(err));
     if let Some(file) = &config.record {
         // Notes go to stderr once, from the report a person reads.
         let record = JsonReporter::new(report::files::LazyFile::new(file.clone()), std::io::sink());
         reporter = Box::new(report::Tee(reporter, Box::new(record)));
     }
-    if let Some(listener) = listener {
-        let page = exporter::Page::default();
-        exporter::serve(listener, std::sync::Arc::clone(&page)).map_err(RunError::Output)?;
+    if let Some(page) = page {
         reporter = Box::new(MetricsReporter::new(reporter, page));
     }
     let (mut run, mut output) = start(config, prepared, (exits, early), child.as_deref_mut(), reporter)?;

@@ -9,6 +9,7 @@
 //! its last line, and every one of them printed on stderr once it is gone
 //! (the files written at the end, the port `--listen` took).
 
+mod fit;
 mod view;
 
 use std::{

@@ -332,25 +332,48 @@ impl View {
         parts.join(" · ")
     }
 
-    /// One table, its rows sorted as its pane's sort says.
+    /// One table, its rows sorted as its pane's sort says, with the
+    /// columns that fit its pane whole ([`super::fit`]).
     fn table(&self, frame: &mut Frame<'_>, area: Rect, pane: Pane, rows: Rows) {
         let sort = self.sorts[pane.index()];
         let columns = pane.columns();
-        let header = Row::new(columns.iter().enumerate().map(|(i, c)| {
-            let mark = match (i == sort.column, sort.descending) {
-                (false, _) => "",
-                (true, true) => " ▼",
-                (true, false) => " ▲",
-            };
-            format!("{}{mark}", c.title)
-        }))
-        .bold();
-        let focused = pane == self.focus;
-        let title = if focused {
-            Line::from(format!(" {} ", rows.title).bold())
-        } else {
-            Line::from(format!(" {} ", rows.title))
+        let titles: Vec<String> = columns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let mark = match (i == sort.column, sort.descending) {
+                    (false, _) => "",
+                    (true, true) => " ▼",
+                    (true, false) => " ▲",
+                };
+                format!("{}{mark}", c.title)
+            })
+            .collect();
+        let width = |text: &str| u16::try_from(ratatui::text::Span::raw(text).width()).unwrap_or(u16::MAX);
+        let wants: Vec<super::fit::Want> = columns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let cells = rows.body.iter().filter_map(|r| r.get(i)).map(|cell| width(&cell.text));
+                super::fit::Want { width: c.width, numeric: c.numeric, widest: cells.fold(width(&titles[i]), u16::max) }
+            })
+            .collect();
+        let shown = super::fit::fitting(&wants, Block::bordered().inner(area).width, 2);
+        let widths: Vec<Constraint> = shown.iter().map(|c| c.1).collect();
+        let header = Row::new(shown.iter().map(|c| titles[c.0].clone())).bold();
+        // Said right after the pane's name, which a narrow pane still
+        // shows of its title.
+        let title = match columns.len() - shown.len() {
+            0 => rows.title.clone(),
+            n => {
+                let (name, rest) = rows.title.split_once(" · ").unwrap_or((rows.title.as_str(), ""));
+                let rest = if rest.is_empty() { String::new() } else { format!(" · {rest}") };
+                let s = if n == 1 { "" } else { "s" };
+                format!("{name} [{n} column{s} hidden: widen the terminal]{rest}")
+            }
         };
+        let focused = pane == self.focus;
+        let title = if focused { Line::from(format!(" {title} ").bold()) } else { Line::from(format!(" {title} ")) };
         let block = Block::bordered().title(title);
         let block = if focused { block } else { block.dim() };
         let mut body = rows.body;
@@ -363,19 +386,17 @@ impl View {
             let inner = block.inner(area);
             frame.render_widget(block, area);
             let [head, text] = Layout::vertical([Constraint::Length(1), Constraint::Fill(1)]).areas(inner);
-            let widths = columns.iter().map(|c| c.width);
             frame.render_widget(Table::new(Vec::<Row<'_>>::new(), widths).header(header).column_spacing(2), head);
             frame.render_widget(Paragraph::new(why).wrap(Wrap { trim: true }).dim(), text);
             return;
         }
         body.sort_by(|a, b| order(&a[sort.column].key, &b[sort.column].key, sort.descending));
-        let mut lines: Vec<Row<'_>> =
-            body.into_iter().map(|cells| Row::new(cells.into_iter().map(|c| c.text))).collect();
+        let mut lines: Vec<Row<'_>> = body
+            .into_iter()
+            .map(|mut cells| Row::new(shown.iter().map(|c| std::mem::take(&mut cells[c.0].text))))
+            .collect();
         lines.extend(rows.last.map(|l| Row::new(vec![l]).dim()));
-        frame.render_widget(
-            Table::new(lines, columns.iter().map(|c| c.width)).header(header).block(block).column_spacing(2),
-            area,
-        );
+        frame.render_widget(Table::new(lines, widths).header(header).block(block).column_spacing(2), area);
     }
 }
 
