@@ -158,6 +158,26 @@ pub enum GrowthProbed {
     Carves,
 }
 
+impl GrowthProbed {
+    /// What one sample is one in, in words: "pool carved" or "pool take".
+    #[must_use]
+    pub const fn one(self) -> &'static str {
+        match self {
+            Self::Takes => "pool take",
+            Self::Carves => "pool carved",
+        }
+    }
+
+    /// Whom a pool in use counts for: "carver" or "taker".
+    #[must_use]
+    pub const fn holder(self) -> &'static str {
+        match self {
+            Self::Takes => "taker",
+            Self::Carves => "carver",
+        }
+    }
+}
+
 /// What the growth probes saw.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GrowthTakes {

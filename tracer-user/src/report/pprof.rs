@@ -199,8 +199,10 @@ pub fn profile(last: &Snapshot, started_unix_s: Option<f64>) -> Profile {
     };
     let comment = match growth {
         Some(g) => format!(
-            "tracer: {stacks}; inuse_* are growth's stacks, a sampled estimate (1 pool take in {}, the C library's heap by bytes)",
-            g.sample_every
+            "tracer: {stacks}; inuse_* are growth's stacks, a sampled estimate (1 {} in {}, by {}; the C library's heap by bytes)",
+            g.takes.probed.one(),
+            g.sample_every,
+            g.takes.probed.holder(),
         ),
         None => format!("tracer: {stacks}"),
     };
@@ -289,7 +291,7 @@ mod tests {
         assert_eq!(
             s(p.comment[0]),
             format!(
-                "tracer: alloc_* and free_objects exact (--stacks); inuse_* are growth's stacks, a sampled estimate (1 pool take in 32, the C library's heap by bytes)"
+                "tracer: alloc_* and free_objects exact (--stacks); inuse_* are growth's stacks, a sampled estimate (1 pool take in 32, by taker; the C library's heap by bytes)"
             )
         );
     }

@@ -130,7 +130,7 @@ const GC_UNCOLLECTABLE: (&str, &str) =
     ("counter", "Of those, uncollectable objects (read from the interpreter's memory only).");
 const GROWTH_IN_USE: (&str, &str) = (
     "gauge",
-    "Heap grown since the attach and still in use, by the Python frame that grew it: a SAMPLED ESTIMATE; the 30 largest sites (the rest in tracer_growth_other_in_use_bytes).",
+    "Heap grown since the attach and still in use, by the Python frame that carved its pools (the profile's default) or took them last (--growth): a SAMPLED ESTIMATE; the 30 largest sites (the rest in tracer_growth_other_in_use_bytes).",
 );
 const GROWTH_IN_USE_CI95: (&str, &str) = (
     "gauge",

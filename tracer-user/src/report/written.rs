@@ -86,8 +86,12 @@ pub fn growth(files: StackFiles<'_>, what: &str, last: &Snapshot) -> Result<Vec<
     }
     if let Some(file) = files.flamegraph {
         let every = sampled.map_or(0, |g| g.sample_every);
-        let title =
-            format!("tracer: heap growth of {what} by Python stack, pools in use by taker (1 take in {every} sampled)");
+        let probed = sampled.map(|g| g.takes.probed).unwrap_or_default();
+        let title = format!(
+            "tracer: heap growth of {what} by Python stack, pools in use by {} (1 {} in {every} sampled)",
+            probed.holder(),
+            probed.one()
+        );
         super::stacks::write_flamegraph(file, &lines, &title, Weight::Bytes)?;
         notes.push(written(format!(
             "wrote the flame graph of {} growth stacks to {}",

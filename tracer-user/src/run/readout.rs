@@ -449,7 +449,7 @@ fn batch_notes(fallbacks: Fallbacks, told: &mut (bool, bool)) -> Vec<Note> {
             Level::Note,
             NoteCode::MapBatch,
             format!(
-                "the kernel has no batch lookup for tracer's maps ({} at the first read; Linux 5.6 added it): they are read a key at a time, which costs tracer a syscall or two a key instead of one a map; no count is missing (stats: {})",
+                "the kernel has no batch lookup for one of tracer's map types ({} at the first read; Linux 5.6 added it for hash and array maps): those maps are read a key at a time, which costs tracer a syscall or two a key instead of one a map; no count is missing (stats: {})",
                 Fallbacks::errno_name(fallbacks.first_unsupported),
                 model::MAP_BATCH_UNSUPPORTED
             ),
@@ -489,7 +489,11 @@ mod tests {
         let both = Fallbacks { unsupported: 1, first_unsupported: 524, ..busy };
         let notes = batch_notes(both, &mut told);
         assert_eq!(notes.len(), 1, "{notes:?}");
-        assert!(notes[0].message.starts_with("the kernel has no batch lookup for tracer's maps (ENOTSUPP (524)"));
+        assert!(
+            notes[0]
+                .message
+                .starts_with("the kernel has no batch lookup for one of tracer's map types (ENOTSUPP (524)")
+        );
         assert!(batch_notes(both, &mut told).is_empty());
     }
 }

@@ -79,6 +79,14 @@ pub(super) fn points(code: &[u8], address: u64, pool_size: u64, kernel: KernelVe
                         s.shown, s.offset
                     )
                 })?;
+                // A branch into the copy, past its load and up to its
+                // store, would carve with no hit of its probe.
+                if let Some(s) = steps[copy.load + 1..=copy.store].iter().find(|s| targets.contains(&s.instr.ip())) {
+                    return Err(format!(
+                        "a branch lands at +{:#x}, inside the carve of pool_address loaded at +{:#x}: a carve through it would not be seen",
+                        s.offset, steps[copy.load].offset
+                    ));
+                }
                 found.push(probe(&steps, copy, &targets, &mut info, kernel)?);
             }
         }
@@ -127,11 +135,12 @@ fn advance(s: &Step, pool_size: u64) -> Advance {
     }
 }
 
-/// A carve copy: the index of its load, the pool's register and the
-/// arena's.
+/// A carve copy: the index of its load and its store, the pool's register
+/// and the arena's.
 #[derive(Clone, Copy)]
 struct Copy {
     load: usize,
+    store: usize,
     pool: Register,
     arena: Register,
 }
@@ -160,7 +169,7 @@ fn copy_at(
     info: &mut InstructionInfoFactory,
 ) -> Option<Copy> {
     let mut arena = None;
-    for s in steps.iter().skip(at + 1).take(SPREAD) {
+    for (k, s) in steps.iter().enumerate().skip(at + 1).take(SPREAD) {
         let i = &s.instr;
         if i.mnemonic() == Mnemonic::Mov
             && i.op0_kind() == OpKind::Memory
@@ -170,20 +179,16 @@ fn copy_at(
             && i.memory_base().size() == 8
             && i.memory_displacement64() == ARENA_POOL_ADDRESS
         {
-            arena = Some(i.memory_base());
+            arena = Some((i.memory_base(), k));
             break;
         }
         if i.flow_control() != FlowControl::Next || placement::written(info, i).contains(&to) {
             return None;
         }
     }
-    let arena = arena?;
+    let (arena, store) = arena?;
     // The arena's register is not written between the lea and the store.
-    let between = steps
-        .iter()
-        .skip(at + 1)
-        .take_while(|s| s.instr.op1_kind() != OpKind::Register || s.instr.op1_register() != to);
-    if between.clone().any(|s| placement::written(info, &s.instr).contains(&arena)) {
+    if steps[at + 1..store].iter().any(|s| placement::written(info, &s.instr).contains(&arena)) {
         return None;
     }
     for k in (at.saturating_sub(SPREAD)..at).rev() {
@@ -192,7 +197,7 @@ fn copy_at(
             return None;
         }
         if loads_from(s, ARENA_POOL_ADDRESS, from) == Some(arena) && arena != from {
-            return Some(Copy { load: k, pool: from, arena });
+            return Some(Copy { load: k, store, pool: from, arena });
         }
         let written = placement::written(info, &s.instr);
         if written.contains(&from) || written.contains(&arena) {

@@ -203,7 +203,10 @@ pub fn plan(
             let found = match usable.and_then(|usable| take_point(&code, take.address, usable, kernel)) {
                 Ok(found) => found,
                 Err(take_why) => {
-                    return GrowthPlan::unavailable(format!("{}: {why}; and {take_why}", take.name));
+                    // Asked for every take, there is no carve's reason
+                    // to give.
+                    let why = if why.is_empty() { take_why } else { format!("{why}; and {take_why}") };
+                    return GrowthPlan::unavailable(format!("{}: {why}", take.name));
                 }
             };
             let Some(take_point) = point(GrowthRole::Take, found) else { return no_segment() };
