@@ -67,19 +67,18 @@ pub const TRIAL: Duration = Duration::from_millis(50);
 /// The interval's own judgement ([`hold_budget`]) covers those.
 pub const TRIAL_TAKES: u64 = 100;
 
-/// Where only the carves are probed, the fewest the trial prices with
-/// their programs' time: 1,000 in the trial is 20,000 a second, pymalloc
-/// freeing and mapping arenas in a loop, the churn the trial is for. A
-/// trial of a few hundred carves would price their first stack walks,
-/// dearer than the later ones (each stack new to the map), at four times
-/// an interval's cost on the same target (pyenv 3.11, 1,330 carves a
-/// second: 1.20% in the trial, 0.20-0.35% in each interval); so fewer
-/// are priced by their hits alone.
+/// The same where only the carves are probed: 1,000 in the trial is
+/// 20,000 a second, pymalloc freeing and mapping arenas in a loop, the
+/// churn the trial is for. Fewer are priced by the interval: a trial of a
+/// few hundred carves prices their first stack walks, dearer than the
+/// later ones (each stack new to the map), at four times an interval's
+/// cost on the same target (pyenv 3.11, 1,330 carves a second: 1.20% in
+/// the trial, 0.20-0.35% in each interval).
 pub const TRIAL_CARVES: u64 = 1_000;
 
 /// The profile's default growth after its [`TRIAL`]: stopped, with the
 /// note returned, where pymalloc's hits so far, [`TRIAL_TAKES`] or more
-/// (under [`TRIAL_CARVES`] carves priced by their hits alone),
+/// ([`TRIAL_CARVES`] where only the carves are probed),
 /// cost more than half of `budget` (a share) of the target's CPU time
 /// meanwhile.
 pub fn trial(
@@ -102,19 +101,13 @@ pub fn trial(
     }
     let counts = session.growth_counts().ok()?;
     let takes = counts.takes.saturating_add(counts.carve_hits);
-    if takes < TRIAL_TAKES {
+    if takes < if g.plan.carves() { TRIAL_CARVES } else { TRIAL_TAKES } {
         return None;
     }
     // pymalloc's probes alone: they are what the trial is for, and what
     // it stops. The C library's programs (a list's first reallocations
-    // cost the trial a walk each) are judged over whole intervals. Fewer
-    // carves than TRIAL_CARVES are priced by their hits alone, not their
-    // programs' time (their first walks): a single-stepped carve block
-    // still costs its trap, which no interval should pay for.
-    let prices = prices?;
-    let ns =
-        if g.plan.carves() && takes < TRIAL_CARVES { g.hits_ns(&counts, prices) } else { g.pools_ns(&counts, prices) };
-    let target = ns / 1e9;
+    // cost the trial a walk each) are judged over whole intervals.
+    let target = g.pools_ns(&counts, prices?) / 1e9;
     // The hits ran on the target's CPU: at least what they cost.
     let fraction = target / cpu.as_secs_f64().max(target).max(f64::MIN_POSITIVE);
     if fraction <= budget / 2.0 {
