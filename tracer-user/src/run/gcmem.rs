@@ -347,6 +347,30 @@ pub(super) fn clock_cpu(clock: libc::clockid_t) -> Duration {
 
 #[cfg(test)]
 mod tests {
+    /// Two readings' worth of a process's statistics, `at_attach` and
+    /// `last`, with `failed` readings failed in all and `since` since the
+    /// last good one.
+    fn reading(
+        (at_attach, last): ([GenStats; GENERATIONS], [GenStats; GENERATIONS]),
+        (failed, failed_since): (u64, u64),
+    ) -> GcMemory {
+        GcMemory {
+            stamp: None,
+            remote: Remote::open(std::process::id()),
+            pid: 1,
+            address: 0,
+            at_attach,
+            last,
+            caveat: None,
+            rejected: 0,
+            failed,
+            failed_since,
+            started: Instant::now(),
+            last_good: Instant::now(),
+            reads: 2,
+            cpu: Duration::ZERO,
+        }
+    }
     use super::*;
 
     #[test]
@@ -405,22 +429,7 @@ mod tests {
     /// the probes' counts stand in.
     #[test]
     fn a_failed_reading_the_probes_covered_is_not_a_failure() {
-        let gc = GcMemory {
-            stamp: None,
-            remote: Remote::open(std::process::id()),
-            pid: 1,
-            address: 0,
-            at_attach: [GenStats::default(); GENERATIONS],
-            last: [GenStats::default(); GENERATIONS],
-            caveat: None,
-            rejected: 0,
-            failed: 1,
-            failed_since: 1,
-            started: Instant::now(),
-            last_good: Instant::now(),
-            reads: 2,
-            cpu: Duration::ZERO,
-        };
+        let gc = reading(([GenStats::default(); GENERATIONS], [GenStats::default(); GENERATIONS]), (1, 1));
         let probes = |source| Gc {
             source,
             reason: None,
@@ -449,22 +458,10 @@ mod tests {
     #[test]
     fn report_counts_since_the_attach_with_the_probes_durations() {
         let stats = |c, d, u| GenStats { collections: c, collected: d, uncollectable: u };
-        let gc = GcMemory {
-            stamp: None,
-            remote: Remote::open(std::process::id()),
-            pid: 1,
-            address: 0,
-            at_attach: [stats(10, 100, 1), stats(2, 5, 0), stats(1, 0, 0)],
-            last: [stats(15, 130, 3), stats(2, 5, 0), stats(4, 70, 0)],
-            caveat: None,
-            rejected: 0,
-            failed: 0,
-            failed_since: 0,
-            started: Instant::now(),
-            last_good: Instant::now(),
-            reads: 2,
-            cpu: Duration::ZERO,
-        };
+        let gc = reading(
+            ([stats(10, 100, 1), stats(2, 5, 0), stats(1, 0, 0)], [stats(15, 130, 3), stats(2, 5, 0), stats(4, 70, 0)]),
+            (0, 0),
+        );
         let probes = Gc {
             probes_past_memory: None,
             last_read_s: None,
@@ -502,22 +499,8 @@ mod tests {
         // The process ended after the statistics' last reading: its last
         // collections are the markers' alone.
         let stats = |c, d| GenStats { collections: c, collected: d, uncollectable: 0 };
-        let gc = GcMemory {
-            stamp: None,
-            remote: Remote::open(std::process::id()),
-            pid: 1,
-            address: 0,
-            at_attach: [stats(10, 100), stats(2, 5), stats(1, 0)],
-            last: [stats(10, 100), stats(2, 5), stats(1, 0)],
-            caveat: None,
-            rejected: 0,
-            failed: 1,
-            failed_since: 1,
-            started: Instant::now(),
-            last_good: Instant::now(),
-            reads: 2,
-            cpu: Duration::ZERO,
-        };
+        let gc =
+            reading(([stats(10, 100), stats(2, 5), stats(1, 0)], [stats(10, 100), stats(2, 5), stats(1, 0)]), (1, 1));
         let seen = |generation, collections, collected| GcGeneration {
             generation: Some(generation),
             collections,
